@@ -1,0 +1,71 @@
+"""Size limits on specs and payloads: the defaults, and an operator's tightened copy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import Problem
+
+__all__ = ["DEFAULT_LIMITS", "MAX_TOKEN_ID", "SpecLimits", "limit_problems"]
+
+# Token ids are int32 in every engine we target.
+MAX_TOKEN_ID = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class SpecLimits:
+    """Bounds every untrusted spec or payload is checked against.
+
+    Operators tighten them (config file ``limits:``); a value of the defaults is
+    what a request gets when nobody said otherwise.
+    """
+
+    max_entries: int = 16
+    max_token_ids: int = 4096
+    max_text_chars: int = 4096
+    max_bias_entries: int = 2048
+    max_budget: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        for name, value in self.__dict__.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"limits.{name}: must be an integer >= 1, got {value!r}")
+
+
+DEFAULT_LIMITS = SpecLimits()
+
+# entry field -> the limit that bounds its length
+_LENGTH_LIMITS = {
+    "token_ids": "max_token_ids",
+    "start_token_ids": "max_token_ids",
+    "end_token_ids": "max_token_ids",
+    "stop_token_ids": "max_token_ids",
+    "text": "max_text_chars",
+    "bias": "max_bias_entries",
+}
+
+
+def _field(entry: Any, name: str) -> Any:
+    return entry.get(name) if isinstance(entry, Mapping) else getattr(entry, name, None)
+
+
+def limit_problems(entries: Sequence[Any], limits: SpecLimits, *, root: str) -> Iterator[Problem]:
+    """Yield a problem for every limit the (already type-valid) entries exceed.
+
+    The one place the limits are enforced: the pydantic path and the msgspec
+    fast path both call it after type validation, so they agree by construction.
+    """
+    if len(entries) > limits.max_entries:
+        yield Problem(root, f"must have at most {limits.max_entries} entries (limit max_entries)")
+    for i, entry in enumerate(entries):
+        for field, limit_name in _LENGTH_LIMITS.items():
+            value = _field(entry, field)
+            bound = getattr(limits, limit_name)
+            if value is not None and len(value) > bound:
+                unit = "characters" if field == "text" else "items"
+                yield Problem(f"{root}[{i}].{field}", f"must have at most {bound} {unit} (limit {limit_name})")
+        budget = _field(entry, "budget")
+        if isinstance(budget, int) and budget > limits.max_budget:
+            yield Problem(f"{root}[{i}].budget", f"must be <= {limits.max_budget} (limit max_budget)")

@@ -1,0 +1,51 @@
+"""JSON Schemas generated from the models; the checked-in copies must match (a test checks)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from .entries import WireEntry
+from .spec import LogitsProcessorSpec
+
+__all__ = ["PAYLOAD_SCHEMA_FILE", "SPEC_SCHEMA_FILE", "payload_schema", "spec_schema", "render", "golden_vectors"]
+
+PAYLOAD_SCHEMA_FILE = "payload.schema.json"
+SPEC_SCHEMA_FILE = "spec.schema.json"
+
+
+def payload_schema() -> dict[str, Any]:
+    """Schema of ``extra_args["dynamo_logits"]``."""
+    schema = TypeAdapter(list[WireEntry]).json_schema()
+    schema["title"] = "dynamo_logits payload"
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
+
+
+def spec_schema() -> dict[str, Any]:
+    """Schema of a ``LogitsProcessorSpec`` (what a config file holds)."""
+    schema = LogitsProcessorSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
+
+
+def render(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+def golden_vectors() -> list[tuple[str, dict[str, Any]]]:
+    """``(name, vector)`` for every shipped golden vector, valid ones first.
+
+    A vector is ``{"payload": [...], "valid": true}`` or
+    ``{"payload": ..., "valid": false, "error": "dynamo_logits[0].token_ids[0]: must be >= 0"}``.
+    """
+    out: list[tuple[str, dict[str, Any]]] = []
+    base = resources.files(__package__) / "golden"
+    for group in ("valid", "invalid"):
+        for item in sorted(base.joinpath(group).iterdir(), key=lambda p: p.name):
+            if item.name.endswith(".json"):
+                out.append((f"{group}/{item.name}", json.loads(item.read_text())))
+    return out

@@ -1,0 +1,74 @@
+"""``LogitsProcessorSpec``: what a deployment or request asks to apply, and its parsers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
+
+from .entries import ENTRY_KINDS, REQUEST_FORBIDDEN_KINDS, Entry
+from .errors import Problem, SpecError, problems_from_pydantic
+from .limits import DEFAULT_LIMITS, SpecLimits, limit_problems
+
+__all__ = ["LogitsProcessorSpec", "parse_entries", "parse_spec"]
+
+
+class LogitsProcessorSpec(BaseModel):
+    """Entries to apply, in order, to every step's logits of a request.
+
+    ``generation_only`` (default) keeps the entries off roles that do not emit the
+    visible token stream (prefill, encode). Entries are immutable data; engines
+    realize fresh processors from them for each request.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    entries: tuple[Entry, ...] = Field(min_length=1)
+    generation_only: StrictBool = True
+
+
+_ENTRIES = TypeAdapter(list[Entry])
+
+
+def _raise_pydantic(err: ValidationError, root: str) -> None:
+    raise SpecError(problems_from_pydantic(err.errors(), root=root, tags=ENTRY_KINDS)) from None
+
+
+def parse_spec(data: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> LogitsProcessorSpec:
+    """Validate an untrusted mapping (config file) into a spec; ``SpecError`` on any problem."""
+    try:
+        spec = LogitsProcessorSpec.model_validate(data)
+    except ValidationError as err:
+        _raise_pydantic(err, "")
+    problems = list(limit_problems(spec.entries, limits, root="entries"))
+    if problems:
+        raise SpecError(problems)
+    return spec
+
+
+def parse_entries(
+    data: Any,
+    *,
+    root: str = "logits_processors",
+    limits: SpecLimits = DEFAULT_LIMITS,
+    allowed_kinds: Sequence[str] | None = None,
+) -> tuple[Entry, ...]:
+    """Validate a client's list of entries (e.g. a request body field).
+
+    ``allowed_kinds`` is the operator's allow-list (``None``: every kind but the
+    forbidden ones). ``python`` is never accepted here: it would run code on a worker.
+    """
+    try:
+        entries = _ENTRIES.validate_python(data)
+    except ValidationError as err:
+        _raise_pydantic(err, root)
+    problems = list(limit_problems(entries, limits, root=root))
+    for i, entry in enumerate(entries):
+        if entry.kind in REQUEST_FORBIDDEN_KINDS:
+            problems.append(Problem(f"{root}[{i}].kind", f"kind {entry.kind!r} is operator-only and may not be sent in a request"))
+        elif allowed_kinds is not None and entry.kind not in allowed_kinds:
+            problems.append(Problem(f"{root}[{i}].kind", f"kind {entry.kind!r} is not allowed by this deployment (allowed: {sorted(allowed_kinds)})"))
+    if problems:
+        raise SpecError(problems)
+    return tuple(entries)

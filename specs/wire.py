@@ -1,0 +1,106 @@
+"""The wire contract: ``extra_args["dynamo_logits"]`` holds a JSON list of entry dicts.
+
+``encode_entries`` writes it (frontend or worker side); ``decode_wire_payload``
+reads it on the engine side: msgspec first (fast path), pydantic for the exact
+error message when the payload is bad. Both apply the same rules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from pydantic import TypeAdapter, ValidationError
+
+from . import fast
+from .entries import (
+    AllowedTokensSpec,
+    BannedTokensSpec,
+    ENTRY_KINDS,
+    ForcedTokenSequenceSpec,
+    LogitBiasSpec,
+    MinTokensSpec,
+    PythonProcessorSpec,
+    ThinkingBudgetSpec,
+    WireEntry,
+)
+from .errors import Problem, SpecError, problems_from_pydantic
+from .limits import DEFAULT_LIMITS, SpecLimits, limit_problems
+from .vocab import check_vocab
+
+__all__ = ["WIRE_KEY", "decode_wire_payload", "encode_entries"]
+
+WIRE_KEY = "dynamo_logits"
+
+_WIRE = TypeAdapter(list[WireEntry])
+_FAST = list[fast.FastEntry]
+_FAST_TO_MODEL: dict[type, type] = {
+    fast.ForcedSequence: ForcedTokenSequenceSpec,
+    fast.BannedTokens: BannedTokensSpec,
+    fast.AllowedTokens: AllowedTokensSpec,
+    fast.LogitBias: LogitBiasSpec,
+    fast.MinTokens: MinTokensSpec,
+    fast.ThinkingBudget: ThinkingBudgetSpec,
+    fast.Python: PythonProcessorSpec,
+}
+
+
+def encode_entries(entries: Sequence[Any]) -> list[dict[str, Any]]:
+    """Entries -> the JSON-safe payload. ``forced_text`` must be resolved first."""
+    payload: list[dict[str, Any]] = []
+    for i, entry in enumerate(entries):
+        if entry.kind not in _WIRE_KIND_NAMES:
+            raise SpecError.single(
+                f"{WIRE_KEY}[{i}].kind",
+                f"kind {entry.kind!r} cannot cross the wire; resolve it first (forced_text -> forced_sequence)",
+            )
+        payload.append(entry.model_dump(mode="json"))
+    return payload
+
+
+_WIRE_KIND_NAMES = frozenset(m.model_fields["kind"].default for m in _FAST_TO_MODEL.values())
+
+
+def _from_fast(entry: fast.FastEntry) -> Any:
+    model = _FAST_TO_MODEL[type(entry)]
+    return model.model_construct(**{f: getattr(entry, f) for f in entry.__struct_fields__})
+
+
+def _fast_decode(payload: Any) -> tuple[Any, ...] | None:
+    """The msgspec path; ``None`` when it rejects (the slow path then explains why)."""
+    try:
+        entries = msgspec.convert(payload, _FAST, strict=True)
+    except (msgspec.ValidationError, TypeError):
+        return None
+    for entry in entries:
+        if isinstance(entry, fast.LogitBias) and not all(math.isfinite(v) for v in entry.bias.values()):
+            return None
+    return tuple(_from_fast(e) for e in entries)
+
+
+def decode_wire_payload(
+    payload: Any,
+    *,
+    limits: SpecLimits = DEFAULT_LIMITS,
+    vocab_size: int | None = None,
+    root: str = WIRE_KEY,
+) -> tuple[Any, ...]:
+    """Validate an untrusted payload into wire entries, or raise ``SpecError``.
+
+    Accepts only a list (a JSON string is not a payload: nothing client-shaped is
+    parsed twice). With ``vocab_size`` also checks every id against it.
+    """
+    entries = _fast_decode(payload)
+    if entries is None:
+        try:
+            entries = tuple(_WIRE.validate_python(payload))
+        except ValidationError as err:
+            raise SpecError(problems_from_pydantic(err.errors(), root=root, tags=ENTRY_KINDS)) from None
+    problems: list[Problem] = list(limit_problems(entries, limits, root=root))
+    if problems:
+        raise SpecError(problems)
+    if vocab_size is not None:
+        check_vocab(entries, vocab_size, root=root)
+    return entries
