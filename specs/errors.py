@@ -93,6 +93,8 @@ def _rule(err: dict[str, Any]) -> str:
         return "unknown field"
     if kind == "missing":
         return "is required"
+    if kind == "union_tag_invalid" and ctx.get("tag") == "forced_text":
+        return "kind 'forced_text' is resolved to 'forced_sequence' by the worker and never crosses the wire"
     if kind == "union_tag_invalid":
         return f"unknown kind {ctx.get('tag')!r} (expected one of {ctx.get('expected_tags')})"
     if kind == "union_tag_not_found":
@@ -118,7 +120,11 @@ def problems_from_pydantic(
     that fails shows as ``bias["x"]`` with pydantic's ``[key]`` marker removed.
     """
     out: list[Problem] = []
+    locs = [tuple(e["loc"]) for e in errors]
     for err in errors:
+        here = tuple(err["loc"])
+        if err["type"] == "too_short" and any(len(o) > len(here) and o[: len(here)] == here for o in locs):
+            continue  # pydantic counts only the valid items; the inner error says it all
         loc: list[Any] = []
         for i, part in enumerate(err["loc"]):
             prev = err["loc"][i - 1] if i else None

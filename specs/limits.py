@@ -8,7 +8,7 @@ from typing import Any
 
 from .errors import Problem
 
-__all__ = ["DEFAULT_LIMITS", "MAX_TOKEN_ID", "SpecLimits", "limit_problems"]
+__all__ = ["DEFAULT_LIMITS", "MAX_TOKEN_ID", "SpecLimits", "entry_limit_problems", "limit_problems"]
 
 # Token ids are int32 in every engine we target.
 MAX_TOKEN_ID = 2**31 - 1
@@ -51,6 +51,19 @@ def _field(entry: Any, name: str) -> Any:
     return entry.get(name) if isinstance(entry, Mapping) else getattr(entry, name, None)
 
 
+def entry_limit_problems(entry: Any, limits: SpecLimits, *, path: str) -> Iterator[Problem]:
+    """Yield a problem for every limit one (already type-valid) entry at ``path`` exceeds."""
+    for field, limit_name in _LENGTH_LIMITS.items():
+        value = _field(entry, field)
+        bound = getattr(limits, limit_name)
+        if value is not None and len(value) > bound:
+            unit = "characters" if field == "text" else "items"
+            yield Problem(f"{path}.{field}", f"must have at most {bound} {unit} (limit {limit_name})")
+    budget = _field(entry, "budget")
+    if isinstance(budget, int) and budget > limits.max_budget:
+        yield Problem(f"{path}.budget", f"must be <= {limits.max_budget} (limit max_budget)")
+
+
 def limit_problems(entries: Sequence[Any], limits: SpecLimits, *, root: str) -> Iterator[Problem]:
     """Yield a problem for every limit the (already type-valid) entries exceed.
 
@@ -60,12 +73,4 @@ def limit_problems(entries: Sequence[Any], limits: SpecLimits, *, root: str) -> 
     if len(entries) > limits.max_entries:
         yield Problem(root, f"must have at most {limits.max_entries} entries (limit max_entries)")
     for i, entry in enumerate(entries):
-        for field, limit_name in _LENGTH_LIMITS.items():
-            value = _field(entry, field)
-            bound = getattr(limits, limit_name)
-            if value is not None and len(value) > bound:
-                unit = "characters" if field == "text" else "items"
-                yield Problem(f"{root}[{i}].{field}", f"must have at most {bound} {unit} (limit {limit_name})")
-        budget = _field(entry, "budget")
-        if isinstance(budget, int) and budget > limits.max_budget:
-            yield Problem(f"{root}[{i}].budget", f"must be <= {limits.max_budget} (limit max_budget)")
+        yield from entry_limit_problems(entry, limits, path=f"{root}[{i}]")

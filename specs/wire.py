@@ -27,14 +27,15 @@ from .entries import (
     WireEntry,
 )
 from .errors import Problem, SpecError, problems_from_pydantic
-from .limits import DEFAULT_LIMITS, SpecLimits, limit_problems
+from .limits import DEFAULT_LIMITS, SpecLimits, entry_limit_problems, limit_problems
 from .vocab import check_vocab
 
-__all__ = ["WIRE_KEY", "decode_wire_payload", "encode_entries"]
+__all__ = ["WIRE_KEY", "decode_fast", "decode_strict", "decode_wire_entry", "decode_wire_payload", "encode_entries"]
 
 WIRE_KEY = "dynamo_logits"
 
 _WIRE = TypeAdapter(list[WireEntry])
+_WIRE_ONE = TypeAdapter(WireEntry)
 _FAST = list[fast.FastEntry]
 _FAST_TO_MODEL: dict[type, type] = {
     fast.ForcedSequence: ForcedTokenSequenceSpec,
@@ -68,16 +69,45 @@ def _from_fast(entry: fast.FastEntry) -> Any:
     return model.model_construct(**{f: getattr(entry, f) for f in entry.__struct_fields__})
 
 
-def _fast_decode(payload: Any) -> tuple[Any, ...] | None:
-    """The msgspec path; ``None`` when it rejects (the slow path then explains why)."""
+def _finite(entry: fast.FastEntry) -> bool:
+    return not isinstance(entry, fast.LogitBias) or all(math.isfinite(v) for v in entry.bias.values())
+
+
+def decode_fast(payload: Any) -> tuple[Any, ...] | None:
+    """The msgspec path (type rules only); ``None`` when it rejects the payload."""
     try:
         entries = msgspec.convert(payload, _FAST, strict=True)
     except (msgspec.ValidationError, TypeError):
         return None
-    for entry in entries:
-        if isinstance(entry, fast.LogitBias) and not all(math.isfinite(v) for v in entry.bias.values()):
-            return None
+    if not all(_finite(e) for e in entries):
+        return None
     return tuple(_from_fast(e) for e in entries)
+
+
+def decode_strict(payload: Any, *, root: str = WIRE_KEY) -> tuple[Any, ...]:
+    """The pydantic path (type rules only); ``SpecError`` naming each bad field."""
+    try:
+        return tuple(_WIRE.validate_python(payload))
+    except ValidationError as err:
+        raise SpecError(problems_from_pydantic(err.errors(), root=root, tags=ENTRY_KINDS)) from None
+
+
+def decode_wire_entry(item: Any, *, path: str, limits: SpecLimits = DEFAULT_LIMITS) -> Any:
+    """Validate one entry found at ``path`` (e.g. ``dynamo_logits[2]``)."""
+    try:
+        raw = msgspec.convert(item, fast.FastEntry, strict=True)
+        if not _finite(raw):
+            raise ValueError("non-finite bias")
+        entry = _from_fast(raw)
+    except (msgspec.ValidationError, TypeError, ValueError):
+        try:
+            entry = _WIRE_ONE.validate_python(item)
+        except ValidationError as err:
+            raise SpecError(problems_from_pydantic(err.errors(), root=path, tags=ENTRY_KINDS)) from None
+    problems = list(entry_limit_problems(entry, limits, path=path))
+    if problems:
+        raise SpecError(problems)
+    return entry
 
 
 def decode_wire_payload(
@@ -92,12 +122,9 @@ def decode_wire_payload(
     Accepts only a list (a JSON string is not a payload: nothing client-shaped is
     parsed twice). With ``vocab_size`` also checks every id against it.
     """
-    entries = _fast_decode(payload)
+    entries = decode_fast(payload)
     if entries is None:
-        try:
-            entries = tuple(_WIRE.validate_python(payload))
-        except ValidationError as err:
-            raise SpecError(problems_from_pydantic(err.errors(), root=root, tags=ENTRY_KINDS)) from None
+        entries = decode_strict(payload, root=root)
     problems: list[Problem] = list(limit_problems(entries, limits, root=root))
     if problems:
         raise SpecError(problems)

@@ -1,0 +1,3 @@
+from dynlogits.cli import main
+
+raise SystemExit(main())

