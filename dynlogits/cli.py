@@ -20,10 +20,9 @@ def _validate(path: Path) -> int:
 
     try:
         data = json.loads(path.read_text()) if path.suffix == ".json" else None
-        if isinstance(data, dict) and "payload" in data:
-            data = data["payload"]
-        if isinstance(data, list) or (path.suffix == ".json" and not isinstance(data, dict)):
-            entries = decode_wire_payload(data)
+        is_vector = isinstance(data, dict) and "payload" in data
+        if is_vector or isinstance(data, list):
+            entries = decode_wire_payload(data["payload"] if is_vector else data)
             kinds = [e.kind for e in entries]
         else:
             config = load_config(path)
