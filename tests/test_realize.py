@@ -1,0 +1,119 @@
+"""Engine-side realization: payload -> fresh, validated per-request processors."""
+
+import math
+
+import pytest
+import torch
+from pydantic import BaseModel, ConfigDict
+from typing import Literal
+
+from dynlogits import registry
+from dynlogits.processors import RealizeContext
+from dynlogits.realize import build_request_processor, decode_payload, validate_payload
+from dynlogits.registry import PYTHON_FACTORIES_ENV, ProcessorKind, register_kind
+from dynlogits.specs import SpecError
+
+VOCAB = 32
+FORCED = [{"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": 1}]
+
+
+def test_absent_or_empty_payload_realizes_nothing():
+    assert build_request_processor(None, vocab_size=VOCAB) is None
+    assert build_request_processor([], vocab_size=VOCAB) is None
+
+
+def test_processors_are_fresh_per_request():
+    a = build_request_processor(FORCED, vocab_size=VOCAB)
+    b = build_request_processor(FORCED, vocab_size=VOCAB)
+    assert a.processors[0] is not b.processors[0]
+
+
+def test_entries_apply_in_payload_order_in_place():
+    proc = build_request_processor(
+        [{"kind": "logit_bias", "bias": {"3": 100.0}}, {"kind": "banned_tokens", "token_ids": [3]}], vocab_size=VOCAB
+    )
+    row = torch.zeros(VOCAB)
+    ptr = row.data_ptr()
+    proc([], row)
+    assert row.data_ptr() == ptr and row[3] == -math.inf and row[4] == 0
+
+
+def test_forced_payload_forces_each_token_then_eos():
+    proc = build_request_processor(FORCED, vocab_size=VOCAB)
+    generated: list[int] = []
+    for _ in range(3):
+        row = torch.randn(VOCAB)
+        proc(generated, row)
+        generated.append(int(row.argmax()))
+    assert generated == [5, 6, 1]
+
+
+def test_ids_beyond_the_logits_width_fail_before_realization():
+    with pytest.raises(SpecError, match=r"dynamo_logits\[0\]\.eos_token_id: must be < vocab size 32"):
+        build_request_processor([{"kind": "forced_sequence", "token_ids": [5], "eos_token_id": 40}], vocab_size=VOCAB)
+    validate_payload([{"kind": "forced_sequence", "token_ids": [5], "eos_token_id": 40}])  # vocab unknown: fine
+
+
+def test_python_kind_needs_the_workers_allow_list(monkeypatch):
+    payload = [{"kind": "python", "factory": "test_realize:make_zeroer", "kwargs": {"token_id": 2}}]
+    monkeypatch.delenv(PYTHON_FACTORIES_ENV, raising=False)
+    with pytest.raises(SpecError, match=r"dynamo_logits\[0\]\.factory: factory 'test_realize:make_zeroer' is not allow-listed"):
+        build_request_processor(payload, vocab_size=VOCAB)
+    monkeypatch.setenv(PYTHON_FACTORIES_ENV, "other:thing, test_realize:make_zeroer")
+    proc = build_request_processor(payload, vocab_size=VOCAB)
+    row = torch.ones(VOCAB)
+    proc([], row)
+    assert row[2] == 0 and row.sum() == VOCAB - 1
+
+
+def test_a_failing_factory_fails_only_its_request_with_a_named_error(monkeypatch):
+    monkeypatch.setenv(PYTHON_FACTORIES_ENV, "test_realize:make_zeroer")
+    with pytest.raises(SpecError, match=r"dynamo_logits\[0\]: could not realize kind 'python': TypeError"):
+        build_request_processor([{"kind": "python", "factory": "test_realize:make_zeroer", "kwargs": {"nope": 1}}], vocab_size=VOCAB)
+
+
+class _ScaleSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["scale"] = "scale"
+    factor: float
+
+
+class _Scale:
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    def __call__(self, input_ids, logits) -> None:
+        logits.mul_(self.factor)
+
+
+def test_third_party_kind_is_validated_by_its_model_and_realized(monkeypatch):
+    monkeypatch.setattr(registry, "_registered", {})
+    register_kind(ProcessorKind("scale", _ScaleSpec, lambda entry, ctx: _Scale(entry.factor)))
+    proc = build_request_processor([{"kind": "banned_tokens", "token_ids": [0]}, {"kind": "scale", "factor": 2.0}], vocab_size=VOCAB)
+    row = torch.ones(VOCAB)
+    proc([], row)
+    assert row[0] == -math.inf and row[1] == 2.0
+    with pytest.raises(SpecError) as info:
+        decode_payload([{"kind": "banned_tokens", "token_ids": [-1]}, {"kind": "scale", "factor": "x", "extra": 1}])
+    assert [str(p) for p in info.value.problems] == ["dynamo_logits[0].token_ids[0]: must be >= 0"]
+    with pytest.raises(SpecError) as info:
+        decode_payload([{"kind": "scale", "factor": "x", "extra": 1}])
+    assert [p.path for p in info.value.problems] == ["dynamo_logits[0].factor", "dynamo_logits[0].extra"]
+
+
+def test_builtin_kinds_cannot_be_replaced():
+    with pytest.raises(ValueError, match="built in"):
+        register_kind(ProcessorKind("forced_sequence", _ScaleSpec, lambda e, c: _Scale(1.0)))
+
+
+def make_zeroer(token_id: int):
+    """A processor factory for the ``python`` kind tests."""
+
+    def zero(input_ids, logits: torch.Tensor) -> None:
+        logits[token_id] = 0.0
+
+    return zero
+
+
+def test_realize_context_carries_the_logits_width():
+    assert RealizeContext(vocab_size=7).vocab_size == 7
