@@ -1,0 +1,58 @@
+"""The processor protocol every engine adapter drives, and the context processors are built with."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["BaseLogitsProcessor", "IndexCache", "RealizeContext", "force_token"]
+
+
+@runtime_checkable
+class BaseLogitsProcessor(Protocol):
+    """One request's processor.
+
+    ``input_ids`` are the tokens this request has generated so far (not the
+    prompt; engines may pass a live list). ``logits`` is the request's 1-D row
+    ``[vocab_size]``, modified in place. Implementations derive their position
+    from ``input_ids`` (never from a private step counter), so calling twice with
+    the same history has the same effect, and a preempted request resumes.
+    """
+
+    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None: ...
+
+
+@dataclass(frozen=True)
+class RealizeContext:
+    """What a factory knows about the engine: ``vocab_size`` is the logits width."""
+
+    vocab_size: int
+
+
+class IndexCache:
+    """Small index (and value) tensors built once per (device, dtype), never per step."""
+
+    __slots__ = ("_ids", "_values", "_cache")
+
+    def __init__(self, ids: Sequence[int], values: Sequence[float] | None = None) -> None:
+        self._ids = list(ids)
+        self._values = None if values is None else list(values)
+        self._cache: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+    def get(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        key = (like.device, like.dtype)
+        hit = self._cache.get(key)
+        if hit is None:
+            idx = torch.tensor(self._ids, dtype=torch.long, device=like.device)
+            vals = None if self._values is None else torch.tensor(self._values, dtype=like.dtype, device=like.device)
+            hit = self._cache[key] = (idx, vals)
+        return hit
+
+
+def force_token(logits: torch.Tensor, token_id: int) -> None:
+    """Make ``token_id`` the only possible choice: every other logit -inf, it 0.0 (in place)."""
+    logits.fill_(float("-inf"))
+    logits[token_id] = 0.0

@@ -1,0 +1,25 @@
+"""``logit_bias``: add a fixed bias to some ids every step."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from .base import IndexCache
+
+__all__ = ["LogitBiasProcessor"]
+
+
+class LogitBiasProcessor:
+    """Every step, ``logits[id] += bias[id]`` for each listed id."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, bias: Mapping[int, float]) -> None:
+        ids = sorted(bias)
+        self._index = IndexCache(ids, [bias[i] for i in ids])
+
+    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
+        idx, values = self._index.get(logits)
+        logits.index_add_(0, idx, values)  # type: ignore[arg-type]

@@ -1,0 +1,29 @@
+"""``forced_sequence``: force the configured tokens in order, then EOS."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .base import force_token
+
+__all__ = ["ForcedSequenceProcessor"]
+
+
+class ForcedSequenceProcessor:
+    """At step ``n = len(input_ids)`` force ``token_ids[n]``; from ``n = len(token_ids)`` on, force EOS.
+
+    Stateless: the position is the number of generated tokens, so recomputation
+    after preemption, or a second call at the same step, gives the same result.
+    """
+
+    __slots__ = ("token_ids", "eos_token_id")
+
+    def __init__(self, token_ids: Sequence[int], eos_token_id: int) -> None:
+        self.token_ids = tuple(token_ids)
+        self.eos_token_id = eos_token_id
+
+    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
+        n = len(input_ids)
+        force_token(logits, self.token_ids[n] if n < len(self.token_ids) else self.eos_token_id)

@@ -1,0 +1,45 @@
+"""``banned_tokens`` and ``allowed_tokens``: fixed sets of ids masked every step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .base import IndexCache
+
+__all__ = ["AllowedTokensProcessor", "BannedTokensProcessor"]
+
+
+class BannedTokensProcessor:
+    """Every step, the banned ids' logits become -inf; nothing else changes."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, token_ids: Sequence[int]) -> None:
+        self._index = IndexCache(sorted(set(token_ids)))
+
+    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
+        idx, _ = self._index.get(logits)
+        logits.index_fill_(0, idx, float("-inf"))
+
+
+class AllowedTokensProcessor:
+    """Every step, every id outside ``token_ids`` (plus ``eos_token_id``) becomes -inf.
+
+    Allowed values are kept: they are gathered (a tensor of the allowed set's
+    size), the row is filled with -inf, and they are written back — no
+    vocabulary-sized allocation per step.
+    """
+
+    __slots__ = ("_index",)
+
+    def __init__(self, token_ids: Sequence[int], eos_token_id: int | None = None) -> None:
+        allowed = set(token_ids) | ({eos_token_id} if eos_token_id is not None else set())
+        self._index = IndexCache(sorted(allowed))
+
+    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
+        idx, _ = self._index.get(logits)
+        kept = logits.index_select(0, idx)
+        logits.fill_(float("-inf"))
+        logits.index_copy_(0, idx, kept)

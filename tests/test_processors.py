@@ -1,0 +1,194 @@
+"""Built-in processors: exact effect on a row, in place, position from the generated tokens."""
+
+import math
+
+import pytest
+import torch
+
+from dynlogits.processors import (
+    BUILTIN_FACTORIES,
+    AllowedTokensProcessor,
+    BannedTokensProcessor,
+    ForcedSequenceProcessor,
+    LogitBiasProcessor,
+    MinTokensProcessor,
+    RealizeContext,
+    ThinkingBudgetProcessor,
+)
+from dynlogits.specs import WIRE_KINDS, decode_wire_payload
+
+V = 50
+NEG = -math.inf
+
+
+def row(dtype=torch.float32) -> torch.Tensor:
+    return torch.arange(V, dtype=dtype) / 10
+
+
+def apply(proc, ids, dtype=torch.float32) -> torch.Tensor:
+    r = row(dtype)
+    ptr = r.data_ptr()
+    assert proc(ids, r) is None
+    assert r.data_ptr() == ptr, "processors must modify the row in place"
+    return r
+
+
+def only(r: torch.Tensor) -> int:
+    finite = torch.isfinite(r).nonzero().flatten().tolist()
+    assert len(finite) == 1, finite
+    return finite[0]
+
+
+def test_forced_sequence_forces_each_token_then_eos_forever():
+    p = ForcedSequenceProcessor((7, 8, 9), eos_token_id=1)
+    assert [only(apply(p, [0] * n)) for n in range(6)] == [7, 8, 9, 1, 1, 1]
+    assert apply(p, [])[7] == 0.0
+
+
+def test_forced_sequence_resumes_from_history_after_preemption():
+    p = ForcedSequenceProcessor((7, 8, 9), eos_token_id=1)
+    only(apply(p, [7, 8]))
+    assert only(apply(p, [7])) == 8  # recomputed from a shorter history
+    assert only(apply(p, [7])) == 8  # idempotent at the same step
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_banned_tokens_are_minus_inf_and_the_rest_untouched(dtype):
+    r = apply(BannedTokensProcessor((3, 40, 3)), [], dtype)
+    expected = row(dtype)
+    expected[[3, 40]] = NEG
+    assert torch.equal(r, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_allowed_tokens_keep_their_values_and_eos(dtype):
+    r = apply(AllowedTokensProcessor((5, 6), eos_token_id=1), [1, 2], dtype)
+    assert torch.isfinite(r).nonzero().flatten().tolist() == [1, 5, 6]
+    assert torch.equal(r[[1, 5, 6]], row(dtype)[[1, 5, 6]])
+
+
+def test_allowed_tokens_without_eos_allow_only_the_list():
+    assert torch.isfinite(apply(AllowedTokensProcessor((0,)), [])).nonzero().flatten().tolist() == [0]
+
+
+def test_logit_bias_adds_to_the_listed_ids():
+    r = apply(LogitBiasProcessor({2: 1.5, 30: -3.0}), [])
+    expected = row()
+    expected[2] += 1.5
+    expected[30] -= 3.0
+    assert torch.allclose(r, expected)
+
+
+def test_min_tokens_suppresses_stop_ids_only_until_the_minimum():
+    p = MinTokensProcessor(2, (1, 4))
+    assert apply(p, [])[1] == NEG and apply(p, [9])[4] == NEG
+    assert torch.equal(apply(p, [9, 9]), row())
+
+
+START, END = (10, 11), (20, 21)
+
+
+def thinking(budget: int) -> ThinkingBudgetProcessor:
+    return ThinkingBudgetProcessor(START, END, budget)
+
+
+def test_thinking_budget_leaves_rows_alone_outside_a_span_and_under_budget():
+    p = thinking(3)
+    assert torch.equal(apply(p, [5, 10]), row())  # start not complete
+    assert torch.equal(apply(p, [5, 10, 11, 7, 7]), row())  # 2 tokens of 3 used
+
+
+def test_thinking_budget_forces_the_whole_end_sequence_once_spent():
+    p = thinking(2)
+    ids = [10, 11, 7, 7]
+    for expected in END:
+        tok = only(apply(p, ids))
+        assert tok == expected
+        ids.append(tok)
+    assert torch.equal(apply(p, ids), row())  # span closed: free again
+
+
+def test_thinking_budget_continues_an_end_sequence_the_model_began():
+    assert only(apply(thinking(2), [10, 11, 7, 20])) == 21
+
+
+def test_thinking_budget_natural_end_closes_the_span_and_a_new_span_gets_a_fresh_budget():
+    p = thinking(2)
+    ids = [10, 11, 7, 20, 21, 5]
+    assert torch.equal(apply(p, ids), row())
+    ids += [10, 11, 7]
+    assert torch.equal(apply(p, ids), row())  # 1 of 2 in the new span
+    ids += [7]
+    assert only(apply(p, ids)) == 20
+
+
+def test_thinking_budget_zero_closes_every_span_at_once():
+    assert only(apply(thinking(0), [3, 10, 11])) == 20
+
+
+def test_thinking_budget_rescans_when_the_history_changes():
+    p = thinking(1)
+    assert only(apply(p, [10, 11, 7])) == 20
+    assert torch.equal(apply(p, [10, 12, 7]), row())  # same length, different tokens: no span
+    assert torch.equal(apply(p, [10]), row())  # shorter history
+
+
+def test_thinking_budget_incremental_scan_matches_a_fresh_scan():
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(9, 23, (300,), generator=gen).tolist()
+    incremental = thinking(3)
+    for n in range(len(ids) + 1):
+        a = apply(incremental, ids[:n])
+        b = apply(thinking(3), ids[:n])
+        assert torch.equal(a, b), n
+
+
+def _entries():
+    return decode_wire_payload(
+        [
+            {"kind": "forced_sequence", "token_ids": [5], "eos_token_id": 1},
+            {"kind": "banned_tokens", "token_ids": [3]},
+            {"kind": "allowed_tokens", "token_ids": [4]},
+            {"kind": "logit_bias", "bias": {"2": 1.0}},
+            {"kind": "min_tokens", "min_tokens": 2, "stop_token_ids": [1]},
+            {"kind": "thinking_budget", "start_token_ids": [10], "end_token_ids": [11], "budget": 1},
+        ]
+    )
+
+
+def test_every_wire_kind_but_python_has_a_builtin_factory():
+    assert set(BUILTIN_FACTORIES) == WIRE_KINDS - {"python"}
+
+
+def test_factories_build_fresh_processors_per_request():
+    ctx = RealizeContext(vocab_size=V)
+    for entry in _entries():
+        a, b = BUILTIN_FACTORIES[entry.kind](entry, ctx), BUILTIN_FACTORIES[entry.kind](entry, ctx)
+        assert a is not b
+    p1 = BUILTIN_FACTORIES["thinking_budget"](_entries()[-1], ctx)
+    p2 = BUILTIN_FACTORIES["thinking_budget"](_entries()[-1], ctx)
+    only(apply(p1, [10, 7]))
+    assert p2._scanned == 0  # scanning one request left the other untouched
+
+
+def _largest_allocation(fn) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max((e.cpu_memory_usage for e in prof.events()), default=0)
+
+
+def test_the_allocation_probe_sees_a_vocab_sized_allocation():
+    r = torch.zeros(100_000)
+    assert _largest_allocation(lambda: r.add_(torch.full_like(r, 1.0))) >= r.numel() * 4
+
+
+@pytest.mark.parametrize("kind", sorted(WIRE_KINDS - {"python"}))
+def test_no_processor_allocates_a_vocab_sized_tensor_per_step(kind):
+    vocab = 100_000
+    (entry,) = [e for e in _entries() if e.kind == kind]
+    proc = BUILTIN_FACTORIES[kind](entry, RealizeContext(vocab_size=vocab))
+    r = torch.zeros(vocab)
+    proc([10], r)  # the first call builds the small cached index tensors
+    assert _largest_allocation(lambda: proc([10], r)) < 4096
