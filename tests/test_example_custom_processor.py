@@ -21,4 +21,4 @@ def test_custom_processor_from_config_drives_a_real_engine(embedded_tokenizer):
     assert result.returncode == 0, result.stderr[-3000:]
     expected = embedded_tokenizer.decode([262, 635, 301, 376] * 2).strip()
     assert expected == "tick tock tick tock"
-    assert result.stdout.strip().splitlines()[-1] == expected
+    assert expected in result.stdout.splitlines()  # vLLM logs to stdout too; the answer is a line of its own
