@@ -1,0 +1,94 @@
+"""``DynamoVllmLogitsProcessor``: one class for both of vLLM's model runners.
+
+Why one class and not two plus a chooser: which runner runs is decided by vLLM *after* the
+engine arguments are fixed (``VllmConfig.use_v2_model_runner`` weighs the platform, Triton and
+the features in use), and the same class is also loaded in the front-end process to validate
+requests. A chooser working from engine arguments would have to predict that decision and would
+be wrong whenever vLLM's rules change; a class that satisfies both ABCs lets vLLM's own loader
+pick the interface (``issubclass`` passes for either), so ``--logits-processors
+dynlogits.adapters.vllm:DynamoVllmLogitsProcessor`` and ``LLM(logits_processors=[...])`` work
+unchanged on either runner. The two interfaces differ only in ``__init__`` and ``apply``
+signatures, which this class tells apart by argument type; everything else (payload reading,
+admission validation, realization, failure isolation, row application) is shared, and each
+runner's bookkeeping lives in its own mixin (``v1``, ``v2``).
+
+On a vLLM without the V2 interface the class is a plain V1 ``AdapterLogitsProcessor``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from .capabilities import check_vllm_config
+from .request import GuardedRequest, realize_request, validate_request_params
+from .v1 import V1RunnerMixin
+from .v2 import HAS_V2_INTERFACE, LogitsProcRequestState, V2RunnerMixin
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+__all__ = ["MAX_RECORDED_FAILURES", "DynamoVllmLogitsProcessor"]
+
+#: How many failure messages one processor instance keeps (oldest dropped first).
+MAX_RECORDED_FAILURES = 64
+
+
+def _is_v2_state(obj: object) -> bool:
+    return HAS_V2_INTERFACE and isinstance(obj, LogitsProcRequestState)
+
+
+class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
+    """Applies each request's ``extra_args["dynamo_logits"]`` processors in its sampler.
+
+    * V1 runner: ``DynamoVllmLogitsProcessor(vllm_config, device, is_pin_memory)``,
+      ``update_state(batch_update)``, ``apply(logits)``.
+    * Model Runner V2: ``DynamoVllmLogitsProcessor(vllm_config, req_states)``,
+      ``add_request(slot, params) -> bool``, ``apply(logits, ctx)``.
+    * Both: ``validate_params(params)`` at admission raises ``SpecError`` (a ``ValueError``
+      naming the field); ``new_req_logits_processor(params)`` realizes fresh processors for one
+      request (``None`` when it has no payload); a processor that raises at run time ends only
+      its own request (see ``request``) and is recorded in ``failures``.
+
+    ``vocab_size`` is the logits width (``model_config.get_vocab_size()``), which may exceed the
+    tokenizer's length; every id in a payload must be below it.
+    """
+
+    runner: Literal["v1", "v2"]
+    vocab_size: int
+    failures: deque[str]
+
+    def __init__(self, vllm_config: VllmConfig, device_or_req_states: Any, is_pin_memory: bool = False) -> None:
+        check_vllm_config(vllm_config)
+        self.failures = deque(maxlen=MAX_RECORDED_FAILURES)
+        if _is_v2_state(device_or_req_states):
+            self.runner = "v2"
+            self.vocab_size = int(device_or_req_states.vocab_size)
+            self._init_v2_state(device_or_req_states)
+        else:
+            self.runner = "v1"
+            V1RunnerMixin.__init__(self, vllm_config, device_or_req_states, is_pin_memory)
+            self.vocab_size = int(vllm_config.model_config.get_vocab_size())
+            self._init_v1_state()
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        """Admission check for one request; raises ``SpecError`` naming the bad field."""
+        validate_request_params(sampling_params)
+
+    def new_req_logits_processor(self, params: Any) -> GuardedRequest | None:
+        """Fresh per-request callable ``(output_ids, row) -> row``, or ``None`` without a payload."""
+        return realize_request(params, vocab_size=self.vocab_size, report=self.failures.append)
+
+    def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
+        """Edit the rows of requests with a payload in place and return ``logits``."""
+        if self.runner == "v2":
+            if ctx is None:
+                raise TypeError("Model Runner V2 calls apply(logits, ctx); ctx is missing")
+            return self._apply_v2(logits, ctx)
+        return self._apply_v1(logits)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(runner={self.runner!r}, vocab_size={self.vocab_size})"

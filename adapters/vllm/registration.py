@@ -1,0 +1,54 @@
+"""Installing the adapter into a vLLM engine's arguments.
+
+``register_dynamo_logits_processor(engine_args)`` adds the processor by import string to
+``logits_processors`` (an import string survives any process boundary: the front end, the engine
+core and the workers each load the class themselves). It is idempotent, keeps the user's other
+processors in their order, and rejects configurations that certainly cannot work
+(``capabilities``). The same class serves both model runners, so nothing depends on which one
+vLLM picks. Equivalent by hand: ``vllm serve MODEL --logits-processors
+dynlogits.adapters.vllm:DynamoVllmLogitsProcessor`` or
+``LLM(MODEL, logits_processors=[DynamoVllmLogitsProcessor])``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any, TypeVar
+
+from .capabilities import check_engine_args
+from .processor import DynamoVllmLogitsProcessor
+
+__all__ = ["PROCESSOR_FQCN", "is_dynamo_processor", "register_dynamo_logits_processor"]
+
+#: The import string vLLM's ``--logits-processors`` accepts for the adapter.
+PROCESSOR_FQCN = "dynlogits.adapters.vllm:DynamoVllmLogitsProcessor"
+_ALIASES = frozenset({PROCESSOR_FQCN, "dynlogits.adapters.vllm.processor:DynamoVllmLogitsProcessor"})
+
+T = TypeVar("T")
+
+
+def is_dynamo_processor(entry: object) -> bool:
+    """Whether a ``logits_processors`` entry (class or import string) is this adapter."""
+    if isinstance(entry, str):
+        return entry in _ALIASES
+    return isinstance(entry, type) and issubclass(entry, DynamoVllmLogitsProcessor)
+
+
+def register_dynamo_logits_processor(engine_args: T) -> T:
+    """Add the adapter to ``engine_args.logits_processors`` (or ``engine_args["logits_processors"]``
+    for an ``LLM(**kwargs)`` mapping) unless it is already there; returns ``engine_args``.
+
+    Raises ``UnsupportedEngineConfig`` for pooling models and for speculative decoding when the
+    V1 runner will certainly run.
+    """
+    check_engine_args(engine_args)
+    is_mapping = isinstance(engine_args, MutableMapping)
+    current: Any = engine_args.get("logits_processors") if is_mapping else getattr(engine_args, "logits_processors")
+    processors = list(current or [])
+    if not any(is_dynamo_processor(p) for p in processors):
+        processors.append(PROCESSOR_FQCN)
+    if is_mapping:
+        engine_args["logits_processors"] = processors  # type: ignore[index]
+    else:
+        engine_args.logits_processors = processors  # type: ignore[attr-defined]
+    return engine_args

@@ -1,0 +1,187 @@
+"""Test helpers shipped with the adapter: a Model Runner V2 sampler harness, and a fault factory.
+
+``V2SamplerHarness`` drives a V2 ``LogitsProcessor`` the way vLLM's V2 model runner and
+``Sampler`` do, with vLLM's real ``LogitsProcRequestState`` and ``LogitsContext``:
+
+* requests take slots from a free list (last freed, first reused) and ``add_request(slot,
+  params)`` is called after the request state is written, as ``GPUModelRunner.add_requests``
+  does; removal frees the slot without telling processors;
+* each step builds the batch layout vLLM builds (``idx_mapping``, ``expanded_idx_mapping``,
+  ``expanded_local_pos``, ``input_ids`` with the last committed token at local position 0 and the
+  draft tokens after it, ``pos``), skips processors when no request needs processing, copies the
+  logits to a fresh float32 tensor and calls ``apply(logits, ctx)`` (``Sampler.apply_sampling_params``).
+
+Why not end to end: Model Runner V2 needs Triton kernels, and vLLM's CPU build has no Triton
+CPU backend (``VllmConfig.use_v2_model_runner`` falls back to V1), and the runner's buffers
+(``StagedWriteTensor``/``UvaBackedTensor``) need pinned memory, which needs an accelerator. The
+harness therefore backs ``LogitsProcRequestState`` with plain tensors exposing the same ``.gpu``
+/ ``.np`` attributes those buffers expose, and keeps them current the way the runner does.
+
+``raise_after`` is an operator-side ``python`` factory whose processor raises once a request
+has generated ``after`` tokens; tests use it to prove that a failing processor ends only its own
+request (allow-list it with ``DYN_LOGITS_PYTHON_FACTORIES``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .v2 import HAS_V2_INTERFACE, LogitsContext, LogitsProcRequestState
+
+__all__ = ["RAISE_AFTER_FACTORY", "HostBuffer", "V2SamplerHarness", "adapter_failures", "raise_after"]
+
+RAISE_AFTER_FACTORY = "dynlogits.adapters.vllm.testing:raise_after"
+
+
+class _RaiseAfter:
+    def __init__(self, after: int) -> None:
+        self.after = after
+
+    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
+        if len(input_ids) >= self.after:
+            raise RuntimeError(f"injected fault after {self.after} tokens")
+
+
+def raise_after(after: int = 1) -> _RaiseAfter:
+    """A processor that raises ``RuntimeError`` once ``after`` tokens were generated."""
+    return _RaiseAfter(after)
+
+
+def adapter_failures(worker: Any) -> list[str]:
+    """Run inside a vLLM worker (``LLM.collective_rpc(adapter_failures)``): the failure records
+    of the adapter instances in that worker's sampler, on either model runner."""
+    from .processor import DynamoVllmLogitsProcessor
+
+    runner = worker.model_runner
+    candidates: list[Any] = []
+    batch = getattr(runner, "input_batch", None)
+    if batch is not None:  # V1 runner
+        candidates += [*batch.logitsprocs.non_argmax_invariant, *batch.logitsprocs.argmax_invariant]
+    sampler = getattr(runner, "sampler", None)  # Model Runner V2
+    candidates += list(getattr(sampler, "logits_processors", ()))
+    return [msg for p in candidates if isinstance(p, DynamoVllmLogitsProcessor) for msg in p.failures]
+
+
+class HostBuffer:
+    """Stands in for vLLM's ``StagedWriteTensor``/``UvaBackedTensor`` on a CPU-only machine:
+    ``.gpu`` is the device view, ``.np``/``.cpu`` the host view (the same memory here)."""
+
+    def __init__(self, size: int | tuple[int, ...], dtype: torch.dtype = torch.int32) -> None:
+        self.gpu = torch.zeros(size, dtype=dtype)
+        self.cpu = self.gpu
+        self.np = self.gpu.numpy()
+
+
+@dataclass
+class _Req:
+    slot: int
+    prompt_len: int
+    total_len: int
+
+
+class V2SamplerHarness:
+    """Drives one V2 processor class through add/step/commit like the V2 runner (see module doc)."""
+
+    def __init__(self, processor_cls: type, *, vocab_size: int, max_num_reqs: int = 8, max_model_len: int = 128,
+                 vllm_config: Any = None) -> None:
+        if not HAS_V2_INTERFACE:
+            raise RuntimeError("the installed vLLM has no Model Runner V2 logits-processor interface")
+        self.vocab_size = vocab_size
+        self.max_num_reqs = max_num_reqs
+        self.free_slots = list(range(max_num_reqs))
+        self.reqs: dict[str, _Req] = {}
+        self.all_token_ids = HostBuffer((max_num_reqs, max_model_len))
+        self.prompt_len = HostBuffer(max_num_reqs)
+        self.prefill_len = HostBuffer(max_num_reqs)
+        self.total_len = HostBuffer(max_num_reqs)
+        self.req_states = LogitsProcRequestState(
+            device=torch.device("cpu"),
+            max_num_reqs=max_num_reqs,
+            vocab_size=vocab_size,
+            all_token_ids=self.all_token_ids,  # type: ignore[arg-type]
+            prompt_len=self.prompt_len,  # type: ignore[arg-type]
+            prefill_len=self.prefill_len,  # type: ignore[arg-type]
+            total_len=self.total_len,  # type: ignore[arg-type]
+        )
+        self.processor = processor_cls(vllm_config, self.req_states)
+        self.needs_processing = np.zeros(max_num_reqs, dtype=bool)
+
+    # -- request lifecycle (GPUModelRunner.add_requests / _remove_request) --------------------
+    def add_request(self, req_id: str, prompt_ids: Sequence[int], params: Any, output_ids: Sequence[int] = ()) -> int:
+        """Admit (or resume, with ``output_ids``) a request; returns its slot."""
+        type(self.processor).validate_params(params)
+        slot = self.free_slots.pop()
+        tokens = [*prompt_ids, *output_ids]
+        self.all_token_ids.gpu[slot].zero_()
+        self.all_token_ids.gpu[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        self.prompt_len.np[slot] = len(prompt_ids)
+        self.prefill_len.np[slot] = len(tokens)
+        self.total_len.np[slot] = len(tokens)
+        self.reqs[req_id] = _Req(slot, len(prompt_ids), len(tokens))
+        self.needs_processing[slot] = self.processor.add_request(slot, params)
+        return slot
+
+    def remove_request(self, req_id: str) -> None:
+        self.free_slots.append(self.reqs.pop(req_id).slot)
+
+    def output_ids(self, req_id: str) -> list[int]:
+        r = self.reqs[req_id]
+        return self.all_token_ids.gpu[r.slot, r.prompt_len : r.total_len].tolist()
+
+    def commit(self, req_id: str, token_ids: Sequence[int]) -> None:
+        """Append accepted tokens, as the runner does after sampling/rejection."""
+        r = self.reqs[req_id]
+        self.all_token_ids.gpu[r.slot, r.total_len : r.total_len + len(token_ids)] = torch.tensor(
+            list(token_ids), dtype=torch.int32
+        )
+        r.total_len += len(token_ids)
+        self.total_len.np[r.slot] = r.total_len
+
+    # -- one sampler step (Sampler.apply_sampling_params) -------------------------------------
+    def context(self, batch: Sequence[str], drafts: Mapping[str, Sequence[int]]) -> LogitsContext:
+        slots, expanded, local, input_ids, pos = [], [], [], [], []
+        for req_id in batch:
+            r = self.reqs[req_id]
+            slots.append(r.slot)
+            last = int(self.all_token_ids.gpu[r.slot, r.total_len - 1])
+            fed = [last, *drafts.get(req_id, ())]
+            for k, token in enumerate(fed):
+                expanded.append(r.slot)
+                local.append(k)
+                input_ids.append(token)
+                pos.append(r.total_len - 1 + k)
+        idx_np = np.asarray(slots, dtype=np.int32)
+        return LogitsContext(
+            expanded_idx_mapping=torch.tensor(expanded, dtype=torch.int32),
+            idx_mapping=torch.from_numpy(idx_np.copy()),
+            idx_mapping_np=idx_np,
+            expanded_local_pos=torch.tensor(local, dtype=torch.int32),
+            input_ids=torch.tensor(input_ids, dtype=torch.int32),
+            pos=torch.tensor(pos, dtype=torch.int64),
+            seq_lens_upper_bound_np=np.asarray([self.reqs[q].total_len + len(drafts.get(q, ())) for q in batch]),
+        )
+
+    def step(self, batch: Sequence[str], logits: torch.Tensor, drafts: Mapping[str, Sequence[int]] | None = None
+             ) -> torch.Tensor:
+        """Process one step's logits (one row per request, plus one per draft token, in ``batch`` order)."""
+        ctx = self.context(batch, drafts or {})
+        if logits.shape[0] != ctx.expanded_idx_mapping.shape[0]:
+            raise ValueError(f"expected {ctx.expanded_idx_mapping.shape[0]} logits rows, got {logits.shape[0]}")
+        if not np.any(self.needs_processing[ctx.idx_mapping_np]):
+            return logits
+        logits = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
+        return self.processor.apply(logits, ctx)
+
+    def greedy_step(self, batch: Sequence[str], *, seed: int = 0) -> dict[str, int]:
+        """Random logits, processed, argmax per request, committed; returns the sampled tokens."""
+        gen = torch.Generator().manual_seed(seed)
+        logits = self.step(batch, torch.randn(len(batch), self.vocab_size, generator=gen))
+        sampled = {req_id: int(logits[i].argmax()) for i, req_id in enumerate(batch)}
+        for req_id, token in sampled.items():
+            self.commit(req_id, [token])
+        return sampled

@@ -1,0 +1,191 @@
+"""The adapter under Model Runner V2, driven through vLLM's real V2 classes.
+
+Not end to end, on purpose: Model Runner V2 needs Triton kernels and this machine's vLLM CPU
+build has no Triton CPU backend (``VllmConfig.use_v2_model_runner`` falls back to the V1 runner),
+and the runner's buffers need pinned memory, which needs an accelerator. So
+``dynlogits.adapters.vllm.testing.V2SamplerHarness`` drives the processor exactly as the V2
+runner and ``Sampler.apply_sampling_params`` do — vLLM's real ``LogitsProcRequestState`` and
+``LogitsContext``, slots from a free list that are reused without a removal call,
+``add_request`` after the request state is written, one logits row per draft token, the skip when
+no request needs processing, the float32 copy — with plain tensors behind the ``.gpu``/``.np``
+buffer attributes. vLLM's own V2 loader and admission validator are exercised for real.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from pydantic import BaseModel, ConfigDict  # noqa: E402
+from vllm import SamplingParams  # noqa: E402
+from vllm.v1.worker.gpu.sample.logits_processor import (  # noqa: E402
+    LogitsProcRequestState,
+    build_custom_logits_processors,
+)
+
+from dynlogits.adapters.vllm import PROCESSOR_FQCN, DynamoVllmLogitsProcessor  # noqa: E402
+from dynlogits.adapters.vllm.testing import HostBuffer, V2SamplerHarness  # noqa: E402
+from dynlogits.registry import ProcessorKind, register_kind  # noqa: E402
+from dynlogits.specs import WIRE_KEY, SpecError  # noqa: E402
+
+VOCAB = 64
+EOS = 1
+
+
+def sp(payload: Any = None) -> SamplingParams:
+    params = SamplingParams(temperature=0.0, extra_args=None if payload is None else {WIRE_KEY: payload})
+    params.update_from_generation_config({}, eos_token_id=EOS)
+    return params
+
+
+def forced(*ids: int) -> list[dict[str, Any]]:
+    return [{"kind": "forced_sequence", "token_ids": list(ids), "eos_token_id": EOS}]
+
+
+# A kind that records the history each call sees (registered in this process only).
+SEEN: list[list[int]] = []
+
+
+class RecordHistorySpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["test_record_history"] = "test_record_history"
+
+
+class _Record:
+    def __call__(self, input_ids, logits):
+        SEEN.append(list(input_ids))
+
+
+register_kind(ProcessorKind("test_record_history", RecordHistorySpec, lambda entry, ctx: _Record()))
+RECORD = [{"kind": "test_record_history"}]
+
+
+@pytest.fixture
+def harness() -> V2SamplerHarness:
+    SEEN.clear()
+    return V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=VOCAB, max_num_reqs=4)
+
+
+def test_vllms_v2_loader_builds_the_same_class_from_its_import_string():
+    class FakeRunnerState:  # only the attributes from_request_state reads; buffers need an accelerator
+        device = torch.device("cpu")
+        max_num_reqs = 4
+        vocab_size = VOCAB
+        all_token_ids = HostBuffer((4, 16))
+        prompt_len = prefill_len = total_len = HostBuffer(4)
+
+    (proc,) = build_custom_logits_processors(None, FakeRunnerState(), False, (PROCESSOR_FQCN,))  # type: ignore[arg-type]
+    assert isinstance(proc, DynamoVllmLogitsProcessor) and proc.runner == "v2" and proc.vocab_size == VOCAB
+    assert isinstance(proc._req_states, LogitsProcRequestState)
+
+
+def test_add_request_says_whether_the_request_needs_processing(harness):
+    assert harness.add_request("plain", [3, 4], sp()) is not None
+    assert not harness.needs_processing[harness.reqs["plain"].slot]
+    harness.add_request("forced", [3], sp(forced(7)))
+    assert harness.needs_processing[harness.reqs["forced"].slot]
+
+
+def test_admission_rejects_a_malformed_payload_naming_the_field(harness):
+    with pytest.raises(SpecError, match=r"dynamo_logits\[0\]\.token_ids\[0\]: must be >= 0"):
+        harness.add_request("bad", [3], sp(forced(-1)))
+
+
+def test_forced_requests_in_one_batch_each_get_their_own_sequence(harness):
+    harness.add_request("a", [2, 3], sp(forced(10, 11, 12)))
+    harness.add_request("plain", [2], sp())
+    harness.add_request("b", [9, 9, 9], sp(forced(20, 21)))
+    for step in range(4):
+        batch = ["b", "plain", "a"] if step % 2 else ["a", "b", "plain"]  # rows reorder every step
+        harness.greedy_step(batch, seed=step)
+    assert harness.output_ids("a") == [10, 11, 12, EOS]
+    assert harness.output_ids("b")[:3] == [20, 21, EOS]
+
+
+def test_rows_without_a_payload_are_untouched(harness):
+    harness.add_request("forced", [2], sp(forced(10)))
+    harness.add_request("plain", [2], sp())
+    logits = torch.randn(2, VOCAB)
+    out = harness.step(["plain", "forced"], logits)
+    assert torch.equal(out[0], logits[0])
+    assert int(out[1].argmax()) == 10 and out[1].isinf().sum() == VOCAB - 1
+
+
+def test_a_batch_without_payloads_is_skipped_without_reading_state(harness):
+    harness.add_request("plain", [2], sp())
+    logits = torch.randn(1, VOCAB)
+    assert harness.step(["plain"], logits) is logits  # the sampler's own skip: apply() not called
+
+
+def test_a_reused_slot_starts_from_a_clean_state(harness):
+    harness.add_request("first", [2], sp(forced(10, 11)))
+    harness.greedy_step(["first"])
+    slot = harness.reqs["first"].slot
+    harness.remove_request("first")  # V2 does not tell processors; the next add overwrites
+
+    assert harness.add_request("plain", [5], sp()) == slot
+    assert not harness.needs_processing[slot]
+    logits = torch.randn(1, VOCAB)
+    assert torch.equal(harness.step(["plain"], logits.clone()), logits)
+    harness.remove_request("plain")
+
+    assert harness.add_request("second", [5, 6, 7], sp(forced(30, 31))) == slot
+    for step in range(3):
+        harness.greedy_step(["second"], seed=step)
+    assert harness.output_ids("second") == [30, 31, EOS]  # from position 0 again
+
+
+def test_each_draft_row_sees_the_history_plus_the_drafts_before_it(harness):
+    """Speculative decoding: one row per draft token, each with its own visible history."""
+    harness.add_request("spec", [2, 3], sp(RECORD + forced(10, 11, 12)), output_ids=[10])
+    harness.add_request("plain", [4], sp())
+    logits = harness.step(["plain", "spec"], torch.randn(2 + 3, VOCAB), drafts={"spec": [11, 99], "plain": [5]})
+    assert SEEN == [[10], [10, 11], [10, 11, 99]]
+    # rows: plain(local 0), plain(local 1), spec(local 0..2)
+    assert [int(logits[r].argmax()) for r in (2, 3, 4)] == [11, 12, EOS]
+
+
+def test_resumption_after_preemption_continues_the_forced_sequence(harness):
+    """V2 re-adds a preempted request with its generated tokens in the prefill."""
+    harness.add_request("resumed", [2, 3], sp(forced(10, 11, 12, 13)), output_ids=[10, 11])
+    harness.greedy_step(["resumed"])
+    harness.greedy_step(["resumed"])
+    assert harness.output_ids("resumed") == [10, 11, 12, 13]
+
+
+def test_a_raising_processor_ends_only_its_own_request(harness, monkeypatch):
+    from dynlogits.adapters.vllm.testing import RAISE_AFTER_FACTORY
+    from dynlogits.registry import PYTHON_FACTORIES_ENV
+
+    monkeypatch.setenv(PYTHON_FACTORIES_ENV, RAISE_AFTER_FACTORY)
+    faulty = [{"kind": "python", "factory": RAISE_AFTER_FACTORY, "kwargs": {"after": 1}}]
+    harness.add_request("faulty", [2], sp(faulty))
+    harness.add_request("ok", [2], sp(forced(10, 11)))
+    for step in range(3):
+        harness.greedy_step(["faulty", "ok"], seed=step)
+    faulty_out = harness.output_ids("faulty")
+    assert faulty_out[1:] == [EOS, EOS]  # first token free, then fail-stopped at the stop token
+    assert harness.output_ids("ok") == [10, 11, EOS]
+    (failure,) = harness.processor.failures
+    assert "injected fault after 1 tokens" in failure and f"stop token {EOS}" in failure
+
+
+def test_an_id_beyond_the_logits_width_fails_that_request_at_add_time(harness):
+    harness.add_request("wide", [2], sp([{"kind": "banned_tokens", "token_ids": [VOCAB + 5]}]))
+    harness.add_request("ok", [2], sp(forced(10)))
+    out = harness.step(["wide", "ok"], torch.randn(2, VOCAB))
+    assert int(out[0].argmax()) == EOS and int(out[1].argmax()) == 10
+    assert "must be < vocab size 64" in harness.processor.failures[0]
+
+
+def test_apply_edits_the_batch_tensor_in_place(harness):
+    harness.add_request("forced", [2], sp(forced(10)))
+    logits = torch.randn(1, VOCAB)
+    ctx = harness.context(["forced"], {})
+    out = harness.processor.apply(logits, ctx)
+    assert out is logits and logits[0, 10] == 0 and logits[0, 11] == -math.inf
