@@ -32,3 +32,16 @@ def test_wheel_maps_specs_and_adapters_under_dynlogits(tmp_path):
     ):
         assert required in names, required
     assert not any(n.startswith(("specs/", "adapters/", "tests/")) for n in names)
+
+
+def test_every_python_package_folder_is_listed_for_the_wheel():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    prefixes = {"dynlogits": "dynlogits", "specs": "dynlogits.specs", "adapters": "dynlogits.adapters"}
+    found = set()
+    for folder, name in prefixes.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((name, *rel)))
+    assert found == listed
