@@ -1,0 +1,40 @@
+"""``python -m dynlogits.worker [flags] [engine flags]``: see ``--help``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from dynlogits.specs import SpecError
+
+from .args import load_deployment_config, parse_worker_args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; 2 on a bad config, 1 when the engine cannot start."""
+    import uvicorn
+
+    from .app import WorkerState, create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_worker_args(argv)
+    try:
+        config = load_deployment_config(args.logits_spec, args.allow_request_kinds)
+    except SpecError as err:
+        print(f"dynlogits.worker: invalid logits config: {err}", file=sys.stderr)
+        return 2
+    state = WorkerState(args=args, config=config)
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning",
+                                           timeout_graceful_shutdown=int(args.graceful_timeout_s)))
+
+    def fatal() -> None:
+        server.should_exit = True
+
+    state.on_fatal = fatal
+    server.run()
+    return 1 if state.start_error else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

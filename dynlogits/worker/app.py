@@ -1,0 +1,173 @@
+"""The worker's HTTP app: ``/generate`` (NDJSON stream), ``/health``, ``/ready``, ``/stats``."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from dynlogits.config import DeploymentConfig
+from dynlogits.roles import is_generation_stage
+from dynlogits.specs import SpecError
+from dynlogits.test_hook import test_hook_enabled
+
+from .args import DEFAULT_MODEL_NAME, WorkerArgs
+from .engine import EngineRequestError, VllmEngine, start_vllm_engine
+from .policy import RequestPolicy, build_policy
+from .protocol import ErrorBody, ErrorDetail, GenerateChunk, GenerateRequest, WorkerInfo, WorkerStats
+
+__all__ = ["WorkerState", "create_app"]
+
+log = logging.getLogger("dynlogits.worker")
+
+
+@dataclass
+class WorkerState:
+    """Everything the handlers share; ``engine``/``policy`` are set once the engine is up."""
+
+    args: WorkerArgs
+    config: DeploymentConfig
+    engine: VllmEngine | None = None
+    policy: RequestPolicy | None = None
+    start_error: str | None = None
+    stats: WorkerStats = field(default_factory=WorkerStats)
+    ids: itertools.count = field(default_factory=itertools.count)
+    on_fatal: Any = None  # called when the engine cannot start
+
+    @property
+    def register_adapter(self) -> bool:
+        """Adapter only where the role generates and some spec source is active."""
+        return is_generation_stage(self.args.disaggregation_mode) and (self.config.active or test_hook_enabled())
+
+    def info(self) -> WorkerInfo:
+        assert self.engine is not None and self.policy is not None
+        deployment = self.policy.deployment
+        return WorkerInfo(
+            model=self.engine.model_name, role=self.args.disaggregation_mode.value, backend=self.args.backend,
+            max_model_len=self.engine.max_model_len, vocab_size=self.engine.vocab_size,
+            deployment_kinds=[e.kind for e in deployment.entries] if deployment and self.policy.generates else [],
+            allow_request_kinds=sorted(self.config.allow_request_kinds),
+            adapter_registered=self.engine.adapter_registered,
+        )
+
+
+def _error(status: int, message: str, *, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
+    body = ErrorBody(error=ErrorDetail(message=message, type=kind, param=param))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def _start_engine(state: WorkerState) -> None:
+    from dynlogits.model_builder import default_model_dir
+
+    args = state.args
+    model = args.model or str(default_model_dir())
+    served = args.served_model_name or (args.model or DEFAULT_MODEL_NAME)
+    engine = start_vllm_engine(model, served, args.engine_args, register_adapter=state.register_adapter)
+    state.policy = build_policy(args.disaggregation_mode, state.config, lambda: engine.tokenizer, engine.vocab_size)
+    state.engine = engine
+
+
+def create_app(state: WorkerState) -> FastAPI:
+    """The worker app; the engine starts in a thread at start-up so ``/health`` answers meanwhile."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async def start() -> None:
+            try:
+                await asyncio.to_thread(_start_engine, state)
+                log.info("worker ready: role=%s model=%s adapter=%s", state.args.disaggregation_mode.value,
+                         state.engine.model_name if state.engine else "?", state.register_adapter)
+            except Exception as err:  # noqa: BLE001 - reported on /ready and fatal
+                state.start_error = f"{type(err).__name__}: {err}"
+                log.exception("engine failed to start")
+                if state.on_fatal is not None:
+                    state.on_fatal()
+
+        task = asyncio.create_task(start())
+        try:
+            yield
+        finally:
+            task.cancel()
+            if state.engine is not None:
+                state.engine.shutdown()
+
+    app = FastAPI(title="dynlogits worker", lifespan=lifespan)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        if state.engine is None or state.policy is None:
+            return _error(503, state.start_error or "engine starting", kind="service_unavailable")
+        try:
+            await state.engine.engine.check_health()
+        except Exception as err:  # noqa: BLE001
+            return _error(503, f"engine unhealthy: {err}", kind="service_unavailable")
+        return JSONResponse(state.info().model_dump())
+
+    @app.get("/stats")
+    async def stats() -> dict[str, int]:
+        return state.stats.model_dump()
+
+    @app.post("/generate", response_model=None)
+    async def generate(req: GenerateRequest) -> JSONResponse | StreamingResponse:
+        engine, policy = state.engine, state.policy
+        if engine is None or policy is None:
+            return _error(503, "worker engine is not ready", kind="service_unavailable")
+        try:
+            entries = policy.entries_for(req.logits_processors)
+        except SpecError as err:
+            return _error(400, str(err), param=err.problems[0].path)
+        try:
+            prompt_ids = engine.render_prompt(prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
+                                              messages=req.messages)
+            params = engine.sampling_params(req.sampling, entries, req.extra_args)
+        except EngineRequestError as err:
+            return _error(400, str(err))
+        request_id = f"{req.request_id}-{next(state.ids)}"
+        stream = engine.generate(prompt_ids, params, request_id)
+        state.stats.requests += 1
+        state.stats.in_flight += 1
+        try:
+            first = await stream.__anext__()  # admission errors surface here, before any byte is sent
+        except EngineRequestError as err:
+            state.stats.in_flight -= 1
+            return _error(400, str(err))
+        except Exception as err:  # noqa: BLE001
+            state.stats.in_flight -= 1
+            log.exception("request %s failed", request_id)
+            return _error(500, f"engine error: {type(err).__name__}: {err}", kind="internal_error")
+        if entries:
+            state.stats.activated += 1
+        return StreamingResponse(_ndjson(state, engine, request_id, first, stream),
+                                 media_type="application/x-ndjson")
+
+    return app
+
+
+async def _ndjson(state: WorkerState, engine: VllmEngine, request_id: str, first: GenerateChunk,
+                  stream: AsyncIterator[GenerateChunk]) -> AsyncIterator[bytes]:
+    """Serialize chunks; a cancelled client aborts the engine request in a fresh task
+    (the cancelled scope cannot await the abort itself)."""
+    try:
+        yield first.model_dump_json(exclude_none=True).encode() + b"\n"
+        async for chunk in stream:
+            yield chunk.model_dump_json(exclude_none=True).encode() + b"\n"
+    except (asyncio.CancelledError, GeneratorExit):
+        state.stats.aborted += 1
+        asyncio.get_running_loop().create_task(engine.engine.abort(request_id))
+        raise
+    except Exception as err:  # noqa: BLE001 - reported in-band, the stream already started
+        log.exception("request %s failed mid-stream", request_id)
+        yield GenerateChunk(error=f"{type(err).__name__}: {err}").model_dump_json(exclude_none=True).encode() + b"\n"
+    finally:
+        state.stats.in_flight -= 1

@@ -1,0 +1,88 @@
+"""Command-line flags of ``python -m dynlogits.worker``; unknown flags go to the engine."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dynlogits.roles import DisaggregationMode
+
+__all__ = ["BACKENDS", "WorkerArgs", "parse_worker_args", "split_kinds"]
+
+BACKENDS = ("vllm",)
+#: Served name of the embedded default model.
+DEFAULT_MODEL_NAME = "dynlogits-tiny"
+
+
+def split_kinds(value: str | None) -> frozenset[str]:
+    """``"a,b"`` -> ``{"a", "b"}``; empty items are ignored."""
+    return frozenset(k.strip() for k in (value or "").split(",") if k.strip())
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    """Parsed worker flags. ``model`` is ``None`` for the embedded default model."""
+
+    backend: str = "vllm"
+    model: str | None = None
+    served_model_name: str | None = None
+    disaggregation_mode: DisaggregationMode = DisaggregationMode.AGGREGATED
+    host: str = "127.0.0.1"
+    port: int = 8100
+    logits_spec: str | None = None
+    allow_request_kinds: frozenset[str] = frozenset()
+    graceful_timeout_s: float = 10.0
+    engine_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m dynlogits.worker",
+        description="Serve one engine behind dynlogits' internal worker API. "
+                    "Flags not listed here are passed to the engine (e.g. --dtype float32).",
+    )
+    p.add_argument("--backend", choices=BACKENDS, default="vllm", help="engine backend (only vllm runs here)")
+    p.add_argument("--model", default=None, help="model path or name (default: the embedded tiny model)")
+    p.add_argument("--served-model-name", default=None, help="name clients use (default: --model, or dynlogits-tiny)")
+    p.add_argument("--disaggregation-mode", choices=[m.value for m in DisaggregationMode if m.value != "encode"],
+                   default="agg", help="role of this worker")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--logits-spec", default=None, help="operator config file (YAML/JSON); else $DYN_LOGITS_SPEC")
+    p.add_argument("--allow-request-kinds", default="", help="comma-separated kinds clients may send per request")
+    p.add_argument("--graceful-timeout", type=float, default=10.0,
+                   help="seconds in-flight requests may run after SIGTERM before they are aborted")
+    return p
+
+
+def parse_worker_args(argv: Sequence[str] | None = None) -> WorkerArgs:
+    """Parse ``argv``; the unknown rest becomes ``engine_args`` (validated by the engine)."""
+    ns, rest = _parser().parse_known_args(argv)
+    return WorkerArgs(
+        backend=ns.backend,
+        model=ns.model,
+        served_model_name=ns.served_model_name,
+        disaggregation_mode=DisaggregationMode(ns.disaggregation_mode),
+        host=ns.host,
+        port=ns.port,
+        logits_spec=ns.logits_spec,
+        allow_request_kinds=split_kinds(ns.allow_request_kinds),
+        graceful_timeout_s=ns.graceful_timeout,
+        engine_args=tuple(rest),
+    )
+
+
+def load_deployment_config(logits_spec: str | None, allow_request_kinds: frozenset[str]):  # -> DeploymentConfig
+    """The operator's config (``--logits-spec`` or ``$DYN_LOGITS_SPEC``) with the CLI's
+    ``--allow-request-kinds`` added; ``SpecError`` naming the bad file field or kind."""
+    import dataclasses
+
+    from dynlogits.config import config_from_sources, parse_config
+
+    config = config_from_sources(logits_spec)
+    if not allow_request_kinds:
+        return config
+    # Validate the CLI kinds with the config file's own rules (python never allowed).
+    extra = parse_config({"allow_request_kinds": sorted(allow_request_kinds)})
+    return dataclasses.replace(config, allow_request_kinds=config.allow_request_kinds | extra.allow_request_kinds)

@@ -1,0 +1,72 @@
+"""Which entries one request activates on this worker: deployment spec + request entries, gated by role."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dynlogits.config import DeploymentConfig
+from dynlogits.roles import DisaggregationMode, is_generation_stage, logits_processors_for_request
+from dynlogits.specs import LogitsProcessorSpec, check_vocab, parse_entries
+from dynlogits.test_hook import test_hook_spec
+from dynlogits.text import TextTokenizer, resolve_entries
+
+__all__ = ["RequestPolicy", "build_policy"]
+
+REQUEST_ROOT = "logits_processors"
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    """The worker's rule for turning a request into wire entries.
+
+    ``deployment`` holds the operator's and the test hook's entries, already
+    resolved to wire entries; ``allow_request_kinds`` and ``limits`` bound what a
+    client may add. ``vocab_size`` is the logits width every id is checked against.
+    """
+
+    role: DisaggregationMode
+    deployment: LogitsProcessorSpec | None
+    config: DeploymentConfig
+    tokenizer: TextTokenizer
+    vocab_size: int
+
+    @property
+    def generates(self) -> bool:
+        return is_generation_stage(self.role)
+
+    def entries_for(self, request_entries: Sequence[Any] | None) -> list[Any]:
+        """Wire entries for one request; ``SpecError`` (paths under ``logits_processors``) if invalid.
+
+        The request's entries are validated again here (never trust the caller),
+        even on roles that will not run them, so a bad request fails the same way everywhere.
+        """
+        requested: tuple[Any, ...] = ()
+        if request_entries:
+            requested = parse_entries(list(request_entries), root=REQUEST_ROOT, limits=self.config.limits,
+                                      allowed_kinds=sorted(self.config.allow_request_kinds))
+        entries = logits_processors_for_request(self.deployment, disaggregation_mode=self.role)
+        if requested and self.generates:
+            resolved = resolve_entries(requested, self.tokenizer, root=REQUEST_ROOT)
+            check_vocab(resolved, self.vocab_size, root=REQUEST_ROOT)
+            entries += logits_processors_for_request(LogitsProcessorSpec(entries=resolved),
+                                                     disaggregation_mode=self.role)
+        return entries
+
+
+def build_policy(role: DisaggregationMode, config: DeploymentConfig,
+                 tokenizer: Callable[[], TextTokenizer], vocab_size: int) -> RequestPolicy:
+    """Resolve the operator's spec and the test hook (``DYN_ENABLE_TEST_LOGITS_PROCESSOR``) once."""
+    entries: list[Any] = []
+    generation_only = True
+    if config.spec is not None:
+        resolved = resolve_entries(config.spec.entries, tokenizer(), root="entries")
+        check_vocab(resolved, vocab_size, root="entries")
+        entries += resolved
+        generation_only = config.spec.generation_only
+    hook = test_hook_spec(tokenizer, disaggregation_mode=role)
+    if hook is not None:
+        entries += hook.entries
+    deployment = LogitsProcessorSpec(entries=tuple(entries), generation_only=generation_only) if entries else None
+    return RequestPolicy(role=role, deployment=deployment, config=config, tokenizer=tokenizer(), vocab_size=vocab_size)

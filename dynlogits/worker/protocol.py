@@ -1,0 +1,112 @@
+"""The internal worker API shared by the frontend and the worker (pydantic only, no torch).
+
+``POST /generate`` takes a :class:`GenerateRequest` and answers either an error
+(:class:`ErrorBody`, HTTP 4xx/5xx, sent before any output) or ``200`` with
+``application/x-ndjson``: one :class:`GenerateChunk` per line, the last one with
+``usage`` set. An error after streaming started arrives as a chunk with ``error``.
+``GET /health`` is 200 while the process lives; ``GET /ready`` is 200 with a
+:class:`WorkerInfo` once the engine serves, 503 before.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ChatMessage", "ErrorBody", "ErrorDetail", "GenerateChunk", "GenerateRequest",
+           "SamplingOptions", "Usage", "WorkerInfo", "WorkerStats"]
+
+
+class ChatMessage(BaseModel):
+    """One chat turn; ``content`` already flattened to text by the frontend."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str = ""
+
+
+class SamplingOptions(BaseModel):
+    """The sampling knobs the worker maps onto the engine's sampling params."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = None
+    seed: int | None = None
+    n: int = Field(default=1, ge=1, le=16)
+    stop: list[str] = Field(default_factory=list)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    ignore_eos: bool = False
+
+
+class GenerateRequest(BaseModel):
+    """Exactly one of ``prompt``, ``prompt_token_ids`` and ``messages`` is set.
+
+    ``logits_processors`` is the client's raw list (the frontend validated it; the
+    worker validates it again). ``extra_args`` is the client's ``vllm_xargs`` with
+    any ``dynamo_logits`` already dropped (the worker drops it again).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    request_id: str = Field(min_length=1, max_length=200)
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    sampling: SamplingOptions = Field(default_factory=SamplingOptions)
+    logits_processors: list[Any] | None = None
+    extra_args: dict[str, Any] = Field(default_factory=dict)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class GenerateChunk(BaseModel):
+    """A delta for choice ``index``; ``finish_reason`` set on its last delta."""
+
+    index: int = 0
+    text: str = ""
+    token_ids: list[int] = Field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    error: str | None = None
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error envelope; the frontend relays it unchanged."""
+
+    error: ErrorDetail
+
+
+class WorkerInfo(BaseModel):
+    """What ``GET /ready`` reports about a serving worker."""
+
+    model: str
+    role: Literal["agg", "prefill", "decode", "encode"]
+    backend: str
+    max_model_len: int
+    vocab_size: int
+    deployment_kinds: list[str] = Field(default_factory=list)
+    allow_request_kinds: list[str] = Field(default_factory=list)
+    adapter_registered: bool = False
+
+
+class WorkerStats(BaseModel):
+    """Counters from ``GET /stats``: requests served and those that activated processors."""
+
+    requests: int = 0
+    activated: int = 0
+    aborted: int = 0
+    in_flight: int = 0
