@@ -1,0 +1,308 @@
+"""The OpenAI-compatible app: models, chat and text completions (SSE or JSON), health, metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
+
+from dynlogits.config import DeploymentConfig
+from dynlogits.specs import SpecError, parse_entries
+from dynlogits.worker.protocol import GenerateChunk, GenerateRequest, Usage
+
+from .metrics import FrontendMetrics
+from .openai_models import ChatCompletionRequest, CompletionRequest, RequestBody
+from .routing import NoWorkerError, Router, WorkerError
+
+__all__ = ["FrontendState", "create_app"]
+
+log = logging.getLogger("dynlogits.frontend")
+
+Endpoint = Literal["chat", "completion"]
+_FINISH = {"stop": "stop", "length": "length"}
+
+
+class HTTPError(Exception):
+    """An OpenAI-style error answer: ``status`` and the ``error`` object's fields."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 kind: str = "invalid_request_error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
+                                       "code": self.code}}, status_code=self.status)
+
+
+@dataclass
+class FrontendState:
+    router: Router
+    config: DeploymentConfig
+    metrics: FrontendMetrics
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "function-after", "function-plain"})
+
+
+def _loc_path(loc: tuple[Any, ...]) -> str:
+    """Pydantic's error location as ``a.b[0]``, without the tags it adds for union members."""
+    out = ""
+    for part in loc:
+        if isinstance(part, str) and (part in _UNION_TAGS or "[" in part):
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _validate(model: type[RequestBody], data: Any, config: DeploymentConfig) -> tuple[RequestBody, list[str]]:
+    """The parsed body and its request kinds; ``HTTPError(400)`` naming the first bad field."""
+    if not isinstance(data, dict):
+        raise HTTPError(400, "the request body must be a JSON object")
+    try:
+        body = model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        path = _loc_path(tuple(first["loc"]))
+        raise HTTPError(400, f"{path}: {first['msg']}", param=path or None) from None
+    kinds: list[str] = []
+    if body.logits_processors is not None:
+        try:
+            entries = parse_entries(body.logits_processors, root="logits_processors", limits=config.limits,
+                                    allowed_kinds=sorted(config.allow_request_kinds))
+        except SpecError as err:
+            raise HTTPError(400, str(err), param=err.problems[0].path) from None
+        kinds = [e.kind for e in entries]
+    return body, kinds
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+async def _chunks(response: httpx.Response) -> AsyncIterator[GenerateChunk]:
+    async for line in response.aiter_lines():
+        if line.strip():
+            chunk = GenerateChunk.model_validate_json(line)
+            if chunk.error:
+                raise HTTPError(500, f"worker failed mid-request: {chunk.error}", kind="internal_error")
+            yield chunk
+
+
+def create_app(state: FrontendState) -> FastAPI:
+    router, config, metrics = state.router, state.config, state.metrics
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await router.probe_all()
+        router.start()
+        try:
+            yield
+        finally:
+            await router.close()
+
+    app = FastAPI(title="dynlogits frontend", lifespan=lifespan)
+
+    def update_worker_gauges() -> None:
+        for role, pool in router.pools.items():
+            metrics.workers_ready.labels(role=role).set(sum(e.ready for e in pool.endpoints))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        workers = [{"url": e.url, "role": e.role, "ready": e.ready, "error": e.last_error}
+                   for e in router.all_endpoints()]
+        ok = router.ready()
+        return JSONResponse({"status": "ok" if ok else "unavailable", "workers": workers}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        update_worker_gauges()
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "dynlogits"}
+                                           for m in router.model_names()]}
+
+    async def prefill(worker_body: GenerateRequest) -> None:
+        """Run the prompt on a prefill worker (one token, discarded): see ``launch/disagg.sh``."""
+        sampling = worker_body.sampling.model_copy(update={"max_tokens": 1, "n": 1, "stop": []})
+        body = worker_body.model_copy(update={"sampling": sampling, "request_id": worker_body.request_id + "-prefill"})
+        _, response = await router.open_stream(router.pools["prefill"], body.model_dump(exclude_none=True))
+        try:
+            async for _ in _chunks(response):
+                pass
+        finally:
+            await response.aclose()
+
+    async def handle(endpoint: Endpoint, request: Request) -> Response:
+        started = time.perf_counter()
+        metrics.requests.labels(endpoint=endpoint).inc()
+
+        def failed(err: HTTPError) -> JSONResponse:
+            metrics.errors.labels(endpoint=endpoint, status=str(err.status)).inc()
+            metrics.latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
+            return err.response()
+
+        try:
+            try:
+                data = await request.json()
+            except ValueError:
+                raise HTTPError(400, "the request body is not valid JSON") from None
+            body, kinds = _validate(ChatCompletionRequest if endpoint == "chat" else CompletionRequest, data, config)
+            names = router.model_names()
+            if not names:
+                raise NoWorkerError("no worker is ready yet, so no model is served; retry shortly")
+            if body.model not in names:
+                raise HTTPError(404, f"model {body.model!r} does not exist (served: {names})", param="model",
+                                code="model_not_found")
+            rid = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+            prompt: dict[str, Any] = (
+                {"messages": body.chat_messages()} if isinstance(body, ChatCompletionRequest)
+                else body.prompt_fields())  # type: ignore[attr-defined]
+            worker_body = GenerateRequest(request_id=rid, sampling=body.sampling(), extra_args=body.client_extra_args(),
+                                          logits_processors=body.logits_processors, **prompt)
+            if router.disaggregated:
+                await prefill(worker_body)
+            worker, response = await router.open_stream(router.generation_pool,
+                                                        worker_body.model_dump(exclude_none=True))
+        except HTTPError as err:
+            return failed(err)
+        except NoWorkerError as err:
+            return failed(HTTPError(503, str(err), kind="service_unavailable"))
+        except WorkerError as err:
+            metrics.errors.labels(endpoint=endpoint, status=str(err.status)).inc()
+            return Response(err.body, status_code=err.status, media_type="application/json")
+
+        deployment_kinds = worker.info.deployment_kinds if worker.info else []
+        make = _chat_payloads(rid, body.model) if endpoint == "chat" else _completion_payloads(rid, body.model)
+
+        def done(status: int | None = None) -> None:
+            if status is not None:
+                metrics.errors.labels(endpoint=endpoint, status=str(status)).inc()
+            metrics.latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
+
+        if body.stream:
+            return StreamingResponse(_stream(response, make, body.include_usage, kinds, deployment_kinds, done),
+                                     media_type="text/event-stream")
+        with metrics.processors_active(kinds, deployment_kinds):
+            try:
+                texts: dict[int, list[str]] = {}
+                finish: dict[int, str | None] = {}
+                usage: Usage | None = None
+                async for chunk in _chunks(response):
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                        continue
+                    texts.setdefault(chunk.index, []).append(chunk.text)
+                    if chunk.finish_reason:
+                        finish[chunk.index] = chunk.finish_reason
+            except HTTPError as err:
+                return failed(err)
+            finally:
+                await response.aclose()
+        done()
+        return JSONResponse(make.final({i: "".join(t) for i, t in sorted(texts.items())}, finish, usage))
+
+    async def _stream(response: httpx.Response, make: _Payloads, include_usage: bool, kinds: list[str],
+                      deployment_kinds: list[str], done: Callable[[int | None], None]) -> AsyncIterator[bytes]:
+        status: int | None = None
+        with metrics.processors_active(kinds, deployment_kinds):
+            try:
+                usage: Usage | None = None
+                async for chunk in _chunks(response):
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                        continue
+                    yield _sse(make.delta(chunk))
+                if include_usage and usage is not None:
+                    yield _sse(make.usage_chunk(usage))
+                yield b"data: [DONE]\n\n"
+            except HTTPError as err:
+                status = err.status
+                yield _sse({"error": {"message": err.message, "type": err.kind, "param": None, "code": None}})
+                yield b"data: [DONE]\n\n"
+            finally:
+                # Shielded: when the client went away this scope is cancelled, and the close is
+                # what tells the worker to abort the engine request.
+                with anyio.CancelScope(shield=True):
+                    await response.aclose()
+                done(status)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await handle("chat", request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await handle("completion", request)
+
+    return app
+
+
+class _Payloads:
+    """Builds OpenAI response objects for one request."""
+
+    object_final = ""
+    object_chunk = ""
+
+    def __init__(self, rid: str, model: str) -> None:
+        self.rid, self.model, self.created = rid, model, int(time.time())
+        self._started: set[int] = set()
+
+    def _envelope(self, obj: str, **fields: Any) -> dict[str, Any]:
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model, **fields}
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return self._envelope(self.object_chunk, choices=[], usage=usage.model_dump())
+
+    def delta(self, chunk: GenerateChunk) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def final(self, texts: dict[int, str], finish: dict[int, str | None], usage: Usage | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class _chat_payloads(_Payloads):  # noqa: N801 - used like a factory
+    object_final, object_chunk = "chat.completion", "chat.completion.chunk"
+
+    def delta(self, chunk: GenerateChunk) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        if chunk.index not in self._started:
+            self._started.add(chunk.index)
+            delta["role"] = "assistant"
+        delta["content"] = chunk.text
+        choice = {"index": chunk.index, "delta": delta, "logprobs": None,
+                  "finish_reason": _FINISH.get(chunk.finish_reason or "", "stop") if chunk.finish_reason else None}
+        return self._envelope(self.object_chunk, choices=[choice])
+
+    def final(self, texts: dict[int, str], finish: dict[int, str | None], usage: Usage | None) -> dict[str, Any]:
+        choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None,
+                    "finish_reason": _FINISH.get(finish.get(i) or "", "stop")} for i, t in texts.items()]
+        return self._envelope(self.object_final, choices=choices, usage=usage.model_dump() if usage else None)
+
+
+class _completion_payloads(_Payloads):  # noqa: N801
+    object_final = object_chunk = "text_completion"
+
+    def delta(self, chunk: GenerateChunk) -> dict[str, Any]:
+        choice = {"index": chunk.index, "text": chunk.text, "logprobs": None,
+                  "finish_reason": _FINISH.get(chunk.finish_reason or "", "stop") if chunk.finish_reason else None}
+        return self._envelope(self.object_chunk, choices=[choice])
+
+    def final(self, texts: dict[int, str], finish: dict[int, str | None], usage: Usage | None) -> dict[str, Any]:
+        choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": _FINISH.get(finish.get(i) or "", "stop")}
+                   for i, t in texts.items()]
+        return self._envelope(self.object_final, choices=choices, usage=usage.model_dump() if usage else None)

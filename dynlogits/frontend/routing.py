@@ -1,0 +1,151 @@
+"""Worker pools: readiness probing, round-robin choice, skipping dead workers."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import httpx
+
+from dynlogits.worker.protocol import WorkerInfo
+
+__all__ = ["NoWorkerError", "Role", "WorkerEndpoint", "WorkerError", "WorkerPool", "Router"]
+
+log = logging.getLogger("dynlogits.frontend")
+
+Role = Literal["agg", "prefill", "decode"]
+
+
+class NoWorkerError(Exception):
+    """No worker of a role can take the request (HTTP 503)."""
+
+
+class WorkerError(Exception):
+    """A worker answered with an error status; ``status`` and ``body`` are relayed to the client."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"worker answered {status}")
+        self.status = status
+        self.body = body
+
+
+@dataclass
+class WorkerEndpoint:
+    """One worker URL and what the last probe found."""
+
+    url: str
+    role: Role
+    ready: bool = False
+    info: WorkerInfo | None = None
+    last_error: str | None = "not probed yet"
+
+
+@dataclass
+class WorkerPool:
+    """The workers of one role, tried round-robin from a rotating start, ready ones first."""
+
+    role: Role
+    endpoints: list[WorkerEndpoint]
+    _turn: itertools.count = field(default_factory=itertools.count)
+
+    def candidates(self) -> list[WorkerEndpoint]:
+        """Ready workers in round-robin order; ``NoWorkerError`` when none is ready."""
+        ready = [e for e in self.endpoints if e.ready]
+        if not ready:
+            detail = "; ".join(f"{e.url}: {e.last_error}" for e in self.endpoints)
+            raise NoWorkerError(f"no {self.role} worker is available ({len(self.endpoints)} configured: {detail}); "
+                                "retry when a worker is back")
+        start = next(self._turn) % len(ready)
+        return ready[start:] + ready[:start]
+
+
+class Router:
+    """Pools per role plus the shared HTTP client; probes every worker's ``/ready`` in the background."""
+
+    def __init__(self, workers: dict[Role, Sequence[str]], *, health_interval_s: float = 1.0) -> None:
+        self.pools: dict[Role, WorkerPool] = {
+            role: WorkerPool(role, [WorkerEndpoint(u, role) for u in urls]) for role, urls in workers.items() if urls
+        }
+        self.disaggregated = "agg" not in self.pools
+        self.health_interval_s = health_interval_s
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=3.0),
+                                        limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64))
+        self._probe_client = httpx.AsyncClient(timeout=httpx.Timeout(3.0))
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def generation_pool(self) -> WorkerPool:
+        """The pool whose output the client sees (agg, or decode when disaggregated)."""
+        return self.pools["decode" if self.disaggregated else "agg"]
+
+    def all_endpoints(self) -> list[WorkerEndpoint]:
+        return [e for p in self.pools.values() for e in p.endpoints]
+
+    def ready(self) -> bool:
+        return all(any(e.ready for e in p.endpoints) for p in self.pools.values())
+
+    def model_names(self) -> list[str]:
+        return sorted({e.info.model for e in self.all_endpoints() if e.ready and e.info})
+
+    async def probe(self, endpoint: WorkerEndpoint) -> None:
+        """Update ``endpoint`` from one ``GET /ready``."""
+        try:
+            r = await self._probe_client.get(f"{endpoint.url}/ready")
+            if r.status_code == 200:
+                endpoint.info = WorkerInfo.model_validate(r.json())
+                if not endpoint.ready:
+                    log.info("%s worker %s is ready", endpoint.role, endpoint.url)
+                endpoint.ready, endpoint.last_error = True, None
+                return
+            error = f"not ready ({r.status_code}: {r.text[:200]})"
+        except (httpx.HTTPError, ValueError) as err:
+            error = f"unreachable ({type(err).__name__})"
+        if endpoint.ready:
+            log.warning("%s worker %s is down: %s", endpoint.role, endpoint.url, error)
+        endpoint.ready, endpoint.last_error = False, error
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(e) for e in self.all_endpoints()))
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await self.probe_all()
+            await asyncio.sleep(self.health_interval_s)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._probe_loop())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        await self.client.aclose()
+        await self._probe_client.aclose()
+
+    async def open_stream(self, pool: WorkerPool, body: dict[str, object]) -> tuple[WorkerEndpoint, httpx.Response]:
+        """POST ``/generate`` to the first ready worker that takes it; the response is open (streaming).
+
+        Unreachable or not-ready (503) workers are marked down and the next is tried;
+        any other error status raises :class:`WorkerError`.
+        """
+        for endpoint in pool.candidates():
+            request = self.client.build_request("POST", f"{endpoint.url}/generate", json=body)
+            try:
+                response = await self.client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as err:
+                endpoint.ready, endpoint.last_error = False, f"unreachable ({type(err).__name__})"
+                log.warning("%s worker %s failed: %s; trying the next one", pool.role, endpoint.url, err)
+                continue
+            if response.status_code == 200:
+                return endpoint, response
+            content = await response.aread()
+            await response.aclose()
+            if response.status_code == 503:
+                endpoint.ready, endpoint.last_error = False, f"not ready (503: {content[:200]!r})"
+                continue
+            raise WorkerError(response.status_code, content)
+        raise NoWorkerError(f"no {pool.role} worker is available (every ready one failed just now); "
+                            "retry when a worker is back")
