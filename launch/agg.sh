@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Aggregated deployment: one OpenAI-compatible frontend + one agg worker (vLLM).
+#   DYN_ENABLE_TEST_LOGITS_PROCESSOR=1 ./launch/agg.sh     # every answer is "Hello world!"
+#   ./launch/agg.sh --port 8000 --allow-request-kinds forced_text,banned_tokens
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+usage() {
+  echo "usage: launch/agg.sh [options] [engine args]"
+  usage_common
+}
+
+parse_common_args "$@"
+WORKER_PORT=$((PORT + 1))
+require_free_ports "$PORT" "$WORKER_PORT"
+install_traps
+
+start_child frontend "$PY" -m dynlogits.frontend --host "$HOST" --port "$PORT" \
+  --agg-worker "http://$HOST:$WORKER_PORT" "${SHARED_ARGS[@]}"
+start_child worker "$PY" -m dynlogits.worker --disaggregation-mode agg --host "$HOST" --port "$WORKER_PORT" \
+  "${MODEL_ARGS[@]}" "${SHARED_ARGS[@]}" "${ENGINE_DEFAULTS[@]}" "${ENGINE_ARGS[@]}"
+
+wait_ready "http://$HOST:$WORKER_PORT/ready" worker 1
+wait_ready "http://$HOST:$PORT/health" frontend 0
+URL="http://$HOST:$PORT/v1"
+log "ready: OpenAI-compatible API at $URL"
+echo "$URL"
+serve_until_done "$URL" "$RUN_CMD"

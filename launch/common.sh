@@ -1,0 +1,151 @@
+# shellcheck shell=bash
+# Shared helpers of launch/agg.sh and launch/disagg.sh (sourced, not run).
+#
+# Every child runs in its own process group (setsid); on exit, Ctrl-C or SIGTERM the
+# script sends SIGTERM to each child (graceful: in-flight requests finish or are
+# aborted), waits, then SIGKILLs whatever is left in each group (e.g. an engine core
+# whose worker died), so no process outlives the script.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY="${PYTHON:-python3}"; fi
+READY_TIMEOUT="${DYN_READY_TIMEOUT:-300}"   # seconds to wait for every child to be ready
+STOP_TIMEOUT="${DYN_STOP_TIMEOUT:-20}"      # seconds a child gets to exit after SIGTERM
+
+# CPU-friendly engine settings unless a GPU is present; DYN_ENGINE_DEFAULTS="" disables them.
+# Flags given on the command line come later and win.
+if [[ -z "${DYN_ENGINE_DEFAULTS+x}" ]]; then
+  if command -v nvidia-smi >/dev/null 2>&1; then DYN_ENGINE_DEFAULTS=""
+  else
+    DYN_ENGINE_DEFAULTS="--dtype float32 --enforce-eager --gpu-memory-utilization 0.2 --max-model-len 512"
+    export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+  fi
+fi
+read -r -a ENGINE_DEFAULTS <<<"$DYN_ENGINE_DEFAULTS"
+
+CHILD_PIDS=()
+CHILD_NAMES=()
+
+log() { printf 'dynlogits: %s\n' "$*" >&2; }
+
+# start_child NAME CMD... : run CMD in a new process group, output prefixed with [NAME].
+start_child() {
+  local name="$1"; shift
+  setsid "$@" > >(exec sed -u "s/^/[$name] /") 2>&1 &
+  CHILD_PIDS+=("$!")
+  CHILD_NAMES+=("$name")
+  log "started $name (pid $!)"
+}
+
+stop_children() {
+  local i pid deadline
+  trap - EXIT INT TERM
+  for ((i = ${#CHILD_PIDS[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${CHILD_PIDS[i]}" 2>/dev/null || true
+  done
+  deadline=$((SECONDS + STOP_TIMEOUT))
+  for pid in "${CHILD_PIDS[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+  done
+  for ((i = 0; i < ${#CHILD_PIDS[@]}; i++)); do
+    pid="${CHILD_PIDS[i]}"
+    if kill -0 "$pid" 2>/dev/null; then log "${CHILD_NAMES[i]} did not stop in ${STOP_TIMEOUT}s; killing it"; fi
+    kill -KILL -- "-$pid" 2>/dev/null || true   # the whole group, leftovers included
+  done
+  wait 2>/dev/null || true
+  log "stopped"
+}
+
+install_traps() {
+  trap stop_children EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+}
+
+# require_free_ports PORT... : fail before starting anything when a port is already taken.
+require_free_ports() {
+  local p
+  for p in "$@"; do
+    if (exec 3<>"/dev/tcp/$HOST/$p") 2>/dev/null; then
+      log "port $p on $HOST is already in use; pick another base with --port"
+      exit 1
+    fi
+  done
+}
+
+# child_alive INDEX
+child_alive() { kill -0 "${CHILD_PIDS[$1]}" 2>/dev/null; }
+
+# wait_ready URL NAME INDEX : poll URL until HTTP 200; fail if the child dies or time runs out.
+wait_ready() {
+  local url="$1" name="$2" idx="$3" start=$SECONDS next=10
+  until curl -sf -o /dev/null --max-time 2 "$url"; do
+    if ! child_alive "$idx"; then log "$name exited before it was ready"; return 1; fi
+    if ((SECONDS - start >= READY_TIMEOUT)); then log "$name not ready after ${READY_TIMEOUT}s ($url)"; return 1; fi
+    if ((SECONDS - start >= next)); then log "waiting for $name ($((SECONDS - start))s)..."; next=$((next + 10)); fi
+    sleep 1 & wait $!
+  done
+  log "$name ready ($((SECONDS - start))s)"
+}
+
+# serve_until_done FRONTEND_URL RUN_CMD : run RUN_CMD and return its status, or wait until the
+# frontend exits (workers that die are reported; the frontend answers 503 until one is back).
+serve_until_done() {
+  local url="$1" run="$2" i
+  local -A reported=()
+  if [[ -n "$run" ]]; then
+    DYN_FRONTEND_URL="$url" OPENAI_BASE_URL="$url" bash -c "$run"
+    return $?
+  fi
+  log "press Ctrl-C to stop"
+  while child_alive 0; do
+    for ((i = 1; i < ${#CHILD_PIDS[@]}; i++)); do
+      if ! child_alive "$i" && [[ -z "${reported[$i]:-}" ]]; then
+        reported[$i]=1
+        log "${CHILD_NAMES[i]} exited; the frontend answers 503 until a worker is back on its port"
+      fi
+    done
+    sleep 1 & wait $!
+  done
+  log "frontend exited"
+  return 1
+}
+
+usage_common() {
+  cat <<USAGE
+  --model PATH_OR_NAME      model (default: the embedded tiny model, built on first use)
+  --host HOST               bind address of every process (default 127.0.0.1)
+  --port PORT               frontend port (default 8000); workers use the next ports
+  --logits-spec FILE        operator logits config (YAML/JSON), given to frontend and workers
+  --allow-request-kinds K   comma-separated kinds clients may send in 'logits_processors'
+  --run CMD                 once ready, run CMD (with \$DYN_FRONTEND_URL / \$OPENAI_BASE_URL set), then stop
+  anything else             passed to the engine of every worker (e.g. --max-model-len 1024)
+Environment: DYN_ENABLE_TEST_LOGITS_PROCESSOR=1 forces "Hello world!"; DYN_LOGITS_SPEC=FILE;
+DYN_READY_TIMEOUT (s, default 300); DYN_ENGINE_DEFAULTS (engine flags used before yours;
+CPU-friendly settings when no GPU is found).
+USAGE
+}
+
+# parse_common_args "$@" : sets MODEL HOST PORT LOGITS_SPEC ALLOW_KINDS RUN_CMD ENGINE_ARGS
+parse_common_args() {
+  MODEL="" HOST="127.0.0.1" PORT=8000 LOGITS_SPEC="" ALLOW_KINDS="" RUN_CMD=""
+  ENGINE_ARGS=()
+  while (($#)); do
+    case "$1" in
+      --model) MODEL="$2"; shift 2 ;;
+      --host) HOST="$2"; shift 2 ;;
+      --port) PORT="$2"; shift 2 ;;
+      --logits-spec) LOGITS_SPEC="$2"; shift 2 ;;
+      --allow-request-kinds) ALLOW_KINDS="$2"; shift 2 ;;
+      --run) RUN_CMD="$2"; shift 2 ;;
+      -h|--help) usage; exit 0 ;;
+      --) shift; ENGINE_ARGS+=("$@"); break ;;
+      *) ENGINE_ARGS+=("$1"); shift ;;
+    esac
+  done
+  SHARED_ARGS=()
+  [[ -n "$LOGITS_SPEC" ]] && SHARED_ARGS+=(--logits-spec "$LOGITS_SPEC")
+  [[ -n "$ALLOW_KINDS" ]] && SHARED_ARGS+=(--allow-request-kinds "$ALLOW_KINDS")
+  MODEL_ARGS=()
+  [[ -n "$MODEL" ]] && MODEL_ARGS+=(--model "$MODEL")
+  return 0
+}
