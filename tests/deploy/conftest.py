@@ -1,0 +1,53 @@
+"""Session-scoped deployments launched with the real scripts (see ``launcher.py``).
+
+Engines are few on purpose (2-core machine): one aggregated deployment with the test
+hook (``test_agg_hook.py``, module-scoped), one aggregated deployment with
+``examples/deployment.yaml`` used by most tests (session-scoped), one disaggregated
+deployment (``test_disagg.py``, module-scoped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .launcher import ROOT, Deployment, free_port_block
+
+SPEC_FILE = ROOT / "examples" / "deployment.yaml"
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    """The embedded model's tokenizer (the workers use the same one)."""
+    from transformers import AutoTokenizer
+
+    from dynlogits.model_builder import default_model_dir
+
+    return AutoTokenizer.from_pretrained(str(default_model_dir()))
+
+
+@pytest.fixture(scope="session")
+def spec_agg() -> Iterator[Deployment]:
+    """``launch/agg.sh --logits-spec examples/deployment.yaml``: every request kind allowed."""
+    d = Deployment("spec-agg", "agg.sh", free_port_block(2), args=["--logits-spec", str(SPEC_FILE)],
+                   env={"DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0"})
+    d.start()
+    yield d
+    d.stop()
+
+
+def openai_client(d: Deployment, **kwargs: Any) -> Any:
+    from openai import OpenAI
+
+    return OpenAI(base_url=d.base_url, api_key="unused", max_retries=0, timeout=120, **kwargs)
+
+
+def model_name(d: Deployment) -> str:
+    return openai_client(d).models.list().data[0].id
+
+
+def spec_file() -> Path:
+    return SPEC_FILE

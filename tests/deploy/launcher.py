@@ -1,0 +1,144 @@
+"""Launching ``launch/*.sh`` deployments from tests: free ports, readiness, clean stop, leak checks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
+LOG_DIR = Path(os.environ.get("DYN_TEST_LOG_DIR", "/tmp/dynlogits-deploy-tests"))
+#: CPU-friendly engine flags; the same the launch scripts use when no GPU is found.
+ENGINE_FLAGS = ["--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", "0.2", "--max-model-len", "512"]
+
+
+def free_port_block(n: int) -> int:
+    """A port ``p`` such that ``p .. p+n-1`` are free right now."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65000:
+            continue
+        ok = True
+        for p in range(base, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port block")
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class Deployment:
+    """A running ``launch/<script>`` in its own session; ``stop()`` returns processes left behind."""
+
+    name: str
+    script: str
+    port: int
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def worker_url(self, offset: int = 1) -> str:
+        return f"http://127.0.0.1:{self.port + offset}"
+
+    def start(self, timeout: float = 420) -> Deployment:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.log_path = LOG_DIR / f"{self.name}.log"
+        env = {**os.environ, **self.env}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen([str(ROOT / "launch" / self.script), "--port", str(self.port), *self.args],
+                                         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+        def ready() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.script} exited with {self.proc.returncode}; log: {self.log_path}\n"
+                                   + self.log_tail())
+            try:
+                return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        try:
+            wait_until(ready, timeout, f"{self.name} to be ready (log: {self.log_path})", interval=1)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def log_tail(self, n: int = 40) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def processes(self) -> list[psutil.Process]:
+        """The script and every process it started (recursively)."""
+        if self.proc is None:
+            return []
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 90) -> list[psutil.Process]:
+        """Signal the script like an operator would; return the processes still alive after it exited."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        tree = self.processes()
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        time.sleep(0.5)
+        left = [p for p in tree if p.pid != self.proc.pid and _alive(p)]
+        for p in left:  # never leak into the rest of the session, even when the test fails
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        return left
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
