@@ -67,5 +67,18 @@ def test_prefill_worker_never_activates_processors(disagg: Deployment) -> None:
     assert info["role"] == "prefill" and not info["adapter_registered"] and info["deployment_kinds"] == []
 
 
+def test_unforced_greedy_output_equals_agg(disagg: Deployment, spec_agg: Deployment) -> None:
+    """Without a request spec (the deployment's pad ban still applies), greedy text matches too."""
+
+    def greedy(d: Deployment) -> list[str | None]:
+        client, model = openai_client(d), model_name(d)
+        return [client.chat.completions.create(model=model, messages=[{"role": "user", "content": p}], max_tokens=12,
+                                               temperature=0).choices[0].message.content for p in PROMPTS]
+
+    agg = greedy(spec_agg)
+    assert all(agg) and len(set(agg)) > 1
+    assert greedy(disagg) == agg
+
+
 def test_disagg_stops_every_child(disagg: Deployment) -> None:
     assert disagg.stop(signal.SIGTERM) == []
