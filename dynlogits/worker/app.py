@@ -97,6 +97,7 @@ def create_app(state: WorkerState) -> FastAPI:
             task.cancel()
             if state.engine is not None:
                 state.engine.shutdown()
+            log.info("worker stopped: in-flight requests drained, engine shut down")
 
     app = FastAPI(title="dynlogits worker", lifespan=lifespan)
 

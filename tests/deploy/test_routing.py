@@ -1,4 +1,4 @@
-"""A frontend with two real agg workers: load is spread across both; a dead one is skipped.
+"""A frontend with two real agg workers: load is spread across both; SIGTERM drains; a dead one is skipped.
 
 The first worker is ``spec_agg``'s; the second is started here on its own engine. A separate
 frontend process routes to both.
@@ -6,6 +6,7 @@ frontend process routes to both.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -45,7 +46,7 @@ def two_workers(spec_agg: Deployment) -> Iterator[tuple[Deployment, list[str], s
     port = free_port_block(2)
     first, second = spec_agg.worker_url(1), f"http://127.0.0.1:{port + 1}"
     worker = _start("routing-second-worker", ["dynlogits.worker", "--port", str(port + 1), "--logits-spec",
-                                              str(SPEC_FILE), *ENGINE_FLAGS])
+                                              str(SPEC_FILE), "--graceful-timeout", "120", *ENGINE_FLAGS])
     frontend = _start("routing-frontend", ["dynlogits.frontend", "--port", str(port), "--agg-worker",
                                            f"{first},{second}", "--logits-spec", str(SPEC_FILE)])
     front = Deployment("routing", "agg.sh", port)  # only its URLs are used; the processes are ours
@@ -81,10 +82,31 @@ def test_requests_are_spread_across_workers(two_workers) -> None:
     assert [a - b for a, b in zip(after, before)] == [3, 3]
 
 
+def test_sigterm_lets_the_in_flight_request_finish(two_workers) -> None:
+    """SIGTERM to the worker process alone (as an orchestrator sends it): the streaming request
+    it is serving runs to its end, then the worker and its engine exit cleanly."""
+    _, urls, worker = two_workers
+    body = {"request_id": "graceful", "prompt": "Hi", "sampling": {"max_tokens": 400, "ignore_eos": True,
+                                                                    "temperature": 0}}
+    with httpx.stream("POST", f"{urls[1]}/generate", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        first = json.loads(next(lines))
+        worker.send_signal(signal.SIGTERM)
+        chunks = [first, *(json.loads(line) for line in lines if line)]
+    assert chunks[-1]["usage"]["completion_tokens"] == 400
+    assert any(c.get("finish_reason") == "length" for c in chunks)
+    # uvicorn re-raises the SIGTERM it handled once shutdown is complete, hence -SIGTERM.
+    assert worker.wait(timeout=120) == -signal.SIGTERM
+    log = (LOG_DIR / "routing-second-worker.log").read_text()
+    assert "worker stopped: in-flight requests drained, engine shut down" in log
+
+
 def test_a_dead_worker_is_skipped(two_workers) -> None:
     front, urls, worker = two_workers
-    os.killpg(worker.pid, signal.SIGKILL)
-    worker.wait()
+    if worker.poll() is None:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
     client = openai_client(front)
     before = _served(urls[:1])
     for i in range(3):  # the first may still pick the dead one: it is marked down and the next is tried
