@@ -14,6 +14,7 @@ import torch
 from pydantic import ValidationError
 
 from dynlogits.processors import BaseLogitsProcessor, RealizeContext
+from dynlogits.processors.ops import ROW_OPS
 from dynlogits.registry import check_python_allowed, factory_for, plugin_kinds
 from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits, check_vocab, decode_wire_payload
 from dynlogits.specs.errors import problems_from_pydantic
@@ -37,6 +38,22 @@ class RequestLogitsProcessor:
     def __call__(self, output_ids: Sequence[int], logits_row: torch.Tensor) -> None:
         for processor in self.processors:
             processor(output_ids, logits_row)
+
+    def plan(self, output_ids: Sequence[int]) -> list[Any]:
+        """This step's work for ``dynlogits.batch.apply_plans``, in payload order: a ``RowOp`` per
+        built-in processor that acts now, the processor itself for any other kind."""
+        steps: list[Any] = []
+        for processor in self.processors:
+            row_op = getattr(processor, "row_op", None)
+            if row_op is None:
+                steps.append(processor)
+                continue
+            op = row_op(output_ids)
+            if op is not None and not isinstance(op, ROW_OPS):
+                raise TypeError(f"{type(processor).__name__}.row_op returned {type(op).__name__}, not a RowOp or None")
+            if op is not None:
+                steps.append(op)
+        return steps
 
     def __repr__(self) -> str:
         return f"RequestLogitsProcessor({', '.join(type(p).__name__ for p in self.processors)})"

@@ -14,19 +14,27 @@ from .base import BaseLogitsProcessor, RealizeContext
 from .bias import LogitBiasProcessor
 from .forced import ForcedSequenceProcessor
 from .min_tokens import MinTokensProcessor
+from .ops import AddBias, ForceToken, KeepOnly, MaskIds, PlannedProcessor, RowOp, apply_op
 from .thinking_budget import ThinkingBudgetProcessor
 from .token_sets import AllowedTokensProcessor, BannedTokensProcessor
 
 __all__ = [
     "BUILTIN_FACTORIES",
+    "AddBias",
     "AllowedTokensProcessor",
     "BannedTokensProcessor",
     "BaseLogitsProcessor",
+    "ForceToken",
     "ForcedSequenceProcessor",
+    "KeepOnly",
     "LogitBiasProcessor",
+    "MaskIds",
     "MinTokensProcessor",
+    "PlannedProcessor",
     "RealizeContext",
+    "RowOp",
     "ThinkingBudgetProcessor",
+    "apply_op",
 ]
 
 BUILTIN_FACTORIES: Mapping[str, Callable[[Any, RealizeContext], BaseLogitsProcessor]] = {

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from .base import IndexCache
+from .ops import AddBias, RowOp, apply_op
 
 __all__ = ["LogitBiasProcessor"]
 
@@ -20,6 +21,8 @@ class LogitBiasProcessor:
         ids = sorted(bias)
         self._index = IndexCache(ids, [bias[i] for i in ids])
 
+    def row_op(self, input_ids: Sequence[int]) -> RowOp:
+        return AddBias(self._index)
+
     def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
-        idx, values = self._index.get(logits)
-        logits.index_add_(0, idx, values)  # type: ignore[arg-type]
+        apply_op(self.row_op(input_ids), logits)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .base import force_token
+from .ops import ForceToken, RowOp, apply_op
 
 __all__ = ["ForcedSequenceProcessor"]
 
@@ -24,6 +24,9 @@ class ForcedSequenceProcessor:
         self.token_ids = tuple(token_ids)
         self.eos_token_id = eos_token_id
 
-    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
+    def row_op(self, input_ids: Sequence[int]) -> RowOp:
         n = len(input_ids)
-        force_token(logits, self.token_ids[n] if n < len(self.token_ids) else self.eos_token_id)
+        return ForceToken(self.token_ids[n] if n < len(self.token_ids) else self.eos_token_id)
+
+    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
+        apply_op(self.row_op(input_ids), logits)

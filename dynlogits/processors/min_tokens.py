@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from .base import IndexCache
+from .ops import MaskIds, RowOp, apply_op
 
 __all__ = ["MinTokensProcessor"]
 
@@ -20,7 +21,8 @@ class MinTokensProcessor:
         self.min_tokens = min_tokens
         self._index = IndexCache(sorted(set(stop_token_ids)))
 
+    def row_op(self, input_ids: Sequence[int]) -> RowOp | None:
+        return MaskIds(self._index) if len(input_ids) < self.min_tokens else None
+
     def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
-        if len(input_ids) < self.min_tokens:
-            idx, _ = self._index.get(logits)
-            logits.index_fill_(0, idx, float("-inf"))
+        apply_op(self.row_op(input_ids), logits)

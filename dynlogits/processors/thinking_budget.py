@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .base import force_token
+from .ops import ForceToken, RowOp, apply_op
 
 __all__ = ["ThinkingBudgetProcessor"]
 
@@ -64,10 +64,14 @@ class ThinkingBudgetProcessor:
                 return k
         return 0
 
-    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
+    def row_op(self, input_ids: Sequence[int]) -> RowOp | None:
         self._scan(input_ids)
         if self._span_start is None:
-            return
+            return None
         span_len = len(input_ids) - self._span_start
-        if span_len >= self.budget:
-            force_token(logits, self.end[self._end_progress(input_ids, span_len)])
+        if span_len < self.budget:
+            return None
+        return ForceToken(self.end[self._end_progress(input_ids, span_len)])
+
+    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
+        apply_op(self.row_op(input_ids), logits)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from .base import IndexCache
+from .ops import KeepOnly, MaskIds, RowOp, apply_op
 
 __all__ = ["AllowedTokensProcessor", "BannedTokensProcessor"]
 
@@ -19,9 +20,11 @@ class BannedTokensProcessor:
     def __init__(self, token_ids: Sequence[int]) -> None:
         self._index = IndexCache(sorted(set(token_ids)))
 
+    def row_op(self, input_ids: Sequence[int]) -> RowOp:
+        return MaskIds(self._index)
+
     def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
-        idx, _ = self._index.get(logits)
-        logits.index_fill_(0, idx, float("-inf"))
+        apply_op(self.row_op(input_ids), logits)
 
 
 class AllowedTokensProcessor:
@@ -38,8 +41,8 @@ class AllowedTokensProcessor:
         allowed = set(token_ids) | ({eos_token_id} if eos_token_id is not None else set())
         self._index = IndexCache(sorted(allowed))
 
+    def row_op(self, input_ids: Sequence[int]) -> RowOp:
+        return KeepOnly(self._index)
+
     def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
-        idx, _ = self._index.get(logits)
-        kept = logits.index_select(0, idx)
-        logits.fill_(float("-inf"))
-        logits.index_copy_(0, idx, kept)
+        apply_op(self.row_op(input_ids), logits)

@@ -1,0 +1,77 @@
+"""Row operations: what a built-in processor does to its row at one step, as data.
+
+A built-in processor's ``row_op(input_ids)`` returns one ``RowOp`` (or ``None`` for "leave the row
+alone") instead of editing the row itself, so an adapter can apply the same operation to every
+row of a batch that needs it with a few tensor ops (``dynlogits.batch``) rather than a Python
+loop over rows. ``apply_op`` applies one op to one 1-D row; the processors' own ``__call__`` is
+``apply_op(row_op(...))``, so the per-row and the batched paths share one definition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, Union, runtime_checkable
+
+import torch
+
+from .base import IndexCache, force_token
+
+__all__ = ["AddBias", "ForceToken", "KeepOnly", "MaskIds", "PlannedProcessor", "RowOp", "apply_op"]
+
+
+@dataclass(frozen=True, slots=True)
+class MaskIds:
+    """``row[ids] = -inf``."""
+
+    index: IndexCache
+
+
+@dataclass(frozen=True, slots=True)
+class AddBias:
+    """``row[ids] += values`` (the cache holds both)."""
+
+    index: IndexCache
+
+
+@dataclass(frozen=True, slots=True)
+class KeepOnly:
+    """Every id not in ``ids`` becomes -inf; the kept values are unchanged."""
+
+    index: IndexCache
+
+
+@dataclass(frozen=True, slots=True)
+class ForceToken:
+    """Every logit -inf except ``token_id``, which becomes 0.0."""
+
+    token_id: int
+
+
+RowOp = Union[MaskIds, AddBias, KeepOnly, ForceToken]
+ROW_OPS = (MaskIds, AddBias, KeepOnly, ForceToken)
+
+
+@runtime_checkable
+class PlannedProcessor(Protocol):
+    """A processor whose step is described by a ``RowOp`` computed from the history alone."""
+
+    def row_op(self, input_ids: Sequence[int]) -> RowOp | None: ...
+
+
+def apply_op(op: RowOp | None, row: torch.Tensor) -> None:
+    """Apply ``op`` to the 1-D ``row`` in place (``None``: nothing)."""
+    if op is None:
+        return
+    if isinstance(op, ForceToken):
+        force_token(row, op.token_id)
+        return
+    idx, values = op.index.get(row)
+    if isinstance(op, MaskIds):
+        row.index_fill_(0, idx, float("-inf"))
+    elif isinstance(op, AddBias):
+        row.index_add_(0, idx, values)  # type: ignore[arg-type]
+    else:  # KeepOnly: gather the kept values (allowed-set sized), fill, write them back
+        kept = row.index_select(0, idx)
+        row.fill_(float("-inf"))
+        row.index_copy_(0, idx, kept)
