@@ -10,7 +10,7 @@ then put a payload on a request with ``dynlogits.activation.activate_logits_proc
 
 Modules: ``processor`` (the class, and why one class serves both runners), ``v1`` / ``v2`` (each
 runner's bookkeeping), ``request`` (payload reading, admission validation, per-request failure
-isolation), ``batch`` (applying requests to rows), ``capabilities`` (what cannot work),
+isolation), ``batch`` (applying a batch's requests through ``dynlogits.batch``), ``capabilities`` (what cannot work),
 ``registration``, ``testing`` (a Model Runner V2 sampler harness for CPU-only machines).
 """
 

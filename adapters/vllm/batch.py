@@ -1,9 +1,10 @@
 """Applying the requests' processors to their rows of a batch's logits.
 
-Both model runners end here, so a vectorized path (one masked op for every row that bans,
-allows or biases tokens) has exactly one place to go. Today each row is handed to its request's
-processors; a row is a view of ``logits``, so their in-place edits land in the batch tensor
-without copies or new vocab-sized tensors.
+Both model runners end here. Each request plans its step (``GuardedRequest.plan``); the plans go
+to ``dynlogits.batch.apply_plans``, which applies every built-in kind to all rows that need it
+with a few tensor ops per step (no Python loop over rows, no vocab-sized allocation) and calls
+opaque processors (``python`` kind, plug-ins) on their own row. A request whose planning or
+processor fails is fail-stopped on its row; the others are applied in full.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from dynlogits.batch import apply_plans
 
 from .request import GuardedRequest
 
@@ -23,10 +26,26 @@ def apply_to_rows(
     requests: Sequence[GuardedRequest],
     histories: Sequence[Sequence[int]],
 ) -> None:
-    """For each ``i``: ``requests[i](histories[i], logits[rows[i]])``, in place.
+    """Apply ``requests[i]`` to ``logits[rows[i]]`` given ``histories[i]``, in place, for every ``i``.
 
     ``logits`` is ``[num_rows, vocab]``; the three sequences have equal length; a request may own
     several rows (one per draft token under speculative decoding), each with its own history.
     """
-    for row, request, history in zip(rows, requests, histories, strict=True):
-        request(history, logits[row])
+    if len(rows) != len(requests) or len(rows) != len(histories):
+        raise ValueError(f"rows, requests and histories differ in length: {len(rows)}, {len(requests)}, {len(histories)}")
+    live: list[int] = []
+    plans = []
+    for i, request in enumerate(requests):
+        plan = request.plan(histories[i])
+        if plan is not None:
+            live.append(i)
+            plans.append(plan)
+
+    def failed(j: int, exc: Exception) -> None:
+        i = live[j]
+        requests[i].fail_with(exc, histories[i])
+
+    apply_plans(logits, [rows[i] for i in live], plans, [histories[i] for i in live], on_error=failed)
+    for row, request in zip(rows, requests):
+        if request.failed:
+            request.force_stop(logits[row])

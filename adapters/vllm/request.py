@@ -105,9 +105,23 @@ class GuardedRequest:
                 self.processor(output_ids, logits_row)
                 return logits_row
             except Exception as exc:  # isolate this request; see the module docstring
-                self._fail(f"{self.processor!r} raised at output position {len(output_ids)}: {type(exc).__name__}: {exc}")
-        self._force_stop(logits_row)
+                self.fail_with(exc, output_ids)
+        self.force_stop(logits_row)
         return logits_row
+
+    def plan(self, output_ids: Sequence[int]) -> list[Any] | None:
+        """This step's steps for ``dynlogits.batch.apply_plans``; ``None`` once the request failed
+        (its row must then be fail-stopped with ``force_stop``)."""
+        if self.error is None and self.processor is not None:
+            try:
+                return self.processor.plan(output_ids)
+            except Exception as exc:  # isolate this request; see the module docstring
+                self.fail_with(exc, output_ids)
+        return None
+
+    def fail_with(self, exc: Exception, output_ids: Sequence[int]) -> None:
+        """Record that a processor raised ``exc`` at this position (logged and reported once)."""
+        self._fail(f"{self.processor!r} raised at output position {len(output_ids)}: {type(exc).__name__}: {exc}")
 
     def _fail(self, reason: str) -> None:
         self.error = reason
@@ -121,7 +135,8 @@ class GuardedRequest:
         if self._report is not None:
             self._report(message)
 
-    def _force_stop(self, logits_row: torch.Tensor) -> None:
+    def force_stop(self, logits_row: torch.Tensor) -> None:
+        """Mask the row to the request's stop token (nothing when it has none)."""
         if self.stop_token_id is not None:
             logits_row.fill_(-math.inf)
             logits_row[self.stop_token_id] = 0.0
