@@ -1,5 +1,6 @@
 """One distribution, three folders: import hygiene and what the wheel ships."""
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -14,12 +15,17 @@ def test_importing_the_spec_layer_never_imports_torch():
     assert out.stdout.strip() == "[]"
 
 
-def test_wheel_maps_specs_and_adapters_under_dynlogits(tmp_path):
+def _build_wheel(out: Path) -> Path:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
         check=True, timeout=300, capture_output=True,
     )
-    (wheel,) = tmp_path.glob("dynlogits-*.whl")
+    (wheel,) = out.glob("dynlogits-*.whl")
+    return wheel
+
+
+def test_wheel_maps_specs_and_adapters_under_dynlogits(tmp_path):
+    wheel = _build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in (
         "dynlogits/__init__.py",
@@ -45,3 +51,31 @@ def test_every_python_package_folder_is_listed_for_the_wheel():
             rel = init.parent.relative_to(ROOT / folder).parts
             found.add(".".join((name, *rel)))
     assert found == listed
+
+
+def test_installed_wheel_imports_without_the_source_tree(tmp_path):
+    """The wheel, installed on its own, serves specs, golden vectors and the adapter package.
+
+    It is installed into a target folder placed first on PYTHONPATH and run from outside
+    the repository, so neither the editable install nor the checkout can answer the imports.
+    """
+    wheel = _build_wheel(tmp_path / "dist")
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True, timeout=300, capture_output=True,
+    )
+    code = (
+        "import dynlogits, dynlogits.specs, dynlogits.adapters.vllm as v, dynlogits.worker, dynlogits.frontend;"
+        "from dynlogits.specs.schema import golden_vectors, payload_schema;"
+        "print(dynlogits.__file__); print(v.__file__); print(len(golden_vectors()) > 0, 'properties' in str(payload_schema()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(target)},
+    )
+    assert out.returncode == 0, out.stderr
+    init_file, adapter_file, checks = out.stdout.strip().splitlines()
+    assert Path(init_file).is_relative_to(target)
+    assert Path(adapter_file).is_relative_to(target / "dynlogits" / "adapters" / "vllm")
+    assert checks == "True True"
