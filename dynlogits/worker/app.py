@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -149,26 +150,48 @@ def create_app(state: WorkerState) -> FastAPI:
             return _error(500, f"engine error: {type(err).__name__}: {err}", kind="internal_error")
         if entries:
             state.stats.activated += 1
-        return StreamingResponse(_ndjson(state, engine, request_id, first, stream),
-                                 media_type="application/x-ndjson")
+        return _EngineStream(state, engine, request_id, first, stream)
 
     return app
 
 
-async def _ndjson(state: WorkerState, engine: VllmEngine, request_id: str, first: GenerateChunk,
-                  stream: AsyncIterator[GenerateChunk]) -> AsyncIterator[bytes]:
-    """Serialize chunks; a cancelled client aborts the engine request in a fresh task
-    (the cancelled scope cannot await the abort itself)."""
-    try:
-        yield first.model_dump_json(exclude_none=True).encode() + b"\n"
-        async for chunk in stream:
-            yield chunk.model_dump_json(exclude_none=True).encode() + b"\n"
-    except (asyncio.CancelledError, GeneratorExit):
-        state.stats.aborted += 1
-        asyncio.get_running_loop().create_task(engine.engine.abort(request_id))
-        raise
-    except Exception as err:  # noqa: BLE001 - reported in-band, the stream already started
-        log.exception("request %s failed mid-stream", request_id)
-        yield GenerateChunk(error=f"{type(err).__name__}: {err}").model_dump_json(exclude_none=True).encode() + b"\n"
-    finally:
-        state.stats.in_flight -= 1
+class _EngineStream(StreamingResponse):
+    """One engine request streamed as NDJSON.
+
+    However the response ends (finished, client gone before the first byte, or mid-stream) the
+    request leaves ``in_flight`` exactly once, and an unfinished engine request is aborted and
+    counted in ``aborted``. An engine error after the first chunk is reported in-band.
+    """
+
+    def __init__(self, state: WorkerState, engine: VllmEngine, request_id: str, first: GenerateChunk,
+                 stream: AsyncGenerator[GenerateChunk, None]) -> None:
+        self._state, self._engine, self._request_id, self._stream = state, engine, request_id, stream
+        self._finished = False
+        self._body = self._ndjson(first)
+        super().__init__(self._body, media_type="application/x-ndjson")
+
+    async def _ndjson(self, first: GenerateChunk) -> AsyncGenerator[bytes, None]:
+        """When the engine is ahead of the client every await here completes without suspending,
+        so the ``sleep(0)`` per chunk is what lets the event loop notice a disconnect (and answer
+        health checks) before the request runs to its end."""
+        try:
+            yield first.model_dump_json(exclude_none=True).encode() + b"\n"
+            async for chunk in self._stream:
+                yield chunk.model_dump_json(exclude_none=True).encode() + b"\n"
+                await asyncio.sleep(0)
+        except Exception as err:  # noqa: BLE001 - reported in-band, the stream already started
+            log.exception("request %s failed mid-stream", self._request_id)
+            yield GenerateChunk(error=f"{type(err).__name__}: {err}").model_dump_json(exclude_none=True).encode() + b"\n"
+        self._finished = True
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._body.aclose()
+                await self._stream.aclose()
+                if not self._finished:
+                    self._state.stats.aborted += 1
+                    await self._engine.engine.abort(self._request_id)
+            self._state.stats.in_flight -= 1

@@ -7,7 +7,7 @@ package stays importable without an engine.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +78,9 @@ class VllmEngine:
         activate_logits_processors(params, entries)
         return params
 
-    async def generate(self, prompt_ids: list[int], params: Any, request_id: str) -> AsyncIterator[GenerateChunk]:
+    async def generate(
+        self, prompt_ids: list[int], params: Any, request_id: str
+    ) -> AsyncGenerator[GenerateChunk, None]:
         """Stream deltas per choice, then one chunk with ``usage``.
 
         Errors the engine raises at admission become :class:`EngineRequestError`.
