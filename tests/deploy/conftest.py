@@ -31,8 +31,12 @@ def tokenizer() -> Any:
 
 @pytest.fixture(scope="session")
 def spec_agg() -> Iterator[Deployment]:
-    """``launch/agg.sh --logits-spec examples/deployment.yaml``: every request kind allowed."""
-    d = Deployment("spec-agg", "agg.sh", free_port_block(2), args=["--logits-spec", str(SPEC_FILE)],
+    """``launch/agg.sh --logits-spec examples/deployment.yaml``: every request kind allowed.
+
+    A 2048-token context (the model's limit) leaves the cancellation test seconds, not a fraction
+    of one, between the client hanging up and the request finishing on its own."""
+    d = Deployment("spec-agg", "agg.sh", free_port_block(2),
+                   args=["--logits-spec", str(SPEC_FILE), "--max-model-len", "2048"],
                    env={"DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0"})
     d.start()
     yield d
