@@ -6,6 +6,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -15,7 +17,10 @@ def test_importing_the_spec_layer_never_imports_torch():
     assert out.stdout.strip() == "[]"
 
 
-def _build_wheel(out: Path) -> Path:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built once for the tests of this module."""
+    out = tmp_path_factory.mktemp("dist")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
         check=True, timeout=300, capture_output=True,
@@ -24,8 +29,7 @@ def _build_wheel(out: Path) -> Path:
     return wheel
 
 
-def test_wheel_maps_specs_and_adapters_under_dynlogits(tmp_path):
-    wheel = _build_wheel(tmp_path)
+def test_wheel_maps_specs_and_adapters_under_dynlogits(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in (
         "dynlogits/__init__.py",
@@ -54,13 +58,12 @@ def test_every_python_package_folder_is_listed_for_the_wheel():
     assert found == listed
 
 
-def test_installed_wheel_imports_without_the_source_tree(tmp_path):
+def test_installed_wheel_imports_without_the_source_tree(wheel, tmp_path):
     """The wheel, installed on its own, serves specs, golden vectors and the adapter package.
 
     It is installed into a target folder placed first on PYTHONPATH and run from outside
     the repository, so neither the editable install nor the checkout can answer the imports.
     """
-    wheel = _build_wheel(tmp_path / "dist")
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
