@@ -1,11 +1,11 @@
-"""Writing the gated entries into an engine's sampling params."""
+"""Writing the gated entries into an engine's sampling params (vLLM ``extra_args`` shape)."""
 
 from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
-from dynlogits.specs import WIRE_KEY, encode_entries
+from dynlogits.sdk.activation import put_payload
 
 __all__ = ["activate_logits_processors"]
 
@@ -21,17 +21,12 @@ def activate_logits_processors(target: Any, entries: Sequence[Any]) -> MutableMa
     (``forced_text`` resolved). Returns the mapping written, or ``None`` when
     ``target`` had no ``extra_args`` and nothing was needed.
     """
-    if isinstance(target, MutableMapping):
-        extra: MutableMapping[str, Any] | None = target
-    else:
-        extra = getattr(target, "extra_args", None)
-    if not entries:
-        if extra is not None:
-            extra.pop(WIRE_KEY, None)
-        return extra
-    payload = encode_entries(entries)
+    extra: MutableMapping[str, Any] | None
+    extra = target if isinstance(target, MutableMapping) else getattr(target, "extra_args", None)
     if extra is None:
+        if not entries:
+            return None
         extra = {}
         target.extra_args = extra
-    extra[WIRE_KEY] = payload
+    put_payload(extra, entries)
     return extra

@@ -8,10 +8,11 @@ Use one of::
 
 then put a payload on a request with ``dynlogits.activation.activate_logits_processors``.
 
-Modules: ``processor`` (the class, and why one class serves both runners), ``v1`` / ``v2`` (each
-runner's bookkeeping), ``request`` (payload reading, admission validation, per-request failure
-isolation), ``batch`` (applying a batch's requests through ``dynlogits.batch``), ``capabilities`` (what cannot work),
-``registration``, ``testing`` (a Model Runner V2 sampler harness for CPU-only machines).
+Built on ``dynlogits.sdk`` (realization, failure isolation, batched application); what is here is
+only vLLM's calling convention. Modules: ``processor`` (the class, and why one class serves both
+runners), ``v1`` / ``v2`` (each runner's bookkeeping and where a row's history comes from),
+``request`` (reading the payload from ``SamplingParams``, admission), ``capabilities`` (what cannot
+work), ``registration``, ``testing`` (a Model Runner V2 sampler harness for CPU-only machines).
 """
 
 from .capabilities import UnsupportedEngineConfig, check_engine_args, check_vllm_config

@@ -17,7 +17,8 @@ import torch
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor, BatchUpdate
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from .batch import apply_to_rows
+from dynlogits.sdk import apply_rows
+
 from .request import GuardedRequest
 
 __all__ = ["V1RunnerMixin"]
@@ -49,5 +50,5 @@ class V1RunnerMixin(AdapterLogitsProcessor):
         if self._entries:
             rows = list(self._entries)
             entries = [self._entries[r] for r in rows]
-            apply_to_rows(logits, rows, [e.request for e in entries], [e.output_ids for e in entries])
+            apply_rows(logits, rows, [e.request for e in entries], [e.output_ids for e in entries])
         return logits

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .batch import apply_to_rows
+from dynlogits.sdk import apply_rows
+
 from .request import GuardedRequest
 
 try:  # vLLM >= 0.31; the adapter still works with the V1 runner alone on older versions
@@ -90,5 +91,5 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         slots = row_slots[rows]
         histories = row_histories(self._req_states, ctx, rows, slots)
         requests = [self._slots[int(s)] for s in slots]
-        apply_to_rows(logits, rows.tolist(), requests, histories)  # type: ignore[arg-type]
+        apply_rows(logits, rows.tolist(), requests, histories)  # type: ignore[arg-type]
         return logits

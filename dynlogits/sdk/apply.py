@@ -1,10 +1,10 @@
-"""Applying the requests' processors to their rows of a batch's logits.
+"""Duty 4, apply: a batch's rows, in place, with per-request failure isolation.
 
-Both model runners end here. Each request plans its step (``GuardedRequest.plan``); the plans go
-to ``dynlogits.batch.apply_plans``, which applies every built-in kind to all rows that need it
-with a few tensor ops per step (no Python loop over rows, no vocab-sized allocation) and calls
-opaque processors (``python`` kind, plug-ins) on their own row. A request whose planning or
-processor fails is fail-stopped on its row; the others are applied in full.
+Each request plans its step (``GuardedRequest.plan``); the plans go to
+``dynlogits.batch.apply_plans``, which applies every built-in kind to all rows that need it with a
+few tensor ops per step and calls opaque processors (``python`` kind, plug-ins) on their own row.
+A request whose planning or processor fails is fail-stopped on its row(s) and reported once; the
+others are applied in full. Nothing here raises for one request's fault.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import torch
 
 from dynlogits.batch import apply_plans
 
-from .request import GuardedRequest
+from .guard import GuardedRequest
 
-__all__ = ["apply_to_rows"]
+__all__ = ["apply_rows"]
 
 
-def apply_to_rows(
+def apply_rows(
     logits: torch.Tensor,
     rows: Sequence[int],
     requests: Sequence[GuardedRequest],
@@ -28,8 +28,9 @@ def apply_to_rows(
 ) -> None:
     """Apply ``requests[i]`` to ``logits[rows[i]]`` given ``histories[i]``, in place, for every ``i``.
 
-    ``logits`` is ``[num_rows, vocab]``; the three sequences have equal length; a request may own
-    several rows (one per draft token under speculative decoding), each with its own history.
+    ``logits`` is ``[num_rows, vocab]``; the three sequences have equal length; each row appears
+    at most once; a request may own several rows (beams, samples, draft tokens), each with its own
+    history. ``ValueError`` when the lengths differ (an adapter bug, not a request's fault).
     """
     if len(rows) != len(requests) or len(rows) != len(histories):
         raise ValueError(f"rows, requests and histories differ in length: {len(rows)}, {len(requests)}, {len(histories)}")

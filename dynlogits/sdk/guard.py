@@ -1,0 +1,125 @@
+"""One request's realized processors plus its failure state: the SDK's isolation unit.
+
+Failure policy (every adapter inherits it). No engine gives a custom logits processor a way to
+fail one request, and an exception escaping the sampler usually kills the whole engine (every
+request). A ``GuardedRequest`` therefore catches its processors' exceptions, reports them (ERROR
+log with traceback plus the ``report`` callback, once per request) and *fail-stops* the request:
+from then on its row is masked to its stop token, so it ends at once instead of continuing
+unconstrained. Other requests never see the failure. A request without a stop token (e.g.
+``ignore_eos`` and no stop ids) cannot be ended from the sampler: it continues unconstrained to
+its length limit, and the ERROR log says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from dynlogits.realize import RequestLogitsProcessor
+
+__all__ = ["FailureReport", "GuardedRequest", "pick_stop_token"]
+
+logger = logging.getLogger("dynlogits.sdk")
+
+#: Called with a one-line description each time a request fails.
+FailureReport = Callable[[str], None]
+
+
+def pick_stop_token(eos_token_id: int | None, stop_token_ids: Iterable[int] | None, vocab_size: int) -> int | None:
+    """The token that ends a failed request: its EOS when it is inside the logits width, else its
+    lowest explicit stop token id inside it, else ``None``."""
+    if isinstance(eos_token_id, int) and 0 <= eos_token_id < vocab_size:
+        return eos_token_id
+    stops = sorted(t for t in (stop_token_ids or ()) if isinstance(t, int) and 0 <= t < vocab_size)
+    return stops[0] if stops else None
+
+
+class GuardedRequest:
+    """The realized processors of one request and whether it has failed.
+
+    ``__call__(history, row) -> row`` applies the processors in place to the 1-D row and returns
+    that same row. ``history`` is the tokens this request generated so far (drafts preceding the
+    row included); processors derive their position from it, so a request may be called for
+    several rows per step, or again after preemption, without step counters. ``plan(history)``
+    is the batched form used by ``dynlogits.sdk.apply_rows``.
+    """
+
+    __slots__ = ("_report", "error", "processor", "stop_token_id")
+
+    def __init__(
+        self,
+        processor: RequestLogitsProcessor | None,
+        *,
+        stop_token_id: int | None,
+        report: FailureReport | None = None,
+        error: str | None = None,
+    ) -> None:
+        self.processor = processor
+        self.stop_token_id = stop_token_id
+        self.error = error
+        self._report = report
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def __call__(self, history: Sequence[int], logits_row: torch.Tensor) -> torch.Tensor:
+        if self.error is None and self.processor is not None:
+            try:
+                self.processor(history, logits_row)
+                return logits_row
+            except Exception as exc:  # isolate this request; see the module docstring
+                self.fail_with(exc, history)
+        self.force_stop(logits_row)
+        return logits_row
+
+    def plan(self, history: Sequence[int]) -> list[Any] | None:
+        """This step's steps for ``dynlogits.batch.apply_plans``; ``None`` once the request failed
+        (its row must then be fail-stopped with ``force_stop``)."""
+        if self.error is None and self.processor is not None:
+            try:
+                return self.processor.plan(history)
+            except Exception as exc:  # isolate this request; see the module docstring
+                self.fail_with(exc, history)
+        return None
+
+    def fail_with(self, exc: Exception, history: Sequence[int]) -> None:
+        """Record that a processor raised ``exc`` at this position (logged and reported once)."""
+        self._fail(f"{self.processor!r} raised at output position {len(history)}: {type(exc).__name__}: {exc}")
+
+    def _fail(self, reason: str) -> None:
+        if self.error is not None:
+            return
+        self.error = reason
+        ending = (
+            f"ending the request with stop token {self.stop_token_id}"
+            if self.stop_token_id is not None
+            else "the request has no stop token and continues unconstrained"
+        )
+        message = f"dynamo logits processor failed for one request ({reason}); {ending}; other requests are unaffected"
+        logger.error(message, exc_info=True)
+        if self._report is not None:
+            self._report(message)
+
+    def force_stop(self, logits_row: torch.Tensor) -> None:
+        """Mask the row to the request's stop token (nothing when it has none)."""
+        if self.stop_token_id is not None:
+            logits_row.fill_(-math.inf)
+            logits_row[self.stop_token_id] = 0.0
+
+    @classmethod
+    def failed_at_realization(
+        cls, reason: str, *, stop_token_id: int | None, report: FailureReport | None
+    ) -> GuardedRequest:
+        """A request whose payload could not be realized: fail-stopped from its first row."""
+        request = cls(None, stop_token_id=stop_token_id, report=report)
+        request._fail(reason)
+        return request
+
+    def __repr__(self) -> str:
+        state = f"failed: {self.error}" if self.error else repr(self.processor)
+        return f"GuardedRequest({state})"
