@@ -38,6 +38,16 @@ def _validate(path: Path) -> int:
     return 0
 
 
+def _conformance(adapter: str) -> int:
+    from dynlogits.testing import run_conformance
+
+    try:
+        return run_conformance(adapter, sys.stdout)
+    except (ImportError, ValueError, TypeError) as err:
+        print(f"error: cannot load adapter {adapter!r}: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynlogits", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -45,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("file", type=Path)
     s = sub.add_parser("schema", help="print the JSON Schema of the dynamo_logits payload")
     s.add_argument("--spec", action="store_true", help="print the schema of a LogitsProcessorSpec (config) instead")
+    c = sub.add_parser("conformance", help="run the conformance kit against an adapter; exit 0 only when every check passes")
+    c.add_argument("adapter", help="a shipped adapter (vllm, transformers) or an import string pkg.mod:driver_factory")
     m = sub.add_parser("make-model", help="build the small embedded default model (no download)")
     m.add_argument("dir", type=Path)
     m.add_argument("--vocab-size", type=int, default=None, help="logits width (default: tokenizer size padded to 64)")
@@ -56,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "validate":
         return _validate(args.file)
+    if args.command == "conformance":
+        return _conformance(args.adapter)
     if args.command == "schema":
         sys.stdout.write(render(spec_schema() if args.spec else payload_schema()))
         return 0

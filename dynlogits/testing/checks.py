@@ -1,0 +1,332 @@
+"""The conformance checks: what every backend adapter must do, each a function of a driver.
+
+Each check drives a FRESH driver (``AdapterDriver``) through requests and steps with random
+logits, and compares every processed row with what ``docs/specs.md`` says (``oracle``). A check
+raises ``AssertionError`` (with the reason) when the adapter is wrong and ``Skip`` when it does
+not apply to this driver; anything else it raises is a failure too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dynlogits.registry import PYTHON_FACTORIES_ENV
+from dynlogits.roles import DisaggregationMode
+from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, LogitsProcessorSpec, encode_entries
+from dynlogits.specs.schema import golden_vectors
+
+from .driver import AdapterDriver
+from .faults import RAISE_AFTER_FACTORY, SCALE_FACTORY
+from .oracle import expected_row
+
+__all__ = ["CHECKS", "Check", "Skip"]
+
+EOS = 1
+PROMPT = (3, 4, 5)
+STEPS = 6
+
+
+class Skip(Exception):
+    """The check does not apply to this driver; the message says why."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    doc: str
+    run: Callable[[AdapterDriver], None]
+
+
+# -- helpers ---------------------------------------------------------------------------------
+@contextmanager
+def _allow_python(*factories: str) -> Iterator[None]:
+    old = os.environ.get(PYTHON_FACTORIES_ENV)
+    os.environ[PYTHON_FACTORIES_ENV] = ",".join(factories)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(PYTHON_FACTORIES_ENV, None)
+        else:
+            os.environ[PYTHON_FACTORIES_ENV] = old
+
+
+def _logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+
+
+def _assert_row(actual: torch.Tensor, expected: Sequence[float], what: str) -> None:
+    got = actual.tolist()
+    if len(got) != len(expected):
+        raise AssertionError(f"{what}: row width {len(got)}, expected {len(expected)}")
+    for i, (a, e) in enumerate(zip(got, expected)):
+        same = (a == e) if (math.isinf(e) or math.isinf(a)) else math.isclose(a, e, rel_tol=1e-5, abs_tol=1e-5)
+        if not same:
+            raise AssertionError(f"{what}: logit {i} is {a}, expected {e}")
+
+
+def _assert_stopped(row: torch.Tensor, eos: int, what: str) -> None:
+    finite = torch.isfinite(row).nonzero().flatten().tolist()
+    if finite != [eos] or float(row[eos]) != 0.0:
+        raise AssertionError(f"{what}: expected the row fail-stopped to token {eos}, finite logits at {finite[:8]}")
+
+
+def _forced(ids: Sequence[int], eos: int = EOS) -> list[dict[str, Any]]:
+    return encode_entries([ForcedTokenSequenceSpec(token_ids=tuple(ids), eos_token_id=eos)])
+
+
+def _step(driver: AdapterDriver, batch: Sequence[str], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    raw = _logits(len(batch), driver.vocab_size, seed)
+    out = driver.step(list(batch), raw.clone())
+    if out.shape != raw.shape:
+        raise AssertionError(f"step returned shape {tuple(out.shape)} for {tuple(raw.shape)}")
+    return raw, out
+
+
+def _greedy(row: torch.Tensor) -> int:
+    return int(row.argmax())
+
+
+def _max_id(payload: Any) -> int:
+    best = -1
+    for e in payload:
+        for key in ("token_ids", "start_token_ids", "end_token_ids", "stop_token_ids"):
+            best = max([best, *e.get(key, ())])
+        for key in ("eos_token_id",):
+            if e.get(key) is not None:
+                best = max(best, e[key])
+        best = max([best, *(int(k) for k in e.get("bias", {}))])
+    return best
+
+
+def _with_scale_factory(payload: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The vector with each ``python`` entry pointed at the kit's own allow-listed factory."""
+    return [{**e, "factory": SCALE_FACTORY} if e.get("kind") == "python" else e for e in payload]
+
+
+# -- checks ----------------------------------------------------------------------------------
+def valid_vectors_behave_as_documented(driver: AdapterDriver) -> None:
+    """Every valid golden vector is admitted, realized, and changes each row exactly as
+    docs/specs.md says, step after step (greedy histories); a vector naming ids beyond the logits
+    width fails only its own request; ``python`` entries need the operator's allow-list."""
+    vectors = [(name, v["payload"]) for name, v in golden_vectors() if v["valid"]]
+    if not vectors:
+        raise AssertionError("no valid golden vectors found")
+    for n, (name, payload) in enumerate(vectors):
+        if any(e.get("kind") == "python" for e in payload):
+            try:
+                driver.admit(payload)
+            except ValueError as err:
+                if ".factory" not in str(err) or "allow-listed" not in str(err):
+                    raise AssertionError(f"{name}: rejected for another reason than the allow-list: {err}") from None
+            else:
+                raise AssertionError(f"{name}: a python entry was admitted without the operator's allow-list")
+            payload = _with_scale_factory(payload)
+        with _allow_python(SCALE_FACTORY):
+            driver.admit(payload)
+            req = f"v{n}"
+            driver.add(req, payload, prompt_ids=PROMPT, eos_token_id=EOS)
+            beyond = _max_id(payload) >= driver.vocab_size
+            history: list[int] = []
+            for step in range(STEPS):
+                raw, out = _step(driver, [req], seed=100 * n + step)
+                what = f"{name} step {step}"
+                if beyond:
+                    _assert_stopped(out[0], EOS, what + " (ids beyond the logits width)")
+                else:
+                    _assert_row(out[0], expected_row(payload, history, raw[0].tolist()), what)
+                token = _greedy(out[0])
+                driver.commit(req, token)
+                history.append(token)
+            driver.remove(req)
+            if beyond and len(driver.failures()) < 1:
+                raise AssertionError(f"{name}: the failed request was not reported")
+
+
+def invalid_vectors_are_rejected_naming_the_field(driver: AdapterDriver) -> None:
+    """Every invalid golden vector is refused at admission with its expected error path(s)."""
+    vectors = [(name, v) for name, v in golden_vectors() if not v["valid"]]
+    if not vectors:
+        raise AssertionError("no invalid golden vectors found")
+    for name, vector in vectors:
+        expected = vector.get("errors") or [vector["error"]]
+        try:
+            driver.admit(vector["payload"])
+        except ValueError as err:
+            message = str(err)
+            missing = [e for e in expected if e not in message]
+            if missing:
+                raise AssertionError(f"{name}: error {message!r} does not contain {missing}") from None
+        else:
+            raise AssertionError(f"{name}: admitted, expected {expected}")
+
+
+def state_is_fresh_per_request(driver: AdapterDriver) -> None:
+    """Two requests with the same payload at different positions do not interfere."""
+    ids = [10, 11, 12, 13, 14]
+    payload = _forced(ids)
+    driver.add("a", payload, prompt_ids=PROMPT, eos_token_id=EOS)
+    for step in range(2):
+        _, out = _step(driver, ["a"], seed=step)
+        driver.commit("a", _greedy(out[0]))
+    driver.add("b", payload, prompt_ids=(7, 8), eos_token_id=EOS)
+    for step in range(3):
+        raw, out = _step(driver, ["a", "b"], seed=10 + step)
+        _assert_row(out[0], expected_row(payload, ids[: 2 + step], raw[0].tolist()), f"a at step {2 + step}")
+        _assert_row(out[1], expected_row(payload, ids[:step], raw[1].tolist()), f"b at step {step}")
+        driver.commit("a", _greedy(out[0]))
+        driver.commit("b", _greedy(out[1]))
+
+
+def no_state_is_left_after_requests_end(driver: AdapterDriver) -> None:
+    """Ended requests leave no per-request state (slot engines: none once their slots are reused)."""
+    names = ["r0", "r1", "r2"]
+    for i, name in enumerate(names):
+        driver.add(name, _forced([20 + i]), prompt_ids=PROMPT, eos_token_id=EOS)
+    _step(driver, names, seed=1)
+    if driver.held_requests() != len(names):
+        raise AssertionError(f"holds state for {driver.held_requests()} requests, expected {len(names)}")
+    for name in names:
+        driver.remove(name)
+    if not driver.releases_on_finish:
+        for i in range(len(names)):
+            driver.add(f"plain{i}", None, prompt_ids=PROMPT, eos_token_id=EOS)
+        _step(driver, [f"plain{i}" for i in range(len(names))], seed=2)
+    if driver.held_requests() != 0:
+        raise AssertionError(f"still holds state for {driver.held_requests()} requests after they ended")
+
+
+def rows_follow_their_requests_when_the_batch_changes(driver: AdapterDriver) -> None:
+    """Row <-> request mapping holds when the batch is shuffled, shrinks and grows."""
+    seqs = {f"q{i}": [30 + 8 * i + k for k in range(8)] for i in range(4)}
+    history: dict[str, list[int]] = {q: [] for q in seqs}
+    for q, ids in seqs.items():
+        driver.add(q, _forced(ids), prompt_ids=PROMPT, eos_token_id=EOS)
+    driver.add("free", None, prompt_ids=PROMPT, eos_token_id=EOS)
+    layouts = [["q0", "q1", "q2", "q3", "free"], ["q2", "free", "q0"], ["q3", "q1", "q0", "free", "q2"], ["q1", "q3"]]
+    for step, batch in enumerate(layouts):
+        raw, out = _step(driver, batch, seed=50 + step)
+        for row, q in enumerate(batch):
+            if q == "free":
+                _assert_row(out[row], raw[row].tolist(), f"request without payload, row {row}, step {step}")
+                continue
+            _assert_row(out[row], expected_row(_forced(seqs[q]), history[q], raw[row].tolist()), f"{q} in row {row}, step {step}")
+            token = _greedy(out[row])
+            driver.commit(q, token)
+            history[q].append(token)
+        if "free" in batch:
+            driver.commit("free", _greedy(out[batch.index("free")]))
+
+
+def preempted_requests_resume_where_they_were(driver: AdapterDriver) -> None:
+    """A request removed and re-added with its generated tokens continues from the same position."""
+    ids = [40, 41, 42, 43, 44, 45]
+    payload = _forced(ids)
+    driver.add("p", payload, prompt_ids=PROMPT, eos_token_id=EOS)
+    done: list[int] = []
+    for step in range(3):
+        _, out = _step(driver, ["p"], seed=step)
+        token = _greedy(out[0])
+        driver.commit("p", token)
+        done.append(token)
+    driver.remove("p")
+    driver.add("p", payload, prompt_ids=PROMPT, output_ids=done, eos_token_id=EOS)
+    raw, out = _step(driver, ["p"], seed=9)
+    _assert_row(out[0], expected_row(payload, done, raw[0].tolist()), "resumed request")
+    if _greedy(out[0]) != ids[3]:
+        raise AssertionError(f"resumed request produced {_greedy(out[0])}, expected {ids[3]}")
+
+
+def prefill_and_encode_workers_activate_nothing(driver: AdapterDriver) -> None:
+    """Activation puts the payload on aggregated and decode workers only."""
+    spec = LogitsProcessorSpec(entries=(ForcedTokenSequenceSpec(token_ids=(5, 6), eos_token_id=EOS),))
+    want = encode_entries(spec.entries)
+    for role in (DisaggregationMode.AGGREGATED, DisaggregationMode.DECODE):
+        got = driver.activate(spec, role)
+        if got != want:
+            raise AssertionError(f"{role.value} worker activated {got!r}, expected {want!r}")
+    for role in (DisaggregationMode.PREFILL, DisaggregationMode.ENCODE):
+        got = driver.activate(spec, role)
+        if got:
+            raise AssertionError(f"{role.value} worker activated {got!r}, expected nothing")
+    if driver.activate(None, DisaggregationMode.AGGREGATED):
+        raise AssertionError("no spec, yet a payload was activated")
+
+
+def a_raising_processor_fails_only_its_request(driver: AdapterDriver) -> None:
+    """A processor that raises fail-stops its own request (reported once); the others go on."""
+    bad = [{"kind": "python", "factory": RAISE_AFTER_FACTORY, "kwargs": {"after": 1}}]
+    good = _forced([60, 61, 62, 63])
+    with _allow_python(RAISE_AFTER_FACTORY):
+        driver.admit(bad)
+        driver.add("bad", bad, prompt_ids=PROMPT, eos_token_id=EOS)
+        driver.add("good", good, prompt_ids=PROMPT, eos_token_id=EOS)
+        history: list[int] = []
+        for step in range(3):
+            raw, out = _step(driver, ["bad", "good"], seed=step)
+            if step == 0:
+                _assert_row(out[0], raw[0].tolist(), "raising request before its fault")
+            else:
+                _assert_stopped(out[0], EOS, f"raising request at step {step}")
+            _assert_row(out[1], expected_row(good, history, raw[1].tolist()), f"other request at step {step}")
+            driver.commit("bad", _greedy(out[0]))
+            token = _greedy(out[1])
+            driver.commit("good", token)
+            history.append(token)
+    reports = driver.failures()
+    if len(reports) != 1 or "injected fault" not in reports[0]:
+        raise AssertionError(f"expected one failure report naming the fault, got {reports!r}")
+
+
+def ids_beyond_the_logits_width_fail_only_their_request(driver: AdapterDriver) -> None:
+    """An id >= the logits width is refused at admission naming the field, or fail-stops only
+    its own request from its first row (the width may be unknown at admission)."""
+    bad = [{"kind": "banned_tokens", "token_ids": [driver.vocab_size]}]
+    good = _forced([70, 71])
+    try:
+        driver.admit(bad)
+    except ValueError as err:
+        if f"{WIRE_KEY}[0].token_ids[0]" not in str(err):
+            raise AssertionError(f"admission error does not name the field: {err}") from None
+        return
+    driver.add("bad", bad, prompt_ids=PROMPT, eos_token_id=EOS)
+    driver.add("good", good, prompt_ids=PROMPT, eos_token_id=EOS)
+    history: list[int] = []
+    for step in range(2):
+        raw, out = _step(driver, ["good", "bad"], seed=step)
+        _assert_stopped(out[1], EOS, f"request naming id {driver.vocab_size}, step {step}")
+        _assert_row(out[0], expected_row(good, history, raw[0].tolist()), f"other request at step {step}")
+        driver.commit("bad", _greedy(out[1]))
+        token = _greedy(out[0])
+        driver.commit("good", token)
+        history.append(token)
+    reports = driver.failures()
+    if len(reports) != 1 or "vocab" not in reports[0]:
+        raise AssertionError(f"expected one failure report naming the vocabulary bound, got {reports!r}")
+
+
+def _check(fn: Callable[[AdapterDriver], None]) -> Check:
+    return Check(fn.__name__, (fn.__doc__ or "").split("\n")[0], fn)
+
+
+CHECKS: tuple[Check, ...] = tuple(
+    _check(f)
+    for f in (
+        valid_vectors_behave_as_documented,
+        invalid_vectors_are_rejected_naming_the_field,
+        state_is_fresh_per_request,
+        no_state_is_left_after_requests_end,
+        rows_follow_their_requests_when_the_batch_changes,
+        preempted_requests_resume_where_they_were,
+        prefill_and_encode_workers_activate_nothing,
+        a_raising_processor_fails_only_its_request,
+        ids_beyond_the_logits_width_fail_only_their_request,
+    )
+)

@@ -1,0 +1,66 @@
+"""What a backend author supplies to the conformance kit: a driver that feeds rows and histories
+to their adapter the way their engine does.
+
+A driver owns one adapter instance (or whatever its engine keeps per batch) and speaks in
+requests and steps; the kit never touches the engine's classes itself. Token histories are kept
+by the driver (``commit``), exactly where the engine keeps them (a live list, a slot table,
+``input_ids``), so the adapter reads them through its own ``locate`` code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from dynlogits.roles import DisaggregationMode
+from dynlogits.specs import LogitsProcessorSpec
+
+__all__ = ["AdapterDriver"]
+
+
+@runtime_checkable
+class AdapterDriver(Protocol):
+    """One adapter, driven as its engine drives it.
+
+    Attributes:
+        name: short name printed by the kit (``vllm-v1``).
+        exercised: which engine classes run: the engine's real classes, or a harness and why.
+        vocab_size: the logits width the adapter was built with.
+        releases_on_finish: whether the adapter drops a request's state when it ends; ``False``
+            for engines that recycle slots without a removal call (state is then replaced when
+            the slot is reused, and the kit checks that instead).
+    """
+
+    name: str
+    exercised: str
+    vocab_size: int
+    releases_on_finish: bool
+
+    def activate(self, spec: LogitsProcessorSpec | None, role: DisaggregationMode) -> Any | None:
+        """The payload this adapter's activation puts on a request on a worker of ``role``
+        (``None`` when it puts nothing)."""
+
+    def admit(self, payload: Any) -> None:
+        """The engine's admission check: raise ``ValueError`` (``SpecError``) for a bad payload."""
+
+    def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
+            eos_token_id: int) -> None:
+        """A request enters the batch (``output_ids`` non-empty: it resumes after preemption)."""
+
+    def step(self, batch: Sequence[str], logits: torch.Tensor) -> torch.Tensor:
+        """Process one step: row ``i`` of ``logits`` belongs to ``batch[i]``; returns the processed
+        logits (the same tensor when the engine edits in place)."""
+
+    def commit(self, req_id: str, token_id: int) -> None:
+        """Append a sampled token to the request's history."""
+
+    def remove(self, req_id: str) -> None:
+        """The request ends (finished, aborted or preempted)."""
+
+    def held_requests(self) -> int:
+        """How many requests the adapter holds per-request state for."""
+
+    def failures(self) -> list[str]:
+        """The failure reports the adapter made so far (``dynlogits.sdk.FailureReport``)."""
