@@ -1,0 +1,144 @@
+"""Activation and admission for ``model.generate()``: spec -> payload -> ``generate()`` kwargs.
+
+* ``payload_for(spec, role, tokenizer)`` is the worker-side activation: the role gate
+  (``dynlogits.sdk.gate``: agg/decode activate, prefill/encode get nothing unless the spec says
+  ``generation_only: false``), ``forced_text`` resolved to ``forced_sequence`` with the tokenizer,
+  encoded as the wire payload; ``None`` when nothing is active.
+* ``generate_kwargs(model, tokenizer, batch, payloads, ...)`` is admission plus wiring: every
+  payload is validated against the model's logits width first (``SpecError`` naming
+  ``payloads[k]`` and the field, before ``generate()`` runs), then one ``DynamoLogitsProcessor``
+  is built for the batch. The returned kwargs pin ``num_beams`` and ``num_return_sequences``, so
+  ``generate()`` expands rows exactly as the processor maps them.
+
+The logits width (``logits_width``) is the number of rows of the model's output embedding
+(``config.vocab_size`` when it has none): often larger than ``len(tokenizer)``, and the bound for
+every id in a payload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from transformers import LogitsProcessorList
+
+from dynlogits import sdk
+from dynlogits.roles import DisaggregationMode
+from dynlogits.sdk import FailureReport
+from dynlogits.specs import LogitsProcessorSpec, SpecError
+from dynlogits.specs.entries import ForcedTextSpec
+from dynlogits.specs.errors import Problem
+from dynlogits.text import TextTokenizer, resolve_entries
+
+from .processor import logits_processor
+
+__all__ = ["admit", "generate_kwargs", "logits_width", "payload_for", "stop_tokens"]
+
+
+def payload_for(
+    spec: LogitsProcessorSpec | None, role: DisaggregationMode | str, tokenizer: TextTokenizer | None
+) -> list[dict[str, Any]] | None:
+    """The payload a worker of ``role`` puts on a request for ``spec``, or ``None``.
+
+    ``tokenizer`` resolves ``forced_text`` entries (their tokens, then its EOS); it may be
+    ``None`` only when the active entries hold no text. ``SpecError`` names the entry otherwise.
+    """
+    entries = sdk.gate(spec, role)
+    if tokenizer is None:
+        texts = [f"entries[{i}].text" for i, e in enumerate(entries) if isinstance(e, ForcedTextSpec)]
+        if texts:
+            raise SpecError([Problem(path, "a forced_text entry needs a tokenizer to resolve it") for path in texts])
+    else:
+        entries = list(resolve_entries(entries, tokenizer, root="entries"))
+    return sdk.encode_payload(entries)
+
+
+def logits_width(model: Any) -> int:
+    """The width of the logits ``model`` produces: its output embedding's rows, else
+    ``config.vocab_size`` (of the text config for multimodal models)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.ndim == 2:
+        return int(weight.shape[0])
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return int(config.vocab_size)
+
+
+def stop_tokens(model: Any, tokenizer: Any) -> tuple[int | None, tuple[int, ...]]:
+    """``(eos_token_id, stop_token_ids)`` that ``generate()`` stops on: the model's generation
+    config (an int or a list; the first is the EOS), else the tokenizer's EOS."""
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(config_eos, int):
+        return config_eos, (config_eos,)
+    if isinstance(config_eos, Sequence) and config_eos:
+        ids = tuple(int(t) for t in config_eos)
+        return ids[0], ids
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return (eos, (eos,)) if isinstance(eos, int) else (None, ())
+
+
+def admit(payloads: Sequence[Any], *, vocab_size: int) -> None:
+    """Admission for a batch: ``SpecError`` listing every problem as ``payloads[k].<field>``."""
+    problems: list[Problem] = []
+    for k, payload in enumerate(payloads):
+        try:
+            sdk.validate(payload, vocab_size=vocab_size)
+        except SpecError as err:
+            problems += [Problem(f"payloads[{k}].{p.path}" if p.path else f"payloads[{k}]", p.rule) for p in err.problems]
+    if problems:
+        raise SpecError(problems)
+
+
+def _input_ids(batch: Any) -> Any:
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else getattr(batch, "input_ids", batch)
+    if ids is None or getattr(ids, "ndim", None) != 2:
+        raise ValueError("batch must be a tokenizer output (or mapping) holding 2-D input_ids, or a 2-D tensor")
+    return ids
+
+
+def generate_kwargs(
+    model: Any,
+    tokenizer: Any,
+    batch: Any,
+    payloads: Sequence[Any],
+    *,
+    num_return_sequences: int = 1,
+    num_beams: int = 1,
+    report: FailureReport | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments for ``model.generate(**batch, **kwargs)`` applying ``payloads[k]`` to
+    prompt ``k`` of ``batch`` (a tokenizer output with ``input_ids``; ``None`` entries: no
+    processors).
+
+    Returns ``{"logits_processor": LogitsProcessorList([processor]), "num_beams": ...,
+    "num_return_sequences": ...}``; add other ``generate()`` arguments beside it (to combine
+    with processors of your own, extend the list). Raises ``SpecError`` (admission) for a bad
+    payload, ``ValueError`` for arguments that do not fit the batch. ``report`` receives one line
+    per request that fails while generating.
+    """
+    input_ids = _input_ids(batch)
+    if isinstance(payloads, (str, bytes, Mapping)) or not isinstance(payloads, Sequence):
+        raise TypeError(f"payloads must be a sequence with one payload (or None) per prompt, got {type(payloads).__name__}")
+    if len(payloads) != input_ids.shape[0]:
+        raise ValueError(f"{len(payloads)} payloads for a batch of {input_ids.shape[0]} prompts")
+    for name, value in (("num_beams", num_beams), ("num_return_sequences", num_return_sequences)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    width = logits_width(model)
+    admit(payloads, vocab_size=width)
+    eos, stops = stop_tokens(model, tokenizer)
+    processor = logits_processor(
+        payloads,
+        vocab_size=width,
+        prompt_width=int(input_ids.shape[1]),
+        rows_per_request=max(num_beams, num_return_sequences),  # generate()'s expand_size
+        eos_token_id=eos,
+        stop_token_ids=stops,
+        report=report,
+    )
+    return {
+        "logits_processor": LogitsProcessorList([processor]),
+        "num_beams": num_beams,
+        "num_return_sequences": num_return_sequences,
+    }

@@ -1,0 +1,164 @@
+"""``DynamoLogitsProcessor``: the SDK inside Hugging Face ``generate()``'s logits-processor list.
+
+Row layout (what ``generate()`` hands a ``LogitsProcessor`` in transformers 5.x):
+
+* ``__call__(input_ids, scores)``: ``input_ids`` is ``LongTensor[rows, seq]``, every row the
+  (padded) prompt followed by the tokens generated so far; ``scores`` is ``FloatTensor[rows,
+  vocab]``, one row per sequence being generated (logits for greedy/sampling, log-probabilities
+  under beam search). All rows have the same ``seq``.
+* ``prompt_width`` is the column where generation starts. ``generate()`` pads every prompt of a
+  batch to one width (left padding for decoder-only models) and appends generated tokens after
+  it, so for ``generate()`` it is one int, ``input_ids.shape[1]`` of the batch passed in, whatever
+  the padding side. A row's *history* (``dynlogits.sdk.locate``) is ``input_ids[row,
+  prompt_width:]``: padding and prompt are never part of it. A sequence of widths (one per row)
+  serves callers whose rows started at different columns (the conformance driver).
+* Requests and rows: ``generate()`` repeats each prompt ``max(num_beams, num_return_sequences)``
+  times, request-major (``repeat_interleave``: rows ``k*n .. k*n+n-1`` belong to prompt ``k``).
+  The builder ``logits_processor`` realizes **one** ``GuardedRequest`` per prompt and maps row
+  ``r`` to request ``r // rows_per_request``; each row keeps its own history (beams and samples
+  diverge), and the request's processors derive positions from it, never from a step counter.
+* Assisted generation (prompt lookup, an assistant model sharing the tokenizer) calls the list
+  once per draft position with ``input_ids`` cut after that position, so the history of each call
+  already holds the drafts before it: nothing special is needed. The row count must still match
+  what the processor was built for (assisted generation runs batch size 1).
+
+Failure policy: the SDK's (``dynlogits.sdk.guard``). ``realize_request`` never raises: a payload
+that fails in the engine (e.g. an id at or beyond the logits width) gives an already-failed
+request; a processor that raises fail-stops its request. A failed request has **all** of its rows
+masked to its stop token, from that step on, and is reported once through ``report``; other
+requests are untouched. ``ValueError``\\ s raised here mean the processor is used with a batch it
+was not built for (row count, width): a caller's bug, never a request's fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from transformers import LogitsProcessor
+
+from dynlogits.sdk import FailureReport, GuardedRequest, apply_rows, histories_from_ids, pick_stop_token, realize
+
+__all__ = ["DynamoLogitsProcessor", "logits_processor", "realize_request"]
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class DynamoLogitsProcessor(LogitsProcessor):
+    """Applies one ``GuardedRequest`` (or nothing) per row of ``scores``, in place.
+
+    ``requests[r]`` is row ``r``'s request, ``None`` for rows without one (left untouched); one
+    request may own several rows. ``prompt_width`` is where generation starts: one int for every
+    row (``generate()``), or one int per row. ``vocab_size``, when given, is checked against the
+    width of ``scores`` (the payloads were realized against it).
+
+    When no row has a request the call returns at once (no host copy of ``input_ids``).
+    """
+
+    def __init__(
+        self,
+        requests: Sequence[GuardedRequest | None],
+        prompt_width: int | Sequence[int],
+        *,
+        vocab_size: int | None = None,
+    ) -> None:
+        self.requests: tuple[GuardedRequest | None, ...] = tuple(requests)
+        if isinstance(prompt_width, int):
+            widths = [_check_int("prompt_width", prompt_width, 0)] * len(self.requests)
+        else:
+            widths = [_check_int(f"prompt_width[{i}]", w, 0) for i, w in enumerate(prompt_width)]
+            if len(widths) != len(self.requests):
+                raise ValueError(f"prompt_width has {len(widths)} entries for {len(self.requests)} rows")
+        self.vocab_size = None if vocab_size is None else _check_int("vocab_size", vocab_size, 1)
+        self._rows = [r for r, request in enumerate(self.requests) if request is not None]
+        self._live: list[GuardedRequest] = [self.requests[r] for r in self._rows]  # type: ignore[misc]
+        self._starts = [widths[r] for r in self._rows]
+
+    @property
+    def num_rows(self) -> int:
+        """How many rows ``input_ids``/``scores`` must have."""
+        return len(self.requests)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[0] != len(self.requests) or scores.shape[0] != len(self.requests):
+            raise ValueError(
+                f"built for {len(self.requests)} rows, called with input_ids of {input_ids.shape[0]} and scores "
+                f"of {scores.shape[0]} rows (did generate() expand prompts differently, e.g. other num_beams or "
+                "num_return_sequences?)"
+            )
+        if self.vocab_size is not None and scores.shape[-1] != self.vocab_size:
+            raise ValueError(f"built for logits width {self.vocab_size}, called with width {scores.shape[-1]}")
+        if not self._rows:
+            return scores
+        low = min(self._starts)
+        if max(self._starts) > input_ids.shape[1]:
+            raise ValueError(f"prompt_width {max(self._starts)} exceeds input_ids width {input_ids.shape[1]}")
+        # Only the generated columns travel to the host, not the prompts.
+        histories = histories_from_ids(input_ids[:, low:], [s - low for s in self._starts], self._rows)
+        apply_rows(scores, self._rows, self._live, histories)
+        return scores
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rows={len(self.requests)}, with_requests={len(self._rows)})"
+
+
+def realize_request(
+    payload: Any,
+    *,
+    vocab_size: int,
+    eos_token_id: int | None,
+    stop_token_ids: Iterable[int] = (),
+    report: FailureReport | None = None,
+) -> GuardedRequest | None:
+    """Fresh processors for one request (``None`` without a payload); never raises for the payload.
+
+    The stop token of a failed request is ``eos_token_id`` when it is inside the logits width,
+    else the lowest of ``stop_token_ids`` inside it (``dynlogits.sdk.pick_stop_token``): pass the
+    ids ``generate()`` stops on, so a fail-stopped row really ends.
+    """
+    stop = pick_stop_token(eos_token_id, stop_token_ids, vocab_size)
+    return realize(payload, vocab_size=vocab_size, stop_token_id=stop, report=report)
+
+
+def logits_processor(
+    payloads: Sequence[Any],
+    *,
+    vocab_size: int,
+    prompt_width: int,
+    rows_per_request: int = 1,
+    eos_token_id: int | None,
+    stop_token_ids: Iterable[int] = (),
+    report: FailureReport | None = None,
+) -> DynamoLogitsProcessor:
+    """One ``DynamoLogitsProcessor`` for a ``generate()`` call: ``payloads[k]`` is prompt ``k``'s
+    wire payload (``None``: no processors).
+
+    Realizes one fresh ``GuardedRequest`` per prompt (build a new processor for every
+    ``generate()`` call) and gives it rows ``k*rows_per_request .. (k+1)*rows_per_request - 1``,
+    ``rows_per_request`` being ``generate()``'s expansion, ``max(num_beams, num_return_sequences)``.
+    No admission check here (see ``generate.generate_kwargs``): a payload that does not realize
+    fail-stops its own request.
+    """
+    if isinstance(payloads, (str, bytes, Mapping)) or not isinstance(payloads, Sequence):
+        raise TypeError(f"payloads must be a sequence with one payload (or None) per prompt, got {type(payloads).__name__}")
+    for k, payload in enumerate(payloads):
+        if isinstance(payload, Mapping):
+            raise TypeError(
+                f"payloads[{k}] is a mapping, not a payload (a list of entries): payloads holds one payload per "
+                "prompt; for a single prompt pass [payload]"
+            )
+    _check_int("vocab_size", vocab_size, 1)
+    _check_int("prompt_width", prompt_width, 0)
+    _check_int("rows_per_request", rows_per_request, 1)
+    stops = tuple(stop_token_ids)
+    requests = [
+        realize_request(p, vocab_size=vocab_size, eos_token_id=eos_token_id, stop_token_ids=stops, report=report)
+        for p in payloads
+    ]
+    rows = [request for request in requests for _ in range(rows_per_request)]
+    return DynamoLogitsProcessor(rows, prompt_width, vocab_size=vocab_size)
