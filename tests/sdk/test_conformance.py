@@ -1,0 +1,34 @@
+"""Every adapter this project ships passes the conformance kit, from pytest and from the command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dynlogits.testing import CHECKS, SHIPPED, drivers_for, resolve, run_check
+
+
+def _drivers(adapter: str):
+    pytest.importorskip(adapter)
+    return drivers_for(resolve(adapter))
+
+
+@pytest.mark.parametrize("adapter", sorted(SHIPPED))
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
+def test_shipped_adapter_passes_check(adapter: str, check) -> None:
+    for driver in _drivers(adapter):
+        outcome = run_check(check, driver)
+        assert outcome.status == "passed", f"{driver.name}: {outcome.status}: {outcome.detail}"
+
+
+def test_conformance_command_passes_for_vllm_and_names_the_engine_classes() -> None:
+    pytest.importorskip("vllm")
+    proc = subprocess.run([sys.executable, "-m", "dynlogits.cli", "conformance", "vllm"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("adapter vllm / driver vllm-v1: vLLM") and "real VllmConfig" in line for line in lines)
+    assert any(line.startswith("adapter vllm / driver vllm-v2: vLLM") and "harness" in line for line in lines)
+    assert lines[-1] == f"{2 * len(CHECKS)} passed, 0 failed"
