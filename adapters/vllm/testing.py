@@ -17,9 +17,9 @@ CPU backend (``VllmConfig.use_v2_model_runner`` falls back to V1), and the runne
 harness therefore backs ``LogitsProcRequestState`` with plain tensors exposing the same ``.gpu``
 / ``.np`` attributes those buffers expose, and keeps them current the way the runner does.
 
-``raise_after`` is an operator-side ``python`` factory whose processor raises once a request
-has generated ``after`` tokens; tests use it to prove that a failing processor ends only its own
-request (allow-list it with ``DYN_LOGITS_PYTHON_FACTORIES``).
+``RAISE_AFTER_FACTORY`` names the conformance kit's fault factory (``dynlogits.testing.faults``):
+its processor raises once a request has generated ``after`` tokens; tests use it to prove that a
+failing processor ends only its own request (allow-list it with ``DYN_LOGITS_PYTHON_FACTORIES``).
 """
 
 from __future__ import annotations
@@ -31,25 +31,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from dynlogits.testing.faults import RAISE_AFTER_FACTORY
+
 from .v2 import HAS_V2_INTERFACE, LogitsContext, LogitsProcRequestState
 
-__all__ = ["RAISE_AFTER_FACTORY", "HostBuffer", "V2SamplerHarness", "adapter_failures", "raise_after"]
-
-RAISE_AFTER_FACTORY = "dynlogits.adapters.vllm.testing:raise_after"
-
-
-class _RaiseAfter:
-    def __init__(self, after: int) -> None:
-        self.after = after
-
-    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
-        if len(input_ids) >= self.after:
-            raise RuntimeError(f"injected fault after {self.after} tokens")
-
-
-def raise_after(after: int = 1) -> _RaiseAfter:
-    """A processor that raises ``RuntimeError`` once ``after`` tokens were generated."""
-    return _RaiseAfter(after)
+__all__ = ["RAISE_AFTER_FACTORY", "HostBuffer", "V2SamplerHarness", "adapter_failures"]
 
 
 def adapter_failures(worker: Any) -> list[str]:
