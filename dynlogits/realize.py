@@ -11,14 +11,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from pydantic import ValidationError
 
 from dynlogits.processors import BaseLogitsProcessor, RealizeContext
 from dynlogits.processors.ops import ROW_OPS
-from dynlogits.registry import check_python_allowed, factory_for, plugin_kinds
-from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits, check_vocab, decode_wire_payload
-from dynlogits.specs.errors import problems_from_pydantic
-from dynlogits.specs.wire import decode_wire_entry
+from dynlogits.registry import check_python_allowed, factory_for
+from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits, decode_wire_payload
 
 __all__ = ["RequestLogitsProcessor", "build_request_processor", "decode_payload", "validate_payload"]
 
@@ -59,20 +56,6 @@ class RequestLogitsProcessor:
         return f"RequestLogitsProcessor({', '.join(type(p).__name__ for p in self.processors)})"
 
 
-def _decode_with_plugins(payload: list[Any], plugins: Mapping[str, Any], limits: SpecLimits, root: str) -> tuple[Any, ...]:
-    entries: list[Any] = []
-    for i, item in enumerate(payload):
-        kind = item.get("kind") if isinstance(item, dict) else None
-        if kind in plugins:
-            try:
-                entries.append(plugins[kind].spec_model.model_validate(item))
-            except ValidationError as err:
-                raise SpecError(problems_from_pydantic(err.errors(), root=f"{root}[{i}]", tags=frozenset())) from None
-        else:
-            entries.append(decode_wire_entry(item, path=f"{root}[{i}]", limits=limits))
-    return tuple(entries)
-
-
 def decode_payload(
     payload: Any,
     *,
@@ -82,20 +65,12 @@ def decode_payload(
 ) -> tuple[Any, ...]:
     """Validate a payload into entries (``SpecError`` naming the field on any problem).
 
-    Built-in kinds go through ``decode_wire_payload``; registered third-party kinds
-    through their own model; ``python`` entries only when allow-listed here.
+    ``decode_wire_payload`` checks every entry, built-in or of a plug-in kind in force
+    (by its own model); ``python`` entries pass only when allow-listed here.
     """
     if payload is None:
         return ()
-    plugins = plugin_kinds()
-    if plugins and isinstance(payload, list) and any(isinstance(i, dict) and i.get("kind") in plugins for i in payload):
-        if len(payload) > limits.max_entries:
-            raise SpecError.single(WIRE_KEY, f"must have at most {limits.max_entries} entries (limit max_entries)")
-        entries = _decode_with_plugins(payload, plugins, limits, WIRE_KEY)
-    else:
-        entries = decode_wire_payload(payload, limits=limits)
-    if vocab_size is not None:
-        check_vocab(entries, vocab_size, root=WIRE_KEY)
+    entries = decode_wire_payload(payload, limits=limits, vocab_size=vocab_size)
     for i, entry in enumerate(entries):
         if entry.kind == "python":
             check_python_allowed(entry.factory, path=f"{WIRE_KEY}[{i}].factory", environ=environ)

@@ -1,9 +1,10 @@
-"""Kind -> processor factory: the built-ins, third-party kinds from entry points, and ``python``.
+"""Kind -> processor factory, on the engine side: built-ins, third-party kinds, and ``python``.
 
-Third-party packages add a kind by exposing a ``ProcessorKind`` under the entry-point
-group ``dynlogits.processors`` (or by calling ``register_kind`` in the engine
-process). Their entries are validated by their own pydantic model, so an unknown
-or malformed entry is still a ``SpecError`` naming the field.
+Third-party kinds are declared in the torch-free specs layer
+(``dynlogits.specs.kinds``: ``ProcessorKind``, entry-point group
+``dynlogits.processors``, ``register_kind``); ``ProcessorKind`` and ``register_kind``
+are re-exported here. This module resolves their factories: a factory given as an
+import string is imported here, in the engine, when an entry is first realized.
 """
 
 from __future__ import annotations
@@ -11,70 +12,28 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from functools import cache
-from importlib.metadata import entry_points
 from typing import Any
 
-from pydantic import BaseModel
-
 from dynlogits.processors import BUILTIN_FACTORIES, BaseLogitsProcessor, RealizeContext
-from dynlogits.specs import WIRE_KINDS, SpecError
+from dynlogits.specs import SpecError
+from dynlogits.specs.kinds import ENTRY_POINT_GROUP, ProcessorKind, installed_kinds, plugin_kinds, register_kind
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PYTHON_FACTORIES_ENV",
     "Factory",
     "ProcessorKind",
+    "check_python_allowed",
     "factory_for",
+    "installed_kinds",
     "plugin_kinds",
     "register_kind",
 ]
 
-ENTRY_POINT_GROUP = "dynlogits.processors"
 # Comma-separated import strings the operator allows the ``python`` kind to load.
 PYTHON_FACTORIES_ENV = "DYN_LOGITS_PYTHON_FACTORIES"
 
 Factory = Callable[[Any, RealizeContext], BaseLogitsProcessor]
-
-
-@dataclass(frozen=True)
-class ProcessorKind:
-    """A third-party kind: its wire name, its entry model, and its factory.
-
-    ``spec_model`` must be a pydantic model with a ``kind: Literal[<kind>]`` field;
-    ``factory(entry, ctx)`` returns a fresh processor for one request.
-    """
-
-    kind: str
-    spec_model: type[BaseModel]
-    factory: Factory
-
-
-_registered: dict[str, ProcessorKind] = {}
-
-
-def register_kind(kind: ProcessorKind) -> None:
-    """Register a kind in this process. Built-in kinds cannot be replaced."""
-    if kind.kind in WIRE_KINDS or kind.kind == "forced_text":
-        raise ValueError(f"kind {kind.kind!r} is built in and cannot be re-registered")
-    _registered[kind.kind] = kind
-
-
-@cache
-def _entry_point_kinds() -> dict[str, ProcessorKind]:
-    found: dict[str, ProcessorKind] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        obj = ep.load()
-        if not isinstance(obj, ProcessorKind):
-            raise TypeError(f"entry point {ep.name!r} in {ENTRY_POINT_GROUP} must be a ProcessorKind, got {type(obj).__name__}")
-        found[obj.kind] = obj
-    return found
-
-
-def plugin_kinds() -> Mapping[str, ProcessorKind]:
-    """Every third-party kind visible in this process (entry points, then ``register_kind``)."""
-    return {**_entry_point_kinds(), **_registered}
 
 
 def _allowed_python_factories(environ: Mapping[str, str]) -> frozenset[str]:
@@ -104,10 +63,23 @@ def _python_factory(entry: Any, ctx: RealizeContext) -> BaseLogitsProcessor:
     return processor
 
 
+def _plugin_factory(kind: ProcessorKind) -> Factory:
+    if not isinstance(kind.factory, str):
+        return kind.factory
+    factory = _import_factory(kind.factory)
+    if not callable(factory):
+        raise TypeError(f"factory {kind.factory!r} of kind {kind.kind!r} is a {type(factory).__name__}, not callable")
+    return factory
+
+
 def factory_for(kind: str) -> Factory:
-    """The factory realizing entries of ``kind``; ``KeyError`` if nobody provides it."""
+    """The factory realizing entries of ``kind``; ``KeyError`` if nobody provides it.
+
+    A plug-in's import-string factory is imported here (errors propagate: the caller
+    fails the one request that needed it).
+    """
     if kind == "python":
         return _python_factory
     if kind in BUILTIN_FACTORIES:
         return BUILTIN_FACTORIES[kind]
-    return plugin_kinds()[kind].factory
+    return _plugin_factory(plugin_kinds()[kind])

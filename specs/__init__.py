@@ -20,6 +20,7 @@ from .entries import (
     WireEntry,
 )
 from .errors import Problem, SpecError
+from .kinds import KindError, ProcessorKind, register_kind
 from .limits import DEFAULT_LIMITS, SpecLimits
 from .spec import LogitsProcessorSpec, parse_entries, parse_spec
 from .vocab import check_vocab
@@ -34,12 +35,14 @@ __all__ = [
     "AllowedTokensSpec",
     "BannedTokensSpec",
     "Entry",
+    "KindError",
     "ForcedTextSpec",
     "ForcedTokenSequenceSpec",
     "LogitBiasSpec",
     "LogitsProcessorSpec",
     "MinTokensSpec",
     "Problem",
+    "ProcessorKind",
     "PythonProcessorSpec",
     "SpecError",
     "SpecLimits",
@@ -50,4 +53,5 @@ __all__ = [
     "encode_entries",
     "parse_entries",
     "parse_spec",
+    "register_kind",
 ]

@@ -7,7 +7,7 @@ model's vocabulary is checked where the vocabulary is known (``check_vocab``).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictFloat, StrictInt, StrictStr
 
@@ -28,6 +28,8 @@ __all__ = [
     "TokenIds",
     "WireEntry",
     "ENTRY_KINDS",
+    "ENTRY_MODELS",
+    "WIRE_MODELS",
     "WIRE_KINDS",
     "REQUEST_FORBIDDEN_KINDS",
 ]
@@ -113,16 +115,6 @@ class PythonProcessorSpec(_Entry):
     kwargs: dict[StrictStr, JsonValue] = Field(default_factory=dict)
 
 
-_WIRE_MODELS = (
-    ForcedTokenSequenceSpec,
-    BannedTokensSpec,
-    AllowedTokensSpec,
-    LogitBiasSpec,
-    MinTokensSpec,
-    ThinkingBudgetSpec,
-    PythonProcessorSpec,
-)
-
 Entry = Annotated[
     Union[
         ForcedTokenSequenceSpec,
@@ -152,7 +144,10 @@ WireEntry = Annotated[
 ]
 """An entry that may cross the engine boundary (``forced_text`` is resolved first)."""
 
-WIRE_KINDS: frozenset[str] = frozenset(m.model_fields["kind"].default for m in _WIRE_MODELS)
+# The members of each union, in union order (the order of "expected one of" in errors).
+ENTRY_MODELS: tuple[type[_Entry], ...] = get_args(get_args(Entry)[0])
+WIRE_MODELS: tuple[type[_Entry], ...] = get_args(get_args(WireEntry)[0])
+WIRE_KINDS: frozenset[str] = frozenset(m.model_fields["kind"].default for m in WIRE_MODELS)
 ENTRY_KINDS: frozenset[str] = WIRE_KINDS | {"forced_text"}
 # Kinds a client request may never carry, whatever the allow-list says.
 REQUEST_FORBIDDEN_KINDS: frozenset[str] = frozenset({"python"})

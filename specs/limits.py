@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,15 +52,19 @@ def _field(entry: Any, name: str) -> Any:
 
 
 def entry_limit_problems(entry: Any, limits: SpecLimits, *, path: str) -> Iterator[Problem]:
-    """Yield a problem for every limit one (already type-valid) entry at ``path`` exceeds."""
+    """Yield a problem for every limit one (already type-valid) entry at ``path`` exceeds.
+
+    Fields are found by name, so a plug-in kind's fields of the same names are bounded too
+    (a value of another shape, e.g. an integer ``text``, is left to the kind's model).
+    """
     for field, limit_name in _LENGTH_LIMITS.items():
         value = _field(entry, field)
         bound = getattr(limits, limit_name)
-        if value is not None and len(value) > bound:
+        if isinstance(value, Sized) and len(value) > bound:
             unit = "characters" if field == "text" else "items"
             yield Problem(f"{path}.{field}", f"must have at most {bound} {unit} (limit {limit_name})")
     budget = _field(entry, "budget")
-    if isinstance(budget, int) and budget > limits.max_budget:
+    if isinstance(budget, int) and not isinstance(budget, bool) and budget > limits.max_budget:
         yield Problem(f"{path}.budget", f"must be <= {limits.max_budget} (limit max_budget)")
 
 

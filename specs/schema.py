@@ -1,15 +1,21 @@
-"""JSON Schemas generated from the models; the checked-in copies must match (a test checks)."""
+"""JSON Schemas generated from the models; the checked-in copies must match (a test checks).
+
+The schemas cover the built-in kinds plus the installed plug-in kinds (entry points,
+``dynlogits.specs.kinds``); the checked-in files are the output with none installed.
+"""
 
 from __future__ import annotations
 
 import json
 from importlib import resources
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import Field, TypeAdapter, create_model
 
-from .entries import WireEntry
+from .kinds import ProcessorKind, installed_kinds
 from .spec import LogitsProcessorSpec
+from .union import entry_union
 
 __all__ = ["PAYLOAD_SCHEMA_FILE", "SPEC_SCHEMA_FILE", "payload_schema", "spec_schema", "render", "golden_vectors"]
 
@@ -17,17 +23,25 @@ PAYLOAD_SCHEMA_FILE = "payload.schema.json"
 SPEC_SCHEMA_FILE = "spec.schema.json"
 
 
-def payload_schema() -> dict[str, Any]:
-    """Schema of ``extra_args["dynamo_logits"]``."""
-    schema = TypeAdapter(list[WireEntry]).json_schema()
+def payload_schema(plugins: Mapping[str, ProcessorKind] | None = None) -> dict[str, Any]:
+    """Schema of ``extra_args["dynamo_logits"]``; ``plugins`` defaults to the installed kinds."""
+    kinds = installed_kinds() if plugins is None else plugins
+    schema = TypeAdapter(list[entry_union(kinds, wire=True)]).json_schema()  # type: ignore[misc]
     schema["title"] = "dynamo_logits payload"
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     return schema
 
 
-def spec_schema() -> dict[str, Any]:
-    """Schema of a ``LogitsProcessorSpec`` (what a config file holds)."""
-    schema = LogitsProcessorSpec.model_json_schema()
+def spec_schema(plugins: Mapping[str, ProcessorKind] | None = None) -> dict[str, Any]:
+    """Schema of a ``LogitsProcessorSpec`` (what a config file holds); ``plugins`` as above."""
+    kinds = installed_kinds() if plugins is None else plugins
+    model: type[LogitsProcessorSpec] = LogitsProcessorSpec
+    if kinds:
+        model = create_model(
+            "LogitsProcessorSpec", __base__=LogitsProcessorSpec, __doc__=LogitsProcessorSpec.__doc__,
+            entries=(tuple[entry_union(kinds, wire=False), ...], Field(min_length=1)),  # type: ignore[misc]
+        )
+    schema = model.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     return schema
 

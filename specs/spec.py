@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
-from .entries import ENTRY_KINDS, REQUEST_FORBIDDEN_KINDS, Entry
+from .entries import REQUEST_FORBIDDEN_KINDS, Entry
 from .errors import Problem, SpecError, problems_from_pydantic
+from .kinds import plugin_kinds
 from .limits import DEFAULT_LIMITS, SpecLimits, limit_problems
+from .union import kind_tags, open_entries, sequence_adapter
 
 __all__ = ["LogitsProcessorSpec", "parse_entries", "parse_spec"]
 
@@ -21,26 +23,31 @@ class LogitsProcessorSpec(BaseModel):
     visible token stream (prefill, encode). Entries are immutable data; engines
     realize fresh processors from them for each request.
     """
+    # (The docstring is the published schema's description: specs/spec.schema.json.)
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     entries: tuple[Entry, ...] = Field(min_length=1)
     generation_only: StrictBool = True
 
+    # Entries of plug-in kinds in force (dynlogits.specs.kinds) are accepted like built-in ones.
+    @field_validator("entries", mode="wrap")
+    @classmethod
+    def _admit_plugin_kinds(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return open_entries(value, handler, min_length=1)
 
-_ENTRIES = TypeAdapter(list[Entry])
 
-
-def _raise_pydantic(err: ValidationError, root: str) -> None:
-    raise SpecError(problems_from_pydantic(err.errors(), root=root, tags=ENTRY_KINDS)) from None
+def _raise_pydantic(err: ValidationError, root: str, tags: frozenset[str]) -> NoReturn:
+    raise SpecError(problems_from_pydantic(err.errors(), root=root, tags=tags)) from None
 
 
 def parse_spec(data: Any, *, limits: SpecLimits = DEFAULT_LIMITS) -> LogitsProcessorSpec:
     """Validate an untrusted mapping (config file) into a spec; ``SpecError`` on any problem."""
+    plugins = plugin_kinds()  # a broken plug-in raises its own KindError here, not a field error
     try:
         spec = LogitsProcessorSpec.model_validate(data)
     except ValidationError as err:
-        _raise_pydantic(err, "")
+        _raise_pydantic(err, "", kind_tags(plugins))
     problems = list(limit_problems(spec.entries, limits, root="entries"))
     if problems:
         raise SpecError(problems)
@@ -57,12 +64,14 @@ def parse_entries(
     """Validate a client's list of entries (e.g. a request body field).
 
     ``allowed_kinds`` is the operator's allow-list (``None``: every kind but the
-    forbidden ones). ``python`` is never accepted here: it would run code on a worker.
+    forbidden ones); plug-in kinds are allowed like built-in ones. ``python`` is
+    never accepted here: it would run code on a worker.
     """
+    plugins = plugin_kinds()
     try:
-        entries = _ENTRIES.validate_python(data)
+        entries = sequence_adapter(plugins, wire=False).validate_python(data)
     except ValidationError as err:
-        _raise_pydantic(err, root)
+        _raise_pydantic(err, root, kind_tags(plugins))
     problems = list(limit_problems(entries, limits, root=root))
     for i, entry in enumerate(entries):
         if entry.kind in REQUEST_FORBIDDEN_KINDS:

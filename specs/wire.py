@@ -1,8 +1,9 @@
 """The wire contract: ``extra_args["dynamo_logits"]`` holds a JSON list of entry dicts.
 
 ``encode_entries`` writes it (frontend or worker side); ``decode_wire_payload``
-reads it on the engine side: msgspec first (fast path), pydantic for the exact
-error message when the payload is bad. Both apply the same rules.
+reads it on the engine side: msgspec first (fast path, built-in kinds only),
+pydantic for the exact error message when the payload is bad or carries a plug-in
+kind (validated by the kind's own model). Both apply the same rules.
 """
 
 from __future__ import annotations
@@ -12,30 +13,29 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from . import fast
 from .entries import (
+    WIRE_KINDS,
     AllowedTokensSpec,
     BannedTokensSpec,
-    ENTRY_KINDS,
     ForcedTokenSequenceSpec,
     LogitBiasSpec,
     MinTokensSpec,
     PythonProcessorSpec,
     ThinkingBudgetSpec,
-    WireEntry,
 )
 from .errors import Problem, SpecError, problems_from_pydantic
+from .kinds import plugin_kinds
 from .limits import DEFAULT_LIMITS, SpecLimits, entry_limit_problems, limit_problems
+from .union import entry_adapter, kind_tags, sequence_adapter
 from .vocab import check_vocab
 
 __all__ = ["WIRE_KEY", "decode_fast", "decode_strict", "decode_wire_entry", "decode_wire_payload", "encode_entries"]
 
 WIRE_KEY = "dynamo_logits"
 
-_WIRE = TypeAdapter(list[WireEntry])
-_WIRE_ONE = TypeAdapter(WireEntry)
 _FAST = list[fast.FastEntry]
 _FAST_TO_MODEL: dict[type, type] = {
     fast.ForcedSequence: ForcedTokenSequenceSpec,
@@ -49,19 +49,21 @@ _FAST_TO_MODEL: dict[type, type] = {
 
 
 def encode_entries(entries: Sequence[Any]) -> list[dict[str, Any]]:
-    """Entries -> the JSON-safe payload. ``forced_text`` must be resolved first."""
+    """Entries -> the JSON-safe payload. ``forced_text`` must be resolved first.
+
+    Built-in wire kinds and the plug-in kinds in force may cross; nothing else.
+    """
     payload: list[dict[str, Any]] = []
     for i, entry in enumerate(entries):
-        if entry.kind not in _WIRE_KIND_NAMES:
+        if entry.kind not in WIRE_KINDS and entry.kind not in plugin_kinds():
             raise SpecError.single(
                 f"{WIRE_KEY}[{i}].kind",
-                f"kind {entry.kind!r} cannot cross the wire; resolve it first (forced_text -> forced_sequence)",
+                f"kind {entry.kind!r} cannot cross the wire; resolve it first (forced_text -> forced_sequence)"
+                if entry.kind == "forced_text" else
+                f"kind {entry.kind!r} cannot cross the wire: it is neither built in nor a plug-in kind in force",
             )
         payload.append(entry.model_dump(mode="json"))
     return payload
-
-
-_WIRE_KIND_NAMES = frozenset(m.model_fields["kind"].default for m in _FAST_TO_MODEL.values())
 
 
 def _from_fast(entry: fast.FastEntry) -> Any:
@@ -85,11 +87,12 @@ def decode_fast(payload: Any) -> tuple[Any, ...] | None:
 
 
 def decode_strict(payload: Any, *, root: str = WIRE_KEY) -> tuple[Any, ...]:
-    """The pydantic path (type rules only); ``SpecError`` naming each bad field."""
+    """The pydantic path (type rules only; plug-in kinds included); ``SpecError`` naming each bad field."""
+    plugins = plugin_kinds()
     try:
-        return tuple(_WIRE.validate_python(payload))
+        return tuple(sequence_adapter(plugins, wire=True).validate_python(payload))
     except ValidationError as err:
-        raise SpecError(problems_from_pydantic(err.errors(), root=root, tags=ENTRY_KINDS)) from None
+        raise SpecError(problems_from_pydantic(err.errors(), root=root, tags=kind_tags(plugins))) from None
 
 
 def decode_wire_entry(item: Any, *, path: str, limits: SpecLimits = DEFAULT_LIMITS) -> Any:
@@ -100,10 +103,11 @@ def decode_wire_entry(item: Any, *, path: str, limits: SpecLimits = DEFAULT_LIMI
             raise ValueError("non-finite bias")
         entry = _from_fast(raw)
     except (msgspec.ValidationError, TypeError, ValueError):
+        plugins = plugin_kinds()
         try:
-            entry = _WIRE_ONE.validate_python(item)
+            entry = entry_adapter(plugins, wire=True).validate_python(item)
         except ValidationError as err:
-            raise SpecError(problems_from_pydantic(err.errors(), root=path, tags=ENTRY_KINDS)) from None
+            raise SpecError(problems_from_pydantic(err.errors(), root=path, tags=kind_tags(plugins))) from None
     problems = list(entry_limit_problems(entry, limits, path=path))
     if problems:
         raise SpecError(problems)
@@ -120,7 +124,9 @@ def decode_wire_payload(
     """Validate an untrusted payload into wire entries, or raise ``SpecError``.
 
     Accepts only a list (a JSON string is not a payload: nothing client-shaped is
-    parsed twice). With ``vocab_size`` also checks every id against it.
+    parsed twice). Built-in-only payloads take the msgspec fast path; entries of
+    plug-in kinds in force are validated by their own models. With ``vocab_size``
+    also checks every id against it.
     """
     entries = decode_fast(payload)
     if entries is None:

@@ -7,11 +7,10 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from typing import Literal
 
-from dynlogits import registry
 from dynlogits.processors import RealizeContext
 from dynlogits.realize import build_request_processor, decode_payload, validate_payload
 from dynlogits.registry import PYTHON_FACTORIES_ENV, ProcessorKind, register_kind
-from dynlogits.specs import SpecError
+from dynlogits.specs import SpecError, kinds
 
 VOCAB = 32
 FORCED = [{"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": 1}]
@@ -87,23 +86,40 @@ class _Scale:
 
 
 def test_third_party_kind_is_validated_by_its_model_and_realized(monkeypatch):
-    monkeypatch.setattr(registry, "_registered", {})
+    monkeypatch.setattr(kinds, "_registered", {})
     register_kind(ProcessorKind("scale", _ScaleSpec, lambda entry, ctx: _Scale(entry.factor)))
     proc = build_request_processor([{"kind": "banned_tokens", "token_ids": [0]}, {"kind": "scale", "factor": 2.0}], vocab_size=VOCAB)
     row = torch.ones(VOCAB)
     proc([], row)
     assert row[0] == -math.inf and row[1] == 2.0
-    with pytest.raises(SpecError) as info:
+    with pytest.raises(SpecError) as info:  # every problem at once, built-in or not
         decode_payload([{"kind": "banned_tokens", "token_ids": [-1]}, {"kind": "scale", "factor": "x", "extra": 1}])
-    assert [str(p) for p in info.value.problems] == ["dynamo_logits[0].token_ids[0]: must be >= 0"]
-    with pytest.raises(SpecError) as info:
-        decode_payload([{"kind": "scale", "factor": "x", "extra": 1}])
-    assert [p.path for p in info.value.problems] == ["dynamo_logits[0].factor", "dynamo_logits[0].extra"]
+    assert [str(p) for p in info.value.problems] == [
+        "dynamo_logits[0].token_ids[0]: must be >= 0", "dynamo_logits[1].factor: must be a number",
+        "dynamo_logits[1].extra: unknown field"]
+
+
+def test_a_string_factory_is_imported_when_realized_and_its_failure_fails_the_request(monkeypatch):
+    monkeypatch.setattr(kinds, "_registered", {})
+    register_kind(ProcessorKind("scale", _ScaleSpec, "test_realize:make_scale"))
+    proc = build_request_processor([{"kind": "scale", "factor": 3.0}], vocab_size=VOCAB)
+    row = torch.ones(VOCAB)
+    proc([], row)
+    assert row[5] == 3.0
+    register_kind(ProcessorKind("scale", _ScaleSpec, "test_realize:no_such_factory"))
+    with pytest.raises(SpecError, match=r"dynamo_logits\[0\]: could not realize kind 'scale': AttributeError"):
+        build_request_processor([{"kind": "scale", "factor": 3.0}], vocab_size=VOCAB)
+
+
+def make_scale(entry, ctx: RealizeContext) -> _Scale:
+    """The import-string factory of the ``scale`` kind in these tests."""
+    return _Scale(entry.factor)
 
 
 def test_builtin_kinds_cannot_be_replaced():
-    with pytest.raises(ValueError, match="built in"):
-        register_kind(ProcessorKind("forced_sequence", _ScaleSpec, lambda e, c: _Scale(1.0)))
+    for name in ("forced_sequence", "forced_text", "python"):
+        with pytest.raises(ValueError, match="built in"):
+            register_kind(ProcessorKind(name, _ScaleSpec, lambda e, c: _Scale(1.0)))
 
 
 def make_zeroer(token_id: int):

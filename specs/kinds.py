@@ -1,0 +1,157 @@
+"""Third-party kinds: how a package declares one, and where a process finds them.
+
+A kind is published as a ``ProcessorKind`` object in the entry-point group
+``dynlogits.processors``, named after its kind::
+
+    [project.entry-points."dynlogits.processors"]
+    ban_range = "acme_logits.kinds:BAN_RANGE"
+
+Every process that validates entries loads these objects: the frontend and the
+``dynlogits`` CLI too, which must not import torch. So the module an entry point
+names must be torch-free (pydantic is fine), and its ``factory`` should be an
+import string (``"acme_logits.processors:make_ban_range"``) that only the engine
+imports, when it realizes an entry (``dynlogits.registry``).
+
+This module imports neither torch nor an engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import EntryPoint, entry_points
+from types import MappingProxyType
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel
+
+from .entries import ENTRY_KINDS
+from .errors import Problem, SpecError
+from .patterns import FACTORY_PATTERN
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "KIND_NAME_PATTERN",
+    "KindError",
+    "ProcessorKind",
+    "installed_kinds",
+    "plugin_kinds",
+    "register_kind",
+]
+
+log = logging.getLogger("dynlogits.specs")
+
+ENTRY_POINT_GROUP = "dynlogits.processors"
+#: A kind's name: lower-case words, optionally namespaced with dots (``acme.ban_range``).
+KIND_NAME_PATTERN = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
+
+
+class KindError(SpecError):
+    """A published kind broke a publication rule. The path names the kind or its entry point.
+
+    A ``SpecError``, so processes that refuse a bad logits config at start-up refuse a
+    broken plug-in the same way.
+    """
+
+    def __init__(self, where: str, rule: str) -> None:
+        super().__init__([Problem(where, rule)])
+
+
+@dataclass(frozen=True)
+class ProcessorKind:
+    """A third-party kind: its wire name, its entry model, and its factory.
+
+    ``spec_model`` is a pydantic model with a ``kind: Literal["<kind>"]`` field that
+    forbids unknown fields; it validates entries wherever they appear (config,
+    request, payload). ``factory(entry, ctx)`` returns a fresh processor for one
+    request; as ``"package.module:name"`` it is imported only by the engine, on
+    first use. Built-in kind names cannot be taken.
+    """
+
+    kind: str
+    spec_model: type[BaseModel]
+    factory: str | Callable[..., Any]
+
+    def __post_init__(self) -> None:
+        where = f"ProcessorKind {self.kind!r}"
+        if not isinstance(self.kind, str) or not re.fullmatch(KIND_NAME_PATTERN, self.kind):
+            raise KindError(where, f"kind must match {KIND_NAME_PATTERN}")
+        if self.kind in ENTRY_KINDS:
+            raise KindError(where, f"kind {self.kind!r} is built in and cannot be re-registered by a plug-in")
+        if not (isinstance(self.spec_model, type) and issubclass(self.spec_model, BaseModel)):
+            raise KindError(where, "spec_model must be a pydantic BaseModel subclass")
+        field = self.spec_model.model_fields.get("kind")
+        if field is None or get_origin(field.annotation) is not Literal or get_args(field.annotation) != (self.kind,):
+            raise KindError(where, f"spec_model {self.spec_model.__name__} must declare kind: Literal[{self.kind!r}]")
+        if self.spec_model.model_config.get("extra") != "forbid":
+            raise KindError(where, f"spec_model {self.spec_model.__name__} must forbid unknown fields "
+                                   "(model_config = ConfigDict(extra='forbid'))")
+        if isinstance(self.factory, str):
+            if not re.fullmatch(FACTORY_PATTERN, self.factory):
+                raise KindError(where, "factory must be callable or an import string 'package.module:name'")
+        elif not callable(self.factory):
+            raise KindError(where, "factory must be callable or an import string 'package.module:name'")
+
+
+_registered: dict[str, ProcessorKind] = {}
+
+
+def register_kind(kind: ProcessorKind) -> None:
+    """Add (or replace) a kind in this process only; entry points are how a package publishes one."""
+    if not isinstance(kind, ProcessorKind):
+        raise TypeError(f"register_kind takes a ProcessorKind, got {type(kind).__name__}")
+    _registered[kind.kind] = kind
+
+
+def _describe(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    origin = f", distribution {dist.name}" if dist is not None else ""
+    return f"entry point {ep.name} = {ep.value!r} (group {ENTRY_POINT_GROUP}{origin})"
+
+
+def _load(ep: EntryPoint) -> ProcessorKind:
+    where = _describe(ep)
+    had_torch = "torch" in sys.modules
+    try:
+        obj = ep.load()
+    except KindError as err:
+        raise KindError(where, err.problems[0].rule) from None
+    except Exception as err:  # noqa: BLE001 - any import failure, reported with its entry point
+        raise KindError(where, f"cannot be loaded: {type(err).__name__}: {err}") from err
+    if not isinstance(obj, ProcessorKind):
+        raise KindError(where, f"must name a dynlogits.specs.kinds.ProcessorKind, got {type(obj).__name__}")
+    if obj.kind != ep.name:
+        raise KindError(where, f"must be named after its kind {obj.kind!r}")
+    if not had_torch and "torch" in sys.modules:
+        log.warning("%s imported torch; keep the kind's module torch-free and give its factory as an import "
+                    "string so the frontend never loads torch", where)
+    return obj
+
+
+@cache
+def installed_kinds() -> Mapping[str, ProcessorKind]:
+    """Every kind published in ``dynlogits.processors``, loaded once per process.
+
+    Raises ``KindError`` naming the entry point and the rule it broke (not a
+    ``ProcessorKind``, not named after its kind, import failure, a kind published twice).
+    """
+    found: dict[str, ProcessorKind] = {}
+    where: dict[str, str] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        kind = _load(ep)
+        if kind.kind in found and found[kind.kind] is not kind:
+            raise KindError(_describe(ep), f"kind {kind.kind!r} is already published by {where[kind.kind]}")
+        found[kind.kind], where[kind.kind] = kind, _describe(ep)
+    return MappingProxyType(found)
+
+
+def plugin_kinds() -> Mapping[str, ProcessorKind]:
+    """Every third-party kind in force in this process: installed ones, then ``register_kind`` ones."""
+    installed = installed_kinds()
+    if not _registered:
+        return installed
+    return {**installed, **_registered}
