@@ -15,7 +15,11 @@ __all__ = ["main"]
 
 
 def _validate(path: Path) -> int:
-    """Payload (a JSON list), golden vector (``{"payload": ...}``) or config file."""
+    """Payload (a JSON list), golden vector (``{"payload": ...}``) or config file.
+
+    Installed plug-in kinds are accepted like built-in ones; a broken plug-in is reported
+    as an error naming its entry point.
+    """
     from dynlogits.config import load_config
 
     try:
@@ -51,9 +55,11 @@ def _conformance(adapter: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynlogits", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("validate", help="validate a payload, golden vector or config file; exit 1 listing each error")
+    v = sub.add_parser("validate", help="validate a payload, golden vector or config file; exit 1 listing each error "
+                                        "(installed plug-in kinds included)")
     v.add_argument("file", type=Path)
-    s = sub.add_parser("schema", help="print the JSON Schema of the dynamo_logits payload")
+    s = sub.add_parser("schema", help="print the JSON Schema of the dynamo_logits payload "
+                                      "(built-in kinds plus installed plug-in kinds)")
     s.add_argument("--spec", action="store_true", help="print the schema of a LogitsProcessorSpec (config) instead")
     c = sub.add_parser("conformance", help="run the conformance kit against an adapter; exit 0 only when every check passes")
     c.add_argument("adapter", help="a shipped adapter (vllm, transformers) or an import string pkg.mod:driver_factory")
@@ -71,7 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "conformance":
         return _conformance(args.adapter)
     if args.command == "schema":
-        sys.stdout.write(render(spec_schema() if args.spec else payload_schema()))
+        try:
+            schema = spec_schema() if args.spec else payload_schema()
+        except SpecError as err:  # a broken plug-in (KindError)
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        sys.stdout.write(render(schema))
         return 0
     from dynlogits.model_builder import build_model
 

@@ -7,7 +7,9 @@ generation_only: true
 allow_request_kinds: [forced_text, logit_bias]   # what clients may ask for per request
 limits: {max_entries: 8}      # tighten the default bounds
 ```
-Found via ``--logits-spec FILE`` or ``DYN_LOGITS_SPEC=FILE``.
+Found via ``--logits-spec FILE`` or ``DYN_LOGITS_SPEC=FILE``. Installed plug-in kinds
+(``dynlogits.specs.kinds``) may appear in ``entries`` and ``allow_request_kinds`` like
+built-in ones.
 """
 
 from __future__ import annotations
@@ -20,7 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 from dynlogits.specs import (
     DEFAULT_LIMITS,
@@ -33,7 +45,9 @@ from dynlogits.specs import (
     SpecLimits,
 )
 from dynlogits.specs.errors import problems_from_pydantic
+from dynlogits.specs.kinds import plugin_kinds
 from dynlogits.specs.limits import limit_problems
+from dynlogits.specs.union import kind_tags, open_entries
 
 __all__ = ["SPEC_FILE_ENV", "DeploymentConfig", "load_config", "config_from_sources", "parse_config"]
 
@@ -56,6 +70,11 @@ class _ConfigModel(BaseModel):
     allow_request_kinds: tuple[StrictStr, ...] = ()
     limits: _LimitsModel = _LimitsModel()
 
+    @field_validator("entries", mode="wrap")
+    @classmethod
+    def _admit_plugin_kinds(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return open_entries(value, handler, min_length=0)
+
 
 @dataclass(frozen=True)
 class DeploymentConfig:
@@ -72,14 +91,18 @@ class DeploymentConfig:
 
 
 def parse_config(data: Any, *, source: str = "config") -> DeploymentConfig:
-    """Validate a loaded document; ``SpecError`` whose paths name the bad fields."""
+    """Validate a loaded document; ``SpecError`` whose paths name the bad fields.
+
+    Plug-in kinds in force count as known kinds (a broken plug-in raises its ``KindError``).
+    """
+    plugins = plugin_kinds()
     try:
         model = _ConfigModel.model_validate(data)
     except ValidationError as err:
-        raise SpecError(problems_from_pydantic(err.errors(), root="", tags=ENTRY_KINDS)) from None
+        raise SpecError(problems_from_pydantic(err.errors(), root="", tags=kind_tags(plugins))) from None
     limits = SpecLimits(**model.limits.model_dump())
     problems = list(limit_problems(model.entries, limits, root="entries"))
-    allowable = ENTRY_KINDS - REQUEST_FORBIDDEN_KINDS
+    allowable = (ENTRY_KINDS | frozenset(plugins)) - REQUEST_FORBIDDEN_KINDS
     for i, kind in enumerate(model.allow_request_kinds):
         if kind in REQUEST_FORBIDDEN_KINDS:
             problems.append(Problem(f"allow_request_kinds[{i}]", f"kind {kind!r} runs code on workers and may never be allowed in requests"))
@@ -109,6 +132,11 @@ def load_config(path: str | os.PathLike[str]) -> DeploymentConfig:
 
 
 def config_from_sources(cli_path: str | None, environ: Mapping[str, str] = os.environ) -> DeploymentConfig:
-    """``--logits-spec`` wins over ``DYN_LOGITS_SPEC``; neither gives an inactive config."""
+    """``--logits-spec`` wins over ``DYN_LOGITS_SPEC``; neither gives an inactive config.
+
+    Loads the installed plug-in kinds either way, so a broken plug-in stops a process
+    at start-up (``KindError``) rather than failing its first request.
+    """
+    plugin_kinds()
     path = cli_path or environ.get(SPEC_FILE_ENV)
     return load_config(path) if path else DeploymentConfig()

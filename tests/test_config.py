@@ -68,3 +68,50 @@ def test_cli_flag_wins_over_environment(tmp_path):
     assert config_from_sources(str(a), {SPEC_FILE_ENV: str(b)}).allow_request_kinds == {"logit_bias"}
     assert config_from_sources(None, {SPEC_FILE_ENV: str(b)}).allow_request_kinds == {"banned_tokens"}
     assert not config_from_sources(None, {}).active
+
+
+# --- plug-in kinds ----------------------------------------------------------------------------
+
+from typing import Literal  # noqa: E402
+
+from pydantic import BaseModel, ConfigDict, StrictInt  # noqa: E402
+
+from dynlogits.specs import ProcessorKind, kinds, register_kind  # noqa: E402
+
+
+class _BanRange(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["ban_range"] = "ban_range"
+    start: StrictInt
+    stop: StrictInt
+
+
+@pytest.fixture
+def ban_range(monkeypatch):
+    monkeypatch.setattr(kinds, "_registered", {})
+    register_kind(ProcessorKind("ban_range", _BanRange, "acme.processors:make_ban_range"))
+
+
+def test_plugin_kinds_work_in_entries_and_the_allow_list(tmp_path, ban_range):
+    path = tmp_path / "deploy.yaml"
+    path.write_text("entries: [{kind: ban_range, start: 3, stop: 5}, {kind: forced_text, text: Hi}]\n"
+                    "allow_request_kinds: [ban_range, logit_bias]\n")
+    config = load_config(path)
+    assert config.spec.entries[0] == _BanRange(start=3, stop=5)
+    assert config.allow_request_kinds == {"ban_range", "logit_bias"}
+
+
+def test_a_plugin_entrys_bad_field_is_named_with_the_file(tmp_path, ban_range):
+    path = tmp_path / "bad.yaml"
+    path.write_text("entries: [{kind: ban_range, start: 3, stop: x, step: 1}]\n")
+    with pytest.raises(SpecError) as info:
+        load_config(path)
+    assert str(info.value) == "bad.yaml: entries[0].stop: must be an integer; bad.yaml: entries[0].step: unknown field"
+
+
+def test_a_plugin_kind_that_is_not_installed_is_unknown(tmp_path, monkeypatch):
+    monkeypatch.setattr(kinds, "_registered", {})
+    path = tmp_path / "c.yaml"
+    path.write_text("allow_request_kinds: [ban_range]\n")
+    with pytest.raises(SpecError, match=r"allow_request_kinds\[0\]: unknown kind 'ban_range'"):
+        load_config(path)
