@@ -26,9 +26,7 @@ from transformers import LogitsProcessorList
 from dynlogits import sdk
 from dynlogits.roles import DisaggregationMode
 from dynlogits.sdk import FailureReport
-from dynlogits.specs import LogitsProcessorSpec, SpecError
-from dynlogits.specs.entries import ForcedTextSpec
-from dynlogits.specs.errors import Problem
+from dynlogits.specs import ForcedTextSpec, LogitsProcessorSpec, Problem, SpecError
 from dynlogits.text import TextTokenizer, resolve_entries
 
 from .processor import logits_processor

@@ -19,15 +19,22 @@ Row layout (what ``generate()`` hands a ``LogitsProcessor`` in transformers 5.x)
   diverge), and the request's processors derive positions from it, never from a step counter.
 * Assisted generation (prompt lookup, an assistant model sharing the tokenizer) calls the list
   once per draft position with ``input_ids`` cut after that position, so the history of each call
-  already holds the drafts before it: nothing special is needed. The row count must still match
-  what the processor was built for (assisted generation runs batch size 1).
+  already holds the drafts before it: nothing special is needed. An assistant model runs the same
+  list on its own rows; its logits must have the main model's width (ids were bounded by it,
+  so another width is refused with ``ValueError``). Assisted generation runs batch size 1.
 
 Failure policy: the SDK's (``dynlogits.sdk.guard``). ``realize_request`` never raises: a payload
 that fails in the engine (e.g. an id at or beyond the logits width) gives an already-failed
 request; a processor that raises fail-stops its request. A failed request has **all** of its rows
 masked to its stop token, from that step on, and is reported once through ``report``; other
-requests are untouched. ``ValueError``\\ s raised here mean the processor is used with a batch it
-was not built for (row count, width): a caller's bug, never a request's fault.
+requests are untouched. A ``ValueError`` raised here means the processor is called with a batch it
+was not built for (row count, logits width): a caller's bug, never a request's fault.
+
+Under beam search ``scores`` are log-probabilities: a forced token gets 0.0 (probability 1) and
+every other token -inf, so each beam of a request has exactly one finite continuation, and
+every returned hypothesis of a forced prompt is the forced text (checked against transformers
+5.19 in ``tests/transformers``). A processor instance holds its requests' failure state: build a new one for every
+``generate()`` call.
 """
 
 from __future__ import annotations
