@@ -274,3 +274,17 @@ def test_the_running_frontend_never_loaded_torch(plugin_agg: Deployment) -> None
     assert not [p for p in mapped if "torch" in Path(p).name], "the frontend mapped a torch library"
     assert any("pydantic_core" in p for p in mapped)  # it did load the kind's (pydantic) model
 
+
+
+def test_a_broken_entry_point_stops_the_frontend_at_start(tmp_path: Path) -> None:
+    """A published kind whose module cannot be imported: refused at start-up, naming the entry point
+    (a hand-written dist-info is enough to publish an entry point)."""
+    dist = tmp_path / "broken_kind-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-kind\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[dynlogits.processors]\nwarp = broken_kind_missing:WARP\n")
+    r = subprocess.run([PYTHON, "-m", "dynlogits.frontend", "--agg-worker", "http://127.0.0.1:1"], cwd=ROOT,
+                       env=with_plugin(tmp_path), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert ("invalid logits config: entry point warp = 'broken_kind_missing:WARP' (group dynlogits.processors, "
+            "distribution broken-kind): cannot be loaded: ModuleNotFoundError") in r.stderr
