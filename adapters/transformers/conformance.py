@@ -66,12 +66,8 @@ class TransformersDriver:
         return payload_for(spec, role, self.tokenizer)
 
     def admit(self, payload: Any) -> None:
-        """Everything but the width bound. ``generate_kwargs`` also rejects ids at or beyond the
-        logits width before ``generate()`` runs; the kit expects admission not to know the width
-        (as on engines whose admission runs in a front-end process) and checks the engine-side
-        bound instead: such a request is realized already failed and fail-stopped, the path
-        ``logits_processor()`` takes when called without ``generate_kwargs``."""
-        sdk.validate(payload)
+        """As ``generate_kwargs`` admits: every rule, the logits-width bound included."""
+        sdk.validate(payload, vocab_size=self.vocab_size)
 
     def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
             eos_token_id: int) -> None:

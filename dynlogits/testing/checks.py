@@ -129,11 +129,16 @@ def valid_vectors_behave_as_documented(driver: AdapterDriver) -> None:
             else:
                 raise AssertionError(f"{name}: a python entry was admitted without the operator's allow-list")
             payload = _with_scale_factory(payload)
+        beyond = _max_id(payload) >= driver.vocab_size
         with _allow_python(SCALE_FACTORY):
-            driver.admit(payload)
+            try:
+                driver.admit(payload)
+            except ValueError as err:
+                if not beyond or "vocab size" not in str(err):
+                    raise AssertionError(f"{name}: a valid vector was refused at admission: {err}") from None
+                continue  # refused at admission for naming ids beyond the logits width: allowed
             req = f"v{n}"
             driver.add(req, payload, prompt_ids=PROMPT, eos_token_id=EOS)
-            beyond = _max_id(payload) >= driver.vocab_size
             history: list[int] = []
             for step in range(STEPS):
                 raw, out = _step(driver, [req], seed=100 * n + step)
