@@ -30,7 +30,8 @@ from vllm.v1.worker.gpu.sample.logits_processor import (  # noqa: E402
 
 from dynlogits.adapters.vllm import PROCESSOR_FQCN, DynamoVllmLogitsProcessor  # noqa: E402
 from dynlogits.adapters.vllm.testing import HostBuffer, V2SamplerHarness  # noqa: E402
-from dynlogits.registry import ProcessorKind, register_kind  # noqa: E402
+from dynlogits.registry import ProcessorKind  # noqa: E402
+from dynlogits.specs import kinds  # noqa: E402
 from dynlogits.specs import WIRE_KEY, SpecError  # noqa: E402
 
 VOCAB = 64
@@ -61,8 +62,15 @@ class _Record:
         SEEN.append(list(input_ids))
 
 
-register_kind(ProcessorKind("test_record_history", RecordHistorySpec, lambda entry, ctx: _Record()))
+RECORD_KIND = ProcessorKind("test_record_history", RecordHistorySpec, lambda entry, ctx: _Record())
 RECORD = [{"kind": "test_record_history"}]
+
+
+@pytest.fixture(autouse=True)
+def record_kind_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recording kind exists only while this module's tests run (it would otherwise join
+    every other test's kind list, e.g. the golden unknown-kind message)."""
+    monkeypatch.setattr(kinds, "_registered", {**kinds._registered, RECORD_KIND.kind: RECORD_KIND})
 
 
 @pytest.fixture
