@@ -111,6 +111,26 @@ def _with_scale_factory(payload: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**e, "factory": SCALE_FACTORY} if e.get("kind") == "python" else e for e in payload]
 
 
+def _bad_beside_good(driver: AdapterDriver, bad: Any, good: list[dict[str, Any]], *, steps: int, stopped_from: int,
+                     what: str) -> None:
+    """Run request ``bad`` beside ``good`` for ``steps`` steps: ``bad``'s row is untouched before
+    step ``stopped_from`` and fail-stopped from it on; ``good``'s row is as documented throughout."""
+    driver.add("bad", bad, prompt_ids=PROMPT, eos_token_id=EOS)
+    driver.add("good", good, prompt_ids=PROMPT, eos_token_id=EOS)
+    history: list[int] = []
+    for step in range(steps):
+        raw, out = _step(driver, ["bad", "good"], seed=step)
+        if step < stopped_from:
+            _assert_row(out[0], raw[0].tolist(), f"{what} before its fault, step {step}")
+        else:
+            _assert_stopped(out[0], EOS, f"{what}, step {step}")
+        _assert_row(out[1], expected_row(good, history, raw[1].tolist()), f"other request at step {step}")
+        driver.commit("bad", _greedy(out[0]))
+        token = _greedy(out[1])
+        driver.commit("good", token)
+        history.append(token)
+
+
 # -- checks ----------------------------------------------------------------------------------
 def valid_vectors_behave_as_documented(driver: AdapterDriver) -> None:
     """Every valid golden vector is admitted, realized, and changes each row exactly as
@@ -271,20 +291,7 @@ def a_raising_processor_fails_only_its_request(driver: AdapterDriver) -> None:
     good = _forced([60, 61, 62, 63])
     with _allow_python(RAISE_AFTER_FACTORY):
         driver.admit(bad)
-        driver.add("bad", bad, prompt_ids=PROMPT, eos_token_id=EOS)
-        driver.add("good", good, prompt_ids=PROMPT, eos_token_id=EOS)
-        history: list[int] = []
-        for step in range(3):
-            raw, out = _step(driver, ["bad", "good"], seed=step)
-            if step == 0:
-                _assert_row(out[0], raw[0].tolist(), "raising request before its fault")
-            else:
-                _assert_stopped(out[0], EOS, f"raising request at step {step}")
-            _assert_row(out[1], expected_row(good, history, raw[1].tolist()), f"other request at step {step}")
-            driver.commit("bad", _greedy(out[0]))
-            token = _greedy(out[1])
-            driver.commit("good", token)
-            history.append(token)
+        _bad_beside_good(driver, bad, good, steps=3, stopped_from=1, what="raising request")
     reports = driver.failures()
     if len(reports) != 1 or "injected fault" not in reports[0]:
         raise AssertionError(f"expected one failure report naming the fault, got {reports!r}")
@@ -301,17 +308,7 @@ def ids_beyond_the_logits_width_fail_only_their_request(driver: AdapterDriver) -
         if f"{WIRE_KEY}[0].token_ids[0]" not in str(err):
             raise AssertionError(f"admission error does not name the field: {err}") from None
         return
-    driver.add("bad", bad, prompt_ids=PROMPT, eos_token_id=EOS)
-    driver.add("good", good, prompt_ids=PROMPT, eos_token_id=EOS)
-    history: list[int] = []
-    for step in range(2):
-        raw, out = _step(driver, ["good", "bad"], seed=step)
-        _assert_stopped(out[1], EOS, f"request naming id {driver.vocab_size}, step {step}")
-        _assert_row(out[0], expected_row(good, history, raw[0].tolist()), f"other request at step {step}")
-        driver.commit("bad", _greedy(out[1]))
-        token = _greedy(out[0])
-        driver.commit("good", token)
-        history.append(token)
+    _bad_beside_good(driver, bad, good, steps=2, stopped_from=0, what=f"request naming id {driver.vocab_size}")
     reports = driver.failures()
     if len(reports) != 1 or "vocab" not in reports[0]:
         raise AssertionError(f"expected one failure report naming the vocabulary bound, got {reports!r}")
