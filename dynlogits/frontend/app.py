@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
+import anyio.lowlevel
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -227,6 +228,9 @@ def create_app(state: FrontendState) -> FastAPI:
                         usage = chunk.usage
                         continue
                     yield _sse(make.delta(chunk))
+                    # When the worker is ahead, reads from its stream complete without
+                    # suspending; without this checkpoint the loop never sees the client hang up.
+                    await anyio.lowlevel.checkpoint()
                 if include_usage and usage is not None:
                     yield _sse(make.usage_chunk(usage))
                 yield b"data: [DONE]\n\n"

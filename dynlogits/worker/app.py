@@ -159,8 +159,8 @@ class _EngineStream(StreamingResponse):
     """One engine request streamed as NDJSON.
 
     However the response ends (finished, client gone before the first byte, or mid-stream) the
-    request leaves ``in_flight`` exactly once, and an unfinished engine request is aborted and
-    counted in ``aborted``. An engine error after the first chunk is reported in-band.
+    request leaves ``in_flight`` exactly once, and an engine request whose stream did not run to
+    its end (client gone, or an error mid-stream) is aborted and counted in ``aborted``. An engine error after the first chunk is reported in-band.
     """
 
     def __init__(self, state: WorkerState, engine: VllmEngine, request_id: str, first: GenerateChunk,
@@ -179,10 +179,10 @@ class _EngineStream(StreamingResponse):
             async for chunk in self._stream:
                 yield chunk.model_dump_json(exclude_none=True).encode() + b"\n"
                 await asyncio.sleep(0)
+            self._finished = True
         except Exception as err:  # noqa: BLE001 - reported in-band, the stream already started
             log.exception("request %s failed mid-stream", self._request_id)
             yield GenerateChunk(error=f"{type(err).__name__}: {err}").model_dump_json(exclude_none=True).encode() + b"\n"
-        self._finished = True
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:

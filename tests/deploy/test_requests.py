@@ -123,12 +123,14 @@ def test_32_concurrent_streams_each_get_their_own_text(spec_agg: Deployment) -> 
 
 
 def test_cancelled_stream_aborts_the_engine_request(spec_agg: Deployment) -> None:
-    """Runs after many requests on a warm engine, the case where the worker's stream never
-    suspended and so never noticed the client had gone: the request then ran to its end."""
+    """Runs after many requests on a warm engine, the case where the worker's stream (and, under
+    CPU load, the frontend's) never suspended and so never noticed the client had gone: the
+    request then ran to its end. Sixteen samples of 2000 tokens keep the engine busy for seconds,
+    so only a hang-up that is never noticed lets the request finish on its own."""
     worker = spec_agg.worker_url(1)
     before = httpx.get(f"{worker}/stats").json()
     with httpx.stream("POST", f"{spec_agg.base_url}/chat/completions", timeout=60, json={
-        "model": model_name(spec_agg), "messages": MESSAGES, "stream": True, "max_tokens": 2000, "ignore_eos": True,
+        "model": model_name(spec_agg), "messages": MESSAGES, "stream": True, "max_tokens": 2000, "ignore_eos": True, "n": 16, "n": 16,
     }) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
