@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from dynlogits.processors import BaseLogitsProcessor, RealizeContext
-from dynlogits.processors.ops import ROW_OPS
+from dynlogits.processors.ops import ROW_OPS, check_op
 from dynlogits.registry import check_python_allowed, factory_for
 from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits, decode_wire_payload
 
@@ -24,13 +24,16 @@ class RequestLogitsProcessor:
     """All processors of one request, applied in payload order, in place.
 
     ``__call__(output_ids, logits_row)``: ``output_ids`` are the tokens the request
-    generated so far, ``logits_row`` its 1-D logits row.
+    generated so far, ``logits_row`` its 1-D logits row. With ``vocab_size`` (the logits width)
+    every planned row op is bounds-checked (``check_op``): an op naming an id outside the row
+    raises ``IndexError`` from ``plan``, which fails this request only.
     """
 
-    __slots__ = ("processors",)
+    __slots__ = ("processors", "vocab_size")
 
-    def __init__(self, processors: Sequence[BaseLogitsProcessor]) -> None:
+    def __init__(self, processors: Sequence[BaseLogitsProcessor], vocab_size: int | None = None) -> None:
         self.processors = tuple(processors)
+        self.vocab_size = vocab_size
 
     def __call__(self, output_ids: Sequence[int], logits_row: torch.Tensor) -> None:
         for processor in self.processors:
@@ -49,6 +52,8 @@ class RequestLogitsProcessor:
             if op is not None and not isinstance(op, ROW_OPS):
                 raise TypeError(f"{type(processor).__name__}.row_op returned {type(op).__name__}, not a RowOp or None")
             if op is not None:
+                if self.vocab_size is not None:
+                    check_op(op, self.vocab_size)
                 steps.append(op)
         return steps
 
@@ -98,4 +103,4 @@ def build_request_processor(
             raise
         except Exception as exc:  # a third-party factory failed: fail this request, loudly
             raise SpecError.single(f"{WIRE_KEY}[{i}]", f"could not realize kind {entry.kind!r}: {type(exc).__name__}: {exc}") from exc
-    return RequestLogitsProcessor(processors)
+    return RequestLogitsProcessor(processors, vocab_size=vocab_size)

@@ -35,10 +35,13 @@ class RealizeContext:
 class IndexCache:
     """Small index (and value) tensors built once per (device, dtype), never per step."""
 
-    __slots__ = ("_ids", "_values", "_cache")
+    __slots__ = ("_ids", "_values", "_cache", "low", "high")
 
     def __init__(self, ids: Sequence[int], values: Sequence[float] | None = None) -> None:
         self._ids = list(ids)
+        #: The smallest and largest id (``None`` when empty): bounds checks cost O(1) per step.
+        self.low: int | None = min(self._ids) if self._ids else None
+        self.high: int | None = max(self._ids) if self._ids else None
         self._values = None if values is None else list(values)
         self._cache: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor | None]] = {}
 

@@ -17,7 +17,7 @@ import torch
 
 from .base import IndexCache, force_token
 
-__all__ = ["AddBias", "ForceToken", "KeepOnly", "MaskIds", "PlannedProcessor", "RowOp", "apply_op"]
+__all__ = ["AddBias", "ForceToken", "KeepOnly", "MaskIds", "PlannedProcessor", "RowOp", "apply_op", "check_op"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,24 @@ class PlannedProcessor(Protocol):
     """A processor whose step is described by a ``RowOp`` computed from the history alone."""
 
     def row_op(self, input_ids: Sequence[int]) -> RowOp | None: ...
+
+
+def check_op(op: RowOp, width: int) -> None:
+    """Raise ``IndexError`` unless every id ``op`` names indexes a row of ``width`` logits.
+
+    Built-in kinds are bounded when realized; this guards ops from plug-in and ``python``
+    processors, which would otherwise reach a batched tensor op (an error there, or a device
+    assert on CUDA, would hit every request of the batch). O(1): the bounds are precomputed.
+    """
+    if isinstance(op, ForceToken):
+        low = high = op.token_id
+    else:
+        low, high = op.index.low, op.index.high
+        if low is None:
+            return
+    if low < 0 or high >= width:  # type: ignore[operator]
+        bad = low if low < 0 else high  # type: ignore[operator]
+        raise IndexError(f"{type(op).__name__} names token id {bad}, outside the logits width {width}")
 
 
 def apply_op(op: RowOp | None, row: torch.Tensor) -> None:

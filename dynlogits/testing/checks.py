@@ -23,7 +23,7 @@ from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, LogitsProcessorSp
 from dynlogits.specs.schema import golden_vectors
 
 from .driver import AdapterDriver
-from .faults import RAISE_AFTER_FACTORY, SCALE_FACTORY
+from .faults import BAN_ID_FACTORY, RAISE_AFTER_FACTORY, SCALE_FACTORY
 from .oracle import expected_row
 
 __all__ = ["CHECKS", "Check", "Skip"]
@@ -314,6 +314,20 @@ def ids_beyond_the_logits_width_fail_only_their_request(driver: AdapterDriver) -
         raise AssertionError(f"expected one failure report naming the vocabulary bound, got {reports!r}")
 
 
+def a_row_operation_beyond_the_width_fails_only_its_request(driver: AdapterDriver) -> None:
+    """A processor (plug-in or ``python``) whose batched row operation names an id beyond the
+    logits width fail-stops its own request (reported once) instead of reaching a tensor op that
+    would fail the whole batch; the others are applied in full."""
+    bad = [{"kind": "python", "factory": BAN_ID_FACTORY, "kwargs": {"token_id": driver.vocab_size}}]
+    good = _forced([80, 81, 82])
+    with _allow_python(BAN_ID_FACTORY):
+        driver.admit(bad)
+        _bad_beside_good(driver, bad, good, steps=2, stopped_from=0, what="request whose row op is out of range")
+    reports = driver.failures()
+    if len(reports) != 1 or "outside the logits width" not in reports[0]:
+        raise AssertionError(f"expected one failure report naming the width, got {reports!r}")
+
+
 def _check(fn: Callable[[AdapterDriver], None]) -> Check:
     return Check(fn.__name__, (fn.__doc__ or "").split("\n")[0], fn)
 
@@ -330,5 +344,6 @@ CHECKS: tuple[Check, ...] = tuple(
         prefill_and_encode_workers_activate_nothing,
         a_raising_processor_fails_only_its_request,
         ids_beyond_the_logits_width_fail_only_their_request,
+        a_row_operation_beyond_the_width_fails_only_its_request,
     )
 )

@@ -1,7 +1,9 @@
 """Operator-side ``python`` factories the kit allow-lists for its own checks.
 
 ``raise_after(after)`` raises once a request generated ``after`` tokens (a processor fault);
-``scale(scale)`` multiplies a row by a constant (a well-behaved opaque processor). Both are
+``ban_id(token_id)`` describes its step as a row operation banning one id, which may lie
+outside the logits width (a plug-in bug that must not reach a batched tensor op);
+``scale(scale)`` multiplies a row by a constant (a well-behaved opaque processor). All are
 stateless: their effect depends on the history alone.
 """
 
@@ -11,10 +13,14 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["RAISE_AFTER_FACTORY", "SCALE_FACTORY", "raise_after", "scale"]
+from dynlogits.processors.base import IndexCache
+from dynlogits.processors.ops import MaskIds, RowOp, apply_op
+
+__all__ = ["BAN_ID_FACTORY", "RAISE_AFTER_FACTORY", "SCALE_FACTORY", "ban_id", "raise_after", "scale"]
 
 RAISE_AFTER_FACTORY = "dynlogits.testing.faults:raise_after"
 SCALE_FACTORY = "dynlogits.testing.faults:scale"
+BAN_ID_FACTORY = "dynlogits.testing.faults:ban_id"
 
 
 class RaiseAfter:
@@ -36,6 +42,23 @@ class Scale:
 
     def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
         logits.mul_(self.factor)
+
+
+class BanId:
+    """Bans ``token_id`` every step, described as a ``MaskIds`` row operation (batched path)."""
+
+    def __init__(self, token_id: int) -> None:
+        self._index = IndexCache([token_id])
+
+    def row_op(self, input_ids: Sequence[int]) -> RowOp:
+        return MaskIds(self._index)
+
+    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
+        apply_op(self.row_op(input_ids), logits)
+
+
+def ban_id(token_id: int) -> BanId:
+    return BanId(token_id)
 
 
 def raise_after(after: int = 1) -> RaiseAfter:
