@@ -112,9 +112,10 @@ def _with_scale_factory(payload: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _bad_beside_good(driver: AdapterDriver, bad: Any, good: list[dict[str, Any]], *, steps: int, stopped_from: int,
-                     what: str) -> None:
+                     what: str, report_says: str) -> None:
     """Run request ``bad`` beside ``good`` for ``steps`` steps: ``bad``'s row is untouched before
-    step ``stopped_from`` and fail-stopped from it on; ``good``'s row is as documented throughout."""
+    step ``stopped_from`` and fail-stopped from it on; ``good``'s row is as documented throughout;
+    exactly one failure is reported, containing ``report_says``."""
     driver.add("bad", bad, prompt_ids=PROMPT, eos_token_id=EOS)
     driver.add("good", good, prompt_ids=PROMPT, eos_token_id=EOS)
     history: list[int] = []
@@ -129,6 +130,9 @@ def _bad_beside_good(driver: AdapterDriver, bad: Any, good: list[dict[str, Any]]
         token = _greedy(out[1])
         driver.commit("good", token)
         history.append(token)
+    reports = driver.failures()
+    if len(reports) != 1 or report_says not in reports[0]:
+        raise AssertionError(f"expected one failure report containing {report_says!r}, got {reports!r}")
 
 
 # -- checks ----------------------------------------------------------------------------------
@@ -291,10 +295,7 @@ def a_raising_processor_fails_only_its_request(driver: AdapterDriver) -> None:
     good = _forced([60, 61, 62, 63])
     with _allow_python(RAISE_AFTER_FACTORY):
         driver.admit(bad)
-        _bad_beside_good(driver, bad, good, steps=3, stopped_from=1, what="raising request")
-    reports = driver.failures()
-    if len(reports) != 1 or "injected fault" not in reports[0]:
-        raise AssertionError(f"expected one failure report naming the fault, got {reports!r}")
+        _bad_beside_good(driver, bad, good, steps=3, stopped_from=1, what="raising request", report_says="injected fault")
 
 
 def ids_beyond_the_logits_width_fail_only_their_request(driver: AdapterDriver) -> None:
@@ -308,10 +309,8 @@ def ids_beyond_the_logits_width_fail_only_their_request(driver: AdapterDriver) -
         if f"{WIRE_KEY}[0].token_ids[0]" not in str(err):
             raise AssertionError(f"admission error does not name the field: {err}") from None
         return
-    _bad_beside_good(driver, bad, good, steps=2, stopped_from=0, what=f"request naming id {driver.vocab_size}")
-    reports = driver.failures()
-    if len(reports) != 1 or "vocab" not in reports[0]:
-        raise AssertionError(f"expected one failure report naming the vocabulary bound, got {reports!r}")
+    _bad_beside_good(driver, bad, good, steps=2, stopped_from=0, what=f"request naming id {driver.vocab_size}",
+                     report_says="vocab size")
 
 
 def a_row_operation_beyond_the_width_fails_only_its_request(driver: AdapterDriver) -> None:
@@ -322,10 +321,8 @@ def a_row_operation_beyond_the_width_fails_only_its_request(driver: AdapterDrive
     good = _forced([80, 81, 82])
     with _allow_python(BAN_ID_FACTORY):
         driver.admit(bad)
-        _bad_beside_good(driver, bad, good, steps=2, stopped_from=0, what="request whose row op is out of range")
-    reports = driver.failures()
-    if len(reports) != 1 or "outside the logits width" not in reports[0]:
-        raise AssertionError(f"expected one failure report naming the width, got {reports!r}")
+        _bad_beside_good(driver, bad, good, steps=2, stopped_from=0, what="request whose row op is out of range",
+                         report_says="outside the logits width")
 
 
 def _check(fn: Callable[[AdapterDriver], None]) -> Check:
