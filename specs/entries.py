@@ -11,7 +11,7 @@ from typing import Annotated, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictFloat, StrictInt, StrictStr
 
-from .limits import MAX_TOKEN_ID
+from .limits import MAX_ABS_LOGIT_BIAS, MAX_TOKEN_ID
 from .patterns import FACTORY_PATTERN, TOKEN_KEY_PATTERN
 
 __all__ = [
@@ -37,7 +37,7 @@ __all__ = [
 TokenId = Annotated[StrictInt, Field(ge=0, le=MAX_TOKEN_ID)]
 TokenIds = Annotated[tuple[TokenId, ...], Field(min_length=1)]
 TokenKey = Annotated[StrictStr, Field(pattern=TOKEN_KEY_PATTERN)]
-FiniteFloat = Annotated[StrictFloat, Field(allow_inf_nan=False)]
+BiasValue = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-MAX_ABS_LOGIT_BIAS, le=MAX_ABS_LOGIT_BIAS)]
 
 
 class _Entry(BaseModel):
@@ -79,10 +79,10 @@ class AllowedTokensSpec(_Entry):
 
 
 class LogitBiasSpec(_Entry):
-    """Add ``bias[id]`` (finite) to the logit of each token id (decimal string keys)."""
+    """Add ``bias[id]`` (in ``[-100, 100]``) to the logit of each token id (decimal string keys)."""
 
     kind: Literal["logit_bias"] = "logit_bias"
-    bias: Annotated[dict[TokenKey, FiniteFloat], Field(min_length=1)]
+    bias: Annotated[dict[TokenKey, BiasValue], Field(min_length=1)]
 
 
 class MinTokensSpec(_Entry):

@@ -12,11 +12,12 @@ from typing import Annotated, Any, Union
 import msgspec
 
 from .patterns import FACTORY_PATTERN, TOKEN_KEY_PATTERN
-from .limits import MAX_TOKEN_ID
+from .limits import MAX_ABS_LOGIT_BIAS, MAX_TOKEN_ID
 
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]
 TokenIds = Annotated[tuple[TokenId, ...], msgspec.Meta(min_length=1)]
 TokenKey = Annotated[str, msgspec.Meta(pattern=TOKEN_KEY_PATTERN)]
+BiasValue = Annotated[float, msgspec.Meta(ge=-MAX_ABS_LOGIT_BIAS, le=MAX_ABS_LOGIT_BIAS)]
 
 
 class _Entry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind"):
@@ -38,7 +39,7 @@ class AllowedTokens(_Entry, tag="allowed_tokens"):
 
 
 class LogitBias(_Entry, tag="logit_bias"):
-    bias: Annotated[dict[TokenKey, float], msgspec.Meta(min_length=1)]
+    bias: Annotated[dict[TokenKey, BiasValue], msgspec.Meta(min_length=1)]
 
 
 class MinTokens(_Entry, tag="min_tokens"):

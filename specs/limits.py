@@ -8,10 +8,14 @@ from typing import Any
 
 from .errors import Problem
 
-__all__ = ["DEFAULT_LIMITS", "MAX_TOKEN_ID", "SpecLimits", "entry_limit_problems", "limit_problems"]
+__all__ = ["DEFAULT_LIMITS", "MAX_ABS_LOGIT_BIAS", "MAX_TOKEN_ID", "SpecLimits", "entry_limit_problems", "limit_problems"]
 
 # Token ids are int32 in every engine we target.
 MAX_TOKEN_ID = 2**31 - 1
+#: ``logit_bias`` values lie in ``[-100, 100]``, the range vLLM clamps its own ``logit_bias`` to and
+#: OpenAI's API documents: enough to make a token certain or impossible, never an overflow to ``inf``
+#: (``inf + -inf`` is NaN) in any logits dtype.
+MAX_ABS_LOGIT_BIAS = 100.0
 
 
 @dataclass(frozen=True)

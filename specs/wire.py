@@ -26,6 +26,7 @@ from .entries import (
     PythonProcessorSpec,
     ThinkingBudgetSpec,
 )
+from .consistency import check_consistency
 from .errors import Problem, SpecError, problems_from_pydantic
 from .kinds import plugin_kinds
 from .limits import DEFAULT_LIMITS, SpecLimits, entry_limit_problems, limit_problems
@@ -126,7 +127,8 @@ def decode_wire_payload(
     Accepts only a list (a JSON string is not a payload: nothing client-shaped is
     parsed twice). Built-in-only payloads take the msgspec fast path; entries of
     plug-in kinds in force are validated by their own models. With ``vocab_size``
-    also checks every id against it.
+    also checks every id against it. Entries that contradict each other (a row left with no
+    token, ``dynlogits.specs.consistency``) are refused too.
     """
     entries = decode_fast(payload)
     if entries is None:
@@ -136,4 +138,5 @@ def decode_wire_payload(
         raise SpecError(problems)
     if vocab_size is not None:
         check_vocab(entries, vocab_size, root=root)
+    check_consistency(entries, root=root, vocab_size=vocab_size)
     return entries

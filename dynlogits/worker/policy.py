@@ -9,6 +9,7 @@ from typing import Any
 from dynlogits.config import DeploymentConfig
 from dynlogits.roles import DisaggregationMode, is_generation_stage, logits_processors_for_request
 from dynlogits.specs import LogitsProcessorSpec, check_vocab, parse_entries
+from dynlogits.specs.consistency import check_consistency
 from dynlogits.test_hook import test_hook_spec
 from dynlogits.text import TextTokenizer, resolve_entries
 
@@ -50,6 +51,10 @@ class RequestPolicy:
         if requested and self.generates:
             resolved = resolve_entries(requested, self.tokenizer, root=REQUEST_ROOT)
             check_vocab(resolved, self.vocab_size, root=REQUEST_ROOT)
+            # the request's entries must not contradict the deployment's (e.g. force a token it bans)
+            paths = [f"deployment entries[{i}]" for i in range(len(entries))]
+            paths += [f"{REQUEST_ROOT}[{j}]" for j in range(len(resolved))]
+            check_consistency([*entries, *resolved], paths=paths, vocab_size=self.vocab_size)
             entries += logits_processors_for_request(LogitsProcessorSpec(entries=resolved),
                                                      disaggregation_mode=self.role)
         return entries
@@ -63,6 +68,7 @@ def build_policy(role: DisaggregationMode, config: DeploymentConfig,
     if config.spec is not None:
         resolved = resolve_entries(config.spec.entries, tokenizer(), root="entries")
         check_vocab(resolved, vocab_size, root="entries")
+        check_consistency(resolved, root="entries", vocab_size=vocab_size)
         entries += resolved
         generation_only = config.spec.generation_only
     hook = test_hook_spec(tokenizer, disaggregation_mode=role)
