@@ -1,18 +1,32 @@
 """Applying many requests' processors to a batch of logits with a few tensor ops per step.
 
-Each request contributes a *plan*: its processors' steps for this decoding step, in payload
-order (``RequestLogitsProcessor.plan``). A step is a ``RowOp`` (built-in kinds) or an opaque
-processor (``python`` kind, plug-ins) that must be called on its row. Plans are applied level by
-level: level ``k`` holds the ``k``-th step of every plan; its ``RowOp``s are grouped by type and
-each group is applied to all of its rows at once (one ``index_put_``/``index_fill_`` over the
-batch tensor, index tensors the size of the listed ids, never vocab-sized), then its opaque
-steps are called one row at a time. Rows are independent, so this is exactly what applying each
-request's processors to its own row in order would do (``tests/test_batch.py`` compares both).
-The number of tensor ops per step grows with the longest plan, not with the number of rows.
+This is the *host-planned* path: every step each request contributes a *plan*, its processors'
+steps for this step in payload order (``RequestLogitsProcessor.plan``). A step is a ``RowOp``
+(built-in kinds, plug-ins that describe their step) or an opaque processor (``python`` kind,
+plug-ins) called on its row. Plans are applied level by level: level ``k`` holds the ``k``-th step
+of every plan; its ``RowOp``s are grouped by type and each group is applied to all of its rows at
+once (index tensors the size of the listed ids, never vocab-sized), then its opaque steps are
+called one row at a time. Rows are independent, so this is exactly what applying each request's
+processors to its own row in order would do (``tests/test_batch.py`` compares both).
+
+Engines with persistent request slots run built-in kinds through the resident path instead
+(``dynlogits.sdk.slot_batch``: device tables, no per-step planning); both follow ``ops``.
+
+Containment: an opaque step that raises fails its plan (``on_error``), the rest of that plan is
+skipped and every other plan is applied in full. A grouped op cannot fail on a request's data
+(every id was checked against the logits width when planned); should one fail anyway, the plans
+in that group are failed and the rest of the batch goes on.
+
+Rows left with no token: a plan whose steps restrict its row to a few ids (``ForceToken``,
+``KeepOnly``) has a *witness*, the ids the last such step kept. ``apply_plans`` returns, on the
+device and without synchronizing, whether each plan's witness ids are all ``-inf`` after all its
+steps: then the row has no token to sample (its forced token was masked by the engine's grammar,
+say) and the caller fails that request (``dynlogits.sdk.apply``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,33 +34,34 @@ import torch
 
 from dynlogits.processors.ops import ROW_OPS, AddBias, ForceToken, KeepOnly, MaskIds, RowOp
 
-__all__ = ["Plan", "Step", "apply_plans"]
+__all__ = ["Plan", "Step", "apply_plans", "row_runs"]
+
+NEG_INF = -math.inf
 
 #: One processor step: a ``RowOp``, or an opaque ``processor(input_ids, row)`` to call on the row.
 Step = Any
 Plan = Sequence[Step]
 
-#: Called with the plan's index and the exception an opaque step raised; later steps of that
-#: plan are skipped.
+#: Called with the plan's index and the exception its step raised; later steps of that plan are skipped.
 OnError = Callable[[int, Exception], None]
 
 
-def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.long, device=logits.device)
+def _index(logits: torch.Tensor, values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long, device=logits.device)
 
 
 def _pairs(logits: torch.Tensor, items: list[tuple[int, Any]]) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
     """(row index per id, column ids, per-item value tensors) for ops that carry an IndexCache."""
     cached = [op.index.get(logits) for _, op in items]
     cols = torch.cat([idx for idx, _ in cached]) if len(cached) > 1 else cached[0][0]
-    counts = torch.tensor([idx.numel() for idx, _ in cached], dtype=torch.long, device=logits.device)
-    rows = torch.repeat_interleave(_rows(logits, [r for r, _ in items]), counts)
+    counts = [idx.numel() for idx, _ in cached]
+    rows = torch.repeat_interleave(_index(logits, [r for r, _ in items]), _index(logits, counts), output_size=sum(counts))
     return rows, cols, [values for _, values in cached]
 
 
 def _mask(logits: torch.Tensor, items: list[tuple[int, MaskIds]]) -> None:
     rows, cols, _ = _pairs(logits, items)
-    logits.index_put_((rows, cols), torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+    logits.index_put_((rows, cols), torch.tensor(NEG_INF, dtype=logits.dtype, device=logits.device))
 
 
 def _add(logits: torch.Tensor, items: list[tuple[int, AddBias]]) -> None:
@@ -54,18 +69,37 @@ def _add(logits: torch.Tensor, items: list[tuple[int, AddBias]]) -> None:
     logits.index_put_((rows, cols), torch.cat(values) if len(values) > 1 else values[0], accumulate=True)
 
 
+def _fill_rows(logits: torch.Tensor, rows: list[int]) -> None:
+    """``-inf`` into whole rows: one memset per run of consecutive rows (CPU's ``index_fill_`` over
+    dim 0 is several times slower than a memset)."""
+    for start, stop in row_runs(rows):
+        logits[start:stop].fill_(NEG_INF)
+
+
+def row_runs(rows: Sequence[int]) -> list[tuple[int, int]]:
+    """``rows`` as ``[start, stop)`` runs of consecutive indices (in sorted order)."""
+    runs: list[tuple[int, int]] = []
+    for r in sorted(rows):
+        if runs and runs[-1][1] == r:
+            runs[-1] = (runs[-1][0], r + 1)
+        else:
+            runs.append((r, r + 1))
+    return runs
+
+
 def _keep(logits: torch.Tensor, items: list[tuple[int, KeepOnly]]) -> None:
     rows, cols, _ = _pairs(logits, items)
     kept = logits[rows, cols]
-    logits.index_fill_(0, _rows(logits, [r for r, _ in items]), float("-inf"))
+    _fill_rows(logits, [r for r, _ in items])
     logits.index_put_((rows, cols), kept)
 
 
 def _force(logits: torch.Tensor, items: list[tuple[int, ForceToken]]) -> None:
-    rows = _rows(logits, [r for r, _ in items])
-    tokens = torch.tensor([op.token_id for _, op in items], dtype=torch.long, device=logits.device)
-    logits.index_fill_(0, rows, float("-inf"))
-    logits.index_put_((rows, tokens), torch.tensor(0.0, dtype=logits.dtype, device=logits.device))
+    rows = _index(logits, [r for r, _ in items])
+    tokens = _index(logits, [op.token_id for _, op in items])
+    kept = logits[rows, tokens]
+    _fill_rows(logits, [r for r, _ in items])
+    logits.index_put_((rows, tokens), kept.masked_fill_(kept > NEG_INF, 0.0))
 
 
 _APPLY: dict[type, Callable[[torch.Tensor, list[Any]], None]] = {
@@ -76,6 +110,23 @@ _APPLY: dict[type, Callable[[torch.Tensor, list[Any]], None]] = {
 }
 
 
+def _witness_dead(logits: torch.Tensor, rows: Sequence[int], witnesses: dict[int, RowOp]) -> torch.Tensor | None:
+    """Per plan, on the device: whether its witness ids are all -inf (``False`` without a witness)."""
+    if not witnesses:
+        return None
+    dead = torch.zeros(len(rows), dtype=torch.bool, device=logits.device)
+    forced = [(i, op.token_id) for i, op in witnesses.items() if isinstance(op, ForceToken)]
+    if forced:
+        plans = _index(logits, [i for i, _ in forced])
+        values = logits[_index(logits, [rows[i] for i, _ in forced]), _index(logits, [t for _, t in forced])]
+        dead.index_put_((plans,), torch.isneginf(values))
+    for i, op in witnesses.items():
+        if isinstance(op, KeepOnly):
+            idx, _ = op.index.get(logits)
+            dead[i] = torch.isneginf(logits[rows[i]].index_select(0, idx)).all()
+    return dead
+
+
 def apply_plans(
     logits: torch.Tensor,
     rows: Sequence[int],
@@ -83,31 +134,47 @@ def apply_plans(
     histories: Sequence[Sequence[int]],
     *,
     on_error: OnError | None = None,
-) -> None:
+) -> torch.Tensor | None:
     """Apply ``plans[i]`` to ``logits[rows[i]]`` (in place) for every ``i``.
 
     ``logits`` is ``[num_rows, vocab]``; each row appears at most once in ``rows``. Opaque steps
     are called as ``step(histories[i], logits[rows[i]])``; one that raises is reported through
     ``on_error`` (or re-raised when ``on_error`` is ``None``) and the rest of its plan is skipped,
-    while every other plan is applied in full.
+    while every other plan is applied in full. Returns a device bool tensor, one per plan, true
+    where the plan's row has no token left (see the module doc), or ``None`` when no plan
+    restricts its row. Never synchronizes with the device for built-in steps.
     """
     failed: set[int] = set()
+
+    def fail(i: int, exc: Exception) -> None:
+        if on_error is None:
+            raise exc
+        failed.add(i)
+        on_error(i, exc)
+
+    witnesses: dict[int, RowOp] = {}
     depth = max((len(p) for p in plans), default=0)
     for level in range(depth):
-        groups: dict[type, list[tuple[int, RowOp]]] = {}
+        groups: dict[type, list[tuple[int, int]]] = {}
         for i, plan in enumerate(plans):
             if level >= len(plan) or i in failed:
                 continue
             step = plan[level]
             if isinstance(step, ROW_OPS):
-                groups.setdefault(type(step), []).append((rows[i], step))
+                groups.setdefault(type(step), []).append((i, step))
+                if isinstance(step, (ForceToken, KeepOnly)):
+                    witnesses[i] = step
                 continue
             try:
                 step(histories[i], logits[rows[i]])
             except Exception as exc:
-                if on_error is None:
-                    raise
-                failed.add(i)
-                on_error(i, exc)
-        for op_type, items in groups.items():
-            _APPLY[op_type](logits, items)
+                fail(i, exc)
+        for op_type, members in groups.items():
+            try:
+                _APPLY[op_type](logits, [(rows[i], op) for i, op in members])
+            except Exception as exc:  # not a request's data (ids were checked): fail the group, keep the batch
+                for i, _ in members:
+                    fail(i, exc)
+    for i in failed:
+        witnesses.pop(i, None)
+    return _witness_dead(logits, rows, witnesses)

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dynlogits.batch import apply_plans
 from dynlogits.realize import build_request_processor
+from dynlogits.specs import SpecError, decode_wire_payload
 
 V = 64
 EOS = 1
@@ -28,11 +29,16 @@ def random_payload(rng: random.Random) -> list[dict]:
         lambda: {"kind": "min_tokens", "min_tokens": rng.randint(1, 4), "stop_token_ids": [EOS]},
         lambda: {"kind": "thinking_budget", "start_token_ids": ids(1), "end_token_ids": ids(2), "budget": rng.randint(0, 3)},
     ]
-    payload = [rng.choice(makers)() for _ in range(rng.randint(1, 4))]
-    for entry in payload:
-        if entry.get("eos_token_id", 0) is None:
-            del entry["eos_token_id"]
-    return payload
+    while True:  # payloads whose entries contradict each other are refused at admission: draw again
+        payload = [rng.choice(makers)() for _ in range(rng.randint(1, 4))]
+        for entry in payload:
+            if entry.get("eos_token_id", 0) is None:
+                del entry["eos_token_id"]
+        try:
+            decode_wire_payload(payload, vocab_size=V)
+        except SpecError:
+            continue
+        return payload
 
 
 class AddOne:
@@ -122,8 +128,8 @@ def test_the_batched_path_allocates_nothing_vocab_sized() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     vocab = 100_000
-    payload = [{"kind": "allowed_tokens", "token_ids": [3, 4]}, {"kind": "logit_bias", "bias": {"3": 1.0}},
-               {"kind": "banned_tokens", "token_ids": [4]}, {"kind": "forced_sequence", "token_ids": [9],
+    payload = [{"kind": "allowed_tokens", "token_ids": [3, 4], "eos_token_id": EOS}, {"kind": "logit_bias", "bias": {"3": 1.0}},
+               {"kind": "banned_tokens", "token_ids": [4]}, {"kind": "forced_sequence", "token_ids": [3],
                                                              "eos_token_id": EOS}]
     reqs = [build_request_processor(payload[i % 4:] or payload, vocab_size=vocab) for i in range(8)]
     logits = torch.zeros(8, vocab)

@@ -144,16 +144,18 @@ def test_thinking_budget_incremental_scan_matches_a_fresh_scan():
 
 
 def _entries():
-    return decode_wire_payload(
-        [
+    """One entry of each built-in kind (decoded one by one: together they contradict each other)."""
+    return [
+        decode_wire_payload([entry])[0]
+        for entry in (
             {"kind": "forced_sequence", "token_ids": [5], "eos_token_id": 1},
             {"kind": "banned_tokens", "token_ids": [3]},
             {"kind": "allowed_tokens", "token_ids": [4]},
             {"kind": "logit_bias", "bias": {"2": 1.0}},
             {"kind": "min_tokens", "min_tokens": 2, "stop_token_ids": [1]},
             {"kind": "thinking_budget", "start_token_ids": [10], "end_token_ids": [11], "budget": 1},
-        ]
-    )
+        )
+    ]
 
 
 def test_every_wire_kind_but_python_has_a_builtin_factory():

@@ -22,6 +22,10 @@ Row layout (what ``generate()`` hands a ``LogitsProcessor`` in transformers 5.x)
   already holds the drafts before it: nothing special is needed. An assistant model runs the same
   list on its own rows; its logits must have the main model's width (ids were bounded by it,
   so another width is refused with ``ValueError``). Assisted generation runs batch size 1.
+* The processor returns an edited **copy** of ``scores``, as transformers' own processors do:
+  ``generate()`` uses the returned tensor, and some callers reuse the tensor they pass in (prompt
+  lookup checks each candidate against one ``torch.ones`` buffer, call after call), where edits in
+  place would pile up across calls (a mask from one call would still be there at the next).
 
 Failure policy: the SDK's (``dynlogits.sdk.guard``). ``realize_request`` never raises: a payload
 that fails in the engine (e.g. an id at or beyond the logits width) gives an already-failed
@@ -107,8 +111,9 @@ class DynamoLogitsProcessor(LogitsProcessor):
             raise ValueError(f"prompt_width {max(self._starts)} exceeds input_ids width {input_ids.shape[1]}")
         # Only the generated columns travel to the host, not the prompts.
         histories = histories_from_ids(input_ids[:, low:], [s - low for s in self._starts], self._rows)
-        apply_rows(scores, self._rows, self._live, histories)
-        return scores
+        processed = scores.clone()  # see the module doc: callers may pass the same tensor again
+        apply_rows(processed, self._rows, self._live, histories)
+        return processed  # type: ignore[return-value]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rows={len(self.requests)}, with_requests={len(self._rows)})"

@@ -15,6 +15,7 @@ from .bias import LogitBiasProcessor
 from .forced import ForcedSequenceProcessor
 from .min_tokens import MinTokensProcessor
 from .ops import AddBias, ForceToken, KeepOnly, MaskIds, PlannedProcessor, RowOp, apply_op
+from .templates import Template
 from .thinking_budget import ThinkingBudgetProcessor
 from .token_sets import AllowedTokensProcessor, BannedTokensProcessor
 
@@ -33,6 +34,7 @@ __all__ = [
     "PlannedProcessor",
     "RealizeContext",
     "RowOp",
+    "Template",
     "ThinkingBudgetProcessor",
     "apply_op",
 ]

@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["BaseLogitsProcessor", "IndexCache", "RealizeContext", "force_token"]
+__all__ = ["BaseLogitsProcessor", "IndexCache", "RealizeContext"]
 
 
 @runtime_checkable
@@ -53,9 +53,3 @@ class IndexCache:
             vals = None if self._values is None else torch.tensor(self._values, dtype=like.dtype, device=like.device)
             hit = self._cache[key] = (idx, vals)
         return hit
-
-
-def force_token(logits: torch.Tensor, token_id: int) -> None:
-    """Make ``token_id`` the only possible choice: every other logit -inf, it 0.0 (in place)."""
-    logits.fill_(float("-inf"))
-    logits[token_id] = 0.0

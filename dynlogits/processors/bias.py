@@ -8,6 +8,7 @@ import torch
 
 from .base import IndexCache
 from .ops import AddBias, RowOp, apply_op
+from .templates import BiasTemplate
 
 __all__ = ["LogitBiasProcessor"]
 
@@ -15,11 +16,12 @@ __all__ = ["LogitBiasProcessor"]
 class LogitBiasProcessor:
     """Every step, ``logits[id] += bias[id]`` for each listed id."""
 
-    __slots__ = ("_index",)
+    __slots__ = ("_index", "template")
 
     def __init__(self, bias: Mapping[int, float]) -> None:
         ids = sorted(bias)
         self._index = IndexCache(ids, [bias[i] for i in ids])
+        self.template = BiasTemplate(tuple(ids), tuple(float(bias[i]) for i in ids))
 
     def row_op(self, input_ids: Sequence[int]) -> RowOp:
         return AddBias(self._index)

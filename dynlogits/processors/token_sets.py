@@ -8,6 +8,7 @@ import torch
 
 from .base import IndexCache
 from .ops import KeepOnly, MaskIds, RowOp, apply_op
+from .templates import KeepTemplate, MaskTemplate
 
 __all__ = ["AllowedTokensProcessor", "BannedTokensProcessor"]
 
@@ -15,10 +16,12 @@ __all__ = ["AllowedTokensProcessor", "BannedTokensProcessor"]
 class BannedTokensProcessor:
     """Every step, the banned ids' logits become -inf; nothing else changes."""
 
-    __slots__ = ("_index",)
+    __slots__ = ("_index", "template")
 
     def __init__(self, token_ids: Sequence[int]) -> None:
-        self._index = IndexCache(sorted(set(token_ids)))
+        ids = sorted(set(token_ids))
+        self._index = IndexCache(ids)
+        self.template = MaskTemplate(tuple(ids))
 
     def row_op(self, input_ids: Sequence[int]) -> RowOp:
         return MaskIds(self._index)
@@ -35,11 +38,12 @@ class AllowedTokensProcessor:
     vocabulary-sized allocation per step.
     """
 
-    __slots__ = ("_index",)
+    __slots__ = ("_index", "template")
 
     def __init__(self, token_ids: Sequence[int], eos_token_id: int | None = None) -> None:
-        allowed = set(token_ids) | ({eos_token_id} if eos_token_id is not None else set())
-        self._index = IndexCache(sorted(allowed))
+        allowed = sorted(set(token_ids) | ({eos_token_id} if eos_token_id is not None else set()))
+        self._index = IndexCache(allowed)
+        self.template = KeepTemplate(tuple(allowed))
 
     def row_op(self, input_ids: Sequence[int]) -> RowOp:
         return KeepOnly(self._index)

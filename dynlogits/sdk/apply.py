@@ -4,7 +4,13 @@ Each request plans its step (``GuardedRequest.plan``); the plans go to
 ``dynlogits.batch.apply_plans``, which applies every built-in kind to all rows that need it with a
 few tensor ops per step and calls opaque processors (``python`` kind, plug-ins) on their own row.
 A request whose planning or processor fails is fail-stopped on its row(s) and reported once; the
-others are applied in full. Nothing here raises for one request's fault.
+others are applied in full. A row left with no token to sample (``dynlogits.sdk.guard``) is
+fail-stopped on the device in the same step and its request fails once the host learns it.
+Nothing here raises for one request's fault.
+
+This is the path for engines that hand over rows and histories every step (SGLang, TensorRT-LLM,
+transformers, and requests with opaque processors on vLLM). Engines with persistent request slots
+run built-in kinds on the resident path (``dynlogits.sdk.slot_batch``), which plans nothing per step.
 """
 
 from __future__ import annotations
@@ -16,8 +22,17 @@ import torch
 from dynlogits.batch import apply_plans
 
 from .guard import GuardedRequest
+from .readback import DeviceFlags
 
-__all__ = ["apply_rows"]
+__all__ = ["apply_rows", "stop_rows_where"]
+
+
+def stop_rows_where(logits: torch.Tensor, rows: Sequence[int], stops: Sequence[int], dead: torch.Tensor) -> None:
+    """Where ``dead[i]`` (a device bool), make ``stops[i]`` the one choice of the all ``-inf`` row
+    ``rows[i]``; elsewhere leave it unchanged. No host synchronization."""
+    index = (torch.tensor(list(rows), dtype=torch.long, device=logits.device),
+             torch.tensor(list(stops), dtype=torch.long, device=logits.device))
+    logits.index_put_(index, torch.where(dead, torch.zeros_like(logits[index]), logits[index]))
 
 
 def apply_rows(
@@ -46,7 +61,16 @@ def apply_rows(
         i = live[j]
         requests[i].fail_with(exc, histories[i])
 
-    apply_plans(logits, [rows[i] for i in live], plans, [histories[i] for i in live], on_error=failed)
+    dead = apply_plans(logits, [rows[i] for i in live], plans, [histories[i] for i in live], on_error=failed)
+    if dead is not None:
+        stoppable = [j for j, i in enumerate(live) if requests[i].stop_token_id is not None]
+        if stoppable:
+            index = torch.tensor(stoppable, dtype=torch.long, device=logits.device)
+            stop_rows_where(logits, [rows[live[j]] for j in stoppable],
+                            [requests[live[j]].stop_token_id for j in stoppable], dead[index])  # type: ignore[misc]
+        flags = DeviceFlags(dead)
+        for j, i in enumerate(live):
+            requests[i].note_dead(flags, j, len(histories[i]))
     for row, request in zip(rows, requests):
         if request.failed:
             request.force_stop(logits[row])

@@ -8,6 +8,12 @@ from then on its row is masked to its stop token, so it ends at once instead of 
 unconstrained. Other requests never see the failure. A request without a stop token (e.g.
 ``ignore_eos`` and no stop ids) cannot be ended from the sampler: it continues unconstrained to
 its length limit, and the ERROR log says so.
+
+A request also fails when a step leaves its row with **no token to sample**: its processors
+restrict the row to a few ids (a forced token, an allowed set) and all of them are masked, by the
+engine's grammar bitmask or by the request's own entries (forcing never unmasks). The apply paths
+find this on the device; the row is fail-stopped there in the same step, and the host records the
+failure (``note_dead``) once the device's answer is back, without waiting for it.
 """
 
 from __future__ import annotations
@@ -21,12 +27,20 @@ import torch
 
 from dynlogits.realize import RequestLogitsProcessor
 
-__all__ = ["FailureReport", "GuardedRequest", "pick_stop_token"]
+from .readback import DeviceFlags
+
+__all__ = ["NO_TOKEN_LEFT", "FailureReport", "GuardedRequest", "pick_stop_token"]
 
 logger = logging.getLogger("dynlogits.sdk")
 
 #: Called with a one-line description each time a request fails.
 FailureReport = Callable[[str], None]
+
+#: The reason recorded when a step leaves a request's row without a token (``{n}``: the position).
+NO_TOKEN_LEFT = (
+    "no token left to sample at output position {n}: every token its processors allow is masked "
+    "(a forced or allowed token masked by the engine's grammar, or by another entry)"
+)
 
 
 def pick_stop_token(eos_token_id: int | None, stop_token_ids: Iterable[int] | None, vocab_size: int) -> int | None:
@@ -48,7 +62,7 @@ class GuardedRequest:
     is the batched form used by ``dynlogits.sdk.apply_rows``.
     """
 
-    __slots__ = ("_report", "error", "processor", "stop_token_id")
+    __slots__ = ("_pending", "_report", "error", "processor", "stop_token_id")
 
     def __init__(
         self,
@@ -62,25 +76,28 @@ class GuardedRequest:
         self.stop_token_id = stop_token_id
         self.error = error
         self._report = report
+        self._pending: list[tuple[DeviceFlags, int, int]] = []
 
     @property
     def failed(self) -> bool:
+        self.poll()
         return self.error is not None
 
+    @property
+    def resident(self) -> bool:
+        """Whether every processor is a built-in kind with a ``template`` (the resident path can run it)."""
+        return self.processor is not None and all(hasattr(p, "template") for p in self.processor.processors)
+
     def __call__(self, history: Sequence[int], logits_row: torch.Tensor) -> torch.Tensor:
-        if self.error is None and self.processor is not None:
-            try:
-                self.processor(history, logits_row)
-                return logits_row
-            except Exception as exc:  # isolate this request; see the module docstring
-                self.fail_with(exc, history)
-        self.force_stop(logits_row)
+        from .apply import apply_rows  # apply builds on this module
+
+        apply_rows(logits_row.unsqueeze(0), [0], [self], [history])
         return logits_row
 
     def plan(self, history: Sequence[int]) -> list[Any] | None:
         """This step's steps for ``dynlogits.batch.apply_plans``; ``None`` once the request failed
         (its row must then be fail-stopped with ``force_stop``)."""
-        if self.error is None and self.processor is not None:
+        if not self.failed and self.processor is not None:
             try:
                 return self.processor.plan(history)
             except Exception as exc:  # isolate this request; see the module docstring
@@ -89,9 +106,30 @@ class GuardedRequest:
 
     def fail_with(self, exc: Exception, history: Sequence[int]) -> None:
         """Record that a processor raised ``exc`` at this position (logged and reported once)."""
-        self._fail(f"{self.processor!r} raised at output position {len(history)}: {type(exc).__name__}: {exc}")
+        self.fail(f"{self.processor!r} raised at output position {len(history)}: {type(exc).__name__}: {exc}",
+                  exc_info=True)
 
-    def _fail(self, reason: str) -> None:
+    def note_dead(self, flags: DeviceFlags, index: int, position: int) -> None:
+        """``flags[index]`` (on its way from the device) says whether the row at ``position`` had
+        no token left; the request fails with ``NO_TOKEN_LEFT`` once it is known to."""
+        self._pending.append((flags, index, position))
+        self.poll()
+
+    def poll(self) -> None:
+        """Record the failures the device has reported back by now (never waits)."""
+        while self._pending and self.error is None:
+            flags, index, position = self._pending[0]
+            values = flags.ready()
+            if values is None:
+                return
+            self._pending.pop(0)
+            if values[index]:
+                self.fail(NO_TOKEN_LEFT.format(n=position))
+        if self.error is not None:
+            self._pending.clear()
+
+    def fail(self, reason: str, *, exc_info: bool = False) -> None:
+        """Fail the request for ``reason`` (logged and reported once; later calls do nothing)."""
         if self.error is not None:
             return
         self.error = reason
@@ -101,12 +139,13 @@ class GuardedRequest:
             else "the request has no stop token and continues unconstrained"
         )
         message = f"dynamo logits processor failed for one request ({reason}); {ending}; other requests are unaffected"
-        logger.error(message, exc_info=True)
+        logger.error(message, exc_info=exc_info)
         if self._report is not None:
             self._report(message)
 
     def force_stop(self, logits_row: torch.Tensor) -> None:
-        """Mask the row to the request's stop token (nothing when it has none)."""
+        """Mask the row to the request's stop token (nothing when it has none). This one override
+        of the engine's masks is deliberate: a failed request must end."""
         if self.stop_token_id is not None:
             logits_row.fill_(-math.inf)
             logits_row[self.stop_token_id] = 0.0
@@ -117,7 +156,7 @@ class GuardedRequest:
     ) -> GuardedRequest:
         """A request whose payload could not be realized: fail-stopped from its first row."""
         request = cls(None, stop_token_id=stop_token_id, report=report)
-        request._fail(reason)
+        request.fail(reason)
         return request
 
     def __repr__(self) -> str:

@@ -32,8 +32,19 @@ def test_is_a_transformers_logits_processor_usable_in_a_processor_list():
     processor = logits_processor([forced_seq(7)], vocab_size=VOCAB, prompt_width=3, eos_token_id=EOS)
     assert isinstance(processor, LogitsProcessor)
     scores = torch.randn(1, VOCAB)
+    before = scores.clone()
     out = LogitsProcessorList([processor])(torch.tensor([[0, 5, 6]]), scores)
-    assert out is scores and only_finite(out[0]) == [7]
+    assert only_finite(out[0]) == [7]
+    assert torch.equal(scores, before)  # like transformers' own processors: the input is not edited
+
+
+def test_repeated_calls_on_one_input_tensor_do_not_accumulate_edits():
+    """Prompt lookup checks candidates by calling the list again and again on one ``torch.ones``
+    tensor; each call must see that tensor unchanged."""
+    processor = logits_processor([forced_seq(7, 8)], vocab_size=VOCAB, prompt_width=1, eos_token_id=EOS)
+    fake = torch.ones(1, VOCAB)
+    assert only_finite(processor(torch.tensor([[0]]), fake)[0]) == [7]
+    assert only_finite(processor(torch.tensor([[0, 7]]), fake)[0]) == [8]
 
 
 def test_rows_map_request_major_and_each_row_reads_its_own_history():
@@ -59,8 +70,8 @@ def test_rows_without_a_request_are_left_bit_for_bit():
     processor = logits_processor([None, forced_seq(4)], vocab_size=VOCAB, prompt_width=1, eos_token_id=EOS)
     scores = torch.randn(2, VOCAB)
     before = scores[0].clone()
-    processor(torch.tensor([[3], [3]]), scores)
-    assert torch.equal(scores[0], before) and only_finite(scores[1]) == [4]
+    out = processor(torch.tensor([[3], [3]]), scores)
+    assert torch.equal(out[0], before) and only_finite(out[1]) == [4]
 
 
 def test_no_host_copy_when_no_row_has_a_request(monkeypatch):

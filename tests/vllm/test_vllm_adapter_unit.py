@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 import torch
 
+from dynlogits.realize import RequestLogitsProcessor
+
 vllm = pytest.importorskip("vllm")
 
 from vllm import SamplingParams  # noqa: E402
@@ -153,7 +155,7 @@ class _Boom:
 
 def test_a_raising_request_is_fail_stopped_and_reported_once(caplog):
     reports: list[str] = []
-    req = GuardedRequest(_Boom(), stop_token_id=2, report=reports.append)  # type: ignore[arg-type]
+    req = GuardedRequest(RequestLogitsProcessor([_Boom()]), stop_token_id=2, report=reports.append)
     row = torch.zeros(16)
     assert req([], row) is row
     assert int(row.argmax()) == 2 and row.isinf().sum() == 15  # partial edits overwritten
@@ -166,7 +168,7 @@ def test_a_raising_request_is_fail_stopped_and_reported_once(caplog):
 
 def test_a_raising_request_without_stop_token_is_reported_and_left_unconstrained():
     reports: list[str] = []
-    req = GuardedRequest(_Boom(), stop_token_id=None, report=reports.append)  # type: ignore[arg-type]
+    req = GuardedRequest(RequestLogitsProcessor([_Boom()]), stop_token_id=None, report=reports.append)
     row = torch.zeros(16)
     req([], row)
     assert not row.isinf().any() and "continues unconstrained" in reports[0]
