@@ -12,7 +12,8 @@ What is decided here (every rule is exact for the built-in kinds, ignoring the e
   kinds do not), and an empty set is a contradiction;
 * a ``thinking_budget`` may force its end tokens at steps that depend on what the model writes, so
   an end token that an ``allowed_tokens`` entry excludes or a ``banned_tokens`` entry bans is a
-  contradiction whatever the step.
+  contradiction whatever the step, and so is one a ``min_tokens`` entry masks at a step the span
+  could be closed at.
 
 ``python`` and plug-in entries are opaque (their effect is unknown here) and are skipped. What
 cannot be known at admission (the engine's grammar, an opaque processor's masks) is caught while
@@ -129,6 +130,13 @@ def _thinking_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator
     for i, entry in enumerate(entries):
         if entry.kind != "thinking_budget":
             continue
+        earliest = len(entry.start_token_ids) + entry.budget  # the first output position it can force at
+        for j, other in enumerate(entries):
+            if other.kind == "min_tokens" and earliest < other.min_tokens:
+                clash = sorted(set(entry.end_token_ids) & set(other.stop_token_ids))
+                if clash:
+                    yield Problem(f"{paths[i]}.end_token_ids", f"token {clash[0]} is masked by {paths[j]} until output position {other.min_tokens}, and the span can be closed from position {earliest} on, which would leave the row with no token")
+                    return
         for token in entry.end_token_ids:
             if token in banned:
                 yield Problem(f"{paths[i]}.end_token_ids", f"token {token} is banned by {paths[banned[token]]}, so closing a thinking span would leave the row with no token")

@@ -66,12 +66,12 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
         if _is_v2_state(device_or_req_states):
             self.runner = "v2"
             self.vocab_size = int(device_or_req_states.vocab_size)
-            self._init_v2_state(device_or_req_states)
+            self._init_v2_state(vllm_config, device_or_req_states)
         else:
             self.runner = "v1"
             V1RunnerMixin.__init__(self, vllm_config, device_or_req_states, is_pin_memory)
             self.vocab_size = int(vllm_config.model_config.get_vocab_size())
-            self._init_v1_state()
+            self._init_v1_state(vllm_config, device_or_req_states)
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:

@@ -8,8 +8,9 @@
   does; removal frees the slot without telling processors;
 * each step builds the batch layout vLLM builds (``idx_mapping``, ``expanded_idx_mapping``,
   ``expanded_local_pos``, ``input_ids`` with the last committed token at local position 0 and the
-  draft tokens after it, ``pos``), skips processors when no request needs processing, copies the
-  logits to a fresh float32 tensor and calls ``apply(logits, ctx)`` (``Sampler.apply_sampling_params``).
+  draft tokens after it, ``pos``), calls ``apply_staged_writes()`` (the runner does, once per step
+  before the forward pass), skips processors when no request needs processing, copies the logits
+  to a fresh float32 tensor and calls ``apply(logits, ctx)`` (``Sampler.apply_sampling_params``).
 
 Why not end to end: Model Runner V2 needs Triton kernels, and vLLM's CPU build has no Triton
 CPU backend (``VllmConfig.use_v2_model_runner`` falls back to V1), and the runner's buffers
@@ -155,6 +156,7 @@ class V2SamplerHarness:
     def step(self, batch: Sequence[str], logits: torch.Tensor, drafts: Mapping[str, Sequence[int]] | None = None
              ) -> torch.Tensor:
         """Process one step's logits (one row per request, plus one per draft token, in ``batch`` order)."""
+        self.processor.apply_staged_writes()  # the runner flushes staged writes once per step, before the forward
         ctx = self.context(batch, drafts or {})
         if logits.shape[0] != ctx.expanded_idx_mapping.shape[0]:
             raise ValueError(f"expected {ctx.expanded_idx_mapping.shape[0]} logits rows, got {logits.shape[0]}")

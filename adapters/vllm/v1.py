@@ -1,9 +1,31 @@
 """The V1 model runner half of the adapter (``vllm.v1.sample.logits_processor``).
 
 The V1 runner keeps a persistent batch and tells processors about it through ``BatchUpdate``s
-(removed -> added -> moved, applied by vLLM's ``process_dict_updates``). Each added request
-brings a *live* reference to its output token list, so the history a request's processors see is
-always current, including after preemption (the request is re-added with every token it had).
+(added, then removed, then moved: the order of vLLM's own ``process_dict_updates``). Each added
+request brings a *live* reference to its output token list, so the history a request's
+processors see is always current, including after preemption (the request is re-added with every
+token it had).
+
+Where the work happens:
+
+* requests whose entries are all built-in kinds are **resident**: they get a slot of a
+  ``dynlogits.sdk.SlotBatch`` when they enter the batch, and a step is a few tensor ops per entry
+  kind with positions taken from the live lists' lengths (uploaded without blocking); nothing is
+  planned per row and nothing is read back from the device;
+* requests with ``python`` or plug-in entries are applied through ``dynlogits.sdk.apply_rows``
+  on their rows, with their histories.
+
+**Realized once per request.** The runner removes a request from the persistent batch whenever
+it is not scheduled (preemption, or simply a step without it) and re-adds it later; the processors
+realized the first time are reused (keyed by the request's own ``SamplingParams`` and live output
+list, released when vLLM drops them), so a re-add neither re-imports a ``python`` factory nor
+forgets that the request failed.
+
+**Placeholders.** Under async scheduling vLLM replaces a history's last token by ``-1`` until it is
+known, and repairs it before the sampler only when custom processors were passed with
+``logits_processors=`` (not through the entry-point group alone). Positions (lengths) are right
+either way; a history that reaches a processor that reads tokens (``thinking_budget``, ``python``,
+plug-ins) with a placeholder is logged once with the fix: pass the class in ``logits_processors``.
 
 The V1 runner refuses custom processors under speculative decoding and for pooling models; see
 ``capabilities``.
@@ -11,44 +33,181 @@ The V1 runner refuses custom processors under speculative decoding and for pooli
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import logging
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
-from vllm.v1.sample.logits_processor import AdapterLogitsProcessor, BatchUpdate
-from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+from vllm.v1.sample.logits_processor import AdapterLogitsProcessor, BatchUpdate, MoveDirectionality
 
-from dynlogits.sdk import apply_rows
+from dynlogits.processors.templates import ThinkingTemplate
+from dynlogits.sdk import SlotBatch, apply_rows
 
 from .request import GuardedRequest
 
-__all__ = ["V1RunnerMixin"]
+__all__ = ["RealizedRequests", "V1RunnerMixin"]
+
+logger = logging.getLogger("dynlogits.adapters.vllm")
+
+PLACEHOLDER = -1
 
 
-class _Entry(NamedTuple):
+@dataclass
+class _Entry:
     request: GuardedRequest
     output_ids: list[int]  # vLLM's live list: grows as the request generates
+    slot: int | None  # its SlotBatch slot when resident
+
+
+class RealizedRequests:
+    """Each request's realized processors, kept while vLLM keeps the request.
+
+    Keyed by the identity of the request's ``SamplingParams`` and of its live output list (vLLM
+    clones the params per request, but ``n > 1`` children may share one object); an entry holds
+    the list, so its identity cannot be reused while the entry lives, and goes when the params
+    are garbage collected (the request finished and vLLM dropped it).
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[int, int], tuple[list[int], GuardedRequest | None]] = {}
+
+    def get(self, params: Any, output_ids: list[int], realize: Callable[[], GuardedRequest | None]) -> GuardedRequest | None:
+        key = (id(params), id(output_ids))
+        hit = self._held.get(key)
+        if hit is not None and hit[0] is output_ids:
+            return hit[1]
+        request = realize()
+        try:
+            weakref.finalize(params, self._held.pop, key, None)
+        except TypeError:  # an object without weak references: realize on every add
+            return request
+        self._held[key] = (output_ids, request)
+        return request
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+def _has_thinking(request: GuardedRequest) -> bool:
+    return request.processor is not None and any(
+        isinstance(getattr(p, "template", None), ThinkingTemplate) for p in request.processor.processors)
 
 
 class V1RunnerMixin(AdapterLogitsProcessor):
     """V1-runner behaviour; the public class combines it with the V2 half (see ``processor``)."""
 
-    def _init_v1_state(self) -> None:
+    vocab_size: int
+    new_req_logits_processor: Any  # shared realization, defined by the public class
+
+    def _init_v1_state(self, vllm_config: Any, device: torch.device) -> None:
+        num_slots = int(vllm_config.scheduler_config.max_num_seqs)
         self._entries: dict[int, _Entry] = {}  # persistent-batch index -> request
+        self._resident = SlotBatch(num_slots=num_slots, vocab_size=self.vocab_size, device=device)
+        self._free_slots = list(range(num_slots - 1, -1, -1))
+        self._realized = RealizedRequests()
+        self._row_histories: list[list[int]] = []
+        self._hosted_rows: list[int] = []
+        self._any_resident = False
+        self._reads_tokens: list[int] = []
+        self._warned_placeholder = False
 
     def is_argmax_invariant(self) -> bool:
         """Forcing, banning and biasing all change the argmax, so greedy requests need us too."""
         return False
 
-    def _new_entry(self, params: Any, prompt_ids: list[int] | None, output_ids: list[int]) -> _Entry | None:
-        request = self.new_req_logits_processor(params)
-        return None if request is None else _Entry(request, output_ids)
-
+    # -- batch bookkeeping -----------------------------------------------------------------------
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        process_dict_updates(self._entries, batch_update, self._new_entry)
+        if not batch_update:
+            return
+        for index, params, _prompt, output_ids in batch_update.added:
+            self._drop(index)
+            request = self._realized.get(params, output_ids, lambda p=params: self.new_req_logits_processor(p))
+            if request is None:
+                continue
+            slot = None
+            if request.resident and self._free_slots:
+                slot = self._free_slots.pop()
+                self._resident.assign(slot, request)
+            self._entries[index] = _Entry(request, output_ids, slot)
+        for index in batch_update.removed:
+            self._drop(index)
+        for a, b, direction in batch_update.moved:
+            entry_a, entry_b = self._entries.pop(a, None), self._entries.pop(b, None)
+            if entry_a is not None:
+                self._entries[b] = entry_a
+            if entry_b is not None and direction == MoveDirectionality.SWAP:
+                self._entries[a] = entry_b
+            elif entry_b is not None:  # overwritten by a one-way move: vLLM dropped it
+                self._release(entry_b)
+        self._relayout(batch_update.batch_size)
 
+    def _drop(self, index: int) -> None:
+        entry = self._entries.pop(index, None)
+        if entry is not None:
+            self._release(entry)
+
+    def _release(self, entry: _Entry) -> None:
+        if entry.slot is not None:
+            self._resident.assign(entry.slot, None)
+            self._free_slots.append(entry.slot)
+            entry.slot = None
+
+    def _relayout(self, batch_size: int) -> None:
+        size = max(batch_size, max(self._entries, default=-1) + 1)
+        host_slots = np.full(size, -1, dtype=np.int64)
+        histories: list[list[int]] = [[] for _ in range(size)]
+        hosted = []
+        for index, entry in self._entries.items():
+            histories[index] = entry.output_ids
+            if entry.slot is None:
+                hosted.append(index)
+            else:
+                host_slots[index] = entry.slot
+        self._row_histories = histories
+        self._hosted_rows = sorted(hosted)
+        self._reads_tokens = [i for i, e in self._entries.items() if e.slot is None or _has_thinking(e.request)]
+        self._any_resident = bool((host_slots >= 0).any())
+        self._resident.set_rows(host_slots)
+        self._resident.flush()
+
+    # -- one step ------------------------------------------------------------------------------
     def _apply_v1(self, logits: torch.Tensor) -> torch.Tensor:
-        if self._entries:
-            rows = list(self._entries)
-            entries = [self._entries[r] for r in rows]
-            apply_rows(logits, rows, [e.request for e in entries], [e.output_ids for e in entries])
+        if not self._entries:
+            return logits
+        if self._reads_tokens and not self._warned_placeholder:
+            self._check_placeholders([self._row_histories[i] for i in self._reads_tokens])
+        if self._any_resident:
+            try:
+                self._resident.apply(logits, histories=self._row_histories)
+            except Exception as exc:  # an adapter bug must not take the engine down: fail these requests
+                self._fail_resident(logits, exc)
+        if self._hosted_rows:
+            rows = self._hosted_rows
+            histories = [self._entries[r].output_ids for r in rows]
+            apply_rows(logits, rows, [self._entries[r].request for r in rows], histories)
         return logits
+
+    def _fail_resident(self, logits: torch.Tensor, exc: Exception) -> None:
+        logger.error("the resident apply path failed; failing its requests", exc_info=True)
+        for index, entry in self._entries.items():
+            if entry.slot is not None:
+                entry.request.fail_with(exc, entry.output_ids)
+                self._resident.mark_failed(entry.slot)
+                entry.request.force_stop(logits[index])
+
+    def _check_placeholders(self, histories: list[list[int]]) -> None:
+        if any(h and h[-1] == PLACEHOLDER for h in histories):
+            self._warned_placeholder = True
+            logger.error(
+                "a request history ends in the placeholder id -1 (async scheduling): vLLM repairs it before "
+                "the sampler only when the adapter is passed in logits_processors=[...] / --logits-processors; "
+                "install it that way, not through the entry-point group alone. Processors that read tokens "
+                "see the placeholder until then."
+            )
+
+    def held_v1(self) -> int:
+        """How many requests this instance holds state for (the persistent batch's)."""
+        return len(self._entries)

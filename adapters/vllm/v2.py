@@ -2,16 +2,33 @@
 
 V2 contract (vLLM >= 0.31): requests live in persistent *slots* that are recycled without a
 removal call, so ``add_request(slot, params)`` overwrites all of the slot's state and returns
-whether the request needs us. ``apply(logits, ctx)`` runs once per step for the whole batch;
-``ctx.expanded_idx_mapping`` maps each logits row to its slot, and under speculative decoding a
-request owns one row per draft token. Committed tokens come from the runner's request state
-(``all_token_ids[slot, prompt_len:total_len]``); the drafts preceding a row are only in
-``ctx.input_ids`` (local position 0 holds the last committed token, drafts start at 1), exactly
-as vLLM's own bad-words kernel reads them. Resumption after preemption needs nothing special:
-``all_token_ids`` holds every committed output token again.
+whether the request needs us; writes staged there reach the device in ``apply_staged_writes``,
+which the runner calls once per step before the forward pass. ``apply(logits, ctx)`` runs once per
+step for the whole batch; ``ctx.expanded_idx_mapping`` maps each logits row to its slot, and under
+speculative decoding a request owns one row per draft token (``ctx.expanded_local_pos``: 0 for the
+row after the committed tokens, ``k`` after ``k`` drafts).
 
-Cost: nothing is read back from the device unless a request in this step carries a payload;
-then one small gather of the active slots' lengths and tokens per step.
+Where the work happens:
+
+* requests whose entries are all built-in kinds are **resident** in a ``dynlogits.sdk.SlotBatch``
+  keyed by the runner's own slot: positions come from the device (``ctx.pos + 1 -
+  prompt_len[slot]``: the tokens generated before the row, drafts included), and a step is a few
+  tensor ops per entry kind. Without speculative decoding the host knows which row holds which
+  slot (``ctx.idx_mapping_np``) and the steps reuse index tensors built when the batch changed;
+  with it only the device does, and every row gathers its slot's tables. No step reads anything
+  back from the device or builds a tensor from a host list.
+* ``thinking_budget`` reads the tokens themselves; its span state is followed on the device
+  (``dynlogits.sdk.thinking``), from the committed tokens in ``all_token_ids`` and the drafts in
+  ``ctx.input_ids``.
+* requests with ``python`` or plug-in entries are **hosted**: their histories are read back
+  (``all_token_ids[slot, prompt_len:total_len]`` plus the drafts before the row: one small copy
+  per step, only when such a request is in the step) and applied with ``dynlogits.sdk.apply_rows``.
+
+Speculative decoding: a draft row is processed with the drafts before it as part of its history.
+Drafts of a request still in prefill are placeholders (-1): such rows are discarded by the runner
+and are left untouched (no processor ever sees a placeholder). A failure found on a draft row
+(a raising processor, a row left with no token) fail-stops that row only, since the draft may be
+rejected; it fails the request when it happens on the row after the committed tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dynlogits.sdk import apply_rows
+from dynlogits.sdk import SlotBatch, apply_rows
+from dynlogits.sdk.thinking import DeviceThinking
 
 from .request import GuardedRequest
 
@@ -34,62 +52,146 @@ except ImportError:  # pragma: no cover - depends on the installed vLLM
     LogitsProcessor = object  # type: ignore[assignment,misc]
     LogitsContext = LogitsProcRequestState = None  # type: ignore[assignment,misc]
 
-__all__ = ["HAS_V2_INTERFACE", "V2RunnerMixin", "row_histories"]
+__all__ = ["HAS_V2_INTERFACE", "PLACEHOLDER", "V2RunnerMixin", "row_histories"]
+
+PLACEHOLDER = -1
 
 
 def row_histories(
     req_states: Any, ctx: Any, rows: np.ndarray, slots: np.ndarray
-) -> list[list[int]]:
-    """The generated tokens visible to each of ``rows`` (whose slots are ``slots``).
+) -> list[list[int] | None]:
+    """The generated tokens visible to each of ``rows`` (whose slots are ``slots``), read back from
+    the device; ``None`` for a draft row whose drafts are placeholders (the runner discards it).
 
     ``req_states`` is a ``LogitsProcRequestState``: ``all_token_ids.gpu`` ``[max_reqs, max_len]``,
-    ``total_len.gpu`` ``[max_reqs]`` (device), ``prompt_len.np`` ``[max_reqs]`` (host).
+    ``total_len.gpu`` ``[max_reqs]`` (device), ``prompt_len.np`` ``[max_reqs]`` (host). Only the
+    generated columns of these slots are copied.
     """
     unique = np.unique(slots)
     index = torch.from_numpy(unique.astype(np.int64)).to(req_states.all_token_ids.gpu.device)
     total = req_states.total_len.gpu[index].cpu().numpy()
     prompt = np.asarray(req_states.prompt_len.np)[unique]
-    width = int(total.max())
-    tokens = req_states.all_token_ids.gpu[index, :width].cpu().numpy()
-    committed = {int(s): tokens[i, prompt[i] : total[i]].tolist() for i, s in enumerate(unique)}
+    low, high = int(prompt.min()), int(total.max())
+    tokens = req_states.all_token_ids.gpu[index, low:high].cpu().numpy() if high > low else np.zeros((len(unique), 0), np.int64)
+    committed = {int(s): tokens[i, prompt[i] - low : total[i] - low].tolist() for i, s in enumerate(unique)}
 
     one_row_per_request = ctx.expanded_idx_mapping.shape[0] == len(ctx.idx_mapping_np)
     if one_row_per_request:
         return [committed[int(s)] for s in slots]
     local = ctx.expanded_local_pos.cpu().numpy()
     inputs = ctx.input_ids.cpu().numpy()
-    histories: list[list[int]] = []
+    histories: list[list[int] | None] = []
     for row, slot in zip(rows.tolist(), slots.tolist()):
         k = int(local[row])
         drafts = inputs[row - k + 1 : row + 1].tolist() if k else []
-        histories.append(committed[slot] + drafts)
+        histories.append(None if PLACEHOLDER in drafts else committed[slot] + drafts)
     return histories
 
 
 class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
     """Model Runner V2 behaviour; the public class combines it with the V1 half (see ``processor``)."""
 
+    vocab_size: int
     new_req_logits_processor: Any  # shared realization, defined by the public class
 
-    def _init_v2_state(self, req_states: Any) -> None:
+    def _init_v2_state(self, vllm_config: Any, req_states: Any) -> None:
         self._req_states = req_states
-        self._slots: list[GuardedRequest | None] = [None] * req_states.max_num_reqs
-        self._active = np.zeros(req_states.max_num_reqs, dtype=bool)
+        slots = req_states.max_num_reqs
+        self._slots: list[GuardedRequest | None] = [None] * slots
+        self._active = np.zeros(slots, dtype=bool)
+        self._is_resident = np.zeros(slots, dtype=bool)
+        self._resident = SlotBatch(num_slots=slots, vocab_size=self.vocab_size, device=req_states.device)
+        spec = getattr(vllm_config, "speculative_config", None)
+        drafts = int(getattr(spec, "num_speculative_tokens", 0) or 0)
+        # tables as wide as the SlotBatch's (its sentinel row included); a step commits <= 1 + drafts tokens
+        self._thinking = DeviceThinking(slots + 1, req_states.device, max_new=1 + drafts)
+        self._layout: np.ndarray | None = None  # idx_mapping_np of the last known layout
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
         """Reset slot ``req_idx`` for a new occupant; True when it carries a payload."""
         request = self.new_req_logits_processor(sampling_params)
         self._slots[req_idx] = request
         self._active[req_idx] = request is not None
+        self._is_resident[req_idx] = self._resident.assign(req_idx, request)
+        resumed = int(self._req_states.prefill_len.np[req_idx]) > int(self._req_states.prompt_len.np[req_idx])
+        self._thinking.assign(req_idx, request if self._is_resident[req_idx] else None, resumed=resumed)
+        self._layout = None  # the known layout's slots may hold another occupant now
         return request is not None
 
+    def apply_staged_writes(self) -> None:
+        """Copy the slot tables staged by ``add_request`` to the device (once per step, before the forward)."""
+        self._resident.flush()
+        self._thinking.flush()
+
+    def _generated(self, ctx: Any) -> torch.Tensor:
+        """Tokens generated before each row (drafts included): ``pos + 1 - prompt_len[slot]``."""
+        prompt = self._req_states.prompt_len.gpu  # read each step: vLLM swaps the UVA buffer it points to
+        return (ctx.pos + 1 - prompt[ctx.expanded_idx_mapping].to(ctx.pos.dtype)).clamp_(min=0)
+
     def _apply_v2(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
-        if not self._active[ctx.idx_mapping_np].any():
-            return logits  # no request of this step carries a payload: no device reads at all
-        row_slots = ctx.expanded_idx_mapping.cpu().numpy()
-        rows = np.flatnonzero(self._active[row_slots])
-        slots = row_slots[rows]
-        histories = row_histories(self._req_states, ctx, rows, slots)
-        requests = [self._slots[int(s)] for s in slots]
-        apply_rows(logits, rows.tolist(), requests, histories)  # type: ignore[arg-type]
+        slots_in_step = ctx.idx_mapping_np
+        if not self._active[slots_in_step].any():
+            return logits  # no request of this step carries a payload: nothing at all to do
+        resident = self._is_resident[slots_in_step]
+        if resident.any():
+            try:
+                self._apply_resident(logits, ctx, slots_in_step, resident)
+            except Exception as exc:  # an adapter bug must not take the engine down: fail these requests
+                self._fail_resident(slots_in_step[resident], exc)
+        hosted = self._active[slots_in_step] & ~resident
+        if hosted.any():
+            self._apply_hosted(logits, ctx)
         return logits
+
+    def _apply_resident(self, logits: torch.Tensor, ctx: Any, slots_in_step: np.ndarray, resident: np.ndarray) -> None:
+        generated = self._generated(ctx)
+        known = logits.shape[0] == len(slots_in_step)  # one row per request: the host knows the layout
+        states = self._req_states
+        self._thinking.step(states.all_token_ids.gpu, states.prompt_len.gpu, states.total_len.gpu,
+                            input_ids=None if known else ctx.input_ids,
+                            local_pos=None if known else ctx.expanded_local_pos)
+        if known:
+            if self._layout is None or not np.array_equal(self._layout, slots_in_step):
+                self._layout = slots_in_step.copy()
+                self._resident.set_rows(np.where(resident, slots_in_step, -1))
+            self._resident.use_known_layout()
+            self._resident.apply(logits, generated=generated, thinking=self._thinking.decide)
+        else:
+            self._resident.rows_on_device(ctx.expanded_idx_mapping, slots_in_step[resident])
+            real = ctx.expanded_local_pos == 0
+            self._resident.apply(logits, generated=generated, thinking=self._thinking.decide, real_rows=real)
+
+    def _fail_resident(self, slots: np.ndarray, exc: Exception) -> None:
+        import logging
+
+        logging.getLogger("dynlogits.adapters.vllm").error("the resident apply path failed; failing its requests",
+                                                           exc_info=True)
+        for slot in slots.tolist():
+            request = self._slots[slot]
+            if request is not None:
+                request.fail_with(exc, ())
+                self._resident.mark_failed(slot)
+
+    def _apply_hosted(self, logits: torch.Tensor, ctx: Any) -> None:
+        """Requests with ``python``/plug-in entries: histories read back, then ``apply_rows``."""
+        row_slots = ctx.expanded_idx_mapping.cpu().numpy()
+        rows = np.flatnonzero(self._active[row_slots] & ~self._is_resident[row_slots])
+        slots = row_slots[rows]
+        try:
+            histories = row_histories(self._req_states, ctx, rows, slots)
+        except Exception as exc:  # reading the histories failed: fail these requests, keep the engine
+            for slot in np.unique(slots).tolist():
+                request = self._slots[slot]
+                if request is not None:
+                    request.fail_with(exc, ())
+            histories = [None] * len(rows)
+        keep = [i for i, h in enumerate(histories) if h is not None]  # placeholder drafts: left untouched
+        local = ctx.expanded_local_pos.cpu().numpy() if len(row_slots) != len(ctx.idx_mapping_np) else None
+        real = [i for i in keep if local is None or local[rows[i]] == 0]
+        drafts = [i for i in keep if local is not None and local[rows[i]] != 0]
+        requests = [self._slots[int(slots[i])] for i in real]
+        apply_rows(logits, [int(rows[i]) for i in real], requests, [histories[i] for i in real])  # type: ignore[arg-type,misc]
+        for i in drafts:  # a failure on a draft row stops that row only (the draft may be rejected)
+            request = self._slots[int(slots[i])]
+            if request is not None and not request.failed:
+                request.apply_draft(histories[i], logits[int(rows[i])])  # type: ignore[arg-type]

@@ -9,9 +9,11 @@ translation of its engine's calling convention onto them:
    ``validate`` raises ``SpecError`` naming the field at admission, ``realize`` never raises.
 3. **locate** (``dynlogits.sdk.locate``): name each logits row's request and history (generated
    tokens, drafts appended); positions come from the history alone.
-4. **apply** (``apply_rows``): the rows of a batch, in place, batched by kind, with per-request
-   failure isolation: a failing request is fail-stopped to its stop token (``pick_stop_token``) and
-   reported once through the ``report`` callback given to ``realize``.
+4. **apply**: the rows of a batch, in place, with per-request failure isolation: a failing request
+   is fail-stopped to its stop token (``pick_stop_token``) and reported once through the ``report``
+   callback given to ``realize``. Two paths: ``apply_rows`` takes rows and histories every step
+   (any engine, any kind); ``SlotBatch`` keeps resident requests' built-in kinds on the device per
+   persistent slot, for engines that have slots (no per-step planning, no host-device syncs).
 
 Nothing here imports an engine; the activation half imports no torch either (a frontend may use
 it), the rest loads torch on first use. The conformance kit (``dynlogits.testing``) checks an adapter
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from .guard import FailureReport, GuardedRequest, pick_stop_token
     from .locate import histories_from_ids
     from .realization import realize, validate
+    from .slot_batch import SlotBatch
 
 _LAZY = {
     "apply_rows": "apply",
@@ -41,12 +44,14 @@ _LAZY = {
     "histories_from_ids": "locate",
     "realize": "realization",
     "validate": "realization",
+    "SlotBatch": "slot_batch",
 }
 
 __all__ = [
     "WIRE_KEY",
     "FailureReport",
     "GuardedRequest",
+    "SlotBatch",
     "SpecError",
     "apply_rows",
     "encode_payload",

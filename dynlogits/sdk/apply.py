@@ -24,7 +24,7 @@ from dynlogits.batch import apply_plans
 from .guard import GuardedRequest
 from .readback import DeviceFlags
 
-__all__ = ["apply_rows", "stop_rows_where"]
+__all__ = ["apply_draft_row", "apply_rows", "stop_rows_where"]
 
 
 def stop_rows_where(logits: torch.Tensor, rows: Sequence[int], stops: Sequence[int], dead: torch.Tensor) -> None:
@@ -74,3 +74,22 @@ def apply_rows(
     for row, request in zip(rows, requests):
         if request.failed:
             request.force_stop(logits[row])
+
+
+def apply_draft_row(request: GuardedRequest, history: Sequence[int], row: torch.Tensor) -> None:
+    """Apply ``request`` to the 1-D ``row`` of a *draft* position (speculative decoding), in place.
+
+    A failure here (a processor raising, the row left with no token) stops this row only: the
+    draft may be rejected, in which case the request goes on; if it is accepted, the request meets
+    the same failure on its next committed row and fails then. Nothing is recorded or reported.
+    """
+    if request.failed or request.processor is None:
+        return
+    try:
+        plan = request.processor.plan(history)
+        dead = apply_plans(row.unsqueeze(0), [0], [plan], [history])
+    except Exception:  # stop this draft row only (see above)
+        request.force_stop(row)
+        return
+    if dead is not None and request.stop_token_id is not None:
+        stop_rows_where(row.unsqueeze(0), [0], [request.stop_token_id], dead)

@@ -94,6 +94,13 @@ class GuardedRequest:
         apply_rows(logits_row.unsqueeze(0), [0], [self], [history])
         return logits_row
 
+    def apply_draft(self, history: Sequence[int], logits_row: torch.Tensor) -> None:
+        """Apply to a draft row (speculative decoding): a failure stops this row only
+        (``dynlogits.sdk.apply.apply_draft_row``)."""
+        from .apply import apply_draft_row
+
+        apply_draft_row(self, history, logits_row)
+
     def plan(self, history: Sequence[int]) -> list[Any] | None:
         """This step's steps for ``dynlogits.batch.apply_plans``; ``None`` once the request failed
         (its row must then be fail-stopped with ``force_stop``)."""

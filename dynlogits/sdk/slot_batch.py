@@ -1,0 +1,336 @@
+"""The resident apply path: built-in processors kept on the device, per persistent request slot.
+
+Engines such as vLLM keep requests in persistent *slots* and hand the sampler a batch whose layout
+changes only when requests come and go. ``SlotBatch`` compiles each resident request (every
+processor a built-in kind: ``GuardedRequest.resident``) into per-slot device tables once, when it
+enters a slot, and runs each step as a few tensor ops per group of entries
+(``dynlogits.sdk.slot_groups``), reading positions from what the engine already has. In steady
+state nothing is planned on the host per row, nothing is read back from the device, and no tensor
+is built from a host list: the only traffic is what ``dynlogits.sdk.staging`` queues without
+blocking (the V1 runner's positions, host-decided ``thinking_budget`` tokens, failure flags).
+
+Lifecycle (what an adapter calls):
+
+* ``assign(slot, request)`` when a request enters a slot (``None`` clears it), then ``flush()``
+  once per batch change (vLLM V2: ``apply_staged_writes``);
+* ``set_rows(host_slots)`` when the host knows which slot each logits row holds (the V1 runner;
+  Model Runner V2 without speculative decoding), or ``rows_on_device(slot_of_row, slots)`` each
+  step when only the device knows (Model Runner V2 with speculative decoding);
+* ``apply(logits, ...)`` every step.
+
+Failures: a row left with no token (a forced or allowed token masked by the engine's grammar, or
+by the request's own entries) is fail-stopped on the device in the same step; its slot's flag is
+read back without waiting, and the request is then failed (``GuardedRequest.fail``) and its slot
+fail-stopped from the next step on. Requests failed on the host are fail-stopped the same way.
+Failing rows on draft positions (``real_rows`` false) stop only that row: the draft may be rejected.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from dynlogits.batch import row_runs
+
+from .guard import NO_TOKEN_LEFT, GuardedRequest
+from .slot_groups import GROUP_TYPES, Dead, Group, KnownRows, MaskedRows, StepInputs, ThinkingGroup, fill_rows
+from .staging import SlotFlags, SlotTable, StepUpload
+
+__all__ = ["SlotBatch", "ThinkingDecider"]
+
+logger = logging.getLogger("dynlogits.sdk")
+
+NEG_INF = -math.inf
+
+#: Device decisions for a ``thinking_budget`` group in the masked layout: ``(group, rows) -> tokens``
+#: (the end token to force per row, -1 for none).
+ThinkingDecider = Callable[[ThinkingGroup, MaskedRows], torch.Tensor]
+
+
+class SlotBatch:
+    """Per-slot device programs of an engine's resident requests (see the module doc)."""
+
+    def __init__(self, *, num_slots: int, vocab_size: int, device: torch.device | str) -> None:
+        self.num_slots = num_slots
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self.requests: list[GuardedRequest | None] = [None] * num_slots
+        self.groups: dict[tuple[int, type], Group] = {}
+        # Tables have one more row than there are slots: the sentinel ``num_slots``, never
+        # assigned, stands for rows that hold no resident request.
+        self._sentinel = num_slots
+        self._stop = SlotTable(num_slots + 1, torch.long, self.device, pad=-1)
+        self._failed: set[int] = set()  # slots whose request failed: fail-stopped every step
+        self._failed_member = SlotTable(num_slots + 1, torch.bool, self.device, pad=0)
+        self._flags = SlotFlags(num_slots + 1, self.device)  # output position a slot's row was left empty, or -1
+        self._positions = StepUpload(torch.long, self.device)
+        self._decisions = StepUpload(torch.long, self.device)
+        self._host_slots: np.ndarray | None = None
+        self._known: dict[tuple[int, type], KnownRows] = {}
+        self._known_failed: KnownRows | None = None
+        self._stride: int | None = None
+        self._layout_dirty = True
+        self._failed_now: list[int] = []
+
+    # -- batch changes ----------------------------------------------------------------------------
+    def assign(self, slot: int, request: GuardedRequest | None) -> bool:
+        """Put ``request``'s program in ``slot`` (``None``, or a request that is not resident, clears
+        it); returns whether the slot now holds a resident request."""
+        self._detach(slot)
+        self._set_failed(slot, False)
+        self.requests[slot] = None
+        self._flags.reset(slot)
+        self._layout_dirty = True
+        if request is None or not request.resident:
+            return False
+        for level, processor in enumerate(request.processor.processors):  # type: ignore[union-attr]
+            template = processor.template
+            key = (level, type(template))
+            group = self.groups.get(key)
+            if group is None:
+                group = self.groups[key] = GROUP_TYPES[type(template)](level, self.num_slots + 1, self.device)
+            group.assign(slot, template)
+        self.requests[slot] = request
+        self._stop.set(slot, [-1 if request.stop_token_id is None else request.stop_token_id])
+        if request.failed:
+            self.mark_failed(slot)
+        return True
+
+    def _detach(self, slot: int) -> None:
+        """Take ``slot`` out of every group (its request's program stops running)."""
+        for group in self.groups.values():
+            group.assign(slot, None)
+
+    def _set_failed(self, slot: int, failed: bool) -> None:
+        if failed == (slot in self._failed):
+            return
+        if failed:
+            self._failed.add(slot)
+        else:
+            self._failed.discard(slot)
+        self._failed_member.set(slot, [int(failed)])
+        self._layout_dirty = True
+
+    def flush(self) -> None:
+        """Copy what ``assign`` staged to the device (once per batch change)."""
+        changed = self._stop.flush() | self._failed_member.flush()
+        for group in self.groups.values():
+            changed = group.flush() or changed
+        if changed:
+            self._layout_dirty = True
+
+    # -- layouts ----------------------------------------------------------------------------------
+    def set_rows(self, host_slots: np.ndarray) -> None:
+        """Row ``r`` of the coming steps' logits holds slot ``host_slots[r]`` (-1: no resident request)."""
+        self._host_slots = np.asarray(host_slots, dtype=np.int64)
+        self._layout_dirty = True
+
+    def _known_rows(self, rows: np.ndarray) -> KnownRows:
+        slots = self._host_slots[rows]  # type: ignore[index]
+        packed = torch.from_numpy(np.concatenate([rows, slots])).to(self.device)
+        return KnownRows(rows, slots, packed[: len(rows)], packed[len(rows) :], row_runs(rows.tolist()))
+
+    def _prepare(self, stride: int) -> None:
+        """Member rows (and each group's cached indices) for the current known layout."""
+        host = self._host_slots
+        assert host is not None
+        self._known.clear()
+        in_step = host >= 0
+        self._slot_of_row = torch.from_numpy(np.where(in_step, host, self._sentinel)).to(self.device)
+        for key, group in self.groups.items():
+            if not group.members:
+                continue
+            rows = np.flatnonzero(in_step & np.isin(host, list(group.members)))
+            if len(rows):
+                known = self._known[key] = self._known_rows(rows)
+                group.prepare(known, stride)
+        failed = np.flatnonzero(in_step & np.isin(host, list(self._failed))) if self._failed else np.empty(0, np.int64)
+        self._known_failed = self._known_rows(failed) if len(failed) else None
+        self._stride = stride
+        self._layout_dirty = False
+
+    @property
+    def needs_positions(self) -> bool:
+        """Whether any group in use needs positions (so an adapter may skip computing them)."""
+        return any(g.positional and g.members for g in self.groups.values())
+
+    # -- one step ---------------------------------------------------------------------------------
+    def apply(
+        self,
+        logits: torch.Tensor,
+        *,
+        histories: Sequence[Sequence[int]] | None = None,
+        generated: torch.Tensor | None = None,
+        thinking: ThinkingDecider | None = None,
+        real_rows: torch.Tensor | None = None,
+    ) -> None:
+        """Apply every resident request's entries to its row(s) of ``logits`` (in place).
+
+        Positions come from ``histories`` (known layout: the history of each row, host lists whose
+        lengths are uploaded) or ``generated`` (a row-indexed device tensor of generated counts).
+        ``thinking`` decides ``thinking_budget`` groups on the device (masked layout, or whenever
+        ``histories`` is absent); otherwise they are decided on the host from ``histories``.
+        ``real_rows`` (masked layout) marks the rows whose history is committed, i.e. not drafts.
+        """
+        if not logits.is_contiguous():
+            raise ValueError("the resident path needs contiguous logits")
+        masked = self._masked
+        if masked is None and self._host_slots is None:
+            return
+        if masked is None and (self._layout_dirty or self._stride != logits.stride(0)):
+            self.flush()
+            self._prepare(logits.stride(0))
+        if generated is None and histories is not None and masked is None and self._needs_positions_now():
+            n = len(histories)
+            buf = self._positions.buffer(n)
+            buf[:] = [len(h) for h in histories]
+            generated = self._positions.upload(n)
+        step = StepInputs(logits, logits.view(-1), logits.stride(0), generated)
+        deaths: list[Dead] = []
+        for key in sorted(self.groups, key=lambda k: k[0]):
+            group = self.groups[key]
+            dead = self._apply_group(group, step, masked, histories, thinking)
+            if dead is not None:
+                deaths.append(dead)
+        self._fail_stop_failed(step, masked)
+        for row in self._failed_now:  # failed on the host during this step (known layout)
+            request = self.requests[int(self._host_slots[row])]  # type: ignore[index]
+            if request is not None:
+                request.force_stop(logits[row])
+        self._failed_now.clear()
+        if deaths:
+            self._stop_dead(step, deaths, real_rows)
+        self._collect_failures()
+
+    _masked: MaskedRows | None = None
+
+    def rows_on_device(self, slot_of_row: torch.Tensor, slots_in_step: np.ndarray) -> None:
+        """The masked layout for the coming step: row ``r`` holds slot ``slot_of_row[r]`` (device);
+        ``slots_in_step`` (host) are the slots with rows in it."""
+        self.flush()
+        self._masked = MaskedRows(slot_of_row.long(), torch.empty(0, dtype=torch.bool, device=self.device))
+        self._slots_in_step = set(np.asarray(slots_in_step).tolist())
+
+    def use_known_layout(self) -> None:
+        """Back to the known layout (after ``rows_on_device``)."""
+        self._masked = None
+
+    def _needs_positions_now(self) -> bool:
+        return any(group.positional for key, group in self.groups.items() if key in self._known)
+
+    def _apply_group(self, group: Group, step: StepInputs, masked: MaskedRows | None,
+                     histories: Sequence[Sequence[int]] | None, thinking: ThinkingDecider | None) -> Dead | None:
+        if masked is None:
+            rows = self._known.get((group.level, group.template_type))
+            if rows is None:
+                return None
+            if isinstance(group, ThinkingGroup):
+                if histories is not None:
+                    return group.apply_decided(step, rows, self._decide_on_host(group, rows, histories), self._decisions)
+                if thinking is None:
+                    raise ValueError("thinking_budget needs the rows' histories or a device decider")
+                every = MaskedRows(self._slot_of_row, group.member.dev[self._slot_of_row, 0])
+                return group.apply_device(step, every, thinking(group, every))
+            return group.apply_known(step, rows)
+        if not (group.members & self._slots_in_step):
+            return None
+        rows_m = MaskedRows(masked.slot_of_row, group.member.dev[masked.slot_of_row, 0])
+        if isinstance(group, ThinkingGroup):
+            if thinking is None:
+                raise ValueError("thinking_budget in a masked layout needs a device decider")
+            return group.apply_device(step, rows_m, thinking(group, rows_m))
+        return group.apply_masked(step, rows_m)
+
+    def _decide_on_host(self, group: ThinkingGroup, rows: KnownRows, histories: Sequence[Sequence[int]]) -> np.ndarray:
+        decisions = np.full(len(rows.rows), -1, dtype=np.int64)
+        for i, (row, slot) in enumerate(zip(rows.rows.tolist(), rows.slots.tolist())):
+            request = self.requests[slot]
+            assert request is not None and request.processor is not None
+            try:
+                op = request.processor.processors[group.level].row_op(histories[row])
+            except Exception as exc:  # a bug must not escape the sampler: fail this request alone
+                request.fail_with(exc, histories[row])
+                self.mark_failed(slot)
+                self._failed_now.append(row)
+                continue
+            if op is not None:
+                decisions[i] = op.token_id
+        return decisions
+
+    def _fail_stop_failed(self, step: StepInputs, masked: MaskedRows | None) -> None:
+        """Rows of failed requests: only their stop token (a deliberate override of every mask)."""
+        if not self._failed:
+            return
+        if masked is None:
+            rows = self._known_failed
+            if rows is None:
+                return
+            fill_rows(step.logits, rows.runs)
+            stops = self._stop.dev[rows.slots_dev, 0]
+            step.flat.index_fill_(0, rows.rows_dev * step.stride + stops, 0.0)
+            return
+        if not (self._failed & self._slots_in_step):
+            return
+        where = self._failed_member.dev[masked.slot_of_row, 0]
+        step.logits.masked_fill_(where[:, None], NEG_INF)
+        stops = self._stop.dev[masked.slot_of_row, 0].clamp(min=0)[:, None]
+        step.logits.scatter_(1, stops, torch.where(where[:, None], torch.zeros_like(stops, dtype=step.logits.dtype),
+                                                   step.logits.gather(1, stops)))
+
+    def _stop_dead(self, step: StepInputs, deaths: list[Dead], real_rows: torch.Tensor | None) -> None:
+        """Fail-stop the rows left with no token and flag their slots (first position wins)."""
+        for d in deaths:
+            stops = self._stop.dev[d.slots, 0]
+            can_stop = d.dead & (stops >= 0)
+            if d.rows is not None:
+                index = d.rows * step.stride + stops.clamp(min=0)
+                step.flat.index_copy_(0, index, torch.where(can_stop, torch.zeros_like(stops, dtype=step.flat.dtype),
+                                                             step.flat.index_select(0, index)))
+                rows = d.rows
+            else:
+                index = stops.clamp(min=0)[:, None]
+                step.logits.scatter_(1, index, torch.where(can_stop[:, None], torch.zeros_like(index, dtype=step.logits.dtype),
+                                                           step.logits.gather(1, index)))
+                rows = None
+            flagged = d.dead if real_rows is None else d.dead & (real_rows if rows is None else real_rows[rows])
+            position = step.generated[rows] if (step.generated is not None and rows is not None) else (
+                step.generated if step.generated is not None else torch.zeros_like(d.slots))
+            record = torch.where(flagged, position.to(torch.int32).clamp(min=0), torch.full_like(position, -1, dtype=torch.int32))
+            self._flags.dev.scatter_reduce_(0, d.slots, record, reduce="amax")
+        self._flags.snapshot()
+
+    def _collect_failures(self) -> None:
+        """Fail the requests whose flags have come back (never waits for the device)."""
+        seen = self._flags.read()
+        if seen is None:
+            return
+        values, epochs = seen
+        for slot in np.flatnonzero(values >= 0).tolist():
+            request = self.requests[slot]
+            if request is None or slot in self._failed or epochs[slot] != self._flags.epochs[slot]:
+                continue
+            request.fail(NO_TOKEN_LEFT.format(n=int(values[slot])))
+            self.mark_failed(slot)
+
+    def mark_failed(self, slot: int) -> None:
+        """From the next step on, ``slot``'s program no longer runs and its rows are fail-stopped
+        (left alone when its request has no stop token: see ``dynlogits.sdk.guard``)."""
+        request = self.requests[slot]
+        if request is None:
+            return
+        self._detach(slot)
+        self._layout_dirty = True
+        if request.stop_token_id is not None:
+            self._set_failed(slot, True)
+
+    def held(self) -> int:
+        """How many slots hold a resident request."""
+        return sum(r is not None for r in self.requests)
+
+    def __repr__(self) -> str:
+        return f"SlotBatch(slots={self.num_slots}, held={self.held()}, groups={len(self.groups)})"

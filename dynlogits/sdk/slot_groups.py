@@ -1,0 +1,348 @@
+"""The resident path's groups: one entry position and template kind, its per-slot device tables,
+and the tensor ops that apply it to a step's rows.
+
+A request's entries are applied in order; entry ``k`` of every resident request of a kind forms one
+group (``level`` ``k``), so a group's rows are independent and one step is a few tensor ops per
+group, whatever the number of rows. Each group runs in one of two layouts:
+
+* **known** (the host knows which row holds which slot: vLLM's V1 runner, Model Runner V2 without
+  speculative decoding): member rows and their flat indices into the logits are built once per
+  batch change (``prepare``), and a step is ``index_fill_``/``index_add_``/``index_copy_`` over
+  those indices plus a memset per run of consecutive rows for the ops that fill whole rows;
+* **masked** (only the device knows: Model Runner V2 under speculative decoding): every row
+  gathers its slot's table and a membership mask turns the writes of non-member rows into no-ops.
+
+Semantics are those of ``dynlogits.processors.ops`` (forcing never unmasks); a group that
+restricts rows to a few ids reports, per row and on the device, whether none of them is left
+(``Dead``). Padded table cells repeat one of the row's own ids (bias values pad with 0.0), so they
+write the same values twice and never touch another id.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dynlogits.batch import row_runs
+from dynlogits.processors.templates import (
+    BiasTemplate,
+    ForceSeqTemplate,
+    KeepTemplate,
+    MaskBeforeTemplate,
+    MaskTemplate,
+    Template,
+    ThinkingTemplate,
+)
+
+from .staging import SlotTable, StepUpload
+
+__all__ = ["GROUP_TYPES", "Dead", "Group", "KnownRows", "MaskedRows", "StepInputs", "fill_rows"]
+
+NEG_INF = -math.inf
+
+
+@dataclass
+class KnownRows:
+    """A group's member rows in this batch layout (host-known): row indices and their slots on the
+    host and the device, and the rows as ``[start, stop)`` runs."""
+
+    rows: np.ndarray
+    slots: np.ndarray
+    rows_dev: torch.Tensor
+    slots_dev: torch.Tensor
+    runs: list[tuple[int, int]]
+
+
+@dataclass
+class MaskedRows:
+    """Every row of the step with its slot and whether it belongs to the group (device-only)."""
+
+    slot_of_row: torch.Tensor
+    member: torch.Tensor
+
+
+@dataclass
+class StepInputs:
+    """What one step gives every group: the logits (and their flat view), and the number of tokens
+    each row's request has generated (row-indexed, ``None`` when no group needs positions)."""
+
+    logits: torch.Tensor
+    flat: torch.Tensor
+    stride: int
+    generated: torch.Tensor | None
+
+
+@dataclass
+class Dead:
+    """Rows a restrictive group left with no token: ``dead[i]`` for row ``rows[i]`` (known layout,
+    a device index tensor) or for every row (``rows`` is ``None``, masked layout)."""
+
+    rows: torch.Tensor | None
+    slots: torch.Tensor
+    dead: torch.Tensor
+
+
+def fill_rows(logits: torch.Tensor, runs: Sequence[tuple[int, int]]) -> None:
+    """``-inf`` into whole rows, one memset per run (CPU's ``index_fill_`` over rows is far slower)."""
+    for start, stop in runs:
+        logits[start:stop].fill_(NEG_INF)
+
+
+def _flat(rows: KnownRows, ids: torch.Tensor, stride: int) -> torch.Tensor:
+    """Flat logits indices of each member row's table ids: ``[n * width]``."""
+    return (rows.rows_dev[:, None] * stride + ids[rows.slots_dev]).reshape(-1)
+
+
+class Group:
+    """Entry position ``level`` of one template kind, for every slot that has one there."""
+
+    template_type: type = object
+    restrictive = False  # can leave a row with no token (reports ``Dead``)
+    positional = False  # needs each row's generated count
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        self.level = level
+        self.device = device
+        self.members: set[int] = set()
+        self.member = SlotTable(num_slots, torch.bool, device, pad=0)
+        self.tables: list[SlotTable] = []
+        self._cache: dict[str, Any] = {}
+
+    def table(self, dtype: torch.dtype, pad: float | None = None) -> SlotTable:
+        made = SlotTable(self.member.num_slots, dtype, self.device, pad=pad)
+        self.tables.append(made)
+        return made
+
+    def assign(self, slot: int, template: Template | None) -> None:
+        if template is None:
+            if slot in self.members:
+                self.members.discard(slot)
+                self.member.set(slot, [0])
+            return
+        self.members.add(slot)
+        self.member.set(slot, [1])
+        self._write(slot, template)
+
+    def _write(self, slot: int, template: Any) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> bool:
+        changed = self.member.flush()
+        for t in self.tables:
+            changed = t.flush() or changed
+        if changed:
+            self._cache.clear()
+        return changed
+
+    def prepare(self, rows: KnownRows, stride: int) -> None:
+        """Cache what a known layout's steps reuse (called on every batch change)."""
+        self._cache.clear()
+
+    def apply_known(self, step: StepInputs, rows: KnownRows) -> Dead | None:
+        raise NotImplementedError
+
+    def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead | None:
+        raise NotImplementedError
+
+
+class _IdsGroup(Group):
+    """A group whose tables are one id list per slot (plus whatever a subclass adds)."""
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        self.ids = self.table(torch.long)
+
+    def prepare(self, rows: KnownRows, stride: int) -> None:
+        super().prepare(rows, stride)
+        self._cache["flat"] = _flat(rows, self.ids.dev, stride)
+
+
+def _mask_masked(logits: torch.Tensor, ids: torch.Tensor, where: torch.Tensor) -> None:
+    current = logits.gather(1, ids)
+    logits.scatter_(1, ids, current.masked_fill_(where[:, None], NEG_INF))
+
+
+class MaskGroup(_IdsGroup):
+    template_type = MaskTemplate
+
+    def _write(self, slot: int, template: MaskTemplate) -> None:
+        self.ids.set(slot, template.ids)
+
+    def apply_known(self, step: StepInputs, rows: KnownRows) -> None:
+        step.flat.index_fill_(0, self._cache["flat"], NEG_INF)
+
+    def apply_masked(self, step: StepInputs, rows: MaskedRows) -> None:
+        _mask_masked(step.logits, self.ids.dev[rows.slot_of_row], rows.member)
+
+
+class BiasGroup(_IdsGroup):
+    template_type = BiasTemplate
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        self.values = self.table(torch.float32, pad=0.0)
+
+    def _write(self, slot: int, template: BiasTemplate) -> None:
+        self.ids.set(slot, template.ids)
+        self.values.set(slot, template.values)
+
+    def prepare(self, rows: KnownRows, stride: int) -> None:
+        super().prepare(rows, stride)
+        self._cache["values"] = self.values.dev[rows.slots_dev].reshape(-1)
+
+    def apply_known(self, step: StepInputs, rows: KnownRows) -> None:
+        values = self._cache["values"]
+        if values.dtype != step.flat.dtype:
+            values = self._cache["values"] = values.to(step.flat.dtype)
+        step.flat.index_add_(0, self._cache["flat"], values)
+
+    def apply_masked(self, step: StepInputs, rows: MaskedRows) -> None:
+        values = self.values.dev[rows.slot_of_row] * rows.member[:, None]
+        step.logits.scatter_add_(1, self.ids.dev[rows.slot_of_row], values.to(step.logits.dtype))
+
+
+class KeepGroup(_IdsGroup):
+    template_type = KeepTemplate
+    restrictive = True
+
+    def _write(self, slot: int, template: KeepTemplate) -> None:
+        self.ids.set(slot, template.ids)
+
+    def apply_known(self, step: StepInputs, rows: KnownRows) -> Dead:
+        flat = self._cache["flat"]
+        kept = step.flat.index_select(0, flat)
+        fill_rows(step.logits, rows.runs)
+        step.flat.index_copy_(0, flat, kept)
+        return Dead(rows.rows_dev, rows.slots_dev, torch.isneginf(kept.view(len(rows.rows), -1)).all(1))
+
+    def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead:
+        ids = self.ids.dev[rows.slot_of_row]
+        kept = step.logits.gather(1, ids)
+        step.logits.masked_fill_(rows.member[:, None], NEG_INF)
+        step.logits.scatter_(1, ids, kept)
+        return Dead(None, rows.slot_of_row, rows.member & torch.isneginf(kept).all(1))
+
+
+def _force_known(step: StepInputs, tokens: torch.Tensor, runs: Sequence[tuple[int, int]], rows_dev: torch.Tensor) -> torch.Tensor:
+    """Force ``tokens[i]`` in row ``rows_dev[i]`` keeping masks; whether each row is left empty."""
+    index = rows_dev * step.stride + tokens
+    kept = step.flat.index_select(0, index)
+    fill_rows(step.logits, runs)
+    dead = torch.isneginf(kept)
+    step.flat.index_copy_(0, index, kept.masked_fill_(~dead, 0.0))
+    return dead
+
+
+def _force_masked(step: StepInputs, tokens: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """Force ``tokens[r]`` in every row ``r`` where ``where[r]``, keeping masks; dead rows."""
+    index = tokens.clamp(min=0)[:, None]
+    kept = step.logits.gather(1, index)
+    step.logits.masked_fill_(where[:, None], NEG_INF)
+    dead = where & torch.isneginf(kept[:, 0])
+    step.logits.scatter_(1, index, torch.where(where[:, None] & ~torch.isneginf(kept), torch.zeros_like(kept), kept))
+    return dead
+
+
+class ForceSeqGroup(Group):
+    template_type = ForceSeqTemplate
+    restrictive = True
+    positional = True
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        self.sequence = self.table(torch.long)  # the tokens, then EOS (the padding repeats EOS)
+        self.length = self.table(torch.long)
+
+    def _write(self, slot: int, template: ForceSeqTemplate) -> None:
+        self.sequence.set(slot, (*template.tokens, template.eos))
+        self.length.set(slot, [len(template.tokens)])
+
+    def prepare(self, rows: KnownRows, stride: int) -> None:
+        super().prepare(rows, stride)
+        self._cache["sequence"] = self.sequence.dev[rows.slots_dev]
+        self._cache["length"] = self.length.dev[rows.slots_dev, 0]
+
+    @staticmethod
+    def _tokens(generated: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        step = torch.minimum(generated, length).clamp_(min=0)
+        return sequence.gather(1, step[:, None])[:, 0]
+
+    def apply_known(self, step: StepInputs, rows: KnownRows) -> Dead:
+        assert step.generated is not None
+        tokens = self._tokens(step.generated[rows.rows_dev], self._cache["sequence"], self._cache["length"])
+        return Dead(rows.rows_dev, rows.slots_dev, _force_known(step, tokens, rows.runs, rows.rows_dev))
+
+    def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead:
+        assert step.generated is not None
+        slots = rows.slot_of_row
+        tokens = self._tokens(step.generated, self.sequence.dev[slots], self.length.dev[slots, 0])
+        return Dead(None, slots, _force_masked(step, tokens, rows.member))
+
+
+class MaskBeforeGroup(_IdsGroup):
+    template_type = MaskBeforeTemplate
+    positional = True
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        self.minimum = self.table(torch.long)
+
+    def _write(self, slot: int, template: MaskBeforeTemplate) -> None:
+        self.ids.set(slot, template.ids)
+        self.minimum.set(slot, [template.min_tokens])
+
+    def prepare(self, rows: KnownRows, stride: int) -> None:
+        super().prepare(rows, stride)
+        self._cache["minimum"] = self.minimum.dev[rows.slots_dev, 0]
+
+    def apply_known(self, step: StepInputs, rows: KnownRows) -> None:
+        assert step.generated is not None
+        flat = self._cache["flat"]
+        active = step.generated[rows.rows_dev] < self._cache["minimum"]
+        current = step.flat.index_select(0, flat)
+        step.flat.index_copy_(0, flat, current.masked_fill_(active[:, None].expand(-1, self.ids.width).reshape(-1), NEG_INF))
+
+    def apply_masked(self, step: StepInputs, rows: MaskedRows) -> None:
+        assert step.generated is not None
+        active = rows.member & (step.generated < self.minimum.dev[rows.slot_of_row, 0])
+        _mask_masked(step.logits, self.ids.dev[rows.slot_of_row], active)
+
+
+class ThinkingGroup(Group):
+    """``thinking_budget``: whether and what to force depends on the tokens written, which the
+    adapter decides (``decisions``: the end token to force per member row, ``-1`` for none): on
+    the host from the live history (V1 runner), or on the device (``dynlogits.sdk.thinking``)."""
+
+    template_type = ThinkingTemplate
+    restrictive = True
+
+    def _write(self, slot: int, template: ThinkingTemplate) -> None:
+        pass  # decided from the request's own processor (host) or the device decider's tables
+
+    def apply_decided(self, step: StepInputs, rows: KnownRows, decisions: np.ndarray, upload: StepUpload) -> Dead | None:
+        """Known layout, host decisions: only the rows that force are touched."""
+        firing = np.flatnonzero(decisions >= 0)
+        n = len(firing)
+        if not n:
+            return None
+        buf = upload.buffer(3 * n)
+        buf[:n], buf[n : 2 * n], buf[2 * n :] = rows.rows[firing], rows.slots[firing], decisions[firing]
+        values = upload.upload(3 * n)
+        rows_dev, slots, tokens = values[:n], values[n : 2 * n], values[2 * n :]
+        dead = _force_known(step, tokens, row_runs(rows.rows[firing].tolist()), rows_dev)
+        return Dead(rows_dev, slots, dead)
+
+    def apply_device(self, step: StepInputs, rows: MaskedRows, tokens: torch.Tensor) -> Dead:
+        """Device decisions (``tokens[r]``, -1 for none) over every row."""
+        where = rows.member & (tokens >= 0)
+        return Dead(None, rows.slot_of_row, _force_masked(step, tokens, where))
+
+
+GROUP_TYPES: dict[type, type[Group]] = {
+    g.template_type: g for g in (MaskGroup, BiasGroup, KeepGroup, ForceSeqGroup, MaskBeforeGroup, ThinkingGroup)
+}

@@ -1,0 +1,229 @@
+"""``thinking_budget`` followed on the device, for engines whose token history lives there.
+
+The span rule is ``docs/specs.md``'s (the same as ``ThinkingBudgetProcessor`` on the host): a span
+opens right after the generated tokens end with the start sequence, closes when the end sequence
+follows inside it, and once it holds ``budget`` tokens the next end token is forced, continuing an
+end sequence the model already began.
+
+State per slot and entry: the position where the open span began (``-1``: closed) after the
+tokens scanned so far, and how many were scanned. Every step advances it over the newly committed
+tokens only (at most ``max_new`` per step, the engine's accepted tokens per step), read from the
+engine's token matrix; each row then advances a private copy over the draft tokens before it (from
+the step's input ids) and decides whether to force. A step costs the same at any sequence length
+and reads nothing back. A request that enters with generated tokens already (resumed after
+preemption) is scanned once, on the host, when it first appears (the only read back).
+
+The engine side (``tokens`` ``[slots, max_len]``: prompt then generated tokens; ``prompt_len`` and
+``total_len`` per slot) is passed to ``step`` each time, so engines that swap the buffers behind
+those tensors (vLLM's UVA buffers) are read afresh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dynlogits.processors.templates import ThinkingTemplate
+
+from .guard import GuardedRequest
+from .slot_groups import MaskedRows, ThinkingGroup
+from .staging import SlotTable
+
+__all__ = ["DeviceThinking", "ThinkingTables"]
+
+PLACEHOLDER = -1
+
+
+class ThinkingTables:
+    """Per-slot sequences, budget and span state of one entry position's ``thinking_budget``."""
+
+    def __init__(self, num_slots: int, device: torch.device) -> None:
+        self.start = SlotTable(num_slots, torch.long, device)
+        self.start_len = SlotTable(num_slots, torch.long, device)
+        self.end = SlotTable(num_slots, torch.long, device)
+        self.end_len = SlotTable(num_slots, torch.long, device)
+        self.budget = SlotTable(num_slots, torch.long, device)
+        self.member = SlotTable(num_slots, torch.bool, device, pad=0)
+        self.span = torch.full((num_slots,), -1, dtype=torch.long, device=device)
+        self.scanned = torch.zeros(num_slots, dtype=torch.long, device=device)
+
+    def set(self, slot: int, template: ThinkingTemplate | None) -> None:
+        if template is None:
+            self.member.set(slot, [0])
+            return
+        self.member.set(slot, [1])
+        self.start.set(slot, template.start)
+        self.start_len.set(slot, [len(template.start)])
+        self.end.set(slot, template.end)
+        self.end_len.set(slot, [len(template.end)])
+        self.budget.set(slot, [template.budget])
+
+    def flush(self) -> None:
+        for table in (self.start, self.start_len, self.end, self.end_len, self.budget, self.member):
+            table.flush()
+
+
+@dataclass
+class _Step:
+    """This step's token source: ``token(slots, positions)`` reads generated token ``positions`` of
+    ``slots`` (committed ones only); ``committed[s]`` how many slot ``s`` has."""
+
+    tokens: torch.Tensor
+    prompt_len: torch.Tensor
+    committed: torch.Tensor
+
+    def token(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        column = (self.prompt_len[slots][:, None] + positions).clamp_(0, self.tokens.shape[1] - 1)
+        return self.tokens[slots.clamp(max=self.tokens.shape[0] - 1)[:, None], column].long()
+
+
+def _ends_with(window: torch.Tensor, seq: torch.Tensor, seq_len: torch.Tensor, upto: torch.Tensor) -> torch.Tensor:
+    """Whether the tokens ending at ``upto`` (exclusive) are ``seq[:seq_len]``: ``window[i, j]`` is
+    the token at ``upto[i] - width + j`` (``width`` = ``seq``'s width, right-aligned)."""
+    width = seq.shape[1]
+    j = torch.arange(width, device=seq.device)
+    offset = width - seq_len  # seq's token k sits at window column offset + k
+    want = seq.gather(1, (j[None, :] - offset[:, None]).clamp(min=0))
+    used = j[None, :] >= offset[:, None]
+    return (upto >= seq_len) & ((window == want) | ~used).all(1)
+
+
+class DeviceThinking:
+    """``thinking_budget`` decisions on the device for a ``SlotBatch``'s thinking groups."""
+
+    def __init__(self, num_slots: int, device: torch.device | str, *, max_new: int = 1) -> None:
+        self.num_slots = num_slots
+        self.device = torch.device(device)
+        self.max_new = max_new  # committed tokens a slot can gain per step (1 + speculative tokens)
+        self.tables: dict[int, ThinkingTables] = {}  # entry position -> tables
+        self._cold: dict[int, GuardedRequest] = {}  # slots to scan on the host before their first step
+        self._step: _Step | None = None
+        self._inputs: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+
+    def assign(self, slot: int, request: GuardedRequest | None, *, resumed: bool = False) -> None:
+        """``slot``'s occupant (``None`` clears); ``resumed``: it enters with generated tokens."""
+        self._cold.pop(slot, None)
+        templates: dict[int, ThinkingTemplate] = {}
+        if request is not None and request.processor is not None:
+            templates = {i: p.template for i, p in enumerate(request.processor.processors)
+                         if isinstance(getattr(p, "template", None), ThinkingTemplate)}
+        for level in set(self.tables) | set(templates):
+            tables = self.tables.get(level)
+            if tables is None:
+                tables = self.tables[level] = ThinkingTables(self.num_slots, self.device)
+            tables.set(slot, templates.get(level))
+            tables.span[slot] = -1
+            tables.scanned[slot] = 0
+        if templates and resumed:
+            self._cold[slot] = request  # type: ignore[assignment]
+
+    def flush(self) -> None:
+        for tables in self.tables.values():
+            tables.flush()
+
+    def step(self, tokens: torch.Tensor, prompt_len: torch.Tensor, total_len: torch.Tensor, *,
+             input_ids: torch.Tensor | None = None, local_pos: torch.Tensor | None = None) -> None:
+        """Advance every entry's span state over the committed tokens new since the last step, and
+        remember this step's rows: ``input_ids[r]`` is the token fed at row ``r`` and
+        ``local_pos[r]`` how many drafts precede it (both ``None`` without speculative decoding)."""
+        if not self.tables:
+            return
+        pad = self.num_slots - len(prompt_len)  # table rows past the engine's slots (a sentinel) read as empty
+        prompt = torch.nn.functional.pad(prompt_len.long(), (0, pad))
+        committed = torch.nn.functional.pad((total_len.long() - prompt_len.long()).clamp_(min=0), (0, pad))
+        source = _Step(tokens, prompt, committed)
+        self._step = source
+        self._inputs = (input_ids, local_pos)
+        if self._cold:
+            self._scan_cold(source)
+        slots = torch.arange(self.num_slots, device=self.device)
+        for tables in self.tables.values():
+            for _ in range(2 * self.max_new):  # twice the most a step adds: a lag always shrinks
+                position = tables.scanned
+                fresh = tables.member.dev[:, 0] & (position < source.committed)
+                span = self._advance(tables, slots, tables.span, position + 1, fresh,
+                                     lambda pos: source.token(slots, pos))
+                tables.span.copy_(span)
+                tables.scanned.add_(fresh.long())
+
+    @staticmethod
+    def _advance(tables: ThinkingTables, slots: torch.Tensor, span: torch.Tensor, upto: torch.Tensor,
+                 fresh: torch.Tensor, token_at) -> torch.Tensor:  # noqa: ANN001
+        """The span after the token ending at ``upto`` (only where ``fresh``)."""
+        start, end = tables.start.dev[slots], tables.end.dev[slots]
+        start_len, end_len = tables.start_len.dev[slots, 0], tables.end_len.dev[slots, 0]
+        width = max(start.shape[1], end.shape[1])
+        window = token_at(upto[:, None] - width + torch.arange(width, device=upto.device)[None, :])
+        opens = fresh & (span < 0) & _ends_with(window[:, width - start.shape[1] :], start, start_len, upto)
+        closes = (fresh & (span >= 0) & (upto - span >= end_len)
+                  & _ends_with(window[:, width - end.shape[1] :], end, end_len, upto))
+        return torch.where(opens, upto, torch.where(closes, torch.full_like(span, -1), span))
+
+    def _scan_cold(self, source: _Step) -> None:
+        """Resumed requests: follow their generated tokens once, on the host (a read back)."""
+        for slot, request in list(self._cold.items()):
+            committed = int(source.committed[slot])
+            history = source.tokens[slot, int(source.prompt_len[slot]) : int(source.prompt_len[slot]) + committed].tolist()
+            for level, tables in self.tables.items():
+                if not bool(tables.member.dev[slot, 0]):
+                    continue
+                processor = request.processor.processors[level]  # type: ignore[union-attr]
+                span = processor._scan(history)  # the host automaton, same rule
+                tables.span[slot] = -1 if span is None else span
+                tables.scanned[slot] = committed
+        self._cold.clear()
+
+    def _row_tokens(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token at history ``positions[r, :]`` for each row: committed ones from the engine's
+        matrix, the rest from the drafts fed before the row (``input_ids``)."""
+        source = self._step
+        assert source is not None
+        committed = source.committed[slots][:, None]
+        from_matrix = source.token(slots, positions)
+        input_ids, local_pos = self._inputs
+        if input_ids is None or local_pos is None:
+            return from_matrix
+        rows = torch.arange(len(slots), device=slots.device)
+        first = (rows - local_pos.long())[:, None]  # the row fed the last committed token
+        draft_row = (first + positions - committed + 1).clamp_(0, len(input_ids) - 1)
+        return torch.where(positions < committed, from_matrix, input_ids.long()[draft_row])
+
+    def decide(self, group: ThinkingGroup, rows: MaskedRows) -> torch.Tensor:
+        """The end token each row must be forced to now (``-1``: none): its slot's span state,
+        advanced over the drafts before the row, then the budget rule."""
+        tables = self.tables.get(group.level)
+        source = self._step
+        if tables is None or source is None:
+            return torch.full_like(rows.slot_of_row, -1)
+        slots = rows.slot_of_row.long()
+        member = rows.member & tables.member.dev[slots, 0]
+        committed = source.committed[slots]
+        input_ids, local_pos = self._inputs
+        drafts = torch.zeros_like(committed) if local_pos is None else local_pos.long()
+        span = tables.span[slots].clone()
+        valid = member.clone()
+        for j in range(1, self.max_new):  # the drafts before each row, one position at a time
+            fresh = member & (j <= drafts)
+            if input_ids is not None:
+                first = torch.arange(len(slots), device=slots.device) - drafts
+                valid &= ~(fresh & (input_ids.long()[(first + j).clamp(0, len(input_ids) - 1)] == PLACEHOLDER))
+            span = self._advance(tables, slots, span, committed + j, fresh,
+                                 lambda pos: self._row_tokens(slots, pos))
+        generated = committed + drafts
+        budget = tables.budget.dev[slots, 0]
+        end, end_len = tables.end.dev[slots], tables.end_len.dev[slots, 0]
+        span_len = generated - span
+        fire = valid & (span >= 0) & (span_len >= budget)
+        # how many leading end tokens the history already ends with (continue, do not restart)
+        progress = torch.zeros_like(generated)
+        width = end.shape[1]
+        if width > 1:
+            last = self._row_tokens(slots, generated[:, None] - width + 1 + torch.arange(width - 1, device=slots.device)[None, :])
+            for k in range(1, width):  # the last k tokens == end[:k]
+                tail = last[:, width - 1 - k :]
+                match = (tail == end[:, :k]).all(1) & (k < end_len) & (k <= span_len)
+                progress = torch.where(match, torch.full_like(progress, k), progress)
+        token = end.gather(1, progress[:, None])[:, 0]
+        return torch.where(fire, token, torch.full_like(token, -1))

@@ -1,0 +1,287 @@
+"""``dynlogits.sdk.SlotBatch`` (the resident path) does exactly what the host path does, in each of
+its layouts, through batch changes, failures and speculative drafts; and its steady state makes no
+call that would synchronize with the device."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from dynlogits import sdk
+from dynlogits.sdk.slot_batch import SlotBatch
+from dynlogits.sdk.thinking import DeviceThinking
+from dynlogits.specs import SpecError, decode_wire_payload
+
+V = 64
+EOS = 1
+SLOTS = 12
+NEG = float("-inf")
+
+
+def random_payload(rng: random.Random) -> list[dict]:
+    """A random consistent chain of built-in kinds (payloads refused at admission are redrawn)."""
+    ids = lambda k: rng.sample(range(2, V), k)  # noqa: E731
+    makers = [
+        lambda: {"kind": "forced_sequence", "token_ids": ids(rng.randint(1, 5)), "eos_token_id": EOS},
+        lambda: {"kind": "banned_tokens", "token_ids": ids(rng.randint(1, 6))},
+        lambda: {"kind": "allowed_tokens", "token_ids": ids(rng.randint(1, 6)), "eos_token_id": EOS},
+        lambda: {"kind": "logit_bias", "bias": {str(i): rng.uniform(-5, 5) for i in ids(rng.randint(1, 6))}},
+        lambda: {"kind": "min_tokens", "min_tokens": rng.randint(1, 4), "stop_token_ids": [EOS]},
+        lambda: {"kind": "thinking_budget", "start_token_ids": ids(rng.randint(1, 2)),
+                 "end_token_ids": ids(rng.randint(1, 3)), "budget": rng.randint(0, 3)},
+    ]
+    while True:
+        payload = [rng.choice(makers)() for _ in range(rng.randint(1, 4))]
+        try:
+            decode_wire_payload(payload, vocab_size=V)
+        except SpecError:
+            continue
+        return payload
+
+
+def realize(payload: list[dict]) -> sdk.GuardedRequest:
+    request = sdk.realize(payload, vocab_size=V, stop_token_id=EOS)
+    assert request is not None and request.resident
+    return request
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch.equal(a, b))
+
+
+class Engine:
+    """A persistent-slot engine in miniature: requests in slots with their token histories, laid
+    out in rows in a new order every step, some requests leaving and others arriving."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.batch = SlotBatch(num_slots=SLOTS, vocab_size=V, device="cpu")
+        self.thinking = DeviceThinking(SLOTS + 1, "cpu", max_new=3)
+        self.host: dict[int, sdk.GuardedRequest] = {}  # slot -> the host path's twin of the request
+        self.history: dict[int, list[int]] = {}
+        self.prompt: dict[int, int] = {}
+
+    def add(self, slot: int, payload: list[dict], generated: Sequence[int] = ()) -> None:
+        self.batch.assign(slot, realize(payload))
+        self.thinking.assign(slot, self.batch.requests[slot], resumed=bool(generated))
+        self.host[slot] = realize(payload)
+        self.history[slot] = list(generated)
+        self.prompt[slot] = self.rng.randint(1, 4)
+
+    def remove(self, slot: int) -> None:
+        self.batch.assign(slot, None)
+        self.thinking.assign(slot, None)
+        for table in (self.host, self.history, self.prompt):
+            table.pop(slot)
+
+    def token_matrix(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        tokens = torch.zeros(SLOTS, 64, dtype=torch.int32)
+        prompt = torch.zeros(SLOTS, dtype=torch.int32)
+        total = torch.zeros(SLOTS, dtype=torch.int32)
+        for slot, history in self.history.items():
+            p = self.prompt[slot]
+            tokens[slot, :p] = 7
+            tokens[slot, p : p + len(history)] = torch.tensor(history, dtype=torch.int32)
+            prompt[slot], total[slot] = p, p + len(history)
+        return tokens, prompt, total
+
+
+@pytest.mark.parametrize("mode", ["histories", "device"])
+@pytest.mark.parametrize("seed", range(60))
+def test_known_layout_equals_the_host_path_through_batch_changes(seed: int, mode: str) -> None:
+    """Rows in a known layout (vLLM V1, or V2 without drafts): positions from the histories' lengths
+    and thinking_budget decided on the host, or both from the device; engine-masked tokens included."""
+    rng = random.Random(seed)
+    engine = Engine(rng)
+    for slot in rng.sample(range(SLOTS), rng.randint(1, 6)):
+        engine.add(slot, random_payload(rng))
+    for step in range(8):
+        if step % 3 == 2:  # a batch change: one leaves, one arrives (resumed with tokens, sometimes)
+            engine.remove(rng.choice(sorted(engine.host)))
+            free = [s for s in range(SLOTS) if s not in engine.host]
+            engine.add(rng.choice(free), random_payload(rng), [rng.randrange(2, V) for _ in range(rng.randint(0, 3))])
+        engine.batch.flush()
+        engine.thinking.flush()
+        slots = list(engine.host)
+        rng.shuffle(slots)
+        rows = len(slots) + 2
+        host_slots = np.full(rows, -1)
+        where = rng.sample(range(rows), len(slots))
+        host_slots[where] = slots
+        engine.batch.set_rows(host_slots)
+        logits = torch.randn(rows, V, generator=torch.Generator().manual_seed(100 * seed + step))
+        if rng.random() < 0.4:  # the engine's grammar masked half the vocabulary of one row
+            logits[where[0], rng.sample(range(V), V // 2)] = NEG
+        expected = logits.clone()
+        sdk.apply_rows(expected, where, [engine.host[s] for s in slots], [engine.history[s] for s in slots])
+        got = logits.clone()
+        histories = [engine.history.get(int(s), []) for s in host_slots]
+        if mode == "histories":
+            engine.batch.apply(got, histories=histories)
+        else:
+            engine.thinking.step(*engine.token_matrix())
+            generated = torch.tensor([len(h) for h in histories])
+            engine.batch.apply(got, generated=generated, thinking=engine.thinking.decide)
+        assert same(got, expected), f"step {step}: rows differ at {(got != expected).nonzero()[:4].tolist()}"
+        for row, slot in zip(where, slots):
+            assert engine.batch.requests[slot].failed == engine.host[slot].failed
+            engine.history[slot].append(int(got[row].argmax()))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_masked_layout_with_drafts_equals_the_host_path(seed: int) -> None:
+    """Rows only the device can place (V2 under speculative decoding): one row per draft, drafts of
+    a request in prefill are placeholders (-1). Committed rows equal the host path; draft rows equal
+    the host path's draft rule (a failure stops the row only)."""
+    rng = random.Random(seed)
+    engine = Engine(rng)
+    for slot in rng.sample(range(SLOTS), rng.randint(1, 5)):
+        engine.add(slot, random_payload(rng))
+    engine.batch.flush()
+    engine.thinking.flush()
+    for step in range(6):
+        slots = list(engine.host)
+        rng.shuffle(slots)
+        row_slot, local, inputs, drafts_of = [], [], [], {}
+        for slot in slots:
+            drafts = [rng.randrange(2, V) for _ in range(rng.randint(0, 2))]
+            if drafts and rng.random() < 0.15:
+                drafts = [-1] * len(drafts)  # still in prefill: placeholders
+            drafts_of[slot] = drafts
+            last = engine.history[slot][-1] if engine.history[slot] else 7
+            for k, token in enumerate([last, *drafts]):
+                row_slot.append(slot)
+                local.append(k)
+                inputs.append(token)
+        logits = torch.randn(len(row_slot), V, generator=torch.Generator().manual_seed(100 * seed + step))
+        expected = logits.clone()
+        committed_rows = [r for r, k in enumerate(local) if k == 0]
+        sdk.apply_rows(expected, committed_rows, [engine.host[row_slot[r]] for r in committed_rows],
+                       [engine.history[row_slot[r]] for r in committed_rows])
+        for r, k in enumerate(local):
+            drafts = drafts_of[row_slot[r]][:k]
+            if k and -1 not in drafts:
+                engine.host[row_slot[r]].apply_draft(engine.history[row_slot[r]] + drafts, expected[r])
+        got = logits.clone()
+        slot_of_row = torch.tensor(row_slot)
+        engine.batch.rows_on_device(slot_of_row, np.array(slots))
+        engine.thinking.step(*engine.token_matrix(), input_ids=torch.tensor(inputs), local_pos=torch.tensor(local))
+        generated = torch.tensor([len(engine.history[s]) + k for s, k in zip(row_slot, local)])
+        engine.batch.apply(got, generated=generated, thinking=engine.thinking.decide, real_rows=torch.tensor(local) == 0)
+        for r, k in enumerate(local):
+            slot = row_slot[r]
+            if k and (-1 in drafts_of[slot][:k] or engine.host[slot].failed):
+                continue  # placeholder rows are discarded by the engine; a request failed this step
+            assert same(got[r], expected[r]), f"step {step}, row {r} (slot {slot}, draft {k}) differs"
+        for r in committed_rows:
+            slot = row_slot[r]
+            assert engine.batch.requests[slot].failed == engine.host[slot].failed
+            engine.history[slot].append(int(got[r].argmax()))
+
+
+def test_a_forced_token_the_engine_masked_fails_its_request_alone_with_the_reason() -> None:
+    reports: list[str] = []
+    batch = SlotBatch(num_slots=4, vocab_size=V, device="cpu")
+    forced = sdk.realize([{"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": EOS}], vocab_size=V,
+                         stop_token_id=EOS, report=reports.append)
+    other = realize([{"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": EOS}])
+    batch.assign(0, forced)
+    batch.assign(1, other)
+    batch.set_rows(np.array([0, 1]))
+    logits = torch.randn(2, V)
+    logits[0, 5] = NEG  # the grammar forbids token 5 for request 0 only
+    batch.apply(logits, histories=[[], []])
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [EOS]  # ended at once
+    assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [5]
+    assert forced.failed and not other.failed
+    assert len(reports) == 1 and "no token left to sample at output position 0" in reports[0]
+    logits = torch.randn(2, V)
+    batch.apply(logits, histories=[[EOS], [5]])
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [EOS]  # stays fail-stopped
+    assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [6]
+
+
+SYNCING = {"tensor", "as_tensor", "item", "tolist", "numpy", "cpu"}
+
+
+class SyncCounter(TorchFunctionMode):
+    """Counts the calls that synchronize with the device or build tensors from host lists."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in SYNCING or (name == "to" and self._moves(args, kwargs) and not kwargs.get("non_blocking", False)):
+            self.calls.append(name)
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _moves(args: tuple, kwargs: dict) -> bool:
+        """Whether a ``.to()`` names a device (a transfer on a machine with one), not just a dtype."""
+        return "device" in kwargs or any(isinstance(a, (str, torch.device, torch.Tensor)) for a in args[1:])
+
+
+def every_kind_payloads() -> list[list[dict]]:
+    return [
+        [{"kind": "forced_sequence", "token_ids": [5, 6, 7], "eos_token_id": EOS}],
+        [{"kind": "banned_tokens", "token_ids": [3, 4]}, {"kind": "logit_bias", "bias": {"9": 2.0}}],
+        [{"kind": "allowed_tokens", "token_ids": [5, 6, 7], "eos_token_id": EOS}, {"kind": "min_tokens", "min_tokens": 2,
+                                                                              "stop_token_ids": [EOS]}],
+        [{"kind": "thinking_budget", "start_token_ids": [10], "end_token_ids": [11, 12], "budget": 2}],
+    ]
+
+
+@pytest.mark.parametrize("mode", ["histories", "device"])
+def test_steady_state_steps_make_no_syncing_call(mode: str) -> None:
+    """Once the batch stopped changing, a step calls none of tensor(list), as_tensor, .item(),
+    .tolist(), .numpy(), .cpu() or a blocking .to() (every built-in kind in the batch)."""
+    batch = SlotBatch(num_slots=8, vocab_size=V, device="cpu")
+    thinking = DeviceThinking(9, "cpu")
+    for slot, payload in enumerate(every_kind_payloads()):
+        batch.assign(slot, realize(payload))
+        thinking.assign(slot, batch.requests[slot])
+    batch.flush()
+    thinking.flush()
+    batch.set_rows(np.array([0, 1, 2, 3]))
+    histories = [[5], [20], [5], [10, 20, 30]]
+    tokens = torch.zeros(8, 16, dtype=torch.int32)
+    for slot, h in enumerate(histories):
+        tokens[slot, 1 : 1 + len(h)] = torch.tensor(h, dtype=torch.int32)
+    prompt = torch.ones(8, dtype=torch.int32)
+    total = prompt + torch.tensor([len(h) for h in histories] + [0] * 4, dtype=torch.int32)
+    generated = torch.tensor([len(h) for h in histories])
+
+    def step() -> torch.Tensor:
+        logits = torch.randn(4, V)
+        if mode == "histories":
+            batch.apply(logits, histories=histories)
+        else:
+            thinking.step(tokens, prompt, total)
+            batch.apply(logits, generated=generated, thinking=thinking.decide)
+        return logits
+
+    first = step()  # the first step after a batch change builds its index tensors
+    with SyncCounter() as counter:
+        later = step()
+    assert counter.calls == []
+    assert torch.isfinite(later[0]).nonzero().flatten().tolist() == [6] == torch.isfinite(first[0]).nonzero().flatten().tolist()
+    assert torch.isfinite(later[3]).nonzero().flatten().tolist() == [11]  # the budget of 2 is spent: close the span
+
+
+def test_the_sync_counter_sees_the_calls_it_forbids() -> None:
+    with SyncCounter() as counter:
+        torch.tensor([1, 2])
+        torch.zeros(2).tolist()
+        torch.zeros(1).item()
+        torch.zeros(2).to("cpu")
+        torch.zeros(2).to(torch.int32)  # a dtype change is no transfer
+        torch.zeros(2).to("cpu", non_blocking=True)
+    assert counter.calls == ["tensor", "tolist", "item", "to"]
