@@ -63,6 +63,7 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
     def __init__(self, vllm_config: VllmConfig, device_or_req_states: Any, is_pin_memory: bool = False) -> None:
         check_vllm_config(vllm_config)
         self.failures = deque(maxlen=MAX_RECORDED_FAILURES)
+        self.realized = 0  # payloads realized so far: one per request (the V1 runner's re-adds reuse them)
         if _is_v2_state(device_or_req_states):
             self.runner = "v2"
             self.vocab_size = int(device_or_req_states.vocab_size)
@@ -80,7 +81,10 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
 
     def new_req_logits_processor(self, params: Any) -> GuardedRequest | None:
         """Fresh per-request callable ``(output_ids, row) -> row``, or ``None`` without a payload."""
-        return realize_request(params, vocab_size=self.vocab_size, report=self.failures.append)
+        request = realize_request(params, vocab_size=self.vocab_size, report=self.failures.append)
+        if request is not None:
+            self.realized += 1
+        return request
 
     def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
         """Edit the rows of requests with a payload in place and return ``logits``."""

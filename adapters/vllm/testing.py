@@ -36,12 +36,11 @@ from dynlogits.testing.faults import RAISE_AFTER_FACTORY
 
 from .v2 import HAS_V2_INTERFACE, LogitsContext, LogitsProcRequestState
 
-__all__ = ["RAISE_AFTER_FACTORY", "HostBuffer", "V2SamplerHarness", "adapter_failures"]
+__all__ = ["RAISE_AFTER_FACTORY", "HostBuffer", "V2SamplerHarness", "adapter_failures", "adapter_realizations"]
 
 
-def adapter_failures(worker: Any) -> list[str]:
-    """Run inside a vLLM worker (``LLM.collective_rpc(adapter_failures)``): the failure records
-    of the adapter instances in that worker's sampler, on either model runner."""
+def _adapters(worker: Any) -> list[Any]:
+    """The adapter instances in a vLLM worker's sampler, on either model runner."""
     from .processor import DynamoVllmLogitsProcessor
 
     runner = worker.model_runner
@@ -51,7 +50,18 @@ def adapter_failures(worker: Any) -> list[str]:
         candidates += [*batch.logitsprocs.non_argmax_invariant, *batch.logitsprocs.argmax_invariant]
     sampler = getattr(runner, "sampler", None)  # Model Runner V2
     candidates += list(getattr(sampler, "logits_processors", ()))
-    return [msg for p in candidates if isinstance(p, DynamoVllmLogitsProcessor) for msg in p.failures]
+    return [p for p in candidates if isinstance(p, DynamoVllmLogitsProcessor)]
+
+
+def adapter_failures(worker: Any) -> list[str]:
+    """Run inside a vLLM worker (``LLM.collective_rpc(adapter_failures)``): the failure records
+    of the adapter instances in that worker's sampler, on either model runner."""
+    return [msg for p in _adapters(worker) for msg in p.failures]
+
+
+def adapter_realizations(worker: Any) -> int:
+    """Run inside a vLLM worker: how many payloads its adapter instances have realized."""
+    return sum(p.realized for p in _adapters(worker))
 
 
 class HostBuffer:

@@ -149,7 +149,8 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         states = self._req_states
         self._thinking.step(states.all_token_ids.gpu, states.prompt_len.gpu, states.total_len.gpu,
                             input_ids=None if known else ctx.input_ids,
-                            local_pos=None if known else ctx.expanded_local_pos)
+                            local_pos=None if known else ctx.expanded_local_pos,
+                            rows_per_request=logits.shape[0] - len(slots_in_step) + 1)
         if known:
             if self._layout is None or not np.array_equal(self._layout, slots_in_step):
                 self._layout = slots_in_step.copy()

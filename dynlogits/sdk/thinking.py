@@ -124,10 +124,14 @@ class DeviceThinking:
             tables.flush()
 
     def step(self, tokens: torch.Tensor, prompt_len: torch.Tensor, total_len: torch.Tensor, *,
-             input_ids: torch.Tensor | None = None, local_pos: torch.Tensor | None = None) -> None:
+             input_ids: torch.Tensor | None = None, local_pos: torch.Tensor | None = None,
+             rows_per_request: int = 1) -> None:
         """Advance every entry's span state over the committed tokens new since the last step, and
         remember this step's rows: ``input_ids[r]`` is the token fed at row ``r`` and
-        ``local_pos[r]`` how many drafts precede it (both ``None`` without speculative decoding)."""
+        ``local_pos[r]`` how many drafts precede it (both ``None`` without speculative decoding).
+        ``rows_per_request`` bounds a request's rows this step (1 + its drafts): a request commits
+        at most that many tokens by the next step, so ``max_new`` grows to it."""
+        self.max_new = max(self.max_new, rows_per_request)
         if not self.tables:
             return
         pad = self.num_slots - len(prompt_len)  # table rows past the engine's slots (a sentinel) read as empty

@@ -325,6 +325,30 @@ def a_row_operation_beyond_the_width_fails_only_its_request(driver: AdapterDrive
                          report_says="outside the logits width")
 
 
+def forcing_never_unmasks_a_token_the_engine_masked(driver: AdapterDriver) -> None:
+    """A forced token the engine already masked (its grammar bitmask: ``-inf`` in the logits the
+    adapter receives) stays masked: that request has no token left, so it is fail-stopped and
+    reported once, naming the position; a request forcing the same token in an unmasked row is
+    forced as documented."""
+    payload = _forced([90, 91, 92])
+    driver.add("masked", payload, prompt_ids=PROMPT, eos_token_id=EOS)
+    driver.add("free", payload, prompt_ids=PROMPT, eos_token_id=EOS)
+    raw = _logits(2, driver.vocab_size, seed=5)
+    raw[0, 90] = -math.inf  # the engine's grammar forbids the forced token in the first row only
+    out = driver.step(["masked", "free"], raw.clone())
+    _assert_stopped(out[0], EOS, "row whose forced token the engine masked")
+    _assert_row(out[1], expected_row(payload, [], raw[1].tolist()), "the other request")
+    driver.commit("masked", _greedy(out[0]))
+    driver.commit("free", 90)
+    raw = _logits(2, driver.vocab_size, seed=6)
+    out = driver.step(["masked", "free"], raw.clone())
+    _assert_stopped(out[0], EOS, "the failed request at its next step")
+    _assert_row(out[1], expected_row(payload, [90], raw[1].tolist()), "the other request at its next step")
+    reports = driver.failures()
+    if len(reports) != 1 or "no token left to sample at output position 0" not in reports[0]:
+        raise AssertionError(f"expected one failure report saying no token was left at position 0, got {reports!r}")
+
+
 def _check(fn: Callable[[AdapterDriver], None]) -> Check:
     return Check(fn.__name__, (fn.__doc__ or "").split("\n")[0], fn)
 
@@ -342,5 +366,6 @@ CHECKS: tuple[Check, ...] = tuple(
         a_raising_processor_fails_only_its_request,
         ids_beyond_the_logits_width_fail_only_their_request,
         a_row_operation_beyond_the_width_fails_only_its_request,
+        forcing_never_unmasks_a_token_the_engine_masked,
     )
 )

@@ -9,8 +9,8 @@ Engines take 35-60 s to start on a 2-core machine, so the whole package shares:
   tokens so concurrent requests are preempted and resumed; it counts preemptions from the
   engine's own iteration stats.
 
-The fault-injection factory is allow-listed for every engine (operator setting), and callables
-may be sent to workers (``collective_rpc``) to read the adapter's failure records.
+The fault-injection factories are allow-listed for every engine (operator setting), and callables
+may be sent to workers (``collective_rpc``) to read the adapter's failure records and counters.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import pytest
 
 from dynlogits.adapters.vllm.testing import RAISE_AFTER_FACTORY
 from dynlogits.registry import PYTHON_FACTORIES_ENV
+from dynlogits.testing.faults import BAN_ID_FACTORY
 
 T = TypeVar("T")
 
@@ -37,7 +38,7 @@ ENGINE_KWARGS: dict[str, Any] = {
 }
 ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
-    PYTHON_FACTORIES_ENV: RAISE_AFTER_FACTORY,
+    PYTHON_FACTORIES_ENV: f"{RAISE_AFTER_FACTORY},{BAN_ID_FACTORY}",
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc with a callable (failure records)
 }
 #: Tiny KV cache for the preemption engine: 5 blocks x 32 tokens = 160 tokens.

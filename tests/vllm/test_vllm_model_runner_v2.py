@@ -197,3 +197,69 @@ def test_apply_edits_the_batch_tensor_in_place(harness):
     ctx = harness.context(["forced"], {})
     out = harness.processor.apply(logits, ctx)
     assert out is logits and logits[0, 10] == 0 and logits[0, 11] == -math.inf
+
+
+# -- speculative decoding: drafts, placeholders, failures on draft rows ---------------------------
+def test_placeholder_drafts_never_reach_a_processor(harness):
+    """Drafts of a request still in prefill are -1 placeholders; their rows are discarded by the
+    runner and left untouched, so no processor ever sees a -1."""
+    harness.add_request("spec", [2, 3], sp(RECORD), output_ids=[10])
+    logits = torch.randn(3, VOCAB)
+    out = harness.step(["spec"], logits.clone(), drafts={"spec": [-1, -1]})
+    assert SEEN == [[10]]
+    assert torch.equal(out[1:], logits[1:])
+
+
+def test_a_failure_on_a_draft_row_stops_that_row_and_not_the_request(harness, monkeypatch):
+    from dynlogits.adapters.vllm.testing import RAISE_AFTER_FACTORY
+    from dynlogits.registry import PYTHON_FACTORIES_ENV
+
+    monkeypatch.setenv(PYTHON_FACTORIES_ENV, RAISE_AFTER_FACTORY)
+    faulty = [{"kind": "python", "factory": RAISE_AFTER_FACTORY, "kwargs": {"after": 2}}]
+    harness.add_request("spec", [2], sp(faulty), output_ids=[10])
+    out = harness.step(["spec"], torch.zeros(2, VOCAB), drafts={"spec": [11]})
+    assert torch.isfinite(out[0]).all()  # history [10]: fine
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [EOS]  # history [10, 11]: raised, row stopped
+    assert not harness.processor.failures  # the draft may be rejected: the request has not failed
+    harness.commit("spec", [12])  # the draft was rejected; the committed row goes on
+    out = harness.step(["spec"], torch.zeros(1, VOCAB))
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [EOS]  # history [10, 12]: now it fails
+    assert len(harness.processor.failures) == 1
+
+
+def test_resident_forced_rows_under_drafts_follow_each_rows_position(harness):
+    harness.add_request("a", [2, 3], sp(forced(10, 11, 12)), output_ids=[10])
+    harness.add_request("b", [4], sp(forced(20, 21)))
+    out = harness.step(["b", "a"], torch.randn(2 + 3, VOCAB), drafts={"b": [20], "a": [11, 12]})
+    # rows: b(0), b(1), a(0), a(1), a(2)
+    assert [int(out[r].argmax()) for r in range(5)] == [20, 21, 11, 12, EOS]
+    assert all(int(torch.isfinite(out[r]).sum()) == 1 for r in range(5))
+
+
+def test_thinking_budget_is_followed_on_the_device_through_drafts_and_steps(harness):
+    """start [30], end [31, 32], budget 2: two tokens after 30 the span closes with 31 then 32,
+    whether the tokens arrive as committed tokens or as drafts before a row."""
+    payload = [{"kind": "thinking_budget", "start_token_ids": [30], "end_token_ids": [31, 32], "budget": 2}]
+    harness.add_request("t", [2], sp(payload), output_ids=[5])
+    request = harness.processor._slots[harness.reqs["t"].slot]
+    assert request is not None and request.resident  # the device path, not a read-back of histories
+    out = harness.step(["t"], torch.zeros(3, VOCAB), drafts={"t": [30, 7]})
+    assert torch.isfinite(out[0]).all() and torch.isfinite(out[1]).all()  # span not open / 0 tokens in it
+    assert torch.isfinite(out[2]).all()  # 1 token inside the span
+    harness.commit("t", [30, 7, 8])  # drafts accepted plus the bonus token: 2 tokens inside the span
+    out = harness.step(["t"], torch.zeros(2, VOCAB), drafts={"t": [31]})
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [31]
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [32]  # continues the end sequence
+    harness.commit("t", [31, 32])
+    out = harness.step(["t"], torch.zeros(1, VOCAB))
+    assert torch.isfinite(out[0]).all()  # the span is closed: free again
+
+
+def test_a_resumed_request_continues_its_thinking_span(harness):
+    payload = [{"kind": "thinking_budget", "start_token_ids": [30], "end_token_ids": [31], "budget": 3}]
+    harness.add_request("t", [2], sp(payload), output_ids=[30, 5, 6])  # resumed: 2 tokens inside the span
+    out = harness.step(["t"], torch.zeros(1, VOCAB))
+    assert torch.isfinite(out[0]).all()
+    harness.commit("t", [7])
+    out = harness.step(["t"], torch.zeros(1, VOCAB))
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [31]
