@@ -76,6 +76,9 @@ class SlotBatch:
         self._stride: int | None = None
         self._layout_dirty = True
         self._failed_now: list[int] = []
+        self._flags_written = False  # flags written since the last snapshot was queued
+        self._flags_awaited = False  # a snapshot queued and not read back yet
+        self._stops = self._stop.dev[:, 0]
 
     # -- batch changes ----------------------------------------------------------------------------
     def assign(self, slot: int, request: GuardedRequest | None) -> bool:
@@ -119,6 +122,7 @@ class SlotBatch:
     def flush(self) -> None:
         """Copy what ``assign`` staged to the device (once per batch change)."""
         changed = self._stop.flush() | self._failed_member.flush()
+        self._stops = self._stop.dev[:, 0]
         for group in self.groups.values():
             changed = group.flush() or changed
         if changed:
@@ -130,10 +134,13 @@ class SlotBatch:
         self._host_slots = np.asarray(host_slots, dtype=np.int64)
         self._layout_dirty = True
 
-    def _known_rows(self, rows: np.ndarray) -> KnownRows:
+    def _known_rows(self, rows: np.ndarray, stride: int) -> KnownRows:
         slots = self._host_slots[rows]  # type: ignore[index]
         packed = torch.from_numpy(np.concatenate([rows, slots])).to(self.device)
-        return KnownRows(rows, slots, packed[: len(rows)], packed[len(rows) :], row_runs(rows.tolist()))
+        rows_dev, slots_dev = packed[: len(rows)], packed[len(rows) :]
+        stops = self._stop.dev[slots_dev, 0]
+        return KnownRows(rows, slots, rows_dev, slots_dev, row_runs(rows.tolist()),
+                         stop_index=rows_dev * stride + stops.clamp(min=0), can_stop=stops >= 0)
 
     def _prepare(self, stride: int) -> None:
         """Member rows (and each group's cached indices) for the current known layout."""
@@ -147,10 +154,10 @@ class SlotBatch:
                 continue
             rows = np.flatnonzero(in_step & np.isin(host, list(group.members)))
             if len(rows):
-                known = self._known[key] = self._known_rows(rows)
+                known = self._known[key] = self._known_rows(rows, stride)
                 group.prepare(known, stride)
         failed = np.flatnonzero(in_step & np.isin(host, list(self._failed))) if self._failed else np.empty(0, np.int64)
-        self._known_failed = self._known_rows(failed) if len(failed) else None
+        self._known_failed = self._known_rows(failed, stride) if len(failed) else None
         self._stride = stride
         self._layout_dirty = False
 
@@ -190,7 +197,7 @@ class SlotBatch:
             buf = self._positions.buffer(n)
             buf[:] = [len(h) for h in histories]
             generated = self._positions.upload(n)
-        step = StepInputs(logits, logits.view(-1), logits.stride(0), generated)
+        step = StepInputs(logits, logits.view(-1), logits.stride(0), generated, self._stops)
         deaths: list[Dead] = []
         for key in sorted(self.groups, key=lambda k: k[0]):
             group = self.groups[key]
@@ -204,8 +211,12 @@ class SlotBatch:
                 request.force_stop(logits[row])
         self._failed_now.clear()
         if deaths:
-            self._stop_dead(step, deaths, real_rows)
-        self._collect_failures()
+            self._record_dead(step, deaths, real_rows)
+            self._flags_written = True
+        if self._flags_written and self._flags.snapshot():
+            self._flags_written, self._flags_awaited = False, True
+        if self._flags_awaited:
+            self._collect_failures()
 
     _masked: MaskedRows | None = None
 
@@ -282,33 +293,29 @@ class SlotBatch:
         step.logits.scatter_(1, stops, torch.where(where[:, None], torch.zeros_like(stops, dtype=step.logits.dtype),
                                                    step.logits.gather(1, stops)))
 
-    def _stop_dead(self, step: StepInputs, deaths: list[Dead], real_rows: torch.Tensor | None) -> None:
-        """Fail-stop the rows left with no token and flag their slots (first position wins)."""
+    def _record_dead(self, step: StepInputs, deaths: list[Dead], real_rows: torch.Tensor | None) -> None:
+        """Fail-stop the rows left with no token (after every group, as the host path does) and flag
+        their slots; rows after drafts (``real_rows`` false) only stop: the draft may be rejected."""
         for d in deaths:
-            stops = self._stop.dev[d.slots, 0]
-            can_stop = d.dead & (stops >= 0)
             if d.rows is not None:
-                index = d.rows * step.stride + stops.clamp(min=0)
-                step.flat.index_copy_(0, index, torch.where(can_stop, torch.zeros_like(stops, dtype=step.flat.dtype),
-                                                             step.flat.index_select(0, index)))
-                rows = d.rows
+                assert d.stop_index is not None and d.can_stop is not None
+                at_stop = step.flat.index_select(0, d.stop_index)
+                step.flat.index_copy_(0, d.stop_index, at_stop.masked_fill_(d.dead & d.can_stop, 0.0))
             else:
+                stops = step.stops[d.slots]
                 index = stops.clamp(min=0)[:, None]
-                step.logits.scatter_(1, index, torch.where(can_stop[:, None], torch.zeros_like(index, dtype=step.logits.dtype),
-                                                           step.logits.gather(1, index)))
-                rows = None
-            flagged = d.dead if real_rows is None else d.dead & (real_rows if rows is None else real_rows[rows])
-            position = step.generated[rows] if (step.generated is not None and rows is not None) else (
-                step.generated if step.generated is not None else torch.zeros_like(d.slots))
-            record = torch.where(flagged, position.to(torch.int32).clamp(min=0), torch.full_like(position, -1, dtype=torch.int32))
-            self._flags.dev.scatter_reduce_(0, d.slots, record, reduce="amax")
-        self._flags.snapshot()
+                at_stop = step.logits.gather(1, index)
+                step.logits.scatter_(1, index, at_stop.masked_fill_((d.dead & (stops >= 0))[:, None], 0.0))
+            flagged = d.dead if real_rows is None else d.dead & (real_rows if d.rows is None else real_rows[d.rows])
+            position = d.positions if d.positions is not None else torch.zeros_like(d.slots)
+            self._flags.dev.scatter_reduce_(0, d.slots, torch.where(flagged, position, -1), reduce="amax")
 
     def _collect_failures(self) -> None:
         """Fail the requests whose flags have come back (never waits for the device)."""
         seen = self._flags.read()
         if seen is None:
             return
+        self._flags_awaited = False
         values, epochs = seen
         for slot in np.flatnonzero(values >= 0).tolist():
             request = self.requests[slot]

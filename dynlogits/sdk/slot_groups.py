@@ -56,6 +56,9 @@ class KnownRows:
     rows_dev: torch.Tensor
     slots_dev: torch.Tensor
     runs: list[tuple[int, int]]
+    #: flat index of each row's stop token (column 0 for a request without one) and whether it has one
+    stop_index: torch.Tensor | None = None
+    can_stop: torch.Tensor | None = None
 
 
 @dataclass
@@ -68,23 +71,30 @@ class MaskedRows:
 
 @dataclass
 class StepInputs:
-    """What one step gives every group: the logits (and their flat view), and the number of tokens
-    each row's request has generated (row-indexed, ``None`` when no group needs positions)."""
+    """What one step gives every group: the logits (and their flat view), the number of tokens
+    each row's request has generated (row-indexed, ``None`` when no group needs positions), and
+    each slot's stop token (``-1``: none)."""
 
     logits: torch.Tensor
     flat: torch.Tensor
     stride: int
     generated: torch.Tensor | None
+    stops: torch.Tensor
 
 
 @dataclass
 class Dead:
-    """Rows a restrictive group left with no token: ``dead[i]`` for row ``rows[i]`` (known layout,
-    a device index tensor) or for every row (``rows`` is ``None``, masked layout)."""
+    """Rows a restrictive group left with no token (all ``-inf``): ``dead[i]`` for the row of slot
+    ``slots[i]``, at output position ``positions[i]`` (``None`` when unknown). ``rows`` is the rows'
+    device index (known layout, with ``stop_index``/``can_stop`` as in ``KnownRows``) or ``None``
+    (every row of a masked layout). The batch fail-stops them after the last group."""
 
     rows: torch.Tensor | None
     slots: torch.Tensor
     dead: torch.Tensor
+    positions: torch.Tensor | None
+    stop_index: torch.Tensor | None = None
+    can_stop: torch.Tensor | None = None
 
 
 def fill_rows(logits: torch.Tensor, runs: Sequence[tuple[int, int]]) -> None:
@@ -218,18 +228,23 @@ class KeepGroup(_IdsGroup):
         kept = step.flat.index_select(0, flat)
         fill_rows(step.logits, rows.runs)
         step.flat.index_copy_(0, flat, kept)
-        return Dead(rows.rows_dev, rows.slots_dev, torch.isneginf(kept.view(len(rows.rows), -1)).all(1))
+        dead = torch.isneginf(kept.view(len(rows.rows), -1)).all(1)
+        return Dead(rows.rows_dev, rows.slots_dev, dead, _positions(step, rows.rows_dev), rows.stop_index, rows.can_stop)
 
     def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead:
         ids = self.ids.dev[rows.slot_of_row]
         kept = step.logits.gather(1, ids)
         step.logits.masked_fill_(rows.member[:, None], NEG_INF)
         step.logits.scatter_(1, ids, kept)
-        return Dead(None, rows.slot_of_row, rows.member & torch.isneginf(kept).all(1))
+        return Dead(None, rows.slot_of_row, rows.member & torch.isneginf(kept).all(1), step.generated)
+
+
+def _positions(step: StepInputs, rows_dev: torch.Tensor) -> torch.Tensor | None:
+    return None if step.generated is None else step.generated[rows_dev]
 
 
 def _force_known(step: StepInputs, tokens: torch.Tensor, runs: Sequence[tuple[int, int]], rows_dev: torch.Tensor) -> torch.Tensor:
-    """Force ``tokens[i]`` in row ``rows_dev[i]`` keeping masks; whether each row is left empty."""
+    """Force ``tokens[i]`` in row ``rows_dev[i]`` keeping masks; which rows are left with no token."""
     index = rows_dev * step.stride + tokens
     kept = step.flat.index_select(0, index)
     fill_rows(step.logits, runs)
@@ -243,9 +258,9 @@ def _force_masked(step: StepInputs, tokens: torch.Tensor, where: torch.Tensor) -
     index = tokens.clamp(min=0)[:, None]
     kept = step.logits.gather(1, index)
     step.logits.masked_fill_(where[:, None], NEG_INF)
-    dead = where & torch.isneginf(kept[:, 0])
-    step.logits.scatter_(1, index, torch.where(where[:, None] & ~torch.isneginf(kept), torch.zeros_like(kept), kept))
-    return dead
+    alive = ~torch.isneginf(kept)
+    step.logits.scatter_(1, index, kept.masked_fill_(where[:, None] & alive, 0.0))  # non-members: unchanged
+    return where & ~alive[:, 0]
 
 
 class ForceSeqGroup(Group):
@@ -273,15 +288,17 @@ class ForceSeqGroup(Group):
         return sequence.gather(1, step[:, None])[:, 0]
 
     def apply_known(self, step: StepInputs, rows: KnownRows) -> Dead:
-        assert step.generated is not None
-        tokens = self._tokens(step.generated[rows.rows_dev], self._cache["sequence"], self._cache["length"])
-        return Dead(rows.rows_dev, rows.slots_dev, _force_known(step, tokens, rows.runs, rows.rows_dev))
+        assert step.generated is not None and rows.stop_index is not None and rows.can_stop is not None
+        positions = step.generated[rows.rows_dev]
+        tokens = self._tokens(positions, self._cache["sequence"], self._cache["length"])
+        dead = _force_known(step, tokens, rows.runs, rows.rows_dev)
+        return Dead(rows.rows_dev, rows.slots_dev, dead, positions, rows.stop_index, rows.can_stop)
 
     def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead:
         assert step.generated is not None
         slots = rows.slot_of_row
         tokens = self._tokens(step.generated, self.sequence.dev[slots], self.length.dev[slots, 0])
-        return Dead(None, slots, _force_masked(step, tokens, rows.member))
+        return Dead(None, slots, _force_masked(step, tokens, rows.member), step.generated)
 
 
 class MaskBeforeGroup(_IdsGroup):
@@ -334,13 +351,14 @@ class ThinkingGroup(Group):
         buf[:n], buf[n : 2 * n], buf[2 * n :] = rows.rows[firing], rows.slots[firing], decisions[firing]
         values = upload.upload(3 * n)
         rows_dev, slots, tokens = values[:n], values[n : 2 * n], values[2 * n :]
+        stops = step.stops[slots]
         dead = _force_known(step, tokens, row_runs(rows.rows[firing].tolist()), rows_dev)
-        return Dead(rows_dev, slots, dead)
+        return Dead(rows_dev, slots, dead, _positions(step, rows_dev), rows_dev * step.stride + stops.clamp(min=0), stops >= 0)
 
     def apply_device(self, step: StepInputs, rows: MaskedRows, tokens: torch.Tensor) -> Dead:
         """Device decisions (``tokens[r]``, -1 for none) over every row."""
         where = rows.member & (tokens >= 0)
-        return Dead(None, rows.slot_of_row, _force_masked(step, tokens, where))
+        return Dead(None, rows.slot_of_row, _force_masked(step, tokens, where), step.generated)
 
 
 GROUP_TYPES: dict[type, type[Group]] = {

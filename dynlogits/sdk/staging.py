@@ -8,7 +8,7 @@ Three shapes of traffic, each with one class:
 * ``StepUpload``: small per-step arrays the host knows and the device needs (the V1 runner's
   positions, host-decided tokens): written into one of a ring of pinned buffers and copied
   non-blocking, so the next step never overwrites a buffer whose copy is still queued.
-* ``SlotFlags``: a small per-slot int32 tensor the device writes (the position at which a slot's
+* ``SlotFlags``: a small per-slot int64 tensor the device writes (the position at which a slot's
   row was left with no token) and the host reads back through a pinned buffer and an event,
   answering "not yet" instead of waiting.
 
@@ -140,7 +140,7 @@ class StepUpload:
 
 
 class SlotFlags:
-    """``dev[slot]``: an int32 per slot the device writes (``fill`` until it does); the host reads a
+    """``dev[slot]``: an int64 per slot the device writes (``fill`` until it does); the host reads a
     recent copy.
 
     ``reset(slot)`` (a new occupant) sets the slot back to ``fill`` and bumps its epoch;
@@ -152,11 +152,11 @@ class SlotFlags:
 
     def __init__(self, num_slots: int, device: torch.device, *, fill: int = -1) -> None:
         self.fill = fill
-        self.dev = torch.full((num_slots,), fill, dtype=torch.int32, device=device)
+        self.dev = torch.full((num_slots,), fill, dtype=torch.int64, device=device)
         self.epochs = np.zeros(num_slots, dtype=np.int64)
         self._cuda = device.type == "cuda"
         if self._cuda:
-            self._host = _pinned((num_slots,), torch.int32, device)
+            self._host = _pinned((num_slots,), torch.int64, device)
             self._host.fill_(fill)
             self._host_np = self._host.numpy()
             self._event: torch.cuda.Event | None = None
@@ -168,12 +168,18 @@ class SlotFlags:
         self.dev[slot] = self.fill
         self.epochs[slot] += 1
 
-    def snapshot(self) -> None:
-        if self._cuda and (self._event is None or self._event.query()):
-            self._host.copy_(self.dev, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-            self._snap_epochs = self.epochs.copy()
+    def snapshot(self) -> bool:
+        """Queue a copy of the current values to the host; ``False`` when the last one is still in
+        flight (try again next step: the values are sticky)."""
+        if not self._cuda:
+            return True
+        if self._event is not None and not self._event.query():
+            return False
+        self._host.copy_(self.dev, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+        self._snap_epochs = self.epochs.copy()
+        return True
 
     def read(self) -> tuple[np.ndarray, np.ndarray] | None:
         if not self._cuda:
