@@ -56,7 +56,7 @@ class SglangDriver:
             "Req/ScheduleBatch/SamplingBatchInfo (from_schedule_batch, filter_batch, merge_batch) and "
             f"apply_custom_logit_processor; scheduler bookkeeping by a harness ({mode}); engine not started (needs a GPU)"
         )
-        FAILURES.clear()
+        self._started = False
         self.harness = SglangSchedulerHarness(vocab_size, mode=mode)
 
     def activate(self, spec: LogitsProcessorSpec | None, role: DisaggregationMode) -> Any | None:
@@ -69,6 +69,9 @@ class SglangDriver:
 
     def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
             eos_token_id: int) -> None:
+        if not self._started:  # the adapter's failure log is per process: start it afresh for this driver
+            FAILURES.clear()
+            self._started = True
         sampling_params: dict[str, Any] = {"max_new_tokens": 64}
         if payload is not None:
             sampling_params["custom_params"] = {WIRE_KEY: encode_carried(payload)}

@@ -49,7 +49,7 @@ class TrtllmDriver:
             "(_execute_logit_post_processors, [beam, 1, vocab] views)")
         if HAS_TENSORRT_LLM:
             self.exercised = "TensorRT-LLM importable: adapter subclasses its LogitsProcessor; " + self.exercised
-        FAILURES.clear()
+        self._started = False
         self.batched_processor = DynamoTrtllmBatchedLogitsProcessor()
         self.harness = TrtBackendBatchedHarness(self.batched_processor) if batched else PytorchBackendHarness()
         self.ids: dict[str, int] = {}
@@ -66,6 +66,9 @@ class TrtllmDriver:
 
     def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
             eos_token_id: int) -> None:
+        if not self._started:  # the adapter's failure log is per process: start it afresh for this driver
+            FAILURES.clear()
+            self._started = True
         params = SamplingParamsStandIn(end_id=eos_token_id, apply_batched_logits_processor=self.batched)
         if payload is not None:
             params.logits_processor = DynamoTrtllmLogitsProcessor(payload, prompt_len=len(prompt_ids),
