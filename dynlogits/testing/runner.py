@@ -26,6 +26,8 @@ KIT_VOCAB_SIZE = 1024
 SHIPPED = {
     "vllm": "dynlogits.adapters.vllm.conformance:drivers",
     "transformers": "dynlogits.adapters.transformers.conformance:drivers",
+    "sglang": "dynlogits.adapters.sglang.conformance:drivers",
+    "trtllm": "dynlogits.adapters.trtllm.conformance:drivers",
 }
 
 DriverFactory = Callable[..., "AdapterDriver | Sequence[AdapterDriver]"]

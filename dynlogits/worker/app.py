@@ -70,7 +70,12 @@ def _start_engine(state: WorkerState) -> None:
     args = state.args
     model = args.model or str(default_model_dir())
     served = args.served_model_name or (args.model or DEFAULT_MODEL_NAME)
-    engine = start_vllm_engine(model, served, args.engine_args, register_adapter=state.register_adapter)
+    if args.backend == "sglang":
+        from .sglang_engine import start_sglang_engine
+
+        engine = start_sglang_engine(model, served, args.engine_args, register_adapter=state.register_adapter)
+    else:
+        engine = start_vllm_engine(model, served, args.engine_args, register_adapter=state.register_adapter)
     state.policy = build_policy(args.disaggregation_mode, state.config, lambda: engine.tokenizer, engine.vocab_size)
     state.engine = engine
 

@@ -10,7 +10,7 @@ from dynlogits.roles import DisaggregationMode
 
 __all__ = ["BACKENDS", "WorkerArgs", "parse_worker_args", "split_kinds"]
 
-BACKENDS = ("vllm",)
+BACKENDS = ("vllm", "sglang")  # sglang: dynlogits.worker.sglang_engine (needs a GPU host)
 #: Served name of the embedded default model.
 DEFAULT_MODEL_NAME = "dynlogits-tiny"
 
@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Serve one engine behind dynlogits' internal worker API. "
                     "Flags not listed here are passed to the engine (e.g. --dtype float32).",
     )
-    p.add_argument("--backend", choices=BACKENDS, default="vllm", help="engine backend (only vllm runs here)")
+    p.add_argument("--backend", choices=BACKENDS, default="vllm", help="engine backend (vllm; sglang needs SGLang with its GPU dependencies)")
     p.add_argument("--model", default=None, help="model path or name (default: the embedded tiny model)")
     p.add_argument("--served-model-name", default=None, help="name clients use (default: --model, or dynlogits-tiny)")
     p.add_argument("--disaggregation-mode", choices=[m.value for m in DisaggregationMode if m.value != "encode"],

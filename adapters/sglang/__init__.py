@@ -1,0 +1,37 @@
+"""SGLang adapter: ``custom_params["dynamo_logits"]`` payloads in SGLang's sampler.
+
+On the worker, before a request enters SGLang::
+
+    from dynlogits.adapters.sglang import activate
+    fields = activate(sampling_params, entries)     # sets custom_params; returns the processor string too
+    engine.generate(input_ids=ids, sampling_params=sampling_params,
+                    custom_logit_processor=fields.custom_logit_processor)
+
+with the engine started with ``enable_custom_logit_processor=True`` (``engine.enable_adapter``) and
+``SGLANG_ENABLE_DELAY_SAMPLE=1`` (``engine.sglang_engine_env``).
+
+Built on ``dynlogits.sdk``; what is here is SGLang's calling convention only. Modules:
+``processor`` (``DynamoSglangLogitProcessor``, a real ``CustomLogitProcessor``; how SGLang calls
+it), ``locate`` (position and history under the overlap scheduler), ``custom_params`` (the payload's
+encoding and admission), ``activation`` (worker side), ``engine`` (engine settings),
+``testing`` (a scheduler harness over SGLang's real classes), ``conformance`` (the kit's drivers),
+``compat`` (the CPU-test import shim; never needed where SGLang is installed with its dependencies).
+
+This package imports without SGLang; ``processor`` needs ``sglang`` importable.
+"""
+
+from .activation import SglangActivation, activate
+from .custom_params import carried_payload, encode_carried, validate_custom_params
+from .engine import UnsupportedEngineConfig, check_server_args, enable_adapter, sglang_engine_env
+
+__all__ = [
+    "SglangActivation",
+    "UnsupportedEngineConfig",
+    "activate",
+    "carried_payload",
+    "check_server_args",
+    "enable_adapter",
+    "encode_carried",
+    "sglang_engine_env",
+    "validate_custom_params",
+]

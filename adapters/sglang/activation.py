@@ -1,0 +1,66 @@
+"""Worker side: what one SGLang request needs to run its gated entries.
+
+``activate(target, entries)`` works on either form a worker builds a request in:
+
+* a sampling-params mapping (``Engine.generate(sampling_params=..., custom_logit_processor=...)``,
+  ``GenerateReqInput.sampling_params``): its ``custom_params`` gets the payload (or loses one);
+* a ``GenerateReqInput`` (or any object with ``sampling_params`` and ``custom_logit_processor``
+  attributes): the same, and its ``custom_logit_processor`` is set to this adapter's string.
+
+It returns ``SglangActivation(custom_logit_processor, custom_params)``. Only the worker produces
+the processor string: whatever ``custom_logit_processor`` a client sent is **never** forwarded (a
+dill string is code the server would run); without entries the request gets no processor and any
+smuggled ``custom_params["dynamo_logits"]`` is removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dynlogits import sdk
+
+from .custom_params import put_carried
+
+__all__ = ["SglangActivation", "activate"]
+
+
+@dataclass(frozen=True)
+class SglangActivation:
+    """The two request fields SGLang needs: ``custom_logit_processor`` (``None``: no processor) and
+    ``custom_params`` (``None`` when empty)."""
+
+    custom_logit_processor: str | None
+    custom_params: dict[str, Any] | None
+
+
+def _sampling_params(target: Any) -> MutableMapping[str, Any]:
+    if isinstance(target, MutableMapping):
+        return target
+    params = getattr(target, "sampling_params", None)
+    if params is None:
+        params = {}
+        target.sampling_params = params
+    if not isinstance(params, MutableMapping):
+        raise TypeError(
+            f"activate() needs one request's sampling params as a dict, got {type(params).__name__} "
+            "(batched GenerateReqInput: activate each request before batching)")
+    return params
+
+
+def activate(target: Any, entries: Sequence[Any]) -> SglangActivation:
+    """Put the payload for ``entries`` into ``target``'s ``custom_params`` and name this adapter's
+    processor (see the module docstring); returns the fields set."""
+    from .processor import processor_string  # needs sglang; keep the module importable without it
+
+    params = _sampling_params(target)
+    current = params.get("custom_params")
+    custom: dict[str, Any] = dict(current) if isinstance(current, Mapping) else {}
+    payload = sdk.encode_payload(entries)
+    put_carried(custom, payload)
+    params["custom_params"] = custom or None
+    processor = processor_string() if payload is not None else None
+    if not isinstance(target, MutableMapping):
+        target.custom_logit_processor = processor
+    return SglangActivation(custom_logit_processor=processor, custom_params=custom or None)

@@ -1,0 +1,104 @@
+"""Conformance-kit drivers for the SGLang adapter (``dynlogits conformance sglang``).
+
+Each driver runs ``DynamoSglangLogitProcessor`` inside SGLang 0.5.23's real scheduler-side classes
+through ``SglangSchedulerHarness`` (``dynlogits.adapters.sglang.testing``): real ``Req`` objects
+built from requests decoded by SGLang's msgpack IPC codec, ``SamplingBatchInfo`` built per prefill
+batch, filtered and merged, and SGLang's own ``apply_custom_logit_processor``. SGLang's engine is
+not started (it needs a GPU and ``sgl-kernel``); on a CPU machine the modules are imported through
+the CPU-test shim (``compat``).
+
+* ``sglang-overlap``: the overlap scheduler with delayed sampling, as the worker configures SGLang;
+* ``sglang-no-overlap``: ``--disable-overlap-schedule``.
+
+The overlap scheduler *without* delayed sampling (``output_ids`` one token behind) is covered by
+``tests/sglang``: positions stay exact there, token values of the last step are not visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from dynlogits import sdk
+from dynlogits.roles import DisaggregationMode
+from dynlogits.specs import WIRE_KEY, LogitsProcessorSpec
+
+from .compat import import_sglang_srt
+
+import_sglang_srt()
+
+from .activation import activate  # noqa: E402
+from .custom_params import carried_payload, encode_carried, validate_custom_params  # noqa: E402
+from .processor import FAILURES, REQUEST_KEY, processor_string  # noqa: E402
+from .testing import Mode, SglangSchedulerHarness  # noqa: E402
+
+__all__ = ["SglangDriver", "drivers"]
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("sglang")
+
+
+class SglangDriver:
+    """The kit's requests and steps, played through ``SglangSchedulerHarness``."""
+
+    releases_on_finish = True
+
+    def __init__(self, vocab_size: int, *, mode: Mode) -> None:
+        self.vocab_size = vocab_size
+        self.name = "sglang-overlap" if mode == "overlap-delay-sample" else f"sglang-{mode}"
+        self.exercised = (
+            f"SGLang {_version()}: real DynamoSglangLogitProcessor (a CustomLogitProcessor loaded by to_str) in real "
+            "Req/ScheduleBatch/SamplingBatchInfo (from_schedule_batch, filter_batch, merge_batch) and "
+            f"apply_custom_logit_processor; scheduler bookkeeping by a harness ({mode}); engine not started (needs a GPU)"
+        )
+        self._started = False
+        self.harness = SglangSchedulerHarness(vocab_size, mode=mode)
+
+    def activate(self, spec: LogitsProcessorSpec | None, role: DisaggregationMode) -> Any | None:
+        params = {"custom_params": {WIRE_KEY: encode_carried([{"kind": "smuggled"}])}}
+        activate(params, sdk.gate(spec, role))
+        return carried_payload(params["custom_params"])
+
+    def admit(self, payload: Any) -> None:
+        validate_custom_params({WIRE_KEY: encode_carried(payload)})
+
+    def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
+            eos_token_id: int) -> None:
+        if not self._started:  # the adapter's failure log is per process: start it afresh for this driver
+            FAILURES.clear()
+            self._started = True
+        sampling_params: dict[str, Any] = {"max_new_tokens": 64}
+        if payload is not None:
+            sampling_params["custom_params"] = {WIRE_KEY: encode_carried(payload)}
+        self.harness.add(req_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
+                         custom_logit_processor=None if payload is None else processor_string(),
+                         output_ids=output_ids, eos_token_ids={eos_token_id})
+
+    def step(self, batch: Sequence[str], logits: torch.Tensor) -> torch.Tensor:
+        return self.harness.step(batch, logits)
+
+    def commit(self, req_id: str, token_id: int) -> None:
+        self.harness.commit(req_id, token_id)
+
+    def remove(self, req_id: str) -> None:
+        self.harness.remove(req_id)
+
+    def held_requests(self) -> int:
+        held = 0
+        for request in self.harness.requests.values():
+            params = request.req.sampling_params.custom_params
+            held += isinstance(params, dict) and params.get(REQUEST_KEY) is not None
+        return held
+
+    def failures(self) -> list[str]:
+        return list(FAILURES)
+
+
+def drivers(vocab_size: int) -> list[SglangDriver]:
+    """The kit's factory: the overlap scheduler (delayed sampling, the worker's setting) and no overlap."""
+    return [SglangDriver(vocab_size, mode="overlap-delay-sample"), SglangDriver(vocab_size, mode="no-overlap")]

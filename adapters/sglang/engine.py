@@ -1,0 +1,60 @@
+"""SGLang engine settings the adapter needs, set by one helper and checked up front.
+
+* ``--enable-custom-logit-processor`` (``ServerArgs.enable_custom_logit_processor``): off by
+  default in SGLang; without it the tokenizer manager rejects every request naming a processor.
+  SGLang refuses it together with ``--enable-watermark`` (``arg_groups/validation_hook.py``).
+* ``SGLANG_ENABLE_DELAY_SAMPLE=1``: with the overlap scheduler (SGLang's default) the sampler then
+  runs after the previous batch's tokens were appended (``Scheduler.launch_batch_sample_if_needed``),
+  so histories are complete; positions are exact either way (``locate``). SGLang documents the
+  flag as moving result processing off the critical path (``srt/environ.py``).
+* Speculative decoding is refused: EAGLE never calls custom processors, DFlash calls them on
+  verify rows without the draft tokens, UNO raises (``processor`` module docstring).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["DELAY_SAMPLE_ENV", "UnsupportedEngineConfig", "check_server_args", "enable_adapter", "sglang_engine_env"]
+
+DELAY_SAMPLE_ENV = "SGLANG_ENABLE_DELAY_SAMPLE"
+
+
+class UnsupportedEngineConfig(ValueError):
+    """The SGLang configuration cannot run dynamo logits processors; the message says why."""
+
+
+def _get(args: Any, name: str) -> Any:
+    return args.get(name) if isinstance(args, Mapping) else getattr(args, name, None)
+
+
+def sglang_engine_env() -> dict[str, str]:
+    """Environment the SGLang engine processes need (set before the engine starts)."""
+    return {DELAY_SAMPLE_ENV: "1"}
+
+
+def check_server_args(server_args: Any) -> None:
+    """Raise ``UnsupportedEngineConfig`` for settings under which processors cannot run correctly
+    (``server_args``: SGLang's ``ServerArgs`` or a mapping of its fields)."""
+    if _get(server_args, "enable_watermark"):
+        raise UnsupportedEngineConfig(
+            "dynamo logits processors need --enable-custom-logit-processor, which SGLang refuses together with "
+            "--enable-watermark")
+    algorithm = _get(server_args, "speculative_algorithm")
+    if algorithm:
+        raise UnsupportedEngineConfig(
+            f"dynamo logits processors cannot run with speculative decoding on SGLang (speculative_algorithm="
+            f"{algorithm!r}): EAGLE skips custom logit processors, DFlash applies them to verify rows without the "
+            "draft tokens, UNO does not support them")
+
+
+def enable_adapter(server_args: Any) -> Any:
+    """Turn on ``enable_custom_logit_processor`` on ``server_args`` (``ServerArgs`` or a kwargs dict)
+    after ``check_server_args``; returns it."""
+    check_server_args(server_args)
+    if isinstance(server_args, dict):
+        server_args["enable_custom_logit_processor"] = True
+    else:
+        server_args.enable_custom_logit_processor = True
+    return server_args
