@@ -18,6 +18,7 @@ from dynlogits.adapters.sglang.processor import FAILURES, REQUEST_KEY, processor
 from dynlogits.adapters.sglang.testing import SglangSchedulerHarness, decode_like_sglang
 from dynlogits.adapters.sglang.engine import UnsupportedEngineConfig
 from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, encode_entries
+from dynlogits.testing import CHECKS
 
 VOCAB = 64
 EOS = 1
@@ -181,4 +182,4 @@ def test_conformance_command_passes_for_sglang_with_its_real_classes():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert any("driver sglang-overlap: SGLang 0.5.23: real DynamoSglangLogitProcessor" in line for line in lines)
-    assert lines[-1] == "20 passed, 0 failed"
+    assert lines[-1] == f"{2 * len(CHECKS)} passed, 0 failed"  # two drivers, every check
