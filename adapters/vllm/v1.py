@@ -183,14 +183,14 @@ class V1RunnerMixin(AdapterLogitsProcessor):
             try:
                 self._resident.apply(logits, histories=self._row_histories)
             except Exception as exc:  # an adapter bug must not take the engine down: fail these requests
-                self._fail_resident(logits, exc)
+                self._fail_resident_v1(logits, exc)
         if self._hosted_rows:
             rows = self._hosted_rows
             histories = [self._entries[r].output_ids for r in rows]
             apply_rows(logits, rows, [self._entries[r].request for r in rows], histories)
         return logits
 
-    def _fail_resident(self, logits: torch.Tensor, exc: Exception) -> None:
+    def _fail_resident_v1(self, logits: torch.Tensor, exc: Exception) -> None:
         logger.error("the resident apply path failed; failing its requests", exc_info=True)
         for index, entry in self._entries.items():
             if entry.slot is not None:

@@ -33,6 +33,7 @@ rejected; it fails the request when it happens on the row after the committed to
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -55,6 +56,8 @@ except ImportError:  # pragma: no cover - depends on the installed vLLM
 __all__ = ["HAS_V2_INTERFACE", "PLACEHOLDER", "V2RunnerMixin", "row_histories"]
 
 PLACEHOLDER = -1
+
+logger = logging.getLogger("dynlogits.adapters.vllm")
 
 
 def row_histories(
@@ -137,7 +140,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
             try:
                 self._apply_resident(logits, ctx, slots_in_step, resident)
             except Exception as exc:  # an adapter bug must not take the engine down: fail these requests
-                self._fail_resident(slots_in_step[resident], exc)
+                self._fail_resident_v2(logits, slots_in_step, resident, exc)
         hosted = self._active[slots_in_step] & ~resident
         if hosted.any():
             self._apply_hosted(logits, ctx)
@@ -162,16 +165,19 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
             real = ctx.expanded_local_pos == 0
             self._resident.apply(logits, generated=generated, thinking=self._thinking.decide, real_rows=real)
 
-    def _fail_resident(self, slots: np.ndarray, exc: Exception) -> None:
-        import logging
-
-        logging.getLogger("dynlogits.adapters.vllm").error("the resident apply path failed; failing its requests",
-                                                           exc_info=True)
-        for slot in slots.tolist():
+    def _fail_resident_v2(self, logits: torch.Tensor, slots_in_step: np.ndarray, resident: np.ndarray,
+                          exc: Exception) -> None:
+        """Fail the step's resident requests (fail-stopped now where the host knows their rows)."""
+        logger.error("the resident apply path failed; failing its requests", exc_info=True)
+        known = logits.shape[0] == len(slots_in_step)
+        for row, slot in enumerate(slots_in_step.tolist()):
             request = self._slots[slot]
-            if request is not None:
-                request.fail_with(exc, ())
-                self._resident.mark_failed(slot)
+            if not resident[row] or request is None:
+                continue
+            request.fail_with(exc, ())
+            self._resident.mark_failed(slot)
+            if known:
+                request.force_stop(logits[row])
 
     def _apply_hosted(self, logits: torch.Tensor, ctx: Any) -> None:
         """Requests with ``python``/plug-in entries: histories read back, then ``apply_rows``."""
@@ -181,11 +187,12 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         try:
             histories = row_histories(self._req_states, ctx, rows, slots)
         except Exception as exc:  # reading the histories failed: fail these requests, keep the engine
-            for slot in np.unique(slots).tolist():
+            for row, slot in zip(rows.tolist(), slots.tolist()):
                 request = self._slots[slot]
                 if request is not None:
                     request.fail_with(exc, ())
-            histories = [None] * len(rows)
+                    request.force_stop(logits[row])
+            return
         keep = [i for i, h in enumerate(histories) if h is not None]  # placeholder drafts: left untouched
         local = ctx.expanded_local_pos.cpu().numpy() if len(row_slots) != len(ctx.idx_mapping_np) else None
         real = [i for i in keep if local is None or local[rows[i]] == 0]

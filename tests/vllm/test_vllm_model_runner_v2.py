@@ -263,3 +263,37 @@ def test_a_resumed_request_continues_its_thinking_span(harness):
     harness.commit("t", [7])
     out = harness.step(["t"], torch.zeros(1, VOCAB))
     assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [31]
+
+
+# -- containment: faults in the adapter's own steps ---------------------------------------------
+def test_a_failure_reading_histories_fails_only_the_requests_that_needed_them(harness, monkeypatch):
+    """The prologue that reads hosted requests' histories back from the device is guarded: if it
+    raises, those requests are fail-stopped and reported; resident requests and the engine go on."""
+    import dynlogits.adapters.vllm.v2 as v2
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("device read failed")
+
+    monkeypatch.setattr(v2, "row_histories", broken)
+    harness.add_request("hosted", [2], sp(RECORD))
+    harness.add_request("resident", [2], sp(forced(10, 11)))
+    out = harness.step(["hosted", "resident"], torch.randn(2, VOCAB))
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [EOS]
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [10]
+    assert len(harness.processor.failures) == 1 and "device read failed" in harness.processor.failures[0]
+
+
+def test_a_bug_in_the_resident_path_fails_its_requests_not_the_engine(harness, monkeypatch):
+    from dynlogits.sdk.slot_batch import SlotBatch
+
+    def broken(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("resident path bug")
+
+    harness.add_request("a", [2], sp(forced(10, 11)))
+    harness.add_request("b", [2], sp(forced(20, 21)))
+    monkeypatch.setattr(SlotBatch, "apply", broken)
+    harness.step(["a", "b"], torch.randn(2, VOCAB))  # nothing escapes apply()
+    monkeypatch.undo()
+    out = harness.step(["a", "b"], torch.randn(2, VOCAB))
+    assert [torch.isfinite(r).nonzero().flatten().tolist() for r in out] == [[EOS], [EOS]]
+    assert len(harness.processor.failures) == 2 and all("resident path bug" in f for f in harness.processor.failures)
