@@ -153,6 +153,8 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
     when it is given), at most one per rule. Entry ``i`` is named ``paths[i]`` (default
     ``root[i]``). With ``vocab_size`` (the logits width) masks that cover every token are found too."""
     entries = list(entries)
+    if len(entries) < 2 and not (vocab_size is not None and entries and entries[0].kind in ("banned_tokens", "min_tokens")):
+        return []  # one entry never contradicts itself, short of masking the whole vocabulary
     if vocab_size is None and not any(e.kind in ("forced_sequence", "allowed_tokens", "thinking_budget") for e in entries):
         return []  # only masks and biases: nothing is left empty short of masking the whole vocabulary
     names = list(paths) if paths is not None else [f"{root}[{i}]" for i in range(len(entries))]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from .errors import Problem
@@ -55,19 +56,31 @@ def _field(entry: Any, name: str) -> Any:
     return entry.get(name) if isinstance(entry, Mapping) else getattr(entry, name, None)
 
 
+@lru_cache(maxsize=256)
+def _bounded_fields(cls: type) -> tuple[tuple[str, ...], bool]:
+    """The length-limited fields (and whether ``budget``) a model class declares; every name for
+    other objects. Reading an absent attribute of a pydantic model raises, which costs microseconds."""
+    declared = getattr(cls, "model_fields", None)
+    if declared is None:
+        return tuple(_LENGTH_LIMITS), True
+    return tuple(f for f in _LENGTH_LIMITS if f in declared), "budget" in declared
+
+
 def entry_limit_problems(entry: Any, limits: SpecLimits, *, path: str) -> Iterator[Problem]:
     """Yield a problem for every limit one (already type-valid) entry at ``path`` exceeds.
 
     Fields are found by name, so a plug-in kind's fields of the same names are bounded too
     (a value of another shape, e.g. an integer ``text``, is left to the kind's model).
     """
-    for field, limit_name in _LENGTH_LIMITS.items():
+    fields, has_budget = _bounded_fields(type(entry)) if not isinstance(entry, Mapping) else (tuple(_LENGTH_LIMITS), True)
+    for field in fields:
+        limit_name = _LENGTH_LIMITS[field]
         value = _field(entry, field)
         bound = getattr(limits, limit_name)
         if isinstance(value, Sized) and len(value) > bound:
             unit = "characters" if field == "text" else "items"
             yield Problem(f"{path}.{field}", f"must have at most {bound} {unit} (limit {limit_name})")
-    budget = _field(entry, "budget")
+    budget = _field(entry, "budget") if has_budget else None
     if isinstance(budget, int) and not isinstance(budget, bool) and budget > limits.max_budget:
         yield Problem(f"{path}.budget", f"must be <= {limits.max_budget} (limit max_budget)")
 
