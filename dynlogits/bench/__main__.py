@@ -73,7 +73,7 @@ def _pick(value: object, default: object, quick_value: object, quick: bool) -> o
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's config INFO lines would bury the tables
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's config log lines would bury the tables
     command = "python -m dynlogits.bench " + shlex.join(sys.argv[1:] if argv is None else list(argv))
 
     import torch

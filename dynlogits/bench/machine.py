@@ -39,10 +39,13 @@ class Machine:
     reference: str
     threads: int
     device: str
+    load: float | None
 
     def lines(self) -> list[str]:
         return [
-            f"machine: {self.cpu}, {self.cores} cores visible; Python {self.python}",
+            f"machine: {self.cpu}, {self.cores} cores visible"
+            + ("" if self.load is None else f", 1-minute load average {self.load:.1f} at start")
+            + f"; Python {self.python}",
             f"versions: torch {self.torch}, vLLM {self.vllm}, dynlogits {self.dynlogits}, "
             f"ai-dynamo-runtime {self.reference} (reference)",
             f"micro suite: device {self.device}, torch.set_num_threads({self.threads})",
@@ -68,4 +71,5 @@ def describe_machine(*, threads: int, device: str) -> Machine:
         reference=_version("ai-dynamo-runtime"),
         threads=threads,
         device=device,
+        load=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     )
