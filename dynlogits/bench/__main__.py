@@ -17,8 +17,11 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 __all__ = ["main"]
+
+T = TypeVar("T")
 
 _SUITES = ("micro", "engine", "wire", "all")
 _DOCS_DIR = Path(__file__).resolve().parents[2] / "docs"
@@ -32,6 +35,16 @@ def _ints(text: str) -> tuple[int, ...]:
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def _kinds(text: str) -> tuple[str, ...]:
@@ -51,23 +64,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a smoke run: few sizes and repetitions (see above)")
     p.add_argument("--json", metavar="FILE", type=Path, help="write every measurement as a JSON list of records")
     p.add_argument("--device", default="cpu", help="micro suite device: cpu (default) or cuda[:N] (must exist)")
-    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for the micro suite (default 1)")
+    p.add_argument("--threads", type=_positive, default=1, help="torch.set_num_threads for the micro suite (default 1)")
     p.add_argument("--write-docs", action="store_true", help="regenerate performance.md and its plot")
     p.add_argument("--docs-dir", type=Path, default=_DOCS_DIR, help=f"where --write-docs writes (default {_DOCS_DIR})")
     m = p.add_argument_group("micro")
     m.add_argument("--batches", type=_ints, help="batch sizes (default 1,8,64,256; quick 1,64)")
     m.add_argument("--vocabs", type=_ints, help="logits widths (default 32000,151936; quick 151936)")
     m.add_argument("--kinds", type=_kinds, help="workloads (default all)")
-    m.add_argument("--repeats", type=int, help="timed repetitions per measurement (default 30; quick 5)")
+    m.add_argument("--repeats", type=_positive, help="timed repetitions per measurement (default 30; quick 5)")
     e = p.add_argument_group("engine")
-    e.add_argument("--engine-requests", type=int, help="concurrent requests (default 64; quick 4)")
-    e.add_argument("--engine-tokens", type=int, help="tokens per request (default 64; quick 8)")
-    e.add_argument("--engine-repeats", type=int, help="timed runs, best kept (default 3; quick 1)")
-    e.add_argument("--engine-vocab", type=int, help="model vocabulary (default 151936; quick 1024)")
+    e.add_argument("--engine-requests", type=_positive, help="concurrent requests (default 64; quick 4)")
+    e.add_argument("--engine-tokens", type=_positive, help="tokens per request (default 64; quick 8)")
+    e.add_argument("--engine-repeats", type=_positive, help="timed runs, best kept (default 3; quick 1)")
+    e.add_argument("--engine-vocab", type=_positive, help="model vocabulary (default 151936; quick 1024)")
     return p
 
 
-def _pick(value: object, default: object, quick_value: object, quick: bool) -> object:
+def _pick(value: T | None, default: T, quick_value: T, quick: bool) -> T:
+    """An explicit flag wins; else the quick or the full default."""
     return value if value is not None else (quick_value if quick else default)
 
 
@@ -90,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .engine import EngineError, EngineOptions, run_engine
     from .machine import describe_machine
     from .micro import BenchmarkError, MicroOptions, run_micro
+    from .models import ModelSizeError
     from .records import Record, write_json
     from .report import engine_table, micro_tables, target_lines, wire_table
     from .wire import WireOptions, run_wire
@@ -109,9 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "micro" in run:
             opts = MicroOptions(
                 kinds=args.kinds or MicroOptions.kinds,
-                batches=_pick(args.batches, MicroOptions.batches, (1, 64), q),  # type: ignore[arg-type]
-                vocabs=_pick(args.vocabs, MicroOptions.vocabs, (151936,), q),  # type: ignore[arg-type]
-                repeats=_pick(args.repeats, MicroOptions.repeats, 5, q),  # type: ignore[arg-type]
+                batches=_pick(args.batches, MicroOptions.batches, (1, 64), q),
+                vocabs=_pick(args.vocabs, MicroOptions.vocabs, (151936,), q),
+                repeats=_pick(args.repeats, MicroOptions.repeats, 5, q),
                 warmup=1 if q else MicroOptions.warmup,
                 device=args.device,
             )
@@ -124,10 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(micro_tables(micro)), flush=True)
         if "engine" in run:
             eopts = EngineOptions(
-                requests=_pick(args.engine_requests, EngineOptions.requests, 4, q),  # type: ignore[arg-type]
-                tokens=_pick(args.engine_tokens, EngineOptions.tokens, 8, q),  # type: ignore[arg-type]
-                repeats=_pick(args.engine_repeats, EngineOptions.repeats, 1, q),  # type: ignore[arg-type]
-                vocab=_pick(args.engine_vocab, EngineOptions.vocab, 1024, q),  # type: ignore[arg-type]
+                requests=_pick(args.engine_requests, EngineOptions.requests, 4, q),
+                tokens=_pick(args.engine_tokens, EngineOptions.tokens, 8, q),
+                repeats=_pick(args.engine_repeats, EngineOptions.repeats, 1, q),
+                vocab=_pick(args.engine_vocab, EngineOptions.vocab, 1024, q),
             )
             engine, skipped = run_engine(eopts)
             records += engine
@@ -144,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 f"{wopts.calls_per_round} calls")
             print(f"\n## wire ({settings['wire']})\n")
             print("\n".join(wire_table(wire)), flush=True)
+    except ModelSizeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except (BenchmarkError, EngineError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

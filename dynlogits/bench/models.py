@@ -14,7 +14,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["bench_model_dir", "eos_token_id", "vllm_config"]
+__all__ = ["ModelSizeError", "bench_model_dir", "eos_token_id", "vllm_config"]
+
+
+class ModelSizeError(ValueError):
+    """The embedded model cannot be built with the vocabulary asked for (names the bound)."""
 
 
 @cache
@@ -26,7 +30,10 @@ def bench_model_dir(vocab_size: int) -> Path:
     path = root.expanduser() / f"vocab-{vocab_size}"
     if not (path / "config.json").is_file():
         print(f"[bench] building the embedded model with vocab {vocab_size} in {path} (once)", file=sys.stderr, flush=True)
-    return build_model(path, vocab_size=vocab_size)
+    try:
+        return build_model(path, vocab_size=vocab_size)
+    except ValueError as exc:
+        raise ModelSizeError(f"vocab {vocab_size}: {exc}") from None
 
 
 def eos_token_id(model_dir: Path) -> int:
