@@ -58,7 +58,7 @@ def _kinds(text: str) -> tuple[str, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dynlogits.bench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m dynlogits.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("suite", choices=_SUITES, help="which suite to run")
     p.add_argument("--quick", action="store_true", help="a smoke run: few sizes and repetitions (see above)")
