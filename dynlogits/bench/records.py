@@ -1,0 +1,71 @@
+"""One record per measurement, in the JSON shape ``--json FILE`` writes (issue 11's contract).
+
+* micro: ``{"suite": "micro", "kind", "batch", "vocab", "impl", "median_ms"}``, ``impl`` one of
+  ``MICRO_IMPLS``;
+* engine: ``{"suite": "engine", "kind", "impl", "tok_per_s"}``, ``impl`` one of ``ENGINE_IMPLS``
+  (``kind`` is ``"none"`` for the engine without a processor);
+* wire: ``{"suite": "wire", "kind", "impl", "stage", "median_us"}``, ``impl`` one of
+  ``WIRE_IMPLS``, ``stage`` one of ``WIRE_STAGES``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal, Union
+
+__all__ = ["ENGINE_IMPLS", "MICRO_IMPLS", "WIRE_IMPLS", "WIRE_STAGES", "EngineRecord", "MicroRecord", "Record",
+           "WireRecord", "write_json"]
+
+#: ``adapter``: the vLLM adapter on the V1 runner's interface; ``adapter_v2``: the same class on
+#: Model Runner V2's; ``loop``: the same realized processors called row by row; ``reference``:
+#: ai-dynamo-runtime 1.6.1 per row (forced_sequence only); ``floor``: one memset of the rows
+#: (forced_sequence only).
+MICRO_IMPLS = ("adapter", "adapter_v2", "loop", "reference", "floor")
+ENGINE_IMPLS = ("none", "adapter", "reference")
+WIRE_IMPLS = ("msgspec", "pydantic")
+#: ``encode``: entries -> msgpack bytes; ``decode``: msgpack bytes -> validated entries.
+WIRE_STAGES = ("encode", "decode")
+
+
+@dataclass(frozen=True)
+class MicroRecord:
+    kind: str
+    batch: int
+    vocab: int
+    impl: str
+    median_ms: float
+    suite: Literal["micro"] = "micro"
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    kind: str
+    impl: str
+    tok_per_s: float
+    suite: Literal["engine"] = "engine"
+
+
+@dataclass(frozen=True)
+class WireRecord:
+    kind: str
+    impl: str
+    stage: str
+    median_us: float
+    suite: Literal["wire"] = "wire"
+
+
+Record = Union[MicroRecord, EngineRecord, WireRecord]
+
+
+def _as_json(record: Record) -> dict[str, object]:
+    data = asdict(record)
+    return {"suite": data.pop("suite"), **data}
+
+
+def write_json(path: str | Path, records: Iterable[Record]) -> None:
+    """Write the records as one JSON list (suite first in each object)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps([_as_json(r) for r in records], indent=1) + "\n", encoding="utf-8")

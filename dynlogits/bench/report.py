@@ -1,0 +1,130 @@
+"""Tables and target lines from a run's records (Markdown, printed and written into the docs).
+
+The targets are issue 11's, checked against ratios measured side by side in the same run; a
+target whose measurement is missing from the run says so instead of passing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .records import MICRO_IMPLS, EngineRecord, MicroRecord, Record, WireRecord
+
+__all__ = ["Target", "engine_table", "evaluate_targets", "micro_tables", "target_lines", "wire_table"]
+
+TARGET_VOCAB = 151936
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return [line(header), "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|", *(line(r) for r in rows)]
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else (f"{value:.4f}" if value < 0.1 else f"{value:.3f}" if value < 10 else f"{value:.1f}")
+
+
+def _ratio(num: float | None, den: float | None) -> str:
+    return "—" if num is None or den is None or den <= 0 else f"{num / den:.2f}"
+
+
+def _micro(records: Sequence[Record]) -> dict[tuple[str, int, int, str], float]:
+    return {(r.kind, r.batch, r.vocab, r.impl): r.median_ms for r in records if isinstance(r, MicroRecord)}
+
+
+def micro_tables(records: Sequence[Record]) -> list[str]:
+    """One table per vocabulary: median ms per step for each implementation, and the adapter's
+    ratios (``X/adapter``: how many times the adapter's cost X is; above 1 the adapter is faster)."""
+    micro = _micro(records)
+    lines: list[str] = []
+    for vocab in sorted({k[2] for k in micro}):
+        keys = sorted({(k[0], k[1]) for k in micro if k[2] == vocab},
+                      key=lambda kb: (_KIND_ORDER.get(kb[0], 99), kb[1]))
+        rows = []
+        for kind, batch in keys:
+            get = lambda impl: micro.get((kind, batch, vocab, impl))  # noqa: E731
+            rows.append([kind, str(batch), *(_ms(get(i)) for i in MICRO_IMPLS),
+                         _ratio(get("floor"), get("adapter")), _ratio(get("reference"), get("adapter")),
+                         _ratio(get("loop"), get("adapter"))])
+        lines += [f"Vocab {vocab}: median ms per decode step", "",
+                  *_table(["kind", "batch", *MICRO_IMPLS, "floor/adapter", "reference/adapter", "loop/adapter"], rows), ""]
+    return lines
+
+
+_KIND_ORDER = {"forced_sequence": 0, "banned_tokens": 1, "logit_bias": 2, "mixed": 3}
+
+
+def engine_table(records: Sequence[Record]) -> list[str]:
+    engine = [r for r in records if isinstance(r, EngineRecord)]
+    if not engine:
+        return []
+    none = next((r.tok_per_s for r in engine if r.impl == "none"), None)
+    rows = [[r.impl, "no payload" if r.kind == "none" else r.kind, f"{r.tok_per_s:.0f}", _ratio(r.tok_per_s, none)]
+            for r in engine]
+    return [*_table(["impl", "kind", "tok/s (best)", "x none"], rows), ""]
+
+
+def wire_table(records: Sequence[Record]) -> list[str]:
+    wire = {(r.kind, r.stage, r.impl): r.median_us for r in records if isinstance(r, WireRecord)}
+    if not wire:
+        return []
+    rows = []
+    for kind, stage in sorted({(k[0], k[1]) for k in wire}):
+        fast, slow = wire.get((kind, stage, "msgspec")), wire.get((kind, stage, "pydantic"))
+        rows.append([kind, stage, "—" if fast is None else f"{fast:.1f}", "—" if slow is None else f"{slow:.1f}",
+                     _ratio(slow, fast)])
+    return [*_table(["payload", "stage", "msgspec µs", "pydantic µs", "pydantic/msgspec"], rows), ""]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One of issue 11's targets: what it asks, the measured figure, and whether it is met
+    (``None``: not measured in this run)."""
+
+    name: str
+    goal: str
+    measured: str
+    met: bool | None
+
+    def line(self) -> str:
+        state = {True: "met", False: "NOT MET", None: "not measured"}[self.met]
+        return f"[{state}] {self.name}: {self.goal}; measured {self.measured}"
+
+
+def _ratio_target(name: str, goal: str, num: float | None, den: float | None, ok: float, *, at_most: bool) -> Target:
+    if num is None or den is None or den <= 0:
+        return Target(name, goal, "—", None)
+    value = num / den
+    return Target(name, goal, f"{value:.2f}x", value <= ok if at_most else value >= ok)
+
+
+def evaluate_targets(records: Sequence[Record]) -> list[Target]:
+    """Issue 11's targets against this run's records."""
+    micro = _micro(records)
+    at = lambda kind, batch, impl, vocab=TARGET_VOCAB: micro.get((kind, batch, vocab, impl))  # noqa: E731
+    targets = [
+        _ratio_target(f"forced_sequence, batch 64, vocab {TARGET_VOCAB}", "adapter <= 1.25x the floor (adapter/floor)",
+                      at("forced_sequence", 64, "adapter"), at("forced_sequence", 64, "floor"), 1.25, at_most=True),
+        _ratio_target(f"forced_sequence, batch 64, vocab {TARGET_VOCAB}", ">= 3x faster than the reference (reference/adapter)",
+                      at("forced_sequence", 64, "reference"), at("forced_sequence", 64, "adapter"), 3.0, at_most=False),
+    ]
+    for kind in ("banned_tokens", "logit_bias"):
+        targets.append(_ratio_target(f"{kind}, batch 64, vocab {TARGET_VOCAB}", ">= 10x faster than the per-row loop (loop/adapter)",
+                                     at(kind, 64, "loop"), at(kind, 64, "adapter"), 10.0, at_most=False))
+        targets.append(_ratio_target(f"{kind}, batch 1, vocab {TARGET_VOCAB}", "no slower than 2x the per-row loop (adapter/loop)",
+                                     at(kind, 1, "adapter"), at(kind, 1, "loop"), 2.0, at_most=True))
+    engine = {(r.impl, r.kind): r.tok_per_s for r in records if isinstance(r, EngineRecord)}
+    for kind in ("banned_tokens", "forced_sequence"):
+        targets.append(_ratio_target(f"engine, {kind} on every request", ">= 0.98x the throughput without a processor (adapter/none)",
+                                     engine.get(("adapter", kind)), engine.get(("none", "none")), 0.98, at_most=False))
+    decode = next((r.median_us for r in records if isinstance(r, WireRecord)
+                   and (r.kind, r.impl, r.stage) == ("forced_sequence_64", "msgspec", "decode")), None)
+    targets.append(Target("wire, 64-token forced_sequence", "decode < 20 µs (msgspec path)",
+                          "—" if decode is None else f"{decode:.1f} µs", None if decode is None else decode < 20.0))
+    return targets
+
+
+def target_lines(records: Sequence[Record]) -> list[str]:
+    return [t.line() for t in evaluate_targets(records)]

@@ -1,0 +1,64 @@
+"""The payloads the benchmark measures: one per kind, deterministic, valid for a logits width.
+
+Every request of a batch carries the same kind of payload with its own ids (seeded per request),
+so a batched implementation cannot profit from identical rows. ``mixed`` is what a deployment
+typically stacks: ``banned_tokens`` (100 ids), ``logit_bias`` (50 ids, disjoint from the banned
+ones) and ``min_tokens`` held active for the whole run (its stop id masked on every step).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+__all__ = ["BANNED_IDS", "BIAS_IDS", "FORCED_LENGTH", "KINDS", "MIN_TOKENS", "next_token", "payload"]
+
+#: The kinds of the micro suite, in table order.
+KINDS = ("forced_sequence", "banned_tokens", "logit_bias", "mixed")
+#: Length of the forced sequence (the wire target names a 64-token sequence).
+FORCED_LENGTH = 64
+BANNED_IDS = 100
+BIAS_IDS = 50
+#: ``min_tokens`` far beyond any run, so its mask is applied on every measured step.
+MIN_TOKENS = 1_000_000
+
+
+def _ids(rng: random.Random, count: int, vocab_size: int, *, avoid: int) -> list[int]:
+    """``count`` distinct ids below ``vocab_size - 1`` (the filler token), none equal to ``avoid``."""
+    return [i for i in rng.sample(range(vocab_size - 1), count + 1) if i != avoid][:count]
+
+
+def next_token(payload: list[dict[str, Any]], generated: int, *, vocab_size: int) -> int:
+    """The token a request of this payload emits after ``generated`` tokens: the forced one for
+    ``forced_sequence``, else the filler token ``vocab_size - 1``, which no payload names."""
+    entry = payload[0]
+    if entry["kind"] == "forced_sequence":
+        ids = entry["token_ids"]
+        return int(ids[generated]) if generated < len(ids) else int(entry["eos_token_id"])
+    return vocab_size - 1
+
+
+def payload(kind: str, *, vocab_size: int, eos_token_id: int, seed: int = 0) -> list[dict[str, Any]]:
+    """The wire payload (``extra_args["dynamo_logits"]``) of one request of ``kind``.
+
+    Ids lie in ``[0, vocab_size - 1)`` and never equal ``eos_token_id``; ``ValueError`` for an
+    unknown kind.
+    """
+    rng = random.Random(f"{kind}:{vocab_size}:{seed}")
+    if kind == "forced_sequence":
+        return [{"kind": "forced_sequence", "token_ids": _ids(rng, FORCED_LENGTH, vocab_size, avoid=eos_token_id),
+                 "eos_token_id": eos_token_id}]
+    if kind == "banned_tokens":
+        return [{"kind": "banned_tokens", "token_ids": _ids(rng, BANNED_IDS, vocab_size, avoid=eos_token_id)}]
+    if kind == "logit_bias":
+        ids = _ids(rng, BIAS_IDS, vocab_size, avoid=eos_token_id)
+        return [{"kind": "logit_bias", "bias": {str(i): round(rng.uniform(-5.0, 5.0), 3) for i in ids}}]
+    if kind == "mixed":
+        ids = _ids(rng, BANNED_IDS + BIAS_IDS, vocab_size, avoid=eos_token_id)
+        banned, biased = ids[:BANNED_IDS], ids[BANNED_IDS:]
+        return [
+            {"kind": "banned_tokens", "token_ids": banned},
+            {"kind": "logit_bias", "bias": {str(i): round(rng.uniform(-5.0, 5.0), 3) for i in biased}},
+            {"kind": "min_tokens", "min_tokens": MIN_TOKENS, "stop_token_ids": [eos_token_id]},
+        ]
+    raise ValueError(f"unknown benchmark kind {kind!r}; expected one of {', '.join(KINDS)}")

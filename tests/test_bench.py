@@ -1,0 +1,159 @@
+"""``python -m dynlogits.bench``: it runs, every implementation produces a record for every
+kind and batch, the records have the issue's shape, and the docs are regenerated. Speed is never
+asserted here; the benchmark prints its targets itself."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MICRO_KEYS = {"suite", "kind", "batch", "vocab", "impl", "median_ms"}
+ENGINE_KEYS = {"suite", "kind", "impl", "tok_per_s"}
+WIRE_KEYS = {"suite", "kind", "impl", "stage", "median_us"}
+
+
+def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    return subprocess.run([sys.executable, "-m", "dynlogits.bench", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict], Path]:
+    out = tmp_path_factory.mktemp("bench")
+    proc = _bench("all", "--quick", "--json", str(out / "records.json"), "--write-docs", "--docs-dir", str(out / "docs"),
+                  timeout=600)
+    return _ok(proc), json.loads((out / "records.json").read_text()), out / "docs"
+
+
+def test_quick_run_records_every_implementation_for_every_kind_and_batch(quick_run) -> None:
+    from dynlogits.bench.workloads import KINDS
+
+    _, records, _ = quick_run
+    micro = [r for r in records if r["suite"] == "micro"]
+    assert all(set(r) == MICRO_KEYS for r in micro)
+    assert all(isinstance(r["median_ms"], float) and math.isfinite(r["median_ms"]) and r["median_ms"] > 0 for r in micro)
+    got = {(r["kind"], r["batch"], r["vocab"], r["impl"]) for r in micro}
+    assert len(got) == len(micro), "one record per measurement"
+    want = set()
+    for kind in KINDS:
+        impls = ["adapter", "adapter_v2", "loop"] + (["reference", "floor"] if kind == "forced_sequence" else [])
+        want |= {(kind, batch, 151936, impl) for batch in (1, 64) for impl in impls}
+    assert got == want
+
+
+def test_quick_run_measures_both_wire_paths_and_leaves_the_engine_out(quick_run) -> None:
+    stdout, records, _ = quick_run
+    wire = [r for r in records if r["suite"] == "wire"]
+    assert all(set(r) == WIRE_KEYS and r["median_us"] > 0 for r in wire)
+    assert {(r["kind"], r["impl"], r["stage"]) for r in wire} == {
+        (kind, impl, stage) for kind in ("forced_sequence_64", "mixed")
+        for impl in ("msgspec", "pydantic") for stage in ("encode", "decode")}
+    assert not [r for r in records if r["suite"] == "engine"]
+    assert "skipped: engine: left out of `all --quick`" in stdout
+    assert {r["suite"] for r in records} == {"micro", "wire"}
+
+
+def test_quick_run_prints_the_machine_the_ratios_and_a_line_per_target(quick_run) -> None:
+    stdout, _, _ = quick_run
+    assert "machine: " in stdout and "versions: torch " in stdout and "torch.set_num_threads(1)" in stdout
+    for column in ("floor/adapter", "reference/adapter", "loop/adapter", "pydantic/msgspec"):
+        assert column in stdout
+    targets = [line for line in stdout.splitlines() if line.startswith(("[met]", "[NOT MET]", "[not measured]"))]
+    assert len(targets) == 9
+    # measured in this run: every micro and wire target; the engine ones are not
+    assert sum(line.startswith("[not measured] engine") for line in targets) == 2
+    assert not [line for line in targets if line.startswith("[not measured]") and not line.startswith("[not measured] engine")]
+
+
+def test_quick_run_regenerates_the_performance_page_and_its_plot(quick_run) -> None:
+    _, _, docs = quick_run
+    page = (docs / "performance.md").read_text()
+    assert "python -m dynlogits.bench all --write-docs" in page
+    assert "| forced_sequence |" in page and "![cost per decode step against batch size](performance.png)" in page
+    assert "[NOT MET]" in page or "[met]" in page
+    assert (docs / "performance.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_cuda_requested_without_cuda_fails_naming_the_flag() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    proc = _bench("micro", "--device", "cuda", timeout=120)
+    assert proc.returncode == 2
+    assert "--device cuda: CUDA is not available" in proc.stderr
+
+
+def test_reference_wrapper_refuses_kinds_the_reference_lacks() -> None:
+    from vllm import SamplingParams
+
+    from dynlogits.bench.reference import ReferenceForcedSequenceProcessor
+    from dynlogits.specs import WIRE_KEY
+
+    forced = {"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": 1}
+    ReferenceForcedSequenceProcessor.validate_params(SamplingParams(extra_args={WIRE_KEY: [forced]}))
+    with pytest.raises(ValueError, match=r"dynamo_logits\[1\]\.kind: the reference supports only 'forced_sequence'"):
+        ReferenceForcedSequenceProcessor.validate_params(
+            SamplingParams(extra_args={WIRE_KEY: [forced, {"kind": "banned_tokens", "token_ids": [3]}]}))
+
+
+def test_an_implementation_leaving_other_logits_than_the_adapter_is_refused() -> None:
+    import torch
+
+    from dynlogits.bench.micro import _check
+
+    want = torch.tensor([[0.0, -math.inf, 2.0]])
+    assert _check("loop", want.clone(), want) is None
+    assert "different logits at [row, id] [[0, 2]]" in _check("loop", torch.tensor([[0.0, -math.inf, 3.0]]), want)
+    assert _check("reference", torch.tensor([[5.0, -math.inf, 7.0]]), want) is None  # own logits kept, same argmax
+    assert _check("reference", torch.tensor([[5.0, 1.0, 7.0]]), want) == "a different set of finite logits"
+    assert _check("reference", torch.tensor([[9.0, -math.inf, 7.0]]), want) == "a different argmax"
+
+
+def test_targets_are_met_not_met_or_not_measured_from_the_ratios() -> None:
+    from dynlogits.bench.records import EngineRecord, MicroRecord, WireRecord
+    from dynlogits.bench.report import evaluate_targets
+
+    def micro(kind: str, batch: int, impl: str, ms: float) -> MicroRecord:
+        return MicroRecord(kind=kind, batch=batch, vocab=151936, impl=impl, median_ms=ms)
+
+    records = [micro("forced_sequence", 64, "adapter", 1.0), micro("forced_sequence", 64, "floor", 0.9),
+               micro("forced_sequence", 64, "reference", 2.0), micro("banned_tokens", 64, "adapter", 0.1),
+               micro("banned_tokens", 64, "loop", 1.5), EngineRecord(kind="none", impl="none", tok_per_s=100.0),
+               EngineRecord(kind="banned_tokens", impl="adapter", tok_per_s=97.0),
+               WireRecord(kind="forced_sequence_64", impl="msgspec", stage="decode", median_us=12.0)]
+    state = {(t.name, t.goal.split(" (")[0]): t.met for t in evaluate_targets(records)}
+    assert state[("forced_sequence, batch 64, vocab 151936", "adapter <= 1.25x the floor")] is True
+    assert state[("forced_sequence, batch 64, vocab 151936", ">= 3x faster than the reference")] is False
+    assert state[("banned_tokens, batch 64, vocab 151936", ">= 10x faster than the per-row loop")] is True
+    assert state[("logit_bias, batch 64, vocab 151936", ">= 10x faster than the per-row loop")] is None
+    assert state[("engine, banned_tokens on every request", ">= 0.98x the throughput without a processor")] is False
+    assert state[("engine, forced_sequence on every request", ">= 0.98x the throughput without a processor")] is None
+    assert state[("wire, 64-token forced_sequence", "decode < 20 µs")] is True
+
+
+@pytest.mark.engine
+def test_engine_suite_runs_every_configuration_on_a_real_engine(tmp_path: Path) -> None:
+    """Three real vLLM CPU engines (none, adapter, reference), one after the other, tiny runs."""
+    proc = _bench("engine", "--quick", "--json", str(tmp_path / "engine.json"), timeout=900)
+    stdout = _ok(proc)
+    records = json.loads((tmp_path / "engine.json").read_text())
+    assert all(set(r) == ENGINE_KEYS and r["suite"] == "engine" and r["tok_per_s"] > 0 for r in records)
+    assert {(r["impl"], r["kind"]) for r in records} == {
+        ("none", "none"), ("adapter", "none"), ("adapter", "banned_tokens"), ("adapter", "forced_sequence"),
+        ("reference", "forced_sequence")}
+    assert "x none" in stdout
+    assert sum(line.startswith(("[met] engine", "[NOT MET] engine")) for line in stdout.splitlines()) == 2
