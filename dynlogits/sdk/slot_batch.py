@@ -139,8 +139,12 @@ class SlotBatch:
         packed = torch.from_numpy(np.concatenate([rows, slots])).to(self.device)
         rows_dev, slots_dev = packed[: len(rows)], packed[len(rows) :]
         stops = self._stop.dev[slots_dev, 0]
-        return KnownRows(rows, slots, rows_dev, slots_dev, row_runs(rows.tolist()),
-                         stop_index=rows_dev * stride + stops.clamp(min=0), can_stop=stops >= 0)
+        base = rows_dev * stride
+        every_stops = all(self.requests[s] is not None and self.requests[s].stop_token_id is not None  # type: ignore[union-attr]
+                          for s in slots.tolist())
+        identity = bool(np.array_equal(rows, np.arange(len(self._host_slots))))  # type: ignore[arg-type]
+        return KnownRows(rows, slots, rows_dev, slots_dev, row_runs(rows.tolist()), stop_index=base + stops.clamp(min=0),
+                         can_stop=None if every_stops else stops >= 0, base=base, identity=identity)
 
     def _prepare(self, stride: int) -> None:
         """Member rows (and each group's cached indices) for the current known layout."""
@@ -298,9 +302,10 @@ class SlotBatch:
         their slots; rows after drafts (``real_rows`` false) only stop: the draft may be rejected."""
         for d in deaths:
             if d.rows is not None:
-                assert d.stop_index is not None and d.can_stop is not None
+                assert d.stop_index is not None
                 at_stop = step.flat.index_select(0, d.stop_index)
-                step.flat.index_copy_(0, d.stop_index, at_stop.masked_fill_(d.dead & d.can_stop, 0.0))
+                stopping = d.dead if d.can_stop is None else d.dead & d.can_stop
+                step.flat.index_copy_(0, d.stop_index, at_stop.masked_fill_(stopping, 0.0))
             else:
                 stops = step.stops[d.slots]
                 index = stops.clamp(min=0)[:, None]

@@ -56,9 +56,14 @@ class KnownRows:
     rows_dev: torch.Tensor
     slots_dev: torch.Tensor
     runs: list[tuple[int, int]]
-    #: flat index of each row's stop token (column 0 for a request without one) and whether it has one
+    #: flat index of each row's stop token (column 0 for a request without one) and whether it has
+    #: one (``None``: every row has one)
     stop_index: torch.Tensor | None = None
     can_stop: torch.Tensor | None = None
+    #: ``rows_dev * stride``: where each row starts in the flat logits
+    base: torch.Tensor | None = None
+    #: whether the member rows are exactly ``0..n-1`` in order (row-indexed values need no gather)
+    identity: bool = False
 
 
 @dataclass
@@ -229,7 +234,8 @@ class KeepGroup(_IdsGroup):
         fill_rows(step.logits, rows.runs)
         step.flat.index_copy_(0, flat, kept)
         dead = torch.isneginf(kept.view(len(rows.rows), -1)).all(1)
-        return Dead(rows.rows_dev, rows.slots_dev, dead, _positions(step, rows.rows_dev), rows.stop_index, rows.can_stop)
+        return Dead(rows.rows_dev, rows.slots_dev, dead, _positions(step, rows.rows_dev, rows.identity), rows.stop_index,
+                    rows.can_stop)
 
     def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead:
         ids = self.ids.dev[rows.slot_of_row]
@@ -239,17 +245,20 @@ class KeepGroup(_IdsGroup):
         return Dead(None, rows.slot_of_row, rows.member & torch.isneginf(kept).all(1), step.generated)
 
 
-def _positions(step: StepInputs, rows_dev: torch.Tensor) -> torch.Tensor | None:
-    return None if step.generated is None else step.generated[rows_dev]
+def _positions(step: StepInputs, rows_dev: torch.Tensor, identity: bool = False) -> torch.Tensor | None:
+    if step.generated is None or identity:
+        return step.generated
+    return step.generated[rows_dev]
 
 
-def _force_known(step: StepInputs, tokens: torch.Tensor, runs: Sequence[tuple[int, int]], rows_dev: torch.Tensor) -> torch.Tensor:
-    """Force ``tokens[i]`` in row ``rows_dev[i]`` keeping masks; which rows are left with no token."""
-    index = rows_dev * step.stride + tokens
+def _force_known(step: StepInputs, tokens: torch.Tensor, runs: Sequence[tuple[int, int]], base: torch.Tensor) -> torch.Tensor:
+    """Force ``tokens[i]`` in the row starting at flat index ``base[i]``, keeping masks; which rows
+    are left with no token."""
+    index = base + tokens
     kept = step.flat.index_select(0, index)
     fill_rows(step.logits, runs)
     dead = torch.isneginf(kept)
-    step.flat.index_copy_(0, index, kept.masked_fill_(~dead, 0.0))
+    step.flat.index_copy_(0, index, torch.where(dead, kept, 0.0))
     return dead
 
 
@@ -284,14 +293,15 @@ class ForceSeqGroup(Group):
 
     @staticmethod
     def _tokens(generated: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
-        step = torch.minimum(generated, length).clamp_(min=0)
-        return sequence.gather(1, step[:, None])[:, 0]
+        """``sequence[i, min(generated[i], length[i])]`` (generated counts are never negative)."""
+        return sequence.gather(1, torch.minimum(generated, length)[:, None]).view(-1)
 
     def apply_known(self, step: StepInputs, rows: KnownRows) -> Dead:
-        assert step.generated is not None and rows.stop_index is not None and rows.can_stop is not None
-        positions = step.generated[rows.rows_dev]
+        assert step.generated is not None and rows.stop_index is not None and rows.base is not None
+        positions = _positions(step, rows.rows_dev, rows.identity)
+        assert positions is not None
         tokens = self._tokens(positions, self._cache["sequence"], self._cache["length"])
-        dead = _force_known(step, tokens, rows.runs, rows.rows_dev)
+        dead = _force_known(step, tokens, rows.runs, rows.base)
         return Dead(rows.rows_dev, rows.slots_dev, dead, positions, rows.stop_index, rows.can_stop)
 
     def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead:
@@ -320,7 +330,8 @@ class MaskBeforeGroup(_IdsGroup):
     def apply_known(self, step: StepInputs, rows: KnownRows) -> None:
         assert step.generated is not None
         flat = self._cache["flat"]
-        active = step.generated[rows.rows_dev] < self._cache["minimum"]
+        positions = _positions(step, rows.rows_dev, rows.identity)
+        active = positions < self._cache["minimum"]  # type: ignore[operator]
         current = step.flat.index_select(0, flat)
         step.flat.index_copy_(0, flat, current.masked_fill_(active[:, None].expand(-1, self.ids.width).reshape(-1), NEG_INF))
 
@@ -352,8 +363,9 @@ class ThinkingGroup(Group):
         values = upload.upload(3 * n)
         rows_dev, slots, tokens = values[:n], values[n : 2 * n], values[2 * n :]
         stops = step.stops[slots]
-        dead = _force_known(step, tokens, row_runs(rows.rows[firing].tolist()), rows_dev)
-        return Dead(rows_dev, slots, dead, _positions(step, rows_dev), rows_dev * step.stride + stops.clamp(min=0), stops >= 0)
+        base = rows_dev * step.stride
+        dead = _force_known(step, tokens, row_runs(rows.rows[firing].tolist()), base)
+        return Dead(rows_dev, slots, dead, _positions(step, rows_dev), base + stops.clamp(min=0), stops >= 0)
 
     def apply_device(self, step: StepInputs, rows: MaskedRows, tokens: torch.Tensor) -> Dead:
         """Device decisions (``tokens[r]``, -1 for none) over every row."""
