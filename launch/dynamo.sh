@@ -65,31 +65,31 @@ dynamo_start_worker() {
     --discovery-backend file "$@" --logits-processors "$DYNAMO_ADAPTER" "${ENGINE_DEFAULTS[@]}" "${ENGINE_ARGS[@]}"
 }
 
-# dynamo_wait_instances N : until the frontend routes to N workers of the model (its /health).
+# dynamo_wait_instances N : until the frontend routes to N workers (its /health lists their
+# instances); fails as soon as any child exits. Progress every 10 s.
 dynamo_wait_instances() {
-  local want="$1" start=$SECONDS next=10 have
+  local want="$1" start=$SECONDS next=10 have i
   while :; do
     have=$(curl -sf --max-time 2 "http://$HOST:$PORT/health" | "$PY" -c '
 import json, sys
 doc = json.load(sys.stdin)
 print(len({i.get("instance_id") for i in doc.get("instances", []) if i.get("endpoint") == "generate"}))' 2>/dev/null || echo 0)
     if ((have >= want)); then log "frontend routes to $have worker(s) ($((SECONDS - start))s)"; return 0; fi
-    if ! child_alive 0; then log "frontend exited before it was ready"; return 1; fi
-    if ((SECONDS - start >= READY_TIMEOUT)); then log "frontend sees $have of $want workers after ${READY_TIMEOUT}s"; return 1; fi
-    if ((SECONDS - start >= next)); then log "waiting for the frontend to see $want worker(s), $have so far..."; next=$((next + 10)); fi
+    for ((i = 0; i < ${#CHILD_PIDS[@]}; i++)); do
+      if ! child_alive "$i"; then log "${CHILD_NAMES[i]} exited before it was ready"; return 1; fi
+    done
+    if ((SECONDS - start >= READY_TIMEOUT)); then log "frontend sees $have of $want worker(s) after ${READY_TIMEOUT}s"; return 1; fi
+    if ((SECONDS - start >= next)); then log "waiting for $want worker(s) to serve, $have so far ($((SECONDS - start))s)..."; next=$((next + 10)); fi
     sleep 1 & wait $!
   done
 }
 
 # dynamo_serve : readiness, the URL, then --run CMD or wait (as serve_until_done).
 dynamo_serve() {
-  local i
-  for ((i = 1; i < ${#CHILD_PIDS[@]}; i++)); do
-    wait_ready "http://$HOST:$((PORT + i))/health" "${CHILD_NAMES[i]}" "$i"
-  done
-  dynamo_wait_instances "$((${#CHILD_PIDS[@]} - 1))"
+  local workers=$((${#CHILD_PIDS[@]} - 1))
+  dynamo_wait_instances "$workers"
   URL="http://$HOST:$PORT/v1"
-  log "ready: OpenAI-compatible API at $URL (NVIDIA Dynamo frontend, $((${#CHILD_PIDS[@]} - 1)) vLLM worker(s), spec source: engine)"
+  log "ready: OpenAI-compatible API at $URL (NVIDIA Dynamo frontend, $workers vLLM worker(s), spec source: engine)"
   echo "$URL"
   serve_until_done "$URL" "$RUN_CMD"
 }
