@@ -5,7 +5,8 @@
 # see docs/dynamo.md). No etcd, no NATS: file discovery in a private temporary folder (removed on
 # exit), TCP request plane, ZMQ event plane, every address on --host.
 #
-# Ports: the frontend's HTTP on --port P; worker i's Dynamo system server (its /health) on P+i.
+# Ports: the frontend's HTTP on --port P; worker i's Dynamo system server (/health, /metrics) on
+# P+i when that is at most 32767.
 
 DYNAMO_ADAPTER="dynlogits.adapters.vllm:DynamoVllmLogitsProcessor"
 DYNAMO_SHIMS="$ROOT/launch/dynamo_cpu_shims"   # CPU-only import shims; no-ops on CUDA installs
@@ -58,8 +59,14 @@ dynamo_start_frontend() {
 }
 
 # dynamo_start_worker NAME SYSTEM_PORT [dynamo.vllm flags...] : one vLLM worker with the adapter.
+# Dynamo 1.6.1 parses DYN_SYSTEM_PORT as a signed 16-bit integer (it refuses to start above 32767),
+# so above that the worker runs without its system server.
 dynamo_start_worker() {
   local name="$1" system_port="$2"; shift 2
+  if ((system_port > 32767)); then
+    log "$name: no Dynamo system server (/health, /metrics): port $system_port is above 32767, which Dynamo 1.6.1 cannot parse"
+    system_port=-1
+  fi
   DYN_SYSTEM_PORT="$system_port" DYN_SYSTEM_HOST="$HOST" start_child "$name" "$PY" -m dynamo.vllm \
     --model "$DYN_MODEL" --served-model-name "$DYN_SERVED_NAME" --namespace "$DYN_NAMESPACE" \
     --discovery-backend file "$@" --logits-processors "$DYNAMO_ADAPTER" "${ENGINE_DEFAULTS[@]}" "${ENGINE_ARGS[@]}"
@@ -106,14 +113,12 @@ dynamo_agg() {
 }
 
 # dynamo_disagg : launch/disagg.sh --runtime dynamo. Dynamo's vLLM prefill worker moves the KV to
-# the decode worker with NIXL (NixlConnector), which this CPU build does not have.
+# the decode worker with NIXL (NixlConnector), which this CPU build does not have; where 'nixl' is
+# installed (GPU machines) it starts a prefill and a decode worker: not tested by this project.
 dynamo_disagg() {
   if ! "$PY" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("nixl") is None)' 2>/dev/null; then
-    log "launch/disagg.sh --runtime dynamo: not available here. Dynamo's disaggregated vLLM workers move"
-    log "the KV cache from prefill to decode with NIXL (NixlConnector), which needs CUDA and the 'nixl'"
-    log "package; neither is on this machine (no GPU, CPU build of vLLM). Use launch/agg.sh --runtime"
-    log "dynamo [--workers N] here, or launch/disagg.sh (embedded runtime: the decode worker recomputes"
-    log "the prompt). On a GPU machine with ai-dynamo[vllm] installed, this script starts prefill + decode."
+    log "launch/disagg.sh --runtime dynamo cannot run here: Dynamo's disaggregated vLLM workers move the KV cache from prefill to decode with NIXL (NixlConnector), which needs CUDA and the 'nixl' package (not installed: this machine runs the CPU build of vLLM)."
+    log "Use instead: launch/agg.sh --runtime dynamo [--workers N] (Dynamo, aggregated workers), or launch/disagg.sh (embedded runtime: prefill + decode workers, the decode worker recomputes the prompt)."
     exit 3
   fi
   dynamo_prepare
