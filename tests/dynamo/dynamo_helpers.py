@@ -5,6 +5,7 @@ No ``__init__.py`` here on purpose: a ``tests/dynamo`` package would shadow the 
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ def dynamo_deployment(name: str, *, workers: int = 1, args: list[str] | None = N
     try:  # the frontend's /health answers before the workers serve; the script says when they do
         wait_until(lambda: "dynlogits: ready:" in d.log_tail(400), READY_TIMEOUT, f"{name} workers")
     except BaseException:
-        d.stop()
+        d.stop(signal.SIGTERM)
         raise
     return d
 

@@ -7,6 +7,7 @@ spec source. Driven with the real ``openai`` client and Dynamo's token-level rou
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterator
 
 import httpx
@@ -23,7 +24,7 @@ MESSAGES = [{"role": "user", "content": "What do you say?"}]
 def hook_dynamo() -> Iterator[Deployment]:
     d = dynamo_deployment("dynamo-hook", workers=2, env={"DYN_ENABLE_TEST_LOGITS_PROCESSOR": "1"})
     yield d
-    left = d.stop()
+    left = d.stop(signal.SIGTERM)  # as an orchestrator would (SIGINT is ignored under a background shell)
     assert left == [], f"left behind: {[(p.pid, p.name()) for p in left]}"
 
 

@@ -9,6 +9,7 @@ random weights prefer, every generated token must be one of those four.
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ def spec_dynamo(tmp_path_factory: pytest.TempPathFactory, kept_ids: list[int]) -
     }))
     d = dynamo_deployment("dynamo-spec", args=["--logits-spec", str(config)])
     yield d
-    d.stop()
+    d.stop(signal.SIGTERM)
 
 
 @pytest.mark.parametrize("prompt", ["Tell me a story.", "2 + 2 =", "Write some code"])
