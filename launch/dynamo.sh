@@ -121,6 +121,7 @@ dynamo_disagg() {
     log "Use instead: launch/agg.sh --runtime dynamo [--workers N] (Dynamo, aggregated workers), or launch/disagg.sh (embedded runtime: prefill + decode workers, the decode worker recomputes the prompt)."
     exit 3
   fi
+  if [[ "$WORKERS" != 1 ]]; then log "--workers: launch/disagg.sh --runtime dynamo starts one prefill and one decode worker"; exit 2; fi
   dynamo_prepare
   require_free_ports "$PORT" "$((PORT + 1))" "$((PORT + 2))"
   dynamo_start_frontend
