@@ -2,6 +2,7 @@
 # Aggregated deployment: one OpenAI-compatible frontend + one agg worker (vLLM).
 #   DYN_ENABLE_TEST_LOGITS_PROCESSOR=1 ./launch/agg.sh     # every answer is "Hello world!"
 #   ./launch/agg.sh --port 8000 --allow-request-kinds forced_text,banned_tokens
+#   ./launch/agg.sh --runtime dynamo --workers 2           # NVIDIA Dynamo frontend + 2 dynamo.vllm workers
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -11,6 +12,7 @@ usage() {
 }
 
 parse_common_args "$@"
+if [[ "$RUNTIME" == dynamo ]]; then dynamo_agg; exit; fi   # launch/dynamo.sh
 WORKER_PORT=$((PORT + 1))
 require_free_ports "$PORT" "$WORKER_PORT"
 install_traps

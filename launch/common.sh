@@ -118,6 +118,9 @@ usage_common() {
   --logits-spec FILE        operator logits config (YAML/JSON), given to frontend and workers
   --allow-request-kinds K   comma-separated kinds clients may send in 'logits_processors'
   --run CMD                 once ready, run CMD (with \$DYN_FRONTEND_URL / \$OPENAI_BASE_URL set), then stop
+  --runtime embedded|dynamo embedded (default): dynlogits' own frontend and worker; dynamo: NVIDIA Dynamo's
+                            dynamo.frontend + dynamo.vllm workers with the adapter (docs/dynamo.md)
+  --workers N               with --runtime dynamo (agg): start N vLLM workers (default 1)
   anything else             passed to the engine of every worker (e.g. --max-model-len 1024)
 Environment: DYN_ENABLE_TEST_LOGITS_PROCESSOR=1 forces "Hello world!"; DYN_LOGITS_SPEC=FILE;
 DYN_READY_TIMEOUT (s, default 300); DYN_ENGINE_DEFAULTS (engine flags used before yours;
@@ -125,9 +128,9 @@ CPU-friendly settings when no GPU is found).
 USAGE
 }
 
-# parse_common_args "$@" : sets MODEL HOST PORT LOGITS_SPEC ALLOW_KINDS RUN_CMD ENGINE_ARGS
+# parse_common_args "$@" : sets MODEL HOST PORT LOGITS_SPEC ALLOW_KINDS RUN_CMD RUNTIME WORKERS ENGINE_ARGS
 parse_common_args() {
-  MODEL="" HOST="127.0.0.1" PORT=8000 LOGITS_SPEC="" ALLOW_KINDS="" RUN_CMD=""
+  MODEL="" HOST="127.0.0.1" PORT=8000 LOGITS_SPEC="" ALLOW_KINDS="" RUN_CMD="" RUNTIME="embedded" WORKERS=1
   ENGINE_ARGS=()
   while (($#)); do
     case "$1" in
@@ -137,11 +140,18 @@ parse_common_args() {
       --logits-spec) LOGITS_SPEC="$2"; shift 2 ;;
       --allow-request-kinds) ALLOW_KINDS="$2"; shift 2 ;;
       --run) RUN_CMD="$2"; shift 2 ;;
+      --runtime) RUNTIME="$2"; shift 2 ;;
+      --workers) WORKERS="$2"; shift 2 ;;
       -h|--help) usage; exit 0 ;;
       --) shift; ENGINE_ARGS+=("$@"); break ;;
       *) ENGINE_ARGS+=("$1"); shift ;;
     esac
   done
+  case "$RUNTIME" in
+    embedded) [[ "$WORKERS" == 1 ]] || { log "--workers needs --runtime dynamo"; exit 2; } ;;
+    dynamo) source "$ROOT/launch/dynamo.sh" ;;
+    *) log "--runtime must be 'embedded' or 'dynamo', got '$RUNTIME'"; exit 2 ;;
+  esac
   SHARED_ARGS=()
   [[ -n "$LOGITS_SPEC" ]] && SHARED_ARGS+=(--logits-spec "$LOGITS_SPEC")
   [[ -n "$ALLOW_KINDS" ]] && SHARED_ARGS+=(--allow-request-kinds "$ALLOW_KINDS")

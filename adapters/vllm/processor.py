@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from .capabilities import check_vllm_config
+from .engine_spec import engine_spec_for
 from .request import GuardedRequest, realize_request, validate_request_params
 from .v1 import V1RunnerMixin
 from .v2 import HAS_V2_INTERFACE, LogitsProcRequestState, V2RunnerMixin
@@ -73,6 +74,7 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
             V1RunnerMixin.__init__(self, vllm_config, device_or_req_states, is_pin_memory)
             self.vocab_size = int(vllm_config.model_config.get_vocab_size())
             self._init_v1_state(vllm_config, device_or_req_states)
+        self.engine_spec = engine_spec_for(vllm_config, self.vocab_size)  # DYN_LOGITS_SPEC_SOURCE=engine
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
@@ -81,7 +83,8 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
 
     def new_req_logits_processor(self, params: Any) -> GuardedRequest | None:
         """Fresh per-request callable ``(output_ids, row) -> row``, or ``None`` without a payload."""
-        request = realize_request(params, vocab_size=self.vocab_size, report=self.failures.append)
+        request = realize_request(params, vocab_size=self.vocab_size, report=self.failures.append,
+                                   engine_spec=self.engine_spec)
         if request is not None:
             self.realized += 1
         return request

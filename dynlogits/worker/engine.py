@@ -7,6 +7,7 @@ package stays importable without an engine.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -147,6 +148,10 @@ def start_vllm_engine(model: str, served_name: str, engine_args: Sequence[str], 
     """Build and start ``AsyncLLM`` (blocking, ~30-60 s on CPU); call from a thread."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from dynlogits.engine_spec import SPEC_SOURCE_ENV, SpecSource
+
+    # This worker resolves, gates and writes extra_args itself; its engine must not be a second source.
+    os.environ[SPEC_SOURCE_ENV] = SpecSource.WORKER.value
     args = _engine_args(model, served_name, engine_args, register_adapter)
     engine = AsyncLLM.from_engine_args(args)
     mc = engine.model_config

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,23 +38,23 @@ class RequestPolicy:
     def generates(self) -> bool:
         return is_generation_stage(self.role)
 
-    def entries_for(self, request_entries: Sequence[Any] | None) -> list[Any]:
-        """Wire entries for one request; ``SpecError`` (paths under ``logits_processors``) if invalid.
+    def entries_for(self, request_entries: Sequence[Any] | None, *, root: str = REQUEST_ROOT) -> list[Any]:
+        """Wire entries for one request; ``SpecError`` (paths under ``root``) if invalid.
 
         The request's entries are validated again here (never trust the caller),
         even on roles that will not run them, so a bad request fails the same way everywhere.
         """
         requested: tuple[Any, ...] = ()
         if request_entries:
-            requested = parse_entries(list(request_entries), root=REQUEST_ROOT, limits=self.config.limits,
+            requested = parse_entries(list(request_entries), root=root, limits=self.config.limits,
                                       allowed_kinds=sorted(self.config.allow_request_kinds))
         entries = logits_processors_for_request(self.deployment, disaggregation_mode=self.role)
         if requested and self.generates:
-            resolved = resolve_entries(requested, self.tokenizer, root=REQUEST_ROOT)
-            check_vocab(resolved, self.vocab_size, root=REQUEST_ROOT)
+            resolved = resolve_entries(requested, self.tokenizer, root=root)
+            check_vocab(resolved, self.vocab_size, root=root)
             # the request's entries must not contradict the deployment's (e.g. force a token it bans)
             paths = [f"deployment entries[{i}]" for i in range(len(entries))]
-            paths += [f"{REQUEST_ROOT}[{j}]" for j in range(len(resolved))]
+            paths += [f"{root}[{j}]" for j in range(len(resolved))]
             check_consistency([*entries, *resolved], paths=paths, vocab_size=self.vocab_size)
             entries += logits_processors_for_request(LogitsProcessorSpec(entries=resolved),
                                                      disaggregation_mode=self.role)
@@ -61,7 +62,8 @@ class RequestPolicy:
 
 
 def build_policy(role: DisaggregationMode, config: DeploymentConfig,
-                 tokenizer: Callable[[], TextTokenizer], vocab_size: int) -> RequestPolicy:
+                 tokenizer: Callable[[], TextTokenizer], vocab_size: int,
+                 environ: Mapping[str, str] = os.environ) -> RequestPolicy:
     """Resolve the operator's spec and the test hook (``DYN_ENABLE_TEST_LOGITS_PROCESSOR``) once."""
     entries: list[Any] = []
     generation_only = True
@@ -71,7 +73,7 @@ def build_policy(role: DisaggregationMode, config: DeploymentConfig,
         check_consistency(resolved, root="entries", vocab_size=vocab_size)
         entries += resolved
         generation_only = config.spec.generation_only
-    hook = test_hook_spec(tokenizer, disaggregation_mode=role)
+    hook = test_hook_spec(tokenizer, disaggregation_mode=role, environ=environ)
     if hook is not None:
         entries += hook.entries
     deployment = LogitsProcessorSpec(entries=tuple(entries), generation_only=generation_only) if entries else None

@@ -26,7 +26,10 @@ MESSAGES = [{"role": "user", "content": "What do you say?"}]
 
 @pytest.fixture(scope="module")
 def hook_agg() -> Iterator[Deployment]:
-    d = Deployment("hook-agg", "agg.sh", free_port_block(2), env={"DYN_ENABLE_TEST_LOGITS_PROCESSOR": "1"})
+    # DYN_LOGITS_SPEC_SOURCE=engine exported by mistake must change nothing: the worker is the source
+    # and pins its engine to 'worker' (else the engine would refuse the worker's own payload).
+    d = Deployment("hook-agg", "agg.sh", free_port_block(2),
+                   env={"DYN_ENABLE_TEST_LOGITS_PROCESSOR": "1", "DYN_LOGITS_SPEC_SOURCE": "engine"})
     d.start()
     yield d
     d.stop()

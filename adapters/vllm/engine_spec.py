@@ -1,0 +1,80 @@
+"""vLLM's half of the engine-side spec source (``dynlogits.engine_spec``): role, tokenizer, width.
+
+* The engine's role comes from its own configuration: ``kv_transfer_config.kv_role`` of
+  ``kv_producer`` is a prefill worker (activates nothing unless the operator's spec sets
+  ``generation_only: false``), ``kv_consumer`` a decode worker, anything else (no connector,
+  ``kv_both``) aggregated.
+* One request's role: a request whose ``extra_args["kv_transfer_params"]["do_remote_decode"]`` is
+  true is a prefill for a remote decode worker (what NVIDIA Dynamo's prefill handler sends, also to
+  ``kv_both`` engines), so it activates nothing, whatever the engine's role.
+* The tokenizer is the engine's (``cached_tokenizer_from_config``): ``forced_text`` entries and the
+  test hook are resolved with it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from dynlogits.engine_spec import EngineSpec, resolve_engine_spec
+from dynlogits.roles import DisaggregationMode
+from dynlogits.text import TextTokenizer
+
+from .request import read_payload
+
+__all__ = ["VllmEngineSpec", "engine_role", "engine_spec_for", "request_role"]
+
+_KV_TRANSFER_PARAMS = "kv_transfer_params"
+
+
+def engine_role(vllm_config: Any) -> DisaggregationMode:
+    """The engine's disaggregation role from ``kv_transfer_config`` (see the module doc)."""
+    kv = getattr(vllm_config, "kv_transfer_config", None)
+    kv_role = getattr(kv, "kv_role", None) if kv is not None and getattr(kv, "kv_connector", None) else None
+    if kv_role == "kv_producer":
+        return DisaggregationMode.PREFILL
+    if kv_role == "kv_consumer":
+        return DisaggregationMode.DECODE
+    return DisaggregationMode.AGGREGATED
+
+
+def request_role(params: Any, engine: DisaggregationMode) -> DisaggregationMode:
+    """``PREFILL`` for a request that only prefills for a remote decode worker, else ``engine``."""
+    extra = getattr(params, "extra_args", None) or {}
+    kv_params = extra.get(_KV_TRANSFER_PARAMS) if isinstance(extra, Mapping) else None
+    if isinstance(kv_params, Mapping) and kv_params.get("do_remote_decode") is True:
+        return DisaggregationMode.PREFILL
+    return engine
+
+
+class VllmEngineSpec:
+    """An ``EngineSpec`` reading its requests from vLLM ``SamplingParams``."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+
+    @property
+    def role(self) -> DisaggregationMode:
+        return self.spec.role
+
+    def payload_for(self, params: Any) -> list[dict[str, Any]] | None:
+        """The wire payload this request runs (``SpecError`` naming the field if the client's is bad)."""
+        return self.spec.payload_for(read_payload(params), role=request_role(params, self.spec.role))
+
+    def __repr__(self) -> str:
+        deployment = self.spec.policy.deployment
+        kinds = [e.kind for e in deployment.entries] if deployment is not None else []
+        return f"VllmEngineSpec(role={self.role.value!r}, deployment={kinds}, allow_request_kinds={sorted(self.spec.policy.config.allow_request_kinds)})"
+
+
+def engine_spec_for(vllm_config: Any, vocab_size: int, environ: Mapping[str, str] = os.environ) -> VllmEngineSpec | None:
+    """Resolve the engine-side spec at engine start (``None`` unless ``DYN_LOGITS_SPEC_SOURCE=engine``)."""
+
+    def tokenizer() -> TextTokenizer:
+        from vllm.tokenizers.registry import cached_tokenizer_from_config
+
+        return cached_tokenizer_from_config(vllm_config.model_config)  # type: ignore[no-any-return]
+
+    spec = resolve_engine_spec(engine_role(vllm_config), tokenizer, vocab_size, environ)
+    return VllmEngineSpec(spec) if spec is not None else None
