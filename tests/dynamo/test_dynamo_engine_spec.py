@@ -72,15 +72,25 @@ def test_prefill_and_encode_engines_activate_nothing(embedded_tokenizer: Any, tm
 
 
 def test_the_operator_spec_applies_to_every_request_and_allowed_request_kinds_follow(embedded_tokenizer: Any, tmp_path: Path) -> None:
-    environ = write_config(tmp_path, {"entries": [{"kind": "banned_tokens", "token_ids": [7, 8]},
-                                                  {"kind": "forced_text", "text": "Hi"}],
+    environ = write_config(tmp_path, {"entries": [{"kind": "banned_tokens", "token_ids": [7, 8]}],
                                       "allow_request_kinds": ["forced_text"]})
     spec = resolve_engine_spec(Mode.AGGREGATED, lambda: embedded_tokenizer, VOCAB, environ)
     assert spec is not None
-    deployment = [{"kind": "banned_tokens", "token_ids": [7, 8]}, forced(embedded_tokenizer, "Hi")]
+    deployment = [{"kind": "banned_tokens", "token_ids": [7, 8]}]
     assert spec.payload_for(None) == deployment
     assert spec.payload_for([]) == deployment
     assert spec.payload_for([{"kind": "forced_text", "text": "Hello world!"}]) == [*deployment, forced(embedded_tokenizer, "Hello world!")]
+
+
+def test_a_clients_entries_that_contradict_the_operators_are_refused_naming_both(embedded_tokenizer: Any,
+                                                                                 tmp_path: Path) -> None:
+    environ = write_config(tmp_path, {"entries": [{"kind": "forced_text", "text": "Hi"}],
+                                      "allow_request_kinds": ["forced_text"]})
+    spec = resolve_engine_spec(Mode.AGGREGATED, lambda: embedded_tokenizer, VOCAB, environ)
+    assert spec is not None
+    with pytest.raises(SpecError, match=r"extra_args\.dynamo_logits\[0\]: contradicts the entries before it: "
+                                        r"it forces token \d+ at output position 0, which deployment entries\[0\] does not allow"):
+        spec.payload_for([{"kind": "forced_text", "text": "Hello world!"}])
 
 
 @pytest.mark.parametrize(("payload", "path", "rule"), [
