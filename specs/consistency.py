@@ -155,8 +155,11 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
     entries = list(entries)
     if len(entries) < 2 and not (vocab_size is not None and entries and entries[0].kind in ("banned_tokens", "min_tokens")):
         return []  # one entry never contradicts itself, short of masking the whole vocabulary
-    if vocab_size is None and not any(e.kind in ("forced_sequence", "allowed_tokens", "thinking_budget") for e in entries):
-        return []  # only masks and biases: nothing is left empty short of masking the whole vocabulary
+    if not any(e.kind in ("forced_sequence", "allowed_tokens", "thinking_budget") for e in entries):
+        masked = sum(len(e.token_ids if e.kind == "banned_tokens" else e.stop_token_ids)
+                     for e in entries if e.kind in ("banned_tokens", "min_tokens"))
+        if vocab_size is None or masked < vocab_size:
+            return []  # only masks and biases, and too few masked ids to cover the vocabulary
     names = list(paths) if paths is not None else [f"{root}[{i}]" for i in range(len(entries))]
     return [*_position_problems(entries, names, vocab_size), *_thinking_problems(entries, names)]
 

@@ -79,8 +79,10 @@ def _largest_id(entry: Any) -> int:
             largest = max(largest, tid)
     bias = getattr(entry, "bias", None) if has_bias else None
     if isinstance(bias, Mapping) and bias:
-        for _, tid in token_id_fields(entry):
-            largest = max(largest, tid)
+        try:  # validated keys: decimal strings (or ints)
+            largest = max(largest, max(int(k) for k in bias))
+        except (TypeError, ValueError):  # a plug-in's keys of another shape: only its ids count
+            largest = max([largest, *(tid for _, tid in token_id_fields(entry))])
     return largest
 
 
