@@ -30,7 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     router = Router({"agg": args.agg_workers, "prefill": args.prefill_workers, "decode": args.decode_workers},
                     health_interval_s=args.health_interval_s)
-    app = create_app(FrontendState(router=router, config=config, metrics=FrontendMetrics()))
+    app = create_app(FrontendState(router=router, config=config, metrics=FrontendMetrics(),
+                                   max_body_bytes=args.max_body_bytes))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10)
     return 0
 

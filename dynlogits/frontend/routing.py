@@ -86,10 +86,14 @@ class Router:
         return [e for p in self.pools.values() for e in p.endpoints]
 
     def ready(self) -> bool:
-        return all(any(e.ready for e in p.endpoints) for p in self.pools.values())
+        """Whether a request can be served now: every role has a ready worker, and they share a model."""
+        return bool(self.model_names())
 
     def model_names(self) -> list[str]:
-        return sorted({e.info.model for e in self.all_endpoints() if e.ready and e.info})
+        """Models every role can serve right now (disaggregated: a ready prefill *and* decode worker
+        of that model), so ``/v1/models`` never advertises a model whose requests would get 503."""
+        served = [{e.info.model for e in p.endpoints if e.ready and e.info} for p in self.pools.values()]
+        return sorted(set.intersection(*served)) if served else []
 
     async def probe(self, endpoint: WorkerEndpoint) -> None:
         """Update ``endpoint`` from one ``GET /ready``."""
@@ -135,7 +139,7 @@ class Router:
             request = self.client.build_request("POST", f"{endpoint.url}/generate", json=body)
             try:
                 response = await self.client.send(request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as err:
+            except httpx.TransportError as err:  # refused, reset, closed before the headers: try the next one
                 endpoint.ready, endpoint.last_error = False, f"unreachable ({type(err).__name__})"
                 log.warning("%s worker %s failed: %s; trying the next one", pool.role, endpoint.url, err)
                 continue
