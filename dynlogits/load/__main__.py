@@ -57,7 +57,7 @@ def _tokens(mix: Mix, model: str, tokenizer: str | None) -> TokenPair | None:
 
 
 async def _drive(base_url: str, model: str | None, plans: list[Plan], warmup: list[Plan], args: argparse.Namespace,
-                 ) -> tuple[str, list[Answer], float, dict[str, dict[str, Any]]]:
+                 launched: LaunchedDeployment | None) -> tuple[str, list[Answer], float, dict[str, Any]]:
     import httpx
     from openai import AsyncOpenAI
 
@@ -71,7 +71,8 @@ async def _drive(base_url: str, model: str | None, plans: list[Plan], warmup: li
             warm = await run_load(client, warmup, model=model, concurrency=args.concurrency, timeout_s=args.timeout)
             failed = sum(a.error is not None for a in warm)
             print(f"[load] warm-up: {len(warm)} requests, {failed} failed", file=sys.stderr, flush=True)
-        before = await asyncio.to_thread(worker_stats, base_url)
+        before = {"workers": await asyncio.to_thread(worker_stats, base_url),
+                  "frontend_rss": launched.frontend_rss() if launched else None}
         started = time.perf_counter()
         answers = await run_load(client, plans, model=model, concurrency=args.concurrency, timeout_s=args.timeout,
                                  progress=print_progress(len(plans)))
@@ -88,7 +89,7 @@ def _settled_stats(base_url: str, wait_s: float = 15) -> dict[str, dict[str, Any
         time.sleep(0.5)
 
 
-def run(args: argparse.Namespace, base_url: str) -> Summary:
+def run(args: argparse.Namespace, base_url: str, launched: LaunchedDeployment | None = None) -> Summary:
     """Plan, warm up, send, judge and summarize (the deployment at ``base_url`` is already up)."""
     mix = Mix.parse(args.mix)
     model = args.model
@@ -101,14 +102,18 @@ def run(args: argparse.Namespace, base_url: str) -> Summary:
     common = {"stream_share": args.stream_share, "max_tokens": args.max_tokens, "tokens": tokens}
     warmup = build_plans(warmup_n, mix, start=10**6, **common)
     plans = build_plans(args.requests, mix, **common)
-    model, answers, duration, before = asyncio.run(_drive(base_url, model, plans, warmup, args))
+    model, answers, duration, before = asyncio.run(_drive(base_url, model, plans, warmup, args, launched))
     after = _settled_stats(base_url)
     summary = summarize(answers, judge(answers), base_url=base_url, model=model, concurrency=args.concurrency,
                         duration_s=duration)
+    if launched is not None:
+        summary.frontend_rss_bytes_before, summary.frontend_rss_bytes_after = before["frontend_rss"], \
+            launched.frontend_rss()
     for url, stats in after.items():
-        old = before.get(url, {})
+        old = before["workers"].get(url, {})
         summary.workers.append(WorkerSnapshot(
             url=url, pid=stats.get("pid"), rss_bytes_before=old.get("rss_bytes"), rss_bytes_after=stats.get("rss_bytes"),
+            rss_by_process_before=old.get("rss_by_process") or {}, rss_by_process_after=stats.get("rss_by_process") or {},
             in_flight_after=stats.get("in_flight"), adapter_requests_after=stats.get("adapter_requests"),
             requests_served=(stats["requests"] - old["requests"]) if "requests" in stats and "requests" in old else None))
     return summary
@@ -136,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.launch:
             log = Path(tempfile.gettempdir()) / f"dynlogits-load-{int(time.time())}.log"
             launched = LaunchedDeployment.start(list(args.launch_arg), log)
-        summary = run(args, launched.base_url if launched else args.base_url)
+        summary = run(args, launched.base_url if launched else args.base_url, launched)
     except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as err:
         print(f"dynlogits.load: {err}", file=sys.stderr)
         return 2

@@ -102,6 +102,20 @@ class LaunchedDeployment:
         except httpx.HTTPError:
             return False
 
+    def frontend_rss(self) -> int | None:
+        """Resident memory (bytes) of the launched frontend process; ``None`` without psutil."""
+        try:
+            import psutil
+        except ImportError:
+            return None
+        try:
+            for p in psutil.Process(self.proc.pid).children(recursive=True):
+                if "dynlogits.frontend" in " ".join(p.cmdline()):
+                    return int(p.memory_info().rss)
+        except psutil.Error:
+            return None
+        return None
+
     def stop(self, timeout_s: float = 60) -> None:
         """SIGTERM the script (it stops every child), then kill its process group if it lingers."""
         if self.proc.poll() is None:

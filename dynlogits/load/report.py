@@ -30,6 +30,8 @@ class WorkerSnapshot:
     pid: int | None = None
     rss_bytes_before: int | None = None
     rss_bytes_after: int | None = None
+    rss_by_process_before: dict[str, int] = field(default_factory=dict)
+    rss_by_process_after: dict[str, int] = field(default_factory=dict)
     in_flight_after: int | None = None
     adapter_requests_after: int | None = None
     requests_served: int | None = None
@@ -61,6 +63,9 @@ class Summary:
     by_kind: dict[str, dict[str, int]]
     samples: list[str] = field(default_factory=list)
     workers: list[WorkerSnapshot] = field(default_factory=list)
+    #: Only with ``--launch`` (the tool knows the frontend's process then).
+    frontend_rss_bytes_before: int | None = None
+    frontend_rss_bytes_after: int | None = None
 
     @property
     def clean(self) -> bool:
@@ -84,8 +89,14 @@ class Summary:
         for w in self.workers:
             mib = [None if b is None else b / 2**20 for b in (w.rss_bytes_before, w.rss_bytes_after)]
             rss = "unknown" if None in mib else f"{mib[0]:.0f} -> {mib[1]:.0f} MiB"
-            out.append(f"worker {w.url}: RSS {rss}, in flight after {w.in_flight_after}, "
-                       f"adapter per-request state after {w.adapter_requests_after}")
+            parts = ", ".join(f"{name} {(after - w.rss_by_process_before[name]) / 2**20:+.0f}"
+                              for name, after in sorted(w.rss_by_process_after.items())
+                              if name in w.rss_by_process_before)
+            out.append(f"worker {w.url}: RSS {rss}{f' ({parts} MiB)' if parts else ''}, in flight after "
+                       f"{w.in_flight_after}, adapter per-request state after {w.adapter_requests_after}")
+        if self.frontend_rss_bytes_before is not None and self.frontend_rss_bytes_after is not None:
+            out.append(f"frontend: RSS {self.frontend_rss_bytes_before / 2**20:.0f} -> "
+                       f"{self.frontend_rss_bytes_after / 2**20:.0f} MiB")
         out += [f"  e.g. {s}" for s in self.samples]
         return out
 

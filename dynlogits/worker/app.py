@@ -138,8 +138,9 @@ def create_app(state: WorkerState) -> FastAPI:
     async def stats() -> dict[str, Any]:
         """Counters, plus the adapter's per-request state and this worker's memory (see ``introspect``)."""
         held = await adapter_requests(state.engine.engine) if state.engine is not None else None
-        return state.stats.model_copy(update={"adapter_requests": held, "rss_bytes": process_tree_rss(),
-                                              "pid": os.getpid()}).model_dump()
+        rss = process_tree_rss()
+        return state.stats.model_copy(update={"adapter_requests": held, "rss_bytes": sum(rss.values()) if rss else None,
+                                              "rss_by_process": rss or None, "pid": os.getpid()}).model_dump()
 
     @app.post("/generate", response_model=None)
     async def generate(request: Request) -> JSONResponse | StreamingResponse:

@@ -58,17 +58,19 @@ async def adapter_requests(engine: Any, timeout_s: float = 5.0) -> int | None:
     return sum(known) if known else None
 
 
-def process_tree_rss() -> int | None:
-    """Resident memory (bytes) of this process and its descendants (the engine's processes), or ``None``."""
+def process_tree_rss() -> dict[str, int]:
+    """Resident memory (bytes) of this process (``"worker"``) and of each descendant, keyed by its
+    title (vLLM names its processes ``VLLM::EngineCore``, ``VLLM::Worker``); ``{}`` without psutil."""
     try:
         import psutil
     except ImportError:
-        return None
+        return {}
     me = psutil.Process(os.getpid())
-    total = 0
+    out: dict[str, int] = {}
     for p in [me, *me.children(recursive=True)]:
         try:
-            total += p.memory_info().rss
+            title = "worker" if p.pid == me.pid else (p.cmdline() or [p.name()])[0].split("/")[-1]
+            out[title] = out.get(title, 0) + p.memory_info().rss
         except psutil.Error:
             continue
-    return total
+    return out

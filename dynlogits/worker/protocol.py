@@ -121,6 +121,7 @@ class WorkerStats(BaseModel):
     in_flight: int = 0
     #: Requests the engine's dynlogits adapter holds state for (``None``: not readable here).
     adapter_requests: int | None = None
-    #: Resident memory of the worker and its engine processes, in bytes.
+    #: Resident memory of the worker and its engine processes, in bytes: in all, and per process title.
     rss_bytes: int | None = None
+    rss_by_process: dict[str, int] | None = None
     pid: int | None = None
