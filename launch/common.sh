@@ -137,7 +137,11 @@ serve_until_done() {
     for ((i = 1; i < ${#CHILD_PIDS[@]}; i++)); do
       if ! child_alive "$i" && [[ -z "${reported[$i]:-}" ]]; then
         reported[$i]=1
-        log "${CHILD_NAMES[i]} exited; the frontend answers 503 until a worker is back on its port"
+        # A worker killed alone leaves its engine processes running (vLLM's engine core does not
+        # watch its parent): end the rest of its process group so they do not hold the memory.
+        kill -KILL -- "-${CHILD_PIDS[i]}" 2>/dev/null || true
+        log "${CHILD_NAMES[i]} exited (its leftover engine processes were stopped); the frontend answers 503" \
+            "until a worker is back on its port"
       fi
     done
     sleep 1 & wait $!
