@@ -25,6 +25,8 @@ SLOW = settings(max_examples=10_000, deadline=None, suppress_health_check=list(H
 VOCAB = 1024
 ALLOWED = ("forced_text", "banned_tokens", "logit_bias")
 CONFIG = DeploymentConfig(allow_request_kinds=frozenset(ALLOWED))
+SPEC_DOCUMENTS = st.one_of(st.fixed_dictionaries({"entries": s.entry_lists}, optional={
+    "generation_only": s.odd_values, "allow_request_kinds": s.odd_values, "limits": s.odd_values}), s.odd_values)
 
 
 def _named(err: SpecError, root: str) -> None:
@@ -101,8 +103,7 @@ def test_request_entries_sample(entries: object) -> None:
 
 
 @CI
-@given(st.one_of(st.fixed_dictionaries({"entries": s.entry_lists}, optional={
-    "generation_only": s.odd_values, "allow_request_kinds": s.odd_values, "limits": s.odd_values}), s.odd_values))
+@given(SPEC_DOCUMENTS)
 def test_spec_and_config_sample(data: object) -> None:
     check_spec_and_config(data)
 
@@ -132,3 +133,10 @@ def test_request_entries_10k(entries: object) -> None:
 @given(st.sampled_from(["chat", "completion"]).flatmap(lambda e: st.tuples(st.just(e), s.raw_bodies(e))))
 def test_request_body_10k(case: tuple[str, bytes]) -> None:
     check_body(case[1], case[0])
+
+
+@pytest.mark.slow
+@SLOW
+@given(SPEC_DOCUMENTS)
+def test_spec_and_config_10k(data: object) -> None:
+    check_spec_and_config(data)
