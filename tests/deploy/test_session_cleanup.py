@@ -1,9 +1,10 @@
-"""A test session killed by a signal leaves none of its deployment processes behind.
+"""A test session, or a launch script, killed by a signal leaves none of its deployment processes behind.
 
 An inner pytest session (with this suite's session clean-up, ``tests/session_reaper.py``) starts
 ``launch/agg.sh`` the way the deployment fixtures do, in a session of its own, and is then
 killed with SIGKILL (no teardown can run) or SIGTERM (Python's default: exit at once, no teardown
-either). Every process of that deployment must be gone shortly after.
+either). Every process of that deployment must be gone shortly after. A launch script whose
+process group is SIGKILLed (no trap runs) must not leave its children either.
 """
 
 from __future__ import annotations
@@ -88,3 +89,25 @@ def test_a_killed_session_leaves_no_deployment_process(tmp_path: Path, sig: int)
         if inner.poll() is None:
             os.killpg(inner.pid, signal.SIGKILL)
             inner.wait()
+
+
+def test_a_launch_script_killed_with_sigkill_leaves_no_child(tmp_path: Path) -> None:
+    """SIGKILL to the script's whole process group (no trap can run): its watchdog, in a session of
+    its own, ends every child group."""
+    port = free_port_block(2)
+    with open(tmp_path / "agg.log", "wb") as log:
+        script = subprocess.Popen([str(ROOT / "launch" / "agg.sh"), "--port", str(port)], cwd=ROOT, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True,
+                                  env={**os.environ, "DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0"})
+    try:
+        wait_until(lambda: _frontend_up(port), 60, "the deployment's frontend")
+        children = psutil.Process(script.pid).children(recursive=True)
+        assert any("dynlogits.worker" in " ".join(p.cmdline()) for p in children)
+        os.killpg(script.pid, signal.SIGKILL)
+        script.wait()
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+    finally:
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+            script.wait()
