@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
+from dynlogits.asgi_errors import JsonErrors
 from dynlogits.config import DeploymentConfig
 from dynlogits.specs import SpecError, parse_entries
 from dynlogits.untrusted import DEFAULT_MAX_BODY_BYTES, BodyError, first_error, read_json_body
@@ -113,12 +114,7 @@ def create_app(state: FrontendState) -> FastAPI:
             await router.close()
 
     app = FastAPI(title="dynlogits frontend", lifespan=lifespan)
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, err: Exception) -> JSONResponse:
-        """A bug still answers in OpenAI's error shape (and is logged), never as a bare text 500."""
-        log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=err)
-        return HTTPError(500, f"internal error in the frontend: {type(err).__name__}", kind="internal_error").response()
+    app.add_middleware(JsonErrors, server="frontend", log=log)  # a bug answers a JSON 500, never a dropped connection
 
     def update_worker_gauges() -> None:
         for role, pool in router.pools.items():

@@ -106,7 +106,7 @@ async def run_load(client: Any, plans: Sequence[Plan], *, model: str, concurrenc
                 progress(sum(a is not None for a in answers), failed)
 
     await asyncio.gather(*(client_loop() for _ in range(min(concurrency, len(plans)))))
-    return [a if a is not None else Answer(p, error="never sent") for a, p in zip(answers, plans)]
+    return [a if a is not None else Answer(p, error="never sent") for a, p in zip(answers, plans, strict=True)]
 
 
 def judge(answers: Sequence[Answer]) -> list[Verdict]:

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
+from dynlogits.asgi_errors import JsonErrors
 from dynlogits.config import DeploymentConfig
 from dynlogits.roles import is_generation_stage
 from dynlogits.specs import SpecError
@@ -110,13 +111,8 @@ def create_app(state: WorkerState) -> FastAPI:
             log.info("worker stopped: in-flight requests drained, engine shut down")
 
     app = FastAPI(title="dynlogits worker", lifespan=lifespan)
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, err: Exception) -> JSONResponse:
-        """A bug answers a well-formed 500 (the connection stays usable, so the frontend does not
-        take this worker for dead) and is logged."""
-        log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=err)
-        return _error(500, f"internal error in the worker: {type(err).__name__}: {err}", kind="internal_error")
+    # A bug answers a JSON 500 and keeps the connection, so the frontend does not take this worker for dead.
+    app.add_middleware(JsonErrors, server="worker", log=log)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -21,9 +21,9 @@ __all__ = ["ChatMessage", "ErrorBody", "ErrorDetail", "ExtraArgs", "GenerateChun
 # must fail its own request here, not raise inside the engine.
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
-_Scalar = Union[StrictStr, Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)], StrictFloat, StrictBool, None]
+_Scalar = StrictStr | Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | StrictFloat | StrictBool | None
 #: vLLM's ``vllm_xargs`` shape: flat values or flat lists (never nested objects).
-ExtraArgs = dict[StrictStr, Union[_Scalar, list[_Scalar]]]
+ExtraArgs = dict[StrictStr, _Scalar | list[_Scalar]]
 
 
 class ChatMessage(BaseModel):
