@@ -73,7 +73,7 @@ stop_children() {
   local i pid deadline
   trap - EXIT INT TERM HUP
   [[ -n "$WATCHDOG_FILE" ]] && rm -f "$WATCHDOG_FILE"   # the watchdog then exits, ending nothing
-  [[ -n "$WATCHDOG_PID" ]] && { kill "$WATCHDOG_PID" 2>/dev/null || true; }
+  [[ -n "$WATCHDOG_PID" ]] && { kill -- "-$WATCHDOG_PID" 2>/dev/null || true; }   # with its sleep
   for ((i = ${#CHILD_PIDS[@]} - 1; i >= 0; i--)); do
     kill -TERM "${CHILD_PIDS[i]}" 2>/dev/null || true
   done

@@ -10,16 +10,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from dynlogits.specs import WIRE_KEY
-from dynlogits.worker.protocol import ChatMessage, ExtraArgs, Int32, Int64, SamplingOptions
+from dynlogits.worker.protocol import ChatMessage, ExtraArgs, Int32, Int64, SamplingOptions, drop_smuggled_payload
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "RequestBody", "drop_smuggled_payload"]
-
-
-def drop_smuggled_payload(extra: dict[str, Any] | None) -> dict[str, Any]:
-    """A copy of a client's ``vllm_xargs``/``extra_args`` without ``dynamo_logits``:
-    only the gate may activate processors."""
-    return {k: v for k, v in (extra or {}).items() if k != WIRE_KEY}
 
 
 class StreamOptions(BaseModel):
@@ -52,7 +45,7 @@ class RequestBody(BaseModel):
     @field_validator("vllm_xargs", "extra_args", mode="before")
     @classmethod
     def _drop_wire_key(cls, value: Any) -> Any:
-        return drop_smuggled_payload(value) if isinstance(value, dict) else value
+        return drop_smuggled_payload(value)
 
     def sampling(self) -> SamplingOptions:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -62,7 +55,7 @@ class RequestBody(BaseModel):
                                ignore_eos=self.ignore_eos)
 
     def client_extra_args(self) -> dict[str, Any]:
-        return {**drop_smuggled_payload(self.extra_args), **drop_smuggled_payload(self.vllm_xargs)}
+        return {**(self.extra_args or {}), **(self.vllm_xargs or {})}  # dynamo_logits already dropped
 
     @property
     def include_usage(self) -> bool:

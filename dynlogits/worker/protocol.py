@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+
+from dynlogits.specs import WIRE_KEY
 
 __all__ = ["ChatMessage", "ErrorBody", "ErrorDetail", "ExtraArgs", "GenerateChunk", "GenerateRequest",
-           "Int32", "Int64", "SamplingOptions", "Usage", "WorkerInfo", "WorkerStats"]
+           "Int32", "Int64", "SamplingOptions", "Usage", "WorkerInfo", "WorkerStats", "drop_smuggled_payload"]
 
 # Integers reach the engine as fixed-width values (msgpack, torch generators): a larger one
 # must fail its own request here, not raise inside the engine.
@@ -24,6 +26,12 @@ Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 _Scalar = StrictStr | Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | StrictFloat | StrictBool | None
 #: vLLM's ``vllm_xargs`` shape: flat values or flat lists (never nested objects).
 ExtraArgs = dict[StrictStr, _Scalar | list[_Scalar]]
+
+
+def drop_smuggled_payload(extra: Any) -> Any:
+    """A caller's extra args without ``dynamo_logits`` (only the gate may activate processors);
+    anything but a dict is returned as is, for validation to refuse."""
+    return {k: v for k, v in extra.items() if k != WIRE_KEY} if isinstance(extra, dict) else extra
 
 
 class ChatMessage(BaseModel):
@@ -66,6 +74,11 @@ class GenerateRequest(BaseModel):
     sampling: SamplingOptions = Field(default_factory=SamplingOptions)
     logits_processors: list[Any] | None = None
     extra_args: ExtraArgs = Field(default_factory=dict)
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _drop_wire_key(cls, value: Any) -> Any:
+        return drop_smuggled_payload(value)
 
 
 class Usage(BaseModel):
