@@ -3,7 +3,9 @@
 Engines are few on purpose (2-core machine): one aggregated deployment with the test
 hook (``test_agg_hook.py``, module-scoped), one aggregated deployment with
 ``examples/deployment.yaml`` used by most tests (session-scoped), one disaggregated
-deployment (``test_disagg.py``, module-scoped).
+deployment (``test_disagg.py``, module-scoped), one whose processes are killed on purpose
+(``test_faults.py``, module-scoped), and one the load tool starts and stops itself
+(``test_load.py``). No process outlives the session, even a killed one (``tests/session_reaper.py``).
 """
 
 from __future__ import annotations
