@@ -83,11 +83,23 @@ def _sse(data: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+async def _ndjson_lines(response: httpx.Response) -> AsyncIterator[bytes]:
+    """Lines split on ``\n`` only. Not ``aiter_lines()``: it splits like ``str.splitlines``, also on
+    U+0085 and U+2028, which JSON leaves unescaped and a model may well generate."""
+    pending = b""
+    async for data in response.aiter_bytes():
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            yield line
+    if pending:
+        yield pending
+
+
 async def _chunks(response: httpx.Response) -> AsyncIterator[GenerateChunk]:
     """The worker's NDJSON chunks; ``HTTPError`` when the worker reports an error or its stream breaks
     (a worker that dies mid-request ends the client's request with a 502 saying so, never a hang)."""
     try:
-        async for line in response.aiter_lines():
+        async for line in _ndjson_lines(response):
             if line.strip():
                 chunk = GenerateChunk.model_validate_json(line)
                 if chunk.error:

@@ -9,6 +9,7 @@ while nothing is in flight (``tests/deploy/test_load.py`` checks it after sustai
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -49,8 +50,8 @@ class AdapterIntrospection:
 async def adapter_requests(engine: Any, timeout_s: float = 5.0) -> int | None:
     """Sum over the engine's workers of :meth:`AdapterIntrospection.dynlogits_adapter_requests`;
     ``None`` when the extension is not installed or the engine does not answer in time."""
-    try:
-        results = await engine.collective_rpc(_RPC, timeout=timeout_s)
+    try:  # bounded here too: the engine answers utility calls only between its steps
+        results = await asyncio.wait_for(engine.collective_rpc(_RPC, timeout=timeout_s), timeout_s)
     except Exception as err:  # noqa: BLE001 - an observability read never fails the caller
         log.debug("adapter state unavailable: %s", err)
         return None

@@ -130,3 +130,20 @@ def test_http_bodies_sample(spec_agg: Deployment, http: httpx.Client) -> None:
 @pytest.mark.slow
 def test_http_bodies_10k(spec_agg: Deployment, http: httpx.Client) -> None:
     _fuzz(spec_agg, http, SLOW_FRONTEND, SLOW_WORKER)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_line_separators_in_generated_text_reach_the_client_intact(spec_agg: Deployment, stream: bool) -> None:
+    """Found by the fault tests' random text: U+0085 and U+2028 are line breaks to ``str.splitlines``
+    (so to httpx's ``aiter_lines``) but not to JSON, so the worker's NDJSON must be split on ``\\n`` only."""
+    text = "one\x85two\u2028three\u2029four\x1cfive"
+    r = httpx.post(f"{spec_agg.base_url}/chat/completions", timeout=60, json={
+        "model": s.MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream, "max_tokens": 64,
+        "logits_processors": [{"kind": "forced_text", "text": text}]})
+    assert r.status_code == 200, r.text
+    if stream:
+        events = [json.loads(line[6:]) for line in r.text.split("\n") if line.startswith("data: {")]
+        assert not any("error" in e for e in events), events
+        assert "".join(c["delta"].get("content") or "" for e in events for c in e["choices"]) == text
+    else:
+        assert r.json()["choices"][0]["message"]["content"] == text
