@@ -82,10 +82,23 @@ def pytest_configure(config: object) -> None:
                                stdin=subprocess.DEVNULL, start_new_session=True)
 
 
+def _own_helpers() -> list[int]:
+    """multiprocessing's tracker processes of pytest itself (in-process engines start them): they
+    end when pytest does and ignore SIGTERM, so they are not leftovers."""
+    helpers = []
+    for child in psutil.Process().children():
+        try:
+            if "multiprocessing.resource_tracker" in " ".join(child.cmdline()):
+                helpers.append(child.pid)
+        except psutil.Error:
+            continue
+    return helpers
+
+
 def pytest_unconfigure(config: object) -> None:
     if _token is None:
         return
-    exclude = [_reaper.pid] if _reaper is not None else []
+    exclude = [*([_reaper.pid] if _reaper is not None else []), *_own_helpers()]
     left = sweep(_token, exclude=exclude)
     if left:
         print(f"\nsession clean-up: ended {len(left)} process(es) that tests left running:\n  "
