@@ -4,7 +4,9 @@
 # Every child runs in its own process group (setsid); on exit, Ctrl-C or SIGTERM the
 # script sends SIGTERM to each child (graceful: in-flight requests finish or are
 # aborted), waits, then SIGKILLs whatever is left in each group (e.g. an engine core
-# whose worker died), so no process outlives the script.
+# whose worker died), so no process outlives the script. A watchdog in a session of its own
+# does the same if the script dies without running its traps (SIGKILL, e.g. a supervisor
+# killing the script's process group).
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY="${PYTHON:-python3}"; fi
@@ -24,21 +26,54 @@ read -r -a ENGINE_DEFAULTS <<<"$DYN_ENGINE_DEFAULTS"
 
 CHILD_PIDS=()
 CHILD_NAMES=()
+WATCHDOG_PID=""
+WATCHDOG_FILE=""
 
 log() { printf 'dynlogits: %s\n' "$*" >&2; }
 
 # start_child NAME CMD... : run CMD in a new process group, output prefixed with [NAME].
 start_child() {
-  local name="$1"; shift
+  local name="$1" pid; shift
   setsid "$@" > >(exec sed -u "s/^/[$name] /") 2>&1 &
-  CHILD_PIDS+=("$!")
+  pid=$!
+  CHILD_PIDS+=("$pid")
   CHILD_NAMES+=("$name")
-  log "started $name (pid $!)"
+  log "started $name (pid $pid)"
+  watch_group "$pid"
+}
+
+# watch_group PGID : have the watchdog end this process group if the script dies without running
+# its traps. The watchdog is started once, in a session of its own, and reads the groups from
+# WATCHDOG_FILE; stop_children removes the file, so after a normal stop it ends nothing.
+watch_group() {
+  if [[ -z "$WATCHDOG_FILE" ]]; then
+    WATCHDOG_FILE=$(mktemp "${TMPDIR:-/tmp}/dynlogits-launch.XXXXXX")
+    (
+      trap - EXIT INT TERM HUP   # not this script's traps, even before the exec
+      exec setsid bash -c '
+        script=$1 stop=$2 file=$3
+        while kill -0 "$script" 2>/dev/null; do sleep 1; done
+        [[ -f "$file" ]] || exit 0
+        mapfile -t groups < "$file"
+        rm -f "$file"
+        for g in "${groups[@]}"; do kill -TERM -- "-$g" 2>/dev/null; done
+        deadline=$((SECONDS + stop))
+        for g in "${groups[@]}"; do
+          while kill -0 -- "-$g" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+        done
+        for g in "${groups[@]}"; do kill -KILL -- "-$g" 2>/dev/null; done
+      ' watchdog "$$" "$STOP_TIMEOUT" "$WATCHDOG_FILE" </dev/null >/dev/null 2>&1
+    ) &
+    WATCHDOG_PID=$!
+  fi
+  echo "$1" >> "$WATCHDOG_FILE"
 }
 
 stop_children() {
   local i pid deadline
-  trap - EXIT INT TERM
+  trap - EXIT INT TERM HUP
+  [[ -n "$WATCHDOG_FILE" ]] && rm -f "$WATCHDOG_FILE"   # the watchdog then exits, ending nothing
+  [[ -n "$WATCHDOG_PID" ]] && { kill -- "-$WATCHDOG_PID" 2>/dev/null || true; }   # with its sleep
   for ((i = ${#CHILD_PIDS[@]} - 1; i >= 0; i--)); do
     kill -TERM "${CHILD_PIDS[i]}" 2>/dev/null || true
   done
@@ -59,6 +94,7 @@ install_traps() {
   trap stop_children EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
+  trap 'exit 129' HUP   # the terminal went away
 }
 
 # require_free_ports PORT... : fail before starting anything when a port is already taken.
@@ -101,7 +137,11 @@ serve_until_done() {
     for ((i = 1; i < ${#CHILD_PIDS[@]}; i++)); do
       if ! child_alive "$i" && [[ -z "${reported[$i]:-}" ]]; then
         reported[$i]=1
-        log "${CHILD_NAMES[i]} exited; the frontend answers 503 until a worker is back on its port"
+        # A worker killed alone leaves its engine processes running (vLLM's engine core does not
+        # watch its parent): end the rest of its process group so they do not hold the memory.
+        kill -KILL -- "-${CHILD_PIDS[i]}" 2>/dev/null || true
+        log "${CHILD_NAMES[i]} exited (its leftover engine processes were stopped); the frontend answers 503" \
+            "until a worker is back on its port"
       fi
     done
     sleep 1 & wait $!

@@ -65,8 +65,13 @@ def parse_entries(
 
     ``allowed_kinds`` is the operator's allow-list (``None``: every kind but the
     forbidden ones); plug-in kinds are allowed like built-in ones. ``python`` is
-    never accepted here: it would run code on a worker.
+    never accepted here: it would run code on a worker. Size limits are checked on the raw
+    data first, so an oversized list is refused with its limit before any model validates it.
     """
+    if isinstance(data, list):
+        oversized = list(limit_problems(data, limits, root=root))
+        if oversized:
+            raise SpecError(oversized)
     plugins = plugin_kinds()
     try:
         entries = sequence_adapter(plugins, wire=False).validate_python(data)

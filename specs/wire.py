@@ -80,7 +80,7 @@ def decode_fast(payload: Any) -> tuple[Any, ...] | None:
     """The msgspec path (type rules only); ``None`` when it rejects the payload."""
     try:
         entries = msgspec.convert(payload, _FAST, strict=True)
-    except (msgspec.ValidationError, TypeError):
+    except (msgspec.ValidationError, TypeError, UnicodeError):  # msgspec encodes text with lone surrogates
         return None
     if not all(_finite(e) for e in entries):
         return None

@@ -1,8 +1,11 @@
-"""Shared fixtures: the embedded default model (built once, no download)."""
+"""Shared fixtures: the embedded default model (built once, no download); the session-wide clean-up."""
 
 from pathlib import Path
 
 import pytest
+
+# Every process a test starts is ended with the session, even when pytest is killed (see session_reaper).
+from session_reaper import pytest_configure, pytest_unconfigure  # noqa: F401
 
 
 @pytest.fixture(scope="session")

@@ -30,8 +30,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     router = Router({"agg": args.agg_workers, "prefill": args.prefill_workers, "decode": args.decode_workers},
                     health_interval_s=args.health_interval_s)
-    app = create_app(FrontendState(router=router, config=config, metrics=FrontendMetrics()))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10)
+    app = create_app(FrontendState(router=router, config=config, metrics=FrontendMetrics(),
+                                   max_body_bytes=args.max_body_bytes))
+    # Keep-alive longer than clients keep idle connections (httpx, so the openai SDK: 5 s), so a
+    # client never reuses a connection the frontend is closing at that moment.
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10,
+                timeout_keep_alive=75)
     return 0
 
 

@@ -19,8 +19,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
+from dynlogits.asgi_errors import JsonErrors
 from dynlogits.config import DeploymentConfig
 from dynlogits.specs import SpecError, parse_entries
+from dynlogits.untrusted import DEFAULT_MAX_BODY_BYTES, BodyError, first_error, read_json_body
 from dynlogits.worker.protocol import GenerateChunk, GenerateRequest, Usage
 
 from .metrics import FrontendMetrics
@@ -53,19 +55,8 @@ class FrontendState:
     router: Router
     config: DeploymentConfig
     metrics: FrontendMetrics
-
-
-_UNION_TAGS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "function-after", "function-plain"})
-
-
-def _loc_path(loc: tuple[Any, ...]) -> str:
-    """Pydantic's error location as ``a.b[0]``, without the tags it adds for union members."""
-    out = ""
-    for part in loc:
-        if isinstance(part, str) and (part in _UNION_TAGS or "[" in part):
-            continue
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
+    #: Bodies larger than this are refused with 413 before they are read in full.
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 def _validate(model: type[RequestBody], data: Any, config: DeploymentConfig) -> tuple[RequestBody, list[str]]:
@@ -75,9 +66,8 @@ def _validate(model: type[RequestBody], data: Any, config: DeploymentConfig) -> 
     try:
         body = model.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        path = _loc_path(tuple(first["loc"]))
-        raise HTTPError(400, f"{path}: {first['msg']}", param=path or None) from None
+        bad = first_error(err.errors())
+        raise HTTPError(400, bad.message, param=bad.param) from None
     kinds: list[str] = []
     if body.logits_processors is not None:
         try:
@@ -93,13 +83,34 @@ def _sse(data: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+async def _ndjson_lines(response: httpx.Response) -> AsyncIterator[bytes]:
+    """Lines split on ``\n`` only. Not ``aiter_lines()``: it splits like ``str.splitlines``, also on
+    U+0085 and U+2028, which JSON leaves unescaped and a model may well generate."""
+    pending = b""
+    async for data in response.aiter_bytes():
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            yield line
+    if pending:
+        yield pending
+
+
 async def _chunks(response: httpx.Response) -> AsyncIterator[GenerateChunk]:
-    async for line in response.aiter_lines():
-        if line.strip():
-            chunk = GenerateChunk.model_validate_json(line)
-            if chunk.error:
-                raise HTTPError(500, f"worker failed mid-request: {chunk.error}", kind="internal_error")
-            yield chunk
+    """The worker's NDJSON chunks; ``HTTPError`` when the worker reports an error or its stream breaks
+    (a worker that dies mid-request ends the client's request with a 502 saying so, never a hang)."""
+    try:
+        async for line in _ndjson_lines(response):
+            if line.strip():
+                chunk = GenerateChunk.model_validate_json(line)
+                if chunk.error:
+                    raise HTTPError(500, f"worker failed mid-request: {chunk.error}", kind="internal_error")
+                yield chunk
+    except httpx.HTTPError as err:
+        raise HTTPError(502, f"the worker's connection was lost mid-request ({type(err).__name__}); "
+                        "the request did not complete, retry it", kind="worker_error", code="worker_lost") from None
+    except ValidationError as err:
+        raise HTTPError(502, f"the worker sent a malformed chunk: {err.errors()[0]['msg']}",
+                        kind="worker_error") from None
 
 
 def create_app(state: FrontendState) -> FastAPI:
@@ -115,6 +126,7 @@ def create_app(state: FrontendState) -> FastAPI:
             await router.close()
 
     app = FastAPI(title="dynlogits frontend", lifespan=lifespan)
+    app.add_middleware(JsonErrors, server="frontend", log=log)  # a bug answers a JSON 500, never a dropped connection
 
     def update_worker_gauges() -> None:
         for role, pool in router.pools.items():
@@ -159,9 +171,9 @@ def create_app(state: FrontendState) -> FastAPI:
 
         try:
             try:
-                data = await request.json()
-            except ValueError:
-                raise HTTPError(400, "the request body is not valid JSON") from None
+                data = await read_json_body(request, max_bytes=state.max_body_bytes)
+            except BodyError as err:
+                raise HTTPError(err.status, err.message, param=err.param, code=err.code) from None
             body, kinds = _validate(ChatCompletionRequest if endpoint == "chat" else CompletionRequest, data, config)
             names = router.model_names()
             if not names:

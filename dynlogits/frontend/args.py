@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dynlogits.untrusted import DEFAULT_MAX_BODY_BYTES
 from dynlogits.worker.args import split_kinds
 
 __all__ = ["FrontendArgs", "parse_frontend_args"]
@@ -24,6 +25,7 @@ class FrontendArgs:
     logits_spec: str | None
     allow_request_kinds: frozenset[str]
     health_interval_s: float
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 def _urls(values: Sequence[str] | None) -> tuple[str, ...]:
@@ -42,6 +44,8 @@ def parse_frontend_args(argv: Sequence[str] | None = None) -> FrontendArgs:
     p.add_argument("--logits-spec", default=None, help="operator config file (YAML/JSON); else $DYN_LOGITS_SPEC")
     p.add_argument("--allow-request-kinds", default="", help="comma-separated kinds clients may send per request")
     p.add_argument("--health-interval", type=float, default=1.0, help="seconds between worker readiness probes")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="larger request bodies are refused with 413 before they are read in full")
     ns = p.parse_args(argv)
     agg, prefill, decode = _urls(ns.agg_worker), _urls(ns.prefill_worker), _urls(ns.decode_worker)
     if agg and (prefill or decode):
@@ -50,4 +54,4 @@ def parse_frontend_args(argv: Sequence[str] | None = None) -> FrontendArgs:
         p.error("need --agg-worker, or both --prefill-worker and --decode-worker")
     return FrontendArgs(host=ns.host, port=ns.port, agg_workers=agg, prefill_workers=prefill, decode_workers=decode,
                         logits_spec=ns.logits_spec, allow_request_kinds=split_kinds(ns.allow_request_kinds),
-                        health_interval_s=ns.health_interval)
+                        health_interval_s=ns.health_interval, max_body_bytes=ns.max_body_bytes)

@@ -10,16 +10,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from dynlogits.specs import WIRE_KEY
-from dynlogits.worker.protocol import ChatMessage, SamplingOptions
+from dynlogits.worker.protocol import ChatMessage, ExtraArgs, Int32, Int64, SamplingOptions, drop_smuggled_payload
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "RequestBody", "drop_smuggled_payload"]
-
-
-def drop_smuggled_payload(extra: dict[str, Any] | None) -> dict[str, Any]:
-    """A copy of a client's ``vllm_xargs``/``extra_args`` without ``dynamo_logits``:
-    only the gate may activate processors."""
-    return {k: v for k, v in (extra or {}).items() if k != WIRE_KEY}
 
 
 class StreamOptions(BaseModel):
@@ -31,22 +24,28 @@ class RequestBody(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Int32 | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = None
+    top_k: Int32 | None = None
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     ignore_eos: bool = False
     #: The per-request spec: a list of entries, same schema as the wire (validated separately).
     logits_processors: Any = None
-    vllm_xargs: dict[str, Any] | None = None
-    extra_args: dict[str, Any] | None = None
+    #: Flat values only (vLLM's REST shape); ``dynamo_logits`` is dropped before the check.
+    vllm_xargs: ExtraArgs | None = None
+    extra_args: ExtraArgs | None = None
+
+    @field_validator("vllm_xargs", "extra_args", mode="before")
+    @classmethod
+    def _drop_wire_key(cls, value: Any) -> Any:
+        return drop_smuggled_payload(value)
 
     def sampling(self) -> SamplingOptions:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -56,7 +55,7 @@ class RequestBody(BaseModel):
                                ignore_eos=self.ignore_eos)
 
     def client_extra_args(self) -> dict[str, Any]:
-        return {**drop_smuggled_payload(self.extra_args), **drop_smuggled_payload(self.vllm_xargs)}
+        return {**(self.extra_args or {}), **(self.vllm_xargs or {})}  # dynamo_logits already dropped
 
     @property
     def include_usage(self) -> bool:
@@ -67,7 +66,7 @@ class ChatCompletionRequest(RequestBody):
     """``POST /v1/chat/completions``; message content may be a string or text parts."""
 
     messages: list[dict[str, Any]] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Int32 | None = Field(default=None, ge=1)
 
     @field_validator("messages")
     @classmethod
@@ -101,11 +100,11 @@ class ChatCompletionRequest(RequestBody):
 class CompletionRequest(RequestBody):
     """``POST /v1/completions``: one prompt, as text or token ids."""
 
-    prompt: str | list[int] | list[str]
+    prompt: str | list[Int64] | list[str]
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: str | list[int] | list[str]) -> str | list[int] | list[str]:
+    def _one_prompt(cls, prompt: str | list[Int64] | list[str]) -> str | list[Int64] | list[str]:
         if isinstance(prompt, list):
             if not prompt:
                 raise ValueError("must not be empty")

@@ -19,6 +19,10 @@ log = logging.getLogger("dynlogits.frontend")
 
 Role = Literal["agg", "prefill", "decode"]
 
+#: Consecutive probes that time out before a worker that was ready is taken out of rotation: a
+#: worker busy under load may answer ``/ready`` late, a dead one refuses the connection at once.
+PROBE_TIMEOUTS_TO_DOWN = 3
+
 
 class NoWorkerError(Exception):
     """No worker of a role can take the request (HTTP 503)."""
@@ -42,6 +46,7 @@ class WorkerEndpoint:
     ready: bool = False
     info: WorkerInfo | None = None
     last_error: str | None = "not probed yet"
+    slow_probes: int = 0  # consecutive probes that timed out
 
 
 @dataclass
@@ -72,9 +77,12 @@ class Router:
         }
         self.disaggregated = "agg" not in self.pools
         self.health_interval_s = health_interval_s
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=3.0),
-                                        limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64))
-        self._probe_client = httpx.AsyncClient(timeout=httpx.Timeout(3.0))
+        # Idle connections are dropped after 2 s, before the worker's server (uvicorn: 5 s) closes
+        # them, so a request is never sent on a connection the worker is closing at that moment.
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
+                                        limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64,
+                                                            keepalive_expiry=2.0))
+        self._probe_client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -86,22 +94,32 @@ class Router:
         return [e for p in self.pools.values() for e in p.endpoints]
 
     def ready(self) -> bool:
-        return all(any(e.ready for e in p.endpoints) for p in self.pools.values())
+        """Whether a request can be served now: every role has a ready worker, and they share a model."""
+        return bool(self.model_names())
 
     def model_names(self) -> list[str]:
-        return sorted({e.info.model for e in self.all_endpoints() if e.ready and e.info})
+        """Models every role can serve right now (disaggregated: a ready prefill *and* decode worker
+        of that model), so ``/v1/models`` never advertises a model whose requests would get 503."""
+        served = [{e.info.model for e in p.endpoints if e.ready and e.info} for p in self.pools.values()]
+        return sorted(set.intersection(*served)) if served else []
 
     async def probe(self, endpoint: WorkerEndpoint) -> None:
-        """Update ``endpoint`` from one ``GET /ready``."""
+        """Update ``endpoint`` from one ``GET /ready``: a refusal or a 503 takes it out of rotation at
+        once, a timeout only after ``PROBE_TIMEOUTS_TO_DOWN`` in a row."""
         try:
             r = await self._probe_client.get(f"{endpoint.url}/ready")
             if r.status_code == 200:
                 endpoint.info = WorkerInfo.model_validate(r.json())
                 if not endpoint.ready:
                     log.info("%s worker %s is ready", endpoint.role, endpoint.url)
-                endpoint.ready, endpoint.last_error = True, None
+                endpoint.ready, endpoint.last_error, endpoint.slow_probes = True, None, 0
                 return
             error = f"not ready ({r.status_code}: {r.text[:200]})"
+        except httpx.TimeoutException as err:
+            endpoint.slow_probes += 1
+            if endpoint.ready and endpoint.slow_probes < PROBE_TIMEOUTS_TO_DOWN:
+                return
+            error = f"not answering ({type(err).__name__} on {endpoint.slow_probes} probes in a row)"
         except (httpx.HTTPError, ValueError) as err:
             error = f"unreachable ({type(err).__name__})"
         if endpoint.ready:
@@ -132,12 +150,12 @@ class Router:
         any other error status raises :class:`WorkerError`.
         """
         for endpoint in pool.candidates():
-            request = self.client.build_request("POST", f"{endpoint.url}/generate", json=body)
             try:
-                response = await self.client.send(request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as err:
+                response = await self._post(endpoint, body)
+            except httpx.TransportError as err:  # refused, timed out, or broken twice: try the next one
                 endpoint.ready, endpoint.last_error = False, f"unreachable ({type(err).__name__})"
-                log.warning("%s worker %s failed: %s; trying the next one", pool.role, endpoint.url, err)
+                log.warning("%s worker %s failed: %s %s; trying the next one", pool.role, endpoint.url,
+                            type(err).__name__, err)
                 continue
             if response.status_code == 200:
                 return endpoint, response
@@ -149,3 +167,18 @@ class Router:
             raise WorkerError(response.status_code, content)
         raise NoWorkerError(f"no {pool.role} worker is available (every ready one failed just now); "
                             "retry when a worker is back")
+
+    async def _post(self, endpoint: WorkerEndpoint, body: dict[str, object]) -> httpx.Response:
+        """``POST /generate``, streaming. A connection that breaks before the response headers (not a
+        refusal or a timeout) is retried once on a fresh connection: that is a kept-alive connection
+        closed under us, or a worker that just died, which the retry then finds refusing."""
+        try:
+            return await self.client.send(self.client.build_request("POST", f"{endpoint.url}/generate", json=body),
+                                          stream=True)
+        except (httpx.ConnectError, httpx.TimeoutException):
+            raise
+        except httpx.TransportError as err:
+            log.info("%s worker %s: %s before the response; retrying once", endpoint.role, endpoint.url,
+                     type(err).__name__)
+        return await self.client.send(self.client.build_request("POST", f"{endpoint.url}/generate", json=body),
+                                      stream=True)

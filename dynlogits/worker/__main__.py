@@ -25,8 +25,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dynlogits.worker: invalid logits config: {err}", file=sys.stderr)
         return 2
     state = WorkerState(args=args, config=config)
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning",
-                                           timeout_graceful_shutdown=int(args.graceful_timeout_s)))
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            state.draining = True  # /ready and new /generate calls answer 503 while in-flight ones finish
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+    server = Server(uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning",
+                                   timeout_graceful_shutdown=int(args.graceful_timeout_s)))
 
     def fatal() -> None:
         server.should_exit = True

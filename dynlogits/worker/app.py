@@ -5,28 +5,36 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
 
+from dynlogits.asgi_errors import JsonErrors
 from dynlogits.config import DeploymentConfig
 from dynlogits.roles import is_generation_stage
 from dynlogits.specs import SpecError
 from dynlogits.test_hook import test_hook_enabled
+from dynlogits.untrusted import DEFAULT_MAX_BODY_BYTES, BodyError, first_error, read_json_body
 
 from .args import DEFAULT_MODEL_NAME, WorkerArgs
 from .engine import EngineRequestError, VllmEngine, start_vllm_engine
+from .introspect import adapter_requests, process_tree_rss
 from .policy import RequestPolicy, build_policy
 from .protocol import ErrorBody, ErrorDetail, GenerateChunk, GenerateRequest, WorkerInfo, WorkerStats
 
 __all__ = ["WorkerState", "create_app"]
 
 log = logging.getLogger("dynlogits.worker")
+
+#: The frontend re-encodes a client body (escapes may grow it); the worker's own bound is looser.
+MAX_GENERATE_BODY_BYTES = 4 * DEFAULT_MAX_BODY_BYTES
 
 
 @dataclass
@@ -41,6 +49,8 @@ class WorkerState:
     stats: WorkerStats = field(default_factory=WorkerStats)
     ids: itertools.count = field(default_factory=itertools.count)
     on_fatal: Any = None  # called when the engine cannot start
+    #: Set on SIGTERM: in-flight requests finish, new ones get 503 so the frontend routes elsewhere.
+    draining: bool = False
 
     @property
     def register_adapter(self) -> bool:
@@ -106,6 +116,8 @@ def create_app(state: WorkerState) -> FastAPI:
             log.info("worker stopped: in-flight requests drained, engine shut down")
 
     app = FastAPI(title="dynlogits worker", lifespan=lifespan)
+    # A bug answers a JSON 500 and keeps the connection, so the frontend does not take this worker for dead.
+    app.add_middleware(JsonErrors, server="worker", log=log)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -115,6 +127,8 @@ def create_app(state: WorkerState) -> FastAPI:
     async def ready() -> JSONResponse:
         if state.engine is None or state.policy is None:
             return _error(503, state.start_error or "engine starting", kind="service_unavailable")
+        if state.draining:
+            return _error(503, "worker is shutting down (draining in-flight requests)", kind="service_unavailable")
         try:
             await state.engine.engine.check_health()
         except Exception as err:  # noqa: BLE001
@@ -122,14 +136,27 @@ def create_app(state: WorkerState) -> FastAPI:
         return JSONResponse(state.info().model_dump())
 
     @app.get("/stats")
-    async def stats() -> dict[str, int]:
-        return state.stats.model_dump()
+    async def stats() -> dict[str, Any]:
+        """Counters, plus the adapter's per-request state and this worker's memory (see ``introspect``)."""
+        held = await adapter_requests(state.engine.engine) if state.engine is not None else None
+        rss = process_tree_rss()
+        return state.stats.model_copy(update={"adapter_requests": held, "rss_bytes": sum(rss.values()) if rss else None,
+                                              "rss_by_process": rss or None, "pid": os.getpid()}).model_dump()
 
     @app.post("/generate", response_model=None)
-    async def generate(req: GenerateRequest) -> JSONResponse | StreamingResponse:
+    async def generate(request: Request) -> JSONResponse | StreamingResponse:
         engine, policy = state.engine, state.policy
         if engine is None or policy is None:
             return _error(503, "worker engine is not ready", kind="service_unavailable")
+        if state.draining:
+            return _error(503, "worker is shutting down; send the request to another worker", kind="service_unavailable")
+        try:  # the body is untrusted too: only the frontend should call, but nothing enforces it
+            req = GenerateRequest.model_validate(await read_json_body(request, max_bytes=MAX_GENERATE_BODY_BYTES))
+        except BodyError as err:
+            return _error(err.status, err.message, param=err.param)
+        except ValidationError as err:
+            bad = first_error(err.errors())
+            return _error(400, bad.message, param=bad.param)
         try:
             entries = policy.entries_for(req.logits_processors)
         except SpecError as err:
@@ -139,7 +166,11 @@ def create_app(state: WorkerState) -> FastAPI:
                                               messages=req.messages)
             params = engine.sampling_params(req.sampling, entries, req.extra_args)
         except EngineRequestError as err:
-            return _error(400, str(err))
+            return _error(400, str(err), param=err.param)
+        if len(prompt_ids) >= engine.max_model_len:  # no room for one generated token
+            field = "messages" if req.messages is not None else "prompt"
+            return _error(400, f"{field}: the prompt is {len(prompt_ids)} tokens; this model's context is "
+                               f"{engine.max_model_len} tokens, generation included", param=field)
         request_id = f"{req.request_id}-{next(state.ids)}"
         stream = engine.generate(prompt_ids, params, request_id)
         state.stats.requests += 1
@@ -148,7 +179,7 @@ def create_app(state: WorkerState) -> FastAPI:
             first = await stream.__anext__()  # admission errors surface here, before any byte is sent
         except EngineRequestError as err:
             state.stats.in_flight -= 1
-            return _error(400, str(err))
+            return _error(400, str(err), param=err.param)
         except Exception as err:  # noqa: BLE001
             state.stats.in_flight -= 1
             log.exception("request %s failed", request_id)

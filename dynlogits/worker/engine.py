@@ -25,7 +25,12 @@ ADAPTER_CLASS = "dynlogits.adapters.vllm:DynamoVllmLogitsProcessor"
 
 
 class EngineRequestError(ValueError):
-    """The engine refused one request (bad prompt, bad params): the client's fault, HTTP 400."""
+    """The engine refused one request (bad prompt, bad params): the client's fault, HTTP 400.
+    ``param`` names the request field when it is known."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -43,15 +48,21 @@ class VllmEngine:
                       messages: Sequence[ChatMessage] | None) -> list[int]:
         """Token ids of the prompt; chat messages go through the model's chat template."""
         if messages is not None:
+            from jinja2 import TemplateError
+
             dumped = [m.model_dump() for m in messages]
-            ids = self.tokenizer.apply_chat_template(dumped, add_generation_prompt=True, tokenize=True)
+            try:
+                ids = self.tokenizer.apply_chat_template(dumped, add_generation_prompt=True, tokenize=True)
+            except (TemplateError, ValueError) as err:  # the model's template refuses them (empty, role order)
+                raise EngineRequestError(f"messages: the chat template refused them: {err}", "messages") from None
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
                 ids = ids["input_ids"]
             return [int(t) for t in ids]
         if prompt_token_ids is not None:
             bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
             if bad:
-                raise EngineRequestError(f"prompt token ids must be in [0, {self.vocab_size}): got {bad[:5]}")
+                raise EngineRequestError(f"prompt token ids must be in [0, {self.vocab_size}): got {bad[:5]}",
+                                         "prompt")
             return list(prompt_token_ids)
         return list(self.tokenizer.encode(prompt or "", add_special_tokens=True))
 
@@ -72,10 +83,12 @@ class VllmEngine:
             kwargs["stop"] = list(options.stop)
         extra = {k: v for k, v in extra_args.items() if k != WIRE_KEY}
         kwargs["extra_args"] = extra or None
+        from vllm.exceptions import VLLMClientError
+
         try:
             params = SamplingParams(**kwargs)
-        except (ValueError, TypeError) as err:
-            raise EngineRequestError(str(err)) from None
+        except (ValueError, TypeError, VLLMClientError) as err:  # vLLM's validation error is not a ValueError
+            raise EngineRequestError(str(err), getattr(err, "parameter", None)) from None
         activate_logits_processors(params, entries)
         return params
 
@@ -103,7 +116,7 @@ class VllmEngine:
             client_error = _client_error(err)
             if client_error is None:
                 raise
-            raise EngineRequestError(client_error) from None
+            raise client_error from None
         finally:
             await stream.aclose()
         yield GenerateChunk(usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens,
@@ -113,14 +126,14 @@ class VllmEngine:
         self.engine.shutdown()
 
 
-def _client_error(err: BaseException) -> str | None:
-    """The message when ``err`` is the request's fault (vLLM validation, a ``ValueError``
+def _client_error(err: BaseException) -> EngineRequestError | None:
+    """The 400 to answer when ``err`` is the request's fault (vLLM validation, a ``ValueError``
     at admission such as the adapter's ``validate_params``), else ``None``."""
     from vllm.exceptions import VLLMClientError
 
     for e in (err, err.__cause__):
         if isinstance(e, (VLLMClientError, ValueError)):
-            return str(e)
+            return EngineRequestError(str(e), getattr(e, "parameter", None))
     return None
 
 
@@ -140,6 +153,10 @@ def _engine_args(model: str, served_name: str, engine_args: Sequence[str], regis
                 args.logits_processors = [*current, ADAPTER_CLASS]
         else:
             register_dynamo_logits_processor(args)
+        if not args.worker_extension_cls:  # lets GET /stats read the adapter's per-request state
+            from .introspect import EXTENSION_CLASS
+
+            args.worker_extension_cls = EXTENSION_CLASS
     return args
 
 

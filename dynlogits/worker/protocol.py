@@ -10,12 +10,28 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
-__all__ = ["ChatMessage", "ErrorBody", "ErrorDetail", "GenerateChunk", "GenerateRequest",
-           "SamplingOptions", "Usage", "WorkerInfo", "WorkerStats"]
+from dynlogits.specs import WIRE_KEY
+
+__all__ = ["ChatMessage", "ErrorBody", "ErrorDetail", "ExtraArgs", "GenerateChunk", "GenerateRequest",
+           "Int32", "Int64", "SamplingOptions", "Usage", "WorkerInfo", "WorkerStats", "drop_smuggled_payload"]
+
+# Integers reach the engine as fixed-width values (msgpack, torch generators): a larger one
+# must fail its own request here, not raise inside the engine.
+Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+_Scalar = StrictStr | Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | StrictFloat | StrictBool | None
+#: vLLM's ``vllm_xargs`` shape: flat values or flat lists (never nested objects).
+ExtraArgs = dict[StrictStr, _Scalar | list[_Scalar]]
+
+
+def drop_smuggled_payload(extra: Any) -> Any:
+    """A caller's extra args without ``dynamo_logits`` (only the gate may activate processors);
+    anything but a dict is returned as is, for validation to refuse."""
+    return {k: v for k, v in extra.items() if k != WIRE_KEY} if isinstance(extra, dict) else extra
 
 
 class ChatMessage(BaseModel):
@@ -30,15 +46,15 @@ class SamplingOptions(BaseModel):
     """The sampling knobs the worker maps onto the engine's sampling params."""
 
     model_config = ConfigDict(extra="forbid")
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0)
+    max_tokens: Int32 | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = None
-    seed: int | None = None
+    top_k: Int32 | None = None
+    seed: Int64 | None = None
     n: int = Field(default=1, ge=1, le=16)
     stop: list[str] = Field(default_factory=list)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(default=None, allow_inf_nan=False)
     ignore_eos: bool = False
 
 
@@ -53,11 +69,16 @@ class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     request_id: str = Field(min_length=1, max_length=200)
     prompt: str | None = None
-    prompt_token_ids: list[int] | None = None
-    messages: list[ChatMessage] | None = None
+    prompt_token_ids: list[Int64] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     sampling: SamplingOptions = Field(default_factory=SamplingOptions)
     logits_processors: list[Any] | None = None
-    extra_args: dict[str, Any] = Field(default_factory=dict)
+    extra_args: ExtraArgs = Field(default_factory=dict)
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _drop_wire_key(cls, value: Any) -> Any:
+        return drop_smuggled_payload(value)
 
 
 class Usage(BaseModel):
@@ -104,9 +125,16 @@ class WorkerInfo(BaseModel):
 
 
 class WorkerStats(BaseModel):
-    """Counters from ``GET /stats``: requests served and those that activated processors."""
+    """``GET /stats``: requests served, those that activated processors, aborted and in flight;
+    with the adapter's per-request state and the memory in use, read when asked."""
 
     requests: int = 0
     activated: int = 0
     aborted: int = 0
     in_flight: int = 0
+    #: Requests the engine's dynlogits adapter holds state for (``None``: not readable here).
+    adapter_requests: int | None = None
+    #: Resident memory of the worker and its engine processes, in bytes: in all, and per process title.
+    rss_bytes: int | None = None
+    rss_by_process: dict[str, int] | None = None
+    pid: int | None = None

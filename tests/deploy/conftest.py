@@ -3,11 +3,14 @@
 Engines are few on purpose (2-core machine): one aggregated deployment with the test
 hook (``test_agg_hook.py``, module-scoped), one aggregated deployment with
 ``examples/deployment.yaml`` used by most tests (session-scoped), one disaggregated
-deployment (``test_disagg.py``, module-scoped).
+deployment (``test_disagg.py``, module-scoped), one whose processes are killed on purpose
+(``test_faults.py``, module-scoped), and one the load tool starts and stops itself
+(``test_load.py``). No process outlives the session, even a killed one (``tests/session_reaper.py``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,8 @@ import pytest
 from .launcher import ROOT, Deployment, free_port_block
 
 SPEC_FILE = ROOT / "examples" / "deployment.yaml"
+#: A processor factory the spec_agg worker may load from operator config (never from a request).
+PYTHON_FACTORY = "custom_processor:TokenCycle"
 
 
 @pytest.fixture(scope="session")
@@ -34,10 +39,16 @@ def spec_agg() -> Iterator[Deployment]:
     """``launch/agg.sh --logits-spec examples/deployment.yaml``: every request kind allowed.
 
     A 2048-token context (the model's limit) leaves the cancellation test seconds, not a fraction
-    of one, between the client hanging up and the request finishing on its own."""
+    of one, between the client hanging up and the request finishing on its own.
+
+    The worker allow-lists one ``python`` factory (``PYTHON_FACTORY``, importable from ``examples/``)
+    that no request may activate: ``test_trust_boundary.py`` tries every route, and a route that
+    leaked the entry to the engine would run it."""
     d = Deployment("spec-agg", "agg.sh", free_port_block(2),
                    args=["--logits-spec", str(SPEC_FILE), "--max-model-len", "2048"],
-                   env={"DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0"})
+                   env={"DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0", "DYN_LOGITS_PYTHON_FACTORIES": PYTHON_FACTORY,
+                        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "examples"),
+                                                                    os.environ.get("PYTHONPATH")]))})
     d.start()
     yield d
     d.stop()

@@ -121,6 +121,10 @@ class Deployment:
         if self.proc is None or self.proc.poll() is not None:
             return []
         tree = self.processes()
+        if sig == signal.SIGINT and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+            # pytest runs as a background job (SIGINT ignored, and so in the script, which then
+            # cannot trap it): stop it the way a supervisor would instead.
+            sig = signal.SIGTERM
         self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout=timeout)

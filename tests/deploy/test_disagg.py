@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +12,8 @@ import httpx
 import pytest
 
 from .conftest import SPEC_FILE, model_name, openai_client
-from .launcher import Deployment, free_port_block
+from .launcher import PYTHON, ROOT, Deployment, free_port_block, wait_until
+from .tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.engine
 
@@ -78,6 +81,51 @@ def test_unforced_greedy_output_equals_agg(disagg: Deployment, spec_agg: Deploym
     agg = greedy(spec_agg)
     assert all(agg) and len(set(agg)) > 1
     assert greedy(disagg) == agg
+
+
+def test_a_model_is_advertised_only_while_prefill_and_decode_are_both_ready(disagg: Deployment) -> None:
+    """A second frontend reaches the real prefill and decode workers through ports the test opens
+    and closes: ``/v1/models`` and ``/health`` say "serving" exactly when both roles are reachable,
+    and a request never meets a 503 from a model that ``/v1/models`` listed."""
+    port = free_port_block(3)
+    proxies = {role: TcpProxy(port + 1 + i, disagg.port + 1 + i) for i, role in enumerate(("prefill", "decode"))}
+    frontend = subprocess.Popen([PYTHON, "-m", "dynlogits.frontend", "--port", str(port), "--logits-spec",
+                                 str(SPEC_FILE), "--prefill-worker", f"http://127.0.0.1:{port + 1}",
+                                 "--decode-worker", f"http://127.0.0.1:{port + 2}"], cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+
+    def serving() -> tuple[int, list[str], int]:
+        health = httpx.get(f"{url}/health", timeout=5).status_code
+        models = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=5).json()["data"]]
+        chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": "dynlogits-tiny", "messages": [{"role": "user", "content": "Hi"}],
+            "logits_processors": [{"kind": "forced_text", "text": "both ready"}]})
+        if chat.status_code == 200:
+            assert chat.json()["choices"][0]["message"]["content"] == "both ready"
+        return health, models, chat.status_code
+
+    def settles(expected: tuple[int, list[str], int]) -> bool:
+        try:
+            return serving() == expected
+        except httpx.HTTPError:
+            return False
+
+    down, up = (503, [], 503), (200, ["dynlogits-tiny"], 200)
+    try:
+        wait_until(lambda: settles(down), 60, "the frontend with no worker reachable")
+        proxies["prefill"].open()
+        time.sleep(3)  # several readiness probes: the prefill worker alone must not make it serve
+        assert serving() == down
+        proxies["decode"].open()
+        wait_until(lambda: settles(up), 60, "both roles ready")
+        proxies["prefill"].close()
+        wait_until(lambda: settles(down), 60, "the frontend to withdraw the model")
+        assert serving() == down  # decode alone does not serve either
+    finally:
+        frontend.terminate()
+        frontend.wait(timeout=30)
+        for proxy in proxies.values():
+            proxy.shutdown()
 
 
 def test_disagg_stops_every_child(disagg: Deployment) -> None:

@@ -1,0 +1,49 @@
+"""``JsonErrors``: an unexpected exception becomes a JSON 500 in OpenAI's error shape, inside the app.
+
+Why not ``app.exception_handler(Exception)``: Starlette runs that handler in its outermost
+middleware and then re-raises, and uvicorn closes the connection of a request whose app raised.
+A client (the frontend, for a worker) that reuses that kept-alive connection at the same moment
+sees it break and takes the server for dead. Caught here, the exception never leaves the app:
+the answer is complete and the connection stays open. Used by the frontend and the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+__all__ = ["JsonErrors"]
+
+Scope = dict[str, Any]
+
+
+class JsonErrors:
+    """Pure ASGI middleware: ``app.add_middleware(JsonErrors, server="worker", log=log)``."""
+
+    def __init__(self, app: Any, *, server: str, log: logging.Logger) -> None:
+        self.app, self.server, self.log = app, server, log
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as err:
+            self.log.error("unexpected error on %s %s", scope.get("method"), scope.get("path"), exc_info=err)
+            if started:  # part of an answer is out: nothing well-formed can follow
+                raise
+            body = json.dumps({"error": {"message": f"internal error in the {self.server}: {type(err).__name__}",
+                                         "type": "internal_error", "param": None, "code": None}}).encode()
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,180 @@
+"""Reading an untrusted JSON request body: bounded size, strict JSON, bounded nesting, valid Unicode.
+
+The frontend reads every client body through :func:`read_json_body`, and the worker every
+``/generate`` body, so that a hostile body ends as a 4xx :class:`BodyError` before any model,
+tokenizer or engine sees it, with memory bounded by ``max_bytes``:
+
+* more than ``max_bytes`` bytes (announced or streamed): 413, the rest is never read;
+* not UTF-8, not JSON, or JSON extensions Python would accept (``NaN``, ``Infinity``,
+  numbers that overflow to infinity, integers of more than 4300 digits): 400;
+* a key repeated in one object (parsers disagree on which copy wins, a classic way to show one
+  value to a validator and another to its consumer): 400 naming the key's path;
+* nesting deeper than :data:`MAX_DEPTH`, or a string with a lone surrogate (``"\\ud800"`` is valid
+  JSON but not text; tokenizers raise on it): 400 naming the path.
+
+Imports neither torch nor an engine (the frontend uses it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterable
+from typing import Any
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "MAX_DEPTH", "BodyError", "first_error", "loc_path", "parse_json_body",
+           "read_body", "read_json_body"]
+
+#: Default bound on a request body; a long chat prompt is far below it.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+#: Deepest nesting accepted (an OpenAI body needs fewer than 10 levels).
+MAX_DEPTH = 64
+
+
+class BodyError(ValueError):
+    """A body refused before validation: ``status`` (400 or 413), ``message``, ``param`` (a path or ``None``)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def _too_large(max_bytes: int) -> BodyError:
+    return BodyError(413, f"the request body exceeds {max_bytes} bytes (limit max_body_bytes)",
+                     code="request_too_large")
+
+
+async def read_body(chunks: AsyncIterable[bytes], *, content_length: str | None, max_bytes: int) -> bytes:
+    """The body's bytes; :class:`BodyError` 413 as soon as it is known to exceed ``max_bytes``."""
+    if content_length is not None:
+        try:
+            announced = int(content_length)
+        except ValueError:
+            raise BodyError(400, "the Content-Length header is not an integer") from None
+        if announced > max_bytes:
+            raise _too_large(max_bytes)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+class _DuplicateKeys(dict):  # type: ignore[type-arg]
+    """An object in which ``duplicate`` appeared more than once (reported with its path by the walk)."""
+
+    duplicate: str = ""
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            marked = _DuplicateKeys(out)
+            marked.duplicate = key
+            return marked
+        out[key] = value
+    return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise BodyError(400, f"the request body is not valid JSON: {name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BodyError(400, f"the request body is not valid JSON: number {text[:40]} is out of range")
+    return value
+
+
+def _path(parent: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    return f"{parent}.{key}" if parent else key
+
+
+def _check_text(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BodyError(400, f"{path or 'body'}: must be valid Unicode text (found a lone surrogate escape)",
+                        param=path or None) from None
+
+
+def _check_tree(document: Any) -> None:
+    """Depth, duplicate keys and lone surrogates, without recursion (the depth is untrusted).
+
+    A key is checked before anything below it, so no error message ever quotes an invalid key.
+    """
+    stack: list[tuple[Any, str, int]] = [(document, "", 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        if isinstance(node, str):
+            _check_text(node, path)
+            continue
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth >= MAX_DEPTH:
+            raise BodyError(400, f"{path or 'body'}: nested deeper than {MAX_DEPTH} levels", param=path or None)
+        if isinstance(node, dict):
+            for key in node:
+                _check_text(key, path)
+            if isinstance(node, _DuplicateKeys):
+                where = _path(path, node.duplicate)
+                raise BodyError(400, f"{where}: duplicate key {node.duplicate!r} in one object", param=where)
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        stack.extend((value, _path(path, key), depth + 1) for key, value in items)
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """Strict JSON from UTF-8 bytes; :class:`BodyError` 400 saying what is wrong (and where, when known)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BodyError(400, f"the request body is not valid UTF-8 (byte {err.start})") from None
+    try:
+        document = json.loads(text, object_pairs_hook=_pairs, parse_constant=_reject_constant,
+                              parse_float=_finite_float)
+    except RecursionError:
+        raise BodyError(400, f"the request body is nested deeper than {MAX_DEPTH} levels") from None
+    except json.JSONDecodeError as err:
+        raise BodyError(400, f"the request body is not valid JSON: {err.msg} (line {err.lineno}, column {err.colno})") \
+            from None
+    except BodyError:
+        raise
+    except ValueError as err:  # e.g. an integer literal beyond Python's digit limit
+        raise BodyError(400, f"the request body is not valid JSON: {err}") from None
+    _check_tree(document)
+    return document
+
+
+async def read_json_body(request: Any, *, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Any:
+    """Read and parse a Starlette ``request``'s body under all the rules above."""
+    raw = await read_body(request.stream(), content_length=request.headers.get("content-length"),
+                          max_bytes=max_bytes)
+    return parse_json_body(raw)
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "none", "dict", "list", "function-after", "function-plain",
+                         "constrained-int", "constrained-float"})
+
+
+def loc_path(loc: tuple[Any, ...]) -> str:
+    """Pydantic's error location as ``a.b[0]``, without the tags it adds for union members."""
+    out = ""
+    for part in loc:
+        if isinstance(part, str) and (part in _UNION_TAGS or "[" in part):
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def first_error(errors: list[Any]) -> BodyError:
+    """A 400 naming the first field of a pydantic ``ValidationError.errors()`` list and its rule."""
+    first = errors[0]
+    path = loc_path(tuple(first["loc"]))
+    return BodyError(400, f"{path}: {first['msg']}" if path else str(first["msg"]), param=path or None)
