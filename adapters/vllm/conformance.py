@@ -136,7 +136,7 @@ class VllmV1Driver(_Common):
         del self.requests[req_id]
 
     def held_requests(self) -> int:
-        return len(self.processor._entries)
+        return self.processor.held_requests()
 
 
 class VllmV2Driver(_Common):
@@ -168,7 +168,7 @@ class VllmV2Driver(_Common):
         self.harness.remove_request(req_id)
 
     def held_requests(self) -> int:
-        return int(self.processor._active.sum())
+        return self.processor.held_requests()
 
 
 def drivers(vocab_size: int) -> list[VllmV1Driver | VllmV2Driver]:

@@ -89,6 +89,15 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
             self.realized += 1
         return request
 
+    def held_requests(self) -> int:
+        """How many requests this instance holds per-request state for: V1, those in its batch plus
+        those realized and not yet released by vLLM (a finished request's go when vLLM drops its
+        ``SamplingParams``); V2, the occupied slots with a payload. Zero once nothing is in flight
+        (a leak shows as a count that stays)."""
+        if self.runner == "v2":
+            return int(self._active.sum())
+        return max(len(self._entries), len(self._realized))
+
     def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
         """Edit the rows of requests with a payload in place and return ``logits``."""
         if self.runner == "v2":

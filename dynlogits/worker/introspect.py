@@ -22,15 +22,6 @@ EXTENSION_CLASS = "dynlogits.worker.introspect.AdapterIntrospection"
 _RPC = "dynlogits_adapter_requests"
 
 
-def _held(processor: Any) -> int | None:
-    """Requests one ``DynamoVllmLogitsProcessor`` holds state for (V1: its batch map; V2: its active slots)."""
-    if getattr(processor, "runner", None) == "v1":
-        return len(processor._entries)  # noqa: SLF001 - the adapter exposes no public count yet
-    if getattr(processor, "runner", None) == "v2":
-        return int(processor._active.sum())  # noqa: SLF001
-    return None
-
-
 class AdapterIntrospection:
     """Mixed into vLLM's worker class; runs in the model-runner process."""
 
@@ -42,9 +33,8 @@ class AdapterIntrospection:
         procs = getattr(getattr(getattr(runner, "input_batch", None), "logitsprocs", None), "all", None)
         if procs is None:
             return None
-        counts = [_held(p) for p in procs if isinstance(p, DynamoVllmLogitsProcessor)]
-        known = [c for c in counts if c is not None]
-        return sum(known) if known else None
+        counts = [p.held_requests() for p in procs if isinstance(p, DynamoVllmLogitsProcessor)]
+        return sum(counts) if counts else None
 
 
 async def adapter_requests(engine: Any, timeout_s: float = 5.0) -> int | None:
