@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch_counting import OpCounter
 
 from dynlogits.batch import apply_plans
 from dynlogits.realize import build_request_processor
@@ -77,15 +77,6 @@ def test_batched_application_equals_applying_each_row_on_its_own(seed: int, dtyp
 
     assert torch.equal(logits, expected)
 
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _count_ops(n_rows: int) -> int:

@@ -130,7 +130,7 @@ def test_cancelled_stream_aborts_the_engine_request(spec_agg: Deployment) -> Non
     worker = spec_agg.worker_url(1)
     before = httpx.get(f"{worker}/stats").json()
     with httpx.stream("POST", f"{spec_agg.base_url}/chat/completions", timeout=60, json={
-        "model": model_name(spec_agg), "messages": MESSAGES, "stream": True, "max_tokens": 2000, "ignore_eos": True, "n": 16, "n": 16,
+        "model": model_name(spec_agg), "messages": MESSAGES, "stream": True, "max_tokens": 2000, "ignore_eos": True, "n": 16,
     }) as response:
         assert response.status_code == 200
         lines = response.iter_lines()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch_counting import OpCounter
 
 from dynlogits import sdk
 from dynlogits.processors.thinking_budget import ROLLBACK, ThinkingBudgetProcessor
@@ -54,15 +54,6 @@ class Opaque:
     def __getitem__(self, index):  # noqa: ANN001, ANN204
         raise AssertionError("the resident path read a token of a history")
 
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
 
 
 PAYLOADS = [
