@@ -84,6 +84,12 @@ class _Case:
         return [workloads.next_token(p, len(o), vocab_size=self.vocab) for p, o in zip(self.payloads, self.outputs)]
 
 
+def _max_num_seqs(batch: int) -> int:
+    """The engine's scheduling limit for a batch: at least the batch (vLLM never runs more rows),
+    256 below that so every batch size shares one config."""
+    return max(256, batch)
+
+
 class _Impl(ABC):
     name: str
 
@@ -105,7 +111,7 @@ class _V1Processor(_Impl):
         from vllm.v1.sample.logits_processor import BatchUpdateBuilder
 
         self.name = name
-        self.processor = cls(vllm_config(case.vocab), device, device.type == "cuda")
+        self.processor = cls(vllm_config(case.vocab, _max_num_seqs(len(case.outputs))), device, device.type == "cuda")
         builder = BatchUpdateBuilder()
         for i, output in enumerate(case.outputs):
             builder.added.append((i, case.params(i), list(case.prompt), output))
@@ -125,7 +131,7 @@ class _V2Adapter(_Impl):
 
         self.harness = V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=case.vocab,
                                         max_num_reqs=len(case.payloads), max_model_len=max_model_len,
-                                        vllm_config=vllm_config(case.vocab))
+                                        vllm_config=vllm_config(case.vocab, _max_num_seqs(len(case.outputs))))
         self.ids = [f"r{i}" for i in range(len(case.payloads))]
         for i, req_id in enumerate(self.ids):
             self.harness.add_request(req_id, case.prompt, case.params(i), output_ids=case.outputs[i])
@@ -247,7 +253,8 @@ def run_micro(opts: MicroOptions, *, progress: Callable[[str], None] | None = No
     skipped: set[str] = set()
     for vocab in opts.vocabs:
         eos = eos_token_id(bench_model_dir(vocab))
-        vllm_config(vocab)  # built once per width, outside every measurement
+        for max_num_seqs in {_max_num_seqs(b) for b in opts.batches}:
+            vllm_config(vocab, max_num_seqs)  # built once per width, outside every measurement
         for kind in opts.kinds:
             for batch in opts.batches:
                 say(f"[micro] vocab {vocab}, {kind}, batch {batch}")

@@ -42,12 +42,14 @@ def eos_token_id(model_dir: Path) -> int:
 
 
 @cache
-def vllm_config(vocab_size: int) -> Any:
-    """A real ``VllmConfig`` of the embedded model of that width (no engine started)."""
+def vllm_config(vocab_size: int, max_num_seqs: int = 256) -> Any:
+    """A real ``VllmConfig`` of the embedded model of that width (no engine started), scheduling up
+    to ``max_num_seqs`` requests a step: vLLM's runner never holds more rows than that, and an
+    adapter sizes its per-request device state by it (the CPU default is 128)."""
     from vllm.engine.arg_utils import EngineArgs
 
     config = EngineArgs(model=str(bench_model_dir(vocab_size)), max_model_len=2048, dtype="float32",
-                        enforce_eager=True).create_engine_config()
+                        enforce_eager=True, max_num_seqs=max_num_seqs).create_engine_config()
     width = config.model_config.get_vocab_size()
     if width != vocab_size:  # pragma: no cover - a builder bug
         raise RuntimeError(f"the model built for vocab {vocab_size} has logits width {width}")
