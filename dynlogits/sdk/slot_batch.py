@@ -79,6 +79,8 @@ class SlotBatch:
         self._flags_written = False  # flags written since the last snapshot was queued
         self._flags_awaited = False  # a snapshot queued and not read back yet
         self._stops = self._stop.dev[:, 0]
+        self._ordered: list[Group] = []  # ``groups`` in entry order (see ``_group_order``)
+        self._positions_needed = False  # a group of the known layout is positional
 
     # -- batch changes ----------------------------------------------------------------------------
     def assign(self, slot: int, request: GuardedRequest | None) -> bool:
@@ -162,6 +164,7 @@ class SlotBatch:
                 group.prepare(known, stride)
         failed = np.flatnonzero(in_step & np.isin(host, list(self._failed))) if self._failed else np.empty(0, np.int64)
         self._known_failed = self._known_rows(failed, stride) if len(failed) else None
+        self._positions_needed = any(self.groups[key].positional for key in self._known)
         self._stride = stride
         self._layout_dirty = False
 
@@ -203,8 +206,7 @@ class SlotBatch:
             generated = self._positions.upload(n)
         step = StepInputs(logits, logits.view(-1), logits.stride(0), generated, self._stops)
         deaths: list[Dead] = []
-        for key in sorted(self.groups, key=lambda k: k[0]):
-            group = self.groups[key]
+        for group in self._group_order():
             dead = self._apply_group(group, step, masked, histories, thinking)
             if dead is not None:
                 deaths.append(dead)
@@ -236,7 +238,13 @@ class SlotBatch:
         self._masked = None
 
     def _needs_positions_now(self) -> bool:
-        return any(group.positional for key, group in self.groups.items() if key in self._known)
+        return self._positions_needed
+
+    def _group_order(self) -> list[Group]:
+        """Every group in entry order (a request's entries apply in the order it gave them)."""
+        if len(self._ordered) != len(self.groups):
+            self._ordered = [self.groups[key] for key in sorted(self.groups, key=lambda k: k[0])]
+        return self._ordered
 
     def _apply_group(self, group: Group, step: StepInputs, masked: MaskedRows | None,
                      histories: Sequence[Sequence[int]] | None, thinking: ThinkingDecider | None) -> Dead | None:

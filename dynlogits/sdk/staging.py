@@ -126,10 +126,11 @@ class StepUpload:
         return self._np[self._next][:n]
 
     def upload(self, n: int) -> torch.Tensor:
-        """The first ``n`` values of the last ``buffer``, as a new device tensor."""
+        """The first ``n`` values of the last ``buffer``, as a device tensor valid until the next
+        ``buffer`` call (an upload is consumed within its step). On CPU it is the buffer itself."""
         i = self._next
         if self.device.type == "cpu":
-            return self._host[i][:n].clone()
+            return self._host[i][:n]
         out = torch.empty(n, dtype=self.dtype, device=self.device)
         out.copy_(self._host[i][:n], non_blocking=True)
         event = torch.cuda.Event()
