@@ -145,6 +145,43 @@ def test_targets_are_met_not_met_or_not_measured_from_the_ratios() -> None:
     assert state[("wire, 64-token forced_sequence", "decode < 20 µs")] is True
 
 
+def test_the_micro_adapter_holds_every_row_of_a_batch_larger_than_the_cpu_default_resident() -> None:
+    """vLLM's CPU default schedules 128 requests a step; a 256-row step measured with that config
+    would time 128 rows on the per-row fallback, a configuration no engine runs."""
+    import torch
+
+    from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
+    from dynlogits.bench import workloads
+    from dynlogits.bench.micro import _Case, _V1Processor
+    from dynlogits.bench.models import bench_model_dir, eos_token_id
+
+    vocab, batch = 151936, 200
+    eos = eos_token_id(bench_model_dir(vocab))
+    case = _Case("banned_tokens", vocab, eos,
+                 payloads=[workloads.payload("banned_tokens", vocab_size=vocab, eos_token_id=eos, seed=i)
+                           for i in range(batch)], prompt=[1] * 4, outputs=[[] for _ in range(batch)])
+    impl = _V1Processor("adapter", DynamoVllmLogitsProcessor, case, torch.device("cpu"))
+    assert impl.processor._resident.held() == batch
+
+
+def test_the_floor_bounds_how_much_faster_than_the_reference_forcing_can_be() -> None:
+    from dynlogits.bench.records import EngineRecord, MicroRecord
+    from dynlogits.bench.report import forcing_bound_lines
+
+    def forced(impl: str, ms: float) -> MicroRecord:
+        return MicroRecord(kind="forced_sequence", batch=64, vocab=151936, impl=impl, median_ms=ms)
+
+    assert forcing_bound_lines([forced("adapter", 1.2)]) == []  # no floor measured: nothing to say
+    lines = forcing_bound_lines([forced("adapter", 1.2), forced("floor", 1.0), forced("reference", 2.4)])
+    assert lines[0].endswith("the adapter spends 0.200 ms per step beyond the floor's memset (1.000 ms)")
+    assert "costs 2.40x the floor" in lines[1] and "more than 2.40x faster" in lines[1]
+    engine = [EngineRecord(kind="none", impl="none", tok_per_s=3200.0)]  # 64 rows a step: 20 ms
+    assert forcing_bound_lines([forced("floor", 1.0), *engine], engine_requests=64) == [
+        "bound: engine: a step of 64 rows takes ~20.0 ms without a processor; the floor's memset alone makes it "
+        "21.0 ms, so forcing every request keeps at most ~0.952x the throughput"]
+    assert forcing_bound_lines([forced("floor", 1.0), *engine], engine_requests=8) == []  # not the floor's rows
+
+
 @pytest.mark.engine
 def test_engine_suite_runs_every_configuration_on_a_real_engine(tmp_path: Path) -> None:
     """Three real vLLM CPU engines (none, adapter, reference), one after the other, tiny runs."""

@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .micro import BenchmarkError, MicroOptions, run_micro
     from .models import ModelSizeError
     from .records import Record, write_json
-    from .report import engine_table, micro_tables, target_lines, wire_table
+    from .report import TARGET_VOCAB, engine_table, forcing_bound_lines, micro_tables, target_lines, wire_table
     from .wire import WireOptions, run_wire
 
     machine = describe_machine(threads=args.threads, device=args.device)
@@ -165,8 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BenchmarkError, EngineError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    same_rows = "engine" in run and eopts.vocab == TARGET_VOCAB  # the micro floor's rows are the engine's
+    bounds = forcing_bound_lines(records, engine_requests=eopts.requests if same_rows else None)
     print("\n## targets (issue 11)\n")
-    print("\n".join(target_lines(records)))
+    print("\n".join([*target_lines(records), *bounds]))
     for note in notes:
         print(f"skipped: {note}")
     if args.json is not None:
@@ -175,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_docs:
         from .docs import write_docs
 
-        path = write_docs(records, machine, args.docs_dir, command=command, settings=settings, notes=notes)
+        path = write_docs(records, machine, args.docs_dir, command=command, settings=settings, notes=notes,
+                          bounds=bounds)
         print(f"wrote {path}")
     return 0
 

@@ -42,7 +42,10 @@ for four workloads: `forced_sequence` (every row forced), `banned_tokens` (100 i
 Every request has its own ids. Implementations, all fed the same requests and the same logits:
 
 - `adapter`: `DynamoVllmLogitsProcessor` on vLLM's V1 runner interface, built with a real
-  `VllmConfig` of the embedded model of that vocabulary and fed through vLLM's `BatchUpdateBuilder`;
+  `VllmConfig` of the embedded model of that vocabulary (scheduling up to 256 requests a step, so
+  every row of every batch is on the resident path, as in an engine configured for that batch; the
+  CPU default of 128 would leave half of a 256-row batch on the per-row fallback) and fed through
+  vLLM's `BatchUpdateBuilder`;
   one step is `update_state(None)` + `apply(logits)` (steady state: no batch change).
 - `adapter_v2`: the same class on the Model Runner V2 interface through `V2SamplerHarness`
   (vLLM's real `LogitsProcRequestState`/`LogitsContext`; only `apply(logits, ctx)` is timed).
@@ -110,13 +113,14 @@ def _plot(records: Sequence[Record], path: Path) -> bool:
 
 
 def write_docs(records: Sequence[Record], machine: Machine, docs_dir: Path, *, command: str,
-               settings: Mapping[str, str], notes: Sequence[str] = ()) -> Path:
-    """Write ``performance.md`` (and ``performance.png`` when micro records exist) into ``docs_dir``."""
+               settings: Mapping[str, str], notes: Sequence[str] = (), bounds: Sequence[str] = ()) -> Path:
+    """Write ``performance.md`` (and ``performance.png`` when micro records exist) into ``docs_dir``;
+    ``bounds`` (``report.forcing_bound_lines``) follow the target lines."""
     docs_dir.mkdir(parents=True, exist_ok=True)
     has_plot = _plot(records, docs_dir / PLOT_NAME)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = [_INTRO, "## This run", "", f"`{command}`, {stamp}", "", *(f"- {line}" for line in machine.lines()),
-           *(f"- skipped: {note}" for note in notes), "", "### Targets", "", "```", *target_lines(records), "```", ""]
+           *(f"- skipped: {note}" for note in notes), "", "### Targets", "", "```", *target_lines(records), *bounds, "```", ""]
     sections = (("micro", micro_tables(records)), ("engine", engine_table(records)), ("wire", wire_table(records)))
     for name, lines in sections:
         out += [f"### {name}", ""]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .records import MICRO_IMPLS, EngineRecord, MicroRecord, Record, WireRecord
 
-__all__ = ["Target", "engine_table", "evaluate_targets", "micro_tables", "target_lines", "wire_table"]
+__all__ = ["Target", "engine_table", "evaluate_targets", "forcing_bound_lines", "micro_tables", "target_lines", "wire_table"]
 
 TARGET_VOCAB = 151936
 
@@ -128,3 +128,29 @@ def evaluate_targets(records: Sequence[Record]) -> list[Target]:
 
 def target_lines(records: Sequence[Record]) -> list[str]:
     return [t.line() for t in evaluate_targets(records)]
+
+
+def forcing_bound_lines(records: Sequence[Record], engine_requests: int | None = None) -> list[str]:
+    """What the floor allows the forcing targets: every forcing implementation writes the floor's
+    memset, so with the reference at ``R``x the floor no adapter is more than ``R``x faster than
+    it; and with ``engine_requests`` rows a step, the engine's step time bounds the throughput
+    ratio forcing can keep (an estimate: every step is taken to hold every request's row)."""
+    micro = _micro(records)
+    key = ("forced_sequence", 64, TARGET_VOCAB)
+    adapter, reference, floor = (micro.get((*key, impl)) for impl in ("adapter", "reference", "floor"))
+    if floor is None or floor <= 0:
+        return []
+    lines = []
+    if adapter is not None:
+        lines.append(f"bound: forced_sequence, batch 64: the adapter spends {adapter - floor:.3f} ms per step beyond "
+                     f"the floor's memset ({floor:.3f} ms)")
+    if reference is not None:
+        lines.append(f"bound: the reference costs {reference / floor:.2f}x the floor in this run, so no forcing "
+                     f"implementation can be more than {reference / floor:.2f}x faster than it")
+    none = next((r.tok_per_s for r in records if isinstance(r, EngineRecord) and r.impl == "none"), None)
+    if none and engine_requests == 64:
+        step_ms = 1000.0 * engine_requests / none
+        lines.append(f"bound: engine: a step of {engine_requests} rows takes ~{step_ms:.1f} ms without a processor; "
+                     f"the floor's memset alone makes it {step_ms + floor:.1f} ms, so forcing every request keeps "
+                     f"at most ~{step_ms / (step_ms + floor):.3f}x the throughput")
+    return lines
