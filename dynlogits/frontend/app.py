@@ -15,11 +15,12 @@ import anyio
 import anyio.lowlevel
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from dynlogits.asgi_errors import JsonErrors
+from dynlogits.closing_stream import ClosingStreamingResponse
 from dynlogits.config import DeploymentConfig
 from dynlogits.specs import SpecError, parse_entries
 from dynlogits.untrusted import DEFAULT_MAX_BODY_BYTES, BodyError, first_error, read_json_body
@@ -208,7 +209,7 @@ def create_app(state: FrontendState) -> FastAPI:
             metrics.latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
 
         if body.stream:
-            return StreamingResponse(_stream(response, make, body.include_usage, kinds, deployment_kinds, done),
+            return ClosingStreamingResponse(_stream(response, make, body.include_usage, kinds, deployment_kinds, done),
                                      media_type="text/event-stream")
         with metrics.processors_active(kinds, deployment_kinds):
             try:

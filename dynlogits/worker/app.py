@@ -13,10 +13,11 @@ from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from dynlogits.asgi_errors import JsonErrors
+from dynlogits.closing_stream import ClosingStreamingResponse
 from dynlogits.config import DeploymentConfig
 from dynlogits.roles import is_generation_stage
 from dynlogits.specs import SpecError
@@ -144,7 +145,7 @@ def create_app(state: WorkerState) -> FastAPI:
                                               "rss_by_process": rss or None, "pid": os.getpid()}).model_dump()
 
     @app.post("/generate", response_model=None)
-    async def generate(request: Request) -> JSONResponse | StreamingResponse:
+    async def generate(request: Request) -> JSONResponse | ClosingStreamingResponse:
         engine, policy = state.engine, state.policy
         if engine is None or policy is None:
             return _error(503, "worker engine is not ready", kind="service_unavailable")
@@ -191,7 +192,7 @@ def create_app(state: WorkerState) -> FastAPI:
     return app
 
 
-class _EngineStream(StreamingResponse):
+class _EngineStream(ClosingStreamingResponse):
     """One engine request streamed as NDJSON.
 
     However the response ends (finished, client gone before the first byte, or mid-stream) the
@@ -203,8 +204,7 @@ class _EngineStream(StreamingResponse):
                  stream: AsyncGenerator[GenerateChunk, None]) -> None:
         self._state, self._engine, self._request_id, self._stream = state, engine, request_id, stream
         self._finished = False
-        self._body = self._ndjson(first)
-        super().__init__(self._body, media_type="application/x-ndjson")
+        super().__init__(self._ndjson(first), media_type="application/x-ndjson")
 
     async def _ndjson(self, first: GenerateChunk) -> AsyncGenerator[bytes, None]:
         """When the engine is ahead of the client every await here completes without suspending,
@@ -222,10 +222,9 @@ class _EngineStream(StreamingResponse):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send)  # closes the NDJSON body however it ends
         finally:
             with anyio.CancelScope(shield=True):
-                await self._body.aclose()
                 await self._stream.aclose()
                 if not self._finished:
                     self._state.stats.aborted += 1
