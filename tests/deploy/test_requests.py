@@ -123,33 +123,38 @@ def test_32_concurrent_streams_each_get_their_own_text(spec_agg: Deployment) -> 
 
 
 def test_cancelled_stream_aborts_the_engine_request(spec_agg: Deployment) -> None:
-    """A client that hangs up mid-stream gets its engine request aborted, not run to its end.
+    """A client that hangs up while its engine request runs gets that request aborted.
 
     Runs after many requests on a warm engine, the case where the worker's stream (and, under CPU
     load, the frontend's) never suspended and so never noticed the client had gone. Sixteen samples
-    of 2000 tokens keep the engine busy for ~7 s. On this 2-core machine some tries (1 in 10 to 4
-    in 10 in a probe; see docs/reliability.md) get their response headers 3-6 s late, after the
-    request has finished on its own, so no hang-up can reach it: up to six tries, one of which
-    must be aborted. A frontend or worker that never notices a hang-up fails all six."""
+    of 2000 tokens keep the engine busy for ~7 s. On this 2-core machine a try can get its response
+    headers only after the request has finished on its own (see docs/reliability.md): such a try
+    says nothing about hang-ups and is repeated. A try whose request was still running when the
+    client hung up must end aborted; if no try of six gets there, the test is skipped with the
+    figures, since the hang-up path was never exercised."""
     worker = spec_agg.worker_url(1)
-    outcomes = []
+    model = model_name(spec_agg)
+    tries: list[tuple[float, int]] = []  # (s to the headers, requests in flight just before the hang-up)
     for _ in range(6):
         before = httpx.get(f"{worker}/stats").json()
+        started = time.monotonic()
         with httpx.stream("POST", f"{spec_agg.base_url}/chat/completions", timeout=60, json={
-            "model": model_name(spec_agg), "messages": MESSAGES, "stream": True, "max_tokens": 2000,
-            "ignore_eos": True, "n": 16,
+            "model": model, "messages": MESSAGES, "stream": True, "max_tokens": 2000, "ignore_eos": True, "n": 16,
         }) as response:
+            headers_s = round(time.monotonic() - started, 2)
             assert response.status_code == 200
             lines = response.iter_lines()
             next(lines)
             next(lines)
+            running = httpx.get(f"{worker}/stats").json()["in_flight"]  # the client is still connected
+        tries.append((headers_s, running))
         stats = wait_until(lambda: (s := httpx.get(f"{worker}/stats").json())["in_flight"] == 0 and s, 30,
                            "the worker to finish the request")
         assert stats["requests"] == before["requests"] + 1
-        outcomes.append(stats["aborted"] - before["aborted"])
-        if outcomes[-1] == 1:
+        if running:
+            assert stats["aborted"] == before["aborted"] + 1, f"a hang-up did not abort a running request: {tries}"
             return
-    pytest.fail(f"no hang-up aborted its engine request in {len(outcomes)} tries (aborted per try: {outcomes})")
+    pytest.skip(f"no try's request was still running when its client hung up (s to the headers, in flight): {tries}")
 
 
 # --- bad input: 400 naming the field, and the server keeps serving ---------------------------
