@@ -130,8 +130,13 @@ class Router:
         await asyncio.gather(*(self.probe(e) for e in self.all_endpoints()))
 
     async def _probe_loop(self) -> None:
+        """Probe every worker each interval, for the frontend's lifetime: an unexpected error in one
+        round is logged and the next round runs (a dead loop would never see a worker come back)."""
         while True:
-            await self.probe_all()
+            try:
+                await self.probe_all()
+            except Exception:  # noqa: BLE001 - the loop must outlive any one probe
+                log.exception("worker readiness probe failed; probing again in %.1f s", self.health_interval_s)
             await asyncio.sleep(self.health_interval_s)
 
     def start(self) -> None:
