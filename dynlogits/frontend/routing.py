@@ -71,12 +71,14 @@ class WorkerPool:
 class Router:
     """Pools per role plus the shared HTTP client; probes every worker's ``/ready`` in the background."""
 
-    def __init__(self, workers: dict[Role, Sequence[str]], *, health_interval_s: float = 1.0) -> None:
+    def __init__(self, workers: dict[Role, Sequence[str]], *, health_interval_s: float = 1.0,
+                 round_timeout_s: float = 15.0) -> None:
         self.pools: dict[Role, WorkerPool] = {
             role: WorkerPool(role, [WorkerEndpoint(u, role) for u in urls]) for role, urls in workers.items() if urls
         }
         self.disaggregated = "agg" not in self.pools
         self.health_interval_s = health_interval_s
+        self.round_timeout_s = round_timeout_s
         # Idle connections are dropped after 2 s, before the worker's server (uvicorn: 5 s) closes
         # them, so a request is never sent on a connection the worker is closing at that moment.
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
@@ -130,12 +132,14 @@ class Router:
         await asyncio.gather(*(self.probe(e) for e in self.all_endpoints()))
 
     async def _probe_loop(self) -> None:
-        """Probe every worker each interval, for the frontend's lifetime: an unexpected error in one
-        round is logged and the next round runs (a dead loop would never see a worker come back)."""
+        """Probe every worker each interval, for the frontend's lifetime. A round that raises an
+        unexpected error, or that has not ended after ``round_timeout_s`` (each probe has its own 5 s
+        timeout, so only a stuck one gets there), is logged and the next round runs: a loop that died
+        or hung would never see a worker come back."""
         while True:
             try:
-                await self.probe_all()
-            except Exception:  # noqa: BLE001 - the loop must outlive any one probe
+                await asyncio.wait_for(self.probe_all(), self.round_timeout_s)
+            except Exception:  # noqa: BLE001 - the loop must outlive any one probe (TimeoutError included)
                 log.exception("worker readiness probe failed; probing again in %.1f s", self.health_interval_s)
             await asyncio.sleep(self.health_interval_s)
 

@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
 LOG_DIR = Path(os.environ.get("DYN_TEST_LOG_DIR", "/tmp/dynlogits-deploy-tests"))
 #: CPU-friendly engine flags; the same the launch scripts use when no GPU is found.
+#: What every launch script logs once all its processes are ready (launch/common.sh ``log``).
+READY_LINE = b"dynlogits: ready: OpenAI-compatible API at "
 ENGINE_FLAGS = ["--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", "0.2", "--max-model-len", "512"]
 
 
@@ -85,10 +87,15 @@ class Deployment:
                                          start_new_session=True)
 
         def ready() -> bool:
-            assert self.proc is not None
+            """The script's own verdict ("ready: ..." in its log), then the frontend's health. The
+            frontend can answer before the script has seen every worker ready; a test that kills a
+            worker in that window would make the script abort its start-up and stop everything."""
+            assert self.proc is not None and self.log_path is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.script} exited with {self.proc.returncode}; log: {self.log_path}\n"
                                    + self.log_tail())
+            if READY_LINE not in self.log_path.read_bytes():
+                return False
             try:
                 return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
             except httpx.HTTPError:

@@ -1,0 +1,107 @@
+"""The frontend's readiness probing against a real TCP server speaking HTTP: workers that go away and
+come back on the same port are noticed, and a probe round that fails or hangs does not end probing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from dynlogits.frontend.routing import Router
+
+INFO = {"model": "m", "role": "agg", "backend": "vllm", "max_model_len": 64, "vocab_size": 32}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _serve_ready(port: int) -> asyncio.Server:
+    """A worker's ``GET /ready`` as the real worker answers it: 200 with its WorkerInfo JSON. Each
+    connection serves one request, so once the server is closed every probe finds the port refusing,
+    as after a worker's death."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            body = json.dumps(INFO).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", port, reuse_address=True)
+
+
+async def _until(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+def test_a_worker_that_goes_away_and_comes_back_on_its_port_is_noticed() -> None:
+    async def main() -> None:
+        port = _free_port()
+        router = Router({"agg": [f"http://127.0.0.1:{port}"]}, health_interval_s=0.05)
+        endpoint = router.all_endpoints()[0]
+        router.start()
+        try:
+            server = await _serve_ready(port)
+            assert await _until(lambda: endpoint.ready, 10), endpoint
+            assert router.model_names() == ["m"]
+            server.close()
+            await server.wait_closed()
+            assert await _until(lambda: not endpoint.ready, 10), endpoint
+            assert router.model_names() == []
+            server = await _serve_ready(port)
+            assert await _until(lambda: endpoint.ready, 10), endpoint
+            server.close()
+        finally:
+            await router.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("failure", ["raises", "hangs"])
+def test_a_probe_round_that_raises_or_hangs_does_not_end_probing(
+        failure: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        port = _free_port()
+        router = Router({"agg": [f"http://127.0.0.1:{port}"]}, health_interval_s=0.05, round_timeout_s=0.3)
+        endpoint = router.all_endpoints()[0]
+        real: Callable[[], Awaitable[None]] = router.probe_all
+        rounds = 0
+
+        async def first_round_fails() -> None:
+            nonlocal rounds
+            rounds += 1
+            if rounds == 1:
+                if failure == "raises":
+                    raise RuntimeError("an error no probe expects")
+                await asyncio.Event().wait()  # never set: a stuck probe
+            await real()
+
+        monkeypatch.setattr(router, "probe_all", first_round_fails)
+        server = await _serve_ready(port)
+        router.start()
+        try:
+            assert await _until(lambda: endpoint.ready, 10), (rounds, endpoint)
+        finally:
+            server.close()
+            await router.close()
+        assert rounds >= 2
+
+    with caplog.at_level("ERROR", logger="dynlogits.frontend"):
+        asyncio.run(main())
+    assert "worker readiness probe failed" in caplog.text
