@@ -139,7 +139,8 @@ def create_app(state: WorkerState) -> FastAPI:
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         """Counters, plus the adapter's per-request state and this worker's memory (see ``introspect``)."""
-        held = await adapter_requests(state.engine.engine) if state.engine is not None else None
+        engine = state.engine
+        held = await adapter_requests(engine.engine) if engine is not None and engine.introspection else None
         rss = process_tree_rss()
         return state.stats.model_copy(update={"adapter_requests": held, "rss_bytes": sum(rss.values()) if rss else None,
                                               "rss_by_process": rss or None, "pid": os.getpid()}).model_dump()

@@ -15,6 +15,7 @@ from typing import Any
 from dynlogits.activation import activate_logits_processors
 from dynlogits.specs import WIRE_KEY
 
+from .introspect import EXTENSION_CLASS
 from .protocol import ChatMessage, GenerateChunk, SamplingOptions, Usage
 
 __all__ = ["ADAPTER_CLASS", "EngineRequestError", "VllmEngine", "start_vllm_engine"]
@@ -43,6 +44,9 @@ class VllmEngine:
     max_model_len: int
     vocab_size: int
     adapter_registered: bool
+    #: Whether ``AdapterIntrospection`` is mixed into the engine's workers (``GET /stats`` asks
+    #: them for the adapter's state only then: elsewhere the call raises inside the engine).
+    introspection: bool = False
 
     def render_prompt(self, *, prompt: str | None, prompt_token_ids: Sequence[int] | None,
                       messages: Sequence[ChatMessage] | None) -> list[int]:
@@ -154,8 +158,6 @@ def _engine_args(model: str, served_name: str, engine_args: Sequence[str], regis
         else:
             register_dynamo_logits_processor(args)
         if not args.worker_extension_cls:  # lets GET /stats read the adapter's per-request state
-            from .introspect import EXTENSION_CLASS
-
             args.worker_extension_cls = EXTENSION_CLASS
     return args
 
@@ -179,4 +181,5 @@ def start_vllm_engine(model: str, served_name: str, engine_args: Sequence[str], 
         max_model_len=int(mc.max_model_len),
         vocab_size=int(mc.get_vocab_size()),
         adapter_registered=register_adapter,
+        introspection=args.worker_extension_cls == EXTENSION_CLASS,
     )

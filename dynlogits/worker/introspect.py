@@ -39,7 +39,8 @@ class AdapterIntrospection:
 
 async def adapter_requests(engine: Any, timeout_s: float = 5.0) -> int | None:
     """Sum over the engine's workers of :meth:`AdapterIntrospection.dynlogits_adapter_requests`;
-    ``None`` when the extension is not installed or the engine does not answer in time."""
+    ``None`` when the engine does not answer in time. Call it only on an engine whose workers have
+    the extension: on others the call raises inside the engine, which logs it as an engine error."""
     try:  # bounded here too: the engine answers utility calls only between its steps
         results = await asyncio.wait_for(engine.collective_rpc(_RPC, timeout=timeout_s), timeout_s)
     except Exception as err:  # noqa: BLE001 - an observability read never fails the caller

@@ -70,6 +70,17 @@ def test_prefill_worker_never_activates_processors(disagg: Deployment) -> None:
     assert info["role"] == "prefill" and not info["adapter_registered"] and info["deployment_kinds"] == []
 
 
+def test_stats_of_a_worker_without_the_adapter_send_its_engine_no_call(disagg: Deployment) -> None:
+    """A prefill worker has no adapter, so ``/stats`` reports no adapter state and does not ask its
+    engine for one: the call raised in vLLM's model runner, an engine ERROR with a traceback in the
+    log on every poll (the load tool polls ``/stats``)."""
+    for _ in range(3):
+        assert httpx.get(f"{disagg.worker_url(1)}/stats").json()["adapter_requests"] is None
+    assert httpx.get(f"{disagg.worker_url(2)}/stats").json()["adapter_requests"] == 0
+    assert disagg.log_path is not None
+    assert "has no attribute 'dynlogits_adapter_requests'" not in disagg.log_path.read_text(errors="replace")
+
+
 def test_unforced_greedy_output_equals_agg(disagg: Deployment, spec_agg: Deployment) -> None:
     """Without a request spec (the deployment's pad ban still applies), greedy text matches too."""
 
