@@ -20,6 +20,10 @@ if [[ -z "${DYN_ENGINE_DEFAULTS+x}" ]]; then
   else
     DYN_ENGINE_DEFAULTS="--dtype float32 --enforce-eager --gpu-memory-utilization 0.2 --max-model-len 512"
     export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+    # vLLM's CPU build pins its model runner to a core it then keeps busy (it polls its message
+    # queue); on a small machine the frontend, worker and engine core then share what is left, and
+    # a streaming response's headers waited for the CPU until the engine finished the request.
+    export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-nobind}"
   fi
 fi
 read -r -a ENGINE_DEFAULTS <<<"$DYN_ENGINE_DEFAULTS"

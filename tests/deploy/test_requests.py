@@ -129,8 +129,8 @@ def test_cancelled_stream_aborts_the_engine_request(spec_agg: Deployment) -> Non
     Runs after many requests on a warm engine, the case where the worker's stream (and, under CPU
     load, the frontend's) never suspended and so never noticed the client had gone. Sixteen samples
     of 2000 tokens keep the engine busy for ~7 s. On this 2-core machine a try can get its response
-    headers only after the request has finished on its own (see docs/reliability.md): such a try
-    says nothing about hang-ups and is repeated. A try whose request was still running when the
+    headers only after the request has finished on its own (the frontend waiting for a CPU, see
+    docs/reliability.md): such a try says nothing about hang-ups and is repeated. A try whose request was still running when the
     client hung up must end aborted; if no try of six gets there, the test is skipped with the
     figures, since the hang-up path was never exercised.
 
