@@ -97,3 +97,25 @@ def test_percentiles_are_nearest_rank() -> None:
 def test_token_pair_from_the_embedded_tokenizer(embedded_model) -> None:  # noqa: ANN001
     pair = load_token_pair(embedded_model)
     assert pair.a_id != pair.b_id and pair.a_text.startswith(" ") and pair.b_text.startswith(" ")
+
+
+def test_worker_stats_are_read_once_the_adapter_has_let_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker counts an aborted request out before the engine's next step releases the
+    adapter's rows for it (seen in a CI run: 4 aborted ``n=16`` streams, 64 rows held at the first
+    read); the summary's ``adapter_requests_after`` must not report that moment as a leak. The
+    worker's answers are scripted here: the real sequence is in ``tests/deploy/test_faults.py``."""
+    import dynlogits.load.__main__ as main
+
+    answers = iter([{"in_flight": 4, "adapter_requests": 64}, {"in_flight": 0, "adapter_requests": 64},
+                    {"in_flight": 0, "adapter_requests": 0}])
+    monkeypatch.setattr(main, "worker_stats", lambda _url: {"w": next(answers)})
+    monkeypatch.setattr(main.time, "sleep", lambda _s: None)
+    assert main._settled_stats("http://unused") == {"w": {"in_flight": 0, "adapter_requests": 0}}
+
+
+def test_worker_stats_that_never_settle_are_reported_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dynlogits.load.__main__ as main
+
+    monkeypatch.setattr(main, "worker_stats", lambda _url: {"w": {"in_flight": 0, "adapter_requests": 3}})
+    monkeypatch.setattr(main.time, "sleep", lambda _s: None)
+    assert main._settled_stats("http://unused", wait_s=0.05) == {"w": {"in_flight": 0, "adapter_requests": 3}}

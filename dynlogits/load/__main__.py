@@ -80,11 +80,14 @@ async def _drive(base_url: str, model: str | None, plans: list[Plan], warmup: li
 
 
 def _settled_stats(base_url: str, wait_s: float = 15) -> dict[str, dict[str, Any]]:
-    """Worker stats once nothing is in flight (requests the client gave up on may still be aborting)."""
+    """Worker stats once nothing is in flight and no adapter holds per-request state, or the last
+    read after ``wait_s`` s: requests the client gave up on may still be aborting, and the adapter
+    lets go of a request on the engine's step after the worker counts it out."""
     deadline = time.monotonic() + wait_s
     while True:
         stats = worker_stats(base_url)
-        if all(s.get("in_flight") == 0 for s in stats.values()) or time.monotonic() > deadline:
+        settled = all(s.get("in_flight") == 0 and s.get("adapter_requests") in (0, None) for s in stats.values())
+        if settled or time.monotonic() > deadline:
             return stats
         time.sleep(0.5)
 

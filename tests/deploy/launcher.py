@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -52,6 +53,20 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):  # 
             return value
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def settled_stats(worker_url: str, timeout: float = 30) -> dict[str, Any]:
+    """The worker's ``/stats`` once nothing is in flight and its adapter holds no per-request state,
+    or the last answer after ``timeout`` s (for the caller's assertion to show). The two settle
+    apart: ``in_flight`` drops when the worker hands an abort or a finished request back to the
+    engine, and the adapter lets go of it on the engine's next step (measured: ~0.6 s after four
+    aborted ``n=16`` streams), so a single read can see 64 rows for requests already gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = httpx.get(f"{worker_url}/stats", timeout=30).json()
+        if (stats["in_flight"] == 0 and stats["adapter_requests"] in (0, None)) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.2)
 
 
 @dataclass

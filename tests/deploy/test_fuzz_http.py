@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fuzz import strategies as s
-from .launcher import Deployment
+from .launcher import Deployment, settled_stats
 
 pytestmark = pytest.mark.engine
 
@@ -95,7 +95,7 @@ def _still_serves(d: Deployment, before: dict[str, int]) -> None:
         "model": s.MODEL, "messages": [{"role": "user", "content": "hi"}],
         "logits_processors": [{"kind": "forced_text", "text": "still serving"}]}).json()
     assert reply["choices"][0]["message"]["content"] == "still serving"
-    stats = httpx.get(d.worker_url(1) + "/stats", timeout=30).json()
+    stats = settled_stats(d.worker_url(1))
     assert stats["in_flight"] == 0 and stats["adapter_requests"] == 0, stats
     after = _memory(d)
     print("fuzz outcomes:", dict(sorted(SEEN.items())), "RSS before/after (MiB):",
