@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .deployment import LaunchedDeployment, worker_stats
+from .deployment import LaunchedDeployment, worker_settled, worker_stats
 from .driver import Answer, judge, print_progress, run_load
 from .plan import Mix, Plan, TokenPair, build_plans, load_token_pair
 from .report import Summary, WorkerSnapshot, summarize
@@ -80,14 +80,12 @@ async def _drive(base_url: str, model: str | None, plans: list[Plan], warmup: li
 
 
 def _settled_stats(base_url: str, wait_s: float = 15) -> dict[str, dict[str, Any]]:
-    """Worker stats once nothing is in flight and no adapter holds per-request state, or the last
-    read after ``wait_s`` s: requests the client gave up on may still be aborting, and the adapter
-    lets go of a request on the engine's step after the worker counts it out."""
+    """Worker stats once every worker has settled (``worker_settled``: requests the client gave up
+    on may still be aborting), or the last read after ``wait_s`` s."""
     deadline = time.monotonic() + wait_s
     while True:
         stats = worker_stats(base_url)
-        settled = all(s.get("in_flight") == 0 and s.get("adapter_requests") in (0, None) for s in stats.values())
-        if settled or time.monotonic() > deadline:
+        if all(map(worker_settled, stats.values())) or time.monotonic() > deadline:
             return stats
         time.sleep(0.5)
 

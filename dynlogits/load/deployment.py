@@ -127,6 +127,14 @@ class LaunchedDeployment:
                 self.proc.wait()
 
 
+def worker_settled(stats: dict[str, Any]) -> bool:
+    """Whether one worker's ``/stats`` shows nothing in flight and no adapter per-request state
+    (``adapter_requests`` is ``None`` where the worker cannot read it). The two settle apart: the
+    worker counts an aborted or finished request out when it hands it back to the engine, and the
+    adapter lets go of it on the engine's next step."""
+    return stats.get("in_flight") == 0 and stats.get("adapter_requests") in (0, None)
+
+
 def worker_stats(base_url: str) -> dict[str, dict[str, Any]]:
     """``{worker_url: its /stats}`` for every worker a dynlogits frontend lists; ``{}`` otherwise."""
     root = base_url.rstrip("/").removesuffix("/v1")

@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import psutil
 
+from dynlogits.load.deployment import worker_settled
+
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
 LOG_DIR = Path(os.environ.get("DYN_TEST_LOG_DIR", "/tmp/dynlogits-deploy-tests"))
@@ -56,15 +58,14 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):  # 
 
 
 def settled_stats(worker_url: str, timeout: float = 30) -> dict[str, Any]:
-    """The worker's ``/stats`` once nothing is in flight and its adapter holds no per-request state,
-    or the last answer after ``timeout`` s (for the caller's assertion to show). The two settle
-    apart: ``in_flight`` drops when the worker hands an abort or a finished request back to the
-    engine, and the adapter lets go of it on the engine's next step (measured: ~0.6 s after four
-    aborted ``n=16`` streams), so a single read can see 64 rows for requests already gone."""
+    """The worker's ``/stats`` once it has settled (``dynlogits.load.deployment.worker_settled``),
+    or the last answer after ``timeout`` s (for the caller's assertion to show). A single read can
+    see the adapter's rows for requests already counted out (measured: 64 rows for four aborted
+    ``n=16`` streams, 0 about 0.6 s later)."""
     deadline = time.monotonic() + timeout
     while True:
         stats = httpx.get(f"{worker_url}/stats", timeout=30).json()
-        if (stats["in_flight"] == 0 and stats["adapter_requests"] in (0, None)) or time.monotonic() > deadline:
+        if worker_settled(stats) or time.monotonic() > deadline:
             return stats
         time.sleep(0.2)
 

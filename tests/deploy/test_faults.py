@@ -181,14 +181,13 @@ def _second_frontend(faults: Faults) -> str:
     had) unless one is running: each test that uses it stands alone even if the one before it
     failed with that frontend killed."""
     proc = faults.started.get("frontend")
-    if proc is not None and proc.poll() is None:
-        return f"http://127.0.0.1:{proc.args[proc.args.index('--port') + 1]}"  # type: ignore[union-attr]
     port = free_port_block(1) if proc is None else int(proc.args[proc.args.index("--port") + 1])  # type: ignore[union-attr]
-    cmd = [PYTHON, "-m", "dynlogits.frontend", "--port", str(port), "--agg-worker", faults.worker_url,
-           "--logits-spec", str(SPEC_FILE)]
-    faults.started["frontend"] = _start("faults-frontend", cmd)
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _health(url) == 200, 60, "the second frontend")
+    if proc is None or proc.poll() is not None:
+        cmd = [PYTHON, "-m", "dynlogits.frontend", "--port", str(port), "--agg-worker", faults.worker_url,
+               "--logits-spec", str(SPEC_FILE)]
+        faults.started["frontend"] = _start("faults-frontend", cmd)
+        wait_until(lambda: _health(url) == 200, 60, "the second frontend")
     return url
 
 
