@@ -124,6 +124,21 @@ class Deployment:
             raise
         return self
 
+    def log_size(self) -> int:
+        """Bytes in the deployment's log so far (a mark for ``wait_for_log``)."""
+        return self.log_path.stat().st_size if self.log_path is not None and self.log_path.exists() else 0
+
+    def wait_for_log(self, text: str, since: int, timeout: float = 15) -> None:
+        """Until ``text`` is in the log after byte ``since``. A process's line reaches the log through
+        the script's prefixing pipe, so it can land after the reply the test already holds."""
+        def logged() -> bool:
+            assert self.log_path is not None
+            with open(self.log_path, "rb") as log:
+                log.seek(since)
+                return text.encode() in log.read()
+
+        wait_until(logged, timeout, f"{text!r} in {self.log_path}", interval=0.2)
+
     def log_tail(self, n: int = 40) -> str:
         if self.log_path is None or not self.log_path.exists():
             return ""

@@ -73,7 +73,8 @@ def test_an_allowed_client_kind_runs_after_the_operators(spec_dynamo: Deployment
 
 
 def test_a_client_kind_the_operator_did_not_allow_is_refused(spec_dynamo: Deployment) -> None:
+    mark = spec_dynamo.log_size()
     reply = generate_tokens(spec_dynamo, [11, 22], {
         "max_tokens": 4, "extra_args": {"dynamo_logits": [{"kind": "allowed_tokens", "token_ids": [1]}]}})
     assert reply.status_code == 400
-    assert "extra_args.dynamo_logits[0].kind: kind 'allowed_tokens' is not allowed" in spec_dynamo.log_tail(2000)
+    spec_dynamo.wait_for_log("extra_args.dynamo_logits[0].kind: kind 'allowed_tokens' is not allowed", mark)
