@@ -15,7 +15,7 @@ payload, and what does arrive in ``extra_args`` came from a client. There the op
   for kinds in the config's ``allow_request_kinds`` (none by default), within its ``limits``;
   ``python`` never (it would run code on the worker).
 
-The rules are those of the worker (``dynlogits.worker.policy``), applied in the engine process.
+The rules are those of the worker (``dynlogits.policy``), applied in the engine process.
 Nothing here imports torch or an engine; each adapter supplies its role, tokenizer and width
 (``dynlogits.adapters.vllm.engine_spec``).
 """
@@ -30,11 +30,11 @@ from functools import lru_cache
 from typing import Any
 
 from dynlogits.config import SPEC_FILE_ENV, DeploymentConfig, config_from_sources
+from dynlogits.policy import RequestPolicy, build_policy
 from dynlogits.roles import DisaggregationMode
 from dynlogits.sdk import encode_payload
 from dynlogits.specs import WIRE_KEY, Entry, SpecError, parse_entries
 from dynlogits.text import TextTokenizer
-from dynlogits.worker.policy import RequestPolicy, build_policy
 
 __all__ = [
     "PAYLOAD_ROOT",

@@ -10,7 +10,7 @@ Every process that validates entries loads these objects: the frontend and the
 ``dynlogits`` CLI too, which must not import torch. So the module an entry point
 names must be torch-free (pydantic is fine), and its ``factory`` should be an
 import string (``"acme_logits.processors:make_ban_range"``) that only the engine
-imports, when it realizes an entry (``dynlogits.registry``).
+imports, when it realizes an entry (``dynlogits.processors.registry``).
 
 This module imports neither torch nor an engine.
 """

@@ -13,10 +13,10 @@ from pydantic import BaseModel, ConfigDict, StrictInt
 from dynlogits.activation import activate_logits_processors
 from dynlogits.config import parse_config
 from dynlogits.processors import RealizeContext
-from dynlogits.realize import build_request_processor
+from dynlogits.sdk.realization import build_request_processor
 from dynlogits.roles import DisaggregationMode
 from dynlogits.specs import WIRE_KEY, ProcessorKind, SpecError, kinds, register_kind
-from dynlogits.worker.policy import build_policy
+from dynlogits.policy import build_policy
 
 VOCAB, EOS = 32, 1
 

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from dynlogits.processors import (
-    BUILTIN_FACTORIES,
     AllowedTokensProcessor,
     BannedTokensProcessor,
     ForcedSequenceProcessor,
@@ -15,6 +14,7 @@ from dynlogits.processors import (
     RealizeContext,
     ThinkingBudgetProcessor,
 )
+from dynlogits.processors.registry import BUILTIN_FACTORIES
 from dynlogits.specs import WIRE_KINDS, decode_wire_payload
 
 V = 50

@@ -14,17 +14,20 @@ Built on ``dynlogits.sdk``; what is here is SGLang's calling convention only. Mo
 ``processor`` (``DynamoSglangLogitProcessor``, a real ``CustomLogitProcessor``; how SGLang calls
 it), ``locate`` (position and history under the overlap scheduler), ``custom_params`` (the payload's
 encoding and admission), ``activation`` (worker side), ``engine`` (engine settings),
-``testing`` (a scheduler harness over SGLang's real classes), ``conformance`` (the kit's drivers),
+``harness`` (a scheduler harness over SGLang's real classes), ``conformance`` (the kit's drivers),
 ``compat`` (the CPU-test import shim; never needed where SGLang is installed with its dependencies).
 
 This package imports without SGLang; ``processor`` needs ``sglang`` importable.
 """
 
+from typing import Any
+
 from .activation import SglangActivation, activate
-from .custom_params import carried_payload, encode_carried, validate_custom_params
+from .custom_params import carried_payload, encode_carried, validate
 from .engine import UnsupportedEngineConfig, check_server_args, enable_adapter, sglang_engine_env
 
 __all__ = [
+    "Processor",
     "SglangActivation",
     "UnsupportedEngineConfig",
     "activate",
@@ -33,5 +36,15 @@ __all__ = [
     "enable_adapter",
     "encode_carried",
     "sglang_engine_env",
-    "validate_custom_params",
+    "validate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``Processor``, the engine-facing class (the same name in every adapter):
+    ``processor.DynamoSglangLogitProcessor``, imported on first use since it needs ``sglang``."""
+    if name == "Processor":
+        from .processor import DynamoSglangLogitProcessor
+
+        return DynamoSglangLogitProcessor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """Conformance-kit drivers for the SGLang adapter (``dynlogits conformance sglang``).
 
 Each driver runs ``DynamoSglangLogitProcessor`` inside SGLang 0.5.23's real scheduler-side classes
-through ``SglangSchedulerHarness`` (``dynlogits.adapters.sglang.testing``): real ``Req`` objects
+through ``SglangSchedulerHarness`` (``dynlogits.adapters.sglang.harness``): real ``Req`` objects
 built from requests decoded by SGLang's msgpack IPC codec, ``SamplingBatchInfo`` built per prefill
 batch, filtered and merged, and SGLang's own ``apply_custom_logit_processor``. SGLang's engine is
 not started (it needs a GPU and ``sgl-kernel``); on a CPU machine the modules are imported through
@@ -30,9 +30,9 @@ from .compat import import_sglang_srt
 import_sglang_srt()
 
 from .activation import activate  # noqa: E402
-from .custom_params import carried_payload, encode_carried, validate_custom_params  # noqa: E402
+from .custom_params import carried_payload, encode_carried, validate  # noqa: E402
 from .processor import FAILURES, REQUEST_KEY, processor_string  # noqa: E402
-from .testing import Mode, SglangSchedulerHarness  # noqa: E402
+from .harness import Mode, SglangSchedulerHarness  # noqa: E402
 
 __all__ = ["SglangDriver", "drivers"]
 
@@ -65,7 +65,7 @@ class SglangDriver:
         return carried_payload(params["custom_params"])
 
     def admit(self, payload: Any) -> None:
-        validate_custom_params({WIRE_KEY: encode_carried(payload)})
+        validate({WIRE_KEY: encode_carried(payload)})
 
     def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
             eos_token_id: int) -> None:

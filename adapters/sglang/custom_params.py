@@ -24,7 +24,7 @@ from typing import Any
 from dynlogits import sdk
 from dynlogits.specs import WIRE_KEY, SpecError
 
-__all__ = ["CARRIER_PATH", "WIRE_KEY", "carried_payload", "encode_carried", "put_carried", "validate_custom_params"]
+__all__ = ["CARRIER_PATH", "WIRE_KEY", "carried_payload", "encode_carried", "put_carried", "validate"]
 
 #: Where the payload sits, for error messages.
 CARRIER_PATH = f"custom_params.{WIRE_KEY}"
@@ -39,7 +39,7 @@ def carried_payload(custom_params: Mapping[str, Any] | None) -> Any | None:
     """The payload carried in ``custom_params`` (``None`` when absent), parsed from its JSON text.
 
     ``SpecError`` naming ``custom_params.dynamo_logits`` when the value is not JSON text. The
-    parsed value is not validated here (see ``validate_custom_params`` and ``sdk.realize``).
+    parsed value is not validated here (see ``validate`` and ``sdk.realize``).
     """
     if not custom_params:
         return None
@@ -62,7 +62,7 @@ def put_carried(custom_params: MutableMapping[str, Any], payload: list[dict[str,
         custom_params[WIRE_KEY] = encode_carried(payload)
 
 
-def validate_custom_params(custom_params: Mapping[str, Any] | None, *, vocab_size: int | None = None) -> None:
+def validate(custom_params: Mapping[str, Any] | None, *, vocab_size: int | None = None) -> None:
     """Admission: raise ``SpecError`` (a ``ValueError`` naming the field) unless the carried payload
     would realize. Paths of entry problems are the SDK's (``dynamo_logits[0].token_ids[3]``)."""
     sdk.validate(carried_payload(custom_params), vocab_size=vocab_size)

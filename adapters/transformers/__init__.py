@@ -27,16 +27,21 @@ Modules: ``processor`` (the ``LogitsProcessor`` subclass and its builder), ``gen
 (activation, admission, ``generate()`` kwargs), ``conformance`` (the conformance kit's driver).
 """
 
-from .generate import admit, generate_kwargs, logits_width, payload_for, stop_tokens
+from .generate import activate, generate_kwargs, logits_width, payload_for, stop_tokens, validate
 from .processor import DynamoLogitsProcessor, logits_processor, realize_request
+
+#: The engine-facing class (the same name in every adapter).
+Processor = DynamoLogitsProcessor
 
 __all__ = [
     "DynamoLogitsProcessor",
-    "admit",
+    "Processor",
+    "activate",
     "generate_kwargs",
     "logits_processor",
     "logits_width",
     "payload_for",
     "realize_request",
     "stop_tokens",
+    "validate",
 ]

@@ -1,10 +1,14 @@
 """Activation and admission for ``model.generate()``: spec -> payload -> ``generate()`` kwargs.
 
-* ``payload_for(spec, role, tokenizer)`` is the worker-side activation: the role gate
+* ``activate(entries)``: ``generate()`` carries no per-request data of its own, so a request's
+  carrier is the payload handed to ``generate_kwargs`` (one per prompt): the encoded wire entries,
+  ``None`` when there are none.
+* ``payload_for(spec, role, tokenizer)`` is the worker-side activation from a spec: the role gate
   (``dynlogits.sdk.gate``: agg/decode activate, prefill/encode get nothing unless the spec says
   ``generation_only: false``), ``forced_text`` resolved to ``forced_sequence`` with the tokenizer,
   encoded as the wire payload; ``None`` when nothing is active.
-* ``generate_kwargs(model, tokenizer, batch, payloads, ...)`` is admission plus wiring: every
+* ``validate(payloads, vocab_size=)`` is admission; ``generate_kwargs(model, tokenizer, batch,
+  payloads, ...)`` is admission plus wiring: every
   payload is validated against the model's logits width first (``SpecError`` naming
   ``payloads[k]`` and the field, before ``generate()`` runs), then one ``DynamoLogitsProcessor``
   is built for the batch. The returned kwargs pin ``num_beams`` and ``num_return_sequences``, so
@@ -31,7 +35,13 @@ from dynlogits.text import TextTokenizer, resolve_entries
 
 from .processor import logits_processor
 
-__all__ = ["admit", "generate_kwargs", "logits_width", "payload_for", "stop_tokens"]
+__all__ = ["activate", "generate_kwargs", "logits_width", "payload_for", "stop_tokens", "validate"]
+
+
+def activate(entries: Sequence[Any]) -> list[dict[str, Any]] | None:
+    """The payload one prompt carries into ``generate_kwargs`` for the gated wire ``entries``
+    (``forced_text`` resolved), or ``None`` when there are none."""
+    return sdk.encode_payload(entries)
 
 
 def payload_for(
@@ -49,7 +59,7 @@ def payload_for(
             raise SpecError([Problem(path, "a forced_text entry needs a tokenizer to resolve it") for path in texts])
     else:
         entries = list(resolve_entries(entries, tokenizer, root="entries"))
-    return sdk.encode_payload(entries)
+    return activate(entries)
 
 
 def logits_width(model: Any) -> int:
@@ -76,7 +86,7 @@ def stop_tokens(model: Any, tokenizer: Any) -> tuple[int | None, tuple[int, ...]
     return (eos, (eos,)) if isinstance(eos, int) else (None, ())
 
 
-def admit(payloads: Sequence[Any], *, vocab_size: int) -> None:
+def validate(payloads: Sequence[Any], *, vocab_size: int) -> None:
     """Admission for a batch: ``SpecError`` listing every problem as ``payloads[k].<field>``."""
     problems: list[Problem] = []
     for k, payload in enumerate(payloads):
@@ -124,7 +134,7 @@ def generate_kwargs(
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     width = logits_width(model)
-    admit(payloads, vocab_size=width)
+    validate(payloads, vocab_size=width)
     eos, stops = stop_tokens(model, tokenizer)
     processor = logits_processor(
         payloads,

@@ -2,10 +2,10 @@
 
 TensorRT-LLM is not installed here (its wheel is not on the reachable package index and needs
 CUDA), so the drivers run the real adapter classes inside the harnesses of
-``dynlogits.adapters.trtllm.testing``, modelled on TensorRT-LLM's call sites:
+``dynlogits.adapters.trtllm.harness``, modelled on TensorRT-LLM's call sites:
 
 * ``trtllm-pytorch``: a fresh ``DynamoTrtllmLogitsProcessor`` per request from
-  ``attach_logits_processors``, pickled and unpickled as the request crosses into the executor,
+  ``activate``, pickled and unpickled as the request crosses into the executor,
   called as the PyTorch backend calls it (``[beam, 1, vocab]`` view, per-beam token lists);
 * ``trtllm-batched``: the same processors registered with one ``DynamoTrtllmBatchedLogitsProcessor``
   and called as the TensorRT backend's batched callback.
@@ -23,10 +23,10 @@ from dynlogits import sdk
 from dynlogits.roles import DisaggregationMode
 from dynlogits.specs import LogitsProcessorSpec
 
-from .attach import attach_logits_processors
+from . import activation
 from .batched import DynamoTrtllmBatchedLogitsProcessor
 from .processor import FAILURES, HAS_TENSORRT_LLM, DynamoTrtllmLogitsProcessor
-from .testing import PytorchBackendHarness, SamplingParamsStandIn, TrtBackendBatchedHarness
+from .harness import PytorchBackendHarness, SamplingParamsStandIn, TrtBackendBatchedHarness
 
 __all__ = ["TrtllmDriver", "drivers"]
 
@@ -56,13 +56,13 @@ class TrtllmDriver:
 
     def activate(self, spec: LogitsProcessorSpec | None, role: DisaggregationMode) -> Any | None:
         params = SamplingParamsStandIn(logits_processor=DynamoTrtllmLogitsProcessor([{"kind": "smuggled"}], prompt_len=0))
-        processor = attach_logits_processors(params, sdk.gate(spec, role), prompt_token_ids=[])
+        processor = activation.activate(params, sdk.gate(spec, role), prompt_token_ids=[])
         if processor is None and params.logits_processor is not None:
             raise AssertionError("a processor attached earlier survived activation without entries")
         return None if processor is None else processor.payload
 
     def admit(self, payload: Any) -> None:
-        sdk.validate(payload)  # what attach_logits_processors checks, for a raw payload
+        sdk.validate(payload)  # what activate checks, for a raw payload
 
     def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
             eos_token_id: int) -> None:

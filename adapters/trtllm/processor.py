@@ -86,7 +86,7 @@ def on_stream(stream_ptr: int | None, logits: torch.Tensor) -> Any:
 
 class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,valid-type]
     """The processors of one request (see the module docstring). Build it with
-    ``attach_logits_processors``; one instance per request, never shared."""
+    ``activate``; one instance per request, never shared."""
 
     def __init__(self, payload: list[dict[str, Any]], *, prompt_len: int, stop_token_ids: Iterable[int] = ()) -> None:
         if not isinstance(prompt_len, int) or isinstance(prompt_len, bool) or prompt_len < 0:

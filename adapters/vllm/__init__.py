@@ -6,31 +6,39 @@ Use one of::
     LLM(model, logits_processors=[DynamoVllmLogitsProcessor])
     vllm serve MODEL --logits-processors dynlogits.adapters.vllm:DynamoVllmLogitsProcessor
 
-then put a payload on a request with ``dynlogits.activation.activate_logits_processors``.
+then put a payload on a request with ``activate(sampling_params, entries)`` (the SDK's
+``activate_logits_processors``: ``extra_args["dynamo_logits"]``).
 
 Built on ``dynlogits.sdk`` (realization, failure isolation, batched application); what is here is
 only vLLM's calling convention. Modules: ``processor`` (the class, and why one class serves both
 runners), ``v1`` / ``v2`` (each runner's bookkeeping and where a row's history comes from),
 ``request`` (reading the payload from ``SamplingParams``, admission), ``capabilities`` (what cannot
-work), ``registration``, ``testing`` (a Model Runner V2 sampler harness for CPU-only machines).
+work), ``registration``, ``harness`` (a Model Runner V2 sampler harness for CPU-only machines).
 """
+
+from dynlogits.sdk.activation import activate_logits_processors as activate
 
 from .capabilities import UnsupportedEngineConfig, check_engine_args, check_vllm_config
 from .processor import DynamoVllmLogitsProcessor
 from .registration import PROCESSOR_FQCN, is_dynamo_processor, register_dynamo_logits_processor
-from .request import GuardedRequest, read_payload, validate_request_params
+from .request import GuardedRequest, read_payload, validate
 from .v2 import HAS_V2_INTERFACE
+
+#: The engine-facing class (the same name in every adapter).
+Processor = DynamoVllmLogitsProcessor
 
 __all__ = [
     "HAS_V2_INTERFACE",
     "PROCESSOR_FQCN",
     "DynamoVllmLogitsProcessor",
+    "Processor",
     "GuardedRequest",
     "UnsupportedEngineConfig",
+    "activate",
     "check_engine_args",
     "check_vllm_config",
     "is_dynamo_processor",
     "read_payload",
     "register_dynamo_logits_processor",
-    "validate_request_params",
+    "validate",
 ]

@@ -5,7 +5,7 @@
   ``InputBatch`` drives it (removals, slot reuse, condensing moves, swaps; the live output-token
   list handed over on every add). No model forward runs.
 * ``vllm-v2``: the same class on Model Runner V2's interface through ``V2SamplerHarness``
-  (``dynlogits.adapters.vllm.testing``): vLLM's real ``LogitsProcRequestState`` and
+  (``dynlogits.adapters.vllm.harness``): vLLM's real ``LogitsProcRequestState`` and
   ``LogitsContext``, with plain tensors standing in for the runner's pinned-memory buffers,
   because Model Runner V2 needs Triton and an accelerator to start.
 """
@@ -27,7 +27,7 @@ from dynlogits.roles import DisaggregationMode
 from dynlogits.specs import WIRE_KEY, LogitsProcessorSpec
 
 from .processor import DynamoVllmLogitsProcessor
-from .testing import V2SamplerHarness
+from .harness import V2SamplerHarness
 
 __all__ = ["VllmV1Driver", "VllmV2Driver", "drivers"]
 

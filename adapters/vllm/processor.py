@@ -24,7 +24,7 @@ import torch
 
 from .capabilities import check_vllm_config
 from .engine_spec import engine_spec_for
-from .request import GuardedRequest, realize_request, validate_request_params
+from .request import GuardedRequest, realize_request, validate
 from .v1 import V1RunnerMixin
 from .v2 import HAS_V2_INTERFACE, LogitsProcRequestState, V2RunnerMixin
 
@@ -79,7 +79,7 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
         """Admission check for one request; raises ``SpecError`` naming the bad field."""
-        validate_request_params(sampling_params)
+        validate(sampling_params)
 
     def new_req_logits_processor(self, params: Any) -> GuardedRequest | None:
         """Fresh per-request callable ``(output_ids, row) -> row``, or ``None`` without a payload."""

@@ -3,7 +3,7 @@
 Contract shared by both model runners:
 
 * ``read_payload(params)`` is the only place that reads ``extra_args["dynamo_logits"]``.
-* ``validate_request_params(params)`` is the admission check (front-end process, before the
+* ``validate(params)`` is the admission check (front-end process, before the
   request is queued): it raises ``SpecError`` (a ``ValueError`` naming the field) for anything
   malformed, so vLLM fails that request alone (HTTP 400 through ``vllm serve``). With the engine as
   the spec source (``DYN_LOGITS_SPEC_SOURCE=engine``, ``dynlogits.engine_spec``) the payload is a
@@ -21,17 +21,22 @@ request is fail-stopped to its EOS (unset under ``ignore_eos``), else its lowest
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dynlogits import sdk
 from dynlogits.engine_spec import admission_config, check_request_payload
 from dynlogits.sdk import FailureReport, GuardedRequest
 from dynlogits.specs import WIRE_KEY, SpecError
 
-if TYPE_CHECKING:
-    from .engine_spec import VllmEngineSpec
+__all__ = ["FailureReport", "GuardedRequest", "PayloadSource", "read_payload", "realize_request", "validate"]
 
-__all__ = ["FailureReport", "GuardedRequest", "read_payload", "realize_request", "validate_request_params"]
+
+class PayloadSource(Protocol):
+    """Where a request's payload comes from when the engine is the spec source
+    (``dynlogits.adapters.vllm.engine_spec.VllmEngineSpec``)."""
+
+    def payload_for(self, params: Any) -> list[dict[str, Any]] | None:
+        """The wire payload this request runs; ``SpecError`` naming the field if the client's is bad."""
 
 
 def read_payload(params: Any) -> Any | None:
@@ -42,7 +47,7 @@ def read_payload(params: Any) -> Any | None:
     return extra.get(WIRE_KEY)
 
 
-def validate_request_params(params: Any) -> None:
+def validate(params: Any) -> None:
     """Admission check: raise ``SpecError`` (``ValueError``) naming the bad field.
 
     The logits width is unknown in the front-end process, so ids are checked against it only
@@ -56,7 +61,7 @@ def validate_request_params(params: Any) -> None:
 
 
 def realize_request(params: Any, *, vocab_size: int, report: FailureReport | None = None,
-                    engine_spec: VllmEngineSpec | None = None) -> GuardedRequest | None:
+                    engine_spec: PayloadSource | None = None) -> GuardedRequest | None:
     """Fresh processors for one request entering the batch; ``None`` without a payload. Never raises."""
     stop = sdk.pick_stop_token(getattr(params, "eos_token_id", None), getattr(params, "stop_token_ids", None), vocab_size)
     if engine_spec is None:

@@ -18,8 +18,8 @@ Where the work happens:
   with it only the device does, and every row gathers its slot's tables. No step reads anything
   back from the device or builds a tensor from a host list.
 * ``thinking_budget`` reads the tokens themselves; its span state is followed on the device
-  (``dynlogits.sdk.thinking``), from the committed tokens in ``all_token_ids`` and the drafts in
-  ``ctx.input_ids``.
+  (``dynlogits.sdk.DeviceThinking``), from the committed tokens in ``all_token_ids`` and the
+  drafts in ``ctx.input_ids``.
 * requests with ``python`` or plug-in entries are **hosted**: their histories are read back
   (``all_token_ids[slot, prompt_len:total_len]`` plus the drafts before the row: one small copy
   per step, only when such a request is in the step) and applied with ``dynlogits.sdk.apply_rows``.
@@ -39,8 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dynlogits.sdk import SlotBatch, apply_rows
-from dynlogits.sdk.thinking import DeviceThinking
+from dynlogits.sdk import DeviceThinking, SlotBatch, apply_draft_row, apply_rows
 
 from .request import GuardedRequest
 
@@ -202,4 +201,4 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         for i in drafts:  # a failure on a draft row stops that row only (the draft may be rejected)
             request = self._slots[int(slots[i])]
             if request is not None and not request.failed:
-                request.apply_draft(histories[i], logits[int(rows[i])])  # type: ignore[arg-type]
+                apply_draft_row(request, histories[i], logits[int(rows[i])])  # type: ignore[arg-type]

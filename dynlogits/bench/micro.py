@@ -127,7 +127,7 @@ class _V2Adapter(_Impl):
 
     def __init__(self, case: _Case, max_model_len: int) -> None:
         from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
-        from dynlogits.adapters.vllm.testing import V2SamplerHarness
+        from dynlogits.adapters.vllm.harness import V2SamplerHarness
 
         self.harness = V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=case.vocab,
                                         max_num_reqs=len(case.payloads), max_model_len=max_model_len,

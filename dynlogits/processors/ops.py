@@ -2,7 +2,7 @@
 
 A built-in processor's ``row_op(input_ids)`` returns one ``RowOp`` (or ``None`` for "leave the row
 alone") instead of editing the row itself, so an adapter can apply the same operation to every
-row of a batch that needs it with a few tensor ops (``dynlogits.batch``) rather than a Python
+row of a batch that needs it with a few tensor ops (``dynlogits.sdk.plans``) rather than a Python
 loop over rows. ``apply_op`` applies one op to one 1-D row; the processors' own ``__call__`` is
 ``apply_op(row_op(...))``, so the per-row and the batched paths share one definition.
 

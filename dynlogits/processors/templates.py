@@ -2,7 +2,7 @@
 
 A ``RowOp`` (``ops``) says what a processor does at one step, given the history. A *template* says
 it for all steps at once, so an engine with persistent request slots can keep the data on the
-device (``dynlogits.sdk.slot_batch``) and derive each step's operation there from the step's
+device (``dynlogits.sdk.resident.slot_batch``) and derive each step's operation there from the step's
 position, without the host planning anything per step:
 
 =====================  ===================================  ===========================================

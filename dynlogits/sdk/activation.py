@@ -4,7 +4,8 @@ Engines carry per-request data in different places (vLLM ``SamplingParams.extra_
 ``custom_params``, TensorRT-LLM a live object per request), but the payload is always the same
 JSON list (``dynlogits.specs.encode_entries``). ``gate`` applies the role rule; ``put_payload``
 writes a payload into a mapping and removes one the gate did not produce (a client must never
-activate a processor by smuggling the key in).
+activate a processor by smuggling the key in). ``activate_logits_processors`` writes into the
+wire contract's own carrier, an ``extra_args`` mapping (vLLM ``SamplingParams``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from dynlogits.roles import DisaggregationMode, logits_processors_for_request
 from dynlogits.specs import WIRE_KEY, LogitsProcessorSpec, encode_entries
 
-__all__ = ["encode_payload", "gate", "put_payload"]
+__all__ = ["activate_logits_processors", "encode_payload", "gate", "put_payload"]
 
 
 def gate(spec: LogitsProcessorSpec | None, role: DisaggregationMode | str) -> list[Any]:
@@ -41,3 +42,25 @@ def put_payload(carrier: MutableMapping[str, Any], entries: Sequence[Any], *, ke
     else:
         carrier[key] = payload
     return payload
+
+
+def activate_logits_processors(target: Any, entries: Sequence[Any]) -> MutableMapping[str, Any] | None:
+    """Set ``extra_args["dynamo_logits"]`` on ``target`` to exactly ``entries``.
+
+    ``target`` is an ``extra_args`` mapping or an object with an ``extra_args``
+    attribute (vLLM ``SamplingParams``; ``None`` there becomes a new dict when
+    needed). With no entries any ``dynamo_logits`` already present is removed:
+    only the gate decides what runs, so a client cannot smuggle a payload in
+    through ``vllm_xargs``/``extra_args``. Entries must be wire entries
+    (``forced_text`` resolved). Returns the mapping written, or ``None`` when
+    ``target`` had no ``extra_args`` and nothing was needed.
+    """
+    extra: MutableMapping[str, Any] | None
+    extra = target if isinstance(target, MutableMapping) else getattr(target, "extra_args", None)
+    if extra is None:
+        if not entries:
+            return None
+        extra = {}
+        target.extra_args = extra
+    put_payload(extra, entries)
+    return extra

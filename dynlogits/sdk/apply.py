@@ -1,7 +1,7 @@
 """Duty 4, apply: a batch's rows, in place, with per-request failure isolation.
 
 Each request plans its step (``GuardedRequest.plan``); the plans go to
-``dynlogits.batch.apply_plans``, which applies every built-in kind to all rows that need it with a
+``dynlogits.sdk.plans.apply_plans``, which applies every built-in kind to all rows that need it with a
 few tensor ops per step and calls opaque processors (``python`` kind, plug-ins) on their own row.
 A request whose planning or processor fails is fail-stopped on its row(s) and reported once; the
 others are applied in full. A row left with no token to sample (``dynlogits.sdk.guard``) is
@@ -10,7 +10,7 @@ Nothing here raises for one request's fault.
 
 This is the path for engines that hand over rows and histories every step (SGLang, TensorRT-LLM,
 transformers, and requests with opaque processors on vLLM). Engines with persistent request slots
-run built-in kinds on the resident path (``dynlogits.sdk.slot_batch``), which plans nothing per step.
+run built-in kinds on the resident path (``dynlogits.sdk.resident``), which plans nothing per step.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from collections.abc import Sequence
 
 import torch
 
-from dynlogits.batch import apply_plans
-
 from .guard import GuardedRequest
+from .plans import apply_plans
 from .readback import DeviceFlags
 
-__all__ = ["apply_draft_row", "apply_rows", "stop_rows_where"]
+__all__ = ["apply_draft_row", "apply_row", "apply_rows", "stop_rows_where"]
 
 
 def stop_rows_where(logits: torch.Tensor, rows: Sequence[int], stops: Sequence[int], dead: torch.Tensor) -> None:
@@ -74,6 +73,13 @@ def apply_rows(
     for row, request in zip(rows, requests):
         if request.failed:
             request.force_stop(logits[row])
+
+
+def apply_row(request: GuardedRequest, history: Sequence[int], row: torch.Tensor) -> torch.Tensor:
+    """Apply ``request`` to the 1-D ``row`` (its next committed position) in place and return
+    ``row``: ``apply_rows`` for one row, for engines that call one processor per request."""
+    apply_rows(row.unsqueeze(0), [0], [request], [history])
+    return row
 
 
 def apply_draft_row(request: GuardedRequest, history: Sequence[int], row: torch.Tensor) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from dynlogits.realize import RequestLogitsProcessor
+from dynlogits.processors.request import RequestLogitsProcessor
 
 from .readback import DeviceFlags
 
@@ -55,11 +55,10 @@ def pick_stop_token(eos_token_id: int | None, stop_token_ids: Iterable[int] | No
 class GuardedRequest:
     """The realized processors of one request and whether it has failed.
 
-    ``__call__(history, row) -> row`` applies the processors in place to the 1-D row and returns
-    that same row. ``history`` is the tokens this request generated so far (drafts preceding the
-    row included); processors derive their position from it, so a request may be called for
-    several rows per step, or again after preemption, without step counters. ``plan(history)``
-    is the batched form used by ``dynlogits.sdk.apply_rows``.
+    ``plan(history)`` is this step's work for the apply paths (``dynlogits.sdk.apply``), which
+    apply it in place. ``history`` is the tokens this request generated so far (drafts preceding
+    the row included); processors derive their position from it, so a request may be planned for
+    several rows per step, or again after preemption, without step counters.
     """
 
     __slots__ = ("_pending", "_report", "error", "processor", "stop_token_id")
@@ -88,21 +87,8 @@ class GuardedRequest:
         """Whether every processor is a built-in kind with a ``template`` (the resident path can run it)."""
         return self.processor is not None and all(hasattr(p, "template") for p in self.processor.processors)
 
-    def __call__(self, history: Sequence[int], logits_row: torch.Tensor) -> torch.Tensor:
-        from .apply import apply_rows  # apply builds on this module
-
-        apply_rows(logits_row.unsqueeze(0), [0], [self], [history])
-        return logits_row
-
-    def apply_draft(self, history: Sequence[int], logits_row: torch.Tensor) -> None:
-        """Apply to a draft row (speculative decoding): a failure stops this row only
-        (``dynlogits.sdk.apply.apply_draft_row``)."""
-        from .apply import apply_draft_row
-
-        apply_draft_row(self, history, logits_row)
-
     def plan(self, history: Sequence[int]) -> list[Any] | None:
-        """This step's steps for ``dynlogits.batch.apply_plans``; ``None`` once the request failed
+        """This step's steps for ``dynlogits.sdk.plans.apply_plans``; ``None`` once the request failed
         (its row must then be fail-stopped with ``force_stop``)."""
         if not self.failed and self.processor is not None:
             try:

@@ -5,26 +5,75 @@ payload fails its own request with a clear error before it is queued). ``realize
 where the request enters the engine's batch; it never raises: a payload that only fails there
 (e.g. an id beyond the logits width, which admission may not know) yields a request that is
 already failed and is fail-stopped on its first row (see ``dynlogits.sdk.guard``).
+
+Every adapter comes through here, so every engine validates and realizes a payload the same way.
+The payload is untrusted: all checks run before any code runs. ``decode_payload`` and
+``build_request_processor`` are the raising building blocks under ``validate`` and ``realize``.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
-from dynlogits.realize import build_request_processor, validate_payload
+from dynlogits.processors import BaseLogitsProcessor, RealizeContext
+from dynlogits.processors.registry import check_python_allowed, factory_for
+from dynlogits.processors.request import RequestLogitsProcessor
+from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits, decode_wire_payload
 
 from .guard import FailureReport, GuardedRequest
 
-__all__ = ["realize", "validate"]
+__all__ = ["build_request_processor", "decode_payload", "realize", "validate"]
 
 
-def validate(payload: Any, *, vocab_size: int | None = None) -> None:
-    """Raise ``SpecError`` (a ``ValueError`` naming the field) unless ``payload`` would realize.
+def decode_payload(
+    payload: Any,
+    *,
+    vocab_size: int | None = None,
+    limits: SpecLimits = DEFAULT_LIMITS,
+    environ: Mapping[str, str] = os.environ,
+) -> tuple[Any, ...]:
+    """Validate a payload into entries (``SpecError`` naming the field on any problem).
+
+    ``decode_wire_payload`` checks every entry, built-in or of a plug-in kind in force
+    (by its own model); ``python`` entries pass only when allow-listed here.
+    """
+    if payload is None:
+        return ()
+    entries = decode_wire_payload(payload, limits=limits, vocab_size=vocab_size)
+    for i, entry in enumerate(entries):
+        if entry.kind == "python":
+            check_python_allowed(entry.factory, path=f"{WIRE_KEY}[{i}].factory", environ=environ)
+    return entries
+
+
+def build_request_processor(
+    payload: Any, *, vocab_size: int, limits: SpecLimits = DEFAULT_LIMITS
+) -> RequestLogitsProcessor | None:
+    """Fresh processors for one request, or ``None`` when the payload is absent or empty."""
+    entries = decode_payload(payload, vocab_size=vocab_size, limits=limits)
+    if not entries:
+        return None
+    ctx = RealizeContext(vocab_size=vocab_size)
+    processors: list[BaseLogitsProcessor] = []
+    for i, entry in enumerate(entries):
+        try:
+            processors.append(factory_for(entry.kind)(entry, ctx))
+        except SpecError:
+            raise
+        except Exception as exc:  # a third-party factory failed: fail this request, loudly
+            raise SpecError.single(f"{WIRE_KEY}[{i}]", f"could not realize kind {entry.kind!r}: {type(exc).__name__}: {exc}") from exc
+    return RequestLogitsProcessor(processors, vocab_size=vocab_size)
+
+
+def validate(payload: Any, *, vocab_size: int | None = None, limits: SpecLimits = DEFAULT_LIMITS) -> None:
+    """Raise ``SpecError`` (a ``ValueError`` naming the field) unless ``payload`` would realize:
+    everything ``build_request_processor`` checks, without realizing.
 
     ``None`` (no payload) is valid. Pass ``vocab_size`` (the logits width) when it is known.
     """
-    if payload is not None:
-        validate_payload(payload, vocab_size=vocab_size)
+    decode_payload(payload, vocab_size=vocab_size, limits=limits)
 
 
 def realize(

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from dynlogits.asgi_errors import JsonErrors
 from dynlogits.closing_stream import ClosingStreamingResponse
 from dynlogits.config import DeploymentConfig
+from dynlogits.policy import RequestPolicy, build_policy
 from dynlogits.roles import is_generation_stage
 from dynlogits.specs import SpecError
 from dynlogits.test_hook import test_hook_enabled
@@ -27,7 +28,6 @@ from dynlogits.untrusted import DEFAULT_MAX_BODY_BYTES, BodyError, first_error, 
 from .args import DEFAULT_MODEL_NAME, WorkerArgs
 from .engine import EngineRequestError, VllmEngine, start_vllm_engine
 from .introspect import adapter_requests, process_tree_rss
-from .policy import RequestPolicy, build_policy
 from .protocol import ErrorBody, ErrorDetail, GenerateChunk, GenerateRequest, WorkerInfo, WorkerStats
 
 __all__ = ["WorkerState", "create_app"]

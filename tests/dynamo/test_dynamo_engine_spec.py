@@ -16,8 +16,9 @@ import yaml
 from vllm import SamplingParams
 from vllm.config import KVTransferConfig
 
+from dynlogits import sdk
 from dynlogits.adapters.vllm.engine_spec import VllmEngineSpec, engine_role, request_role
-from dynlogits.adapters.vllm.request import realize_request, validate_request_params
+from dynlogits.adapters.vllm.request import realize_request, validate
 from dynlogits.engine_spec import SPEC_SOURCE_ENV, SpecSource, resolve_engine_spec, spec_source
 from dynlogits.roles import DisaggregationMode as Mode
 from dynlogits.specs import SpecError
@@ -153,7 +154,7 @@ def test_realization_runs_the_deployment_spec_and_fails_a_bad_client_payload_alo
     request = realize_request(SamplingParams(max_tokens=8), vocab_size=VOCAB, engine_spec=engine_spec)
     assert request is not None
     row = torch.zeros(VOCAB)
-    request([], row)
+    sdk.apply_row(request, [], row)
     assert int(row.argmax()) == first
 
     prefill = SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": {"do_remote_decode": True}})
@@ -169,13 +170,13 @@ def test_realization_runs_the_deployment_spec_and_fails_a_bad_client_payload_alo
 def test_admission_holds_extra_args_to_the_allow_list_only_with_the_engine_as_source(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     smuggled = SamplingParams(extra_args={"dynamo_logits": [{"kind": "banned_tokens", "token_ids": [3]}]})
-    validate_request_params(smuggled)  # worker as source: the payload came from the gate upstream
+    validate(smuggled)  # worker as source: the payload came from the gate upstream
     for key, value in write_config(tmp_path, {"allow_request_kinds": ["forced_text"]}).items():
         monkeypatch.setenv(key, value)
     with pytest.raises(ValueError, match=r"extra_args\.dynamo_logits\[0\]\.kind: kind 'banned_tokens' is not allowed"):
-        validate_request_params(smuggled)
-    validate_request_params(SamplingParams(extra_args={"dynamo_logits": [{"kind": "forced_text", "text": "ok"}]}))
-    validate_request_params(SamplingParams())
+        validate(smuggled)
+    validate(SamplingParams(extra_args={"dynamo_logits": [{"kind": "forced_text", "text": "ok"}]}))
+    validate(SamplingParams())
 
 
 @pytest.fixture(scope="module")

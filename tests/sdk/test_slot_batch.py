@@ -13,8 +13,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from dynlogits import sdk
-from dynlogits.sdk.slot_batch import SlotBatch
-from dynlogits.sdk.thinking import DeviceThinking
+from dynlogits.sdk.resident.slot_batch import SlotBatch
+from dynlogits.sdk.resident.thinking import DeviceThinking
 from dynlogits.specs import SpecError, decode_wire_payload
 
 V = 64
@@ -166,7 +166,7 @@ def test_masked_layout_with_drafts_equals_the_host_path(seed: int) -> None:
         for r, k in enumerate(local):
             drafts = drafts_of[row_slot[r]][:k]
             if k and -1 not in drafts:
-                engine.host[row_slot[r]].apply_draft(engine.history[row_slot[r]] + drafts, expected[r])
+                sdk.apply_draft_row(engine.host[row_slot[r]], engine.history[row_slot[r]] + drafts, expected[r])
         got = logits.clone()
         slot_of_row = torch.tensor(row_slot)
         engine.batch.rows_on_device(slot_of_row, np.array(slots))

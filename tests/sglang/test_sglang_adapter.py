@@ -15,7 +15,7 @@ import torch
 
 from dynlogits.adapters.sglang import activate, check_server_args, enable_adapter, encode_carried
 from dynlogits.adapters.sglang.processor import FAILURES, REQUEST_KEY, processor_string
-from dynlogits.adapters.sglang.testing import SglangSchedulerHarness, decode_like_sglang
+from dynlogits.adapters.sglang.harness import SglangSchedulerHarness, decode_like_sglang
 from dynlogits.adapters.sglang.engine import UnsupportedEngineConfig
 from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, encode_entries
 from dynlogits.testing import CHECKS

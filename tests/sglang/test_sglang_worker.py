@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from dynlogits.adapters.sglang.processor import processor_string
-from dynlogits.adapters.sglang.testing import decode_like_sglang
+from dynlogits.adapters.sglang.harness import decode_like_sglang
 from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, encode_entries
 from dynlogits.worker.protocol import SamplingOptions
 from dynlogits.worker.sglang_engine import SglangEngine

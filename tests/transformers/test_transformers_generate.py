@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dynlogits.adapters.transformers import generate_kwargs, logits_processor, logits_width, payload_for
-from dynlogits.registry import PYTHON_FACTORIES_ENV
+from dynlogits.processors.registry import PYTHON_FACTORIES_ENV
 from dynlogits.specs import SpecError, parse_spec
 from dynlogits.testing.faults import RAISE_AFTER_FACTORY
 

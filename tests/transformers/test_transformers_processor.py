@@ -12,7 +12,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 import dynlogits.adapters.transformers.processor as processor_module
 from dynlogits.adapters.transformers import DynamoLogitsProcessor, generate_kwargs, logits_processor, payload_for
 from dynlogits.adapters.transformers.conformance import drivers
-from dynlogits.registry import PYTHON_FACTORIES_ENV
+from dynlogits.processors.registry import PYTHON_FACTORIES_ENV
 from dynlogits.specs import SpecError, parse_spec
 from dynlogits.testing.faults import RAISE_AFTER_FACTORY
 

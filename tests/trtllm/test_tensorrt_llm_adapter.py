@@ -2,7 +2,7 @@
 
 TensorRT-LLM itself is **not installed** (its wheel is not on the package index reachable here, only a
 stub that downloads it from NVIDIA's own index, and it needs CUDA): the harnesses in
-``dynlogits.adapters.trtllm.testing`` are modelled on its PyTorch backend's call site
+``dynlogits.adapters.trtllm.harness`` are modelled on its PyTorch backend's call site
 (``_execute_logit_post_processors``: a view in, return ignored, row written back) and its TensorRT
 backend's batched callback, including its rule that a processor exception fails every request.
 
@@ -23,11 +23,11 @@ from dynlogits.adapters.trtllm import (
     DynamoTrtllmBatchedLogitsProcessor,
     DynamoTrtllmLogitsProcessor,
     UnsupportedEngineConfig,
-    attach_logits_processors,
+    activate,
     check_llm_args,
 )
-from dynlogits.adapters.trtllm.testing import PytorchBackendHarness, SamplingParamsStandIn, TrtBackendBatchedHarness
-from dynlogits.registry import PYTHON_FACTORIES_ENV
+from dynlogits.adapters.trtllm.harness import PytorchBackendHarness, SamplingParamsStandIn, TrtBackendBatchedHarness
+from dynlogits.processors.registry import PYTHON_FACTORIES_ENV
 from dynlogits.specs import ForcedTokenSequenceSpec, PythonProcessorSpec, SpecError
 from dynlogits.testing.faults import RAISE_AFTER_FACTORY
 from dynlogits.testing import CHECKS
@@ -39,7 +39,7 @@ EOS = 1
 def _attach(ids, prompt, *, entries=None):
     params = SamplingParamsStandIn(end_id=EOS)
     entries = entries if entries is not None else [ForcedTokenSequenceSpec(token_ids=tuple(ids), eos_token_id=EOS)]
-    attach_logits_processors(params, entries, prompt, vocab_size=VOCAB)
+    activate(params, entries, prompt, vocab_size=VOCAB)
     return pickle.loads(pickle.dumps(params))  # the request reaches the executor pickled
 
 
@@ -146,17 +146,17 @@ def test_attach_makes_a_fresh_processor_per_request_and_keeps_other_processors()
     other = object()
     params = SamplingParamsStandIn(end_id=EOS, logits_processor=[other])
     entries = [ForcedTokenSequenceSpec(token_ids=(5,), eos_token_id=EOS)]
-    first = attach_logits_processors(params, entries, [3])
-    second = attach_logits_processors(params, entries, [3, 4])
+    first = activate(params, entries, [3])
+    second = activate(params, entries, [3, 4])
     assert params.logits_processor == [other, second] and first is not second and second.prompt_len == 2
-    assert attach_logits_processors(params, [], [3]) is None and params.logits_processor == other
+    assert activate(params, [], [3]) is None and params.logits_processor == other
 
 
 def test_python_entries_need_the_workers_allow_list_and_realize_from_their_import_string(monkeypatch):
     entries = [PythonProcessorSpec(factory="dynlogits.testing.faults:scale", kwargs={"scale": 3.0})]
     monkeypatch.delenv(PYTHON_FACTORIES_ENV, raising=False)
     with pytest.raises(SpecError, match="allow-listed"):
-        attach_logits_processors(SamplingParamsStandIn(), entries, [3])
+        activate(SamplingParamsStandIn(), entries, [3])
     monkeypatch.setenv(PYTHON_FACTORIES_ENV, "dynlogits.testing.faults:scale")
     params = _attach(None, [3], entries=entries)
     logits = torch.ones(1, 1, VOCAB)
@@ -166,7 +166,7 @@ def test_python_entries_need_the_workers_allow_list_and_realize_from_their_impor
 
 def test_bad_payload_is_refused_at_attach_naming_the_field():
     with pytest.raises(SpecError, match=r"dynamo_logits\[0\].token_ids\[0\]"):
-        attach_logits_processors(SamplingParamsStandIn(), [ForcedTokenSequenceSpec(token_ids=(VOCAB,), eos_token_id=EOS)],
+        activate(SamplingParamsStandIn(), [ForcedTokenSequenceSpec(token_ids=(VOCAB,), eos_token_id=EOS)],
                                  [3], vocab_size=VOCAB)
 
 

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from dynlogits.adapters.vllm.testing import RAISE_AFTER_FACTORY
-from dynlogits.registry import PYTHON_FACTORIES_ENV
+from dynlogits.adapters.vllm.harness import RAISE_AFTER_FACTORY
+from dynlogits.processors.registry import PYTHON_FACTORIES_ENV
 from dynlogits.testing.faults import BAN_ID_FACTORY
 
 T = TypeVar("T")

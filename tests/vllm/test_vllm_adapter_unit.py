@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from dynlogits.realize import RequestLogitsProcessor
+from dynlogits.processors.request import RequestLogitsProcessor
 
 vllm = pytest.importorskip("vllm")
 
@@ -37,6 +37,7 @@ from dynlogits.adapters.vllm import (  # noqa: E402
     check_vllm_config,
     register_dynamo_logits_processor,
 )
+from dynlogits.sdk import apply_row  # noqa: E402
 from dynlogits.specs import WIRE_KEY, SpecError  # noqa: E402
 
 FORCED = [{"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": 1}]
@@ -157,10 +158,10 @@ def test_a_raising_request_is_fail_stopped_and_reported_once(caplog):
     reports: list[str] = []
     req = GuardedRequest(RequestLogitsProcessor([_Boom()]), stop_token_id=2, report=reports.append)
     row = torch.zeros(16)
-    assert req([], row) is row
+    assert apply_row(req, [], row) is row
     assert int(row.argmax()) == 2 and row.isinf().sum() == 15  # partial edits overwritten
     row2 = torch.zeros(16)
-    req([9], row2)
+    apply_row(req, [9], row2)
     assert int(row2.argmax()) == 2
     assert len(reports) == 1 and "RuntimeError: kaboom" in reports[0] and "stop token 2" in reports[0]
     assert any(r.levelname == "ERROR" and "kaboom" in r.getMessage() for r in caplog.records)
@@ -170,7 +171,7 @@ def test_a_raising_request_without_stop_token_is_reported_and_left_unconstrained
     reports: list[str] = []
     req = GuardedRequest(RequestLogitsProcessor([_Boom()]), stop_token_id=None, report=reports.append)
     row = torch.zeros(16)
-    req([], row)
+    apply_row(req, [], row)
     assert not row.isinf().any() and "continues unconstrained" in reports[0]
 
 

@@ -32,7 +32,7 @@ def test_forcing_a_token_the_grammar_masks_fails_that_request_alone_with_the_rea
     """Forcing never unmasks: the grammar allows only "yes"/"no", the payload forces "Hello", so the
     row has no token left. The request is ended at once (vLLM reports it as an error because its
     grammar rejects the stop token) and the failure says why; the others are untouched."""
-    from dynlogits.adapters.vllm.testing import adapter_failures
+    from dynlogits.adapters.vllm.harness import adapter_failures
 
     before = len(adapter_llm.collective_rpc(adapter_failures)[0])
     hello = forced_payload(embedded_tokenizer, "Hello world!")
@@ -49,7 +49,7 @@ def test_each_kind_of_failure_in_one_batch_fails_only_its_own_request(adapter_ll
     """A raising python processor, an id beyond the logits width, a plug-in style row operation
     beyond it, a forced token the grammar masks and an allowed set an opaque processor empties,
     side by side with healthy requests in the same steps."""
-    from dynlogits.adapters.vllm.testing import RAISE_AFTER_FACTORY, adapter_failures
+    from dynlogits.adapters.vllm.harness import RAISE_AFTER_FACTORY, adapter_failures
     from dynlogits.testing.faults import BAN_ID_FACTORY
 
     eos = embedded_tokenizer.eos_token_id
@@ -86,7 +86,7 @@ def test_requests_are_realized_once_though_the_runner_re_adds_them(async_engine,
     each request's processors are realized once, keeping their state across re-adds."""
     import asyncio
 
-    from dynlogits.adapters.vllm.testing import adapter_realizations
+    from dynlogits.adapters.vllm.harness import adapter_realizations
 
     async def run(requests: list[tuple[str, Any]]) -> list[Any]:
         return list(await asyncio.gather(*(async_engine.generate("Tell me something.", p, request_id=f"once-{i}")

@@ -3,7 +3,7 @@
 Not end to end, on purpose: Model Runner V2 needs Triton kernels and this machine's vLLM CPU
 build has no Triton CPU backend (``VllmConfig.use_v2_model_runner`` falls back to the V1 runner),
 and the runner's buffers need pinned memory, which needs an accelerator. So
-``dynlogits.adapters.vllm.testing.V2SamplerHarness`` drives the processor exactly as the V2
+``dynlogits.adapters.vllm.harness.V2SamplerHarness`` drives the processor exactly as the V2
 runner and ``Sampler.apply_sampling_params`` do — vLLM's real ``LogitsProcRequestState`` and
 ``LogitsContext``, slots from a free list that are reused without a removal call,
 ``add_request`` after the request state is written, one logits row per draft token, the skip when
@@ -29,8 +29,8 @@ from vllm.v1.worker.gpu.sample.logits_processor import (  # noqa: E402
 )
 
 from dynlogits.adapters.vllm import PROCESSOR_FQCN, DynamoVllmLogitsProcessor  # noqa: E402
-from dynlogits.adapters.vllm.testing import HostBuffer, V2SamplerHarness  # noqa: E402
-from dynlogits.registry import ProcessorKind  # noqa: E402
+from dynlogits.adapters.vllm.harness import HostBuffer, V2SamplerHarness  # noqa: E402
+from dynlogits.specs.kinds import ProcessorKind  # noqa: E402
 from dynlogits.specs import kinds  # noqa: E402
 from dynlogits.specs import WIRE_KEY, SpecError  # noqa: E402
 
@@ -167,8 +167,8 @@ def test_resumption_after_preemption_continues_the_forced_sequence(harness):
 
 
 def test_a_raising_processor_ends_only_its_own_request(harness, monkeypatch):
-    from dynlogits.adapters.vllm.testing import RAISE_AFTER_FACTORY
-    from dynlogits.registry import PYTHON_FACTORIES_ENV
+    from dynlogits.adapters.vllm.harness import RAISE_AFTER_FACTORY
+    from dynlogits.processors.registry import PYTHON_FACTORIES_ENV
 
     monkeypatch.setenv(PYTHON_FACTORIES_ENV, RAISE_AFTER_FACTORY)
     faulty = [{"kind": "python", "factory": RAISE_AFTER_FACTORY, "kwargs": {"after": 1}}]
@@ -211,8 +211,8 @@ def test_placeholder_drafts_never_reach_a_processor(harness):
 
 
 def test_a_failure_on_a_draft_row_stops_that_row_and_not_the_request(harness, monkeypatch):
-    from dynlogits.adapters.vllm.testing import RAISE_AFTER_FACTORY
-    from dynlogits.registry import PYTHON_FACTORIES_ENV
+    from dynlogits.adapters.vllm.harness import RAISE_AFTER_FACTORY
+    from dynlogits.processors.registry import PYTHON_FACTORIES_ENV
 
     monkeypatch.setenv(PYTHON_FACTORIES_ENV, RAISE_AFTER_FACTORY)
     faulty = [{"kind": "python", "factory": RAISE_AFTER_FACTORY, "kwargs": {"after": 2}}]
@@ -284,7 +284,7 @@ def test_a_failure_reading_histories_fails_only_the_requests_that_needed_them(ha
 
 
 def test_a_bug_in_the_resident_path_fails_its_requests_not_the_engine(harness, monkeypatch):
-    from dynlogits.sdk.slot_batch import SlotBatch
+    from dynlogits.sdk.resident.slot_batch import SlotBatch
 
     def broken(self: Any, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError("resident path bug")

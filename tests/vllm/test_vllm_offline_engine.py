@@ -127,7 +127,7 @@ def test_a_malformed_payload_is_rejected_at_admission_and_the_engine_keeps_servi
 
 
 def test_a_processor_failing_at_run_time_ends_only_its_own_request(adapter_llm, embedded_tokenizer):
-    from dynlogits.adapters.vllm.testing import RAISE_AFTER_FACTORY, adapter_failures
+    from dynlogits.adapters.vllm.harness import RAISE_AFTER_FACTORY, adapter_failures
 
     eos = embedded_tokenizer.eos_token_id
     faulty = [{"kind": "banned_tokens", "token_ids": [eos]},
@@ -148,7 +148,7 @@ def test_a_processor_failing_at_run_time_ends_only_its_own_request(adapter_llm, 
 
 def test_an_id_beyond_the_logits_width_fails_only_that_request(adapter_llm, embedded_tokenizer):
     """Admission cannot know the logits width (1024); the engine fail-stops the request."""
-    from dynlogits.adapters.vllm.testing import adapter_failures
+    from dynlogits.adapters.vllm.harness import adapter_failures
 
     wide = [{"kind": "banned_tokens", "token_ids": [5000]}]
     outs = generate(adapter_llm, [PROMPT, PROMPT], [params(wide), params(forced_payload(embedded_tokenizer, "Yes."))])

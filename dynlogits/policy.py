@@ -1,4 +1,8 @@
-"""Which entries one request activates on this worker: deployment spec + request entries, gated by role."""
+"""Which entries one request activates: deployment spec + request entries, gated by role.
+
+One rule for both spec sources: the worker (``dynlogits.worker``) applies it before a request
+reaches the engine, the engine-side spec source (``dynlogits.engine_spec``) inside the engine.
+"""
 
 from __future__ import annotations
 

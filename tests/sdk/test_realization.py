@@ -8,8 +8,9 @@ from pydantic import BaseModel, ConfigDict
 from typing import Literal
 
 from dynlogits.processors import RealizeContext
-from dynlogits.realize import build_request_processor, decode_payload, validate_payload
-from dynlogits.registry import PYTHON_FACTORIES_ENV, ProcessorKind, register_kind
+from dynlogits.sdk.realization import build_request_processor, decode_payload, validate
+from dynlogits.processors.registry import PYTHON_FACTORIES_ENV
+from dynlogits.specs.kinds import ProcessorKind, register_kind
 from dynlogits.specs import SpecError, kinds
 
 VOCAB = 32
@@ -50,15 +51,15 @@ def test_forced_payload_forces_each_token_then_eos():
 def test_ids_beyond_the_logits_width_fail_before_realization():
     with pytest.raises(SpecError, match=r"dynamo_logits\[0\]\.eos_token_id: must be < vocab size 32"):
         build_request_processor([{"kind": "forced_sequence", "token_ids": [5], "eos_token_id": 40}], vocab_size=VOCAB)
-    validate_payload([{"kind": "forced_sequence", "token_ids": [5], "eos_token_id": 40}])  # vocab unknown: fine
+    validate([{"kind": "forced_sequence", "token_ids": [5], "eos_token_id": 40}])  # vocab unknown: fine
 
 
 def test_python_kind_needs_the_workers_allow_list(monkeypatch):
-    payload = [{"kind": "python", "factory": "test_realize:make_zeroer", "kwargs": {"token_id": 2}}]
+    payload = [{"kind": "python", "factory": "test_realization:make_zeroer", "kwargs": {"token_id": 2}}]
     monkeypatch.delenv(PYTHON_FACTORIES_ENV, raising=False)
-    with pytest.raises(SpecError, match=r"dynamo_logits\[0\]\.factory: factory 'test_realize:make_zeroer' is not allow-listed"):
+    with pytest.raises(SpecError, match=r"dynamo_logits\[0\]\.factory: factory 'test_realization:make_zeroer' is not allow-listed"):
         build_request_processor(payload, vocab_size=VOCAB)
-    monkeypatch.setenv(PYTHON_FACTORIES_ENV, "other:thing, test_realize:make_zeroer")
+    monkeypatch.setenv(PYTHON_FACTORIES_ENV, "other:thing, test_realization:make_zeroer")
     proc = build_request_processor(payload, vocab_size=VOCAB)
     row = torch.ones(VOCAB)
     proc([], row)
@@ -66,9 +67,9 @@ def test_python_kind_needs_the_workers_allow_list(monkeypatch):
 
 
 def test_a_failing_factory_fails_only_its_request_with_a_named_error(monkeypatch):
-    monkeypatch.setenv(PYTHON_FACTORIES_ENV, "test_realize:make_zeroer")
+    monkeypatch.setenv(PYTHON_FACTORIES_ENV, "test_realization:make_zeroer")
     with pytest.raises(SpecError, match=r"dynamo_logits\[0\]: could not realize kind 'python': TypeError"):
-        build_request_processor([{"kind": "python", "factory": "test_realize:make_zeroer", "kwargs": {"nope": 1}}], vocab_size=VOCAB)
+        build_request_processor([{"kind": "python", "factory": "test_realization:make_zeroer", "kwargs": {"nope": 1}}], vocab_size=VOCAB)
 
 
 class _ScaleSpec(BaseModel):
@@ -101,12 +102,12 @@ def test_third_party_kind_is_validated_by_its_model_and_realized(monkeypatch):
 
 def test_a_string_factory_is_imported_when_realized_and_its_failure_fails_the_request(monkeypatch):
     monkeypatch.setattr(kinds, "_registered", {})
-    register_kind(ProcessorKind("scale", _ScaleSpec, "test_realize:make_scale"))
+    register_kind(ProcessorKind("scale", _ScaleSpec, "test_realization:make_scale"))
     proc = build_request_processor([{"kind": "scale", "factor": 3.0}], vocab_size=VOCAB)
     row = torch.ones(VOCAB)
     proc([], row)
     assert row[5] == 3.0
-    register_kind(ProcessorKind("scale", _ScaleSpec, "test_realize:no_such_factory"))
+    register_kind(ProcessorKind("scale", _ScaleSpec, "test_realization:no_such_factory"))
     with pytest.raises(SpecError, match=r"dynamo_logits\[0\]: could not realize kind 'scale': AttributeError"):
         build_request_processor([{"kind": "scale", "factor": 3.0}], vocab_size=VOCAB)
 

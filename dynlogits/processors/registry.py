@@ -2,9 +2,9 @@
 
 Third-party kinds are declared in the torch-free specs layer
 (``dynlogits.specs.kinds``: ``ProcessorKind``, entry-point group
-``dynlogits.processors``, ``register_kind``); ``ProcessorKind`` and ``register_kind``
-are re-exported here. This module resolves their factories: a factory given as an
-import string is imported here, in the engine, when an entry is first realized.
+``dynlogits.processors``, ``register_kind``). This module resolves their factories: a
+factory given as an import string is imported here, in the engine, when an entry is first
+realized.
 """
 
 from __future__ import annotations
@@ -14,26 +14,32 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dynlogits.processors import BUILTIN_FACTORIES, BaseLogitsProcessor, RealizeContext
 from dynlogits.specs import SpecError
-from dynlogits.specs.kinds import ENTRY_POINT_GROUP, ProcessorKind, installed_kinds, plugin_kinds, register_kind
+from dynlogits.specs.kinds import ProcessorKind, plugin_kinds
 
-__all__ = [
-    "ENTRY_POINT_GROUP",
-    "PYTHON_FACTORIES_ENV",
-    "Factory",
-    "ProcessorKind",
-    "check_python_allowed",
-    "factory_for",
-    "installed_kinds",
-    "plugin_kinds",
-    "register_kind",
-]
+from .base import BaseLogitsProcessor, RealizeContext
+from .bias import LogitBiasProcessor
+from .forced import ForcedSequenceProcessor
+from .min_tokens import MinTokensProcessor
+from .thinking_budget import ThinkingBudgetProcessor
+from .token_sets import AllowedTokensProcessor, BannedTokensProcessor
+
+__all__ = ["BUILTIN_FACTORIES", "PYTHON_FACTORIES_ENV", "Factory", "check_python_allowed", "factory_for"]
 
 # Comma-separated import strings the operator allows the ``python`` kind to load.
 PYTHON_FACTORIES_ENV = "DYN_LOGITS_PYTHON_FACTORIES"
 
 Factory = Callable[[Any, RealizeContext], BaseLogitsProcessor]
+
+#: Each factory returns a FRESH processor for one request (no state shared between requests).
+BUILTIN_FACTORIES: Mapping[str, Factory] = {
+    "forced_sequence": lambda e, ctx: ForcedSequenceProcessor(e.token_ids, e.eos_token_id),
+    "banned_tokens": lambda e, ctx: BannedTokensProcessor(e.token_ids),
+    "allowed_tokens": lambda e, ctx: AllowedTokensProcessor(e.token_ids, e.eos_token_id),
+    "logit_bias": lambda e, ctx: LogitBiasProcessor({int(k): v for k, v in e.bias.items()}),
+    "min_tokens": lambda e, ctx: MinTokensProcessor(e.min_tokens, e.stop_token_ids),
+    "thinking_budget": lambda e, ctx: ThinkingBudgetProcessor(e.start_token_ids, e.end_token_ids, e.budget),
+}
 
 
 def _allowed_python_factories(environ: Mapping[str, str]) -> frozenset[str]:

@@ -1,4 +1,4 @@
-"""``dynlogits.batch.apply_plans``: the batched path equals per-row application, with a number
+"""``dynlogits.sdk.plans.apply_plans``: the batched path equals per-row application, with a number
 of tensor ops that does not grow with the rows and no vocab-sized allocation."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch_counting import OpCounter
 
-from dynlogits.batch import apply_plans
-from dynlogits.realize import build_request_processor
+from dynlogits.sdk.plans import apply_plans
+from dynlogits.sdk.realization import build_request_processor
 from dynlogits.specs import SpecError, decode_wire_payload
 
 V = 64

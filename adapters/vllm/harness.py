@@ -1,4 +1,8 @@
-"""Test helpers shipped with the adapter: a Model Runner V2 sampler harness, and a fault factory.
+"""A model of vLLM's Model Runner V2 sampler, not vLLM: test helpers shipped with the adapter.
+
+Not for production. A harness reproduces what the engine does around the adapter, from vLLM's
+sources, so the adapter can be tested where the engine cannot run. Contents: a Model Runner V2
+sampler harness, and a fault factory.
 
 ``V2SamplerHarness`` drives a V2 ``LogitsProcessor`` the way vLLM's V2 model runner and
 ``Sampler`` do, with vLLM's real ``LogitsProcRequestState`` and ``LogitsContext``:

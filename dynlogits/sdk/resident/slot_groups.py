@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from dynlogits.batch import row_runs
 from dynlogits.processors.templates import (
     BiasTemplate,
     ForceSeqTemplate,
@@ -39,6 +38,7 @@ from dynlogits.processors.templates import (
     ThinkingTemplate,
 )
 
+from ..plans import row_runs
 from .staging import SlotTable, StepUpload
 
 __all__ = ["GROUP_TYPES", "Dead", "Group", "KnownRows", "MaskedRows", "StepInputs", "fill_rows"]
@@ -344,7 +344,7 @@ class MaskBeforeGroup(_IdsGroup):
 class ThinkingGroup(Group):
     """``thinking_budget``: whether and what to force depends on the tokens written, which the
     adapter decides (``decisions``: the end token to force per member row, ``-1`` for none): on
-    the host from the live history (V1 runner), or on the device (``dynlogits.sdk.thinking``)."""
+    the host from the live history (V1 runner), or on the device (``dynlogits.sdk.resident.thinking``)."""
 
     template_type = ThinkingTemplate
     restrictive = True

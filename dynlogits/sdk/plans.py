@@ -7,10 +7,10 @@ plug-ins) called on its row. Plans are applied level by level: level ``k`` holds
 of every plan; its ``RowOp``s are grouped by type and each group is applied to all of its rows at
 once (index tensors the size of the listed ids, never vocab-sized), then its opaque steps are
 called one row at a time. Rows are independent, so this is exactly what applying each request's
-processors to its own row in order would do (``tests/test_batch.py`` compares both).
+processors to its own row in order would do (``tests/sdk/test_plans.py`` compares both).
 
 Engines with persistent request slots run built-in kinds through the resident path instead
-(``dynlogits.sdk.slot_batch``: device tables, no per-step planning); both follow ``ops``.
+(``dynlogits.sdk.resident``: device tables, no per-step planning); both follow ``ops``.
 
 Containment: an opaque step that raises fails its plan (``on_error``), the rest of that plan is
 skipped and every other plan is applied in full. A grouped op cannot fail on a request's data

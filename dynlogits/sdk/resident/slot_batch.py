@@ -4,9 +4,9 @@ Engines such as vLLM keep requests in persistent *slots* and hand the sampler a 
 changes only when requests come and go. ``SlotBatch`` compiles each resident request (every
 processor a built-in kind: ``GuardedRequest.resident``) into per-slot device tables once, when it
 enters a slot, and runs each step as a few tensor ops per group of entries
-(``dynlogits.sdk.slot_groups``), reading positions from what the engine already has. In steady
+(``dynlogits.sdk.resident.slot_groups``), reading positions from what the engine already has. In steady
 state nothing is planned on the host per row, nothing is read back from the device, and no tensor
-is built from a host list: the only traffic is what ``dynlogits.sdk.staging`` queues without
+is built from a host list: the only traffic is what ``dynlogits.sdk.resident.staging`` queues without
 blocking (the V1 runner's positions, host-decided ``thinking_budget`` tokens, failure flags).
 
 Lifecycle (what an adapter calls):
@@ -17,6 +17,26 @@ Lifecycle (what an adapter calls):
   Model Runner V2 without speculative decoding), or ``rows_on_device(slot_of_row, slots)`` each
   step when only the device knows (Model Runner V2 with speculative decoding);
 * ``apply(logits, ...)`` every step.
+
+Assumptions (what the adapter guarantees):
+
+* slots are the engine's own persistent indices in ``[0, num_slots)``; a slot is reused only
+  after ``assign`` gave it its new occupant (or ``None``);
+* ``flush()`` runs after the ``assign`` calls of a batch change and before the next ``apply``;
+* ``logits`` is ``[rows, vocab_size]``, on ``device``, and each row belongs to the slot the last
+  ``set_rows`` / ``rows_on_device`` named for it;
+* positions passed to ``apply`` (``generated``) count the tokens a row's request generated before
+  that row, drafts included.
+
+Guarantees (what ``SlotBatch`` gives back):
+
+* a slot's program is exactly the request it was last assigned: nothing of a former occupant
+  survives ``assign``;
+* rows of slots with no resident request are never written;
+* ``apply`` never raises for one request's data (ids were checked against ``vocab_size`` at
+  realization) and never undoes a ``-inf`` the engine wrote, except to fail-stop a failed
+  request to its stop token (the one deliberate override: a failed request must end);
+* a failure touches only the failed request's own rows.
 
 Failures: a row left with no token (a forced or allowed token masked by the engine's grammar, or
 by the request's own entries) is fail-stopped on the device in the same step; its slot's flag is
@@ -35,9 +55,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dynlogits.batch import row_runs
-
-from .guard import NO_TOKEN_LEFT, GuardedRequest
+from ..guard import NO_TOKEN_LEFT, GuardedRequest
+from ..plans import row_runs
 from .slot_groups import GROUP_TYPES, Dead, Group, KnownRows, MaskedRows, StepInputs, ThinkingGroup, fill_rows
 from .staging import SlotFlags, SlotTable, StepUpload
 

@@ -1,11 +1,12 @@
 """Worker side: a fresh ``DynamoTrtllmLogitsProcessor`` per request, on its ``SamplingParams``.
 
 TensorRT-LLM takes live processor objects on ``SamplingParams.logits_processor`` (one or a list;
-a list only on the PyTorch backend). ``attach_logits_processors`` validates the gated entries
+a list only on the PyTorch backend). ``activate`` validates the gated entries
 (``SpecError`` naming the field; ``python`` entries only when allow-listed on this worker, and
 again in the engine process), encodes them as the wire payload and puts a new processor for this
 request on ``sampling_params``, replacing one a previous call attached and keeping any others.
-With no entries it removes ours and attaches nothing.
+With no entries it removes ours and attaches nothing. ``validate(sampling_params)`` is the
+admission check of what a request carries: the payload of every processor of ours attached to it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dynlogits import sdk
 
 from .processor import DynamoTrtllmLogitsProcessor
 
-__all__ = ["attach_logits_processors", "stop_token_ids"]
+__all__ = ["activate", "stop_token_ids", "validate"]
 
 
 def stop_token_ids(sampling_params: Any) -> tuple[int, ...]:
@@ -31,12 +32,19 @@ def stop_token_ids(sampling_params: Any) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def _attached(current: Any) -> list[Any]:
+    return current if isinstance(current, list) else ([] if current is None else [current])
+
+
 def _others(current: Any) -> list[Any]:
-    items = current if isinstance(current, list) else ([] if current is None else [current])
-    return [p for p in items if not isinstance(p, DynamoTrtllmLogitsProcessor)]
+    return [p for p in _attached(current) if not isinstance(p, DynamoTrtllmLogitsProcessor)]
 
 
-def attach_logits_processors(sampling_params: Any, entries: Sequence[Any], prompt_token_ids: Sequence[int], *,
+def _ours(current: Any) -> list[DynamoTrtllmLogitsProcessor]:
+    return [p for p in _attached(current) if isinstance(p, DynamoTrtllmLogitsProcessor)]
+
+
+def activate(sampling_params: Any, entries: Sequence[Any], prompt_token_ids: Sequence[int], *,
                              vocab_size: int | None = None) -> DynamoTrtllmLogitsProcessor | None:
     """Attach a fresh processor for ``entries`` to ``sampling_params`` (TensorRT-LLM's
     ``SamplingParams`` or anything with a ``logits_processor`` attribute); returns it, or ``None``
@@ -52,3 +60,10 @@ def attach_logits_processors(sampling_params: Any, entries: Sequence[Any], promp
                                             stop_token_ids=stop_token_ids(sampling_params))
     sampling_params.logits_processor = [*others, processor] if others else processor
     return processor
+
+
+def validate(sampling_params: Any, *, vocab_size: int | None = None) -> None:
+    """Raise ``SpecError`` naming the field unless every processor of ours on ``sampling_params``
+    carries a payload that would realize (``vocab_size``, when known, bounds every id)."""
+    for processor in _ours(getattr(sampling_params, "logits_processor", None)):
+        sdk.validate(processor.payload, vocab_size=vocab_size)

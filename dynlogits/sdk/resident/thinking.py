@@ -27,7 +27,7 @@ import torch
 
 from dynlogits.processors.templates import ThinkingTemplate
 
-from .guard import GuardedRequest
+from ..guard import GuardedRequest
 from .slot_groups import MaskedRows, ThinkingGroup
 from .staging import SlotTable
 

@@ -1,4 +1,6 @@
-"""Harnesses modelled on TensorRT-LLM's two call sites of logits processors.
+"""Models of TensorRT-LLM's two call sites of logits processors, not the engine: test helpers.
+
+Not for production: they exist so the adapter can be tested where TensorRT-LLM cannot run.
 
 **These are harnesses, not TensorRT-LLM**: its wheel is not on the package index reachable here
 (only a stub that downloads it from NVIDIA's own index) and it needs CUDA, so nothing of TensorRT-LLM

@@ -1,4 +1,7 @@
-"""A harness that drives SGLang's real scheduler-side classes the way its scheduler does, on CPU.
+"""A model of SGLang's scheduler around its real classes, not the engine: a test helper.
+
+Not for production. It drives SGLang's real scheduler-side classes the way its scheduler does, on
+CPU, so the adapter can be tested where the engine cannot run.
 
 **It is a harness**: SGLang's engine (model runner, KV pools, CUDA kernels) cannot start without a
 GPU and ``sgl-kernel``, so no model runs and no KV cache is allocated. What is real: ``Req``,
