@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from dynlogits.sdk import GuardedRequest
+
 from .capabilities import check_vllm_config
 from .engine_spec import engine_spec_for
-from .request import GuardedRequest, realize_request, validate
+from .request import realize_request, validate
 from .v1 import V1RunnerMixin
 from .v2 import HAS_V2_INTERFACE, LogitsProcRequestState, V2RunnerMixin
 

@@ -28,7 +28,7 @@ from dynlogits.engine_spec import admission_config, check_request_payload
 from dynlogits.sdk import FailureReport, GuardedRequest
 from dynlogits.specs import WIRE_KEY, SpecError
 
-__all__ = ["FailureReport", "GuardedRequest", "PayloadSource", "read_payload", "realize_request", "validate"]
+__all__ = ["PayloadSource", "read_payload", "realize_request", "validate"]
 
 
 class PayloadSource(Protocol):

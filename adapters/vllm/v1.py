@@ -44,9 +44,7 @@ import torch
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor, BatchUpdate, MoveDirectionality
 
 from dynlogits.processors.templates import ThinkingTemplate
-from dynlogits.sdk import SlotBatch, apply_rows
-
-from .request import GuardedRequest
+from dynlogits.sdk import GuardedRequest, SlotBatch, apply_rows
 
 __all__ = ["RealizedRequests", "V1RunnerMixin"]
 

@@ -39,9 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dynlogits.sdk import DeviceThinking, SlotBatch, apply_draft_row, apply_rows
-
-from .request import GuardedRequest
+from dynlogits.sdk import DeviceThinking, GuardedRequest, SlotBatch, apply_draft_row, apply_rows
 
 try:  # vLLM >= 0.31; the adapter still works with the V1 runner alone on older versions
     from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcessor, LogitsProcRequestState

@@ -31,13 +31,12 @@ from vllm.v1.worker.gpu.sample.logits_processor import (  # noqa: E402
 from dynlogits.adapters.vllm import (  # noqa: E402
     PROCESSOR_FQCN,
     DynamoVllmLogitsProcessor,
-    GuardedRequest,
     UnsupportedEngineConfig,
     check_engine_args,
     check_vllm_config,
     register_dynamo_logits_processor,
 )
-from dynlogits.sdk import apply_row  # noqa: E402
+from dynlogits.sdk import GuardedRequest, apply_row  # noqa: E402
 from dynlogits.specs import WIRE_KEY, SpecError  # noqa: E402
 
 FORCED = [{"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": 1}]
