@@ -22,7 +22,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder, MoveDirectionality
 
 from dynlogits import sdk
-from dynlogits.activation import activate_logits_processors
+from dynlogits.sdk.activation import activate_logits_processors
 from dynlogits.roles import DisaggregationMode
 from dynlogits.specs import WIRE_KEY, LogitsProcessorSpec
 

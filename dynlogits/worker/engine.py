@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dynlogits.activation import activate_logits_processors
+from dynlogits.sdk.activation import activate_logits_processors
 from dynlogits.specs import WIRE_KEY
 
 from .introspect import EXTENSION_CLASS
