@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dynlogits.specs import SpecError, decode_wire_payload
 from dynlogits.specs.schema import payload_schema, render, spec_schema
+from dynlogits.testing import SHIPPED  # torch-free: the kit's list of shipped adapters
 
 __all__ = ["main"]
 
@@ -62,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
                                       "(built-in kinds plus installed plug-in kinds)")
     s.add_argument("--spec", action="store_true", help="print the schema of a LogitsProcessorSpec (config) instead")
     c = sub.add_parser("conformance", help="run the conformance kit against an adapter; exit 0 only when every check passes")
-    c.add_argument("adapter", help="a shipped adapter (vllm, transformers) or an import string pkg.mod:driver_factory")
+    c.add_argument("adapter", help=f"a shipped adapter ({', '.join(SHIPPED)}) or an import string pkg.mod:driver_factory")
     m = sub.add_parser("make-model", help="build the small embedded default model (no download)")
     m.add_argument("dir", type=Path)
     m.add_argument("--vocab-size", type=int, default=None, help="logits width (default: tokenizer size padded to 64)")

@@ -12,12 +12,34 @@ way the engine does) and runs the checks (``CHECKS``, driven by the golden vecto
             outcome = run_check(check, driver)
             assert outcome.status != "failed", outcome.detail
 
-The project's own adapters ship their drivers (``SHIPPED``).
+The project's own adapters ship their drivers (``SHIPPED``: short name -> driver factory).
+``import dynlogits.testing`` and ``SHIPPED`` load no torch; the rest loads it on first use.
 """
 
-from .checks import CHECKS, Check, Skip
-from .driver import AdapterDriver
-from .runner import KIT_VOCAB_SIZE, SHIPPED, Outcome, drivers_for, resolve, run_check, run_conformance
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .shipped import SHIPPED
+
+if TYPE_CHECKING:
+    from .checks import CHECKS, Check, Skip
+    from .driver import AdapterDriver
+    from .runner import KIT_VOCAB_SIZE, Outcome, drivers_for, resolve, run_check, run_conformance
+
+_LAZY = {
+    "CHECKS": "checks",
+    "Check": "checks",
+    "Skip": "checks",
+    "AdapterDriver": "driver",
+    "KIT_VOCAB_SIZE": "runner",
+    "Outcome": "runner",
+    "drivers_for": "runner",
+    "resolve": "runner",
+    "run_check": "runner",
+    "run_conformance": "runner",
+}
 
 __all__ = [
     "CHECKS",
@@ -32,3 +54,17 @@ __all__ = [
     "run_check",
     "run_conformance",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load the torch-using parts of the kit on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,8 +1,8 @@
 """Running the checks against the drivers of one adapter, for the CLI and for pytest.
 
-``resolve(target)`` turns ``vllm`` / ``transformers`` (a shipped adapter) or ``pkg.mod:factory``
-into a driver factory; a factory is called with ``vocab_size=`` and returns one driver or a list
-of them, each FRESH (the kit asks for new drivers before every check).
+``resolve(target)`` turns a shipped adapter's short name (``SHIPPED``) or ``pkg.mod:factory`` into
+a driver factory; a factory is called with ``vocab_size=`` and returns one driver or a list of
+them, each FRESH (the kit asks for new drivers before every check).
 """
 
 from __future__ import annotations
@@ -16,19 +16,13 @@ from typing import Literal, TextIO
 
 from .checks import CHECKS, Check, Skip
 from .driver import AdapterDriver
+from .shipped import SHIPPED
 
 __all__ = ["KIT_VOCAB_SIZE", "SHIPPED", "Outcome", "drivers_for", "resolve", "run_check", "run_conformance"]
 
 #: The logits width the kit asks drivers for (the embedded model's).
 KIT_VOCAB_SIZE = 1024
 
-#: Short names of the adapters this project ships, and their driver factories.
-SHIPPED = {
-    "vllm": "dynlogits.adapters.vllm.conformance:drivers",
-    "transformers": "dynlogits.adapters.transformers.conformance:drivers",
-    "sglang": "dynlogits.adapters.sglang.conformance:drivers",
-    "trtllm": "dynlogits.adapters.trtllm.conformance:drivers",
-}
 
 DriverFactory = Callable[..., "AdapterDriver | Sequence[AdapterDriver]"]
 
@@ -46,7 +40,7 @@ def resolve(target: str) -> DriverFactory:
     path = SHIPPED.get(target, target)
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"unknown adapter {target!r}: use one of {sorted(SHIPPED)} or an import string 'pkg.mod:factory'")
+        raise ValueError(f"unknown adapter {target!r}: use one of {list(SHIPPED)} or an import string 'pkg.mod:factory'")
     obj: object = importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
