@@ -51,7 +51,11 @@ class AdapterDriver(Protocol):
 
     def step(self, batch: Sequence[str], logits: torch.Tensor) -> torch.Tensor:
         """Process one step: row ``i`` of ``logits`` belongs to ``batch[i]``; returns the processed
-        logits (the same tensor when the engine edits in place)."""
+        logits (the same tensor when the engine edits in place).
+
+        The kit passes a CPU, ``float32``, C-contiguous ``[len(batch), vocab_size]`` tensor, a fresh
+        one every step (it keeps its own copy to compare with); a driver moves or converts it to
+        what its engine hands the adapter (another device or dtype, numpy arrays)."""
 
     def commit(self, req_id: str, token_id: int) -> None:
         """Append a sampled token to the request's history."""
@@ -60,7 +64,9 @@ class AdapterDriver(Protocol):
         """The request ends (finished, aborted or preempted)."""
 
     def held_requests(self) -> int:
-        """How many requests the adapter holds per-request state for."""
+        """How many requests the adapter holds per-request state for: entries of its request table,
+        or, for an adapter that keeps no table (the engine owns each request's processors), the
+        live requests that still carry one of its processors."""
 
     def failures(self) -> list[str]:
         """The failure reports the adapter made so far (``dynlogits.sdk.FailureReport``)."""

@@ -1,5 +1,6 @@
-"""docs/sdk.md's toy backend, built from the doc's own snippets, passes the conformance kit; and
-the kit catches each kind of broken adapter (mutants of that toy), so its passes mean something."""
+"""docs/sdk.md's backends, built from the doc's own snippets, pass the conformance kit: the toy
+backend and the per-request numpy backend (llama-cpp-python's calling convention); and the kit
+catches each kind of broken adapter (mutants of the toy), so its passes mean something."""
 
 from __future__ import annotations
 
@@ -12,21 +13,42 @@ from io import StringIO
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
+import torch
 
 from dynlogits import sdk
-from dynlogits.testing import CHECKS, drivers_for, run_check, run_conformance
+from dynlogits.testing import CHECKS, KIT_VOCAB_SIZE, drivers_for, run_check, run_conformance
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "sdk.md"
 
 
-def _toy_source() -> str:
+TOY_SECTION = "## From zero: a toy backend"
+NUMPY_SECTION = "## Engines that call one processor per request, on numpy arrays"
+
+
+def _section_source(heading: str, min_blocks: int) -> str:
+    """The ``python`` snippets of one section of the doc, in order, as one module."""
     text = DOC.read_text()
-    section = text.split("## From zero: a toy backend", 1)[1].split("\n## ", 1)[0]
+    assert f"\n{heading}\n" in text, f"docs/sdk.md lost its section {heading!r}"
+    section = text.split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert len(blocks) >= 4, "the toy backend section lost its snippets"
+    assert len(blocks) >= min_blocks, f"the section {heading!r} lost its snippets"
     return "\n\n".join(blocks)
+
+
+def _toy_source() -> str:
+    return _section_source(TOY_SECTION, 4)
+
+
+def _import_from(folder: Path, name: str):  # noqa: ANN202 - a generator fixture body
+    sys.path.insert(0, str(folder))
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +60,14 @@ def toy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def toy(toy_dir: Path) -> ModuleType:
-    sys.path.insert(0, str(toy_dir))
-    try:
-        yield importlib.import_module("toy_backend")
-    finally:
-        sys.path.remove(str(toy_dir))
-        sys.modules.pop("toy_backend", None)
+    yield from _import_from(toy_dir, "toy_backend")
+
+
+@pytest.fixture(scope="module")
+def numpy_backend(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    folder = tmp_path_factory.mktemp("numpy_backend")
+    (folder / "numpy_backend.py").write_text(_section_source(NUMPY_SECTION, 3))
+    yield from _import_from(folder, "numpy_backend")
 
 
 def _outcome(driver_factory, check_name: str):
@@ -151,3 +175,102 @@ def test_the_kit_catches_a_processor_that_ignores_the_payload_order(toy: ModuleT
 
     outcome = _outcome(_mutant(toy, adapter={"add": add}), "valid_vectors_behave_as_documented")
     assert outcome.status == "failed"
+
+
+# -- the per-request numpy backend (llama-cpp-python's calling convention) ------------------------
+def test_the_docs_numpy_backend_passes_every_check(numpy_backend: ModuleType) -> None:
+    out = StringIO()
+    assert run_conformance("numpy_backend:drivers", out) == 0, out.getvalue()
+    assert out.getvalue().splitlines()[-1] == f"{len(CHECKS)} passed, 0 failed"
+
+
+def _forcing_processor(numpy_backend: ModuleType, token_ids=(5, 6, 7), prompt=(3, 4)):
+    adapter = numpy_backend.NumpyAdapter(16)
+    payload = [{"kind": "forced_sequence", "token_ids": list(token_ids), "eos_token_id": 1}]
+    [processor] = adapter.processors_for({sdk.WIRE_KEY: payload}, list(prompt), eos_token_id=1)
+    return processor, adapter
+
+
+def _forced_row(token: int, width: int = 16) -> np.ndarray:
+    row = np.full(width, -np.inf, dtype=np.float32)
+    row[token] = 0.0
+    return row
+
+
+def test_the_numpy_processor_edits_the_engines_row_in_place(numpy_backend: ModuleType) -> None:
+    processor, _ = _forcing_processor(numpy_backend)
+    matrix = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)  # the engine's scores
+    scores = matrix[-1, :]
+    out = processor(np.array([3, 4, 5], dtype=np.intc), scores)  # prompt (3, 4), then 5 generated
+    assert out is scores and np.shares_memory(out, matrix)
+    np.testing.assert_array_equal(matrix[-1], _forced_row(6))  # position 1: the prompt is not history
+
+
+@pytest.mark.parametrize("layout", ["read-only", "strided", "reversed", "float64"])
+def test_the_numpy_processor_copies_scores_it_cannot_share(numpy_backend: ModuleType, layout: str) -> None:
+    processor, adapter = _forcing_processor(numpy_backend)
+    base = np.random.default_rng(1).standard_normal(32).astype(np.float32)
+    scores = {
+        "read-only": base[:16].copy(),
+        "strided": base[::2],
+        "reversed": base[::-1][:16],
+        "float64": base[:16].astype(np.float64),
+    }[layout]
+    if layout == "read-only":
+        scores.flags.writeable = False
+    before = scores.copy()
+    out = processor(np.array([3, 4], dtype=np.intc), scores)
+    assert out is not scores and out.dtype == scores.dtype and out.shape == (16,)
+    np.testing.assert_array_equal(out, _forced_row(5).astype(scores.dtype))
+    np.testing.assert_array_equal(scores, before)  # the engine's array is only replaced by the result
+    assert adapter.failures == []
+
+
+def test_the_numpy_driver_holds_state_only_through_the_engines_processor_lists(numpy_backend: ModuleType) -> None:
+    driver = numpy_backend.drivers(16)[0]
+    forced = [{"kind": "forced_sequence", "token_ids": [5], "eos_token_id": 1}]
+    driver.add("with", forced, prompt_ids=[3], eos_token_id=1)
+    driver.add("without", None, prompt_ids=[3], eos_token_id=1)
+    assert driver.held_requests() == 1
+    logits = torch.zeros(2, 16)
+    assert driver.step(["with", "without"], logits) is logits
+    assert logits[0].tolist() == _forced_row(5).tolist() and logits[1].tolist() == [0.0] * 16
+    driver.remove("with")
+    assert driver.held_requests() == 0
+
+
+def test_the_kit_catches_a_numpy_processor_that_counts_the_prompt(numpy_backend: ModuleType) -> None:
+    class PromptCounting(numpy_backend.NumpyProcessor):
+        def __init__(self, guarded, prompt_len):
+            super().__init__(guarded, 0)  # forgets the prompt length: history = all of input_ids
+
+    class Adapter(numpy_backend.NumpyAdapter):
+        def processors_for(self, params, prompt_ids, eos_token_id):
+            return [PromptCounting(p.guarded, p.prompt_len)
+                    for p in super().processors_for(params, prompt_ids, eos_token_id)]
+
+    class Driver(numpy_backend.NumpyDriver):
+        def __init__(self, vocab_size):
+            super().__init__(vocab_size)
+            self.adapter = Adapter(vocab_size)
+
+    outcome = _outcome(lambda vocab_size: [Driver(vocab_size)], "state_is_fresh_per_request")
+    assert outcome.status == "failed"
+
+
+def test_the_kit_steps_drivers_with_fresh_cpu_float32_contiguous_logits(numpy_backend: ModuleType) -> None:
+    """What docs/sdk.md and the driver protocol promise ``step`` receives, and the numpy driver relies on."""
+    seen: list[torch.Tensor] = []
+
+    class Checking(numpy_backend.NumpyDriver):
+        def step(self, batch, logits):
+            assert logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous()
+            assert tuple(logits.shape) == (len(batch), self.vocab_size)
+            assert all(logits.data_ptr() != s.data_ptr() for s in seen), "a tensor reused across steps"
+            seen.append(logits)
+            return super().step(batch, logits)
+
+    for check in CHECKS:
+        seen.clear()
+        outcome = run_check(check, Checking(KIT_VOCAB_SIZE))
+        assert outcome.status == "passed", f"{check.name}: {outcome.detail}"
