@@ -11,7 +11,7 @@ implementation gets the same requests:
   (CPU only); the step's ``LogitsContext`` is built outside the timed region, ``apply(logits, ctx)``
   is timed;
 * ``loop``: the same payloads realized with ``dynlogits.sdk.realize`` and each ``GuardedRequest``
-  called on its own row, what a naive adapter does;
+  applied to its own row (``sdk.apply_row``), what a naive adapter does;
 * ``reference``: ai-dynamo-runtime 1.6.1 through ``ReferenceForcedSequenceProcessor`` (vLLM's
   per-row ``AdapterLogitsProcessor.apply``), forced_sequence only;
 * ``floor``: one ``fill_(-inf)`` of the same rows (a memset), forced_sequence only.
@@ -157,10 +157,11 @@ class _Loop(_Impl):
         stop = sdk.pick_stop_token(case.eos, None, case.vocab)
         self.requests = [sdk.realize(p, vocab_size=case.vocab, stop_token_id=stop) for p in case.payloads]
         self.outputs = case.outputs
+        self.apply_row = sdk.apply_row
 
     def step(self, logits: torch.Tensor) -> None:
         for i, request in enumerate(self.requests):
-            request(self.outputs[i], logits[i])
+            self.apply_row(request, self.outputs[i], logits[i])
 
 
 class _Floor(_Impl):
