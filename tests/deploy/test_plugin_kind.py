@@ -20,6 +20,8 @@ import httpx
 import openai
 import pytest
 
+from plugin_dist import install_plugin
+
 from .conftest import model_name, openai_client
 from .launcher import PYTHON, ROOT, Deployment, free_port_block
 
@@ -112,17 +114,8 @@ MESSAGES = [{"role": "user", "content": "Tell me something."}]
 @pytest.fixture(scope="module")
 def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``acme_logits`` installed (dist-info with ``entry_points.txt``) into a folder of its own."""
-    src = tmp_path_factory.mktemp("acme-src")
-    (src / "pyproject.toml").write_text(PYPROJECT)
-    (src / "acme_logits").mkdir()
-    (src / "acme_logits" / "__init__.py").write_text("")
-    (src / "acme_logits" / "kinds.py").write_text(KINDS)
-    (src / "acme_logits" / "processors.py").write_text(PROCESSORS)
-    target = tmp_path_factory.mktemp("acme-site")
-    subprocess.run([PYTHON, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-                    "--target", str(target), str(src)], check=True, cwd=src, timeout=300)
-    assert list(target.glob("acme_logits-*.dist-info/entry_points.txt"))
-    return target
+    return install_plugin(tmp_path_factory.mktemp("acme-src"), tmp_path_factory.mktemp("acme-site"), "acme_logits",
+                          PYPROJECT, {"kinds.py": KINDS, "processors.py": PROCESSORS}, python=PYTHON)
 
 
 def with_plugin(path: Path | None) -> dict[str, str]:

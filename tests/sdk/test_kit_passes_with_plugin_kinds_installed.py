@@ -19,6 +19,7 @@ import pytest
 
 from dynlogits import sdk
 from dynlogits.testing import CHECKS, KIT_VOCAB_SIZE, SHIPPED, run_check
+from plugin_dist import install_plugin
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,18 +68,8 @@ NEEDS = {"vllm": "vllm", "transformers": "transformers", "sglang": "sglang"}
 @pytest.fixture(scope="module")
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``echo-kp`` installed (a dist-info with ``entry_points.txt``) into a folder of its own."""
-    src = tmp_path_factory.mktemp("echo-kp-src")
-    (src / "pyproject.toml").write_text(PYPROJECT)
-    (src / "echo_kp").mkdir()
-    (src / "echo_kp" / "__init__.py").write_text("")
-    (src / "echo_kp" / "kinds.py").write_text(KINDS)
-    (src / "echo_kp" / "processors.py").write_text(PROCESSORS)
-    site = tmp_path_factory.mktemp("echo-kp-site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(site), str(src)], check=True, cwd=src, timeout=300,
-                   capture_output=True)
-    assert list(site.glob("echo_kp-*.dist-info/entry_points.txt"))
-    return site
+    return install_plugin(tmp_path_factory.mktemp("echo-kp-src"), tmp_path_factory.mktemp("echo-kp-site"), "echo_kp",
+                          PYPROJECT, {"kinds.py": KINDS, "processors.py": PROCESSORS})
 
 
 def _run(site: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
