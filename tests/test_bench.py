@@ -1,5 +1,5 @@
 """``python -m dynlogits.bench``: it runs, every implementation produces a record for every
-kind and batch, the records have the issue's shape, and the docs are regenerated. Speed is never
+kind and batch, the records have their documented shape, and the docs are regenerated. Speed is never
 asserted here; the benchmark prints its targets itself."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """``python -m dynlogits.bench {micro,engine,wire,all}``: run the suites, print tables and targets.
 
-Prints the machine and versions, one table per suite with the ratios issue 11's targets name, and
-one line per target (met / NOT MET / not measured). ``--json FILE`` writes every measurement as a
-record (``dynlogits.bench.records``); ``--write-docs`` regenerates ``docs/performance.md`` and its
-plot. ``--quick`` is a smoke run (under a minute for ``micro``, ``wire`` and ``all``; ``all
+Prints the machine and versions, one table per suite with the ratios the targets are checked on,
+and one line per target (met / NOT MET / not measured). ``--json FILE`` writes every measurement
+as a record (``dynlogits.bench.records``); ``--write-docs`` regenerates ``docs/performance.md``
+and its plot. ``--quick`` is a smoke run (under a minute for ``micro``, ``wire`` and ``all``; ``all
 --quick`` leaves the engine suite out, ``engine --quick`` runs it on a tiny configuration).
 Exit status: 0 when the run completed, whatever the targets say; 1 when an implementation
 produced wrong results or an engine failed; 2 for bad arguments (e.g. ``--device cuda`` without CUDA).
@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     same_rows = "engine" in run and eopts.vocab == TARGET_VOCAB  # the micro floor's rows are the engine's
     bounds = forcing_bound_lines(records, engine_requests=eopts.requests if same_rows else None)
-    print("\n## targets (issue 11)\n")
+    print("\n## targets\n")
     print("\n".join([*target_lines(records), *bounds]))
     for note in notes:
         print(f"skipped: {note}")

@@ -67,7 +67,7 @@ on every request; the reference, running forced_sequence). Outputs are checked b
 and `decode` (bytes to validated entries, ids checked against the logits width), msgspec path
 (the engine's) against the pydantic path (plug-in kinds).
 
-Targets (issue 11): forced_sequence at batch 64, vocab 151936 within 1.25x of the floor and at least
+Targets: forced_sequence at batch 64, vocab 151936 within 1.25x of the floor and at least
 3x faster than the reference; banned_tokens and logit_bias at batch 64 at least 10x faster than the
 per-row loop and at batch 1 no slower than 2x the loop; engine throughput with the adapter on every
 request at least 0.98x the engine without a processor; wire decode of a 64-token forced sequence

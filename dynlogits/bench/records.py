@@ -1,4 +1,4 @@
-"""One record per measurement, in the JSON shape ``--json FILE`` writes (issue 11's contract).
+"""One record per measurement, in the JSON shape ``--json FILE`` writes.
 
 * micro: ``{"suite": "micro", "kind", "batch", "vocab", "impl", "median_ms"}``, ``impl`` one of
   ``MICRO_IMPLS``;
