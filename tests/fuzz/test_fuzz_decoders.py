@@ -35,24 +35,33 @@ def _named(err: SpecError, root: str) -> None:
 
 
 def check_wire(payload: object) -> None:
-    """Engine side: decode, admission (``sdk.validate``) and realization (``sdk.realize``) agree and
-    only ever raise ``SpecError``; realization never raises at all."""
+    """Engine side: admission (``sdk.validate``) is the wire decoder plus the worker's policy, and
+    realization (``sdk.realize``) follows admission; only ``SpecError`` is ever raised, and
+    realization never raises at all.
+
+    The decoder checks the wire format alone (it runs torch-free, wherever a payload is read);
+    admission refuses everything it refuses and, beyond that, only a ``python`` entry whose factory
+    the operator did not allow-list on this worker (``DYN_LOGITS_PYTHON_FACTORIES``), named at
+    ``dynamo_logits[i].factory``."""
     from dynlogits.sdk import realize, validate
 
     try:
         decode_wire_payload(payload, vocab_size=VOCAB)
-        accepted = True
+        decoded = True
     except SpecError as err:
         _named(err, "dynamo_logits")
-        accepted = False
+        decoded = False
     try:
         validate(payload, vocab_size=VOCAB)
-        assert accepted or payload is None, payload
+        admitted = True
     except SpecError as err:
-        assert not accepted
         _named(err, "dynamo_logits")
+        admitted = False
+        if decoded:  # the policy's refusal only: a python factory off the worker's allow-list
+            assert all(p.path.endswith(".factory") and "not allow-listed" in p.rule for p in err.problems), err
+    assert admitted <= decoded or payload is None, payload
     request = realize(payload, vocab_size=VOCAB, stop_token_id=0)
-    if request is not None and not accepted:
+    if request is not None and not admitted:
         assert request.failed, payload  # a payload refused at admission never realizes live processors
 
 
