@@ -7,11 +7,19 @@
 # whose worker died), so no process outlives the script. A watchdog in a session of its own
 # does the same if the script dies without running its traps (SIGKILL, e.g. a supervisor
 # killing the script's process group).
+#
+# Supervision: while serving, a worker that exits (its engine died: the worker exits with status 3,
+# or it was killed) is started again with the same command after a backoff of 1, 2, 4, ... s (at
+# most 30 s); after DYN_WORKER_RESTARTS restarts in a row (default 5; a worker that stayed up for
+# DYN_WORKER_STABLE_S seconds, default 300, starts a new row) the script gives up and stops the
+# deployment with a clear message. --no-restart (or DYN_WORKER_RESTARTS=0) turns this off.
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [[ -x "$ROOT/.venv/bin/python" ]]; then PY="$ROOT/.venv/bin/python"; else PY="${PYTHON:-python3}"; fi
 READY_TIMEOUT="${DYN_READY_TIMEOUT:-300}"   # seconds to wait for every child to be ready
 STOP_TIMEOUT="${DYN_STOP_TIMEOUT:-20}"      # seconds a child gets to exit after SIGTERM
+WORKER_RESTARTS="${DYN_WORKER_RESTARTS:-5}" # restarts of a worker in a row before giving up; 0: none
+WORKER_STABLE_S="${DYN_WORKER_STABLE_S:-300}" # a worker up this long starts a new row of restarts
 
 # CPU-friendly engine settings unless a GPU is present; DYN_ENGINE_DEFAULTS="" disables them.
 # Flags given on the command line come later and win.
@@ -30,18 +38,32 @@ read -r -a ENGINE_DEFAULTS <<<"$DYN_ENGINE_DEFAULTS"
 
 CHILD_PIDS=()
 CHILD_NAMES=()
+CHILD_CMDS=()   # each child's command, shell-quoted, to start it again
 WATCHDOG_PID=""
 WATCHDOG_FILE=""
 
 log() { printf 'dynlogits: %s\n' "$*" >&2; }
 
-# start_child NAME CMD... : run CMD in a new process group, output prefixed with [NAME].
+# start_child NAME CMD... : run CMD in a new process group, output prefixed with [NAME]. Environment
+# a child needs must be part of CMD (`env VAR=value cmd ...`), so that a restart has it too.
 start_child() {
-  local name="$1" pid; shift
-  setsid "$@" > >(exec sed -u "s/^/[$name] /") 2>&1 &
-  pid=$!
-  CHILD_PIDS+=("$pid")
+  local name="$1"; shift
   CHILD_NAMES+=("$name")
+  CHILD_CMDS+=("$(printf '%q ' "$@")")
+  CHILD_PIDS+=("")
+  spawn_child $((${#CHILD_PIDS[@]} - 1))
+}
+
+# spawn_child INDEX : (re)start child INDEX from its recorded command.
+spawn_child() {
+  local i="$1" name="${CHILD_NAMES[$1]}" pid
+  local -a cmd
+  eval "cmd=(${CHILD_CMDS[i]})"
+  # setsid itself in the background (not a subshell around it), so that $! is the child's own pid,
+  # which is also its process group (what the watchdog, the supervision and stop_children signal).
+  setsid "${cmd[@]}" > >(exec sed -u "s/^/[$name] /") 2>&1 &
+  pid=$!
+  CHILD_PIDS[i]="$pid"
   log "started $name (pid $pid)"
   watch_group "$pid"
 }
@@ -127,11 +149,12 @@ wait_ready() {
   log "$name ready ($((SECONDS - start))s)"
 }
 
-# serve_until_done FRONTEND_URL RUN_CMD : run RUN_CMD and return its status, or wait until the
-# frontend exits (workers that die are reported; the frontend answers 503 until one is back).
+# serve_until_done FRONTEND_URL RUN_CMD : run RUN_CMD and return its status, or serve until the
+# frontend exits, supervising the workers (see the top of this file); the frontend answers 503 with
+# Retry-After while no worker is ready and picks a restarted worker up by itself.
 serve_until_done() {
-  local url="$1" run="$2" i
-  local -A reported=()
+  local url="$1" run="$2" i status backoff
+  local -A due=() tries=() up_since=() reported=()
   if [[ -n "$run" ]]; then
     DYN_FRONTEND_URL="$url" OPENAI_BASE_URL="$url" bash -c "$run"
     return $?
@@ -139,13 +162,34 @@ serve_until_done() {
   log "press Ctrl-C to stop"
   while child_alive 0; do
     for ((i = 1; i < ${#CHILD_PIDS[@]}; i++)); do
-      if ! child_alive "$i" && [[ -z "${reported[$i]:-}" ]]; then
-        reported[$i]=1
-        # A worker killed alone leaves its engine processes running (vLLM's engine core does not
+      if [[ -n "${due[$i]:-}" ]]; then
+        if ((SECONDS >= due[$i])); then
+          unset "due[$i]"
+          tries[$i]=$((${tries[$i]:-0} + 1))
+          spawn_child "$i"
+          up_since[$i]=$SECONDS
+        fi
+      elif child_alive "$i"; then
+        if ((${tries[$i]:-0} > 0 && SECONDS - ${up_since[$i]:-0} >= WORKER_STABLE_S)); then tries[$i]=0; fi
+      elif [[ -z "${reported[$i]:-}" ]]; then
+        status=0; wait "${CHILD_PIDS[i]}" 2>/dev/null || status=$?
+        # A worker gone alone leaves its engine processes running (vLLM's engine core does not
         # watch its parent): end the rest of its process group so they do not hold the memory.
         kill -KILL -- "-${CHILD_PIDS[i]}" 2>/dev/null || true
-        log "${CHILD_NAMES[i]} exited (its leftover engine processes were stopped); the frontend answers 503" \
-            "until a worker is back on its port"
+        if ((WORKER_RESTARTS <= 0)); then
+          reported[$i]=1
+          log "${CHILD_NAMES[i]} exited (status $status; its leftover engine processes were stopped); restarts are" \
+              "off, so the frontend answers 503 until a worker is back on its port"
+        elif ((${tries[$i]:-0} >= WORKER_RESTARTS)); then
+          log "${CHILD_NAMES[i]} exited (status $status) after $WORKER_RESTARTS restarts in a row; giving up:" \
+              "it fails again each time it starts (see its log lines above). Stopping the deployment."
+          return 1
+        else
+          backoff=$((1 << ${tries[$i]:-0})); ((backoff > 30)) && backoff=30
+          due[$i]=$((SECONDS + backoff))
+          log "${CHILD_NAMES[i]} exited (status $status; its leftover engine processes were stopped); restarting it" \
+              "in ${backoff}s (restart $((${tries[$i]:-0} + 1)) of at most $WORKER_RESTARTS in a row)"
+        fi
       fi
     done
     sleep 1 & wait $!
@@ -165,10 +209,12 @@ usage_common() {
   --runtime embedded|dynamo embedded (default): dynlogits' own frontend and worker; dynamo: NVIDIA Dynamo's
                             dynamo.frontend + dynamo.vllm workers with the adapter (docs/dynamo.md)
   --workers N               with --runtime dynamo (agg): start N vLLM workers (default 1)
+  --no-restart              do not restart a worker that exits (default: restart with backoff)
   anything else             passed to the engine of every worker (e.g. --max-model-len 1024)
 Environment: DYN_ENABLE_TEST_LOGITS_PROCESSOR=1 forces "Hello world!"; DYN_LOGITS_SPEC=FILE;
 DYN_READY_TIMEOUT (s, default 300); DYN_ENGINE_DEFAULTS (engine flags used before yours;
-CPU-friendly settings when no GPU is found).
+CPU-friendly settings when no GPU is found); DYN_WORKER_RESTARTS (restarts in a row before giving
+up, default 5; 0 = --no-restart); DYN_WORKER_STABLE_S (s up that start a new row, default 300).
 USAGE
 }
 
@@ -186,6 +232,7 @@ parse_common_args() {
       --run) RUN_CMD="$2"; shift 2 ;;
       --runtime) RUNTIME="$2"; shift 2 ;;
       --workers) WORKERS="$2"; shift 2 ;;
+      --no-restart) WORKER_RESTARTS=0; shift ;;
       -h|--help) usage; exit 0 ;;
       --) shift; ENGINE_ARGS+=("$@"); break ;;
       *) ENGINE_ARGS+=("$1"); shift ;;

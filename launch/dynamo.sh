@@ -54,7 +54,7 @@ dynamo_cleanup() {
 
 # dynamo_start_frontend : the HTTP frontend; its token-level route /inference/v1/generate is on.
 dynamo_start_frontend() {
-  DYN_VLLM_ENABLE_INFERENCE_V1_GENERATE=1 start_child frontend "$PY" -m dynamo.frontend \
+  start_child frontend env DYN_VLLM_ENABLE_INFERENCE_V1_GENERATE=1 "$PY" -m dynamo.frontend \
     --http-host "$HOST" --http-port "$PORT" --namespace "$DYN_NAMESPACE" --discovery-backend file
 }
 
@@ -67,7 +67,7 @@ dynamo_start_worker() {
     log "$name: no Dynamo system server (/health, /metrics): port $system_port is above 32767, which Dynamo 1.6.1 cannot parse"
     system_port=-1
   fi
-  DYN_SYSTEM_PORT="$system_port" DYN_SYSTEM_HOST="$HOST" start_child "$name" "$PY" -m dynamo.vllm \
+  start_child "$name" env DYN_SYSTEM_PORT="$system_port" DYN_SYSTEM_HOST="$HOST" "$PY" -m dynamo.vllm \
     --model "$DYN_MODEL" --served-model-name "$DYN_SERVED_NAME" --namespace "$DYN_NAMESPACE" \
     --discovery-backend file "$@" --logits-processors "$DYNAMO_ADAPTER" "${ENGINE_DEFAULTS[@]}" "${ENGINE_ARGS[@]}"
 }
