@@ -169,8 +169,13 @@ class Deployment:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        time.sleep(0.5)
-        left = [p for p in tree if p.pid != self.proc.pid and _alive(p)]
+        # the script has waited for its children; give the last of them a bounded moment to be reaped
+        others = [p for p in tree if p.pid != self.proc.pid]
+        try:
+            wait_until(lambda: not any(_alive(p) for p in others), 10, "the script's children to exit", interval=0.1)
+        except TimeoutError:
+            pass  # reported below
+        left = [p for p in others if _alive(p)]
         for p in left:  # never leak into the rest of the session, even when the test fails
             try:
                 p.kill()
