@@ -27,6 +27,14 @@ class FrontendMetrics:
         self.processor_requests = Counter("dynlogits_logits_processor_requests",
                                           "Requests that carried an entry of this kind", ["kind", "source"], registry=r)
         self.workers_ready = Gauge("dynlogits_workers_ready", "Workers answering /ready", ["role"], registry=r)
+        # client limits (docs/reliability.md, "Limits")
+        self.refused = Counter("dynlogits_requests_refused", "Requests refused by a client limit before any work",
+                               ["reason"], registry=r)
+        self.connections_closed = Counter("dynlogits_connections_closed",
+                                          "Connections closed by a client limit", ["reason"], registry=r)
+        self.inflight_sequences = Gauge("dynlogits_inflight_sequences", "Sequences admitted and not yet finished",
+                                        registry=r)
+        self.queued_requests = Gauge("dynlogits_queued_requests", "Requests waiting for admission", registry=r)
 
     @contextmanager
     def processors_active(self, request_kinds: Iterable[str], deployment_kinds: Iterable[str]) -> Iterator[None]:

@@ -1,18 +1,61 @@
 """The OpenAI request bodies the frontend accepts, and their mapping to the worker protocol.
 
 Unknown fields are accepted and ignored (OpenAI SDKs send more than we use); known
-fields are type-checked, and a bad one is a 400 naming it.
+fields are type-checked, and a bad one is a 400 naming it. A known OpenAI or vLLM field this
+deployment would *not* honour (``logprobs``, ``tools``, ``repetition_penalty``, ...) is refused
+with a 400 naming it unless it holds its neutral value (:data:`UNSUPPORTED_FIELDS`): a client must
+never get a 200 that silently ignored what it asked for. ``logit_bias``, ``allowed_token_ids`` and
+``bad_words`` are honoured through logits-processor kinds (``dynlogits.openai_controls``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dynlogits.worker.protocol import ChatMessage, ExtraArgs, Int32, Int64, SamplingOptions, drop_smuggled_payload
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "RequestBody", "drop_smuggled_payload"]
+__all__ = ["UNSUPPORTED_FIELDS", "ChatCompletionRequest", "CompletionRequest", "RequestBody", "drop_smuggled_payload",
+           "unsupported_field"]
+
+#: Fields of OpenAI's API (and vLLM's extensions of it) this frontend does not honour, each with the
+#: values that ask for nothing (sent by clients that fill in defaults). Any other value is a 400.
+UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+    "suffix": (None, ""), "response_format": (None, {"type": "text"}), "tools": (None, []), "functions": (None, []),
+    "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"), "prediction": (None,),
+    "audio": (None,), "modalities": (None, ["text"]),
+    # vLLM's sampling and rendering extensions
+    "min_tokens": (None, 0), "repetition_penalty": (None, 1, 1.0), "min_p": (None, 0, 0.0),
+    "stop_token_ids": (None, []), "include_stop_str_in_output": (None, False), "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0), "prompt_logprobs": (None, 0), "truncate_prompt_tokens": (None,),
+    "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
+    "structured_outputs": (None,), "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
+    "guided_grammar": (None,), "guided_decoding_backend": (None,), "chat_template": (None,),
+    "chat_template_kwargs": (None, {}), "add_generation_prompt": (None, True), "continue_final_message": (None, False),
+    "priority": (None, 0), "return_tokens_as_token_ids": (None, False),
+}
+#: vLLM request fields that carry serving-stack state between processes: never from a client.
+ENGINE_INTERNAL_FIELDS = ("kv_transfer_params", "ec_transfer_params")
+
+
+def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    # ``True == 1`` in Python: a boolean matches only a boolean (``best_of: true`` is not ``best_of: 1``).
+    return any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral)
+
+
+def unsupported_field(body: dict[str, Any]) -> tuple[str, str] | None:
+    """``(field, message)`` for the first field ``body`` sets that this frontend would ignore, else ``None``."""
+    for name in ENGINE_INTERNAL_FIELDS:
+        if body.get(name) is not None:
+            return name, f"{name}: engine-internal (set only by the serving stack); a client may not send it"
+    for name, neutral in UNSUPPORTED_FIELDS.items():
+        if name in body and not _neutral(body[name], neutral):
+            return name, (f"{name}: not supported by this deployment, so it would be ignored; remove it "
+                          f"(accepted only as {' or '.join(json.dumps(n) for n in neutral)})")
+    return None
 
 
 class StreamOptions(BaseModel):
@@ -38,7 +81,13 @@ class RequestBody(BaseModel):
     ignore_eos: bool = False
     #: The per-request spec: a list of entries, same schema as the wire (validated separately).
     logits_processors: Any = None
-    #: Flat values only (vLLM's REST shape); ``dynamo_logits`` is dropped before the check.
+    #: OpenAI's ``{"token id": bias}`` and vLLM's ``allowed_token_ids`` / ``bad_words``: mapped onto
+    #: kinds and validated by ``dynlogits.openai_controls`` (raw here, so its errors name them).
+    logit_bias: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    #: Flat values only (vLLM's REST shape); ``dynamo_logits`` is dropped before the check, an
+    #: engine-internal key (``kv_transfer_params``) is refused.
     vllm_xargs: ExtraArgs | None = None
     extra_args: ExtraArgs | None = None
 
@@ -53,6 +102,11 @@ class RequestBody(BaseModel):
                                top_k=self.top_k, seed=self.seed, n=self.n, stop=stop,
                                presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                                ignore_eos=self.ignore_eos)
+
+    def controls(self) -> dict[str, Any]:
+        """The OpenAI/vLLM logits fields as sent (see ``dynlogits.openai_controls``)."""
+        return {"logit_bias": self.logit_bias, "allowed_token_ids": self.allowed_token_ids,
+                "bad_words": self.bad_words}
 
     def client_extra_args(self) -> dict[str, Any]:
         return {**(self.extra_args or {}), **(self.vllm_xargs or {})}  # dynamo_logits already dropped

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dynlogits.request_limits import RequestLimits, add_limit_flags, limits_from_flags
 from dynlogits.roles import DisaggregationMode
 
 __all__ = ["BACKENDS", "WorkerArgs", "parse_worker_args", "split_kinds"]
@@ -34,6 +36,10 @@ class WorkerArgs:
     allow_request_kinds: frozenset[str] = frozenset()
     graceful_timeout_s: float = 10.0
     engine_args: tuple[str, ...] = field(default_factory=tuple)
+    #: Per-request bounds checked before tokenization (``$DYN_MAX_STOP_SEQUENCES`` ... or the flags).
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
+    #: Seconds a ``/generate`` body may take to arrive (``$DYN_BODY_TIMEOUT``); then 408.
+    body_timeout_s: float = 30.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,7 +59,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-request-kinds", default="", help="comma-separated kinds clients may send per request")
     p.add_argument("--graceful-timeout", type=float, default=10.0,
                    help="seconds in-flight requests may run after SIGTERM before they are aborted")
+    add_limit_flags(p)
+    p.add_argument("--body-timeout", type=_seconds, default=_env_seconds("DYN_BODY_TIMEOUT", 30.0, p), metavar="S",
+                   help="seconds a /generate body may take to arrive before a 408 ($DYN_BODY_TIMEOUT, default 30)")
     return p
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _env_seconds(name: str, default: float, p: argparse.ArgumentParser) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        p.error(f"{name}: must be a number of seconds > 0, got {raw!r}")
+    return value
 
 
 def parse_worker_args(argv: Sequence[str] | None = None) -> WorkerArgs:
@@ -70,6 +100,8 @@ def parse_worker_args(argv: Sequence[str] | None = None) -> WorkerArgs:
         allow_request_kinds=split_kinds(ns.allow_request_kinds),
         graceful_timeout_s=ns.graceful_timeout,
         engine_args=tuple(rest),
+        request_limits=limits_from_flags(ns),
+        body_timeout_s=ns.body_timeout,
     )
 
 

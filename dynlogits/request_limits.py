@@ -1,0 +1,228 @@
+"""Bounds on the work one request may ask for, checked before any of that work is done.
+
+A request's cost is set by a few of its fields: how many stop strings the engine scans after every
+token (and how long they are), how much text the worker tokenizes before it can even tell that the
+prompt does not fit, how many sequences of how many tokens it generates, and how many extra
+arguments travel to the engine. :class:`RequestLimits` bounds each of them; the frontend checks a
+client's body (:func:`body_limit_problem`, on the raw JSON, before any model validates it) and the
+worker checks every ``/generate`` call again (:func:`generate_limit_problem`): a request over a
+limit is a 400 whose message names the field and the limit's setting.
+
+Settings: each limit is an operator setting, read from the environment (``DYN_MAX_STOP_SEQUENCES``
+...) and overridable by the same-named flag of the frontend and the worker (``--max-stop-sequences``).
+The launch scripts pass the environment to every process, so one variable sets both. Imports
+neither torch nor an engine (the frontend uses it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["DEFAULT_MAX_TOKENS", "LimitProblem", "RequestLimits", "add_limit_flags", "body_limit_problem",
+           "generate_limit_problem", "limits_from_flags"]
+
+#: What the engine generates when a request gives no ``max_tokens`` (vLLM's default).
+DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Per-request bounds; every value is an integer >= 1."""
+
+    #: Stop strings per request (OpenAI's API allows 4); the engine scans each after every token.
+    max_stop_sequences: int = 4
+    #: Characters per stop string.
+    max_stop_chars: int = 256
+    #: Prompt size before tokenization: characters of a text prompt or of all chat messages' text
+    #: (roles, contents, other string fields), or token ids of a token-id prompt.
+    max_prompt_chars: int = 131072
+    #: Chat messages per request (each goes through the chat template).
+    max_messages: int = 2048
+    #: ``n * max_tokens`` (16 tokens when ``max_tokens`` is not given): tokens one request may generate.
+    max_request_tokens: int = 32768
+    #: Keys plus list items in ``vllm_xargs`` / ``extra_args`` (they travel to the engine with the request).
+    max_extra_args: int = 64
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{f.name}: must be an integer >= 1, got {value!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> RequestLimits:
+        """Defaults, overridden by ``DYN_<LIMIT>`` variables; ``ValueError`` naming a bad variable."""
+        values: dict[str, int] = {}
+        for f in fields(cls):
+            name = env_name(f.name)
+            raw = environ.get(name)
+            if raw is None or raw.strip() == "":
+                continue
+            try:
+                values[f.name] = int(raw)
+            except ValueError:
+                raise ValueError(f"{name}: must be an integer >= 1, got {raw!r}") from None
+            if values[f.name] < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {raw!r}")
+        return cls(**values)
+
+
+def env_name(limit: str) -> str:
+    """``max_stop_sequences`` -> ``DYN_MAX_STOP_SEQUENCES``."""
+    return f"DYN_{limit.upper()}"
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def add_limit_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ) -> None:
+    """Add ``--max-stop-sequences`` ... to ``parser``, defaulting to the environment's values.
+    A bad variable is a usage error naming it."""
+    try:
+        defaults = RequestLimits.from_env(environ)
+    except ValueError as err:
+        parser.error(str(err))
+    group = parser.add_argument_group("per-request limits (default: $DYN_<NAME>, else the built-in value)")
+    for f in fields(RequestLimits):
+        group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=_positive,
+                           default=getattr(defaults, f.name), metavar="N",
+                           help=f"(${env_name(f.name)}, default {getattr(defaults, f.name)})")
+
+
+def limits_from_flags(ns: argparse.Namespace) -> RequestLimits:
+    return RequestLimits(**{f.name: getattr(ns, f.name) for f in fields(RequestLimits)})
+
+
+@dataclass(frozen=True)
+class LimitProblem:
+    """One exceeded limit: ``param`` names the request field, ``message`` the value and the limit."""
+
+    param: str
+    message: str
+
+
+def _over(param: str, what: str, count: int, limit: str, bound: int) -> LimitProblem:
+    return LimitProblem(param, f"{param}: {what} is {count}; the most allowed is {bound} (limit {limit})")
+
+
+def _stop_problem(stop: Any, limits: RequestLimits, param: str) -> LimitProblem | None:
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    if len(stops) > limits.max_stop_sequences:
+        return _over(param, "the number of stop sequences", len(stops), "max_stop_sequences",
+                     limits.max_stop_sequences)
+    for i, s in enumerate(stops):
+        if isinstance(s, str) and len(s) > limits.max_stop_chars:
+            where = param if isinstance(stop, str) else f"{param}[{i}]"
+            return _over(where, "the stop sequence's length in characters", len(s), "max_stop_chars",
+                         limits.max_stop_chars)
+    return None
+
+
+def _message_chars(message: Mapping[str, Any]) -> int:
+    """Characters of a message's string fields (role, content, any other the template may render)
+    and of its text parts."""
+    chars = 0
+    for value in message.values():
+        if isinstance(value, str):
+            chars += len(value)
+        elif isinstance(value, list):  # text parts
+            chars += sum(len(p["text"]) for p in value if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return chars
+
+
+def _messages_problem(messages: Any, limits: RequestLimits, param: str) -> LimitProblem | None:
+    if not isinstance(messages, list):
+        return None
+    if len(messages) > limits.max_messages:
+        return _over(param, "the number of messages", len(messages), "max_messages", limits.max_messages)
+    chars = sum(_message_chars(m) for m in messages if isinstance(m, Mapping))
+    if chars > limits.max_prompt_chars:
+        return _over(param, "the prompt's length in characters (all messages' text)", chars,
+                     "max_prompt_chars", limits.max_prompt_chars)
+    return None
+
+
+def _prompt_problem(prompt: Any, limits: RequestLimits, param: str) -> LimitProblem | None:
+    if isinstance(prompt, str):
+        size, what = len(prompt), "the prompt's length in characters"
+    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        size, what = sum(len(p) for p in prompt if isinstance(p, str)), "the prompt's length in characters"
+    elif isinstance(prompt, list):
+        size, what = len(prompt), "the prompt's length in token ids"
+    else:
+        return None
+    if size > limits.max_prompt_chars:
+        return _over(param, what, size, "max_prompt_chars", limits.max_prompt_chars)
+    return None
+
+
+def _tokens_problem(n: Any, max_tokens: Any, limits: RequestLimits, param: str) -> LimitProblem | None:
+    if not isinstance(n, int) or isinstance(n, bool):
+        n = 1
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or n < 1 or max_tokens < 1:
+        return None  # the type and range checks report these
+    if n * max_tokens > limits.max_request_tokens:
+        return LimitProblem(param, f"{param}: n * max_tokens is {n} * {max_tokens} = {n * max_tokens} tokens; the most "
+                                   f"allowed per request is {limits.max_request_tokens} (limit max_request_tokens)")
+    return None
+
+
+def _extra_args_problem(extra: Any, limits: RequestLimits, param: str) -> LimitProblem | None:
+    if not isinstance(extra, Mapping):
+        return None
+    items = sum(1 + (len(v) if isinstance(v, list) else 0) for v in extra.values())
+    if items > limits.max_extra_args:
+        return _over(param, "the number of keys plus list items", items, "max_extra_args", limits.max_extra_args)
+    return None
+
+
+def body_limit_problem(body: Mapping[str, Any], limits: RequestLimits) -> LimitProblem | None:
+    """The first limit a client's OpenAI body (chat or text completion, raw JSON) exceeds, else ``None``.
+
+    Values of the wrong type are skipped: the body's model reports those."""
+    # the field that set the token count (chat's max_completion_tokens counts when max_tokens is absent)
+    tokens_field = next((f for f in ("max_tokens", "max_completion_tokens") if body.get(f) is not None), "n")
+    max_tokens = body.get(tokens_field) if tokens_field != "n" else None
+    checks = (
+        lambda: _stop_problem(body.get("stop"), limits, "stop"),
+        lambda: _messages_problem(body.get("messages"), limits, "messages"),
+        lambda: _prompt_problem(body.get("prompt"), limits, "prompt"),
+        lambda: _tokens_problem(body.get("n", 1), max_tokens, limits, tokens_field),
+        lambda: _extra_args_problem(body.get("vllm_xargs"), limits, "vllm_xargs"),
+        lambda: _extra_args_problem(body.get("extra_args"), limits, "extra_args"),
+    )
+    for check in checks:
+        problem = check()
+        if problem is not None:
+            return problem
+    return None
+
+
+def generate_limit_problem(*, prompt: str | None, prompt_token_ids: list[int] | None,
+                           messages: list[Any] | None, n: int, max_tokens: int | None, stop: list[str],
+                           extra_args: Mapping[str, Any], limits: RequestLimits) -> LimitProblem | None:
+    """The first limit a worker ``/generate`` request exceeds (paths as in its protocol), else ``None``."""
+    dumped = [m if isinstance(m, Mapping) else m.model_dump() for m in messages or []]
+    checks = (
+        lambda: _stop_problem(stop, limits, "sampling.stop"),
+        lambda: _messages_problem(dumped, limits, "messages") if messages is not None else None,
+        lambda: _prompt_problem(prompt, limits, "prompt"),
+        lambda: _prompt_problem(prompt_token_ids, limits, "prompt_token_ids"),
+        lambda: _tokens_problem(n, max_tokens, limits, "sampling.max_tokens"),
+        lambda: _extra_args_problem(extra_args, limits, "extra_args"),
+    )
+    for check in checks:
+        problem = check()
+        if problem is not None:
+            return problem
+    return None
