@@ -1,4 +1,4 @@
-.PHONY: setup demo test
+.PHONY: setup demo test test-slow
 
 setup:
 	scripts/setup-env.sh
@@ -10,3 +10,8 @@ demo: setup
 # The whole test suite (CI runs exactly this).
 test:
 	scripts/test.sh
+
+# The slow tests the default run deselects: the 10,000-case fuzz runs and the timing-sensitive
+# hang-up test (run them before a change to a reader of client data or to the streaming path).
+test-slow:
+	scripts/test.sh -m slow

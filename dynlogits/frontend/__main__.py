@@ -17,6 +17,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     from .app import FrontendState, create_app
+    from .connections import guarded_protocol
+    from .limits import ClientGuard, ClientLimitsMiddleware
     from .metrics import FrontendMetrics
     from .routing import Router
 
@@ -29,13 +31,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dynlogits.frontend: invalid logits config: {err}", file=sys.stderr)
         return 2
     router = Router({"agg": args.agg_workers, "prefill": args.prefill_workers, "decode": args.decode_workers},
-                    health_interval_s=args.health_interval_s)
-    app = create_app(FrontendState(router=router, config=config, metrics=FrontendMetrics(),
+                    health_interval_s=args.health_interval_s, idle_timeout_s=args.worker_idle_timeout_s)
+    metrics = FrontendMetrics()
+    app = create_app(FrontendState(router=router, config=config, metrics=metrics,
                                    max_body_bytes=args.max_body_bytes))
+    # Client limits (docs/reliability.md, "Limits"): per-request bounds and admission in the app,
+    # stalled readers and ticket release around it, request heads and connections in the protocol.
+    guard = ClientGuard(request_limits=args.request_limits, server=args.server, metrics=metrics)
+    protocol = guarded_protocol(header_timeout_s=args.server.header_timeout_s,
+                                max_connections=args.server.max_connections, on_close=guard.closed)
     # Keep-alive longer than clients keep idle connections (httpx, so the openai SDK: 5 s), so a
     # client never reuses a connection the frontend is closing at that moment.
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10,
-                timeout_keep_alive=75)
+    uvicorn.run(ClientLimitsMiddleware(app, guard), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=10, timeout_keep_alive=75, http=protocol)
     return 0
 
 

@@ -22,13 +22,17 @@ from pydantic import ValidationError
 from dynlogits.asgi_errors import JsonErrors
 from dynlogits.closing_stream import ClosingStreamingResponse
 from dynlogits.config import DeploymentConfig
+from dynlogits.openai_controls import rename_control_paths, with_controls
+from dynlogits.request_limits import RequestLimits, body_limit_problem
 from dynlogits.specs import SpecError, parse_entries
 from dynlogits.untrusted import DEFAULT_MAX_BODY_BYTES, BodyError, first_error, read_json_body
 from dynlogits.worker.protocol import GenerateChunk, GenerateRequest, Usage
 
+from .admission import AdmissionError, ClientGone
+from .limits import ClientGuard, client_guard, hold_ticket
 from .metrics import FrontendMetrics
-from .openai_models import ChatCompletionRequest, CompletionRequest, RequestBody
-from .routing import NoWorkerError, Router, WorkerError
+from .openai_models import ChatCompletionRequest, CompletionRequest, RequestBody, unsupported_field
+from .routing import NoWorkerError, Router, WorkerEndpoint, WorkerError, WorkerTimeoutError
 
 __all__ = ["FrontendState", "create_app"]
 
@@ -42,13 +46,20 @@ class HTTPError(Exception):
     """An OpenAI-style error answer: ``status`` and the ``error`` object's fields."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
-                 kind: str = "invalid_request_error", code: str | None = None) -> None:
+                 kind: str = "invalid_request_error", code: str | None = None, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+        self.retry_after_s = retry_after_s
 
     def response(self) -> JSONResponse:
+        headers = {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else None
         return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
-                                       "code": self.code}}, status_code=self.status)
+                                       "code": self.code}}, status_code=self.status, headers=headers)
+
+
+#: ``Retry-After`` (s) of a 503 while no worker is ready: about one readiness probe round, so a
+#: client retrying then finds a worker that came back (a restarted one takes longer: it retries again).
+RETRY_AFTER_S = 2
 
 
 @dataclass
@@ -60,24 +71,69 @@ class FrontendState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
-def _validate(model: type[RequestBody], data: Any, config: DeploymentConfig) -> tuple[RequestBody, list[str]]:
-    """The parsed body and its request kinds; ``HTTPError(400)`` naming the first bad field."""
+#: ``code`` of a 400 for a request over a per-request limit (``dynlogits.request_limits``).
+LIMIT_EXCEEDED = "limit_exceeded"
+
+
+def _validate(model: type[RequestBody], data: Any, config: DeploymentConfig,
+              limits: RequestLimits | None = None) -> tuple[RequestBody, list[str]]:
+    """The parsed body and its request kinds (its ``logits_processors`` and the kinds its
+    ``logit_bias`` / ``allowed_token_ids`` / ``bad_words`` map onto); ``HTTPError(400)`` naming the
+    first bad field. The per-request limits are checked first, on the raw JSON, then fields this
+    frontend would not honour, then the body's model, then the entries."""
     if not isinstance(data, dict):
         raise HTTPError(400, "the request body must be a JSON object")
+    problem = body_limit_problem(data, limits or RequestLimits())
+    if problem is not None:
+        raise HTTPError(400, problem.message, param=problem.param, code=LIMIT_EXCEEDED)
+    unsupported = unsupported_field(data)
+    if unsupported is not None:
+        raise HTTPError(400, unsupported[1], param=unsupported[0])
     try:
         body = model.model_validate(data)
     except ValidationError as err:
         bad = first_error(err.errors())
         raise HTTPError(400, bad.message, param=bad.param) from None
-    kinds: list[str] = []
-    if body.logits_processors is not None:
-        try:
-            entries = parse_entries(body.logits_processors, root="logits_processors", limits=config.limits,
-                                    allowed_kinds=sorted(config.allow_request_kinds))
-        except SpecError as err:
-            raise HTTPError(400, str(err), param=err.problems[0].path) from None
-        kinds = [e.kind for e in entries]
-    return body, kinds
+    own = body.logits_processors
+    try:
+        if own is not None and not isinstance(own, list):  # refused with the field's own error
+            parse_entries(own, root="logits_processors", limits=config.limits,
+                          allowed_kinds=sorted(config.allow_request_kinds))
+        controls = with_controls(own, body.controls(), config, encode=None)
+    except SpecError as err:
+        raise HTTPError(400, str(err), param=err.problems[0].path) from None
+    if own is None and not controls.entries:
+        return body, controls.unresolved
+    try:
+        entries = parse_entries(controls.entries, root="logits_processors", limits=config.limits,
+                                allowed_kinds=sorted(config.allow_request_kinds))
+    except SpecError as err:
+        renamed = rename_control_paths(err, controls.origins)
+        raise HTTPError(400, str(renamed), param=renamed.problems[0].path) from None
+    return body, [e.kind for e in entries] + controls.unresolved
+
+
+async def _admit(guard: ClientGuard, request: Request, body: RequestBody) -> None:
+    """Admit the request's ``n`` sequences for its client (waiting in turn if the deployment is
+    full); the ticket is released by ``ClientLimitsMiddleware`` when the response ends.
+    ``HTTPError`` 429 (or 400) when refused, ``ClientGone`` when the client left while waiting."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    try:
+        ticket = await guard.admission.admit(guard.client(request.scope), body.n, disconnected=gone)
+    except AdmissionError as err:
+        guard.refused(err.reason)
+        raise HTTPError(err.status, err.message, param=err.param, code="rate_limit_exceeded" if err.status == 429
+                        else LIMIT_EXCEEDED, retry_after_s=err.retry_after_s) from None
+    except ClientGone:
+        guard.refused("client_gone")
+        raise
+    finally:
+        guard.update_gauges()
+    hold_ticket(request, ticket)
 
 
 def _sse(data: dict[str, Any]) -> bytes:
@@ -96,9 +152,10 @@ async def _ndjson_lines(response: httpx.Response) -> AsyncIterator[bytes]:
         yield pending
 
 
-async def _chunks(response: httpx.Response) -> AsyncIterator[GenerateChunk]:
+async def _chunks(response: httpx.Response, worker: WorkerEndpoint, router: Router) -> AsyncIterator[GenerateChunk]:
     """The worker's NDJSON chunks; ``HTTPError`` when the worker reports an error or its stream breaks
-    (a worker that dies mid-request ends the client's request with a 502 saying so, never a hang)."""
+    (a worker that dies mid-request ends the client's request with a 502 saying so, never a hang), or
+    sends nothing for the router's idle timeout (504; the worker is taken out of rotation)."""
     try:
         async for line in _ndjson_lines(response):
             if line.strip():
@@ -106,6 +163,11 @@ async def _chunks(response: httpx.Response) -> AsyncIterator[GenerateChunk]:
                 if chunk.error:
                     raise HTTPError(500, f"worker failed mid-request: {chunk.error}", kind="internal_error")
                 yield chunk
+    except httpx.ReadTimeout:
+        router.take_out(worker, router.idle_reason())
+        raise HTTPError(504, f"the worker {router.idle_reason()} mid-request; the request was ended and the worker "
+                        "is out of rotation until it answers again; retry it", kind="worker_error",
+                        code="worker_timeout") from None
     except httpx.HTTPError as err:
         raise HTTPError(502, f"the worker's connection was lost mid-request ({type(err).__name__}); "
                         "the request did not complete, retry it", kind="worker_error", code="worker_lost") from None
@@ -126,7 +188,7 @@ def create_app(state: FrontendState) -> FastAPI:
         finally:
             await router.close()
 
-    app = FastAPI(title="dynlogits frontend", lifespan=lifespan)
+    app = FastAPI(title="dynlogits frontend", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(JsonErrors, server="frontend", log=log)  # a bug answers a JSON 500, never a dropped connection
 
     def update_worker_gauges() -> None:
@@ -154,9 +216,9 @@ def create_app(state: FrontendState) -> FastAPI:
         """Run the prompt on a prefill worker (one token, discarded): see ``launch/disagg.sh``."""
         sampling = worker_body.sampling.model_copy(update={"max_tokens": 1, "n": 1, "stop": []})
         body = worker_body.model_copy(update={"sampling": sampling, "request_id": worker_body.request_id + "-prefill"})
-        _, response = await router.open_stream(router.pools["prefill"], body.model_dump(exclude_none=True))
+        worker, response = await router.open_stream(router.pools["prefill"], body.model_dump(exclude_none=True))
         try:
-            async for _ in _chunks(response):
+            async for _ in _chunks(response, worker, router):
                 pass
         finally:
             await response.aclose()
@@ -170,32 +232,47 @@ def create_app(state: FrontendState) -> FastAPI:
             metrics.latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
             return err.response()
 
+        guard = client_guard(request)
         try:
             try:
-                data = await read_json_body(request, max_bytes=state.max_body_bytes)
+                data = await read_json_body(request, max_bytes=state.max_body_bytes,
+                                            timeout_s=guard.server.body_timeout_s)
             except BodyError as err:
+                if err.status == 408:
+                    guard.closed("body_timeout")
                 raise HTTPError(err.status, err.message, param=err.param, code=err.code) from None
-            body, kinds = _validate(ChatCompletionRequest if endpoint == "chat" else CompletionRequest, data, config)
+            try:
+                body, kinds = _validate(ChatCompletionRequest if endpoint == "chat" else CompletionRequest, data,
+                                        config, guard.request_limits)
+            except HTTPError as err:
+                if err.code == LIMIT_EXCEEDED:
+                    guard.refused("request_limit")
+                raise
             names = router.model_names()
             if not names:
                 raise NoWorkerError("no worker is ready yet, so no model is served; retry shortly")
             if body.model not in names:
                 raise HTTPError(404, f"model {body.model!r} does not exist (served: {names})", param="model",
                                 code="model_not_found")
+            await _admit(guard, request, body)
             rid = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
             prompt: dict[str, Any] = (
                 {"messages": body.chat_messages()} if isinstance(body, ChatCompletionRequest)
                 else body.prompt_fields())  # type: ignore[attr-defined]
             worker_body = GenerateRequest(request_id=rid, sampling=body.sampling(), extra_args=body.client_extra_args(),
-                                          logits_processors=body.logits_processors, **prompt)
+                                          logits_processors=body.logits_processors, **body.controls(), **prompt)
             if router.disaggregated:
                 await prefill(worker_body)
             worker, response = await router.open_stream(router.generation_pool,
                                                         worker_body.model_dump(exclude_none=True))
         except HTTPError as err:
             return failed(err)
+        except ClientGone:  # it left while waiting for admission: nobody reads an answer
+            return Response(status_code=499)
         except NoWorkerError as err:
-            return failed(HTTPError(503, str(err), kind="service_unavailable"))
+            return failed(HTTPError(503, str(err), kind="service_unavailable", retry_after_s=RETRY_AFTER_S))
+        except WorkerTimeoutError as err:
+            return failed(HTTPError(504, str(err), kind="worker_error", code="worker_timeout"))
         except WorkerError as err:
             metrics.errors.labels(endpoint=endpoint, status=str(err.status)).inc()
             return Response(err.body, status_code=err.status, media_type="application/json")
@@ -209,14 +286,14 @@ def create_app(state: FrontendState) -> FastAPI:
             metrics.latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
 
         if body.stream:
-            return ClosingStreamingResponse(_stream(response, make, body.include_usage, kinds, deployment_kinds, done),
-                                     media_type="text/event-stream")
+            return ClosingStreamingResponse(_stream(response, worker, make, body.include_usage, kinds,
+                                                    deployment_kinds, done), media_type="text/event-stream")
         with metrics.processors_active(kinds, deployment_kinds):
             try:
                 texts: dict[int, list[str]] = {}
                 finish: dict[int, str | None] = {}
                 usage: Usage | None = None
-                async for chunk in _chunks(response):
+                async for chunk in _chunks(response, worker, router):
                     if chunk.usage is not None:
                         usage = chunk.usage
                         continue
@@ -230,13 +307,14 @@ def create_app(state: FrontendState) -> FastAPI:
         done()
         return JSONResponse(make.final({i: "".join(t) for i, t in sorted(texts.items())}, finish, usage))
 
-    async def _stream(response: httpx.Response, make: _Payloads, include_usage: bool, kinds: list[str],
-                      deployment_kinds: list[str], done: Callable[[int | None], None]) -> AsyncIterator[bytes]:
+    async def _stream(response: httpx.Response, worker: WorkerEndpoint, make: _Payloads, include_usage: bool,
+                      kinds: list[str], deployment_kinds: list[str],
+                      done: Callable[[int | None], None]) -> AsyncIterator[bytes]:
         status: int | None = None
         with metrics.processors_active(kinds, deployment_kinds):
             try:
                 usage: Usage | None = None
-                async for chunk in _chunks(response):
+                async for chunk in _chunks(response, worker, router):
                     if chunk.usage is not None:
                         usage = chunk.usage
                         continue

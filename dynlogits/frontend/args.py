@@ -3,13 +3,82 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
+from dynlogits.request_limits import RequestLimits, add_limit_flags, limits_from_flags
 from dynlogits.untrusted import DEFAULT_MAX_BODY_BYTES
 from dynlogits.worker.args import split_kinds
 
-__all__ = ["FrontendArgs", "parse_frontend_args"]
+__all__ = ["IDLE_TIMEOUT_ENV", "FrontendArgs", "ServerLimits", "parse_frontend_args"]
+
+IDLE_TIMEOUT_ENV = "DYN_WORKER_IDLE_TIMEOUT"
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """How long a client may take and how much of the engine it may hold (docs/reliability.md,
+    "Limits"). Each has a flag and a ``DYN_`` environment variable (the launch scripts pass the
+    environment on to every process)."""
+
+    #: Seconds for a request's head (request line and headers) to arrive; then 408 and close.
+    header_timeout_s: float = 10.0
+    #: Seconds for a request's whole body to arrive; then 408 and close.
+    body_timeout_s: float = 30.0
+    #: Seconds a streaming client may take no data before its stream is ended and its request aborted.
+    send_timeout_s: float = 60.0
+    #: Open connections; beyond it the one idle or slow the longest is closed to make room.
+    max_connections: int = 1024
+    #: Sequences (``n`` per request) in flight across all clients; vLLM's ``max_num_seqs`` default.
+    max_inflight_sequences: int = 128
+    #: Sequences one client may have in flight or waiting; beyond it, 429.
+    max_client_sequences: int = 96
+    #: Seconds a request may wait for capacity; then 429.
+    queue_timeout_s: float = 30.0
+    #: Header naming the client for ``max_client_sequences`` (e.g. ``authorization``, or an
+    #: authenticating proxy's user header); empty: the peer address.
+    client_id_header: str = ""
+
+
+#: flag -> (ServerLimits field, environment variable, type)
+_SERVER_FLAGS: dict[str, tuple[str, str, type]] = {
+    "--header-timeout": ("header_timeout_s", "DYN_HEADER_TIMEOUT", float),
+    "--body-timeout": ("body_timeout_s", "DYN_BODY_TIMEOUT", float),
+    "--send-timeout": ("send_timeout_s", "DYN_SEND_TIMEOUT", float),
+    "--max-connections": ("max_connections", "DYN_MAX_CONNECTIONS", int),
+    "--max-inflight-sequences": ("max_inflight_sequences", "DYN_MAX_INFLIGHT_SEQUENCES", int),
+    "--max-client-sequences": ("max_client_sequences", "DYN_MAX_CLIENT_SEQUENCES", int),
+    "--queue-timeout": ("queue_timeout_s", "DYN_QUEUE_TIMEOUT", float),
+    "--client-id-header": ("client_id_header", "DYN_CLIENT_ID_HEADER", str),
+}
+
+
+def _add_server_flags(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    group = p.add_argument_group("client limits (default: $DYN_<NAME>, else the built-in value)")
+    defaults = ServerLimits()
+    for flag, (name, env, kind) in _SERVER_FLAGS.items():
+        default = getattr(defaults, name)
+        raw = environ.get(env)
+        if raw is not None and raw.strip() != "":
+            try:
+                default = kind(raw.strip())
+            except ValueError:
+                p.error(f"{env}: must be a {kind.__name__}, got {raw!r}")
+        group.add_argument(flag, dest=name, type=kind, default=default, metavar={float: "S", int: "N"}.get(kind, "NAME"),
+                           help=f"(${env}, default {default!r})")
+
+
+def _server_limits(p: argparse.ArgumentParser, ns: argparse.Namespace) -> ServerLimits:
+    limits = ServerLimits(**{name: getattr(ns, name) for name, _, _ in _SERVER_FLAGS.values()})
+    for flag, (name, env, kind) in _SERVER_FLAGS.items():
+        value = getattr(limits, name)
+        if kind is not str and not value > 0:
+            p.error(f"{flag} (${env}): must be > 0, got {value}")
+    if limits.max_client_sequences > limits.max_inflight_sequences:
+        p.error(f"--max-client-sequences ({limits.max_client_sequences}) must be at most --max-inflight-sequences "
+                f"({limits.max_inflight_sequences}): one client could otherwise take every sequence")
+    return limits
 
 
 @dataclass(frozen=True)
@@ -26,14 +95,20 @@ class FrontendArgs:
     allow_request_kinds: frozenset[str]
     health_interval_s: float
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: A request whose worker sends nothing for this long ends with 504 and the worker is taken
+    #: out of rotation until it answers a readiness probe again.
+    worker_idle_timeout_s: float = 60.0
+    server: ServerLimits = field(default_factory=ServerLimits)
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
 
 
 def _urls(values: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(u.strip().rstrip("/") for v in values or () for u in v.split(",") if u.strip())
 
 
-def parse_frontend_args(argv: Sequence[str] | None = None) -> FrontendArgs:
-    """Parse and check ``argv``; exits with a usage error when the worker set is incomplete."""
+def parse_frontend_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> FrontendArgs:
+    """Parse and check ``argv``; exits with a usage error when the worker set is incomplete or a
+    limit (flag or ``DYN_`` variable) is invalid."""
     p = argparse.ArgumentParser(prog="python -m dynlogits.frontend",
                                 description="OpenAI-compatible frontend routing to dynlogits workers.")
     p.add_argument("--host", default="127.0.0.1")
@@ -46,6 +121,12 @@ def parse_frontend_args(argv: Sequence[str] | None = None) -> FrontendArgs:
     p.add_argument("--health-interval", type=float, default=1.0, help="seconds between worker readiness probes")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="larger request bodies are refused with 413 before they are read in full")
+    p.add_argument("--worker-idle-timeout", type=float, default=float(os.environ.get(IDLE_TIMEOUT_ENV, 60.0)),
+                   help="seconds a worker may send nothing (no headers, no chunk) before its request ends "
+                        f"with 504 and the worker is taken out of rotation until it answers again (${IDLE_TIMEOUT_ENV}, "
+                        "default 60)")
+    add_limit_flags(p, environ)
+    _add_server_flags(p, environ)
     ns = p.parse_args(argv)
     agg, prefill, decode = _urls(ns.agg_worker), _urls(ns.prefill_worker), _urls(ns.decode_worker)
     if agg and (prefill or decode):
@@ -54,4 +135,6 @@ def parse_frontend_args(argv: Sequence[str] | None = None) -> FrontendArgs:
         p.error("need --agg-worker, or both --prefill-worker and --decode-worker")
     return FrontendArgs(host=ns.host, port=ns.port, agg_workers=agg, prefill_workers=prefill, decode_workers=decode,
                         logits_spec=ns.logits_spec, allow_request_kinds=split_kinds(ns.allow_request_kinds),
-                        health_interval_s=ns.health_interval, max_body_bytes=ns.max_body_bytes)
+                        health_interval_s=ns.health_interval, max_body_bytes=ns.max_body_bytes,
+                        worker_idle_timeout_s=ns.worker_idle_timeout, server=_server_limits(p, ns),
+                        request_limits=limits_from_flags(ns))

@@ -13,7 +13,7 @@ import httpx
 
 from dynlogits.worker.protocol import WorkerInfo
 
-__all__ = ["NoWorkerError", "Role", "WorkerEndpoint", "WorkerError", "WorkerPool", "Router"]
+__all__ = ["NoWorkerError", "Role", "WorkerEndpoint", "WorkerError", "WorkerPool", "WorkerTimeoutError", "Router"]
 
 log = logging.getLogger("dynlogits.frontend")
 
@@ -26,6 +26,10 @@ PROBE_TIMEOUTS_TO_DOWN = 3
 
 class NoWorkerError(Exception):
     """No worker of a role can take the request (HTTP 503)."""
+
+
+class WorkerTimeoutError(Exception):
+    """A worker sent nothing for the idle timeout (HTTP 504): hung, stopped, or starved."""
 
 
 class WorkerError(Exception):
@@ -72,16 +76,19 @@ class Router:
     """Pools per role plus the shared HTTP client; probes every worker's ``/ready`` in the background."""
 
     def __init__(self, workers: dict[Role, Sequence[str]], *, health_interval_s: float = 1.0,
-                 round_timeout_s: float = 15.0) -> None:
+                 round_timeout_s: float = 15.0, idle_timeout_s: float = 60.0) -> None:
         self.pools: dict[Role, WorkerPool] = {
             role: WorkerPool(role, [WorkerEndpoint(u, role) for u in urls]) for role, urls in workers.items() if urls
         }
         self.disaggregated = "agg" not in self.pools
         self.health_interval_s = health_interval_s
         self.round_timeout_s = round_timeout_s
+        self.idle_timeout_s = idle_timeout_s
         # Idle connections are dropped after 2 s, before the worker's server (uvicorn: 5 s) closes
         # them, so a request is never sent on a connection the worker is closing at that moment.
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
+        # The read timeout bounds every wait for the worker: its response headers (sent with the
+        # first token) and each chunk after them.
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0, read=idle_timeout_s),
                                         limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64,
                                                             keepalive_expiry=2.0))
         self._probe_client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
@@ -128,6 +135,16 @@ class Router:
             log.warning("%s worker %s is down: %s", endpoint.role, endpoint.url, error)
         endpoint.ready, endpoint.last_error = False, error
 
+    def take_out(self, endpoint: WorkerEndpoint, reason: str) -> None:
+        """Out of rotation until its next successful readiness probe (a worker that hangs without
+        dying may still accept connections, so only a probe that answers brings it back)."""
+        if endpoint.ready:
+            log.warning("%s worker %s taken out of rotation: %s", endpoint.role, endpoint.url, reason)
+        endpoint.ready, endpoint.last_error = False, reason
+
+    def idle_reason(self) -> str:
+        return f"sent nothing for {self.idle_timeout_s:g} s"
+
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(e) for e in self.all_endpoints()))
 
@@ -155,12 +172,18 @@ class Router:
     async def open_stream(self, pool: WorkerPool, body: dict[str, object]) -> tuple[WorkerEndpoint, httpx.Response]:
         """POST ``/generate`` to the first ready worker that takes it; the response is open (streaming).
 
-        Unreachable or not-ready (503) workers are marked down and the next is tried;
-        any other error status raises :class:`WorkerError`.
+        Unreachable, not-ready (503) or silent (no headers within the idle timeout) workers are
+        taken out of rotation and the next is tried; :class:`WorkerTimeoutError` when the last one
+        tried was silent; any other error status raises :class:`WorkerError`.
         """
+        silent: WorkerEndpoint | None = None
         for endpoint in pool.candidates():
             try:
                 response = await self._post(endpoint, body)
+            except httpx.ReadTimeout:
+                self.take_out(endpoint, self.idle_reason())
+                silent = endpoint
+                continue
             except httpx.TransportError as err:  # refused, timed out, or broken twice: try the next one
                 endpoint.ready, endpoint.last_error = False, f"unreachable ({type(err).__name__})"
                 log.warning("%s worker %s failed: %s %s; trying the next one", pool.role, endpoint.url,
@@ -174,6 +197,9 @@ class Router:
                 endpoint.ready, endpoint.last_error = False, f"not ready (503: {content[:200]!r})"
                 continue
             raise WorkerError(response.status_code, content)
+        if silent is not None:
+            raise WorkerTimeoutError(f"the {pool.role} worker {silent.url} {self.idle_reason()} (no response to this "
+                                     "request); it is out of rotation until it answers again; retry the request")
         raise NoWorkerError(f"no {pool.role} worker is available (every ready one failed just now); "
                             "retry when a worker is back")
 

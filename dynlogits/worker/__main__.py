@@ -11,11 +11,18 @@ from dynlogits.specs import SpecError
 from .args import load_deployment_config, parse_worker_args
 
 
+#: Seconds uvicorn waits beyond the drain deadline, for the in-band errors of the requests the
+#: deadline ended to reach their clients, before it cancels what is left.
+DRAIN_GRACE_S = 5
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Serve until SIGTERM/SIGINT; 2 on a bad config, 1 when the engine cannot start."""
+    """Serve until SIGTERM/SIGINT; 2 on a bad config, 1 when the engine cannot start, 3 when it died."""
+    import asyncio
+
     import uvicorn
 
-    from .app import WorkerState, create_app
+    from .app import ENGINE_DEAD_EXIT, WorkerState, create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_worker_args(argv)
@@ -28,17 +35,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: object) -> None:
-            state.draining = True  # /ready and new /generate calls answer 503 while in-flight ones finish
+            # /ready and new /generate calls answer 503 at once; in-flight requests get until the
+            # drain deadline (--graceful-timeout), then end with an in-band error.
+            if not state.draining:
+                state.draining = True
+                loop = asyncio.get_event_loop()
+                loop.call_soon_threadsafe(state.drain, args.graceful_timeout_s)
             super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
     server = Server(uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning",
-                                   timeout_graceful_shutdown=int(args.graceful_timeout_s)))
+                                   timeout_graceful_shutdown=int(args.graceful_timeout_s) + DRAIN_GRACE_S))
 
     def fatal() -> None:
         server.should_exit = True
 
     state.on_fatal = fatal
     server.run()
+    if state.engine_dead:
+        return ENGINE_DEAD_EXIT
     return 1 if state.start_error else 0
 
 

@@ -19,7 +19,9 @@ from pydantic import ValidationError
 from dynlogits.asgi_errors import JsonErrors
 from dynlogits.closing_stream import ClosingStreamingResponse
 from dynlogits.config import DeploymentConfig
+from dynlogits.openai_controls import rename_control_paths, with_controls
 from dynlogits.policy import RequestPolicy, build_policy
+from dynlogits.request_limits import generate_limit_problem
 from dynlogits.roles import is_generation_stage
 from dynlogits.specs import SpecError
 from dynlogits.test_hook import test_hook_enabled
@@ -49,9 +51,30 @@ class WorkerState:
     start_error: str | None = None
     stats: WorkerStats = field(default_factory=WorkerStats)
     ids: itertools.count = field(default_factory=itertools.count)
-    on_fatal: Any = None  # called when the engine cannot start
+    on_fatal: Any = None  # called when the engine cannot start, or dies: the worker then exits
     #: Set on SIGTERM: in-flight requests finish, new ones get 503 so the frontend routes elsewhere.
     draining: bool = False
+    #: The streams in flight, so the drain deadline can end the ones still running.
+    streams: set[_EngineStream] = field(default_factory=set)
+
+    @property
+    def engine_dead(self) -> str | None:
+        """Why the engine died, or ``None`` while it lives (or has not started)."""
+        return self.stats.engine_dead
+
+    def drain(self, deadline_s: float) -> None:
+        """SIGTERM: refuse new requests now; streams still running after ``deadline_s`` are ended
+        with an in-band error and their engine requests aborted (call on the event loop)."""
+        self.draining = True
+        asyncio.get_running_loop().call_later(deadline_s, self._end_streams, deadline_s)
+
+    def _end_streams(self, deadline_s: float) -> None:
+        if self.streams:
+            log.warning("drain deadline (%g s) passed: ending %d request(s) still in flight", deadline_s,
+                        len(self.streams))
+        for stream in list(self.streams):
+            stream.end(f"the worker is shutting down and its drain deadline ({deadline_s:g} s) passed before this "
+                       "request finished; it was aborted, retry it")
 
     @property
     def register_adapter(self) -> bool:
@@ -91,6 +114,32 @@ def _start_engine(state: WorkerState) -> None:
     state.engine = engine
 
 
+#: How often the worker checks that its engine lives (a property read, no engine call).
+ENGINE_WATCH_INTERVAL_S = 0.5
+
+
+async def _watch_engine(state: WorkerState) -> None:
+    """Once the engine has died (its core process gone: vLLM's ``errored``), record why, log it
+    once and have the worker exit (``on_fatal``) so that its supervisor can start a new one: a
+    worker whose engine is dead can never serve again. In-flight requests end on their own with
+    the engine's error."""
+    while state.engine is None:
+        await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+    engine = state.engine.engine
+    while not getattr(engine, "errored", False):
+        await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+    cause = getattr(engine, "dead_error", None)
+    state.stats.engine_dead = f"{type(cause).__name__}: {cause}" if cause is not None else "engine errored"
+    log.error("engine died (%s); the worker exits (status %d) so that its supervisor can start a new one",
+              state.stats.engine_dead, ENGINE_DEAD_EXIT)
+    if state.on_fatal is not None:
+        state.on_fatal()
+
+
+#: Exit status of a worker whose engine died (1: could not start, 2: bad config).
+ENGINE_DEAD_EXIT = 3
+
+
 def create_app(state: WorkerState) -> FastAPI:
     """The worker app; the engine starts in a thread at start-up so ``/health`` answers meanwhile."""
 
@@ -108,24 +157,32 @@ def create_app(state: WorkerState) -> FastAPI:
                     state.on_fatal()
 
         task = asyncio.create_task(start())
+        watch = asyncio.create_task(_watch_engine(state))
         try:
             yield
         finally:
             task.cancel()
+            watch.cancel()
             if state.engine is not None:
                 state.engine.shutdown()
             log.info("worker stopped: in-flight requests drained, engine shut down")
 
-    app = FastAPI(title="dynlogits worker", lifespan=lifespan)
+    # No /docs, /redoc or /openapi.json: the worker's API is internal (dynlogits.worker.protocol).
+    app = FastAPI(title="dynlogits worker", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     # A bug answers a JSON 500 and keeps the connection, so the frontend does not take this worker for dead.
     app.add_middleware(JsonErrors, server="worker", log=log)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        """200 while the process serves (the engine may still be starting); 503 once its engine died."""
+        if state.engine_dead:
+            return _error(503, f"engine dead: {state.engine_dead}; the worker is exiting", kind="service_unavailable")
+        return JSONResponse({"status": "ok"})
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
+        if state.engine_dead:
+            return _error(503, f"engine dead: {state.engine_dead}", kind="service_unavailable")
         if state.engine is None or state.policy is None:
             return _error(503, state.start_error or "engine starting", kind="service_unavailable")
         if state.draining:
@@ -148,21 +205,35 @@ def create_app(state: WorkerState) -> FastAPI:
     @app.post("/generate", response_model=None)
     async def generate(request: Request) -> JSONResponse | ClosingStreamingResponse:
         engine, policy = state.engine, state.policy
-        if engine is None or policy is None:
-            return _error(503, "worker engine is not ready", kind="service_unavailable")
+        if engine is None or policy is None or state.engine_dead:
+            return _error(503, "worker engine is not ready" if not state.engine_dead
+                          else f"engine dead: {state.engine_dead}", kind="service_unavailable")
         if state.draining:
             return _error(503, "worker is shutting down; send the request to another worker", kind="service_unavailable")
         try:  # the body is untrusted too: only the frontend should call, but nothing enforces it
-            req = GenerateRequest.model_validate(await read_json_body(request, max_bytes=MAX_GENERATE_BODY_BYTES))
+            req = GenerateRequest.model_validate(await read_json_body(request, max_bytes=MAX_GENERATE_BODY_BYTES,
+                                                                      timeout_s=state.args.body_timeout_s))
         except BodyError as err:
             return _error(err.status, err.message, param=err.param)
         except ValidationError as err:
             bad = first_error(err.errors())
             return _error(400, bad.message, param=bad.param)
-        try:
-            entries = policy.entries_for(req.logits_processors)
+        problem = generate_limit_problem(  # before anything is tokenized
+            prompt=req.prompt, prompt_token_ids=req.prompt_token_ids, messages=req.messages, n=req.sampling.n,
+            max_tokens=req.sampling.max_tokens, stop=req.sampling.stop, extra_args=req.extra_args,
+            limits=state.args.request_limits)
+        if problem is not None:
+            return _error(400, problem.message, param=problem.param)
+        try:  # logit_bias / allowed_token_ids / bad_words: kinds, under the same allow-list and limits
+            controls = with_controls(req.logits_processors, req.controls(), state.config,
+                                     encode=lambda text: engine.tokenizer.encode(text, add_special_tokens=False))
         except SpecError as err:
             return _error(400, str(err), param=err.problems[0].path)
+        try:
+            entries = policy.entries_for(controls.entries or None)
+        except SpecError as err:
+            renamed = rename_control_paths(err, controls.origins)
+            return _error(400, str(renamed), param=renamed.problems[0].path)
         try:
             prompt_ids = engine.render_prompt(prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                                               messages=req.messages)
@@ -198,14 +269,25 @@ class _EngineStream(ClosingStreamingResponse):
 
     However the response ends (finished, client gone before the first byte, or mid-stream) the
     request leaves ``in_flight`` exactly once, and an engine request whose stream did not run to
-    its end (client gone, or an error mid-stream) is aborted and counted in ``aborted``. An engine error after the first chunk is reported in-band.
+    its end (client gone, or an error mid-stream) is aborted and counted in ``aborted``. An engine
+    error after the first chunk is reported in-band, and so is ``end(reason)`` (the drain deadline):
+    the engine request is aborted, its last outputs dropped, and ``reason`` sent as the error.
     """
 
     def __init__(self, state: WorkerState, engine: VllmEngine, request_id: str, first: GenerateChunk,
                  stream: AsyncGenerator[GenerateChunk, None]) -> None:
         self._state, self._engine, self._request_id, self._stream = state, engine, request_id, stream
         self._finished = False
+        self._ended: str | None = None
+        self._abort: asyncio.Task[None] | None = None
         super().__init__(self._ndjson(first), media_type="application/x-ndjson")
+        state.streams.add(self)
+
+    def end(self, reason: str) -> None:
+        """End this request now with ``reason`` (in-band), aborting its engine request."""
+        if self._ended is None and not self._finished:
+            self._ended = reason
+            self._abort = asyncio.create_task(self._engine.engine.abort(self._request_id))
 
     async def _ndjson(self, first: GenerateChunk) -> AsyncGenerator[bytes, None]:
         """When the engine is ahead of the client every await here completes without suspending,
@@ -214,9 +296,13 @@ class _EngineStream(ClosingStreamingResponse):
         try:
             yield first.model_dump_json(exclude_none=True).encode() + b"\n"
             async for chunk in self._stream:
-                yield chunk.model_dump_json(exclude_none=True).encode() + b"\n"
+                if self._ended is None:  # after end(): the engine's abort outputs, not the client's
+                    yield chunk.model_dump_json(exclude_none=True).encode() + b"\n"
                 await asyncio.sleep(0)
             self._finished = True
+            if self._ended is not None:
+                self._state.stats.drain_aborted += 1
+                yield GenerateChunk(error=self._ended).model_dump_json(exclude_none=True).encode() + b"\n"
         except Exception as err:  # noqa: BLE001 - reported in-band, the stream already started
             log.exception("request %s failed mid-stream", self._request_id)
             yield GenerateChunk(error=f"{type(err).__name__}: {err}").model_dump_json(exclude_none=True).encode() + b"\n"
@@ -231,3 +317,4 @@ class _EngineStream(ClosingStreamingResponse):
                     self._state.stats.aborted += 1
                     await self._engine.engine.abort(self._request_id)
             self._state.stats.in_flight -= 1
+            self._state.streams.discard(self)

@@ -12,20 +12,50 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from dynlogits.specs import WIRE_KEY
 
-__all__ = ["ChatMessage", "ErrorBody", "ErrorDetail", "ExtraArgs", "GenerateChunk", "GenerateRequest",
-           "Int32", "Int64", "SamplingOptions", "Usage", "WorkerInfo", "WorkerStats", "drop_smuggled_payload"]
+__all__ = ["ENGINE_INTERNAL_KEYS", "ChatMessage", "ErrorBody", "ErrorDetail", "ExtraArgs", "GenerateChunk",
+           "GenerateRequest", "Int32", "Int64", "SamplingOptions", "Usage", "WorkerInfo", "WorkerStats",
+           "drop_smuggled_payload"]
 
 # Integers reach the engine as fixed-width values (msgpack, torch generators): a larger one
 # must fail its own request here, not raise inside the engine.
 Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 _Scalar = StrictStr | Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | StrictFloat | StrictBool | None
-#: vLLM's ``vllm_xargs`` shape: flat values or flat lists (never nested objects).
-ExtraArgs = dict[StrictStr, _Scalar | list[_Scalar]]
+
+#: Keys vLLM itself reads from ``SamplingParams.extra_args``: disaggregation (KV and encoder-cache
+#: transfer) state, KV-cache reporting and diffusion-model stepping. Only the serving stack may set
+#: them; a client's value reached the engine's internals (a ``kv_transfer_params`` that is not a
+#: dict failed inside the engine: HTTP 500 and a traceback per request), so they are refused.
+ENGINE_INTERNAL_KEYS = frozenset({"kv_transfer_params", "ec_transfer_params", "kv_cache_report_mode",
+                                  "diffusion_canvas_length", "diffusion_read_only", "diffusion_max_steps"})
+
+
+def _client_key(key: str) -> str:
+    if key in ENGINE_INTERNAL_KEYS:
+        raise PydanticCustomError("engine_internal_key",
+                                  "{key} is engine-internal (set only by the serving stack) and may not come from a client",
+                                  {"key": key})
+    return key
+
+
+#: vLLM's ``vllm_xargs`` shape: flat values or flat lists (never nested objects), never an engine-internal key.
+ExtraArgs = dict[Annotated[StrictStr, AfterValidator(_client_key)], _Scalar | list[_Scalar]]
 
 
 def drop_smuggled_payload(extra: Any) -> Any:
@@ -59,11 +89,13 @@ class SamplingOptions(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    """Exactly one of ``prompt``, ``prompt_token_ids`` and ``messages`` is set.
+    """Exactly one of ``prompt``, ``prompt_token_ids`` and ``messages`` is set (else a 400 naming them).
 
     ``logits_processors`` is the client's raw list (the frontend validated it; the
-    worker validates it again). ``extra_args`` is the client's ``vllm_xargs`` with
-    any ``dynamo_logits`` already dropped (the worker drops it again).
+    worker validates it again). ``logit_bias``, ``allowed_token_ids`` and ``bad_words`` are the
+    client's OpenAI/vLLM fields as sent; the worker maps them onto kinds (``dynlogits.openai_controls``)
+    under the same rules. ``extra_args`` is the client's ``vllm_xargs`` with any ``dynamo_logits``
+    already dropped (the worker drops it again); engine-internal keys are refused.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -73,12 +105,28 @@ class GenerateRequest(BaseModel):
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     sampling: SamplingOptions = Field(default_factory=SamplingOptions)
     logits_processors: list[Any] | None = None
+    logit_bias: dict[StrictStr, Any] | None = None
+    allowed_token_ids: list[Any] | None = None
+    bad_words: list[Any] | None = None
     extra_args: ExtraArgs = Field(default_factory=dict)
 
     @field_validator("extra_args", mode="before")
     @classmethod
     def _drop_wire_key(cls, value: Any) -> Any:
         return drop_smuggled_payload(value)
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        given = [name for name in ("prompt", "prompt_token_ids", "messages") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise PydanticCustomError("prompt_choice", "exactly one of prompt, prompt_token_ids and messages must be "
+                                      "set; got {got}", {"got": ", ".join(given) if given else "none"})
+        return self
+
+    def controls(self) -> dict[str, Any]:
+        """The OpenAI/vLLM logits fields as sent (see ``dynlogits.openai_controls``)."""
+        return {"logit_bias": self.logit_bias, "allowed_token_ids": self.allowed_token_ids,
+                "bad_words": self.bad_words}
 
 
 class Usage(BaseModel):
@@ -132,6 +180,10 @@ class WorkerStats(BaseModel):
     activated: int = 0
     aborted: int = 0
     in_flight: int = 0
+    #: Requests ended by the drain deadline after SIGTERM (in-band error, engine request aborted).
+    drain_aborted: int = 0
+    #: Why the engine died (``None`` while it lives); the worker then exits for its supervisor.
+    engine_dead: str | None = None
     #: Requests the engine's dynlogits adapter holds state for (``None``: not readable here).
     adapter_requests: int | None = None
     #: Resident memory of the worker and its engine processes, in bytes: in all, and per process title.

@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,29 @@ def free_port_block(n: int) -> int:
         if ok:
             return base
     raise RuntimeError("no free port block")
+
+
+@contextmanager
+def extra_frontend(name: str, *args: str, env: dict[str, str] | None = None, health: int = 200) -> Iterator[str]:
+    """A frontend process of the test's own (``args``: its flags, ``--agg-worker URL`` included) on a
+    free port; yields its URL once ``/health`` answers ``health``, and ends it afterwards."""
+    port = free_port_block(1)
+    proc = subprocess.Popen([PYTHON, "-m", "dynlogits.frontend", "--port", str(port), *args], cwd=ROOT,
+                            env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{url}/health", timeout=2).status_code == health
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(up, 60, f"the {name} frontend", interval=0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):  # noqa: ANN001, ANN201

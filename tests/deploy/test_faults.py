@@ -1,18 +1,26 @@
-"""Faults under load, on a real ``launch/agg.sh`` deployment: a worker killed, a frontend killed, SIGTERM.
+"""Faults under load, on a real ``launch/agg.sh`` deployment: a worker killed, its engine killed, a
+worker that hangs, a frontend killed, SIGTERM.
 
-The tests run in order on one deployment:
+The tests run in order on one deployment, which supervises its worker (``launch/common.sh``):
 
 1. SIGKILL to the worker process once the 6 streaming ones of 12 requests (8 samples of 2,000
    tokens each, seconds of engine work) have their first token: every request still running ends
-   with an error saying the worker was lost (502) or is unavailable (503), none hangs; new requests get 503; the launch script ends
-   the engine processes the worker left behind; a worker started again on the same port is noticed
-   by the frontend's readiness polling (no frontend restart) and requests succeed.
-2. SIGKILL to a frontend once its 4 streams (16 samples of 2,000 tokens each) have started: the
+   with an error saying the worker was lost (502) or is unavailable (503), none hangs; new requests
+   get 503 with ``Retry-After``; the launch script ends the engine processes the worker left behind
+   and starts the worker again, and the frontend's readiness polling picks it up (no frontend restart).
+2. SIGKILL to the worker's engine core (a GPU fault, the OOM killer) with four streaming ``n=4``
+   requests in flight: they end with a clear error within 10 s, the worker says why and exits
+   (status 3), the launch script restarts it, and the deployment answers again within 90 s.
+3. SIGSTOP to the worker (hung, not dead) behind a frontend with a 5 s worker idle timeout: its
+   in-flight requests end with 504 once the worker has sent nothing for 5 s, the worker is out of
+   rotation until it answers again, and after SIGCONT the deployment serves again.
+4. SIGKILL to a frontend once its 4 streams (16 samples of 2,000 tokens each) have started: the
    clients get a connection error, the worker aborts exactly those 4 engine requests; a frontend started again
    on the same port serves at once, with no worker restart.
-3. SIGTERM to a frontend with 8 streams open, then to the worker with 8 streams open (8 samples
-   of 1,000 tokens each): every in-flight request completes in full; during the worker's drain new
-   requests get 503.
+5. SIGTERM to a frontend with 8 streams open: every in-flight request completes in full.
+6. SIGTERM to the worker (drain deadline 10 s) with short and long streams open: new requests get
+   503 at once; each in-flight request either completes in full or, still running at the deadline,
+   ends with an error naming the drain deadline; the script then starts the worker again.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -37,13 +45,15 @@ from .launcher import LOG_DIR, PYTHON, ROOT, Deployment, free_port_block, settle
 pytestmark = pytest.mark.engine
 
 MODEL = "dynlogits-tiny"
+DRAIN_S = 10  # the worker's drain deadline after SIGTERM (--graceful-timeout)
+IDLE_S = 5  # the idle timeout of the frontend that test 3 starts
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0"}
 
 
 @dataclass
 class Outcome:
     stream: bool
-    text: str = ""
+    text: str = field(default="", repr=False)  # thousands of random tokens: kept out of failure messages
     finish: str | None = None
     completion_tokens: int = 0
     error: str | None = None
@@ -136,6 +146,14 @@ def _wait_streaming(load: Background, streams: int) -> None:
     assert load.streaming >= streams and load.crash is None, load
 
 
+def _refused_while_down(base_url: str) -> None:
+    """A request now gets 503 naming the missing worker, with ``Retry-After``."""
+    r = httpx.post(f"{base_url}/chat/completions", timeout=30,
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "anyone?"}], "max_tokens": 2})
+    assert r.status_code == 503 and "worker" in r.json()["error"]["message"], r.text
+    assert int(r.headers["retry-after"]) > 0, r.headers
+
+
 def _health(url: str) -> int:
     try:
         return httpx.get(f"{url}/health", timeout=5).status_code
@@ -168,12 +186,25 @@ class Faults:
     """The deployment and the processes the tests start in place of the ones they kill."""
 
     d: Deployment
-    worker_cmd: list[str]
     started: dict[str, subprocess.Popen[bytes]]
 
     @property
     def worker_url(self) -> str:
         return self.d.worker_url(1)
+
+    def worker(self) -> psutil.Process:
+        """The worker process the launch script runs now (it starts a new one when one exits)."""
+        return next(p for p in self.d.processes() if "dynlogits.worker" in " ".join(p.cmdline()))
+
+    def wait_serving(self, timeout: float, since: int) -> float:
+        """Seconds until the script has restarted the worker (its log, after byte ``since``) and
+        the frontend answers a request again; fails after ``timeout``."""
+        started = time.monotonic()
+        self.d.wait_for_log("restarting it in", since, timeout=60)
+        wait_until(lambda: _health(self.d.url) == 200, timeout, "the frontend to route to the restarted worker")
+        outcomes = Background(self.d.base_url, 4, max_tokens=16, forced=True).outcomes(timeout=timeout)
+        assert [o.text for o in outcomes] == [f"answer {i}" for i in range(4)], outcomes
+        return time.monotonic() - started
 
 
 def _second_frontend(faults: Faults) -> str:
@@ -191,14 +222,25 @@ def _second_frontend(faults: Faults) -> str:
     return url
 
 
+def _idle_frontend(faults: Faults) -> str:
+    """URL of a frontend on the deployment's worker with a worker idle timeout of ``IDLE_S``."""
+    proc = faults.started.get("idle-frontend")
+    if proc is None or proc.poll() is not None:
+        port = free_port_block(1)
+        cmd = [PYTHON, "-m", "dynlogits.frontend", "--port", str(port), "--agg-worker", faults.worker_url,
+               "--logits-spec", str(SPEC_FILE), "--worker-idle-timeout", str(IDLE_S)]
+        faults.started["idle-frontend"] = proc = _start("faults-idle-frontend", cmd)
+        wait_until(lambda: _health(f"http://127.0.0.1:{port}") == 200, 60, "the idle-timeout frontend")
+    return f"http://127.0.0.1:{proc.args[proc.args.index('--port') + 1]}"  # type: ignore[union-attr]
+
+
 @pytest.fixture(scope="module")
 def faults() -> Iterator[Faults]:
     d = Deployment("faults", "agg.sh", free_port_block(2),
-                   args=["--logits-spec", str(SPEC_FILE), "--max-model-len", "2048", "--graceful-timeout", "60"],
+                   args=["--logits-spec", str(SPEC_FILE), "--max-model-len", "2048", "--graceful-timeout", str(DRAIN_S)],
                    env={"DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0"})
     d.start()
-    worker = next(p for p in d.processes() if "dynlogits.worker" in " ".join(p.cmdline()))
-    f = Faults(d, worker.cmdline(), {})
+    f = Faults(d, {})
     try:
         yield f
     finally:
@@ -207,14 +249,15 @@ def faults() -> Iterator[Faults]:
         d.stop()
 
 
-def test_a_killed_worker_fails_in_flight_requests_clearly_and_a_restarted_one_is_picked_up(faults: Faults) -> None:
+def test_a_killed_worker_fails_in_flight_requests_clearly_and_is_restarted_and_picked_up(faults: Faults) -> None:
     d = faults.d
     frontend = next(p for p in d.processes() if "dynlogits.frontend" in " ".join(p.cmdline()))
     load = Background(d.base_url, 12, max_tokens=2000, choices=8)
     _wait_streaming(load, 6)
-    worker = next(p for p in d.processes() if "dynlogits.worker" in " ".join(p.cmdline()))
+    worker = faults.worker()
     engine = [p for p in worker.children(recursive=True)]
     assert any("VLLM::EngineCore" in " ".join(p.cmdline()) for p in engine)
+    mark = d.log_size()
     worker.send_signal(signal.SIGKILL)  # the worker process alone, as the OOM killer would
 
     outcomes = load.outcomes(timeout=60)
@@ -226,20 +269,65 @@ def test_a_killed_worker_fails_in_flight_requests_clearly_and_a_restarted_one_is
             o.stream and "APIError" in o.error and "worker's connection was lost" in o.error), o
     assert all(o.finish == "length" and o.completion_tokens == 16000 for o in outcomes if not o.error)
 
-    r = httpx.post(f"{d.base_url}/chat/completions", timeout=30,
-                   json={"model": MODEL, "messages": [{"role": "user", "content": "anyone?"}], "max_tokens": 2})
-    assert r.status_code == 503 and "worker" in r.json()["error"]["message"], r.text
+    _refused_while_down(d.base_url)  # the restarted worker needs far longer than this to be ready
     assert _health(d.url) == 503
     assert httpx.get(f"{d.base_url}/models", timeout=5).json()["data"] == []
     # The launch script ends what the worker left behind (vLLM's engine does not watch its parent).
     psutil.wait_procs(engine, timeout=15)
     assert not [p for p in engine if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
-    faults.started["worker"] = _start("faults-worker-restarted", faults.worker_cmd)
-    wait_until(lambda: _health(d.url) == 200, 300, "the frontend to notice the restarted worker")
+    faults.wait_serving(300, mark)  # started again by the launch script, found by the frontend's probes
     assert frontend.is_running()  # the same frontend process throughout
     outcomes = Background(d.base_url, 16, max_tokens=16, forced=True).outcomes(timeout=120)
     assert [o.text for o in outcomes] == [f"answer {i}" for i in range(16)], outcomes
+
+
+def test_a_dead_engine_fails_in_flight_requests_and_the_deployment_heals_itself(faults: Faults) -> None:
+    d = faults.d
+    load = Background(d.base_url, 4, max_tokens=2000, choices=4, stream_all=True)
+    _wait_streaming(load, 4)
+    worker = faults.worker()
+    core = next(p for p in worker.children(recursive=True) if "VLLM::EngineCore" in " ".join(p.cmdline()))
+    mark = d.log_size()
+    killed = time.monotonic()
+    core.send_signal(signal.SIGKILL)  # the engine alone: its worker process lives on
+
+    outcomes = load.outcomes(timeout=60)
+    assert all(o.error for o in outcomes), outcomes
+    assert all(("EngineDeadError" in o.error or "worker's connection was lost" in o.error) for o in outcomes), outcomes
+    ended_s = max(o.ended_at for o in outcomes) - killed
+    assert ended_s < 10, f"in-flight requests ended {ended_s:.1f} s after the engine died: {outcomes}"
+    d.wait_for_log("engine died (EngineDeadError", mark)
+    d.wait_for_log("worker exited (status 3", mark, timeout=60)
+
+    faults.wait_serving(90 - (time.monotonic() - killed), mark)  # fails past 90 s after the kill
+    print(f"in-flight requests ended {ended_s:.1f} s after the engine died; the deployment answered again "
+          f"{time.monotonic() - killed:.0f} s after it")
+
+
+def test_a_hung_worker_ends_its_requests_after_the_idle_timeout_and_is_routed_to_again_once_it_answers(
+        faults: Faults) -> None:
+    url = _idle_frontend(faults)
+    load = Background(f"{url}/v1", 4, max_tokens=2000, choices=4, stream_all=True)
+    _wait_streaming(load, 4)
+    worker = faults.worker()
+    stopped = time.monotonic()
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        outcomes = load.outcomes(timeout=60)
+        assert all(o.error and f"sent nothing for {IDLE_S} s" in o.error for o in outcomes), outcomes
+        ended_s = max(o.ended_at for o in outcomes) - stopped
+        # the last bytes the worker wrote before it stopped may be read just after SIGSTOP, hence - 1
+        assert IDLE_S - 1 <= ended_s < IDLE_S + 10, f"hung-worker requests ended {ended_s:.1f} s after SIGSTOP"
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                       json={"model": MODEL, "messages": [{"role": "user", "content": "late"}], "max_tokens": 2})
+        assert r.status_code == 503, r.text  # out of rotation: refused at once, not sent to the hung worker
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    wait_until(lambda: _health(url) == 200, 60, "the frontend to route to the worker again")
+    outcomes = Background(f"{url}/v1", 4, max_tokens=16, forced=True).outcomes(timeout=120)
+    assert [o.text for o in outcomes] == [f"answer {i}" for i in range(4)], outcomes
+    settled_stats(faults.worker_url, 60)  # the abandoned requests are aborted once the worker runs
 
 
 def test_a_killed_frontend_leaves_the_worker_serving(faults: Faults) -> None:
@@ -273,19 +361,44 @@ def test_sigterm_to_a_frontend_drains_its_in_flight_requests(faults: Faults) -> 
     assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
 
 
-def test_sigterm_to_the_worker_drains_its_in_flight_requests_and_refuses_new_ones(faults: Faults) -> None:
-    d, worker = faults.d, faults.started["worker"]
-    load = Background(d.base_url, 8, max_tokens=1000, choices=8, stream_all=True)
-    _wait_streaming(load, 8)
+def test_sigterm_to_the_worker_drains_until_its_deadline_then_ends_what_still_runs(faults: Faults) -> None:
+    """The rule, not an assumption that everything finishes in time: after SIGTERM each in-flight
+    request either completes in full or, still running at the drain deadline, ends with an error
+    naming it. Four short streams (20 tokens) finish well inside the deadline; four long ones
+    (16 samples of 2,000 tokens: 128,000 tokens, about half a minute of engine work here) cannot
+    all finish, so the deadline must end at least one of them."""
+    d = faults.d
+    worker = faults.worker()
+    long = Background(d.base_url, 4, max_tokens=2000, choices=16, stream_all=True)
+    _wait_streaming(long, 4)
+    short = Background(d.base_url, 4, max_tokens=20, stream_all=True)
+    _wait_streaming(short, 4)
+    mark = d.log_size()
     sent_sigterm = time.monotonic()
     worker.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
-    r = httpx.post(f"{d.base_url}/chat/completions", timeout=30,
-                   json={"model": MODEL, "messages": [{"role": "user", "content": "late"}], "max_tokens": 2})
-    assert r.status_code == 503, r.text
-    outcomes = load.outcomes(timeout=120)
-    assert all(o.error is None and o.finish == "length" and o.completion_tokens == 8000 for o in outcomes), outcomes
-    assert all(o.ended_at > sent_sigterm for o in outcomes)  # every one was still streaming at SIGTERM
-    assert worker.wait(timeout=120) == -signal.SIGTERM
-    log = (LOG_DIR / "faults-worker-restarted.log").read_text()
-    assert "worker stopped: in-flight requests drained, engine shut down" in log
+    wait_until(lambda: _draining(faults.worker_url) in (None, True), 30, "the worker to start draining")
+    _refused_while_down(d.base_url)
+
+    short_outcomes, long_outcomes = short.outcomes(timeout=60), long.outcomes(timeout=DRAIN_S + 60)
+    for o in short_outcomes + long_outcomes:
+        complete = o.error is None and o.finish == "length"
+        cut = o.error is not None and f"drain deadline ({DRAIN_S} s) passed" in o.error
+        assert complete or cut, o
+        assert o.ended_at > sent_sigterm  # every one was still streaming at SIGTERM
+    assert all(o.error is None and o.completion_tokens == 20 for o in short_outcomes), short_outcomes
+    cut = [o for o in long_outcomes if o.error]
+    assert cut, long_outcomes
+    assert all(o.ended_at - sent_sigterm >= DRAIN_S - 1 for o in cut), cut
+    d.wait_for_log(f"drain deadline ({DRAIN_S} s) passed: ending", mark)
+    d.wait_for_log("worker stopped: in-flight requests drained, engine shut down", mark, timeout=60)
+    faults.wait_serving(300, mark)  # the launch script starts the worker again
+
+
+def _draining(worker_url: str) -> bool | None:
+    """Whether the worker reports it is draining (``/ready`` 503 saying so); ``None`` when it no
+    longer answers at all."""
+    try:
+        r = httpx.get(f"{worker_url}/ready", timeout=5)
+    except httpx.HTTPError:
+        return None
+    return r.status_code == 503 and "shutting down" in r.text
