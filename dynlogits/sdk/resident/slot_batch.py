@@ -50,7 +50,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import torch
