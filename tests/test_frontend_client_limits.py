@@ -22,7 +22,7 @@ import uvicorn
 
 from dynlogits.frontend.admission import Admission
 from dynlogits.frontend.args import ServerLimits
-from dynlogits.frontend.connections import guarded_protocol
+from dynlogits.connections import guarded_protocol
 from dynlogits.frontend.limits import ClientGuard, ClientLimitsMiddleware, hold_ticket
 from deploy.launcher import extra_frontend, free_port_block, wait_until
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
 
+from dynlogits.frontend import routing
 from dynlogits.frontend.routing import Router
 
 INFO = {"model": "m", "role": "agg", "backend": "vllm", "max_model_len": 64, "vocab_size": 32}
@@ -105,3 +107,61 @@ def test_a_probe_round_that_raises_or_hangs_does_not_end_probing(
     with caplog.at_level("ERROR", logger="dynlogits.frontend"):
         asyncio.run(main())
     assert "worker readiness probe failed" in caplog.text
+
+
+async def _serve_silently(port: int, probes: list[int]) -> asyncio.Server:
+    """A worker whose event loop is saturated (or stopped): it accepts ``GET /ready`` and never
+    answers; ``probes`` counts the probes received."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            probes.append(1)
+            await reader.read()  # until the prober gives up and closes
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", port, reuse_address=True)
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["busy_streaming", "silent"])
+def test_late_probes_take_out_a_silent_worker_but_not_one_that_is_streaming(
+        streaming: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Probes that time out take a worker out after PROBE_TIMEOUTS_TO_DOWN in a row only while no
+    request's stream hears from it: a saturated worker answers /ready late but keeps streaming."""
+    monkeypatch.setattr(routing, "PROBE_TIMEOUT_S", 0.2)
+
+    async def main() -> None:
+        port = _free_port()
+        router = Router({"agg": [f"http://127.0.0.1:{port}"]}, health_interval_s=0.02)
+        endpoint = router.all_endpoints()[0]
+        endpoint.ready = True  # it answered before; now its loop is busy (or stopped)
+        probes: list[int] = []
+        server = await _serve_silently(port, probes)
+
+        async def stream() -> None:  # what _chunks does on every read from the worker's stream
+            while True:
+                endpoint.last_data = time.monotonic()
+                await asyncio.sleep(0.01)
+
+        streamer = asyncio.create_task(stream()) if streaming else None
+        router.start()
+        try:
+            wanted = routing.PROBE_TIMEOUTS_TO_DOWN + 2
+            assert await _until(lambda: len(probes) >= wanted or not endpoint.ready, 30), (probes, endpoint)
+            if streaming:
+                assert endpoint.ready, endpoint
+                assert len(probes) >= wanted
+            else:
+                assert not endpoint.ready
+                assert "not answering" in (endpoint.last_error or "")
+                assert len(probes) >= routing.PROBE_TIMEOUTS_TO_DOWN
+        finally:
+            if streamer is not None:
+                streamer.cancel()
+            server.close()
+            await router.close()
+
+    asyncio.run(main())

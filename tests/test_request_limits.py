@@ -97,3 +97,16 @@ def test_a_bad_setting_is_refused_naming_its_variable(value: str) -> None:
     p = argparse.ArgumentParser()
     with pytest.raises(SystemExit):
         add_limit_flags(p, {"DYN_MAX_MESSAGES": value})
+
+
+def test_the_worker_server_limits_come_from_the_environment_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynlogits.worker.args import parse_worker_args
+
+    monkeypatch.setenv("DYN_HEADER_TIMEOUT", "3")
+    monkeypatch.setenv("DYN_WORKER_MAX_CONNECTIONS", "12")
+    args = parse_worker_args([])
+    assert (args.header_timeout_s, args.max_connections) == (3.0, 12)
+    assert parse_worker_args(["--max-connections", "7"]).max_connections == 7
+    monkeypatch.setenv("DYN_WORKER_MAX_CONNECTIONS", "0")
+    with pytest.raises(SystemExit):
+        parse_worker_args([])

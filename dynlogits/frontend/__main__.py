@@ -17,7 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     from .app import FrontendState, create_app
-    from .connections import guarded_protocol
+    from dynlogits.connections import guarded_protocol
     from .limits import ClientGuard, ClientLimitsMiddleware
     from .metrics import FrontendMetrics
     from .routing import Router

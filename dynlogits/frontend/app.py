@@ -140,11 +140,13 @@ def _sse(data: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-async def _ndjson_lines(response: httpx.Response) -> AsyncIterator[bytes]:
+async def _ndjson_lines(response: httpx.Response, worker: WorkerEndpoint) -> AsyncIterator[bytes]:
     """Lines split on ``\n`` only. Not ``aiter_lines()``: it splits like ``str.splitlines``, also on
-    U+0085 and U+2028, which JSON leaves unescaped and a model may well generate."""
+    U+0085 and U+2028, which JSON leaves unescaped and a model may well generate. Each read marks
+    ``worker.last_data`` (the readiness probe's evidence that a slow worker is busy, not hung)."""
     pending = b""
     async for data in response.aiter_bytes():
+        worker.last_data = time.monotonic()
         *lines, pending = (pending + data).split(b"\n")
         for line in lines:
             yield line
@@ -157,7 +159,7 @@ async def _chunks(response: httpx.Response, worker: WorkerEndpoint, router: Rout
     (a worker that dies mid-request ends the client's request with a 502 saying so, never a hang), or
     sends nothing for the router's idle timeout (504; the worker is taken out of rotation)."""
     try:
-        async for line in _ndjson_lines(response):
+        async for line in _ndjson_lines(response, worker):
             if line.strip():
                 chunk = GenerateChunk.model_validate_json(line)
                 if chunk.error:

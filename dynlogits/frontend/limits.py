@@ -15,7 +15,7 @@
   bytes that go on arriving after the answer fall under the head deadline like a next request's.
 
 Request heads and the number of connections are bounded below the app, in uvicorn's protocol
-(``dynlogits.frontend.connections``).
+(``dynlogits.connections``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dynlogits.request_limits import RequestLimits
 
 from .admission import Admission, Ticket, client_key
 from .args import ServerLimits
-from .connections import ABORT_KEY
+from dynlogits.connections import ABORT_KEY
 from .metrics import FrontendMetrics
 
 __all__ = ["ClientGuard", "ClientLimitsMiddleware", "client_guard", "hold_ticket"]

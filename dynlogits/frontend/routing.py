@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -22,6 +23,8 @@ Role = Literal["agg", "prefill", "decode"]
 #: Consecutive probes that time out before a worker that was ready is taken out of rotation: a
 #: worker busy under load may answer ``/ready`` late, a dead one refuses the connection at once.
 PROBE_TIMEOUTS_TO_DOWN = 3
+#: Seconds each readiness probe may take.
+PROBE_TIMEOUT_S = 5.0
 
 
 class NoWorkerError(Exception):
@@ -51,6 +54,13 @@ class WorkerEndpoint:
     info: WorkerInfo | None = None
     last_error: str | None = "not probed yet"
     slow_probes: int = 0  # consecutive probes that timed out
+    #: ``time.monotonic()`` of the last bytes any request's stream received from this worker.
+    last_data: float = float("-inf")
+
+    def sent_data_within(self, seconds: float) -> bool:
+        """Whether some request's stream received bytes from this worker in the last ``seconds``:
+        a worker streaming tokens is busy, not hung, even when its ``/ready`` answers late."""
+        return time.monotonic() - self.last_data <= seconds
 
 
 @dataclass
@@ -91,7 +101,7 @@ class Router:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0, read=idle_timeout_s),
                                         limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64,
                                                             keepalive_expiry=2.0))
-        self._probe_client = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
+        self._probe_client = httpx.AsyncClient(timeout=httpx.Timeout(PROBE_TIMEOUT_S))
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -114,7 +124,9 @@ class Router:
 
     async def probe(self, endpoint: WorkerEndpoint) -> None:
         """Update ``endpoint`` from one ``GET /ready``: a refusal or a 503 takes it out of rotation at
-        once, a timeout only after ``PROBE_TIMEOUTS_TO_DOWN`` in a row."""
+        once, a timeout only after ``PROBE_TIMEOUTS_TO_DOWN`` in a row during which no request's
+        stream received anything from it (a saturated worker answers probes late but keeps
+        streaming; a hung one sends nothing at all)."""
         try:
             r = await self._probe_client.get(f"{endpoint.url}/ready")
             if r.status_code == 200:
@@ -125,6 +137,10 @@ class Router:
                 return
             error = f"not ready ({r.status_code}: {r.text[:200]})"
         except httpx.TimeoutException as err:
+            if endpoint.ready and endpoint.sent_data_within(PROBE_TIMEOUT_S):
+                endpoint.slow_probes = 0
+                log.debug("%s worker %s answers /ready late but is streaming: busy, kept", endpoint.role, endpoint.url)
+                return
             endpoint.slow_probes += 1
             if endpoint.ready and endpoint.slow_probes < PROBE_TIMEOUTS_TO_DOWN:
                 return

@@ -22,6 +22,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import uvicorn
 
+    from dynlogits.connections import guarded_protocol
+
     from .app import ENGINE_DEAD_EXIT, WorkerState, create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -43,8 +45,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loop.call_soon_threadsafe(state.drain, args.graceful_timeout_s)
             super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
+    # The same head deadline and connection cap as the frontend's (dynlogits.connections): the
+    # worker's port is meant for the frontend only, but nothing on the network enforces that.
+    protocol = guarded_protocol(header_timeout_s=args.header_timeout_s, max_connections=args.max_connections)
     server = Server(uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning",
-                                   timeout_graceful_shutdown=int(args.graceful_timeout_s) + DRAIN_GRACE_S))
+                                   timeout_graceful_shutdown=int(args.graceful_timeout_s) + DRAIN_GRACE_S,
+                                   http=protocol))
 
     def fatal() -> None:
         server.should_exit = True

@@ -40,6 +40,11 @@ class WorkerArgs:
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     #: Seconds a ``/generate`` body may take to arrive (``$DYN_BODY_TIMEOUT``); then 408.
     body_timeout_s: float = 30.0
+    #: Seconds a request head may take to arrive (``$DYN_HEADER_TIMEOUT``); then 408 and close.
+    header_timeout_s: float = 10.0
+    #: Open connections (``$DYN_WORKER_MAX_CONNECTIONS``); beyond it the idle or slow one is shed.
+    #: Above the frontend's own pool (1024 connections), so a frontend's streams are never shed.
+    max_connections: int = 2048
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,7 +67,30 @@ def _parser() -> argparse.ArgumentParser:
     add_limit_flags(p)
     p.add_argument("--body-timeout", type=_seconds, default=_env_seconds("DYN_BODY_TIMEOUT", 30.0, p), metavar="S",
                    help="seconds a /generate body may take to arrive before a 408 ($DYN_BODY_TIMEOUT, default 30)")
+    p.add_argument("--header-timeout", type=_seconds, default=_env_seconds("DYN_HEADER_TIMEOUT", 10.0, p), metavar="S",
+                   help="seconds a request head may take to arrive before a 408 ($DYN_HEADER_TIMEOUT, default 10)")
+    p.add_argument("--max-connections", type=_count, default=_env_count("DYN_WORKER_MAX_CONNECTIONS", 2048, p),
+                   metavar="N", help="open connections; beyond it the one idle or slow the longest is closed "
+                                     "($DYN_WORKER_MAX_CONNECTIONS, default 2048)")
     return p
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _env_count(name: str, default: int, p: argparse.ArgumentParser) -> int:
+    raw = os.environ.get(name, "").strip()
+    try:
+        return _count(raw) if raw else default
+    except argparse.ArgumentTypeError as err:
+        p.error(f"{name}: {err}")
 
 
 def _seconds(text: str) -> float:
@@ -102,6 +130,8 @@ def parse_worker_args(argv: Sequence[str] | None = None) -> WorkerArgs:
         engine_args=tuple(rest),
         request_limits=limits_from_flags(ns),
         body_timeout_s=ns.body_timeout,
+        header_timeout_s=ns.header_timeout,
+        max_connections=ns.max_connections,
     )
 
 

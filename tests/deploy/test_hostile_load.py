@@ -139,7 +139,6 @@ def test_oversized_work_is_refused_by_name_before_any_work(hostile: Deployment, 
     assert httpx.get(stats, timeout=30).json()["requests"] == before  # no engine request was made
 
 
-@pytest.mark.slow  # timing-sensitive on 2 shared cores (a clean-clone run with a busy core saw 503s): make test-slow
 def test_normal_requests_stay_prompt_while_oversized_work_is_sent(hostile: Deployment, spec_agg: Deployment) -> None:
     """Four clients each sending 100,000 stop strings (1 MB bodies) and three sending 3.9 MB prompts,
     over and over, to the frontend and straight to the worker."""
@@ -199,7 +198,6 @@ def _slow_client(port: int, kind: str, outcome: dict[str, Any]) -> None:
     outcome.update(status=reply[9:12].decode() if reply else None, seconds=time.monotonic() - started)
 
 
-@pytest.mark.slow  # timing-sensitive on 2 shared cores (a clean-clone run with a busy core saw 503s): make test-slow
 def test_slow_clients_are_cut_off_and_normal_requests_stay_prompt(hostile: Deployment) -> None:
     """Ten clients trickling bodies a byte a second and ten that never finish their heads."""
     outcomes: list[dict[str, Any]] = [{"kind": "body"} for _ in range(10)] + [{"kind": "head"} for _ in range(10)]
@@ -216,7 +214,15 @@ def test_slow_clients_are_cut_off_and_normal_requests_stay_prompt(hostile: Deplo
     assert_prompt(latencies, "10 slow bodies and 10 unfinished heads")
 
 
-@pytest.mark.slow  # timing-sensitive on 2 shared cores (a clean-clone run with a busy core saw 503s): make test-slow
+def test_the_worker_port_cuts_off_a_head_that_never_ends(spec_agg: Deployment) -> None:
+    """The worker's own server has the frontend's head deadline (default 10 s): a client that reaches
+    the worker port directly cannot hold a connection for ever by never finishing its head."""
+    outcome: dict[str, Any] = {}
+    _slow_client(int(spec_agg.worker_url(1).rsplit(":", 1)[1]), "head", outcome)
+    assert outcome.get("status") == "408", outcome
+    assert outcome["seconds"] < 10 + 5, outcome  # the default deadline, plus a busy machine's delay
+
+
 def test_a_connection_flood_beyond_the_cap_does_not_lock_out_a_live_client(hostile: Deployment) -> None:
     flood = [socket.create_connection(("127.0.0.1", hostile.port), timeout=10) for _ in range(2 * MAX_CONNECTIONS)]
     try:
@@ -281,7 +287,6 @@ class UnreadStreams:
         return self.statuses
 
 
-@pytest.mark.slow  # timing-sensitive on 2 shared cores (a clean-clone run with a busy core saw 503s): make test-slow
 def test_one_client_cannot_take_the_engine(hostile: Deployment, spec_agg: Deployment) -> None:
     """50 never-read streams of 16 samples from one client: 6 at a time (96 sequences, its share)
     run, the rest get 429 at once; the engine keeps room for everyone else, whose requests stay

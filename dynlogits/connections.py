@@ -1,4 +1,4 @@
-"""HTTP connections the frontend's server can bound: a deadline for every request head, and a cap
+"""HTTP connections a server (the frontend, a worker) can bound: a deadline for every request head, and a cap
 on open connections that sheds slow or idle ones first.
 
 uvicorn waits for a request's head (request line and headers) as long as the client likes, so ten
@@ -33,7 +33,7 @@ __all__ = ["ABORT_KEY", "guarded_protocol"]
 #: served through :func:`guarded_protocol`'s class; used for a client that stopped reading).
 ABORT_KEY = "dynlogits.abort_connection"
 
-log = logging.getLogger("dynlogits.frontend")
+log = logging.getLogger("dynlogits.connections")
 
 def _timeout_response(header_timeout_s: float) -> bytes:
     body = json.dumps({"error": {"message": f"the request head was not received within {header_timeout_s:g} s "
