@@ -25,7 +25,7 @@ from .shipped import SHIPPED
 
 if TYPE_CHECKING:
     from .checks import CHECKS, Check, Skip
-    from .driver import AdapterDriver
+    from .driver import AdapterDriver, EngineReadFaults
     from .runner import KIT_VOCAB_SIZE, Outcome, drivers_for, resolve, run_check, run_conformance
 
 _LAZY = {
@@ -33,6 +33,7 @@ _LAZY = {
     "Check": "checks",
     "Skip": "checks",
     "AdapterDriver": "driver",
+    "EngineReadFaults": "driver",
     "KIT_VOCAB_SIZE": "runner",
     "Outcome": "runner",
     "drivers_for": "runner",
@@ -47,6 +48,7 @@ __all__ = [
     "SHIPPED",
     "AdapterDriver",
     "Check",
+    "EngineReadFaults",
     "Outcome",
     "Skip",
     "drivers_for",

@@ -22,7 +22,7 @@ from dynlogits.roles import DisaggregationMode
 from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, LogitsProcessorSpec, encode_entries, kinds
 from dynlogits.specs.schema import golden_vectors
 
-from .driver import AdapterDriver
+from .driver import AdapterDriver, EngineReadFaults
 from .faults import BAN_ID_FACTORY, RAISE_AFTER_FACTORY, SCALE_FACTORY
 from .oracle import expected_row
 
@@ -377,6 +377,32 @@ def forcing_never_unmasks_a_token_the_engine_masked(driver: AdapterDriver) -> No
         raise AssertionError(f"expected one failure report saying no token was left at position 0, got {reports!r}")
 
 
+def a_failed_engine_read_fails_only_its_request(driver: AdapterDriver) -> None:
+    """Whatever the adapter reads from the engine's objects at each step (a request's committed
+    length, its token list, a slot table) is read so that a read that fails (the attribute is
+    missing on this engine version, or holds something unexpected) fail-stops that request only,
+    reported once; it never raises into the engine's sampler, and the others are applied in full.
+    Drivers opt in with ``break_engine_reads(req_id)`` (``EngineReadFaults``)."""
+    if not isinstance(driver, EngineReadFaults):
+        raise Skip("the driver has no break_engine_reads: its adapter reads no engine object per step")
+    bad, good = _forced([100, 101, 102]), _forced([110, 111, 112])
+    driver.add("bad", bad, prompt_ids=PROMPT, eos_token_id=EOS)
+    driver.add("good", good, prompt_ids=PROMPT, eos_token_id=EOS)
+    driver.break_engine_reads("bad")
+    history: list[int] = []
+    for step in range(3):
+        raw, out = _step(driver, ["bad", "good"], seed=step)
+        _assert_stopped(out[0], EOS, f"request whose engine object lost what the adapter reads, step {step}")
+        _assert_row(out[1], expected_row(good, history, raw[1].tolist()), f"other request at step {step}")
+        driver.commit("bad", EOS)
+        token = _greedy(out[1])
+        driver.commit("good", token)
+        history.append(token)
+    reports = driver.failures()
+    if len(reports) != 1:
+        raise AssertionError(f"expected one failure report for the broken engine read, got {reports!r}")
+
+
 def _check(fn: Callable[[AdapterDriver], None]) -> Check:
     return Check(fn.__name__, (fn.__doc__ or "").split("\n")[0], fn)
 
@@ -395,5 +421,6 @@ CHECKS: tuple[Check, ...] = tuple(
         ids_beyond_the_logits_width_fail_only_their_request,
         a_row_operation_beyond_the_width_fails_only_its_request,
         forcing_never_unmasks_a_token_the_engine_masked,
+        a_failed_engine_read_fails_only_its_request,
     )
 )

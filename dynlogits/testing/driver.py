@@ -17,7 +17,7 @@ import torch
 from dynlogits.roles import DisaggregationMode
 from dynlogits.specs import LogitsProcessorSpec
 
-__all__ = ["AdapterDriver"]
+__all__ = ["AdapterDriver", "EngineReadFaults"]
 
 
 @runtime_checkable
@@ -70,3 +70,14 @@ class AdapterDriver(Protocol):
 
     def failures(self) -> list[str]:
         """The failure reports the adapter made so far (``dynlogits.sdk.FailureReport``)."""
+
+
+@runtime_checkable
+class EngineReadFaults(Protocol):
+    """Optional, for a driver whose adapter reads engine objects at every step (SGLang's ``Req``,
+    TensorRT-LLM's request state): the kit then checks that a failed read fails only its request."""
+
+    def break_engine_reads(self, req_id: str) -> None:
+        """Make every engine object the adapter reads per step for ``req_id`` fail that read from
+        now on, as a different engine version would (delete the attribute it reads, or replace
+        the object with one lacking it)."""

@@ -103,7 +103,10 @@ def test_the_kit_passes_every_shipped_adapter_with_a_plugin_kind_installed(plugi
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     drivers = sum(line.startswith(f"adapter {adapter} / driver ") for line in lines)
-    assert drivers >= 1 and lines[-1] == f"{drivers * len(CHECKS)} passed, 0 failed", proc.stdout
+    skipped = [line for line in lines if line.startswith("SKIPPED")]
+    assert all(":: a_failed_engine_read_fails_only_its_request" in line for line in skipped), skipped
+    want = f"{drivers * len(CHECKS) - len(skipped)} passed, 0 failed" + (f", {len(skipped)} skipped" if skipped else "")
+    assert drivers >= 1 and lines[-1] == want, proc.stdout
     assert sum(":: invalid_vectors_are_rejected_naming_the_field" in line and line.startswith("PASSED")
                for line in lines) == drivers
 

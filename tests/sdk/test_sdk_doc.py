@@ -78,7 +78,8 @@ def _outcome(driver_factory, check_name: str):
 def test_the_docs_toy_backend_passes_every_check(toy: ModuleType) -> None:
     out = StringIO()
     assert run_conformance("toy_backend:drivers", out) == 0, out.getvalue()
-    assert f"{len(CHECKS)} passed, 0 failed" in out.getvalue()
+    # The toy reads no engine object per step: the engine-read check (opt-in) skips.
+    assert f"{len(CHECKS) - 1} passed, 0 failed, 1 skipped" in out.getvalue()
 
 
 def test_the_command_runs_a_third_party_driver_by_import_string(toy_dir: Path) -> None:
@@ -88,8 +89,8 @@ def test_the_command_runs_a_third_party_driver_by_import_string(toy_dir: Path) -
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("adapter toy_backend:drivers / driver toy: the toy engine")
-    assert sum(line.startswith("PASSED  toy :: ") for line in lines) == len(CHECKS)
-    assert lines[-1] == f"{len(CHECKS)} passed, 0 failed"
+    assert sum(line.startswith("PASSED  toy :: ") for line in lines) == len(CHECKS) - 1
+    assert lines[-1] == f"{len(CHECKS) - 1} passed, 0 failed, 1 skipped"
 
 
 def test_the_command_fails_for_an_unknown_adapter() -> None:
@@ -181,7 +182,7 @@ def test_the_kit_catches_a_processor_that_ignores_the_payload_order(toy: ModuleT
 def test_the_docs_numpy_backend_passes_every_check(numpy_backend: ModuleType) -> None:
     out = StringIO()
     assert run_conformance("numpy_backend:drivers", out) == 0, out.getvalue()
-    assert out.getvalue().splitlines()[-1] == f"{len(CHECKS)} passed, 0 failed"
+    assert out.getvalue().splitlines()[-1] == f"{len(CHECKS) - 1} passed, 0 failed, 1 skipped"
 
 
 def _forcing_processor(numpy_backend: ModuleType, token_ids=(5, 6, 7), prompt=(3, 4)):
@@ -273,4 +274,5 @@ def test_the_kit_steps_drivers_with_fresh_cpu_float32_contiguous_logits(numpy_ba
     for check in CHECKS:
         seen.clear()
         outcome = run_check(check, Checking(KIT_VOCAB_SIZE))
-        assert outcome.status == "passed", f"{check.name}: {outcome.detail}"
+        assert outcome.status == "passed" or (outcome.status == "skipped" and "break_engine_reads" in outcome.detail), \
+            f"{check.name}: {outcome.detail}"
