@@ -3,34 +3,38 @@
 On the worker, per request::
 
     from dynlogits.adapters.trtllm import activate, check_llm_args
-    check_llm_args(llm_kwargs)                       # once: refuses the PyTorch overlap scheduler
-    activate(sampling_params, entries, prompt_token_ids, vocab_size=width)
+    check_llm_args(llm_kwargs)                       # once: refuses what cannot work (overlap scheduler, ...)
+    activate(sampling_params, entries, vocab_size=width)
     llm.generate_async(prompt_token_ids, sampling_params)
 
 Built on ``dynlogits.sdk``; what is here is TensorRT-LLM's calling convention only. Modules:
 ``processor`` (the per-request callback; shapes, streams, failure policy, pickling), ``batched``
-(the TensorRT backend's batched callback), ``activation`` (worker side), ``capabilities``,
-``harness`` (harnesses modelled on TensorRT-LLM's call sites), ``conformance`` (the kit's drivers).
+(the TensorRT backend's batched callback, executor API only), ``activation`` (worker side),
+``capabilities`` (what is refused), ``harness`` (harnesses modelled on TensorRT-LLM 1.3.0rc29's call
+sites, with the sources read), ``conformance`` (the kit's drivers).
 TensorRT-LLM itself is optional: the classes subclass its bases when ``tensorrt_llm`` imports.
 """
 
-from .activation import activate, stop_token_ids, validate
-from .batched import DynamoTrtllmBatchedLogitsProcessor
+from .activation import BOTH_CALLBACKS, activate, stop_token_ids, validate
+from .batched import NOT_THROUGH_LLM_API, DynamoTrtllmBatchedLogitsProcessor
 from .capabilities import UnsupportedEngineConfig, check_llm_args
-from .processor import FAILURES, HAS_TENSORRT_LLM, DynamoTrtllmLogitsProcessor
+from .processor import FAILURES, HAS_TENSORRT_LLM, DynamoTrtllmLogitsProcessor, register_ipc_classes
 
 #: The engine-facing class (the same name in every adapter).
 Processor = DynamoTrtllmLogitsProcessor
 
 __all__ = [
+    "BOTH_CALLBACKS",
     "FAILURES",
     "HAS_TENSORRT_LLM",
+    "NOT_THROUGH_LLM_API",
     "DynamoTrtllmBatchedLogitsProcessor",
     "DynamoTrtllmLogitsProcessor",
     "Processor",
     "UnsupportedEngineConfig",
     "activate",
     "check_llm_args",
+    "register_ipc_classes",
     "stop_token_ids",
     "validate",
 ]

@@ -1,12 +1,18 @@
 """Worker side: a fresh ``DynamoTrtllmLogitsProcessor`` per request, on its ``SamplingParams``.
 
-TensorRT-LLM takes live processor objects on ``SamplingParams.logits_processor`` (one or a list;
-a list only on the PyTorch backend). ``activate`` validates the gated entries
-(``SpecError`` naming the field; ``python`` entries only when allow-listed on this worker, and
-again in the engine process), encodes them as the wire payload and puts a new processor for this
-request on ``sampling_params``, replacing one a previous call attached and keeping any others.
-With no entries it removes ours and attaches nothing. ``validate(sampling_params)`` is the
-admission check of what a request carries: the payload of every processor of ours attached to it.
+TensorRT-LLM takes live processor objects on ``SamplingParams.logits_processor`` (one, or a list on
+the PyTorch backend only: the TensorRT backend's request binding takes one callable).
+``activate`` validates the gated entries (``SpecError`` naming the field; ``python`` entries only
+when allow-listed on this worker, and again in the engine process), encodes them as the wire payload
+and puts a new processor for this request on ``sampling_params``, replacing one a previous call
+attached and keeping any others. With no entries it removes ours and attaches nothing.
+``validate(sampling_params)`` is the admission check of what a request carries: the payload of every
+processor of ours attached to it.
+
+Positions count from the prompt TensorRT-LLM itself holds (BOS and multimodal expansion included),
+read at the processor's first call, so ``activate`` needs no prompt; only a request that arrives
+with tokens already generated (the decode side of a disaggregated request: the prefill's first
+token) says how many with ``generated_before``.
 """
 
 from __future__ import annotations
@@ -16,20 +22,17 @@ from typing import Any
 
 from dynlogits import sdk
 
-from .processor import DynamoTrtllmLogitsProcessor
+from .processor import DynamoTrtllmLogitsProcessor, stop_token_ids
 
-__all__ = ["activate", "stop_token_ids", "validate"]
+__all__ = ["BOTH_CALLBACKS", "activate", "stop_token_ids", "validate"]
 
-
-def stop_token_ids(sampling_params: Any) -> tuple[int, ...]:
-    """The ids a failed request is ended with, best first: ``end_id`` (unless ``ignore_eos``),
-    then ``stop_token_ids``."""
-    ids: list[int] = []
-    end_id = getattr(sampling_params, "end_id", None)
-    if isinstance(end_id, int) and not getattr(sampling_params, "ignore_eos", False):
-        ids.append(end_id)
-    ids += sorted(int(t) for t in (getattr(sampling_params, "stop_token_ids", None) or ()))
-    return tuple(ids)
+#: Why a request that opted into the batched callback cannot also get a per-request processor.
+BOTH_CALLBACKS = (
+    "sampling_params.apply_batched_logits_processor is set: TensorRT-LLM's TensorRT backend runs a request's own "
+    "logits processor or the batched one, never both (LogitsPostProcessor), so a per-request processor would "
+    "silently take the batched processor's place; register the request with DynamoTrtllmBatchedLogitsProcessor "
+    "instead, or clear the flag"
+)
 
 
 def _attached(current: Any) -> list[Any]:
@@ -44,20 +47,24 @@ def _ours(current: Any) -> list[DynamoTrtllmLogitsProcessor]:
     return [p for p in _attached(current) if isinstance(p, DynamoTrtllmLogitsProcessor)]
 
 
-def activate(sampling_params: Any, entries: Sequence[Any], prompt_token_ids: Sequence[int], *,
-                             vocab_size: int | None = None) -> DynamoTrtllmLogitsProcessor | None:
+def activate(sampling_params: Any, entries: Sequence[Any], *, vocab_size: int | None = None,
+             generated_before: int = 0) -> DynamoTrtllmLogitsProcessor | None:
     """Attach a fresh processor for ``entries`` to ``sampling_params`` (TensorRT-LLM's
     ``SamplingParams`` or anything with a ``logits_processor`` attribute); returns it, or ``None``
-    when there are no entries. ``prompt_token_ids`` is the request's prompt (positions count the
-    tokens after it); ``vocab_size``, when known, bounds every id (the logits width)."""
+    when there are no entries (``ValueError`` when the request opted into the batched callback).
+    ``vocab_size``, when known, is the logits width: it bounds every id
+    and the engine's logits must have it. ``generated_before``: tokens the request has generated
+    before it reaches this engine (0 unless it resumes elsewhere, as on a disaggregated decode worker)."""
     payload = sdk.encode_payload(entries)
     sdk.validate(payload, vocab_size=vocab_size)
+    if payload is not None and getattr(sampling_params, "apply_batched_logits_processor", False):
+        raise ValueError(BOTH_CALLBACKS)
     others = _others(getattr(sampling_params, "logits_processor", None))
     if payload is None:
         sampling_params.logits_processor = others if len(others) > 1 else (others[0] if others else None)
         return None
-    processor = DynamoTrtllmLogitsProcessor(payload, prompt_len=len(prompt_token_ids),
-                                            stop_token_ids=stop_token_ids(sampling_params))
+    processor = DynamoTrtllmLogitsProcessor(payload, sampling_params=sampling_params,
+                                            generated_before=generated_before, vocab_size=vocab_size)
     sampling_params.logits_processor = [*others, processor] if others else processor
     return processor
 

@@ -1,47 +1,68 @@
-"""``DynamoTrtllmBatchedLogitsProcessor``: the TensorRT backend's batched callback on the SDK.
+"""``DynamoTrtllmBatchedLogitsProcessor``: the TensorRT backend's batched callback, for the executor
+API driven in this process only.
 
-TensorRT-LLM's ``BatchedLogitsProcessor`` (``tensorrt_llm/sampling_params.py``) is one object for
-the whole engine (``LLM(batched_logits_processor=...)`` / the executor config), called once per
-step with every request that opted in (``SamplingParams.apply_batched_logits_processor=True``):
-``(req_ids, logits: list[[beam, 1, vocab]], token_ids: list[per-beam lists], stream_ptr,
-client_ids) -> None``, in place, on the CUDA stream ``stream_ptr``.
+TensorRT-LLM's batched callback (``tensorrt_llm/sampling_params.py``, ``BatchedLogitsProcessor``) is
+one object per engine (``ExecutorConfig.logits_post_processor_config``), called once per step with
+every request that opted in (``Request.logits_post_processor_name = BATCHED_POST_PROCESSOR_NAME``):
+``(req_ids, logits: list[[1 + draft, beam, vocab]], token_ids: list[per-beam lists], stream_ptr,
+client_ids) -> None``, in place. A request with its own per-request processor is never in the
+batch: ``LogitsPostProcessor::operator()`` runs the per-request one or the batched one, never both.
 
-The callback receives no per-request data, so each request's ``DynamoTrtllmLogitsProcessor`` is
-**registered** under the ``client_id`` its executor request carries (``register`` before the
-request is enqueued, ``unregister`` when it ends; at most ``max_requests`` are held, oldest dropped
-with a warning). Rows of requests that are not registered are left untouched.
+The call carries no per-request data, so each request's ``DynamoTrtllmLogitsProcessor`` is
+**registered** under the client id its executor ``Request`` is enqueued with (``register`` before
+``enqueue_request``, ``unregister`` when it ends; at most ``max_requests`` are held, oldest dropped
+with a warning). Each registered request is then processed by its own processor (same shapes,
+positions and failure isolation as the per-request callback).
 
-Each call gathers the rows of every registered request into one ``[rows, vocab]`` tensor, applies
-them all with one ``dynlogits.sdk.apply_rows`` (the SDK's batched path: a few tensor ops per step
-for the built-in kinds) and copies each request's rows back into its tensor. A request whose rows
-cannot be read (a beam count that does not match its token lists) is fail-stopped alone; nothing
-raises out of the call (TensorRT-LLM would fail every active request).
+Not through the LLM API: ``LLM(batched_logits_processor=...)`` pickles the object into the executor
+worker, where registrations made on the caller's copy never arrive, and the client id of a request
+is assigned inside ``generate_async`` (``GenerationExecutor.submit``), after the caller could
+register it. So pickling this class raises ``TypeError`` with that reason, ``check_llm_args``
+refuses it, and an opted-in request without a registered processor is never left untouched: it is
+fail-stopped to ``stop_token_id`` and reported (ERROR log and ``FAILURES``, once per client id).
+Nothing raises out of the call (TensorRT-LLM would fail every active request).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
-from dynlogits import sdk
+from dynlogits.sdk import GuardedRequest
 
-from .processor import BatchedLogitsProcessorBase, DynamoTrtllmLogitsProcessor, logits_rows, on_stream
+from .processor import FAILURES, BatchedLogitsProcessorBase, DynamoTrtllmLogitsProcessor, on_stream
 
-__all__ = ["DynamoTrtllmBatchedLogitsProcessor"]
+__all__ = ["NOT_THROUGH_LLM_API", "DynamoTrtllmBatchedLogitsProcessor"]
 
 logger = logging.getLogger("dynlogits.adapters.trtllm")
 
+#: Why the batched processor cannot cross a process boundary (TensorRT-LLM's LLM API).
+NOT_THROUGH_LLM_API = (
+    "DynamoTrtllmBatchedLogitsProcessor cannot be used through TensorRT-LLM's LLM API: the LLM pickles "
+    "batched_logits_processor into its executor worker, where register() calls made on the caller's copy never "
+    "arrive, and it assigns client ids inside generate_async, after a caller could register them. Attach a "
+    "per-request processor with dynlogits.adapters.trtllm.activate() instead, or use the batched processor with "
+    "the executor API (tensorrt_llm.bindings.executor) in this process."
+)
+
 
 class DynamoTrtllmBatchedLogitsProcessor(BatchedLogitsProcessorBase):  # type: ignore[misc,valid-type]
-    """One per engine; see the module docstring."""
+    """One per engine; see the module docstring. ``stop_token_id`` (the model's EOS) ends an
+    opted-in request that has no registered processor (``None``: it is reported and continues)."""
 
-    def __init__(self, max_requests: int = 65536) -> None:
+    def __init__(self, *, stop_token_id: int | None, max_requests: int = 65536) -> None:
+        self.stop_token_id = stop_token_id
         self.max_requests = max_requests
         self._processors: OrderedDict[int, DynamoTrtllmLogitsProcessor] = OrderedDict()
+        self._strays: OrderedDict[Any, GuardedRequest] = OrderedDict()
+
+    def __getstate__(self) -> NoReturn:
+        raise TypeError(NOT_THROUGH_LLM_API)
 
     def register(self, client_id: int, processor: DynamoTrtllmLogitsProcessor) -> None:
         """Apply ``processor`` to the request enqueued with ``client_id``."""
@@ -55,41 +76,54 @@ class DynamoTrtllmBatchedLogitsProcessor(BatchedLogitsProcessorBase):  # type: i
     def unregister(self, client_id: int) -> None:
         """The request ended: forget it (no-op when unknown)."""
         self._processors.pop(client_id, None)
+        self._strays.pop(client_id, None)
 
     def __len__(self) -> int:
         return len(self._processors)
 
     def __call__(self, req_ids: Sequence[int], logits: Sequence[torch.Tensor], token_ids: Sequence[Sequence[Sequence[int]]],
                  stream_ptr: int | None, client_ids: Sequence[int | None]) -> None:
-        views: list[torch.Tensor] = []
-        requests: list[Any] = []
-        histories: list[list[int]] = []
-        for i, req_id in enumerate(req_ids):
-            key = client_ids[i] if client_ids and client_ids[i] is not None else req_id
-            processor = self._processors.get(key)
-            if processor is None:
-                continue
-            rows: torch.Tensor | None = None
-            try:
-                rows = logits_rows(logits[i])
-                request = processor.request(int(rows.shape[-1]))
-                if request is None:
-                    continue
-                beams = processor.histories(token_ids[i], int(rows.shape[0]))
-            except Exception as exc:  # this request alone
-                with on_stream(stream_ptr, logits[i]):
-                    processor.fail_stop(rows, exc)
-                continue
-            views.append(rows)
-            requests += [request] * rows.shape[0]
-            histories += beams
-        if not views:
+        try:
+            count = len(logits)
+        except Exception:
+            logger.exception("batched logits processor: TensorRT-LLM's call could not be read; no row was processed")
             return
-        with on_stream(stream_ptr, views[0]):
-            gathered = torch.cat(views) if len(views) > 1 else views[0]
-            sdk.apply_rows(gathered, list(range(gathered.shape[0])), requests, histories)
-            if len(views) > 1:
-                start = 0
-                for view in views:
-                    view.copy_(gathered[start:start + view.shape[0]])
-                    start += view.shape[0]
+        for i in range(count):
+            processor: DynamoTrtllmLogitsProcessor | None = None
+            tensor: Any = None
+            try:
+                tensor = logits[i]
+                key = client_ids[i]
+                processor = self._processors.get(key) if key is not None else None
+                if processor is None:
+                    self._stop_stray(key, tensor, stream_ptr)
+                    continue
+                processor(req_ids[i], tensor, token_ids[i], stream_ptr, key)
+            except Exception as exc:  # a read of this request failed: it alone fails
+                if processor is not None:
+                    processor.fail_stop(tensor, stream_ptr, exc)
+                else:
+                    self._stop_stray(None, tensor, stream_ptr, exc)
+
+    def _stop_stray(self, key: Any, logits: Any, stream_ptr: int | None, exc: Exception | None = None) -> None:
+        """An opted-in request this processor cannot place: reported once, its rows masked to
+        ``stop_token_id``. Never raises."""
+        try:
+            stray = self._strays.get(key) if key is not None else None
+            if stray is None:
+                why = (f"could not be read: {type(exc).__name__}: {exc}" if exc is not None else
+                       "carries no client id" if key is None else
+                       f"opted in with client id {key}, but no processor was registered for it")
+                stray = GuardedRequest.failed_at_realization(f"a request in the batched logits processor {why}",
+                                                             stop_token_id=self.stop_token_id, report=FAILURES.append)
+                if key is not None:
+                    self._strays[key] = stray
+                    while len(self._strays) > self.max_requests:
+                        self._strays.popitem(last=False)
+            if isinstance(logits, torch.Tensor) and logits.ndim and self.stop_token_id is not None \
+                    and 0 <= self.stop_token_id < logits.shape[-1]:
+                with on_stream(stream_ptr, logits):
+                    for index in itertools.product(*(range(n) for n in logits.shape[:-1])):
+                        stray.force_stop(logits[index])
+        except Exception:
+            logger.exception("batched logits processor: could not fail-stop an unplaceable request")

@@ -1,10 +1,17 @@
 """What the TensorRT-LLM adapter cannot do on a given configuration, said up front.
 
-The PyTorch backend's overlap scheduler (on unless ``disable_overlap_scheduler=True``) calls logits
-processors one step behind: ``token_ids`` does not yet hold the previous iteration's token
-(TensorRT-LLM PR 16785), and nothing else the callback receives tells how many tokens the request
-has generated. Positions derived from ``token_ids`` would then repeat a forced token, so
-``check_llm_args`` refuses that combination; run with ``disable_overlap_scheduler=True``.
+``check_llm_args`` refuses, with ``UnsupportedEngineConfig`` naming the setting:
+
+* the PyTorch backend's overlap scheduler (on unless ``disable_overlap_scheduler=True``): it calls
+  processors one step behind, before ``token_ids`` holds the previous iteration's token
+  (TensorRT-LLM PR 16785), and nothing else in the call says how many tokens were generated;
+* speculative decoding (``speculative_config``): the PyTorch backend's
+  ``_execute_logit_post_processors`` advances one row per beam while a speculative step lays out
+  1 + draft rows per request, and the TensorRT backend passes draft rows without the draft tokens;
+* beam search on the PyTorch backend of a TensorRT-LLM older than 1.3.0rc29: before PR 16010 it
+  handed processors one row per request whatever the beam width (1.3.0rc29's per-beam layout is
+  the one this adapter is proven against);
+* ``batched_logits_processor=DynamoTrtllmBatchedLogitsProcessor(...)``: see ``batched``.
 """
 
 from __future__ import annotations
@@ -12,7 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["UnsupportedEngineConfig", "check_llm_args"]
+from .batched import NOT_THROUGH_LLM_API, DynamoTrtllmBatchedLogitsProcessor
+
+__all__ = ["BEAM_SEARCH_SINCE", "UnsupportedEngineConfig", "check_llm_args"]
+
+#: The TensorRT-LLM version whose PyTorch backend's per-beam processor layout is proven here.
+BEAM_SEARCH_SINCE = "1.3.0rc29"
 
 
 class UnsupportedEngineConfig(ValueError):
@@ -23,11 +35,44 @@ def _get(args: Any, name: str, default: Any = None) -> Any:
     return args.get(name, default) if isinstance(args, Mapping) else getattr(args, name, default)
 
 
-def check_llm_args(llm_args: Any) -> None:
+def _installed_version() -> str | None:
+    try:
+        import tensorrt_llm
+    except Exception:
+        return None
+    version = getattr(tensorrt_llm, "__version__", None)
+    return version if isinstance(version, str) else None
+
+
+def _older(version: str, than: str) -> bool:
+    try:
+        from packaging.version import Version
+    except ImportError:  # without packaging the version cannot be compared: do not refuse on it
+        return False
+    return Version(version) < Version(than)
+
+
+def check_llm_args(llm_args: Any, *, tensorrt_llm_version: str | None = None) -> None:
     """Raise ``UnsupportedEngineConfig`` for ``LLM`` arguments (an ``LlmArgs`` or kwargs mapping)
-    under which processors would see stale histories."""
+    under which processors would see stale, misplaced or unplaceable rows. ``tensorrt_llm_version``:
+    the engine's version (default: the installed one, when it imports)."""
     backend = _get(llm_args, "backend", "pytorch")
-    if backend in (None, "pytorch", "_autodeploy") and not _get(llm_args, "disable_overlap_scheduler", False):
+    pytorch = backend in (None, "pytorch", "_autodeploy")
+    if pytorch and not _get(llm_args, "disable_overlap_scheduler", False):
         raise UnsupportedEngineConfig(
             "dynamo logits processors need disable_overlap_scheduler=True on TensorRT-LLM's PyTorch backend: its "
             "overlap scheduler hands processors token_ids one step behind, so a forced sequence would repeat a token")
+    if _get(llm_args, "speculative_config") is not None:
+        raise UnsupportedEngineConfig(
+            "dynamo logits processors do not support speculative decoding (speculative_config) on TensorRT-LLM: the "
+            "PyTorch backend hands processors one row per beam while a speculative step has 1 + draft rows per "
+            "request, and the TensorRT backend passes draft rows without the draft tokens")
+    if isinstance(_get(llm_args, "batched_logits_processor"), DynamoTrtllmBatchedLogitsProcessor):
+        raise UnsupportedEngineConfig(NOT_THROUGH_LLM_API)
+    version = tensorrt_llm_version or _installed_version()
+    beams = _get(llm_args, "max_beam_width", 1) or 1
+    if pytorch and beams > 1 and version is not None and _older(version, BEAM_SEARCH_SINCE):
+        raise UnsupportedEngineConfig(
+            f"dynamo logits processors with beam search (max_beam_width={beams}) need TensorRT-LLM >= "
+            f"{BEAM_SEARCH_SINCE} on the PyTorch backend; {version} hands processors one row per request "
+            "whatever the beam width (fixed by TensorRT-LLM PR 16010)")

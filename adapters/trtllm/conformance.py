@@ -1,19 +1,24 @@
 """Conformance-kit drivers for the TensorRT-LLM adapter (``dynlogits conformance trtllm``).
 
-TensorRT-LLM is not installed here (its wheel is not on the reachable package index and needs
-CUDA), so the drivers run the real adapter classes inside the harnesses of
-``dynlogits.adapters.trtllm.harness``, modelled on TensorRT-LLM's call sites:
+TensorRT-LLM is not installed here (its wheel is not on the reachable index and needs CUDA), so the
+drivers run the real adapter classes inside the harnesses of ``dynlogits.adapters.trtllm.harness``,
+modelled on TensorRT-LLM 1.3.0rc29's call sites. The kit speaks one row per request; a driver with
+beams runs each request with ``beams`` beams sharing the kit's history (every beam's row must come
+out the same, and beam 0's is returned), a driver with drafts adds draft rows after it:
 
-* ``trtllm-pytorch``: a fresh ``DynamoTrtllmLogitsProcessor`` per request from
-  ``activate``, pickled and unpickled as the request crosses into the executor,
-  called as the PyTorch backend calls it (``[beam, 1, vocab]`` view, per-beam token lists);
-* ``trtllm-batched``: the same processors registered with one ``DynamoTrtllmBatchedLogitsProcessor``
-  and called as the TensorRT backend's batched callback.
+* ``trtllm-pytorch``: PyTorch backend, one beam: ``[1, 1, vocab]``;
+* ``trtllm-pytorch-beams``: PyTorch backend, 4 beams: ``[4, 1, vocab]`` (``[1, 1, vocab]`` at the
+  context step);
+* ``trtllm-tensorrt-beams``: TensorRT backend, 4 beams: ``[1, 4, vocab]``;
+* ``trtllm-tensorrt-drafts``: TensorRT backend, 2 draft tokens per step: ``[1 + 2, 1, vocab]``
+  (the drafts' acceptance is not modelled: the kit's token is the one committed);
+* ``trtllm-batched``: the TensorRT backend's batched callback, executor API in this process.
+
+Per-request drivers go through the LLM API path (requests pickled into the executor process).
 """
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,13 +30,13 @@ from dynlogits.specs import LogitsProcessorSpec
 
 from . import activation
 from .batched import DynamoTrtllmBatchedLogitsProcessor
+from .harness import PytorchBackendHarness, SamplingParamsStandIn, TrtBackendHarness
 from .processor import FAILURES, HAS_TENSORRT_LLM, DynamoTrtllmLogitsProcessor
-from .harness import PytorchBackendHarness, SamplingParamsStandIn, TrtBackendBatchedHarness
 
 __all__ = ["TrtllmDriver", "drivers"]
 
-_WHAT = ("TensorRT-LLM not installed (wheel not on the reachable index; needs CUDA): real adapter classes, "
-         "{how} by a harness modelled on TensorRT-LLM's {site}")
+_WHAT = ("TensorRT-LLM not installed (wheel not on the reachable index; needs CUDA): real adapter classes driven by a "
+         "harness modelled on TensorRT-LLM 1.3.0rc29's {site}")
 
 
 class TrtllmDriver:
@@ -39,24 +44,34 @@ class TrtllmDriver:
 
     releases_on_finish = True
 
-    def __init__(self, vocab_size: int, *, batched: bool) -> None:
+    def __init__(self, vocab_size: int, *, backend: str, beams: int = 1, drafts: int = 0, batched: bool = False) -> None:
         self.vocab_size = vocab_size
-        self.batched = batched
-        self.name = "trtllm-batched" if batched else "trtllm-pytorch"
-        self.exercised = _WHAT.format(
-            how="one BatchedLogitsProcessor called" if batched else "per-request processors (pickled across the process "
-            "boundary) called", site="TensorRT backend batched callback" if batched else "PyTorch backend "
-            "(_execute_logit_post_processors, [beam, 1, vocab] views)")
+        self.beams, self.drafts, self.batched = beams, drafts, batched
+        suffix = "-batched" if batched else "-drafts" if drafts else "-beams" if beams > 1 else ""
+        self.name = "trtllm-batched" if batched else f"trtllm-{backend}{suffix}"
+        if backend == "pytorch":
+            views = f"[{beams}, 1, vocab] views, [1, 1, vocab] at the context step" if beams > 1 else "[1, 1, vocab] views"
+            site = f"PyTorch backend (_execute_logit_post_processors: {views}; requests pickled into the executor process)"
+            self.harness: PytorchBackendHarness | TrtBackendHarness = PytorchBackendHarness()
+        elif batched:
+            site = "TensorRT backend batched callback (LogitsPostProcessor, executor API in this process, [1, 1, vocab])"
+            self.batched_processor = DynamoTrtllmBatchedLogitsProcessor(stop_token_id=None)
+            self.harness = TrtBackendHarness(self.batched_processor, llm_api=False)
+        else:
+            shape = f"[1 + {drafts}, {beams}, vocab]" if drafts else f"[1, {beams}, vocab]"
+            site = (f"TensorRT backend per-request callback (LogitsPostProcessor on {shape} decoder logits"
+                    + ("; draft rows after a row not forced to one token are masked to the stop token, with a WARNING"
+                       if drafts else "") + "; requests pickled into the executor process)")
+            self.harness = TrtBackendHarness()
+        self.exercised = _WHAT.format(site=site)
         if HAS_TENSORRT_LLM:
             self.exercised = "TensorRT-LLM importable: adapter subclasses its LogitsProcessor; " + self.exercised
         self._started = False
-        self.batched_processor = DynamoTrtllmBatchedLogitsProcessor()
-        self.harness = TrtBackendBatchedHarness(self.batched_processor) if batched else PytorchBackendHarness()
         self.ids: dict[str, int] = {}
 
     def activate(self, spec: LogitsProcessorSpec | None, role: DisaggregationMode) -> Any | None:
-        params = SamplingParamsStandIn(logits_processor=DynamoTrtllmLogitsProcessor([{"kind": "smuggled"}], prompt_len=0))
-        processor = activation.activate(params, sdk.gate(spec, role), prompt_token_ids=[])
+        params = SamplingParamsStandIn(logits_processor=DynamoTrtllmLogitsProcessor([{"kind": "smuggled"}]))
+        processor = activation.activate(params, sdk.gate(spec, role))
         if processor is None and params.logits_processor is not None:
             raise AssertionError("a processor attached earlier survived activation without entries")
         return None if processor is None else processor.payload
@@ -69,29 +84,44 @@ class TrtllmDriver:
         if not self._started:  # the adapter's failure log is per process: start it afresh for this driver
             FAILURES.clear()
             self._started = True
-        params = SamplingParamsStandIn(end_id=eos_token_id, apply_batched_logits_processor=self.batched)
-        if payload is not None:
-            params.logits_processor = DynamoTrtllmLogitsProcessor(payload, prompt_len=len(prompt_ids),
-                                                                  stop_token_ids=(eos_token_id,))
-        params = pickle.loads(pickle.dumps(params))  # requests reach the executor pickled
         number = self.ids.setdefault(req_id, len(self.ids))
-        if self.batched:
-            if params.logits_processor is not None:
-                self.batched_processor.register(number, params.logits_processor)
-            params.logits_processor = None
-        self.harness.add(number, prompt_ids, params, generated=[list(output_ids)] if output_ids else None,
+        params = SamplingParamsStandIn(end_id=eos_token_id)
+        if payload is not None:
+            params.logits_processor = DynamoTrtllmLogitsProcessor(
+                payload, sampling_params=params, generated_before=len(output_ids), vocab_size=self.vocab_size)
+        params.apply_batched_logits_processor = self.batched and payload is not None  # only requests with processors
+        generated = [list(output_ids)] * self.beams if output_ids else None
+        if isinstance(self.harness, PytorchBackendHarness):
+            self.harness.add(number, prompt_ids, params, beam_width=self.beams, generated=generated)
+            return
+        if self.batched and params.logits_processor is not None:
+            self.batched_processor.register(number, params.logits_processor)
+            params.logits_processor = None  # its own processor would take precedence over the batched one
+        self.harness.add(number, prompt_ids, params, beam_width=self.beams, generated=generated, draft_len=self.drafts,
                          client_id=number)
 
     def step(self, batch: Sequence[str], logits: torch.Tensor) -> torch.Tensor:
-        return self.harness.step([self.ids[r] for r in batch], logits)
+        numbers = [self.ids[r] for r in batch]
+        out = self.harness.step({n: logits[i] for i, n in enumerate(numbers)})
+        for i, n in enumerate(numbers):
+            # PyTorch backend: [rows, vocab]; TensorRT backend: [1 + draft, beam, vocab] -> position 0's beams
+            beams = out[n] if out[n].ndim == 2 else out[n][0]
+            if not all(torch.equal(beams[0], beam) for beam in beams[1:]):
+                raise AssertionError(f"request {batch[i]}: beams with the same history were processed differently")
+            logits[i] = beams[0]
+        return logits
 
     def commit(self, req_id: str, token_id: int) -> None:
-        self.harness.commit(self.ids[req_id], [token_id])
+        self.harness.commit(self.ids[req_id], [token_id] * self.beams)
 
     def remove(self, req_id: str) -> None:
         number = self.ids[req_id]
         self.harness.remove(number)
-        self.batched_processor.unregister(number)
+        if self.batched:
+            self.batched_processor.unregister(number)
+
+    def break_engine_reads(self, req_id: str) -> None:
+        self.harness.break_reads(self.ids[req_id])
 
     def held_requests(self) -> int:
         if self.batched:
@@ -103,5 +133,13 @@ class TrtllmDriver:
 
 
 def drivers(vocab_size: int) -> list[TrtllmDriver]:
-    """The kit's factory: the PyTorch backend's per-request call and the TensorRT backend's batched call."""
-    return [TrtllmDriver(vocab_size, batched=False), TrtllmDriver(vocab_size, batched=True)]
+    """The kit's factory: TensorRT-LLM 1.3.0rc29's logits layouts ``[1, 1, vocab]``, ``[beam, 1, vocab]``
+    (PyTorch backend), ``[1, beam, vocab]`` and ``[1 + draft, 1, vocab]`` (TensorRT backend), and the
+    TensorRT backend's batched callback."""
+    return [
+        TrtllmDriver(vocab_size, backend="pytorch"),
+        TrtllmDriver(vocab_size, backend="pytorch", beams=4),
+        TrtllmDriver(vocab_size, backend="tensorrt", beams=4),
+        TrtllmDriver(vocab_size, backend="tensorrt", drafts=2),
+        TrtllmDriver(vocab_size, backend="tensorrt", batched=True),
+    ]

@@ -1,36 +1,66 @@
-"""Models of TensorRT-LLM's two call sites of logits processors, not the engine: test helpers.
+"""Harnesses modelled on TensorRT-LLM 1.3.0rc29's logits-processor call sites (tests, conformance kit).
 
-Not for production: they exist so the adapter can be tested where TensorRT-LLM cannot run.
+TensorRT-LLM cannot be installed here (its wheel is not on the reachable package index and needs
+CUDA), so nothing of it runs in this project's tests. These classes reproduce, from its public
+sources, what the engine hands a processor and what it does with the result. Sources read
+(github NVIDIA/TensorRT-LLM; the v1.3.0rc29 tag's own commit is not in the index this project can
+read, so each names the commit or the PR that was read; Dynamo 1.6.1 pins 1.3.0rc29):
 
-**These are harnesses, not TensorRT-LLM**: its wheel is not on the package index reachable here
-(only a stub that downloads it from NVIDIA's own index) and it needs CUDA, so nothing of TensorRT-LLM
-runs in this project's tests. They reproduce, from TensorRT-LLM's public sources, what the engine
-hands a processor and what it does with the result:
+[P1] ``tensorrt_llm/_torch/pyexecutor``: ``_execute_logit_post_processors`` and
+     ``_apply_logits_processors`` (``PyTorchModelEngine``; the decoder runner's forward path after
+     the later runner refactor): rows laid out context requests first, then generation requests;
+     1 row per context request (``token_ids = [get_tokens(0)]``; skipped when
+     ``py_orig_prompt_len < len(tokens)``), ``get_beam_width_by_iter()`` rows per generation request
+     (``token_ids`` one ``get_tokens(beam)`` list per beam); each processor's signature must have
+     4 or 5 parameters (an ``assert``); called as ``lp(py_request_id, rows.view(beam, 1, -1),
+     token_ids, None, None)``, return ignored. Introduced by PR 16010 (merged 2026-07-06, before
+     the 1.3.0rc24 bump of 2026-07-30), read in the later stored main.
+[P2] ``tensorrt_llm/_torch/pyexecutor/llm_request.py``, ``LlmRequest.create_child_request``: the
+     ``n > 1`` samples get ``deepcopy`` of every ``py_*`` attribute, processors included.
+[T1] ``cpp/tensorrt_llm/batch_manager/logitsPostProcessor.cpp``, ``LogitsPostProcessor::operator()``
+     @ 23bf695f90898b58862ed6ff6c5e3e5416b938cd: per decoder request, its own processor
+     ``(mRequestId, decoderLogits, getTokens(), stream, mClientId)`` if it has one, **else** (never
+     both) collected for the one batched call ``(reqIds, logits, beamTokens, stream, clientIds)``;
+     first tensor-parallel rank only unless replicated (the LLM API sets ``replicate=False``).
+[T2] ``cpp/tensorrt_llm/batch_manager/handleContextLogits.cpp`` / ``handleGenerationLogits.cpp``
+     (``HandleContextLogits::operator()`` / ``HandleGenerationLogits::operator()``) @
+     0165bd7ac275dae69796767cdbb71ce1963506f3: decoder logits ``[1, beam, vocab]`` for beam > 1
+     (a tiled copy at the context step, a view after), ``[1 + draft, 1, vocab]`` for beam 1 (a view);
+     ``TLLM_CHECK(draftLength == 0 || reqBeamWidth == 1)``.
+[T3] ``cpp/include/tensorrt_llm/batch_manager/llmRequest.h``, ``getTokens()``: per beam prompt +
+     generated; draft tokens are held apart (``getDraftTokens()``) and not passed.
+[A1] ``tensorrt_llm/executor/base_worker.py``, ``BaseWorker._enqueue_request``: PyTorch backend
+     ``py_logits_post_processors = lp if isinstance(lp, list) else [lp]``; TensorRT backend
+     ``tllm.Request(logits_post_processor=sampling_params.logits_processor`` (one callable),
+     ``logits_post_processor_name=BATCHED_POST_PROCESSOR_NAME`` when
+     ``apply_batched_logits_processor``, ``client_id=request.id``).
+[A2] ``tensorrt_llm/executor/ipc.py``, ``ZeroMqQueue._prepare_data`` / ``_parse_data`` @
+     0c8de69a1ca6213eebb20a51873890ff128666c2: requests reach the executor process pickled
+     (HMAC-signed, then plain ``pickle.loads``).
+[A3] ``tensorrt_llm/executor/executor.py`` @ 005bc848893f575ec14b45d6b13139360d67c790,
+     ``GenerationExecutor.create``: ``batched_logits_processor`` travels in ``worker_kwargs`` to the
+     executor worker process (spawned MPI workers; in this process only for the single-process TP1
+     worker); ``submit()`` (proxy, worker, RPC and Ray executors alike) assigns
+     ``request.set_id(self._get_next_client_id())``, inside ``generate_async``.
+[A4] ``tensorrt_llm/llmapi/llm.py``, ``_prepare_sampling_params`` (called by ``generate_async``):
+     ``sampling_params._setup(tokenizer, ...)`` fills ``end_id`` in place when it is ``None``.
 
-* ``PytorchBackendHarness`` (``PyTorchModelEngine._execute_logit_post_processors``): one logits row
-  per context request (called only when its prompt is complete) and ``beam_width`` rows per
-  generation request; each of the request's processors is called as
-  ``lp(req_id, view, token_ids, None, None)`` and its return value ignored. ``layout="beam"``
-  (TensorRT-LLM PR 16010 and later): ``view`` is ``[beam, 1, vocab]`` over the rows, ``token_ids``
-  one ``prompt + generated`` list per beam. ``layout="1.2"`` (1.2.x): a ``[1, 1, vocab]`` view of
-  one row, ``token_ids = [prompt + generated]``, the row written back after the call.
-* ``TrtBackendBatchedHarness``: the TensorRT backend's batched callback, one call per step with
-  every opted-in request's ``[beam, 1, vocab]`` tensor, per-beam token lists, a stream pointer and
-  the client ids.
-
-Both model TensorRT-LLM's failure rule: an exception escaping a processor fails **every** active
-request (``EngineFailure``), which the adapter must never cause.
+Both harnesses model TensorRT-LLM's failure rule: an exception escaping a processor fails **every**
+active request (``EngineFailure``), which the adapter must never cause.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+import inspect
+import pickle
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-__all__ = ["EngineFailure", "PytorchBackendHarness", "SamplingParamsStandIn", "TrtBackendBatchedHarness"]
+__all__ = ["EngineFailure", "PytorchBackendHarness", "SamplingParamsStandIn", "TrtBackendHarness"]
 
 
 class EngineFailure(RuntimeError):
@@ -49,6 +79,10 @@ class SamplingParamsStandIn:
     apply_batched_logits_processor: bool = False
 
 
+class _Unreadable:
+    """What a different engine version might hand over instead of a token list: no length, no items."""
+
+
 @dataclass
 class _Request:
     req_id: int
@@ -56,25 +90,28 @@ class _Request:
     processors: list[Any]
     beams: list[list[int]]
     client_id: int | None = None
+    batched: bool = False
+    draft_len: int = 0
     in_context: bool = True
+    unreadable: bool = False
 
-    def tokens(self) -> list[list[int]]:
-        return [self.prompt + generated for generated in self.beams]
+    def tokens(self, beams: int) -> list[Any]:
+        """``getTokens()`` [T3] / ``get_tokens(beam)`` [P1]: prompt + generated per beam."""
+        if self.unreadable:
+            return [_Unreadable() for _ in range(beams)]
+        return [self.prompt + generated for generated in self.beams[:beams]]
 
 
 @dataclass
 class _Harness:
     requests: dict[int, _Request] = field(default_factory=dict)
 
-    def add(self, req_id: int, prompt: Sequence[int], sampling_params: Any, *, beam_width: int = 1,
-            generated: Sequence[Sequence[int]] | None = None, client_id: int | None = None) -> None:
-        """A request enters with ``sampling_params.logits_processor`` (as TensorRT-LLM copies it onto
-        its request); ``generated``: tokens per beam from before a preemption (then it starts in the
-        generation phase)."""
-        lp = sampling_params.logits_processor
-        processors = lp if isinstance(lp, list) else ([] if lp is None else [lp])
+    def _enter(self, req_id: int, prompt: Sequence[int], processors: list[Any], beam_width: int,
+               generated: Sequence[Sequence[int]] | None, **extra: Any) -> _Request:
         beams = [list(g) for g in generated] if generated else [[] for _ in range(beam_width)]
-        self.requests[req_id] = _Request(req_id, list(prompt), processors, beams, client_id, in_context=not generated)
+        request = _Request(req_id, list(prompt), processors, beams, in_context=not generated, **extra)
+        self.requests[req_id] = request
+        return request
 
     def commit(self, req_id: int, tokens: Sequence[int]) -> None:
         """The tokens sampled for each beam of ``req_id`` in the last step."""
@@ -86,70 +123,128 @@ class _Harness:
     def remove(self, req_id: int) -> None:
         self.requests.pop(req_id, None)
 
+    def break_reads(self, req_id: int) -> None:
+        """From now on ``req_id``'s ``token_ids`` are objects the adapter cannot read."""
+        self.requests[req_id].unreadable = True
+
+    def _inputs(self, inputs: Mapping[int, torch.Tensor], rows: int, req_id: int) -> torch.Tensor:
+        x = inputs[req_id]
+        return x.expand(rows, -1).clone() if x.ndim == 1 else x.clone()
+
+
+class PytorchBackendHarness(_Harness):
+    """The PyTorch backend [P1]: each request's processors, pickled across the process boundary
+    [A2] and attached as ``py_logits_post_processors`` [A1]; ``add_sample`` models ``n > 1`` [P2]."""
+
+    def add(self, req_id: int, prompt: Sequence[int], sampling_params: Any, *, beam_width: int = 1,
+            generated: Sequence[Sequence[int]] | None = None) -> None:
+        """A request arrives (``generated``: tokens per beam it carries, as a generation-only request
+        on a disaggregated decode worker; it then starts in the generation phase)."""
+        params = pickle.loads(pickle.dumps(sampling_params))  # [A2]
+        lp = params.logits_processor
+        self._enter(req_id, prompt, lp if isinstance(lp, list) else ([] if lp is None else [lp]), beam_width, generated)
+
+    def add_sample(self, req_id: int, parent: int) -> None:
+        """Another sample of ``parent`` (``n > 1``): a child request with deep copies of its processors [P2]."""
+        source = self.requests[parent]
+        self._enter(req_id, source.prompt, copy.deepcopy(source.processors), len(source.beams), None)
+
     def rows_of(self, req_id: int) -> int:
         request = self.requests[req_id]
         return 1 if request.in_context else len(request.beams)
 
+    def step(self, inputs: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """One forward: ``inputs[req_id]`` is that request's ``[rows_of, vocab]`` model output (a
+        ``[vocab]`` row is repeated); returns each request's rows after its processors ran."""
+        order = sorted(inputs, key=lambda r: not self.requests[r].in_context)  # context requests first [P1]
+        logits = torch.cat([self._inputs(inputs, self.rows_of(r), r) for r in order])
+        offset, spans = 0, {}
+        for req_id in order:
+            request, width = self.requests[req_id], self.rows_of(req_id)
+            spans[req_id] = (offset, width)
+            tokens = request.tokens(width)
+            skipped = request.in_context and not request.unreadable and len(request.prompt) < len(tokens[0])
+            if request.processors and not skipped:
+                view = logits[offset:offset + width].view(width, 1, -1)
+                for lp in request.processors:
+                    try:
+                        assert 4 <= len(inspect.signature(lp).parameters) <= 5, "LogitsProcessor signature"
+                        lp(req_id, view, tokens, None, None)
+                    except Exception as exc:
+                        raise EngineFailure(f"processor of request {req_id} raised; every active request fails: "
+                                            f"{exc!r}") from exc
+            offset += width
+        return {r: logits[start:start + width] for r, (start, width) in spans.items()}
 
-class PytorchBackendHarness(_Harness):
-    """See the module docstring."""
 
-    def __init__(self, layout: Literal["beam", "1.2"] = "beam") -> None:
+class TrtBackendHarness(_Harness):
+    """The TensorRT (C++) backend [T1][T2][T3]. ``batched``: the engine's one batched processor.
+    ``llm_api``: requests arrive through the LLM API (pickled [A2], client ids assigned at submit
+    [A3], the batched processor handed to the executor worker pickled [A3]); otherwise the caller
+    drives the executor API in this process and gives the client ids. ``stream_ptr``: what [T1]
+    passes as the stream the decoder logits live on (an int; the CPU tensors here ignore it)."""
+
+    def __init__(self, batched: Any = None, *, llm_api: bool = True, stream_ptr: int = 0) -> None:
         super().__init__()
-        self.layout = layout
+        if batched is not None and llm_api:
+            batched = pickle.loads(pickle.dumps(batched))  # [A3]
+        self.batched = batched
+        self.llm_api = llm_api
+        self.stream_ptr = stream_ptr
+        self._last_client_id = 1
 
-    def step(self, order: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
-        """One forward's logits (``[rows, vocab]``, requests' rows in ``order``, ``rows_of`` each)."""
-        offset = 0
+    def add(self, req_id: int, prompt: Sequence[int], sampling_params: Any, *, beam_width: int = 1,
+            generated: Sequence[Sequence[int]] | None = None, draft_len: int = 0,
+            client_id: int | None = None) -> int | None:
+        """A request arrives; returns its client id. ``draft_len``: draft tokens per generation step."""
+        if draft_len and beam_width > 1:
+            raise ValueError("TLLM_CHECK(draftLength == 0 || reqBeamWidth == 1)")  # [T2]
+        if self.llm_api:
+            sampling_params = pickle.loads(pickle.dumps(sampling_params))  # [A2]
+            self._last_client_id += 1
+            client_id = self._last_client_id  # [A3]
+        lp = sampling_params.logits_processor
+        if isinstance(lp, list):
+            raise TypeError("the TensorRT backend's Request binding takes one logits_post_processor, not a list")  # [A1]
+        self._enter(req_id, prompt, [] if lp is None else [lp], beam_width, generated, client_id=client_id,
+                    batched=bool(sampling_params.apply_batched_logits_processor), draft_len=draft_len)
+        return client_id
+
+    def rows_of(self, req_id: int) -> int:
+        """Rows of the model output the request contributes: ``draft + beam`` [T2]."""
+        request = self.requests[req_id]
+        return 1 if request.in_context else request.draft_len + len(request.beams)
+
+    def _decoder_logits(self, request: _Request, rows: torch.Tensor) -> torch.Tensor:
+        beams = len(request.beams)
+        if beams > 1:  # [1, beam, vocab]: tiled at the context step, a view of the beam rows after [T2]
+            return (rows.expand(beams, -1).clone() if request.in_context else rows).unsqueeze(0)
+        return rows.view(rows.shape[0], 1, -1)  # [1 + draft, 1, vocab] [T2]
+
+    def step(self, inputs: Mapping[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """One step: ``inputs[req_id]`` is that request's ``[rows_of, vocab]`` model output (a
+        ``[vocab]`` row is repeated); returns each request's decoder logits after processing."""
+        order = sorted(inputs, key=lambda r: not self.requests[r].in_context)
+        out: dict[int, torch.Tensor] = {}
+        batch: list[_Request] = []
         for req_id in order:
             request = self.requests[req_id]
-            width = self.rows_of(req_id)
-            if request.processors:
-                tokens = request.tokens()
+            out[req_id] = self._decoder_logits(request, self._inputs(inputs, self.rows_of(req_id), req_id))
+            tokens = request.tokens(len(request.beams))
+            if request.processors:  # its own processor, else the batched one, never both [T1]
                 try:
-                    if self.layout == "1.2":
-                        if width != 1:
-                            raise EngineFailure("TensorRT-LLM 1.2.x hands processors one row; beam search is not modelled")
-                        view = logits[offset].view(1, 1, -1)
-                        for lp in request.processors:
-                            lp(request.req_id, view, tokens[:1], None, None)
-                        logits[offset] = view.view(-1)
-                    else:
-                        view = logits[offset:offset + width].view(width, 1, -1)
-                        for lp in request.processors:
-                            lp(request.req_id, view, tokens[:width], None, None)
-                except EngineFailure:
-                    raise
+                    request.processors[0](req_id, out[req_id], tokens, self.stream_ptr, request.client_id)
                 except Exception as exc:
-                    raise EngineFailure(f"processor of request {req_id} raised; every active request fails: {exc!r}") from exc
-            offset += width
-        return logits
-
-
-class TrtBackendBatchedHarness(_Harness):
-    """See the module docstring. ``processor`` is the engine's one batched processor."""
-
-    def __init__(self, processor: Any, *, stream_ptr: int = 0) -> None:
-        super().__init__()
-        self.processor = processor
-        self.stream_ptr = stream_ptr
-
-    def step(self, order: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
-        """One step: ``logits`` is ``[rows, vocab]`` as for ``PytorchBackendHarness``; each request's
-        rows are handed over as its own ``[beam, 1, vocab]`` tensor and copied back afterwards."""
-        tensors, spans = [], []
-        offset = 0
-        for req_id in order:
-            width = self.rows_of(req_id)
-            tensors.append(logits[offset:offset + width].clone().view(width, 1, -1))
-            spans.append((offset, width))
-            offset += width
-        requests = [self.requests[r] for r in order]
-        try:
-            self.processor([r.req_id for r in requests], tensors, [r.tokens()[:self.rows_of(r.req_id)] for r in requests],
-                           self.stream_ptr, [r.client_id for r in requests])
-        except Exception as exc:
-            raise EngineFailure(f"batched processor raised; every active request fails: {exc!r}") from exc
-        for tensor, (start, width) in zip(tensors, spans):
-            logits[start:start + width] = tensor.view(width, -1)
-        return logits
+                    raise EngineFailure(f"processor of request {req_id} raised; every active request fails: "
+                                        f"{exc!r}") from exc
+            elif request.batched:
+                batch.append(request)
+        if batch:
+            if self.batched is None:
+                raise EngineFailure("requests opted into the batched processor, but the engine has none")
+            try:
+                self.batched([r.req_id for r in batch], [out[r.req_id] for r in batch],
+                             [r.tokens(len(r.beams)) for r in batch], self.stream_ptr, [r.client_id for r in batch])
+            except Exception as exc:
+                raise EngineFailure(f"batched processor raised; every active request fails: {exc!r}") from exc
+        return out

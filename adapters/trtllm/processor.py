@@ -1,49 +1,74 @@
 """``DynamoTrtllmLogitsProcessor``: one request's processors in TensorRT-LLM's per-request callback.
 
-Calling convention (TensorRT-LLM ``tensorrt_llm/sampling_params.py``: ``LogitsProcessor``):
-``processor(req_id, logits, token_ids, stream_ptr, client_id) -> None``, editing ``logits`` **in
-place**; the return value is ignored.
+Calling convention (``tensorrt_llm/sampling_params.py``, ``LogitsProcessor.__call__``):
+``processor(req_id, logits, token_ids, stream_ptr, client_id) -> None``, editing ``logits`` in
+place. What TensorRT-LLM 1.3.0rc29 hands it (sources and commits in ``harness``):
 
-* PyTorch backend 1.2.x (``PyTorchModelEngine._execute_logit_post_processors``): ``logits`` is a
-  ``[1, 1, vocab]`` view of the request's row, ``token_ids`` is ``[prompt + generated]`` for one
-  beam, ``stream_ptr`` and ``client_id`` are ``None``; the row is written back after the call. Only
-  the last context chunk and decode steps call it.
-* Newer PyTorch backends (TensorRT-LLM PR 16010): ``logits`` is a ``[beam, 1, vocab]`` view, and
-  ``token_ids`` holds one list per beam.
-* TensorRT backend: ``stream_ptr`` is the raw CUDA stream the logits live on; work is enqueued on it.
+* PyTorch backend (``_execute_logit_post_processors`` -> ``_apply_logits_processors``): a
+  ``[beam, 1, vocab]`` view of the request's rows (``[1, 1, vocab]`` for its context step),
+  ``token_ids`` one ``prompt + generated`` list per beam, ``stream_ptr`` and ``client_id`` ``None``.
+* TensorRT (C++) backend (``LogitsPostProcessor::operator()`` on the decoder logits built by
+  ``HandleContextLogits`` / ``HandleGenerationLogits``): ``[1 + draft, beam, vocab]``, i.e.
+  ``[1, beam, vocab]`` under beam search and ``[1 + draft, 1, vocab]`` with draft tokens,
+  ``token_ids`` one list per beam **without** the draft tokens, and the raw CUDA stream the logits
+  live on in ``stream_ptr`` (work is enqueued on it).
 
-Any beam width is supported; beam ``b`` is row ``b`` and its history is ``token_ids[b][prompt_len:]``,
-``prompt_len`` recorded when the processor was attached (``attach``). Positions come from that
-history only (``dynlogits.sdk``), so the processor keeps no step counter.
+``len(token_ids)`` is the beam count, which tells the layouts apart (``request_rows``). Beam ``b``'s
+committed row is processed at history ``token_ids[b][prompt_len:]``. ``prompt_len`` is taken from
+what the engine passes at the first call, ``len(token_ids[0]) - generated_before``, so a BOS the
+engine inserted or an expanded multimodal prompt counts as prompt (``generated_before``: tokens the
+request already carries when it reaches this engine, e.g. a disaggregated prefill's first token).
 
-Failure policy: TensorRT-LLM lets an exception escape ``forward`` and then fails **every active
-request**, so nothing raises out of ``__call__``: a payload that does not realize, a processor that
-raises, or a call this processor cannot read (a beam count that does not match ``token_ids``)
-fail-stops this request only (its rows masked to its stop token from then on) and is reported once
-(ERROR log and ``FAILURES``).
+Draft rows (TensorRT backend, speculative decoding): row ``t`` of beam ``b`` follows ``t`` draft
+tokens that TensorRT-LLM does not pass. While every row before it is forced to one token by this
+request (a forced sequence), that token is the only draft the engine can accept there, so row
+``t`` is processed after it (``sdk.apply_draft_row``). Other draft rows cannot be placed: they are
+masked to the stop token, with one WARNING per request; ``check_llm_args`` refuses speculative
+decoding up front.
 
-Pickling: requests cross process boundaries pickled, so an instance holds only its payload (plain
-data), ``prompt_len`` and stop ids; it realizes its processors on its first call in the engine
-process, where ``python`` entries are checked against that process's allow-list. The class is
-importable by its module path (``dynlogits.adapters.trtllm.processor``), as TensorRT-LLM's approved
-IPC class lists require. It subclasses TensorRT-LLM's ``LogitsProcessor`` when ``tensorrt_llm``
-imports (it needs its CUDA bindings), and is duck-typed otherwise.
+Failure policy: an exception escaping a processor fails every active request in TensorRT-LLM, so
+nothing raises out of ``__call__``. A payload that does not realize, a processor that raises, or a
+call this processor cannot read (a shape or ``token_ids`` it does not understand, a missing
+attribute) fail-stops this request only: every row of its ``logits`` is masked to its stop token
+(``end_id`` unless ``ignore_eos``, else its lowest ``stop_token_ids``), from then on, and the
+failure is reported once (ERROR log and ``FAILURES``).
+
+Pickling: TensorRT-LLM pickles ``SamplingParams`` into its executor process (and deep-copies the
+processors for ``n > 1`` samples), so an instance holds plain data plus a reference to the
+``SamplingParams`` it is attached to, whose stop ids it reads in the engine process (TensorRT-LLM
+fills ``end_id`` from the tokenizer inside ``generate_async``, after ``activate``). Processors are
+realized on the first call, where ``python`` entries meet that process's allow-list. The class is
+importable by module path; ``register_ipc_classes`` adds it to the unpickling allow-lists of the
+TensorRT-LLM versions that have one. It subclasses TensorRT-LLM's ``LogitsProcessor`` when
+``tensorrt_llm`` imports and is duck-typed otherwise.
 """
 
 from __future__ import annotations
 
+import importlib
+import itertools
 import logging
+import sys
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
 import torch
 
 from dynlogits import sdk
+from dynlogits.processors.ops import ROW_OPS, ForceToken
 from dynlogits.sdk import GuardedRequest
 
-__all__ = ["FAILURES", "HAS_TENSORRT_LLM", "DynamoTrtllmLogitsProcessor", "logits_rows", "on_stream"]
+__all__ = [
+    "FAILURES",
+    "HAS_TENSORRT_LLM",
+    "DynamoTrtllmLogitsProcessor",
+    "on_stream",
+    "register_ipc_classes",
+    "request_rows",
+    "stop_token_ids",
+]
 
 logger = logging.getLogger("dynlogits.adapters.trtllm")
 
@@ -62,96 +87,211 @@ def _base_classes() -> tuple[type, type, bool]:
 LogitsProcessorBase, BatchedLogitsProcessorBase, HAS_TENSORRT_LLM = _base_classes()
 
 
-def logits_rows(logits: torch.Tensor) -> torch.Tensor:
-    """A ``[rows, vocab]`` **view** of the logits TensorRT-LLM passes (``[beam, 1, vocab]``,
-    ``[beam, vocab]`` or ``[vocab]``), so edits land in the engine's tensor."""
-    if logits.ndim == 3:
-        if logits.shape[1] != 1:
-            raise ValueError(f"expected logits of shape [beam, 1, vocab], got {tuple(logits.shape)}")
-        return logits.select(1, 0)
-    if logits.ndim == 2:
-        return logits
-    if logits.ndim == 1:
-        return logits.unsqueeze(0)
-    raise ValueError(f"expected logits of shape [beam, 1, vocab], got {tuple(logits.shape)}")
+def stop_token_ids(sampling_params: Any) -> tuple[int, ...]:
+    """The ids a failed request is ended with, best first: ``end_id`` (unless ``ignore_eos``),
+    then ``stop_token_ids``."""
+    ids: list[int] = []
+    end_id = getattr(sampling_params, "end_id", None)
+    if isinstance(end_id, int) and not getattr(sampling_params, "ignore_eos", False):
+        ids.append(end_id)
+    ids += sorted(int(t) for t in (getattr(sampling_params, "stop_token_ids", None) or ()))
+    return tuple(ids)
 
 
-def on_stream(stream_ptr: int | None, logits: torch.Tensor) -> Any:
+def request_rows(logits: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Views of one request's ``logits`` for ``beams`` token lists: its committed rows
+    ``[beams, vocab]`` and its draft rows ``[draft, beams, vocab]`` (``None`` without drafts).
+
+    ``[1 + draft, beams, vocab]`` is the TensorRT backend's layout (and the PyTorch backend's for one
+    beam), ``[beams, 1, vocab]`` the PyTorch backend's. ``ValueError`` for anything else."""
+    if logits.ndim == 3 and beams >= 1:
+        positions, width = int(logits.shape[0]), int(logits.shape[1])
+        if width == beams:
+            return logits[0], (logits[1:] if positions > 1 else None)
+        if width == 1 and positions == beams:
+            return logits[:, 0], None
+    raise ValueError(f"logits of shape {tuple(logits.shape)} do not match token_ids for {beams} beams: expected "
+                     f"[1 + draft, {beams}, vocab] (TensorRT backend) or [{beams}, 1, vocab] (PyTorch backend)")
+
+
+def on_stream(stream_ptr: int | None, logits: Any) -> Any:
     """A context that enqueues CUDA work on TensorRT-LLM's raw stream (nothing for CPU tensors or
     when no stream is given)."""
-    if stream_ptr is None or not logits.is_cuda:
+    if stream_ptr is None or not isinstance(logits, torch.Tensor) or not logits.is_cuda:
         return nullcontext()
     return torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr, device=logits.device))
 
 
-class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,valid-type]
-    """The processors of one request (see the module docstring). Build it with
-    ``activate``; one instance per request, never shared."""
+def _forced_token(request: GuardedRequest, history: Sequence[int]) -> int | None:
+    """The one token ``request`` leaves in a row after ``history`` (its plan forces it and no opaque
+    step follows), else ``None``. Never raises."""
+    if request.failed or request.processor is None:
+        return None
+    try:
+        plan = request.processor.plan(history)
+    except Exception:
+        return None
+    token: int | None = None
+    for step in plan:
+        if isinstance(step, ForceToken):
+            token = step.token_id
+        elif not isinstance(step, ROW_OPS):  # an opaque processor may do anything to the row
+            token = None
+    return token
 
-    def __init__(self, payload: list[dict[str, Any]], *, prompt_len: int, stop_token_ids: Iterable[int] = ()) -> None:
-        if not isinstance(prompt_len, int) or isinstance(prompt_len, bool) or prompt_len < 0:
-            raise ValueError(f"prompt_len must be an integer >= 0, got {prompt_len!r}")
+
+class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,valid-type]
+    """The processors of one request (see the module docstring). Build it with ``activate``; one
+    instance per request, never shared.
+
+    ``sampling_params``: the ``SamplingParams`` it is attached to (stop ids are read from it at
+    the first call); ``generated_before``: tokens the request has generated when it reaches this
+    engine; ``vocab_size``: the logits width the payload was validated for (a call with another
+    width fails the request: vocabulary-sharded logits would put ids in the wrong columns).
+    """
+
+    def __init__(self, payload: Any, *, sampling_params: Any = None, generated_before: int = 0,
+                 vocab_size: int | None = None) -> None:
+        if not isinstance(generated_before, int) or isinstance(generated_before, bool) or generated_before < 0:
+            raise ValueError(f"generated_before must be an integer >= 0, got {generated_before!r}")
+        if vocab_size is not None and (not isinstance(vocab_size, int) or vocab_size <= 0):
+            raise ValueError(f"vocab_size must be a positive integer or None, got {vocab_size!r}")
         self.payload = payload
-        self.prompt_len = prompt_len
-        self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
+        self.sampling_params = sampling_params
+        self.generated_before = generated_before
+        self.vocab_size = vocab_size
+        self.prompt_len: int | None = None
         self._request: GuardedRequest | None = None
         self._realized = False
+        self._drafts_warned = False
 
-    # -- pickling: plain data only; processors are realized again in the receiving process -------
+    # -- pickling: plain data (and the SamplingParams reference); realized again where unpickled --
     def __getstate__(self) -> dict[str, Any]:
-        return {"payload": self.payload, "prompt_len": self.prompt_len, "stop_token_ids": self.stop_token_ids}
+        return {"payload": self.payload, "sampling_params": self.sampling_params,
+                "generated_before": self.generated_before, "vocab_size": self.vocab_size, "prompt_len": self.prompt_len}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.payload = state["payload"]
+        self.__init__(state["payload"], sampling_params=state["sampling_params"],  # type: ignore[misc]
+                      generated_before=state["generated_before"], vocab_size=state["vocab_size"])
         self.prompt_len = state["prompt_len"]
-        self.stop_token_ids = tuple(state["stop_token_ids"])
-        self._request = None
-        self._realized = False
 
-    def request(self, vocab_size: int) -> GuardedRequest | None:
+    def stop_token(self, width: int | None) -> int | None:
+        """The token that ends this request when it fails, for a logits ``width`` (unknown: the
+        validated ``vocab_size``, else unbounded)."""
+        ids = stop_token_ids(self.sampling_params)
+        bound = width if width is not None else (self.vocab_size or sys.maxsize)
+        return sdk.pick_stop_token(ids[0] if ids else None, ids[1:], bound)
+
+    def request(self, width: int) -> GuardedRequest | None:
         """This request's ``GuardedRequest`` for a logits width, realized on first use (never raises)."""
         if not self._realized:
-            ids = self.stop_token_ids  # best first: the EOS, then explicit stop ids
-            stop = sdk.pick_stop_token(ids[0] if ids else None, ids[1:], vocab_size)
-            self._request = sdk.realize(self.payload, vocab_size=vocab_size, stop_token_id=stop, report=FAILURES.append)
+            self._request = sdk.realize(self.payload, vocab_size=width, stop_token_id=self.stop_token(width),
+                                        report=FAILURES.append)
             self._realized = True
         return self._request
 
-    def histories(self, token_ids: Sequence[Sequence[int]], beams: int) -> list[list[int]]:
-        """Each beam's generated tokens (``ValueError`` when ``token_ids`` does not match the rows)."""
-        if len(token_ids) != beams:
-            raise ValueError(f"{beams} logits rows (beams) but token_ids for {len(token_ids)} beams")
-        return [list(ids[self.prompt_len:]) for ids in token_ids]
-
-    def fail_stop(self, rows: torch.Tensor | None, exc: Exception) -> None:
-        """Fail this request for ``exc`` (reported once) and mask ``rows`` to its stop token."""
-        request = self._request
-        if request is None:  # nothing realized yet: report it as a realization failure
-            request = GuardedRequest.failed_at_realization(
-                f"{type(exc).__name__}: {exc}", stop_token_id=None, report=FAILURES.append)
-            self._request, self._realized = request, True
-        elif not request.failed:
-            request.fail_with(exc, [])
-        if rows is not None:
-            for r in range(rows.shape[0]):
-                request.force_stop(rows[r])
+    def histories(self, token_ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Each beam's generated tokens; the first call fixes ``prompt_len`` from the engine's lists."""
+        if self.prompt_len is None:
+            prompt_len = len(token_ids[0]) - self.generated_before
+            if prompt_len < 0:
+                raise ValueError(f"token_ids hold {len(token_ids[0])} tokens, fewer than the {self.generated_before} "
+                                 "the request had generated before it reached this engine")
+            self.prompt_len = prompt_len
+        return [list(ids)[self.prompt_len:] for ids in token_ids]
 
     def __call__(self, req_id: int, logits: torch.Tensor, token_ids: Sequence[Sequence[int]],
                  stream_ptr: int | None, client_id: int | None = None) -> None:
-        rows: torch.Tensor | None = None
         try:
-            rows = logits_rows(logits)
-            request = self.request(int(rows.shape[-1]))
-            if request is None:
-                return
-            histories = self.histories(token_ids, int(rows.shape[0]))
             with on_stream(stream_ptr, logits):
-                sdk.apply_rows(rows, list(range(rows.shape[0])), [request] * rows.shape[0], histories)
+                self._apply(req_id, logits, token_ids)
         except Exception as exc:  # never let it reach TensorRT-LLM: it would fail every request
-            logger.debug("request %s: processor call failed", req_id, exc_info=True)
-            with on_stream(stream_ptr, logits):
-                self.fail_stop(rows, exc)
+            self.fail_stop(logits, stream_ptr, exc)
+
+    def _apply(self, req_id: int, logits: torch.Tensor, token_ids: Sequence[Sequence[int]]) -> None:
+        beams = len(token_ids)
+        committed, drafts = request_rows(logits, beams)
+        width = int(committed.shape[-1])
+        if self.vocab_size is not None and width != self.vocab_size:
+            raise ValueError(f"logits are {width} wide, but the payload was validated for a vocabulary of "
+                             f"{self.vocab_size} (vocabulary-sharded logits?)")
+        request = self.request(width)
+        if request is None:
+            return
+        histories = self.histories(token_ids)
+        sdk.apply_rows(committed, list(range(beams)), [request] * beams, histories)
+        if drafts is not None:
+            self._apply_drafts(req_id, request, drafts, histories)
+
+    def _apply_drafts(self, req_id: int, request: GuardedRequest, drafts: torch.Tensor,
+                      histories: list[list[int]]) -> None:
+        """Draft rows ``[draft, beams, vocab]``: see the module docstring."""
+        for beam, history in enumerate(histories):
+            known = list(history)
+            for t in range(int(drafts.shape[0])):
+                token = _forced_token(request, known)
+                if token is None:
+                    for row in drafts[t:, beam]:
+                        request.force_stop(row)
+                    if not request.failed and not self._drafts_warned:
+                        self._drafts_warned = True
+                        logger.warning(
+                            "request %s: %d draft row(s) follow a row not forced to one token; TensorRT-LLM passes no "
+                            "draft tokens, so their positions are unknown and they were masked to the stop token "
+                            "(speculative decoding is refused by check_llm_args)", req_id, int(drafts.shape[0]) - t)
+                    break
+                known.append(token)
+                sdk.apply_draft_row(request, known, drafts[t, beam])
+
+    def fail_stop(self, logits: Any, stream_ptr: int | None, exc: Exception) -> None:
+        """Fail this request for ``exc`` (reported once) and mask every row of ``logits`` to its stop
+        token. Never raises."""
+        try:
+            width = int(logits.shape[-1]) if isinstance(logits, torch.Tensor) and logits.ndim else None
+            reason = f"TensorRT-LLM's call could not be processed: {type(exc).__name__}: {exc}"
+            request = self._request
+            if request is None:
+                request = GuardedRequest.failed_at_realization(reason, stop_token_id=self.stop_token(width),
+                                                               report=FAILURES.append)
+                self._request, self._realized = request, True
+            elif not request.failed:
+                request.fail(reason, exc_info=True)
+            if width is not None:
+                with on_stream(stream_ptr, logits):
+                    for index in itertools.product(*(range(n) for n in logits.shape[:-1])):
+                        request.force_stop(logits[index])
+        except Exception:  # the last line of defence: log, never raise into the engine
+            logger.exception("could not fail-stop a request after %r", exc)
 
     def __repr__(self) -> str:
-        kinds = ",".join(str(e.get("kind")) for e in self.payload) if isinstance(self.payload, list) else "?"
+        kinds = ",".join(str(e.get("kind")) for e in self.payload if isinstance(e, dict)) \
+            if isinstance(self.payload, list) else "?"
         return f"{type(self).__name__}(kinds=[{kinds}], prompt_len={self.prompt_len})"
+
+
+#: TensorRT-LLM's unpickling allow-lists, newest layout first (module, registration function).
+_ALLOW_LISTS = (
+    ("tensorrt_llm.serialization", "register_approved_class"),
+    ("tensorrt_llm.llmapi.serialization", "register_approved_class"),
+    ("tensorrt_llm.executor.serialization", "register_approved_ipc_class"),
+)
+
+
+def register_ipc_classes(*classes: type) -> list[str]:
+    """Add ``classes`` to every TensorRT-LLM unpickling allow-list importable here; returns the
+    registration functions used. It takes effect in this process only, so the process that
+    unpickles requests must import this module before it does (see docs)."""
+    used: list[str] = []
+    for module, name in _ALLOW_LISTS:
+        try:
+            register = getattr(importlib.import_module(module), name)
+            for cls in classes:
+                register(cls)
+        except Exception:  # absent in this TensorRT-LLM version, or not installed
+            continue
+        used.append(f"{module}.{name}")
+    return used
+
+
+if HAS_TENSORRT_LLM:
+    register_ipc_classes(DynamoTrtllmLogitsProcessor)
