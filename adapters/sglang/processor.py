@@ -1,6 +1,7 @@
 """``DynamoSglangLogitProcessor``: the SDK inside SGLang's sampler, as a real ``CustomLogitProcessor``.
 
-How SGLang 0.5.23 calls it (each fact read from the installed package):
+How SGLang 0.5.21 and 0.5.23 call it (each fact read from both released packages; the files named
+are under ``sglang/srt/``, identical in both where no version is named):
 
 * Loading: a request names its processor by ``CustomLogitProcessor.to_str()``, dill of the
   **class** (``sampling/custom_logit_processor.py``). This class lives in an importable, installed
@@ -11,21 +12,36 @@ How SGLang 0.5.23 calls it (each fact read from the installed package):
   drops the other (``sampling/sampling_batch_info.py``). So this class keeps **no state**: a
   request's realized processors and failure live in that request's own ``custom_params`` dict
   (SGLang copies it per ``Req`` in ``Req.__init__``), under ``REQUEST_KEY``, and die with it.
+* ``__req__`` (``managers/schedule_batch.py``: ``Req.__init__``): 0.5.23 adds a ``weakref.proxy``
+  to the ``Req`` when the request names a processor and ``custom_params`` is a dict; 0.5.21 adds the
+  ``Req`` itself whenever ``custom_params`` is a dict. Read through ``locate`` only.
 * Call: ``__call__(logits, custom_param_list)`` gets a **copy** of its rows (``index_select``) and
   SGLang writes back the **returned** tensor (``layers/sampler.py``: ``apply_custom_logit_processor``),
-  with no try/except around the call: an exception here would fail the whole batch. Row ``i``'s
-  params are ``custom_param_list[i]``; ``["__req__"]`` is the request (history: ``locate``).
+  with no try/except around the call: an exception here would fail the whole batch (the scheduler).
+  Row ``i``'s params are ``custom_param_list[i]``. So nothing here raises: whatever one row's
+  request cannot provide (payload, ``Req`` fields) fails that request alone.
 * ``n > 1``: every sample is its own ``Req`` with its own ``custom_params`` dict and row, so each
   gets its own history and realized processors.
-* Speculative decoding: DFlash applies custom processors on verify rows, repeating the same params
-  dict for each draft row (``speculative/dflash_utils.py``); the draft tokens before a row are not
-  visible to a processor, so such a request is fail-stopped and reported (the worker refuses
-  speculative decoding up front, ``engine.check_server_args``). EAGLE's path does not call custom
-  processors at all; UNO raises ``NotImplementedError``.
+* Speculative decoding (``engine.check_server_args`` refuses it up front; a request realized in a
+  scheduler configured for it anyway fails on its first row with the same message): in 0.5.21 and 0.5.23 the
+  EAGLE-family and NGRAM verify (``speculative/eagle_utils.py``: ``eagle_sample``) never calls custom
+  processors; DFlash and DSpark call ``apply_custom_logit_processor(..., num_tokens_in_batch=
+  draft_token_num)`` on verify rows (``speculative/dflash_utils.py``:
+  ``apply_dflash_verify_logits_adjustments``), as 0.5.9's EAGLE and NGRAM verify did, repeating the
+  same params dict per draft row. The draft tokens before a row are not visible, so a request whose
+  dict repeats on consecutive rows is fail-stopped and reported. UNO raises ``NotImplementedError``.
+* Tensor parallelism: every TP rank runs its own scheduler, ``Req`` objects and this processor; the
+  sampled ids are synchronized across ranks only with ``SYNC_TOKEN_IDS_ACROSS_TP=1`` or when the batch
+  has a grammar (``layers/sampler.py``: ``Sampler._sync_token_ids_across_tp``, an all-reduce MIN).
+  Ranks stay in step only if every rank makes the same edits and the same failures from the same
+  inputs: everything here is a function of the payload, the ``Req`` and the row, and ``python``
+  factories must be deterministic in the same sense (no unseeded randomness, clocks, rank-local
+  state or I/O that can fail on one rank).
 
-Failure policy: the SDK's (``dynlogits.sdk.guard``): a request whose payload does not realize or
-whose processor raises is fail-stopped to its stop token (its lowest EOS id unless ``ignore_eos``,
-else its lowest ``stop_token_ids``) and reported once (ERROR log and ``FAILURES``).
+Failure policy: the SDK's (``dynlogits.sdk.guard``): a request whose payload does not realize,
+whose ``Req`` cannot be read or whose processor raises is fail-stopped to its stop token (its lowest
+EOS id unless ``ignore_eos``, else its lowest ``stop_token_ids``) and reported once (ERROR log and
+``FAILURES``).
 """
 
 from __future__ import annotations
@@ -42,6 +58,7 @@ from dynlogits import sdk
 from dynlogits.sdk import GuardedRequest
 
 from .custom_params import carried_payload
+from .engine import speculative_refusal
 from .locate import row_history
 
 __all__ = ["FAILURES", "REQUEST_KEY", "DynamoSglangLogitProcessor", "processor_string", "stop_token"]
@@ -57,39 +74,86 @@ _SPECULATIVE = (
     "custom logit processors, so positions cannot be known; run without speculative decoding"
 )
 
+_UNSUPPORTED_LAYOUT = "this SGLang version's Req layout is not supported (proven: SGLang 0.5.21, 0.5.23)"
+
 
 def stop_token(req: Any, vocab_size: int) -> int | None:
     """The token that ends ``req`` when it fails: its lowest EOS id (unless ``ignore_eos``), else its
-    lowest ``stop_token_ids`` entry, inside the logits width."""
-    params = req.sampling_params
-    eos = () if getattr(params, "ignore_eos", False) else (getattr(req, "eos_token_ids", None) or ())
-    stops = sorted(eos) or sorted(getattr(params, "stop_token_ids", None) or ())
+    lowest ``stop_token_ids`` entry, inside the logits width; ``None`` when ``req`` cannot say."""
+    try:
+        params = req.sampling_params
+        eos = () if getattr(params, "ignore_eos", False) else (getattr(req, "eos_token_ids", None) or ())
+        stops = sorted(eos) or sorted(getattr(params, "stop_token_ids", None) or ())
+    except Exception:  # an engine object of an unknown layout: the request still fails, unstoppable
+        return None
     return sdk.pick_stop_token(None, stops, vocab_size)
+
+
+def _engine_refusal() -> str | None:
+    """Why this scheduler cannot run processors (speculative decoding), from the server args SGLang
+    published in this process (``srt/runtime_context.py``: ``get_server_args``, 0.5.21 and 0.5.23);
+    ``None`` when it can or the setting cannot be read. Covers an engine started without
+    ``engine.check_server_args`` (EAGLE-family decoding calls processors for the first token only)."""
+    try:
+        from sglang.srt import runtime_context
+
+        algorithm = runtime_context.get_server_args().speculative_algorithm
+    except Exception:
+        return None
+    return speculative_refusal(algorithm)
+
+
+def _realized(params: dict[str, Any], req: Any, vocab_size: int) -> GuardedRequest | None:
+    """Realize the request's payload (either encoding); never raises."""
+    stop = stop_token(req, vocab_size) if req is not None else None
+    try:
+        payload = carried_payload(params)
+    except Exception as err:  # SpecError; anything else reading the engine's dict is this request's fault too
+        return GuardedRequest.failed_at_realization(
+            f"payload rejected in the engine: {err}", stop_token_id=stop, report=FAILURES.append)
+    try:
+        guarded = sdk.realize(payload, vocab_size=vocab_size, stop_token_id=stop, report=FAILURES.append)
+    except Exception as exc:  # realize never raises by contract; a bug must still not reach the sampler
+        return GuardedRequest.failed_at_realization(
+            f"internal error realizing the payload ({type(exc).__name__}: {exc})", stop_token_id=stop,
+            report=FAILURES.append)
+    if guarded is not None and not guarded.failed and (refusal := _engine_refusal()) is not None:
+        guarded = GuardedRequest.failed_at_realization(refusal, stop_token_id=stop, report=FAILURES.append)
+    if guarded is not None and req is None:
+        guarded = GuardedRequest.failed_at_realization(
+            "custom_params has no '__req__' (SGLang adds it only when custom_params is a dict): the history is "
+            "unknown", stop_token_id=None, report=FAILURES.append)
+    return guarded
 
 
 def _request_for(params: dict[str, Any], req: Any, vocab_size: int) -> GuardedRequest | None:
     """The request's ``GuardedRequest``, realized on its first row and kept in its ``custom_params``."""
     if REQUEST_KEY in params:
         return params[REQUEST_KEY]
-    stop = stop_token(req, vocab_size) if req is not None else None
-    try:
-        payload = carried_payload(params)
-    except ValueError as err:
-        guarded: GuardedRequest | None = GuardedRequest.failed_at_realization(
-            f"payload rejected in the engine: {err}", stop_token_id=stop, report=FAILURES.append)
-    else:
-        guarded = sdk.realize(payload, vocab_size=vocab_size, stop_token_id=stop, report=FAILURES.append)
-        if guarded is not None and req is None:
-            guarded = GuardedRequest.failed_at_realization(
-                "custom_params has no '__req__' (SGLang adds it only when custom_params is a dict): the history is "
-                "unknown", stop_token_id=None, report=FAILURES.append)
+    guarded = _realized(params, req, vocab_size)
     params[REQUEST_KEY] = guarded
     return guarded
 
 
+def _history(request: GuardedRequest, req: Any) -> list[int] | None:
+    """The row's history (``None``: a discarded middle-chunk row). A ``Req`` this adapter cannot read
+    fails ``request`` (its row is then fail-stopped) instead of raising into SGLang's sampler."""
+    if req is None:
+        return []
+    try:
+        return row_history(req)
+    except Exception as exc:
+        request.fail(f"cannot read the row's position or history from SGLang's Req ({type(exc).__name__}: {exc}); "
+                     f"{_UNSUPPORTED_LAYOUT}")
+        return []
+
+
 class DynamoSglangLogitProcessor(CustomLogitProcessor):
     """Applies each row's ``custom_params["dynamo_logits"]`` processors; returns ``logits``, edited
-    in place (SGLang writes the returned tensor back). Stateless: see the module docstring."""
+    in place (SGLang writes the returned tensor back). Stateless: see the module docstring.
+
+    Never raises into SGLang's sampler: what one row's request cannot provide fails that request only
+    (fail-stopped and reported); an internal error fail-stops the requests of this call."""
 
     def __call__(self, logits: torch.Tensor, custom_param_list: list[dict[str, Any] | None] | None = None) -> torch.Tensor:
         if not custom_param_list:
@@ -108,7 +172,7 @@ class DynamoSglangLogitProcessor(CustomLogitProcessor):
             if request is None:
                 previous = params
                 continue
-            history = row_history(req) if req is not None else []
+            history = _history(request, req)
             if history is None:  # a middle prefill chunk: SGLang discards this row's sample
                 previous = params
                 continue
@@ -119,7 +183,12 @@ class DynamoSglangLogitProcessor(CustomLogitProcessor):
             requests.append(request)
             histories.append(history)
         if rows:
-            sdk.apply_rows(logits, rows, requests, histories)
+            try:
+                sdk.apply_rows(logits, rows, requests, histories)
+            except Exception as exc:  # a bug, not a request's fault: stop these requests, keep the engine
+                for row, request in zip(rows, requests):
+                    request.fail(f"internal error in the SGLang adapter ({type(exc).__name__}: {exc})", exc_info=True)
+                    request.force_stop(logits[row])
         return logits
 
 
