@@ -70,21 +70,23 @@ def test_a_body_trickled_too_slowly_gets_408_and_the_connection_closes(frontend:
     s = _open(frontend)
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
               b"content-length: 1000\r\n\r\n{")
-    stop = threading.Event()
+    started = time.monotonic()
 
-    def trickle() -> None:  # one byte a quarter second, far below what the deadline needs; stops once
-        # the server answers (a byte sent after its close would reset the connection under the reader)
-        while not stop.is_set() and not select.select([s], [], [], 0.25)[0]:
+    def trickle() -> None:
+        """A byte a quarter second, far below what the deadline needs, for the first 60% of the
+        deadline only: the server cannot answer before the deadline, so no byte is ever sent after
+        its close (one that was would reset the connection and discard the 408 before it is read)."""
+        while time.monotonic() - started < 0.6 * BODY_S and not select.select([s], [], [], 0.25)[0]:
+            if time.monotonic() - started >= 0.6 * BODY_S:  # checked again right before the send
+                return
             try:
                 s.send(b" ")
             except OSError:
                 return
 
     threading.Thread(target=trickle, daemon=True).start()
-    try:
-        reply = _read_all(s, timeout=BODY_S + 10)
-    finally:
-        stop.set()
+    reply = _read_all(s, timeout=BODY_S + 10)
+    assert time.monotonic() - started >= BODY_S - 0.2  # the whole body's deadline, not an idle timer's
     head = reply.split(b"\r\n\r\n")[0].lower()
     assert head.startswith(b"http/1.1 408 ") and b"connection: close" in head, reply
     assert b"limit body_timeout" in reply

@@ -169,9 +169,12 @@ def test_normal_requests_stay_prompt_while_oversized_work_is_sent(hostile: Deplo
 # --- item 4: slow clients ------------------------------------------------------------------------
 
 
-def _slow_client(port: int, kind: str, outcome: dict[str, Any]) -> None:
+def _slow_client(port: int, kind: str, outcome: dict[str, Any], deadline_s: float) -> None:
     """``head``: a head that never ends (one more header line a second); ``body``: a body sent a byte
-    a second. Records what the server answered and how long the connection lasted."""
+    a second. Records what the server answered and how long the connection lasted.
+
+    It sends only until 0.7 s before the server's ``deadline_s``, then waits: a byte that reached
+    the server after its close would reset the connection, and the kernel drops the 408 unread."""
     started = time.monotonic()
     with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
         if kind == "head":
@@ -185,6 +188,8 @@ def _slow_client(port: int, kind: str, outcome: dict[str, Any]) -> None:
             try:
                 chunk = s.recv(65536)
             except TimeoutError:
+                if time.monotonic() - started >= deadline_s - 0.7:
+                    continue
                 try:
                     s.send(b"x-more: 1\r\n" if kind == "head" else b" ")  # a little more, a second later
                 except OSError:
@@ -201,8 +206,9 @@ def _slow_client(port: int, kind: str, outcome: dict[str, Any]) -> None:
 def test_slow_clients_are_cut_off_and_normal_requests_stay_prompt(hostile: Deployment) -> None:
     """Ten clients trickling bodies a byte a second and ten that never finish their heads."""
     outcomes: list[dict[str, Any]] = [{"kind": "body"} for _ in range(10)] + [{"kind": "head"} for _ in range(10)]
-    threads = [threading.Thread(target=_slow_client, args=(hostile.port, o["kind"], o), daemon=True)
-               for o in outcomes]
+    threads = [threading.Thread(target=_slow_client,
+                                args=(hostile.port, o["kind"], o, HEAD_S if o["kind"] == "head" else BODY_S),
+                                daemon=True) for o in outcomes]
     for t in threads:
         t.start()
     latencies = normal_latencies(hostile)
@@ -218,7 +224,7 @@ def test_the_worker_port_cuts_off_a_head_that_never_ends(spec_agg: Deployment) -
     """The worker's own server has the frontend's head deadline (default 10 s): a client that reaches
     the worker port directly cannot hold a connection for ever by never finishing its head."""
     outcome: dict[str, Any] = {}
-    _slow_client(int(spec_agg.worker_url(1).rsplit(":", 1)[1]), "head", outcome)
+    _slow_client(int(spec_agg.worker_url(1).rsplit(":", 1)[1]), "head", outcome, 10.0)
     assert outcome.get("status") == "408", outcome
     assert outcome["seconds"] < 10 + 5, outcome  # the default deadline, plus a busy machine's delay
 
