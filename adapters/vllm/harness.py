@@ -29,7 +29,7 @@ failing processor ends only its own request (allow-list it with ``DYN_LOGITS_PYT
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,10 +72,11 @@ class HostBuffer:
     """Stands in for vLLM's ``StagedWriteTensor``/``UvaBackedTensor`` on a CPU-only machine:
     ``.gpu`` is the device view, ``.np``/``.cpu`` the host view (the same memory here)."""
 
-    def __init__(self, size: int | tuple[int, ...], dtype: torch.dtype = torch.int32) -> None:
-        self.gpu = torch.zeros(size, dtype=dtype)
-        self.cpu = self.gpu
-        self.np = self.gpu.numpy()
+    def __init__(self, size: int | tuple[int, ...], dtype: torch.dtype = torch.int32,
+                 to_device: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.cpu = torch.zeros(size, dtype=dtype)
+        self.gpu = self.cpu if to_device is None else to_device(self.cpu)  # same memory
+        self.np = self.cpu.numpy()
 
 
 @dataclass
@@ -89,19 +90,23 @@ class V2SamplerHarness:
     """Drives one V2 processor class through add/step/commit like the V2 runner (see module doc)."""
 
     def __init__(self, processor_cls: type, *, vocab_size: int, max_num_reqs: int = 8, max_model_len: int = 128,
-                 vllm_config: Any = None) -> None:
+                 vllm_config: Any = None, device: torch.device | str = "cpu",
+                 to_device: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """``device``/``to_device``: the device the runner's buffers live on and how a host tensor
+        becomes a device view of the same memory (``dynlogits.sdk.simcuda``'s model; default: CPU)."""
         if not HAS_V2_INTERFACE:
             raise RuntimeError("the installed vLLM has no Model Runner V2 logits-processor interface")
         self.vocab_size = vocab_size
         self.max_num_reqs = max_num_reqs
         self.free_slots = list(range(max_num_reqs))
         self.reqs: dict[str, _Req] = {}
-        self.all_token_ids = HostBuffer((max_num_reqs, max_model_len))
-        self.prompt_len = HostBuffer(max_num_reqs)
-        self.prefill_len = HostBuffer(max_num_reqs)
-        self.total_len = HostBuffer(max_num_reqs)
+        self.to_device = to_device or (lambda t: t)
+        self.all_token_ids = HostBuffer((max_num_reqs, max_model_len), to_device=to_device)
+        self.prompt_len = HostBuffer(max_num_reqs, to_device=to_device)
+        self.prefill_len = HostBuffer(max_num_reqs, to_device=to_device)
+        self.total_len = HostBuffer(max_num_reqs, to_device=to_device)
         self.req_states = LogitsProcRequestState(
-            device=torch.device("cpu"),
+            device=torch.device(device),
             max_num_reqs=max_num_reqs,
             vocab_size=vocab_size,
             all_token_ids=self.all_token_ids,  # type: ignore[arg-type]
@@ -118,8 +123,8 @@ class V2SamplerHarness:
         type(self.processor).validate_params(params)
         slot = self.free_slots.pop()
         tokens = [*prompt_ids, *output_ids]
-        self.all_token_ids.gpu[slot].zero_()
-        self.all_token_ids.gpu[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        self.all_token_ids.cpu[slot].zero_()
+        self.all_token_ids.cpu[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
         self.prompt_len.np[slot] = len(prompt_ids)
         self.prefill_len.np[slot] = len(tokens)
         self.total_len.np[slot] = len(tokens)
@@ -132,12 +137,12 @@ class V2SamplerHarness:
 
     def output_ids(self, req_id: str) -> list[int]:
         r = self.reqs[req_id]
-        return self.all_token_ids.gpu[r.slot, r.prompt_len : r.total_len].tolist()
+        return self.all_token_ids.cpu[r.slot, r.prompt_len : r.total_len].tolist()
 
     def commit(self, req_id: str, token_ids: Sequence[int]) -> None:
         """Append accepted tokens, as the runner does after sampling/rejection."""
         r = self.reqs[req_id]
-        self.all_token_ids.gpu[r.slot, r.total_len : r.total_len + len(token_ids)] = torch.tensor(
+        self.all_token_ids.cpu[r.slot, r.total_len : r.total_len + len(token_ids)] = torch.tensor(
             list(token_ids), dtype=torch.int32
         )
         r.total_len += len(token_ids)
@@ -149,7 +154,7 @@ class V2SamplerHarness:
         for req_id in batch:
             r = self.reqs[req_id]
             slots.append(r.slot)
-            last = int(self.all_token_ids.gpu[r.slot, r.total_len - 1])
+            last = int(self.all_token_ids.cpu[r.slot, r.total_len - 1])
             fed = [last, *drafts.get(req_id, ())]
             for k, token in enumerate(fed):
                 expanded.append(r.slot)
@@ -157,13 +162,14 @@ class V2SamplerHarness:
                 input_ids.append(token)
                 pos.append(r.total_len - 1 + k)
         idx_np = np.asarray(slots, dtype=np.int32)
+        dev = self.to_device
         return LogitsContext(
-            expanded_idx_mapping=torch.tensor(expanded, dtype=torch.int32),
-            idx_mapping=torch.from_numpy(idx_np.copy()),
+            expanded_idx_mapping=dev(torch.tensor(expanded, dtype=torch.int32)),
+            idx_mapping=dev(torch.from_numpy(idx_np.copy())),
             idx_mapping_np=idx_np,
-            expanded_local_pos=torch.tensor(local, dtype=torch.int32),
-            input_ids=torch.tensor(input_ids, dtype=torch.int32),
-            pos=torch.tensor(pos, dtype=torch.int64),
+            expanded_local_pos=dev(torch.tensor(local, dtype=torch.int32)),
+            input_ids=dev(torch.tensor(input_ids, dtype=torch.int32)),
+            pos=dev(torch.tensor(pos, dtype=torch.int64)),
             seq_lens_upper_bound_np=np.asarray([self.reqs[q].total_len + len(drafts.get(q, ())) for q in batch]),
         )
 

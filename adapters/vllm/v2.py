@@ -106,6 +106,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         # tables as wide as the SlotBatch's (its sentinel row included); a step commits <= 1 + drafts tokens
         self._thinking = DeviceThinking(slots + 1, req_states.device, max_new=1 + drafts)
         self._layout: np.ndarray | None = None  # idx_mapping_np of the last known layout
+        self._prompt_offset: torch.Tensor | None = None  # prompt_len - 1 of the known layout's rows
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
         """Reset slot ``req_idx`` for a new occupant; True when it carries a payload."""
@@ -113,7 +114,8 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         self._slots[req_idx] = request
         self._active[req_idx] = request is not None
         self._is_resident[req_idx] = self._resident.assign(req_idx, request)
-        resumed = int(self._req_states.prefill_len.np[req_idx]) > int(self._req_states.prompt_len.np[req_idx])
+        # tokens it enters with (preempted and resumed), from the host mirrors: no read back
+        resumed = max(0, int(self._req_states.prefill_len.np[req_idx]) - int(self._req_states.prompt_len.np[req_idx]))
         self._thinking.assign(req_idx, request if self._is_resident[req_idx] else None, resumed=resumed)
         self._layout = None  # the known layout's slots may hold another occupant now
         return request is not None
@@ -123,10 +125,17 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         self._resident.flush()
         self._thinking.flush()
 
-    def _generated(self, ctx: Any) -> torch.Tensor:
-        """Tokens generated before each row (drafts included): ``pos + 1 - prompt_len[slot]``."""
+    def _generated(self, ctx: Any, known: bool) -> torch.Tensor:
+        """Tokens generated before each row (drafts included): ``pos + 1 - prompt_len[slot]``. In a
+        known layout ``prompt_len - 1`` of its rows is kept until the layout changes (a slot's prompt
+        length changes only with its occupant, and a new occupant resets the layout)."""
+        if known and self._prompt_offset is not None:
+            return (ctx.pos - self._prompt_offset).clamp_(min=0)
         prompt = self._req_states.prompt_len.gpu  # read each step: vLLM swaps the UVA buffer it points to
-        return (ctx.pos + 1 - prompt[ctx.expanded_idx_mapping].to(ctx.pos.dtype)).clamp_(min=0)
+        offset = prompt[ctx.expanded_idx_mapping].to(ctx.pos.dtype) - 1
+        if known:
+            self._prompt_offset = offset
+        return (ctx.pos - offset).clamp_(min=0)
 
     def _apply_v2(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
         slots_in_step = ctx.idx_mapping_np
@@ -144,8 +153,10 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         return logits
 
     def _apply_resident(self, logits: torch.Tensor, ctx: Any, slots_in_step: np.ndarray, resident: np.ndarray) -> None:
-        generated = self._generated(ctx)
         known = logits.shape[0] == len(slots_in_step)  # one row per request: the host knows the layout
+        if known and (self._layout is None or not np.array_equal(self._layout, slots_in_step)):
+            self._prompt_offset = None  # another layout: its rows' prompt lengths are read again
+        generated = self._generated(ctx, known) if self._resident.needs_positions else None
         states = self._req_states
         self._thinking.step(states.all_token_ids.gpu, states.prompt_len.gpu, states.total_len.gpu,
                             input_ids=None if known else ctx.input_ids,
@@ -178,7 +189,9 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
 
     def _apply_hosted(self, logits: torch.Tensor, ctx: Any) -> None:
         """Requests with ``python``/plug-in entries: histories read back, then ``apply_rows``."""
-        row_slots = ctx.expanded_idx_mapping.cpu().numpy()
+        one_row_per_request = ctx.expanded_idx_mapping.shape[0] == len(ctx.idx_mapping_np)
+        # the host's own copy when it knows the layout; under speculative decoding a read back
+        row_slots = np.asarray(ctx.idx_mapping_np) if one_row_per_request else ctx.expanded_idx_mapping.cpu().numpy()
         rows = np.flatnonzero(self._active[row_slots] & ~self._is_resident[row_slots])
         slots = row_slots[rows]
         try:

@@ -49,7 +49,9 @@ class IndexCache:
         key = (like.device, like.dtype)
         hit = self._cache.get(key)
         if hit is None:
-            idx = torch.tensor(self._ids, dtype=torch.long, device=like.device)
-            vals = None if self._values is None else torch.tensor(self._values, dtype=like.dtype, device=like.device)
+            from dynlogits.sdk.uploads import to_device  # the SDK imports processors: import late
+
+            idx = to_device(self._ids, torch.long, like.device)
+            vals = None if self._values is None else to_device(self._values, like.dtype, like.device)
             hit = self._cache[key] = (idx, vals)
         return hit

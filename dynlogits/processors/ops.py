@@ -108,7 +108,7 @@ def force_keeping_masks(row: torch.Tensor, token_id: int) -> None:
     was -inf already. No host synchronization."""
     kept = row.narrow(0, token_id, 1).clone()
     row.fill_(NEG_INF)
-    row.narrow(0, token_id, 1).copy_(kept.masked_fill_(kept > NEG_INF, 0.0))
+    row.narrow(0, token_id, 1).copy_(kept.masked_fill_(~torch.isneginf(kept), 0.0))  # NaN too: only -inf is a mask
 
 
 def apply_op(op: RowOp | None, row: torch.Tensor) -> None:

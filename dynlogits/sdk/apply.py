@@ -22,6 +22,7 @@ import torch
 from .guard import GuardedRequest
 from .plans import apply_plans
 from .readback import DeviceFlags
+from .uploads import to_device
 
 __all__ = ["apply_draft_row", "apply_row", "apply_rows", "stop_rows_where"]
 
@@ -29,8 +30,7 @@ __all__ = ["apply_draft_row", "apply_row", "apply_rows", "stop_rows_where"]
 def stop_rows_where(logits: torch.Tensor, rows: Sequence[int], stops: Sequence[int], dead: torch.Tensor) -> None:
     """Where ``dead[i]`` (a device bool), make ``stops[i]`` the one choice of the all ``-inf`` row
     ``rows[i]``; elsewhere leave it unchanged. No host synchronization."""
-    index = (torch.tensor(list(rows), dtype=torch.long, device=logits.device),
-             torch.tensor(list(stops), dtype=torch.long, device=logits.device))
+    index = (to_device(list(rows), torch.long, logits.device), to_device(list(stops), torch.long, logits.device))
     logits.index_put_(index, torch.where(dead, torch.zeros_like(logits[index]), logits[index]))
 
 
@@ -64,7 +64,7 @@ def apply_rows(
     if dead is not None:
         stoppable = [j for j, i in enumerate(live) if requests[i].stop_token_id is not None]
         if stoppable:
-            index = torch.tensor(stoppable, dtype=torch.long, device=logits.device)
+            index = to_device(stoppable, torch.long, logits.device)
             stop_rows_where(logits, [rows[live[j]] for j in stoppable],
                             [requests[live[j]].stop_token_id for j in stoppable], dead[index])  # type: ignore[misc]
         flags = DeviceFlags(dead)

@@ -34,6 +34,8 @@ import torch
 
 from dynlogits.processors.ops import ROW_OPS, AddBias, ForceToken, KeepOnly, MaskIds, RowOp
 
+from .uploads import to_device
+
 __all__ = ["Plan", "Step", "apply_plans", "row_runs"]
 
 NEG_INF = -math.inf
@@ -47,7 +49,7 @@ OnError = Callable[[int, Exception], None]
 
 
 def _index(logits: torch.Tensor, values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long, device=logits.device)
+    return to_device(values, torch.long, logits.device)
 
 
 def _pairs(logits: torch.Tensor, items: list[tuple[int, Any]]) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
@@ -61,7 +63,7 @@ def _pairs(logits: torch.Tensor, items: list[tuple[int, Any]]) -> tuple[torch.Te
 
 def _mask(logits: torch.Tensor, items: list[tuple[int, MaskIds]]) -> None:
     rows, cols, _ = _pairs(logits, items)
-    logits.index_put_((rows, cols), torch.tensor(NEG_INF, dtype=logits.dtype, device=logits.device))
+    logits.index_put_((rows, cols), logits.new_full((), NEG_INF))  # filled on the device, not copied from the host
 
 
 def _add(logits: torch.Tensor, items: list[tuple[int, AddBias]]) -> None:
@@ -69,9 +71,13 @@ def _add(logits: torch.Tensor, items: list[tuple[int, AddBias]]) -> None:
     logits.index_put_((rows, cols), torch.cat(values) if len(values) > 1 else values[0], accumulate=True)
 
 
-def _fill_rows(logits: torch.Tensor, rows: list[int]) -> None:
-    """``-inf`` into whole rows: one memset per run of consecutive rows (CPU's ``index_fill_`` over
-    dim 0 is several times slower than a memset)."""
+def _fill_rows(logits: torch.Tensor, rows: list[int], rows_dev: torch.Tensor | None = None) -> None:
+    """``-inf`` into whole rows: on an accelerator one ``index_fill_`` (``rows_dev``: the rows on the
+    device, when already there), whatever their interleaving; on the CPU one memset per run of
+    consecutive rows (CPU's ``index_fill_`` over dim 0 is several times slower than a memset)."""
+    if logits.device.type != "cpu":
+        logits.index_fill_(0, _index(logits, rows) if rows_dev is None else rows_dev, NEG_INF)
+        return
     for start, stop in row_runs(rows):
         logits[start:stop].fill_(NEG_INF)
 
@@ -98,8 +104,8 @@ def _force(logits: torch.Tensor, items: list[tuple[int, ForceToken]]) -> None:
     rows = _index(logits, [r for r, _ in items])
     tokens = _index(logits, [op.token_id for _, op in items])
     kept = logits[rows, tokens]
-    _fill_rows(logits, [r for r, _ in items])
-    logits.index_put_((rows, tokens), kept.masked_fill_(kept > NEG_INF, 0.0))
+    _fill_rows(logits, [r for r, _ in items], rows)
+    logits.index_put_((rows, tokens), kept.masked_fill_(~torch.isneginf(kept), 0.0))  # NaN too: only -inf is a mask
 
 
 _APPLY: dict[type, Callable[[torch.Tensor, list[Any]], None]] = {

@@ -22,7 +22,7 @@ class DeviceFlags:
     def __init__(self, flags: torch.Tensor) -> None:
         self._values: list[bool] | None = None
         self._event = None
-        if flags.device.type == "cuda":
+        if flags.device.type != "cpu":
             self._host = torch.empty(flags.shape, dtype=torch.bool, pin_memory=True)
             self._host.copy_(flags, non_blocking=True)
             self._event = torch.cuda.Event()

@@ -54,6 +54,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from dynlogits.processors.templates import BiasTemplate
+
 from ..guard import NO_TOKEN_LEFT, GuardedRequest
 from ..plans import row_runs
 from .slot_groups import GROUP_TYPES, Dead, Group, KnownRows, MaskedRows, StepInputs, ThinkingGroup, fill_rows
@@ -88,6 +90,8 @@ class SlotBatch:
         self._flags = SlotFlags(num_slots + 1, self.device)  # output position a slot's row was left empty, or -1
         self._positions = StepUpload(torch.long, self.device)
         self._decisions = StepUpload(torch.long, self.device)
+        self._layout = StepUpload(torch.long, self.device)  # a known layout's rows and slots
+        self._minus_one = torch.full((), -1, dtype=torch.long, device=self.device)
         self._host_slots: np.ndarray | None = None
         self._known: dict[tuple[int, type], KnownRows] = {}
         self._known_failed: KnownRows | None = None
@@ -154,10 +158,8 @@ class SlotBatch:
         self._host_slots = np.asarray(host_slots, dtype=np.int64)
         self._layout_dirty = True
 
-    def _known_rows(self, rows: np.ndarray, stride: int) -> KnownRows:
+    def _known_rows(self, rows: np.ndarray, stride: int, rows_dev: torch.Tensor, slots_dev: torch.Tensor) -> KnownRows:
         slots = self._host_slots[rows]  # type: ignore[index]
-        packed = torch.from_numpy(np.concatenate([rows, slots])).to(self.device)
-        rows_dev, slots_dev = packed[: len(rows)], packed[len(rows) :]
         stops = self._stop.dev[slots_dev, 0]
         base = rows_dev * stride
         every_stops = all(self.requests[s] is not None and self.requests[s].stop_token_id is not None  # type: ignore[union-attr]
@@ -167,24 +169,44 @@ class SlotBatch:
                          can_stop=None if every_stops else stops >= 0, base=base, identity=identity)
 
     def _prepare(self, stride: int) -> None:
-        """Member rows (and each group's cached indices) for the current known layout."""
+        """Member rows (and each group's cached indices) for the current known layout: the host
+        arrays of every group go to the device in one non-blocking upload."""
         host = self._host_slots
         assert host is not None
         self._known.clear()
         in_step = host >= 0
-        self._slot_of_row = torch.from_numpy(np.where(in_step, host, self._sentinel)).to(self.device)
-        for key, group in self.groups.items():
-            if not group.members:
-                continue
-            rows = np.flatnonzero(in_step & np.isin(host, list(group.members)))
-            if len(rows):
-                known = self._known[key] = self._known_rows(rows, stride)
-                group.prepare(known, stride)
+        members = [(key, np.flatnonzero(in_step & np.isin(host, list(group.members))))
+                   for key, group in self.groups.items() if group.members]
+        members = [(key, rows) for key, rows in members if len(rows)]
         failed = np.flatnonzero(in_step & np.isin(host, list(self._failed))) if self._failed else np.empty(0, np.int64)
-        self._known_failed = self._known_rows(failed, stride) if len(failed) else None
+        parts = [np.where(in_step, host, self._sentinel)]
+        for _, rows in [*members, (None, failed)]:
+            parts += [rows, host[rows]]
+        packed = np.concatenate(parts).astype(np.int64, copy=False)
+        self._layout.buffer(len(packed))[:] = packed
+        dev = self._layout.upload(len(packed), keep=True)
+        self._slot_of_row = dev[: len(host)]
+        at = len(host)
+
+        def take(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+            nonlocal at
+            rows_dev, slots_dev = dev[at : at + n], dev[at + n : at + 2 * n]
+            at += 2 * n
+            return rows_dev, slots_dev
+
+        for key, rows in members:
+            known = self._known[key] = self._known_rows(rows, stride, *take(len(rows)))
+            known.last = not (self.groups[key].members & self._masked_later(key[0]))
+            self.groups[key].prepare(known, stride)
+        self._known_failed = self._known_rows(failed, stride, *take(len(failed))) if len(failed) else None
         self._positions_needed = any(self.groups[key].positional for key in self._known)
         self._stride = stride
         self._layout_dirty = False
+
+    def _masked_later(self, level: int) -> set[int]:
+        """Slots with a group after entry ``level`` that can write ``-inf`` (anything but a bias)."""
+        return {slot for (lvl, kind), group in self.groups.items() if lvl > level and kind is not BiasTemplate
+                for slot in group.members}
 
     @property
     def needs_positions(self) -> bool:
@@ -211,6 +233,8 @@ class SlotBatch:
         """
         if not logits.is_contiguous():
             raise ValueError("the resident path needs contiguous logits")
+        if logits.dim() != 2 or logits.shape[1] != self.vocab_size:  # flat indices would spill into the next row
+            raise ValueError(f"logits of shape {tuple(logits.shape)}; the resident path was built for width {self.vocab_size}")
         masked = self._masked
         if masked is None and self._host_slots is None:
             return
@@ -237,10 +261,17 @@ class SlotBatch:
         if deaths:
             self._record_dead(step, deaths, real_rows)
             self._flags_written = True
-        if self._flags_written and self._flags.snapshot():
-            self._flags_written, self._flags_awaited = False, True
+        self._report_failures()
+
+    def _report_failures(self) -> None:
+        """Read the flags copy that has landed (if any) *before* queuing the next one: a read of
+        the copy just queued would never see it land while restricted rows stay in the batch."""
         if self._flags_awaited:
             self._collect_failures()
+        if self._flags_written and not self._flags_awaited and self._flags.snapshot():
+            self._flags_written, self._flags_awaited = False, True
+            if not self._flags.asynchronous:  # the CPU: the copy is there at once
+                self._collect_failures()
 
     _masked: MaskedRows | None = None
 
@@ -311,7 +342,7 @@ class SlotBatch:
             rows = self._known_failed
             if rows is None:
                 return
-            fill_rows(step.logits, rows.runs)
+            fill_rows(step.logits, rows.runs, rows.rows_dev)
             stops = self._stop.dev[rows.slots_dev, 0]
             step.flat.index_fill_(0, rows.rows_dev * step.stride + stops, 0.0)
             return
@@ -327,19 +358,22 @@ class SlotBatch:
         """Fail-stop the rows left with no token (after every group, as the host path does) and flag
         their slots; rows after drafts (``real_rows`` false) only stop: the draft may be rejected."""
         for d in deaths:
-            if d.rows is not None:
+            dead = d.evaluate(step)
+            if d.settled is not None:
+                pass  # fail-stopped by its group already
+            elif d.rows is not None:
                 assert d.stop_index is not None
                 at_stop = step.flat.index_select(0, d.stop_index)
-                stopping = d.dead if d.can_stop is None else d.dead & d.can_stop
+                stopping = dead if d.can_stop is None else dead & d.can_stop
                 step.flat.index_copy_(0, d.stop_index, at_stop.masked_fill_(stopping, 0.0))
             else:
                 stops = step.stops[d.slots]
                 index = stops.clamp(min=0)[:, None]
                 at_stop = step.logits.gather(1, index)
-                step.logits.scatter_(1, index, at_stop.masked_fill_((d.dead & (stops >= 0))[:, None], 0.0))
-            flagged = d.dead if real_rows is None else d.dead & (real_rows if d.rows is None else real_rows[d.rows])
+                step.logits.scatter_(1, index, at_stop.masked_fill_((dead & (stops >= 0))[:, None], 0.0))
+            flagged = dead if real_rows is None else dead & (real_rows if d.rows is None else real_rows[d.rows])
             position = d.positions if d.positions is not None else torch.zeros_like(d.slots)
-            self._flags.dev.scatter_reduce_(0, d.slots, torch.where(flagged, position, -1), reduce="amax")
+            self._flags.dev.scatter_reduce_(0, d.slots, torch.where(flagged, position, self._minus_one), reduce="amax")
 
     def _collect_failures(self) -> None:
         """Fail the requests whose flags have come back (never waits for the device)."""
@@ -350,8 +384,8 @@ class SlotBatch:
         values, epochs = seen
         for slot in np.flatnonzero(values >= 0).tolist():
             request = self.requests[slot]
-            if request is None or slot in self._failed or epochs[slot] != self._flags.epochs[slot]:
-                continue
+            if request is None or request.failed or slot in self._failed or epochs[slot] != self._flags.epochs[slot]:
+                continue  # (a failed request without a stop token stays flagged: already handled)
             request.fail(NO_TOKEN_LEFT.format(n=int(values[slot])))
             self.mark_failed(slot)
 

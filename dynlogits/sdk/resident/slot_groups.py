@@ -64,6 +64,9 @@ class KnownRows:
     base: torch.Tensor | None = None
     #: whether the member rows are exactly ``0..n-1`` in order (row-indexed values need no gather)
     identity: bool = False
+    #: whether no later group of the step can mask these rows (a restrictive group may then settle
+    #: its empty rows itself: ``Dead.settled``)
+    last: bool = False
 
 
 @dataclass
@@ -89,21 +92,41 @@ class StepInputs:
 
 @dataclass
 class Dead:
-    """Rows a restrictive group left with no token (all ``-inf``): ``dead[i]`` for the row of slot
-    ``slots[i]``, at output position ``positions[i]`` (``None`` when unknown). ``rows`` is the rows'
-    device index (known layout, with ``stop_index``/``can_stop`` as in ``KnownRows``) or ``None``
-    (every row of a masked layout). The batch fail-stops them after the last group."""
+    """Rows a restrictive group may leave with no token: the row of slot ``slots[i]``, at output
+    position ``positions[i]`` (``None`` when unknown), has none when every id of its ``witness``
+    (the ids the group kept) is ``-inf`` once *every* group has run (``evaluate``, as the host path
+    does). Known layout: ``rows`` is the rows' device index, ``witness`` flat logits indices
+    ``[n, w]`` (with ``stop_index``/``can_stop`` as in ``KnownRows``); masked layout: ``rows`` is
+    ``None``, ``witness`` column ids ``[rows, w]`` and ``where`` the rows the group touched."""
 
     rows: torch.Tensor | None
     slots: torch.Tensor
-    dead: torch.Tensor
+    witness: torch.Tensor
     positions: torch.Tensor | None
     stop_index: torch.Tensor | None = None
     can_stop: torch.Tensor | None = None
+    where: torch.Tensor | None = None
+    #: the empty rows, already fail-stopped by the group (only their flags remain to be written)
+    settled: torch.Tensor | None = None
+
+    def evaluate(self, step: StepInputs) -> torch.Tensor:
+        """Per row, on the device: whether it has no token left (call after the last group)."""
+        if self.settled is not None:
+            return self.settled
+        if self.rows is not None:
+            n = self.witness.shape[0]
+            return torch.isneginf(step.flat.index_select(0, self.witness.reshape(-1)).view(n, -1)).all(1)
+        dead = torch.isneginf(step.logits.gather(1, self.witness)).all(1)
+        return dead if self.where is None else dead & self.where
 
 
-def fill_rows(logits: torch.Tensor, runs: Sequence[tuple[int, int]]) -> None:
-    """``-inf`` into whole rows, one memset per run (CPU's ``index_fill_`` over rows is far slower)."""
+def fill_rows(logits: torch.Tensor, runs: Sequence[tuple[int, int]], rows_dev: torch.Tensor) -> None:
+    """``-inf`` into whole rows: on an accelerator one ``index_fill_`` over ``rows_dev`` (one launch
+    however the rows interleave with others); on the CPU one memset per run of consecutive rows
+    (CPU's ``index_fill_`` over rows is far slower)."""
+    if logits.device.type != "cpu":
+        logits.index_fill_(0, rows_dev, NEG_INF)
+        return
     for start, stop in runs:
         logits[start:stop].fill_(NEG_INF)
 
@@ -231,18 +254,17 @@ class KeepGroup(_IdsGroup):
     def apply_known(self, step: StepInputs, rows: KnownRows) -> Dead:
         flat = self._cache["flat"]
         kept = step.flat.index_select(0, flat)
-        fill_rows(step.logits, rows.runs)
+        fill_rows(step.logits, rows.runs, rows.rows_dev)
         step.flat.index_copy_(0, flat, kept)
-        dead = torch.isneginf(kept.view(len(rows.rows), -1)).all(1)
-        return Dead(rows.rows_dev, rows.slots_dev, dead, _positions(step, rows.rows_dev, rows.identity), rows.stop_index,
-                    rows.can_stop)
+        return Dead(rows.rows_dev, rows.slots_dev, flat.view(len(rows.rows), -1),
+                    _positions(step, rows.rows_dev, rows.identity), rows.stop_index, rows.can_stop)
 
     def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead:
         ids = self.ids.dev[rows.slot_of_row]
         kept = step.logits.gather(1, ids)
         step.logits.masked_fill_(rows.member[:, None], NEG_INF)
         step.logits.scatter_(1, ids, kept)
-        return Dead(None, rows.slot_of_row, rows.member & torch.isneginf(kept).all(1), step.generated)
+        return Dead(None, rows.slot_of_row, ids, step.generated, where=rows.member)
 
 
 def _positions(step: StepInputs, rows_dev: torch.Tensor, identity: bool = False) -> torch.Tensor | None:
@@ -251,25 +273,26 @@ def _positions(step: StepInputs, rows_dev: torch.Tensor, identity: bool = False)
     return step.generated[rows_dev]
 
 
-def _force_known(step: StepInputs, tokens: torch.Tensor, runs: Sequence[tuple[int, int]], base: torch.Tensor) -> torch.Tensor:
-    """Force ``tokens[i]`` in the row starting at flat index ``base[i]``, keeping masks; which rows
-    are left with no token."""
+def _force_known(step: StepInputs, tokens: torch.Tensor, runs: Sequence[tuple[int, int]], base: torch.Tensor,
+                 rows_dev: torch.Tensor) -> torch.Tensor:
+    """Force ``tokens[i]`` in the row starting at flat index ``base[i]``, keeping masks (a ``-inf``
+    stays, anything else, NaN included, becomes 0.0); the forced flat indices ``[n, 1]``."""
     index = base + tokens
     kept = step.flat.index_select(0, index)
-    fill_rows(step.logits, runs)
-    dead = torch.isneginf(kept)
-    step.flat.index_copy_(0, index, torch.where(dead, kept, 0.0))
-    return dead
+    fill_rows(step.logits, runs, rows_dev)
+    step.flat.index_copy_(0, index, torch.where(torch.isneginf(kept), kept, 0.0))
+    return index[:, None]
 
 
 def _force_masked(step: StepInputs, tokens: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """Force ``tokens[r]`` in every row ``r`` where ``where[r]``, keeping masks; dead rows."""
+    """Force ``tokens[r]`` in every row ``r`` where ``where[r]``, keeping masks; the forced column
+    ids ``[rows, 1]``."""
     index = tokens.clamp(min=0)[:, None]
     kept = step.logits.gather(1, index)
     step.logits.masked_fill_(where[:, None], NEG_INF)
     alive = ~torch.isneginf(kept)
     step.logits.scatter_(1, index, kept.masked_fill_(where[:, None] & alive, 0.0))  # non-members: unchanged
-    return where & ~alive[:, 0]
+    return index
 
 
 class ForceSeqGroup(Group):
@@ -289,6 +312,7 @@ class ForceSeqGroup(Group):
     def prepare(self, rows: KnownRows, stride: int) -> None:
         super().prepare(rows, stride)
         self._cache["sequence"] = self.sequence.dev[rows.slots_dev]
+        self._cache["flat_sequence"] = rows.base[:, None] + self._cache["sequence"]  # type: ignore[index]
         self._cache["length"] = self.length.dev[rows.slots_dev, 0]
 
     @staticmethod
@@ -300,15 +324,23 @@ class ForceSeqGroup(Group):
         assert step.generated is not None and rows.stop_index is not None and rows.base is not None
         positions = _positions(step, rows.rows_dev, rows.identity)
         assert positions is not None
+        if rows.last and rows.can_stop is None:  # settle here: the forced token, or the stop token where it is masked
+            index = self._tokens(positions, self._cache["flat_sequence"], self._cache["length"])
+            kept = step.flat.index_select(0, index)
+            fill_rows(step.logits, rows.runs, rows.rows_dev)
+            dead = torch.isneginf(kept)
+            step.flat.index_fill_(0, torch.where(dead, rows.stop_index, index), 0.0)
+            return Dead(rows.rows_dev, rows.slots_dev, index[:, None], positions, rows.stop_index, rows.can_stop,
+                        settled=dead)
         tokens = self._tokens(positions, self._cache["sequence"], self._cache["length"])
-        dead = _force_known(step, tokens, rows.runs, rows.base)
-        return Dead(rows.rows_dev, rows.slots_dev, dead, positions, rows.stop_index, rows.can_stop)
+        witness = _force_known(step, tokens, rows.runs, rows.base, rows.rows_dev)
+        return Dead(rows.rows_dev, rows.slots_dev, witness, positions, rows.stop_index, rows.can_stop)
 
     def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead:
         assert step.generated is not None
         slots = rows.slot_of_row
         tokens = self._tokens(step.generated, self.sequence.dev[slots], self.length.dev[slots, 0])
-        return Dead(None, slots, _force_masked(step, tokens, rows.member), step.generated)
+        return Dead(None, slots, _force_masked(step, tokens, rows.member), step.generated, where=rows.member)
 
 
 class MaskBeforeGroup(_IdsGroup):
@@ -364,13 +396,13 @@ class ThinkingGroup(Group):
         rows_dev, slots, tokens = values[:n], values[n : 2 * n], values[2 * n :]
         stops = step.stops[slots]
         base = rows_dev * step.stride
-        dead = _force_known(step, tokens, row_runs(rows.rows[firing].tolist()), base)
-        return Dead(rows_dev, slots, dead, _positions(step, rows_dev), base + stops.clamp(min=0), stops >= 0)
+        witness = _force_known(step, tokens, row_runs(rows.rows[firing].tolist()), base, rows_dev)
+        return Dead(rows_dev, slots, witness, _positions(step, rows_dev), base + stops.clamp(min=0), stops >= 0)
 
     def apply_device(self, step: StepInputs, rows: MaskedRows, tokens: torch.Tensor) -> Dead:
         """Device decisions (``tokens[r]``, -1 for none) over every row."""
         where = rows.member & (tokens >= 0)
-        return Dead(None, rows.slot_of_row, _force_masked(step, tokens, where), step.generated)
+        return Dead(None, rows.slot_of_row, _force_masked(step, tokens, where), step.generated, where=where)
 
 
 GROUP_TYPES: dict[type, type[Group]] = {

@@ -20,15 +20,21 @@ and reads are immediate. Nothing here calls ``.item()``, ``.tolist()``, ``.cpu()
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["SlotFlags", "SlotTable", "StepUpload"]
+__all__ = ["SlotFlags", "SlotTable", "StepUpload", "on_accelerator"]
+
+
+def on_accelerator(device: torch.device) -> bool:
+    """Whether ``device`` is an accelerator's (host and device memory differ): anything but the CPU."""
+    return device.type != "cpu"
 
 
 def _pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.zeros(shape, dtype=dtype, pin_memory=device.type == "cuda")
+    return torch.zeros(shape, dtype=dtype, pin_memory=on_accelerator(device))
 
 
 class SlotTable:
@@ -48,7 +54,8 @@ class SlotTable:
         self.device = device
         self.pad = pad
         self._dirty: set[int] = set()
-        self._event: torch.cuda.Event | None = None
+        self._event: Any = None  # torch.cuda.Event of the last queued copies
+        self._whole = False  # the device table is new (wider): copy the whole mirror at flush
         self.host: torch.Tensor | None = None
         self._alloc(width)
 
@@ -63,7 +70,11 @@ class SlotTable:
         self.host = host
         self.host_np = host.numpy()
         self.width = width
-        self.dev = host if self.device.type == "cpu" else host.to(self.device)
+        if on_accelerator(self.device):  # the whole mirror goes at the next flush, without blocking
+            self.dev = torch.empty(host.shape, dtype=self.dtype, device=self.device)
+            self._whole = True
+        else:
+            self.dev = host
 
     def set(self, slot: int, values: Sequence[float] | np.ndarray) -> None:
         n = len(values)
@@ -81,15 +92,22 @@ class SlotTable:
 
     def flush(self) -> bool:
         """Copy the rows set since the last flush to the device; whether there were any."""
-        if not self._dirty:
+        if not self._dirty and not self._whole:
             return False
-        if self.device.type != "cpu":
-            for slot in sorted(self._dirty):
-                self.dev[slot].copy_(self.host[slot], non_blocking=True)  # type: ignore[index]
-            self._event = torch.cuda.Event()
-            self._event.record()
+        if on_accelerator(self.device):
+            if self._whole:
+                self.dev.copy_(self.host, non_blocking=True)  # type: ignore[arg-type]
+            else:
+                for slot in sorted(self._dirty):
+                    self.dev[slot].copy_(self.host[slot], non_blocking=True)  # type: ignore[index]
+            self._record()
         self._dirty.clear()
+        self._whole = False
         return True
+
+    def _record(self) -> None:
+        self._event = torch.cuda.Event()
+        self._event.record()
 
 
 class StepUpload:
@@ -97,40 +115,50 @@ class StepUpload:
 
     ``buffer(n)`` gives a host array to fill, ``upload(n)`` the device copy of its first ``n``
     values: a new tensor each time, so several uploads of one step never alias. The host buffer is
-    reused only once its copy has run (a ring of ``RING``; waiting happens only when the device is
-    that many uploads behind).
+    reused only once its copy has run: a ring of ``RING`` that grows by a buffer whenever the next
+    one is still in flight (waiting only past ``MAX_RING``).
     """
 
     RING = 8
+    MAX_RING = 4096  # buffers the ring may grow to while the device lags, before waiting for it
 
-    def __init__(self, dtype: torch.dtype, device: torch.device, capacity: int = 256) -> None:
+    def __init__(self, dtype: torch.dtype, device: torch.device, capacity: int = 256, *, ring: int | None = None) -> None:
         self.dtype = dtype
         self.device = device
+        self.ring = ring or self.RING
         self._next = 0
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
         self.capacity = capacity
-        ring = 1 if self.device.type == "cpu" else self.RING
+        ring = self.ring if on_accelerator(self.device) else 1
         self._host = [_pinned((capacity,), self.dtype, self.device) for _ in range(ring)]
         self._np = [h.numpy() for h in self._host]
-        self._events: list[torch.cuda.Event | None] = [None] * ring
+        self._events: list[Any] = [None] * ring
 
     def buffer(self, n: int) -> np.ndarray:
         """A host buffer of ``n`` values to fill, then pass to ``upload``."""
         if n > self.capacity:
             self._alloc(max(n, 2 * self.capacity))
-        event = self._events[self._next]
-        if event is not None and not event.query():
-            event.synchronize()  # the device is RING uploads behind: rare
-        return self._np[self._next][:n]
-
-    def upload(self, n: int) -> torch.Tensor:
-        """The first ``n`` values of the last ``buffer``, as a device tensor valid until the next
-        ``buffer`` call (an upload is consumed within its step). On CPU it is the buffer itself."""
         i = self._next
-        if self.device.type == "cpu":
-            return self._host[i][:n]
+        event = self._events[i]
+        if event is not None and not event.query():  # the device is a whole ring behind
+            if len(self._host) < self.MAX_RING:  # add a buffer rather than wait
+                self._host.insert(i, _pinned((self.capacity,), self.dtype, self.device))
+                self._np.insert(i, self._host[i].numpy())
+                self._events.insert(i, None)
+            else:
+                event.synchronize()  # thousands of uploads behind: wait
+        return self._np[i][:n]
+
+    def upload(self, n: int, *, keep: bool = False) -> torch.Tensor:
+        """The first ``n`` values of the last ``buffer``, as a device tensor valid until the next
+        ``buffer`` call (an upload is consumed within its step), or for as long as it is referenced
+        with ``keep`` (a layout reused over many steps). On CPU it is the buffer itself (a copy
+        with ``keep``)."""
+        i = self._next
+        if not on_accelerator(self.device):
+            return self._host[i][:n].clone() if keep else self._host[i][:n]
         out = torch.empty(n, dtype=self.dtype, device=self.device)
         out.copy_(self._host[i][:n], non_blocking=True)
         event = torch.cuda.Event()
@@ -155,7 +183,8 @@ class SlotFlags:
         self.fill = fill
         self.dev = torch.full((num_slots,), fill, dtype=torch.int64, device=device)
         self.epochs = np.zeros(num_slots, dtype=np.int64)
-        self._cuda = device.type == "cuda"
+        self._cuda = on_accelerator(device)
+        self.asynchronous = self._cuda  # whether a snapshot lands later than it is queued
         if self._cuda:
             self._host = _pinned((num_slots,), torch.int64, device)
             self._host.fill_(fill)

@@ -45,13 +45,17 @@ class ThinkingTables:
         self.end_len = SlotTable(num_slots, torch.long, device)
         self.budget = SlotTable(num_slots, torch.long, device)
         self.member = SlotTable(num_slots, torch.bool, device, pad=0)
+        self.members: set[int] = set()  # host view of ``member``: the tables go when it is empty
         self.span = torch.full((num_slots,), -1, dtype=torch.long, device=device)
         self.scanned = torch.zeros(num_slots, dtype=torch.long, device=device)
 
     def set(self, slot: int, template: ThinkingTemplate | None) -> None:
         if template is None:
-            self.member.set(slot, [0])
+            if slot in self.members:
+                self.members.discard(slot)
+                self.member.set(slot, [0])
             return
+        self.members.add(slot)
         self.member.set(slot, [1])
         self.start.set(slot, template.start)
         self.start_len.set(slot, [len(template.start)])
@@ -100,9 +104,12 @@ class DeviceThinking:
         self._cold: dict[int, GuardedRequest] = {}  # slots to scan on the host before their first step
         self._step: _Step | None = None
         self._inputs: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        self._catch_up = 0  # tokens of resumed requests to follow at the next step, on the device
 
-    def assign(self, slot: int, request: GuardedRequest | None, *, resumed: bool = False) -> None:
-        """``slot``'s occupant (``None`` clears); ``resumed``: it enters with generated tokens."""
+    def assign(self, slot: int, request: GuardedRequest | None, *, resumed: int | bool = False) -> None:
+        """``slot``'s occupant (``None`` clears); ``resumed``: it enters with that many generated
+        tokens, followed on the device at its first step (``True``: a number the host does not
+        know, scanned on the host then: a read back)."""
         self._cold.pop(slot, None)
         templates: dict[int, ThinkingTemplate] = {}
         if request is not None and request.processor is not None:
@@ -115,8 +122,12 @@ class DeviceThinking:
             tables.set(slot, templates.get(level))
             tables.span[slot] = -1
             tables.scanned[slot] = 0
-        if templates and resumed:
+            if not tables.members:  # no thinking request left at this level: steps skip it
+                del self.tables[level]
+        if templates and resumed is True:
             self._cold[slot] = request  # type: ignore[assignment]
+        elif templates and resumed:
+            self._catch_up = max(self._catch_up, int(resumed))
 
     def flush(self) -> None:
         for tables in self.tables.values():
@@ -142,8 +153,10 @@ class DeviceThinking:
         if self._cold:
             self._scan_cold(source)
         slots = torch.arange(self.num_slots, device=self.device)
+        rounds = 2 * self.max_new + self._catch_up  # twice the most a step adds (a lag always shrinks),
+        self._catch_up = 0  # plus a resumed request's whole history, once
         for tables in self.tables.values():
-            for _ in range(2 * self.max_new):  # twice the most a step adds: a lag always shrinks
+            for _ in range(rounds):
                 position = tables.scanned
                 fresh = tables.member.dev[:, 0] & (position < source.committed)
                 span = self._advance(tables, slots, tables.span, position + 1, fresh,
