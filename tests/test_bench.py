@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MICRO_KEYS = {"suite", "kind", "batch", "vocab", "impl", "median_ms"}
+MICRO_KEYS = {"suite", "kind", "batch", "vocab", "impl", "median_ms", "launches", "syncs"}
 ENGINE_KEYS = {"suite", "kind", "impl", "tok_per_s"}
 WIRE_KEYS = {"suite", "kind", "impl", "stage", "median_us"}
 
@@ -47,6 +47,9 @@ def test_quick_run_records_every_implementation_for_every_kind_and_batch(quick_r
     assert all(isinstance(r["median_ms"], float) and math.isfinite(r["median_ms"]) and r["median_ms"] > 0 for r in micro)
     got = {(r["kind"], r["batch"], r["vocab"], r["impl"]) for r in micro}
     assert len(got) == len(micro), "one record per measurement"
+    counted = [r for r in micro if r["impl"] in ("adapter", "adapter_v2")]
+    assert all(isinstance(r["launches"], int) and r["launches"] > 0 and isinstance(r["syncs"], int) for r in counted)
+    assert all(r["launches"] is None and r["syncs"] is None for r in micro if r not in counted)
     want = set()
     for kind in KINDS:
         impls = ["adapter", "adapter_v2", "loop"] + (["reference", "floor"] if kind == "forced_sequence" else [])
@@ -69,13 +72,15 @@ def test_quick_run_measures_both_wire_paths_and_leaves_the_engine_out(quick_run)
 def test_quick_run_prints_the_machine_the_ratios_and_a_line_per_target(quick_run) -> None:
     stdout, _, _ = quick_run
     assert "machine: " in stdout and "versions: torch " in stdout and "torch.set_num_threads(1)" in stdout
-    for column in ("floor/adapter", "reference/adapter", "loop/adapter", "pydantic/msgspec"):
+    for column in ("floor/adapter", "reference/adapter", "loop/adapter", "pydantic/msgspec", "launches", "syncs"):
         assert column in stdout
     targets = [line for line in stdout.splitlines() if line.startswith(("[met]", "[NOT MET]", "[not measured]"))]
-    assert len(targets) == 9
-    # measured in this run: every micro and wire target; the engine ones are not
+    assert len(targets) == 17
+    # measured in this run: every micro and wire target but batch 256 (not in --quick); the engine ones are not
     assert sum(line.startswith("[not measured] engine") for line in targets) == 2
-    assert not [line for line in targets if line.startswith("[not measured]") and not line.startswith("[not measured] engine")]
+    assert [line for line in targets if line.startswith("[not measured]") and not line.startswith("[not measured] engine")] \
+        == [line for line in targets if line.startswith("[not measured] forced_sequence, batch 256")] != []
+    assert any(line.startswith("[met]") and "syncs = 0" in line for line in targets)
 
 
 def test_quick_run_regenerates_the_performance_page_and_its_plot(quick_run) -> None:
@@ -194,3 +199,19 @@ def test_engine_suite_runs_every_configuration_on_a_real_engine(tmp_path: Path) 
         ("reference", "forced_sequence")}
     assert "x none" in stdout
     assert sum(line.startswith(("[met] engine", "[NOT MET] engine")) for line in stdout.splitlines()) == 2
+
+
+def test_device_side_targets_read_the_launch_and_sync_counts() -> None:
+    from dynlogits.bench.records import MicroRecord
+    from dynlogits.bench.report import evaluate_targets
+
+    def rec(kind: str, impl: str, launches: int, syncs: int) -> MicroRecord:
+        return MicroRecord(kind=kind, batch=64, vocab=151936, impl=impl, median_ms=1.0, launches=launches, syncs=syncs)
+
+    records = [rec("banned_tokens", "adapter", 1, 0), rec("banned_tokens", "adapter_v2", 9, 0),
+               rec("mixed", "adapter", 12, 0), rec("mixed", "adapter_v2", 7, 1)]
+    state = {t.name: (t.goal, t.met, t.measured) for t in evaluate_targets(records)}
+    goal, met, measured = state["adapter and adapter_v2, every kind and batch, vocab 151936"]
+    assert "syncs = 0" in goal and met is False and measured == "1 in all"
+    assert state["adapter and adapter_v2, each single-kind workload, every batch"][1:] == (False, "at most 9")
+    assert state["adapter and adapter_v2, mixed, every batch"][1:] == (True, "at most 12")

@@ -67,11 +67,28 @@ on every request; the reference, running forced_sequence). Outputs are checked b
 and `decode` (bytes to validated entries, ids checked against the logits width), msgspec path
 (the engine's) against the pydantic path (plug-in kinds).
 
+**launches and syncs** (micro table, `adapter` / `adapter_v2`) — counted, not timed, on
+`dynlogits.sdk.simcuda`, a model of CUDA's semantics that runs on any machine: the adapter's tensors
+are presented as accelerator tensors, every aten op is recorded at the dispatch level (including
+those behind `bool()`, `int()`, `.tolist()`, indexing), and the ops that make the host wait for a
+GPU are flagged: `.item()`/`bool()`/`int()` (`aten._local_scalar_dense`), `nonzero` (and one-argument
+`where`, boolean-mask indexing, `masked_select`), `unique`, `repeat_interleave` without
+`output_size`, device-to-host copies, host-to-device copies from pageable memory or without
+`non_blocking`, host tensors as operands of device ops, `Event.synchronize()`. Non-blocking
+device-to-host copies into pinned memory land only when the device has caught up (between steps),
+so a read of a copy just queued sees nothing, as on a GPU. `launches`: device ops of one steady
+step of that workload. `syncs`: over a sequence with the workload's requests plus batch changes
+(arrivals, removals, a swap or a reordering, slot reuse) and a request failing on the device
+(`dynlogits.bench.sync_drive`).
+
 Targets: forced_sequence at batch 64, vocab 151936 within 1.25x of the floor and at least
 3x faster than the reference; banned_tokens and logit_bias at batch 64 at least 10x faster than the
 per-row loop and at batch 1 no slower than 2x the loop; engine throughput with the adapter on every
 request at least 0.98x the engine without a processor; wire decode of a 64-token forced sequence
-under 20 µs. The lines below say, for this run, which are met.
+under 20 µs; no syncs for `adapter` and `adapter_v2` at any kind and batch, at most 8 launches per
+steady step for a single-kind workload and 12 for `mixed`, forced_sequence within 0.5x of the floor
+at batch 64 and 256 and 1.1x of the reference at batch 1, `adapter_v2` within 1.5x of `adapter` for
+banned_tokens and logit_bias at batch 64. The lines below say, for this run, which are met.
 """
 
 

@@ -16,7 +16,8 @@ implementation gets the same requests:
   per-row ``AdapterLogitsProcessor.apply``), forced_sequence only;
 * ``floor``: one ``fill_(-inf)`` of the same rows (a memset), forced_sequence only.
 
-One repetition is one decode step: each implementation, in an order rotated every repetition,
+``launches``/``syncs`` of ``adapter`` and ``adapter_v2`` come from ``sync_drive.adapter_counts``
+(the same requests on ``dynlogits.sdk.simcuda``'s CUDA model). One repetition is one decode step: each implementation, in an order rotated every repetition,
 gets the pristine logits back (outside the timed region) and is timed; then every request's
 history grows by one token (the forced one, for forced_sequence), as after sampling. The first repetition is also a correctness check: every
 implementation must leave the same rows as ``adapter`` (``reference`` the same finite ids and
@@ -40,6 +41,7 @@ import torch
 from . import workloads
 from .models import eos_token_id, bench_model_dir, vllm_config
 from .records import MicroRecord
+from .sync_drive import adapter_counts
 
 __all__ = ["BenchmarkError", "MicroOptions", "run_micro"]
 
@@ -267,5 +269,9 @@ def run_micro(opts: MicroOptions, *, progress: Callable[[str], None] | None = No
                 gen = torch.Generator().manual_seed(opts.seed)
                 pristine = torch.randn(batch, vocab, generator=gen).to(device)
                 for impl, median_ms in _measure(case, impls, pristine, opts, sync).items():
-                    records.append(MicroRecord(kind=kind, batch=batch, vocab=vocab, impl=impl, median_ms=median_ms))
+                    launches = syncs = None
+                    if impl in ("adapter", "adapter_v2"):  # counted on the CUDA model, whatever the device
+                        launches, syncs = adapter_counts(impl, vocab, case.payloads)
+                    records.append(MicroRecord(kind=kind, batch=batch, vocab=vocab, impl=impl, median_ms=median_ms,
+                                               launches=launches, syncs=syncs))
     return records, sorted(skipped)
