@@ -68,7 +68,7 @@ and `decode` (bytes to validated entries, ids checked against the logits width),
 (the engine's) against the pydantic path (plug-in kinds).
 
 **launches and syncs** (micro table, `adapter` / `adapter_v2`) — counted, not timed, on
-`dynlogits.sdk.simcuda`, a model of CUDA's semantics that runs on any machine: the adapter's tensors
+`dynlogits.testing.simcuda`, a model of CUDA's semantics that runs on any machine: the adapter's tensors
 are presented as accelerator tensors, every aten op is recorded at the dispatch level (including
 those behind `bool()`, `int()`, `.tolist()`, indexing), and the ops that make the host wait for a
 GPU are flagged: `.item()`/`bool()`/`int()` (`aten._local_scalar_dense`), `nonzero` (and one-argument

@@ -17,7 +17,7 @@ implementation gets the same requests:
 * ``floor``: one ``fill_(-inf)`` of the same rows (a memset), forced_sequence only.
 
 ``launches``/``syncs`` of ``adapter`` and ``adapter_v2`` come from ``sync_drive.adapter_counts``
-(the same requests on ``dynlogits.sdk.simcuda``'s CUDA model). One repetition is one decode step: each implementation, in an order rotated every repetition,
+(the same requests on ``dynlogits.testing.simcuda``'s CUDA model). One repetition is one decode step: each implementation, in an order rotated every repetition,
 gets the pristine logits back (outside the timed region) and is timed; then every request's
 history grows by one token (the forced one, for forced_sequence), as after sampling. The first repetition is also a correctness check: every
 implementation must leave the same rows as ``adapter`` (``reference`` the same finite ids and

@@ -3,7 +3,7 @@
 * micro: ``{"suite": "micro", "kind", "batch", "vocab", "impl", "median_ms", "launches", "syncs"}``,
   ``impl`` one of ``MICRO_IMPLS``; ``launches`` (device ops of one steady step) and ``syncs``
   (ops that would make the host wait for a GPU, over a sequence with batch changes and a failing
-  request), counted on ``dynlogits.sdk.simcuda``'s CUDA model for ``adapter`` and ``adapter_v2``,
+  request), counted on ``dynlogits.testing.simcuda``'s CUDA model for ``adapter`` and ``adapter_v2``,
   ``null`` for the others;
 * engine: ``{"suite": "engine", "kind", "impl", "tok_per_s"}``, ``impl`` one of ``ENGINE_IMPLS``
   (``kind`` is ``"none"`` for the engine without a processor);

@@ -1,4 +1,4 @@
-"""Whole sequences through each adapter as its engine drives it, on ``dynlogits.sdk.simcuda``'s
+"""Whole sequences through each adapter as its engine drives it, on ``dynlogits.testing.simcuda``'s
 CUDA model: what would synchronize with the device, and how many device ops a steady step queues.
 
 A sequence (``Scenario``) has batch changes at nearly every step, as under continuous batching:
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from dynlogits.sdk.simcuda import SimCuda, Sync
+from dynlogits.testing.simcuda import SimCuda, Sync
 
 __all__ = ["DriveResult", "Scenario", "builtin_payloads", "drive_apply_rows", "drive_v1", "drive_v2"]
 

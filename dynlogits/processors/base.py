@@ -8,6 +8,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from dynlogits.uploads import to_device
+
 __all__ = ["BaseLogitsProcessor", "IndexCache", "RealizeContext"]
 
 
@@ -49,8 +51,6 @@ class IndexCache:
         key = (like.device, like.dtype)
         hit = self._cache.get(key)
         if hit is None:
-            from dynlogits.sdk.uploads import to_device  # the SDK imports processors: import late
-
             idx = to_device(self._ids, torch.long, like.device)
             vals = None if self._values is None else to_device(self._values, like.dtype, like.device)
             hit = self._cache[key] = (idx, vals)

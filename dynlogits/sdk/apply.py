@@ -22,7 +22,7 @@ import torch
 from .guard import GuardedRequest
 from .plans import apply_plans
 from .readback import DeviceFlags
-from .uploads import to_device
+from dynlogits.uploads import to_device
 
 __all__ = ["apply_draft_row", "apply_row", "apply_rows", "stop_rows_where"]
 

@@ -34,7 +34,7 @@ import torch
 
 from dynlogits.processors.ops import ROW_OPS, AddBias, ForceToken, KeepOnly, MaskIds, RowOp
 
-from .uploads import to_device
+from dynlogits.uploads import to_device
 
 __all__ = ["Plan", "Step", "apply_plans", "row_runs"]
 

@@ -12,7 +12,7 @@ import torch
 from dynlogits import sdk
 from dynlogits.sdk.resident.slot_batch import SlotBatch
 from dynlogits.sdk.resident.thinking import DeviceThinking
-from dynlogits.sdk.simcuda import SimCuda
+from dynlogits.testing.simcuda import SimCuda
 
 V = 32
 EOS = 1

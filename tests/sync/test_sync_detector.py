@@ -1,4 +1,4 @@
-"""The CUDA model (``dynlogits.sdk.simcuda``) reports every kind of host-device synchronization at
+"""The CUDA model (``dynlogits.testing.simcuda``) reports every kind of host-device synchronization at
 the dispatch level, and a sync injected into either apply path makes the adapter's sequence fail
 the no-sync rule (mutation tests: each kind injected in turn must be reported)."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dynlogits.bench.sync_drive import Scenario, drive_apply_rows, drive_v1
-from dynlogits.sdk.simcuda import SimCuda
+from dynlogits.testing.simcuda import SimCuda
 
 Inject = Callable[[torch.Tensor], object]
 
@@ -141,7 +141,7 @@ def test_numpy_on_a_device_tensor_is_a_sync() -> None:
 def test_many_uploads_in_one_step_grow_the_ring_instead_of_waiting() -> None:
     """A row-wise engine calls the SDK once per request: hundreds of small uploads in one step
     while the device has not caught up must not wait for it."""
-    from dynlogits.sdk.uploads import to_device
+    from dynlogits.uploads import to_device
 
     with SimCuda() as sim:
         outs = [to_device([i, i + 1], torch.long, sim.device) for i in range(300)]

@@ -59,7 +59,9 @@ from dynlogits.processors.templates import BiasTemplate
 from ..guard import NO_TOKEN_LEFT, GuardedRequest
 from ..plans import row_runs
 from .slot_groups import GROUP_TYPES, Dead, Group, KnownRows, MaskedRows, StepInputs, ThinkingGroup, fill_rows
-from .staging import SlotFlags, SlotTable, StepUpload
+from dynlogits.uploads import StepUpload
+
+from .staging import SlotFlags, SlotTable
 
 __all__ = ["SlotBatch", "ThinkingDecider"]
 

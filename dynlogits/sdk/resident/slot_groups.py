@@ -39,7 +39,9 @@ from dynlogits.processors.templates import (
 )
 
 from ..plans import row_runs
-from .staging import SlotTable, StepUpload
+from dynlogits.uploads import StepUpload
+
+from .staging import SlotTable
 
 __all__ = ["GROUP_TYPES", "Dead", "Group", "KnownRows", "MaskedRows", "StepInputs", "fill_rows"]
 

@@ -5,9 +5,9 @@ Three shapes of traffic, each with one class:
 * ``SlotTable``: per-slot data (a request's ids, values, forced sequence) written on the host when
   a request enters a slot and copied to the device once, at ``flush`` (a batch change), row by
   dirty row, with non-blocking copies from pinned memory.
-* ``StepUpload``: small per-step arrays the host knows and the device needs (the V1 runner's
-  positions, host-decided tokens): written into one of a ring of pinned buffers and copied
-  non-blocking, so the next step never overwrites a buffer whose copy is still queued.
+* ``dynlogits.uploads.StepUpload`` (shared with the hosted path): small per-step arrays the host
+  knows and the device needs (the V1 runner's positions, host-decided tokens), written into one of
+  a ring of pinned buffers and copied non-blocking.
 * ``SlotFlags``: a small per-slot int64 tensor the device writes (the position at which a slot's
   row was left with no token) and the host reads back through a pinned buffer and an event,
   answering "not yet" instead of waiting.
@@ -25,16 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["SlotFlags", "SlotTable", "StepUpload", "on_accelerator"]
+from dynlogits.uploads import on_accelerator, pinned
 
-
-def on_accelerator(device: torch.device) -> bool:
-    """Whether ``device`` is an accelerator's (host and device memory differ): anything but the CPU."""
-    return device.type != "cpu"
-
-
-def _pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.zeros(shape, dtype=dtype, pin_memory=on_accelerator(device))
+__all__ = ["SlotFlags", "SlotTable"]
 
 
 class SlotTable:
@@ -60,7 +53,7 @@ class SlotTable:
         self._alloc(width)
 
     def _alloc(self, width: int) -> None:
-        host = _pinned((self.num_slots, width), self.dtype, self.device)
+        host = pinned((self.num_slots, width), self.dtype, self.device)
         old = self.host
         if old is not None:
             host[:, : old.shape[1]] = old
@@ -110,64 +103,6 @@ class SlotTable:
         self._event.record()
 
 
-class StepUpload:
-    """Per-step host values -> a fresh device tensor, through a ring of pinned host buffers.
-
-    ``buffer(n)`` gives a host array to fill, ``upload(n)`` the device copy of its first ``n``
-    values: a new tensor each time, so several uploads of one step never alias. The host buffer is
-    reused only once its copy has run: a ring of ``RING`` that grows by a buffer whenever the next
-    one is still in flight (waiting only past ``MAX_RING``).
-    """
-
-    RING = 8
-    MAX_RING = 4096  # buffers the ring may grow to while the device lags, before waiting for it
-
-    def __init__(self, dtype: torch.dtype, device: torch.device, capacity: int = 256, *, ring: int | None = None) -> None:
-        self.dtype = dtype
-        self.device = device
-        self.ring = ring or self.RING
-        self._next = 0
-        self._alloc(capacity)
-
-    def _alloc(self, capacity: int) -> None:
-        self.capacity = capacity
-        ring = self.ring if on_accelerator(self.device) else 1
-        self._host = [_pinned((capacity,), self.dtype, self.device) for _ in range(ring)]
-        self._np = [h.numpy() for h in self._host]
-        self._events: list[Any] = [None] * ring
-
-    def buffer(self, n: int) -> np.ndarray:
-        """A host buffer of ``n`` values to fill, then pass to ``upload``."""
-        if n > self.capacity:
-            self._alloc(max(n, 2 * self.capacity))
-        i = self._next
-        event = self._events[i]
-        if event is not None and not event.query():  # the device is a whole ring behind
-            if len(self._host) < self.MAX_RING:  # add a buffer rather than wait
-                self._host.insert(i, _pinned((self.capacity,), self.dtype, self.device))
-                self._np.insert(i, self._host[i].numpy())
-                self._events.insert(i, None)
-            else:
-                event.synchronize()  # thousands of uploads behind: wait
-        return self._np[i][:n]
-
-    def upload(self, n: int, *, keep: bool = False) -> torch.Tensor:
-        """The first ``n`` values of the last ``buffer``, as a device tensor valid until the next
-        ``buffer`` call (an upload is consumed within its step), or for as long as it is referenced
-        with ``keep`` (a layout reused over many steps). On CPU it is the buffer itself (a copy
-        with ``keep``)."""
-        i = self._next
-        if not on_accelerator(self.device):
-            return self._host[i][:n].clone() if keep else self._host[i][:n]
-        out = torch.empty(n, dtype=self.dtype, device=self.device)
-        out.copy_(self._host[i][:n], non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self._events[i] = event
-        self._next = (i + 1) % len(self._host)
-        return out
-
-
 class SlotFlags:
     """``dev[slot]``: an int64 per slot the device writes (``fill`` until it does); the host reads a
     recent copy.
@@ -186,7 +121,7 @@ class SlotFlags:
         self._cuda = on_accelerator(device)
         self.asynchronous = self._cuda  # whether a snapshot lands later than it is queued
         if self._cuda:
-            self._host = _pinned((num_slots,), torch.int64, device)
+            self._host = pinned((num_slots,), torch.int64, device)
             self._host.fill_(fill)
             self._host_np = self._host.numpy()
             self._event: torch.cuda.Event | None = None

@@ -1,0 +1,104 @@
+"""Host values to a device tensor without blocking: the resident and hosted apply paths' uploads.
+
+``StepUpload`` is a ring of pinned host buffers copied non-blocking, so a buffer is never
+overwritten while its copy is still queued. ``to_device(values, dtype, device)`` is ``torch.tensor(values, dtype=dtype, device=device)``
+without its blocking copy from pageable memory: on an accelerator the values go through a ring of
+pinned buffers (``StepUpload``, below) with a non-blocking copy, and the
+result is a fresh device tensor, valid for as long as it is referenced. On the CPU it is
+``torch.tensor``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["StepUpload", "on_accelerator", "pinned", "to_device"]
+
+
+def on_accelerator(device: torch.device) -> bool:
+    """Whether ``device`` is an accelerator's (host and device memory differ): anything but the CPU."""
+    return device.type != "cpu"
+
+
+def pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed host tensor, pinned when ``device`` is an accelerator (copies from it need not block)."""
+    return torch.zeros(shape, dtype=dtype, pin_memory=on_accelerator(device))
+
+
+class StepUpload:
+    """Per-step host values -> a fresh device tensor, through a ring of pinned host buffers.
+
+    ``buffer(n)`` gives a host array to fill, ``upload(n)`` the device copy of its first ``n``
+    values: a new tensor each time, so several uploads of one step never alias. The host buffer is
+    reused only once its copy has run: a ring of ``RING`` that grows by a buffer whenever the next
+    one is still in flight (waiting only past ``MAX_RING``).
+    """
+
+    RING = 8
+    MAX_RING = 4096  # buffers the ring may grow to while the device lags, before waiting for it
+
+    def __init__(self, dtype: torch.dtype, device: torch.device, capacity: int = 256, *, ring: int | None = None) -> None:
+        self.dtype = dtype
+        self.device = device
+        self.ring = ring or self.RING
+        self._next = 0
+        self._alloc(capacity)
+
+    def _alloc(self, capacity: int) -> None:
+        self.capacity = capacity
+        ring = self.ring if on_accelerator(self.device) else 1
+        self._host = [pinned((capacity,), self.dtype, self.device) for _ in range(ring)]
+        self._np = [h.numpy() for h in self._host]
+        self._events: list[Any] = [None] * ring
+
+    def buffer(self, n: int) -> np.ndarray:
+        """A host buffer of ``n`` values to fill, then pass to ``upload``."""
+        if n > self.capacity:
+            self._alloc(max(n, 2 * self.capacity))
+        i = self._next
+        event = self._events[i]
+        if event is not None and not event.query():  # the device is a whole ring behind
+            if len(self._host) < self.MAX_RING:  # add a buffer rather than wait
+                self._host.insert(i, pinned((self.capacity,), self.dtype, self.device))
+                self._np.insert(i, self._host[i].numpy())
+                self._events.insert(i, None)
+            else:
+                event.synchronize()  # thousands of uploads behind: wait
+        return self._np[i][:n]
+
+    def upload(self, n: int, *, keep: bool = False) -> torch.Tensor:
+        """The first ``n`` values of the last ``buffer``, as a device tensor valid until the next
+        ``buffer`` call (an upload is consumed within its step), or for as long as it is referenced
+        with ``keep`` (a layout reused over many steps). On CPU it is the buffer itself (a copy
+        with ``keep``)."""
+        i = self._next
+        if not on_accelerator(self.device):
+            return self._host[i][:n].clone() if keep else self._host[i][:n]
+        out = torch.empty(n, dtype=self.dtype, device=self.device)
+        out.copy_(self._host[i][:n], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._events[i] = event
+        self._next = (i + 1) % len(self._host)
+        return out
+
+_RINGS: dict[tuple[torch.device, torch.dtype], Any] = {}  # StepUpload rings, 64 deep (about ten uploads a step)
+
+
+def to_device(values: Sequence[float] | Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a new 1-D tensor on ``device`` (see the module doc)."""
+    if device.type == "cpu":
+        return torch.tensor(values, dtype=dtype, device=device)
+    if dtype == torch.bfloat16:  # numpy has no bfloat16: stage as float32, convert on the device
+        return to_device(values, torch.float32, device).to(dtype)
+    key = (device, dtype)
+    ring = _RINGS.get(key)
+    if ring is None:
+        ring = _RINGS[key] = StepUpload(dtype, device, ring=64)
+    n = len(values)
+    ring.buffer(n)[:] = values
+    return ring.upload(n)
