@@ -31,7 +31,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +45,8 @@ from .launcher import LOG_DIR, PYTHON, ROOT, Deployment, free_port_block, settle
 pytestmark = pytest.mark.engine
 
 MODEL = "dynlogits-tiny"
-DRAIN_S = 10  # the worker's drain deadline after SIGTERM (--graceful-timeout)
-SHORT_TOKENS = 150  # a stream that finishes well inside DRAIN_S even beside 64 long sequences
+DRAIN_S = 12  # the worker's drain deadline after SIGTERM (--graceful-timeout)
+SHORT_TOKENS = 300  # a stream that finishes well inside DRAIN_S even beside 64 long sequences
 IDLE_S = 5  # the idle timeout of the frontend that test 3 starts
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0"}
 
@@ -72,9 +72,13 @@ class Background:
     worker's own ``in_flight`` count."""
 
     def __init__(self, base_url: str, n: int, *, max_tokens: int, forced: bool = False,
-                 stream_all: bool = False, choices: int = 1) -> None:
+                 stream_all: bool = False, choices: int = 1,
+                 when_all_streaming: Callable[[], None] | None = None) -> None:
         self.base_url, self.n, self.max_tokens, self.forced, self.stream_all = base_url, n, max_tokens, forced, stream_all
         self.choices = choices
+        #: Called once, on the requests' own thread, the moment every one of the ``n`` streams has its
+        #: first chunk: a test acts then, not up to a poll interval later.
+        self.when_all_streaming = when_all_streaming
         self.results: list[Outcome] = []
         self.streaming = 0  # streams that have received their first chunk
         self.crash: BaseException | None = None
@@ -104,7 +108,10 @@ class Background:
                 stream = await client.chat.completions.create(stream=True, stream_options={"include_usage": True},
                                                               **kwargs)
                 async for chunk in stream:
-                    self.streaming += not out.text and chunk.choices and bool(chunk.choices[0].delta.content)
+                    first = not out.text and chunk.choices and bool(chunk.choices[0].delta.content)
+                    self.streaming += first
+                    if first and self.streaming == self.n and self.when_all_streaming is not None:
+                        self.when_all_streaming()
                     if chunk.usage is not None:
                         out.completion_tokens = chunk.usage.completion_tokens
                     for c in chunk.choices:
@@ -375,19 +382,27 @@ def test_sigterm_to_a_frontend_drains_its_in_flight_requests(faults: Faults) -> 
 def test_sigterm_to_the_worker_drains_until_its_deadline_then_ends_what_still_runs(faults: Faults) -> None:
     """The rule, not an assumption that everything finishes in time: after SIGTERM each in-flight
     request either completes in full or, still running at the drain deadline, ends with an error
-    naming it. Four short streams (150 tokens: a few seconds beside the long ones, so they are still
-    streaming at SIGTERM; 20 tokens once ended before it) finish well inside the deadline; four long ones
-    (16 samples of 2,000 tokens: 128,000 tokens, about half a minute of engine work here) cannot
-    all finish, so the deadline must end at least one of them."""
+    naming it. SIGTERM goes out from the clients' own thread the moment all four short streams
+    (SHORT_TOKENS each) have their first chunk, so they still have nearly all their tokens to
+    generate (a 150-token stream polled every 0.5 s once ended 0.5 s before SIGTERM on a faster
+    machine); they finish well inside the deadline. Four long ones (16 samples of 2,000 tokens:
+    128,000 tokens, about half a minute of engine work here) cannot all finish, so the deadline
+    must end at least one of them."""
     d = faults.d
     worker = faults.worker()
     long = Background(d.base_url, 4, max_tokens=2000, choices=16, stream_all=True)
     _wait_streaming(long, 4)
-    short = Background(d.base_url, 4, max_tokens=SHORT_TOKENS, stream_all=True)
-    _wait_streaming(short, 4)
     mark = d.log_size()
-    sent_sigterm = time.monotonic()
-    worker.send_signal(signal.SIGTERM)
+    signalled: list[float] = []
+
+    def sigterm() -> None:
+        signalled.append(time.monotonic())
+        worker.send_signal(signal.SIGTERM)
+
+    short = Background(d.base_url, 4, max_tokens=SHORT_TOKENS, stream_all=True, when_all_streaming=sigterm)
+    wait_until(lambda: signalled or not short.thread.is_alive(), 120, "the short streams to start")
+    assert signalled, short
+    sent_sigterm = signalled[0]
     wait_until(lambda: _draining(faults.worker_url) in (None, True), 30, "the worker to start draining")
     _refused_while_down(d.base_url)
 
