@@ -75,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     e = p.add_argument_group("engine")
     e.add_argument("--engine-requests", type=_positive, help="concurrent requests (default 64; quick 4)")
     e.add_argument("--engine-tokens", type=_positive, help="tokens per request (default 64; quick 8)")
-    e.add_argument("--engine-repeats", type=_positive, help="timed runs, best kept (default 3; quick 1)")
+    e.add_argument("--engine-rounds", type=_positive,
+                   help="timed rounds after a warm-up round, one batch per kind each, medians kept (default 7; quick 2)")
     e.add_argument("--engine-vocab", type=_positive, help="model vocabulary (default 151936; quick 1024)")
     return p
 
@@ -141,14 +142,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             eopts = EngineOptions(
                 requests=_pick(args.engine_requests, EngineOptions.requests, 4, q),
                 tokens=_pick(args.engine_tokens, EngineOptions.tokens, 8, q),
-                repeats=_pick(args.engine_repeats, EngineOptions.repeats, 1, q),
+                rounds=_pick(args.engine_rounds, EngineOptions.rounds, 2, q),
                 vocab=_pick(args.engine_vocab, EngineOptions.vocab, 1024, q),
             )
             engine, skipped = run_engine(eopts)
             records += engine
             notes += skipped
-            settings["engine"] = (f"vLLM engine on the embedded model with vocab {eopts.vocab}; {eopts.requests} "
-                                  f"concurrent requests x {eopts.tokens} tokens, best of {eopts.repeats} after a warm-up")
+            settings["engine"] = (f"vLLM engine on the embedded model with vocab {eopts.vocab}; batches of "
+                                  f"{eopts.requests} concurrent requests x {eopts.tokens} tokens; per engine a warm-up "
+                                  f"round, then {eopts.rounds} rounds of one batch per kind, kinds in an order that "
+                                  "changes every round; medians over the rounds")
             print(f"\n## engine ({settings['engine']})\n")
             print("\n".join(engine_table(engine)), flush=True)
         if "wire" in run:

@@ -5,8 +5,12 @@
   (ops that would make the host wait for a GPU, over a sequence with batch changes and a failing
   request), counted on ``dynlogits.testing.simcuda``'s CUDA model for ``adapter`` and ``adapter_v2``,
   ``null`` for the others;
-* engine: ``{"suite": "engine", "kind", "impl", "tok_per_s"}``, ``impl`` one of ``ENGINE_IMPLS``
-  (``kind`` is ``"none"`` for the engine without a processor);
+* engine: ``{"suite": "engine", "kind", "impl", "tok_per_s", "rounds", "paired_ratio", "round_tok_per_s"}``,
+  ``impl`` one of ``ENGINE_IMPLS`` (``kind`` is ``"none"`` for requests without a payload: in the
+  ``none`` engine no processor at all, in the ``adapter`` engine the adapter installed but idle);
+  ``round_tok_per_s``: the tok/s of each of the ``rounds`` timed rounds, ``tok_per_s`` their median;
+  ``paired_ratio``: the median over rounds of this kind's tok/s divided by the same engine's
+  ``none`` kind in the same round (``null`` for ``none`` itself and in engines without it);
 * wire: ``{"suite": "wire", "kind", "impl", "stage", "median_us"}``, ``impl`` one of
   ``WIRE_IMPLS``, ``stage`` one of ``WIRE_STAGES``.
 """
@@ -50,6 +54,9 @@ class EngineRecord:
     kind: str
     impl: str
     tok_per_s: float
+    rounds: int = 1
+    paired_ratio: float | None = None
+    round_tok_per_s: tuple[float, ...] = ()
     suite: Literal["engine"] = "engine"
 
 

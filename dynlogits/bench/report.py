@@ -2,8 +2,10 @@
 
 The targets (vocab 151936): forced_sequence at batch 64 within 1.25x of the memset floor and at
 least 3x faster than the ai-dynamo reference; banned_tokens and logit_bias at batch 64 at least 10x
-faster than the per-row loop and at batch 1 no slower than 2x the loop; engine throughput with the
-adapter on every request at least 0.98x the engine without a processor; wire decode of a 64-token
+faster than the per-row loop and at batch 1 no slower than 2x the loop; engine throughput with
+banned_tokens and with forced_sequence on every request at least 0.99x the throughput with no
+payload, paired in the adapter's engine (median over rounds of the ratio to the same round's idle
+batch); wire decode of a 64-token
 forced sequence under 20 µs. Issue 20's device-side targets: no syncs for ``adapter`` and
 ``adapter_v2`` at any kind and batch (batch changes and a failure included), at most 8 launches per
 steady step for a single-kind workload and 12 for ``mixed``, forced_sequence within 0.5x of the
@@ -80,13 +82,38 @@ _KIND_ORDER = {"forced_sequence": 0, "banned_tokens": 1, "logit_bias": 2, "mixed
 
 
 def engine_table(records: Sequence[Record]) -> list[str]:
+    """Median tok/s per engine and kind; the paired ratio (median over rounds of the kind's tok/s
+    over the same engine's no-payload batch in the same round, lowest and highest round after it);
+    and, unpaired, the ratio to the separate engine without a processor."""
     engine = [r for r in records if isinstance(r, EngineRecord)]
     if not engine:
         return []
-    none = next((r.tok_per_s for r in engine if r.impl == "none"), None)
-    rows = [[r.impl, "no payload" if r.kind == "none" else r.kind, f"{r.tok_per_s:.0f}", _ratio(r.tok_per_s, none)]
-            for r in engine]
-    return [*_table(["impl", "kind", "tok/s (best)", "x none"], rows), ""]
+    base = {r.impl: r for r in engine if r.kind == "none"}
+    none = base.get("none")
+    rows = []
+    for r in engine:
+        paired = "—"
+        if r.paired_ratio is not None:
+            paired = f"{r.paired_ratio:.3f}"
+            idle = base.get(r.impl)
+            if idle is not None and len(idle.round_tok_per_s) == len(r.round_tok_per_s) > 1:
+                each = [v / b for v, b in zip(r.round_tok_per_s, idle.round_tok_per_s)]
+                paired += f" ({min(each):.3f}–{max(each):.3f})"
+        spread = (f"{min(r.round_tok_per_s):.0f}–{max(r.round_tok_per_s):.0f}" if r.round_tok_per_s else "—")
+        rows.append([r.impl, "no payload" if r.kind == "none" else r.kind, str(r.rounds), f"{r.tok_per_s:.0f}", spread,
+                     paired, _ratio(r.tok_per_s, None if none is None else none.tok_per_s)])
+    lines = [*_table(["impl", "kind", "rounds", "tok/s (median)", "tok/s (rounds)", "paired x no payload",
+                      "x none (unpaired)"], rows), ""]
+    lines.append("paired x no payload: in one engine, every round runs one batch per kind in an order that "
+                 "changes every round; the median over rounds of the kind's tok/s divided by the no-payload batch's of the "
+                 "same round (lowest–highest round in brackets). x none (unpaired): median over median of the "
+                 "separate engine without a processor; separate engine processes vary by about ±20% run to run "
+                 "here, so this column is no measure of a processor's cost and no target reads it.")
+    idle = base.get("adapter")
+    if idle is not None and none is not None and none.tok_per_s > 0:
+        lines.append(f"unpaired: the adapter installed but idle (no payload) ran at {idle.tok_per_s / none.tok_per_s:.2f}x "
+                     "the engine without a processor (medians of two separate engines; no target).")
+    return [*lines, ""]
 
 
 def wire_table(records: Sequence[Record]) -> list[str]:
@@ -139,10 +166,15 @@ def evaluate_targets(records: Sequence[Record]) -> list[Target]:
         targets.append(_ratio_target(f"{kind}, batch 1, vocab {TARGET_VOCAB}", "no slower than 2x the per-row loop (adapter/loop)",
                                      at(kind, 1, "adapter"), at(kind, 1, "loop"), 2.0, at_most=True))
     targets += _issue_20_targets(records, at)
-    engine = {(r.impl, r.kind): r.tok_per_s for r in records if isinstance(r, EngineRecord)}
+    engine = {(r.impl, r.kind): r for r in records if isinstance(r, EngineRecord)}
     for kind in ("banned_tokens", "forced_sequence"):
-        targets.append(_ratio_target(f"engine, {kind} on every request", ">= 0.98x the throughput without a processor (adapter/none)",
-                                     engine.get(("adapter", kind)), engine.get(("none", "none")), 0.98, at_most=False))
+        goal = ">= 0.99x the throughput with no payload, paired in one engine (median of per-round ratios)"
+        rec = engine.get(("adapter", kind))
+        if rec is None or rec.paired_ratio is None:
+            targets.append(Target(f"engine, {kind} on every request", goal, "—", None))
+        else:
+            targets.append(Target(f"engine, {kind} on every request", goal,
+                                  f"{rec.paired_ratio:.3f}x over {rec.rounds} round(s)", rec.paired_ratio >= 0.99))
     decode = next((r.median_us for r in records if isinstance(r, WireRecord)
                    and (r.kind, r.impl, r.stage) == ("forced_sequence_64", "msgspec", "decode")), None)
     targets.append(Target("wire, 64-token forced_sequence", "decode < 20 µs (msgspec path)",
@@ -197,10 +229,12 @@ def forcing_bound_lines(records: Sequence[Record], engine_requests: int | None =
     if reference is not None:
         lines.append(f"bound: the reference costs {reference / floor:.2f}x the floor in this run, so no forcing "
                      f"implementation can be more than {reference / floor:.2f}x faster than it")
-    none = next((r.tok_per_s for r in records if isinstance(r, EngineRecord) and r.impl == "none"), None)
-    if none and engine_requests == 64:
-        step_ms = 1000.0 * engine_requests / none
-        lines.append(f"bound: engine: a step of {engine_requests} rows takes ~{step_ms:.1f} ms without a processor; "
+    idle = {r.impl: r.tok_per_s for r in records if isinstance(r, EngineRecord) and r.kind == "none"}
+    base = idle.get("adapter") or idle.get("none")  # the paired targets' base: the adapter's no-payload batches
+    if base and engine_requests == 64:
+        step_ms = 1000.0 * engine_requests / base
+        where = "with no payload (adapter idle)" if idle.get("adapter") else "without a processor"
+        lines.append(f"bound: engine: a step of {engine_requests} rows takes ~{step_ms:.1f} ms {where}, median; "
                      f"the floor's memset alone makes it ~{step_ms + floor:.1f} ms, about {step_ms / (step_ms + floor):.3f}x "
-                     f"the throughput (an estimate from the micro floor; engine runs vary by a few percent)")
+                     f"the throughput (an estimate from the micro floor, to set beside the paired forced_sequence ratio)")
     return lines
