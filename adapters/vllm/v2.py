@@ -130,12 +130,12 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         known layout ``prompt_len - 1`` of its rows is kept until the layout changes (a slot's prompt
         length changes only with its occupant, and a new occupant resets the layout)."""
         if known and self._prompt_offset is not None:
-            return (ctx.pos - self._prompt_offset).clamp_(min=0)
+            return ctx.pos - self._prompt_offset
         prompt = self._req_states.prompt_len.gpu  # read each step: vLLM swaps the UVA buffer it points to
         offset = prompt[ctx.expanded_idx_mapping].to(ctx.pos.dtype) - 1
         if known:
             self._prompt_offset = offset
-        return (ctx.pos - offset).clamp_(min=0)
+        return ctx.pos - offset  # negative on a row still in prefill (discarded): groups clamp
 
     def _apply_v2(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
         slots_in_step = ctx.idx_mapping_np

@@ -76,7 +76,7 @@ def test_a_failed_request_without_a_stop_token_is_laid_out_once(monkeypatch: pyt
     batch.set_rows(np.array([0, 1]))
     prepared: list[int] = []
     real = batch._prepare
-    monkeypatch.setattr(batch, "_prepare", lambda stride: (prepared.append(stride), real(stride)))
+    monkeypatch.setattr(batch, "_prepare", lambda stride, dtype: (prepared.append(stride), real(stride, dtype)))
     logits = torch.randn(2, V)
     logits[0, 5] = float("-inf")
     batch.apply(logits, histories=[[], []])

@@ -33,6 +33,7 @@ from dynlogits.adapters.vllm.harness import HostBuffer, V2SamplerHarness  # noqa
 from dynlogits.specs.kinds import ProcessorKind  # noqa: E402
 from dynlogits.specs import kinds  # noqa: E402
 from dynlogits.specs import WIRE_KEY, SpecError  # noqa: E402
+from dynlogits.sdk.forcing import DOMINATING_LOGIT  # noqa: E402
 
 VOCAB = 64
 EOS = 1
@@ -121,7 +122,9 @@ def test_rows_without_a_payload_are_untouched(harness):
     logits = torch.randn(2, VOCAB)
     out = harness.step(["plain", "forced"], logits)
     assert torch.equal(out[0], logits[0])
-    assert int(out[1].argmax()) == 10 and out[1].isinf().sum() == VOCAB - 1
+    assert int(out[1].argmax()) == 10
+    # default sampling parameters: forced by one dominating logit, the rest of the row as it was
+    assert out[1, 10] == DOMINATING_LOGIT and int((out[1] != logits[1]).sum()) == 1
 
 
 def test_a_batch_without_payloads_is_skipped_without_reading_state(harness):
@@ -196,7 +199,7 @@ def test_apply_edits_the_batch_tensor_in_place(harness):
     logits = torch.randn(1, VOCAB)
     ctx = harness.context(["forced"], {})
     out = harness.processor.apply(logits, ctx)
-    assert out is logits and logits[0, 10] == 0 and logits[0, 11] == -math.inf
+    assert out is logits and int(logits[0].argmax()) == 10 and logits[0, 10] == DOMINATING_LOGIT  # default params: dominance
 
 
 # -- speculative decoding: drafts, placeholders, failures on draft rows ---------------------------
@@ -279,7 +282,7 @@ def test_a_failure_reading_histories_fails_only_the_requests_that_needed_them(ha
     harness.add_request("resident", [2], sp(forced(10, 11)))
     out = harness.step(["hosted", "resident"], torch.randn(2, VOCAB))
     assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [EOS]
-    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [10]
+    assert int(out[1].argmax()) == 10 and out[1, 10] == DOMINATING_LOGIT  # forced (default params: dominance)
     assert len(harness.processor.failures) == 1 and "device read failed" in harness.processor.failures[0]
 
 

@@ -56,6 +56,7 @@ import torch
 
 from dynlogits.processors.templates import BiasTemplate
 
+from ..forcing import DOMINATING_LOGIT, MASKED_WIN
 from ..guard import NO_TOKEN_LEFT, GuardedRequest
 from ..plans import row_runs
 from .slot_groups import GROUP_TYPES, Dead, Group, KnownRows, MaskedRows, StepInputs, ThinkingGroup, fill_rows
@@ -87,6 +88,8 @@ class SlotBatch:
         # assigned, stands for rows that hold no resident request.
         self._sentinel = num_slots
         self._stop = SlotTable(num_slots + 1, torch.long, self.device, pad=-1)
+        #: the logit a slot's forced or fail-stop token gets (``dynlogits.sdk.forcing``)
+        self._win = SlotTable(num_slots + 1, torch.float32, self.device, pad=MASKED_WIN)
         self._failed: set[int] = set()  # slots whose request failed: fail-stopped every step
         self._failed_member = SlotTable(num_slots + 1, torch.bool, self.device, pad=0)
         self._flags = SlotFlags(num_slots + 1, self.device)  # output position a slot's row was left empty, or -1
@@ -98,6 +101,7 @@ class SlotBatch:
         self._known: dict[tuple[int, type], KnownRows] = {}
         self._known_failed: KnownRows | None = None
         self._stride: int | None = None
+        self._dtype: torch.dtype | None = None
         self._layout_dirty = True
         self._failed_now: list[int] = []
         self._flags_written = False  # flags written since the last snapshot was queued
@@ -126,6 +130,7 @@ class SlotBatch:
             group.assign(slot, template)
         self.requests[slot] = request
         self._stop.set(slot, [-1 if request.stop_token_id is None else request.stop_token_id])
+        self._win.set(slot, [DOMINATING_LOGIT if request.dominating else MASKED_WIN])
         if request.failed:
             self.mark_failed(slot)
         return True
@@ -147,7 +152,7 @@ class SlotBatch:
 
     def flush(self) -> None:
         """Copy what ``assign`` staged to the device (once per batch change)."""
-        changed = self._stop.flush() | self._failed_member.flush()
+        changed = self._stop.flush() | self._failed_member.flush() | self._win.flush()
         self._stops = self._stop.dev[:, 0]
         for group in self.groups.values():
             changed = group.flush() or changed
@@ -170,7 +175,7 @@ class SlotBatch:
         return KnownRows(rows, slots, rows_dev, slots_dev, row_runs(rows.tolist()), stop_index=base + stops.clamp(min=0),
                          can_stop=None if every_stops else stops >= 0, base=base, identity=identity)
 
-    def _prepare(self, stride: int) -> None:
+    def _prepare(self, stride: int, dtype: torch.dtype) -> None:
         """Member rows (and each group's cached indices) for the current known layout: the host
         arrays of every group go to the device in one non-blocking upload."""
         host = self._host_slots
@@ -179,31 +184,43 @@ class SlotBatch:
         in_step = host >= 0
         members = [(key, np.flatnonzero(in_step & np.isin(host, list(group.members))))
                    for key, group in self.groups.items() if group.members]
-        members = [(key, rows) for key, rows in members if len(rows)]
+        members = [(key, rows, self._masked_rows_of(key, rows)) for key, rows in members if len(rows)]
         failed = np.flatnonzero(in_step & np.isin(host, list(self._failed))) if self._failed else np.empty(0, np.int64)
         parts = [np.where(in_step, host, self._sentinel)]
-        for _, rows in [*members, (None, failed)]:
-            parts += [rows, host[rows]]
+        for _, rows, masking in [*members, (None, failed, None)]:
+            parts += [rows, host[rows], *(() if masking is None else (masking,))]
         packed = np.concatenate(parts).astype(np.int64, copy=False)
         self._layout.buffer(len(packed))[:] = packed
         dev = self._layout.upload(len(packed), keep=True)
         self._slot_of_row = dev[: len(host)]
         at = len(host)
 
-        def take(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        def take(n: int) -> torch.Tensor:
             nonlocal at
-            rows_dev, slots_dev = dev[at : at + n], dev[at + n : at + 2 * n]
-            at += 2 * n
-            return rows_dev, slots_dev
+            at += n
+            return dev[at - n : at]
 
-        for key, rows in members:
-            known = self._known[key] = self._known_rows(rows, stride, *take(len(rows)))
+        for key, rows, masking in members:
+            known = self._known[key] = self._known_rows(rows, stride, take(len(rows)), take(len(rows)))
             known.last = not (self.groups[key].members & self._masked_later(key[0]))
+            if masking is not None:  # some rows dominate: the group masks only the others
+                known.fill_runs, known.fill_rows_dev = row_runs(masking.tolist()), take(len(masking))
+            if any(self.requests[slot].dominating for slot in known.slots.tolist()):  # type: ignore[union-attr]
+                known.win = self._win.dev[known.slots_dev, 0].to(dtype)
             self.groups[key].prepare(known, stride)
-        self._known_failed = self._known_rows(failed, stride, *take(len(failed))) if len(failed) else None
+        self._known_failed = self._known_rows(failed, stride, take(len(failed)), take(len(failed))) if len(failed) else None
         self._positions_needed = any(self.groups[key].positional for key in self._known)
-        self._stride = stride
+        self._stride, self._dtype = stride, dtype
         self._layout_dirty = False
+
+    def _masked_rows_of(self, key: tuple[int, type], rows: np.ndarray) -> np.ndarray | None:
+        """For a forcing group with dominating rows, the rows it still masks (``None``: all of them)."""
+        if not self.groups[key].forcing:
+            return None
+        host = self._host_slots
+        assert host is not None
+        masking = np.array([not self.requests[slot].dominating for slot in host[rows].tolist()], dtype=bool)  # type: ignore[union-attr]
+        return None if masking.all() else rows[masking]
 
     def _masked_later(self, level: int) -> set[int]:
         """Slots with a group after entry ``level`` that can write ``-inf`` (anything but a bias)."""
@@ -240,15 +257,16 @@ class SlotBatch:
         masked = self._masked
         if masked is None and self._host_slots is None:
             return
-        if masked is None and (self._layout_dirty or self._stride != logits.stride(0)):
+        if masked is None and (self._layout_dirty or self._stride != logits.stride(0) or self._dtype != logits.dtype):
             self.flush()
-            self._prepare(logits.stride(0))
+            self._prepare(logits.stride(0), logits.dtype)
         if generated is None and histories is not None and masked is None and self._needs_positions_now():
             n = len(histories)
             buf = self._positions.buffer(n)
             buf[:] = [len(h) for h in histories]
             generated = self._positions.upload(n)
-        step = StepInputs(logits, logits.view(-1), logits.stride(0), generated, self._stops)
+        step = StepInputs(logits, logits.view(-1), logits.stride(0), generated, self._stops,
+                          flags=self._flags.dev if real_rows is None else None)
         deaths: list[Dead] = []
         for group in self._group_order():
             dead = self._apply_group(group, step, masked, histories, thinking)
@@ -360,6 +378,8 @@ class SlotBatch:
         """Fail-stop the rows left with no token (after every group, as the host path does) and flag
         their slots; rows after drafts (``real_rows`` false) only stop: the draft may be rejected."""
         for d in deaths:
+            if d.flagged:
+                continue  # settled and flagged by its group
             dead = d.evaluate(step)
             if d.settled is not None:
                 pass  # fail-stopped by its group already
@@ -367,7 +387,8 @@ class SlotBatch:
                 assert d.stop_index is not None
                 at_stop = step.flat.index_select(0, d.stop_index)
                 stopping = dead if d.can_stop is None else dead & d.can_stop
-                step.flat.index_copy_(0, d.stop_index, at_stop.masked_fill_(stopping, 0.0))
+                stopped = at_stop.masked_fill_(stopping, MASKED_WIN) if d.win is None else torch.where(stopping, d.win, at_stop)
+                step.flat.index_copy_(0, d.stop_index, stopped)
             else:
                 stops = step.stops[d.slots]
                 index = stops.clamp(min=0)[:, None]
@@ -384,7 +405,7 @@ class SlotBatch:
             return
         self._flags_awaited = False
         values, epochs = seen
-        for slot in np.flatnonzero(values >= 0).tolist():
+        for slot in np.flatnonzero(values[: self.num_slots] >= 0).tolist():  # not the sentinel's
             request = self.requests[slot]
             if request is None or request.failed or slot in self._failed or epochs[slot] != self._flags.epochs[slot]:
                 continue  # (a failed request without a stop token stays flagged: already handled)

@@ -69,6 +69,21 @@ class KnownRows:
     #: whether no later group of the step can mask these rows (a restrictive group may then settle
     #: its empty rows itself: ``Dead.settled``)
     last: bool = False
+    #: per row, the logit its forced or fail-stop token gets (``dynlogits.sdk.forcing``: the
+    #: dominating logit for a ``dominating`` request, 0.0 otherwise); ``None``: 0.0 for every row
+    win: torch.Tensor | None = None
+    #: the rows a forcing group masks around the forced token, as runs and on the device (``None``:
+    #: every row; fewer when some rows' requests are dominating)
+    fill_runs: list[tuple[int, int]] | None = None
+    fill_rows_dev: torch.Tensor | None = None
+
+    def fill_masked(self, logits: torch.Tensor) -> None:
+        """``-inf`` into the rows a forcing group masks (nothing when every row dominates)."""
+        if self.fill_runs is None:
+            fill_rows(logits, self.runs, self.rows_dev)
+        elif self.fill_runs:
+            assert self.fill_rows_dev is not None
+            fill_rows(logits, self.fill_runs, self.fill_rows_dev)
 
 
 @dataclass
@@ -90,6 +105,9 @@ class StepInputs:
     stride: int
     generated: torch.Tensor | None
     stops: torch.Tensor
+    #: the per-slot failure flags a group that settles its empty rows may write itself (``None``:
+    #: rows may be drafts, so ``SlotBatch`` decides which rows to flag)
+    flags: torch.Tensor | None = None
 
 
 @dataclass
@@ -110,6 +128,10 @@ class Dead:
     where: torch.Tensor | None = None
     #: the empty rows, already fail-stopped by the group (only their flags remain to be written)
     settled: torch.Tensor | None = None
+    #: known layout: per row, the logit its stop token gets when it is fail-stopped (``KnownRows.win``)
+    win: torch.Tensor | None = None
+    #: the group wrote the flags of its empty rows already (``StepInputs.flags``)
+    flagged: bool = False
 
     def evaluate(self, step: StepInputs) -> torch.Tensor:
         """Per row, on the device: whether it has no token left (call after the last group)."""
@@ -144,6 +166,7 @@ class Group:
     template_type: type = object
     restrictive = False  # can leave a row with no token (reports ``Dead``)
     positional = False  # needs each row's generated count
+    forcing = False  # forces one token per row (a dominating request's rows are then not masked)
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         self.level = level
@@ -275,14 +298,14 @@ def _positions(step: StepInputs, rows_dev: torch.Tensor, identity: bool = False)
     return step.generated[rows_dev]
 
 
-def _force_known(step: StepInputs, tokens: torch.Tensor, runs: Sequence[tuple[int, int]], base: torch.Tensor,
-                 rows_dev: torch.Tensor) -> torch.Tensor:
-    """Force ``tokens[i]`` in the row starting at flat index ``base[i]``, keeping masks (a ``-inf``
-    stays, anything else, NaN included, becomes 0.0); the forced flat indices ``[n, 1]``."""
-    index = base + tokens
+def _force_known(step: StepInputs, tokens: torch.Tensor, rows: KnownRows) -> torch.Tensor:
+    """Force ``tokens[i]`` in member row ``i``, keeping masks (a ``-inf`` stays, anything else, NaN
+    included, becomes the row's ``win``); the forced flat indices ``[n, 1]``."""
+    assert rows.base is not None
+    index = rows.base + tokens
     kept = step.flat.index_select(0, index)
-    fill_rows(step.logits, runs, rows_dev)
-    step.flat.index_copy_(0, index, torch.where(torch.isneginf(kept), kept, 0.0))
+    rows.fill_masked(step.logits)
+    step.flat.index_copy_(0, index, torch.where(torch.isneginf(kept), kept, 0.0 if rows.win is None else rows.win))
     return index[:, None]
 
 
@@ -301,6 +324,7 @@ class ForceSeqGroup(Group):
     template_type = ForceSeqTemplate
     restrictive = True
     positional = True
+    forcing = True  # a dominating request's rows need no mask (``KnownRows.fill_runs``)
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         super().__init__(level, num_slots, device)
@@ -313,30 +337,56 @@ class ForceSeqGroup(Group):
 
     def prepare(self, rows: KnownRows, stride: int) -> None:
         super().prepare(rows, stride)
+        n = len(rows.rows)
         self._cache["sequence"] = self.sequence.dev[rows.slots_dev]
-        self._cache["flat_sequence"] = rows.base[:, None] + self._cache["sequence"]  # type: ignore[index]
         self._cache["length"] = self.length.dev[rows.slots_dev, 0]
+        self._cache["zero"] = torch.zeros_like(self._cache["length"])
+        if rows.last and rows.can_stop is None:
+            # For the settled step (``_settle``): per row and column, the forced token's flat index
+            # and the flag slot of a row that keeps it (the sentinel: no flag), side by side, and
+            # what replaces both where the token is masked (its stop token's index, its own slot).
+            flat = rows.base[:, None] + self._cache["sequence"]  # type: ignore[index]
+            self._cache["pair"] = torch.stack([flat, torch.full_like(flat, self.member.num_slots - 1)])
+            self._cache["if_dead"] = torch.stack([rows.stop_index, rows.slots_dev]).view(2, n, 1)  # type: ignore[list-item]
 
     @staticmethod
-    def _tokens(generated: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
-        """``sequence[i, min(generated[i], length[i])]`` (generated counts are never negative)."""
-        return sequence.gather(1, torch.minimum(generated, length)[:, None]).view(-1)
+    def _tokens(generated: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor,
+                zero: torch.Tensor | None = None) -> torch.Tensor:
+        """``sequence[i, clamp(generated[i], 0, length[i])]`` (a row still in prefill counts
+        negative: the runner discards what is sampled there)."""
+        column = torch.clamp(generated, zero, length) if zero is not None else generated.clamp(min=0).minimum(length)
+        return sequence.gather(1, column[:, None]).view(-1)
 
     def apply_known(self, step: StepInputs, rows: KnownRows) -> Dead:
         assert step.generated is not None and rows.stop_index is not None and rows.base is not None
         positions = _positions(step, rows.rows_dev, rows.identity)
         assert positions is not None
-        if rows.last and rows.can_stop is None:  # settle here: the forced token, or the stop token where it is masked
-            index = self._tokens(positions, self._cache["flat_sequence"], self._cache["length"])
-            kept = step.flat.index_select(0, index)
-            fill_rows(step.logits, rows.runs, rows.rows_dev)
-            dead = torch.isneginf(kept)
-            step.flat.index_fill_(0, torch.where(dead, rows.stop_index, index), 0.0)
-            return Dead(rows.rows_dev, rows.slots_dev, index[:, None], positions, rows.stop_index, rows.can_stop,
-                        settled=dead)
-        tokens = self._tokens(positions, self._cache["sequence"], self._cache["length"])
-        witness = _force_known(step, tokens, rows.runs, rows.base, rows.rows_dev)
-        return Dead(rows.rows_dev, rows.slots_dev, witness, positions, rows.stop_index, rows.can_stop)
+        if rows.last and rows.can_stop is None:
+            return self._settle(step, rows, positions)
+        tokens = self._tokens(positions, self._cache["sequence"], self._cache["length"], self._cache["zero"])
+        witness = _force_known(step, tokens, rows)
+        return Dead(rows.rows_dev, rows.slots_dev, witness, positions, rows.stop_index, rows.can_stop, win=rows.win)
+
+    def _settle(self, step: StepInputs, rows: KnownRows, positions: torch.Tensor) -> Dead:
+        """No later group can mask these rows and every row has a stop token: settle here, in as
+        few launches as the step allows. Each row gets its forced token, or its stop token where
+        the forced one is masked (then its flag too, when ``step.flags`` is given)."""
+        n = len(rows.rows)
+        column = torch.clamp(positions, self._cache["zero"], self._cache["length"])
+        picked = self._cache["pair"].gather(2, column.view(1, n, 1).expand(2, n, 1))  # [2, n, 1]
+        index = picked[0, :, 0]
+        kept = step.flat.index_select(0, index)
+        rows.fill_masked(step.logits)
+        dead = torch.isneginf(kept)
+        chosen = torch.where(dead.view(1, n, 1), self._cache["if_dead"], picked)  # [2, n, 1]
+        if rows.win is None:
+            step.flat.index_fill_(0, chosen[0, :, 0], 0.0)
+        else:
+            step.flat.index_copy_(0, chosen[0, :, 0], rows.win)
+        if step.flags is not None:
+            step.flags.scatter_reduce_(0, chosen[1, :, 0], positions, reduce="amax")
+        return Dead(rows.rows_dev, rows.slots_dev, index[:, None], positions, rows.stop_index, rows.can_stop,
+                    settled=dead, flagged=step.flags is not None)
 
     def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead:
         assert step.generated is not None
@@ -398,7 +448,9 @@ class ThinkingGroup(Group):
         rows_dev, slots, tokens = values[:n], values[n : 2 * n], values[2 * n :]
         stops = step.stops[slots]
         base = rows_dev * step.stride
-        witness = _force_known(step, tokens, row_runs(rows.rows[firing].tolist()), base, rows_dev)
+        forcing = KnownRows(rows.rows[firing], rows.slots[firing], rows_dev, slots, row_runs(rows.rows[firing].tolist()),
+                            base=base)
+        witness = _force_known(step, tokens, forcing)
         return Dead(rows_dev, slots, witness, _positions(step, rows_dev), base + stops.clamp(min=0), stops >= 0)
 
     def apply_device(self, step: StepInputs, rows: MaskedRows, tokens: torch.Tensor) -> Dead:
