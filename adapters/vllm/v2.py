@@ -106,6 +106,9 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         # tables as wide as the SlotBatch's (its sentinel row included); a step commits <= 1 + drafts tokens
         self._thinking = DeviceThinking(slots + 1, req_states.device, max_new=1 + drafts)
         self._layout: np.ndarray | None = None  # idx_mapping_np of the last known layout
+        #: the last step's slots and what they hold (whether any is active, which are resident and
+        #: whether any is, whether any is hosted): reused while the slots and their occupants stay
+        self._seen: tuple[np.ndarray, bool, np.ndarray, bool, bool] | None = None
         self._prompt_offset: torch.Tensor | None = None  # prompt_len - 1 of the known layout's rows
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
@@ -117,7 +120,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         # tokens it enters with (preempted and resumed), from the host mirrors: no read back
         resumed = max(0, int(self._req_states.prefill_len.np[req_idx]) - int(self._req_states.prompt_len.np[req_idx]))
         self._thinking.assign(req_idx, request if self._is_resident[req_idx] else None, resumed=resumed)
-        self._layout = None  # the known layout's slots may hold another occupant now
+        self._layout = self._seen = None  # the known layout's slots may hold another occupant now
         return request is not None
 
     def apply_staged_writes(self) -> None:
@@ -139,22 +142,28 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
 
     def _apply_v2(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
         slots_in_step = ctx.idx_mapping_np
-        if not self._active[slots_in_step].any():
+        seen = self._seen
+        if seen is None or not np.array_equal(seen[0], slots_in_step):
+            active = self._active[slots_in_step]
+            resident = self._is_resident[slots_in_step]
+            seen = self._seen = (slots_in_step.copy(), bool(active.any()), resident, bool(resident.any()),
+                                 bool((active > resident).any()))
+        _, any_active, resident, any_resident, any_hosted = seen
+        if not any_active:
             return logits  # no request of this step carries a payload: nothing at all to do
-        resident = self._is_resident[slots_in_step]
-        if resident.any():
+        if any_resident:
             try:
                 self._apply_resident(logits, ctx, slots_in_step, resident)
             except Exception as exc:  # an adapter bug must not take the engine down: fail these requests
                 self._fail_resident_v2(logits, slots_in_step, resident, exc)
-        hosted = self._active[slots_in_step] & ~resident
-        if hosted.any():
+        if any_hosted:  # an active request that is not resident
             self._apply_hosted(logits, ctx)
         return logits
 
     def _apply_resident(self, logits: torch.Tensor, ctx: Any, slots_in_step: np.ndarray, resident: np.ndarray) -> None:
         known = logits.shape[0] == len(slots_in_step)  # one row per request: the host knows the layout
-        if known and (self._layout is None or not np.array_equal(self._layout, slots_in_step)):
+        relaid = known and (self._layout is None or not np.array_equal(self._layout, slots_in_step))
+        if relaid:
             self._prompt_offset = None  # another layout: its rows' prompt lengths are read again
         generated = self._generated(ctx, known) if self._resident.needs_positions else None
         states = self._req_states
@@ -163,7 +172,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
                             local_pos=None if known else ctx.expanded_local_pos,
                             rows_per_request=logits.shape[0] - len(slots_in_step) + 1)
         if known:
-            if self._layout is None or not np.array_equal(self._layout, slots_in_step):
+            if relaid:
                 self._layout = slots_in_step.copy()
                 self._resident.set_rows(np.where(resident, slots_in_step, -1))
             self._resident.use_known_layout()

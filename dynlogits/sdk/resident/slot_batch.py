@@ -405,7 +405,10 @@ class SlotBatch:
             return
         self._flags_awaited = False
         values, epochs = seen
-        for slot in np.flatnonzero(values[: self.num_slots] >= 0).tolist():  # not the sentinel's
+        flagged = values[: self.num_slots] >= 0  # not the sentinel's
+        if not flagged.any():
+            return
+        for slot in np.flatnonzero(flagged).tolist():
             request = self.requests[slot]
             if request is None or request.failed or slot in self._failed or epochs[slot] != self._flags.epochs[slot]:
                 continue  # (a failed request without a stop token stays flagged: already handled)

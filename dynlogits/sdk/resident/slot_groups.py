@@ -374,17 +374,17 @@ class ForceSeqGroup(Group):
         n = len(rows.rows)
         column = torch.clamp(positions, self._cache["zero"], self._cache["length"])
         picked = self._cache["pair"].gather(2, column.view(1, n, 1).expand(2, n, 1))  # [2, n, 1]
-        index = picked[0, :, 0]
+        index = picked.view(2, n)[0]
         kept = step.flat.index_select(0, index)
         rows.fill_masked(step.logits)
         dead = torch.isneginf(kept)
-        chosen = torch.where(dead.view(1, n, 1), self._cache["if_dead"], picked)  # [2, n, 1]
+        target, flag_slot = torch.where(dead.view(1, n, 1), self._cache["if_dead"], picked).view(2, n).unbind(0)
         if rows.win is None:
-            step.flat.index_fill_(0, chosen[0, :, 0], 0.0)
+            step.flat.index_fill_(0, target, 0.0)
         else:
-            step.flat.index_copy_(0, chosen[0, :, 0], rows.win)
+            step.flat.index_copy_(0, target, rows.win)
         if step.flags is not None:
-            step.flags.scatter_reduce_(0, chosen[1, :, 0], positions, reduce="amax")
+            step.flags.scatter_reduce_(0, flag_slot, positions, reduce="amax")
         return Dead(rows.rows_dev, rows.slots_dev, index[:, None], positions, rows.stop_index, rows.can_stop,
                     settled=dead, flagged=step.flags is not None)
 
