@@ -91,33 +91,39 @@ class DynamoTrtllmBatchedLogitsProcessor(BatchedLogitsProcessorBase):  # type: i
         for i in range(count):
             processor: DynamoTrtllmLogitsProcessor | None = None
             tensor: Any = None
+            stray: Any = None  # what a stray is known by: its client id, else its request id
+            key: Any = None
             try:
                 tensor = logits[i]
+                stray = ("request", req_ids[i])
                 key = client_ids[i]
+                stray = key if key is not None else stray
                 processor = self._processors.get(key) if key is not None else None
                 if processor is None:
-                    self._stop_stray(key, tensor, stream_ptr)
+                    self._stop_stray(stray, key, tensor, stream_ptr)
                     continue
                 processor(req_ids[i], tensor, token_ids[i], stream_ptr, key)
             except Exception as exc:  # a read of this request failed: it alone fails
                 if processor is not None:
                     processor.fail_stop(tensor, stream_ptr, exc)
                 else:
-                    self._stop_stray(None, tensor, stream_ptr, exc)
+                    self._stop_stray(stray, key, tensor, stream_ptr, exc)
 
-    def _stop_stray(self, key: Any, logits: Any, stream_ptr: int | None, exc: Exception | None = None) -> None:
-        """An opted-in request this processor cannot place: reported once, its rows masked to
+    def _stop_stray(self, stray_key: Any, key: Any, logits: Any, stream_ptr: int | None,
+                    exc: Exception | None = None) -> None:
+        """An opted-in request this processor cannot place: reported once (per ``stray_key``: its
+        client id, else its request id; every step when neither could be read), its rows masked to
         ``stop_token_id``. Never raises."""
         try:
-            stray = self._strays.get(key) if key is not None else None
+            stray = self._strays.get(stray_key) if stray_key is not None else None
             if stray is None:
                 why = (f"could not be read: {type(exc).__name__}: {exc}" if exc is not None else
                        "carries no client id" if key is None else
                        f"opted in with client id {key}, but no processor was registered for it")
                 stray = GuardedRequest.failed_at_realization(f"a request in the batched logits processor {why}",
                                                              stop_token_id=self.stop_token_id, report=FAILURES.append)
-                if key is not None:
-                    self._strays[key] = stray
+                if stray_key is not None:
+                    self._strays[stray_key] = stray
                     while len(self._strays) > self.max_requests:
                         self._strays.popitem(last=False)
             if isinstance(logits, torch.Tensor) and logits.ndim and self.stop_token_id is not None \

@@ -254,6 +254,15 @@ def test_an_opted_in_request_without_a_registered_processor_is_fail_stopped_and_
     assert len(FAILURES) == 1 and "client id 2, but no processor was registered" in FAILURES[0]
 
 
+def test_an_opted_in_request_without_a_client_id_is_reported_once_not_every_step():
+    batched = DynamoTrtllmBatchedLogitsProcessor(stop_token_id=EOS)
+    for _ in range(3):
+        logits = [torch.randn(1, 1, VOCAB)]
+        batched([7], logits, [[[3]]], None, [None])
+        assert _forced_only(logits[0][0, 0]) == EOS
+    assert len(FAILURES) == 1 and "carries no client id" in FAILURES[0]
+
+
 def test_a_request_with_its_own_processor_is_not_in_the_batched_call_so_activate_refuses_both():
     with pytest.raises(ValueError, match="never both"):
         _params([10], apply_batched_logits_processor=True)
