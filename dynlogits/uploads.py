@@ -45,15 +45,17 @@ class StepUpload:
         self.dtype = dtype
         self.device = device
         self.ring = ring or self.RING
-        self._next = 0
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
+        """Buffers of ``capacity`` values, as many as the ring has grown to. The old buffers may still
+        be in flight: the caching host allocator keeps a pinned block until its copies have run."""
         self.capacity = capacity
-        ring = self.ring if on_accelerator(self.device) else 1
+        ring = max(self.ring, len(getattr(self, "_host", ()))) if on_accelerator(self.device) else 1
         self._host = [pinned((capacity,), self.dtype, self.device) for _ in range(ring)]
         self._np = [h.numpy() for h in self._host]
         self._events: list[Any] = [None] * ring
+        self._next = 0
 
     def buffer(self, n: int) -> np.ndarray:
         """A host buffer of ``n`` values to fill, then pass to ``upload``."""
