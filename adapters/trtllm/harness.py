@@ -3,8 +3,8 @@
 TensorRT-LLM cannot be installed here (its wheel is not on the reachable package index and needs
 CUDA), so nothing of it runs in this project's tests. These classes reproduce, from its public
 sources, what the engine hands a processor and what it does with the result. Sources read
-(github NVIDIA/TensorRT-LLM; the v1.3.0rc29 tag's own commit is not in the index this project can
-read, so each names the commit or the PR that was read; Dynamo 1.6.1 pins 1.3.0rc29):
+(github NVIDIA/TensorRT-LLM; the v1.3.0rc29 tag itself could not be read, so each source names the
+commit or the PR that was read instead; Dynamo 1.6.1 pins 1.3.0rc29):
 
 [P1] ``tensorrt_llm/_torch/pyexecutor``: ``_execute_logit_post_processors`` and
      ``_apply_logits_processors`` (``PyTorchModelEngine``; the decoder runner's forward path after
