@@ -36,12 +36,13 @@ def _get(args: Any, name: str, default: Any = None) -> Any:
 
 
 def _installed_version() -> str | None:
+    """The installed TensorRT-LLM's version from its package metadata (importing it loads its bindings)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        import tensorrt_llm
-    except Exception:
+        return version("tensorrt_llm")
+    except PackageNotFoundError:
         return None
-    version = getattr(tensorrt_llm, "__version__", None)
-    return version if isinstance(version, str) else None
 
 
 def _older(version: str, than: str) -> bool:

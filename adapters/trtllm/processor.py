@@ -198,7 +198,8 @@ class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,val
                 raise ValueError(f"token_ids hold {len(token_ids[0])} tokens, fewer than the {self.generated_before} "
                                  "the request had generated before it reached this engine")
             self.prompt_len = prompt_len
-        return [list(ids)[self.prompt_len:] for ids in token_ids]
+        start = self.prompt_len
+        return [ids[start:] if isinstance(ids, list) else list(ids)[start:] for ids in token_ids]  # no prompt copy
 
     def __call__(self, req_id: int, logits: torch.Tensor, token_ids: Sequence[Sequence[int]],
                  stream_ptr: int | None, client_id: int | None = None) -> None:
