@@ -36,7 +36,7 @@ from dynlogits.processors.ops import ROW_OPS, AddBias, ForceToken, KeepOnly, Mas
 
 from dynlogits.uploads import to_device
 
-__all__ = ["Plan", "Step", "apply_plans", "row_runs"]
+__all__ = ["Plan", "Step", "apply_plans", "fill_rows", "row_runs"]
 
 NEG_INF = -math.inf
 
@@ -71,14 +71,15 @@ def _add(logits: torch.Tensor, items: list[tuple[int, AddBias]]) -> None:
     logits.index_put_((rows, cols), torch.cat(values) if len(values) > 1 else values[0], accumulate=True)
 
 
-def _fill_rows(logits: torch.Tensor, rows: list[int], rows_dev: torch.Tensor | None = None) -> None:
-    """``-inf`` into whole rows: on an accelerator one ``index_fill_`` (``rows_dev``: the rows on the
-    device, when already there), whatever their interleaving; on the CPU one memset per run of
-    consecutive rows (CPU's ``index_fill_`` over dim 0 is several times slower than a memset)."""
+def fill_rows(logits: torch.Tensor, runs: Sequence[tuple[int, int]], rows_dev: torch.Tensor | None) -> None:
+    """``-inf`` into whole rows, given as ``runs`` (``row_runs``) and, on an accelerator, as
+    ``rows_dev`` on the device: there one ``index_fill_``, however the rows interleave with others;
+    on the CPU one memset per run (CPU's ``index_fill_`` over dim 0 is several times slower)."""
     if logits.device.type != "cpu":
-        logits.index_fill_(0, _index(logits, rows) if rows_dev is None else rows_dev, NEG_INF)
+        assert rows_dev is not None
+        logits.index_fill_(0, rows_dev, NEG_INF)
         return
-    for start, stop in row_runs(rows):
+    for start, stop in runs:
         logits[start:stop].fill_(NEG_INF)
 
 
@@ -96,7 +97,8 @@ def row_runs(rows: Sequence[int]) -> list[tuple[int, int]]:
 def _keep(logits: torch.Tensor, items: list[tuple[int, KeepOnly]]) -> None:
     rows, cols, _ = _pairs(logits, items)
     kept = logits[rows, cols]
-    _fill_rows(logits, [r for r, _ in items])
+    whole = [r for r, _ in items]
+    fill_rows(logits, row_runs(whole), _index(logits, whole) if logits.device.type != "cpu" else None)
     logits.index_put_((rows, cols), kept)
 
 
@@ -104,7 +106,7 @@ def _force(logits: torch.Tensor, items: list[tuple[int, ForceToken]]) -> None:
     rows = _index(logits, [r for r, _ in items])
     tokens = _index(logits, [op.token_id for _, op in items])
     kept = logits[rows, tokens]
-    _fill_rows(logits, [r for r, _ in items], rows)
+    fill_rows(logits, row_runs([r for r, _ in items]), rows)
     logits.index_put_((rows, tokens), kept.masked_fill_(~torch.isneginf(kept), 0.0))  # NaN too: only -inf is a mask
 
 

@@ -58,8 +58,8 @@ from dynlogits.processors.templates import BiasTemplate
 
 from ..forcing import DOMINATING_LOGIT, MASKED_WIN
 from ..guard import NO_TOKEN_LEFT, GuardedRequest
-from ..plans import row_runs
-from .slot_groups import GROUP_TYPES, Dead, Group, KnownRows, MaskedRows, StepInputs, ThinkingGroup, fill_rows
+from ..plans import fill_rows, row_runs
+from .slot_groups import GROUP_TYPES, Dead, Group, KnownRows, MaskedRows, StepInputs, ThinkingGroup
 from dynlogits.uploads import StepUpload
 
 from .staging import SlotFlags, SlotTable

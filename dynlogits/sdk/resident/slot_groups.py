@@ -38,12 +38,12 @@ from dynlogits.processors.templates import (
     ThinkingTemplate,
 )
 
-from ..plans import row_runs
+from ..plans import fill_rows, row_runs
 from dynlogits.uploads import StepUpload
 
 from .staging import SlotTable
 
-__all__ = ["GROUP_TYPES", "Dead", "Group", "KnownRows", "MaskedRows", "StepInputs", "fill_rows"]
+__all__ = ["GROUP_TYPES", "Dead", "Group", "KnownRows", "MaskedRows", "StepInputs"]
 
 NEG_INF = -math.inf
 
@@ -142,17 +142,6 @@ class Dead:
             return torch.isneginf(step.flat.index_select(0, self.witness.reshape(-1)).view(n, -1)).all(1)
         dead = torch.isneginf(step.logits.gather(1, self.witness)).all(1)
         return dead if self.where is None else dead & self.where
-
-
-def fill_rows(logits: torch.Tensor, runs: Sequence[tuple[int, int]], rows_dev: torch.Tensor) -> None:
-    """``-inf`` into whole rows: on an accelerator one ``index_fill_`` over ``rows_dev`` (one launch
-    however the rows interleave with others); on the CPU one memset per run of consecutive rows
-    (CPU's ``index_fill_`` over rows is far slower)."""
-    if logits.device.type != "cpu":
-        logits.index_fill_(0, rows_dev, NEG_INF)
-        return
-    for start, stop in runs:
-        logits[start:stop].fill_(NEG_INF)
 
 
 def _flat(rows: KnownRows, ids: torch.Tensor, stride: int) -> torch.Tensor:
