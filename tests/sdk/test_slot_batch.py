@@ -68,7 +68,7 @@ class Engine:
 
     def add(self, slot: int, payload: list[dict], generated: Sequence[int] = ()) -> None:
         self.batch.assign(slot, realize(payload))
-        self.thinking.assign(slot, self.batch.requests[slot], resumed=bool(generated))
+        self.thinking.assign(slot, self.batch.requests[slot], resumed=len(generated))
         self.host[slot] = realize(payload)
         self.history[slot] = list(generated)
         self.prompt[slot] = self.rng.randint(1, 4)

@@ -106,10 +106,16 @@ class DeviceThinking:
         self._inputs: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self._catch_up = 0  # tokens of resumed requests to follow at the next step, on the device
 
-    def assign(self, slot: int, request: GuardedRequest | None, *, resumed: int | bool = False) -> None:
+    #: A resumed request with at most this many generated tokens is followed on the device, one
+    #: round of about 20 ops per token at its first step; a longer one is scanned once on the host
+    #: instead (one read back of its history at that batch change: a request preempted after 30,000
+    #: tokens would otherwise queue some 600,000 ops).
+    MAX_DEVICE_CATCH_UP = 16
+
+    def assign(self, slot: int, request: GuardedRequest | None, *, resumed: int = 0) -> None:
         """``slot``'s occupant (``None`` clears); ``resumed``: it enters with that many generated
-        tokens, followed on the device at its first step (``True``: a number the host does not
-        know, scanned on the host then: a read back)."""
+        tokens (preempted and resumed), followed at its first step on the device, or on the host
+        past ``MAX_DEVICE_CATCH_UP``."""
         self._cold.pop(slot, None)
         templates: dict[int, ThinkingTemplate] = {}
         if request is not None and request.processor is not None:
@@ -124,10 +130,10 @@ class DeviceThinking:
             tables.scanned[slot] = 0
             if not tables.members:  # no thinking request left at this level: steps skip it
                 del self.tables[level]
-        if templates and resumed is True:
+        if templates and resumed > self.MAX_DEVICE_CATCH_UP:
             self._cold[slot] = request  # type: ignore[assignment]
         elif templates and resumed:
-            self._catch_up = max(self._catch_up, int(resumed))
+            self._catch_up = max(self._catch_up, resumed)
 
     def flush(self) -> None:
         for tables in self.tables.values():
