@@ -25,7 +25,6 @@ Nothing raises out of the call (TensorRT-LLM would fail every active request).
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -129,7 +128,6 @@ class DynamoTrtllmBatchedLogitsProcessor(BatchedLogitsProcessorBase):  # type: i
             if isinstance(logits, torch.Tensor) and logits.ndim and self.stop_token_id is not None \
                     and 0 <= self.stop_token_id < logits.shape[-1]:
                 with on_stream(stream_ptr, logits):
-                    for index in itertools.product(*(range(n) for n in logits.shape[:-1])):
-                        stray.force_stop(logits[index])
+                    stray.force_stop(logits)
         except Exception:
             logger.exception("batched logits processor: could not fail-stop an unplaceable request")

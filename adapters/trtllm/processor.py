@@ -46,7 +46,6 @@ TensorRT-LLM versions that have one. It subclasses TensorRT-LLM's ``LogitsProces
 from __future__ import annotations
 
 import importlib
-import itertools
 import logging
 import sys
 from collections import deque
@@ -259,8 +258,7 @@ class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,val
                 request.fail(reason, exc_info=True)
             if width is not None:
                 with on_stream(stream_ptr, logits):
-                    for index in itertools.product(*(range(n) for n in logits.shape[:-1])):
-                        request.force_stop(logits[index])
+                    request.force_stop(logits)
         except Exception:  # the last line of defence: log, never raise into the engine
             logger.exception("could not fail-stop a request after %r", exc)
 

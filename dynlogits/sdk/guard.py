@@ -140,12 +140,13 @@ class GuardedRequest:
         if self._report is not None:
             self._report(message)
 
-    def force_stop(self, logits_row: torch.Tensor) -> None:
-        """Mask the row to the request's stop token (nothing when it has none). This one override
-        of the engine's masks is deliberate: a failed request must end."""
+    def force_stop(self, logits: torch.Tensor) -> None:
+        """Mask every row of ``logits`` (one row, or ``[..., vocab]``: beams, drafts) to the
+        request's stop token, in two ops whatever the number of rows (nothing when it has none).
+        This one override of the engine's masks is deliberate: a failed request must end."""
         if self.stop_token_id is not None:
-            logits_row.fill_(-math.inf)
-            logits_row[self.stop_token_id] = 0.0
+            logits.fill_(-math.inf)
+            logits[..., self.stop_token_id] = 0.0
 
     @classmethod
     def failed_at_realization(
