@@ -162,7 +162,8 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
 
     def _apply_resident(self, logits: torch.Tensor, ctx: Any, slots_in_step: np.ndarray, resident: np.ndarray) -> None:
         known = logits.shape[0] == len(slots_in_step)  # one row per request: the host knows the layout
-        relaid = known and (self._layout is None or not np.array_equal(self._layout, slots_in_step))
+        slots = self._seen[0] if self._seen is not None else slots_in_step  # this step's, kept by _apply_v2
+        relaid = known and self._layout is not slots and (self._layout is None or not np.array_equal(self._layout, slots))
         if relaid:
             self._prompt_offset = None  # another layout: its rows' prompt lengths are read again
         generated = self._generated(ctx, known) if self._resident.needs_positions else None
@@ -173,8 +174,8 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
                             rows_per_request=logits.shape[0] - len(slots_in_step) + 1)
         if known:
             if relaid:
-                self._layout = slots_in_step.copy()
                 self._resident.set_rows(np.where(resident, slots_in_step, -1))
+            self._layout = slots  # the same object while the slots stay: no comparison next step
             self._resident.use_known_layout()
             self._resident.apply(logits, generated=generated, thinking=self._thinking.decide)
         else:

@@ -94,7 +94,7 @@ class MaskedRows:
     member: torch.Tensor
 
 
-@dataclass
+@dataclass(slots=True)
 class StepInputs:
     """What one step gives every group: the logits (and their flat view), the number of tokens
     each row's request has generated (row-indexed, ``None`` when no group needs positions), and
@@ -110,7 +110,7 @@ class StepInputs:
     flags: torch.Tensor | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Dead:
     """Rows a restrictive group may leave with no token: the row of slot ``slots[i]``, at output
     position ``positions[i]`` (``None`` when unknown), has none when every id of its ``witness``
