@@ -57,7 +57,9 @@ HOSTED = [{"kind": "python", "factory": "dynlogits.testing.faults:scale", "kwarg
 
 @dataclass
 class Scenario:
-    """A sequence of steps; ``events[k]`` is what happens before step ``k``."""
+    """A sequence of ``steps`` steps. With ``changes``, each driver changes its batch before some
+    steps (failing requests arrive, rows leave, swap or move, a slot is reused, a hosted request
+    arrives); without, every request arrives at step 0 and the batch stays as it is."""
 
     vocab: int = 64
     steps: int = 12
@@ -131,22 +133,19 @@ def drive_v1(sim: SimCuda, scenario: Scenario) -> DriveResult:
     steady_at = {scenario.steps - 1}
     for step in range(scenario.steps):
         changed = step == 0 or (scenario.changes and (step in (1, 2, 7) or (step == 5 and scenario.hosted)))
-        if not scenario.changes:
-            pass
-        elif step == 1:  # failing requests arrive (one with no stop token), the second row leaves
+        if scenario.changes and step == 1:  # failing requests arrive (one with no stop token), the second row leaves
             failing.add(id(rows[add(FAILING)]))
             failing.add(id(rows[add(FAILING, ignore_eos=True)]))
             if len(payloads) > 1:
                 builder.removed_append(1)
                 rows[1] = None
-        elif step == 2:
+        elif scenario.changes and step == 2:
             builder.moved.append((0, 2, MoveDirectionality.SWAP))
             rows[0], rows[2] = rows[2], rows[0]
-        elif step == 5 and scenario.hosted:
+        elif scenario.changes and step == 5 and scenario.hosted:
             add(HOSTED)
-        elif step == 7:  # another leaves, one arrives into its row
+        elif scenario.changes and step == 7:  # another leaves, one arrives into its row
             builder.removed_append(0)
-            rows[0] = None
             output: list[int] = []
             rows[0] = output
             builder.added.append((0, _params(payloads[0]), [2, 3], output))

@@ -211,12 +211,6 @@ class SimCuda(TorchDispatchMode):
         finally:
             self.syncs, self.launches, self.ops = syncs, launches, ops
 
-    def reset(self) -> None:
-        """Forget what was recorded so far."""
-        self.syncs.clear()
-        self.launches = 0
-        self.ops.clear()
-
     # -- the harness's side -----------------------------------------------------------------------
     def put(self, host: torch.Tensor) -> torch.Tensor:
         """A device copy of ``host`` (harness setup: not recorded)."""
@@ -233,9 +227,6 @@ class SimCuda(TorchDispatchMode):
     def advance(self) -> None:
         """The device catches up with everything queued (between engine steps)."""
         self._complete(self._recorded)
-
-    def sync_kinds(self) -> list[str]:
-        return [s.kind for s in self.syncs]
 
     # -- internals --------------------------------------------------------------------------------
     def _complete(self, seq: int) -> None:
