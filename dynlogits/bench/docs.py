@@ -52,11 +52,15 @@ Every request has its own ids. Implementations, all fed the same requests and th
 - `loop`: the same payloads' realized processors (`GuardedRequest`) called row by row.
 - `reference`: ai-dynamo-runtime 1.6.1's `ForcedSequenceLogitsProcessor`, one per request, called
   per row by vLLM's `AdapterLogitsProcessor` (`dynlogits.bench.reference`); forced_sequence only.
-- `floor`: one `fill_(-inf)` of the same rows, the least any forcing must cost; forced_sequence only.
+- `floor`: one `fill_(-inf)` of the same rows, the least any forcing that masks must cost;
+  forced_sequence only. The adapter masks only where vLLM's sampler could tell the difference:
+  it forces these requests (default sampling parameters) by one dominating logit per row
+  (`dynlogits.sdk.forcing`), so it is not bound by the floor.
 
 Each repetition appends one token to every request's history, restores the logits outside the timed
 region, then times each implementation in an order rotated every repetition; medians are reported.
-The first repetition checks that every implementation leaves the same logits as `adapter`.
+The first repetition checks that every implementation leaves the same logits as `adapter` (on a
+row the adapter forced by a dominating logit, the same winner).
 
 **engine** — the real vLLM CPU engine (`vllm.LLM`, offline) on the embedded model built with the
 stated vocabulary: batches of concurrent greedy requests with `ignore_eos`, one engine process per
