@@ -167,11 +167,12 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         if relaid:
             self._prompt_offset = None  # another layout: its rows' prompt lengths are read again
         generated = self._generated(ctx, known) if self._resident.needs_positions else None
-        states = self._req_states
-        self._thinking.step(states.all_token_ids.gpu, states.prompt_len.gpu, states.total_len.gpu,
-                            input_ids=None if known else ctx.input_ids,
-                            local_pos=None if known else ctx.expanded_local_pos,
-                            rows_per_request=logits.shape[0] - len(slots_in_step) + 1)
+        if self._thinking.tables:  # (its max_new starts at 1 + the engine's drafts: nothing to keep up)
+            states = self._req_states
+            self._thinking.step(states.all_token_ids.gpu, states.prompt_len.gpu, states.total_len.gpu,
+                                input_ids=None if known else ctx.input_ids,
+                                local_pos=None if known else ctx.expanded_local_pos,
+                                rows_per_request=logits.shape[0] - len(slots_in_step) + 1)
         if known:
             if relaid:
                 self._resident.set_rows(np.where(resident, slots_in_step, -1))

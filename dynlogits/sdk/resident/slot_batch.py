@@ -108,6 +108,7 @@ class SlotBatch:
         self._flags_awaited = False  # a snapshot queued and not read back yet
         self._stops = self._stop.dev[:, 0]
         self._ordered: list[Group] = []  # ``groups`` in entry order (see ``_group_order``)
+        self._known_steps: list[tuple[Group, KnownRows]] = []  # the known layout's groups in entry order
         self._positions_needed = False  # a group of the known layout is positional
 
     # -- batch changes ----------------------------------------------------------------------------
@@ -209,6 +210,7 @@ class SlotBatch:
                 known.win = self._win.dev[known.slots_dev, 0].to(dtype)
             self.groups[key].prepare(known, stride)
         self._known_failed = self._known_rows(failed, stride, take(len(failed)), take(len(failed))) if len(failed) else None
+        self._known_steps = [(self.groups[key], self._known[key]) for key in sorted(self._known, key=lambda k: k[0])]
         self._positions_needed = any(self.groups[key].positional for key in self._known)
         self._stride, self._dtype = stride, dtype
         self._layout_dirty = False
@@ -255,29 +257,40 @@ class SlotBatch:
         if logits.dim() != 2 or logits.shape[1] != self.vocab_size:  # flat indices would spill into the next row
             raise ValueError(f"logits of shape {tuple(logits.shape)}; the resident path was built for width {self.vocab_size}")
         masked = self._masked
-        if masked is None and self._host_slots is None:
-            return
-        if masked is None and (self._layout_dirty or self._stride != logits.stride(0) or self._dtype != logits.dtype):
-            self.flush()
-            self._prepare(logits.stride(0), logits.dtype)
-        if generated is None and histories is not None and masked is None and self._needs_positions_now():
-            n = len(histories)
-            buf = self._positions.buffer(n)
-            buf[:] = [len(h) for h in histories]
-            generated = self._positions.upload(n)
-        step = StepInputs(logits, logits.view(-1), logits.stride(0), generated, self._stops,
+        stride = logits.stride(0)
+        if masked is None:
+            if self._host_slots is None:
+                return
+            if self._layout_dirty or self._stride != stride or self._dtype != logits.dtype:
+                self.flush()
+                self._prepare(stride, logits.dtype)
+            if generated is None and histories is not None and self._positions_needed:
+                n = len(histories)
+                buf = self._positions.buffer(n)
+                buf[:] = [len(h) for h in histories]
+                generated = self._positions.upload(n)
+        step = StepInputs(logits, logits.view(-1), stride, generated, self._stops,
                           flags=self._flags.dev if real_rows is None else None)
         deaths: list[Dead] = []
-        for group in self._group_order():
-            dead = self._apply_group(group, step, masked, histories, thinking)
-            if dead is not None:
-                deaths.append(dead)
-        self._fail_stop_failed(step, masked)
-        for row in self._failed_now:  # failed on the host during this step (known layout)
-            request = self.requests[int(self._host_slots[row])]  # type: ignore[index]
-            if request is not None:
-                request.force_stop(logits[row])
-        self._failed_now.clear()
+        if masked is None:
+            for group, rows in self._known_steps:
+                dead = (self._apply_thinking_known(group, step, rows, histories, thinking)
+                        if isinstance(group, ThinkingGroup) else group.apply_known(step, rows))
+                if dead is not None:
+                    deaths.append(dead)
+        else:
+            for group in self._group_order():
+                dead = self._apply_masked_group(group, step, masked, thinking)
+                if dead is not None:
+                    deaths.append(dead)
+        if self._failed:
+            self._fail_stop_failed(step, masked)
+        if self._failed_now:
+            for row in self._failed_now:  # failed on the host during this step (known layout)
+                request = self.requests[int(self._host_slots[row])]  # type: ignore[index]
+                if request is not None:
+                    request.force_stop(logits[row])
+            self._failed_now.clear()
         if deaths:
             self._record_dead(step, deaths, real_rows)
             self._flags_written = True
@@ -306,29 +319,25 @@ class SlotBatch:
         """Back to the known layout (after ``rows_on_device``)."""
         self._masked = None
 
-    def _needs_positions_now(self) -> bool:
-        return self._positions_needed
-
     def _group_order(self) -> list[Group]:
         """Every group in entry order (a request's entries apply in the order it gave them)."""
         if len(self._ordered) != len(self.groups):
             self._ordered = [self.groups[key] for key in sorted(self.groups, key=lambda k: k[0])]
         return self._ordered
 
-    def _apply_group(self, group: Group, step: StepInputs, masked: MaskedRows | None,
-                     histories: Sequence[Sequence[int]] | None, thinking: ThinkingDecider | None) -> Dead | None:
-        if masked is None:
-            rows = self._known.get((group.level, group.template_type))
-            if rows is None:
-                return None
-            if isinstance(group, ThinkingGroup):
-                if histories is not None:
-                    return group.apply_decided(step, rows, self._decide_on_host(group, rows, histories), self._decisions)
-                if thinking is None:
-                    raise ValueError("thinking_budget needs the rows' histories or a device decider")
-                every = MaskedRows(self._slot_of_row, group.member.dev[self._slot_of_row, 0])
-                return group.apply_device(step, every, thinking(group, every))
-            return group.apply_known(step, rows)
+    def _apply_thinking_known(self, group: ThinkingGroup, step: StepInputs, rows: KnownRows,
+                              histories: Sequence[Sequence[int]] | None, thinking: ThinkingDecider | None) -> Dead | None:
+        """A ``thinking_budget`` group in the known layout: decided on the host from ``histories``,
+        else on the device by ``thinking``."""
+        if histories is not None:
+            return group.apply_decided(step, rows, self._decide_on_host(group, rows, histories), self._decisions)
+        if thinking is None:
+            raise ValueError("thinking_budget needs the rows' histories or a device decider")
+        every = MaskedRows(self._slot_of_row, group.member.dev[self._slot_of_row, 0])
+        return group.apply_device(step, every, thinking(group, every))
+
+    def _apply_masked_group(self, group: Group, step: StepInputs, masked: MaskedRows,
+                            thinking: ThinkingDecider | None) -> Dead | None:
         if not (group.members & self._slots_in_step):
             return None
         rows_m = MaskedRows(masked.slot_of_row, group.member.dev[masked.slot_of_row, 0])
@@ -405,10 +414,10 @@ class SlotBatch:
             return
         self._flags_awaited = False
         values, epochs = seen
-        flagged = values[: self.num_slots] >= 0  # not the sentinel's
-        if not flagged.any():
+        values = values[: self.num_slots]  # not the sentinel's
+        if values.max() < 0:  # nothing flagged (one reduction, no temporary)
             return
-        for slot in np.flatnonzero(flagged).tolist():
+        for slot in np.flatnonzero(values >= 0).tolist():
             request = self.requests[slot]
             if request is None or request.failed or slot in self._failed or epochs[slot] != self._flags.epochs[slot]:
                 continue  # (a failed request without a stop token stays flagged: already handled)
