@@ -45,8 +45,8 @@ from .launcher import LOG_DIR, PYTHON, ROOT, Deployment, free_port_block, settle
 pytestmark = pytest.mark.engine
 
 MODEL = "dynlogits-tiny"
-DRAIN_S = 12  # the worker's drain deadline after SIGTERM (--graceful-timeout)
-SHORT_TOKENS = 100  # finishes well inside DRAIN_S beside 64 long sequences, even on a loaded machine (300 did not)
+DRAIN_S = 10  # the worker's drain deadline after SIGTERM (--graceful-timeout)
+SHORT_TOKENS = 100  # a twentieth of the long streams' steps; inside DRAIN_S even on a loaded machine (300 was not)
 IDLE_S = 5  # the idle timeout of the frontend that test 3 starts
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0"}
 
@@ -73,12 +73,12 @@ class Background:
 
     def __init__(self, base_url: str, n: int, *, max_tokens: int, forced: bool = False,
                  stream_all: bool = False, choices: int = 1,
-                 when_all_streaming: Callable[[], None] | None = None) -> None:
+                 when_streaming: tuple[int, Callable[[], None]] | None = None) -> None:
         self.base_url, self.n, self.max_tokens, self.forced, self.stream_all = base_url, n, max_tokens, forced, stream_all
         self.choices = choices
-        #: Called once, on the requests' own thread, the moment every one of the ``n`` streams has its
-        #: first chunk: a test acts then, not up to a poll interval later.
-        self.when_all_streaming = when_all_streaming
+        #: ``(k, act)``: ``act()`` is called once, on the requests' own thread, the moment ``k`` streams
+        #: have their first chunk: a test acts then, not up to a poll interval later.
+        self.when_streaming = when_streaming
         self.results: list[Outcome] = []
         self.streaming = 0  # streams that have received their first chunk
         self.crash: BaseException | None = None
@@ -110,8 +110,8 @@ class Background:
                 async for chunk in stream:
                     first = not out.text and chunk.choices and bool(chunk.choices[0].delta.content)
                     self.streaming += first
-                    if first and self.streaming == self.n and self.when_all_streaming is not None:
-                        self.when_all_streaming()
+                    if first and self.when_streaming is not None and self.streaming == self.when_streaming[0]:
+                        self.when_streaming[1]()
                     if chunk.usage is not None:
                         out.completion_tokens = chunk.usage.completion_tokens
                     for c in chunk.choices:
@@ -382,16 +382,18 @@ def test_sigterm_to_a_frontend_drains_its_in_flight_requests(faults: Faults) -> 
 def test_sigterm_to_the_worker_drains_until_its_deadline_then_ends_what_still_runs(faults: Faults) -> None:
     """The rule, not an assumption that everything finishes in time: after SIGTERM each in-flight
     request either completes in full or, still running at the drain deadline, ends with an error
-    naming it. SIGTERM goes out from the clients' own thread the moment all four short streams
-    (SHORT_TOKENS each) have their first chunk, so they still have nearly all their tokens to
-    generate (a 150-token stream polled every 0.5 s once ended 0.5 s before SIGTERM on a faster
-    machine); they finish well inside the deadline. Four long ones (16 samples of 2,000 tokens:
-    128,000 tokens, about half a minute of engine work here) cannot all finish, so the deadline
-    must end at least one of them."""
+    naming it. The engine gives every sequence one token a step, so a short stream (SHORT_TOKENS)
+    needs a twentieth of the steps of a long one (2,000 tokens, 16 samples each of four requests) on any
+    machine: the deadline lies between them as long as SIGTERM comes early in the long ones. So it
+    goes out from the clients' own thread the moment the first short stream has its first chunk
+    (the short ones start as soon as one long stream is streaming), not after a poll or after
+    every stream's first chunk: behind 64 streaming sequences the client sees chunks seconds late
+    (a 150-token stream polled every 0.5 s once ended before SIGTERM; waiting for every stream once
+    let all four long ones finish inside a 12 s deadline)."""
     d = faults.d
     worker = faults.worker()
     long = Background(d.base_url, 4, max_tokens=2000, choices=16, stream_all=True)
-    _wait_streaming(long, 4)
+    _wait_streaming(long, 1)
     mark = d.log_size()
     signalled: list[float] = []
 
@@ -399,7 +401,7 @@ def test_sigterm_to_the_worker_drains_until_its_deadline_then_ends_what_still_ru
         signalled.append(time.monotonic())
         worker.send_signal(signal.SIGTERM)
 
-    short = Background(d.base_url, 4, max_tokens=SHORT_TOKENS, stream_all=True, when_all_streaming=sigterm)
+    short = Background(d.base_url, 4, max_tokens=SHORT_TOKENS, stream_all=True, when_streaming=(1, sigterm))
     wait_until(lambda: signalled or not short.thread.is_alive(), 120, "the short streams to start")
     assert signalled, short
     sent_sigterm = signalled[0]
