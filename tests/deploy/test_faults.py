@@ -45,8 +45,8 @@ from .launcher import LOG_DIR, PYTHON, ROOT, Deployment, free_port_block, settle
 pytestmark = pytest.mark.engine
 
 MODEL = "dynlogits-tiny"
-DRAIN_S = 10  # the worker's drain deadline after SIGTERM (--graceful-timeout)
-SHORT_TOKENS = 100  # a twentieth of the long streams' steps; inside DRAIN_S even on a loaded machine (300 was not)
+DRAIN_S = 5  # the worker's drain deadline after SIGTERM (--graceful-timeout)
+SHORT_TOKENS = 40  # a fiftieth of the long streams' steps: inside DRAIN_S even on a loaded machine
 IDLE_S = 5  # the idle timeout of the frontend that test 3 starts
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0"}
 
@@ -383,7 +383,7 @@ def test_sigterm_to_the_worker_drains_until_its_deadline_then_ends_what_still_ru
     """The rule, not an assumption that everything finishes in time: after SIGTERM each in-flight
     request either completes in full or, still running at the drain deadline, ends with an error
     naming it. The engine gives every sequence one token a step, so a short stream (SHORT_TOKENS)
-    needs a twentieth of the steps of a long one (2,000 tokens, 16 samples each of four requests) on any
+    needs a fiftieth of the steps of a long one (2,000 tokens, 16 samples each of four requests) on any
     machine: the deadline lies between them as long as SIGTERM comes early in the long ones. So it
     goes out from the clients' own thread the moment the first short stream has its first chunk
     (the short ones start as soon as one long stream is streaming), not after a poll or after
