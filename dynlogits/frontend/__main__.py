@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Keep-alive longer than clients keep idle connections (httpx, so the openai SDK: 5 s), so a
     # client never reuses a connection the frontend is closing at that moment.
     uvicorn.run(ClientLimitsMiddleware(app, guard), host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=10, timeout_keep_alive=75, http=protocol)
+                timeout_graceful_shutdown=args.graceful_timeout_s, timeout_keep_alive=75, http=protocol)
     return 0
 
 

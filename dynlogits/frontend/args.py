@@ -98,6 +98,9 @@ class FrontendArgs:
     #: A request whose worker sends nothing for this long ends with 504 and the worker is taken
     #: out of rotation until it answers a readiness probe again.
     worker_idle_timeout_s: float = 60.0
+    #: After SIGTERM the frontend takes no new connections and lets in-flight requests run this long;
+    #: then their connections are closed (the client sees the connection end mid-response).
+    graceful_timeout_s: float = 10.0
     server: ServerLimits = field(default_factory=ServerLimits)
     request_limits: RequestLimits = field(default_factory=RequestLimits)
 
@@ -125,9 +128,14 @@ def parse_frontend_args(argv: Sequence[str] | None = None, environ: Mapping[str,
                    help="seconds a worker may send nothing (no headers, no chunk) before its request ends "
                         f"with 504 and the worker is taken out of rotation until it answers again (${IDLE_TIMEOUT_ENV}, "
                         "default 60)")
+    p.add_argument("--graceful-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds in-flight requests may run after SIGTERM before their connections are closed "
+                        "(default 10)")
     add_limit_flags(p, environ)
     _add_server_flags(p, environ)
     ns = p.parse_args(argv)
+    if not ns.graceful_timeout > 0:
+        p.error(f"--graceful-timeout: must be > 0, got {ns.graceful_timeout}")
     agg, prefill, decode = _urls(ns.agg_worker), _urls(ns.prefill_worker), _urls(ns.decode_worker)
     if agg and (prefill or decode):
         p.error("use either --agg-worker or --prefill-worker/--decode-worker, not both")
@@ -136,5 +144,6 @@ def parse_frontend_args(argv: Sequence[str] | None = None, environ: Mapping[str,
     return FrontendArgs(host=ns.host, port=ns.port, agg_workers=agg, prefill_workers=prefill, decode_workers=decode,
                         logits_spec=ns.logits_spec, allow_request_kinds=split_kinds(ns.allow_request_kinds),
                         health_interval_s=ns.health_interval, max_body_bytes=ns.max_body_bytes,
-                        worker_idle_timeout_s=ns.worker_idle_timeout, server=_server_limits(p, ns),
+                        worker_idle_timeout_s=ns.worker_idle_timeout, graceful_timeout_s=ns.graceful_timeout,
+                        server=_server_limits(p, ns),
                         request_limits=limits_from_flags(ns))
