@@ -29,7 +29,7 @@ LOG="$(cd "$VENV" && pwd)/setup.log"
 # Every step downloads from the package index, whose connection can drop mid-download (a CI run
 # was lost to a 132 MB wheel cut at 33 MB six times): a failed step is tried again, up to
 # DYNLOGITS_SETUP_TRIES times (default 4) with a growing pause; wheels that completed stay in
-# pip's cache, so each try resumes where the last one got to.
+# pip's cache, so a later try downloads only what the last one did not finish.
 TRIES=${DYNLOGITS_SETUP_TRIES:-4}
 step() {
   local msg=$1 rc=0 try=1; shift

@@ -19,7 +19,7 @@ The tests run in order on one deployment, which supervises its worker (``launch/
    on the same port serves at once, with no worker restart.
 5. SIGTERM to a frontend (drain deadline FRONTEND_DRAIN_S) with 8 streams open: every in-flight
    request completes in full.
-6. SIGTERM to the worker (drain deadline 10 s) with short and long streams open: new requests get
+6. SIGTERM to the worker (drain deadline DRAIN_S) with short and long streams open: new requests get
    503 at once; each in-flight request either completes in full or, still running at the deadline,
    ends with an error naming the drain deadline; the script then starts the worker again.
 """
