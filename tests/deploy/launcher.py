@@ -179,6 +179,10 @@ class Deployment:
         except psutil.NoSuchProcess:
             return []
 
+    def named(self, marker: str) -> list[psutil.Process]:
+        """The script's processes whose command line contains ``marker`` (read with ``command_line``)."""
+        return [p for p in self.processes() if marker in command_line(p)]
+
     def stop(self, sig: int = signal.SIGINT, timeout: float = 90) -> list[psutil.Process]:
         """Signal the script like an operator would; return the processes still alive after it exited."""
         if self.proc is None or self.proc.poll() is not None:
@@ -207,6 +211,17 @@ class Deployment:
             except psutil.NoSuchProcess:
                 pass
         return left
+
+
+def command_line(p: psutil.Process) -> str:
+    """``p``'s command line, space-joined; ``""`` once it has exited. A process tree read a moment
+    ago can hold one that has: the launch scripts' supervisor runs ``sleep 1`` every second, a
+    zombie until bash reaps it, and psutil refuses a zombie's command line (a clean-clone run with
+    a busy core failed on exactly that)."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from .conftest import model_name, openai_client
-from .launcher import ENGINE_FLAGS, LOG_DIR, PYTHON, ROOT, Deployment, free_port_block, wait_until
+from .launcher import ENGINE_FLAGS, LOG_DIR, PYTHON, ROOT, Deployment, command_line, free_port_block, wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -77,7 +77,7 @@ def test_request_kinds_need_the_operators_allow_list(hook_agg: Deployment) -> No
 
 
 def _worker(d: Deployment) -> psutil.Process:
-    return next(p for p in d.processes() if "dynlogits.worker" in " ".join(p.cmdline()))
+    return d.named("dynlogits.worker")[0]
 
 
 @pytest.fixture()
@@ -127,7 +127,7 @@ def test_worker_killed_gives_503_then_recovers(hook_agg: Deployment, restarted_w
 
 def test_script_stops_every_child_on_ctrl_c(hook_agg: Deployment) -> None:
     children = hook_agg.processes()[1:]
-    assert any("dynlogits.frontend" in " ".join(p.cmdline()) for p in children)
+    assert any("dynlogits.frontend" in command_line(p) for p in children)
     left = hook_agg.stop(signal.SIGINT)
     assert hook_agg.proc is not None and hook_agg.proc.returncode is not None
     assert left == [], f"left behind: {[(p.pid, p.name()) for p in left]}"

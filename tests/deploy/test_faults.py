@@ -41,7 +41,7 @@ import psutil
 import pytest
 
 from .conftest import SPEC_FILE
-from .launcher import LOG_DIR, PYTHON, ROOT, Deployment, free_port_block, settled_stats, wait_until
+from .launcher import LOG_DIR, PYTHON, ROOT, Deployment, command_line, free_port_block, settled_stats, wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -209,7 +209,7 @@ class Faults:
 
     def worker(self) -> psutil.Process:
         """The worker process the launch script runs now (it starts a new one when one exits)."""
-        return next(p for p in self.d.processes() if "dynlogits.worker" in " ".join(p.cmdline()))
+        return self.d.named("dynlogits.worker")[0]
 
     def wait_serving(self, timeout: float, since: int) -> float:
         """Seconds until the script has restarted the worker (its log, after byte ``since``) and
@@ -266,12 +266,12 @@ def faults() -> Iterator[Faults]:
 
 def test_a_killed_worker_fails_in_flight_requests_clearly_and_is_restarted_and_picked_up(faults: Faults) -> None:
     d = faults.d
-    frontend = next(p for p in d.processes() if "dynlogits.frontend" in " ".join(p.cmdline()))
+    frontend = d.named("dynlogits.frontend")[0]
     load = Background(d.base_url, 12, max_tokens=2000, choices=8)
     _wait_streaming(load, 6)
     worker = faults.worker()
     engine = [p for p in worker.children(recursive=True)]
-    assert any("VLLM::EngineCore" in " ".join(p.cmdline()) for p in engine)
+    assert any("VLLM::EngineCore" in command_line(p) for p in engine)
     mark = d.log_size()
     worker.send_signal(signal.SIGKILL)  # the worker process alone, as the OOM killer would
 
@@ -307,7 +307,7 @@ def test_a_dead_engine_fails_in_flight_requests_and_the_deployment_heals_itself(
     load = Background(d.base_url, 4, max_tokens=2000, choices=16, stream_all=True)
     _wait_streaming(load, 4)
     worker = faults.worker()
-    core = next(p for p in worker.children(recursive=True) if "VLLM::EngineCore" in " ".join(p.cmdline()))
+    core = next(p for p in worker.children(recursive=True) if "VLLM::EngineCore" in command_line(p))
     mark = d.log_size()
     killed = time.monotonic()
     core.send_signal(signal.SIGKILL)  # the engine alone: its worker process lives on

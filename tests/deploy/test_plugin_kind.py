@@ -261,8 +261,7 @@ def test_bad_plugin_entries_get_400_naming_the_field(plugin_agg: Deployment, ent
 
 @pytest.mark.engine
 def test_the_running_frontend_never_loaded_torch(plugin_agg: Deployment) -> None:
-    [frontend] = [p for p in plugin_agg.processes()
-                  if "dynlogits.frontend" in p.cmdline() and "python" in Path(p.cmdline()[0]).name]
+    [frontend] = plugin_agg.named("-m dynlogits.frontend")  # the Python process, not its log's sed
     mapped = {m.path for m in frontend.memory_maps()}
     assert not [p for p in mapped if "torch" in Path(p).name], "the frontend mapped a torch library"
     assert any("pydantic_core" in p for p in mapped)  # it did load the kind's (pydantic) model

@@ -20,7 +20,7 @@ import pytest
 
 from session_reaper import MARKER_ENV
 
-from .launcher import PYTHON, ROOT, free_port_block, wait_until
+from .launcher import PYTHON, ROOT, command_line, free_port_block, wait_until
 
 INNER_CONFTEST = """
 import sys
@@ -77,7 +77,7 @@ def test_a_killed_session_leaves_no_deployment_process(tmp_path: Path, sig: int)
                    "the inner session's deployment")
         script = psutil.Process(int(pidfile.read_text()))
         tree = [script, *script.children(recursive=True)]
-        names = " ".join(" ".join(p.cmdline()) for p in tree)
+        names = " ".join(command_line(p) for p in tree)
         assert "dynlogits.frontend" in names and "dynlogits.worker" in names, names
         assert len(_inner_session_processes()) >= len(tree)
         inner.send_signal(sig)
@@ -102,7 +102,7 @@ def test_a_launch_script_killed_with_sigkill_leaves_no_child(tmp_path: Path) -> 
     try:
         wait_until(lambda: _frontend_up(port), 60, "the deployment's frontend")
         children = psutil.Process(script.pid).children(recursive=True)
-        assert any("dynlogits.worker" in " ".join(p.cmdline()) for p in children)
+        assert any("dynlogits.worker" in command_line(p) for p in children)
         os.killpg(script.pid, signal.SIGKILL)
         script.wait()
         _, alive = psutil.wait_procs(children, timeout=30)

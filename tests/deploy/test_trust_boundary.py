@@ -184,7 +184,7 @@ def test_oversized_specs_are_refused_before_any_worker_sees_them(spec_agg: Deplo
 def test_a_huge_body_is_refused_unread_with_bounded_memory(spec_agg: Deployment) -> None:
     """64 MiB streamed without a length: the frontend stops reading at its 4 MiB limit and answers
     413; its memory does not grow by the body's size."""
-    frontend = next(p for p in spec_agg.processes() if "dynlogits.frontend" in " ".join(p.cmdline()))
+    frontend = spec_agg.named("dynlogits.frontend")[0]
     before = frontend.memory_info().rss
 
     def body() -> Iterator[bytes]:
