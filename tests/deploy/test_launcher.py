@@ -27,8 +27,9 @@ def test_command_line_of_an_exited_unreaped_process_is_empty_not_an_error() -> N
 
 def test_command_line_of_a_running_process_is_its_arguments() -> None:
     child = subprocess.Popen(["sleep", "30"])
-    try:
-        assert command_line(psutil.Process(child.pid)) == "sleep 30"
+    proc = psutil.Process(child.pid)
+    try:  # until the child has exec'd, its command line is its parent's copy (or empty)
+        wait_until(lambda: command_line(proc) == "sleep 30", 30, "the child's exec", interval=0.05)
     finally:
         child.kill()
         child.wait()
