@@ -17,7 +17,8 @@ every aten op including those behind ``bool()``, ``int()``, ``repr`` and Python 
   from pageable memory or with ``non_blocking=False`` (``torch.tensor(list, device=...)``,
   ``.to(device)``), host tensors used as operands of device ops (an implicit blocking copy),
   ``Event.synchronize()`` and ``torch.cuda.synchronize()`` (a non-blocking ``.to("cpu")`` is not a
-  sync: its pinned result fills in when the device catches up);
+  sync: its pinned result fills in when the device catches up), and a Python number assigned to
+  one element (``t[i] = 0.0``: a blocking copy on CUDA, seen on an H200; ``t[i:i+1].fill_`` is not);
 * **launches**: every op on a device tensor that queues device work (views, ``empty`` and
   metadata ops excluded).
 
@@ -145,6 +146,18 @@ class _Event:
         pass
 
 
+def _one_element(target: SimTensor, index: Any, value: Any) -> bool:
+    """Whether ``target[index] = value`` writes a Python number into a single element. On CUDA,
+    PyTorch builds such a number as a CPU tensor and copies it with a blocking copy (seen on an H200
+    with torch 2.11: ``set_sync_debug_mode`` flags it); into several elements it becomes a fill."""
+    if not isinstance(value, (bool, int, float)):
+        return False
+    parts = index if isinstance(index, tuple) else (index,)
+    if not all(p is None or p is Ellipsis or isinstance(p, (int, slice)) for p in parts):
+        return False
+    return target.elem[index].dim() == 0
+
+
 class _Functions(TorchFunctionMode):
     """Catches what never reaches the dispatcher: tensors built from host data, ``.numpy()``."""
 
@@ -163,6 +176,8 @@ class _Functions(TorchFunctionMode):
             sim._sync("h2d copy from host data", func.__name__)
             sim.launches += 1
             return SimTensor(host)
+        if func is torch.Tensor.__setitem__ and isinstance(args[0], SimTensor) and _one_element(args[0], args[1], args[2]):
+            sim._sync("a number assigned to one element (copied from pageable host memory)", "__setitem__")
         if func in (torch.Tensor.numpy, torch.Tensor.tolist) and args and isinstance(args[0], SimTensor):
             sim._sync("d2h copy", func.__name__)
             return func(args[0].elem)
@@ -309,12 +324,13 @@ class SimCuda(TorchDispatchMode):
         if func is aten.copy_.default:
             dst, src = args[0], args[1]
             non_blocking = bool(a[2] if len(a) > 2 else k.get("non_blocking", False))
-            if isinstance(dst, SimTensor) and not isinstance(src, SimTensor) and src.dim() > 0:
+            if isinstance(dst, SimTensor) and not isinstance(src, SimTensor):  # 0-dim too: ``dev[i] = 1.0``
                 if not (non_blocking and self._is_pinned(src)):
                     self._sync("h2d copy from pageable or blocking", name)
             elif isinstance(src, SimTensor) and not isinstance(dst, SimTensor):
-                if non_blocking and self._is_pinned(dst):
+                if non_blocking and self._is_pinned(dst):  # a copy on the stream: a device op, landing later
                     self._pending.append((self._recorded + 1, dst, src.elem.clone()))
+                    self._launch(name)
                     return dst
                 self._sync("d2h copy", name)
                 a[0].copy_(a[1])

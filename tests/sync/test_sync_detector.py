@@ -34,6 +34,7 @@ INJECTIONS: dict[str, Inject] = {
     "host index operand": lambda t: t[torch.tensor([0])],
     "device synchronize": lambda t: torch.cuda.synchronize(),
     "blocking to(cpu)": lambda t: t.to("cpu"),
+    "a number into one element": lambda t: t.__setitem__((0, 0), 0.0),  # seen syncing on an H200
 }
 
 
@@ -57,7 +58,17 @@ def test_device_only_work_and_pinned_non_blocking_copies_are_not_syncs() -> None
         back = torch.zeros(4, 8, pin_memory=True)
         back.copy_(t, non_blocking=True)
     assert sim.syncs == []
-    assert sim.launches == 6  # index_fill_, fill_, isneginf, all, two copies (zeros/views are not counted apart)
+    assert sim.launches == 7  # zeros, index_fill_, fill_, isneginf, all, and both copies (views queue nothing)
+
+
+def test_a_number_into_several_elements_is_a_fill_not_a_sync() -> None:
+    """Only a single element gets the blocking copy (the H200 showed it); a row or a slice is a fill."""
+    with SimCuda() as sim:
+        t = sim.put(torch.randn(4, 8))
+        t[3] = 1.0
+        t[..., 2] = 0.0
+        t[0, 1:2] = 0.0
+    assert sim.syncs == []
 
 
 def test_a_non_blocking_copy_lands_only_once_the_device_caught_up() -> None:
