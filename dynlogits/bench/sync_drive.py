@@ -3,7 +3,8 @@ CUDA model: what would synchronize with the device, and how many device ops a st
 
 A sequence (``Scenario``) has batch changes at nearly every step, as under continuous batching:
 admissions, removals, reorders (V1 ``BatchUpdate`` moves; V2 slot reuse), a request whose forced
-token the engine's grammar masks (it must fail and be reported), speculative drafts (V2), and
+token the engine's grammar masks (it must fail and be reported, also when the engine ends it on
+the stop token it was fail-stopped to before its flag came back), speculative drafts (V2), and
 every built-in kind plus a ``python`` (hosted) kind when ``hosted`` is set. The engine's own work
 (its buffers, sampling the next token) runs outside the recording; only the adapter's calls count,
 and between steps the device catches up (``SimCuda.advance``), as a GPU does during the forward.
@@ -131,11 +132,19 @@ def drive_v1(sim: SimCuda, scenario: Scenario) -> DriveResult:
     for payload in payloads:
         add(payload)
     steady_at = {scenario.steps - 1}
+    ending: set[int] = set()  # failing requests with a stop token: the engine ends them once they sample it
+    finished: list[int] = []
     for step in range(scenario.steps):
         changed = step == 0 or (scenario.changes and (step in (1, 2, 7) or (step == 5 and scenario.hosted)))
+        for r in finished:  # as the scheduler does: a request that sampled its stop token leaves
+            builder.removed_append(r)
+            rows[r] = None
+            changed = True
+        finished = []
         if scenario.changes and step == 1:  # failing requests arrive (one with no stop token), the second row leaves
-            failing.add(id(rows[add(FAILING)]))
+            ending.add(id(rows[add(FAILING)]))
             failing.add(id(rows[add(FAILING, ignore_eos=True)]))
+            failing |= ending
             if len(payloads) > 1:
                 builder.removed_append(1)
                 rows[1] = None
@@ -162,6 +171,8 @@ def drive_v1(sim: SimCuda, scenario: Scenario) -> DriveResult:
             for r, token in enumerate(_sampled(sim, logits)):
                 if rows[r] is not None:
                     rows[r].append(token)  # type: ignore[union-attr]
+                    if token == EOS and id(rows[r]) in ending:
+                        finished.append(r)
         sim.advance()
     result.syncs = list(sim.syncs)
     result.failures = list(processor.failures)
@@ -198,7 +209,12 @@ def drive_v2(sim: SimCuda, scenario: Scenario, *, drafts: int = 0) -> DriveResul
     for i, payload in enumerate(scenario.initial()):
         add(f"r{i}", payload)
     steady_at = scenario.steps - 1
+    ended = False  # the failing request sampled its stop token: the scheduler ends it at the next step
     for step in range(scenario.steps):
+        if ended and failing in batch:
+            with sim.paused():
+                harness.remove_request(failing)
+            batch.remove(failing)  # type: ignore[arg-type]
         if not scenario.changes:
             pass
         elif step == 1:
@@ -240,6 +256,7 @@ def drive_v2(sim: SimCuda, scenario: Scenario, *, drafts: int = 0) -> DriveResul
             first = 0
             for q in batch:
                 harness.commit(q, [sampled[first]])
+                ended |= q == failing and sampled[first] == EOS
                 first += 1 + len(step_drafts.get(q, ()))
         sim.advance()
     result.syncs = list(sim.syncs)

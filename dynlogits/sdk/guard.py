@@ -146,7 +146,8 @@ class GuardedRequest:
         This one override of the engine's masks is deliberate: a failed request must end."""
         if self.stop_token_id is not None:
             logits.fill_(-math.inf)
-            logits[..., self.stop_token_id] = 0.0
+            stop = self.stop_token_id
+            logits[..., stop : stop + 1].fill_(0.0)  # not ``[..., stop] = 0.0``: a blocking copy on CUDA for one row
 
     @classmethod
     def failed_at_realization(

@@ -115,10 +115,12 @@ class SlotBatch:
     def assign(self, slot: int, request: GuardedRequest | None) -> bool:
         """Put ``request``'s program in ``slot`` (``None``, or a request that is not resident, clears
         it); returns whether the slot now holds a resident request."""
+        leaving = self.requests[slot]
         self._detach(slot)
         self._set_failed(slot, False)
         self.requests[slot] = None
-        self._flags.reset(slot)
+        if self._flags.reset(slot, owner=leaving if leaving is not None and leaving.error is None else None):
+            self._flags_written = True  # its flag, if any, is in a grave: the next snapshot reads it
         self._layout_dirty = True
         if request is None or not request.resident:
             return False
@@ -413,7 +415,9 @@ class SlotBatch:
         if seen is None:
             return
         self._flags_awaited = False
-        values, epochs = seen
+        values, epochs, departed = seen
+        for request, position in departed:  # left its slot before its flag was read (ended, say)
+            request.fail(NO_TOKEN_LEFT.format(n=position))
         values = values[: self.num_slots]  # not the sentinel's
         if values.max() < 0:  # nothing flagged (one reduction, no temporary)
             return

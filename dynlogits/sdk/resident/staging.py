@@ -80,8 +80,16 @@ class SlotTable:
         self._dirty.add(slot)
 
     def _wait_for_copies(self) -> None:
+        """Make the mirror writable without waiting: while the last flush's copies still read it
+        (a batch change, or a failure noted, before the device ran them), write to a fresh pinned
+        copy instead; the caching host allocator keeps the old one until those copies have run."""
         if self._event is not None and not self._event.query():
-            self._event.synchronize()  # a batch change while the last one's copies are still queued: rare
+            old = self.host
+            assert old is not None
+            host = pinned(tuple(old.shape), self.dtype, self.device)
+            host.copy_(old)
+            self.host, self.host_np = host, host.numpy()
+        self._event = None
 
     def flush(self) -> bool:
         """Copy the rows set since the last flush to the device; whether there were any."""
@@ -107,48 +115,99 @@ class SlotFlags:
     """``dev[slot]``: an int64 per slot the device writes (``fill`` until it does); the host reads a
     recent copy.
 
-    ``reset(slot)`` (a new occupant) sets the slot back to ``fill`` and bumps its epoch;
-    ``snapshot()`` queues a copy to the host together with the epochs of that moment (skipped
-    while the last copy is still in flight: the values are sticky, nothing is lost); ``read()``
-    returns ``(values, epochs)`` of the last copy that landed, or ``None`` until one has, so a
-    value written for a slot's previous occupant is told apart by its epoch.
+    ``reset(slot, owner)`` (a new occupant) sets the slot back to ``fill`` and bumps its epoch; when
+    the departing ``owner`` may have a value on its way, that value is first moved, on the device,
+    to a *grave* owned by it, so a request that ends (its stop token sampled, say) before its flag
+    was read is still reported. ``snapshot()`` queues one copy of slots and graves to the host with
+    the epochs and grave owners of that moment (skipped while the last copy is still in flight: the
+    values are sticky, nothing is lost); ``read()`` returns ``(values, epochs, departed)`` of the
+    last copy that landed (``departed``: each grave owner whose value was set, with that value), or
+    ``None`` until one has, so a value written for a slot's previous occupant is told apart by its
+    epoch. ``values`` is valid until the next ``snapshot`` (its pinned buffer is reused). On the
+    CPU a value is read in the step that writes it: no graves are needed.
     """
 
     def __init__(self, num_slots: int, device: torch.device, *, fill: int = -1) -> None:
+        self.num_slots = num_slots
         self.fill = fill
-        self.dev = torch.full((num_slots,), fill, dtype=torch.int64, device=device)
+        self.device = device
         self.epochs = np.zeros(num_slots, dtype=np.int64)
         self._cuda = on_accelerator(device)
         self.asynchronous = self._cuda  # whether a snapshot lands later than it is queued
-        if self._cuda:
-            self._host = pinned((num_slots,), torch.int64, device)
-            self._host.fill_(fill)
-            self._host_np = self._host.numpy()
-            self._event: torch.cuda.Event | None = None
-            self._snap_epochs = self.epochs.copy()
-        else:
+        self._graves: list[Any] = []  # grave -> its owner (None: free); grave g is dev[num_slots + g]
+        self.dev = torch.full((num_slots,), fill, dtype=torch.int64, device=device)
+        self._landing: tuple[Any, torch.Tensor, np.ndarray, list[Any]] | None = None  # event, host copy, epochs, owners
+        self._landed: tuple[np.ndarray, np.ndarray, list[tuple[Any, int]]] | None = None
+        self._read_from: torch.Tensor | None = None  # the host copy ``_landed`` views
+        self._spare: torch.Tensor | None = None  # a read host copy, for the next snapshot
+        if not self._cuda:
             self._host_np = self.dev.numpy()
 
-    def reset(self, slot: int) -> None:
-        self.dev[slot] = self.fill
+    def reset(self, slot: int, owner: Any = None) -> bool:
+        """A new occupant for ``slot``; whether ``owner``'s value (if any) went to a grave."""
+        graved = False
+        if self._cuda and owner is not None:
+            grave = self._free_grave()
+            self._graves[grave] = owner
+            at = self.num_slots + grave
+            self.dev[at : at + 1].copy_(self.dev[slot : slot + 1], non_blocking=True)
+            graved = True
+        self.dev[slot : slot + 1].fill_(self.fill)  # not ``dev[slot] = fill``: a blocking copy on CUDA
         self.epochs[slot] += 1
+        return graved
+
+    def _free_grave(self) -> int:
+        for g, owner in enumerate(self._graves):
+            if owner is None:
+                return g
+        grown = max(8, len(self._graves))  # double the graves (a device-side copy of the old values)
+        dev = torch.full((self.dev.shape[0] + grown,), self.fill, dtype=torch.int64, device=self.device)
+        dev[: self.dev.shape[0]].copy_(self.dev, non_blocking=True)
+        self.dev = dev
+        self._graves += [None] * grown
+        return len(self._graves) - grown
 
     def snapshot(self) -> bool:
         """Queue a copy of the current values to the host; ``False`` when the last one is still in
         flight (try again next step: the values are sticky)."""
         if not self._cuda:
             return True
-        if self._event is not None and not self._event.query():
+        if self._landing is not None and not self._landing[0].query():
             return False
-        self._host.copy_(self.dev, non_blocking=True)
-        self._event = torch.cuda.Event()
-        self._event.record()
-        self._snap_epochs = self.epochs.copy()
+        self._take_landed()
+        host, self._spare = self._spare, None
+        if host is None or host.shape != self.dev.shape or self._landed is not None:
+            host = pinned(tuple(self.dev.shape), torch.int64, self.device)
+        host.copy_(self.dev, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._landing = (event, host, self.epochs.copy(), list(self._graves))
         return True
 
-    def read(self) -> tuple[np.ndarray, np.ndarray] | None:
+    def _take_landed(self) -> None:
+        if self._landing is None or not self._landing[0].query():
+            return
+        _, host, epochs, owners = self._landing
+        self._landing = None
+        values = host.numpy()
+        self._read_from = host
+        departed = []
+        for g, owner in enumerate(owners):
+            if owner is not None:
+                value = int(values[self.num_slots + g])
+                if value != self.fill:
+                    departed.append((owner, value))
+                if self._graves[g] is owner:  # read: the grave is free again
+                    self._graves[g] = None
+        if self._landed is not None:  # an earlier landing not read yet: keep its departed owners
+            departed = self._landed[2] + departed
+        self._landed = (values[: self.num_slots], epochs, departed)
+
+    def read(self) -> tuple[np.ndarray, np.ndarray, list[tuple[Any, int]]] | None:
         if not self._cuda:
-            return self._host_np, self.epochs
-        if self._event is None or not self._event.query():
-            return None
-        return self._host_np, self._snap_epochs
+            return self._host_np, self.epochs, []
+        self._take_landed()
+        landed, self._landed = self._landed, None
+        if landed is not None:  # its buffer is reused by the next snapshot, once the caller is done
+            self._spare = self._read_from
+        return landed

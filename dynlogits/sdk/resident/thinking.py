@@ -126,8 +126,8 @@ class DeviceThinking:
             if tables is None:
                 tables = self.tables[level] = ThinkingTables(self.num_slots, self.device)
             tables.set(slot, templates.get(level))
-            tables.span[slot] = -1
-            tables.scanned[slot] = 0
+            tables.span[slot : slot + 1].fill_(-1)  # not ``span[slot] = -1``: a blocking copy on CUDA
+            tables.scanned[slot : slot + 1].fill_(0)
             if not tables.members:  # no thinking request left at this level: steps skip it
                 del self.tables[level]
         if templates and resumed > self.MAX_DEVICE_CATCH_UP:
@@ -193,8 +193,8 @@ class DeviceThinking:
                     continue
                 processor = request.processor.processors[level]  # type: ignore[union-attr]
                 span = processor._scan(history)  # the host automaton, same rule
-                tables.span[slot] = -1 if span is None else span
-                tables.scanned[slot] = committed
+                tables.span[slot : slot + 1].fill_(-1 if span is None else span)
+                tables.scanned[slot : slot + 1].fill_(committed)
         self._cold.clear()
 
     def _row_tokens(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
