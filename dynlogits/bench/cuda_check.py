@@ -1,0 +1,451 @@
+"""The apply path on a real CUDA device: syncs, landed copies and cost, where a CPU cannot see them.
+
+``python -m dynlogits.bench.cuda_check [--json FILE] [--trace-dir DIR]`` needs a GPU and only
+torch, numpy, pydantic and msgspec (no engine): it drives ``SlotBatch`` (the resident path every
+vLLM adapter runs) as the V1 adapter does (``adapters/vllm/v1.py``: ``assign`` on admission and
+removal, ``set_rows`` + ``flush`` at each batch change, ``apply(logits, histories=...)`` each
+step) and ``sdk.apply_rows`` for hosted rows (the SGLang / TensorRT-LLM / transformers path), over
+a sequence with admissions, removals, swaps, slot reuse, a request whose forced token the
+"grammar" masks (with and without a stop token), a ``python`` kind and every built-in kind.
+
+Three checks, each printed and in ``--json``:
+
+* ``syncs``: every adapter call runs under ``torch.cuda.set_sync_debug_mode("warn")`` (CUDA's
+  own accounting: ``.item()``, ``.tolist()``, ``bool()``, ``nonzero``, blocking copies, …), and
+  under the CUDA profiler, whose trace names each copy's source (``Pageable`` copies block the
+  host even when asked not to). The engine's own work is kept out of both: its uploads come from
+  pinned memory and tokens come from the reference run, so nothing it does is counted.
+* ``landed``: the device is kept behind the host (``torch.cuda._sleep`` before every step and no
+  wait between steps, as under async scheduling), so a staging buffer reused before its copy ran,
+  or a flag read before it landed, shows up: every step's logits must equal the CPU run's bit for
+  bit (fp32 and bf16, masking and dominating forcing), and both failing requests must be reported.
+* ``cost``: steady-step time (host wall clock to a final synchronize, and CUDA-event device time)
+  and device ops per step (from the profiler trace) of the resident path, of ``sdk.apply_row``
+  per row (``loop``), and of the memset ``floor`` (every row filled with ``-inf``), vocab 151936.
+
+Exit status: 0 when no sync and no mismatch was found, 1 otherwise, 2 without CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dynlogits import sdk
+
+from .sync_drive import EOS, FAILING, GRAMMAR_MASKED, HOSTED, builtin_payloads
+
+NO_TOKEN_LEFT = "no token left to sample"
+LAG_CYCLES = 2_000_000  # about 1 ms of GPU time queued ahead of each step's adapter calls
+
+
+@dataclass
+class _Row:
+    request: sdk.GuardedRequest
+    tokens: list[int]
+    slot: int | None
+    failing: bool
+    first_step: int
+
+
+@dataclass
+class SequenceRun:
+    """One run of the sequence: each step's processed logits (on the host) and what it saw."""
+
+    logits: list[torch.Tensor] = field(default_factory=list)
+    rows: list[list[int | None]] = field(default_factory=list)  # per step: request id of each row
+    failures: list[str] = field(default_factory=list)
+    syncs: list[str] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)  # per step: the sampled token of each row
+    failing: dict[int, int] = field(default_factory=dict)  # request id -> the step its grammar fails it
+
+
+class _Engine:
+    """A V1-runner-like engine loop around ``SlotBatch`` and ``apply_rows`` (see the module doc)."""
+
+    def __init__(self, device: torch.device, vocab: int, num_slots: int, dominating: bool, check: bool) -> None:
+        self.device, self.vocab, self.dominating, self.check = device, vocab, dominating, check
+        self.batch = sdk.SlotBatch(num_slots=num_slots, vocab_size=vocab, device=device)
+        self.free = list(range(num_slots - 1, -1, -1))
+        self.rows: list[_Row | None] = []
+        self.ids: list[int | None] = []
+        self.report: list[str] = []
+        self.syncs: list[str] = []
+        self.next_id = 0
+        self.failing: dict[int, int] = {}
+
+    @contextmanager
+    def adapter(self) -> Iterator[None]:
+        """The adapter's calls: CUDA's sync accounting on (``warn``), each warning recorded."""
+        if not self.check:
+            yield
+            return
+        event_class = torch.cuda.Event
+        real_synchronize = event_class.synchronize
+
+        def watched(event: Any) -> None:  # CUDA's accounting does not cover cudaEventSynchronize
+            if not event.query():
+                where = [f for f in traceback.extract_stack() if "/dynlogits/" in f.filename and f.name != "watched"]
+                self.syncs.append(f"{where[-1].filename}:{where[-1].lineno}: Event.synchronize on a pending event"
+                                  if where else "Event.synchronize on a pending event")
+            real_synchronize(event)
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            event_class.synchronize = watched  # type: ignore[method-assign]
+            try:
+                yield
+            finally:
+                event_class.synchronize = real_synchronize  # type: ignore[method-assign]
+                torch.cuda.set_sync_debug_mode("default")
+        self.syncs += [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "synchroniz" in str(w.message)]
+
+    def admit(self, row: int, payload: list[dict[str, Any]], stop: int | None, step: int) -> None:
+        with self.adapter():
+            request = sdk.realize(payload, vocab_size=self.vocab, stop_token_id=stop, report=self.report.append)
+            assert request is not None
+            request.dominating = self.dominating
+            slot = None
+            if request.resident and self.free:
+                slot = self.free.pop()
+                self.batch.assign(slot, request)
+        while len(self.rows) <= row:
+            self.rows.append(None)
+            self.ids.append(None)
+        self.remove(row)
+        self.rows[row] = _Row(request, [], slot, payload is FAILING, step)
+        self.ids[row] = self.next_id
+        if payload is FAILING:
+            self.failing[self.next_id] = step
+        self.next_id += 1
+
+    def remove(self, row: int) -> None:
+        entry = self.rows[row]
+        if entry is not None and entry.slot is not None:
+            with self.adapter():
+                self.batch.assign(entry.slot, None)
+            self.free.append(entry.slot)
+        self.rows[row], self.ids[row] = None, None
+
+    def swap(self, a: int, b: int) -> None:
+        self.rows[a], self.rows[b] = self.rows[b], self.rows[a]
+        self.ids[a], self.ids[b] = self.ids[b], self.ids[a]
+
+    def relayout(self) -> None:
+        slots = np.array([-1 if r is None or r.slot is None else r.slot for r in self.rows], dtype=np.int64)
+        with self.adapter():
+            self.batch.set_rows(slots)
+            self.batch.flush()
+
+    def apply(self, logits: torch.Tensor) -> None:
+        histories = [[] if r is None else r.tokens for r in self.rows]
+        hosted = [i for i, r in enumerate(self.rows) if r is not None and r.slot is None]
+        with self.adapter():
+            self.batch.apply(logits, histories=histories)
+            if hosted:
+                sdk.apply_rows(logits, hosted, [self.rows[i].request for i in hosted],  # type: ignore[union-attr]
+                               [histories[i] for i in hosted])
+
+
+def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The engine's logits for a step: from pinned memory, without blocking (never counted)."""
+    if device.type != "cuda":
+        return host.clone()
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def run_sequence(device: torch.device, *, dtype: torch.dtype, dominating: bool, replay: SequenceRun | None,
+                 steps: int = 40, vocab: int = 64, seed: int = 0, lag: bool = False) -> SequenceRun:
+    """The sequence on ``device``. ``replay``: take each step's tokens from that run (no read back
+    from the device, as when the host runs ahead); else sample greedily here (the reference)."""
+    check = device.type == "cuda"
+    engine = _Engine(device, vocab, num_slots=24, dominating=dominating, check=check)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    kinds = builtin_payloads(vocab)
+    out = SequenceRun()
+    kept: list[torch.Tensor] = []
+    os.environ.setdefault("DYN_LOGITS_PYTHON_FACTORIES", "dynlogits.testing.faults:scale")
+    for i in range(12):
+        engine.admit(i, kinds[i % len(kinds)], EOS, 0)
+    for step in range(steps):
+        changed = step == 0
+        live = [i for i, r in enumerate(engine.rows) if r is not None]
+        if step == 1:
+            engine.admit(len(engine.rows), FAILING, EOS, step)
+            engine.admit(len(engine.rows), FAILING, None, step)  # no stop token: fail-stopped to the pick
+            engine.remove(1)
+            changed = True
+        elif step == 2:
+            engine.swap(0, 2)
+            changed = True
+        elif step == 5:
+            engine.admit(len(engine.rows), HOSTED, EOS, step)
+            changed = True
+        elif step > 7:
+            roll = rng.random()
+            ordinary = [i for i in live if not engine.rows[i].failing]  # type: ignore[union-attr]
+            if roll < 0.35 and len(ordinary) > 4:
+                engine.remove(rng.choice(ordinary))
+                changed = True
+            elif roll < 0.7:
+                holes = [i for i, r in enumerate(engine.rows) if r is None]
+                row = rng.choice(holes) if holes and rng.random() < 0.5 else len(engine.rows)
+                engine.admit(row, kinds[rng.randrange(len(kinds))], EOS, step)
+                changed = True
+            elif roll < 0.85 and len(live) > 2:
+                a, b = rng.sample(live, 2)
+                engine.swap(a, b)
+                changed = True
+        if changed:
+            engine.relayout()
+        host = torch.randn(len(engine.rows), vocab, generator=gen).to(dtype)
+        for i, r in enumerate(engine.rows):
+            if r is not None and r.failing:
+                host[i, GRAMMAR_MASKED] = -math.inf  # the engine's grammar bitmask
+        logits = _upload(host, device)
+        if lag:
+            torch.cuda._sleep(LAG_CYCLES)
+        engine.apply(logits)
+        kept.append(logits)
+        out.rows.append(list(engine.ids))
+        if replay is None:
+            tokens = logits.float().argmax(dim=-1).tolist()
+        else:
+            tokens = replay.tokens[step]
+        out.tokens.append(tokens)
+        finished = []
+        for i, (r, t) in enumerate(zip(engine.rows, tokens)):
+            if r is not None:
+                r.tokens.append(t)
+                if r.request.stop_token_id is not None and t == r.request.stop_token_id:
+                    finished.append(i)
+        for i in finished:  # the engine ends a request that sampled its stop token
+            engine.remove(i)
+        if finished:
+            engine.relayout()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    engine.apply(_upload(torch.zeros(len(engine.rows), vocab, dtype=dtype), device))  # reads the landed flags
+    for r in engine.rows:
+        if r is not None:
+            r.request.poll()
+    out.logits = [t.cpu() for t in kept]
+    out.failures = list(engine.report)
+    out.syncs = engine.syncs
+    out.failing = dict(engine.failing)
+    return out
+
+
+def compare(reference: SequenceRun, got: SequenceRun) -> list[str]:
+    """Rows that differ bit for bit; a failing request is compared at its first step only (its
+    later rows depend on when the host learns of the failure, by design)."""
+    diffs = []
+    if len(reference.logits) != len(got.logits) or reference.rows != got.rows:
+        return ["the two runs did not see the same batches"]
+    for step, (want, have, ids) in enumerate(zip(reference.logits, got.logits, reference.rows)):
+        for row, rid in enumerate(ids):
+            if rid is None or step > reference.failing.get(rid, step):
+                continue
+            if not torch.equal(want[row], have[row]):
+                bad = (want[row] != have[row]).nonzero().flatten().tolist()[:5]
+                diffs.append(f"step {step} row {row} (request {rid}): differs at ids {bad}")
+    return diffs
+
+
+# -- cost -----------------------------------------------------------------------------------------
+KIND_PAYLOADS: dict[str, Callable[[int, int], list[dict[str, Any]]]] = {
+    "forced_sequence": lambda v, i: [{"kind": "forced_sequence", "token_ids": [(7 * i + j) % (v - 2) + 2 for j in range(64)],
+                                      "eos_token_id": EOS}],
+    "banned_tokens": lambda v, i: [{"kind": "banned_tokens", "token_ids": [(97 * i + 13 * j) % (v - 2) + 2 for j in range(32)]}],
+    "logit_bias": lambda v, i: [{"kind": "logit_bias", "bias": {str((89 * i + 11 * j) % (v - 2) + 2): 1.5 for j in range(32)}}],
+}
+
+
+def _mixed(v: int, i: int) -> list[dict[str, Any]]:
+    return KIND_PAYLOADS[sorted(KIND_PAYLOADS)[i % len(KIND_PAYLOADS)]](v, i)
+
+
+@dataclass
+class Cost:
+    kind: str
+    batch: int
+    impl: str
+    wall_ms: float  # per step, host wall clock over the loop to a final synchronize
+    device_ms: float  # per step, CUDA events around the loop
+    ops: float  # device ops (kernels, copies, memsets) per step, from the profiler trace
+    pageable: int  # pageable host-to-device copies per step
+    names: list[str] = field(default_factory=list)  # the device ops of one step (the trace's names)
+
+
+def _device_ops(fn: Callable[[], None], steps: int, trace_dir: Path) -> tuple[float, int]:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    path = trace_dir / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text()).get("traceEvents", [])
+    device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    pageable = sum("Pageable" in e.get("name", "") for e in device)
+    _device_ops.names = [e.get("name", "")[:90] for e in device[: len(device) // steps]]  # type: ignore[attr-defined]
+    return len(device) / steps, pageable
+
+
+def measure(kind: str, batch: int, *, vocab: int, steps: int, trace_dir: Path) -> list[Cost]:
+    device = torch.device("cuda")
+    make = _mixed if kind == "mixed" else KIND_PAYLOADS[kind]
+    payloads = [make(vocab, i) for i in range(batch)]
+    histories: list[list[int]] = [[5] * 3 for _ in range(batch)]  # position 3: a forced row stays forced
+    stop = sdk.pick_stop_token(EOS, None, vocab)
+    logits = torch.randn(batch, vocab, device=device)
+
+    def resident(dominating: bool) -> sdk.SlotBatch:
+        slots = sdk.SlotBatch(num_slots=max(256, batch), vocab_size=vocab, device=device)
+        for i, p in enumerate(payloads):
+            request = sdk.realize(p, vocab_size=vocab, stop_token_id=stop)
+            assert request is not None
+            request.dominating = dominating
+            slots.assign(i, request)
+        slots.set_rows(np.arange(batch, dtype=np.int64))
+        slots.flush()
+        return slots
+
+    masking, dominating = resident(False), resident(True)
+    loop_requests = [sdk.realize(p, vocab_size=vocab, stop_token_id=stop) for p in payloads]
+
+    def loop() -> None:
+        for i, request in enumerate(loop_requests):
+            sdk.apply_row(request, histories[i], logits[i])  # type: ignore[arg-type]
+
+    impls: dict[str, Callable[[], None]] = {"adapter": lambda: masking.apply(logits, histories=histories)}
+    if kind in ("forced_sequence", "mixed"):
+        impls["adapter_dominating"] = lambda: dominating.apply(logits, histories=histories)
+    impls["loop"] = loop
+    if kind == "forced_sequence":
+        impls["floor"] = lambda: logits.fill_(-math.inf)
+    costs = []
+    for name, fn in impls.items():
+        n = steps if name != "loop" or batch <= 64 else max(5, steps // 10)
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3 / n
+        ops, pageable = _device_ops(fn, min(n, 10), trace_dir)
+        costs.append(Cost(kind, batch, name, wall, start.elapsed_time(end) / n, ops, pageable,
+                          list(_device_ops.names) if name.startswith("adapter") else []))  # type: ignore[attr-defined]
+    return costs
+
+
+def _detectors_see_planted_syncs(device: torch.device) -> dict[str, bool]:
+    """Whether each detector sees what it is for: an ``.item()``, a wait on a pending event and a
+    number written into one element inside an adapter call are recorded; a number written into a
+    row is not (the rule ``dynlogits.testing.simcuda`` models); a pageable copy is in the trace."""
+    seen = {}
+    t = torch.zeros(4, 8, device=device)
+    planted: dict[str, Callable[[], object]] = {
+        "item": lambda: t[0, 0].item(),
+        "pending event": lambda: (torch.cuda._sleep(LAG_CYCLES), _recorded().synchronize()),
+        "number into one element": lambda: t.__setitem__((0, 1), 2.0),
+        "number into a row (not a sync)": lambda: t.__setitem__(1, 2.0),
+    }
+    for name, plant in planted.items():
+        engine = _Engine(device, 64, num_slots=2, dominating=False, check=True)
+        torch.cuda.synchronize()
+        with engine.adapter():
+            plant()
+        seen[name] = bool(engine.syncs)
+    with tempfile.TemporaryDirectory() as tmp:
+        _, pageable = _device_ops(lambda: torch.ones(1024).to(device, non_blocking=True), 1, Path(tmp))
+    seen["pageable copy"] = pageable == 1
+    return seen
+
+
+def _recorded() -> Any:
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dynlogits.bench.cuda_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, help="write every result here")
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--steps", type=int, default=200, help="timed steady steps per measurement")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"error: no CUDA device (torch {torch.__version__})", file=sys.stderr)
+        return 2
+    cuda = torch.device("cuda")
+    print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}", flush=True)
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "sequences": []}
+    planted = _detectors_see_planted_syncs(cuda)
+    results["planted"] = planted
+    ok = all(v == ("not a sync" not in k) for k, v in planted.items())
+    print(f"planted (seen?): {planted} -> {'ok' if ok else 'FAILED'}", flush=True)
+    logging.getLogger("dynlogits").setLevel(logging.CRITICAL)  # the failing requests are expected
+    for dtype in (torch.float32, torch.bfloat16):
+        for dominating in (False, True):
+            reference = run_sequence(torch.device("cpu"), dtype=dtype, dominating=dominating, replay=None)
+            got = run_sequence(cuda, dtype=dtype, dominating=dominating, replay=reference, lag=True)
+            diffs = compare(reference, got)
+            reported = sum(NO_TOKEN_LEFT in f for f in got.failures)
+            want_reported = sum(NO_TOKEN_LEFT in f for f in reference.failures)
+            good = not diffs and not got.syncs and reported == want_reported == 2
+            ok &= good
+            label = f"{str(dtype).removeprefix('torch.')}, {'dominating' if dominating else 'masking'}"
+            print(f"sequence ({label}): {len(got.logits)} steps; syncs {len(got.syncs)}; rows differing from CPU "
+                  f"{len(diffs)}; failures reported {reported} (CPU {want_reported}) -> {'ok' if good else 'FAILED'}",
+                  flush=True)
+            for line in (got.syncs + diffs)[:10]:
+                print(f"    {line}")
+            results["sequences"].append({"dtype": str(dtype), "dominating": dominating, "steps": len(got.logits),
+                                         "syncs": got.syncs, "diffs": diffs, "failures": got.failures,
+                                         "reference_failures": reference.failures, "ok": good})
+    costs: list[Cost] = []
+    print(f"\n{'kind':<16}{'batch':>6}  {'impl':<19}{'wall ms':>10}{'device ms':>11}{'ops':>7}{'pageable':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("forced_sequence", "banned_tokens", "logit_bias", "mixed"):
+            for batch in (1, 64, 256):
+                for c in measure(kind, batch, vocab=args.vocab, steps=args.steps, trace_dir=Path(tmp)):
+                    costs.append(c)
+                    ok &= not c.impl.startswith("adapter") or c.pageable == 0
+                    print(f"{c.kind:<16}{c.batch:>6}  {c.impl:<19}{c.wall_ms:>10.4f}{c.device_ms:>11.4f}"
+                          f"{c.ops:>7.1f}{c.pageable:>9}", flush=True)
+    results["costs"] = [asdict(c) for c in costs]
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    print("\nresult:", "ok" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
