@@ -52,6 +52,46 @@ async def _until(predicate: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
+async def _serve_ready_closing_reused_connections(port: int, connections: list[int]) -> asyncio.Server:
+    """``GET /ready`` answered with a kept-alive connection that the server closes when a second
+    request arrives on it, as uvicorn does when its keep-alive timeout fires just as a request comes."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            body = json.dumps(INFO).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")  # a reused connection: closed without an answer
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", port, reuse_address=True)
+
+
+def test_probes_never_reuse_a_connection_the_worker_may_be_closing() -> None:
+    async def main() -> None:
+        port = _free_port()
+        connections: list[int] = []
+        server = await _serve_ready_closing_reused_connections(port, connections)
+        router = Router({"agg": [f"http://127.0.0.1:{port}"]})
+        endpoint = router.all_endpoints()[0]
+        try:
+            for i in range(5):
+                await router.probe(endpoint)
+                assert endpoint.ready, (i, endpoint.last_error)
+            assert len(connections) == 5
+        finally:
+            server.close()
+            await router.close()
+
+    asyncio.run(main())
+
+
 def test_a_worker_that_goes_away_and_comes_back_on_its_port_is_noticed() -> None:
     async def main() -> None:
         port = _free_port()

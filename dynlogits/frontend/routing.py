@@ -101,7 +101,12 @@ class Router:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0, read=idle_timeout_s),
                                         limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64,
                                                             keepalive_expiry=2.0))
-        self._probe_client = httpx.AsyncClient(timeout=httpx.Timeout(PROBE_TIMEOUT_S))
+        # Every probe on a fresh connection: a kept-alive one may be closed by the worker just as a
+        # probe is sent on it (uvicorn drops idle ones after 5 s, and a busy frontend's probe round
+        # can come later than that), and one such RemoteProtocolError took a healthy worker out of
+        # rotation for a second (50 requests got 503 in a deploy test with both cores busy).
+        self._probe_client = httpx.AsyncClient(timeout=httpx.Timeout(PROBE_TIMEOUT_S),
+                                               limits=httpx.Limits(max_keepalive_connections=0))
         self._task: asyncio.Task[None] | None = None
 
     @property
