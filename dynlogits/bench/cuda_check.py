@@ -296,7 +296,8 @@ class Cost:
     names: list[str] = field(default_factory=list)  # the device ops of one step (the trace's names)
 
 
-def _device_ops(fn: Callable[[], None], steps: int, trace_dir: Path) -> tuple[float, int]:
+def _device_ops(fn: Callable[[], None], steps: int, trace_dir: Path) -> tuple[float, int, list[str]]:
+    """Device ops per step, pageable copies in all, and the names of one step's ops (from the trace)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -309,8 +310,7 @@ def _device_ops(fn: Callable[[], None], steps: int, trace_dir: Path) -> tuple[fl
     events = json.loads(path.read_text()).get("traceEvents", [])
     device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     pageable = sum("Pageable" in e.get("name", "") for e in device)
-    _device_ops.names = [e.get("name", "")[:90] for e in device[: len(device) // steps]]  # type: ignore[attr-defined]
-    return len(device) / steps, pageable
+    return len(device) / steps, pageable, [e.get("name", "")[:90] for e in device[: len(device) // steps]]
 
 
 def measure(kind: str, batch: int, *, vocab: int, steps: int, trace_dir: Path) -> list[Cost]:
@@ -359,9 +359,9 @@ def measure(kind: str, batch: int, *, vocab: int, steps: int, trace_dir: Path) -
         end.record()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t0) * 1e3 / n
-        ops, pageable = _device_ops(fn, min(n, 10), trace_dir)
+        ops, pageable, names = _device_ops(fn, min(n, 10), trace_dir)
         costs.append(Cost(kind, batch, name, wall, start.elapsed_time(end) / n, ops, pageable,
-                          list(_device_ops.names) if name.startswith("adapter") else []))  # type: ignore[attr-defined]
+                          names if name.startswith("adapter") else []))
     return costs
 
 
@@ -384,7 +384,7 @@ def _detectors_see_planted_syncs(device: torch.device) -> dict[str, bool]:
             plant()
         seen[name] = bool(engine.syncs)
     with tempfile.TemporaryDirectory() as tmp:
-        _, pageable = _device_ops(lambda: torch.ones(1024).to(device, non_blocking=True), 1, Path(tmp))
+        _, pageable, _ = _device_ops(lambda: torch.ones(1024).to(device, non_blocking=True), 1, Path(tmp))
     seen["pageable copy"] = pageable == 1
     return seen
 

@@ -71,7 +71,7 @@ class SlotTable:
 
     def set(self, slot: int, values: Sequence[float] | np.ndarray) -> None:
         n = len(values)
-        self._wait_for_copies()
+        self._own_mirror()
         if n > self.width:
             self._alloc(max(n, 2 * self.width))
         row = self.host_np[slot]
@@ -79,7 +79,7 @@ class SlotTable:
         row[n:] = (row[n - 1] if n else 0) if self.pad is None else self.pad
         self._dirty.add(slot)
 
-    def _wait_for_copies(self) -> None:
+    def _own_mirror(self) -> None:
         """Make the mirror writable without waiting: while the last flush's copies still read it
         (a batch change, or a failure noted, before the device ran them), write to a fresh pinned
         copy instead; the caching host allocator keeps the old one until those copies have run."""
