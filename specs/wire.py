@@ -37,7 +37,6 @@ __all__ = ["WIRE_KEY", "decode_fast", "decode_strict", "decode_wire_entry", "dec
 
 WIRE_KEY = "dynamo_logits"
 
-_FAST = list[fast.FastEntry]
 _FAST_TO_MODEL: dict[type, type] = {
     fast.ForcedSequence: ForcedTokenSequenceSpec,
     fast.BannedTokens: BannedTokensSpec,
@@ -72,17 +71,21 @@ def _from_fast(entry: fast.FastEntry) -> Any:
     return model.model_construct(**{f: getattr(entry, f) for f in entry.__struct_fields__})
 
 
-def _finite(entry: fast.FastEntry) -> bool:
-    return not isinstance(entry, fast.LogitBias) or all(math.isfinite(v) for v in entry.bias.values())
+def _passes_post_checks(entry: fast.FastEntry) -> bool:
+    """The rules msgspec's types do not carry: finite biases keyed by decimal token ids."""
+    return not isinstance(entry, fast.LogitBias) or all(
+        math.isfinite(v) and fast.token_key_ok(k) for k, v in entry.bias.items())
 
 
 def decode_fast(payload: Any) -> tuple[Any, ...] | None:
     """The msgspec path (type rules only); ``None`` when it rejects the payload."""
     try:
-        entries = msgspec.convert(payload, _FAST, strict=True)
+        if type(payload) is not list:
+            return None
+        entries = [fast.convert_entry(item) for item in payload]
     except (msgspec.ValidationError, TypeError, UnicodeError):  # msgspec encodes text with lone surrogates
         return None
-    if not all(_finite(e) for e in entries):
+    if not all(_passes_post_checks(e) for e in entries):
         return None
     return tuple(_from_fast(e) for e in entries)
 
@@ -99,9 +102,9 @@ def decode_strict(payload: Any, *, root: str = WIRE_KEY) -> tuple[Any, ...]:
 def decode_wire_entry(item: Any, *, path: str, limits: SpecLimits = DEFAULT_LIMITS) -> Any:
     """Validate one entry found at ``path`` (e.g. ``dynamo_logits[2]``)."""
     try:
-        raw = msgspec.convert(item, fast.FastEntry, strict=True)
-        if not _finite(raw):
-            raise ValueError("non-finite bias")
+        raw = fast.convert_entry(item)
+        if not _passes_post_checks(raw):
+            raise ValueError("a bias value or key outside the rules")
         entry = _from_fast(raw)
     except (msgspec.ValidationError, TypeError, ValueError):
         plugins = plugin_kinds()

@@ -60,7 +60,7 @@ def test_msgspec_mirror_has_the_same_fields_as_the_models():
 _ids = st.lists(st.one_of(st.integers(-3, 2**31 + 3), st.booleans(), st.floats(allow_nan=True), st.text(max_size=2)), max_size=4)
 _json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**65), 2**65), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4))
 _json = st.recursive(_json_scalar, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)), max_leaves=8)
-_field_values = st.one_of(_ids, _json, st.integers(-2, 10), st.dictionaries(st.sampled_from(["0", "1", "42", "-1", "x", "007"]), st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.booleans(), st.text(max_size=1)), max_size=3))
+_field_values = st.one_of(_ids, _json, st.integers(-2, 10), st.dictionaries(st.sampled_from(["0", "1", "42", "-1", "x", "007", "00", "\u0663", "+4", "12345678901", "4294967295"]), st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.booleans(), st.text(max_size=1)), max_size=3))
 _field_names = st.sampled_from(
     ["token_ids", "eos_token_id", "bias", "min_tokens", "stop_token_ids", "start_token_ids", "end_token_ids", "budget", "factory", "kwargs", "text", "extra"]
 )
