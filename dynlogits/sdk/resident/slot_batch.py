@@ -109,6 +109,10 @@ class SlotBatch:
         self._stops = self._stop.dev[:, 0]
         self._ordered: list[Group] = []  # ``groups`` in entry order (see ``_group_order``)
         self._known_steps: list[tuple[Group, KnownRows]] = []  # the known layout's groups in entry order
+        #: the known layout's groups whose host plans a step (``Group.plan``), with where their values
+        #: go in the step's upload (after the rows' positions)
+        self._planners: list[tuple[Group, KnownRows, int, int]] = []
+        self._planned_size = 0
         self._positions_needed = False  # a group of the known layout is positional
 
     # -- batch changes ----------------------------------------------------------------------------
@@ -214,6 +218,12 @@ class SlotBatch:
         self._known_failed = self._known_rows(failed, stride, take(len(failed)), take(len(failed))) if len(failed) else None
         self._known_steps = [(self.groups[key], self._known[key]) for key in sorted(self._known, key=lambda k: k[0])]
         self._positions_needed = any(self.groups[key].positional for key in self._known)
+        self._planners, self._planned_size = [], 0
+        for group, rows in self._known_steps:
+            if group.planned_per_row:
+                size = group.planned_per_row * len(rows.rows)
+                self._planners.append((group, rows, self._planned_size, self._planned_size + size))
+                self._planned_size += size
         self._stride, self._dtype = stride, dtype
         self._layout_dirty = False
 
@@ -267,10 +277,10 @@ class SlotBatch:
                 self.flush()
                 self._prepare(stride, logits.dtype)
             if generated is None and histories is not None and self._positions_needed:
-                n = len(histories)
-                buf = self._positions.buffer(n)
-                buf[:] = [len(h) for h in histories]
-                generated = self._positions.upload(n)
+                generated = self._upload_positions(histories)
+            else:
+                for _, rows, _, _ in self._planners:
+                    rows.planned = None
         step = StepInputs(logits, logits.view(-1), stride, generated, self._stops,
                           flags=self._flags.dev if real_rows is None else None)
         deaths: list[Dead] = []
@@ -297,6 +307,20 @@ class SlotBatch:
             self._record_dead(step, deaths, real_rows)
             self._flags_written = True
         self._report_failures()
+
+    def _upload_positions(self, histories: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Known layout, positions on the host: every row's generated count and what the groups plan
+        from it (``Group.plan``), in one non-blocking upload; the row-indexed counts on the device."""
+        n = len(histories)
+        buf = self._positions.buffer(n + self._planned_size)
+        buf[:n] = [len(h) for h in histories]
+        generated = buf[:n]
+        for group, rows, start, stop in self._planners:
+            group.plan(rows, generated, buf[n + start : n + stop])
+        dev = self._positions.upload(n + self._planned_size)
+        for _, rows, start, stop in self._planners:
+            rows.planned = dev[n + start : n + stop]
+        return dev[:n]
 
     def _report_failures(self) -> None:
         """Read the flags copy that has landed (if any) *before* queuing the next one: a read of

@@ -76,6 +76,9 @@ class KnownRows:
     #: every row; fewer when some rows' requests are dominating)
     fill_runs: list[tuple[int, int]] | None = None
     fill_rows_dev: torch.Tensor | None = None
+    #: this step's values the host planned for the group (``Group.plan``), on the device; ``None``
+    #: when the host does not know the positions this step (set by ``SlotBatch`` every step)
+    planned: torch.Tensor | None = None
 
     def fill_masked(self, logits: torch.Tensor) -> None:
         """``-inf`` into the rows a forcing group masks (nothing when every row dominates)."""
@@ -156,6 +159,8 @@ class Group:
     restrictive = False  # can leave a row with no token (reports ``Dead``)
     positional = False  # needs each row's generated count
     forcing = False  # forces one token per row (a dominating request's rows are then not masked)
+    #: values per member row ``plan`` writes when the host knows the positions (0: it plans nothing)
+    planned_per_row = 0
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         self.level = level
@@ -194,6 +199,12 @@ class Group:
     def prepare(self, rows: KnownRows, stride: int) -> None:
         """Cache what a known layout's steps reuse (called on every batch change)."""
         self._cache.clear()
+
+    def plan(self, rows: KnownRows, generated: np.ndarray, out: np.ndarray) -> None:
+        """Known layout, positions known on the host (``generated``, row-indexed): write this step's
+        ``planned_per_row * len(rows.rows)`` values into ``out``; they reach ``apply_known`` as
+        ``rows.planned`` in the step's one upload, sparing the device the ops that derive them."""
+        raise NotImplementedError
 
     def apply_known(self, step: StepInputs, rows: KnownRows) -> Dead | None:
         raise NotImplementedError
@@ -291,7 +302,11 @@ def _force_known(step: StepInputs, tokens: torch.Tensor, rows: KnownRows) -> tor
     """Force ``tokens[i]`` in member row ``i``, keeping masks (a ``-inf`` stays, anything else, NaN
     included, becomes the row's ``win``); the forced flat indices ``[n, 1]``."""
     assert rows.base is not None
-    index = rows.base + tokens
+    return _force_known_at(step, rows.base + tokens, rows)
+
+
+def _force_known_at(step: StepInputs, index: torch.Tensor, rows: KnownRows) -> torch.Tensor:
+    """``_force_known`` given the forced flat indices ``[n]``."""
     kept = step.flat.index_select(0, index)
     rows.fill_masked(step.logits)
     step.flat.index_copy_(0, index, torch.where(torch.isneginf(kept), kept, 0.0 if rows.win is None else rows.win))
@@ -324,9 +339,16 @@ class ForceSeqGroup(Group):
         self.sequence.set(slot, (*template.tokens, template.eos))
         self.length.set(slot, [len(template.tokens)])
 
+    #: per member row: the forced flat index, the sentinel slot (``_settle``'s "no flag"), the position
+    planned_per_row = 3
+
     def prepare(self, rows: KnownRows, stride: int) -> None:
         super().prepare(rows, stride)
         n = len(rows.rows)
+        # for ``plan``: each row's sequence as flat logits indices, and its length (host copies)
+        self._cache["host_flat"] = rows.rows[:, None] * stride + self.sequence.host_np[rows.slots]
+        self._cache["host_length"] = self.length.host_np[rows.slots, 0]
+        self._cache["host_rows"] = np.arange(n)
         self._cache["sequence"] = self.sequence.dev[rows.slots_dev]
         self._cache["length"] = self.length.dev[rows.slots_dev, 0]
         self._cache["zero"] = torch.zeros_like(self._cache["length"])
@@ -346,23 +368,50 @@ class ForceSeqGroup(Group):
         column = torch.clamp(generated, zero, length) if zero is not None else generated.clamp(min=0).minimum(length)
         return sequence.gather(1, column[:, None]).view(-1)
 
+    def plan(self, rows: KnownRows, generated: np.ndarray, out: np.ndarray) -> None:
+        """``[forced flat index | sentinel slot | position]`` per member row: on the host, what
+        ``_tokens`` and ``_settle``'s gather would otherwise derive on the device each step."""
+        n = len(rows.rows)
+        positions = out[2 * n :]
+        if rows.identity:
+            positions[:] = generated
+        else:
+            np.take(generated, rows.rows, out=positions)
+        column = np.minimum(positions, self._cache["host_length"])  # host counts are never negative
+        out[:n] = self._cache["host_flat"][self._cache["host_rows"], column]
+        out[n : 2 * n] = self.member.num_slots - 1
+
     def apply_known(self, step: StepInputs, rows: KnownRows) -> Dead:
-        assert step.generated is not None and rows.stop_index is not None and rows.base is not None
-        positions = _positions(step, rows.rows_dev, rows.identity)
+        assert rows.stop_index is not None and rows.base is not None
+        n = len(rows.rows)
+        planned = None if rows.planned is None else rows.planned.view(3, n)
+        if planned is not None:
+            positions: torch.Tensor | None = planned[2]
+        else:
+            assert step.generated is not None
+            positions = _positions(step, rows.rows_dev, rows.identity)
         assert positions is not None
         if rows.last and rows.can_stop is None:
-            return self._settle(step, rows, positions)
-        tokens = self._tokens(positions, self._cache["sequence"], self._cache["length"], self._cache["zero"])
-        witness = _force_known(step, tokens, rows)
+            return self._settle(step, rows, positions, None if planned is None else planned[:2])
+        if planned is not None:
+            witness = _force_known_at(step, planned[0], rows)
+        else:
+            tokens = self._tokens(positions, self._cache["sequence"], self._cache["length"], self._cache["zero"])
+            witness = _force_known(step, tokens, rows)
         return Dead(rows.rows_dev, rows.slots_dev, witness, positions, rows.stop_index, rows.can_stop, win=rows.win)
 
-    def _settle(self, step: StepInputs, rows: KnownRows, positions: torch.Tensor) -> Dead:
+    def _settle(self, step: StepInputs, rows: KnownRows, positions: torch.Tensor,
+                planned: torch.Tensor | None = None) -> Dead:
         """No later group can mask these rows and every row has a stop token: settle here, in as
         few launches as the step allows. Each row gets its forced token, or its stop token where
-        the forced one is masked (then its flag too, when ``step.flags`` is given)."""
+        the forced one is masked (then its flag too, when ``step.flags`` is given). ``planned``:
+        the forced flat indices and sentinel slots ``[2, n]`` from ``plan`` (else gathered here)."""
         n = len(rows.rows)
-        column = torch.clamp(positions, self._cache["zero"], self._cache["length"])
-        picked = self._cache["pair"].gather(2, column.view(1, n, 1).expand(2, n, 1))  # [2, n, 1]
+        if planned is not None:
+            picked = planned.view(2, n, 1)
+        else:
+            column = torch.clamp(positions, self._cache["zero"], self._cache["length"])
+            picked = self._cache["pair"].gather(2, column.view(1, n, 1).expand(2, n, 1))  # [2, n, 1]
         index = picked.view(2, n)[0]
         kept = step.flat.index_select(0, index)
         rows.fill_masked(step.logits)
