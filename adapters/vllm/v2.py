@@ -128,17 +128,19 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         self._resident.flush()
         self._thinking.flush()
 
-    def _generated(self, ctx: Any, known: bool) -> torch.Tensor:
-        """Tokens generated before each row (drafts included): ``pos + 1 - prompt_len[slot]``. In a
-        known layout ``prompt_len - 1`` of its rows is kept until the layout changes (a slot's prompt
-        length changes only with its occupant, and a new occupant resets the layout)."""
+    def _offset(self, ctx: Any, known: bool) -> torch.Tensor:
+        """``prompt_len[slot] - 1`` of each row: the tokens generated before a row (drafts included)
+        are ``ctx.pos - offset``, negative on a row still in prefill (discarded: groups clamp). In a
+        known layout the offsets of its rows are kept until the layout changes (a slot's prompt
+        length changes only with its occupant, and a new occupant resets the layout), and are the
+        same tensor meanwhile (``SlotBatch.apply``'s ``pos_offset`` contract)."""
         if known and self._prompt_offset is not None:
-            return ctx.pos - self._prompt_offset
+            return self._prompt_offset
         prompt = self._req_states.prompt_len.gpu  # read each step: vLLM swaps the UVA buffer it points to
         offset = prompt[ctx.expanded_idx_mapping].to(ctx.pos.dtype) - 1
         if known:
             self._prompt_offset = offset
-        return ctx.pos - offset  # negative on a row still in prefill (discarded): groups clamp
+        return offset
 
     def _apply_v2(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
         slots_in_step = ctx.idx_mapping_np
@@ -166,7 +168,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         relaid = known and self._layout is not slots and (self._layout is None or not np.array_equal(self._layout, slots))
         if relaid:
             self._prompt_offset = None  # another layout: its rows' prompt lengths are read again
-        generated = self._generated(ctx, known) if self._resident.needs_positions else None
+        positional = self._resident.needs_positions
         if self._thinking.tables:  # (its max_new starts at 1 + the engine's drafts: nothing to keep up)
             states = self._req_states
             self._thinking.step(states.all_token_ids.gpu, states.prompt_len.gpu, states.total_len.gpu,
@@ -178,10 +180,13 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
                 self._resident.set_rows(np.where(resident, slots_in_step, -1))
             self._layout = slots  # the same object while the slots stay: no comparison next step
             self._resident.use_known_layout()
-            self._resident.apply(logits, generated=generated, thinking=self._thinking.decide)
+            # positions as the runner has them: the resident path subtracts only where it must
+            self._resident.apply(logits, pos=ctx.pos if positional else None,
+                                 pos_offset=self._offset(ctx, known) if positional else None, thinking=self._thinking.decide)
         else:
             self._resident.rows_on_device(ctx.expanded_idx_mapping, slots_in_step[resident])
             real = ctx.expanded_local_pos == 0
+            generated = ctx.pos - self._offset(ctx, known) if positional else None
             self._resident.apply(logits, generated=generated, thinking=self._thinking.decide, real_rows=real)
 
     def _fail_resident_v2(self, logits: torch.Tensor, slots_in_step: np.ndarray, resident: np.ndarray,

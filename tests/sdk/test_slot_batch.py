@@ -206,6 +206,67 @@ def test_a_forced_token_the_engine_masked_fails_its_request_alone_with_the_reaso
     assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [6]
 
 
+SEQUENCES = ([5, 6, 7], [8], [9, 10, 11, 12, 13])
+
+
+@pytest.mark.parametrize("source", ["histories", "generated", "pos"])
+def test_a_forced_row_forces_its_sequence_at_every_position_from_prefill_to_past_its_end(source: str) -> None:
+    """Whichever way the runner gives positions (V1: histories, planned on the host; V2: ``pos``
+    and ``pos_offset``, read without subtracting; or generated counts), a row forces
+    ``sequence[generated]``, EOS once the sequence is spent, and ``sequence[0]`` on a row still in
+    prefill (negative: its sample is discarded, never flagged)."""
+    offset = 37  # prompt_len - 1 of every row
+    for generated in ([-3, 0, 0], [-1, 1, 4], [0, 5, 5], [2, 9, 40]):
+        if source == "histories" and min(generated) < 0:
+            continue  # a history is never shorter than empty
+        batch = SlotBatch(num_slots=4, vocab_size=V, device="cpu")
+        requests = [realize([{"kind": "forced_sequence", "token_ids": list(seq), "eos_token_id": EOS}]) for seq in SEQUENCES]
+        for slot, request in enumerate(requests):
+            batch.assign(slot, request)
+        batch.set_rows(np.array([2, 0, 1]))  # rows hold slots 2, 0, 1: not the identity
+        ordered = [SEQUENCES[2], SEQUENCES[0], SEQUENCES[1]]
+        logits = torch.randn(3, V)
+        counts = torch.tensor(generated)
+        if source == "histories":
+            batch.apply(logits, histories=[[3] * g for g in generated])
+        elif source == "generated":
+            batch.apply(logits, generated=counts)
+        else:
+            batch.apply(logits, pos=counts + offset, pos_offset=torch.full((3,), offset))
+        for row, (seq, g) in enumerate(zip(ordered, generated)):
+            want = (*seq, EOS)[min(max(g, 0), len(seq))]
+            assert torch.isfinite(logits[row]).nonzero().flatten().tolist() == [want], (source, generated, row)
+        assert not any(r.failed for r in requests)
+
+
+@pytest.mark.parametrize("source", ["histories", "generated", "pos"])
+def test_a_masked_forced_token_flags_the_position_capped_at_the_sequences_end(source: str) -> None:
+    """A row whose forced token is masked is fail-stopped and its request failed with the output
+    position; past the end of its sequence (EOS forced) the position reported is the sequence's
+    length, where its EOS was first due; a row in prefill is never flagged."""
+    cases = [(2, 2), (9, 5)] + ([] if source == "histories" else [(-2, None)])
+    for generated, reported in cases:
+        reports: list[str] = []
+        batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu")
+        request = sdk.realize([{"kind": "forced_sequence", "token_ids": list(SEQUENCES[2]), "eos_token_id": EOS}],
+                              vocab_size=V, stop_token_id=EOS, report=reports.append)
+        batch.assign(0, request)
+        batch.set_rows(np.array([0]))
+        logits = torch.randn(1, V)
+        logits[0, (*SEQUENCES[2], EOS)[min(max(generated, 0), 5)]] = NEG  # the grammar masks the forced token
+        if source == "histories":
+            batch.apply(logits, histories=[[3] * generated])
+        elif source == "generated":
+            batch.apply(logits, generated=torch.tensor([generated]))
+        else:
+            batch.apply(logits, pos=torch.tensor([generated + 20]), pos_offset=torch.tensor([20]))
+        assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [EOS]  # fail-stopped (or EOS kept)
+        if reported is None:
+            assert reports == [] and not request.failed
+        else:
+            assert len(reports) == 1 and f"at output position {reported}:" in reports[0], (source, generated, reports)
+
+
 SYNCING = {"tensor", "as_tensor", "item", "tolist", "numpy", "cpu"}
 
 

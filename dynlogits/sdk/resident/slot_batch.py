@@ -114,6 +114,7 @@ class SlotBatch:
         self._planners: list[tuple[Group, KnownRows, int, int]] = []
         self._planned_size = 0
         self._positions_needed = False  # a group of the known layout is positional
+        self._generated_needed = False  # a group of the known layout reads ``StepInputs.generated``
 
     # -- batch changes ----------------------------------------------------------------------------
     def assign(self, slot: int, request: GuardedRequest | None) -> bool:
@@ -218,6 +219,7 @@ class SlotBatch:
         self._known_failed = self._known_rows(failed, stride, take(len(failed)), take(len(failed))) if len(failed) else None
         self._known_steps = [(self.groups[key], self._known[key]) for key in sorted(self._known, key=lambda k: k[0])]
         self._positions_needed = any(self.groups[key].positional for key in self._known)
+        self._generated_needed = any(group.reads_generated(rows) for group, rows in self._known_steps)
         self._planners, self._planned_size = [], 0
         for group, rows in self._known_steps:
             if group.planned_per_row:
@@ -255,11 +257,16 @@ class SlotBatch:
         generated: torch.Tensor | None = None,
         thinking: ThinkingDecider | None = None,
         real_rows: torch.Tensor | None = None,
+        pos: torch.Tensor | None = None,
+        pos_offset: torch.Tensor | None = None,
     ) -> None:
         """Apply every resident request's entries to its row(s) of ``logits`` (in place).
 
         Positions come from ``histories`` (known layout: the history of each row, host lists whose
-        lengths are uploaded) or ``generated`` (a row-indexed device tensor of generated counts).
+        lengths are uploaded), ``generated`` (a row-indexed device tensor of generated counts), or
+        ``pos`` and ``pos_offset`` (row-indexed device tensors, ``generated = pos - pos_offset``;
+        ``pos_offset`` must be the same tensor for as long as the layout stays): groups that can
+        read ``pos`` directly do, and the subtraction runs only when another group needs it.
         ``thinking`` decides ``thinking_budget`` groups on the device (masked layout, or whenever
         ``histories`` is absent); otherwise they are decided on the host from ``histories``.
         ``real_rows`` (masked layout) marks the rows whose history is committed, i.e. not drafts.
@@ -281,8 +288,12 @@ class SlotBatch:
             else:
                 for _, rows, _, _ in self._planners:
                     rows.planned = None
+        if pos is not None and generated is None and (masked is not None or self._generated_needed):
+            assert pos_offset is not None
+            generated = pos - pos_offset
         step = StepInputs(logits, logits.view(-1), stride, generated, self._stops,
-                          flags=self._flags.dev if real_rows is None else None)
+                          flags=self._flags.dev if real_rows is None else None,
+                          pos=pos if masked is None else None, pos_offset=pos_offset)
         deaths: list[Dead] = []
         if masked is None:
             for group, rows in self._known_steps:

@@ -111,6 +111,12 @@ class StepInputs:
     #: the per-slot failure flags a group that settles its empty rows may write itself (``None``:
     #: rows may be drafts, so ``SlotBatch`` decides which rows to flag)
     flags: torch.Tensor | None = None
+    #: known layout, positions as the runner holds them (Model Runner V2): ``generated = pos -
+    #: pos_offset`` (row-indexed; ``pos_offset`` is the same tensor while the layout stays), for a
+    #: group that reads them without the subtraction (``generated`` is then ``None`` unless another
+    #: group of the step needs it: ``Group.reads_generated``)
+    pos: torch.Tensor | None = None
+    pos_offset: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -199,6 +205,11 @@ class Group:
     def prepare(self, rows: KnownRows, stride: int) -> None:
         """Cache what a known layout's steps reuse (called on every batch change)."""
         self._cache.clear()
+
+    def reads_generated(self, rows: KnownRows) -> bool:
+        """Whether a known layout's step of this group reads ``StepInputs.generated`` (when the runner
+        gives ``pos``/``pos_offset``, ``SlotBatch`` subtracts only if some group does)."""
+        return True
 
     def plan(self, rows: KnownRows, generated: np.ndarray, out: np.ndarray) -> None:
         """Known layout, positions known on the host (``generated``, row-indexed): write this step's
@@ -325,6 +336,10 @@ def _force_masked(step: StepInputs, tokens: torch.Tensor, where: torch.Tensor) -
 
 
 class ForceSeqGroup(Group):
+    """``forced_sequence``: a row that has generated ``g`` tokens forces ``sequence[g]``, EOS once
+    the sequence is spent, ``sequence[0]`` while still in prefill (``g < 0``). A row left with no
+    token reports ``min(g, length)``: past its end, the position where its EOS was first due."""
+
     template_type = ForceSeqTemplate
     restrictive = True
     positional = True
@@ -352,13 +367,61 @@ class ForceSeqGroup(Group):
         self._cache["sequence"] = self.sequence.dev[rows.slots_dev]
         self._cache["length"] = self.length.dev[rows.slots_dev, 0]
         self._cache["zero"] = torch.zeros_like(self._cache["length"])
-        if rows.last and rows.can_stop is None:
-            # For the settled step (``_settle``): per row and column, the forced token's flat index
-            # and the flag slot of a row that keeps it (the sentinel: no flag), side by side, and
-            # what replaces both where the token is masked (its stop token's index, its own slot).
-            flat = rows.base[:, None] + self._cache["sequence"]  # type: ignore[index]
-            self._cache["pair"] = torch.stack([flat, torch.full_like(flat, self.member.num_slots - 1)])
-            self._cache["if_dead"] = torch.stack([rows.stop_index, rows.slots_dev]).view(2, n, 1)  # type: ignore[list-item]
+        if self._settles(rows):
+            self._prepare_settle(rows)
+
+    @staticmethod
+    def _settles(rows: KnownRows) -> bool:
+        """No later group can mask these rows and every row has a stop token (``_settle``)."""
+        return rows.last and rows.can_stop is None
+
+    def reads_generated(self, rows: KnownRows) -> bool:
+        return not self._settles(rows)  # a settle reads ``pos`` directly (``_pick``)
+
+    def _prepare_settle(self, rows: KnownRows) -> None:
+        """The tables ``_pick`` reads. Each row's position is turned into a column ``c`` by
+        counting the row's bounds at or below it (``searchsorted``): bounds ``offset + [0, 1, ..,
+        length]`` give ``c = clamp(generated + 1, 0, length + 1)``, ``c = 0`` for a row still in
+        prefill (its sample is discarded). Per row and column, five planes: the forced token's flat
+        index (column ``c`` forces ``sequence[max(c - 1, 0)]``, EOS once the sequence is spent);
+        the flag slot of a row that keeps it (the sentinel: no flag); what replaces both where the
+        token is masked (its stop token's index; its own slot, the sentinel in prefill); and the
+        position a flag records (``c - 1``: the generated count, at most the sequence's length)."""
+        n = len(rows.rows)
+        assert rows.base is not None and rows.stop_index is not None
+        sentinel = self.member.num_slots - 1
+        sequence = self._cache["sequence"]
+        width = sequence.shape[1]  # the longest sequence + its EOS
+        flat = rows.base[:, None] + torch.cat([sequence[:, :1], sequence], 1)  # [n, width + 1]
+        dead_slot = rows.slots_dev[:, None].expand(n, width + 1).clone()
+        dead_slot[:, :1].fill_(sentinel)
+        position = torch.arange(-1, width, device=flat.device).expand(n, width + 1)
+        self._cache["table"] = torch.stack([flat, torch.full_like(flat, sentinel),
+                                            rows.stop_index[:, None].expand(n, width + 1), dead_slot, position])
+        steps = torch.arange(width, device=flat.device).expand(n, width)
+        self._cache["steps"] = steps
+        self._cache["beyond"] = steps > self._cache["length"][:, None]  # bounds past a row's length
+        self._cache["bounds"] = None
+        # the planned step's stand-in for the third and fourth planes
+        self._cache["if_dead"] = torch.stack([rows.stop_index, rows.slots_dev]).view(2, n, 1)
+
+    _NEVER = 2**31 - 1  # a bound no position reaches (fits int32 positions too)
+
+    def _pick(self, step: StepInputs, rows: KnownRows) -> torch.Tensor:
+        """``[5, n, 1]``: this step's column of every plane of ``_prepare_settle``'s table, from
+        ``pos`` (against ``pos_offset``) or ``generated``: two ops, whatever the runner gives."""
+        n = len(rows.rows)
+        values, offset = (step.pos, step.pos_offset) if step.pos is not None else (step.generated, None)
+        assert values is not None
+        if not rows.identity:
+            values = values[rows.rows_dev]
+        bounds = self._cache["bounds"]
+        if bounds is None or bounds[0] is not offset or bounds[1].dtype != values.dtype:
+            at = self._cache["steps"] if offset is None else self._cache["steps"] + (
+                offset if rows.identity else offset[rows.rows_dev])[:, None]
+            bounds = self._cache["bounds"] = (offset, at.masked_fill(self._cache["beyond"], self._NEVER).to(values.dtype))
+        column = torch.searchsorted(bounds[1], values.view(n, 1), right=True)
+        return self._cache["table"].gather(2, column.view(1, n, 1).expand(5, n, 1))
 
     @staticmethod
     def _tokens(generated: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor,
@@ -369,54 +432,52 @@ class ForceSeqGroup(Group):
         return sequence.gather(1, column[:, None]).view(-1)
 
     def plan(self, rows: KnownRows, generated: np.ndarray, out: np.ndarray) -> None:
-        """``[forced flat index | sentinel slot | position]`` per member row: on the host, what
-        ``_tokens`` and ``_settle``'s gather would otherwise derive on the device each step."""
+        """``[forced flat index | sentinel slot | position]`` per member row (the position capped at
+        the sequence's length, as everywhere in this group): on the host, what ``_pick`` would
+        otherwise derive on the device each step."""
         n = len(rows.rows)
         positions = out[2 * n :]
         if rows.identity:
             positions[:] = generated
         else:
             np.take(generated, rows.rows, out=positions)
-        column = np.minimum(positions, self._cache["host_length"])  # host counts are never negative
-        out[:n] = self._cache["host_flat"][self._cache["host_rows"], column]
+        np.minimum(positions, self._cache["host_length"], out=positions)  # host counts are never negative
+        out[:n] = self._cache["host_flat"][self._cache["host_rows"], positions]
         out[n : 2 * n] = self.member.num_slots - 1
 
     def apply_known(self, step: StepInputs, rows: KnownRows) -> Dead:
         assert rows.stop_index is not None and rows.base is not None
         n = len(rows.rows)
         planned = None if rows.planned is None else rows.planned.view(3, n)
+        if self._settles(rows):
+            if planned is not None:
+                return self._settle(step, rows, planned[:2].view(2, n, 1), self._cache["if_dead"], planned[2])
+            picked = self._pick(step, rows)
+            return self._settle(step, rows, picked[:2], picked[2:4], picked[4].view(n))
         if planned is not None:
             positions: torch.Tensor | None = planned[2]
-        else:
-            assert step.generated is not None
-            positions = _positions(step, rows.rows_dev, rows.identity)
-        assert positions is not None
-        if rows.last and rows.can_stop is None:
-            return self._settle(step, rows, positions, None if planned is None else planned[:2])
-        if planned is not None:
             witness = _force_known_at(step, planned[0], rows)
         else:
-            tokens = self._tokens(positions, self._cache["sequence"], self._cache["length"], self._cache["zero"])
+            assert step.generated is not None
+            generated = _positions(step, rows.rows_dev, rows.identity)
+            assert generated is not None
+            tokens = self._tokens(generated, self._cache["sequence"], self._cache["length"], self._cache["zero"])
             witness = _force_known(step, tokens, rows)
+            positions = generated.minimum(self._cache["length"])
         return Dead(rows.rows_dev, rows.slots_dev, witness, positions, rows.stop_index, rows.can_stop, win=rows.win)
 
-    def _settle(self, step: StepInputs, rows: KnownRows, positions: torch.Tensor,
-                planned: torch.Tensor | None = None) -> Dead:
-        """No later group can mask these rows and every row has a stop token: settle here, in as
-        few launches as the step allows. Each row gets its forced token, or its stop token where
-        the forced one is masked (then its flag too, when ``step.flags`` is given). ``planned``:
-        the forced flat indices and sentinel slots ``[2, n]`` from ``plan`` (else gathered here)."""
+    def _settle(self, step: StepInputs, rows: KnownRows, picked: torch.Tensor, if_dead: torch.Tensor,
+                positions: torch.Tensor) -> Dead:
+        """Settle the rows here (``_settles``), in as few launches as the step allows: each row gets
+        its forced token, or its stop token where the forced one is masked (then its flag too, when
+        ``step.flags`` is given). ``picked``: the forced flat indices and the no-flag slots, ``[2, n,
+        1]``; ``if_dead``: what replaces them on a masked row; ``positions``: what a flag records."""
         n = len(rows.rows)
-        if planned is not None:
-            picked = planned.view(2, n, 1)
-        else:
-            column = torch.clamp(positions, self._cache["zero"], self._cache["length"])
-            picked = self._cache["pair"].gather(2, column.view(1, n, 1).expand(2, n, 1))  # [2, n, 1]
         index = picked.view(2, n)[0]
         kept = step.flat.index_select(0, index)
         rows.fill_masked(step.logits)
         dead = torch.isneginf(kept)
-        target, flag_slot = torch.where(dead.view(1, n, 1), self._cache["if_dead"], picked).view(2, n).unbind(0)
+        target, flag_slot = torch.where(dead.view(1, n, 1), if_dead, picked).view(2, n).unbind(0)
         if rows.win is None:
             step.flat.index_fill_(0, target, 0.0)
         else:
@@ -429,8 +490,9 @@ class ForceSeqGroup(Group):
     def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead:
         assert step.generated is not None
         slots = rows.slot_of_row
-        tokens = self._tokens(step.generated, self.sequence.dev[slots], self.length.dev[slots, 0])
-        return Dead(None, slots, _force_masked(step, tokens, rows.member), step.generated, where=rows.member)
+        length = self.length.dev[slots, 0]
+        tokens = self._tokens(step.generated, self.sequence.dev[slots], length)
+        return Dead(None, slots, _force_masked(step, tokens, rows.member), step.generated.minimum(length), where=rows.member)
 
 
 class MaskBeforeGroup(_IdsGroup):
