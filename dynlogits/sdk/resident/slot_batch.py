@@ -319,9 +319,10 @@ class SlotBatch:
             self._flags_written = True
         self._report_failures()
 
-    def _upload_positions(self, histories: Sequence[Sequence[int]]) -> torch.Tensor:
+    def _upload_positions(self, histories: Sequence[Sequence[int]]) -> torch.Tensor | None:
         """Known layout, positions on the host: every row's generated count and what the groups plan
-        from it (``Group.plan``), in one non-blocking upload; the row-indexed counts on the device."""
+        from it (``Group.plan``), in one non-blocking upload; the row-indexed counts on the device
+        (``None`` when no group of the layout reads them)."""
         n = len(histories)
         buf = self._positions.buffer(n + self._planned_size)
         buf[:n] = [len(h) for h in histories]
@@ -329,9 +330,9 @@ class SlotBatch:
         for group, rows, start, stop in self._planners:
             group.plan(rows, generated, buf[n + start : n + stop])
         dev = self._positions.upload(n + self._planned_size)
-        for _, rows, start, stop in self._planners:
-            rows.planned = dev[n + start : n + stop]
-        return dev[:n]
+        for group, rows, start, stop in self._planners:
+            rows.planned = dev[n + start : n + stop].view(group.planned_per_row, -1)
+        return dev[:n] if self._generated_needed else None
 
     def _report_failures(self) -> None:
         """Read the flags copy that has landed (if any) *before* queuing the next one: a read of

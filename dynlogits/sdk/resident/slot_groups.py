@@ -76,8 +76,9 @@ class KnownRows:
     #: every row; fewer when some rows' requests are dominating)
     fill_runs: list[tuple[int, int]] | None = None
     fill_rows_dev: torch.Tensor | None = None
-    #: this step's values the host planned for the group (``Group.plan``), on the device; ``None``
-    #: when the host does not know the positions this step (set by ``SlotBatch`` every step)
+    #: this step's values the host planned for the group (``Group.plan``), on the device, one row
+    #: per value (``[planned_per_row, n]``); ``None`` when the host does not know the positions this
+    #: step (set by ``SlotBatch`` every step)
     planned: torch.Tensor | None = None
 
     def fill_masked(self, logits: torch.Tensor) -> None:
@@ -126,11 +127,12 @@ class Dead:
     (the ids the group kept) is ``-inf`` once *every* group has run (``evaluate``, as the host path
     does). Known layout: ``rows`` is the rows' device index, ``witness`` flat logits indices
     ``[n, w]`` (with ``stop_index``/``can_stop`` as in ``KnownRows``); masked layout: ``rows`` is
-    ``None``, ``witness`` column ids ``[rows, w]`` and ``where`` the rows the group touched."""
+    ``None``, ``witness`` column ids ``[rows, w]`` and ``where`` the rows the group touched
+    (``witness`` is ``None`` when the group ``settled`` its rows)."""
 
     rows: torch.Tensor | None
     slots: torch.Tensor
-    witness: torch.Tensor
+    witness: torch.Tensor | None
     positions: torch.Tensor | None
     stop_index: torch.Tensor | None = None
     can_stop: torch.Tensor | None = None
@@ -146,6 +148,7 @@ class Dead:
         """Per row, on the device: whether it has no token left (call after the last group)."""
         if self.settled is not None:
             return self.settled
+        assert self.witness is not None
         if self.rows is not None:
             n = self.witness.shape[0]
             return torch.isneginf(step.flat.index_select(0, self.witness.reshape(-1)).view(n, -1)).all(1)
@@ -403,12 +406,12 @@ class ForceSeqGroup(Group):
         self._cache["beyond"] = steps > self._cache["length"][:, None]  # bounds past a row's length
         self._cache["bounds"] = None
         # the planned step's stand-in for the third and fourth planes
-        self._cache["if_dead"] = torch.stack([rows.stop_index, rows.slots_dev]).view(2, n, 1)
+        self._cache["if_dead"] = torch.stack([rows.stop_index, rows.slots_dev])
 
     _NEVER = 2**31 - 1  # a bound no position reaches (fits int32 positions too)
 
     def _pick(self, step: StepInputs, rows: KnownRows) -> torch.Tensor:
-        """``[5, n, 1]``: this step's column of every plane of ``_prepare_settle``'s table, from
+        """``[5, n]``: this step's column of every plane of ``_prepare_settle``'s table, from
         ``pos`` (against ``pos_offset``) or ``generated``: two ops, whatever the runner gives."""
         n = len(rows.rows)
         values, offset = (step.pos, step.pos_offset) if step.pos is not None else (step.generated, None)
@@ -421,7 +424,7 @@ class ForceSeqGroup(Group):
                 offset if rows.identity else offset[rows.rows_dev])[:, None]
             bounds = self._cache["bounds"] = (offset, at.masked_fill(self._cache["beyond"], self._NEVER).to(values.dtype))
         column = torch.searchsorted(bounds[1], values.view(n, 1), right=True)
-        return self._cache["table"].gather(2, column.view(1, n, 1).expand(5, n, 1))
+        return self._cache["table"].gather(2, column.view(1, n, 1).expand(5, n, 1)).view(5, n)
 
     @staticmethod
     def _tokens(generated: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor,
@@ -437,23 +440,22 @@ class ForceSeqGroup(Group):
         otherwise derive on the device each step."""
         n = len(rows.rows)
         positions = out[2 * n :]
-        if rows.identity:
-            positions[:] = generated
-        else:
-            np.take(generated, rows.rows, out=positions)
-        np.minimum(positions, self._cache["host_length"], out=positions)  # host counts are never negative
+        if not rows.identity:
+            generated = np.take(generated, rows.rows, out=positions)
+        np.minimum(generated, self._cache["host_length"], out=positions)  # host counts are never negative
         out[:n] = self._cache["host_flat"][self._cache["host_rows"], positions]
         out[n : 2 * n] = self.member.num_slots - 1
 
     def apply_known(self, step: StepInputs, rows: KnownRows) -> Dead:
         assert rows.stop_index is not None and rows.base is not None
-        n = len(rows.rows)
-        planned = None if rows.planned is None else rows.planned.view(3, n)
+        planned = rows.planned  # [3, n]
         if self._settles(rows):
             if planned is not None:
-                return self._settle(step, rows, planned[:2].view(2, n, 1), self._cache["if_dead"], planned[2])
+                index, _, positions = planned.unbind(0)
+                return self._settle(step, rows, planned[:2], index, self._cache["if_dead"], positions)
             picked = self._pick(step, rows)
-            return self._settle(step, rows, picked[:2], picked[2:4], picked[4].view(n))
+            index, _, _, _, positions = picked.unbind(0)
+            return self._settle(step, rows, picked[:2], index, picked[2:4], positions)
         if planned is not None:
             positions: torch.Tensor | None = planned[2]
             witness = _force_known_at(step, planned[0], rows)
@@ -466,25 +468,24 @@ class ForceSeqGroup(Group):
             positions = generated.minimum(self._cache["length"])
         return Dead(rows.rows_dev, rows.slots_dev, witness, positions, rows.stop_index, rows.can_stop, win=rows.win)
 
-    def _settle(self, step: StepInputs, rows: KnownRows, picked: torch.Tensor, if_dead: torch.Tensor,
-                positions: torch.Tensor) -> Dead:
+    def _settle(self, step: StepInputs, rows: KnownRows, picked: torch.Tensor, index: torch.Tensor,
+                if_dead: torch.Tensor, positions: torch.Tensor) -> Dead:
         """Settle the rows here (``_settles``), in as few launches as the step allows: each row gets
         its forced token, or its stop token where the forced one is masked (then its flag too, when
-        ``step.flags`` is given). ``picked``: the forced flat indices and the no-flag slots, ``[2, n,
-        1]``; ``if_dead``: what replaces them on a masked row; ``positions``: what a flag records."""
-        n = len(rows.rows)
-        index = picked.view(2, n)[0]
+        ``step.flags`` is given). ``picked``: the forced flat indices and the no-flag slots, ``[2,
+        n]`` (``index`` is its first row); ``if_dead``: what replaces them on a masked row;
+        ``positions``: what a flag records."""
         kept = step.flat.index_select(0, index)
         rows.fill_masked(step.logits)
         dead = torch.isneginf(kept)
-        target, flag_slot = torch.where(dead.view(1, n, 1), if_dead, picked).view(2, n).unbind(0)
+        target, flag_slot = torch.where(dead, if_dead, picked).unbind(0)
         if rows.win is None:
             step.flat.index_fill_(0, target, 0.0)
         else:
             step.flat.index_copy_(0, target, rows.win)
         if step.flags is not None:
             step.flags.scatter_reduce_(0, flag_slot, positions, reduce="amax")
-        return Dead(rows.rows_dev, rows.slots_dev, index[:, None], positions, rows.stop_index, rows.can_stop,
+        return Dead(rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,
                     settled=dead, flagged=step.flags is not None)
 
     def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead:
