@@ -10,7 +10,7 @@ Nothing here raises for one request's fault.
 
 This is the path for engines that hand over rows and histories every step (SGLang, TensorRT-LLM,
 transformers, and requests with opaque processors on vLLM). Engines with persistent request slots
-run built-in kinds on the resident path (``dynlogits.sdk.resident``), which plans nothing per step.
+run built-in kinds on the resident path (``dynlogits.sdk.resident``), which builds each request's tables once, when it enters a slot.
 """
 
 from __future__ import annotations

@@ -5,9 +5,11 @@ changes only when requests come and go. ``SlotBatch`` compiles each resident req
 processor a built-in kind: ``GuardedRequest.resident``) into per-slot device tables once, when it
 enters a slot, and runs each step as a few tensor ops per group of entries
 (``dynlogits.sdk.resident.slot_groups``), reading positions from what the engine already has. In steady
-state nothing is planned on the host per row, nothing is read back from the device, and no tensor
-is built from a host list: the only traffic is what ``dynlogits.sdk.resident.staging`` queues without
-blocking (the V1 runner's positions, host-decided ``thinking_budget`` tokens, failure flags).
+state the host's work per row is reading the V1 runner's history lengths and, for its forced rows,
+one vectorised numpy pass picking each row's token (``Group.plan``); nothing is read back from the
+device, and no tensor is built from a host list: the only traffic is what ``dynlogits.sdk.resident.staging`` queues without
+blocking (the V1 runner's positions and planned forced ids, host-decided ``thinking_budget`` tokens,
+failure flags).
 
 Lifecycle (what an adapter calls):
 
