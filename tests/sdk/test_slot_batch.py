@@ -267,6 +267,26 @@ def test_a_masked_forced_token_flags_the_position_capped_at_the_sequences_end(so
             assert len(reports) == 1 and f"at output position {reported}:" in reports[0], (source, generated, reports)
 
 
+def test_the_resident_path_refuses_logits_it_cannot_index_flat() -> None:
+    """Flat indices assume ``[rows, vocab]`` rows laid end to end: another width, another rank or
+    rows with gaps between them are refused before anything is written."""
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu")
+    batch.assign(0, realize([{"kind": "banned_tokens", "token_ids": [5]}]))
+    batch.assign(1, realize([{"kind": "banned_tokens", "token_ids": [6]}]))
+    batch.set_rows(np.array([0, 1]))
+    wide = torch.randn(2, 2 * V)
+    for bad, rule in ((torch.randn(2, V + 1), "width"), (torch.randn(2, 1, V), "width"),
+                      (wide[:, ::2], "contiguous"), (wide[:, :V], "contiguous")):
+        before = bad.clone()
+        with pytest.raises(ValueError, match=rule):
+            batch.apply(bad, histories=[[], []])
+        assert torch.equal(bad, before)
+    one_row = wide[:1, :V]  # one row of a wider tensor: its row stride does not matter
+    batch.set_rows(np.array([0]))
+    batch.apply(one_row, histories=[[]])
+    assert one_row[0, 5] == NEG and torch.isfinite(wide[0, V:]).all()
+
+
 SYNCING = {"tensor", "as_tensor", "item", "tolist", "numpy", "cpu"}
 
 
