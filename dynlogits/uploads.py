@@ -1,7 +1,8 @@
 """Host values to a device tensor without blocking: the resident and hosted apply paths' uploads.
 
 ``StepUpload`` is a ring of pinned host buffers copied non-blocking, so a buffer is never
-overwritten while its copy is still queued. ``to_device(values, dtype, device)`` is ``torch.tensor(values, dtype=dtype, device=device)``
+overwritten while its copy is still queued; ``StepValues`` copies through such a ring into one
+device tensor kept while a layout stays (so its views are taken once). ``to_device(values, dtype, device)`` is ``torch.tensor(values, dtype=dtype, device=device)``
 without its blocking copy from pageable memory: on an accelerator the values go through a ring of
 pinned buffers (``StepUpload``, below) with a non-blocking copy, and the
 result is a fresh device tensor, valid for as long as it is referenced. On the CPU it is
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["StepUpload", "on_accelerator", "pinned", "to_device"]
+__all__ = ["StepUpload", "StepValues", "on_accelerator", "pinned", "to_device"]
 
 
 def on_accelerator(device: torch.device) -> bool:
@@ -77,16 +78,64 @@ class StepUpload:
         ``buffer`` call (an upload is consumed within its step), or for as long as it is referenced
         with ``keep`` (a layout reused over many steps). On CPU it is the buffer itself (a copy
         with ``keep``)."""
-        i = self._next
         if not on_accelerator(self.device):
-            return self._host[i][:n].clone() if keep else self._host[i][:n]
+            return self._host[self._next][:n].clone() if keep else self._host[self._next][:n]
         out = torch.empty(n, dtype=self.dtype, device=self.device)
-        out.copy_(self._host[i][:n], non_blocking=True)
+        self.upload_into(out)
+        return out
+
+    def upload_into(self, out: torch.Tensor) -> None:
+        """Accelerator only: the first ``len(out)`` values of the last ``buffer`` into the device
+        tensor ``out``, without blocking. Stream order makes reusing ``out`` safe: the copy runs
+        after every kernel queued before it, reads of the last values included."""
+        i = self._next
+        out.copy_(self._host[i][: out.shape[0]], non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         self._events[i] = event
         self._next = (i + 1) % len(self._host)
-        return out
+
+
+class StepValues:
+    """Values the host rewrites every step (``host()``, then ``push()``) and the device reads from
+    one tensor (``resize``'s) for as long as their number stays: views of it taken once stay valid,
+    so a step builds none. On an accelerator ``push`` copies a pinned ring buffer (``StepUpload``)
+    into it without blocking; on the CPU it is the host buffer itself. Storage grows by doubling,
+    so a batch change allocates nothing unless the batch outgrew every earlier one."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device, capacity: int = 256) -> None:
+        self.dtype = dtype
+        self.device = device
+        self._ring = StepUpload(dtype, device, capacity) if on_accelerator(device) else None
+        self._alloc(capacity)
+        self.resize(0)
+
+    def _alloc(self, capacity: int) -> None:
+        self.capacity = capacity
+        if self._ring is not None:
+            self._storage = torch.empty(capacity, dtype=self.dtype, device=self.device)
+        else:
+            self._storage = torch.zeros(capacity, dtype=self.dtype)
+            self._np = self._storage.numpy()
+
+    def resize(self, n: int) -> torch.Tensor:
+        """Hold ``n`` values from now on; returns the device tensor they land in (a new one after
+        each call: take views of it, not of an earlier one)."""
+        if n > self.capacity:
+            self._alloc(max(n, 2 * self.capacity))
+        self.n = n
+        self.dev = self._storage[:n]
+        return self.dev
+
+    def host(self) -> np.ndarray:
+        """The host array to write this step's ``n`` values into (all of them)."""
+        return self._np[: self.n] if self._ring is None else self._ring.buffer(self.n)
+
+    def push(self) -> None:
+        """Queue this step's values to the device tensor (nothing to do on the CPU)."""
+        if self._ring is not None:
+            self._ring.upload_into(self.dev)
+
 
 _RINGS: dict[tuple[torch.device, torch.dtype], Any] = {}  # StepUpload rings, 64 deep (about ten uploads a step)
 

@@ -14,6 +14,7 @@ from torch.overrides import TorchFunctionMode
 
 from dynlogits import sdk
 from dynlogits.sdk.resident.slot_batch import SlotBatch
+from dynlogits.sdk.resident.slot_groups import ForceSeqGroup
 from dynlogits.sdk.resident.thinking import DeviceThinking
 from dynlogits.specs import SpecError, decode_wire_payload
 
@@ -91,11 +92,14 @@ class Engine:
         return tokens, prompt, total
 
 
-@pytest.mark.parametrize("mode", ["histories", "device"])
+@pytest.mark.parametrize("mode", ["histories", "histories-numpy", "device"])
 @pytest.mark.parametrize("seed", range(60))
-def test_known_layout_equals_the_host_path_through_batch_changes(seed: int, mode: str) -> None:
+def test_known_layout_equals_the_host_path_through_batch_changes(seed: int, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows in a known layout (vLLM V1, or V2 without drafts): positions from the histories' lengths
-    and thinking_budget decided on the host, or both from the device; engine-masked tokens included."""
+    (forced rows planned in Python, as for a few rows, or with numpy, as for many) and thinking_budget
+    decided on the host, or both from the device; engine-masked tokens included."""
+    if mode == "histories-numpy":
+        monkeypatch.setattr(ForceSeqGroup, "_FEW_ROWS", 0)
     rng = random.Random(seed)
     engine = Engine(rng)
     for slot in rng.sample(range(SLOTS), rng.randint(1, 6)):
@@ -121,7 +125,7 @@ def test_known_layout_equals_the_host_path_through_batch_changes(seed: int, mode
         sdk.apply_rows(expected, where, [engine.host[s] for s in slots], [engine.history[s] for s in slots])
         got = logits.clone()
         histories = [engine.history.get(int(s), []) for s in host_slots]
-        if mode == "histories":
+        if mode.startswith("histories"):
             engine.batch.apply(got, histories=histories)
         else:
             engine.thinking.step(*engine.token_matrix())
@@ -209,15 +213,17 @@ def test_a_forced_token_the_engine_masked_fails_its_request_alone_with_the_reaso
 SEQUENCES = ([5, 6, 7], [8], [9, 10, 11, 12, 13])
 
 
-@pytest.mark.parametrize("source", ["histories", "generated", "pos"])
-def test_a_forced_row_forces_its_sequence_at_every_position_from_prefill_to_past_its_end(source: str) -> None:
+@pytest.mark.parametrize("source", ["histories", "histories-numpy", "generated", "pos"])
+def test_a_forced_row_forces_its_sequence_at_every_position_from_prefill_to_past_its_end(source: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whichever way the runner gives positions (V1: histories, planned on the host; V2: ``pos``
     and ``pos_offset``, read without subtracting; or generated counts), a row forces
     ``sequence[generated]``, EOS once the sequence is spent, and ``sequence[0]`` on a row still in
     prefill (negative: its sample is discarded, never flagged)."""
+    if source == "histories-numpy":  # many rows' planning, on these few
+        monkeypatch.setattr(ForceSeqGroup, "_FEW_ROWS", 0)
     offset = 37  # prompt_len - 1 of every row
     for generated in ([-3, 0, 0], [-1, 1, 4], [0, 5, 5], [2, 9, 40]):
-        if source == "histories" and min(generated) < 0:
+        if source.startswith("histories") and min(generated) < 0:
             continue  # a history is never shorter than empty
         batch = SlotBatch(num_slots=4, vocab_size=V, device="cpu")
         requests = [realize([{"kind": "forced_sequence", "token_ids": list(seq), "eos_token_id": EOS}]) for seq in SEQUENCES]
@@ -227,7 +233,7 @@ def test_a_forced_row_forces_its_sequence_at_every_position_from_prefill_to_past
         ordered = [SEQUENCES[2], SEQUENCES[0], SEQUENCES[1]]
         logits = torch.randn(3, V)
         counts = torch.tensor(generated)
-        if source == "histories":
+        if source.startswith("histories"):
             batch.apply(logits, histories=[[3] * g for g in generated])
         elif source == "generated":
             batch.apply(logits, generated=counts)
@@ -239,12 +245,14 @@ def test_a_forced_row_forces_its_sequence_at_every_position_from_prefill_to_past
         assert not any(r.failed for r in requests)
 
 
-@pytest.mark.parametrize("source", ["histories", "generated", "pos"])
-def test_a_masked_forced_token_flags_the_position_capped_at_the_sequences_end(source: str) -> None:
+@pytest.mark.parametrize("source", ["histories", "histories-numpy", "generated", "pos"])
+def test_a_masked_forced_token_flags_the_position_capped_at_the_sequences_end(source: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A row whose forced token is masked is fail-stopped and its request failed with the output
     position; past the end of its sequence (EOS forced) the position reported is the sequence's
     length, where its EOS was first due; a row in prefill is never flagged."""
-    cases = [(2, 2), (9, 5)] + ([] if source == "histories" else [(-2, None)])
+    if source == "histories-numpy":  # many rows' planning, on these few
+        monkeypatch.setattr(ForceSeqGroup, "_FEW_ROWS", 0)
+    cases = [(2, 2), (9, 5)] + ([] if source.startswith("histories") else [(-2, None)])
     for generated, reported in cases:
         reports: list[str] = []
         batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu")
@@ -254,7 +262,7 @@ def test_a_masked_forced_token_flags_the_position_capped_at_the_sequences_end(so
         batch.set_rows(np.array([0]))
         logits = torch.randn(1, V)
         logits[0, (*SEQUENCES[2], EOS)[min(max(generated, 0), 5)]] = NEG  # the grammar masks the forced token
-        if source == "histories":
+        if source.startswith("histories"):
             batch.apply(logits, histories=[[3] * generated])
         elif source == "generated":
             batch.apply(logits, generated=torch.tensor([generated]))

@@ -62,7 +62,7 @@ from ..forcing import DOMINATING_LOGIT, MASKED_WIN
 from ..guard import NO_TOKEN_LEFT, GuardedRequest
 from ..plans import fill_rows, row_runs
 from .slot_groups import GROUP_TYPES, Dead, Group, KnownRows, MaskedRows, StepInputs, ThinkingGroup
-from dynlogits.uploads import StepUpload
+from dynlogits.uploads import StepUpload, StepValues
 
 from .staging import SlotFlags, SlotTable
 
@@ -95,7 +95,10 @@ class SlotBatch:
         self._failed: set[int] = set()  # slots whose request failed: fail-stopped every step
         self._failed_member = SlotTable(num_slots + 1, torch.bool, self.device, pad=0)
         self._flags = SlotFlags(num_slots + 1, self.device)  # output position a slot's row was left empty, or -1
-        self._positions = StepUpload(torch.long, self.device)
+        self._no_flags = np.full(num_slots, self._flags.fill, dtype=np.int64).tobytes()  # the slots' values, none flagged
+        #: the known layout's per-step values from the host: each row's generated count, then what
+        #: the groups plan (``_planners``); one device tensor for the layout's life
+        self._step_values = StepValues(torch.long, self.device)
         self._decisions = StepUpload(torch.long, self.device)
         self._layout = StepUpload(torch.long, self.device)  # a known layout's rows and slots
         self._minus_one = torch.full((), -1, dtype=torch.long, device=self.device)
@@ -113,8 +116,8 @@ class SlotBatch:
         self._known_steps: list[tuple[Group, KnownRows]] = []  # the known layout's groups in entry order
         #: the known layout's groups whose host plans a step (``Group.plan``), with where their values
         #: go in the step's upload (after the rows' positions)
-        self._planners: list[tuple[Group, KnownRows, int, int]] = []
-        self._planned_size = 0
+        self._planners: list[tuple[Group, KnownRows, int, int, torch.Tensor]] = []
+        self._generated_view: torch.Tensor | None = None  # ``_step_values``' counts, when a group reads them
         self._positions_needed = False  # a group of the known layout is positional
         self._generated_needed = False  # a group of the known layout reads ``StepInputs.generated``
 
@@ -222,14 +225,26 @@ class SlotBatch:
         self._known_steps = [(self.groups[key], self._known[key]) for key in sorted(self._known, key=lambda k: k[0])]
         self._positions_needed = any(self.groups[key].positional for key in self._known)
         self._generated_needed = any(group.reads_generated(rows) for group, rows in self._known_steps)
-        self._planners, self._planned_size = [], 0
-        for group, rows in self._known_steps:
-            if group.planned_per_row:
-                size = group.planned_per_row * len(rows.rows)
-                self._planners.append((group, rows, self._planned_size, self._planned_size + size))
-                self._planned_size += size
+        self._plan_step_values(len(host))
         self._stride, self._dtype = stride, dtype
         self._layout_dirty = False
+
+    def _plan_step_values(self, n: int) -> None:
+        """Lay out ``_step_values`` for this layout: ``n`` generated counts, then each planning
+        group's values; the views the steps read are taken here, once."""
+        self._planners = []
+        if not self._positions_needed:
+            self._generated_view = None
+            return
+        spans, size = [], n
+        for group, rows in self._known_steps:
+            if group.planned_per_row:
+                spans.append((group, rows, size, size + group.planned_per_row * len(rows.rows)))
+                size = spans[-1][3]
+        dev = self._step_values.resize(size)
+        self._generated_view = dev[:n] if self._generated_needed else None
+        self._planners = [(group, rows, start, stop, dev[start:stop].view(group.planned_per_row, -1))
+                          for group, rows, start, stop in spans]
 
     def _masked_rows_of(self, key: tuple[int, type], rows: np.ndarray) -> np.ndarray | None:
         """For a forcing group with dominating rows, the rows it still masks (``None``: all of them)."""
@@ -288,7 +303,7 @@ class SlotBatch:
             if generated is None and histories is not None and self._positions_needed:
                 generated = self._upload_positions(histories)
             else:
-                for _, rows, _, _ in self._planners:
+                for _, rows, _, _, _ in self._planners:
                     rows.planned = None
         if pos is not None and generated is None and (masked is not None or self._generated_needed):
             assert pos_offset is not None
@@ -325,16 +340,20 @@ class SlotBatch:
         """Known layout, positions on the host: every row's generated count and what the groups plan
         from it (``Group.plan``), in one non-blocking upload; the row-indexed counts on the device
         (``None`` when no group of the layout reads them)."""
-        n = len(histories)
-        buf = self._positions.buffer(n + self._planned_size)
-        buf[:n] = [len(h) for h in histories]
+        values = self._step_values
+        assert self._host_slots is not None
+        n = len(self._host_slots)
+        if len(histories) != n:
+            raise ValueError(f"{len(histories)} histories for a layout of {n} rows")
+        buf = values.host()
+        counts = [len(h) for h in histories]
+        buf[:n] = counts
         generated = buf[:n]
-        for group, rows, start, stop in self._planners:
-            group.plan(rows, generated, buf[n + start : n + stop])
-        dev = self._positions.upload(n + self._planned_size)
-        for group, rows, start, stop in self._planners:
-            rows.planned = dev[n + start : n + stop].view(group.planned_per_row, -1)
-        return dev[:n] if self._generated_needed else None
+        for group, rows, start, stop, planned in self._planners:
+            group.plan(rows, counts, generated, buf[start:stop])
+            rows.planned = planned
+        values.push()
+        return self._generated_view
 
     def _report_failures(self) -> None:
         """Read the flags copy that has landed (if any) *before* queuing the next one: a read of
@@ -457,8 +476,8 @@ class SlotBatch:
         for request, position in departed:  # left its slot before its flag was read (ended, say)
             request.fail(NO_TOKEN_LEFT.format(n=position))
         values = values[: self.num_slots]  # not the sentinel's
-        if values.max() < 0:  # nothing flagged (one reduction, no temporary)
-            return
+        if values.tobytes() == self._no_flags:  # nothing flagged: a byte compare (a numpy reduction's
+            return  # fixed cost is ~10 us with cold caches, as after a forward pass)
         for slot in np.flatnonzero(values >= 0).tolist():
             request = self.requests[slot]
             if request is None or request.failed or slot in self._failed or epochs[slot] != self._flags.epochs[slot]:

@@ -214,10 +214,11 @@ class Group:
         gives ``pos``/``pos_offset``, ``SlotBatch`` subtracts only if some group does)."""
         return True
 
-    def plan(self, rows: KnownRows, generated: np.ndarray, out: np.ndarray) -> None:
-        """Known layout, positions known on the host (``generated``, row-indexed): write this step's
-        ``planned_per_row * len(rows.rows)`` values into ``out``; they reach ``apply_known`` as
-        ``rows.planned`` in the step's one upload, sparing the device the ops that derive them."""
+    def plan(self, rows: KnownRows, counts: list[int], generated: np.ndarray, out: np.ndarray) -> None:
+        """Known layout, positions known on the host (row-indexed, as a list, ``counts``, and as an
+        array, ``generated``): write this step's ``planned_per_row * len(rows.rows)`` values into
+        ``out``; they reach ``apply_known`` as ``rows.planned`` in the step's one upload, sparing
+        the device the ops that derive them."""
         raise NotImplementedError
 
     def apply_known(self, step: StepInputs, rows: KnownRows) -> Dead | None:
@@ -367,6 +368,9 @@ class ForceSeqGroup(Group):
         self._cache["host_flat"] = rows.rows[:, None] * stride + self.sequence.host_np[rows.slots]
         self._cache["host_length"] = self.length.host_np[rows.slots, 0]
         self._cache["host_rows"] = np.arange(n)
+        if n <= self._FEW_ROWS:  # ``plan`` in Python: the same tables as lists
+            self._cache["few"] = list(zip(rows.rows.tolist(), self._cache["host_length"].tolist(),
+                                          self._cache["host_flat"].tolist()))
         self._cache["sequence"] = self.sequence.dev[rows.slots_dev]
         self._cache["length"] = self.length.dev[rows.slots_dev, 0]
         self._cache["zero"] = torch.zeros_like(self._cache["length"])
@@ -434,11 +438,20 @@ class ForceSeqGroup(Group):
         column = torch.clamp(generated, zero, length) if zero is not None else generated.clamp(min=0).minimum(length)
         return sequence.gather(1, column[:, None]).view(-1)
 
-    def plan(self, rows: KnownRows, generated: np.ndarray, out: np.ndarray) -> None:
+    #: up to this many rows ``plan`` runs in Python: a numpy call's fixed cost (several us with cold
+    #: caches, as after a forward pass) exceeds a loop over a few rows
+    _FEW_ROWS = 8
+
+    def plan(self, rows: KnownRows, counts: list[int], generated: np.ndarray, out: np.ndarray) -> None:
         """``[forced flat index | sentinel slot | position]`` per member row (the position capped at
         the sequence's length, as everywhere in this group): on the host, what ``_pick`` would
         otherwise derive on the device each step."""
         n = len(rows.rows)
+        few = self._cache.get("few")
+        if few is not None:
+            positions = [min(counts[row], length) for row, length, _ in few]
+            out[:] = [flat[p] for (_, _, flat), p in zip(few, positions)] + [self.member.num_slots - 1] * n + positions
+            return
         positions = out[2 * n :]
         if not rows.identity:
             generated = np.take(generated, rows.rows, out=positions)
@@ -446,19 +459,28 @@ class ForceSeqGroup(Group):
         out[:n] = self._cache["host_flat"][self._cache["host_rows"], positions]
         out[n : 2 * n] = self.member.num_slots - 1
 
+    def _planned_views(self, planned: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``rows.planned``'s parts: ``[index, sentinel]`` (``_settle``'s ``picked``), the forced flat
+        indices, the positions; taken once, as ``planned`` is one tensor while the layout stays."""
+        views = self._cache.get("planned")
+        if views is None or views[0] is not planned:
+            index, _, positions = planned.unbind(0)
+            views = self._cache["planned"] = (planned, planned[:2], index, positions)
+        return views[1:]
+
     def apply_known(self, step: StepInputs, rows: KnownRows) -> Dead:
         assert rows.stop_index is not None and rows.base is not None
-        planned = rows.planned  # [3, n]
+        planned = None if rows.planned is None else self._planned_views(rows.planned)
         if self._settles(rows):
             if planned is not None:
-                index, _, positions = planned.unbind(0)
-                return self._settle(step, rows, planned[:2], index, self._cache["if_dead"], positions)
+                picked, index, positions = planned
+                return self._settle(step, rows, picked, index, self._cache["if_dead"], positions)
             picked = self._pick(step, rows)
             index, _, _, _, positions = picked.unbind(0)
             return self._settle(step, rows, picked[:2], index, picked[2:4], positions)
         if planned is not None:
-            positions: torch.Tensor | None = planned[2]
-            witness = _force_known_at(step, planned[0], rows)
+            _, index, positions = planned
+            witness = _force_known_at(step, index, rows)
         else:
             assert step.generated is not None
             generated = _positions(step, rows.rows_dev, rows.identity)

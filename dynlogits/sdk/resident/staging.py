@@ -5,9 +5,10 @@ Three shapes of traffic, each with one class:
 * ``SlotTable``: per-slot data (a request's ids, values, forced sequence) written on the host when
   a request enters a slot and copied to the device once, at ``flush`` (a batch change), row by
   dirty row, with non-blocking copies from pinned memory.
-* ``dynlogits.uploads.StepUpload`` (shared with the hosted path): small per-step arrays the host
-  knows and the device needs (the V1 runner's positions, host-decided tokens), written into one of
-  a ring of pinned buffers and copied non-blocking.
+* ``dynlogits.uploads.StepUpload`` / ``StepValues`` (shared with the hosted path): small per-step
+  arrays the host knows and the device needs (the V1 runner's positions and planned forced ids,
+  host-decided tokens), written into one of a ring of pinned buffers and copied non-blocking
+  (``StepValues``: always into the same device tensor while the layout stays).
 * ``SlotFlags``: a small per-slot int64 tensor the device writes (the position at which a slot's
   row was left with no token) and the host reads back through a pinned buffer and an event,
   answering "not yet" instead of waiting.
