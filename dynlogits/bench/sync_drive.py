@@ -69,6 +69,8 @@ class Scenario:
     seed: int = 0
     #: ``False``: every request arrives at step 0 and nothing changes after (a steady state)
     changes: bool = True
+    #: the initial requests have no stop token (``ignore_eos``, no stop ids), as in a load test
+    ignore_eos: bool = False
 
     def initial(self) -> list[list[dict[str, Any]]]:
         return list(self.payloads) if self.payloads is not None else builtin_payloads(self.vocab)
@@ -130,7 +132,7 @@ def drive_v1(sim: SimCuda, scenario: Scenario) -> DriveResult:
         return row
 
     for payload in payloads:
-        add(payload)
+        add(payload, ignore_eos=scenario.ignore_eos)
     steady_at = {scenario.steps - 1}
     ending: set[int] = set()  # failing requests with a stop token: the engine ends them once they sample it
     finished: list[int] = []

@@ -48,6 +48,18 @@ def test_vllm_v1_runner_forced_step_reads_its_forced_ids_from_the_one_upload() -
     assert result.steady_ops == ["copy_", "index_select", "isneginf", "where", "index_copy_", "scatter_reduce_", "copy_"]
 
 
+def test_vllm_v1_runner_forced_rows_without_stop_tokens_settle_in_their_group() -> None:
+    """Requests without a stop token (``ignore_eos``, as in load tests) settle in the forced group
+    too, rather than in a second pass over the rows: one mask (which rows have a stop token to
+    take) and one pick of the value (``-inf`` back onto a masked forced id) more than with one."""
+    forced = [{"kind": "forced_sequence", "token_ids": [5, 6, 7, 8, 9, 10], "eos_token_id": EOS}]
+    with SimCuda() as sim:
+        result = drive_v1(sim, Scenario(payloads=[forced] * 3, steps=3, changes=False, ignore_eos=True))
+    assert _where(result) == []
+    assert result.steady_ops == ["copy_", "index_select", "isneginf", "bitwise_and", "where", "where", "index_copy_",
+                                 "scatter_reduce_", "copy_"]
+
+
 def test_vllm_model_runner_v2_sequence_never_waits_and_reports_the_failure() -> None:
     with SimCuda() as sim:
         result = drive_v2(sim, Scenario())

@@ -379,8 +379,8 @@ class ForceSeqGroup(Group):
 
     @staticmethod
     def _settles(rows: KnownRows) -> bool:
-        """No later group can mask these rows and every row has a stop token (``_settle``)."""
-        return rows.last and rows.can_stop is None
+        """No later group can mask these rows (``_settle``)."""
+        return rows.last
 
     def reads_generated(self, rows: KnownRows) -> bool:
         return not self._settles(rows)  # a settle reads ``pos`` directly (``_pick``)
@@ -494,21 +494,40 @@ class ForceSeqGroup(Group):
                 if_dead: torch.Tensor, positions: torch.Tensor) -> Dead:
         """Settle the rows here (``_settles``), in as few launches as the step allows: each row gets
         its forced token, or its stop token where the forced one is masked (then its flag too, when
-        ``step.flags`` is given). ``picked``: the forced flat indices and the no-flag slots, ``[2,
+        ``step.flags`` is given; a row without a stop token is flagged and left with no token, as
+        ``_record_dead`` would). ``picked``: the forced flat indices and the no-flag slots, ``[2,
         n]`` (``index`` is its first row); ``if_dead``: what replaces them on a masked row;
         ``positions``: what a flag records."""
         kept = step.flat.index_select(0, index)
         rows.fill_masked(step.logits)
         dead = torch.isneginf(kept)
-        target, flag_slot = torch.where(dead, if_dead, picked).unbind(0)
-        if rows.win is None:
-            step.flat.index_fill_(0, target, 0.0)
-        else:
-            step.flat.index_copy_(0, target, rows.win)
+        if rows.can_stop is None:
+            target, flag_slot = torch.where(dead, if_dead, picked).unbind(0)
+            if rows.win is None:
+                step.flat.index_fill_(0, target, 0.0)
+            else:
+                step.flat.index_copy_(0, target, rows.win)
+        else:  # a masked row without a stop token is only flagged: -inf goes back onto its forced id
+            stops, dead_value = self._without_stops(rows, step.flat.dtype)
+            target, flag_slot = torch.where(dead & stops, if_dead, picked).unbind(0)
+            step.flat.index_copy_(0, target, torch.where(dead, dead_value, 0.0 if rows.win is None else rows.win))
         if step.flags is not None:
             step.flags.scatter_reduce_(0, flag_slot, positions, reduce="amax")
         return Dead(rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,
                     settled=dead, flagged=step.flags is not None)
+
+    def _without_stops(self, rows: KnownRows, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """For ``_settle`` when some rows have no stop token: ``[2, n]`` masks of the rows whose
+        ``if_dead`` replaces ``picked`` where their token is masked (the target: rows with a stop
+        token; the flag slot: every row), and the logit a masked row's target gets (its ``win`` at
+        its stop token, ``-inf`` without one)."""
+        cached = self._cache.get("without_stops")
+        if cached is None or cached[1].dtype != dtype:
+            can_stop = rows.can_stop
+            assert can_stop is not None
+            dead_value = torch.where(can_stop, 0.0 if rows.win is None else rows.win, NEG_INF).to(dtype)
+            cached = self._cache["without_stops"] = (torch.stack([can_stop, torch.ones_like(can_stop)]), dead_value)
+        return cached
 
     def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead:
         assert step.generated is not None
