@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--engine-requests", type=_positive, help="concurrent requests (default 64; quick 4)")
     e.add_argument("--engine-tokens", type=_positive, help="tokens per request (default 64; quick 8)")
     e.add_argument("--engine-rounds", type=_positive,
-                   help="timed rounds after a warm-up round, one batch per kind each, medians kept (default 15; quick 2)")
+                   help="timed rounds after a warm-up round, one batch per kind each, medians kept (default 25; quick 2)")
     e.add_argument("--engine-vocab", type=_positive, help="model vocabulary (default 151936; quick 1024)")
     return p
 
