@@ -6,8 +6,8 @@ processor a built-in kind: ``GuardedRequest.resident``) into per-slot device tab
 enters a slot, and runs each step as a few tensor ops per group of entries
 (``dynlogits.sdk.resident.slot_groups``), reading positions from what the engine already has. In steady
 state the host's work per row is reading the V1 runner's history lengths and, for its forced rows,
-one vectorised numpy pass picking each row's token (``Group.plan``); nothing is read back from the
-device, and no tensor is built from a host list: the only traffic is what
+picking each row's token (``Group.plan``: a Python loop for a few rows, one numpy pass for more);
+nothing is read back from the device, and no tensor is built from a host list: the only traffic is what
 ``dynlogits.sdk.resident.staging`` queues without blocking (the V1 runner's positions and planned
 forced ids, host-decided ``thinking_budget`` tokens, failure flags).
 
