@@ -396,7 +396,7 @@ class ForceSeqGroup(Group):
         position a flag records (``c - 1``: the generated count, at most the sequence's length)."""
         n = len(rows.rows)
         assert rows.base is not None and rows.stop_index is not None
-        sentinel = self.member.num_slots - 1
+        sentinel = self._sentinel
         sequence = self._cache["sequence"]
         width = sequence.shape[1]  # the longest sequence + its EOS
         flat = rows.base[:, None] + torch.cat([sequence[:, :1], sequence], 1)  # [n, width + 1]
@@ -411,6 +411,11 @@ class ForceSeqGroup(Group):
         self._cache["bounds"] = None
         # the planned step's stand-in for the third and fourth planes
         self._cache["if_dead"] = torch.stack([rows.stop_index, rows.slots_dev])
+
+    @property
+    def _sentinel(self) -> int:
+        """The tables' last slot, never assigned: a flag written there is no flag."""
+        return self.member.num_slots - 1
 
     _NEVER = 2**31 - 1  # a bound no position reaches (fits int32 positions too)
 
@@ -450,14 +455,14 @@ class ForceSeqGroup(Group):
         few = self._cache.get("few")
         if few is not None:
             positions = [min(counts[row], length) for row, length, _ in few]
-            out[:] = [flat[p] for (_, _, flat), p in zip(few, positions)] + [self.member.num_slots - 1] * n + positions
+            out[:] = [flat[p] for (_, _, flat), p in zip(few, positions)] + [self._sentinel] * n + positions
             return
         positions = out[2 * n :]
         if not rows.identity:
             generated = np.take(generated, rows.rows, out=positions)
         np.minimum(generated, self._cache["host_length"], out=positions)  # host counts are never negative
         out[:n] = self._cache["host_flat"][self._cache["host_rows"], positions]
-        out[n : 2 * n] = self.member.num_slots - 1
+        out[n : 2 * n] = self._sentinel
 
     def _planned_views(self, planned: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``rows.planned``'s parts: ``[index, sentinel]`` (``_settle``'s ``picked``), the forced flat
