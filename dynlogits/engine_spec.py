@@ -12,8 +12,16 @@ payload, and what does arrive in ``extra_args`` came from a client. There the op
 * gates it by the engine's own role (a prefill worker activates nothing) and applies it to every
   request;
 * treats a payload arriving in ``extra_args["dynamo_logits"]`` as a client request: honoured only
-  for kinds in the config's ``allow_request_kinds`` (none by default), within its ``limits``;
-  ``python`` never (it would run code on the worker).
+  for kinds in the config's ``allow_request_kinds`` (none by default) or ``DYN_LOGITS_REQUEST_KINDS``,
+  within its ``limits``; ``python`` never (it would run code on the worker).
+
+With the worker as the source, a payload in ``extra_args`` was written by whoever owns the engine
+(our worker, Dynamo's handler, the caller of ``vllm.LLM``), except one that arrives as JSON *text*:
+that is the only form an engine's own HTTP server carries (``vllm serve``'s ``vllm_xargs`` takes flat
+values only), so it is a client's. ``client_payload_config`` is the rule it is held to:
+``DYN_LOGITS_REQUEST_KINDS`` (comma-separated kinds; unset: none, as the frontend's
+``--allow-request-kinds``), the default ``limits``, ``python`` never, ``forced_text`` only where the
+engine is the source (nothing else resolves it with the engine's tokenizer).
 
 The rules are those of the worker (``dynlogits.policy``), applied in the engine process.
 Nothing here imports torch or an engine; each adapter supplies its role, tokenizer and width
@@ -22,6 +30,7 @@ Nothing here imports torch or an engine; each adapter supplies its role, tokeniz
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,25 +38,31 @@ from enum import Enum
 from functools import lru_cache
 from typing import Any
 
-from dynlogits.config import SPEC_FILE_ENV, DeploymentConfig, config_from_sources
+from dynlogits.config import SPEC_FILE_ENV, DeploymentConfig, config_from_sources, parse_config
 from dynlogits.policy import RequestPolicy, build_policy
 from dynlogits.roles import DisaggregationMode
 from dynlogits.sdk import encode_payload
-from dynlogits.specs import WIRE_KEY, Entry, SpecError, parse_entries
+from dynlogits.specs import WIRE_KEY, Entry, Problem, SpecError, parse_entries
 from dynlogits.text import TextTokenizer
 
 __all__ = [
     "PAYLOAD_ROOT",
+    "REQUEST_KINDS_ENV",
     "SPEC_SOURCE_ENV",
     "EngineSpec",
     "SpecSource",
     "admission_config",
     "check_request_payload",
+    "client_payload_config",
+    "request_kinds",
     "resolve_engine_spec",
     "spec_source",
 ]
 
 SPEC_SOURCE_ENV = "DYN_LOGITS_SPEC_SOURCE"
+#: Operator setting: the kinds a payload sent by a client itself may carry (comma-separated).
+REQUEST_KINDS_ENV = "DYN_LOGITS_REQUEST_KINDS"
+_NEEDS_TOKENIZER = "forced_text"
 #: Where a request's own entries are named in error messages.
 PAYLOAD_ROOT = f"extra_args.{WIRE_KEY}"
 
@@ -73,14 +88,49 @@ def _load_config(spec_file: str | None) -> DeploymentConfig:
     return config_from_sources(spec_file, environ={})
 
 
+@lru_cache(maxsize=8)
+def _parse_request_kinds(value: str) -> frozenset[str]:
+    kinds = sorted({k.strip() for k in value.split(",") if k.strip()})
+    try:  # the config file's rule for allow_request_kinds: known kinds only, python never
+        return parse_config({"allow_request_kinds": kinds}).allow_request_kinds
+    except SpecError as err:
+        raise SpecError([Problem(REQUEST_KINDS_ENV, p.rule) for p in err.problems]) from None
+
+
+def request_kinds(environ: Mapping[str, str] = os.environ) -> frozenset[str]:
+    """``DYN_LOGITS_REQUEST_KINDS`` (unset or empty: no kind); ``SpecError`` naming it for ``python``
+    or an unknown kind."""
+    return _parse_request_kinds(environ.get(REQUEST_KINDS_ENV, ""))
+
+
+def _allowing(config: DeploymentConfig, kinds: frozenset[str]) -> DeploymentConfig:
+    if kinds <= config.allow_request_kinds:
+        return config
+    return dataclasses.replace(config, allow_request_kinds=config.allow_request_kinds | kinds)
+
+
 def admission_config(environ: Mapping[str, str] = os.environ) -> DeploymentConfig | None:
-    """The operator config when the engine is the spec source, else ``None``.
+    """The operator config when the engine is the spec source, else ``None``; its
+    ``allow_request_kinds`` include ``DYN_LOGITS_REQUEST_KINDS``.
 
     Read once per config file and process (admission runs on every request).
     """
     if spec_source(environ) is not SpecSource.ENGINE:
         return None
-    return _load_config(environ.get(SPEC_FILE_ENV) or None)
+    return _allowing(_load_config(environ.get(SPEC_FILE_ENV) or None), request_kinds(environ))
+
+
+def client_payload_config(environ: Mapping[str, str] = os.environ) -> DeploymentConfig:
+    """What a payload a client sent itself is held to: ``admission_config`` when the engine is the
+    spec source, else the default limits and ``DYN_LOGITS_REQUEST_KINDS`` (see the module doc)."""
+    config = admission_config(environ)
+    if config is not None:
+        return config
+    kinds = request_kinds(environ)
+    if _NEEDS_TOKENIZER in kinds:
+        raise SpecError.single(REQUEST_KINDS_ENV, f"kind {_NEEDS_TOKENIZER!r} is resolved with the engine's tokenizer, "
+                                                  f"only when the engine is the spec source ({SPEC_SOURCE_ENV}=engine)")
+    return _allowing(DeploymentConfig(), kinds)
 
 
 def check_request_payload(payload: Any, config: DeploymentConfig) -> tuple[Entry, ...]:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -46,8 +47,14 @@ def _vllm_config(vocab_size: int) -> Any:
     return config
 
 
+def _carried(payload: Any) -> Any:
+    """How ``extra_args`` carries the wire value ``payload``: a list as it is; text as JSON text, since
+    the adapter parses text once (``request.carried_payload``) and the wire value must come out."""
+    return json.dumps(payload) if isinstance(payload, str) else payload
+
+
 def _params(payload: Any, eos_token_id: int) -> SamplingParams:
-    params = SamplingParams(extra_args=None if payload is None else {WIRE_KEY: payload})
+    params = SamplingParams(extra_args=None if payload is None else {WIRE_KEY: _carried(payload)})
     params.update_from_generation_config({}, eos_token_id)  # as the engine does from the model's config
     return params
 
@@ -62,7 +69,7 @@ class _Common:
         return (params.extra_args or {}).get(WIRE_KEY)
 
     def admit(self, payload: Any) -> None:
-        DynamoVllmLogitsProcessor.validate_params(SamplingParams(extra_args={WIRE_KEY: payload}))
+        DynamoVllmLogitsProcessor.validate_params(SamplingParams(extra_args={WIRE_KEY: _carried(payload)}))
 
     def failures(self) -> list[str]:
         return list(self.processor.failures)

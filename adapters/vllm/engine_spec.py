@@ -7,6 +7,8 @@
 * One request's role: a request whose ``extra_args["kv_transfer_params"]["do_remote_decode"]`` is
   true is a prefill for a remote decode worker (what NVIDIA Dynamo's prefill handler sends, also to
   ``kv_both`` engines), so it activates nothing, whatever the engine's role.
+* A request's payload arrives as a list or as its JSON text (``request.carried_payload``); either
+  is a client's here.
 * The tokenizer is the engine's (``cached_tokenizer_from_config``): ``forced_text`` entries and the
   test hook are resolved with it.
 """
@@ -17,15 +19,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from dynlogits.engine_spec import EngineSpec, resolve_engine_spec
+from dynlogits.engine_spec import EngineSpec, client_payload_config, resolve_engine_spec
 from dynlogits.roles import DisaggregationMode
 from dynlogits.text import TextTokenizer
 
-from .request import read_payload
+from .request import carried_payload, read_payload, request_role
 
 __all__ = ["VllmEngineSpec", "engine_role", "engine_spec_for", "request_role"]
-
-_KV_TRANSFER_PARAMS = "kv_transfer_params"
 
 
 def engine_role(vllm_config: Any) -> DisaggregationMode:
@@ -37,15 +37,6 @@ def engine_role(vllm_config: Any) -> DisaggregationMode:
     if kv_role == "kv_consumer":
         return DisaggregationMode.DECODE
     return DisaggregationMode.AGGREGATED
-
-
-def request_role(params: Any, engine: DisaggregationMode) -> DisaggregationMode:
-    """``PREFILL`` for a request that only prefills for a remote decode worker, else ``engine``."""
-    extra = getattr(params, "extra_args", None) or {}
-    kv_params = extra.get(_KV_TRANSFER_PARAMS) if isinstance(extra, Mapping) else None
-    if isinstance(kv_params, Mapping) and kv_params.get("do_remote_decode") is True:
-        return DisaggregationMode.PREFILL
-    return engine
 
 
 class VllmEngineSpec:
@@ -60,7 +51,8 @@ class VllmEngineSpec:
 
     def payload_for(self, params: Any) -> list[dict[str, Any]] | None:
         """The wire payload this request runs (``SpecError`` naming the field if the client's is bad)."""
-        return self.spec.payload_for(read_payload(params), role=request_role(params, self.spec.role))
+        payload = carried_payload(read_payload(params), self.spec.policy.config.limits)
+        return self.spec.payload_for(payload, role=request_role(params, self.spec.role))
 
     def __repr__(self) -> str:
         deployment = self.spec.policy.deployment
@@ -69,12 +61,14 @@ class VllmEngineSpec:
 
 
 def engine_spec_for(vllm_config: Any, vocab_size: int, environ: Mapping[str, str] = os.environ) -> VllmEngineSpec | None:
-    """Resolve the engine-side spec at engine start (``None`` unless ``DYN_LOGITS_SPEC_SOURCE=engine``)."""
+    """Resolve the engine-side spec at engine start (``None`` unless ``DYN_LOGITS_SPEC_SOURCE=engine``);
+    ``SpecError`` for a bad operator setting, so the engine does not start."""
 
     def tokenizer() -> TextTokenizer:
         from vllm.tokenizers.registry import cached_tokenizer_from_config
 
         return cached_tokenizer_from_config(vllm_config.model_config)  # type: ignore[no-any-return]
 
+    client_payload_config(environ)  # a bad DYN_LOGITS_REQUEST_KINDS stops the engine here, not each request
     spec = resolve_engine_spec(engine_role(vllm_config), tokenizer, vocab_size, environ)
     return VllmEngineSpec(spec) if spec is not None else None

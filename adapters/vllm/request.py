@@ -2,17 +2,24 @@
 
 Contract shared by both model runners:
 
-* ``read_payload(params)`` is the only place that reads ``extra_args["dynamo_logits"]``.
-* ``validate(params)`` is the admission check (front-end process, before the
-  request is queued): it raises ``SpecError`` (a ``ValueError`` naming the field) for anything
-  malformed, so vLLM fails that request alone (HTTP 400 through ``vllm serve``). With the engine as
-  the spec source (``DYN_LOGITS_SPEC_SOURCE=engine``, ``dynlogits.engine_spec``) the payload is a
-  client's: only the operator's ``allow_request_kinds`` pass, within its limits.
+* ``read_payload(params)`` is the only place that reads ``extra_args["dynamo_logits"]``. The value
+  is a list of entries or the JSON text of one (``carried_payload``): text is what ``vllm_xargs`` of
+  vLLM's own OpenAI server can carry (flat values only), so it is always a client's.
+* ``validate(params)`` is the admission check (front-end process, before the request is queued):
+  it raises ``SpecError`` (a ``ValueError`` naming the field) for anything malformed, so vLLM fails
+  that request alone (HTTP 400 through ``vllm serve``). Who is trusted with what
+  (``dynlogits.engine_spec``): with the engine as the spec source (``DYN_LOGITS_SPEC_SOURCE=engine``)
+  every payload is a client's, held to the operator's ``allow_request_kinds``; with the worker as
+  the source (the default) a list was written by the engine's owner and is held to the wire rules,
+  while text is a client's, held to ``DYN_LOGITS_REQUEST_KINDS`` (none by default) and the wire rules.
 * ``realize_request(params, vocab_size, ...)`` runs in the engine process when the request enters
-  the batch and returns a fresh ``GuardedRequest`` (or ``None`` when the request carries no
-  payload). It never raises: a payload that only fails here (a token id beyond the logits width,
-  which admission cannot know) yields a request that is already failed. Given the engine's resolved
-  ``engine_spec``, the request runs the deployment's entries plus its own allowed ones, gated by role.
+  the batch and returns a fresh ``VllmRequest`` (or ``None`` when the request carries no payload,
+  or only prefills for a remote decode worker). It never raises: a payload that only fails here (a
+  token id beyond the logits width, which admission cannot know) yields a request that is already
+  failed. Given the engine's resolved ``engine_spec``, the request runs the deployment's entries
+  plus its own allowed ones, gated by role.
+* A ``VllmRequest`` is also vLLM's per-request callable (``AdapterLogitsProcessor``'s
+  ``RequestLogitsProcessor``): ``request(output_ids, logits_row)`` edits the row in place and returns it.
 
 Failure policy: the SDK's (``dynlogits.sdk.guard``). vLLM gives a custom logits processor no way
 to fail one request, and an exception escaping the sampler kills the whole engine, so a failing
@@ -21,14 +28,29 @@ request is fail-stopped to its EOS (unset under ``ignore_eos``), else its lowest
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import json
+from collections.abc import Mapping
+from typing import Any, NoReturn, Protocol
+
+import torch
 
 from dynlogits import sdk
-from dynlogits.engine_spec import admission_config, check_request_payload
+from dynlogits.config import DeploymentConfig
+from dynlogits.engine_spec import PAYLOAD_ROOT, admission_config, check_request_payload, client_payload_config
+from dynlogits.roles import DisaggregationMode, is_generation_stage
 from dynlogits.sdk import FailureReport, GuardedRequest
-from dynlogits.specs import WIRE_KEY, SpecError
+from dynlogits.specs import WIRE_KEY, SpecError, SpecLimits
 
-__all__ = ["PayloadSource", "read_payload", "realize_request", "validate"]
+__all__ = ["PayloadSource", "VllmRequest", "carried_payload", "client_payload", "payload_text_bound", "read_payload",
+           "realize_request", "request_role", "validate"]
+
+_KV_TRANSFER_PARAMS = "kv_transfer_params"
+
+# Generous per-item sizes of a payload's JSON text (spaced separators, every text character escaped).
+_ENTRY_CHARS = 512  # keys, kind, scalars
+_ID_CHARS = 16  # "-2147483648, "
+_TEXT_CHAR_CHARS = 12  # an astral character as two \\uXXXX escapes
+_BIAS_ITEM_CHARS = 64  # "2147483647": -1.0000000000000002e-05,
 
 
 class PayloadSource(Protocol):
@@ -39,12 +61,86 @@ class PayloadSource(Protocol):
         """The wire payload this request runs; ``SpecError`` naming the field if the client's is bad."""
 
 
+class VllmRequest(GuardedRequest):
+    """One request's ``GuardedRequest``, callable as vLLM's per-request logits processor.
+
+    ``request(output_ids, logits_row)``: ``output_ids`` are the tokens the request generated so far
+    (the row is for the next position), ``logits_row`` its 1-D logits; edits the row in place and
+    returns it. A failing processor fail-stops this request only; nothing is raised.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, output_ids: list[int], logits_row: torch.Tensor) -> torch.Tensor:
+        return sdk.apply_row(self, output_ids, logits_row)
+
+    @classmethod
+    def adopt(cls, request: GuardedRequest | None) -> VllmRequest | None:
+        """``request`` itself (same object, same state) as a ``VllmRequest``; ``None`` stays ``None``."""
+        if request is not None:
+            request.__class__ = cls  # same slots: the subclass adds none
+        return request  # type: ignore[return-value]
+
+
 def read_payload(params: Any) -> Any | None:
-    """The raw ``dynamo_logits`` payload of a ``SamplingParams``, or ``None`` when absent."""
+    """The raw ``dynamo_logits`` value of a ``SamplingParams`` (list or JSON text), or ``None`` when absent."""
     extra = getattr(params, "extra_args", None)
     if not extra:
         return None
     return extra.get(WIRE_KEY)
+
+
+def request_role(params: Any, engine: DisaggregationMode) -> DisaggregationMode:
+    """``PREFILL`` for a request that only prefills for a remote decode worker (its
+    ``extra_args["kv_transfer_params"]["do_remote_decode"]`` is true), else ``engine``."""
+    extra = getattr(params, "extra_args", None) or {}
+    kv_params = extra.get(_KV_TRANSFER_PARAMS) if isinstance(extra, Mapping) else None
+    if isinstance(kv_params, Mapping) and kv_params.get("do_remote_decode") is True:
+        return DisaggregationMode.PREFILL
+    return engine
+
+
+def payload_text_bound(limits: SpecLimits) -> int:
+    """The most characters of JSON text a payload within ``limits`` can take, counted generously
+    (per entry: two id lists, a text with every character escaped, a bias map); longer text is
+    refused before it is parsed."""
+    entry = (_ENTRY_CHARS + 2 * limits.max_token_ids * _ID_CHARS + limits.max_text_chars * _TEXT_CHAR_CHARS
+             + limits.max_bias_entries * _BIAS_ITEM_CHARS)
+    return limits.max_entries * entry
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def carried_payload(raw: Any, limits: SpecLimits) -> Any:
+    """The payload ``raw`` carries: JSON text parsed once (size-checked first), anything else as it is.
+
+    ``SpecError`` naming ``extra_args.dynamo_logits`` when the text is longer than
+    ``payload_text_bound(limits)`` or is not JSON. Text that decodes to text is not parsed again.
+    """
+    if not isinstance(raw, str):
+        return raw
+    bound = payload_text_bound(limits)
+    if len(raw) > bound:
+        raise SpecError.single(PAYLOAD_ROOT, f"JSON text of {len(raw)} characters is longer than a payload within "
+                                             f"the limits can be ({bound})")
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as err:
+        raise SpecError.single(PAYLOAD_ROOT, f"must be a list of entries or its JSON text; this text is not valid "
+                                             f"JSON ({err or 'nested too deeply'})") from None
+
+
+def client_payload(text: str, config: DeploymentConfig | None = None) -> Any:
+    """The payload a client sent as JSON ``text`` to an engine whose worker is the spec source:
+    parsed and held to ``config`` (default ``client_payload_config()``: ``DYN_LOGITS_REQUEST_KINDS``
+    and the default limits), then to the wire rules. ``SpecError`` naming the field."""
+    config = config if config is not None else client_payload_config()
+    payload = carried_payload(text, config.limits)
+    check_request_payload(payload, config)
+    sdk.validate(payload, limits=config.limits)
+    return payload
 
 
 def validate(params: Any) -> None:
@@ -53,21 +149,28 @@ def validate(params: Any) -> None:
     The logits width is unknown in the front-end process, so ids are checked against it only
     when the request is realized in the engine (see the module's failure policy).
     """
+    raw = read_payload(params)
     engine_config = admission_config()
     if engine_config is not None:
-        check_request_payload(read_payload(params), engine_config)
+        check_request_payload(carried_payload(raw, engine_config.limits), engine_config)
+    elif isinstance(raw, str):
+        client_payload(raw)
     else:
-        sdk.validate(read_payload(params))
+        sdk.validate(raw)
 
 
 def realize_request(params: Any, *, vocab_size: int, report: FailureReport | None = None,
-                    engine_spec: PayloadSource | None = None) -> GuardedRequest | None:
+                    engine_spec: PayloadSource | None = None) -> VllmRequest | None:
     """Fresh processors for one request entering the batch; ``None`` without a payload. Never raises."""
     stop = sdk.pick_stop_token(getattr(params, "eos_token_id", None), getattr(params, "stop_token_ids", None), vocab_size)
-    if engine_spec is None:
-        return sdk.realize(read_payload(params), vocab_size=vocab_size, stop_token_id=stop, report=report)
+    payload = read_payload(params)
     try:
-        payload = engine_spec.payload_for(params)
+        if engine_spec is not None:
+            payload = engine_spec.payload_for(params)
+        elif isinstance(payload, str):  # a client's (see the module doc); prefill-only requests run nothing
+            generates = is_generation_stage(request_role(params, DisaggregationMode.AGGREGATED))
+            payload = client_payload(payload) if generates else None
     except SpecError as err:
-        return GuardedRequest.failed_at_realization(f"payload rejected in the engine: {err}", stop_token_id=stop, report=report)
-    return sdk.realize(payload, vocab_size=vocab_size, stop_token_id=stop, report=report)
+        return VllmRequest.adopt(GuardedRequest.failed_at_realization(
+            f"payload rejected in the engine: {err}", stop_token_id=stop, report=report))
+    return VllmRequest.adopt(sdk.realize(payload, vocab_size=vocab_size, stop_token_id=stop, report=report))

@@ -75,7 +75,7 @@ def test_validate_params_accepts_requests_without_or_with_a_good_payload():
     ("payload", "field"),
     [
         (BAD, r"dynamo_logits\[0\]\.token_ids\[1\]"),
-        ("[]", r"dynamo_logits"),
+        ("{}", r"dynamo_logits: must be a list"),  # JSON text of something else than a list
         ([{"kind": "nope"}], r"dynamo_logits\[0\]"),
         ([{"kind": "forced_text", "text": "hi"}], r"dynamo_logits\[0\]"),
         ([{"kind": "python", "factory": "os:system", "kwargs": {}}], r"dynamo_logits\[0\]\.factory"),
