@@ -27,7 +27,6 @@ from dynlogits.sdk import GuardedRequest
 from .capabilities import check_vllm_config
 from .engine_spec import engine_spec_for
 from .request import realize_request, validate
-from .sampling import dominance_is_exact
 from .v1 import V1RunnerMixin
 from .v2 import HAS_V2_INTERFACE, LogitsProcRequestState, V2RunnerMixin
 
@@ -78,8 +77,6 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
             self.vocab_size = int(vllm_config.model_config.get_vocab_size())
             self._init_v1_state(vllm_config, device_or_req_states)
         self.engine_spec = engine_spec_for(vllm_config, self.vocab_size)  # DYN_LOGITS_SPEC_SOURCE=engine
-        mode = str(getattr(getattr(vllm_config, "model_config", None), "logprobs_mode", "raw_logprobs"))
-        self._processed_logprobs = mode.startswith("processed")
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
@@ -92,7 +89,6 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
                                    engine_spec=self.engine_spec)
         if request is not None:
             self.realized += 1
-            request.dominating = dominance_is_exact(params, processed_logprobs=self._processed_logprobs)
         return request
 
     def held_requests(self) -> int:

@@ -18,7 +18,7 @@ Three checks, each printed and in ``--json``:
 * ``landed``: the device is kept behind the host (``torch.cuda._sleep`` before every step and no
   wait between steps, as under async scheduling), so a staging buffer reused before its copy ran,
   or a flag read before it landed, shows up: every step's logits must equal the CPU run's bit for
-  bit (fp32 and bf16, masking and dominating forcing), and both failing requests must be reported.
+  bit (fp32 and bf16), and both failing requests must be reported.
 * ``cost``: steady-step time (host wall clock to a final synchronize, and CUDA-event device time)
   and device ops per step (from the profiler trace) of the resident path, of ``sdk.apply_row``
   per row (``loop``), and of the memset ``floor`` (every row filled with ``-inf``), vocab 151936.
@@ -80,8 +80,8 @@ class SequenceRun:
 class _Engine:
     """A V1-runner-like engine loop around ``SlotBatch`` and ``apply_rows`` (see the module doc)."""
 
-    def __init__(self, device: torch.device, vocab: int, num_slots: int, dominating: bool, check: bool) -> None:
-        self.device, self.vocab, self.dominating, self.check = device, vocab, dominating, check
+    def __init__(self, device: torch.device, vocab: int, num_slots: int, check: bool) -> None:
+        self.device, self.vocab, self.check = device, vocab, check
         self.batch = sdk.SlotBatch(num_slots=num_slots, vocab_size=vocab, device=device)
         self.free = list(range(num_slots - 1, -1, -1))
         self.rows: list[_Row | None] = []
@@ -122,7 +122,6 @@ class _Engine:
         with self.adapter():
             request = sdk.realize(payload, vocab_size=self.vocab, stop_token_id=stop, report=self.report.append)
             assert request is not None
-            request.dominating = self.dominating
             slot = None
             if request.resident and self.free:
                 slot = self.free.pop()
@@ -172,12 +171,12 @@ def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def run_sequence(device: torch.device, *, dtype: torch.dtype, dominating: bool, replay: SequenceRun | None,
+def run_sequence(device: torch.device, *, dtype: torch.dtype, replay: SequenceRun | None,
                  steps: int = 40, vocab: int = 64, seed: int = 0, lag: bool = False) -> SequenceRun:
     """The sequence on ``device``. ``replay``: take each step's tokens from that run (no read back
     from the device, as when the host runs ahead); else sample greedily here (the reference)."""
     check = device.type == "cuda"
-    engine = _Engine(device, vocab, num_slots=24, dominating=dominating, check=check)
+    engine = _Engine(device, vocab, num_slots=24, check=check)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     kinds = builtin_payloads(vocab)
@@ -321,18 +320,17 @@ def measure(kind: str, batch: int, *, vocab: int, steps: int, trace_dir: Path) -
     stop = sdk.pick_stop_token(EOS, None, vocab)
     logits = torch.randn(batch, vocab, device=device)
 
-    def resident(dominating: bool) -> sdk.SlotBatch:
+    def resident() -> sdk.SlotBatch:
         slots = sdk.SlotBatch(num_slots=max(256, batch), vocab_size=vocab, device=device)
         for i, p in enumerate(payloads):
             request = sdk.realize(p, vocab_size=vocab, stop_token_id=stop)
             assert request is not None
-            request.dominating = dominating
             slots.assign(i, request)
         slots.set_rows(np.arange(batch, dtype=np.int64))
         slots.flush()
         return slots
 
-    masking, dominating = resident(False), resident(True)
+    masking = resident()
     loop_requests = [sdk.realize(p, vocab_size=vocab, stop_token_id=stop) for p in payloads]
 
     def loop() -> None:
@@ -340,8 +338,6 @@ def measure(kind: str, batch: int, *, vocab: int, steps: int, trace_dir: Path) -
             sdk.apply_row(request, histories[i], logits[i])  # type: ignore[arg-type]
 
     impls: dict[str, Callable[[], None]] = {"adapter": lambda: masking.apply(logits, histories=histories)}
-    if kind in ("forced_sequence", "mixed"):
-        impls["adapter_dominating"] = lambda: dominating.apply(logits, histories=histories)
     impls["loop"] = loop
     if kind == "forced_sequence":
         impls["floor"] = lambda: logits.fill_(-math.inf)
@@ -378,7 +374,7 @@ def _detectors_see_planted_syncs(device: torch.device) -> dict[str, bool]:
         "number into a row (not a sync)": lambda: t.__setitem__(1, 2.0),
     }
     for name, plant in planted.items():
-        engine = _Engine(device, 64, num_slots=2, dominating=False, check=True)
+        engine = _Engine(device, 64, num_slots=2, check=True)
         torch.cuda.synchronize()
         with engine.adapter():
             plant()
@@ -413,23 +409,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"planted (seen?): {planted} -> {'ok' if ok else 'FAILED'}", flush=True)
     logging.getLogger("dynlogits").setLevel(logging.CRITICAL)  # the failing requests are expected
     for dtype in (torch.float32, torch.bfloat16):
-        for dominating in (False, True):
-            reference = run_sequence(torch.device("cpu"), dtype=dtype, dominating=dominating, replay=None)
-            got = run_sequence(cuda, dtype=dtype, dominating=dominating, replay=reference, lag=True)
-            diffs = compare(reference, got)
-            reported = sum(NO_TOKEN_LEFT in f for f in got.failures)
-            want_reported = sum(NO_TOKEN_LEFT in f for f in reference.failures)
-            good = not diffs and not got.syncs and reported == want_reported == 2
-            ok &= good
-            label = f"{str(dtype).removeprefix('torch.')}, {'dominating' if dominating else 'masking'}"
-            print(f"sequence ({label}): {len(got.logits)} steps; syncs {len(got.syncs)}; rows differing from CPU "
-                  f"{len(diffs)}; failures reported {reported} (CPU {want_reported}) -> {'ok' if good else 'FAILED'}",
-                  flush=True)
-            for line in (got.syncs + diffs)[:10]:
-                print(f"    {line}")
-            results["sequences"].append({"dtype": str(dtype), "dominating": dominating, "steps": len(got.logits),
-                                         "syncs": got.syncs, "diffs": diffs, "failures": got.failures,
-                                         "reference_failures": reference.failures, "ok": good})
+        reference = run_sequence(torch.device("cpu"), dtype=dtype, replay=None)
+        got = run_sequence(cuda, dtype=dtype, replay=reference, lag=True)
+        diffs = compare(reference, got)
+        reported = sum(NO_TOKEN_LEFT in f for f in got.failures)
+        want_reported = sum(NO_TOKEN_LEFT in f for f in reference.failures)
+        good = not diffs and not got.syncs and reported == want_reported == 2
+        ok &= good
+        label = str(dtype).removeprefix("torch.")
+        print(f"sequence ({label}): {len(got.logits)} steps; syncs {len(got.syncs)}; rows differing from CPU "
+              f"{len(diffs)}; failures reported {reported} (CPU {want_reported}) -> {'ok' if good else 'FAILED'}",
+              flush=True)
+        for line in (got.syncs + diffs)[:10]:
+            print(f"    {line}")
+        results["sequences"].append({"dtype": str(dtype), "steps": len(got.logits), "syncs": got.syncs, "diffs": diffs,
+                                     "failures": got.failures, "reference_failures": reference.failures, "ok": good})
     costs: list[Cost] = []
     print(f"\n{'kind':<16}{'batch':>6}  {'impl':<19}{'wall ms':>10}{'device ms':>11}{'ops':>7}{'pageable':>9}")
     with tempfile.TemporaryDirectory() as tmp:

@@ -61,7 +61,7 @@ class GuardedRequest:
     several rows per step, or again after preemption, without step counters.
     """
 
-    __slots__ = ("_pending", "_report", "dominating", "error", "processor", "stop_token_id")
+    __slots__ = ("_pending", "_report", "error", "processor", "stop_token_id")
 
     def __init__(
         self,
@@ -74,10 +74,6 @@ class GuardedRequest:
         self.processor = processor
         self.stop_token_id = stop_token_id
         self.error = error
-        #: Whether the resident path may force this request's tokens with one dominating logit instead
-        #: of masking its row (``dynlogits.sdk.forcing``); set by an adapter that knows its engine's
-        #: sampler picks the same token either way for this request's sampling parameters.
-        self.dominating = False
         self._report = report
         self._pending: list[tuple[DeviceFlags, int, int]] = []
 

@@ -58,7 +58,6 @@ import torch
 
 from dynlogits.processors.templates import BiasTemplate
 
-from ..forcing import DOMINATING_LOGIT, MASKED_WIN
 from ..guard import NO_TOKEN_LEFT, GuardedRequest
 from ..plans import fill_rows, row_runs
 from .slot_groups import GROUP_TYPES, Dead, Group, KnownRows, MaskedRows, StepInputs, ThinkingGroup
@@ -90,8 +89,6 @@ class SlotBatch:
         # assigned, stands for rows that hold no resident request.
         self._sentinel = num_slots
         self._stop = SlotTable(num_slots + 1, torch.long, self.device, pad=-1)
-        #: the logit a slot's forced or fail-stop token gets (``dynlogits.sdk.forcing``)
-        self._win = SlotTable(num_slots + 1, torch.float32, self.device, pad=MASKED_WIN)
         self._failed: set[int] = set()  # slots whose request failed: fail-stopped every step
         self._failed_member = SlotTable(num_slots + 1, torch.bool, self.device, pad=0)
         self._flags = SlotFlags(num_slots + 1, self.device)  # output position a slot's row was left empty, or -1
@@ -143,7 +140,6 @@ class SlotBatch:
             group.assign(slot, template)
         self.requests[slot] = request
         self._stop.set(slot, [-1 if request.stop_token_id is None else request.stop_token_id])
-        self._win.set(slot, [DOMINATING_LOGIT if request.dominating else MASKED_WIN])
         if request.failed:
             self.mark_failed(slot)
         return True
@@ -165,7 +161,7 @@ class SlotBatch:
 
     def flush(self) -> None:
         """Copy what ``assign`` staged to the device (once per batch change)."""
-        changed = self._stop.flush() | self._failed_member.flush() | self._win.flush()
+        changed = self._stop.flush() | self._failed_member.flush()
         self._stops = self._stop.dev[:, 0]
         for group in self.groups.values():
             changed = group.flush() or changed
@@ -197,11 +193,11 @@ class SlotBatch:
         in_step = host >= 0
         members = [(key, np.flatnonzero(in_step & np.isin(host, list(group.members))))
                    for key, group in self.groups.items() if group.members]
-        members = [(key, rows, self._masked_rows_of(key, rows)) for key, rows in members if len(rows)]
+        members = [(key, rows) for key, rows in members if len(rows)]
         failed = np.flatnonzero(in_step & np.isin(host, list(self._failed))) if self._failed else np.empty(0, np.int64)
         parts = [np.where(in_step, host, self._sentinel)]
-        for _, rows, masking in [*members, (None, failed, None)]:
-            parts += [rows, host[rows], *(() if masking is None else (masking,))]
+        for _, rows in [*members, (None, failed)]:
+            parts += [rows, host[rows]]
         packed = np.concatenate(parts).astype(np.int64, copy=False)
         self._layout.buffer(len(packed))[:] = packed
         dev = self._layout.upload(len(packed), keep=True)
@@ -213,13 +209,9 @@ class SlotBatch:
             at += n
             return dev[at - n : at]
 
-        for key, rows, masking in members:
+        for key, rows in members:
             known = self._known[key] = self._known_rows(rows, stride, take(len(rows)), take(len(rows)))
             known.last = not (self.groups[key].members & self._masked_later(key[0]))
-            if masking is not None:  # some rows dominate: the group masks only the others
-                known.fill_runs, known.fill_rows_dev = row_runs(masking.tolist()), take(len(masking))
-            if any(self.requests[slot].dominating for slot in known.slots.tolist()):  # type: ignore[union-attr]
-                known.win = self._win.dev[known.slots_dev, 0].to(dtype)
             self.groups[key].prepare(known, stride)
         self._known_failed = self._known_rows(failed, stride, take(len(failed)), take(len(failed))) if len(failed) else None
         self._known_steps = [(self.groups[key], self._known[key]) for key in sorted(self._known, key=lambda k: k[0])]
@@ -245,15 +237,6 @@ class SlotBatch:
         self._generated_view = dev[:n] if self._generated_needed else None
         self._planners = [(group, rows, start, stop, dev[start:stop].view(group.planned_per_row, -1))
                           for group, rows, start, stop in spans]
-
-    def _masked_rows_of(self, key: tuple[int, type], rows: np.ndarray) -> np.ndarray | None:
-        """For a forcing group with dominating rows, the rows it still masks (``None``: all of them)."""
-        if not self.groups[key].forcing:
-            return None
-        host = self._host_slots
-        assert host is not None
-        masking = np.array([not self.requests[slot].dominating for slot in host[rows].tolist()], dtype=bool)  # type: ignore[union-attr]
-        return None if masking.all() else rows[masking]
 
     def _masked_later(self, level: int) -> set[int]:
         """Slots with a group after entry ``level`` that can write ``-inf`` (anything but a bias)."""
@@ -455,8 +438,7 @@ class SlotBatch:
                 assert d.stop_index is not None
                 at_stop = step.flat.index_select(0, d.stop_index)
                 stopping = dead if d.can_stop is None else dead & d.can_stop
-                stopped = at_stop.masked_fill_(stopping, MASKED_WIN) if d.win is None else torch.where(stopping, d.win, at_stop)
-                step.flat.index_copy_(0, d.stop_index, stopped)
+                step.flat.index_copy_(0, d.stop_index, at_stop.masked_fill_(stopping, 0.0))
             else:
                 stops = step.stops[d.slots]
                 index = stops.clamp(min=0)[:, None]

@@ -69,25 +69,10 @@ class KnownRows:
     #: whether no later group of the step can mask these rows (a restrictive group may then settle
     #: its empty rows itself: ``Dead.settled``)
     last: bool = False
-    #: per row, the logit its forced or fail-stop token gets (``dynlogits.sdk.forcing``: the
-    #: dominating logit for a ``dominating`` request, 0.0 otherwise); ``None``: 0.0 for every row
-    win: torch.Tensor | None = None
-    #: the rows a forcing group masks around the forced token, as runs and on the device (``None``:
-    #: every row; fewer when some rows' requests are dominating)
-    fill_runs: list[tuple[int, int]] | None = None
-    fill_rows_dev: torch.Tensor | None = None
     #: this step's values the host planned for the group (``Group.plan``), on the device, one row
     #: per value (``[planned_per_row, n]``); ``None`` when the host does not know the positions this
     #: step (set by ``SlotBatch`` every step)
     planned: torch.Tensor | None = None
-
-    def fill_masked(self, logits: torch.Tensor) -> None:
-        """``-inf`` into the rows a forcing group masks (nothing when every row dominates)."""
-        if self.fill_runs is None:
-            fill_rows(logits, self.runs, self.rows_dev)
-        elif self.fill_runs:
-            assert self.fill_rows_dev is not None
-            fill_rows(logits, self.fill_runs, self.fill_rows_dev)
 
 
 @dataclass
@@ -139,8 +124,6 @@ class Dead:
     where: torch.Tensor | None = None
     #: the empty rows, already fail-stopped by the group (only their flags remain to be written)
     settled: torch.Tensor | None = None
-    #: known layout: per row, the logit its stop token gets when it is fail-stopped (``KnownRows.win``)
-    win: torch.Tensor | None = None
     #: the group wrote the flags of its empty rows already (``StepInputs.flags``)
     flagged: bool = False
 
@@ -167,7 +150,6 @@ class Group:
     template_type: type = object
     restrictive = False  # can leave a row with no token (reports ``Dead``)
     positional = False  # needs each row's generated count
-    forcing = False  # forces one token per row (a dominating request's rows are then not masked)
     #: values per member row ``plan`` writes when the host knows the positions (0: it plans nothing)
     planned_per_row = 0
 
@@ -315,7 +297,7 @@ def _positions(step: StepInputs, rows_dev: torch.Tensor, identity: bool = False)
 
 def _force_known(step: StepInputs, tokens: torch.Tensor, rows: KnownRows) -> torch.Tensor:
     """Force ``tokens[i]`` in member row ``i``, keeping masks (a ``-inf`` stays, anything else, NaN
-    included, becomes the row's ``win``); the forced flat indices ``[n, 1]``."""
+    included, becomes 0.0 in a row of ``-inf``); the forced flat indices ``[n, 1]``."""
     assert rows.base is not None
     return _force_known_at(step, rows.base + tokens, rows)
 
@@ -323,8 +305,8 @@ def _force_known(step: StepInputs, tokens: torch.Tensor, rows: KnownRows) -> tor
 def _force_known_at(step: StepInputs, index: torch.Tensor, rows: KnownRows) -> torch.Tensor:
     """``_force_known`` given the forced flat indices ``[n]``."""
     kept = step.flat.index_select(0, index)
-    rows.fill_masked(step.logits)
-    step.flat.index_copy_(0, index, torch.where(torch.isneginf(kept), kept, 0.0 if rows.win is None else rows.win))
+    fill_rows(step.logits, rows.runs, rows.rows_dev)
+    step.flat.index_copy_(0, index, torch.where(torch.isneginf(kept), kept, 0.0))
     return index[:, None]
 
 
@@ -347,7 +329,6 @@ class ForceSeqGroup(Group):
     template_type = ForceSeqTemplate
     restrictive = True
     positional = True
-    forcing = True  # a dominating request's rows need no mask (``KnownRows.fill_runs``)
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         super().__init__(level, num_slots, device)
@@ -493,7 +474,7 @@ class ForceSeqGroup(Group):
             tokens = self._tokens(generated, self._cache["sequence"], self._cache["length"], self._cache["zero"])
             witness = _force_known(step, tokens, rows)
             positions = generated.minimum(self._cache["length"])
-        return Dead(rows.rows_dev, rows.slots_dev, witness, positions, rows.stop_index, rows.can_stop, win=rows.win)
+        return Dead(rows.rows_dev, rows.slots_dev, witness, positions, rows.stop_index, rows.can_stop)
 
     def _settle(self, step: StepInputs, rows: KnownRows, picked: torch.Tensor, index: torch.Tensor,
                 if_dead: torch.Tensor, positions: torch.Tensor) -> Dead:
@@ -504,34 +485,32 @@ class ForceSeqGroup(Group):
         n]`` (``index`` is its first row); ``if_dead``: what replaces them on a masked row;
         ``positions``: what a flag records."""
         kept = step.flat.index_select(0, index)
-        rows.fill_masked(step.logits)
+        fill_rows(step.logits, rows.runs, rows.rows_dev)
         dead = torch.isneginf(kept)
         if rows.can_stop is None:
             target, flag_slot = torch.where(dead, if_dead, picked).unbind(0)
-            if rows.win is None:
-                step.flat.index_fill_(0, target, 0.0)
-            else:
-                step.flat.index_copy_(0, target, rows.win)
+            step.flat.index_fill_(0, target, 0.0)
         else:  # a masked row without a stop token is only flagged: -inf goes back onto its forced id
-            stops, dead_value = self._without_stops(rows, step.flat.dtype)
+            stops, dead_value, live_value = self._without_stops(rows, step.flat.dtype)
             target, flag_slot = torch.where(dead & stops, if_dead, picked).unbind(0)
-            step.flat.index_copy_(0, target, torch.where(dead, dead_value, 0.0 if rows.win is None else rows.win))
+            step.flat.index_copy_(0, target, torch.where(dead, dead_value, live_value))
         if step.flags is not None:
             step.flags.scatter_reduce_(0, flag_slot, positions, reduce="amax")
         return Dead(rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,
                     settled=dead, flagged=step.flags is not None)
 
-    def _without_stops(self, rows: KnownRows, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _without_stops(self, rows: KnownRows, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """For ``_settle`` when some rows have no stop token: ``[2, n]`` masks of the rows whose
         ``if_dead`` replaces ``picked`` where their token is masked (the target: rows with a stop
-        token; the flag slot: every row), and the logit a masked row's target gets (its ``win`` at
-        its stop token, ``-inf`` without one)."""
+        token; the flag slot: every row), the logit a masked row's target gets (0.0 at its stop
+        token, ``-inf`` without one) and the one a live row's forced id gets (0.0)."""
         cached = self._cache.get("without_stops")
         if cached is None or cached[1].dtype != dtype:
             can_stop = rows.can_stop
             assert can_stop is not None
-            dead_value = torch.where(can_stop, 0.0 if rows.win is None else rows.win, NEG_INF).to(dtype)
-            cached = self._cache["without_stops"] = (torch.stack([can_stop, torch.ones_like(can_stop)]), dead_value)
+            dead_value = torch.where(can_stop, 0.0, NEG_INF).to(dtype)
+            cached = self._cache["without_stops"] = (torch.stack([can_stop, torch.ones_like(can_stop)]), dead_value,
+                                                     torch.zeros_like(dead_value))
         return cached
 
     def apply_masked(self, step: StepInputs, rows: MaskedRows) -> Dead:
