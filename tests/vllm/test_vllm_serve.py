@@ -206,6 +206,17 @@ def test_vllm_itself_refuses_the_payload_as_a_list(client: Any) -> None:
     assert "body.vllm_xargs.dynamo_logits" in refusal(client, [{"kind": "banned_tokens", "token_ids": [3]}])
 
 
+def test_the_example_client_forces_its_text_through_the_server(server: Server) -> None:
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "examples" / "vllm_serve_client.py"), "--base-url",
+                           f"{server.url}/v1", "--text", "Yes, thank you."],
+                          capture_output=True, text=True, timeout=REQUEST_TIMEOUT_S, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert "forced: Yes, thank you." in lines
+    assert "refused (400): extra_args.dynamo_logits[0].token_ids[0]: must be >= 0" in lines
+
+
 def test_the_server_serves_after_refusals(server: Server, client: Any, embedded_tokenizer: Any, hf_model: Any) -> None:
     refusal(client, "[{")
     assert _healthy(server.url) and server.proc.poll() is None
