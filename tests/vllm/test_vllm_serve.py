@@ -39,6 +39,8 @@ from dynlogits.engine_spec import REQUEST_KINDS_ENV, SPEC_SOURCE_ENV  # noqa: E4
 
 from vllm_helpers import FORCED_TEXTS, forced_payload  # noqa: E402
 
+pytestmark = pytest.mark.engine
+
 MODEL = "dynlogits-tiny"
 SERVE_KINDS = "forced_sequence,banned_tokens"
 #: Start-up is ~35 s on an idle 2-core machine; CI shares the cores with other work.
