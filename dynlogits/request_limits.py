@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 __all__ = ["DEFAULT_MAX_TOKENS", "LimitProblem", "RequestLimits", "add_limit_flags", "body_limit_problem",
-           "generate_limit_problem", "limits_from_flags"]
+           "env_name", "generate_limit_problem", "limits_from_flags", "positive_int", "positive_int_from_env"]
 
 #: What the engine generates when a request gives no ``max_tokens`` (vLLM's default).
 DEFAULT_MAX_TOKENS = 16
@@ -56,19 +56,8 @@ class RequestLimits:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> RequestLimits:
         """Defaults, overridden by ``DYN_<LIMIT>`` variables; ``ValueError`` naming a bad variable."""
-        values: dict[str, int] = {}
-        for f in fields(cls):
-            name = env_name(f.name)
-            raw = environ.get(name)
-            if raw is None or raw.strip() == "":
-                continue
-            try:
-                values[f.name] = int(raw)
-            except ValueError:
-                raise ValueError(f"{name}: must be an integer >= 1, got {raw!r}") from None
-            if values[f.name] < 1:
-                raise ValueError(f"{name}: must be an integer >= 1, got {raw!r}")
-        return cls(**values)
+        defaults = cls()
+        return cls(**{f.name: positive_int_from_env(environ, f.name, getattr(defaults, f.name)) for f in fields(cls)})
 
 
 def env_name(limit: str) -> str:
@@ -76,10 +65,30 @@ def env_name(limit: str) -> str:
     return f"DYN_{limit.upper()}"
 
 
-def _positive(text: str) -> int:
-    value = int(text)
+def positive_int_from_env(environ: Mapping[str, str], limit: str, default: int) -> int:
+    """``$DYN_<LIMIT>`` as an integer >= 1, or ``default`` when unset or blank; ``ValueError`` naming
+    the variable otherwise."""
+    name = env_name(limit)
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+        raise ValueError(f"{name}: must be an integer >= 1, got {raw!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1, else a usage error quoting ``text``."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
     return value
 
 
@@ -92,7 +101,7 @@ def add_limit_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str] 
         parser.error(str(err))
     group = parser.add_argument_group("per-request limits (default: $DYN_<NAME>, else the built-in value)")
     for f in fields(RequestLimits):
-        group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=_positive,
+        group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=positive_int,
                            default=getattr(defaults, f.name), metavar="N",
                            help=f"(${env_name(f.name)}, default {getattr(defaults, f.name)})")
 
