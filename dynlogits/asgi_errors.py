@@ -1,5 +1,8 @@
 """``JsonErrors``: an unexpected exception becomes a JSON 500 in OpenAI's error shape, inside the app.
 
+A client that went away mid-body (Starlette's ``ClientDisconnect``, e.g. after uvicorn refused a
+malformed chunked body) is no error of the server's: nothing is logged and nothing can be answered.
+
 Why not ``app.exception_handler(Exception)``: Starlette runs that handler in its outermost
 middleware and then re-raises, and uvicorn closes the connection of a request whose app raised.
 A client (the frontend, for a worker) that reuses that kept-alive connection at the same moment
@@ -12,6 +15,8 @@ from __future__ import annotations
 import json
 import logging
 from typing import Any
+
+from starlette.requests import ClientDisconnect
 
 __all__ = ["JsonErrors"]
 
@@ -37,6 +42,8 @@ class JsonErrors:
 
         try:
             await self.app(scope, receive, tracked)
+        except ClientDisconnect:
+            return
         except Exception as err:
             self.log.error("unexpected error on %s %s", scope.get("method"), scope.get("path"), exc_info=err)
             if started:  # part of an answer is out: nothing well-formed can follow

@@ -36,6 +36,7 @@ from typing import Any
 
 from dynlogits.config import DeploymentConfig
 from dynlogits.specs import Problem, SpecError
+from dynlogits.untrusted import clip, quote
 
 __all__ = ["CONTROL_FIELDS", "Controls", "Encode", "rename_control_paths", "with_controls"]
 
@@ -82,9 +83,9 @@ def _bad_word_ids(i: int, word: str, encode: Encode) -> list[int]:
         forms.append(spaced)
     long = next((f for f in forms if len(f) != 1), None)
     if long is not None:
-        raise SpecError.single(path, f"{word!r} is {len(long)} tokens {long} with this model's tokenizer; only words "
-                                     "of one token can be banned (they map onto banned_tokens, which bans single "
-                                     "token ids; a longer word would be approximated)")
+        raise SpecError.single(path, f"{quote(word)} is {len(long)} tokens {clip(str(long))} with this model's "
+                                     "tokenizer; only words of one token can be banned (they map onto banned_tokens, "
+                                     "which bans single token ids; a longer word would be approximated)")
     return [f[0] for f in forms]
 
 

@@ -27,13 +27,27 @@ from typing import Any
 
 import anyio
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "MAX_DEPTH", "BodyError", "first_error", "loc_path", "parse_json_body",
-           "read_body", "read_json_body"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "MAX_DEPTH", "MAX_MESSAGE_CHARS", "QUOTE_CHARS", "BodyError", "clip",
+           "first_error", "loc_path", "parse_json_body", "quote", "read_body", "read_json_body"]
 
 #: Default bound on a request body; a long chat prompt is far below it.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 #: Deepest nesting accepted (an OpenAI body needs fewer than 10 levels).
 MAX_DEPTH = 64
+#: Characters of client-sent text (a value, a key) an error message or path quotes.
+QUOTE_CHARS = 64
+#: Characters of an error message or ``param`` sent back to a client, whatever it quotes.
+MAX_MESSAGE_CHARS = 1024
+
+
+def clip(text: str, limit: int = QUOTE_CHARS) -> str:
+    """``text``, or its first ``limit`` characters and how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def quote(text: str, limit: int = QUOTE_CHARS) -> str:
+    """``repr(text)`` for an error message, of at most its first ``limit`` characters."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 class BodyError(ValueError):
@@ -98,6 +112,7 @@ def _finite_float(text: str) -> float:
 def _path(parent: str, key: str | int) -> str:
     if isinstance(key, int):
         return f"{parent}[{key}]"
+    key = clip(key)
     return f"{parent}.{key}" if parent else key
 
 
@@ -136,7 +151,7 @@ def _check_tree(document: Any, *, strings: bool = True) -> None:
                     _check_text(key, path)
             if isinstance(node, _DuplicateKeys):
                 where = _path(path, node.duplicate)
-                raise BodyError(400, f"{where}: duplicate key {node.duplicate!r} in one object", param=where)
+                raise BodyError(400, f"{where}: duplicate key {quote(node.duplicate)} in one object", param=where)
         items = node.items() if isinstance(node, dict) else enumerate(node)
         stack.extend((value, _path(path, key), depth + 1) for key, value in items
                      if isinstance(value, (dict, list)) or (strings and isinstance(value, str)))
@@ -187,7 +202,8 @@ def loc_path(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, str) and (part in _UNION_TAGS or "[" in part):
             continue
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        part = part if isinstance(part, int) else clip(str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out
 
 
@@ -195,4 +211,5 @@ def first_error(errors: list[Any]) -> BodyError:
     """A 400 naming the first field of a pydantic ``ValidationError.errors()`` list and its rule."""
     first = errors[0]
     path = loc_path(tuple(first["loc"]))
-    return BodyError(400, f"{path}: {first['msg']}" if path else str(first["msg"]), param=path or None)
+    return BodyError(400, clip(f"{path}: {first['msg']}" if path else str(first["msg"]), MAX_MESSAGE_CHARS),
+                     param=path or None)

@@ -1,5 +1,7 @@
 """Fair admission (``dynlogits.frontend.admission``): a client's share is bounded, capacity that
-frees goes round-robin to the clients waiting, and nothing leaks when a wait ends any other way."""
+frees goes round-robin to the clients waiting, a small request is not queued behind larger ones it
+fits beside (unless one has waited long enough to reserve the capacity), and nothing leaks when a
+wait ends any other way."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dynlogits.frontend.admission import Admission, AdmissionError, ClientGone, Ticket, client_key
+from dynlogits.frontend.admission import Admission, AdmissionError, ClientGone, Ticket
 
 
 def run(test: Callable[[], Awaitable[Any]]) -> Any:
@@ -122,8 +124,56 @@ def test_a_cancelled_wait_and_a_double_release_leak_nothing() -> None:
     run(test)
 
 
-def test_a_client_is_its_peer_address_unless_a_header_names_it() -> None:
-    scope = {"client": ("10.0.0.7", 5555), "headers": [(b"authorization", b"Bearer k1")]}
-    assert client_key(scope, None) == "peer:10.0.0.7"
-    assert client_key(scope, "Authorization") == "Authorization:Bearer k1"
-    assert client_key({**scope, "headers": []}, "authorization") == "peer:10.0.0.7"
+def test_a_small_request_is_admitted_beside_larger_ones_waiting() -> None:
+    async def test() -> None:
+        a = Admission(max_inflight=32, max_per_client=32, queue_timeout_s=30)
+        big, other = await a.admit("abuser", 16), await a.admit("other", 8)  # 24 of 32 in flight
+        large = asyncio.create_task(a.admit("abuser2", 16))  # 40 > 32: waits
+        await _until(lambda: a.queued == 1)
+        small = await asyncio.wait_for(a.admit("normal", 1), 5)  # 25 <= 32: admitted at once
+        assert a.in_flight == 25 and a.queued == 1
+        big.release()  # 9 in flight: the waiting 16 fits
+        ticket = await asyncio.wait_for(large, 5)
+        assert a.in_flight == 25 and a.queued == 0
+        for t in (other, small, ticket):
+            t.release()
+        assert a.in_flight == 0 and not a.held("abuser2")
+
+    run(test)
+
+
+def test_capacity_freed_goes_to_a_waiting_request_that_fits_not_only_the_first() -> None:
+    async def test() -> None:
+        a = Admission(max_inflight=4, max_per_client=4, queue_timeout_s=30)
+        held = [await a.admit("x", 2), await a.admit("y", 2)]
+        large = asyncio.create_task(a.admit("big", 4))
+        small = asyncio.create_task(a.admit("small", 1))
+        await _until(lambda: a.queued == 2)  # nothing fits while 4 are in flight
+        held[0].release()  # 2 free: the 4 still does not fit, the 1 does
+        await asyncio.wait_for(small, 5)
+        assert not large.done() and a.in_flight == 3
+        small.result().release()
+        held[1].release()
+        (await asyncio.wait_for(large, 5)).release()
+        assert a.in_flight == 0
+
+    run(test)
+
+
+def test_a_request_waiting_past_reserve_after_holds_the_capacity_for_itself() -> None:
+    """With ``reserve_after_s=0`` a waiting request reserves at once: a smaller one that would fit
+    waits behind it, so a large request is not overtaken for ever."""
+    async def test() -> None:
+        a = Admission(max_inflight=4, max_per_client=4, queue_timeout_s=30, reserve_after_s=0)
+        assert Admission(max_inflight=4, max_per_client=4, queue_timeout_s=30).reserve_after_s == 15
+        held = await a.admit("x", 3)
+        large = asyncio.create_task(a.admit("big", 4))
+        await _until(lambda: a.queued == 1)
+        small = asyncio.create_task(a.admit("small", 1))  # fits (4 <= 4) but the large one reserves
+        await _until(lambda: a.queued == 2)
+        held.release()
+        (await asyncio.wait_for(large, 5)).release()
+        (await asyncio.wait_for(small, 5)).release()
+        assert a.in_flight == 0 and a.queued == 0
+
+    run(test)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import select
 import socket
+import statistics
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,13 +19,14 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from dynlogits.frontend.admission import Admission
 from dynlogits.frontend.args import ServerLimits
 from dynlogits.connections import guarded_protocol
 from dynlogits.frontend.limits import ClientGuard, ClientLimitsMiddleware, hold_ticket
-from deploy.launcher import extra_frontend, free_port_block, wait_until
+from deploy.launcher import FrontendProcess, free_port_block, wait_until
+from deploy.launcher import frontend_process as start_frontend
+from threaded_uvicorn import ThreadedServer
 
 HEAD_S, BODY_S, MAX_CONNECTIONS = 1.0, 1.5, 6
 
@@ -43,13 +45,19 @@ def _open(port: int) -> socket.socket:
 
 
 @pytest.fixture(scope="module")
-def frontend() -> Iterator[int]:
+def frontend_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrontendProcess]:
     """A frontend with short deadlines and a small connection cap; its worker never comes up."""
     dead_worker = f"http://127.0.0.1:{free_port_block(1)}"
     env = {"DYN_HEADER_TIMEOUT": str(HEAD_S), "DYN_BODY_TIMEOUT": str(BODY_S),
            "DYN_MAX_CONNECTIONS": str(MAX_CONNECTIONS)}
-    with extra_frontend("limits", "--agg-worker", dead_worker, env=env, health=503) as url:
-        yield int(url.rsplit(":", 1)[1])
+    with start_frontend("limits", "--agg-worker", dead_worker, env=env, health=503,
+                        log_path=tmp_path_factory.mktemp("limits") / "frontend.log") as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def frontend(frontend_process: FrontendProcess) -> int:
+    return frontend_process.port
 
 
 def test_a_head_never_finished_gets_408_and_is_closed(frontend: int) -> None:
@@ -126,24 +134,94 @@ def test_at_the_connection_cap_slow_connections_are_shed_for_a_live_client(front
     assert open_now <= MAX_CONNECTIONS - 1, open_now
 
 
+# --- request heads and client protocol errors, on the frontend process -----------------------------
+
+
+def _metric(port: int, name: str) -> float:
+    """The value of one sample of the frontend's ``/metrics`` (0 when absent)."""
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def _huge_head(port: int, size: int) -> bytes:
+    """A head with one header line of ``size`` bytes, sent whole (as a client that writes before it
+    reads would); the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-big: ")
+        chunk = b"y" * (1 << 20)
+        try:
+            for _ in range(size >> 20):
+                s.sendall(chunk)
+            s.sendall(b"\r\n\r\n")
+        except OSError:  # closed under us: the answer is still read
+            pass
+        return _read_all(s, timeout=60)
+
+
+def test_oversized_heads_are_refused_and_the_frontend_keeps_no_memory(frontend_process: FrontendProcess) -> None:
+    """16 heads of one 24 MiB header line (the size that grew the frontend by 337 MiB and was answered
+    200 before), 4 at a time, then an oversized request line and too many headers: each refused, none
+    reaches the app, the frontend's memory stays where it was and ``/health`` answers meanwhile."""
+    port = frontend_process.port
+    counted = 'dynlogits_client_protocol_errors_total{kind="head_too_large"}'
+    before, start_rss = _metric(port, counted), frontend_process.rss()
+    health_s: list[float] = []
+    for _ in range(4):
+        replies: list[bytes] = []
+        threads = [threading.Thread(target=lambda: replies.append(_huge_head(port, 24 << 20))) for _ in range(4)]
+        for t in threads:
+            t.start()
+        started = time.monotonic()
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 503  # no worker: 503
+        health_s.append(time.monotonic() - started)
+        for t in threads:
+            t.join(timeout=120)
+        assert len(replies) == 4 and all(r.startswith(b"HTTP/1.1 431 ") for r in replies), [r[:80] for r in replies]
+        assert all(b"limit max_header_bytes" in r for r in replies)
+    line = _read_all(_send(port, b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\n\r\n"), timeout=30)
+    assert line.startswith(b"HTTP/1.1 414 ") and b"limit max_request_line_bytes" in line, line[:200]
+    many = _read_all(_send(port, b"GET /health HTTP/1.1\r\n" + b"x-h: 1\r\n" * 500 + b"\r\n"), timeout=30)
+    assert many.startswith(b"HTTP/1.1 431 ") and b"limit max_headers" in many, many[:200]
+    grown = frontend_process.rss() - start_rss
+    print(f"frontend RSS {start_rss >> 20} -> {frontend_process.rss() >> 20} MiB; /health during the abuse took "
+          f"{', '.join(f'{s:.3f}' for s in health_s)} s")  # noqa: T201 - figures for docs/reliability.md
+    assert grown < 50 * 2**20, grown
+    assert statistics.median(health_s) < 2.0, health_s
+    assert _metric(port, counted) == before + 18
+
+
+def _send(port: int, data: bytes) -> socket.socket:
+    s = _open(port)
+    s.sendall(data)
+    return s
+
+
+def test_malformed_chunked_bodies_add_at_most_a_few_log_lines(frontend_process: FrontendProcess) -> None:
+    """200 requests whose chunked body is malformed: each is answered 400, each is counted, and the log
+    gains at most a line per kind (it gained a 48-line traceback per request before)."""
+    port = frontend_process.port
+    counted = 'dynlogits_client_protocol_errors_total{kind="invalid_http"}'
+    before, lines_before = _metric(port, counted), len(frontend_process.log_lines())
+    for _ in range(200):
+        reply = _read_all(_send(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: "
+                                      b"application/json\r\ntransfer-encoding: chunked\r\n\r\n5\r\n{\"a\":\r\nzz\r\n"),
+                          timeout=30)
+        assert reply.startswith(b"HTTP/1.1 400 "), reply[:200]
+    wait_until(lambda: _metric(port, counted) == before + 200, 30, "the 200 errors to be counted", interval=0.1)
+    added = frontend_process.log_lines()[lines_before:]
+    assert len(added) <= 3 and not any("Traceback" in line for line in added), added
+    assert any("client protocol error (invalid_http)" in line for line in added), added
+
+
+def test_answers_carry_no_server_header(frontend: int) -> None:
+    for path in ("/health", "/metrics", "/v1/models"):
+        r = httpx.get(f"http://127.0.0.1:{frontend}{path}", timeout=10)
+        assert "server" not in r.headers, (path, r.headers)
+
+
 # --- uvicorn in a thread: h11, and the send deadline of a streaming response --------------------
-
-
-class _Server:
-    def __init__(self, app: Any, **kwargs: Any) -> None:
-        self.port = free_port_block(1)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="off", **kwargs))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> _Server:
-        self.thread.start()
-        wait_until(lambda: self.server.started, 30, "uvicorn")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 async def _hello(scope: Any, receive: Any, send: Any) -> None:
@@ -153,7 +231,7 @@ async def _hello(scope: Any, receive: Any, send: Any) -> None:
 
 def test_the_head_deadline_and_the_cap_hold_on_h11_too() -> None:
     protocol = guarded_protocol(header_timeout_s=HEAD_S, max_connections=2, http="h11")
-    with _Server(_hello, http=protocol) as server:
+    with ThreadedServer(_hello, http=protocol) as server:
         s = _open(server.port)
         s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
         assert _read_all(s, timeout=HEAD_S + 10).startswith(b"HTTP/1.1 408 ")
@@ -188,7 +266,7 @@ def test_a_stream_whose_reader_stalls_is_ended_and_releases_its_admission() -> N
         await ClosingStreamingResponse(endless())(scope, receive, send)
 
     protocol = guarded_protocol(header_timeout_s=10, max_connections=10)
-    with _Server(ClientLimitsMiddleware(app, guard), http=protocol) as server:
+    with ThreadedServer(ClientLimitsMiddleware(app, guard), http=protocol) as server:
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.connect(("127.0.0.1", server.port))

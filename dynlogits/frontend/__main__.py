@@ -16,8 +16,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; 2 on a bad logits config."""
     import uvicorn
 
-    from .app import FrontendState, create_app
     from dynlogits.connections import guarded_protocol
+    from dynlogits.protocol_errors import ProtocolErrorLog
+
+    from .app import FrontendState, create_app
     from .limits import ClientGuard, ClientLimitsMiddleware
     from .metrics import FrontendMetrics
     from .routing import Router
@@ -31,19 +33,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dynlogits.frontend: invalid logits config: {err}", file=sys.stderr)
         return 2
     router = Router({"agg": args.agg_workers, "prefill": args.prefill_workers, "decode": args.decode_workers},
-                    health_interval_s=args.health_interval_s, idle_timeout_s=args.worker_idle_timeout_s)
+                    health_interval_s=args.health_interval_s, idle_timeout_s=args.worker_idle_timeout_s,
+                    worker_secret=args.worker_secret)
     metrics = FrontendMetrics()
     app = create_app(FrontendState(router=router, config=config, metrics=metrics,
-                                   max_body_bytes=args.max_body_bytes))
-    # Client limits (docs/reliability.md, "Limits"): per-request bounds and admission in the app,
-    # stalled readers and ticket release around it, request heads and connections in the protocol.
-    guard = ClientGuard(request_limits=args.request_limits, server=args.server, metrics=metrics)
-    protocol = guarded_protocol(header_timeout_s=args.server.header_timeout_s,
-                                max_connections=args.server.max_connections, on_close=guard.closed)
+                                   max_body_bytes=args.max_body_bytes, worker_secret=args.worker_secret))
+    protocol_errors = ProtocolErrorLog(logging.getLogger("dynlogits.frontend"),
+                                       on_error=lambda kind: metrics.protocol_errors.labels(kind=kind).inc())
+    # Client limits (docs/reliability.md, "Limits"): API keys, per-request bounds and admission in the
+    # app, stalled readers and ticket release around it, request heads and connections in the protocol.
+    guard = ClientGuard(request_limits=args.request_limits, server=args.server, metrics=metrics,
+                        identity=args.identity, protocol_errors=protocol_errors)
+    protocol = guarded_protocol(header_timeout_s=args.server.header_timeout_s, head_limits=args.head_limits,
+                                max_connections=args.server.max_connections, on_close=guard.closed,
+                                protocol_errors=protocol_errors)
     # Keep-alive longer than clients keep idle connections (httpx, so the openai SDK: 5 s), so a
-    # client never reuses a connection the frontend is closing at that moment.
+    # client never reuses a connection the frontend is closing at that moment. No proxy headers:
+    # who a client is comes from .identity (X-Forwarded-For only from the listed proxies); no
+    # WebSocket; no ``server`` header.
     uvicorn.run(ClientLimitsMiddleware(app, guard), host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=args.graceful_timeout_s, timeout_keep_alive=75, http=protocol)
+                timeout_graceful_shutdown=args.graceful_timeout_s, timeout_keep_alive=75, http=protocol,
+                proxy_headers=False, server_header=False, ws="none")
     return 0
 
 

@@ -10,22 +10,26 @@ everyone else's requests waited behind them until they timed out.
 * ``max_per_client``: sequences one client may have in flight *or waiting*; a request beyond it is
   refused at once with 429. Set below ``max_inflight``, it leaves room for other clients whatever
   one client sends.
-* Waiting requests are admitted round-robin across clients (in order within a client) as capacity
-  frees; one still waiting after ``queue_timeout_s`` gets 429, and one whose client went away
-  while waiting is dropped without being run.
+* Not head-of-line: a request that fits beside the sequences in flight is admitted at once, even
+  while larger ones wait; as capacity frees, waiting requests are admitted round-robin across
+  clients, each client's first one that fits (oldest first).
+* So that a large request is not overtaken for ever, the oldest waiting request, once it has waited
+  ``reserve_after_s`` (half of ``queue_timeout_s`` by default), reserves the capacity: nothing else
+  is admitted until it fits. One still waiting after ``queue_timeout_s`` gets 429, and one whose
+  client went away while waiting is dropped without being run.
 
-A client is whatever key the caller names (the frontend: the peer address, or a configured header).
+A client is whatever key the caller names (the frontend: ``dynlogits.frontend.identity``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Admission", "AdmissionError", "ClientGone", "Ticket", "client_key"]
+__all__ = ["Admission", "AdmissionError", "ClientGone", "Ticket"]
 
 class AdmissionError(Exception):
     """A request refused for capacity (HTTP 429, ``retry_after_s`` for the header) or for its own
@@ -59,20 +63,24 @@ class Ticket:
 
 @dataclass(eq=False)
 class _Waiter:
+    client: str
     cost: int
+    since: float  # loop time it started waiting
     future: asyncio.Future[None]
 
 
 class Admission:
     """The admission state of one frontend; use from its event loop only."""
 
-    def __init__(self, *, max_inflight: int, max_per_client: int, queue_timeout_s: float) -> None:
+    def __init__(self, *, max_inflight: int, max_per_client: int, queue_timeout_s: float,
+                 reserve_after_s: float | None = None) -> None:
         if max_inflight < 1 or max_per_client < 1 or queue_timeout_s <= 0:
             raise ValueError("max_inflight and max_per_client must be >= 1, queue_timeout_s > 0")
         self.max_inflight, self.max_per_client, self.queue_timeout_s = max_inflight, max_per_client, queue_timeout_s
+        self.reserve_after_s = queue_timeout_s / 2 if reserve_after_s is None else reserve_after_s
         self.in_flight = 0  # sequences admitted and not yet released
         self._held: Counter[str] = Counter()  # per client: in flight + waiting
-        self._waiting: OrderedDict[str, deque[_Waiter]] = OrderedDict()
+        self._waiting: OrderedDict[str, deque[_Waiter]] = OrderedDict()  # clients in round-robin order
 
     @property
     def queued(self) -> int:
@@ -85,7 +93,8 @@ class Admission:
 
     async def admit(self, client: str, cost: int, *,
                     disconnected: Callable[[], Awaitable[Any]] | None = None) -> Ticket:
-        """A ticket for ``cost`` sequences, at once when they fit, else after waiting in turn.
+        """A ticket for ``cost`` sequences, at once when they fit (and no request has reserved the
+        capacity), else after waiting.
 
         Raises :class:`AdmissionError` (400: ``cost`` alone exceeds a client's share; 429: the client's
         share is taken, or the wait exceeded ``queue_timeout_s``), or :class:`ClientGone` when
@@ -101,24 +110,25 @@ class Admission:
                                  reason="client_share", retry_after_s=1)
         self._held[client] += cost
         ticket = Ticket(client, cost, self._release)
-        if not self._waiting and self.in_flight + cost <= self.max_inflight:
+        loop = asyncio.get_running_loop()
+        if self._fits(cost) and self._reserving(loop.time()) is None:
             self.in_flight += cost
             return ticket
-        waiter = _Waiter(cost, asyncio.get_running_loop().create_future())
+        waiter = _Waiter(client, cost, loop.time(), loop.create_future())
         self._waiting.setdefault(client, deque()).append(waiter)
         gone = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         try:
             waits: set[asyncio.Future[Any]] = {waiter.future} | ({gone} if gone is not None else set())
             await asyncio.wait(waits, timeout=self.queue_timeout_s, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # cancelled while waiting
-            self._abandon(client, waiter, ticket)
+            self._abandon(waiter, ticket)
             raise
         finally:
             if gone is not None:
                 gone.cancel()
         if waiter.future.done():
             return ticket
-        self._abandon(client, waiter, ticket)
+        self._abandon(waiter, ticket)
         if gone is not None and gone.done() and not gone.cancelled():
             raise ClientGone()
         raise AdmissionError(429, f"the deployment is at capacity ({self.in_flight} of {self.max_inflight} sequences "
@@ -126,21 +136,25 @@ class Admission:
                                   f"{self.queue_timeout_s:g} s (limit queue_timeout); retry later",
                              reason="queue_timeout", retry_after_s=1)
 
-    def _abandon(self, client: str, waiter: _Waiter, ticket: Ticket) -> None:
+    def _fits(self, cost: int) -> bool:
+        return self.in_flight + cost <= self.max_inflight
+
+    def _reserving(self, now: float) -> _Waiter | None:
+        """The oldest waiting request once it has waited ``reserve_after_s``, else ``None``."""
+        oldest = min((q[0] for q in self._waiting.values()), key=lambda w: w.since, default=None)
+        return oldest if oldest is not None and now - oldest.since >= self.reserve_after_s else None
+
+    def _abandon(self, waiter: _Waiter, ticket: Ticket) -> None:
         """Undo a wait that ended without the caller taking the ticket (granted meanwhile: release it)."""
         if waiter.future.done():
             ticket.release()
             return
         waiter.future.cancel()
-        queue = self._waiting.get(client)
-        if queue is not None and waiter in queue:
-            queue.remove(waiter)
-            if not queue:
-                del self._waiting[client]
+        self._unqueue(waiter)
         ticket.released = True
-        self._held[client] -= ticket.cost
-        self._forget(client)
-        self._dispatch()  # a large waiter leaving the head may let smaller ones in
+        self._held[waiter.client] -= ticket.cost
+        self._forget(waiter.client)
+        self._dispatch()  # a reserving waiter leaving may let others in
 
     def _release(self, ticket: Ticket) -> None:
         self.in_flight -= ticket.cost
@@ -152,29 +166,32 @@ class Admission:
         if self._held[client] <= 0:
             del self._held[client]
 
+    def _unqueue(self, waiter: _Waiter) -> None:
+        queue = self._waiting.get(waiter.client)
+        if queue is not None and waiter in queue:
+            queue.remove(waiter)
+            if not queue:
+                del self._waiting[waiter.client]
+
+    def _grant(self, waiter: _Waiter) -> None:
+        self._unqueue(waiter)
+        if waiter.client in self._waiting:
+            self._waiting.move_to_end(waiter.client)  # its next request waits for the other clients' turn
+        self.in_flight += waiter.cost
+        waiter.future.set_result(None)
+
     def _dispatch(self) -> None:
-        """Admit waiting requests round-robin across clients while the next one in turn fits."""
+        """Admit waiting requests while one fits: the reserving one alone when there is one, else
+        round-robin across clients, each client's oldest request that fits."""
+        now = asyncio.get_running_loop().time()
         while self._waiting:
-            client, queue = next(iter(self._waiting.items()))
-            head = queue[0]
-            if self.in_flight + head.cost > self.max_inflight:
+            reserving = self._reserving(now)
+            if reserving is not None:
+                if not self._fits(reserving.cost):
+                    return
+                self._grant(reserving)
+                continue
+            fitting = next((w for q in self._waiting.values() for w in q if self._fits(w.cost)), None)
+            if fitting is None:
                 return
-            queue.popleft()
-            if queue:
-                self._waiting.move_to_end(client)
-            else:
-                del self._waiting[client]
-            self.in_flight += head.cost
-            head.future.set_result(None)
-
-
-def client_key(scope: MutableMapping[str, Any], header: str | None) -> str:
-    """Who a request is from: the value of ``header`` when configured and present (e.g. an API key
-    or an authenticating proxy's user header), else the peer's address."""
-    if header:
-        wanted = header.lower().encode()
-        for name, value in scope.get("headers", ()):
-            if name == wanted and value:
-                return f"{header}:{value.decode('latin-1')}"
-    client = scope.get("client")
-    return f"peer:{client[0]}" if client else "peer:unknown"
+            self._grant(fitting)

@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
@@ -16,16 +16,20 @@ import anyio.lowlevel
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from dynlogits.asgi_errors import JsonErrors
 from dynlogits.closing_stream import ClosingStreamingResponse
 from dynlogits.config import DeploymentConfig
+from dynlogits.connections import parser_refused
 from dynlogits.openai_controls import rename_control_paths, with_controls
 from dynlogits.request_limits import RequestLimits, body_limit_problem
 from dynlogits.specs import SpecError, parse_entries
-from dynlogits.untrusted import DEFAULT_MAX_BODY_BYTES, BodyError, first_error, read_json_body
+from dynlogits.untrusted import (DEFAULT_MAX_BODY_BYTES, MAX_MESSAGE_CHARS, BodyError, clip, first_error, quote,
+                                 read_json_body)
+from dynlogits.worker_secret import presents_secret
 from dynlogits.worker.protocol import GenerateChunk, GenerateRequest, Usage
 
 from .admission import AdmissionError, ClientGone
@@ -47,6 +51,8 @@ class HTTPError(Exception):
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
                  kind: str = "invalid_request_error", code: str | None = None, retry_after_s: int | None = None) -> None:
+        # whatever a message quotes of the request (a spec error may quote a value), a bounded echo
+        message, param = clip(message, MAX_MESSAGE_CHARS), clip(param, MAX_MESSAGE_CHARS) if param else param
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
         self.retry_after_s = retry_after_s
@@ -69,6 +75,8 @@ class FrontendState:
     metrics: FrontendMetrics
     #: Bodies larger than this are refused with 413 before they are read in full.
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: The deployment's worker secret: a ``/health`` request presenting it gets the detailed view.
+    worker_secret: str | None = field(default=None, repr=False)
 
 
 #: ``code`` of a 400 for a request over a per-request limit (``dynlogits.request_limits``).
@@ -198,9 +206,12 @@ def create_app(state: FrontendState) -> FastAPI:
             metrics.workers_ready.labels(role=role).set(sum(e.ready for e in pool.endpoints))
 
     @app.get("/health")
-    async def health() -> JSONResponse:
-        workers = [{"url": e.url, "role": e.role, "ready": e.ready, "error": e.last_error}
-                   for e in router.all_endpoints()]
+    async def health(request: Request) -> JSONResponse:
+        """200 when a request can be served, else 503; each worker's role and readiness. Its URL and
+        the last probe's error only for a caller presenting the worker secret (the operator)."""
+        detailed = presents_secret(request.scope, state.worker_secret)
+        workers = [{"url": e.url, "role": e.role, "ready": e.ready, "error": e.last_error} if detailed
+                   else {"role": e.role, "ready": e.ready} for e in router.all_endpoints()]
         ok = router.ready()
         return JSONResponse({"status": "ok" if ok else "unavailable", "workers": workers}, status_code=200 if ok else 503)
 
@@ -239,6 +250,10 @@ def create_app(state: FrontendState) -> FastAPI:
             try:
                 data = await read_json_body(request, max_bytes=state.max_body_bytes,
                                             timeout_s=guard.server.body_timeout_s)
+            except ClientDisconnect:  # the body was cut short (or unparsable: the protocol answered 400)
+                if not parser_refused(request.scope):
+                    guard.protocol_error("body_incomplete", "the connection ended before the request body arrived")
+                return Response(status_code=499)
             except BodyError as err:
                 if err.status == 408:
                     guard.closed("body_timeout")
@@ -254,7 +269,7 @@ def create_app(state: FrontendState) -> FastAPI:
             if not names:
                 raise NoWorkerError("no worker is ready yet, so no model is served; retry shortly")
             if body.model not in names:
-                raise HTTPError(404, f"model {body.model!r} does not exist (served: {names})", param="model",
+                raise HTTPError(404, f"model {quote(body.model)} does not exist (served: {names})", param="model",
                                 code="model_not_found")
             await _admit(guard, request, body)
             rid = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"

@@ -7,9 +7,13 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dynlogits.bearer_auth import BearerKeys, read_key_file
+from dynlogits.request_heads import HeadLimits, add_head_limit_flags, head_limits_from_flags
 from dynlogits.request_limits import RequestLimits, add_limit_flags, limits_from_flags
 from dynlogits.untrusted import DEFAULT_MAX_BODY_BYTES
-from dynlogits.worker.args import split_kinds
+from dynlogits.worker.args import add_worker_secret_flag, split_kinds, worker_secret_from_flags
+
+from .identity import ClientIdentity, TrustedProxies
 
 __all__ = ["IDLE_TIMEOUT_ENV", "FrontendArgs", "ServerLimits", "parse_frontend_args"]
 
@@ -36,8 +40,8 @@ class ServerLimits:
     max_client_sequences: int = 96
     #: Seconds a request may wait for capacity; then 429.
     queue_timeout_s: float = 30.0
-    #: Header naming the client for ``max_client_sequences`` (e.g. ``authorization``, or an
-    #: authenticating proxy's user header); empty: the peer address.
+    #: Header naming the client for ``max_client_sequences`` (an authenticating proxy's user header);
+    #: empty: the client's address. Ignored when API keys are configured (a client is its key).
     client_id_header: str = ""
 
 
@@ -103,6 +107,51 @@ class FrontendArgs:
     graceful_timeout_s: float = 10.0
     server: ServerLimits = field(default_factory=ServerLimits)
     request_limits: RequestLimits = field(default_factory=RequestLimits)
+    head_limits: HeadLimits = field(default_factory=HeadLimits)
+    #: API keys, trusted proxies and the client header: who a client is (``.identity``).
+    identity: ClientIdentity = field(default_factory=ClientIdentity)
+    #: Sent to every worker as a bearer token (``dynlogits.worker_secret``); ``None``: none.
+    worker_secret: str | None = field(default=None, repr=False)
+
+
+API_KEY_ENV, API_KEY_FILE_ENV = "DYN_API_KEY", "DYN_API_KEY_FILE"
+TRUSTED_PROXIES_ENV, FORWARDED_HEADER_ENV = "DYN_TRUSTED_PROXIES", "DYN_FORWARDED_HEADER"
+
+
+def _add_access_flags(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    group = p.add_argument_group("who may call, and who a client is (docs/reliability.md, \"Client identity\")")
+    group.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                       help=f"an API key clients must send as 'Authorization: Bearer KEY' on /v1/ routes (repeat for "
+                            f"several; also ${API_KEY_ENV}); a command line is visible to other local users, so "
+                            "prefer --api-key-file")
+    group.add_argument("--api-key-file", default=environ.get(API_KEY_FILE_ENV) or None, metavar="FILE",
+                       help=f"API keys, one per line (${API_KEY_FILE_ENV})")
+    group.add_argument("--trusted-proxies", default=environ.get(TRUSTED_PROXIES_ENV, ""), metavar="ADDRS",
+                       help="comma-separated addresses or networks of proxies whose forwarding header names the "
+                            f"client (${TRUSTED_PROXIES_ENV}, default: none, the peer address is the client)")
+    group.add_argument("--forwarded-header", default=environ.get(FORWARDED_HEADER_ENV) or "x-forwarded-for",
+                       metavar="NAME", help="the header those proxies append the client's address to: "
+                                            f"x-forwarded-for or forwarded (${FORWARDED_HEADER_ENV}, default "
+                                            "x-forwarded-for)")
+    add_worker_secret_flag(p, environ)
+
+
+def _identity(p: argparse.ArgumentParser, ns: argparse.Namespace, environ: Mapping[str, str],
+              server: ServerLimits) -> ClientIdentity:
+    keys = list(ns.api_key)
+    if environ.get(API_KEY_ENV, "").strip():
+        keys.append(environ[API_KEY_ENV].strip())
+    try:
+        if ns.api_key_file:
+            keys += read_key_file(ns.api_key_file)
+        api_keys = BearerKeys(keys)
+    except ValueError as err:
+        p.error(f"--api-key-file / --api-key (${API_KEY_FILE_ENV} / ${API_KEY_ENV}): {err}")
+    try:
+        proxies = TrustedProxies.parse(ns.trusted_proxies, ns.forwarded_header)
+    except ValueError as err:
+        p.error(f"--trusted-proxies / --forwarded-header (${TRUSTED_PROXIES_ENV} / ${FORWARDED_HEADER_ENV}): {err}")
+    return ClientIdentity(api_keys=api_keys, proxies=proxies, client_id_header=server.client_id_header)
 
 
 def _urls(values: Sequence[str] | None) -> tuple[str, ...]:
@@ -133,6 +182,8 @@ def parse_frontend_args(argv: Sequence[str] | None = None, environ: Mapping[str,
                         "(default 10)")
     add_limit_flags(p, environ)
     _add_server_flags(p, environ)
+    add_head_limit_flags(p, environ)
+    _add_access_flags(p, environ)
     ns = p.parse_args(argv)
     if not ns.graceful_timeout > 0:
         p.error(f"--graceful-timeout: must be > 0, got {ns.graceful_timeout}")
@@ -141,9 +192,11 @@ def parse_frontend_args(argv: Sequence[str] | None = None, environ: Mapping[str,
         p.error("use either --agg-worker or --prefill-worker/--decode-worker, not both")
     if not agg and not (prefill and decode):
         p.error("need --agg-worker, or both --prefill-worker and --decode-worker")
+    server = _server_limits(p, ns)
     return FrontendArgs(host=ns.host, port=ns.port, agg_workers=agg, prefill_workers=prefill, decode_workers=decode,
                         logits_spec=ns.logits_spec, allow_request_kinds=split_kinds(ns.allow_request_kinds),
                         health_interval_s=ns.health_interval, max_body_bytes=ns.max_body_bytes,
                         worker_idle_timeout_s=ns.worker_idle_timeout, graceful_timeout_s=ns.graceful_timeout,
-                        server=_server_limits(p, ns),
-                        request_limits=limits_from_flags(ns))
+                        server=server, request_limits=limits_from_flags(ns), head_limits=head_limits_from_flags(ns),
+                        identity=_identity(p, ns, environ, server),
+                        worker_secret=worker_secret_from_flags(p, ns, environ))

@@ -1,9 +1,11 @@
 """The frontend's client limits in one place, and the ASGI layer that applies those the app cannot.
 
 :class:`ClientGuard` holds the per-request bounds (``dynlogits.request_limits``), the server limits
-(``ServerLimits``: timeouts, connections, admission) and the :class:`~.admission.Admission` state.
-:class:`ClientLimitsMiddleware` wraps the app (``python -m dynlogits.frontend`` does) and
+(``ServerLimits``: timeouts, connections, admission), who a client is (``.identity``) and the
+:class:`~.admission.Admission` state. :class:`ClientLimitsMiddleware` wraps the app (``python -m
+dynlogits.frontend`` does) and
 
+* answers a ``/v1/`` request without a valid API key with 401, when keys are configured;
 * hands the guard to the request handlers (``scope["state"]``, see :func:`client_guard`);
 * ends a response whose client has taken no data for ``send_timeout_s``: a stalled reader would
   otherwise hold its admitted sequences, and so the engine's capacity, for as long as it likes
@@ -26,11 +28,14 @@ from typing import Any
 
 import anyio
 
+from dynlogits.bearer_auth import send_unauthorized
+from dynlogits.connections import ABORT_KEY
+from dynlogits.protocol_errors import ProtocolErrorLog
 from dynlogits.request_limits import RequestLimits
 
-from .admission import Admission, Ticket, client_key
+from .admission import Admission, Ticket
 from .args import ServerLimits
-from dynlogits.connections import ABORT_KEY
+from .identity import ClientIdentity
 from .metrics import FrontendMetrics
 
 __all__ = ["ClientGuard", "ClientLimitsMiddleware", "client_guard", "hold_ticket"]
@@ -48,6 +53,9 @@ class ClientGuard:
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     server: ServerLimits = field(default_factory=ServerLimits)
     metrics: FrontendMetrics | None = None
+    identity: ClientIdentity = field(default_factory=ClientIdentity)
+    #: Where client protocol errors are counted and logged (``None``: only counted in the metrics).
+    protocol_errors: ProtocolErrorLog | None = None
     admission: Admission = field(init=False)
 
     def __post_init__(self) -> None:
@@ -56,7 +64,13 @@ class ClientGuard:
                                    queue_timeout_s=s.queue_timeout_s)
 
     def client(self, scope: Any) -> str:
-        return client_key(scope, self.server.client_id_header or None)
+        return self.identity.client(scope)
+
+    def protocol_error(self, kind: str, detail: str) -> None:
+        if self.protocol_errors is not None:
+            self.protocol_errors.report(kind, detail)
+        elif self.metrics is not None:
+            self.metrics.protocol_errors.labels(kind=kind).inc()
 
     def refused(self, reason: str) -> None:
         if self.metrics is not None:
@@ -103,6 +117,12 @@ class ClientLimitsMiddleware:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        identity = self.guard.identity
+        if identity.keys_required and scope.get("path", "").startswith("/v1/") and identity.key_of(scope) is None:
+            self.guard.refused("unauthorized")
+            await send_unauthorized(send, "a valid API key is required: send it as 'Authorization: Bearer <key>' "
+                                          "(the openai client's api_key)")
             return
         state = scope.setdefault("state", {})
         state[_GUARD] = self.guard

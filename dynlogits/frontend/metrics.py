@@ -35,6 +35,9 @@ class FrontendMetrics:
         self.inflight_sequences = Gauge("dynlogits_inflight_sequences", "Sequences admitted and not yet finished",
                                         registry=r)
         self.queued_requests = Gauge("dynlogits_queued_requests", "Requests waiting for admission", registry=r)
+        self.protocol_errors = Counter("dynlogits_client_protocol_errors",
+                                       "Requests the server refused for their HTTP framing, or whose body never "
+                                       "arrived (dynlogits.protocol_errors.KINDS)", ["kind"], registry=r)
 
     @contextmanager
     def processors_active(self, request_kinds: Iterable[str], deployment_kinds: Iterable[str]) -> Iterator[None]:

@@ -13,6 +13,7 @@ from typing import Literal
 import httpx
 
 from dynlogits.worker.protocol import WorkerInfo
+from dynlogits.worker_secret import secret_headers
 
 __all__ = ["NoWorkerError", "Role", "WorkerEndpoint", "WorkerError", "WorkerPool", "WorkerTimeoutError", "Router"]
 
@@ -74,9 +75,8 @@ class WorkerPool:
     def candidates(self) -> list[WorkerEndpoint]:
         """Ready workers in round-robin order; ``NoWorkerError`` when none is ready."""
         ready = [e for e in self.endpoints if e.ready]
-        if not ready:
-            detail = "; ".join(f"{e.url}: {e.last_error}" for e in self.endpoints)
-            raise NoWorkerError(f"no {self.role} worker is available ({len(self.endpoints)} configured: {detail}); "
+        if not ready:  # each worker's URL and state are for the operator (the detailed /health, the log)
+            raise NoWorkerError(f"no {self.role} worker is available ({len(self.endpoints)} configured, none ready); "
                                 "retry when a worker is back")
         start = next(self._turn) % len(ready)
         return ready[start:] + ready[:start]
@@ -86,7 +86,7 @@ class Router:
     """Pools per role plus the shared HTTP client; probes every worker's ``/ready`` in the background."""
 
     def __init__(self, workers: dict[Role, Sequence[str]], *, health_interval_s: float = 1.0,
-                 round_timeout_s: float = 15.0, idle_timeout_s: float = 60.0) -> None:
+                 round_timeout_s: float = 15.0, idle_timeout_s: float = 60.0, worker_secret: str | None = None) -> None:
         self.pools: dict[Role, WorkerPool] = {
             role: WorkerPool(role, [WorkerEndpoint(u, role) for u in urls]) for role, urls in workers.items() if urls
         }
@@ -98,15 +98,17 @@ class Router:
         # them, so a request is never sent on a connection the worker is closing at that moment.
         # The read timeout bounds every wait for the worker: its response headers (sent with the
         # first token) and each chunk after them.
+        # Every call carries the deployment's worker secret (dynlogits.worker_secret).
+        headers = secret_headers(worker_secret)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0, read=idle_timeout_s),
                                         limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64,
-                                                            keepalive_expiry=2.0))
+                                                            keepalive_expiry=2.0), headers=headers)
         # Every probe on a fresh connection: a kept-alive one may be closed by the worker just as a
         # probe is sent on it (uvicorn drops idle ones after 5 s, and a busy frontend's probe round
         # can come later than that), and one such RemoteProtocolError took a healthy worker out of
         # rotation for a second (50 requests got 503 in a deploy test with both cores busy).
         self._probe_client = httpx.AsyncClient(timeout=httpx.Timeout(PROBE_TIMEOUT_S),
-                                               limits=httpx.Limits(max_keepalive_connections=0))
+                                               limits=httpx.Limits(max_keepalive_connections=0), headers=headers)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -140,7 +142,8 @@ class Router:
                     log.info("%s worker %s is ready", endpoint.role, endpoint.url)
                 endpoint.ready, endpoint.last_error, endpoint.slow_probes = True, None, 0
                 return
-            error = f"not ready ({r.status_code}: {r.text[:200]})"
+            error = ("refuses this frontend's worker secret (401): give the frontend and the worker the same "
+                     "DYN_WORKER_SECRET" if r.status_code == 401 else f"not ready ({r.status_code}: {r.text[:200]})")
         except httpx.TimeoutException as err:
             if endpoint.ready and endpoint.sent_data_within(PROBE_TIMEOUT_S):
                 endpoint.slow_probes = 0
@@ -219,8 +222,8 @@ class Router:
                 continue
             raise WorkerError(response.status_code, content)
         if silent is not None:
-            raise WorkerTimeoutError(f"the {pool.role} worker {silent.url} {self.idle_reason()} (no response to this "
-                                     "request); it is out of rotation until it answers again; retry the request")
+            raise WorkerTimeoutError(f"the {pool.role} worker {self.idle_reason()} (no response to this request); it is "
+                                     "out of rotation until it answers again; retry the request")
         raise NoWorkerError(f"no {pool.role} worker is available (every ready one failed just now); "
                             "retry when a worker is back")
 

@@ -23,6 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     from dynlogits.connections import guarded_protocol
+    from dynlogits.worker_secret import WORKER_SECRET_ENV
 
     from .app import ENGINE_DEAD_EXIT, WorkerState, create_app
 
@@ -45,12 +46,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loop.call_soon_threadsafe(state.drain, args.graceful_timeout_s)
             super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
-    # The same head deadline and connection cap as the frontend's (dynlogits.connections): the
-    # worker's port is meant for the frontend only, but nothing on the network enforces that.
-    protocol = guarded_protocol(header_timeout_s=args.header_timeout_s, max_connections=args.max_connections)
+    if args.worker_secret is None:
+        logging.getLogger("dynlogits.worker").warning(
+            "no worker secret (%s): any local process can call this worker; the launch scripts set one",
+            WORKER_SECRET_ENV)
+    # The same head limits, head deadline and connection cap as the frontend's (dynlogits.connections):
+    # the secret keeps others from this port's routes, not from its parser.
+    protocol = guarded_protocol(header_timeout_s=args.header_timeout_s, max_connections=args.max_connections,
+                                head_limits=args.head_limits, protocol_errors=state.protocol_errors)
     server = Server(uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning",
                                    timeout_graceful_shutdown=int(args.graceful_timeout_s) + DRAIN_GRACE_S,
-                                   http=protocol))
+                                   http=protocol, proxy_headers=False, server_header=False, ws="none"))
 
     def fatal() -> None:
         server.should_exit = True

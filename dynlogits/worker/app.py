@@ -1,4 +1,9 @@
-"""The worker's HTTP app: ``/generate`` (NDJSON stream), ``/health``, ``/ready``, ``/stats``."""
+"""The worker's HTTP app: ``/generate`` (NDJSON stream), ``/health``, ``/ready``, ``/stats``.
+
+Every route but ``/health`` (liveness) needs the deployment's worker secret when one is set
+(``dynlogits.worker_secret``); ``/generate`` keeps its own bound on the sequences in flight
+(``--max-inflight-sequences``), whoever calls it.
+"""
 
 from __future__ import annotations
 
@@ -15,17 +20,22 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from dynlogits.asgi_errors import JsonErrors
 from dynlogits.closing_stream import ClosingStreamingResponse
 from dynlogits.config import DeploymentConfig
+from dynlogits.connections import parser_refused
 from dynlogits.openai_controls import rename_control_paths, with_controls
 from dynlogits.policy import RequestPolicy, build_policy
+from dynlogits.protocol_errors import ProtocolErrorLog
 from dynlogits.request_limits import generate_limit_problem
 from dynlogits.roles import is_generation_stage
 from dynlogits.specs import SpecError
 from dynlogits.test_hook import test_hook_enabled
-from dynlogits.untrusted import DEFAULT_MAX_BODY_BYTES, BodyError, first_error, read_json_body
+from dynlogits.untrusted import (DEFAULT_MAX_BODY_BYTES, MAX_MESSAGE_CHARS, BodyError, clip, first_error,
+                                 read_json_body)
+from dynlogits.worker_secret import RequireWorkerSecret
 
 from .args import DEFAULT_MODEL_NAME, WorkerArgs
 from .engine import EngineRequestError, VllmEngine, start_vllm_engine
@@ -56,6 +66,17 @@ class WorkerState:
     draining: bool = False
     #: The streams in flight, so the drain deadline can end the ones still running.
     streams: set[_EngineStream] = field(default_factory=set)
+    #: Client protocol errors on this worker's port: counted (in ``/stats``), logged at most once a minute per kind.
+    protocol_errors: ProtocolErrorLog = field(default_factory=lambda: ProtocolErrorLog(log))
+
+    def enter(self, sequences: int) -> None:
+        """A request of ``sequences`` is in flight (until :meth:`leave`)."""
+        self.stats.in_flight += 1
+        self.stats.in_flight_sequences += sequences
+
+    def leave(self, sequences: int) -> None:
+        self.stats.in_flight -= 1
+        self.stats.in_flight_sequences -= sequences
 
     @property
     def engine_dead(self) -> str | None:
@@ -93,9 +114,12 @@ class WorkerState:
         )
 
 
-def _error(status: int, message: str, *, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
-    body = ErrorBody(error=ErrorDetail(message=message, type=kind, param=param))
-    return JSONResponse(body.model_dump(), status_code=status)
+def _error(status: int, message: str, *, param: str | None = None, kind: str = "invalid_request_error",
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error answer; the message and param are bounded, whatever they quote of the request."""
+    body = ErrorBody(error=ErrorDetail(message=clip(message, MAX_MESSAGE_CHARS), type=kind,
+                                       param=clip(param, MAX_MESSAGE_CHARS) if param else param))
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 def _start_engine(state: WorkerState) -> None:
@@ -171,12 +195,14 @@ def create_app(state: WorkerState) -> FastAPI:
     app = FastAPI(title="dynlogits worker", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     # A bug answers a JSON 500 and keeps the connection, so the frontend does not take this worker for dead.
     app.add_middleware(JsonErrors, server="worker", log=log)
+    app.add_middleware(RequireWorkerSecret, secret=state.args.worker_secret)  # outermost: before anything runs
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """200 while the process serves (the engine may still be starting); 503 once its engine died."""
+        """200 while the process serves (the engine may still be starting); 503 once its engine died.
+        Open to anyone (liveness), so it says nothing more: why the engine died is on ``/ready``."""
         if state.engine_dead:
-            return _error(503, f"engine dead: {state.engine_dead}; the worker is exiting", kind="service_unavailable")
+            return _error(503, "engine dead; the worker is exiting", kind="service_unavailable")
         return JSONResponse({"status": "ok"})
 
     @app.get("/ready")
@@ -200,7 +226,8 @@ def create_app(state: WorkerState) -> FastAPI:
         held = await adapter_requests(engine.engine) if engine is not None and engine.introspection else None
         rss = process_tree_rss()
         return state.stats.model_copy(update={"adapter_requests": held, "rss_bytes": sum(rss.values()) if rss else None,
-                                              "rss_by_process": rss or None, "pid": os.getpid()}).model_dump()
+                                              "rss_by_process": rss or None, "pid": os.getpid(),
+                                              "protocol_errors": dict(state.protocol_errors.counts)}).model_dump()
 
     @app.post("/generate", response_model=None)
     async def generate(request: Request) -> JSONResponse | ClosingStreamingResponse:
@@ -210,9 +237,13 @@ def create_app(state: WorkerState) -> FastAPI:
                           else f"engine dead: {state.engine_dead}", kind="service_unavailable")
         if state.draining:
             return _error(503, "worker is shutting down; send the request to another worker", kind="service_unavailable")
-        try:  # the body is untrusted too: only the frontend should call, but nothing enforces it
+        try:  # the body is untrusted too: a frontend may be compromised, or misbehave
             req = GenerateRequest.model_validate(await read_json_body(request, max_bytes=MAX_GENERATE_BODY_BYTES,
                                                                       timeout_s=state.args.body_timeout_s))
+        except ClientDisconnect:  # the body was cut short (or unparsable: the protocol answered 400)
+            if not parser_refused(request.scope):
+                state.protocol_errors.report("body_incomplete", "the connection ended before the request body arrived")
+            return _error(499, "the connection ended before the request body arrived")
         except BodyError as err:
             return _error(err.status, err.message, param=err.param)
         except ValidationError as err:
@@ -224,6 +255,12 @@ def create_app(state: WorkerState) -> FastAPI:
             limits=state.args.request_limits)
         if problem is not None:
             return _error(400, problem.message, param=problem.param)
+        cap = state.args.max_inflight_sequences
+        if state.stats.in_flight_sequences + req.sampling.n > cap:
+            state.stats.refused_capacity += 1
+            return _error(429, f"this worker has {state.stats.in_flight_sequences} sequences in flight; "
+                               f"{req.sampling.n} more would exceed {cap} (limit max_inflight_sequences); retry later",
+                          kind="rate_limit_exceeded", headers={"Retry-After": "1"})
         try:  # logit_bias / allowed_token_ids / bad_words: kinds, under the same allow-list and limits
             controls = with_controls(req.logits_processors, req.controls(), state.config,
                                      encode=lambda text: engine.tokenizer.encode(text, add_special_tokens=False))
@@ -247,19 +284,19 @@ def create_app(state: WorkerState) -> FastAPI:
         request_id = f"{req.request_id}-{next(state.ids)}"
         stream = engine.generate(prompt_ids, params, request_id)
         state.stats.requests += 1
-        state.stats.in_flight += 1
+        state.enter(req.sampling.n)
         try:
             first = await stream.__anext__()  # admission errors surface here, before any byte is sent
         except EngineRequestError as err:
-            state.stats.in_flight -= 1
+            state.leave(req.sampling.n)
             return _error(400, str(err), param=err.param)
         except Exception as err:  # noqa: BLE001
-            state.stats.in_flight -= 1
+            state.leave(req.sampling.n)
             log.exception("request %s failed", request_id)
             return _error(500, f"engine error: {type(err).__name__}: {err}", kind="internal_error")
         if entries:
             state.stats.activated += 1
-        return _EngineStream(state, engine, request_id, first, stream)
+        return _EngineStream(state, engine, request_id, req.sampling.n, first, stream)
 
     return app
 
@@ -274,9 +311,10 @@ class _EngineStream(ClosingStreamingResponse):
     the engine request is aborted, its last outputs dropped, and ``reason`` sent as the error.
     """
 
-    def __init__(self, state: WorkerState, engine: VllmEngine, request_id: str, first: GenerateChunk,
+    def __init__(self, state: WorkerState, engine: VllmEngine, request_id: str, sequences: int, first: GenerateChunk,
                  stream: AsyncGenerator[GenerateChunk, None]) -> None:
         self._state, self._engine, self._request_id, self._stream = state, engine, request_id, stream
+        self._sequences = sequences
         self._finished = False
         self._ended: str | None = None
         self._abort: asyncio.Task[None] | None = None
@@ -316,5 +354,5 @@ class _EngineStream(ClosingStreamingResponse):
                 if not self._finished:
                     self._state.stats.aborted += 1
                     await self._engine.engine.abort(self._request_id)
-            self._state.stats.in_flight -= 1
+            self._state.leave(self._sequences)
             self._state.streams.discard(self)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dynlogits.request_heads import HeadLimits, add_head_limit_flags, head_limits_from_flags
 from dynlogits.request_limits import RequestLimits, add_limit_flags, limits_from_flags
 from dynlogits.roles import DisaggregationMode
+from dynlogits.worker_secret import WORKER_SECRET_ENV, load_worker_secret
 
-__all__ = ["BACKENDS", "WorkerArgs", "parse_worker_args", "split_kinds"]
+__all__ = ["BACKENDS", "WorkerArgs", "add_worker_secret_flag", "is_loopback", "parse_worker_args", "split_kinds",
+           "worker_secret_from_flags"]
 
 BACKENDS = ("vllm", "sglang")  # sglang: dynlogits.worker.sglang_engine (needs a GPU host)
 #: Served name of the embedded default model.
@@ -45,6 +49,13 @@ class WorkerArgs:
     #: Open connections (``$DYN_WORKER_MAX_CONNECTIONS``); beyond it the idle or slow one is shed.
     #: Above the frontend's own pool (1024 connections), so a frontend's streams are never shed.
     max_connections: int = 2048
+    #: Sequences (``n`` per request) in flight on this worker (``$DYN_WORKER_MAX_INFLIGHT_SEQUENCES``);
+    #: beyond it ``/generate`` answers 429. Above a frontend's own bound (128), so that one frontend's
+    #: admitted requests always fit; it bounds what several frontends, or any other caller, may start.
+    max_inflight_sequences: int = 256
+    head_limits: HeadLimits = field(default_factory=HeadLimits)
+    #: Required as a bearer token on every route but ``/health`` (``dynlogits.worker_secret``).
+    worker_secret: str | None = field(default=None, repr=False)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -58,7 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, help="name clients use (default: --model, or dynlogits-tiny)")
     p.add_argument("--disaggregation-mode", choices=[m.value for m in DisaggregationMode if m.value != "encode"],
                    default="agg", help="role of this worker")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address (default 127.0.0.1: the port is for the deployment's frontend only; another "
+                        f"address needs a worker secret, ${WORKER_SECRET_ENV} or --worker-secret-file)")
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--logits-spec", default=None, help="operator config file (YAML/JSON); else $DYN_LOGITS_SPEC")
     p.add_argument("--allow-request-kinds", default="", help="comma-separated kinds clients may send per request")
@@ -72,7 +85,37 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-connections", type=_count, default=_env_count("DYN_WORKER_MAX_CONNECTIONS", 2048, p),
                    metavar="N", help="open connections; beyond it the one idle or slow the longest is closed "
                                      "($DYN_WORKER_MAX_CONNECTIONS, default 2048)")
+    p.add_argument("--max-inflight-sequences", type=_count,
+                   default=_env_count("DYN_WORKER_MAX_INFLIGHT_SEQUENCES", 256, p), metavar="N",
+                   help="sequences (n per request) in flight on this worker; beyond it /generate answers 429 "
+                        "($DYN_WORKER_MAX_INFLIGHT_SEQUENCES, default 256)")
+    add_head_limit_flags(p)
+    add_worker_secret_flag(p, os.environ)
     return p
+
+
+def add_worker_secret_flag(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    p.add_argument("--worker-secret-file", default=environ.get("DYN_WORKER_SECRET_FILE") or None, metavar="FILE",
+                   help="the deployment's worker secret, read from FILE ($DYN_WORKER_SECRET_FILE); default: "
+                        f"${WORKER_SECRET_ENV} (the launch scripts generate one per deployment)")
+
+
+def worker_secret_from_flags(p: argparse.ArgumentParser, ns: argparse.Namespace,
+                             environ: Mapping[str, str]) -> str | None:
+    try:
+        return load_worker_secret(ns.worker_secret_file, environ)
+    except ValueError as err:
+        p.error(f"worker secret: {err}")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` exposes the port to this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _count(text: str) -> int:
@@ -116,7 +159,12 @@ def _env_seconds(name: str, default: float, p: argparse.ArgumentParser) -> float
 
 def parse_worker_args(argv: Sequence[str] | None = None) -> WorkerArgs:
     """Parse ``argv``; the unknown rest becomes ``engine_args`` (validated by the engine)."""
-    ns, rest = _parser().parse_known_args(argv)
+    p = _parser()
+    ns, rest = p.parse_known_args(argv)
+    secret = worker_secret_from_flags(p, ns, os.environ)
+    if secret is None and not is_loopback(ns.host):
+        p.error(f"--host {ns.host} exposes the worker beyond this machine: set a worker secret "
+                f"(${WORKER_SECRET_ENV} or --worker-secret-file) shared with the frontend")
     return WorkerArgs(
         backend=ns.backend,
         model=ns.model,
@@ -132,6 +180,9 @@ def parse_worker_args(argv: Sequence[str] | None = None) -> WorkerArgs:
         body_timeout_s=ns.body_timeout,
         header_timeout_s=ns.header_timeout,
         max_connections=ns.max_connections,
+        max_inflight_sequences=ns.max_inflight_sequences,
+        head_limits=head_limits_from_flags(ns),
+        worker_secret=secret,
     )
 
 

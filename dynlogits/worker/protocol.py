@@ -5,7 +5,8 @@
 ``application/x-ndjson``: one :class:`GenerateChunk` per line, the last one with
 ``usage`` set. An error after streaming started arrives as a chunk with ``error``.
 ``GET /health`` is 200 while the process lives; ``GET /ready`` is 200 with a
-:class:`WorkerInfo` once the engine serves, 503 before.
+:class:`WorkerInfo` once the engine serves, 503 before. Every route but ``/health`` needs the
+deployment's worker secret as a bearer token when one is set (``dynlogits.worker_secret``).
 """
 
 from __future__ import annotations
@@ -180,6 +181,12 @@ class WorkerStats(BaseModel):
     activated: int = 0
     aborted: int = 0
     in_flight: int = 0
+    #: Sequences (``n`` per request) of the requests in flight (bounded by ``--max-inflight-sequences``).
+    in_flight_sequences: int = 0
+    #: ``/generate`` calls refused with 429 because they would have exceeded that bound.
+    refused_capacity: int = 0
+    #: Client protocol errors on this port by kind (``dynlogits.protocol_errors.KINDS``).
+    protocol_errors: dict[str, int] = Field(default_factory=dict)
     #: Requests ended by the drain deadline after SIGTERM (in-band error, engine request aborted).
     drain_aborted: int = 0
     #: Why the engine died (``None`` while it lives); the worker then exits for its supervisor.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -26,6 +27,11 @@ LOG_DIR = Path(os.environ.get("DYN_TEST_LOG_DIR", "/tmp/dynlogits-deploy-tests")
 #: What every launch script logs once all its processes are ready (launch/common.sh ``log``).
 READY_LINE = b"dynlogits: ready: OpenAI-compatible API at "
 ENGINE_FLAGS = ["--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", "0.2", "--max-model-len", "512"]
+#: The worker secret of every deployment and process the tests start (they inherit the environment;
+#: the launch scripts use a ``DYN_WORKER_SECRET`` that is set instead of generating one).
+WORKER_SECRET = os.environ.setdefault("DYN_WORKER_SECRET", secrets.token_urlsafe(32))
+#: Headers of a call to a worker's routes (all but ``/health`` need the secret), or to a frontend's detailed ``/health``.
+WORKER_AUTH = {"Authorization": f"Bearer {WORKER_SECRET}"}
 
 
 def free_port_block(n: int) -> int:
@@ -49,13 +55,36 @@ def free_port_block(n: int) -> int:
     raise RuntimeError("no free port block")
 
 
+@dataclass
+class FrontendProcess:
+    """A frontend process a test started (see :func:`frontend_process`)."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def rss(self) -> int:
+        return psutil.Process(self.proc.pid).memory_info().rss
+
+    def log_lines(self) -> list[str]:
+        assert self.log_path is not None, "started without log_path"
+        return self.log_path.read_text(errors="replace").splitlines()
+
+
 @contextmanager
-def extra_frontend(name: str, *args: str, env: dict[str, str] | None = None, health: int = 200) -> Iterator[str]:
+def frontend_process(name: str, *args: str, env: dict[str, str] | None = None, health: int = 200,
+                     log_path: Path | None = None) -> Iterator[FrontendProcess]:
     """A frontend process of the test's own (``args``: its flags, ``--agg-worker URL`` included) on a
-    free port; yields its URL once ``/health`` answers ``health``, and ends it afterwards."""
+    free port, its output in ``log_path`` when given; yields it once ``/health`` answers ``health``,
+    and ends it afterwards."""
     port = free_port_block(1)
+    out = open(log_path, "wb") if log_path is not None else None  # noqa: SIM115 - closed below
     proc = subprocess.Popen([PYTHON, "-m", "dynlogits.frontend", "--port", str(port), *args], cwd=ROOT,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT if out else None)
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -66,10 +95,19 @@ def extra_frontend(name: str, *args: str, env: dict[str, str] | None = None, hea
 
     try:
         wait_until(up, 60, f"the {name} frontend", interval=0.1)
-        yield url
+        yield FrontendProcess(url, proc, log_path)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        if out is not None:
+            out.close()
+
+
+@contextmanager
+def extra_frontend(name: str, *args: str, env: dict[str, str] | None = None, health: int = 200) -> Iterator[str]:
+    """:func:`frontend_process`, yielding its URL."""
+    with frontend_process(name, *args, env=env, health=health) as frontend:
+        yield frontend.url
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):  # noqa: ANN001, ANN201
@@ -89,7 +127,7 @@ def settled_stats(worker_url: str, timeout: float = 30) -> dict[str, Any]:
     ``n=16`` streams, 0 about 0.6 s later)."""
     deadline = time.monotonic() + timeout
     while True:
-        stats = httpx.get(f"{worker_url}/stats", timeout=30).json()
+        stats = httpx.get(f"{worker_url}/stats", timeout=30, headers=WORKER_AUTH).json()
         if worker_settled(stats) or time.monotonic() > deadline:
             return stats
         time.sleep(0.2)
