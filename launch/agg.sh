@@ -14,15 +14,17 @@ usage() {
 parse_common_args "$@"
 if [[ "$RUNTIME" == dynamo ]]; then dynamo_agg; exit; fi   # launch/dynamo.sh
 WORKER_PORT=$((PORT + 1))
-require_free_ports "$PORT" "$WORKER_PORT"
+require_free_ports "$HOST" "$PORT"
+require_free_ports "$WORKER_HOST" "$WORKER_PORT"
+worker_secret
 install_traps
 
 start_child frontend "$PY" -m dynlogits.frontend --host "$HOST" --port "$PORT" \
-  --agg-worker "http://$HOST:$WORKER_PORT" "${SHARED_ARGS[@]}"
-start_child worker "$PY" -m dynlogits.worker --disaggregation-mode agg --host "$HOST" --port "$WORKER_PORT" \
+  --agg-worker "http://$WORKER_URL_HOST:$WORKER_PORT" "${SHARED_ARGS[@]}" "${FRONTEND_ARGS[@]}"
+start_child worker "$PY" -m dynlogits.worker --disaggregation-mode agg --host "$WORKER_HOST" --port "$WORKER_PORT" \
   "${MODEL_ARGS[@]}" "${SHARED_ARGS[@]}" "${ENGINE_DEFAULTS[@]}" "${ENGINE_ARGS[@]}"
 
-wait_ready "http://$HOST:$WORKER_PORT/ready" worker 1
+wait_ready "http://$WORKER_URL_HOST:$WORKER_PORT/ready" worker 1
 wait_ready "http://$HOST:$PORT/health" frontend 0
 URL="http://$HOST:$PORT/v1"
 log "ready: OpenAI-compatible API at $URL"

@@ -8,6 +8,11 @@
 # does the same if the script dies without running its traps (SIGKILL, e.g. a supervisor
 # killing the script's process group).
 #
+# The worker ports are for the frontend only: workers bind --worker-host (default 127.0.0.1, whatever
+# --host says), and every worker route but /health needs the deployment's secret, DYN_WORKER_SECRET,
+# which the script generates (unless set) and passes to the frontend and the workers through the
+# environment (never a command line, which other local users can read).
+#
 # Supervision: while serving, a worker that exits (its engine died: the worker exits with status 3,
 # or it was killed) is started again with the same command after a backoff of 1, 2, 4, ... s (at
 # most 30 s); after DYN_WORKER_RESTARTS restarts in a row (default 5; a worker that stayed up for
@@ -123,24 +128,36 @@ install_traps() {
   trap 'exit 129' HUP   # the terminal went away
 }
 
-# require_free_ports PORT... : fail before starting anything when a port is already taken.
+# require_free_ports HOST PORT... : fail before starting anything when a port is already taken.
 require_free_ports() {
-  local p
+  local host="$1" p
+  shift
+  [[ "$host" == 0.0.0.0 || "$host" == "::" ]] && host=127.0.0.1
   for p in "$@"; do
-    if (exec 3<>"/dev/tcp/$HOST/$p") 2>/dev/null; then
-      log "port $p on $HOST is already in use; pick another base with --port"
+    if (exec 3<>"/dev/tcp/$host/$p") 2>/dev/null; then
+      log "port $p on $host is already in use; pick another base with --port"
       exit 1
     fi
   done
 }
 
+# worker_secret : DYN_WORKER_SECRET, generated (32 random bytes) unless the operator set one, exported
+# so that the frontend and every worker (restarts included) inherit it.
+worker_secret() {
+  if [[ -z "${DYN_WORKER_SECRET:-}" ]]; then
+    DYN_WORKER_SECRET=$("$PY" -c 'import secrets; print(secrets.token_urlsafe(32))')
+  fi
+  export DYN_WORKER_SECRET
+}
+
 # child_alive INDEX
 child_alive() { kill -0 "${CHILD_PIDS[$1]}" 2>/dev/null; }
 
-# wait_ready URL NAME INDEX : poll URL until HTTP 200; fail if the child dies or time runs out.
+# wait_ready URL NAME INDEX : poll URL until HTTP 200; fail if the child dies or time runs out. The worker
+# secret goes in curl's config on stdin, not on its command line.
 wait_ready() {
   local url="$1" name="$2" idx="$3" start=$SECONDS next=10
-  until curl -sf -o /dev/null --max-time 2 "$url"; do
+  until curl -sf -o /dev/null --max-time 2 -K - "$url" <<<"header = \"Authorization: Bearer ${DYN_WORKER_SECRET:-}\""; do
     if ! child_alive "$idx"; then log "$name exited before it was ready"; return 1; fi
     if ((SECONDS - start >= READY_TIMEOUT)); then log "$name not ready after ${READY_TIMEOUT}s ($url)"; return 1; fi
     if ((SECONDS - start >= next)); then log "waiting for $name ($((SECONDS - start))s)..."; next=$((next + 10)); fi
@@ -201,8 +218,12 @@ serve_until_done() {
 usage_common() {
   cat <<USAGE
   --model PATH_OR_NAME      model (default: the embedded tiny model, built on first use)
-  --host HOST               bind address of every process (default 127.0.0.1)
+  --host HOST               the frontend's bind address (default 127.0.0.1)
   --port PORT               frontend port (default 8000); workers use the next ports
+  --worker-host HOST        the workers' bind address (default 127.0.0.1: their ports are for the frontend
+                            only; each answers 401 without the deployment's DYN_WORKER_SECRET)
+  --api-key-file FILE       API keys (one per line) clients must send as 'Authorization: Bearer KEY'
+                            (the openai client's api_key); each key gets its own share of the engine
   --logits-spec FILE        operator logits config (YAML/JSON), given to frontend and workers
   --allow-request-kinds K   comma-separated kinds clients may send in 'logits_processors'
   --run CMD                 once ready, run CMD (with \$DYN_FRONTEND_URL / \$OPENAI_BASE_URL set), then stop
@@ -212,20 +233,26 @@ usage_common() {
   --no-restart              do not restart a worker that exits (default: restart with backoff)
   anything else             passed to the engine of every worker (e.g. --max-model-len 1024)
 Environment: DYN_ENABLE_TEST_LOGITS_PROCESSOR=1 forces "Hello world!"; DYN_LOGITS_SPEC=FILE;
+DYN_WORKER_SECRET (the frontend-to-worker secret; generated per deployment when unset);
+DYN_API_KEY / DYN_API_KEY_FILE, DYN_TRUSTED_PROXIES and every DYN_ limit (docs/reliability.md);
 DYN_READY_TIMEOUT (s, default 300); DYN_ENGINE_DEFAULTS (engine flags used before yours;
 CPU-friendly settings when no GPU is found); DYN_WORKER_RESTARTS (restarts in a row before giving
 up, default 5; 0 = --no-restart); DYN_WORKER_STABLE_S (s up that start a new row, default 300).
 USAGE
 }
 
-# parse_common_args "$@" : sets MODEL HOST PORT LOGITS_SPEC ALLOW_KINDS RUN_CMD RUNTIME WORKERS ENGINE_ARGS
+# parse_common_args "$@" : sets MODEL HOST WORKER_HOST WORKER_URL_HOST PORT LOGITS_SPEC ALLOW_KINDS
+# RUN_CMD RUNTIME WORKERS ENGINE_ARGS FRONTEND_ARGS
 parse_common_args() {
-  MODEL="" HOST="127.0.0.1" PORT=8000 LOGITS_SPEC="" ALLOW_KINDS="" RUN_CMD="" RUNTIME="embedded" WORKERS=1
+  MODEL="" HOST="127.0.0.1" WORKER_HOST="${DYN_WORKER_HOST:-127.0.0.1}" PORT=8000 LOGITS_SPEC="" ALLOW_KINDS=""
+  RUN_CMD="" RUNTIME="embedded" WORKERS=1 API_KEY_FILE=""
   ENGINE_ARGS=()
   while (($#)); do
     case "$1" in
       --model) MODEL="$2"; shift 2 ;;
       --host) HOST="$2"; shift 2 ;;
+      --worker-host) WORKER_HOST="$2"; shift 2 ;;
+      --api-key-file) API_KEY_FILE="$2"; shift 2 ;;
       --port) PORT="$2"; shift 2 ;;
       --logits-spec) LOGITS_SPEC="$2"; shift 2 ;;
       --allow-request-kinds) ALLOW_KINDS="$2"; shift 2 ;;
@@ -248,5 +275,10 @@ parse_common_args() {
   [[ -n "$ALLOW_KINDS" ]] && SHARED_ARGS+=(--allow-request-kinds "$ALLOW_KINDS")
   MODEL_ARGS=()
   [[ -n "$MODEL" ]] && MODEL_ARGS+=(--model "$MODEL")
+  FRONTEND_ARGS=()
+  [[ -n "$API_KEY_FILE" ]] && FRONTEND_ARGS+=(--api-key-file "$API_KEY_FILE")
+  # where the frontend reaches a worker bound to every address: this machine's loopback
+  case "$WORKER_HOST" in 0.0.0.0|::|"") WORKER_URL_HOST=127.0.0.1 ;; *) WORKER_URL_HOST="$WORKER_HOST" ;; esac
+  [[ "$WORKER_URL_HOST" == *:* ]] && WORKER_URL_HOST="[$WORKER_URL_HOST]"
   return 0
 }

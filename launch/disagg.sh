@@ -22,19 +22,22 @@ parse_common_args "$@"
 if [[ "$RUNTIME" == dynamo ]]; then dynamo_disagg; exit; fi   # launch/dynamo.sh
 PREFILL_PORT=$((PORT + 1))
 DECODE_PORT=$((PORT + 2))
-require_free_ports "$PORT" "$PREFILL_PORT" "$DECODE_PORT"
+require_free_ports "$HOST" "$PORT"
+require_free_ports "$WORKER_HOST" "$PREFILL_PORT" "$DECODE_PORT"
+worker_secret
 install_traps
 
 start_child frontend "$PY" -m dynlogits.frontend --host "$HOST" --port "$PORT" \
-  --prefill-worker "http://$HOST:$PREFILL_PORT" --decode-worker "http://$HOST:$DECODE_PORT" "${SHARED_ARGS[@]}"
+  --prefill-worker "http://$WORKER_URL_HOST:$PREFILL_PORT" --decode-worker "http://$WORKER_URL_HOST:$DECODE_PORT" \
+  "${SHARED_ARGS[@]}" "${FRONTEND_ARGS[@]}"
 for role in prefill decode; do
   port_var="${role^^}_PORT"
-  start_child "$role" "$PY" -m dynlogits.worker --disaggregation-mode "$role" --host "$HOST" --port "${!port_var}" \
-    "${MODEL_ARGS[@]}" "${SHARED_ARGS[@]}" "${ENGINE_DEFAULTS[@]}" "${ENGINE_ARGS[@]}"
+  start_child "$role" "$PY" -m dynlogits.worker --disaggregation-mode "$role" --host "$WORKER_HOST" \
+    --port "${!port_var}" "${MODEL_ARGS[@]}" "${SHARED_ARGS[@]}" "${ENGINE_DEFAULTS[@]}" "${ENGINE_ARGS[@]}"
 done
 
-wait_ready "http://$HOST:$PREFILL_PORT/ready" "prefill worker" 1
-wait_ready "http://$HOST:$DECODE_PORT/ready" "decode worker" 2
+wait_ready "http://$WORKER_URL_HOST:$PREFILL_PORT/ready" "prefill worker" 1
+wait_ready "http://$WORKER_URL_HOST:$DECODE_PORT/ready" "decode worker" 2
 wait_ready "http://$HOST:$PORT/health" frontend 0
 URL="http://$HOST:$PORT/v1"
 log "ready: OpenAI-compatible API at $URL (disaggregated: prefill :$PREFILL_PORT, decode :$DECODE_PORT)"

@@ -2,12 +2,14 @@
 
 Worker statistics are read only from a dynlogits frontend (its ``/health`` lists the workers, each
 worker's ``/stats`` has the counters, the adapter's per-request state and the memory in use); any
-other OpenAI-compatible server simply has none.
+other OpenAI-compatible server simply has none. Both need the deployment's worker secret
+(``$DYN_WORKER_SECRET``): ``--launch`` generates one for the deployment it starts.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from dynlogits.worker_secret import WORKER_SECRET_ENV, secret_headers
 
 __all__ = ["LaunchedDeployment", "find_launch_script", "worker_stats"]
 
@@ -68,6 +72,7 @@ class LaunchedDeployment:
         """Start and wait until its frontend reports ready; progress on stderr every 10 s."""
         script = find_launch_script()
         port = _free_port_pair()
+        os.environ.setdefault(WORKER_SECRET_ENV, secrets.token_urlsafe(32))  # worker_stats reads it too
         env = {**os.environ, "DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0"}
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log:
@@ -138,15 +143,18 @@ def worker_settled(stats: dict[str, Any]) -> bool:
 def worker_stats(base_url: str) -> dict[str, dict[str, Any]]:
     """``{worker_url: its /stats}`` for every worker a dynlogits frontend lists; ``{}`` otherwise."""
     root = base_url.rstrip("/").removesuffix("/v1")
+    headers = secret_headers(os.environ.get(WORKER_SECRET_ENV))
     try:
-        health = httpx.get(f"{root}/health", timeout=10).json()
+        health = httpx.get(f"{root}/health", timeout=10, headers=headers).json()
         urls = [w["url"] for w in health["workers"]]
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return {}
     out: dict[str, dict[str, Any]] = {}
     for url in urls:
         try:
-            out[url] = httpx.get(f"{url}/stats", timeout=10).json()
+            r = httpx.get(f"{url}/stats", timeout=10, headers=headers)
+            r.raise_for_status()  # 401 without the secret
+            out[url] = r.json()
         except (httpx.HTTPError, ValueError):
             continue
     return out

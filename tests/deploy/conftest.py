@@ -47,6 +47,8 @@ def spec_agg() -> Iterator[Deployment]:
     d = Deployment("spec-agg", "agg.sh", free_port_block(2),
                    args=["--logits-spec", str(SPEC_FILE), "--max-model-len", "2048"],
                    env={"DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0", "DYN_LOGITS_PYTHON_FACTORIES": PYTHON_FACTORY,
+                        # the worker's own bound: above the frontend's 128, low enough for test_surface to reach
+                        "DYN_WORKER_MAX_INFLIGHT_SEQUENCES": "144",
                         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "examples"),
                                                                     os.environ.get("PYTHONPATH")]))})
     d.start()

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.engine
 
 
 def test_demo_prints_hello_world_and_leaves_nothing_running() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "DYN_ENABLE_TEST_LOGITS_PROCESSOR"}
+    # as an operator runs it: the script generates the deployment's worker secret itself
+    env = {k: v for k, v in os.environ.items() if k not in ("DYN_ENABLE_TEST_LOGITS_PROCESSOR", "DYN_WORKER_SECRET")}
     port = free_port_block(2)
     result = subprocess.run([str(ROOT / "scripts" / "demo.sh"), "--port", str(port)], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from .conftest import SPEC_FILE, model_name, openai_client
-from .launcher import PYTHON, ROOT, Deployment, free_port_block, settled_stats, wait_until
+from .launcher import PYTHON, ROOT, WORKER_AUTH, Deployment, free_port_block, settled_stats, wait_until
 from .tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.engine
@@ -49,7 +49,7 @@ def test_disagg_smoke(disagg: Deployment) -> None:
         model=model_name(disagg), messages=[{"role": "user", "content": "Hi"}],
         extra_body={"logits_processors": [{"kind": "forced_text", "text": "Hello world!"}]})
     assert reply.choices[0].message.content == "Hello world!"
-    health = httpx.get(f"{disagg.url}/health").json()
+    health = httpx.get(f"{disagg.url}/health", headers=WORKER_AUTH).json()
     assert sorted(w["role"] for w in health["workers"]) == ["decode", "prefill"]
 
 
@@ -62,11 +62,11 @@ def test_disagg_output_equals_agg(disagg: Deployment, spec_agg: Deployment, stre
 
 
 def test_prefill_worker_never_activates_processors(disagg: Deployment) -> None:
-    prefill = httpx.get(f"{disagg.worker_url(1)}/stats").json()
-    decode = httpx.get(f"{disagg.worker_url(2)}/stats").json()
+    prefill = httpx.get(f"{disagg.worker_url(1)}/stats", headers=WORKER_AUTH).json()
+    decode = httpx.get(f"{disagg.worker_url(2)}/stats", headers=WORKER_AUTH).json()
     assert prefill["requests"] >= 1 and prefill["activated"] == 0
     assert decode["activated"] == decode["requests"] >= 1
-    info = httpx.get(f"{disagg.worker_url(1)}/ready").json()
+    info = httpx.get(f"{disagg.worker_url(1)}/ready", headers=WORKER_AUTH).json()
     assert info["role"] == "prefill" and not info["adapter_registered"] and info["deployment_kinds"] == []
 
 
@@ -75,7 +75,7 @@ def test_stats_of_a_worker_without_the_adapter_send_its_engine_no_call(disagg: D
     engine for one: the call raised in vLLM's model runner, an engine ERROR with a traceback in the
     log on every poll (the load tool polls ``/stats``)."""
     for _ in range(3):
-        assert httpx.get(f"{disagg.worker_url(1)}/stats").json()["adapter_requests"] is None
+        assert httpx.get(f"{disagg.worker_url(1)}/stats", headers=WORKER_AUTH).json()["adapter_requests"] is None
     assert settled_stats(disagg.worker_url(2))["adapter_requests"] == 0
     assert disagg.log_path is not None
     assert "has no attribute 'dynlogits_adapter_requests'" not in disagg.log_path.read_text(errors="replace")

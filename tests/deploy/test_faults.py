@@ -41,7 +41,8 @@ import psutil
 import pytest
 
 from .conftest import SPEC_FILE
-from .launcher import LOG_DIR, PYTHON, ROOT, Deployment, command_line, free_port_block, settled_stats, wait_until
+from .launcher import (LOG_DIR, PYTHON, ROOT, WORKER_AUTH, Deployment, command_line, free_port_block, settled_stats,
+                       wait_until)
 
 pytestmark = pytest.mark.engine
 
@@ -149,7 +150,7 @@ class Background:
 
 
 def _stats(worker_url: str) -> dict[str, Any]:
-    return httpx.get(f"{worker_url}/stats", timeout=30).json()
+    return httpx.get(f"{worker_url}/stats", timeout=30, headers=WORKER_AUTH).json()
 
 
 def _wait_streaming(load: Background, streams: int) -> None:
@@ -449,7 +450,7 @@ def _draining(worker_url: str) -> bool | None:
     """Whether the worker reports it is draining (``/ready`` 503 saying so); ``None`` when it no
     longer answers at all."""
     try:
-        r = httpx.get(f"{worker_url}/ready", timeout=5)
+        r = httpx.get(f"{worker_url}/ready", timeout=5, headers=WORKER_AUTH)
     except httpx.HTTPError:
         return None
     return r.status_code == 503 and "shutting down" in r.text

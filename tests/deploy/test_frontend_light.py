@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from .launcher import PYTHON, ROOT, free_port_block, wait_until
+from .launcher import PYTHON, ROOT, WORKER_AUTH, free_port_block, wait_until
 
 
 def test_frontend_imports_no_torch_and_no_engine() -> None:
@@ -47,8 +47,10 @@ def test_no_worker_gives_503_with_a_clear_message(lonely_frontend: str) -> None:
         client.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}])
     assert err.value.status_code == 503
     assert "no worker is ready" in err.value.message
-    health = httpx.get(f"{lonely_frontend}/health")
-    assert health.status_code == 503 and "unreachable" in health.json()["workers"][0]["error"]
+    health = httpx.get(f"{lonely_frontend}/health")  # the public view: each worker's role and readiness only
+    assert health.status_code == 503 and health.json()["workers"] == [{"role": "agg", "ready": False}]
+    detailed = httpx.get(f"{lonely_frontend}/health", headers=WORKER_AUTH)  # the operator's: URL and probe error
+    assert detailed.status_code == 503 and "unreachable" in detailed.json()["workers"][0]["error"]
     assert client.models.list().data == []
 
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fuzz import strategies as s
-from .launcher import Deployment, settled_stats
+from .launcher import WORKER_AUTH, Deployment, settled_stats
 
 pytestmark = pytest.mark.engine
 
@@ -71,7 +71,7 @@ def check_frontend(http: httpx.Client, d: Deployment, endpoint: str, raw: bytes)
 
 
 def check_worker(http: httpx.Client, d: Deployment, raw: bytes) -> None:
-    r = http.post(d.worker_url(1) + "/generate", content=raw, headers={"content-type": "application/json"})
+    r = http.post(d.worker_url(1) + "/generate", content=raw, headers={"content-type": "application/json", **WORKER_AUTH})
     SEEN[f"worker {r.status_code}"] += 1
     assert r.status_code in (200, 400, 413), (r.status_code, r.text[:500], raw[:300])
     if r.status_code != 200:
@@ -84,7 +84,7 @@ def check_worker(http: httpx.Client, d: Deployment, raw: bytes) -> None:
 def _memory(d: Deployment) -> dict[str, int]:
     """RSS of the frontend process and of the worker with its engine (``/stats``)."""
     frontend = d.named("dynlogits.frontend")[0]
-    stats = httpx.get(d.worker_url(1) + "/stats", timeout=30).json()
+    stats = httpx.get(d.worker_url(1) + "/stats", timeout=30, headers=WORKER_AUTH).json()
     return {"frontend": frontend.memory_info().rss, "worker": stats["rss_bytes"]}
 
 

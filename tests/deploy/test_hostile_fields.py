@@ -24,7 +24,7 @@ import openai
 import pytest
 
 from .conftest import model_name, openai_client
-from .launcher import Deployment, extra_frontend
+from .launcher import WORKER_AUTH, Deployment, extra_frontend
 
 pytestmark = pytest.mark.engine
 
@@ -55,7 +55,7 @@ def test_engine_internal_keys_are_refused_by_name_at_the_frontend_and_the_worker
         r = _chat(spec_agg, {"stream": stream, field: {key: value}})
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == f"{field}.{key}" and "engine-internal" in r.json()["error"]["message"]
-    r = httpx.post(f"{spec_agg.worker_url(1)}/generate", timeout=60, json={
+    r = httpx.post(f"{spec_agg.worker_url(1)}/generate", timeout=60, headers=WORKER_AUTH, json={
         "request_id": "internal", "prompt": "Hi", "sampling": {"max_tokens": 4}, "extra_args": {key: value}})
     assert r.status_code == 400 and r.json()["error"]["param"] == f"extra_args.{key}", r.text
     with open(spec_agg.log_path, "rb") as log:  # type: ignore[arg-type]
@@ -166,14 +166,14 @@ def test_neutral_values_of_those_fields_are_accepted(spec_agg: Deployment) -> No
 
 @pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json"])
 def test_the_worker_serves_no_api_docs(spec_agg: Deployment, path: str) -> None:
-    assert httpx.get(f"{spec_agg.worker_url(1)}{path}", timeout=30).status_code == 404
+    assert httpx.get(f"{spec_agg.worker_url(1)}{path}", timeout=30, headers=WORKER_AUTH).status_code == 404
 
 
 @pytest.mark.parametrize("prompt", [{"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}]},
                                     {"prompt": "Hi", "prompt_token_ids": [5, 6]}, {}],
                          ids=["prompt and messages", "prompt and token ids", "neither"])
 def test_generate_takes_exactly_one_prompt(spec_agg: Deployment, prompt: dict[str, Any]) -> None:
-    r = httpx.post(f"{spec_agg.worker_url(1)}/generate", timeout=60,
+    r = httpx.post(f"{spec_agg.worker_url(1)}/generate", timeout=60, headers=WORKER_AUTH,
                    json={"request_id": "one", "sampling": {"max_tokens": 2}, **prompt})
     assert r.status_code == 400, r.text
     assert "exactly one of prompt, prompt_token_ids and messages" in r.json()["error"]["message"]
@@ -184,11 +184,11 @@ def test_the_worker_maps_and_checks_the_logits_fields_itself(spec_agg: Deploymen
     hello = _ids(tokenizer, " hello")[0]
     url = f"{spec_agg.worker_url(1)}/generate"
     base = {"request_id": "controls", "prompt": "Hi", "sampling": {"max_tokens": 3, "temperature": 0}}
-    r = httpx.post(url, timeout=60, json={**base, "logit_bias": {str(hello): 100}})
+    r = httpx.post(url, timeout=60, headers=WORKER_AUTH, json={**base, "logit_bias": {str(hello): 100}})
     assert r.status_code == 200, r.text
     chunks = [json.loads(line) for line in r.text.splitlines()]
     assert [t for c in chunks for t in c.get("token_ids", [])] == [hello] * 3
-    r = httpx.post(url, timeout=60, json={**base, "bad_words": ["world"]})
+    r = httpx.post(url, timeout=60, headers=WORKER_AUTH, json={**base, "bad_words": ["world"]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "bad_words[0]", r.text
-    r = httpx.post(url, timeout=60, json={**base, "allowed_token_ids": [10**7]})
+    r = httpx.post(url, timeout=60, headers=WORKER_AUTH, json={**base, "allowed_token_ids": [10**7]})
     assert r.status_code == 400 and r.json()["error"]["param"].startswith("allowed_token_ids"), r.text

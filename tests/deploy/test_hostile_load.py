@@ -20,27 +20,21 @@ from __future__ import annotations
 
 import json
 import socket
-import statistics
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from openai import OpenAI
 
-from .launcher import ROOT, Deployment, extra_frontend, settled_stats, wait_until
+from .abuse import MODEL, Abuse, UnreadStreams, assert_prompt, normal_latencies
+from .launcher import ROOT, WORKER_AUTH, Deployment, extra_frontend, settled_stats, wait_until
 
 pytestmark = pytest.mark.engine
 
-MODEL = "dynlogits-tiny"
 HEAD_S, BODY_S, SEND_S, MAX_CONNECTIONS = 2.0, 3.0, 2.0, 64
-#: What "answers within 2 s" is asserted on: the median of NORMAL_REQUESTS normal requests, and every
-#: one of them within SLOWEST_S: single requests took up to 5.3 s on a shared 2-core machine with a
-#: core kept busy (see docs/reliability.md), while the unfixed code made them time out after 20 s.
-PROMPT_S, SLOWEST_S, NORMAL_REQUESTS = 2.0, 15.0, 8
 
 
 @pytest.fixture(scope="module")
@@ -52,56 +46,6 @@ def hostile(spec_agg: Deployment) -> Iterator[Deployment]:
     with extra_frontend("hostile", "--agg-worker", spec_agg.worker_url(1), "--logits-spec",
                         str(ROOT / "examples" / "deployment.yaml"), env=env) as url:
         yield Deployment("hostile", "agg.sh", int(url.rsplit(":", 1)[1]))  # only its URLs are used
-
-
-def normal_latencies(d: Deployment, n: int = NORMAL_REQUESTS, *,
-                     before_each: Callable[[], None] | None = None) -> list[float]:
-    """Seconds each of ``n`` normal requests took (a short greedy chat, one after another, each sent
-    once ``before_each`` returns); any error fails the test."""
-    client = OpenAI(base_url=d.base_url, api_key="unused", max_retries=0, timeout=30)
-    out = []
-    for i in range(n):
-        if before_each is not None:
-            before_each()
-        started = time.monotonic()
-        reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"Hi {i}."}],
-                                               max_tokens=8, temperature=0)
-        out.append(time.monotonic() - started)
-        assert reply.choices[0].finish_reason in ("stop", "length")
-    return out
-
-
-def assert_prompt(latencies: list[float], what: str) -> None:
-    figures = f"{what}: normal requests took {', '.join(f'{s:.2f}' for s in latencies)} s"
-    print(figures)  # noqa: T201 - the figures docs/reliability.md quotes (pytest -s)
-    assert statistics.median(latencies) <= PROMPT_S, figures
-    assert max(latencies) <= SLOWEST_S, figures
-
-
-class Abuse:
-    """``attack()`` run over and over in threads until ``stop()``; every outcome is collected."""
-
-    def __init__(self, attack: Callable[[], Any], threads: int) -> None:
-        self.attack, self.outcomes, self._stop = attack, [], threading.Event()
-        self.crash: BaseException | None = None
-        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
-        for t in self._threads:
-            t.start()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.outcomes.append(self.attack())
-            except BaseException as err:  # noqa: BLE001 - reported by stop()
-                self.crash = err
-                return
-
-    def stop(self) -> list[Any]:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=120)
-        assert self.crash is None, repr(self.crash)
-        return self.outcomes
 
 
 # --- item 2: oversized work ----------------------------------------------------------------------
@@ -126,7 +70,7 @@ WORKER_ABUSES = {
 
 def test_oversized_work_is_refused_by_name_before_any_work(hostile: Deployment, spec_agg: Deployment) -> None:
     stats = f"{spec_agg.worker_url(1)}/stats"
-    before = httpx.get(stats, timeout=30).json()["requests"]
+    before = httpx.get(stats, timeout=30, headers=WORKER_AUTH).json()["requests"]
     for name, (path, fields, param, limit) in ABUSES.items():
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], **fields}
         r = httpx.post(f"{hostile.url}{path}", json=body, timeout=60)
@@ -134,10 +78,11 @@ def test_oversized_work_is_refused_by_name_before_any_work(hostile: Deployment, 
         error = r.json()["error"]
         assert error["param"] == param and f"(limit {limit})" in error["message"], (name, error)
     for name, (fields, param, limit) in WORKER_ABUSES.items():
-        r = httpx.post(f"{spec_agg.worker_url(1)}/generate", json={"request_id": "big", **fields}, timeout=60)
+        r = httpx.post(f"{spec_agg.worker_url(1)}/generate", json={"request_id": "big", **fields}, timeout=60,
+                       headers=WORKER_AUTH)
         assert r.status_code == 400, (name, r.text[:300])
         assert r.json()["error"]["param"] == param and f"(limit {limit})" in r.json()["error"]["message"], name
-    assert httpx.get(stats, timeout=30).json()["requests"] == before  # no engine request was made
+    assert httpx.get(stats, timeout=30, headers=WORKER_AUTH).json()["requests"] == before  # no engine request was made
 
 
 def test_normal_requests_stay_prompt_while_oversized_work_is_sent(hostile: Deployment, spec_agg: Deployment) -> None:
@@ -155,7 +100,8 @@ def test_normal_requests_stay_prompt_while_oversized_work_is_sent(hostile: Deplo
             url, body = f"{spec_agg.worker_url(1)}/generate", worker_bodies[i % len(worker_bodies)]
         else:
             url, body = f"{hostile.base_url}/chat/completions", bodies[i % 2]
-        return httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=60).status_code
+        return httpx.post(url, content=body, headers={"content-type": "application/json", **WORKER_AUTH},
+                          timeout=60).status_code
 
     abuse = Abuse(attack, threads=7)
     try:
@@ -244,68 +190,18 @@ def test_a_connection_flood_beyond_the_cap_does_not_lock_out_a_live_client(hosti
 
 # --- item 5: one client cannot take the engine ---------------------------------------------------
 
-ABUSER = "127.0.0.66"
-
-
-def _open_unread_stream(port: int) -> tuple[socket.socket, str]:
-    """A 16-sample, 480-token stream from ``ABUSER`` whose client reads its status line and no more."""
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 480, "n": 16,
-                       "stream": True, "ignore_eos": True}).encode()
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.bind((ABUSER, 0))
-    s.settimeout(60)
-    s.connect(("127.0.0.1", port))
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
-              b"content-length: %d\r\n\r\n%s" % (len(body), body))
-    status = s.recv(12)[9:12].decode()
-    if status != "200":
-        s.close()
-    return s, status
-
-
-class UnreadStreams:
-    """One client keeping 50 stream requests going: each of 50 threads opens a stream and, once it
-    is admitted, keeps it open unread and opens the next; once refused, it tries again a second
-    later (its ``Retry-After``). So the client holds all it is allowed, for as long as it runs."""
-
-    def __init__(self, port: int, clients: int = 50) -> None:
-        self.port, self.held, self.statuses = port, [], Counter()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
-        for t in self._threads:
-            t.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            s, status = _open_unread_stream(self.port)
-            self.statuses[status] += 1
-            if status == "200":
-                self.held.append(s)
-            else:
-                self._stop.wait(1.0)
-
-    def stop(self) -> Counter[str]:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=120)
-        for s in self.held:
-            s.close()
-        return self.statuses
-
-
 def test_one_client_cannot_take_the_engine(hostile: Deployment, spec_agg: Deployment) -> None:
     """50 never-read streams of 16 samples from one client: 6 at a time (96 sequences, its share)
     run, the rest get 429 at once; the engine keeps room for everyone else, whose requests stay
     prompt. (Without the share, its 800 sequences filled vLLM's 128 slots and everyone else queued
     behind them: normal requests timed out after 20 s.)"""
     stats = f"{spec_agg.worker_url(1)}/stats"
-    before = httpx.get(stats, timeout=30).json()["requests"]
+    before = httpx.get(stats, timeout=30, headers=WORKER_AUTH).json()["requests"]
 
     def abuse_in_flight() -> None:
         """Until the engine holds at least 3 of the abuser's streams (48 sequences; 96 is its share): each
         normal request is sent while the abuse generates, not while its streams wait for their reader."""
-        wait_until(lambda: (httpx.get(stats, timeout=30).json()["adapter_requests"] or 0) >= 48, 60,
+        wait_until(lambda: (httpx.get(stats, timeout=30, headers=WORKER_AUTH).json()["adapter_requests"] or 0) >= 48, 60,
                    "the abuse to generate", 0.2)
 
     abuse = UnreadStreams(hostile.port)
@@ -315,7 +211,7 @@ def test_one_client_cannot_take_the_engine(hostile: Deployment, spec_agg: Deploy
     finally:
         statuses = abuse.stop()
     assert set(statuses) <= {"200", "429"}, statuses  # never a 5xx
-    admitted_during = httpx.get(stats, timeout=30).json()["requests"] - before - len(latencies)
+    admitted_during = httpx.get(stats, timeout=30, headers=WORKER_AUTH).json()["requests"] - before - len(latencies)
     assert admitted_during == statuses["200"]
     metrics = httpx.get(f"{hostile.url}/metrics", timeout=30).text
     assert f'dynlogits_requests_refused_total{{reason="client_share"}} {float(statuses["429"])}' in metrics

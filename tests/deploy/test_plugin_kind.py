@@ -23,7 +23,7 @@ import pytest
 from plugin_dist import install_plugin
 
 from .conftest import model_name, openai_client
-from .launcher import PYTHON, ROOT, Deployment, free_port_block
+from .launcher import PYTHON, ROOT, WORKER_AUTH, Deployment, free_port_block
 
 PYPROJECT = """\
 [build-system]
@@ -235,7 +235,7 @@ def test_the_operators_plugin_entry_applies_to_every_request(plugin_agg: Deploym
     reply = chat(plugin_agg, [{"kind": "allowed_tokens", "token_ids": [banned, other]}], max_tokens=6,
                  temperature=1.0, seed=3)
     assert reply.choices[0].message.content == " and" * 6
-    info = httpx.get(f"{plugin_agg.worker_url(1)}/ready").json()
+    info = httpx.get(f"{plugin_agg.worker_url(1)}/ready", headers=WORKER_AUTH).json()
     assert info["deployment_kinds"] == ["ban_range"] and info["allow_request_kinds"] == ["allowed_tokens", "repeat_token"]
 
 

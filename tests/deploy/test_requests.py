@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from .conftest import model_name, openai_client
-from .launcher import PYTHON, ROOT, Deployment, wait_until
+from .launcher import PYTHON, ROOT, WORKER_AUTH, Deployment, wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -143,7 +143,7 @@ def test_cancelled_stream_aborts_the_engine_request(spec_agg: Deployment) -> Non
     model = model_name(spec_agg)
     tries: list[tuple[float, int]] = []  # (s to the headers, requests in flight just before the hang-up)
     for _ in range(6):
-        before = httpx.get(f"{worker}/stats").json()
+        before = httpx.get(f"{worker}/stats", headers=WORKER_AUTH).json()
         started = time.monotonic()
         with httpx.stream("POST", f"{spec_agg.base_url}/chat/completions", timeout=60, json={
             "model": model, "messages": MESSAGES, "stream": True, "max_tokens": 2000, "ignore_eos": True, "n": 16,
@@ -153,9 +153,9 @@ def test_cancelled_stream_aborts_the_engine_request(spec_agg: Deployment) -> Non
             lines = response.iter_lines()
             next(lines)
             next(lines)
-            running = httpx.get(f"{worker}/stats").json()["in_flight"]  # the client is still connected
+            running = httpx.get(f"{worker}/stats", headers=WORKER_AUTH).json()["in_flight"]  # the client is still connected
         tries.append((headers_s, running))
-        stats = wait_until(lambda: (s := httpx.get(f"{worker}/stats").json())["in_flight"] == 0 and s, 30,
+        stats = wait_until(lambda: (s := httpx.get(f"{worker}/stats", headers=WORKER_AUTH).json())["in_flight"] == 0 and s, 30,
                            "the worker to finish the request")
         assert stats["requests"] == before["requests"] + 1
         if running:
@@ -244,13 +244,13 @@ def test_smuggled_payload_is_dropped(spec_agg: Deployment, tokenizer: Any, field
 
 def test_worker_drops_a_smuggled_payload_too(spec_agg: Deployment, tokenizer: Any) -> None:
     """Defense in depth: a caller that bypasses the frontend cannot activate processors either."""
-    r = httpx.post(f"{spec_agg.worker_url(1)}/generate", timeout=60, json={
+    r = httpx.post(f"{spec_agg.worker_url(1)}/generate", timeout=60, headers=WORKER_AUTH, json={
         "request_id": "smuggle", "prompt": "Hi", "sampling": {"max_tokens": 6, "temperature": 0},
         "extra_args": {"dynamo_logits": _hello_payload(tokenizer)}})
     assert r.status_code == 200
     chunks = [json.loads(line) for line in r.text.splitlines()]
     assert "".join(c.get("text", "") for c in chunks) != "Hello world!"
-    r = httpx.post(f"{spec_agg.worker_url(1)}/generate", timeout=60, json={
+    r = httpx.post(f"{spec_agg.worker_url(1)}/generate", timeout=60, headers=WORKER_AUTH, json={
         "request_id": "python", "prompt": "Hi", "logits_processors": [{"kind": "python", "factory": "os:system"}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "logits_processors[0].kind"
 
@@ -275,7 +275,7 @@ def test_models_and_health(spec_agg: Deployment) -> None:
     assert [m.id for m in models] == ["dynlogits-tiny"]
     health = httpx.get(f"{spec_agg.url}/health").json()
     assert health["status"] == "ok" and health["workers"][0]["ready"]
-    info = httpx.get(f"{spec_agg.worker_url(1)}/ready").json()
+    info = httpx.get(f"{spec_agg.worker_url(1)}/ready", headers=WORKER_AUTH).json()
     assert info["adapter_registered"] and info["deployment_kinds"] == ["banned_tokens"]
 
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from .conftest import SPEC_FILE, openai_client
-from .launcher import ENGINE_FLAGS, LOG_DIR, PYTHON, ROOT, Deployment, free_port_block, wait_until
+from .launcher import ENGINE_FLAGS, LOG_DIR, PYTHON, ROOT, WORKER_AUTH, Deployment, free_port_block, wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -66,7 +66,7 @@ def two_workers(spec_agg: Deployment) -> Iterator[tuple[Deployment, list[str], s
 
 
 def _served(urls: list[str]) -> list[int]:
-    return [httpx.get(f"{u}/stats").json()["requests"] for u in urls]
+    return [httpx.get(f"{u}/stats", headers=WORKER_AUTH).json()["requests"] for u in urls]
 
 
 def test_requests_are_spread_across_workers(two_workers) -> None:
@@ -88,7 +88,7 @@ def test_sigterm_lets_the_in_flight_request_finish(two_workers) -> None:
     _, urls, worker = two_workers
     body = {"request_id": "graceful", "prompt": "Hi", "sampling": {"max_tokens": 400, "ignore_eos": True,
                                                                     "temperature": 0}}
-    with httpx.stream("POST", f"{urls[1]}/generate", json=body, timeout=120) as response:
+    with httpx.stream("POST", f"{urls[1]}/generate", json=body, timeout=120, headers=WORKER_AUTH) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
         first = json.loads(next(lines))

@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from .conftest import PYTHON_FACTORY, model_name, openai_client
-from .launcher import PYTHON, ROOT, Deployment, free_port_block, wait_until
+from .launcher import PYTHON, ROOT, WORKER_AUTH, Deployment, free_port_block, wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -110,11 +110,11 @@ def test_a_caller_bypassing_the_frontend_cannot_either(spec_agg: Deployment, hel
     base = {"request_id": "trust", "prompt": "Hi", "sampling": {"max_tokens": 6, "temperature": 0}}
     for extra in ({"custom_params": {"dynamo_logits": [hello["forced"]]}},
                   {"custom_logit_processor": PYTHON_FACTORY}):
-        r = httpx.post(worker, json={**base, **extra}, timeout=60)
+        r = httpx.post(worker, headers=WORKER_AUTH, json={**base, **extra}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(extra)), r.text
-    r = httpx.post(worker, json={**base, "logits_processors": [hello["python"]]}, timeout=60)
+    r = httpx.post(worker, headers=WORKER_AUTH, json={**base, "logits_processors": [hello["python"]]}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "logits_processors[0].kind", r.text
-    r = httpx.post(worker, json={**base, "extra_args": {"dynamo_logits": json.dumps([hello["python"]])}}, timeout=60)
+    r = httpx.post(worker, headers=WORKER_AUTH, json={**base, "extra_args": {"dynamo_logits": json.dumps([hello["python"]])}}, timeout=60)
     assert r.status_code == 200
     assert "".join(json.loads(line).get("text", "") for line in r.text.splitlines()) != HELLO
 
@@ -173,12 +173,12 @@ OVERSIZED = [
 def test_oversized_specs_are_refused_before_any_worker_sees_them(spec_agg: Deployment, entries: Any, param: str,
                                                                  limit: str) -> None:
     worker_stats = spec_agg.worker_url(1) + "/stats"
-    before = httpx.get(worker_stats, timeout=30).json()["requests"]
+    before = httpx.get(worker_stats, timeout=30, headers=WORKER_AUTH).json()["requests"]
     r = _post(spec_agg, {**_base(spec_agg), "logits_processors": entries})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and limit in error["message"], error
-    assert httpx.get(worker_stats, timeout=30).json()["requests"] == before
+    assert httpx.get(worker_stats, timeout=30, headers=WORKER_AUTH).json()["requests"] == before
 
 
 def test_a_huge_body_is_refused_unread_with_bounded_memory(spec_agg: Deployment) -> None:
