@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from .request_limits import env_name, positive_int, positive_int_from_env
+from .request_limits import check_positive_fields, env_name, positive_int, positive_int_from_env
 
 __all__ = ["HeadLimits", "HeadProblem", "HeadScanner", "add_head_limit_flags", "head_limits_from_flags"]
 
@@ -38,10 +38,7 @@ class HeadLimits:
     max_head_bytes: int = 32768
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{f.name}: must be an integer >= 1, got {value!r}")
+        check_positive_fields(self)
 
 
 @dataclass(frozen=True)

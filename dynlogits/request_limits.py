@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 __all__ = ["DEFAULT_MAX_TOKENS", "LimitProblem", "RequestLimits", "add_limit_flags", "body_limit_problem",
-           "env_name", "generate_limit_problem", "limits_from_flags", "positive_int", "positive_int_from_env"]
+           "check_positive_fields", "env_name", "generate_limit_problem", "limits_from_flags", "positive_int", "positive_int_from_env"]
 
 #: What the engine generates when a request gives no ``max_tokens`` (vLLM's default).
 DEFAULT_MAX_TOKENS = 16
@@ -48,16 +48,21 @@ class RequestLimits:
     max_extra_args: int = 64
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{f.name}: must be an integer >= 1, got {value!r}")
+        check_positive_fields(self)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> RequestLimits:
         """Defaults, overridden by ``DYN_<LIMIT>`` variables; ``ValueError`` naming a bad variable."""
         defaults = cls()
         return cls(**{f.name: positive_int_from_env(environ, f.name, getattr(defaults, f.name)) for f in fields(cls)})
+
+
+def check_positive_fields(limits: Any) -> None:
+    """``ValueError`` naming the first field of the dataclass ``limits`` that is not an integer >= 1."""
+    for f in fields(limits):
+        value = getattr(limits, f.name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{f.name}: must be an integer >= 1, got {value!r}")
 
 
 def env_name(limit: str) -> str:

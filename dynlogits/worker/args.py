@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dynlogits.request_heads import HeadLimits, add_head_limit_flags, head_limits_from_flags
-from dynlogits.request_limits import RequestLimits, add_limit_flags, limits_from_flags
+from dynlogits.request_limits import RequestLimits, add_limit_flags, limits_from_flags, positive_int
 from dynlogits.roles import DisaggregationMode
 from dynlogits.worker_secret import WORKER_SECRET_ENV, load_worker_secret
 
@@ -82,10 +82,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds a /generate body may take to arrive before a 408 ($DYN_BODY_TIMEOUT, default 30)")
     p.add_argument("--header-timeout", type=_seconds, default=_env_seconds("DYN_HEADER_TIMEOUT", 10.0, p), metavar="S",
                    help="seconds a request head may take to arrive before a 408 ($DYN_HEADER_TIMEOUT, default 10)")
-    p.add_argument("--max-connections", type=_count, default=_env_count("DYN_WORKER_MAX_CONNECTIONS", 2048, p),
+    p.add_argument("--max-connections", type=positive_int, default=_env_count("DYN_WORKER_MAX_CONNECTIONS", 2048, p),
                    metavar="N", help="open connections; beyond it the one idle or slow the longest is closed "
                                      "($DYN_WORKER_MAX_CONNECTIONS, default 2048)")
-    p.add_argument("--max-inflight-sequences", type=_count,
+    p.add_argument("--max-inflight-sequences", type=positive_int,
                    default=_env_count("DYN_WORKER_MAX_INFLIGHT_SEQUENCES", 256, p), metavar="N",
                    help="sequences (n per request) in flight on this worker; beyond it /generate answers 429 "
                         "($DYN_WORKER_MAX_INFLIGHT_SEQUENCES, default 256)")
@@ -118,20 +118,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
 def _env_count(name: str, default: int, p: argparse.ArgumentParser) -> int:
     raw = os.environ.get(name, "").strip()
     try:
-        return _count(raw) if raw else default
+        return positive_int(raw) if raw else default
     except argparse.ArgumentTypeError as err:
         p.error(f"{name}: {err}")
 

@@ -26,7 +26,7 @@ import itertools
 import socket
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import openai
@@ -110,16 +110,23 @@ def test_spoofed_forwarded_for_admits_no_more_streams_than_one_client(front: Dep
     naming a different client in ``X-Forwarded-For`` and ``Forwarded``: one client's share is
     admitted, no more, and a client at another address (127.0.0.2) is served meanwhile."""
     abuse = UnreadStreams(front.port, headers=_spoofed, source="127.0.0.1")
+    latencies = _share_held_while(abuse, lambda: normal_latencies(front, source="127.0.0.2"))
+    assert_prompt(latencies, f"spoofed X-Forwarded-For on 50 unread streams ({SHARE_STREAMS} admitted)")
+    settled_stats(spec_agg.worker_url(1), timeout=60)
+
+
+def _share_held_while(abuse: UnreadStreams, measure: Callable[[], list[float]]) -> list[float]:
+    """``measure()`` once ``abuse`` holds its share and every one of its 50 threads has been refused
+    at least once; the abuse must have been admitted exactly one share, and refused the rest."""
     try:
         wait_until(lambda: abuse.statuses["200"] >= SHARE_STREAMS and abuse.statuses["429"] >= 50, 120,
                    "the abuse to fill its share")
-        latencies = normal_latencies(front, source="127.0.0.2")
+        latencies = measure()
         admitted = abuse.statuses["200"]
     finally:
         statuses = abuse.stop()
     assert admitted == SHARE_STREAMS and set(statuses) <= {"200", "429"}, statuses
-    assert_prompt(latencies, f"spoofed X-Forwarded-For on 50 unread streams ({admitted} admitted)")
-    settled_stats(spec_agg.worker_url(1), timeout=60)
+    return latencies
 
 
 def test_with_api_keys_a_request_without_one_is_a_401_and_the_share_is_per_key(keyed: Deployment,
@@ -133,15 +140,8 @@ def test_with_api_keys_a_request_without_one_is_a_401_and_the_share_is_per_key(k
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=keyed.base_url, api_key="sk-wrong", max_retries=0).models.list()
     alice = UnreadStreams(keyed.port, headers=lambda: {"Authorization": f"Bearer {KEYS[0]}"}, source="127.0.0.1")
-    try:
-        wait_until(lambda: alice.statuses["200"] >= SHARE_STREAMS and alice.statuses["429"] >= 50, 120,
-                   "alice to fill her share")
-        latencies = normal_latencies(keyed, api_key=KEYS[1])
-        admitted = alice.statuses["200"]
-    finally:
-        statuses = alice.stop()
-    assert admitted == SHARE_STREAMS and set(statuses) <= {"200", "429"}, statuses
-    assert_prompt(latencies, f"another key's 50 unread streams ({admitted} admitted)")
+    latencies = _share_held_while(alice, lambda: normal_latencies(keyed, api_key=KEYS[1]))
+    assert_prompt(latencies, f"another key's 50 unread streams ({SHARE_STREAMS} admitted)")
     settled_stats(spec_agg.worker_url(1), timeout=60)
 
 
