@@ -53,13 +53,16 @@ class ClientGuard:
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     server: ServerLimits = field(default_factory=ServerLimits)
     metrics: FrontendMetrics | None = None
-    identity: ClientIdentity = field(default_factory=ClientIdentity)
+    #: Who a client is; by default its address, or ``server.client_id_header`` when set.
+    identity: ClientIdentity = None  # type: ignore[assignment]
     #: Where client protocol errors are counted and logged (``None``: only counted in the metrics).
     protocol_errors: ProtocolErrorLog | None = None
     admission: Admission = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.server
+        if self.identity is None:
+            self.identity = ClientIdentity(client_id_header=s.client_id_header)
         self.admission = Admission(max_inflight=s.max_inflight_sequences, max_per_client=s.max_client_sequences,
                                    queue_timeout_s=s.queue_timeout_s)
 
