@@ -106,7 +106,7 @@ dynamo_agg() {
   local i ports=("$PORT")
   dynamo_prepare
   for ((i = 1; i <= WORKERS; i++)); do ports+=("$((PORT + i))"); done
-  require_free_ports "${ports[@]}"
+  require_free_ports "$HOST" "${ports[@]}"
   dynamo_start_frontend
   for ((i = 1; i <= WORKERS; i++)); do dynamo_start_worker "worker$i" "$((PORT + i))"; done
   dynamo_serve
@@ -123,7 +123,7 @@ dynamo_disagg() {
   fi
   if [[ "$WORKERS" != 1 ]]; then log "--workers: launch/disagg.sh --runtime dynamo starts one prefill and one decode worker"; exit 2; fi
   dynamo_prepare
-  require_free_ports "$PORT" "$((PORT + 1))" "$((PORT + 2))"
+  require_free_ports "$HOST" "$PORT" "$((PORT + 1))" "$((PORT + 2))"
   dynamo_start_frontend
   dynamo_start_worker prefill "$((PORT + 1))" --disaggregation-mode prefill \
     --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}'
