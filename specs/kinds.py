@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
@@ -39,6 +40,7 @@ __all__ = [
     "KindError",
     "ProcessorKind",
     "installed_kinds",
+    "kinds_registered",
     "plugin_kinds",
     "register_kind",
 ]
@@ -105,6 +107,20 @@ def register_kind(kind: ProcessorKind) -> None:
     if not isinstance(kind, ProcessorKind):
         raise TypeError(f"register_kind takes a ProcessorKind, got {type(kind).__name__}")
     _registered[kind.kind] = kind
+
+
+@contextmanager
+def kinds_registered(*added: ProcessorKind) -> Iterator[None]:
+    """``register_kind`` for the duration of a block (tests, the conformance kit); afterwards the
+    kinds registered in this process are exactly those before it."""
+    before = dict(_registered)
+    for kind in added:
+        register_kind(kind)
+    try:
+        yield
+    finally:
+        _registered.clear()
+        _registered.update(before)
 
 
 def _describe(ep: EntryPoint) -> str:

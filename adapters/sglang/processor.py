@@ -156,6 +156,7 @@ class DynamoSglangLogitProcessor(CustomLogitProcessor):
     (fail-stopped and reported); an internal error fail-stops the requests of this call."""
 
     def __call__(self, logits: torch.Tensor, custom_param_list: list[dict[str, Any] | None] | None = None) -> torch.Tensor:
+        sdk.drain()  # failures that landed since the last call (see dynlogits.sdk.readback)
         if not custom_param_list:
             return logits
         vocab_size = int(logits.shape[-1])

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from dynlogits.sdk import FailureReport, GuardedRequest, apply_rows, histories_from_ids, pick_stop_token, realize
+from dynlogits.sdk import FailureReport, GuardedRequest, apply_rows, drain, histories_from_ids, pick_stop_token, realize
 
 __all__ = ["DynamoLogitsProcessor", "logits_processor", "realize_request"]
 
@@ -96,6 +96,7 @@ class DynamoLogitsProcessor(LogitsProcessor):
         return len(self.requests)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        drain()  # failures that landed since the last call (see dynlogits.sdk.readback)
         if input_ids.shape[0] != len(self.requests) or scores.shape[0] != len(self.requests):
             raise ValueError(
                 f"built for {len(self.requests)} rows, called with input_ids of {input_ids.shape[0]} and scores "

@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from dynlogits import sdk
 from dynlogits.sdk import GuardedRequest
 
 from .processor import FAILURES, BatchedLogitsProcessorBase, DynamoTrtllmLogitsProcessor, on_stream
@@ -83,6 +84,7 @@ class DynamoTrtllmBatchedLogitsProcessor(BatchedLogitsProcessorBase):  # type: i
     def __call__(self, req_ids: Sequence[int], logits: Sequence[torch.Tensor], token_ids: Sequence[Sequence[Sequence[int]]],
                  stream_ptr: int | None, client_ids: Sequence[int | None]) -> None:
         try:
+            sdk.drain()  # failures that landed since the last call (see dynlogits.sdk.readback)
             count = len(logits)
         except Exception:
             logger.exception("batched logits processor: TensorRT-LLM's call could not be read; no row was processed")

@@ -203,6 +203,7 @@ class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,val
     def __call__(self, req_id: int, logits: torch.Tensor, token_ids: Sequence[Sequence[int]],
                  stream_ptr: int | None, client_id: int | None = None) -> None:
         try:
+            sdk.drain()  # failures that landed since the last call (see dynlogits.sdk.readback)
             with on_stream(stream_ptr, logits):
                 self._apply(req_id, logits, token_ids)
         except Exception as exc:  # never let it reach TensorRT-LLM: it would fail every request

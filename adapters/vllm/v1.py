@@ -44,7 +44,7 @@ import torch
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor, BatchUpdate, MoveDirectionality
 
 from dynlogits.processors.templates import ThinkingTemplate
-from dynlogits.sdk import GuardedRequest, SlotBatch, apply_rows
+from dynlogits.sdk import GuardedRequest, SlotBatch, apply_rows, drain
 
 __all__ = ["RealizedRequests", "V1RunnerMixin"]
 
@@ -118,6 +118,7 @@ class V1RunnerMixin(AdapterLogitsProcessor):
 
     # -- batch bookkeeping -----------------------------------------------------------------------
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        drain()  # failures that landed since the last call (see dynlogits.sdk.readback)
         if not batch_update:
             return
         for index, params, _prompt, output_ids in batch_update.added:
@@ -173,6 +174,7 @@ class V1RunnerMixin(AdapterLogitsProcessor):
 
     # -- one step ------------------------------------------------------------------------------
     def _apply_v1(self, logits: torch.Tensor) -> torch.Tensor:
+        drain()
         if not self._entries:
             return logits
         if self._reads_tokens and not self._warned_placeholder:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dynlogits.sdk import DeviceThinking, GuardedRequest, SlotBatch, apply_draft_row, apply_rows
+from dynlogits.sdk import DeviceThinking, GuardedRequest, SlotBatch, apply_draft_row, apply_rows, drain
 
 try:  # vLLM >= 0.31; the adapter still works with the V1 runner alone on older versions
     from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcessor, LogitsProcRequestState
@@ -113,6 +113,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
         """Reset slot ``req_idx`` for a new occupant; True when it carries a payload."""
+        drain()  # failures that landed since the last call (see dynlogits.sdk.readback)
         request = self.new_req_logits_processor(sampling_params)
         self._slots[req_idx] = request
         self._active[req_idx] = request is not None
@@ -125,6 +126,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
 
     def apply_staged_writes(self) -> None:
         """Copy the slot tables staged by ``add_request`` to the device (once per step, before the forward)."""
+        drain()
         self._resident.flush()
         self._thinking.flush()
 
@@ -143,6 +145,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         return offset
 
     def _apply_v2(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
+        drain()
         slots_in_step = ctx.idx_mapping_np
         seen = self._seen
         if seen is None or not np.array_equal(seen[0], slots_in_step):

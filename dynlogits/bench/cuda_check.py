@@ -1,29 +1,36 @@
-"""The apply path on a real CUDA device: syncs, landed copies and cost, where a CPU cannot see them.
+"""The apply path on a real CUDA device: syncs, landed copies, failure reports and cost, where a CPU
+cannot see them.
 
-``python -m dynlogits.bench.cuda_check [--json FILE] [--trace-dir DIR]`` needs a GPU and only
-torch, numpy, pydantic and msgspec (no engine): it drives ``SlotBatch`` (the resident path every
-vLLM adapter runs) as the V1 adapter does (``adapters/vllm/v1.py``: ``assign`` on admission and
-removal, ``set_rows`` + ``flush`` at each batch change, ``apply(logits, histories=...)`` each
-step) and ``sdk.apply_rows`` for hosted rows (the SGLang / TensorRT-LLM / transformers path), over
-a sequence with admissions, removals, swaps, slot reuse, a request whose forced token the
-"grammar" masks (with and without a stop token), a ``python`` kind and every built-in kind.
+``python -m dynlogits.bench.cuda_check [--json FILE]`` needs a GPU and only torch, numpy, pydantic
+and msgspec (no engine): it drives ``SlotBatch`` (the resident path every vLLM adapter runs) as the
+V1 adapter does (``adapters/vllm/v1.py``: ``drain`` first in every call, ``assign`` on admission
+and removal, ``set_rows`` + ``flush`` at each batch change, ``apply(logits, histories=...)`` each
+step when a row is resident) and ``sdk.apply_rows`` for hosted rows (the SGLang / TensorRT-LLM /
+transformers path). It makes no call an engine would not make: no ``synchronize``, no extra
+``apply``, no poll; after the last step the engine goes idle and the check waits, on the host,
+until nothing waits for the device (``INBOX.wait_settled``), then counts what was reported.
 
-Three checks, each printed and in ``--json``:
+Four checks, each printed and in ``--json``:
 
 * ``syncs``: every adapter call runs under ``torch.cuda.set_sync_debug_mode("warn")`` (CUDA's
   own accounting: ``.item()``, ``.tolist()``, ``bool()``, ``nonzero``, blocking copies, …), and
   under the CUDA profiler, whose trace names each copy's source (``Pageable`` copies block the
   host even when asked not to). The engine's own work is kept out of both: its uploads come from
   pinned memory and tokens come from the reference run, so nothing it does is counted.
-* ``landed``: the device is kept behind the host (``torch.cuda._sleep`` before every step and no
-  wait between steps, as under async scheduling), so a staging buffer reused before its copy ran,
-  or a flag read before it landed, shows up: every step's logits must equal the CPU run's bit for
-  bit (fp32 and bf16), and both failing requests must be reported.
+* ``landed``: a 40-step sequence with admissions, removals, swaps, slot reuse, more requests than
+  slots, a ``python`` kind, every built-in kind and two requests whose forced token the "grammar"
+  masks (with and without a stop token); the device is kept behind the host (``torch.cuda._sleep``
+  before every step, no wait between steps, as under async scheduling), so a staging buffer reused
+  before its copy ran, or a flag read before it landed, shows up: every step's logits must equal
+  the CPU run's bit for bit (fp32 and bf16), and both failing requests must be reported.
+* ``failures``: a request failing at its last step, resident or hosted, followed by empty steps,
+  hosted rows only, bookkeeping calls only, or nothing at all: reported once each, no sync; and
+  each mutant (``MUTANTS``) must miss its sequence's failure, so the check is seen to catch it.
 * ``cost``: steady-step time (host wall clock to a final synchronize, and CUDA-event device time)
   and device ops per step (from the profiler trace) of the resident path, of ``sdk.apply_row``
   per row (``loop``), and of the memset ``floor`` (every row filled with ``-inf``), vocab 151936.
 
-Exit status: 0 when no sync and no mismatch was found, 1 otherwise, 2 without CUDA.
+Exit status: 0 when every check passed, 1 otherwise, 2 without CUDA.
 """
 
 from __future__ import annotations
@@ -50,10 +57,13 @@ import torch
 
 from dynlogits import sdk
 
-from .sync_drive import EOS, FAILING, GRAMMAR_MASKED, HOSTED, builtin_payloads
+from dynlogits.sdk.readback import INBOX
+
+from .sync_drive import AFTER, EOS, FAILING, GRAMMAR_MASKED, HOSTED, builtin_payloads
 
 NO_TOKEN_LEFT = "no token left to sample"
 LAG_CYCLES = 2_000_000  # about 1 ms of GPU time queued ahead of each step's adapter calls
+SETTLE_S = 10.0  # how long an idle engine gives the watcher to report what landed
 
 
 @dataclass
@@ -120,6 +130,7 @@ class _Engine:
 
     def admit(self, row: int, payload: list[dict[str, Any]], stop: int | None, step: int) -> None:
         with self.adapter():
+            sdk.drain()  # first in every adapter call, as adapters/vllm/v1.py's update_state does
             request = sdk.realize(payload, vocab_size=self.vocab, stop_token_id=stop, report=self.report.append)
             assert request is not None
             slot = None
@@ -138,10 +149,13 @@ class _Engine:
 
     def remove(self, row: int) -> None:
         entry = self.rows[row]
-        if entry is not None and entry.slot is not None:
+        if entry is not None:
             with self.adapter():
-                self.batch.assign(entry.slot, None)
-            self.free.append(entry.slot)
+                sdk.drain()
+                if entry.slot is not None:
+                    self.batch.assign(entry.slot, None)
+            if entry.slot is not None:
+                self.free.append(entry.slot)
         self.rows[row], self.ids[row] = None, None
 
     def swap(self, a: int, b: int) -> None:
@@ -151,14 +165,19 @@ class _Engine:
     def relayout(self) -> None:
         slots = np.array([-1 if r is None or r.slot is None else r.slot for r in self.rows], dtype=np.int64)
         with self.adapter():
+            sdk.drain()
             self.batch.set_rows(slots)
             self.batch.flush()
 
     def apply(self, logits: torch.Tensor) -> None:
+        """One step, as ``adapters/vllm/v1.py``'s ``apply``: drain, then the resident path only when
+        a row is resident and the hosted path only when one is hosted."""
         histories = [[] if r is None else r.tokens for r in self.rows]
         hosted = [i for i, r in enumerate(self.rows) if r is not None and r.slot is None]
         with self.adapter():
-            self.batch.apply(logits, histories=histories)
+            sdk.drain()
+            if any(r is not None and r.slot is not None for r in self.rows):
+                self.batch.apply(logits, histories=histories)
             if hosted:
                 sdk.apply_rows(logits, hosted, [self.rows[i].request for i in hosted],  # type: ignore[union-attr]
                                [histories[i] for i in hosted])
@@ -171,8 +190,21 @@ def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
+@dataclass(frozen=True)
+class DeviceModel:
+    """How a sequence treats a device that is not a GPU (the CUDA model: ``SimCuda.put``,
+    ``advance`` and ``value``): ``put`` a host tensor there as the engine's logits, let the device
+    ``catch_up`` with what was queued (a GPU does it on its own, during the engine's forward), and
+    read a ``value`` back for the comparison (never counted)."""
+
+    put: Callable[[torch.Tensor], torch.Tensor]
+    catch_up: Callable[[], None]
+    value: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.cpu
+
+
 def run_sequence(device: torch.device, *, dtype: torch.dtype, replay: SequenceRun | None,
-                 steps: int = 40, vocab: int = 64, seed: int = 0, lag: bool = False) -> SequenceRun:
+                 steps: int = 40, vocab: int = 64, seed: int = 0, lag: bool = False,
+                 model: DeviceModel | None = None) -> SequenceRun:
     """The sequence on ``device``. ``replay``: take each step's tokens from that run (no read back
     from the device, as when the host runs ahead); else sample greedily here (the reference)."""
     check = device.type == "cuda"
@@ -220,7 +252,9 @@ def run_sequence(device: torch.device, *, dtype: torch.dtype, replay: SequenceRu
         for i, r in enumerate(engine.rows):
             if r is not None and r.failing:
                 host[i, GRAMMAR_MASKED] = -math.inf  # the engine's grammar bitmask
-        logits = _upload(host, device)
+        if model is not None:
+            model.catch_up()  # the device ran the last step during this step's forward
+        logits = model.put(host) if model is not None else _upload(host, device)
         if lag:
             torch.cuda._sleep(LAG_CYCLES)
         engine.apply(logits)
@@ -241,13 +275,10 @@ def run_sequence(device: torch.device, *, dtype: torch.dtype, replay: SequenceRu
             engine.remove(i)
         if finished:
             engine.relayout()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    engine.apply(_upload(torch.zeros(len(engine.rows), vocab, dtype=dtype), device))  # reads the landed flags
-    for r in engine.rows:
-        if r is not None:
-            r.request.poll()
-    out.logits = [t.cpu() for t in kept]
+    if model is not None:
+        model.catch_up()
+    INBOX.wait_settled(SETTLE_S)  # the engine goes idle: the watcher reads what lands (no adapter call)
+    out.logits = [model.value(t) if model is not None else t.cpu() for t in kept]
     out.failures = list(engine.report)
     out.syncs = engine.syncs
     out.failing = dict(engine.failing)
@@ -268,6 +299,92 @@ def compare(reference: SequenceRun, got: SequenceRun) -> list[str]:
                 bad = (want[row] != have[row]).nonzero().flatten().tolist()[:5]
                 diffs.append(f"step {step} row {row} (request {rid}): differs at ids {bad}")
     return diffs
+
+
+# -- a failure at the last step -------------------------------------------------------------------
+def run_failure(device: torch.device, after: str, *, hosted: bool, lag: bool = True,
+                model: DeviceModel | None = None, settle_s: float = SETTLE_S) -> tuple[list[str], list[str]]:
+    """One request whose forced token the grammar masks, resident (``hosted`` false) or hosted (a
+    ``python`` entry beside it); its failing step is its last: it samples the stop token it was
+    fail-stopped to and the engine removes it, then does ``after`` (``sync_drive.AFTER``) three
+    times. Nothing reads the device, synchronizes or polls: the device is kept behind the host
+    (``lag``) and the failure must still be reported once nothing waits for the device. Returns the
+    failures reported and the syncs seen in the adapter's calls. ``model``: for the CUDA model
+    (``dynlogits.testing.simcuda``: ``SimCuda.put`` and ``SimCuda.advance``)."""
+    check = device.type == "cuda"
+    put = model.put if model is not None else (lambda host: _upload(host, device))
+    catch_up = model.catch_up if model is not None else (lambda: None)
+    engine = _Engine(device, 64, num_slots=4, check=check)
+    gen = torch.Generator().manual_seed(1)
+    engine.admit(0, FAILING + HOSTED if hosted else FAILING, EOS, 0)
+    if after == "hosted":
+        engine.admit(1, HOSTED, EOS, 0)
+    engine.relayout()
+    host = torch.randn(len(engine.rows), 64, generator=gen)
+    host[0, GRAMMAR_MASKED] = -math.inf
+    if lag and check:
+        torch.cuda._sleep(LAG_CYCLES)
+    engine.apply(put(host))
+    for r in engine.rows:  # what was sampled (known without reading the device: the stop token, and any)
+        if r is not None:
+            r.tokens.append(EOS)
+    catch_up()
+    if after != "idle":  # the failing request sampled its stop token: the engine ends it
+        engine.remove(0)
+        engine.relayout()
+    for _ in range(3):
+        if lag and check:
+            torch.cuda._sleep(LAG_CYCLES)
+        if after == "apply":
+            engine.apply(put(torch.zeros(0, 64)))
+        elif after == "hosted":
+            engine.apply(put(torch.randn(len(engine.rows), 64, generator=gen)))
+            engine.rows[1].tokens.append(5)  # type: ignore[union-attr]
+        elif after == "calls":
+            engine.relayout()
+        catch_up()
+    INBOX.wait_settled(settle_s)
+    return list(engine.report), list(engine.syncs)
+
+
+@contextmanager
+def mutant(name: str) -> Iterator[None]:
+    """A defect the failure sequences must catch: ``no_watcher`` (nothing reads for an idle
+    engine), ``apply_only`` (flags read only by a later apply: adapters' other calls do not drain)."""
+    watching = INBOX.watching
+    INBOX.watching = False
+    if name == "apply_only":
+        INBOX.drain = lambda: 0  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        INBOX.watching = watching
+        if name == "apply_only":
+            del INBOX.drain
+
+
+#: Each mutant, and the sequence (``after``) that must then miss the failure.
+MUTANTS = {"no_watcher": "idle", "apply_only": "calls"}
+
+
+def failure_checks(device: torch.device, model: DeviceModel | None = None) -> list[dict[str, Any]]:
+    """Every failure sequence (resident and hosted, each ``after``) must report exactly one failure
+    with no sync; under each mutant its sequence must report none."""
+    results = []
+    for hosted in (False, True):
+        for after in AFTER:
+            reports, syncs = run_failure(device, after, hosted=hosted, model=model)
+            reported = sum(NO_TOKEN_LEFT in f for f in reports)
+            results.append({"sequence": f"{'hosted' if hosted else 'resident'}, then {after}", "reported": reported,
+                            "syncs": syncs, "ok": reported == 1 and not syncs})
+        for name, after in MUTANTS.items():
+            with mutant(name):
+                # what lands is read within a few watcher periods; a mutant reads nothing however long
+                reports, _ = run_failure(device, after, hosted=hosted, model=model, settle_s=20 * INBOX.period)
+            caught = not reports
+            results.append({"sequence": f"mutant {name} ({'hosted' if hosted else 'resident'}, then {after})",
+                            "reported": len(reports), "syncs": [], "ok": caught})
+    return results
 
 
 # -- cost -----------------------------------------------------------------------------------------
@@ -424,6 +541,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"    {line}")
         results["sequences"].append({"dtype": str(dtype), "steps": len(got.logits), "syncs": got.syncs, "diffs": diffs,
                                      "failures": got.failures, "reference_failures": reference.failures, "ok": good})
+    results["failures"] = failure_checks(cuda)
+    for r in results["failures"]:
+        ok &= r["ok"]
+        print(f"failure, {r['sequence']}: reported {r['reported']}; syncs {len(r['syncs'])} -> "
+              f"{'ok' if r['ok'] else 'FAILED'}", flush=True)
     costs: list[Cost] = []
     print(f"\n{'kind':<16}{'batch':>6}  {'impl':<19}{'wall ms':>10}{'device ms':>11}{'ops':>7}{'pageable':>9}")
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,9 +24,12 @@ from typing import Any
 
 import torch
 
+from dynlogits import sdk
+from dynlogits.sdk.readback import INBOX
 from dynlogits.testing.simcuda import SimCuda, Sync
 
-__all__ = ["DriveResult", "Scenario", "builtin_payloads", "drive_apply_rows", "drive_v1", "drive_v2"]
+__all__ = ["AFTER", "ROW_ENGINES", "DriveResult", "Scenario", "builtin_payloads", "drive_apply_rows", "drive_v1", "drive_v2",
+           "failure_then", "realizing"]
 
 EOS = 1
 GRAMMAR_MASKED = 7  # the token the "grammar" masks: forcing it must fail its request
@@ -332,3 +335,233 @@ def adapter_counts(impl: str, vocab: int, payloads: Sequence[list[dict[str, Any]
     finally:
         quiet.setLevel(level)
     return steady.launches, len(changing.syncs)
+
+
+# -- the row-wise adapters' entry points, as drive_apply_rows calls them -------------------------
+def realizing(report: list[str]) -> Callable[[torch.Tensor, list, list], list[sdk.GuardedRequest | None]]:
+    realized: dict[int, sdk.GuardedRequest | None] = {}
+
+    def get(logits: torch.Tensor, payloads: list, _: list) -> list[sdk.GuardedRequest | None]:
+        return [realized.setdefault(id(p), sdk.realize(p, vocab_size=logits.shape[-1], stop_token_id=EOS,
+                                                       report=report.append)) for p in payloads]
+
+    return get
+
+
+def _trtllm_entry() -> Callable[..., list[str]]:
+    from dynlogits.adapters.trtllm.processor import FAILURES, DynamoTrtllmLogitsProcessor
+
+    made: dict[int, Any] = {}
+    start = len(FAILURES)
+
+    def call(logits: torch.Tensor, rows: list[int], payloads: list, histories: list) -> list[str]:
+        for row, payload, history in zip(rows, payloads, histories):
+            proc = made.get(id(payload))
+            if proc is None:  # its first call sees the prompt only: generation starts after it
+                params = SimpleNamespace(end_id=EOS, stop_token_ids=None, ignore_eos=False)
+                proc = made[id(payload)] = DynamoTrtllmLogitsProcessor(payload, sampling_params=params)
+            proc(row, logits[row].view(1, 1, -1), [[2, 3, *history]], None)
+        return list(FAILURES)[start:]
+
+    call.failures = lambda: list(FAILURES)[start:]  # type: ignore[attr-defined]
+    return call
+
+
+def _sglang_entry() -> Callable[..., list[str]]:
+    from dynlogits.adapters.sglang.compat import import_sglang_srt
+
+    import_sglang_srt()
+    from dynlogits.adapters.sglang.custom_params import encode_carried
+    from dynlogits.adapters.sglang.processor import FAILURES, DynamoSglangLogitProcessor
+    from dynlogits.specs import WIRE_KEY
+
+    params: dict[int, dict[str, Any]] = {}
+    start = len(FAILURES)
+
+    def call(logits: torch.Tensor, rows: list[int], payloads: list, histories: list) -> list[str]:
+        custom = []
+        for payload, history in zip(payloads, histories):
+            p = params.setdefault(id(payload), {WIRE_KEY: encode_carried(payload)})
+            p["__req__"] = SimpleNamespace(origin_input_ids=[2, 3], output_ids=list(history), eos_token_ids={EOS},
+                                           kv=SimpleNamespace(kv_committed_len=2 + len(history)),
+                                           sampling_params=SimpleNamespace(ignore_eos=False, stop_token_ids=None))
+            custom.append(p)
+        DynamoSglangLogitProcessor()(logits, custom)
+        return list(FAILURES)[start:]
+
+    call.failures = lambda: list(FAILURES)[start:]  # type: ignore[attr-defined]
+    return call
+
+
+def _apply_rows_entry() -> Callable[..., list[str]]:
+    report: list[str] = []
+    realize = realizing(report)
+
+    def call(logits: torch.Tensor, rows: list[int], payloads: list, histories: list) -> list[str]:
+        sdk.drain()  # as an adapter on sdk.apply_rows does first in every call (dynlogits.sdk.readback)
+        sdk.apply_rows(logits, rows, realize(logits, payloads, histories), histories)  # type: ignore[arg-type]
+        return report
+
+    call.failures = lambda: list(report)  # type: ignore[attr-defined]
+    return call
+
+
+ROW_ENGINES = {"tensorrt-llm": _trtllm_entry, "sglang": _sglang_entry, "sdk.apply_rows": _apply_rows_entry}
+
+
+# -- a failure at the last step, and what the engine calls after it ------------------------------
+#: What an engine may do after the step in which a request failed on the device (that request then
+#: samples the stop token it was fail-stopped to, and the engine ends it):
+#: ``apply``: more steps, on empty logits (``[0, vocab]``: nothing left to sample);
+#: ``hosted``: more steps whose rows are all hosted requests (the resident path has no row);
+#: ``calls``: no sampling at all, only batch bookkeeping (V1 ``update_state``, V2
+#: ``apply_staged_writes``/``add_request``; a row-wise engine: another request's calls);
+#: ``idle``: nothing at all.
+AFTER = ("apply", "hosted", "calls", "idle")
+
+
+def failure_then(sim: SimCuda, runner: str, after: str, *, settle_s: float = 10.0, lag: bool = False) -> list[str]:
+    """One request whose forced token the grammar masks, alone with nothing else to apply (``runner``:
+    ``v1``, ``v2`` or a ``ROW_ENGINES`` name); its failing step is the engine's last step for it,
+    then the device catches up and the engine does ``after`` (``AFTER``) three times, and the
+    reports are read once nothing waits for the device (at most ``settle_s`` seconds: an idle
+    engine relies on the watcher). ``lag`` (V1): the engine removes the request before the device
+    has run the failing step (the host runs ahead, as under async scheduling). Returns the
+    failures the adapter reported."""
+    if after not in AFTER:
+        raise ValueError(f"after must be one of {AFTER}")
+    quiet = logging.getLogger("dynlogits")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        if runner == "v1":
+            reports = _failure_then_v1(sim, after, lag)
+        elif runner == "v2":
+            reports = _failure_then_v2(sim, after)
+        else:
+            reports = _failure_then_rows(sim, after, ROW_ENGINES[runner])
+        INBOX.wait_settled(settle_s)
+        return list(reports())
+    finally:
+        quiet.setLevel(level)
+
+
+def _failure_then_v1(sim: SimCuda, after: str, lag: bool) -> Callable[[], Sequence[str]]:
+    from vllm.v1.sample.logits_processor import BatchUpdateBuilder
+
+    from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
+
+    vocab = 64
+    with sim.paused():
+        processor = DynamoVllmLogitsProcessor(_v1_config(vocab, 8), sim.device, True)
+    builder = BatchUpdateBuilder()
+    output: list[int] = []
+    builder.added.append((0, _params(FAILING), [2, 3], output))
+    hosted: list[int] = []
+    if after == "hosted":
+        builder.added.append((1, _params(HOSTED), [2, 3], hosted))
+    rows = 1 + (after == "hosted")
+    gen = torch.Generator().manual_seed(0)
+    processor.update_state(builder.get_and_reset(rows))
+    logits = _logits(sim, rows, vocab, gen)
+    _grammar(sim, logits, [0])
+    processor.apply(logits)
+    with sim.paused():
+        sampled = _sampled(sim, logits)
+        output.append(sampled[0])
+        hosted.append(sampled[-1])
+    if not lag:
+        sim.advance()  # the device runs the failing step during the next forward
+    if after != "idle":  # an idle engine schedules nothing: no batch update reaches the adapter either
+        builder.removed_append(0)  # the request sampled its stop token: the scheduler ends it
+        if after == "hosted":
+            builder.moved.append((1, 0, _one_way()))
+        processor.update_state(builder.get_and_reset(rows - 1))
+    sim.advance()
+    for _ in range(3):
+        if after == "apply":
+            processor.apply(_logits(sim, 0, vocab, gen))
+        elif after == "hosted":
+            logits = _logits(sim, 1, vocab, gen)
+            processor.apply(logits)
+            with sim.paused():
+                hosted.append(_sampled(sim, logits)[0])
+        elif after == "calls":
+            processor.update_state(None)
+        sim.advance()
+    return lambda: processor.failures
+
+
+def _one_way() -> Any:
+    from vllm.v1.sample.logits_processor import MoveDirectionality
+
+    return MoveDirectionality.UNIDIRECTIONAL
+
+
+def _failure_then_v2(sim: SimCuda, after: str) -> Callable[[], Sequence[str]]:
+    from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
+    from dynlogits.adapters.vllm.harness import V2SamplerHarness
+
+    vocab = 64
+    config = SimpleNamespace(speculative_config=None, use_v2_model_runner=True, model_config=None)
+    with sim.paused():
+        harness = V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=vocab, max_num_reqs=4, max_model_len=64,
+                                   vllm_config=config, device=sim.device, to_device=sim.wrap)
+        failing, hosted = _params(FAILING), _params(HOSTED)
+    processor = harness.processor
+    harness_add(harness, sim, "fail", failing)
+    batch = ["fail"]
+    if after == "hosted":
+        harness_add(harness, sim, "hosted", hosted)
+        batch.append("hosted")
+    gen = torch.Generator().manual_seed(0)
+    processor.apply_staged_writes()
+    with sim.paused():
+        ctx = harness.context(batch, {})
+    logits = _logits(sim, len(batch), vocab, gen)
+    _grammar(sim, logits, [0])
+    processor.apply(logits, ctx)
+    with sim.paused():
+        for q, token in zip(batch, _sampled(sim, logits)):
+            harness.commit(q, [token])
+        harness.remove_request("fail")  # it sampled its stop token: the scheduler ends it
+    sim.advance()
+    batch.remove("fail")
+    for step in range(3):
+        if after == "calls" and step == 1:  # a request without a payload arrives in the freed slot
+            with sim.paused():
+                plain = _params([])
+            harness_add(harness, sim, "plain", plain)
+        if after != "idle":
+            processor.apply_staged_writes()
+        if after in ("apply", "hosted"):
+            with sim.paused():
+                ctx = harness.context(batch, {})
+            logits = _logits(sim, len(batch), vocab, gen)
+            processor.apply(logits, ctx)
+            with sim.paused():
+                for q, token in zip(batch, _sampled(sim, logits)):
+                    harness.commit(q, [token])
+        sim.advance()
+    return lambda: processor.failures
+
+
+def _failure_then_rows(sim: SimCuda, after: str, engine: Callable[[], RowCall]) -> Callable[[], Sequence[str]]:
+    vocab = 64
+    entry = engine()
+    gen = torch.Generator().manual_seed(0)
+    other = builtin_payloads(vocab)[0]
+    payloads, histories = ([FAILING, other], [[], []]) if after != "idle" else ([FAILING], [[]])
+    logits = _logits(sim, len(payloads), vocab, gen)
+    _grammar(sim, logits, [0])
+    entry(logits, list(range(len(payloads))), payloads, histories)
+    sim.advance()
+    if after != "idle":  # the failing request has ended: only the other request's rows follow
+        history = histories[1]
+        for _ in range(3):
+            logits = _logits(sim, 1, vocab, gen)
+            entry(logits, [0], [other], [history])
+            with sim.paused():
+                history.append(_sampled(sim, logits)[0])
+            sim.advance()
+    return entry.failures  # type: ignore[attr-defined]

@@ -16,7 +16,9 @@ translation of its engine's calling convention onto them:
    ``apply_draft_row`` for a speculative draft row) takes rows and histories every step (any
    engine, any kind; planned by ``plans``); ``SlotBatch`` (``dynlogits.sdk.resident``) keeps
    resident requests' built-in kinds on the device per persistent slot, for engines that have
-   slots (no per-step planning).
+   slots (no per-step planning). Failures found on the device reach the host without waiting
+   for it: an adapter calls ``drain`` first in every call its engine makes, and a watcher thread
+   covers an engine that goes idle (``dynlogits.sdk.readback``).
 
 Layout: one module per duty (``activation``, ``realization``, ``locate``, ``guard`` with
 ``readback``, ``apply`` with ``plans``); ``resident/`` is the slot path's internals.
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from .apply import apply_draft_row, apply_row, apply_rows
     from .guard import FailureReport, GuardedRequest, pick_stop_token
     from .locate import histories_from_ids
+    from .readback import drain
     from .realization import realize, validate
     from .resident import DeviceThinking, SlotBatch
 
@@ -50,6 +53,7 @@ _LAZY = {
     "GuardedRequest": "guard",
     "pick_stop_token": "guard",
     "histories_from_ids": "locate",
+    "drain": "readback",
     "realize": "realization",
     "validate": "realization",
     "DeviceThinking": "resident",
@@ -67,6 +71,7 @@ __all__ = [
     "apply_draft_row",
     "apply_row",
     "apply_rows",
+    "drain",
     "encode_payload",
     "gate",
     "histories_from_ids",

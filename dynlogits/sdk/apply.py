@@ -4,9 +4,10 @@ Each request plans its step (``GuardedRequest.plan``); the plans go to
 ``dynlogits.sdk.plans.apply_plans``, which applies every built-in kind to all rows that need it with a
 few tensor ops per step and calls opaque processors (``python`` kind, plug-ins) on their own row.
 A request whose planning or processor fails is fail-stopped on its row(s) and reported once; the
-others are applied in full. A row left with no token to sample (``dynlogits.sdk.guard``) is
-fail-stopped on the device in the same step and its request fails once the host learns it.
-Nothing here raises for one request's fault.
+others are applied in full. A row left with no token to sample (``dynlogits.sdk.guard``: its
+restricted ids all masked, or, after a ``python`` or plug-in processor, no finite logit) is
+fail-stopped on the device in the same step and its request fails once the host learns it
+(``dynlogits.sdk.readback``). Nothing here raises for one request's fault.
 
 This is the path for engines that hand over rows and histories every step (SGLang, TensorRT-LLM,
 transformers, and requests with opaque processors on vLLM). Engines with persistent request slots
@@ -15,13 +16,14 @@ run built-in kinds on the resident path (``dynlogits.sdk.resident``), which buil
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
-from .guard import GuardedRequest
-from .plans import apply_plans
-from .readback import DeviceFlags
+from .guard import NO_FINITE_LOGIT, NO_TOKEN_LEFT, GuardedRequest
+from .plans import EmptyRows, apply_plans
+from .readback import INBOX, DeviceFlags
 from dynlogits.uploads import to_device
 
 __all__ = ["apply_draft_row", "apply_row", "apply_rows", "stop_rows_where"]
@@ -60,19 +62,36 @@ def apply_rows(
         i = live[j]
         requests[i].fail_with(exc, histories[i])
 
-    dead = apply_plans(logits, [rows[i] for i in live], plans, [histories[i] for i in live], on_error=failed)
-    if dead is not None:
-        stoppable = [j for j, i in enumerate(live) if requests[i].stop_token_id is not None]
-        if stoppable:
-            index = to_device(stoppable, torch.long, logits.device)
-            stop_rows_where(logits, [rows[live[j]] for j in stoppable],
-                            [requests[live[j]].stop_token_id for j in stoppable], dead[index])  # type: ignore[misc]
-        flags = DeviceFlags(dead)
+    empty = apply_plans(logits, [rows[i] for i in live], plans, [histories[i] for i in live], on_error=failed)
+    if empty is not None:
+        _stop_empty_rows(logits, [rows[i] for i in live], [requests[i] for i in live], empty)
+        flags = DeviceFlags(empty.dead)
+        noted = [requests[i] for i in live]
         for j, i in enumerate(live):
-            requests[i].note_dead(flags, j, len(histories[i]))
+            reason = NO_FINITE_LOGIT if j in empty.opaque else NO_TOKEN_LEFT
+            requests[i].note_dead(flags, j, reason.format(n=len(histories[i])))
+        INBOX.when_landed(flags.landed, lambda: [r.poll() for r in noted], logits.device)
     for row, request in zip(rows, requests):
         if request.failed:
             request.force_stop(logits[row])
+
+
+def _stop_empty_rows(logits: torch.Tensor, rows: Sequence[int], requests: Sequence[GuardedRequest],
+                     empty: EmptyRows) -> None:
+    """Fail-stop, on the device, the rows ``empty`` flags whose requests have a stop token: the
+    stop token becomes the one choice of the row (rows an opaque processor left are masked whole
+    first: they may hold ``+inf`` or NaN)."""
+    stoppable = [j for j, request in enumerate(requests) if request.stop_token_id is not None]
+    if not stoppable:
+        return
+    device = logits.device
+    dead = empty.dead.index_select(0, to_device(stoppable, torch.long, device))
+    opaque = [k for k, j in enumerate(stoppable) if j in empty.opaque]
+    if opaque:
+        at = to_device([rows[stoppable[k]] for k in opaque], torch.long, device)
+        whole = dead.index_select(0, to_device(opaque, torch.long, device))
+        logits.index_copy_(0, at, logits.index_select(0, at).masked_fill_(whole[:, None], -math.inf))
+    stop_rows_where(logits, [rows[j] for j in stoppable], [requests[j].stop_token_id for j in stoppable], dead)  # type: ignore[misc]
 
 
 def apply_row(request: GuardedRequest, history: Sequence[int], row: torch.Tensor) -> torch.Tensor:
@@ -93,9 +112,9 @@ def apply_draft_row(request: GuardedRequest, history: Sequence[int], row: torch.
         return
     try:
         plan = request.processor.plan(history)
-        dead = apply_plans(row.unsqueeze(0), [0], [plan], [history])
+        empty = apply_plans(row.unsqueeze(0), [0], [plan], [history])
     except Exception:  # stop this draft row only (see above)
         request.force_stop(row)
         return
-    if dead is not None and request.stop_token_id is not None:
-        stop_rows_where(row.unsqueeze(0), [0], [request.stop_token_id], dead)
+    if empty is not None:
+        _stop_empty_rows(row.unsqueeze(0), [0], [request], empty)

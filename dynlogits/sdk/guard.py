@@ -13,13 +13,16 @@ A request also fails when a step leaves its row with **no token to sample**: its
 restrict the row to a few ids (a forced token, an allowed set) and all of them are masked, by the
 engine's grammar bitmask or by the request's own entries (forcing never unmasks). The apply paths
 find this on the device; the row is fail-stopped there in the same step, and the host records the
-failure (``note_dead``) once the device's answer is back, without waiting for it.
+failure once the device's answer is back, without waiting for it (``dynlogits.sdk.readback``:
+whatever the engine calls next, or on the watcher thread when it calls nothing). Recording a
+failure (``fail``, ``poll``) is safe from any thread.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -41,6 +44,13 @@ NO_TOKEN_LEFT = (
     "no token left to sample at output position {n}: every token its processors allow is masked "
     "(a forced or allowed token masked by the engine's grammar, or by another entry)"
 )
+#: The same for a row a ``python`` or plug-in processor left with no finite logit.
+NO_FINITE_LOGIT = (
+    "no token left to sample at output position {n}: no logit of its row is finite after its "
+    "processors (an opaque processor masked every token the others left)"
+)
+
+_STATE = threading.RLock()  # a request's failure state: recorded from the engine's thread or the watcher
 
 
 def pick_stop_token(eos_token_id: int | None, stop_token_ids: Iterable[int] | None, vocab_size: int) -> int | None:
@@ -75,7 +85,7 @@ class GuardedRequest:
         self.stop_token_id = stop_token_id
         self.error = error
         self._report = report
-        self._pending: list[tuple[DeviceFlags, int, int]] = []
+        self._pending: list[tuple[DeviceFlags, int, str]] = []
 
     @property
     def failed(self) -> bool:
@@ -102,30 +112,35 @@ class GuardedRequest:
         self.fail(f"{self.processor!r} raised at output position {len(history)}: {type(exc).__name__}: {exc}",
                   exc_info=True)
 
-    def note_dead(self, flags: DeviceFlags, index: int, position: int) -> None:
-        """``flags[index]`` (on its way from the device) says whether the row at ``position`` had
-        no token left; the request fails with ``NO_TOKEN_LEFT`` once it is known to."""
-        self._pending.append((flags, index, position))
+    def note_dead(self, flags: DeviceFlags, index: int, reason: str) -> None:
+        """``flags[index]`` (on its way from the device) says whether this request's row was left
+        with no token; the request fails for ``reason`` once it is known to (``poll``)."""
+        with _STATE:
+            self._pending.append((flags, index, reason))
         self.poll()
 
     def poll(self) -> None:
         """Record the failures the device has reported back by now (never waits)."""
-        while self._pending and self.error is None:
-            flags, index, position = self._pending[0]
-            values = flags.ready()
-            if values is None:
-                return
-            self._pending.pop(0)
-            if values[index]:
-                self.fail(NO_TOKEN_LEFT.format(n=position))
-        if self.error is not None:
-            self._pending.clear()
+        if not self._pending:
+            return
+        with _STATE:
+            while self._pending and self.error is None:
+                flags, index, reason = self._pending[0]
+                values = flags.ready()
+                if values is None:
+                    return
+                self._pending.pop(0)
+                if values[index]:
+                    self.fail(reason)
+            if self.error is not None:
+                self._pending.clear()
 
     def fail(self, reason: str, *, exc_info: bool = False) -> None:
         """Fail the request for ``reason`` (logged and reported once; later calls do nothing)."""
-        if self.error is not None:
-            return
-        self.error = reason
+        with _STATE:
+            if self.error is not None:
+                return
+            self.error = reason
         ending = (
             f"ending the request with stop token {self.stop_token_id}"
             if self.stop_token_id is not None

@@ -18,16 +18,19 @@ skipped and every other plan is applied in full. A grouped op cannot fail on a r
 in that group are failed and the rest of the batch goes on.
 
 Rows left with no token: a plan whose steps restrict its row to a few ids (``ForceToken``,
-``KeepOnly``) has a *witness*, the ids the last such step kept. ``apply_plans`` returns, on the
-device and without synchronizing, whether each plan's witness ids are all ``-inf`` after all its
-steps: then the row has no token to sample (its forced token was masked by the engine's grammar,
-say) and the caller fails that request (``dynlogits.sdk.apply``).
+``KeepOnly``) has a *witness*, the ids the last such step kept; a plan with an opaque step has its
+whole row checked (an opaque processor may mask anything). ``apply_plans`` returns, on the device
+and without synchronizing, whether each plan's witness ids are all ``-inf`` (or, with an opaque
+step, whether no logit of its row is finite) after all its steps: then the row has no token to
+sample (its forced token was masked by the engine's grammar, say) and the caller fails that
+request (``dynlogits.sdk.apply``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,7 +39,7 @@ from dynlogits.processors.ops import ROW_OPS, AddBias, ForceToken, KeepOnly, Mas
 
 from dynlogits.uploads import to_device
 
-__all__ = ["Plan", "Step", "apply_plans", "fill_rows", "row_runs"]
+__all__ = ["EmptyRows", "Plan", "Step", "apply_plans", "fill_rows", "row_runs"]
 
 NEG_INF = -math.inf
 
@@ -118,9 +121,20 @@ _APPLY: dict[type, Callable[[torch.Tensor, list[Any]], None]] = {
 }
 
 
-def _witness_dead(logits: torch.Tensor, rows: Sequence[int], witnesses: dict[int, RowOp]) -> torch.Tensor | None:
-    """Per plan, on the device: whether its witness ids are all -inf (``False`` without a witness)."""
-    if not witnesses:
+@dataclass(frozen=True)
+class EmptyRows:
+    """``dead[i]`` (device bool): plan ``i``'s row was left with no token to sample; ``opaque``: the
+    plans with an opaque step, whose whole row was checked for a finite logit."""
+
+    dead: torch.Tensor
+    opaque: frozenset[int]
+
+
+def _empty_rows(logits: torch.Tensor, rows: Sequence[int], witnesses: dict[int, RowOp],
+                opaque: set[int]) -> EmptyRows | None:
+    """Per plan, on the device: whether its witness ids are all -inf, or, for a plan with an opaque
+    step, no logit of its row is finite (``False`` for a plan with neither)."""
+    if not witnesses and not opaque:
         return None
     dead = torch.zeros(len(rows), dtype=torch.bool, device=logits.device)
     forced = [(i, op.token_id) for i, op in witnesses.items() if isinstance(op, ForceToken)]
@@ -132,7 +146,12 @@ def _witness_dead(logits: torch.Tensor, rows: Sequence[int], witnesses: dict[int
         if isinstance(op, KeepOnly):
             idx, _ = op.index.get(logits)
             dead[i] = torch.isneginf(logits[rows[i]].index_select(0, idx)).all()
-    return dead
+    if opaque:
+        order = sorted(opaque)
+        plans = _index(logits, order)
+        empty = ~torch.isfinite(logits.index_select(0, _index(logits, [rows[i] for i in order]))).any(1)
+        dead.index_copy_(0, plans, dead.index_select(0, plans) | empty)
+    return EmptyRows(dead, frozenset(opaque))
 
 
 def apply_plans(
@@ -148,11 +167,12 @@ def apply_plans(
     ``logits`` is ``[num_rows, vocab]``; each row appears at most once in ``rows``. Opaque steps
     are called as ``step(histories[i], logits[rows[i]])``; one that raises is reported through
     ``on_error`` (or re-raised when ``on_error`` is ``None``) and the rest of its plan is skipped,
-    while every other plan is applied in full. Returns a device bool tensor, one per plan, true
-    where the plan's row has no token left (see the module doc), or ``None`` when no plan
-    restricts its row. Never synchronizes with the device for built-in steps.
+    while every other plan is applied in full. Returns, on the device, which plans' rows have no
+    token left (``EmptyRows``, see the module doc), or ``None`` when no plan restricts its row or
+    runs an opaque step. Never synchronizes with the device for built-in steps.
     """
     failed: set[int] = set()
+    opaque: set[int] = set()
 
     def fail(i: int, exc: Exception) -> None:
         if on_error is None:
@@ -175,6 +195,7 @@ def apply_plans(
                 continue
             try:
                 step(histories[i], logits[rows[i]])
+                opaque.add(i)
             except Exception as exc:
                 fail(i, exc)
         for op_type, members in groups.items():
@@ -185,4 +206,5 @@ def apply_plans(
                     fail(i, exc)
     for i in failed:
         witnesses.pop(i, None)
-    return _witness_dead(logits, rows, witnesses)
+        opaque.discard(i)
+    return _empty_rows(logits, rows, witnesses, opaque)

@@ -22,6 +22,7 @@ from dynlogits.roles import DisaggregationMode
 from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, LogitsProcessorSpec, encode_entries, kinds
 from dynlogits.specs.schema import golden_vectors
 
+from . import plugin_kinds
 from .driver import AdapterDriver, EngineReadFaults
 from .faults import BAN_ID_FACTORY, RAISE_AFTER_FACTORY, SCALE_FACTORY
 
@@ -354,6 +355,39 @@ def a_row_operation_beyond_the_width_fails_only_its_request(driver: AdapterDrive
                          report_says="outside the logits width")
 
 
+def a_raising_plugin_kind_fails_only_its_request(driver: AdapterDriver) -> None:
+    """A plug-in kind (the kit's own ``kit.raise_after``, ``dynlogits.testing.plugin_kinds``) whose
+    processor raises fail-stops its own request (reported once); the others go on."""
+    bad = [{"kind": "kit.raise_after", "after": 1}]
+    with plugin_kinds.registered():
+        driver.admit(bad)
+        _bad_beside_good(driver, bad, _forced([64, 65, 66, 67]), steps=3, stopped_from=1,
+                         what="raising plug-in request", report_says="injected fault")
+
+
+def a_plugin_kind_that_empties_its_row_fails_only_its_request(driver: AdapterDriver) -> None:
+    """A plug-in kind's processor (``kit.keep_only``) that restricts its row to ids another entry
+    banned leaves no finite logit: that request is fail-stopped from that step and reported once
+    (its row is checked whole: the adapter cannot know what an opaque processor kept); the others
+    are applied in full."""
+    kept = [84, 85]
+    bad = [{"kind": "banned_tokens", "token_ids": kept}, {"kind": "kit.keep_only", "token_ids": kept}]
+    with plugin_kinds.registered():
+        driver.admit(bad)
+        _bad_beside_good(driver, bad, _forced([86, 87, 88]), steps=2, stopped_from=0,
+                         what="request a plug-in left with no finite logit", report_says="no token left to sample")
+
+
+def a_plugin_row_operation_beyond_the_width_fails_only_its_request(driver: AdapterDriver) -> None:
+    """A plug-in kind (``kit.ban_beyond``) whose row operation names an id beyond the logits width
+    fail-stops its own request (reported once); the others are applied in full."""
+    bad = [{"kind": "kit.ban_beyond", "beyond": 0}]
+    with plugin_kinds.registered():
+        driver.admit(bad)
+        _bad_beside_good(driver, bad, _forced([94, 95, 96]), steps=2, stopped_from=0,
+                         what="plug-in request whose row op is out of range", report_says="outside the logits width")
+
+
 def forcing_never_unmasks_a_token_the_engine_masked(driver: AdapterDriver) -> None:
     """A forced token the engine already masked (its grammar bitmask: ``-inf`` in the logits the
     adapter receives) stays masked: that request has no token left, so it is fail-stopped and
@@ -421,6 +455,9 @@ CHECKS: tuple[Check, ...] = tuple(
         a_raising_processor_fails_only_its_request,
         ids_beyond_the_logits_width_fail_only_their_request,
         a_row_operation_beyond_the_width_fails_only_its_request,
+        a_raising_plugin_kind_fails_only_its_request,
+        a_plugin_kind_that_empties_its_row_fails_only_its_request,
+        a_plugin_row_operation_beyond_the_width_fails_only_its_request,
         forcing_never_unmasks_a_token_the_engine_masked,
         a_failed_engine_read_fails_only_its_request,
     )

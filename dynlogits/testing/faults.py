@@ -3,8 +3,10 @@
 ``raise_after(after)`` raises once a request generated ``after`` tokens (a processor fault);
 ``ban_id(token_id)`` describes its step as a row operation banning one id, which may lie
 outside the logits width (a plug-in bug that must not reach a batched tensor op);
-``scale(scale)`` multiplies a row by a constant (a well-behaved opaque processor). All are
-stateless: their effect depends on the history alone.
+``scale(scale)`` multiplies a row by a constant (a well-behaved opaque processor);
+``keep_only(token_ids)`` masks every other id of its row (an opaque restriction, which leaves the
+row empty when those ids are masked already). All are stateless: their effect depends on the
+history alone. ``dynlogits.testing.plugin_kinds`` ships the faulty ones as plug-in kinds too.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import torch
 from dynlogits.processors.base import IndexCache
 from dynlogits.processors.ops import MaskIds, RowOp, apply_op
 
-__all__ = ["BAN_ID_FACTORY", "RAISE_AFTER_FACTORY", "SCALE_FACTORY", "ban_id", "raise_after", "scale"]
+__all__ = ["BAN_ID_FACTORY", "KEEP_ONLY_FACTORY", "RAISE_AFTER_FACTORY", "SCALE_FACTORY", "ban_id", "keep_only",
+           "raise_after", "scale"]
 
 RAISE_AFTER_FACTORY = "dynlogits.testing.faults:raise_after"
 SCALE_FACTORY = "dynlogits.testing.faults:scale"
 BAN_ID_FACTORY = "dynlogits.testing.faults:ban_id"
+KEEP_ONLY_FACTORY = "dynlogits.testing.faults:keep_only"
 
 
 class RaiseAfter:
@@ -67,3 +71,21 @@ def raise_after(after: int = 1) -> RaiseAfter:
 
 def scale(scale: float = 2.0) -> Scale:
     return Scale(scale)
+
+
+class KeepOnly:
+    """Restricts its row to ``token_ids`` by writing ``-inf`` everywhere else (an opaque processor,
+    so the adapter cannot know which ids it kept: its row is checked whole)."""
+
+    def __init__(self, token_ids: Sequence[int]) -> None:
+        self.token_ids = list(token_ids)
+
+    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
+        index = torch.tensor(self.token_ids, dtype=torch.long, device=logits.device)
+        kept = logits.index_select(0, index)
+        logits.fill_(float("-inf"))
+        logits.index_copy_(0, index, kept)
+
+
+def keep_only(token_ids: Sequence[int]) -> KeepOnly:
+    return KeepOnly(token_ids)

@@ -245,14 +245,17 @@ class SimCuda(TorchDispatchMode):
 
     # -- internals --------------------------------------------------------------------------------
     def _complete(self, seq: int) -> None:
-        self._completed = max(self._completed, seq)
+        """Land the copies up to event ``seq``, then mark it done (in that order: another thread
+        may read a copy as soon as its event says so)."""
+        done = max(self._completed, seq)
         keep = []
         for at, dst, src in self._pending:
-            if at <= self._completed:
+            if at <= done:
                 dst.copy_(src)
             else:
                 keep.append((at, dst, src))
         self._pending = keep
+        self._completed = done
 
     def _synchronize(self, device: Any = None) -> None:
         """``torch.cuda.synchronize``: the host waits for everything queued."""

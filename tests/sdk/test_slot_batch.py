@@ -303,7 +303,6 @@ def test_a_masked_forced_row_without_a_stop_token_is_failed_and_left_with_no_tok
     for row, slot in enumerate(host_slots):
         if masked[slot]:
             logits[row, forced] = NEG
-    before = logits.clone()
     if source.startswith("histories"):
         batch.apply(logits, histories=[[3] * generated] * 4)
     elif source == "generated":

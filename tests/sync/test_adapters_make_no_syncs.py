@@ -6,14 +6,12 @@ and the failing request is still reported (its flags are read from a copy that h
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from dynlogits import sdk
-from dynlogits.bench.sync_drive import EOS, Scenario, drive_apply_rows, drive_v1, drive_v2
+from dynlogits.bench.sync_drive import EOS, ROW_ENGINES, Scenario, drive_apply_rows, drive_v1, drive_v2, realizing
 from dynlogits.testing.simcuda import SimCuda
 
 NO_TOKEN_LEFT = "no token left to sample"
@@ -83,72 +81,6 @@ def test_vllm_model_runner_v2_hosted_kind_reads_back_only_its_histories() -> Non
     assert result.syncs and all("row_histories" in s.where for s in result.syncs), _where(result)
 
 
-def _realizing(report: list[str]) -> Callable[[torch.Tensor, list, list], list[sdk.GuardedRequest | None]]:
-    realized: dict[int, sdk.GuardedRequest | None] = {}
-
-    def get(logits: torch.Tensor, payloads: list, _: list) -> list[sdk.GuardedRequest | None]:
-        return [realized.setdefault(id(p), sdk.realize(p, vocab_size=logits.shape[-1], stop_token_id=EOS,
-                                                       report=report.append)) for p in payloads]
-
-    return get
-
-
-def _trtllm_entry() -> Callable[..., list[str]]:
-    from dynlogits.adapters.trtllm.processor import FAILURES, DynamoTrtllmLogitsProcessor
-
-    made: dict[int, Any] = {}
-    start = len(FAILURES)
-
-    def call(logits: torch.Tensor, rows: list[int], payloads: list, histories: list) -> list[str]:
-        for row, payload, history in zip(rows, payloads, histories):
-            proc = made.get(id(payload))
-            if proc is None:  # its first call sees the prompt only: generation starts after it
-                params = SimpleNamespace(end_id=EOS, stop_token_ids=None, ignore_eos=False)
-                proc = made[id(payload)] = DynamoTrtllmLogitsProcessor(payload, sampling_params=params)
-            proc(row, logits[row].view(1, 1, -1), [[2, 3, *history]], None)
-        return list(FAILURES)[start:]
-
-    return call
-
-
-def _sglang_entry() -> Callable[..., list[str]]:
-    from dynlogits.adapters.sglang.compat import import_sglang_srt
-
-    import_sglang_srt()
-    from dynlogits.adapters.sglang.custom_params import encode_carried
-    from dynlogits.adapters.sglang.processor import FAILURES, DynamoSglangLogitProcessor
-    from dynlogits.specs import WIRE_KEY
-
-    params: dict[int, dict[str, Any]] = {}
-    start = len(FAILURES)
-
-    def call(logits: torch.Tensor, rows: list[int], payloads: list, histories: list) -> list[str]:
-        custom = []
-        for payload, history in zip(payloads, histories):
-            p = params.setdefault(id(payload), {WIRE_KEY: encode_carried(payload)})
-            p["__req__"] = SimpleNamespace(origin_input_ids=[2, 3], output_ids=list(history), eos_token_ids={EOS},
-                                           kv=SimpleNamespace(kv_committed_len=2 + len(history)),
-                                           sampling_params=SimpleNamespace(ignore_eos=False, stop_token_ids=None))
-            custom.append(p)
-        DynamoSglangLogitProcessor()(logits, custom)
-        return list(FAILURES)[start:]
-
-    return call
-
-
-def _apply_rows_entry() -> Callable[..., list[str]]:
-    report: list[str] = []
-    realize = _realizing(report)
-
-    def call(logits: torch.Tensor, rows: list[int], payloads: list, histories: list) -> list[str]:
-        sdk.apply_rows(logits, rows, realize(logits, payloads, histories), histories)  # type: ignore[arg-type]
-        return report
-
-    return call
-
-
-ROW_ENGINES = {"tensorrt-llm": _trtllm_entry, "sglang": _sglang_entry, "sdk.apply_rows": _apply_rows_entry}
-
 
 @pytest.mark.parametrize("engine", sorted(ROW_ENGINES))
 def test_row_wise_engines_sequence_never_waits_and_reports_the_failure(engine: str) -> None:
@@ -164,7 +96,7 @@ def test_transformers_reads_back_only_the_generated_ids() -> None:
     from dynlogits.adapters.transformers.processor import DynamoLogitsProcessor
 
     report: list[str] = []
-    realize = _realizing(report)
+    realize = realizing(report)
 
     def entry() -> Callable[..., list[str]]:
         def call(logits: torch.Tensor, rows: list[int], payloads: list, histories: list) -> list[str]:

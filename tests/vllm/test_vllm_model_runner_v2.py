@@ -13,7 +13,6 @@ buffer attributes. vLLM's own V2 loader and admission validator are exercised fo
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import pytest

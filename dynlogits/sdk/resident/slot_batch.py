@@ -41,9 +41,12 @@ Guarantees (what ``SlotBatch`` gives back):
 * a failure touches only the failed request's own rows.
 
 Failures: a row left with no token (a forced or allowed token masked by the engine's grammar, or
-by the request's own entries) is fail-stopped on the device in the same step; its slot's flag is
-read back without waiting, and the request is then failed (``GuardedRequest.fail``) and its slot
-fail-stopped from the next step on. Requests failed on the host are fail-stopped the same way.
+by the request's own entries) is fail-stopped on the device in the same step and its slot's flag
+written; a copy of the flags queued in that same step is read once it lands
+(``dynlogits.sdk.readback``: at the adapter's next call, or by the watcher thread), and the request
+it names (the slot's occupant when the copy was queued, even if it has left since) is then failed
+(``GuardedRequest.fail``) and fail-stopped in whatever slot it holds from the next step on.
+Requests failed on the host are fail-stopped the same way.
 Failing rows on draft positions (``real_rows`` false) stop only that row: the draft may be rejected.
 """
 
@@ -51,6 +54,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -60,10 +64,11 @@ from dynlogits.processors.templates import BiasTemplate
 
 from ..guard import NO_TOKEN_LEFT, GuardedRequest
 from ..plans import fill_rows, row_runs
+from ..readback import INBOX
 from .slot_groups import GROUP_TYPES, Dead, Group, KnownRows, MaskedRows, StepInputs, ThinkingGroup
 from dynlogits.uploads import StepUpload, StepValues
 
-from .staging import SlotFlags, SlotTable
+from .staging import FlagSnapshot, SlotFlags, SlotTable
 
 __all__ = ["SlotBatch", "ThinkingDecider"]
 
@@ -107,7 +112,9 @@ class SlotBatch:
         self._layout_dirty = True
         self._failed_now: list[int] = []
         self._flags_written = False  # flags written since the last snapshot was queued
-        self._flags_awaited = False  # a snapshot queued and not read back yet
+        #: requests a landed snapshot failed (possibly on the watcher thread), to fail-stop in their
+        #: current slot at this instance's next ``apply``/``flush``
+        self._newly_failed: deque[GuardedRequest] = deque()
         self._stops = self._stop.dev[:, 0]
         self._ordered: list[Group] = []  # ``groups`` in entry order (see ``_group_order``)
         self._known_steps: list[tuple[Group, KnownRows]] = []  # the known layout's groups in entry order
@@ -122,14 +129,13 @@ class SlotBatch:
     def assign(self, slot: int, request: GuardedRequest | None) -> bool:
         """Put ``request``'s program in ``slot`` (``None``, or a request that is not resident, clears
         it); returns whether the slot now holds a resident request."""
-        leaving = self.requests[slot]
         self._detach(slot)
         self._set_failed(slot, False)
         self.requests[slot] = None
-        if self._flags.reset(slot, owner=leaving if leaving is not None and leaving.error is None else None):
-            self._flags_written = True  # its flag, if any, is in a grave: the next snapshot reads it
+        resident = request is not None and request.resident
+        self._flags.reset(slot, owner=request if resident else None)
         self._layout_dirty = True
-        if request is None or not request.resident:
+        if not resident:
             return False
         for level, processor in enumerate(request.processor.processors):  # type: ignore[union-attr]
             template = processor.template
@@ -161,6 +167,7 @@ class SlotBatch:
 
     def flush(self) -> None:
         """Copy what ``assign`` staged to the device (once per batch change)."""
+        self._stop_newly_failed()
         changed = self._stop.flush() | self._failed_member.flush()
         self._stops = self._stop.dev[:, 0]
         for group in self.groups.values():
@@ -271,6 +278,7 @@ class SlotBatch:
         ``histories`` is absent); otherwise they are decided on the host from ``histories``.
         ``real_rows`` (masked layout) marks the rows whose history is committed, i.e. not drafts.
         """
+        self._stop_newly_failed()
         if not logits.is_contiguous():
             raise ValueError("the resident path needs contiguous logits")
         if logits.dim() != 2 or logits.shape[1] != self.vocab_size:  # flat indices would spill into the next row
@@ -317,7 +325,10 @@ class SlotBatch:
         if deaths:
             self._record_dead(step, deaths, real_rows)
             self._flags_written = True
-        self._report_failures()
+        if self._flags_written:  # read back in a copy queued now, in the step that wrote them
+            self._flags_written = False
+            snapshot = self._flags.snapshot()
+            INBOX.when_landed(snapshot.landed, lambda: self._read_flags(snapshot), self.device)
 
     def _upload_positions(self, histories: Sequence[Sequence[int]]) -> torch.Tensor | None:
         """Known layout, positions on the host: every row's generated count and what the groups plan
@@ -337,16 +348,6 @@ class SlotBatch:
             rows.planned = planned
         values.push()
         return self._generated_view
-
-    def _report_failures(self) -> None:
-        """Read the flags copy that has landed (if any) *before* queuing the next one: a read of
-        the copy just queued would never see it land while restricted rows stay in the batch."""
-        if self._flags_awaited:
-            self._collect_failures()
-        if self._flags_written and not self._flags_awaited and self._flags.snapshot():
-            self._flags_written, self._flags_awaited = False, True
-            if not self._flags.asynchronous:  # the CPU: the copy is there at once
-                self._collect_failures()
 
     _masked: MaskedRows | None = None
 
@@ -448,24 +449,30 @@ class SlotBatch:
             position = d.positions if d.positions is not None else torch.zeros_like(d.slots)
             self._flags.dev.scatter_reduce_(0, d.slots, torch.where(flagged, position, self._minus_one), reduce="amax")
 
-    def _collect_failures(self) -> None:
-        """Fail the requests whose flags have come back (never waits for the device)."""
-        seen = self._flags.read()
-        if seen is None:
-            return
-        self._flags_awaited = False
-        values, epochs, departed = seen
-        for request, position in departed:  # left its slot before its flag was read (ended, say)
-            request.fail(NO_TOKEN_LEFT.format(n=position))
-        values = values[: self.num_slots]  # not the sentinel's
-        if values.tobytes() == self._no_flags:  # nothing flagged: a byte compare (a numpy reduction's
-            return  # fixed cost is ~10 us with cold caches, as after a forward pass)
-        for slot in np.flatnonzero(values >= 0).tolist():
-            request = self.requests[slot]
-            if request is None or request.failed or slot in self._failed or epochs[slot] != self._flags.epochs[slot]:
-                continue  # (a failed request without a stop token stays flagged: already handled)
-            request.fail(NO_TOKEN_LEFT.format(n=int(values[slot])))
-            self.mark_failed(slot)
+    def _read_flags(self, snapshot: FlagSnapshot) -> None:
+        """Fail the requests a landed snapshot flags (any thread: see ``dynlogits.sdk.readback``);
+        their slots are fail-stopped at the next ``apply``/``flush`` (``_stop_newly_failed``)."""
+        try:
+            values = snapshot.values[: self.num_slots]  # not the sentinel's
+            if values.tobytes() == self._no_flags:  # nothing flagged: a byte compare (a numpy reduction's
+                return  # fixed cost is ~10 us with cold caches, as after a forward pass)
+            for slot in np.flatnonzero(values >= 0).tolist():
+                request = snapshot.owners[slot]
+                if request is None or request.error is not None:
+                    continue  # (a failed request without a stop token stays flagged: already handled)
+                request.fail(NO_TOKEN_LEFT.format(n=int(values[slot])))
+                self._newly_failed.append(request)
+        finally:
+            snapshot.release()
+
+    def _stop_newly_failed(self) -> None:
+        """Fail-stop the slots now held by requests a landed snapshot failed (the request may have
+        left its slot since, or been preempted and re-added to another)."""
+        while self._newly_failed:
+            request = self._newly_failed.popleft()
+            for slot, held in enumerate(self.requests):
+                if held is request:
+                    self.mark_failed(slot)
 
     def mark_failed(self, slot: int) -> None:
         """From the next step on, ``slot``'s program no longer runs and its rows are fail-stopped

@@ -21,7 +21,6 @@ write the same values twice and never touch another id.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 

@@ -10,8 +10,8 @@ Three shapes of traffic, each with one class:
   host-decided tokens), written into one of a ring of pinned buffers and copied non-blocking
   (``StepValues``: always into the same device tensor while the layout stays).
 * ``SlotFlags``: a small per-slot int64 tensor the device writes (the position at which a slot's
-  row was left with no token) and the host reads back through a pinned buffer and an event,
-  answering "not yet" instead of waiting.
+  row was left with no token) and the host reads back through pinned buffers and events
+  (``FlagSnapshot``), answering "not yet" instead of waiting.
 
 On the CPU there is no device to wait for: host and device views share memory, copies are no-ops
 and reads are immediate. Nothing here calls ``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()`` or
@@ -28,7 +28,7 @@ import torch
 
 from dynlogits.uploads import on_accelerator, pinned
 
-__all__ = ["SlotFlags", "SlotTable"]
+__all__ = ["FlagSnapshot", "SlotFlags", "SlotTable"]
 
 
 class SlotTable:
@@ -112,103 +112,66 @@ class SlotTable:
         self._event.record()
 
 
-class SlotFlags:
-    """``dev[slot]``: an int64 per slot the device writes (``fill`` until it does); the host reads a
-    recent copy.
+class FlagSnapshot:
+    """One copy of a ``SlotFlags``' values on its way to the host, with each slot's owner at the
+    moment it was queued (a value is attributed to the request that held the slot then, so a
+    request that left before the copy landed is still found). ``values`` is valid once
+    ``landed()``, until ``release()`` hands the buffer back for reuse."""
 
-    ``reset(slot, owner)`` (a new occupant) sets the slot back to ``fill`` and bumps its epoch; when
-    the departing ``owner`` may have a value on its way, that value is first moved, on the device,
-    to a *grave* owned by it, so a request that ends (its stop token sampled, say) before its flag
-    was read is still reported. ``snapshot()`` queues one copy of slots and graves to the host with
-    the epochs and grave owners of that moment (skipped while the last copy is still in flight: the
-    values are sticky, nothing is lost); ``read()`` returns ``(values, epochs, departed)`` of the
-    last copy that landed (``departed``: each grave owner whose value was set, with that value), or
-    ``None`` until one has, so a value written for a slot's previous occupant is told apart by its
-    epoch. ``values`` is valid until the next ``snapshot`` (its pinned buffer is reused). On the
-    CPU a value is read in the step that writes it: no graves are needed.
+    __slots__ = ("_buffer", "_event", "_pool", "owners", "values")
+
+    def __init__(self, event: Any, buffer: tuple[torch.Tensor, np.ndarray], owners: list[Any],
+                 pool: list[tuple[torch.Tensor, np.ndarray]] | None) -> None:
+        self._event, self._buffer, self.owners, self._pool = event, buffer, owners, pool
+        self.values = buffer[1]
+
+    def landed(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def release(self) -> None:
+        if self._pool is not None:
+            self._pool.append(self._buffer)
+            self._pool = None
+
+
+class SlotFlags:
+    """``dev[slot]``: an int64 per slot the device writes (``fill`` until it does); the host reads
+    copies of it.
+
+    ``reset(slot, owner)`` gives ``slot`` a new occupant and sets it back to ``fill`` (on the device,
+    in stream order: a copy queued before the reset still sees the former occupant's value).
+    ``snapshot()`` queues one copy of every slot with the owners of that moment, into a pinned
+    buffer of its own (a pool: a copy in flight is never overwritten), so a value written in a step
+    is covered by the copy queued at the end of that same step. On the CPU the snapshot is the
+    values themselves, read at once.
     """
 
     def __init__(self, num_slots: int, device: torch.device, *, fill: int = -1) -> None:
         self.num_slots = num_slots
         self.fill = fill
         self.device = device
-        self.epochs = np.zeros(num_slots, dtype=np.int64)
-        self._cuda = on_accelerator(device)
-        self.asynchronous = self._cuda  # whether a snapshot lands later than it is queued
-        self._graves: list[Any] = []  # grave -> its owner (None: free); grave g is dev[num_slots + g]
+        self.asynchronous = on_accelerator(device)  # whether a snapshot lands later than it is queued
         self.dev = torch.full((num_slots,), fill, dtype=torch.int64, device=device)
-        self._landing: tuple[Any, torch.Tensor, np.ndarray, list[Any]] | None = None  # event, host copy, epochs, owners
-        self._landed: tuple[np.ndarray, np.ndarray, list[tuple[Any, int]]] | None = None
-        self._read_from: torch.Tensor | None = None  # the host copy ``_landed`` views
-        self._spare: torch.Tensor | None = None  # a read host copy, for the next snapshot
-        if not self._cuda:
-            self._host_np = self.dev.numpy()
+        self.owners: list[Any] = [None] * num_slots
+        #: pinned host buffers (and their numpy views) no copy is in flight to
+        self._pool: list[tuple[torch.Tensor, np.ndarray]] = []
+        self._live = None if self.asynchronous else (self.dev, self.dev.numpy())
 
-    def reset(self, slot: int, owner: Any = None) -> bool:
-        """A new occupant for ``slot``; whether ``owner``'s value (if any) went to a grave."""
-        graved = False
-        if self._cuda and owner is not None:
-            grave = self._free_grave()
-            self._graves[grave] = owner
-            at = self.num_slots + grave
-            self.dev[at : at + 1].copy_(self.dev[slot : slot + 1], non_blocking=True)
-            graved = True
+    def reset(self, slot: int, owner: Any = None) -> None:
+        """A new occupant (``owner``, or ``None`` for an empty slot) for ``slot``."""
         self.dev[slot : slot + 1].fill_(self.fill)  # not ``dev[slot] = fill``: a blocking copy on CUDA
-        self.epochs[slot] += 1
-        return graved
+        self.owners[slot] = owner
 
-    def _free_grave(self) -> int:
-        for g, owner in enumerate(self._graves):
-            if owner is None:
-                return g
-        grown = max(8, len(self._graves))  # double the graves (a device-side copy of the old values)
-        dev = torch.full((self.dev.shape[0] + grown,), self.fill, dtype=torch.int64, device=self.device)
-        dev[: self.dev.shape[0]].copy_(self.dev, non_blocking=True)
-        self.dev = dev
-        self._graves += [None] * grown
-        return len(self._graves) - grown
-
-    def snapshot(self) -> bool:
-        """Queue a copy of the current values to the host; ``False`` when the last one is still in
-        flight (try again next step: the values are sticky)."""
-        if not self._cuda:
-            return True
-        if self._landing is not None and not self._landing[0].query():
-            return False
-        self._take_landed()
-        host, self._spare = self._spare, None
-        if host is None or host.shape != self.dev.shape or self._landed is not None:
-            host = pinned(tuple(self.dev.shape), torch.int64, self.device)
-        host.copy_(self.dev, non_blocking=True)
+    def snapshot(self) -> FlagSnapshot:
+        """A copy of the current values on its way to the host (never waits)."""
+        if self._live is not None:
+            return FlagSnapshot(None, self._live, list(self.owners), None)
+        if self._pool:
+            buffer = self._pool.pop()
+        else:
+            host = pinned((self.num_slots,), torch.int64, self.device)
+            buffer = (host, host.numpy())
+        buffer[0].copy_(self.dev, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        self._landing = (event, host, self.epochs.copy(), list(self._graves))
-        return True
-
-    def _take_landed(self) -> None:
-        if self._landing is None or not self._landing[0].query():
-            return
-        _, host, epochs, owners = self._landing
-        self._landing = None
-        values = host.numpy()
-        self._read_from = host
-        departed = []
-        for g, owner in enumerate(owners):
-            if owner is not None:
-                value = int(values[self.num_slots + g])
-                if value != self.fill:
-                    departed.append((owner, value))
-                if self._graves[g] is owner:  # read: the grave is free again
-                    self._graves[g] = None
-        if self._landed is not None:  # an earlier landing not read yet: keep its departed owners
-            departed = self._landed[2] + departed
-        self._landed = (values[: self.num_slots], epochs, departed)
-
-    def read(self) -> tuple[np.ndarray, np.ndarray, list[tuple[Any, int]]] | None:
-        if not self._cuda:
-            return self._host_np, self.epochs, []
-        self._take_landed()
-        landed, self._landed = self._landed, None
-        if landed is not None:  # its buffer is reused by the next snapshot, once the caller is done
-            self._spare = self._read_from
-        return landed
+        return FlagSnapshot(event, buffer, list(self.owners), self._pool)
