@@ -220,8 +220,8 @@ usage_common() {
   --model PATH_OR_NAME      model (default: the embedded tiny model, built on first use)
   --host HOST               the frontend's bind address (default 127.0.0.1)
   --port PORT               frontend port (default 8000); workers use the next ports
-  --worker-host HOST        the workers' bind address (default 127.0.0.1: their ports are for the frontend
-                            only; each answers 401 without the deployment's DYN_WORKER_SECRET)
+  --worker-host HOST        the workers' bind address (default \$DYN_WORKER_HOST, else 127.0.0.1: their ports
+                            are for the frontend only; each answers 401 without the deployment's DYN_WORKER_SECRET)
   --api-key-file FILE       API keys (one per line) clients must send as 'Authorization: Bearer KEY'
                             (the openai client's api_key); each key gets its own share of the engine
   --logits-spec FILE        operator logits config (YAML/JSON), given to frontend and workers

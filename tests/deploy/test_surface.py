@@ -157,6 +157,24 @@ def test_the_worker_port_answers_a_caller_without_the_secret_with_401(spec_agg: 
     assert "pid" not in r.text and "allow_request_kinds" not in r.text
 
 
+def test_generation_asked_of_the_worker_port_without_the_secret_costs_nothing(spec_agg: Deployment) -> None:
+    """Four clients asking the worker port for 16 samples of 480 tokens over and over (a normal request
+    took 26 s while this ran before): each a 401 before any work, and normal requests answer."""
+    stats = f"{spec_agg.worker_url(1)}/stats"
+    before = httpx.get(stats, headers=WORKER_AUTH, timeout=30).json()["requests"]
+    body = {"request_id": "x", "prompt": "Hi", "sampling": {"max_tokens": 480, "n": 16, "ignore_eos": True}}
+    abuse = Abuse(lambda: httpx.post(spec_agg.worker_url(1) + "/generate", json=body, timeout=60).status_code,
+                  threads=4)
+    try:
+        wait_until(lambda: len(abuse.outcomes) >= 8, 60, "the abuse to be under way")
+        latencies = normal_latencies(spec_agg)
+    finally:
+        statuses = Counter(abuse.stop())
+    assert set(statuses) == {401}, statuses
+    assert httpx.get(stats, headers=WORKER_AUTH, timeout=30).json()["requests"] == before + len(latencies)
+    assert_prompt(latencies, f"{sum(statuses.values())} generate calls at the worker port without the secret (all 401)")
+
+
 def test_the_worker_port_is_loopback_only_and_open_only_for_liveness(spec_agg: Deployment) -> None:
     worker = spec_agg.named("dynlogits.worker")[0]
     listening = {c.laddr.ip for c in worker.net_connections(kind="inet") if c.status == "LISTEN"}
