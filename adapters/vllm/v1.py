@@ -43,7 +43,6 @@ import numpy as np
 import torch
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor, BatchUpdate, MoveDirectionality
 
-from dynlogits.processors.templates import ThinkingTemplate
 from dynlogits.sdk import GuardedRequest, SlotBatch, apply_rows, drain
 
 __all__ = ["RealizedRequests", "V1RunnerMixin"]
@@ -89,9 +88,10 @@ class RealizedRequests:
         return len(self._held)
 
 
-def _has_thinking(request: GuardedRequest) -> bool:
+def _reads_tokens(request: GuardedRequest) -> bool:
+    """Whether a resident request's kinds read the tokens themselves (not only their count)."""
     return request.processor is not None and any(
-        isinstance(getattr(p, "template", None), ThinkingTemplate) for p in request.processor.processors)
+        getattr(getattr(p, "template", None), "reads_tokens", False) for p in request.processor.processors)
 
 
 class V1RunnerMixin(AdapterLogitsProcessor):
@@ -167,7 +167,7 @@ class V1RunnerMixin(AdapterLogitsProcessor):
                 host_slots[index] = entry.slot
         self._row_histories = histories
         self._hosted_rows = sorted(hosted)
-        self._reads_tokens = [i for i, e in self._entries.items() if e.slot is None or _has_thinking(e.request)]
+        self._reads_tokens = [i for i, e in self._entries.items() if e.slot is None or _reads_tokens(e.request)]
         self._any_resident = bool((host_slots >= 0).any())
         self._resident.set_rows(host_slots)
         self._resident.flush()

@@ -105,11 +105,11 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         drafts = int(getattr(spec, "num_speculative_tokens", 0) or 0)
         # tables as wide as the SlotBatch's (its sentinel row included); a step commits <= 1 + drafts tokens
         self._thinking = DeviceThinking(slots + 1, req_states.device, max_new=1 + drafts)
-        self._layout: np.ndarray | None = None  # idx_mapping_np of the last known layout
+        self._layout: np.ndarray | None = None  # idx_mapping_np of the last listed layout
         #: the last step's slots and what they hold (whether any is active, which are resident and
         #: whether any is, whether any is hosted): reused while the slots and their occupants stay
         self._seen: tuple[np.ndarray, bool, np.ndarray, bool, bool] | None = None
-        self._prompt_offset: torch.Tensor | None = None  # prompt_len - 1 of the known layout's rows
+        self._prompt_offset: torch.Tensor | None = None  # prompt_len - 1 of the listed layout's rows
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
         """Reset slot ``req_idx`` for a new occupant; True when it carries a payload."""
@@ -121,7 +121,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         # tokens it enters with (preempted and resumed), from the host mirrors: no read back
         resumed = max(0, int(self._req_states.prefill_len.np[req_idx]) - int(self._req_states.prompt_len.np[req_idx]))
         self._thinking.assign(req_idx, request if self._is_resident[req_idx] else None, resumed=resumed)
-        self._layout = self._seen = None  # the known layout's slots may hold another occupant now
+        self._layout = self._seen = None  # the listed layout's slots may hold another occupant now
         return request is not None
 
     def apply_staged_writes(self) -> None:
@@ -133,7 +133,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
     def _offset(self, ctx: Any, known: bool) -> torch.Tensor:
         """``prompt_len[slot] - 1`` of each row: the tokens generated before a row (drafts included)
         are ``ctx.pos - offset``, negative on a row still in prefill (discarded: groups clamp). In a
-        known layout the offsets of its rows are kept until the layout changes (a slot's prompt
+        listed layout the offsets of its rows are kept until the layout changes (a slot's prompt
         length changes only with its occupant, and a new occupant resets the layout), and are the
         same tensor meanwhile (``SlotBatch.apply``'s ``pos_offset`` contract)."""
         if known and self._prompt_offset is not None:
@@ -182,7 +182,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
             if relaid:
                 self._resident.set_rows(np.where(resident, slots_in_step, -1))
             self._layout = slots  # the same object while the slots stay: no comparison next step
-            self._resident.use_known_layout()
+            self._resident.use_listed_layout()
             # positions as the runner has them: the resident path subtracts only where it must
             self._resident.apply(logits, pos=ctx.pos if positional else None,
                                  pos_offset=self._offset(ctx, known) if positional else None, thinking=self._thinking.decide)

@@ -1,22 +1,26 @@
-"""Built-in processors, one per wire kind, and what realization builds from them.
+"""Built-in processors, one module per wire kind, and what realization builds from them.
 
-Modules: one per built-in kind (``forced``, ``token_sets``, ``bias``, ``min_tokens``,
-``thinking_budget``), ``base`` (the processor contract), ``ops`` (row operations the batched
-paths apply), ``templates`` (what the resident path compiles), ``request`` (all processors of
-one request) and ``registry`` (kind -> factory: built-ins, plug-in kinds, ``python``).
-``forced_text`` never reaches here (resolved to ``forced_sequence`` on the worker).
+A kind's module (``forced_sequence``, ``banned_tokens``, ``allowed_tokens``, ``logit_bias``,
+``min_tokens``, ``thinking_budget``) holds everything about it that runs on the engine: its
+processor (the per-row step, as a ``RowOp`` where it can be one), its template (every step as data)
+and its resident group (the slot engine's tables and tensor ops). What kinds share: ``base`` (the
+processor contract), ``ops`` (row operations, one row or many), ``slots`` (the resident groups'
+base and layouts), ``uploads`` (host values to the device without blocking), ``request`` (all
+processors of one request) and ``registry`` (kind -> factory: built-ins, plug-in kinds,
+``python``). ``forced_text`` never reaches here (resolved to ``forced_sequence`` on the worker).
 """
 
 from __future__ import annotations
 
+from .allowed_tokens import AllowedTokensProcessor
+from .banned_tokens import BannedTokensProcessor
 from .base import BaseLogitsProcessor, RealizeContext
-from .bias import LogitBiasProcessor
-from .forced import ForcedSequenceProcessor
+from .forced_sequence import ForcedSequenceProcessor
+from .logit_bias import LogitBiasProcessor
 from .min_tokens import MinTokensProcessor
 from .ops import AddBias, ForceToken, KeepOnly, MaskIds, PlannedProcessor, RowOp, apply_op
-from .templates import Template
+from .slots import Template
 from .thinking_budget import ThinkingBudgetProcessor
-from .token_sets import AllowedTokensProcessor, BannedTokensProcessor
 
 __all__ = [
     "AddBias",

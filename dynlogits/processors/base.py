@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from dynlogits.uploads import to_device
+from .uploads import to_device
 
 __all__ = ["BaseLogitsProcessor", "IndexCache", "RealizeContext"]
 

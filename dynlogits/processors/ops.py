@@ -2,9 +2,12 @@
 
 A built-in processor's ``row_op(input_ids)`` returns one ``RowOp`` (or ``None`` for "leave the row
 alone") instead of editing the row itself, so an adapter can apply the same operation to every
-row of a batch that needs it with a few tensor ops (``dynlogits.sdk.plans``) rather than a Python
-loop over rows. ``apply_op`` applies one op to one 1-D row; the processors' own ``__call__`` is
-``apply_op(row_op(...))``, so the per-row and the batched paths share one definition.
+row of a batch that needs it with a few tensor ops rather than a Python loop over rows. Each op
+type says how to do both: ``apply_op`` applies one op to one 1-D row (the processors' own
+``__call__`` is ``apply_op(row_op(...))``), ``BATCHED[type(op)](logits, [(row, op), ...])`` applies
+ops of that type to many rows at once (``dynlogits.sdk.plans``). Row ops are shared by the kinds
+(``forced_sequence`` and ``thinking_budget`` both force a token); a kind's module says which it
+uses.
 
 **Masks are never undone.** ``ForceToken`` makes its token the only possible choice *unless it
 is already masked* (``-inf``: by the engine's grammar bitmask, or by an earlier entry); then the
@@ -17,15 +20,18 @@ logit; when none does after a request's ops, the request is failed with that rea
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, Union, runtime_checkable
+from typing import Any, Protocol, Union, runtime_checkable
 
 import torch
 
 from .base import IndexCache
+from .uploads import to_device
 
 __all__ = [
+    "BATCHED",
+    "ROW_OPS",
     "AddBias",
     "ForceToken",
     "KeepOnly",
@@ -34,8 +40,10 @@ __all__ = [
     "RowOp",
     "apply_op",
     "check_op",
+    "fill_rows",
     "force_keeping_masks",
     "is_restrictive",
+    "row_runs",
 ]
 
 NEG_INF = -math.inf
@@ -127,3 +135,76 @@ def apply_op(op: RowOp | None, row: torch.Tensor) -> None:
         kept = row.index_select(0, idx)
         row.fill_(NEG_INF)
         row.index_copy_(0, idx, kept)
+
+
+# -- many rows at once ------------------------------------------------------------------------------
+def fill_rows(logits: torch.Tensor, runs: Sequence[tuple[int, int]], rows_dev: torch.Tensor | None) -> None:
+    """``-inf`` into whole rows, given as ``runs`` (``row_runs``) and, on an accelerator, as
+    ``rows_dev`` on the device: there one ``index_fill_``, however the rows interleave with others;
+    on the CPU one memset per run (CPU's ``index_fill_`` over dim 0 is several times slower)."""
+    if logits.device.type != "cpu":
+        assert rows_dev is not None
+        logits.index_fill_(0, rows_dev, NEG_INF)
+        return
+    for start, stop in runs:
+        logits[start:stop].fill_(NEG_INF)
+
+
+def row_runs(rows: Sequence[int]) -> list[tuple[int, int]]:
+    """``rows`` as ``[start, stop)`` runs of consecutive indices (in sorted order)."""
+    runs: list[tuple[int, int]] = []
+    for r in sorted(rows):
+        if runs and runs[-1][1] == r:
+            runs[-1] = (runs[-1][0], r + 1)
+        else:
+            runs.append((r, r + 1))
+    return runs
+
+
+def _index(logits: torch.Tensor, values: list[int]) -> torch.Tensor:
+    return to_device(values, torch.long, logits.device)
+
+
+def _pairs(logits: torch.Tensor, items: list[tuple[int, Any]]) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
+    """(row index per id, column ids, per-item value tensors) for ops that carry an IndexCache."""
+    cached = [op.index.get(logits) for _, op in items]
+    cols = torch.cat([idx for idx, _ in cached]) if len(cached) > 1 else cached[0][0]
+    counts = [idx.numel() for idx, _ in cached]
+    rows = torch.repeat_interleave(_index(logits, [r for r, _ in items]), _index(logits, counts), output_size=sum(counts))
+    return rows, cols, [values for _, values in cached]
+
+
+def _mask(logits: torch.Tensor, items: list[tuple[int, MaskIds]]) -> None:
+    rows, cols, _ = _pairs(logits, items)
+    logits.index_put_((rows, cols), logits.new_full((), NEG_INF))  # filled on the device, not copied from the host
+
+
+def _add(logits: torch.Tensor, items: list[tuple[int, AddBias]]) -> None:
+    rows, cols, values = _pairs(logits, items)
+    logits.index_put_((rows, cols), torch.cat(values) if len(values) > 1 else values[0], accumulate=True)
+
+
+def _keep(logits: torch.Tensor, items: list[tuple[int, KeepOnly]]) -> None:
+    rows, cols, _ = _pairs(logits, items)
+    kept = logits[rows, cols]
+    whole = [r for r, _ in items]
+    fill_rows(logits, row_runs(whole), _index(logits, whole) if logits.device.type != "cpu" else None)
+    logits.index_put_((rows, cols), kept)
+
+
+def _force(logits: torch.Tensor, items: list[tuple[int, ForceToken]]) -> None:
+    rows = _index(logits, [r for r, _ in items])
+    tokens = _index(logits, [op.token_id for _, op in items])
+    kept = logits[rows, tokens]
+    fill_rows(logits, row_runs([r for r, _ in items]), rows)
+    logits.index_put_((rows, tokens), kept.masked_fill_(~torch.isneginf(kept), 0.0))  # NaN too: only -inf is a mask
+
+
+#: Op type -> ``(logits, [(row, op), ...]) -> None``: the op applied to every listed row at once (each
+#: row listed once), with tensors the size of the ids involved, never a vocab-sized one per row.
+BATCHED: dict[type, Callable[[torch.Tensor, list[Any]], None]] = {
+    MaskIds: _mask,
+    AddBias: _add,
+    KeepOnly: _keep,
+    ForceToken: _force,
+}

@@ -17,29 +17,22 @@ from typing import Any
 from dynlogits.specs import SpecError
 from dynlogits.specs.kinds import ProcessorKind, plugin_kinds
 
+from . import allowed_tokens, banned_tokens, forced_sequence, logit_bias, min_tokens, thinking_budget
 from .base import BaseLogitsProcessor, RealizeContext
-from .bias import LogitBiasProcessor
-from .forced import ForcedSequenceProcessor
-from .min_tokens import MinTokensProcessor
-from .thinking_budget import ThinkingBudgetProcessor
-from .token_sets import AllowedTokensProcessor, BannedTokensProcessor
 
-__all__ = ["BUILTIN_FACTORIES", "PYTHON_FACTORIES_ENV", "Factory", "check_python_allowed", "factory_for"]
+__all__ = ["BUILTIN_FACTORIES", "BUILTIN_KINDS", "PYTHON_FACTORIES_ENV", "Factory", "check_python_allowed", "factory_for"]
 
 # Comma-separated import strings the operator allows the ``python`` kind to load.
 PYTHON_FACTORIES_ENV = "DYN_LOGITS_PYTHON_FACTORIES"
 
 Factory = Callable[[Any, RealizeContext], BaseLogitsProcessor]
 
+#: The built-in kinds' modules, one per kind (``KIND``, ``factory``, its processor, template and
+#: resident group): the one place that lists them.
+BUILTIN_KINDS = (forced_sequence, banned_tokens, allowed_tokens, logit_bias, min_tokens, thinking_budget)
+
 #: Each factory returns a FRESH processor for one request (no state shared between requests).
-BUILTIN_FACTORIES: Mapping[str, Factory] = {
-    "forced_sequence": lambda e, ctx: ForcedSequenceProcessor(e.token_ids, e.eos_token_id),
-    "banned_tokens": lambda e, ctx: BannedTokensProcessor(e.token_ids),
-    "allowed_tokens": lambda e, ctx: AllowedTokensProcessor(e.token_ids, e.eos_token_id),
-    "logit_bias": lambda e, ctx: LogitBiasProcessor({int(k): v for k, v in e.bias.items()}),
-    "min_tokens": lambda e, ctx: MinTokensProcessor(e.min_tokens, e.stop_token_ids),
-    "thinking_budget": lambda e, ctx: ThinkingBudgetProcessor(e.start_token_ids, e.end_token_ids, e.budget),
-}
+BUILTIN_FACTORIES: Mapping[str, Factory] = {module.KIND: module.factory for module in BUILTIN_KINDS}
 
 
 def _allowed_python_factories(environ: Mapping[str, str]) -> frozenset[str]:

@@ -1,15 +1,46 @@
-"""``thinking_budget``: close a thinking span once it has used its token budget."""
+"""``thinking_budget``: close a thinking span once it has used its token budget: its host
+processor, template and resident group, and the device follower for engines whose token history
+lives on the device.
+
+The span rule is ``docs/specs.md``'s: a span opens right after the generated tokens end with the
+start sequence, closes when the end sequence follows inside it, and once it holds ``budget``
+tokens the next end token is forced (continuing an end sequence the model already began) until
+the span closes; a later start sequence opens a new span with a fresh budget. Whether to force
+depends on the tokens themselves, so the resident group's step is *decided* per row by the adapter
+(``Group.decided``): on the host from the live history (``ThinkingBudgetProcessor.row_op``, the
+V1 runner) or on the device (``DeviceThinking``, Model Runner V2).
+
+``DeviceThinking`` keeps, per slot and entry, the position where the open span began (``-1``:
+closed) after the tokens scanned so far, and how many were scanned. Every step advances it over
+the newly committed tokens only (at most ``max_new`` per step), read from the engine's token
+matrix; each row then advances a private copy over the draft tokens before it (from the step's
+input ids) and decides whether to force. A step costs the same at any sequence length and reads
+nothing back, except that a request entering with many generated tokens (resumed after
+preemption) is scanned once on the host. The engine's ``tokens`` ``[slots, max_len]``,
+``prompt_len`` and ``total_len`` are passed to ``step`` each time (vLLM swaps the buffers behind
+them).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 
-from .ops import ForceToken, RowOp, apply_op
-from .templates import ThinkingTemplate
+from .base import RealizeContext
+from .ops import ForceToken, RowOp, apply_op, row_runs
+from .slots import Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs, Template, force_gathered, force_listed, listed_positions
+from .uploads import StepUpload
 
-__all__ = ["ThinkingBudgetProcessor"]
+if TYPE_CHECKING:
+    from dynlogits.sdk.guard import GuardedRequest
+
+__all__ = ["KIND", "DeviceThinking", "ThinkingBudgetGroup", "ThinkingBudgetProcessor", "ThinkingBudgetTemplate", "factory"]
+
+KIND = "thinking_budget"
 
 #: Placeholder id some engines put in a history before the sampled token is known (vLLM's async
 #: scheduling): never matched, and scanning stops before it until it is replaced.
@@ -43,7 +74,7 @@ class ThinkingBudgetProcessor:
         self.start = tuple(start_token_ids)
         self.end = tuple(end_token_ids)
         self.budget = budget
-        self.template = ThinkingTemplate(self.start, self.end, budget)
+        self.template = ThinkingBudgetTemplate(self.start, self.end, budget)
         self._window = max(len(self.start), len(self.end))
         self._reset()
 
@@ -118,3 +149,271 @@ class ThinkingBudgetProcessor:
 
     def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
         apply_op(self.row_op(input_ids), logits)
+
+
+class ThinkingBudgetGroup(Group):
+    """``thinking_budget``: whether and what to force depends on the tokens written, which the
+    adapter decides (``decisions``: the end token to force per member row, ``-1`` for none): on
+    the host from the live history (V1 runner), or on the device (``DeviceThinking``, below)."""
+
+    restrictive = True
+    decided = True
+
+    def _write(self, slot: int, template: ThinkingBudgetTemplate) -> None:
+        pass  # decided from the request's own processor (host) or the device decider's tables
+
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: np.ndarray,
+                             upload: StepUpload) -> Dead | None:
+        """Known layout, host decisions: only the rows that force are touched."""
+        firing = np.flatnonzero(decisions >= 0)
+        n = len(firing)
+        if not n:
+            return None
+        buf = upload.buffer(3 * n)
+        buf[:n], buf[n : 2 * n], buf[2 * n :] = rows.rows[firing], rows.slots[firing], decisions[firing]
+        values = upload.upload(3 * n)
+        rows_dev, slots, tokens = values[:n], values[n : 2 * n], values[2 * n :]
+        stops = step.stops[slots]
+        base = rows_dev * step.stride
+        forcing = ListedRows(rows.rows[firing], rows.slots[firing], rows_dev, slots, row_runs(rows.rows[firing].tolist()),
+                            base=base)
+        witness = force_listed(step, tokens, forcing)
+        return Dead(rows_dev, slots, witness, listed_positions(step, rows_dev), base + stops.clamp(min=0), stops >= 0)
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, tokens: torch.Tensor) -> Dead:
+        """Device decisions (``tokens[r]``, -1 for none) over every row."""
+        where = rows.member & (tokens >= 0)
+        return Dead(None, rows.slot_of_row, force_gathered(step, tokens, where), step.generated, where=where)
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingBudgetTemplate(Template):
+    """Force the next end token once a span holds ``budget`` tokens (decided per row)."""
+
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+    budget: int
+    group: ClassVar[type[ThinkingBudgetGroup]] = ThinkingBudgetGroup
+    reads_tokens: ClassVar[bool] = True
+
+
+def factory(entry: Any, ctx: RealizeContext) -> ThinkingBudgetProcessor:
+    """A fresh processor for one ``thinking_budget`` entry."""
+    return ThinkingBudgetProcessor(entry.start_token_ids, entry.end_token_ids, entry.budget)
+
+
+# -- followed on the device ------------------------------------------------------------------------
+class ThinkingTables:
+    """Per-slot sequences, budget and span state of one entry position's ``thinking_budget``."""
+
+    def __init__(self, num_slots: int, device: torch.device) -> None:
+        self.start = SlotTable(num_slots, torch.long, device)
+        self.start_len = SlotTable(num_slots, torch.long, device)
+        self.end = SlotTable(num_slots, torch.long, device)
+        self.end_len = SlotTable(num_slots, torch.long, device)
+        self.budget = SlotTable(num_slots, torch.long, device)
+        self.member = SlotTable(num_slots, torch.bool, device, pad=0)
+        self.members: set[int] = set()  # host view of ``member``: the tables go when it is empty
+        self.span = torch.full((num_slots,), -1, dtype=torch.long, device=device)
+        self.scanned = torch.zeros(num_slots, dtype=torch.long, device=device)
+
+    def set(self, slot: int, template: ThinkingBudgetTemplate | None) -> None:
+        if template is None:
+            if slot in self.members:
+                self.members.discard(slot)
+                self.member.set(slot, [0])
+            return
+        self.members.add(slot)
+        self.member.set(slot, [1])
+        self.start.set(slot, template.start)
+        self.start_len.set(slot, [len(template.start)])
+        self.end.set(slot, template.end)
+        self.end_len.set(slot, [len(template.end)])
+        self.budget.set(slot, [template.budget])
+
+    def flush(self) -> None:
+        for table in (self.start, self.start_len, self.end, self.end_len, self.budget, self.member):
+            table.flush()
+
+
+@dataclass
+class _Step:
+    """This step's token source: ``token(slots, positions)`` reads generated token ``positions`` of
+    ``slots`` (committed ones only); ``committed[s]`` how many slot ``s`` has."""
+
+    tokens: torch.Tensor
+    prompt_len: torch.Tensor
+    committed: torch.Tensor
+
+    def token(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        column = (self.prompt_len[slots][:, None] + positions).clamp_(0, self.tokens.shape[1] - 1)
+        return self.tokens[slots.clamp(max=self.tokens.shape[0] - 1)[:, None], column].long()
+
+
+def _ends_with(window: torch.Tensor, seq: torch.Tensor, seq_len: torch.Tensor, upto: torch.Tensor) -> torch.Tensor:
+    """Whether the tokens ending at ``upto`` (exclusive) are ``seq[:seq_len]``: ``window[i, j]`` is
+    the token at ``upto[i] - width + j`` (``width`` = ``seq``'s width, right-aligned)."""
+    width = seq.shape[1]
+    j = torch.arange(width, device=seq.device)
+    offset = width - seq_len  # seq's token k sits at window column offset + k
+    want = seq.gather(1, (j[None, :] - offset[:, None]).clamp(min=0))
+    used = j[None, :] >= offset[:, None]
+    return (upto >= seq_len) & ((window == want) | ~used).all(1)
+
+
+class DeviceThinking:
+    """``thinking_budget`` decisions on the device for a ``SlotBatch``'s thinking groups."""
+
+    def __init__(self, num_slots: int, device: torch.device | str, *, max_new: int = 1) -> None:
+        self.num_slots = num_slots
+        self.device = torch.device(device)
+        self.max_new = max_new  # committed tokens a slot can gain per step (1 + speculative tokens)
+        self.tables: dict[int, ThinkingTables] = {}  # entry position -> tables
+        self._cold: dict[int, GuardedRequest] = {}  # slots to scan on the host before their first step
+        self._step: _Step | None = None
+        self._inputs: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        self._catch_up = 0  # tokens of resumed requests to follow at the next step, on the device
+
+    #: A resumed request with at most this many generated tokens is followed on the device, one
+    #: round of about 20 ops per token at its first step; a longer one is scanned once on the host
+    #: instead (one read back of its history at that batch change: a request preempted after 30,000
+    #: tokens would otherwise queue some 600,000 ops).
+    MAX_DEVICE_CATCH_UP = 16
+
+    def assign(self, slot: int, request: GuardedRequest | None, *, resumed: int = 0) -> None:
+        """``slot``'s occupant (``None`` clears); ``resumed``: it enters with that many generated
+        tokens (preempted and resumed), followed at its first step on the device, or on the host
+        past ``MAX_DEVICE_CATCH_UP``."""
+        self._cold.pop(slot, None)
+        templates: dict[int, ThinkingBudgetTemplate] = {}
+        if request is not None and request.processor is not None:
+            templates = {i: p.template for i, p in enumerate(request.processor.processors)
+                         if isinstance(getattr(p, "template", None), ThinkingBudgetTemplate)}
+        for level in set(self.tables) | set(templates):
+            tables = self.tables.get(level)
+            if tables is None:
+                tables = self.tables[level] = ThinkingTables(self.num_slots, self.device)
+            tables.set(slot, templates.get(level))
+            tables.span[slot : slot + 1].fill_(-1)  # not ``span[slot] = -1``: a blocking copy on CUDA
+            tables.scanned[slot : slot + 1].fill_(0)
+            if not tables.members:  # no thinking request left at this level: steps skip it
+                del self.tables[level]
+        if templates and resumed > self.MAX_DEVICE_CATCH_UP:
+            self._cold[slot] = request  # type: ignore[assignment]
+        elif templates and resumed:
+            self._catch_up = max(self._catch_up, resumed)
+
+    def flush(self) -> None:
+        for tables in self.tables.values():
+            tables.flush()
+
+    def step(self, tokens: torch.Tensor, prompt_len: torch.Tensor, total_len: torch.Tensor, *,
+             input_ids: torch.Tensor | None = None, local_pos: torch.Tensor | None = None,
+             rows_per_request: int = 1) -> None:
+        """Advance every entry's span state over the committed tokens new since the last step, and
+        remember this step's rows: ``input_ids[r]`` is the token fed at row ``r`` and
+        ``local_pos[r]`` how many drafts precede it (both ``None`` without speculative decoding).
+        ``rows_per_request`` bounds a request's rows this step (1 + its drafts): a request commits
+        at most that many tokens by the next step, so ``max_new`` grows to it."""
+        self.max_new = max(self.max_new, rows_per_request)
+        if not self.tables:
+            return
+        pad = self.num_slots - len(prompt_len)  # table rows past the engine's slots (a sentinel) read as empty
+        prompt = torch.nn.functional.pad(prompt_len.long(), (0, pad))
+        committed = torch.nn.functional.pad((total_len.long() - prompt_len.long()).clamp_(min=0), (0, pad))
+        source = _Step(tokens, prompt, committed)
+        self._step = source
+        self._inputs = (input_ids, local_pos)
+        if self._cold:
+            self._scan_cold(source)
+        slots = torch.arange(self.num_slots, device=self.device)
+        rounds = 2 * self.max_new + self._catch_up  # twice the most a step adds (a lag always shrinks),
+        self._catch_up = 0  # plus a resumed request's whole history, once
+        for tables in self.tables.values():
+            for _ in range(rounds):
+                position = tables.scanned
+                fresh = tables.member.dev[:, 0] & (position < source.committed)
+                span = self._advance(tables, slots, tables.span, position + 1, fresh,
+                                     lambda pos: source.token(slots, pos))
+                tables.span.copy_(span)
+                tables.scanned.add_(fresh.long())
+
+    @staticmethod
+    def _advance(tables: ThinkingTables, slots: torch.Tensor, span: torch.Tensor, upto: torch.Tensor,
+                 fresh: torch.Tensor, token_at) -> torch.Tensor:  # noqa: ANN001
+        """The span after the token ending at ``upto`` (only where ``fresh``)."""
+        start, end = tables.start.dev[slots], tables.end.dev[slots]
+        start_len, end_len = tables.start_len.dev[slots, 0], tables.end_len.dev[slots, 0]
+        width = max(start.shape[1], end.shape[1])
+        window = token_at(upto[:, None] - width + torch.arange(width, device=upto.device)[None, :])
+        opens = fresh & (span < 0) & _ends_with(window[:, width - start.shape[1] :], start, start_len, upto)
+        closes = (fresh & (span >= 0) & (upto - span >= end_len)
+                  & _ends_with(window[:, width - end.shape[1] :], end, end_len, upto))
+        return torch.where(opens, upto, torch.where(closes, torch.full_like(span, -1), span))
+
+    def _scan_cold(self, source: _Step) -> None:
+        """Resumed requests: follow their generated tokens once, on the host (a read back)."""
+        for slot, request in list(self._cold.items()):
+            committed = int(source.committed[slot])
+            history = source.tokens[slot, int(source.prompt_len[slot]) : int(source.prompt_len[slot]) + committed].tolist()
+            for level, tables in self.tables.items():
+                if not bool(tables.member.dev[slot, 0]):
+                    continue
+                processor = request.processor.processors[level]  # type: ignore[union-attr]
+                span = processor._scan(history)  # the host automaton, same rule
+                tables.span[slot : slot + 1].fill_(-1 if span is None else span)
+                tables.scanned[slot : slot + 1].fill_(committed)
+        self._cold.clear()
+
+    def _row_tokens(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token at history ``positions[r, :]`` for each row: committed ones from the engine's
+        matrix, the rest from the drafts fed before the row (``input_ids``)."""
+        source = self._step
+        assert source is not None
+        committed = source.committed[slots][:, None]
+        from_matrix = source.token(slots, positions)
+        input_ids, local_pos = self._inputs
+        if input_ids is None or local_pos is None:
+            return from_matrix
+        rows = torch.arange(len(slots), device=slots.device)
+        first = (rows - local_pos.long())[:, None]  # the row fed the last committed token
+        draft_row = (first + positions - committed + 1).clamp_(0, len(input_ids) - 1)
+        return torch.where(positions < committed, from_matrix, input_ids.long()[draft_row])
+
+    def decide(self, group: ThinkingBudgetGroup, rows: GatheredRows) -> torch.Tensor:
+        """The end token each row must be forced to now (``-1``: none): its slot's span state,
+        advanced over the drafts before the row, then the budget rule."""
+        tables = self.tables.get(group.level)
+        source = self._step
+        if tables is None or source is None:
+            return torch.full_like(rows.slot_of_row, -1)
+        slots = rows.slot_of_row.long()
+        member = rows.member & tables.member.dev[slots, 0]
+        committed = source.committed[slots]
+        input_ids, local_pos = self._inputs
+        drafts = torch.zeros_like(committed) if local_pos is None else local_pos.long()
+        span = tables.span[slots].clone()
+        valid = member.clone()
+        for j in range(1, self.max_new):  # the drafts before each row, one position at a time
+            fresh = member & (j <= drafts)
+            if input_ids is not None:
+                first = torch.arange(len(slots), device=slots.device) - drafts
+                valid &= ~(fresh & (input_ids.long()[(first + j).clamp(0, len(input_ids) - 1)] == PLACEHOLDER))
+            span = self._advance(tables, slots, span, committed + j, fresh,
+                                 lambda pos: self._row_tokens(slots, pos))
+        generated = committed + drafts
+        budget = tables.budget.dev[slots, 0]
+        end, end_len = tables.end.dev[slots], tables.end_len.dev[slots, 0]
+        span_len = generated - span
+        fire = valid & (span >= 0) & (span_len >= budget)
+        # how many leading end tokens the history already ends with (continue, do not restart)
+        progress = torch.zeros_like(generated)
+        width = end.shape[1]
+        if width > 1:
+            last = self._row_tokens(slots, generated[:, None] - width + 1 + torch.arange(width - 1, device=slots.device)[None, :])
+            for k in range(1, width):  # the last k tokens == end[:k]
+                tail = last[:, width - 1 - k :]
+                match = (tail == end[:, :k]).all(1) & (k < end_len) & (k <= span_len)
+                progress = torch.where(match, torch.full_like(progress, k), progress)
+        token = end.gather(1, progress[:, None])[:, 0]
+        return torch.where(fire, token, torch.full_like(token, -1))

@@ -5,7 +5,7 @@ steps for this step in payload order (``RequestLogitsProcessor.plan``). A step i
 (built-in kinds, plug-ins that describe their step) or an opaque processor (``python`` kind,
 plug-ins) called on its row. Plans are applied level by level: level ``k`` holds the ``k``-th step
 of every plan; its ``RowOp``s are grouped by type and each group is applied to all of its rows at
-once (index tensors the size of the listed ids, never vocab-sized), then its opaque steps are
+once (``ops.BATCHED``: index tensors the size of the listed ids, never vocab-sized), then its opaque steps are
 called one row at a time. Rows are independent, so this is exactly what applying each request's
 processors to its own row in order would do (``tests/sdk/test_plans.py`` compares both).
 
@@ -28,20 +28,17 @@ request (``dynlogits.sdk.apply``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from dynlogits.processors.ops import ROW_OPS, AddBias, ForceToken, KeepOnly, MaskIds, RowOp
+from dynlogits.processors.ops import BATCHED, ROW_OPS, ForceToken, KeepOnly, RowOp
 
-from dynlogits.uploads import to_device
+from dynlogits.processors.uploads import to_device
 
-__all__ = ["EmptyRows", "Plan", "Step", "apply_plans", "fill_rows", "row_runs"]
-
-NEG_INF = -math.inf
+__all__ = ["EmptyRows", "Plan", "Step", "apply_plans"]
 
 #: One processor step: a ``RowOp``, or an opaque ``processor(input_ids, row)`` to call on the row.
 Step = Any
@@ -53,72 +50,6 @@ OnError = Callable[[int, Exception], None]
 
 def _index(logits: torch.Tensor, values: list[int]) -> torch.Tensor:
     return to_device(values, torch.long, logits.device)
-
-
-def _pairs(logits: torch.Tensor, items: list[tuple[int, Any]]) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
-    """(row index per id, column ids, per-item value tensors) for ops that carry an IndexCache."""
-    cached = [op.index.get(logits) for _, op in items]
-    cols = torch.cat([idx for idx, _ in cached]) if len(cached) > 1 else cached[0][0]
-    counts = [idx.numel() for idx, _ in cached]
-    rows = torch.repeat_interleave(_index(logits, [r for r, _ in items]), _index(logits, counts), output_size=sum(counts))
-    return rows, cols, [values for _, values in cached]
-
-
-def _mask(logits: torch.Tensor, items: list[tuple[int, MaskIds]]) -> None:
-    rows, cols, _ = _pairs(logits, items)
-    logits.index_put_((rows, cols), logits.new_full((), NEG_INF))  # filled on the device, not copied from the host
-
-
-def _add(logits: torch.Tensor, items: list[tuple[int, AddBias]]) -> None:
-    rows, cols, values = _pairs(logits, items)
-    logits.index_put_((rows, cols), torch.cat(values) if len(values) > 1 else values[0], accumulate=True)
-
-
-def fill_rows(logits: torch.Tensor, runs: Sequence[tuple[int, int]], rows_dev: torch.Tensor | None) -> None:
-    """``-inf`` into whole rows, given as ``runs`` (``row_runs``) and, on an accelerator, as
-    ``rows_dev`` on the device: there one ``index_fill_``, however the rows interleave with others;
-    on the CPU one memset per run (CPU's ``index_fill_`` over dim 0 is several times slower)."""
-    if logits.device.type != "cpu":
-        assert rows_dev is not None
-        logits.index_fill_(0, rows_dev, NEG_INF)
-        return
-    for start, stop in runs:
-        logits[start:stop].fill_(NEG_INF)
-
-
-def row_runs(rows: Sequence[int]) -> list[tuple[int, int]]:
-    """``rows`` as ``[start, stop)`` runs of consecutive indices (in sorted order)."""
-    runs: list[tuple[int, int]] = []
-    for r in sorted(rows):
-        if runs and runs[-1][1] == r:
-            runs[-1] = (runs[-1][0], r + 1)
-        else:
-            runs.append((r, r + 1))
-    return runs
-
-
-def _keep(logits: torch.Tensor, items: list[tuple[int, KeepOnly]]) -> None:
-    rows, cols, _ = _pairs(logits, items)
-    kept = logits[rows, cols]
-    whole = [r for r, _ in items]
-    fill_rows(logits, row_runs(whole), _index(logits, whole) if logits.device.type != "cpu" else None)
-    logits.index_put_((rows, cols), kept)
-
-
-def _force(logits: torch.Tensor, items: list[tuple[int, ForceToken]]) -> None:
-    rows = _index(logits, [r for r, _ in items])
-    tokens = _index(logits, [op.token_id for _, op in items])
-    kept = logits[rows, tokens]
-    fill_rows(logits, row_runs([r for r, _ in items]), rows)
-    logits.index_put_((rows, tokens), kept.masked_fill_(~torch.isneginf(kept), 0.0))  # NaN too: only -inf is a mask
-
-
-_APPLY: dict[type, Callable[[torch.Tensor, list[Any]], None]] = {
-    MaskIds: _mask,
-    AddBias: _add,
-    KeepOnly: _keep,
-    ForceToken: _force,
-}
 
 
 @dataclass(frozen=True)
@@ -200,7 +131,7 @@ def apply_plans(
                 fail(i, exc)
         for op_type, members in groups.items():
             try:
-                _APPLY[op_type](logits, [(rows[i], op) for i, op in members])
+                BATCHED[op_type](logits, [(rows[i], op) for i, op in members])
             except Exception as exc:  # not a request's data (ids were checked): fail the group, keep the batch
                 for i, _ in members:
                     fail(i, exc)

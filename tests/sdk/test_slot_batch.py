@@ -14,8 +14,8 @@ from torch.overrides import TorchFunctionMode
 
 from dynlogits import sdk
 from dynlogits.sdk.resident.slot_batch import SlotBatch
-from dynlogits.sdk.resident.slot_groups import ForceSeqGroup
-from dynlogits.sdk.resident.thinking import DeviceThinking
+from dynlogits.processors.forced_sequence import ForcedSequenceGroup
+from dynlogits.processors.thinking_budget import DeviceThinking
 from dynlogits.specs import SpecError, decode_wire_payload
 
 V = 64
@@ -94,12 +94,12 @@ class Engine:
 
 @pytest.mark.parametrize("mode", ["histories", "histories-numpy", "device"])
 @pytest.mark.parametrize("seed", range(60))
-def test_known_layout_equals_the_host_path_through_batch_changes(seed: int, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows in a known layout (vLLM V1, or V2 without drafts): positions from the histories' lengths
+def test_listed_layout_equals_the_host_path_through_batch_changes(seed: int, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows in a listed layout (vLLM V1, or V2 without drafts): positions from the histories' lengths
     (forced rows planned in Python, as for a few rows, or with numpy, as for many) and thinking_budget
     decided on the host, or both from the device; engine-masked tokens included."""
     if mode == "histories-numpy":
-        monkeypatch.setattr(ForceSeqGroup, "_FEW_ROWS", 0)
+        monkeypatch.setattr(ForcedSequenceGroup, "_FEW_ROWS", 0)
     rng = random.Random(seed)
     engine = Engine(rng)
     for slot in rng.sample(range(SLOTS), rng.randint(1, 6)):
@@ -138,7 +138,7 @@ def test_known_layout_equals_the_host_path_through_batch_changes(seed: int, mode
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_masked_layout_with_drafts_equals_the_host_path(seed: int) -> None:
+def test_gathered_layout_with_drafts_equals_the_host_path(seed: int) -> None:
     """Rows only the device can place (V2 under speculative decoding): one row per draft, drafts of
     a request in prefill are placeholders (-1). Committed rows equal the host path; draft rows equal
     the host path's draft rule (a failure stops the row only)."""
@@ -220,7 +220,7 @@ def test_a_forced_row_forces_its_sequence_at_every_position_from_prefill_to_past
     ``sequence[generated]``, EOS once the sequence is spent, and ``sequence[0]`` on a row still in
     prefill (negative: its sample is discarded, never flagged)."""
     if source == "histories-numpy":  # many rows' planning, on these few
-        monkeypatch.setattr(ForceSeqGroup, "_FEW_ROWS", 0)
+        monkeypatch.setattr(ForcedSequenceGroup, "_FEW_ROWS", 0)
     offset = 37  # prompt_len - 1 of every row
     for generated in ([-3, 0, 0], [-1, 1, 4], [0, 5, 5], [2, 9, 40]):
         if source.startswith("histories") and min(generated) < 0:
@@ -251,7 +251,7 @@ def test_a_masked_forced_token_flags_the_position_capped_at_the_sequences_end(so
     position; past the end of its sequence (EOS forced) the position reported is the sequence's
     length, where its EOS was first due; a row in prefill is never flagged."""
     if source == "histories-numpy":  # many rows' planning, on these few
-        monkeypatch.setattr(ForceSeqGroup, "_FEW_ROWS", 0)
+        monkeypatch.setattr(ForcedSequenceGroup, "_FEW_ROWS", 0)
     cases = [(2, 2), (9, 5)] + ([] if source.startswith("histories") else [(-2, None)])
     for generated, reported in cases:
         reports: list[str] = []
@@ -283,7 +283,7 @@ def test_a_masked_forced_row_without_a_stop_token_is_failed_and_left_with_no_tok
     failed and keeps its forced id masked, nothing else written (no id unmasked, no other masked);
     live rows get their forced token. Every failure is reported with its position."""
     if source == "histories-numpy":
-        monkeypatch.setattr(ForceSeqGroup, "_FEW_ROWS", 0)
+        monkeypatch.setattr(ForcedSequenceGroup, "_FEW_ROWS", 0)
     stops = [EOS, None, EOS, None]
     masked = [True, True, False, False]
     reports: list[str] = []

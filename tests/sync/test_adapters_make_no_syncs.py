@@ -36,7 +36,7 @@ def test_vllm_v1_runner_sequence_never_waits_and_reports_both_failures(hosted: b
 
 def test_vllm_v1_runner_forced_step_reads_its_forced_ids_from_the_one_upload() -> None:
     """The V1 runner's host knows every row's position, so the host plans each forced row's flat
-    index (``ForceSeqGroup.plan``) into the positions' upload: the device neither clamps nor
+    index (``ForcedSequenceGroup.plan``) into the positions' upload: the device neither clamps nor
     gathers. A steady step: that upload, the settle (read, mask the rows, test, pick, write, flag)
     and the flags' snapshot."""
     forced = [{"kind": "forced_sequence", "token_ids": [5, 6, 7, 8, 9, 10], "eos_token_id": EOS}]

@@ -21,7 +21,7 @@ import torch
 from dynlogits import sdk
 from dynlogits.bench.sync_drive import AFTER, FAILING, GRAMMAR_MASKED, ROW_ENGINES, failure_then
 from dynlogits.sdk import readback
-from dynlogits.sdk.resident import slot_batch, staging
+from dynlogits.sdk.resident import flags, slot_batch
 from dynlogits.testing.simcuda import SimCuda
 
 RUNNERS = ["v1", "v2", *sorted(ROW_ENGINES)]
@@ -93,14 +93,14 @@ def test_mutant_that_attributes_a_flag_to_the_slots_occupant_at_read_time_misses
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A flag names the request that held the slot when its copy was queued; read against the
     slot's occupant when the copy lands (the slot is empty by then), nothing is reported."""
-    real = staging.SlotFlags.snapshot
+    real = flags.SlotFlags.snapshot
 
-    def snapshot(self: staging.SlotFlags) -> staging.FlagSnapshot:
+    def snapshot(self: flags.SlotFlags) -> flags.FlagSnapshot:
         taken = real(self)
         taken.owners = self.owners  # the live list: whoever holds each slot when it is read
         return taken
 
-    monkeypatch.setattr(staging.SlotFlags, "snapshot", snapshot)
+    monkeypatch.setattr(flags.SlotFlags, "snapshot", snapshot)
     with _no_watcher(), SimCuda() as sim:
         reports = failure_then(sim, "v1", "calls", settle_s=0.0, lag=True)
     assert reports == []

@@ -11,7 +11,7 @@ import torch
 
 from dynlogits import sdk
 from dynlogits.sdk.resident.slot_batch import SlotBatch
-from dynlogits.sdk.resident.thinking import DeviceThinking
+from dynlogits.processors.thinking_budget import DeviceThinking
 from dynlogits.testing.simcuda import SimCuda
 
 V = 32
@@ -75,8 +75,8 @@ def test_a_failed_request_without_a_stop_token_is_laid_out_once(monkeypatch: pyt
     batch.flush()
     batch.set_rows(np.array([0, 1]))
     prepared: list[int] = []
-    real = batch._prepare
-    monkeypatch.setattr(batch, "_prepare", lambda stride, dtype: (prepared.append(stride), real(stride, dtype)))
+    real = batch.listed.prepare
+    monkeypatch.setattr(batch.listed, "prepare", lambda stride, dtype: (prepared.append(stride), real(stride, dtype)))
     logits = torch.randn(2, V)
     logits[0, 5] = float("-inf")
     batch.apply(logits, histories=[[], []])

@@ -98,22 +98,22 @@ def _inject_into(monkeypatch: pytest.MonkeyPatch, target: object, method: str, i
 
 @pytest.mark.parametrize("name", sorted(INJECTIONS))
 def test_a_sync_injected_into_the_resident_path_fails_the_no_sync_rule(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dynlogits.sdk.resident import slot_groups
+    from dynlogits.processors import banned_tokens
 
-    _inject_into(monkeypatch, slot_groups.MaskGroup, "apply_known", INJECTIONS[name], lambda self, step, rows: step.logits)
+    _inject_into(monkeypatch, banned_tokens.BannedTokensGroup, "apply_listed", INJECTIONS[name], lambda self, step, rows: step.logits)
     with SimCuda() as sim:
         result = drive_v1(sim, Scenario(steps=5))
     injected = [s for s in result.syncs if "test_sync_detector" in s.where]
-    assert injected, f"{name} injected into MaskGroup.apply_known was not reported: {result.syncs}"
+    assert injected, f"{name} injected into BannedTokensGroup.apply_listed was not reported: {result.syncs}"
 
 
 @pytest.mark.parametrize("name", sorted(INJECTIONS))
 def test_a_sync_injected_into_the_hosted_path_fails_the_no_sync_rule(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from dynlogits import sdk
-    from dynlogits.sdk import plans
+    from dynlogits.processors import ops
 
-    _inject_into(monkeypatch, plans, "_mask", INJECTIONS[name], lambda logits, items: logits)
-    monkeypatch.setitem(plans._APPLY, plans.MaskIds, plans._mask)
+    _inject_into(monkeypatch, ops, "_mask", INJECTIONS[name], lambda logits, items: logits)
+    monkeypatch.setitem(ops.BATCHED, ops.MaskIds, ops._mask)
 
     def entry() -> Callable[..., list[str]]:
         realized: dict[int, sdk.GuardedRequest | None] = {}
@@ -152,7 +152,7 @@ def test_numpy_on_a_device_tensor_is_a_sync() -> None:
 def test_many_uploads_in_one_step_grow_the_ring_instead_of_waiting() -> None:
     """A row-wise engine calls the SDK once per request: hundreds of small uploads in one step
     while the device has not caught up must not wait for it."""
-    from dynlogits.uploads import to_device
+    from dynlogits.processors.uploads import to_device
 
     with SimCuda() as sim:
         outs = [to_device([i, i + 1], torch.long, sim.device) for i in range(300)]

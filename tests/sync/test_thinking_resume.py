@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dynlogits import sdk
-from dynlogits.sdk.resident.thinking import DeviceThinking
+from dynlogits.processors.thinking_budget import DeviceThinking
 from dynlogits.testing.simcuda import SimCuda
 
 V, PROMPT, SLOTS = 64, 3, 4

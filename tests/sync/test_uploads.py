@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from dynlogits.testing.simcuda import SimCuda
-from dynlogits.uploads import StepUpload
+from dynlogits.processors.uploads import StepUpload
 
 
 def test_a_grown_ring_that_must_widen_keeps_uploading_without_waiting() -> None:

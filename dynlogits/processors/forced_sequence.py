@@ -1,0 +1,266 @@
+"""``forced_sequence``: force the configured tokens in order, then EOS: its processor, template,
+resident group and the group's host plan."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from .base import RealizeContext
+from .ops import ForceToken, RowOp, apply_op, fill_rows
+from .slots import (
+    NEG_INF,
+    Dead,
+    GatheredRows,
+    Group,
+    ListedRows,
+    StepInputs,
+    Template,
+    force_gathered,
+    force_listed,
+    force_listed_at,
+    listed_positions,
+)
+
+__all__ = ['KIND', 'ForcedSequenceGroup', 'ForcedSequenceProcessor', 'ForcedSequenceTemplate', 'factory']
+
+KIND = "forced_sequence"
+
+class ForcedSequenceGroup(Group):
+    """``forced_sequence``: a row that has generated ``g`` tokens forces ``sequence[g]``, EOS once
+    the sequence is spent, ``sequence[0]`` while still in prefill (``g < 0``). A row left with no
+    token reports ``min(g, length)``: past its end, the position where its EOS was first due."""
+
+    restrictive = True
+    positional = True
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        self.sequence = self.table(torch.long)  # the tokens, then EOS (the padding repeats EOS)
+        self.length = self.table(torch.long)
+
+    def _write(self, slot: int, template: ForcedSequenceTemplate) -> None:
+        self.sequence.set(slot, (*template.tokens, template.eos))
+        self.length.set(slot, [len(template.tokens)])
+
+    #: per member row: the forced flat index, the sentinel slot (``_settle``'s "no flag"), the position
+    planned_per_row = 3
+
+    def prepare(self, rows: ListedRows, stride: int) -> None:
+        super().prepare(rows, stride)
+        n = len(rows.rows)
+        # for ``plan``: each row's sequence as flat logits indices, and its length (host copies)
+        self._cache["host_flat"] = rows.rows[:, None] * stride + self.sequence.host_np[rows.slots]
+        self._cache["host_length"] = self.length.host_np[rows.slots, 0]
+        self._cache["host_rows"] = np.arange(n)
+        if n <= self._FEW_ROWS:  # ``plan`` in Python: the same tables as lists
+            self._cache["few"] = list(zip(rows.rows.tolist(), self._cache["host_length"].tolist(),
+                                          self._cache["host_flat"].tolist()))
+        self._cache["sequence"] = self.sequence.dev[rows.slots_dev]
+        self._cache["length"] = self.length.dev[rows.slots_dev, 0]
+        self._cache["zero"] = torch.zeros_like(self._cache["length"])
+        if self._settles(rows):
+            self._prepare_settle(rows)
+
+    @staticmethod
+    def _settles(rows: ListedRows) -> bool:
+        """No later group can mask these rows (``_settle``)."""
+        return rows.last
+
+    def reads_generated(self, rows: ListedRows) -> bool:
+        return not self._settles(rows)  # a settle reads ``pos`` directly (``_pick``)
+
+    def _prepare_settle(self, rows: ListedRows) -> None:
+        """The tables ``_pick`` reads. Each row's position is turned into a column ``c`` by
+        counting the row's bounds at or below it (``searchsorted``): bounds ``offset + [0, 1, ..,
+        length]`` give ``c = clamp(generated + 1, 0, length + 1)``, ``c = 0`` for a row still in
+        prefill (its sample is discarded). Per row and column, five planes: the forced token's flat
+        index (column ``c`` forces ``sequence[max(c - 1, 0)]``, EOS once the sequence is spent);
+        the flag slot of a row that keeps it (the sentinel: no flag); what replaces both where the
+        token is masked (its stop token's index; its own slot, the sentinel in prefill); and the
+        position a flag records (``c - 1``: the generated count, at most the sequence's length)."""
+        n = len(rows.rows)
+        assert rows.base is not None and rows.stop_index is not None
+        sentinel = self._sentinel
+        sequence = self._cache["sequence"]
+        width = sequence.shape[1]  # the longest sequence + its EOS
+        flat = rows.base[:, None] + torch.cat([sequence[:, :1], sequence], 1)  # [n, width + 1]
+        dead_slot = rows.slots_dev[:, None].expand(n, width + 1).clone()
+        dead_slot[:, :1].fill_(sentinel)
+        position = torch.arange(-1, width, device=flat.device).expand(n, width + 1)
+        self._cache["table"] = torch.stack([flat, torch.full_like(flat, sentinel),
+                                            rows.stop_index[:, None].expand(n, width + 1), dead_slot, position])
+        steps = torch.arange(width, device=flat.device).expand(n, width)
+        self._cache["steps"] = steps
+        self._cache["beyond"] = steps > self._cache["length"][:, None]  # bounds past a row's length
+        self._cache["bounds"] = None
+        # the planned step's stand-in for the third and fourth planes
+        self._cache["if_dead"] = torch.stack([rows.stop_index, rows.slots_dev])
+
+    @property
+    def _sentinel(self) -> int:
+        """The tables' last slot, never assigned: a flag written there is no flag."""
+        return self.member.num_slots - 1
+
+    _NEVER = 2**31 - 1  # a bound no position reaches (fits int32 positions too)
+
+    def _pick(self, step: StepInputs, rows: ListedRows) -> torch.Tensor:
+        """``[5, n]``: this step's column of every plane of ``_prepare_settle``'s table, from
+        ``pos`` (against ``pos_offset``) or ``generated``: two ops, whatever the runner gives."""
+        n = len(rows.rows)
+        values, offset = (step.pos, step.pos_offset) if step.pos is not None else (step.generated, None)
+        assert values is not None
+        if not rows.identity:
+            values = values[rows.rows_dev]
+        bounds = self._cache["bounds"]
+        if bounds is None or bounds[0] is not offset or bounds[1].dtype != values.dtype:
+            at = self._cache["steps"] if offset is None else self._cache["steps"] + (
+                offset if rows.identity else offset[rows.rows_dev])[:, None]
+            bounds = self._cache["bounds"] = (offset, at.masked_fill(self._cache["beyond"], self._NEVER).to(values.dtype))
+        column = torch.searchsorted(bounds[1], values.view(n, 1), right=True)
+        return self._cache["table"].gather(2, column.view(1, n, 1).expand(5, n, 1)).view(5, n)
+
+    @staticmethod
+    def _tokens(generated: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor,
+                zero: torch.Tensor | None = None) -> torch.Tensor:
+        """``sequence[i, clamp(generated[i], 0, length[i])]`` (a row still in prefill counts
+        negative: the runner discards what is sampled there)."""
+        column = torch.clamp(generated, zero, length) if zero is not None else generated.clamp(min=0).minimum(length)
+        return sequence.gather(1, column[:, None]).view(-1)
+
+    #: up to this many rows ``plan`` runs in Python: a numpy call's fixed cost (several us with cold
+    #: caches, as after a forward pass) exceeds a loop over a few rows
+    _FEW_ROWS = 8
+
+    def plan(self, rows: ListedRows, counts: list[int], generated: np.ndarray, out: np.ndarray) -> None:
+        """``[forced flat index | sentinel slot | position]`` per member row (the position capped at
+        the sequence's length, as everywhere in this group): on the host, what ``_pick`` would
+        otherwise derive on the device each step."""
+        n = len(rows.rows)
+        few = self._cache.get("few")
+        if few is not None:
+            positions = [min(counts[row], length) for row, length, _ in few]
+            out[:] = [flat[p] for (_, _, flat), p in zip(few, positions)] + [self._sentinel] * n + positions
+            return
+        positions = out[2 * n :]
+        if not rows.identity:
+            generated = np.take(generated, rows.rows, out=positions)
+        np.minimum(generated, self._cache["host_length"], out=positions)  # host counts are never negative
+        out[:n] = self._cache["host_flat"][self._cache["host_rows"], positions]
+        out[n : 2 * n] = self._sentinel
+
+    def _planned_views(self, planned: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``rows.planned``'s parts: ``[index, sentinel]`` (``_settle``'s ``picked``), the forced flat
+        indices, the positions; taken once, as ``planned`` is one tensor while the layout stays."""
+        views = self._cache.get("planned")
+        if views is None or views[0] is not planned:
+            index, _, positions = planned.unbind(0)
+            views = self._cache["planned"] = (planned, planned[:2], index, positions)
+        return views[1:]
+
+    def apply_listed(self, step: StepInputs, rows: ListedRows) -> Dead:
+        assert rows.stop_index is not None and rows.base is not None
+        planned = None if rows.planned is None else self._planned_views(rows.planned)
+        if self._settles(rows):
+            if planned is not None:
+                picked, index, positions = planned
+                return self._settle(step, rows, picked, index, self._cache["if_dead"], positions)
+            picked = self._pick(step, rows)
+            index, _, _, _, positions = picked.unbind(0)
+            return self._settle(step, rows, picked[:2], index, picked[2:4], positions)
+        if planned is not None:
+            _, index, positions = planned
+            witness = force_listed_at(step, index, rows)
+        else:
+            assert step.generated is not None
+            generated = listed_positions(step, rows.rows_dev, rows.identity)
+            assert generated is not None
+            tokens = self._tokens(generated, self._cache["sequence"], self._cache["length"], self._cache["zero"])
+            witness = force_listed(step, tokens, rows)
+            positions = generated.minimum(self._cache["length"])
+        return Dead(rows.rows_dev, rows.slots_dev, witness, positions, rows.stop_index, rows.can_stop)
+
+    def _settle(self, step: StepInputs, rows: ListedRows, picked: torch.Tensor, index: torch.Tensor,
+                if_dead: torch.Tensor, positions: torch.Tensor) -> Dead:
+        """Settle the rows here (``_settles``), in as few launches as the step allows: each row gets
+        its forced token, or its stop token where the forced one is masked (then its flag too, when
+        ``step.flags`` is given; a row without a stop token is flagged and left with no token, as
+        ``_record_dead`` would). ``picked``: the forced flat indices and the no-flag slots, ``[2,
+        n]`` (``index`` is its first row); ``if_dead``: what replaces them on a masked row;
+        ``positions``: what a flag records."""
+        kept = step.flat.index_select(0, index)
+        fill_rows(step.logits, rows.runs, rows.rows_dev)
+        dead = torch.isneginf(kept)
+        if rows.can_stop is None:
+            target, flag_slot = torch.where(dead, if_dead, picked).unbind(0)
+            step.flat.index_fill_(0, target, 0.0)
+        else:  # a masked row without a stop token is only flagged: -inf goes back onto its forced id
+            stops, dead_value, live_value = self._without_stops(rows, step.flat.dtype)
+            target, flag_slot = torch.where(dead & stops, if_dead, picked).unbind(0)
+            step.flat.index_copy_(0, target, torch.where(dead, dead_value, live_value))
+        if step.flags is not None:
+            step.flags.scatter_reduce_(0, flag_slot, positions, reduce="amax")
+        return Dead(rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,
+                    settled=dead, flagged=step.flags is not None)
+
+    def _without_stops(self, rows: ListedRows, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For ``_settle`` when some rows have no stop token: ``[2, n]`` masks of the rows whose
+        ``if_dead`` replaces ``picked`` where their token is masked (the target: rows with a stop
+        token; the flag slot: every row), the logit a masked row's target gets (0.0 at its stop
+        token, ``-inf`` without one) and the one a live row's forced id gets (0.0)."""
+        cached = self._cache.get("without_stops")
+        if cached is None or cached[1].dtype != dtype:
+            can_stop = rows.can_stop
+            assert can_stop is not None
+            dead_value = torch.where(can_stop, 0.0, NEG_INF).to(dtype)
+            cached = self._cache["without_stops"] = (torch.stack([can_stop, torch.ones_like(can_stop)]), dead_value,
+                                                     torch.zeros_like(dead_value))
+        return cached
+
+    def apply_gathered(self, step: StepInputs, rows: GatheredRows) -> Dead:
+        assert step.generated is not None
+        slots = rows.slot_of_row
+        length = self.length.dev[slots, 0]
+        tokens = self._tokens(step.generated, self.sequence.dev[slots], length)
+        return Dead(None, slots, force_gathered(step, tokens, rows.member), step.generated.minimum(length), where=rows.member)
+
+
+@dataclass(frozen=True, slots=True)
+class ForcedSequenceTemplate(Template):
+    """A step at generated count ``n``: force ``tokens[n]`` (``eos`` once ``n >= len(tokens)``)."""
+
+    tokens: tuple[int, ...]
+    eos: int
+    group: ClassVar[type[ForcedSequenceGroup]] = ForcedSequenceGroup
+
+
+class ForcedSequenceProcessor:
+    """At step ``n = len(input_ids)`` force ``token_ids[n]``; from ``n = len(token_ids)`` on, force EOS
+    (forcing never unmasks: see ``ops.ForceToken``).
+
+    Stateless: the position is the number of generated tokens, so recomputation
+    after preemption, or a second call at the same step, gives the same result.
+    """
+
+    __slots__ = ("token_ids", "eos_token_id", "template")
+
+    def __init__(self, token_ids: Sequence[int], eos_token_id: int) -> None:
+        self.token_ids = tuple(token_ids)
+        self.eos_token_id = eos_token_id
+        self.template = ForcedSequenceTemplate(self.token_ids, eos_token_id)
+
+    def row_op(self, input_ids: Sequence[int]) -> RowOp:
+        n = len(input_ids)
+        return ForceToken(self.token_ids[n] if n < len(self.token_ids) else self.eos_token_id)
+
+    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
+        apply_op(self.row_op(input_ids), logits)
+
+
+def factory(entry: Any, ctx: RealizeContext) -> ForcedSequenceProcessor:
+    """A fresh processor for one ``forced_sequence`` entry."""
+    return ForcedSequenceProcessor(entry.token_ids, entry.eos_token_id)

@@ -1,0 +1,368 @@
+"""What every kind's resident group shares: the per-slot device tables, the two row layouts, one
+step's inputs, the rows a group may leave empty, and the ``Group`` base a kind implements.
+
+The resident apply path (``dynlogits.sdk.resident.SlotBatch``) keeps built-in kinds on the device
+per persistent request slot. Entry ``k`` of every resident request of one kind forms a group
+(``level`` ``k``); a kind's module (``dynlogits.processors.<kind>``) defines its group as a
+subclass of ``Group`` and names it on its template (``Template.group``), which is all the slot
+engine knows of a kind. A group runs in one of two layouts:
+
+* **listed** (``ListedRows``: the host knows which row holds which slot: vLLM's V1 runner, Model
+  Runner V2 without speculative decoding): member rows and their flat indices into the logits are
+  built once per batch change (``prepare``), and a step is ``index_fill_``/``index_add_``/
+  ``index_copy_`` over those indices plus a memset per run of consecutive rows;
+* **gathered** (``GatheredRows``: only the device knows, Model Runner V2 under speculative
+  decoding): every row gathers its slot's table and a membership mask turns the writes of
+  non-member rows into no-ops.
+
+Semantics are those of ``dynlogits.processors.ops`` (forcing never unmasks); a group that restricts
+rows to a few ids reports, per row and on the device, whether none of them is left (``Dead``).
+Padded table cells repeat one of the row's own ids (bias values pad with 0.0), so they write the
+same values twice and never touch another id.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from .ops import fill_rows
+from .uploads import on_accelerator, pinned
+
+__all__ = [
+    "Dead",
+    "GatheredRows",
+    "Group",
+    "IdsGroup",
+    "ListedRows",
+    "SlotTable",
+    "StepInputs",
+    "Template",
+    "flat_indices",
+    "force_gathered",
+    "force_listed",
+    "force_listed_at",
+    "listed_positions",
+    "mask_gathered",
+]
+
+NEG_INF = -math.inf
+
+
+class Template:
+    """What a built-in processor does at *every* step, as data (plain tuples: no torch, no state),
+    so the slot engine can keep it on the device: each kind's template is a frozen dataclass
+    subclassing this, naming the ``Group`` that runs it."""
+
+    __slots__ = ()
+    #: the group type that runs this kind on the resident path
+    group: ClassVar[type[Group]]
+    #: whether the kind reads the tokens themselves, not only their count (the V1 runner then
+    #: checks histories for async scheduling's placeholder)
+    reads_tokens: ClassVar[bool] = False
+
+
+class SlotTable:
+    """A ``[num_slots, width]`` device table with a host mirror; rows grow to the widest value set.
+
+    ``set(slot, values)`` writes a row on the host, padded with ``pad`` or, when ``pad`` is
+    ``None``, by repeating the row's last value (so a padded id row names no other id; an empty row
+    is all zeros); ``flush()`` copies the rows set since the last flush to the device. ``dev`` is
+    the device table (valid after ``flush``; a wider table is a new tensor: read ``dev`` after each
+    flush).
+    """
+
+    def __init__(self, num_slots: int, dtype: torch.dtype, device: torch.device, *, width: int = 1,
+                 pad: float | None = None) -> None:
+        self.num_slots = num_slots
+        self.dtype = dtype
+        self.device = device
+        self.pad = pad
+        self._dirty: set[int] = set()
+        self._event: Any = None  # torch.cuda.Event of the last queued copies
+        self._whole = False  # the device table is new (wider): copy the whole mirror at flush
+        self.host: torch.Tensor | None = None
+        self._alloc(width)
+
+    def _alloc(self, width: int) -> None:
+        host = pinned((self.num_slots, width), self.dtype, self.device)
+        old = self.host
+        if old is not None:
+            host[:, : old.shape[1]] = old
+            host[:, old.shape[1] :] = old[:, -1:] if self.pad is None else self.pad
+        elif self.pad is not None:
+            host.fill_(self.pad)
+        self.host = host
+        self.host_np = host.numpy()
+        self.width = width
+        if on_accelerator(self.device):  # the whole mirror goes at the next flush, without blocking
+            self.dev = torch.empty(host.shape, dtype=self.dtype, device=self.device)
+            self._whole = True
+        else:
+            self.dev = host
+
+    def set(self, slot: int, values: Sequence[float] | np.ndarray) -> None:
+        n = len(values)
+        self._own_mirror()
+        if n > self.width:
+            self._alloc(max(n, 2 * self.width))
+        row = self.host_np[slot]
+        row[:n] = values
+        row[n:] = (row[n - 1] if n else 0) if self.pad is None else self.pad
+        self._dirty.add(slot)
+
+    def _own_mirror(self) -> None:
+        """Make the mirror writable without waiting: while the last flush's copies still read it
+        (a batch change, or a failure noted, before the device ran them), write to a fresh pinned
+        copy instead; the caching host allocator keeps the old one until those copies have run."""
+        if self._event is not None and not self._event.query():
+            old = self.host
+            assert old is not None
+            host = pinned(tuple(old.shape), self.dtype, self.device)
+            host.copy_(old)
+            self.host, self.host_np = host, host.numpy()
+        self._event = None
+
+    def flush(self) -> bool:
+        """Copy the rows set since the last flush to the device; whether there were any."""
+        if not self._dirty and not self._whole:
+            return False
+        if on_accelerator(self.device):
+            if self._whole:
+                self.dev.copy_(self.host, non_blocking=True)  # type: ignore[arg-type]
+            else:
+                for slot in sorted(self._dirty):
+                    self.dev[slot].copy_(self.host[slot], non_blocking=True)  # type: ignore[index]
+            self._record()
+        self._dirty.clear()
+        self._whole = False
+        return True
+
+    def _record(self) -> None:
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+
+@dataclass
+class ListedRows:
+    """A group's member rows in this batch layout (host-known): row indices and their slots on the
+    host and the device, and the rows as ``[start, stop)`` runs."""
+
+    rows: np.ndarray
+    slots: np.ndarray
+    rows_dev: torch.Tensor
+    slots_dev: torch.Tensor
+    runs: list[tuple[int, int]]
+    #: flat index of each row's stop token (column 0 for a request without one) and whether it has
+    #: one (``None``: every row has one)
+    stop_index: torch.Tensor | None = None
+    can_stop: torch.Tensor | None = None
+    #: ``rows_dev * stride``: where each row starts in the flat logits
+    base: torch.Tensor | None = None
+    #: whether the member rows are exactly ``0..n-1`` in order (row-indexed values need no gather)
+    identity: bool = False
+    #: whether no later group of the step can mask these rows (a restrictive group may then settle
+    #: its empty rows itself: ``Dead.settled``)
+    last: bool = False
+    #: this step's values the host planned for the group (``Group.plan``), on the device, one row
+    #: per value (``[planned_per_row, n]``); ``None`` when the host does not know the positions this
+    #: step (set by ``SlotBatch`` every step)
+    planned: torch.Tensor | None = None
+
+
+@dataclass
+class GatheredRows:
+    """Every row of the step with its slot and whether it belongs to the group (device-only)."""
+
+    slot_of_row: torch.Tensor
+    member: torch.Tensor
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """What one step gives every group: the logits (and their flat view), the number of tokens
+    each row's request has generated (row-indexed, ``None`` when no group needs positions), and
+    each slot's stop token (``-1``: none)."""
+
+    logits: torch.Tensor
+    flat: torch.Tensor
+    stride: int
+    generated: torch.Tensor | None
+    stops: torch.Tensor
+    #: the per-slot failure flags a group that settles its empty rows may write itself (``None``:
+    #: rows may be drafts, so ``SlotBatch`` decides which rows to flag)
+    flags: torch.Tensor | None = None
+    #: listed layout, positions as the runner holds them (Model Runner V2): ``generated = pos -
+    #: pos_offset`` (row-indexed; ``pos_offset`` is the same tensor while the layout stays), for a
+    #: group that reads them without the subtraction (``generated`` is then ``None`` unless another
+    #: group of the step needs it: ``Group.reads_generated``)
+    pos: torch.Tensor | None = None
+    pos_offset: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class Dead:
+    """Rows a restrictive group may leave with no token: the row of slot ``slots[i]``, at output
+    position ``positions[i]`` (``None`` when unknown), has none when every id of its ``witness``
+    (the ids the group kept) is ``-inf`` once *every* group has run (``evaluate``, as the host path
+    does). Listed layout: ``rows`` is the rows' device index, ``witness`` flat logits indices
+    ``[n, w]`` (with ``stop_index``/``can_stop`` as in ``ListedRows``); gathered layout: ``rows`` is
+    ``None``, ``witness`` column ids ``[rows, w]`` and ``where`` the rows the group touched
+    (``witness`` is ``None`` when the group ``settled`` its rows)."""
+
+    rows: torch.Tensor | None
+    slots: torch.Tensor
+    witness: torch.Tensor | None
+    positions: torch.Tensor | None
+    stop_index: torch.Tensor | None = None
+    can_stop: torch.Tensor | None = None
+    where: torch.Tensor | None = None
+    #: the empty rows, already fail-stopped by the group (only their flags remain to be written)
+    settled: torch.Tensor | None = None
+    #: the group wrote the flags of its empty rows already (``StepInputs.flags``)
+    flagged: bool = False
+
+    def evaluate(self, step: StepInputs) -> torch.Tensor:
+        """Per row, on the device: whether it has no token left (call after the last group)."""
+        if self.settled is not None:
+            return self.settled
+        assert self.witness is not None
+        if self.rows is not None:
+            n = self.witness.shape[0]
+            return torch.isneginf(step.flat.index_select(0, self.witness.reshape(-1)).view(n, -1)).all(1)
+        dead = torch.isneginf(step.logits.gather(1, self.witness)).all(1)
+        return dead if self.where is None else dead & self.where
+
+
+def flat_indices(rows: ListedRows, ids: torch.Tensor, stride: int) -> torch.Tensor:
+    """Flat logits indices of each member row's table ids: ``[n * width]``."""
+    return (rows.rows_dev[:, None] * stride + ids[rows.slots_dev]).reshape(-1)
+
+
+class Group:
+    """Entry position ``level`` of one kind, for every slot that has one there: its per-slot device
+    tables (``table``), written when a request enters a slot (``_write``), and its step in either
+    layout (``apply_listed``, ``apply_gathered``). What the slot engine needs to know of the kind is
+    said by the class attributes below."""
+
+    restrictive = False  # can leave a row with no token (reports ``Dead``)
+    positional = False  # needs each row's generated count
+    writes_neg_inf = True  # can write ``-inf`` (a later restrictive group must then not settle early)
+    #: its step depends on the tokens themselves, decided per row by the adapter (``SlotBatch``'s
+    #: ``thinking`` decider, or the host from histories) and passed to ``apply_decided``
+    decided = False
+    #: values per member row ``plan`` writes when the host knows the positions (0: it plans nothing)
+    planned_per_row = 0
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        self.level = level
+        self.device = device
+        self.members: set[int] = set()
+        self.member = SlotTable(num_slots, torch.bool, device, pad=0)
+        self.tables: list[SlotTable] = []
+        self._cache: dict[str, Any] = {}
+
+    def table(self, dtype: torch.dtype, pad: float | None = None) -> SlotTable:
+        made = SlotTable(self.member.num_slots, dtype, self.device, pad=pad)
+        self.tables.append(made)
+        return made
+
+    def assign(self, slot: int, template: Template | None) -> None:
+        if template is None:
+            if slot in self.members:
+                self.members.discard(slot)
+                self.member.set(slot, [0])
+            return
+        self.members.add(slot)
+        self.member.set(slot, [1])
+        self._write(slot, template)
+
+    def _write(self, slot: int, template: Any) -> None:
+        """Write ``template``'s data into this group's tables at ``slot``."""
+        raise NotImplementedError
+
+    def flush(self) -> bool:
+        changed = self.member.flush()
+        for t in self.tables:
+            changed = t.flush() or changed
+        if changed:
+            self._cache.clear()
+        return changed
+
+    def prepare(self, rows: ListedRows, stride: int) -> None:
+        """Cache what a listed layout's steps reuse (called on every batch change)."""
+        self._cache.clear()
+
+    def reads_generated(self, rows: ListedRows) -> bool:
+        """Whether a listed layout's step of this group reads ``StepInputs.generated`` (when the runner
+        gives ``pos``/``pos_offset``, ``SlotBatch`` subtracts only if some group does)."""
+        return True
+
+    def plan(self, rows: ListedRows, counts: list[int], generated: np.ndarray, out: np.ndarray) -> None:
+        """Listed layout, positions known on the host (row-indexed, as a list, ``counts``, and as an
+        array, ``generated``): write this step's ``planned_per_row * len(rows.rows)`` values into
+        ``out``; they reach ``apply_listed`` as ``rows.planned`` in the step's one upload, sparing
+        the device the ops that derive them."""
+        raise NotImplementedError
+
+    def apply_listed(self, step: StepInputs, rows: ListedRows) -> Dead | None:
+        raise NotImplementedError
+
+    def apply_gathered(self, step: StepInputs, rows: GatheredRows) -> Dead | None:
+        raise NotImplementedError
+
+
+class IdsGroup(Group):
+    """A group whose tables are one id list per slot (plus whatever a subclass adds)."""
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        self.ids = self.table(torch.long)
+
+    def prepare(self, rows: ListedRows, stride: int) -> None:
+        super().prepare(rows, stride)
+        self._cache["flat"] = flat_indices(rows, self.ids.dev, stride)
+
+
+def mask_gathered(logits: torch.Tensor, ids: torch.Tensor, where: torch.Tensor) -> None:
+    """``-inf`` at ``ids[r]`` of every row ``r`` where ``where[r]`` (gathered layout)."""
+    current = logits.gather(1, ids)
+    logits.scatter_(1, ids, current.masked_fill_(where[:, None], NEG_INF))
+
+
+def listed_positions(step: StepInputs, rows_dev: torch.Tensor, identity: bool = False) -> torch.Tensor | None:
+    """The generated count of each of a listed group's rows (``None`` when no group needs them)."""
+    if step.generated is None or identity:
+        return step.generated
+    return step.generated[rows_dev]
+
+
+def force_listed(step: StepInputs, tokens: torch.Tensor, rows: ListedRows) -> torch.Tensor:
+    """Force ``tokens[i]`` in member row ``i``, keeping masks (a ``-inf`` stays, anything else, NaN
+    included, becomes 0.0 in a row of ``-inf``); the forced flat indices ``[n, 1]``."""
+    assert rows.base is not None
+    return force_listed_at(step, rows.base + tokens, rows)
+
+
+def force_listed_at(step: StepInputs, index: torch.Tensor, rows: ListedRows) -> torch.Tensor:
+    """``force_listed`` given the forced flat indices ``[n]``."""
+    kept = step.flat.index_select(0, index)
+    fill_rows(step.logits, rows.runs, rows.rows_dev)
+    step.flat.index_copy_(0, index, torch.where(torch.isneginf(kept), kept, 0.0))
+    return index[:, None]
+
+
+def force_gathered(step: StepInputs, tokens: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """Force ``tokens[r]`` in every row ``r`` where ``where[r]``, keeping masks; the forced column
+    ids ``[rows, 1]``."""
+    index = tokens.clamp(min=0)[:, None]
+    kept = step.logits.gather(1, index)
+    step.logits.masked_fill_(where[:, None], NEG_INF)
+    alive = ~torch.isneginf(kept)
+    step.logits.scatter_(1, index, kept.masked_fill_(where[:, None] & alive, 0.0))  # non-members: unchanged
+    return index

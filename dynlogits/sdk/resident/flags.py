@@ -1,0 +1,81 @@
+"""The resident path's failure flags: a small per-slot int64 tensor the device writes (the position
+at which a slot's row was left with no token) and the host reads back through pinned buffers and
+events (``FlagSnapshot``), answering "not yet" instead of waiting. On the CPU there is no device to
+wait for: the snapshot is the values themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from dynlogits.processors.uploads import on_accelerator, pinned
+
+__all__ = ["FlagSnapshot", "SlotFlags"]
+
+
+class FlagSnapshot:
+    """One copy of a ``SlotFlags``' values on its way to the host, with each slot's owner at the
+    moment it was queued (a value is attributed to the request that held the slot then, so a
+    request that left before the copy landed is still found). ``values`` is valid once
+    ``landed()``, until ``release()`` hands the buffer back for reuse."""
+
+    __slots__ = ("_buffer", "_event", "_pool", "owners", "values")
+
+    def __init__(self, event: Any, buffer: tuple[torch.Tensor, np.ndarray], owners: list[Any],
+                 pool: list[tuple[torch.Tensor, np.ndarray]] | None) -> None:
+        self._event, self._buffer, self.owners, self._pool = event, buffer, owners, pool
+        self.values = buffer[1]
+
+    def landed(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def release(self) -> None:
+        if self._pool is not None:
+            self._pool.append(self._buffer)
+            self._pool = None
+
+
+class SlotFlags:
+    """``dev[slot]``: an int64 per slot the device writes (``fill`` until it does); the host reads
+    copies of it.
+
+    ``reset(slot, owner)`` gives ``slot`` a new occupant and sets it back to ``fill`` (on the device,
+    in stream order: a copy queued before the reset still sees the former occupant's value).
+    ``snapshot()`` queues one copy of every slot with the owners of that moment, into a pinned
+    buffer of its own (a pool: a copy in flight is never overwritten), so a value written in a step
+    is covered by the copy queued at the end of that same step. On the CPU the snapshot is the
+    values themselves, read at once.
+    """
+
+    def __init__(self, num_slots: int, device: torch.device, *, fill: int = -1) -> None:
+        self.num_slots = num_slots
+        self.fill = fill
+        self.device = device
+        self.asynchronous = on_accelerator(device)  # whether a snapshot lands later than it is queued
+        self.dev = torch.full((num_slots,), fill, dtype=torch.int64, device=device)
+        self.owners: list[Any] = [None] * num_slots
+        #: pinned host buffers (and their numpy views) no copy is in flight to
+        self._pool: list[tuple[torch.Tensor, np.ndarray]] = []
+        self._live = None if self.asynchronous else (self.dev, self.dev.numpy())
+
+    def reset(self, slot: int, owner: Any = None) -> None:
+        """A new occupant (``owner``, or ``None`` for an empty slot) for ``slot``."""
+        self.dev[slot : slot + 1].fill_(self.fill)  # not ``dev[slot] = fill``: a blocking copy on CUDA
+        self.owners[slot] = owner
+
+    def snapshot(self) -> FlagSnapshot:
+        """A copy of the current values on its way to the host (never waits)."""
+        if self._live is not None:
+            return FlagSnapshot(None, self._live, list(self.owners), None)
+        if self._pool:
+            buffer = self._pool.pop()
+        else:
+            host = pinned((self.num_slots,), torch.int64, self.device)
+            buffer = (host, host.numpy())
+        buffer[0].copy_(self.dev, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return FlagSnapshot(event, buffer, list(self.owners), self._pool)
