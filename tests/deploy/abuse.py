@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from openai import OpenAI
 
-from .launcher import Deployment
+from .launcher import Deployment, wait_until
 
 MODEL = "dynlogits-tiny"
 #: What "answers within 2 s" is asserted on: the median of NORMAL_REQUESTS normal requests, and every
@@ -139,3 +139,14 @@ class UnreadStreams:
         for s in self.held:
             s.close()
         return self.statuses
+
+
+def latencies_during(abuse: Abuse, d: Deployment, *, under_way: int, **kwargs: Any) -> tuple[list[float], list[Any]]:
+    """:func:`normal_latencies` (``kwargs``) once ``abuse`` has made ``under_way`` attacks, then the
+    abuse's outcomes (it is stopped however the measurement ends)."""
+    try:
+        wait_until(lambda: len(abuse.outcomes) >= under_way, 120, "the abuse to be under way")
+        latencies = normal_latencies(d, **kwargs)
+    finally:
+        outcomes = abuse.stop()
+    return latencies, outcomes

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .abuse import MODEL, Abuse, UnreadStreams, assert_prompt, normal_latencies
+from .abuse import MODEL, Abuse, UnreadStreams, assert_prompt, latencies_during, normal_latencies
 from .launcher import ROOT, WORKER_AUTH, Deployment, extra_frontend, settled_stats, wait_until
 
 pytestmark = pytest.mark.engine
@@ -103,12 +103,8 @@ def test_normal_requests_stay_prompt_while_oversized_work_is_sent(hostile: Deplo
         return httpx.post(url, content=body, headers={"content-type": "application/json", **WORKER_AUTH},
                           timeout=60).status_code
 
-    abuse = Abuse(attack, threads=7)
-    try:
-        wait_until(lambda: len(abuse.outcomes) >= 7, 60, "the abuse to be under way")
-        latencies = normal_latencies(hostile)
-    finally:
-        statuses = Counter(abuse.stop())
+    latencies, outcomes = latencies_during(Abuse(attack, threads=7), hostile, under_way=7)
+    statuses = Counter(outcomes)
     assert set(statuses) == {400}, statuses
     assert_prompt(latencies, f"oversized work ({sum(statuses.values())} abusive requests, all 400)")
 

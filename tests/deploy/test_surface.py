@@ -32,7 +32,8 @@ import httpx
 import openai
 import pytest
 
-from .abuse import MODEL, Abuse, UnreadStreams, assert_prompt, normal_latencies, open_unread_stream, send_unread
+from .abuse import (MODEL, Abuse, UnreadStreams, assert_prompt, latencies_during, normal_latencies, open_unread_stream,
+                    send_unread)
 from .conftest import SPEC_FILE
 from .launcher import WORKER_AUTH, Deployment, extra_frontend, settled_stats, wait_until
 
@@ -83,12 +84,7 @@ def test_oversized_heads_are_refused_on_both_ports_and_the_frontend_keeps_no_mem
     frontend = spec_agg.named("dynlogits.frontend")[0]
     ports = itertools.cycle([spec_agg.port, _port(spec_agg.worker_url(1))])
     start = frontend.memory_info().rss
-    abuse = Abuse(lambda: _huge_head(next(ports)), threads=4)
-    try:
-        wait_until(lambda: len(abuse.outcomes) >= 8, 120, "the abuse to be under way")
-        latencies = normal_latencies(spec_agg)
-    finally:
-        statuses = abuse.stop()
+    latencies, statuses = latencies_during(Abuse(lambda: _huge_head(next(ports)), threads=4), spec_agg, under_way=8)
     grown = frontend.memory_info().rss - start
     assert set(statuses) == {"431"}, statuses
     assert_prompt(latencies, f"{len(statuses)} heads of 24 MiB on both ports (all 431); frontend RSS "
@@ -174,11 +170,8 @@ def test_generation_asked_of_the_worker_port_without_the_secret_costs_nothing(sp
     body = {"request_id": "x", "prompt": "Hi", "sampling": {"max_tokens": 480, "n": 16, "ignore_eos": True}}
     abuse = Abuse(lambda: httpx.post(spec_agg.worker_url(1) + "/generate", json=body, timeout=60).status_code,
                   threads=4)
-    try:
-        wait_until(lambda: len(abuse.outcomes) >= 8, 60, "the abuse to be under way")
-        latencies = normal_latencies(spec_agg)
-    finally:
-        statuses = Counter(abuse.stop())
+    latencies, outcomes = latencies_during(abuse, spec_agg, under_way=8)
+    statuses = Counter(outcomes)
     assert set(statuses) == {401}, statuses
     assert httpx.get(stats, headers=WORKER_AUTH, timeout=30).json()["requests"] == before + len(latencies)
     assert_prompt(latencies, f"{sum(statuses.values())} generate calls at the worker port without the secret (all 401)")
