@@ -1,3 +1,3 @@
-from dynlogits.cli import main
+from dynlogits.tools.cli import main
 
 raise SystemExit(main())

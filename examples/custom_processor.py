@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="Hugging Face model folder (default: the embedded model)")
     args = parser.parse_args()
 
-    from dynlogits.config import load_config
+    from dynlogits.policy.config import load_config
 
     config = load_config(args.config)
     factories = [e.factory for e in (config.spec.entries if config.spec else ()) if e.kind == "python"]
@@ -56,11 +56,11 @@ def main() -> None:
 
     from vllm import LLM, SamplingParams
 
-    from dynlogits.activation import activate_logits_processors
+    from dynlogits.sdk import activate_logits_processors
     from dynlogits.adapters.vllm import register_dynamo_logits_processor
-    from dynlogits.model_builder import default_model_dir
-    from dynlogits.roles import DisaggregationMode, logits_processors_for_request
-    from dynlogits.text import resolve_entries
+    from dynlogits.tools.model_builder import default_model_dir
+    from dynlogits.policy.roles import DisaggregationMode, logits_processors_for_request
+    from dynlogits.policy.text import resolve_entries
 
     model = args.model or str(default_model_dir())
     llm = LLM(model, **register_dynamo_logits_processor(

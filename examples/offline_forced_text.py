@@ -24,11 +24,11 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # CPU build: 1 GiB of KV cache is plenty
     from vllm import LLM, SamplingParams
 
-    from dynlogits.activation import activate_logits_processors
+    from dynlogits.sdk import activate_logits_processors
     from dynlogits.adapters.vllm import register_dynamo_logits_processor
-    from dynlogits.model_builder import default_model_dir
+    from dynlogits.tools.model_builder import default_model_dir
     from dynlogits.specs import ForcedTextSpec
-    from dynlogits.text import resolve_entries
+    from dynlogits.policy.text import resolve_entries
 
     model = args.model or str(default_model_dir())
     engine_kwargs = register_dynamo_logits_processor(

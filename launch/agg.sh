@@ -19,9 +19,9 @@ require_free_ports "$WORKER_HOST" "$WORKER_PORT"
 worker_secret
 install_traps
 
-start_child frontend "$PY" -m dynlogits.frontend --host "$HOST" --port "$PORT" \
+start_child frontend "$PY" -m dynlogits.serve.frontend --host "$HOST" --port "$PORT" \
   --agg-worker "http://$WORKER_URL_HOST:$WORKER_PORT" "${SHARED_ARGS[@]}" "${FRONTEND_ARGS[@]}"
-start_child worker "$PY" -m dynlogits.worker --disaggregation-mode agg --host "$WORKER_HOST" --port "$WORKER_PORT" \
+start_child worker "$PY" -m dynlogits.serve.worker --disaggregation-mode agg --host "$WORKER_HOST" --port "$WORKER_PORT" \
   "${MODEL_ARGS[@]}" "${SHARED_ARGS[@]}" "${ENGINE_DEFAULTS[@]}" "${ENGINE_ARGS[@]}"
 
 wait_ready "http://$WORKER_URL_HOST:$WORKER_PORT/ready" worker 1

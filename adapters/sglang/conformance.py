@@ -28,7 +28,7 @@ from typing import Any, Literal
 import torch
 
 from dynlogits import sdk
-from dynlogits.roles import DisaggregationMode
+from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.specs import WIRE_KEY, LogitsProcessorSpec
 
 from .compat import import_sglang_srt

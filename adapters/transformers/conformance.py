@@ -23,10 +23,10 @@ import transformers
 from transformers import LogitsProcessorList
 
 from dynlogits import sdk
-from dynlogits.roles import DisaggregationMode
+from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.sdk import GuardedRequest
 from dynlogits.specs import LogitsProcessorSpec
-from dynlogits.text import TextTokenizer
+from dynlogits.policy.text import TextTokenizer
 
 from .generate import payload_for
 from .processor import DynamoLogitsProcessor, realize_request

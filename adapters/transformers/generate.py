@@ -28,10 +28,10 @@ import torch
 from transformers import LogitsProcessorList
 
 from dynlogits import sdk
-from dynlogits.roles import DisaggregationMode
+from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.sdk import FailureReport
 from dynlogits.specs import ForcedTextSpec, LogitsProcessorSpec, Problem, SpecError
-from dynlogits.text import TextTokenizer, resolve_entries
+from dynlogits.policy.text import TextTokenizer, resolve_entries
 
 from .processor import logits_processor
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from dynlogits import sdk
-from dynlogits.roles import DisaggregationMode
+from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.specs import LogitsProcessorSpec
 
 from . import activation

@@ -24,7 +24,7 @@ from vllm.v1.sample.logits_processor import BatchUpdateBuilder, MoveDirectionali
 
 from dynlogits import sdk
 from dynlogits.sdk.activation import activate_logits_processors
-from dynlogits.roles import DisaggregationMode
+from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.specs import WIRE_KEY, LogitsProcessorSpec
 
 from .processor import DynamoVllmLogitsProcessor
@@ -37,7 +37,7 @@ __all__ = ["VllmV1Driver", "VllmV2Driver", "drivers"]
 def _vllm_config(vocab_size: int) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 
-    from dynlogits.model_builder import default_model_dir
+    from dynlogits.tools.model_builder import default_model_dir
 
     config = EngineArgs(model=str(default_model_dir()), max_model_len=512, dtype="float32",
                         enforce_eager=True).create_engine_config()

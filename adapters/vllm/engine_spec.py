@@ -1,4 +1,4 @@
-"""vLLM's half of the engine-side spec source (``dynlogits.engine_spec``): role, tokenizer, width.
+"""vLLM's half of the engine-side spec source (``dynlogits.policy.engine_spec``): role, tokenizer, width.
 
 * The engine's role comes from its own configuration: ``kv_transfer_config.kv_role`` of
   ``kv_producer`` is a prefill worker (activates nothing unless the operator's spec sets
@@ -19,9 +19,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from dynlogits.engine_spec import EngineSpec, client_payload_config, resolve_engine_spec
-from dynlogits.roles import DisaggregationMode
-from dynlogits.text import TextTokenizer
+from dynlogits.policy.engine_spec import EngineSpec, client_payload_config, resolve_engine_spec
+from dynlogits.policy.roles import DisaggregationMode
+from dynlogits.policy.text import TextTokenizer
 
 from .request import carried_payload, read_payload, request_role
 

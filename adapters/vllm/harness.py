@@ -93,7 +93,7 @@ class V2SamplerHarness:
                  vllm_config: Any = None, device: torch.device | str = "cpu",
                  to_device: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         """``device``/``to_device``: the device the runner's buffers live on and how a host tensor
-        becomes a device view of the same memory (``dynlogits.testing.simcuda``'s model; default: CPU)."""
+        becomes a device view of the same memory (``dynlogits.testing.cuda.simcuda``'s model; default: CPU)."""
         if not HAS_V2_INTERFACE:
             raise RuntimeError("the installed vLLM has no Model Runner V2 logits-processor interface")
         self.vocab_size = vocab_size

@@ -8,7 +8,7 @@ Contract shared by both model runners:
 * ``validate(params)`` is the admission check (front-end process, before the request is queued):
   it raises ``SpecError`` (a ``ValueError`` naming the field) for anything malformed, so vLLM fails
   that request alone (HTTP 400 through ``vllm serve``). Who is trusted with what
-  (``dynlogits.engine_spec``): with the engine as the spec source (``DYN_LOGITS_SPEC_SOURCE=engine``)
+  (``dynlogits.policy.engine_spec``): with the engine as the spec source (``DYN_LOGITS_SPEC_SOURCE=engine``)
   every payload is a client's, held to the operator's ``allow_request_kinds``; with the worker as
   the source (the default) a list was written by the engine's owner and is held to the wire rules,
   while text is a client's, held to ``DYN_LOGITS_REQUEST_KINDS`` (none by default) and the wire rules.
@@ -35,9 +35,9 @@ from typing import Any, NoReturn, Protocol
 import torch
 
 from dynlogits import sdk
-from dynlogits.config import DeploymentConfig
-from dynlogits.engine_spec import PAYLOAD_ROOT, admission_config, check_request_payload, client_payload_config
-from dynlogits.roles import DisaggregationMode, is_generation_stage
+from dynlogits.policy.config import DeploymentConfig
+from dynlogits.policy.engine_spec import PAYLOAD_ROOT, admission_config, check_request_payload, client_payload_config
+from dynlogits.policy.roles import DisaggregationMode, is_generation_stage
 from dynlogits.sdk import FailureReport, GuardedRequest
 from dynlogits.specs import WIRE_KEY, SpecError, SpecLimits
 

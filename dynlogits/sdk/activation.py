@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
-from dynlogits.roles import DisaggregationMode, logits_processors_for_request
+from dynlogits.policy.roles import DisaggregationMode, logits_processors_for_request
 from dynlogits.specs import WIRE_KEY, LogitsProcessorSpec, encode_entries
 
 __all__ = ["activate_logits_processors", "encode_payload", "gate", "put_payload"]

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dynlogits.roles import DisaggregationMode
+from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, LogitsProcessorSpec, encode_entries, kinds
 from dynlogits.specs.schema import golden_vectors
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from dynlogits.roles import DisaggregationMode
+from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.specs import LogitsProcessorSpec
 
 __all__ = ["AdapterDriver", "EngineReadFaults"]

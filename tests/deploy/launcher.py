@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import psutil
 
-from dynlogits.load.deployment import worker_settled
+from dynlogits.tools.load.deployment import worker_settled
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
@@ -83,7 +83,7 @@ def frontend_process(name: str, *args: str, env: dict[str, str] | None = None, h
     and ends it afterwards."""
     port = free_port_block(1)
     out = open(log_path, "wb") if log_path is not None else None  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([PYTHON, "-m", "dynlogits.frontend", "--port", str(port), *args], cwd=ROOT,
+    proc = subprocess.Popen([PYTHON, "-m", "dynlogits.serve.frontend", "--port", str(port), *args], cwd=ROOT,
                             env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT if out else None)
     url = f"http://127.0.0.1:{port}"
 
@@ -121,7 +121,7 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):  # 
 
 
 def settled_stats(worker_url: str, timeout: float = 30) -> dict[str, Any]:
-    """The worker's ``/stats`` once it has settled (``dynlogits.load.deployment.worker_settled``),
+    """The worker's ``/stats`` once it has settled (``dynlogits.tools.load.deployment.worker_settled``),
     or the last answer after ``timeout`` s (for the caller's assertion to show). A single read can
     see the adapter's rows for requests already counted out (measured: 64 rows for four aborted
     ``n=16`` streams, 0 about 0.6 s later)."""

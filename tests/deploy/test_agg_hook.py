@@ -77,7 +77,7 @@ def test_request_kinds_need_the_operators_allow_list(hook_agg: Deployment) -> No
 
 
 def _worker(d: Deployment) -> psutil.Process:
-    return d.named("dynlogits.worker")[0]
+    return d.named("dynlogits.serve.worker")[0]
 
 
 @pytest.fixture()
@@ -118,7 +118,7 @@ def test_worker_killed_gives_503_then_recovers(hook_agg: Deployment, restarted_w
     port = hook_agg.port + 1
     with open(LOG_DIR / "hook-agg-restarted-worker.log", "wb") as log:
         restarted_worker.append(subprocess.Popen(
-            [PYTHON, "-m", "dynlogits.worker", "--port", str(port), *ENGINE_FLAGS], cwd=ROOT,
+            [PYTHON, "-m", "dynlogits.serve.worker", "--port", str(port), *ENGINE_FLAGS], cwd=ROOT,
             env={**os.environ, "DYN_ENABLE_TEST_LOGITS_PROCESSOR": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     wait_until(lambda: httpx.get(f"{hook_agg.url}/health").status_code == 200, 300, "recovery")
@@ -127,7 +127,7 @@ def test_worker_killed_gives_503_then_recovers(hook_agg: Deployment, restarted_w
 
 def test_script_stops_every_child_on_ctrl_c(hook_agg: Deployment) -> None:
     children = hook_agg.processes()[1:]
-    assert any("dynlogits.frontend" in command_line(p) for p in children)
+    assert any("dynlogits.serve.frontend" in command_line(p) for p in children)
     left = hook_agg.stop(signal.SIGINT)
     assert hook_agg.proc is not None and hook_agg.proc.returncode is not None
     assert left == [], f"left behind: {[(p.pid, p.name()) for p in left]}"

@@ -100,7 +100,7 @@ def test_a_model_is_advertised_only_while_prefill_and_decode_are_both_ready(disa
     and a request never meets a 503 from a model that ``/v1/models`` listed."""
     port = free_port_block(3)
     proxies = {role: TcpProxy(port + 1 + i, disagg.port + 1 + i) for i, role in enumerate(("prefill", "decode"))}
-    frontend = subprocess.Popen([PYTHON, "-m", "dynlogits.frontend", "--port", str(port), "--logits-spec",
+    frontend = subprocess.Popen([PYTHON, "-m", "dynlogits.serve.frontend", "--port", str(port), "--logits-spec",
                                  str(SPEC_FILE), "--prefill-worker", f"http://127.0.0.1:{port + 1}",
                                  "--decode-worker", f"http://127.0.0.1:{port + 2}"], cwd=ROOT)
     url = f"http://127.0.0.1:{port}"

@@ -210,7 +210,7 @@ class Faults:
 
     def worker(self) -> psutil.Process:
         """The worker process the launch script runs now (it starts a new one when one exits)."""
-        return self.d.named("dynlogits.worker")[0]
+        return self.d.named("dynlogits.serve.worker")[0]
 
     def wait_serving(self, timeout: float, since: int) -> float:
         """Seconds until the script has restarted the worker (its log, after byte ``since``) and
@@ -231,7 +231,7 @@ def _second_frontend(faults: Faults) -> str:
     port = free_port_block(1) if proc is None else int(proc.args[proc.args.index("--port") + 1])  # type: ignore[union-attr]
     url = f"http://127.0.0.1:{port}"
     if proc is None or proc.poll() is not None:
-        cmd = [PYTHON, "-m", "dynlogits.frontend", "--port", str(port), "--agg-worker", faults.worker_url,
+        cmd = [PYTHON, "-m", "dynlogits.serve.frontend", "--port", str(port), "--agg-worker", faults.worker_url,
                "--logits-spec", str(SPEC_FILE), "--graceful-timeout", str(FRONTEND_DRAIN_S)]
         faults.started["frontend"] = _start("faults-frontend", cmd)
         wait_until(lambda: _health(url) == 200, 60, "the second frontend")
@@ -243,7 +243,7 @@ def _idle_frontend(faults: Faults) -> str:
     proc = faults.started.get("idle-frontend")
     if proc is None or proc.poll() is not None:
         port = free_port_block(1)
-        cmd = [PYTHON, "-m", "dynlogits.frontend", "--port", str(port), "--agg-worker", faults.worker_url,
+        cmd = [PYTHON, "-m", "dynlogits.serve.frontend", "--port", str(port), "--agg-worker", faults.worker_url,
                "--logits-spec", str(SPEC_FILE), "--worker-idle-timeout", str(IDLE_S)]
         faults.started["idle-frontend"] = proc = _start("faults-idle-frontend", cmd)
         wait_until(lambda: _health(f"http://127.0.0.1:{port}") == 200, 60, "the idle-timeout frontend")
@@ -267,7 +267,7 @@ def faults() -> Iterator[Faults]:
 
 def test_a_killed_worker_fails_in_flight_requests_clearly_and_is_restarted_and_picked_up(faults: Faults) -> None:
     d = faults.d
-    frontend = d.named("dynlogits.frontend")[0]
+    frontend = d.named("dynlogits.serve.frontend")[0]
     load = Background(d.base_url, 12, max_tokens=2000, choices=8)
     _wait_streaming(load, 6)
     worker = faults.worker()

@@ -13,7 +13,7 @@ from .launcher import PYTHON, ROOT, WORKER_AUTH, free_port_block, wait_until
 
 
 def test_frontend_imports_no_torch_and_no_engine() -> None:
-    code = ("import sys, dynlogits.frontend.__main__, dynlogits.frontend.app, dynlogits.worker.protocol; "
+    code = ("import sys, dynlogits.serve.frontend.__main__, dynlogits.serve.frontend.app, dynlogits.serve.protocol; "
             "bad = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([PYTHON, "-c", code], check=True, cwd=ROOT, timeout=60)
@@ -23,7 +23,7 @@ def test_frontend_imports_no_torch_and_no_engine() -> None:
 def lonely_frontend() -> Iterator[str]:
     """A frontend whose only worker never comes up."""
     port = free_port_block(2)
-    proc = subprocess.Popen([PYTHON, "-m", "dynlogits.frontend", "--port", str(port),
+    proc = subprocess.Popen([PYTHON, "-m", "dynlogits.serve.frontend", "--port", str(port),
                              "--agg-worker", f"http://127.0.0.1:{port + 1}"], cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
 
@@ -63,13 +63,13 @@ def test_request_validation_runs_before_routing(lonely_frontend: str) -> None:
 
 
 def test_bad_config_is_refused_at_start() -> None:
-    r = subprocess.run([PYTHON, "-m", "dynlogits.frontend", "--agg-worker", "http://127.0.0.1:1",
+    r = subprocess.run([PYTHON, "-m", "dynlogits.serve.frontend", "--agg-worker", "http://127.0.0.1:1",
                         "--allow-request-kinds", "python"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "allow_request_kinds[0]" in r.stderr
 
 
 def test_worker_set_must_be_complete() -> None:
-    r = subprocess.run([PYTHON, "-m", "dynlogits.frontend", "--prefill-worker", "http://127.0.0.1:1"],
+    r = subprocess.run([PYTHON, "-m", "dynlogits.serve.frontend", "--prefill-worker", "http://127.0.0.1:1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--decode-worker" in r.stderr
 

@@ -83,7 +83,7 @@ def check_worker(http: httpx.Client, d: Deployment, raw: bytes) -> None:
 
 def _memory(d: Deployment) -> dict[str, int]:
     """RSS of the frontend process and of the worker with its engine (``/stats``)."""
-    frontend = d.named("dynlogits.frontend")[0]
+    frontend = d.named("dynlogits.serve.frontend")[0]
     stats = httpx.get(d.worker_url(1) + "/stats", timeout=30, headers=WORKER_AUTH).json()
     return {"frontend": frontend.memory_info().rss, "worker": stats["rss_bytes"]}
 

@@ -1,4 +1,4 @@
-"""Sustained load with ``python -m dynlogits.load``: 64 concurrent clients, 512 checked requests.
+"""Sustained load with ``python -m dynlogits.tools.load``: 64 concurrent clients, 512 checked requests.
 
 The main run has the tool start ``launch/agg.sh`` itself (``--launch``), on a fresh engine, and
 reads the worker's ``/stats`` before and after: every answer is its own (no cross-talk), none is
@@ -29,7 +29,7 @@ OWN_PROCESS_GROWTH_BOUND = 32 * 2**20
 WORKER_TREE_GROWTH_BOUND = 256 * 2**20
 
 def _run(args: list[str], json_path: Path, timeout: float) -> dict:
-    out = subprocess.run([PYTHON, "-m", "dynlogits.load", *args, "--json", str(json_path)], cwd=ROOT,
+    out = subprocess.run([PYTHON, "-m", "dynlogits.tools.load", *args, "--json", str(json_path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=timeout)
     print(out.stdout, out.stderr[-3000:])
     assert json_path.exists(), f"exit {out.returncode}: {out.stderr[-3000:]}"

@@ -138,8 +138,8 @@ def test_validation_with_the_plugin_imports_no_torch(plugin_path: Path) -> None:
     """The frontend's modules, the config loader and request validation load the kind's model
     through its entry point, and neither torch nor the kind's processor module."""
     code = (
-        "import sys, dynlogits.frontend.__main__, dynlogits.frontend.app\n"
-        "from dynlogits.config import parse_config\n"
+        "import sys, dynlogits.serve.frontend.__main__, dynlogits.serve.frontend.app\n"
+        "from dynlogits.policy.config import parse_config\n"
         "from dynlogits.specs import parse_entries, encode_entries\n"
         "from dynlogits.specs.kinds import installed_kinds\n"
         "assert sorted(installed_kinds()) == ['ban_range', 'repeat_token'], dict(installed_kinds())\n"
@@ -261,7 +261,7 @@ def test_bad_plugin_entries_get_400_naming_the_field(plugin_agg: Deployment, ent
 
 @pytest.mark.engine
 def test_the_running_frontend_never_loaded_torch(plugin_agg: Deployment) -> None:
-    [frontend] = plugin_agg.named("-m dynlogits.frontend")  # the Python process, not its log's sed
+    [frontend] = plugin_agg.named("-m dynlogits.serve.frontend")  # the Python process, not its log's sed
     mapped = {m.path for m in frontend.memory_maps()}
     assert not [p for p in mapped if "torch" in Path(p).name], "the frontend mapped a torch library"
     assert any("pydantic_core" in p for p in mapped)  # it did load the kind's (pydantic) model
@@ -275,7 +275,7 @@ def test_a_broken_entry_point_stops_the_frontend_at_start(tmp_path: Path) -> Non
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-kind\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[dynlogits.processors]\nwarp = broken_kind_missing:WARP\n")
-    r = subprocess.run([PYTHON, "-m", "dynlogits.frontend", "--agg-worker", "http://127.0.0.1:1"], cwd=ROOT,
+    r = subprocess.run([PYTHON, "-m", "dynlogits.serve.frontend", "--agg-worker", "http://127.0.0.1:1"], cwd=ROOT,
                        env=with_plugin(tmp_path), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert ("invalid logits config: entry point warp = 'broken_kind_missing:WARP' (group dynlogits.processors, "

@@ -136,7 +136,7 @@ def test_cancelled_stream_aborts_the_engine_request(spec_agg: Deployment) -> Non
 
     Deselected by default: in full runs a try's request can be near its end when the check says it
     is running (one clean-clone CI run failed that way), so the outcome depends on scheduling. What
-    runs every time instead: ``tests/test_closing_stream.py`` (the frontend closes the worker stream
+    runs every time instead: ``tests/serve/http/test_closing_stream.py`` (the frontend closes the worker stream
     when its client goes) and ``test_faults.py`` (a worker aborts the engine requests of a frontend
     that went away)."""
     worker = spec_agg.worker_url(1)

@@ -45,9 +45,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def two_workers(spec_agg: Deployment) -> Iterator[tuple[Deployment, list[str], subprocess.Popen[bytes]]]:
     port = free_port_block(2)
     first, second = spec_agg.worker_url(1), f"http://127.0.0.1:{port + 1}"
-    worker = _start("routing-second-worker", ["dynlogits.worker", "--port", str(port + 1), "--logits-spec",
+    worker = _start("routing-second-worker", ["dynlogits.serve.worker", "--port", str(port + 1), "--logits-spec",
                                               str(SPEC_FILE), "--graceful-timeout", "120", *ENGINE_FLAGS])
-    frontend = _start("routing-frontend", ["dynlogits.frontend", "--port", str(port), "--agg-worker",
+    frontend = _start("routing-frontend", ["dynlogits.serve.frontend", "--port", str(port), "--agg-worker",
                                            f"{first},{second}", "--logits-spec", str(SPEC_FILE)])
     front = Deployment("routing", "agg.sh", port)  # only its URLs are used; the processes are ours
     try:

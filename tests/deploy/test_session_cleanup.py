@@ -78,7 +78,7 @@ def test_a_killed_session_leaves_no_deployment_process(tmp_path: Path, sig: int)
         script = psutil.Process(int(pidfile.read_text()))
         tree = [script, *script.children(recursive=True)]
         names = " ".join(command_line(p) for p in tree)
-        assert "dynlogits.frontend" in names and "dynlogits.worker" in names, names
+        assert "dynlogits.serve.frontend" in names and "dynlogits.serve.worker" in names, names
         assert len(_inner_session_processes()) >= len(tree)
         inner.send_signal(sig)
         assert inner.wait(timeout=30) == -sig
@@ -102,7 +102,7 @@ def test_a_launch_script_killed_with_sigkill_leaves_no_child(tmp_path: Path) -> 
     try:
         wait_until(lambda: _frontend_up(port), 60, "the deployment's frontend")
         children = psutil.Process(script.pid).children(recursive=True)
-        assert any("dynlogits.worker" in command_line(p) for p in children)
+        assert any("dynlogits.serve.worker" in command_line(p) for p in children)
         os.killpg(script.pid, signal.SIGKILL)
         script.wait()
         _, alive = psutil.wait_procs(children, timeout=30)

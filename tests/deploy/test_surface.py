@@ -81,7 +81,7 @@ def _huge_head(port: int, size: int = 24 << 20) -> str:
 
 
 def test_oversized_heads_are_refused_on_both_ports_and_the_frontend_keeps_no_memory(spec_agg: Deployment) -> None:
-    frontend = spec_agg.named("dynlogits.frontend")[0]
+    frontend = spec_agg.named("dynlogits.serve.frontend")[0]
     ports = itertools.cycle([spec_agg.port, _port(spec_agg.worker_url(1))])
     start = frontend.memory_info().rss
     latencies, statuses = latencies_during(Abuse(lambda: _huge_head(next(ports)), threads=4), spec_agg, under_way=8)
@@ -178,7 +178,7 @@ def test_generation_asked_of_the_worker_port_without_the_secret_costs_nothing(sp
 
 
 def test_the_worker_port_is_loopback_only_and_open_only_for_liveness(spec_agg: Deployment) -> None:
-    worker = spec_agg.named("dynlogits.worker")[0]
+    worker = spec_agg.named("dynlogits.serve.worker")[0]
     listening = {c.laddr.ip for c in worker.net_connections(kind="inet") if c.status == "LISTEN"}
     assert listening == {"127.0.0.1"}, listening
     r = httpx.get(spec_agg.worker_url(1) + "/health", timeout=30)

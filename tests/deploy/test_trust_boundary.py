@@ -124,7 +124,7 @@ def narrow_frontend(spec_agg: Deployment) -> Iterator[Deployment]:
     """A second frontend allowing only ``banned_tokens``, in front of spec_agg's worker (which allows
     every kind): only the frontend's allow-list stands between a client and the engine."""
     port = free_port_block(1)
-    proc = subprocess.Popen([PYTHON, "-m", "dynlogits.frontend", "--port", str(port), "--agg-worker",
+    proc = subprocess.Popen([PYTHON, "-m", "dynlogits.serve.frontend", "--port", str(port), "--agg-worker",
                              spec_agg.worker_url(1), "--allow-request-kinds", "banned_tokens"], cwd=ROOT)
     d = Deployment("narrow", "agg.sh", port)  # only its URLs are used; the process is ours
     try:
@@ -184,7 +184,7 @@ def test_oversized_specs_are_refused_before_any_worker_sees_them(spec_agg: Deplo
 def test_a_huge_body_is_refused_unread_with_bounded_memory(spec_agg: Deployment) -> None:
     """64 MiB streamed without a length: the frontend stops reading at its 4 MiB limit and answers
     413; its memory does not grow by the body's size."""
-    frontend = spec_agg.named("dynlogits.frontend")[0]
+    frontend = spec_agg.named("dynlogits.serve.frontend")[0]
     before = frontend.memory_info().rss
 
     def body() -> Iterator[bytes]:

@@ -19,10 +19,10 @@ from vllm.config import KVTransferConfig
 from dynlogits import sdk
 from dynlogits.adapters.vllm.engine_spec import VllmEngineSpec, engine_role, request_role
 from dynlogits.adapters.vllm.request import realize_request, validate
-from dynlogits.engine_spec import SPEC_SOURCE_ENV, SpecSource, resolve_engine_spec, spec_source
-from dynlogits.roles import DisaggregationMode as Mode
+from dynlogits.policy.engine_spec import SPEC_SOURCE_ENV, SpecSource, resolve_engine_spec, spec_source
+from dynlogits.policy.roles import DisaggregationMode as Mode
 from dynlogits.specs import SpecError
-from dynlogits.test_hook import TEST_HOOK_ENV, TEST_HOOK_TEXT
+from dynlogits.policy.hook import TEST_HOOK_ENV, TEST_HOOK_TEXT
 
 VOCAB = 1024  # the embedded model's logits width
 ENGINE = {SPEC_SOURCE_ENV: "engine"}
@@ -41,7 +41,7 @@ def write_config(tmp_path: Path, doc: dict[str, Any]) -> dict[str, str]:
 
 
 def test_the_worker_is_the_default_source_so_the_engine_resolves_nothing(embedded_tokenizer: Any) -> None:
-    # The embedded worker (python -m dynlogits.worker) writes extra_args itself: the engine must not add the hook again.
+    # The embedded worker (python -m dynlogits.serve.worker) writes extra_args itself: the engine must not add the hook again.
     assert spec_source({}) is SpecSource.WORKER
     assert resolve_engine_spec(Mode.AGGREGATED, lambda: embedded_tokenizer, VOCAB, {TEST_HOOK_ENV: "1"}) is None
 

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dynlogits.config import DeploymentConfig, parse_config
-from dynlogits.frontend.app import HTTPError, _validate
-from dynlogits.frontend.openai_models import ChatCompletionRequest, CompletionRequest
+from dynlogits.policy.config import DeploymentConfig, parse_config
+from dynlogits.serve.frontend.app import HTTPError, _validate
+from dynlogits.serve.frontend.openai_models import ChatCompletionRequest, CompletionRequest
 from dynlogits.specs import DEFAULT_LIMITS, SpecError, decode_wire_payload, parse_entries, parse_spec
-from dynlogits.untrusted import BodyError, parse_json_body
+from dynlogits.serve.http.bodies import BodyError, parse_json_body
 
 from . import strategies as s
 

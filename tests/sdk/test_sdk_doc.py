@@ -84,7 +84,7 @@ def test_the_docs_toy_backend_passes_every_check(toy: ModuleType) -> None:
 
 def test_the_command_runs_a_third_party_driver_by_import_string(toy_dir: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(toy_dir), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "dynlogits.cli", "conformance", "toy_backend:drivers"],
+    proc = subprocess.run([sys.executable, "-m", "dynlogits.tools.cli", "conformance", "toy_backend:drivers"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
@@ -94,13 +94,13 @@ def test_the_command_runs_a_third_party_driver_by_import_string(toy_dir: Path) -
 
 
 def test_the_command_fails_for_an_unknown_adapter() -> None:
-    proc = subprocess.run([sys.executable, "-m", "dynlogits.cli", "conformance", "nope"],
+    proc = subprocess.run([sys.executable, "-m", "dynlogits.tools.cli", "conformance", "nope"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unknown adapter 'nope'" in proc.stderr
 
 
 def test_the_toy_activation_drops_a_smuggled_payload(toy: ModuleType) -> None:
-    from dynlogits.roles import DisaggregationMode
+    from dynlogits.policy.roles import DisaggregationMode
 
     req = toy.make_request([1, 2], None, DisaggregationMode.AGGREGATED, client_params={sdk.WIRE_KEY: [{"kind": "x"}], "a": 1})
     assert req.params == {"a": 1}

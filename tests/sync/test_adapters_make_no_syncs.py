@@ -1,6 +1,6 @@
 """Every adapter, driven over a whole sequence as its engine drives it (admissions, removals,
 reorders, a request failing on the device, speculative drafts, every built-in kind and a
-``python`` kind), on the CUDA model of ``dynlogits.testing.simcuda``: no step waits for the device,
+``python`` kind), on the CUDA model of ``dynlogits.testing.cuda.simcuda``: no step waits for the device,
 and the failing request is still reported (its flags are read from a copy that has landed)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from dynlogits.bench.sync_drive import EOS, ROW_ENGINES, Scenario, drive_apply_rows, drive_v1, drive_v2, realizing
-from dynlogits.testing.simcuda import SimCuda
+from dynlogits.testing.cuda.drive import EOS, ROW_ENGINES, Scenario, drive_apply_rows, drive_v1, drive_v2, realizing
+from dynlogits.testing.cuda.simcuda import SimCuda
 
 NO_TOKEN_LEFT = "no token left to sample"
 

@@ -1,5 +1,5 @@
 """A request that fails on the device is reported whatever the engine calls next, on the CUDA model
-(``dynlogits.testing.simcuda``: a copy lands only once the modelled device has caught up), for
+(``dynlogits.testing.cuda.simcuda``: a copy lands only once the modelled device has caught up), for
 every adapter, with no sync added; and each mechanism behind it is needed (its mutant is caught).
 
 The sequence (``sync_drive.failure_then``): one request forcing a token the grammar masks, its
@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from dynlogits import sdk
-from dynlogits.bench.sync_drive import AFTER, FAILING, GRAMMAR_MASKED, ROW_ENGINES, failure_then
+from dynlogits.testing.cuda.drive import AFTER, FAILING, GRAMMAR_MASKED, ROW_ENGINES, failure_then
 from dynlogits.sdk import readback
 from dynlogits.sdk.resident import flags, slot_batch
-from dynlogits.testing.simcuda import SimCuda
+from dynlogits.testing.cuda.simcuda import SimCuda
 
 RUNNERS = ["v1", "v2", *sorted(ROW_ENGINES)]
 EOS = 1

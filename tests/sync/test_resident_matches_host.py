@@ -12,7 +12,7 @@ import torch
 from dynlogits import sdk
 from dynlogits.sdk.resident.slot_batch import SlotBatch
 from dynlogits.processors.thinking_budget import DeviceThinking
-from dynlogits.testing.simcuda import SimCuda
+from dynlogits.testing.cuda.simcuda import SimCuda
 
 V = 32
 EOS = 1

@@ -9,7 +9,7 @@ import torch
 
 from dynlogits import sdk
 from dynlogits.processors.thinking_budget import DeviceThinking
-from dynlogits.testing.simcuda import SimCuda
+from dynlogits.testing.cuda.simcuda import SimCuda
 
 V, PROMPT, SLOTS = 64, 3, 4
 START, END = 20, 21

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dynlogits.testing.simcuda import SimCuda
+from dynlogits.testing.cuda.simcuda import SimCuda
 from dynlogits.processors.uploads import StepUpload
 
 

@@ -1,5 +1,0 @@
-"""``python -m dynlogits.frontend``: the OpenAI-compatible HTTP frontend.
-
-Imports no torch and no engine: it validates requests with :mod:`dynlogits.specs`
-and routes them to workers over HTTP (:mod:`dynlogits.worker.protocol`).
-"""

@@ -1,0 +1,160 @@
+"""Operator configuration: a YAML or JSON file with the deployment's spec and request policy.
+
+```yaml
+entries:                      # the deployment spec (optional; may be empty)
+  - {kind: banned_tokens, token_ids: [13]}
+generation_only: true
+allow_request_kinds: [forced_text, logit_bias]   # what clients may ask for per request
+limits: {max_entries: 8}      # tighten the default bounds
+```
+Found via ``--logits-spec FILE`` or ``DYN_LOGITS_SPEC=FILE``. Installed plug-in kinds
+(``dynlogits.specs.kinds``) may appear in ``entries`` and ``allow_request_kinds`` like
+built-in ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
+
+from dynlogits.specs import (
+    DEFAULT_LIMITS,
+    ENTRY_KINDS,
+    REQUEST_FORBIDDEN_KINDS,
+    Entry,
+    LogitsProcessorSpec,
+    Problem,
+    SpecError,
+    SpecLimits,
+)
+from dynlogits.specs.errors import problems_from_pydantic
+from dynlogits.specs.kinds import plugin_kinds
+from dynlogits.specs.limits import limit_problems
+from dynlogits.specs.union import kind_tags, open_entries
+
+__all__ = ["SPEC_FILE_ENV", "DeploymentConfig", "config_from_sources", "load_config", "load_deployment_config", "parse_config",
+           "split_kinds"]
+
+SPEC_FILE_ENV = "DYN_LOGITS_SPEC"
+
+
+class _LimitsModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_entries: StrictInt = Field(DEFAULT_LIMITS.max_entries, ge=1)
+    max_token_ids: StrictInt = Field(DEFAULT_LIMITS.max_token_ids, ge=1)
+    max_text_chars: StrictInt = Field(DEFAULT_LIMITS.max_text_chars, ge=1)
+    max_bias_entries: StrictInt = Field(DEFAULT_LIMITS.max_bias_entries, ge=1)
+    max_budget: StrictInt = Field(DEFAULT_LIMITS.max_budget, ge=1)
+
+
+class _ConfigModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    entries: tuple[Entry, ...] = ()
+    generation_only: StrictBool = True
+    allow_request_kinds: tuple[StrictStr, ...] = ()
+    limits: _LimitsModel = _LimitsModel()
+
+    @field_validator("entries", mode="wrap")
+    @classmethod
+    def _admit_plugin_kinds(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return open_entries(value, handler, min_length=0)
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """What a worker/frontend needs from the operator: spec, request policy, limits."""
+
+    spec: LogitsProcessorSpec | None = None
+    allow_request_kinds: frozenset[str] = frozenset()
+    limits: SpecLimits = field(default=DEFAULT_LIMITS)
+
+    @property
+    def active(self) -> bool:
+        """Whether any source can activate processors (adapter registration needs this)."""
+        return self.spec is not None or bool(self.allow_request_kinds)
+
+
+def parse_config(data: Any, *, source: str = "config") -> DeploymentConfig:
+    """Validate a loaded document; ``SpecError`` whose paths name the bad fields.
+
+    Plug-in kinds in force count as known kinds (a broken plug-in raises its ``KindError``).
+    """
+    plugins = plugin_kinds()
+    try:
+        model = _ConfigModel.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(problems_from_pydantic(err.errors(), root="", tags=kind_tags(plugins))) from None
+    limits = SpecLimits(**model.limits.model_dump())
+    problems = list(limit_problems(model.entries, limits, root="entries"))
+    allowable = (ENTRY_KINDS | frozenset(plugins)) - REQUEST_FORBIDDEN_KINDS
+    for i, kind in enumerate(model.allow_request_kinds):
+        if kind in REQUEST_FORBIDDEN_KINDS:
+            problems.append(Problem(f"allow_request_kinds[{i}]", f"kind {kind!r} runs code on workers and may never be allowed in requests"))
+        elif kind not in allowable:
+            problems.append(Problem(f"allow_request_kinds[{i}]", f"unknown kind {kind!r} (expected one of {sorted(allowable)})"))
+    if problems:
+        raise SpecError(problems)
+    spec = LogitsProcessorSpec(entries=model.entries, generation_only=model.generation_only) if model.entries else None
+    return DeploymentConfig(spec=spec, allow_request_kinds=frozenset(model.allow_request_kinds), limits=limits)
+
+
+def load_config(path: str | os.PathLike[str]) -> DeploymentConfig:
+    """Read and validate a ``.yaml``/``.yml``/``.json`` file; errors name the file and field."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise SpecError.single(str(p), f"cannot read: {err.strerror}") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise SpecError.single(str(p), f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {err}") from None
+    try:
+        return parse_config(data if data is not None else {})
+    except SpecError as err:
+        raise SpecError([Problem(f"{p.name}: {pr.path}" if pr.path else p.name, pr.rule) for pr in err.problems]) from None
+
+
+def config_from_sources(cli_path: str | None, environ: Mapping[str, str] = os.environ) -> DeploymentConfig:
+    """``--logits-spec`` wins over ``DYN_LOGITS_SPEC``; neither gives an inactive config.
+
+    Loads the installed plug-in kinds either way, so a broken plug-in stops a process
+    at start-up (``KindError``) rather than failing its first request.
+    """
+    plugin_kinds()
+    path = cli_path or environ.get(SPEC_FILE_ENV)
+    return load_config(path) if path else DeploymentConfig()
+
+
+def split_kinds(value: str | None) -> frozenset[str]:
+    """``"a,b"`` -> ``{"a", "b"}``; empty items are ignored."""
+    return frozenset(k.strip() for k in (value or "").split(",") if k.strip())
+
+
+def load_deployment_config(logits_spec: str | None, allow_request_kinds: frozenset[str]) -> DeploymentConfig:
+    """The operator's config (``--logits-spec`` or ``$DYN_LOGITS_SPEC``) with the CLI's
+    ``--allow-request-kinds`` added; ``SpecError`` naming the bad file field or kind."""
+    config = config_from_sources(logits_spec)
+    if not allow_request_kinds:
+        return config
+    # Validate the CLI kinds with the config file's own rules (python never allowed).
+    extra = parse_config({"allow_request_kinds": sorted(allow_request_kinds)})
+    return dataclasses.replace(config, allow_request_kinds=config.allow_request_kinds | extra.allow_request_kinds)

@@ -1,0 +1,161 @@
+"""The frontend's client limits in one place, and the ASGI layer that applies those the app cannot.
+
+:class:`ClientGuard` holds the per-request bounds (``dynlogits.serve.limits``), the server limits
+(``ServerLimits``: timeouts, connections, admission), who a client is (``.identity``) and the
+:class:`~.admission.Admission` state. :class:`ClientLimitsMiddleware` wraps the app (``python -m
+dynlogits.serve.frontend`` does) and
+
+* answers a ``/v1/`` request without a valid API key with 401, when keys are configured;
+* hands the guard to the request handlers (``scope["state"]``, see :func:`client_guard`);
+* ends a response whose client has taken no data for ``send_timeout_s``: a stalled reader would
+  otherwise hold its admitted sequences, and so the engine's capacity, for as long as it likes
+  (the streaming body is closed, which aborts the engine request, and the connection is closed);
+* releases the request's admission ticket once its response has ended, however it ended;
+* closes the connection after a 408 for a body that did not arrive in time (kept alive, it would
+  go on receiving the trickle). After a 413 the rest of the body is read and dropped as it comes,
+  as before: closing with unread data resets the connection and the client may lose the answer;
+  bytes that go on arriving after the answer fall under the head deadline like a next request's.
+
+Request heads and the number of connections are bounded below the app, in uvicorn's protocol
+(``dynlogits.serve.http.connections``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from dynlogits.serve.http.bearer_auth import send_unauthorized
+from dynlogits.serve.http.connections import ABORT_KEY
+from dynlogits.serve.http.protocol_errors import ProtocolErrorLog
+from dynlogits.serve.limits import RequestLimits
+
+from .fair_queue import Admission, Ticket
+from .args import ServerLimits
+from .identity import ClientIdentity
+from .metrics import FrontendMetrics
+
+__all__ = ["ClientGuard", "ClientLimitsMiddleware", "client_guard", "hold_ticket"]
+
+log = logging.getLogger("dynlogits.serve.frontend")
+
+_GUARD = "dynlogits.client_guard"
+_TICKET = "dynlogits.admission_ticket"
+
+
+@dataclass
+class ClientGuard:
+    """Everything a handler needs to hold a request to the client limits."""
+
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
+    server: ServerLimits = field(default_factory=ServerLimits)
+    metrics: FrontendMetrics | None = None
+    #: Who a client is; by default its address, or ``server.client_id_header`` when set.
+    identity: ClientIdentity = None  # type: ignore[assignment]
+    #: Where client protocol errors are counted and logged (``None``: only counted in the metrics).
+    protocol_errors: ProtocolErrorLog | None = None
+    admission: Admission = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.server
+        if self.identity is None:
+            self.identity = ClientIdentity(client_id_header=s.client_id_header)
+        self.admission = Admission(max_inflight=s.max_inflight_sequences, max_per_client=s.max_client_sequences,
+                                   queue_timeout_s=s.queue_timeout_s)
+
+    def client(self, scope: Any) -> str:
+        return self.identity.client(scope)
+
+    def protocol_error(self, kind: str, detail: str) -> None:
+        if self.protocol_errors is not None:
+            self.protocol_errors.report(kind, detail)
+        elif self.metrics is not None:
+            self.metrics.protocol_errors.labels(kind=kind).inc()
+
+    def refused(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.refused.labels(reason=reason).inc()
+
+    def closed(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.connections_closed.labels(reason=reason).inc()
+
+    def update_gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.inflight_sequences.set(self.admission.in_flight)
+            self.metrics.queued_requests.set(self.admission.queued)
+
+
+def client_guard(request: Any) -> ClientGuard:
+    """The guard :class:`ClientLimitsMiddleware` put in the request's scope; without the middleware
+    (an app served some other way) one with the default limits, shared by the app's requests, whose
+    admission is not enforced (see :func:`hold_ticket`)."""
+    guard = request.scope.get("state", {}).get(_GUARD)
+    if guard is None:
+        guard = getattr(request.app.state, "client_guard", None)
+        if guard is None:
+            guard = request.app.state.client_guard = ClientGuard()
+    return guard
+
+
+def hold_ticket(request: Any, ticket: Ticket) -> None:
+    """Have the middleware release ``ticket`` once the request's response has ended. Without the
+    middleware nothing would, so the ticket is released at once (admission is then not enforced)."""
+    state = request.scope.setdefault("state", {})
+    if _GUARD in state:
+        state[_TICKET] = ticket
+    else:
+        ticket.release()
+
+
+class ClientLimitsMiddleware:
+    """Pure ASGI middleware around the frontend app (see the module docstring)."""
+
+    def __init__(self, app: Any, guard: ClientGuard) -> None:
+        self.app, self.guard = app, guard
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        identity = self.guard.identity
+        if identity.keys_required and scope.get("path", "").startswith("/v1/") and identity.key_of(scope) is None:
+            self.guard.refused("unauthorized")
+            await send_unauthorized(send, "a valid API key is required: send it as 'Authorization: Bearer <key>' "
+                                          "(the openai client's api_key)")
+            return
+        state = scope.setdefault("state", {})
+        state[_GUARD] = self.guard
+        timeout = self.guard.server.send_timeout_s
+        stalled = False
+
+        async def guarded_send(message: Any) -> None:
+            nonlocal stalled
+            if message["type"] == "http.response.start" and message.get("status") == 408:
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            try:
+                with anyio.fail_after(timeout):
+                    await send(message)
+            except TimeoutError:
+                stalled = True
+                raise
+
+        try:
+            await self.app(scope, receive, guarded_send)
+        except BaseException:  # noqa: BLE001 - a stall may arrive wrapped in an exception group
+            if not stalled:
+                raise
+            log.warning("a client took no data for %g s; its response was ended and its connection dropped "
+                        "(limit send_timeout)", timeout)
+            self.guard.closed("send_timeout")
+            abort = state.get(ABORT_KEY)
+            if abort is not None:  # else uvicorn closes it, once the client has read what is buffered
+                abort()
+        finally:
+            ticket = state.pop(_TICKET, None)
+            if ticket is not None:
+                ticket.release()
+            self.guard.update_gauges()

@@ -1,0 +1,173 @@
+"""The OpenAI request bodies the frontend accepts, and their mapping to the worker protocol.
+
+Unknown fields are accepted and ignored (OpenAI SDKs send more than we use); known
+fields are type-checked, and a bad one is a 400 naming it. A known OpenAI or vLLM field this
+deployment would *not* honour (``logprobs``, ``tools``, ``repetition_penalty``, ...) is refused
+with a 400 naming it unless it holds its neutral value (:data:`UNSUPPORTED_FIELDS`): a client must
+never get a 200 that silently ignored what it asked for. ``logit_bias``, ``allowed_token_ids`` and
+``bad_words`` are honoured through logits-processor kinds (``dynlogits.serve.openai_controls``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from dynlogits.serve.protocol import ChatMessage, ExtraArgs, Int32, Int64, SamplingOptions, drop_smuggled_payload
+
+__all__ = ["UNSUPPORTED_FIELDS", "ChatCompletionRequest", "CompletionRequest", "RequestBody", "drop_smuggled_payload",
+           "unsupported_field"]
+
+#: Fields of OpenAI's API (and vLLM's extensions of it) this frontend does not honour, each with the
+#: values that ask for nothing (sent by clients that fill in defaults). Any other value is a 400.
+UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+    "suffix": (None, ""), "response_format": (None, {"type": "text"}), "tools": (None, []), "functions": (None, []),
+    "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"), "prediction": (None,),
+    "audio": (None,), "modalities": (None, ["text"]),
+    # vLLM's sampling and rendering extensions
+    "min_tokens": (None, 0), "repetition_penalty": (None, 1, 1.0), "min_p": (None, 0, 0.0),
+    "stop_token_ids": (None, []), "include_stop_str_in_output": (None, False), "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0), "prompt_logprobs": (None, 0), "truncate_prompt_tokens": (None,),
+    "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
+    "structured_outputs": (None,), "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
+    "guided_grammar": (None,), "guided_decoding_backend": (None,), "chat_template": (None,),
+    "chat_template_kwargs": (None, {}), "add_generation_prompt": (None, True), "continue_final_message": (None, False),
+    "priority": (None, 0), "return_tokens_as_token_ids": (None, False),
+}
+#: vLLM request fields that carry serving-stack state between processes: never from a client.
+ENGINE_INTERNAL_FIELDS = ("kv_transfer_params", "ec_transfer_params")
+
+
+def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    # ``True == 1`` in Python: a boolean matches only a boolean (``best_of: true`` is not ``best_of: 1``).
+    return any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral)
+
+
+def unsupported_field(body: dict[str, Any]) -> tuple[str, str] | None:
+    """``(field, message)`` for the first field ``body`` sets that this frontend would ignore, else ``None``."""
+    for name in ENGINE_INTERNAL_FIELDS:
+        if body.get(name) is not None:
+            return name, f"{name}: engine-internal (set only by the serving stack); a client may not send it"
+    for name, neutral in UNSUPPORTED_FIELDS.items():
+        if name in body and not _neutral(body[name], neutral):
+            return name, (f"{name}: not supported by this deployment, so it would be ignored; remove it "
+                          f"(accepted only as {' or '.join(json.dumps(n) for n in neutral)})")
+    return None
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class RequestBody(BaseModel):
+    """Fields shared by chat and text completions."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    max_tokens: Int32 | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: Int32 | None = None
+    n: int = Field(default=1, ge=1, le=16)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: Int64 | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    ignore_eos: bool = False
+    #: The per-request spec: a list of entries, same schema as the wire (validated separately).
+    logits_processors: Any = None
+    #: OpenAI's ``{"token id": bias}`` and vLLM's ``allowed_token_ids`` / ``bad_words``: mapped onto
+    #: kinds and validated by ``dynlogits.serve.openai_controls`` (raw here, so its errors name them).
+    logit_bias: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    #: Flat values only (vLLM's REST shape); ``dynamo_logits`` is dropped before the check, an
+    #: engine-internal key (``kv_transfer_params``) is refused.
+    vllm_xargs: ExtraArgs | None = None
+    extra_args: ExtraArgs | None = None
+
+    @field_validator("vllm_xargs", "extra_args", mode="before")
+    @classmethod
+    def _drop_wire_key(cls, value: Any) -> Any:
+        return drop_smuggled_payload(value)
+
+    def sampling(self) -> SamplingOptions:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingOptions(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+                               top_k=self.top_k, seed=self.seed, n=self.n, stop=stop,
+                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                               ignore_eos=self.ignore_eos)
+
+    def controls(self) -> dict[str, Any]:
+        """The OpenAI/vLLM logits fields as sent (see ``dynlogits.serve.openai_controls``)."""
+        return {"logit_bias": self.logit_bias, "allowed_token_ids": self.allowed_token_ids,
+                "bad_words": self.bad_words}
+
+    def client_extra_args(self) -> dict[str, Any]:
+        return {**(self.extra_args or {}), **(self.vllm_xargs or {})}  # dynamo_logits already dropped
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(RequestBody):
+    """``POST /v1/chat/completions``; message content may be a string or text parts."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: Int32 | None = Field(default=None, ge=1)
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for m in messages:
+            if not isinstance(m.get("role"), str):
+                raise ValueError("every message needs a string 'role'")
+            content = m.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise ValueError("message content must be a string or a list of text parts")
+            if isinstance(content, list) and not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise ValueError("only text content parts are supported")
+        return messages
+
+    def chat_messages(self) -> list[ChatMessage]:
+        out = []
+        for m in self.messages:
+            content = m.get("content") or ""
+            if isinstance(content, list):
+                content = "".join(str(p.get("text", "")) for p in content)
+            out.append(ChatMessage(role=m["role"], content=content))
+        return out
+
+    def sampling(self) -> SamplingOptions:
+        options = super().sampling()
+        if self.max_tokens is None and self.max_completion_tokens is not None:
+            options.max_tokens = self.max_completion_tokens
+        return options
+
+
+class CompletionRequest(RequestBody):
+    """``POST /v1/completions``: one prompt, as text or token ids."""
+
+    prompt: str | list[Int64] | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt: str | list[Int64] | list[str]) -> str | list[Int64] | list[str]:
+        if isinstance(prompt, list):
+            if not prompt:
+                raise ValueError("must not be empty")
+            if isinstance(prompt[0], str) and len(prompt) != 1:
+                raise ValueError("batched prompts are not supported; send one prompt per request")
+        return prompt
+
+    def prompt_fields(self) -> dict[str, Any]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], int):
+            return {"prompt_token_ids": list(p)}
+        return {"prompt": p[0] if isinstance(p, list) else p}

@@ -1,0 +1,142 @@
+"""The SGLang engine behind a worker (``python -m dynlogits.serve.worker --backend sglang``).
+
+Request building is SGLang-native and tested here on CPU up to the engine call: sampling params as
+SGLang's dict, the gated entries activated by ``dynlogits.adapters.sglang.activate`` (the worker's
+own processor string; a client never supplies one), and SGLang's real ``GenerateReqInput``.
+Starting the engine needs SGLang with its GPU dependencies (``pip install 'dynlogits[sglang]'`` on
+a CUDA host); where it cannot start, ``start_sglang_engine`` raises ``SglangEngineUnavailable``
+saying why, and the worker exits 1. Nothing in this project starts SGLang's engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .vllm_engine import EngineRequestError, VllmEngine
+from ..protocol import GenerateChunk, SamplingOptions, Usage
+
+__all__ = ["SglangEngine", "SglangEngineUnavailable", "SglangRequest", "sglang_server_args", "start_sglang_engine"]
+
+_NEEDS = ("the SGLang backend needs SGLang installed with its GPU dependencies (pip install 'dynlogits[sglang]' on a "
+          "CUDA host with sgl-kernel)")
+
+
+class SglangEngineUnavailable(RuntimeError):
+    """SGLang's engine cannot start here; the message says why."""
+
+
+@dataclass(frozen=True)
+class SglangRequest:
+    """One request's SGLang fields: the sampling-params dict and the worker's processor string."""
+
+    sampling_params: dict[str, Any]
+    custom_logit_processor: str | None
+
+    def generate_req_input(self, prompt_ids: Sequence[int], request_id: str) -> Any:
+        """SGLang's real ``GenerateReqInput`` for this request (streaming)."""
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        return GenerateReqInput(rid=request_id, input_ids=list(prompt_ids), sampling_params=dict(self.sampling_params),
+                                custom_logit_processor=self.custom_logit_processor, stream=True)
+
+
+class _Handle:
+    """What the worker app calls on ``engine.engine`` (health, abort) for an ``sglang.Engine``."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    async def check_health(self) -> None:
+        if self.engine is None:
+            raise RuntimeError("SGLang engine not started")
+
+    async def abort(self, request_id: str) -> None:
+        if self.engine is not None:
+            self.engine.tokenizer_manager.abort_request(request_id)
+
+
+@dataclass
+class SglangEngine(VllmEngine):
+    """An ``sglang.Engine`` plus what the worker needs; prompt rendering is the vLLM worker's."""
+
+    def sampling_params(self, options: SamplingOptions, entries: Sequence[Any], extra_args: dict[str, Any]) -> SglangRequest:
+        """SGLang sampling params with the gated entries activated. ``extra_args`` (vLLM's
+        ``vllm_xargs``) has no SGLang counterpart and is not forwarded."""
+        from dynlogits.adapters.sglang import activate
+
+        params: dict[str, Any] = {"n": options.n, "ignore_eos": options.ignore_eos}
+        for ours, theirs in (("max_tokens", "max_new_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
+                             ("top_k", "top_k"), ("seed", "sampling_seed"), ("presence_penalty", "presence_penalty"),
+                             ("frequency_penalty", "frequency_penalty")):
+            value = getattr(options, ours)
+            if value is not None:
+                params[theirs] = value
+        if options.stop:
+            params["stop"] = list(options.stop)
+        fields = activate(params, entries)
+        return SglangRequest(sampling_params=params, custom_logit_processor=fields.custom_logit_processor)
+
+    async def generate(self, prompt_ids: list[int], params: SglangRequest, request_id: str) -> AsyncGenerator[GenerateChunk, None]:
+        """Stream SGLang's outputs as chunks (not run in this project: SGLang needs a GPU)."""
+        completion_tokens = 0
+        try:
+            stream = await self.engine.engine.async_generate(
+                input_ids=prompt_ids, sampling_params=params.sampling_params,
+                custom_logit_processor=params.custom_logit_processor, stream=True, rid=request_id)
+            async for out in stream:
+                ids = list(out.get("output_ids") or [])
+                completion_tokens = max(completion_tokens, len(ids))
+                finish = (out.get("meta_info") or {}).get("finish_reason")
+                yield GenerateChunk(index=int(out.get("index", 0)), text=out.get("text", ""), token_ids=ids,
+                                    finish_reason=(finish or {}).get("type") if isinstance(finish, dict) else finish)
+        except ValueError as err:  # SGLang's request validation
+            raise EngineRequestError(str(err)) from None
+        yield GenerateChunk(usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens,
+                                        total_tokens=len(prompt_ids) + completion_tokens))
+
+    def shutdown(self) -> None:
+        if self.engine.engine is not None:
+            self.engine.engine.shutdown()
+
+
+def sglang_server_args(model: str, served_name: str, engine_args: Sequence[str], *, register_adapter: bool) -> Any:
+    """SGLang's ``ServerArgs`` from the worker's engine flags, with the adapter enabled
+    (``--enable-custom-logit-processor``; speculative decoding and watermarking refused)."""
+    from sglang.srt.server_args import ServerArgs
+
+    from dynlogits.adapters.sglang import enable_adapter
+
+    parser = argparse.ArgumentParser(prog="dynlogits.serve.worker (sglang engine)")
+    ServerArgs.add_cli_args(parser)
+    server_args = ServerArgs.from_cli_args(parser.parse_args(["--model-path", model, "--served-model-name", served_name,
+                                                              *engine_args]))
+    return enable_adapter(server_args) if register_adapter else server_args
+
+
+def start_sglang_engine(model: str, served_name: str, engine_args: Sequence[str], *, register_adapter: bool) -> SglangEngine:
+    """Start ``sglang.Engine`` (blocking); ``SglangEngineUnavailable`` when it cannot start here."""
+    from dynlogits.adapters.sglang import UnsupportedEngineConfig, sglang_engine_env
+
+    for key, value in sglang_engine_env().items():
+        os.environ.setdefault(key, value)
+    try:
+        from sglang.srt.entrypoints.engine import Engine
+
+        server_args = sglang_server_args(model, served_name, engine_args, register_adapter=register_adapter)
+    except UnsupportedEngineConfig:
+        raise
+    except (Exception, SystemExit) as err:
+        raise SglangEngineUnavailable(f"SGLang cannot be loaded on this machine ({type(err).__name__}: {err}); {_NEEDS}") from err
+    try:
+        engine = Engine(server_args=server_args)
+    except (Exception, SystemExit) as err:
+        raise SglangEngineUnavailable(f"SGLang's engine could not start ({type(err).__name__}: {err}); {_NEEDS}") from err
+    tokenizer = engine.tokenizer_manager.tokenizer
+    config = engine.tokenizer_manager.model_config
+    return SglangEngine(engine=_Handle(engine), tokenizer=tokenizer, model_name=served_name,
+                        max_model_len=int(config.context_len), vocab_size=int(config.vocab_size),
+                        adapter_registered=register_adapter)

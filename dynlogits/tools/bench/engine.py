@@ -1,0 +1,132 @@
+"""The ``engine`` suite: a real vLLM CPU engine's throughput with and without processors.
+
+Configurations, each in its own process (``engine_worker``) so that one engine's memory and
+threads never weigh on another's run, one engine per processor list:
+
+* ``none``: no custom logits processor;
+* ``adapter``: ``logits_processors=[DynamoVllmLogitsProcessor]``, runs requests without a payload
+  (kind ``none``: the adapter installed but idle), ``banned_tokens`` (100 ids) and
+  ``forced_sequence`` (64 tokens) on every request, in the same engine;
+* ``reference``: ``logits_processors=[ReferenceForcedSequenceProcessor]`` (ai-dynamo-runtime
+  1.6.1), ``forced_sequence`` on every request.
+
+Each engine runs one warm-up round, then ``rounds`` timed rounds; a round is one batch of
+``requests`` concurrent requests x ``tokens`` tokens per kind of that engine, kinds in an order
+that changes every round (``engine_worker.round_order``), on the embedded model built with vocab
+``vocab`` (151936 by default). A record holds the kind's tok/s of every round and their median. In the ``adapter`` engine the
+kinds are paired: each round's ``banned_tokens`` and ``forced_sequence`` batches are divided by
+the same round's idle (``none``) batch, and the record's ``paired_ratio`` is the median of those
+per-round ratios. That is the figure the engine targets read: separate engine processes vary by
+about ±20% run to run on this machine, far more than the effect measured, so a comparison across
+engines (``none`` engine, ``reference`` engine) is reported but never paired.
+Engines start one after the other, never at the same time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .engine_worker import PROGRESS_PREFIX, RESULT_PREFIX
+from .models import bench_model_dir, eos_token_id
+from .records import EngineRecord
+
+__all__ = ["ENGINE_CONFIGS", "PAIRED_BASE", "EngineError", "EngineOptions", "records_for", "run_engine"]
+
+#: (impl, logits_processors, kinds run in that engine)
+ENGINE_CONFIGS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("none", (), ("none",)),
+    ("adapter", ("dynlogits.adapters.vllm:DynamoVllmLogitsProcessor",), ("none", "banned_tokens", "forced_sequence")),
+    ("reference", ("dynlogits.tools.bench.reference:ReferenceForcedSequenceProcessor",), ("forced_sequence",)),
+)
+#: the kind every other kind of the same engine is paired with, round by round
+PAIRED_BASE = "none"
+
+
+class EngineError(RuntimeError):
+    """An engine configuration failed to start or produced wrong outputs."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    requests: int = 64
+    tokens: int = 64
+    rounds: int = 25  # rounds spread about ±2% (one sigma) here: the median of 25 has a standard error near 0.5%
+    vocab: int = 151936
+    timeout_s: float = 1800.0
+
+
+def _run_config(impl: str, processors: tuple[str, ...], kinds: tuple[str, ...], opts: EngineOptions,
+                say: Callable[[str], None]) -> dict[str, list[float]]:
+    model = bench_model_dir(opts.vocab)
+    spec = {"model": str(model), "vocab": opts.vocab, "eos_token_id": eos_token_id(model), "processors": processors,
+            "kinds": kinds, "requests": opts.requests, "tokens": opts.tokens, "rounds": opts.rounds}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+           "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "dynlogits.tools.bench.engine_worker", json.dumps(spec)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    timer = threading.Timer(opts.timeout_s, proc.kill)
+    timer.start()
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            lines.append(line)
+            if line.startswith(PROGRESS_PREFIX):  # one line per round, passed on as it comes
+                say(f"[engine] {impl}: {line[len(PROGRESS_PREFIX):]}")
+        returncode = proc.wait()
+    finally:
+        timed_out = not timer.is_alive() and proc.returncode != 0
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    results = [line[len(RESULT_PREFIX):] for line in lines if line.startswith(RESULT_PREFIX)]
+    if returncode != 0 or not results:
+        tail = "\n".join(lines[-30:])
+        why = f"timed out after {opts.timeout_s:.0f} s" if timed_out else f"exit {returncode}"
+        raise EngineError(f"engine configuration {impl!r} failed ({why}); last output:\n{tail}")
+    return {str(k): [float(v) for v in values] for k, values in json.loads(results[-1]).items()}
+
+
+def records_for(impl: str, per_round: dict[str, list[float]]) -> list[EngineRecord]:
+    """One record per kind: its per-round tok/s, their median and, for every kind but the paired
+    base of an engine that ran it, the median over rounds of (kind / base in the same round)."""
+    base = per_round.get(PAIRED_BASE)
+    records = []
+    for kind, values in per_round.items():
+        paired = None
+        if base is not None and kind != PAIRED_BASE:
+            paired = statistics.median(v / b for v, b in zip(values, base, strict=True))
+        records.append(EngineRecord(kind=kind, impl=impl, tok_per_s=statistics.median(values), rounds=len(values),
+                                    paired_ratio=paired, round_tok_per_s=tuple(values)))
+    return records
+
+
+def run_engine(opts: EngineOptions, *, progress: Callable[[str], None] | None = None) -> tuple[list[EngineRecord], list[str]]:
+    """Run every configuration one after the other; returns the records and notes on what was skipped."""
+    from .reference import reference_available
+
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    records: list[EngineRecord] = []
+    skipped: list[str] = []
+    for impl, processors, kinds in ENGINE_CONFIGS:
+        if impl == "reference" and (why := reference_available()) is not None:
+            skipped.append(f"engine reference: {why}")
+            continue
+        say(f"[engine] {impl}: starting a vLLM engine (about a minute), then a warm-up round and {opts.rounds} "
+            f"round(s) of one batch of {opts.requests} requests x {opts.tokens} tokens per kind ({', '.join(kinds)}), "
+            "kinds in an order that changes every round")
+        start = time.perf_counter()
+        records += records_for(impl, _run_config(impl, processors, kinds, opts, say))
+        say(f"[engine] {impl}: done in {time.perf_counter() - start:.0f} s")
+    return records, skipped

@@ -1,0 +1,278 @@
+"""The ``micro`` suite: one decode step of each implementation on the same logits, side by side.
+
+For each (vocab, kind, batch) one set of requests is built (``workloads``), and every
+implementation gets the same requests:
+
+* ``adapter``: the real ``DynamoVllmLogitsProcessor`` on the V1 runner's interface, built with a
+  real ``VllmConfig`` of the embedded model of that width and fed through vLLM's own
+  ``BatchUpdateBuilder`` (every request added once with its live output list); a step is
+  ``update_state(None)`` + ``apply(logits)``, the V1 runner's steady state;
+* ``adapter_v2``: the same class on Model Runner V2's interface through ``V2SamplerHarness``
+  (CPU only); the step's ``LogitsContext`` is built outside the timed region, ``apply(logits, ctx)``
+  is timed;
+* ``loop``: the same payloads realized with ``dynlogits.sdk.realize`` and each ``GuardedRequest``
+  applied to its own row (``sdk.apply_row``), what a naive adapter does;
+* ``reference``: ai-dynamo-runtime 1.6.1 through ``ReferenceForcedSequenceProcessor`` (vLLM's
+  per-row ``AdapterLogitsProcessor.apply``), forced_sequence only;
+* ``floor``: one ``fill_(-inf)`` of the same rows (a memset), forced_sequence only.
+
+``launches``/``syncs`` of ``adapter`` and ``adapter_v2`` come from ``sync_drive.adapter_counts``
+(the same requests on ``dynlogits.testing.cuda.simcuda``'s CUDA model). One repetition is one decode step: each implementation, in an order rotated every repetition,
+gets the pristine logits back (outside the timed region) and is timed; then every request's
+history grows by one token (the forced one, for forced_sequence), as after sampling. The first repetition is also a correctness check: every
+implementation must leave the same rows as ``adapter`` (``reference`` the same finite ids and
+argmax, since it keeps the forced token's own logit), else ``BenchmarkError``. Medians of the
+repetitions after the warm-up are reported.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+from . import workloads
+from .models import eos_token_id, bench_model_dir, vllm_config
+from .records import MicroRecord
+from dynlogits.testing.cuda.drive import adapter_counts
+
+__all__ = ["BenchmarkError", "MicroOptions", "run_micro"]
+
+
+class BenchmarkError(RuntimeError):
+    """An implementation produced different logits than the adapter: its timing would mean nothing."""
+
+
+@dataclass(frozen=True)
+class MicroOptions:
+    kinds: Sequence[str] = workloads.KINDS
+    batches: Sequence[int] = (1, 8, 64, 256)
+    vocabs: Sequence[int] = (32000, 151936)
+    repeats: int = 30
+    warmup: int = 3
+    prompt_len: int = 128
+    device: str = "cpu"
+    seed: int = 0
+
+
+@dataclass
+class _Case:
+    """The requests of one measurement and their live histories (shared by the V1-style impls)."""
+
+    kind: str
+    vocab: int
+    eos: int
+    payloads: list[list[dict[str, Any]]]
+    prompt: list[int]
+    outputs: list[list[int]]
+
+    def params(self, i: int) -> Any:
+        from vllm import SamplingParams
+
+        from dynlogits.specs import WIRE_KEY
+
+        params = SamplingParams(extra_args={WIRE_KEY: self.payloads[i]})
+        params.update_from_generation_config({}, self.eos)  # as the engine does from the model's config
+        return params
+
+    def next_tokens(self) -> list[int]:
+        return [workloads.next_token(p, len(o), vocab_size=self.vocab) for p, o in zip(self.payloads, self.outputs)]
+
+
+def _max_num_seqs(batch: int) -> int:
+    """The engine's scheduling limit for a batch: at least the batch (vLLM never runs more rows),
+    256 below that so every batch size shares one config."""
+    return max(256, batch)
+
+
+class _Impl(ABC):
+    name: str
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        """The step's new tokens (one per request), for impls that keep their own history."""
+
+    def before(self) -> None:
+        """Untimed work the runner does before calling the processor (e.g. V2's context)."""
+
+    @abstractmethod
+    def step(self, logits: torch.Tensor) -> None:
+        """The timed step, in place."""
+
+
+class _V1Processor(_Impl):
+    """A V1-interface processor class fed every request once by vLLM's ``BatchUpdateBuilder``."""
+
+    def __init__(self, name: str, cls: type, case: _Case, device: torch.device) -> None:
+        from vllm.v1.sample.logits_processor import BatchUpdateBuilder
+
+        self.name = name
+        self.processor = cls(vllm_config(case.vocab, _max_num_seqs(len(case.outputs))), device, device.type == "cuda")
+        builder = BatchUpdateBuilder()
+        for i, output in enumerate(case.outputs):
+            builder.added.append((i, case.params(i), list(case.prompt), output))
+        self.processor.update_state(builder.get_and_reset(len(case.outputs)))
+
+    def step(self, logits: torch.Tensor) -> None:
+        self.processor.update_state(None)  # steady state: no batch change
+        self.processor.apply(logits)
+
+
+class _V2Adapter(_Impl):
+    name = "adapter_v2"
+
+    def __init__(self, case: _Case, max_model_len: int) -> None:
+        from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
+        from dynlogits.adapters.vllm.harness import V2SamplerHarness
+
+        self.harness = V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=case.vocab,
+                                        max_num_reqs=len(case.payloads), max_model_len=max_model_len,
+                                        vllm_config=vllm_config(case.vocab, _max_num_seqs(len(case.outputs))))
+        self.ids = [f"r{i}" for i in range(len(case.payloads))]
+        for i, req_id in enumerate(self.ids):
+            self.harness.add_request(req_id, case.prompt, case.params(i), output_ids=case.outputs[i])
+        self.ctx: Any = None
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        for req_id, token in zip(self.ids, tokens):
+            self.harness.commit(req_id, [token])
+
+    def before(self) -> None:
+        self.ctx = self.harness.context(self.ids, {})
+
+    def step(self, logits: torch.Tensor) -> None:
+        self.harness.processor.apply(logits, self.ctx)
+
+
+class _Loop(_Impl):
+    name = "loop"
+
+    def __init__(self, case: _Case) -> None:
+        from dynlogits import sdk
+
+        stop = sdk.pick_stop_token(case.eos, None, case.vocab)
+        self.requests = [sdk.realize(p, vocab_size=case.vocab, stop_token_id=stop) for p in case.payloads]
+        self.outputs = case.outputs
+        self.apply_row = sdk.apply_row
+
+    def step(self, logits: torch.Tensor) -> None:
+        for i, request in enumerate(self.requests):
+            self.apply_row(request, self.outputs[i], logits[i])
+
+
+class _Floor(_Impl):
+    name = "floor"
+
+    def step(self, logits: torch.Tensor) -> None:
+        logits.fill_(-math.inf)
+
+
+def _impls(case: _Case, opts: MicroOptions, device: torch.device, skipped: set[str]) -> list[_Impl]:
+    from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
+
+    from .reference import ReferenceForcedSequenceProcessor, reference_available
+
+    impls: list[_Impl] = [_V1Processor("adapter", DynamoVllmLogitsProcessor, case, device)]
+    if device.type == "cpu":
+        impls.append(_V2Adapter(case, opts.prompt_len + opts.warmup + opts.repeats + 1))
+    else:
+        skipped.add("adapter_v2: the Model Runner V2 harness is CPU-only (plain host tensors stand in for its buffers)")
+    impls.append(_Loop(case))
+    if case.kind == "forced_sequence":
+        why = reference_available()
+        if why is None:
+            impls.append(_V1Processor("reference", ReferenceForcedSequenceProcessor, case, device))
+        else:
+            skipped.add(f"reference: {why}")
+        impls.append(_Floor())
+    return impls
+
+
+def _check(impl: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
+    """Why ``got`` (after ``impl``) differs from the adapter's ``want``, or ``None``."""
+    if impl == "floor":
+        return None
+    if impl == "reference":  # keeps the forced token's own logit where the adapter writes 0.0
+        if not torch.equal(torch.isfinite(got), torch.isfinite(want)):
+            return "a different set of finite logits"
+        if not torch.equal(got.argmax(dim=-1), want.argmax(dim=-1)):
+            return "a different argmax"
+        return None
+    if not torch.allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True):
+        bad = (~torch.isclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)).nonzero()[:3].tolist()
+        return f"different logits at [row, id] {bad}"
+    return None
+
+
+def _measure(case: _Case, impls: list[_Impl], pristine: torch.Tensor, opts: MicroOptions,
+             sync: Callable[[], None]) -> dict[str, float]:
+    logits = torch.empty_like(pristine)
+    times: dict[str, list[float]] = {impl.name: [] for impl in impls}
+    for rep in range(opts.warmup + opts.repeats):
+        k = rep % len(impls)
+        expected: torch.Tensor | None = None
+        for impl in impls[k:] + impls[:k]:
+            logits.copy_(pristine)
+            impl.before()
+            sync()
+            start = time.perf_counter_ns()
+            impl.step(logits)
+            sync()
+            elapsed_ms = (time.perf_counter_ns() - start) / 1e6
+            if rep == 0:  # impls run in list order: the adapter first
+                if expected is None:
+                    expected = logits.clone()
+                elif (why := _check(impl.name, logits, expected)) is not None:
+                    raise BenchmarkError(f"{impl.name} disagrees with the adapter on {case.kind}, batch "
+                                         f"{len(case.outputs)}, vocab {case.vocab}: {why}")
+            if rep >= opts.warmup:
+                times[impl.name].append(elapsed_ms)
+        tokens = case.next_tokens()  # the step's sampled tokens join every history
+        for output, token in zip(case.outputs, tokens):
+            output.append(token)
+        for impl in impls:
+            impl.advance(tokens)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _sync_for(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def run_micro(opts: MicroOptions, *, progress: Callable[[str], None] | None = None) -> tuple[list[MicroRecord], list[str]]:
+    """Measure every (vocab, kind, batch) of ``opts``; returns the records and notes on what was skipped."""
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    device = torch.device(opts.device)
+    sync = _sync_for(device)
+    records: list[MicroRecord] = []
+    skipped: set[str] = set()
+    for vocab in opts.vocabs:
+        eos = eos_token_id(bench_model_dir(vocab))
+        for max_num_seqs in {_max_num_seqs(b) for b in opts.batches}:
+            vllm_config(vocab, max_num_seqs)  # built once per width, outside every measurement
+        for kind in opts.kinds:
+            for batch in opts.batches:
+                say(f"[micro] vocab {vocab}, {kind}, batch {batch}")
+                case = _Case(kind, vocab, eos,
+                             payloads=[workloads.payload(kind, vocab_size=vocab, eos_token_id=eos, seed=opts.seed + i)
+                                       for i in range(batch)],
+                             prompt=[vocab - 1] * opts.prompt_len, outputs=[[] for _ in range(batch)])
+                impls = _impls(case, opts, device, skipped)
+                gen = torch.Generator().manual_seed(opts.seed)
+                pristine = torch.randn(batch, vocab, generator=gen).to(device)
+                for impl, median_ms in _measure(case, impls, pristine, opts, sync).items():
+                    launches = syncs = None
+                    if impl in ("adapter", "adapter_v2"):  # counted on the CUDA model, whatever the device
+                        launches, syncs = adapter_counts(impl, vocab, case.payloads)
+                    records.append(MicroRecord(kind=kind, batch=batch, vocab=vocab, impl=impl, median_ms=median_ms,
+                                               launches=launches, syncs=syncs))
+    return records, sorted(skipped)

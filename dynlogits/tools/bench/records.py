@@ -1,0 +1,83 @@
+"""One record per measurement, in the JSON shape ``--json FILE`` writes.
+
+* micro: ``{"suite": "micro", "kind", "batch", "vocab", "impl", "median_ms", "launches", "syncs"}``,
+  ``impl`` one of ``MICRO_IMPLS``; ``launches`` (device ops of one steady step) and ``syncs``
+  (ops that would make the host wait for a GPU, over a sequence with batch changes and a failing
+  request), counted on ``dynlogits.testing.cuda.simcuda``'s CUDA model for ``adapter`` and ``adapter_v2``,
+  ``null`` for the others;
+* engine: ``{"suite": "engine", "kind", "impl", "tok_per_s", "rounds", "paired_ratio", "round_tok_per_s"}``,
+  ``impl`` one of ``ENGINE_IMPLS`` (``kind`` is ``"none"`` for requests without a payload: in the
+  ``none`` engine no processor at all, in the ``adapter`` engine the adapter installed but idle);
+  ``round_tok_per_s``: the tok/s of each of the ``rounds`` timed rounds, ``tok_per_s`` their median;
+  ``paired_ratio``: the median over rounds of this kind's tok/s divided by the same engine's
+  ``none`` kind in the same round (``null`` for ``none`` itself and in engines without it);
+* wire: ``{"suite": "wire", "kind", "impl", "stage", "median_us"}``, ``impl`` one of
+  ``WIRE_IMPLS``, ``stage`` one of ``WIRE_STAGES``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal, Union
+
+__all__ = ["ENGINE_IMPLS", "MICRO_IMPLS", "WIRE_IMPLS", "WIRE_STAGES", "EngineRecord", "MicroRecord", "Record",
+           "WireRecord", "write_json"]
+
+#: ``adapter``: the vLLM adapter on the V1 runner's interface; ``adapter_v2``: the same class on
+#: Model Runner V2's; ``loop``: the same realized processors called row by row; ``reference``:
+#: ai-dynamo-runtime 1.6.1 per row (forced_sequence only); ``floor``: one memset of the rows
+#: (forced_sequence only).
+MICRO_IMPLS = ("adapter", "adapter_v2", "loop", "reference", "floor")
+ENGINE_IMPLS = ("none", "adapter", "reference")
+WIRE_IMPLS = ("msgspec", "pydantic")
+#: ``encode``: entries -> msgpack bytes; ``decode``: msgpack bytes -> validated entries.
+WIRE_STAGES = ("encode", "decode")
+
+
+@dataclass(frozen=True)
+class MicroRecord:
+    kind: str
+    batch: int
+    vocab: int
+    impl: str
+    median_ms: float
+    launches: int | None = None
+    syncs: int | None = None
+    suite: Literal["micro"] = "micro"
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    kind: str
+    impl: str
+    tok_per_s: float
+    rounds: int = 1
+    paired_ratio: float | None = None
+    round_tok_per_s: tuple[float, ...] = ()
+    suite: Literal["engine"] = "engine"
+
+
+@dataclass(frozen=True)
+class WireRecord:
+    kind: str
+    impl: str
+    stage: str
+    median_us: float
+    suite: Literal["wire"] = "wire"
+
+
+Record = Union[MicroRecord, EngineRecord, WireRecord]
+
+
+def _as_json(record: Record) -> dict[str, object]:
+    data = asdict(record)
+    return {"suite": data.pop("suite"), **data}
+
+
+def write_json(path: str | Path, records: Iterable[Record]) -> None:
+    """Write the records as one JSON list (suite first in each object)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps([_as_json(r) for r in records], indent=1) + "\n", encoding="utf-8")

@@ -1,0 +1,52 @@
+"""``python -m dynlogits.serve.worker --backend sglang``: requests are built for SGLang's engine with its real
+request classes and tested up to the engine call; the engine itself is never started (it needs a GPU and
+sgl-kernel), and the worker exits with a clear message where it cannot start."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+from dynlogits.adapters.sglang.processor import processor_string
+from dynlogits.adapters.sglang.harness import decode_like_sglang
+from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, encode_entries
+from dynlogits.serve.protocol import SamplingOptions
+from dynlogits.serve.worker.sglang_engine import SglangEngine
+
+
+def _engine(tokenizer) -> SglangEngine:
+    return SglangEngine(engine=None, tokenizer=tokenizer, model_name="m", max_model_len=512,
+                        vocab_size=1024, adapter_registered=True)
+
+
+def test_worker_builds_sglang_requests_with_its_own_processor_and_the_payload(embedded_tokenizer):
+    engine = _engine(embedded_tokenizer)
+    entries = [ForcedTokenSequenceSpec(token_ids=(5, 6), eos_token_id=1)]
+    options = SamplingOptions(max_tokens=8, temperature=0.0, n=2, stop=["x"])
+    request = engine.sampling_params(options, entries, {WIRE_KEY: [{"kind": "smuggled"}]})
+    assert request.custom_logit_processor == processor_string()
+    assert json.loads(request.sampling_params["custom_params"][WIRE_KEY]) == encode_entries(entries)
+    prompt = engine.render_prompt(prompt="hello", prompt_token_ids=None, messages=None)
+    generate = request.generate_req_input(prompt, "req-1")
+    assert type(generate).__name__ == "GenerateReqInput" and generate.custom_logit_processor == processor_string()
+    wire = decode_like_sglang(generate.sampling_params, rid="req-1", input_ids=prompt,
+                              custom_logit_processor=generate.custom_logit_processor)
+    assert wire.sampling_params.max_new_tokens == 8 and wire.sampling_params.n == 2
+    assert json.loads(wire.sampling_params.custom_params[WIRE_KEY]) == encode_entries(entries)
+
+
+def test_worker_without_entries_names_no_processor(embedded_tokenizer):
+    request = _engine(embedded_tokenizer).sampling_params(SamplingOptions(), [], {})
+    assert request.custom_logit_processor is None and request.sampling_params.get("custom_params") is None
+
+
+def test_sglang_worker_exits_with_a_clear_message_when_sglangs_engine_cannot_start(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "dynlogits.serve.worker", "--backend", "sglang", "--port", str(port)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "SglangEngineUnavailable" in proc.stderr and "needs SGLang installed with its GPU dependencies" in proc.stderr

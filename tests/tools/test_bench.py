@@ -1,0 +1,284 @@
+"""``python -m dynlogits.tools.bench``: it runs, every implementation produces a record for every
+kind and batch, the records have their documented shape, and the docs are regenerated. Speed is never
+asserted here; the benchmark prints its targets itself."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MICRO_KEYS = {"suite", "kind", "batch", "vocab", "impl", "median_ms", "launches", "syncs"}
+ENGINE_KEYS = {"suite", "kind", "impl", "tok_per_s", "rounds", "paired_ratio", "round_tok_per_s"}
+WIRE_KEYS = {"suite", "kind", "impl", "stage", "median_us"}
+
+
+def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    return subprocess.run([sys.executable, "-m", "dynlogits.tools.bench", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict], Path]:
+    out = tmp_path_factory.mktemp("bench")
+    proc = _bench("all", "--quick", "--json", str(out / "records.json"), "--write-docs", "--docs-dir", str(out / "docs"),
+                  timeout=600)
+    return _ok(proc), json.loads((out / "records.json").read_text()), out / "docs"
+
+
+def test_quick_run_records_every_implementation_for_every_kind_and_batch(quick_run) -> None:
+    from dynlogits.tools.bench.workloads import KINDS
+
+    _, records, _ = quick_run
+    micro = [r for r in records if r["suite"] == "micro"]
+    assert all(set(r) == MICRO_KEYS for r in micro)
+    assert all(isinstance(r["median_ms"], float) and math.isfinite(r["median_ms"]) and r["median_ms"] > 0 for r in micro)
+    got = {(r["kind"], r["batch"], r["vocab"], r["impl"]) for r in micro}
+    assert len(got) == len(micro), "one record per measurement"
+    counted = [r for r in micro if r["impl"] in ("adapter", "adapter_v2")]
+    assert all(isinstance(r["launches"], int) and r["launches"] > 0 and isinstance(r["syncs"], int) for r in counted)
+    assert all(r["launches"] is None and r["syncs"] is None for r in micro if r not in counted)
+    want = set()
+    for kind in KINDS:
+        impls = ["adapter", "adapter_v2", "loop"] + (["reference", "floor"] if kind == "forced_sequence" else [])
+        want |= {(kind, batch, 151936, impl) for batch in (1, 64) for impl in impls}
+    assert got == want
+
+
+def test_quick_run_measures_both_wire_paths_and_leaves_the_engine_out(quick_run) -> None:
+    stdout, records, _ = quick_run
+    wire = [r for r in records if r["suite"] == "wire"]
+    assert all(set(r) == WIRE_KEYS and r["median_us"] > 0 for r in wire)
+    assert {(r["kind"], r["impl"], r["stage"]) for r in wire} == {
+        (kind, impl, stage) for kind in ("forced_sequence_64", "mixed")
+        for impl in ("msgspec", "pydantic") for stage in ("encode", "decode")}
+    assert not [r for r in records if r["suite"] == "engine"]
+    assert "skipped: engine: left out of `all --quick`" in stdout
+    assert {r["suite"] for r in records} == {"micro", "wire"}
+
+
+def test_quick_run_prints_the_machine_the_ratios_and_a_line_per_target(quick_run) -> None:
+    stdout, _, _ = quick_run
+    assert "machine: " in stdout and "versions: torch " in stdout and "torch.set_num_threads(1)" in stdout
+    for column in ("floor/adapter", "reference/adapter", "loop/adapter", "pydantic/msgspec", "launches", "syncs"):
+        assert column in stdout
+    targets = [line for line in stdout.splitlines() if line.startswith(("[met]", "[NOT MET]", "[not measured]"))]
+    assert len(targets) == 16
+    # measured in this run: every micro and wire target but batch 256 (not in --quick); the engine ones are not
+    assert sum(line.startswith("[not measured] engine") for line in targets) == 2
+    assert [line for line in targets if line.startswith("[not measured]") and not line.startswith("[not measured] engine")] \
+        == [line for line in targets if line.startswith("[not measured] forced_sequence, batch 256")] != []
+    assert any(line.startswith("[met]") and "syncs = 0" in line for line in targets)
+
+
+def test_quick_run_regenerates_the_performance_page_and_its_plot(quick_run) -> None:
+    _, _, docs = quick_run
+    page = (docs / "performance.md").read_text()
+    assert "python -m dynlogits.tools.bench all --write-docs" in page
+    assert "| forced_sequence |" in page and "![cost per decode step against batch size](performance.png)" in page
+    assert "[NOT MET]" in page or "[met]" in page
+    assert (docs / "performance.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_cuda_requested_without_cuda_fails_naming_the_flag() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    proc = _bench("micro", "--device", "cuda", timeout=120)
+    assert proc.returncode == 2
+    assert "--device cuda: CUDA is not available" in proc.stderr
+
+
+def test_reference_wrapper_refuses_kinds_the_reference_lacks() -> None:
+    from vllm import SamplingParams
+
+    from dynlogits.tools.bench.reference import ReferenceForcedSequenceProcessor
+    from dynlogits.specs import WIRE_KEY
+
+    forced = {"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": 1}
+    ReferenceForcedSequenceProcessor.validate_params(SamplingParams(extra_args={WIRE_KEY: [forced]}))
+    with pytest.raises(ValueError, match=r"dynamo_logits\[1\]\.kind: the reference supports only 'forced_sequence'"):
+        ReferenceForcedSequenceProcessor.validate_params(
+            SamplingParams(extra_args={WIRE_KEY: [forced, {"kind": "banned_tokens", "token_ids": [3]}]}))
+
+
+def test_an_implementation_leaving_other_logits_than_the_adapter_is_refused() -> None:
+    import torch
+
+    from dynlogits.tools.bench.micro import _check
+
+    want = torch.tensor([[0.0, -math.inf, 2.0]])
+    assert _check("loop", want.clone(), want) is None
+    assert "different logits at [row, id] [[0, 2]]" in _check("loop", torch.tensor([[0.0, -math.inf, 3.0]]), want)
+    assert _check("reference", torch.tensor([[5.0, -math.inf, 7.0]]), want) is None  # own logits kept, same argmax
+    assert _check("reference", torch.tensor([[5.0, 1.0, 7.0]]), want) == "a different set of finite logits"
+    assert _check("reference", torch.tensor([[9.0, -math.inf, 7.0]]), want) == "a different argmax"
+
+
+def test_targets_are_met_not_met_or_not_measured_from_the_ratios() -> None:
+    from dynlogits.tools.bench.records import EngineRecord, MicroRecord, WireRecord
+    from dynlogits.tools.bench.report import evaluate_targets
+
+    def micro(kind: str, batch: int, impl: str, ms: float) -> MicroRecord:
+        return MicroRecord(kind=kind, batch=batch, vocab=151936, impl=impl, median_ms=ms)
+
+    records = [micro("forced_sequence", 64, "adapter", 1.0), micro("forced_sequence", 64, "floor", 0.9),
+               micro("forced_sequence", 64, "reference", 2.0), micro("banned_tokens", 64, "adapter", 0.1),
+               micro("banned_tokens", 64, "loop", 1.5), EngineRecord(kind="none", impl="none", tok_per_s=80.0),
+               EngineRecord(kind="none", impl="adapter", tok_per_s=100.0, rounds=3),
+               EngineRecord(kind="banned_tokens", impl="adapter", tok_per_s=98.0, rounds=3, paired_ratio=0.985),
+               EngineRecord(kind="forced_sequence", impl="reference", tok_per_s=99.0, rounds=3),  # unpaired: not read
+               WireRecord(kind="forced_sequence_64", impl="msgspec", stage="decode", median_us=12.0)]
+    state = {(t.name, t.goal.split(" (")[0]): t.met for t in evaluate_targets(records)}
+    assert state[("forced_sequence, batch 64, vocab 151936", "adapter <= 1.25x the floor")] is True
+    assert state[("forced_sequence, batch 64, vocab 151936", ">= 3x faster than the reference")] is False
+    assert state[("banned_tokens, batch 64, vocab 151936", ">= 10x faster than the per-row loop")] is True
+    assert state[("logit_bias, batch 64, vocab 151936", ">= 10x faster than the per-row loop")] is None
+    paired = ">= 0.99x the throughput with no payload, paired in one engine"
+    assert state[("engine, banned_tokens on every request", paired)] is False  # 0.985 paired, though 1.22x unpaired
+    floor_goal = ">= 0.99x the throughput the floor's memset leaves"
+    assert state[("engine, forced_sequence on every request", floor_goal)] is None
+    # 64 rows at 100 tok/s: a 640 ms step; a 64-row floor of 6.4 ms leaves 640 / 646.4 = 0.990x
+    timed = [EngineRecord(kind="none", impl="adapter", tok_per_s=100.0, rounds=7),
+             micro("forced_sequence", 64, "floor", 6.4)]
+    met = evaluate_targets([*timed, EngineRecord(kind="forced_sequence", impl="adapter", tok_per_s=90.0, rounds=7,
+                                                 paired_ratio=0.985)])
+    assert [t.line() for t in met if t.name.startswith("engine, forced")] == [
+        "[met] engine, forced_sequence on every request: >= 0.99x the throughput the floor's memset leaves (paired "
+        "ratio over floor_bound: exact forcing masks the row); measured 0.985x over 7 round(s), floor_bound 0.990x"]
+    missed = evaluate_targets([*timed, EngineRecord(kind="forced_sequence", impl="adapter", tok_per_s=90.0, rounds=7,
+                                                    paired_ratio=0.975)])
+    assert [t.met for t in missed if t.name.startswith("engine, forced")] == [False]
+    assert state[("wire, 64-token forced_sequence", "decode < 20 µs")] is True
+
+
+def test_the_micro_adapter_holds_every_row_of_a_batch_larger_than_the_cpu_default_resident() -> None:
+    """vLLM's CPU default schedules 128 requests a step; a 256-row step measured with that config
+    would time 128 rows on the per-row fallback, a configuration no engine runs."""
+    import torch
+
+    from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
+    from dynlogits.tools.bench import workloads
+    from dynlogits.tools.bench.micro import _Case, _V1Processor
+    from dynlogits.tools.bench.models import bench_model_dir, eos_token_id
+
+    vocab, batch = 151936, 200
+    eos = eos_token_id(bench_model_dir(vocab))
+    case = _Case("banned_tokens", vocab, eos,
+                 payloads=[workloads.payload("banned_tokens", vocab_size=vocab, eos_token_id=eos, seed=i)
+                           for i in range(batch)], prompt=[1] * 4, outputs=[[] for _ in range(batch)])
+    impl = _V1Processor("adapter", DynamoVllmLogitsProcessor, case, torch.device("cpu"))
+    assert impl.processor._resident.held() == batch
+
+
+def test_the_floor_bounds_how_much_faster_than_the_reference_forcing_can_be() -> None:
+    from dynlogits.tools.bench.records import EngineRecord, MicroRecord
+    from dynlogits.tools.bench.report import forcing_bound_lines
+
+    def forced(impl: str, ms: float) -> MicroRecord:
+        return MicroRecord(kind="forced_sequence", batch=64, vocab=151936, impl=impl, median_ms=ms)
+
+    assert forcing_bound_lines([forced("adapter", 1.2)]) == []  # no floor measured: nothing to say
+    lines = forcing_bound_lines([forced("adapter", 1.2), forced("floor", 1.0), forced("reference", 2.4)])
+    assert lines[0].endswith("the adapter takes 1.200 ms per step, 1.20x the floor's memset (1.000 ms)")
+    assert "costs 2.40x the floor" in lines[1] and "that masks can be more than 2.40x faster" in lines[1]
+    engine = [EngineRecord(kind="none", impl="none", tok_per_s=3200.0)]  # 64 rows a step: 20 ms
+    assert forcing_bound_lines([forced("floor", 1.0), *engine], engine_requests=64) == [
+        "bound: engine: a step of 64 rows takes ~20.0 ms without a processor, median; the floor's memset alone makes it "
+        "~21.0 ms, about 0.952x the throughput (an estimate from the micro floor, to set beside the paired "
+        "forced_sequence ratio)"]
+    assert forcing_bound_lines([forced("floor", 1.0), *engine], engine_requests=8) == []  # not the floor's rows
+    engine.append(EngineRecord(kind="none", impl="adapter", tok_per_s=1600.0))  # the paired base wins: 40 ms
+    assert forcing_bound_lines([forced("floor", 1.0), *engine], engine_requests=64)[0].startswith(
+        "bound: engine: a step of 64 rows takes ~40.0 ms with no payload (adapter idle), median; the floor's memset "
+        "alone makes it ~41.0 ms, about 0.976x the throughput")
+
+
+def test_engine_rounds_change_order_and_pair_each_kind_with_the_same_rounds_idle_batch() -> None:
+    from dynlogits.tools.bench.engine import records_for
+    from dynlogits.tools.bench.engine_worker import round_order
+
+    kinds = ("none", "banned_tokens", "forced_sequence")
+    orders = [round_order(kinds, r) for r in range(6)]
+    assert all(sorted(o) == sorted(kinds) for o in orders)
+    assert {o[0] for o in orders} == set(kinds)  # no kind always first
+    follows = {(o[i], o[i + 1]) for o in orders for i in range(2)}
+    assert len(follows) == 6  # every kind right after every other one
+    assert round_order(("none",), 5) == ["none"]
+
+    # a slow second round (another job on the machine) moves both kinds alike: the paired ratio keeps it out
+    recs = {r.kind: r for r in records_for("adapter", {"none": [100.0, 60.0, 102.0],
+                                                       "banned_tokens": [99.0, 59.0, 90.0],
+                                                       "forced_sequence": [98.0, 100.0, 97.0]})}
+    assert recs["none"].tok_per_s == 100.0 and recs["none"].paired_ratio is None and recs["none"].rounds == 3
+    assert recs["banned_tokens"].tok_per_s == 90.0 and recs["banned_tokens"].round_tok_per_s == (99.0, 59.0, 90.0)
+    assert recs["banned_tokens"].paired_ratio == pytest.approx(59.0 / 60.0)  # median of 0.99, 0.983, 0.882
+    assert recs["forced_sequence"].paired_ratio == pytest.approx(0.98)
+    alone = records_for("reference", {"forced_sequence": [50.0, 70.0]})
+    assert [(r.tok_per_s, r.paired_ratio, r.rounds) for r in alone] == [(60.0, None, 2)]
+
+
+def test_engine_table_shows_medians_rounds_paired_and_unpaired_ratios() -> None:
+    from dynlogits.tools.bench.engine import records_for
+    from dynlogits.tools.bench.report import engine_table
+
+    records = [*records_for("none", {"none": [200.0, 180.0, 190.0]}),
+               *records_for("adapter", {"none": [100.0, 60.0, 102.0], "forced_sequence": [98.0, 100.0, 97.0]})]
+    text = "\n".join(engine_table(records))
+    assert "| tok/s (median) |" in text and "| rounds |" in text and "| paired x no payload |" in text
+    assert "| x none (unpaired) |" in text and "±20%" in text
+    row = next(line for line in text.splitlines() if "forced_sequence" in line)
+    assert [c.strip() for c in row.strip("|").split("|")] == [
+        "adapter", "forced_sequence", "3", "98", "97–100", "0.980 (0.951–1.667)", "0.52"]
+    assert "unpaired: the adapter installed but idle (no payload) ran at 0.53x the engine without a processor" in text
+    assert engine_table([]) == []
+
+
+@pytest.mark.engine
+def test_engine_suite_runs_every_configuration_on_a_real_engine(tmp_path: Path) -> None:
+    """Three real vLLM CPU engines (none, adapter, reference), one after the other, tiny runs:
+    a warm-up round and two rounds each, kinds paired inside the adapter's engine."""
+    proc = _bench("engine", "--quick", "--json", str(tmp_path / "engine.json"), timeout=900)
+    stdout = _ok(proc)
+    records = json.loads((tmp_path / "engine.json").read_text())
+    assert all(set(r) == ENGINE_KEYS and r["suite"] == "engine" and r["tok_per_s"] > 0 for r in records)
+    assert {(r["impl"], r["kind"]) for r in records} == {
+        ("none", "none"), ("adapter", "none"), ("adapter", "banned_tokens"), ("adapter", "forced_sequence"),
+        ("reference", "forced_sequence")}
+    assert all(r["rounds"] == 2 and len(r["round_tok_per_s"]) == 2 and all(v > 0 for v in r["round_tok_per_s"])
+               and r["tok_per_s"] == pytest.approx(sum(r["round_tok_per_s"]) / 2) for r in records)
+    paired = {(r["impl"], r["kind"]) for r in records if r["paired_ratio"] is not None}
+    assert paired == {("adapter", "banned_tokens"), ("adapter", "forced_sequence")}
+    assert all(r["paired_ratio"] > 0 for r in records if r["paired_ratio"] is not None)
+    assert "paired x no payload" in stdout and "x none (unpaired)" in stdout
+    assert sum(line.startswith(("[met] engine", "[NOT MET] engine")) for line in stdout.splitlines()) == 2
+    assert "[engine] adapter: round 2/2: " in proc.stderr  # progress, round by round
+
+
+def test_device_side_targets_read_the_launch_and_sync_counts() -> None:
+    from dynlogits.tools.bench.records import MicroRecord
+    from dynlogits.tools.bench.report import evaluate_targets
+
+    def rec(kind: str, impl: str, launches: int, syncs: int) -> MicroRecord:
+        return MicroRecord(kind=kind, batch=64, vocab=151936, impl=impl, median_ms=1.0, launches=launches, syncs=syncs)
+
+    records = [rec("banned_tokens", "adapter", 1, 0), rec("banned_tokens", "adapter_v2", 10, 0),
+               rec("mixed", "adapter", 12, 0), rec("mixed", "adapter_v2", 7, 1)]
+    state = {t.name: (t.goal, t.met, t.measured) for t in evaluate_targets(records)}
+    goal, met, measured = state["adapter and adapter_v2, every kind and batch, vocab 151936"]
+    assert "syncs = 0" in goal and met is False and measured == "1 in all"
+    assert state["adapter and adapter_v2, each single-kind workload, every batch"][1:] == (False, "at most 10")
+    assert state["adapter and adapter_v2, mixed, every batch"][1:] == (True, "at most 12")
