@@ -33,7 +33,7 @@ dynamo_prepare() {
   if [[ -n "$MODEL" ]]; then DYN_MODEL="$MODEL" DYN_SERVED_NAME="$MODEL"
   else
     log "building the embedded model (first use only)"
-    DYN_MODEL="$("$PY" -c 'from dynlogits.tools.model_builder import default_model_dir; print(default_model_dir())')"
+    DYN_MODEL="$("$PY" -c 'from dynlogits.model_builder import default_model_dir; print(default_model_dir())')"
     DYN_SERVED_NAME="dynlogits-tiny"
   fi
   DYN_KV_DIR="$(mktemp -d "${TMPDIR:-/tmp}/dynlogits-dynamo.XXXXXX")"

@@ -11,7 +11,7 @@ from session_reaper import pytest_configure, pytest_unconfigure  # noqa: F401
 @pytest.fixture(scope="session")
 def embedded_model() -> Path:
     """The project's own small model folder (built on first use, cached)."""
-    from dynlogits.tools.model_builder import default_model_dir
+    from dynlogits.model_builder import default_model_dir
 
     return default_model_dir()
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -34,9 +34,6 @@ from .base import RealizeContext
 from .ops import ForceToken, RowOp, apply_op, row_runs
 from .slots import Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs, Template, force_gathered, force_listed, listed_positions
 from .uploads import StepUpload
-
-if TYPE_CHECKING:
-    from dynlogits.sdk.guard import GuardedRequest
 
 __all__ = ["KIND", "DeviceThinking", "ThinkingBudgetGroup", "ThinkingBudgetProcessor", "ThinkingBudgetTemplate", "factory"]
 
@@ -269,7 +266,7 @@ class DeviceThinking:
         self.device = torch.device(device)
         self.max_new = max_new  # committed tokens a slot can gain per step (1 + speculative tokens)
         self.tables: dict[int, ThinkingTables] = {}  # entry position -> tables
-        self._cold: dict[int, GuardedRequest] = {}  # slots to scan on the host before their first step
+        self._cold: dict[int, Any] = {}  # slots to scan on the host before their first step
         self._step: _Step | None = None
         self._inputs: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self._catch_up = 0  # tokens of resumed requests to follow at the next step, on the device
@@ -280,8 +277,8 @@ class DeviceThinking:
     #: tokens would otherwise queue some 600,000 ops).
     MAX_DEVICE_CATCH_UP = 16
 
-    def assign(self, slot: int, request: GuardedRequest | None, *, resumed: int = 0) -> None:
-        """``slot``'s occupant (``None`` clears); ``resumed``: it enters with that many generated
+    def assign(self, slot: int, request: Any, *, resumed: int = 0) -> None:
+        """``slot``'s occupant (a ``dynlogits.sdk.GuardedRequest``; ``None`` clears); ``resumed``: it enters with that many generated
         tokens (preempted and resumed), followed at its first step on the device, or on the host
         past ``MAX_DEVICE_CATCH_UP``."""
         self._cold.pop(slot, None)

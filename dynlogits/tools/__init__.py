@@ -1,2 +1,2 @@
-"""Tools around the product: benchmarks (``bench``), load (``load``), the embedded model
-(``model_builder``) and the ``dynlogits`` command (``cli``)."""
+"""Tools around the product: benchmarks (``bench``), load (``load``) and the ``dynlogits`` command
+(``cli``)."""

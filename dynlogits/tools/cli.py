@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         sys.stdout.write(render(schema))
         return 0
-    from dynlogits.tools.model_builder import build_model
+    from dynlogits.model_builder import build_model
 
     try:
         out = build_model(args.dir, vocab_size=args.vocab_size, seed=args.seed)

@@ -29,7 +29,7 @@ def tokenizer() -> Any:
     """The embedded model's tokenizer (the workers use the same one)."""
     from transformers import AutoTokenizer
 
-    from dynlogits.tools.model_builder import default_model_dir
+    from dynlogits.model_builder import default_model_dir
 
     return AutoTokenizer.from_pretrained(str(default_model_dir()))
 

@@ -21,7 +21,7 @@ def tokenizer() -> Any:
     """The embedded model's tokenizer as vLLM's engine holds it (the worker's ``engine.tokenizer``)."""
     from vllm.tokenizers import get_tokenizer
 
-    from dynlogits.tools.model_builder import default_model_dir
+    from dynlogits.model_builder import default_model_dir
 
     return get_tokenizer(str(default_model_dir()))
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from dynlogits.tools import model_builder
-from dynlogits.tools.model_builder import build_model, default_model_dir
+from dynlogits import model_builder
+from dynlogits.model_builder import build_model, default_model_dir
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -185,7 +185,7 @@ def test_crash_while_building_leaves_no_model_and_no_temp_folder(tmp_path: Path,
 
 
 def test_importing_the_module_does_not_import_heavy_libraries() -> None:
-    code = ("import sys, dynlogits.tools.model_builder; "
+    code = ("import sys, dynlogits.model_builder; "
             "print(sorted(m for m in ('torch', 'tokenizers', 'safetensors', 'transformers', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -204,7 +204,7 @@ def test_default_model_dir_builds_once_and_reports_it(tmp_path: Path, monkeypatc
 
 def test_concurrent_default_model_dir_calls_build_exactly_once(tmp_path: Path) -> None:
     env = {**os.environ, "DYNLOGITS_MODEL_DIR": str(tmp_path / "model")}
-    code = "from dynlogits.tools.model_builder import default_model_dir; print(default_model_dir())"
+    code = "from dynlogits.model_builder import default_model_dir; print(default_model_dir())"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     results = [p.communicate(timeout=300) for p in procs]

@@ -123,7 +123,7 @@ def _error(status: int, message: str, *, param: str | None = None, kind: str = "
 
 
 def _start_engine(state: WorkerState) -> None:
-    from dynlogits.tools.model_builder import default_model_dir
+    from dynlogits.model_builder import default_model_dir
 
     args = state.args
     model = args.model or str(default_model_dir())

@@ -1,7 +1,7 @@
 """The embedded model at the benchmark's vocabulary sizes, built once and cached.
 
 ``bench_model_dir(vocab)`` is ``$DYNLOGITS_BENCH_MODELS/vocab-<vocab>`` (default
-``~/.cache/dynlogits/bench``), built with ``dynlogits.tools.model_builder.build_model`` (atomic and
+``~/.cache/dynlogits/bench``), built with ``dynlogits.model_builder.build_model`` (atomic and
 safe against concurrent builders; a complete folder is reused at once).
 """
 
@@ -24,7 +24,7 @@ class ModelSizeError(ValueError):
 @cache
 def bench_model_dir(vocab_size: int) -> Path:
     """The embedded model whose logits are ``vocab_size`` wide (built on first use, a few seconds)."""
-    from dynlogits.tools.model_builder import build_model
+    from dynlogits.model_builder import build_model
 
     root = Path(os.environ.get("DYNLOGITS_BENCH_MODELS", Path.home() / ".cache" / "dynlogits" / "bench"))
     path = root.expanduser() / f"vocab-{vocab_size}"

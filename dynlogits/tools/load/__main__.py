@@ -48,7 +48,7 @@ def _tokens(mix: Mix, model: str, tokenizer: str | None) -> TokenPair | None:
     if not mix.needs_tokens:
         return None
     if tokenizer is None and model == EMBEDDED_MODEL:
-        from dynlogits.tools.model_builder import default_model_dir
+        from dynlogits.model_builder import default_model_dir
 
         tokenizer = str(default_model_dir())
     if tokenizer is None:

@@ -6,7 +6,7 @@ nothing but are deterministic (tests force them with specs). The model folder is
 format and loads with ``vllm.LLM(model=dir)`` and ``transformers.AutoTokenizer``.
 
 Heavy libraries (torch, tokenizers, safetensors) are imported only inside the functions that
-build, so ``import dynlogits.tools.model_builder`` stays light.
+build, so ``import dynlogits.model_builder`` stays light.
 """
 
 from __future__ import annotations
