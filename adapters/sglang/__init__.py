@@ -28,6 +28,7 @@ from typing import Any
 from .activation import SglangActivation, activate
 from .custom_params import carried_payload, encode_carried, validate
 from .engine import UnsupportedEngineConfig, check_server_args, enable_adapter, sglang_engine_env
+from .locate import stop_token
 
 __all__ = [
     "Processor",
@@ -39,6 +40,7 @@ __all__ = [
     "enable_adapter",
     "encode_carried",
     "sglang_engine_env",
+    "stop_token",
     "validate",
 ]
 

@@ -60,7 +60,7 @@ def publish_server_args(**overrides: Any) -> Any:
     from sglang.srt.runtime_context import publish
     from sglang.srt.server_args import ServerArgs
 
-    from dynlogits.tools.model_builder import default_model_dir
+    from dynlogits.model_builder import default_model_dir
 
     overrides.setdefault("model_path", str(default_model_dir()))  # a local model: SGLang reads its config
     server_args = ServerArgs(device="cpu", enable_custom_logit_processor=True, **overrides)

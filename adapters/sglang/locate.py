@@ -42,7 +42,9 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-__all__ = ["LAGGED_TOKEN", "EngineStateError", "committed_len", "row_history"]
+from dynlogits.sdk import pick_stop_token
+
+__all__ = ["LAGGED_TOKEN", "EngineStateError", "committed_len", "row_history", "stop_token"]
 
 #: Stands for a token SGLang has sampled but not yet appended to ``output_ids`` (overlap lag).
 LAGGED_TOKEN = -1
@@ -83,3 +85,15 @@ def row_history(req: Any) -> list[int] | None:
     if known < position:
         history.extend([LAGGED_TOKEN] * (position - known))
     return history
+
+
+def stop_token(req: Any, vocab_size: int) -> int | None:
+    """The token that ends ``req`` when it fails: its lowest EOS id (unless ``ignore_eos``), else its
+    lowest ``stop_token_ids`` entry, inside the logits width; ``None`` when ``req`` cannot say."""
+    try:
+        params = req.sampling_params
+        eos = () if getattr(params, "ignore_eos", False) else (getattr(req, "eos_token_ids", None) or ())
+        stops = sorted(eos) or sorted(getattr(params, "stop_token_ids", None) or ())
+    except Exception:  # an engine object of an unknown layout: the request still fails, unstoppable
+        return None
+    return pick_stop_token(None, stops, vocab_size)

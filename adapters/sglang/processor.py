@@ -59,7 +59,7 @@ from dynlogits.sdk import GuardedRequest
 
 from .custom_params import carried_payload
 from .engine import speculative_refusal
-from .locate import row_history
+from .locate import row_history, stop_token
 
 __all__ = ["FAILURES", "REQUEST_KEY", "DynamoSglangLogitProcessor", "processor_string", "stop_token"]
 
@@ -75,18 +75,6 @@ _SPECULATIVE = (
 )
 
 _UNSUPPORTED_LAYOUT = "this SGLang version's Req layout is not supported (proven: SGLang 0.5.21, 0.5.23)"
-
-
-def stop_token(req: Any, vocab_size: int) -> int | None:
-    """The token that ends ``req`` when it fails: its lowest EOS id (unless ``ignore_eos``), else its
-    lowest ``stop_token_ids`` entry, inside the logits width; ``None`` when ``req`` cannot say."""
-    try:
-        params = req.sampling_params
-        eos = () if getattr(params, "ignore_eos", False) else (getattr(req, "eos_token_ids", None) or ())
-        stops = sorted(eos) or sorted(getattr(params, "stop_token_ids", None) or ())
-    except Exception:  # an engine object of an unknown layout: the request still fails, unstoppable
-        return None
-    return sdk.pick_stop_token(None, stops, vocab_size)
 
 
 def _engine_refusal() -> str | None:

@@ -27,7 +27,7 @@ Modules: ``processor`` (the ``LogitsProcessor`` subclass and its builder), ``gen
 (activation, admission, ``generate()`` kwargs), ``conformance`` (the conformance kit's driver).
 """
 
-from .generate import activate, generate_kwargs, logits_width, payload_for, stop_tokens, validate
+from .generate import activate, generate_kwargs, logits_width, payload_for, stop_token, validate
 from .processor import DynamoLogitsProcessor, logits_processor, realize_request
 
 #: The engine-facing class (the same name in every adapter).
@@ -42,6 +42,6 @@ __all__ = [
     "logits_width",
     "payload_for",
     "realize_request",
-    "stop_tokens",
+    "stop_token",
     "validate",
 ]

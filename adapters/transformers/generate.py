@@ -35,7 +35,7 @@ from dynlogits.policy.text import TextTokenizer, resolve_entries
 
 from .processor import logits_processor
 
-__all__ = ["activate", "generate_kwargs", "logits_width", "payload_for", "stop_tokens", "validate"]
+__all__ = ["activate", "generate_kwargs", "logits_width", "payload_for", "stop_token", "validate"]
 
 
 def activate(entries: Sequence[Any]) -> list[dict[str, Any]] | None:
@@ -73,7 +73,7 @@ def logits_width(model: Any) -> int:
     return int(config.vocab_size)
 
 
-def stop_tokens(model: Any, tokenizer: Any) -> tuple[int | None, tuple[int, ...]]:
+def _stop_ids(model: Any, tokenizer: Any) -> tuple[int | None, tuple[int, ...]]:
     """``(eos_token_id, stop_token_ids)`` that ``generate()`` stops on: the model's generation
     config (an int or a list; the first is the EOS), else the tokenizer's EOS."""
     config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -84,6 +84,14 @@ def stop_tokens(model: Any, tokenizer: Any) -> tuple[int | None, tuple[int, ...]
         return ids[0], ids
     eos = getattr(tokenizer, "eos_token_id", None)
     return (eos, (eos,)) if isinstance(eos, int) else (None, ())
+
+
+def stop_token(model: Any, vocab_size: int, tokenizer: Any = None) -> int | None:
+    """The token that ends a failed request in ``generate()`` (``dynlogits.sdk.pick_stop_token``):
+    the generation config's EOS, else its lowest stop id, else the tokenizer's EOS, inside the
+    logits width."""
+    eos, stops = _stop_ids(model, tokenizer)
+    return sdk.pick_stop_token(eos, stops, vocab_size)
 
 
 def validate(payloads: Sequence[Any], *, vocab_size: int) -> None:
@@ -135,7 +143,7 @@ def generate_kwargs(
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     width = logits_width(model)
     validate(payloads, vocab_size=width)
-    eos, stops = stop_tokens(model, tokenizer)
+    eos, stops = _stop_ids(model, tokenizer)
     processor = logits_processor(
         payloads,
         vocab_size=width,

@@ -15,7 +15,7 @@ sites, with the sources read), ``conformance`` (the kit's drivers).
 TensorRT-LLM itself is optional: the classes subclass its bases when ``tensorrt_llm`` imports.
 """
 
-from .activation import BOTH_CALLBACKS, activate, stop_token_ids, validate
+from .activation import BOTH_CALLBACKS, activate, stop_token, validate
 from .batched import NOT_THROUGH_LLM_API, DynamoTrtllmBatchedLogitsProcessor
 from .capabilities import UnsupportedEngineConfig, check_llm_args
 from .processor import FAILURES, HAS_TENSORRT_LLM, DynamoTrtllmLogitsProcessor, register_ipc_classes
@@ -35,6 +35,6 @@ __all__ = [
     "activate",
     "check_llm_args",
     "register_ipc_classes",
-    "stop_token_ids",
+    "stop_token",
     "validate",
 ]

@@ -22,9 +22,9 @@ from typing import Any
 
 from dynlogits import sdk
 
-from .processor import DynamoTrtllmLogitsProcessor, stop_token_ids
+from .processor import DynamoTrtllmLogitsProcessor, stop_token
 
-__all__ = ["BOTH_CALLBACKS", "activate", "stop_token_ids", "validate"]
+__all__ = ["BOTH_CALLBACKS", "activate", "stop_token", "validate"]
 
 #: Why a request that opted into the batched callback cannot also get a per-request processor.
 BOTH_CALLBACKS = (

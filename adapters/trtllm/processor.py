@@ -86,8 +86,8 @@ def _base_classes() -> tuple[type, type, bool]:
 LogitsProcessorBase, BatchedLogitsProcessorBase, HAS_TENSORRT_LLM = _base_classes()
 
 
-def stop_token_ids(sampling_params: Any) -> tuple[int, ...]:
-    """The ids a failed request is ended with, best first: ``end_id`` (unless ``ignore_eos``),
+def _stop_ids(sampling_params: Any) -> tuple[int, ...]:
+    """The ids a failed request may be ended with, best first: ``end_id`` (unless ``ignore_eos``),
     then ``stop_token_ids``."""
     ids: list[int] = []
     end_id = getattr(sampling_params, "end_id", None)
@@ -95,6 +95,13 @@ def stop_token_ids(sampling_params: Any) -> tuple[int, ...]:
         ids.append(end_id)
     ids += sorted(int(t) for t in (getattr(sampling_params, "stop_token_ids", None) or ()))
     return tuple(ids)
+
+
+def stop_token(sampling_params: Any, vocab_size: int) -> int | None:
+    """The token that ends a failed request (``dynlogits.sdk.pick_stop_token``): ``end_id`` unless
+    ``ignore_eos``, else its lowest ``stop_token_ids`` entry, inside the logits width."""
+    ids = _stop_ids(sampling_params)
+    return sdk.pick_stop_token(ids[0] if ids else None, ids[1:], vocab_size)
 
 
 def request_rows(logits: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -177,9 +184,7 @@ class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,val
     def stop_token(self, width: int | None) -> int | None:
         """The token that ends this request when it fails, for a logits ``width`` (unknown: the
         validated ``vocab_size``, else unbounded)."""
-        ids = stop_token_ids(self.sampling_params)
-        bound = width if width is not None else (self.vocab_size or sys.maxsize)
-        return sdk.pick_stop_token(ids[0] if ids else None, ids[1:], bound)
+        return stop_token(self.sampling_params, width if width is not None else (self.vocab_size or sys.maxsize))
 
     def request(self, width: int) -> GuardedRequest | None:
         """This request's ``GuardedRequest`` for a logits width, realized on first use (never raises)."""

@@ -21,7 +21,7 @@ from dynlogits.sdk.activation import activate_logits_processors as activate
 from .capabilities import UnsupportedEngineConfig, check_engine_args, check_vllm_config
 from .processor import DynamoVllmLogitsProcessor
 from .registration import PROCESSOR_FQCN, is_dynamo_processor, register_dynamo_logits_processor
-from .request import read_payload, validate
+from .request import read_payload, stop_token, validate
 from .v2 import HAS_V2_INTERFACE
 
 #: The engine-facing class (the same name in every adapter).
@@ -39,5 +39,6 @@ __all__ = [
     "is_dynamo_processor",
     "read_payload",
     "register_dynamo_logits_processor",
+    "stop_token",
     "validate",
 ]

@@ -37,7 +37,7 @@ __all__ = ["VllmV1Driver", "VllmV2Driver", "drivers"]
 def _vllm_config(vocab_size: int) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 
-    from dynlogits.tools.model_builder import default_model_dir
+    from dynlogits.model_builder import default_model_dir
 
     config = EngineArgs(model=str(default_model_dir()), max_model_len=512, dtype="float32",
                         enforce_eager=True).create_engine_config()

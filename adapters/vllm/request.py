@@ -42,7 +42,7 @@ from dynlogits.sdk import FailureReport, GuardedRequest
 from dynlogits.specs import WIRE_KEY, SpecError, SpecLimits
 
 __all__ = ["PayloadSource", "VllmRequest", "carried_payload", "client_payload", "payload_text_bound", "read_payload",
-           "realize_request", "request_role", "validate"]
+           "realize_request", "request_role", "stop_token", "validate"]
 
 _KV_TRANSFER_PARAMS = "kv_transfer_params"
 
@@ -143,11 +143,12 @@ def client_payload(text: str, config: DeploymentConfig | None = None) -> Any:
     return payload
 
 
-def validate(params: Any) -> None:
+def validate(params: Any, *, vocab_size: int | None = None) -> None:
     """Admission check: raise ``SpecError`` (``ValueError``) naming the bad field.
 
-    The logits width is unknown in the front-end process, so ids are checked against it only
-    when the request is realized in the engine (see the module's failure policy).
+    The logits width is unknown in vLLM's front-end process (``vocab_size`` ``None``), so ids are
+    checked against it there only when the request is realized in the engine (see the module's
+    failure policy); a caller that knows it passes it.
     """
     raw = read_payload(params)
     engine_config = admission_config()
@@ -156,13 +157,19 @@ def validate(params: Any) -> None:
     elif isinstance(raw, str):
         client_payload(raw)
     else:
-        sdk.validate(raw)
+        sdk.validate(raw, vocab_size=vocab_size)
+
+
+def stop_token(params: Any, vocab_size: int) -> int | None:
+    """The token that ends a failed request (``dynlogits.sdk.pick_stop_token``): its EOS (unset under
+    ``ignore_eos``), else its lowest ``stop_token_ids`` entry, inside the logits width."""
+    return sdk.pick_stop_token(getattr(params, "eos_token_id", None), getattr(params, "stop_token_ids", None), vocab_size)
 
 
 def realize_request(params: Any, *, vocab_size: int, report: FailureReport | None = None,
                     engine_spec: PayloadSource | None = None) -> VllmRequest | None:
     """Fresh processors for one request entering the batch; ``None`` without a payload. Never raises."""
-    stop = sdk.pick_stop_token(getattr(params, "eos_token_id", None), getattr(params, "stop_token_ids", None), vocab_size)
+    stop = stop_token(params, vocab_size)
     payload = read_payload(params)
     try:
         if engine_spec is not None:
