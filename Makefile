@@ -1,4 +1,4 @@
-.PHONY: setup demo test test-slow
+.PHONY: setup demo test test-fast test-slow
 
 setup:
 	scripts/setup-env.sh
@@ -10,6 +10,10 @@ demo: setup
 # The whole test suite (CI runs exactly this).
 test:
 	scripts/test.sh
+
+# The inner loop: every test that starts no engine and no deployment (marker ``engine``).
+test-fast:
+	scripts/test.sh -m "not engine and not slow"
 
 # The slow tests the default run deselects: the 10,000-case fuzz runs and the timing-sensitive
 # hang-up test (run them before a change to a reader of client data or to the streaming path).
