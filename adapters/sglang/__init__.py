@@ -7,21 +7,12 @@ On the worker, before a request enters SGLang::
     engine.generate(input_ids=ids, sampling_params=sampling_params,
                     custom_logit_processor=fields.custom_logit_processor)
 
-with the engine started with ``enable_custom_logit_processor=True`` (``engine.enable_adapter``) and
-``SGLANG_ENABLE_DELAY_SAMPLE=1`` (``engine.sglang_engine_env``).
-
-Proven on SGLang 0.5.21 (NVIDIA Dynamo 1.6.1's pin) and 0.5.23, with their real classes.
-
-Built on ``dynlogits.sdk``; what is here is SGLang's calling convention only. Modules:
-``processor`` (``DynamoSglangLogitProcessor``, a real ``CustomLogitProcessor``; how SGLang calls
-it), ``locate`` (position and history under the overlap scheduler), ``custom_params`` (the
-payload's two encodings, our JSON text and NVIDIA Dynamo's list of entries, and admission),
-``activation`` (worker side), ``engine`` (engine settings), ``harness`` (a scheduler harness over
-SGLang's real classes), ``conformance`` (the kit's drivers), ``compat`` (the CPU-test import shim;
-never needed where SGLang is installed with its dependencies).
-
-This package imports without SGLang; ``processor`` needs ``sglang`` importable.
-"""
+The engine needs ``enable_custom_logit_processor=True`` (``engine.enable_adapter``) and
+``SGLANG_ENABLE_DELAY_SAMPLE=1`` (``engine.sglang_engine_env``). Proven on SGLang 0.5.21 and 0.5.23.
+Modules: ``processor`` (the ``CustomLogitProcessor``), ``locate`` (positions and histories),
+``custom_params`` (the payload's encodings, admission), ``activation`` (worker side), ``engine``
+(settings), ``harness`` and ``conformance`` (test drivers), ``compat`` (CPU-test import shim).
+This package imports without SGLang; ``processor`` needs ``sglang``."""
 
 from typing import Any
 

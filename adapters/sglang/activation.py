@@ -1,17 +1,10 @@
 """Worker side: what one SGLang request needs to run its gated entries.
 
-``activate(target, entries)`` works on either form a worker builds a request in:
-
-* a sampling-params mapping (``Engine.generate(sampling_params=..., custom_logit_processor=...)``,
-  ``GenerateReqInput.sampling_params``): its ``custom_params`` gets the payload (or loses one);
-* a ``GenerateReqInput`` (or any object with ``sampling_params`` and ``custom_logit_processor``
-  attributes): the same, and its ``custom_logit_processor`` is set to this adapter's string.
-
-It returns ``SglangActivation(custom_logit_processor, custom_params)``. Only the worker produces
-the processor string: whatever ``custom_logit_processor`` a client sent is **never** forwarded (a
-dill string is code the server would run); without entries the request gets no processor and any
-smuggled ``custom_params["dynamo_logits"]`` is removed.
-"""
+``activate(target, entries)`` takes a sampling-params mapping (its ``custom_params`` gets the
+payload, or loses a smuggled one) or a ``GenerateReqInput``-like object (the same, and its
+``custom_logit_processor`` is set to this adapter's string), and returns
+``SglangActivation(custom_logit_processor, custom_params)``. A client's ``custom_logit_processor``
+(a dill string, i.e. code) is never forwarded."""
 
 from __future__ import annotations
 

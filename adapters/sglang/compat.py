@@ -1,23 +1,12 @@
-"""CPU-test shim: import SGLang's scheduler and sampler modules on a machine without its engine.
+"""CPU-test shim: import SGLang's scheduler and sampler modules without its engine. Not used in
+production (where SGLang is installed with its dependencies, ``import sglang`` works).
 
-**Not used in production.** On a machine where SGLang is installed with its dependencies (a GPU
-host), ``import sglang`` works and nothing here is needed. This project's CPU test environment
-installs ``sglang==0.5.23`` with ``--no-deps`` (``scripts/setup-env.sh``) plus the few packages its
-sampling and scheduling modules import, and ``sglang==0.5.21`` (NVIDIA Dynamo 1.6.1's pin) beside
-it in ``$VENV/sglang-0.5.21`` (used with ``PYTHONPATH`` first; the same shim works for both), then:
+* ``register_bare_sglang()``: a bare ``sglang`` package module over the installed folder, so
+  ``sglang.srt.*`` imports without ``sglang/__init__.py`` (``sglang/srt/`` has no ``__init__.py``).
+* ``stub_broken_torchvision()``: a placeholder for the ``torchvision.transforms`` import of
+  ``sglang.srt.configs`` (this index's torchvision builds are CUDA-only; tests and drivers only).
 
-* ``register_bare_sglang()``: ``sglang/__init__.py`` imports the whole front-end API (and applies
-  process-wide patches to ``transformers``), but ``sglang/srt/`` has no ``__init__.py``; a bare
-  ``sglang`` package module pointing at the installed folder lets ``sglang.srt.*`` import alone.
-* ``stub_broken_torchvision()``: ``sglang.srt.configs`` imports ``torchvision.transforms`` at import
-  time; the torchvision builds on this package index are CUDA builds that fail against the CPU
-  torch, so ``scripts/setup-env.sh`` removes them. The stub stands in for that one import only
-  (its attributes are empty placeholder classes), after ``transformers`` has already decided that
-  torchvision is unavailable, so transformers never uses it. Tests and the conformance driver only.
-
-``import_sglang_srt()`` applies both and is what the tests and ``conformance`` call;
-``sglang_version()`` names the SGLang actually imported (not the installed distribution's metadata).
-"""
+``import_sglang_srt()`` applies both; ``sglang_version()`` names the SGLang actually imported."""
 
 from __future__ import annotations
 
@@ -62,10 +51,7 @@ _TORCHVISION_MODULES = ("torchvision", "torchvision.transforms", "torchvision.tr
 
 def stub_broken_torchvision() -> bool:
     """Install the torchvision placeholder when ``import torchvision`` fails; ``True`` if installed.
-
-    ``transformers`` is imported first so that its (cached) torchvision availability check sees the
-    real state: unavailable.
-    """
+        ``transformers`` is imported first, so its cached availability check sees torchvision missing."""
     import transformers.image_utils  # noqa: F401  - caches "torchvision unavailable" before the stub exists
 
     if "torchvision" in sys.modules:

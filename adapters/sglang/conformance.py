@@ -1,24 +1,14 @@
 """Conformance-kit drivers for the SGLang adapter (``dynlogits conformance sglang``).
 
-Each driver runs ``DynamoSglangLogitProcessor`` inside the installed SGLang's real scheduler-side classes
-(0.5.23 in the project's environment, 0.5.21 with ``PYTHONPATH=$VENV/sglang-0.5.21``)
-through ``SglangSchedulerHarness`` (``dynlogits.adapters.sglang.harness``): real ``Req`` objects
-built from requests decoded by SGLang's msgpack IPC codec, ``SamplingBatchInfo`` built per prefill
-batch, filtered and merged, and SGLang's own ``apply_custom_logit_processor``. SGLang's engine is
-not started (it needs a GPU and ``sgl-kernel``); on a CPU machine the modules are imported through
-the CPU-test shim (``compat``).
+Each driver runs ``DynamoSglangLogitProcessor`` inside SGLang's real scheduler-side classes through
+``harness.SglangSchedulerHarness`` (no engine: it needs a GPU and ``sgl-kernel``):
 
 * ``sglang-overlap``: the overlap scheduler with delayed sampling, as the worker configures SGLang;
 * ``sglang-no-overlap``: ``--disable-overlap-schedule``;
-* ``sglang-dynamo-list``: as ``sglang-overlap``, with each list payload carried in NVIDIA Dynamo's
-  form (the list of entry dicts itself, not JSON text) over SGLang's default pickle transport; a
-  payload that is not a list has no such form and travels as JSON text.
+* ``sglang-dynamo-list``: as ``sglang-overlap``, list payloads in NVIDIA Dynamo's form (the list of
+  entry dicts) over SGLang's default pickle transport; the others send JSON text over msgpack.
 
-The first two carry the payload as JSON text through SGLang's typed msgpack transport.
-
-The overlap scheduler *without* delayed sampling (``output_ids`` one token behind) is covered by
-``tests/sglang``: positions stay exact there, token values of the last step are not visible.
-"""
+Overlap without delayed sampling (``output_ids`` one behind) is covered by ``tests/adapters/sglang``."""
 
 from __future__ import annotations
 

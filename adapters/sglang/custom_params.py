@@ -1,26 +1,14 @@
 """How a payload travels in SGLang's ``custom_params``, and the admission check.
 
-Two encodings are read under the key ``WIRE_KEY`` (``"dynamo_logits"``), with the same checks and
-limits (both end in ``dynlogits.sdk``'s validation):
+Under ``WIRE_KEY`` (``"dynamo_logits"``) two encodings are read, with the same checks and limits:
 
-* **JSON text** (what this adapter's ``activation`` sends): the wire payload as one string.
-  SGLang types ``SamplingParams.custom_params`` as ``Dict[str, CustomParamValue]`` with
-  ``CustomParamValue = JSON scalar | List[JSON scalar] | Dict[str, JSON scalar]``
-  (``sglang/srt/sampling/sampling_params.py``, 0.5.21 and 0.5.23); a string is a scalar, so it
-  survives both of SGLang's tokenizer-to-scheduler transports: pickle (``SGLANG_USE_PICKLE_IPC``,
-  default on in ``srt/environ.py``) and the typed msgpack codec (``managers/io_struct.py``:
-  ``sock_send``/``sock_recv``, ``msgpack_decode``), which rejects a list of objects.
-* **The payload itself** (NVIDIA Dynamo's form: its SGLang adapter sends
-  ``custom_params={"dynamo_logits": [ {kind: ...}, ... ], "dynamo_uid": ...}``, a list of entry
-  dicts from ``dynamo.common.backend.engine.serialize_logits_processor_entries``). It reaches the
-  scheduler only over SGLang's default pickle transport. ``dynamo_uid`` is Dynamo's own key and is
-  ignored here (this adapter keeps per-request state on the request, not in a uid-keyed map).
+* JSON text (what ``activation`` sends): a string is a ``CustomParamValue`` scalar
+  (``sglang/srt/sampling/sampling_params.py``), so it passes both tokenizer-to-scheduler transports,
+  pickle (the default, ``srt/environ.py``) and msgpack (``managers/io_struct.py``), which rejects a
+  list of objects;
+* the entry list itself (NVIDIA Dynamo's form, pickle transport only); Dynamo's ``dynamo_uid`` is ignored.
 
-Only a string is parsed, exactly once; any other value *is* the payload, so a dict or a number is
-refused by the SDK's own rule (``dynamo_logits: must be a list``), and JSON text that decodes to
-text again is refused the same way. SGLang writes its own keys into the same dict
-(``thinking_budget``, ``__sglang_*``, ``__req__``); ours is namespaced.
-"""
+Only a string is parsed, once; any other value is the payload and is validated as such."""
 
 from __future__ import annotations
 
@@ -44,11 +32,8 @@ def encode_carried(payload: Any) -> str:
 
 def carried_payload(custom_params: Mapping[str, Any] | None) -> Any | None:
     """The payload carried in ``custom_params`` (``None`` when absent): JSON text parsed, any other
-    value as it is (Dynamo's list of entry dicts). Not validated here (``validate``, ``sdk.realize``).
-
-    ``SpecError`` naming ``custom_params.dynamo_logits`` when the text is not JSON (or nests too
-    deeply to parse); nothing else is raised.
-    """
+        value as it is. Not validated here. Raises only ``SpecError`` naming
+        ``custom_params.dynamo_logits`` (text that is not JSON, or nests too deeply)."""
     if not custom_params:
         return None
     value = custom_params.get(WIRE_KEY)

@@ -1,22 +1,13 @@
 """SGLang engine settings the adapter needs, set by one helper and checked up front.
 
-* ``--enable-custom-logit-processor`` (``ServerArgs.enable_custom_logit_processor``): off by
-  default in SGLang; without it the tokenizer manager rejects every request naming a processor.
-  SGLang refuses it together with ``--enable-watermark`` (``arg_groups/validation_hook.py``).
-* ``SGLANG_ENABLE_DELAY_SAMPLE=1``: with the overlap scheduler (SGLang's default) the sampler then
-  runs after the previous batch's tokens were appended (``Scheduler.launch_batch_sample_if_needed``),
-  so histories are complete; positions are exact either way (``locate``). SGLang documents the
-  flag as moving result processing off the critical path (``srt/environ.py``).
-* Speculative decoding is refused (any ``speculative_algorithm`` but ``None``/``"NONE"``; SGLang's
-  ``speculative/spec_info.py``: ``SpeculativeAlgorithm.from_string``). In 0.5.21 and 0.5.23 the
-  EAGLE, EAGLE3, STANDALONE, FROZEN_KV_MTP and NGRAM verify (``speculative/eagle_utils.py``:
-  ``eagle_sample``) never calls custom processors (they would be skipped silently); DFlash and
-  DSpark call them on verify rows without the draft tokens (``speculative/dflash_utils.py``:
-  ``apply_dflash_verify_logits_adjustments``), as 0.5.9's EAGLE and NGRAM verify did; UNO raises
-  (``speculative/uno_worker_v2.py``). Details: ``processor`` module docstring. Where SGLang is
-  started by something else, the processor reads the same setting in the scheduler and fails each
-  request on its first row with the same message.
-"""
+* ``--enable-custom-logit-processor`` (``ServerArgs.enable_custom_logit_processor``, off by default;
+  SGLang refuses it with ``--enable-watermark``: ``arg_groups/validation_hook.py``).
+* ``SGLANG_ENABLE_DELAY_SAMPLE=1``: the sampler runs after the previous batch's tokens are appended
+  (``Scheduler.launch_batch_sample_if_needed``), so histories are complete.
+* Speculative decoding is refused (any ``speculative_algorithm`` but ``None``/``"NONE"``): in 0.5.21
+  and 0.5.23 ``speculative/eagle_utils.py`` ``eagle_sample`` skips custom processors, DFlash/DSpark
+  apply them without draft tokens (``speculative/dflash_utils.py``), UNO raises
+  (``speculative/uno_worker_v2.py``). The processor repeats this check in the scheduler."""
 
 from __future__ import annotations
 

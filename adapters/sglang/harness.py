@@ -1,29 +1,16 @@
-"""A model of SGLang's scheduler around its real classes, not the engine: a test helper.
+"""A model of SGLang's scheduler around its real classes (a test helper, not the engine).
 
-Not for production. It drives SGLang's real scheduler-side classes the way its scheduler does, on
-CPU, so the adapter can be tested where the engine cannot run.
-
-**It is a harness**: SGLang's engine (model runner, KV pools, CUDA kernels) cannot start without a
-GPU and ``sgl-kernel``, so no model runs and no KV cache is allocated. What is real: ``Req``,
-``ScheduleBatch``, ``SamplingParams`` carried by SGLang's own tokenizer-to-scheduler transport (its
-msgspec IPC codec, or pickle as in SGLang's default; see ``decode_like_sglang``), the
-``SamplingBatchInfo`` life cycle (``from_schedule_batch`` per prefill batch, ``filter_batch``,
-``merge_batch``), ``Req.reset_for_retract`` and SGLang's own ``apply_custom_logit_processor``
-(copy of the rows in, returned tensor written back). What the harness does in the scheduler's
-place, in the scheduler's order (``sglang/srt/managers/scheduler.py``: ``event_loop_overlap``):
+Real: ``Req``, ``ScheduleBatch``, requests through SGLang's own transport (msgpack or pickle,
+``decode_like_sglang``), the ``SamplingBatchInfo`` life cycle (``from_schedule_batch`` per prefill
+batch, ``filter_batch``, ``merge_batch``), ``Req.reset_for_retract`` and ``apply_custom_logit_processor``.
+Modelled, in ``sglang/srt/managers/scheduler.py`` ``event_loop_overlap``'s order:
 
 * prefill / re-prefill: ``req.kv.kv_committed_len = len(prompt) + len(output_ids)``
-  (``mem_cache/allocation.py``: ``alloc_for_extend``), a new ``SamplingBatchInfo`` for the new
-  requests, sampled on its own, then merged into the running batch (the running batch's processor
-  instance survives, the prefill batch's is dropped);
+  (``mem_cache/allocation.py``: ``alloc_for_extend``), sampled as its own batch, then merged;
 * decode: ``kv_committed_len += 1`` (``alloc_for_decode`` in ``prepare_for_decode``) before sampling;
-* results: a sampled token is appended to ``output_ids`` after the step (``mode="no-overlap"`` and
-  ``"overlap-delay-sample"``), or only after the *next* step was sampled (``mode="overlap"``, the
-  overlap scheduler without delayed sampling: ``output_ids`` lags one token, SGLang issue 8056);
-* a running request missing from a step is retracted (``reset_for_retract``) and comes back through
-  a re-prefill. Its last sampled token is appended first (SGLang would drop it and sample the same
-  position again; appending keeps the caller's history as given).
-"""
+* results appended after the step, or after the next step in ``mode="overlap"`` (SGLang issue 8056);
+* a request missing from a step is retracted and re-prefilled (its last sampled token appended
+  first, where SGLang would drop it and sample that position again)."""
 
 from __future__ import annotations
 
@@ -91,10 +78,9 @@ def decode_like_sglang(sampling_params: Mapping[str, Any], *, rid: str, input_id
 
 
 class ReqView:
-    """SGLang's ``Req`` as another SGLang version would hand it to a processor: every attribute is
-    the real ``Req``'s, except that ``hidden`` names raise ``AttributeError`` and ``renamed`` maps a
-    name to a path of attributes on the real ``Req`` (``{"kv_committed_len": ("kv", "kv_committed_len")}``
-    is the layout of SGLang 0.5.9 and older, where the counter sits on ``Req`` itself)."""
+    """SGLang's ``Req`` as another SGLang version would present it: the real ``Req``'s attributes, except
+        that ``hidden`` names raise ``AttributeError`` and ``renamed`` maps a name to an attribute path
+        (``{"kv_committed_len": ("kv", "kv_committed_len")}``: SGLang 0.5.9 and older)."""
 
     def __init__(self, req: Any, *, hidden: Sequence[str] = (), renamed: Mapping[str, Sequence[str]] | None = None) -> None:
         self._req, self._hidden, self._renamed = req, frozenset(hidden), dict(renamed or {})

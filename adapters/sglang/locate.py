@@ -1,41 +1,16 @@
 """Where a row's position and history come from inside SGLang's sampler (SGLang 0.5.21, 0.5.23).
 
-SGLang hands a custom processor ``custom_params["__req__"]``, a weak proxy to the real ``Req``
-(``sglang/srt/managers/schedule_batch.py``: ``Req.__init__``). Its ``output_ids`` is **not** a
-safe position source: under the overlap scheduler (SGLang's default) batch N+1 is sampled before
-batch N's tokens are appended (``Scheduler.event_loop_overlap``: ``run_batch`` then
-``pop_and_process``; SGLang issue 8056), so ``len(output_ids)`` is one short on every decode step
-after the first token, and a forced sequence read from it repeats a token.
+Position: ``committed_len(req) - len(req.origin_input_ids)``, not ``len(req.output_ids)``, which
+lags one token under the overlap scheduler (``Scheduler.event_loop_overlap``; SGLang issue 8056).
+SGLang sets ``req.kv.kv_committed_len`` (``req.kv_committed_len`` in older releases, e.g. 0.5.9) while preparing a
+batch, before the sampler: ``mem_cache/allocation.py`` ``alloc_for_extend`` / ``alloc_for_decode``,
+``Req.reset_for_retract``, ``disaggregation/decode.py`` ``_pre_alloc_fill_len``. A negative position
+is a middle prefill chunk, whose sample SGLang discards: the row is left untouched.
 
-Position source: ``kv_committed_len - len(req.origin_input_ids)``. Where the counter lives is
-version-dependent (``committed_len`` reads both): ``req.kv.kv_committed_len`` in 0.5.21 and 0.5.23
-(``managers/schedule_batch.py``: the ``kv`` state object built in ``Req.__init__``), and
-``req.kv_committed_len`` on ``Req`` itself in older releases (0.5.9's ``Req.__init__``). SGLang
-updates it while it *prepares* a batch, before the forward and the sampler run (0.5.21, 0.5.23):
+History: ``output_ids[:position]``, a lagging last token filled with ``LAGGED_TOKEN`` (-1).
 
-* extend (prefill, re-prefill after retraction, a chunk): ``= seq_len`` of the extend, the prompt
-  plus the output tokens recomputed (``mem_cache/allocation.py``: ``alloc_for_extend``);
-* decode: ``+= 1`` per step (``alloc_for_decode``, called from ``ScheduleBatch.prepare_for_decode``);
-* retraction: ``= 0`` (``Req.reset_for_retract``), then set again by the re-prefill;
-* PD-disaggregated decode: ``prompt + output - 1`` before the first decode step
-  (``disaggregation/decode.py``: ``_pre_alloc_fill_len``), then ``+= 1`` as above.
-
-So it equals ``len(prompt) + tokens generated before this row`` with the overlap scheduler on or
-off, with delayed sampling, and after retraction. A negative value is a middle chunk of a chunked
-prefill: SGLang discards that row's sample (``batch_result_processor.py``:
-``inflight_middle_chunks``), and the row is left untouched.
-
-History: ``output_ids[:position]``. When ``output_ids`` lags (overlap scheduler without delayed
-sampling) the missing last token is not visible anywhere the processor can read; it is filled with
-``LAGGED_TOKEN`` (-1) so that every kind depending only on the position is exact, and kinds that
-read token values (``thinking_budget``, ``python``) see -1 for that one token. The worker avoids
-the lag by enabling delayed sampling (``engine.sglang_engine_env``), with which SGLang samples
-batch N+1 after batch N's tokens are appended.
-
-Everything here reads the engine's live ``Req``: a value missing or of the wrong type raises
-(``EngineStateError``, or whatever the ``Req`` proxy raises, e.g. ``ReferenceError``), and the
-caller (``processor``) fails that one request, never the batch.
-"""
+Reads of the live ``Req`` raise (``EngineStateError``, ``ReferenceError``, ...) when a value is
+missing or malformed; the caller fails that one request."""
 
 from __future__ import annotations
 

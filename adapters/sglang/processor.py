@@ -1,48 +1,21 @@
 """``DynamoSglangLogitProcessor``: the SDK inside SGLang's sampler, as a real ``CustomLogitProcessor``.
 
-How SGLang 0.5.21 and 0.5.23 call it (each fact read from both released packages; the files named
-are under ``sglang/srt/``, identical in both where no version is named):
+How SGLang 0.5.21 and 0.5.23 call it (files under ``sglang/srt/``; details in docs/engines.md):
 
-* Loading: a request names its processor by ``CustomLogitProcessor.to_str()``, dill of the
-  **class** (``sampling/custom_logit_processor.py``). This class lives in an importable, installed
-  module, so dill stores a reference (module and name), never code: the server imports this module.
-  ``from_str`` caches the class but builds a **new instance on every call**.
-* Instances: ``SamplingBatchInfo.from_schedule_batch`` builds one instance per processor string per
-  *prefill batch*; ``filter_batch`` keeps it; ``merge_batch`` keeps the running batch's instance and
-  drops the other (``sampling/sampling_batch_info.py``). So this class keeps **no state**: a
-  request's realized processors and failure live in that request's own ``custom_params`` dict
-  (SGLang copies it per ``Req`` in ``Req.__init__``), under ``REQUEST_KEY``, and die with it.
-* ``__req__`` (``managers/schedule_batch.py``: ``Req.__init__``): 0.5.23 adds a ``weakref.proxy``
-  to the ``Req`` when the request names a processor and ``custom_params`` is a dict; 0.5.21 adds the
-  ``Req`` itself whenever ``custom_params`` is a dict. Read through ``locate`` only.
-* Call: ``__call__(logits, custom_param_list)`` gets a **copy** of its rows (``index_select``) and
-  SGLang writes back the **returned** tensor (``layers/sampler.py``: ``apply_custom_logit_processor``),
-  with no try/except around the call: an exception here would fail the whole batch (the scheduler).
-  Row ``i``'s params are ``custom_param_list[i]``. So nothing here raises: whatever one row's
-  request cannot provide (payload, ``Req`` fields) fails that request alone.
-* ``n > 1``: every sample is its own ``Req`` with its own ``custom_params`` dict and row, so each
-  gets its own history and realized processors.
-* Speculative decoding (``engine.check_server_args`` refuses it up front; a request realized in a
-  scheduler configured for it anyway fails on its first row with the same message): in 0.5.21 and 0.5.23 the
-  EAGLE-family and NGRAM verify (``speculative/eagle_utils.py``: ``eagle_sample``) never calls custom
-  processors; DFlash and DSpark call ``apply_custom_logit_processor(..., num_tokens_in_batch=
-  draft_token_num)`` on verify rows (``speculative/dflash_utils.py``:
-  ``apply_dflash_verify_logits_adjustments``), as 0.5.9's EAGLE and NGRAM verify did, repeating the
-  same params dict per draft row. The draft tokens before a row are not visible, so a request whose
-  dict repeats on consecutive rows is fail-stopped and reported. UNO raises ``NotImplementedError``.
-* Tensor parallelism: every TP rank runs its own scheduler, ``Req`` objects and this processor; the
-  sampled ids are synchronized across ranks only with ``SYNC_TOKEN_IDS_ACROSS_TP=1`` or when the batch
-  has a grammar (``layers/sampler.py``: ``Sampler._sync_token_ids_across_tp``, an all-reduce MIN).
-  Ranks stay in step only if every rank makes the same edits and the same failures from the same
-  inputs: everything here is a function of the payload, the ``Req`` and the row, and ``python``
-  factories must be deterministic in the same sense (no unseeded randomness, clocks, rank-local
-  state or I/O that can fail on one rank).
+* ``to_str()`` is dill of the class, stored by reference (this module is importable); ``from_str``
+  builds a new instance per call, and ``sampling/sampling_batch_info.py`` keeps only the running
+  batch's instance on ``merge_batch``. So the class is stateless: a request's ``GuardedRequest``
+  lives in its own ``custom_params`` dict under ``REQUEST_KEY`` (copied per ``Req`` in ``Req.__init__``).
+* ``__call__(logits, custom_param_list)`` gets a copy of its rows and SGLang writes back the returned
+  tensor (``layers/sampler.py``: ``apply_custom_logit_processor``), with no try/except around it.
+* Speculative verify rows repeat one params dict per draft row (``speculative/dflash_utils.py``:
+  ``apply_dflash_verify_logits_adjustments``): such a request is fail-stopped (``engine`` refuses
+  speculative decoding up front).
 
-Failure policy: the SDK's (``dynlogits.sdk.guard``): a request whose payload does not realize,
-whose ``Req`` cannot be read or whose processor raises is fail-stopped to its stop token (its lowest
-EOS id unless ``ignore_eos``, else its lowest ``stop_token_ids``) and reported once (ERROR log and
-``FAILURES``).
-"""
+Contract: never raises into the sampler. A request whose payload does not realize, whose ``Req``
+cannot be read or whose processor raises is fail-stopped to its stop token (``locate.stop_token``)
+and reported once (ERROR log and ``FAILURES``). Every edit is a function of the payload, the ``Req``
+and the row, so TP ranks stay in step (``python`` factories must be deterministic too)."""
 
 from __future__ import annotations
 
@@ -137,11 +110,11 @@ def _history(request: GuardedRequest, req: Any) -> list[int] | None:
 
 
 class DynamoSglangLogitProcessor(CustomLogitProcessor):
-    """Applies each row's ``custom_params["dynamo_logits"]`` processors; returns ``logits``, edited
-    in place (SGLang writes the returned tensor back). Stateless: see the module docstring.
+    """Applies each row's ``custom_params["dynamo_logits"]`` processors; returns ``logits``, edited in
+        place (SGLang writes the returned tensor back). Stateless (see the module docstring).
 
-    Never raises into SGLang's sampler: what one row's request cannot provide fails that request only
-    (fail-stopped and reported); an internal error fail-stops the requests of this call."""
+        Never raises into SGLang's sampler: a row's request that cannot be served is fail-stopped and
+        reported; an internal error fail-stops the requests of this call."""
 
     def __call__(self, logits: torch.Tensor, custom_param_list: list[dict[str, Any] | None] | None = None) -> torch.Tensor:
         sdk.drain()  # failures that landed since the last call (see dynlogits.sdk.readback)
@@ -183,10 +156,9 @@ class DynamoSglangLogitProcessor(CustomLogitProcessor):
 
 @cache
 def processor_string() -> str:
-    """``DynamoSglangLogitProcessor.to_str()``: what a request's ``custom_logit_processor`` carries,
-    a reference to this installed class (no code). Computed on first use, never while this module is
-    still importing: dill stores a class by reference only when it can find it in its imported
-    module, and by value (its code) otherwise."""
+    """``DynamoSglangLogitProcessor.to_str()``: what a request's ``custom_logit_processor`` carries, a
+        reference to this installed class (no code). Computed on first use, never at import time: dill
+        stores a class by reference only once its module is imported."""
     return DynamoSglangLogitProcessor.to_str()
 
 
