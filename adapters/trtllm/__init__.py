@@ -7,13 +7,10 @@ On the worker, per request::
     activate(sampling_params, entries, vocab_size=width)
     llm.generate_async(prompt_token_ids, sampling_params)
 
-Built on ``dynlogits.sdk``; what is here is TensorRT-LLM's calling convention only. Modules:
-``processor`` (the per-request callback; shapes, streams, failure policy, pickling), ``batched``
-(the TensorRT backend's batched callback, executor API only), ``activation`` (worker side),
-``capabilities`` (what is refused), ``harness`` (harnesses modelled on TensorRT-LLM 1.3.0rc29's call
-sites, with the sources read), ``conformance`` (the kit's drivers).
-TensorRT-LLM itself is optional: the classes subclass its bases when ``tensorrt_llm`` imports.
-"""
+Modules: ``processor`` (the per-request callback), ``batched`` (the TensorRT backend's batched
+callback, executor API only), ``activation`` (worker side), ``capabilities`` (what is refused),
+``harness`` (call sites modelled on TensorRT-LLM 1.3.0rc29, sources cited), ``conformance`` (drivers).
+TensorRT-LLM is optional: the classes subclass its bases when ``tensorrt_llm`` imports."""
 
 from .activation import BOTH_CALLBACKS, activate, stop_token, validate
 from .batched import NOT_THROUGH_LLM_API, DynamoTrtllmBatchedLogitsProcessor

@@ -1,19 +1,11 @@
 """Worker side: a fresh ``DynamoTrtllmLogitsProcessor`` per request, on its ``SamplingParams``.
 
-TensorRT-LLM takes live processor objects on ``SamplingParams.logits_processor`` (one, or a list on
-the PyTorch backend only: the TensorRT backend's request binding takes one callable).
-``activate`` validates the gated entries (``SpecError`` naming the field; ``python`` entries only
-when allow-listed on this worker, and again in the engine process), encodes them as the wire payload
-and puts a new processor for this request on ``sampling_params``, replacing one a previous call
-attached and keeping any others. With no entries it removes ours and attaches nothing.
-``validate(sampling_params)`` is the admission check of what a request carries: the payload of every
-processor of ours attached to it.
-
-Positions count from the prompt TensorRT-LLM itself holds (BOS and multimodal expansion included),
-read at the processor's first call, so ``activate`` needs no prompt; only a request that arrives
-with tokens already generated (the decode side of a disaggregated request: the prefill's first
-token) says how many with ``generated_before``.
-"""
+TensorRT-LLM takes live processor objects on ``SamplingParams.logits_processor`` (a list on the
+PyTorch backend only; the TensorRT backend's request binding takes one callable). ``activate``
+validates the gated entries and replaces the processor of ours a previous call attached, keeping
+any others; ``validate(sampling_params)`` re-checks the payload of every processor of ours on a
+request (admission). Positions count from the prompt the engine holds at the first call, so
+``activate`` needs no prompt, only ``generated_before`` for a request that arrives mid-generation."""
 
 from __future__ import annotations
 
@@ -49,12 +41,11 @@ def _ours(current: Any) -> list[DynamoTrtllmLogitsProcessor]:
 
 def activate(sampling_params: Any, entries: Sequence[Any], *, vocab_size: int | None = None,
              generated_before: int = 0) -> DynamoTrtllmLogitsProcessor | None:
-    """Attach a fresh processor for ``entries`` to ``sampling_params`` (TensorRT-LLM's
-    ``SamplingParams`` or anything with a ``logits_processor`` attribute); returns it, or ``None``
-    when there are no entries (``ValueError`` when the request opted into the batched callback).
-    ``vocab_size``, when known, is the logits width: it bounds every id
-    and the engine's logits must have it. ``generated_before``: tokens the request has generated
-    before it reaches this engine (0 unless it resumes elsewhere, as on a disaggregated decode worker)."""
+    """Attach a fresh processor for ``entries`` to ``sampling_params`` (anything with a
+        ``logits_processor`` attribute) and return it; ``None`` without entries (ours is then removed).
+        Raises ``SpecError`` naming the field (``python`` only when allow-listed), ``ValueError`` when
+        the request opted into the batched callback. ``vocab_size``: the logits width, when known;
+        ``generated_before``: tokens generated before this engine (a disaggregated decode worker's)."""
     payload = sdk.encode_payload(entries)
     sdk.validate(payload, vocab_size=vocab_size)
     if payload is not None and getattr(sampling_params, "apply_batched_logits_processor", False):

@@ -1,27 +1,16 @@
 """``DynamoTrtllmBatchedLogitsProcessor``: the TensorRT backend's batched callback, for the executor
 API driven in this process only.
 
-TensorRT-LLM's batched callback (``tensorrt_llm/sampling_params.py``, ``BatchedLogitsProcessor``) is
-one object per engine (``ExecutorConfig.logits_post_processor_config``), called once per step with
-every request that opted in (``Request.logits_post_processor_name = BATCHED_POST_PROCESSOR_NAME``):
-``(req_ids, logits: list[[1 + draft, beam, vocab]], token_ids: list[per-beam lists], stream_ptr,
-client_ids) -> None``, in place. A request with its own per-request processor is never in the
-batch: ``LogitsPostProcessor::operator()`` runs the per-request one or the batched one, never both.
-
+TensorRT-LLM calls one batched object per engine (``ExecutorConfig.logits_post_processor_config``)
+once per step with every opted-in request, ``(req_ids, logits, token_ids, stream_ptr, client_ids)``;
+a request with its own processor is never in that batch (``LogitsPostProcessor::operator()``).
 The call carries no per-request data, so each request's ``DynamoTrtllmLogitsProcessor`` is
-**registered** under the client id its executor ``Request`` is enqueued with (``register`` before
-``enqueue_request``, ``unregister`` when it ends; at most ``max_requests`` are held, oldest dropped
-with a warning). Each registered request is then processed by its own processor (same shapes,
-positions and failure isolation as the per-request callback).
+registered under its client id (``register`` before ``enqueue_request``, ``unregister`` at the end;
+at most ``max_requests``, oldest dropped with a warning).
 
-Not through the LLM API: ``LLM(batched_logits_processor=...)`` pickles the object into the executor
-worker, where registrations made on the caller's copy never arrive, and the client id of a request
-is assigned inside ``generate_async`` (``GenerationExecutor.submit``), after the caller could
-register it. So pickling this class raises ``TypeError`` with that reason, ``check_llm_args``
-refuses it, and an opted-in request without a registered processor is never left untouched: it is
-fail-stopped to ``stop_token_id`` and reported (ERROR log and ``FAILURES``, once per client id).
-Nothing raises out of the call (TensorRT-LLM would fail every active request).
-"""
+Not through the LLM API (it pickles the object into the executor and assigns client ids inside
+``generate_async``): pickling raises ``TypeError`` and ``check_llm_args`` refuses it. An opted-in
+request without a registered processor is fail-stopped and reported once; nothing raises out."""
 
 from __future__ import annotations
 

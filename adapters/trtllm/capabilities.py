@@ -2,17 +2,12 @@
 
 ``check_llm_args`` refuses, with ``UnsupportedEngineConfig`` naming the setting:
 
-* the PyTorch backend's overlap scheduler (on unless ``disable_overlap_scheduler=True``): it calls
-  processors one step behind, before ``token_ids`` holds the previous iteration's token
-  (TensorRT-LLM PR 16785), and nothing else in the call says how many tokens were generated;
-* speculative decoding (``speculative_config``): the PyTorch backend's
-  ``_execute_logit_post_processors`` advances one row per beam while a speculative step lays out
-  1 + draft rows per request, and the TensorRT backend passes draft rows without the draft tokens;
-* beam search on the PyTorch backend of a TensorRT-LLM older than 1.3.0rc29: before PR 16010 it
-  handed processors one row per request whatever the beam width (1.3.0rc29's per-beam layout is
-  the one this adapter is proven against);
-* ``batched_logits_processor=DynamoTrtllmBatchedLogitsProcessor(...)``: see ``batched``.
-"""
+* the PyTorch backend's overlap scheduler (unless ``disable_overlap_scheduler=True``): processors
+  see ``token_ids`` one step behind (TensorRT-LLM PR 16785);
+* speculative decoding (``speculative_config``): draft rows arrive without the draft tokens
+  (PyTorch ``_execute_logit_post_processors`` advances one row per beam);
+* beam search on a PyTorch backend older than 1.3.0rc29 (one row per request before PR 16010);
+* ``batched_logits_processor=DynamoTrtllmBatchedLogitsProcessor(...)`` (see ``batched``)."""
 
 from __future__ import annotations
 

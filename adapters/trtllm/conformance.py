@@ -1,21 +1,16 @@
 """Conformance-kit drivers for the TensorRT-LLM adapter (``dynlogits conformance trtllm``).
 
-TensorRT-LLM is not installed here (its wheel is not on the reachable index and needs CUDA), so the
-drivers run the real adapter classes inside the harnesses of ``dynlogits.adapters.trtllm.harness``,
-modelled on TensorRT-LLM 1.3.0rc29's call sites. The kit speaks one row per request; a driver with
-beams runs each request with ``beams`` beams sharing the kit's history (every beam's row must come
-out the same, and beam 0's is returned), a driver with drafts adds draft rows after it:
+The drivers run the real adapter classes inside ``harness`` (TensorRT-LLM is not installed here).
+The kit speaks one row per request; with beams, every beam shares the kit's history and must come
+out the same (beam 0's row is returned); with drafts, draft rows follow it:
 
-* ``trtllm-pytorch``: PyTorch backend, one beam: ``[1, 1, vocab]``;
-* ``trtllm-pytorch-beams``: PyTorch backend, 4 beams: ``[4, 1, vocab]`` (``[1, 1, vocab]`` at the
-  context step);
-* ``trtllm-tensorrt-beams``: TensorRT backend, 4 beams: ``[1, 4, vocab]``;
-* ``trtllm-tensorrt-drafts``: TensorRT backend, 2 draft tokens per step: ``[1 + 2, 1, vocab]``
-  (the drafts' acceptance is not modelled: the kit's token is the one committed);
+* ``trtllm-pytorch``: PyTorch backend, ``[1, 1, vocab]``;
+* ``trtllm-pytorch-beams``: PyTorch backend, 4 beams, ``[4, 1, vocab]`` (``[1, 1, vocab]`` at context);
+* ``trtllm-tensorrt-beams``: TensorRT backend, 4 beams, ``[1, 4, vocab]``;
+* ``trtllm-tensorrt-drafts``: TensorRT backend, ``[1 + 2, 1, vocab]`` (acceptance not modelled);
 * ``trtllm-batched``: the TensorRT backend's batched callback, executor API in this process.
 
-Per-request drivers go through the LLM API path (requests pickled into the executor process).
-"""
+Per-request drivers go through the LLM API path (requests pickled into the executor process)."""
 
 from __future__ import annotations
 

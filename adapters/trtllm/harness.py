@@ -1,53 +1,42 @@
 """Harnesses modelled on TensorRT-LLM 1.3.0rc29's logits-processor call sites (tests, conformance kit).
 
-TensorRT-LLM cannot be installed here (its wheel is not on the reachable package index and needs
-CUDA), so nothing of it runs in this project's tests. These classes reproduce, from its public
-sources, what the engine hands a processor and what it does with the result. Sources read
-(github NVIDIA/TensorRT-LLM; the v1.3.0rc29 tag itself could not be read, so each source names the
-commit or the PR that was read instead; Dynamo 1.6.1 pins 1.3.0rc29):
+TensorRT-LLM cannot be installed here, so these classes reproduce from its public sources
+(github NVIDIA/TensorRT-LLM; the v1.3.0rc29 tag could not be read, so each source names the commit
+or PR read) what the engine hands a processor and what it does with the result:
 
-[P1] ``tensorrt_llm/_torch/pyexecutor``: ``_execute_logit_post_processors`` and
-     ``_apply_logits_processors`` (``PyTorchModelEngine``; the decoder runner's forward path after
-     the later runner refactor): rows laid out context requests first, then generation requests;
-     1 row per context request (``token_ids = [get_tokens(0)]``; skipped when
-     ``py_orig_prompt_len < len(tokens)``), ``get_beam_width_by_iter()`` rows per generation request
-     (``token_ids`` one ``get_tokens(beam)`` list per beam); each processor's signature must have
-     4 or 5 parameters (an ``assert``); called as ``lp(py_request_id, rows.view(beam, 1, -1),
-     token_ids, None, None)``, return ignored. Introduced by PR 16010 (merged 2026-07-06, before
-     the 1.3.0rc24 bump of 2026-07-30), read in the later stored main.
-[P2] ``tensorrt_llm/_torch/pyexecutor/llm_request.py``, ``LlmRequest.create_child_request``: the
-     ``n > 1`` samples get ``deepcopy`` of every ``py_*`` attribute, processors included.
-[T1] ``cpp/tensorrt_llm/batch_manager/logitsPostProcessor.cpp``, ``LogitsPostProcessor::operator()``
-     @ 23bf695f90898b58862ed6ff6c5e3e5416b938cd: per decoder request, its own processor
-     ``(mRequestId, decoderLogits, getTokens(), stream, mClientId)`` if it has one, **else** (never
-     both) collected for the one batched call ``(reqIds, logits, beamTokens, stream, clientIds)``;
-     first tensor-parallel rank only unless replicated (the LLM API sets ``replicate=False``).
+[P1] ``tensorrt_llm/_torch/pyexecutor``: ``_execute_logit_post_processors`` /
+     ``_apply_logits_processors`` (since PR 16010, read in later main): context requests' rows
+     first, one row each (``token_ids = [get_tokens(0)]``; skipped when ``py_orig_prompt_len <
+     len(tokens)``), then ``get_beam_width_by_iter()`` rows per generation request (one
+     ``get_tokens(beam)`` list per beam); the signature must take 4 or 5 parameters (an ``assert``);
+     called as ``lp(py_request_id, rows.view(beam, 1, -1), token_ids, None, None)``, return ignored.
+[P2] ``_torch/pyexecutor/llm_request.py`` ``LlmRequest.create_child_request``: ``n > 1`` samples
+     get a ``deepcopy`` of every ``py_*`` attribute, processors included.
+[T1] ``cpp/tensorrt_llm/batch_manager/logitsPostProcessor.cpp`` ``LogitsPostProcessor::operator()``
+     @ 23bf695f90898b58862ed6ff6c5e3e5416b938cd: a request's own processor ``(mRequestId,
+     decoderLogits, getTokens(), stream, mClientId)``, else (never both) the one batched call
+     ``(reqIds, logits, beamTokens, stream, clientIds)``; first TP rank only unless replicated.
 [T2] ``cpp/tensorrt_llm/batch_manager/handleContextLogits.cpp`` / ``handleGenerationLogits.cpp``
-     (``HandleContextLogits::operator()`` / ``HandleGenerationLogits::operator()``) @
-     0165bd7ac275dae69796767cdbb71ce1963506f3: decoder logits ``[1, beam, vocab]`` for beam > 1
-     (a tiled copy at the context step, a view after), ``[1 + draft, 1, vocab]`` for beam 1 (a view);
-     ``TLLM_CHECK(draftLength == 0 || reqBeamWidth == 1)``.
-[T3] ``cpp/include/tensorrt_llm/batch_manager/llmRequest.h``, ``getTokens()``: per beam prompt +
-     generated; draft tokens are held apart (``getDraftTokens()``) and not passed.
-[A1] ``tensorrt_llm/executor/base_worker.py``, ``BaseWorker._enqueue_request``: PyTorch backend
-     ``py_logits_post_processors = lp if isinstance(lp, list) else [lp]``; TensorRT backend
-     ``tllm.Request(logits_post_processor=sampling_params.logits_processor`` (one callable),
-     ``logits_post_processor_name=BATCHED_POST_PROCESSOR_NAME`` when
-     ``apply_batched_logits_processor``, ``client_id=request.id``).
-[A2] ``tensorrt_llm/executor/ipc.py``, ``ZeroMqQueue._prepare_data`` / ``_parse_data`` @
-     0c8de69a1ca6213eebb20a51873890ff128666c2: requests reach the executor process pickled
-     (HMAC-signed, then plain ``pickle.loads``).
-[A3] ``tensorrt_llm/executor/executor.py`` @ 005bc848893f575ec14b45d6b13139360d67c790,
-     ``GenerationExecutor.create``: ``batched_logits_processor`` travels in ``worker_kwargs`` to the
-     executor worker process (spawned MPI workers; in this process only for the single-process TP1
-     worker); ``submit()`` (proxy, worker, RPC and Ray executors alike) assigns
-     ``request.set_id(self._get_next_client_id())``, inside ``generate_async``.
-[A4] ``tensorrt_llm/llmapi/llm.py``, ``_prepare_sampling_params`` (called by ``generate_async``):
-     ``sampling_params._setup(tokenizer, ...)`` fills ``end_id`` in place when it is ``None``.
+     @ 0165bd7ac275dae69796767cdbb71ce1963506f3: ``[1, beam, vocab]`` for beam > 1 (tiled at
+     context, a view after), ``[1 + draft, 1, vocab]`` for beam 1; ``TLLM_CHECK(draftLength == 0 ||
+     reqBeamWidth == 1)``.
+[T3] ``cpp/include/tensorrt_llm/batch_manager/llmRequest.h`` ``getTokens()``: prompt + generated
+     per beam; draft tokens held apart (``getDraftTokens()``), not passed.
+[A1] ``tensorrt_llm/executor/base_worker.py`` ``BaseWorker._enqueue_request``: PyTorch
+     ``py_logits_post_processors = lp if isinstance(lp, list) else [lp]``; TensorRT
+     ``tllm.Request(logits_post_processor=<one callable>, logits_post_processor_name=
+     BATCHED_POST_PROCESSOR_NAME`` when ``apply_batched_logits_processor``, ``client_id=request.id)``.
+[A2] ``tensorrt_llm/executor/ipc.py`` ``ZeroMqQueue._prepare_data`` / ``_parse_data`` @
+     0c8de69a1ca6213eebb20a51873890ff128666c2: requests reach the executor pickled (HMAC, then
+     ``pickle.loads``).
+[A3] ``tensorrt_llm/executor/executor.py`` ``GenerationExecutor.create`` @
+     005bc848893f575ec14b45d6b13139360d67c790: ``batched_logits_processor`` travels pickled to the
+     executor worker; ``submit()`` assigns ``request.set_id(self._get_next_client_id())`` inside
+     ``generate_async``.
+[A4] ``tensorrt_llm/llmapi/llm.py`` ``_prepare_sampling_params``: ``sampling_params._setup(...)``
+     fills ``end_id`` in place when it is ``None``.
 
-Both harnesses model TensorRT-LLM's failure rule: an exception escaping a processor fails **every**
-active request (``EngineFailure``), which the adapter must never cause.
-"""
+Both harnesses raise ``EngineFailure`` when a processor raises: TensorRT-LLM fails every active request."""
 
 from __future__ import annotations
 

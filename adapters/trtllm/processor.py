@@ -1,47 +1,21 @@
 """``DynamoTrtllmLogitsProcessor``: one request's processors in TensorRT-LLM's per-request callback.
 
-Calling convention (``tensorrt_llm/sampling_params.py``, ``LogitsProcessor.__call__``):
-``processor(req_id, logits, token_ids, stream_ptr, client_id) -> None``, editing ``logits`` in
-place. What TensorRT-LLM 1.3.0rc29 hands it (sources and commits in ``harness``):
+``processor(req_id, logits, token_ids, stream_ptr, client_id) -> None``, editing ``logits`` in place
+(``tensorrt_llm/sampling_params.py``, ``LogitsProcessor.__call__``). TensorRT-LLM 1.3.0rc29 passes
+(sources in ``harness``): on the PyTorch backend a ``[beam, 1, vocab]`` view (``[1, 1, vocab]`` at
+context) with one ``prompt + generated`` list per beam; on the TensorRT backend ``[1 + draft, beam,
+vocab]`` with token lists without the drafts and the logits' CUDA stream in ``stream_ptr``.
+``len(token_ids)`` (the beam count) tells the layouts apart (``request_rows``). Beam ``b``'s history
+is ``token_ids[b][prompt_len:]``, ``prompt_len = len(token_ids[0]) - generated_before`` at the first call.
+A draft row is processed only while every row before it forces one token (``sdk.apply_draft_row``),
+else masked to the stop token with one WARNING per request.
 
-* PyTorch backend (``_execute_logit_post_processors`` -> ``_apply_logits_processors``): a
-  ``[beam, 1, vocab]`` view of the request's rows (``[1, 1, vocab]`` for its context step),
-  ``token_ids`` one ``prompt + generated`` list per beam, ``stream_ptr`` and ``client_id`` ``None``.
-* TensorRT (C++) backend (``LogitsPostProcessor::operator()`` on the decoder logits built by
-  ``HandleContextLogits`` / ``HandleGenerationLogits``): ``[1 + draft, beam, vocab]``, i.e.
-  ``[1, beam, vocab]`` under beam search and ``[1 + draft, 1, vocab]`` with draft tokens,
-  ``token_ids`` one list per beam **without** the draft tokens, and the raw CUDA stream the logits
-  live on in ``stream_ptr`` (work is enqueued on it).
-
-``len(token_ids)`` is the beam count, which tells the layouts apart (``request_rows``). Beam ``b``'s
-committed row is processed at history ``token_ids[b][prompt_len:]``. ``prompt_len`` is taken from
-what the engine passes at the first call, ``len(token_ids[0]) - generated_before``, so a BOS the
-engine inserted or an expanded multimodal prompt counts as prompt (``generated_before``: tokens the
-request already carries when it reaches this engine, e.g. a disaggregated prefill's first token).
-
-Draft rows (TensorRT backend, speculative decoding): row ``t`` of beam ``b`` follows ``t`` draft
-tokens that TensorRT-LLM does not pass. While every row before it is forced to one token by this
-request (a forced sequence), that token is the only draft the engine can accept there, so row
-``t`` is processed after it (``sdk.apply_draft_row``). Other draft rows cannot be placed: they are
-masked to the stop token, with one WARNING per request; ``check_llm_args`` refuses speculative
-decoding up front.
-
-Failure policy: an exception escaping a processor fails every active request in TensorRT-LLM, so
-nothing raises out of ``__call__``. A payload that does not realize, a processor that raises, or a
-call this processor cannot read (a shape or ``token_ids`` it does not understand, a missing
-attribute) fail-stops this request only: every row of its ``logits`` is masked to its stop token
-(``end_id`` unless ``ignore_eos``, else its lowest ``stop_token_ids``), from then on, and the
-failure is reported once (ERROR log and ``FAILURES``).
-
-Pickling: TensorRT-LLM pickles ``SamplingParams`` into its executor process (and deep-copies the
-processors for ``n > 1`` samples), so an instance holds plain data plus a reference to the
-``SamplingParams`` it is attached to, whose stop ids it reads in the engine process (TensorRT-LLM
-fills ``end_id`` from the tokenizer inside ``generate_async``, after ``activate``). Processors are
-realized on the first call, where ``python`` entries meet that process's allow-list. The class is
-importable by module path; ``register_ipc_classes`` adds it to the unpickling allow-lists of the
-TensorRT-LLM versions that have one. It subclasses TensorRT-LLM's ``LogitsProcessor`` when
-``tensorrt_llm`` imports and is duck-typed otherwise.
-"""
+Contract: nothing raises out of ``__call__`` (TensorRT-LLM would fail every active request). A
+request whose payload, processor or call cannot be served is fail-stopped (every row masked to
+``end_id`` unless ``ignore_eos``, else its lowest ``stop_token_ids``) and reported once (``FAILURES``).
+Instances pickle as plain data plus their ``SamplingParams`` (whose ``end_id`` TensorRT-LLM fills
+after ``activate``) and realize on the first call, in the engine process; ``register_ipc_classes``
+adds the class to TensorRT-LLM's unpickling allow-lists where they exist."""
 
 from __future__ import annotations
 
@@ -105,11 +79,10 @@ def stop_token(sampling_params: Any, vocab_size: int) -> int | None:
 
 
 def request_rows(logits: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Views of one request's ``logits`` for ``beams`` token lists: its committed rows
-    ``[beams, vocab]`` and its draft rows ``[draft, beams, vocab]`` (``None`` without drafts).
-
-    ``[1 + draft, beams, vocab]`` is the TensorRT backend's layout (and the PyTorch backend's for one
-    beam), ``[beams, 1, vocab]`` the PyTorch backend's. ``ValueError`` for anything else."""
+    """Views of one request's ``logits`` for ``beams`` token lists: its committed rows ``[beams, vocab]``
+        and its draft rows ``[draft, beams, vocab]`` (``None`` without drafts). Accepts ``[1 + draft,
+        beams, vocab]`` (TensorRT backend; PyTorch with one beam) and ``[beams, 1, vocab]`` (PyTorch);
+        ``ValueError`` for anything else."""
     if logits.ndim == 3 and beams >= 1:
         positions, width = int(logits.shape[0]), int(logits.shape[1])
         if width == beams:
@@ -147,14 +120,11 @@ def _forced_token(request: GuardedRequest, history: Sequence[int]) -> int | None
 
 
 class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,valid-type]
-    """The processors of one request (see the module docstring). Build it with ``activate``; one
-    instance per request, never shared.
+    """The processors of one request; built by ``activate``, never shared.
 
-    ``sampling_params``: the ``SamplingParams`` it is attached to (stop ids are read from it at
-    the first call); ``generated_before``: tokens the request has generated when it reaches this
-    engine; ``vocab_size``: the logits width the payload was validated for (a call with another
-    width fails the request: vocabulary-sharded logits would put ids in the wrong columns).
-    """
+        ``sampling_params``: the ``SamplingParams`` it is attached to (stop ids read at the first
+        call); ``generated_before``: tokens generated before this engine; ``vocab_size``: the width the
+        payload was validated for (a call of another width fails the request)."""
 
     def __init__(self, payload: Any, *, sampling_params: Any = None, generated_before: int = 0,
                  vocab_size: int | None = None) -> None:
