@@ -51,7 +51,7 @@ _TORCHVISION_MODULES = ("torchvision", "torchvision.transforms", "torchvision.tr
 
 def stub_broken_torchvision() -> bool:
     """Install the torchvision placeholder when ``import torchvision`` fails; ``True`` if installed.
-        ``transformers`` is imported first, so its cached availability check sees torchvision missing."""
+    ``transformers`` is imported first, so its cached availability check sees torchvision missing."""
     import transformers.image_utils  # noqa: F401  - caches "torchvision unavailable" before the stub exists
 
     if "torchvision" in sys.modules:

@@ -32,8 +32,8 @@ def encode_carried(payload: Any) -> str:
 
 def carried_payload(custom_params: Mapping[str, Any] | None) -> Any | None:
     """The payload carried in ``custom_params`` (``None`` when absent): JSON text parsed, any other
-        value as it is. Not validated here. Raises only ``SpecError`` naming
-        ``custom_params.dynamo_logits`` (text that is not JSON, or nests too deeply)."""
+    value as it is. Not validated here. Raises only ``SpecError`` naming
+    ``custom_params.dynamo_logits`` (text that is not JSON, or nests too deeply)."""
     if not custom_params:
         return None
     value = custom_params.get(WIRE_KEY)

@@ -79,8 +79,8 @@ def decode_like_sglang(sampling_params: Mapping[str, Any], *, rid: str, input_id
 
 class ReqView:
     """SGLang's ``Req`` as another SGLang version would present it: the real ``Req``'s attributes, except
-        that ``hidden`` names raise ``AttributeError`` and ``renamed`` maps a name to an attribute path
-        (``{"kv_committed_len": ("kv", "kv_committed_len")}``: SGLang 0.5.9 and older)."""
+    that ``hidden`` names raise ``AttributeError`` and ``renamed`` maps a name to an attribute path
+    (``{"kv_committed_len": ("kv", "kv_committed_len")}``: SGLang 0.5.9 and older)."""
 
     def __init__(self, req: Any, *, hidden: Sequence[str] = (), renamed: Mapping[str, Sequence[str]] | None = None) -> None:
         self._req, self._hidden, self._renamed = req, frozenset(hidden), dict(renamed or {})

@@ -2,10 +2,10 @@
 
 Position: ``committed_len(req) - len(req.origin_input_ids)``, not ``len(req.output_ids)``, which
 lags one token under the overlap scheduler (``Scheduler.event_loop_overlap``; SGLang issue 8056).
-SGLang sets ``req.kv.kv_committed_len`` (``req.kv_committed_len`` in older releases, e.g. 0.5.9) while preparing a
-batch, before the sampler: ``mem_cache/allocation.py`` ``alloc_for_extend`` / ``alloc_for_decode``,
-``Req.reset_for_retract``, ``disaggregation/decode.py`` ``_pre_alloc_fill_len``. A negative position
-is a middle prefill chunk, whose sample SGLang discards: the row is left untouched.
+SGLang sets ``req.kv.kv_committed_len`` (``req.kv_committed_len`` in older releases, e.g. 0.5.9)
+while preparing a batch, before the sampler: ``mem_cache/allocation.py`` ``alloc_for_extend`` /
+``alloc_for_decode``, ``Req.reset_for_retract``, ``disaggregation/decode.py`` ``_pre_alloc_fill_len``.
+A negative position is a middle prefill chunk, whose sample SGLang discards: the row is left untouched.
 
 History: ``output_ids[:position]``, a lagging last token filled with ``LAGGED_TOKEN`` (-1).
 

@@ -111,10 +111,10 @@ def _history(request: GuardedRequest, req: Any) -> list[int] | None:
 
 class DynamoSglangLogitProcessor(CustomLogitProcessor):
     """Applies each row's ``custom_params["dynamo_logits"]`` processors; returns ``logits``, edited in
-        place (SGLang writes the returned tensor back). Stateless (see the module docstring).
+    place (SGLang writes the returned tensor back). Stateless (see the module docstring).
 
-        Never raises into SGLang's sampler: a row's request that cannot be served is fail-stopped and
-        reported; an internal error fail-stops the requests of this call."""
+    Never raises into SGLang's sampler: a row's request that cannot be served is fail-stopped and
+    reported; an internal error fail-stops the requests of this call."""
 
     def __call__(self, logits: torch.Tensor, custom_param_list: list[dict[str, Any] | None] | None = None) -> torch.Tensor:
         sdk.drain()  # failures that landed since the last call (see dynlogits.sdk.readback)
@@ -157,8 +157,8 @@ class DynamoSglangLogitProcessor(CustomLogitProcessor):
 @cache
 def processor_string() -> str:
     """``DynamoSglangLogitProcessor.to_str()``: what a request's ``custom_logit_processor`` carries, a
-        reference to this installed class (no code). Computed on first use, never at import time: dill
-        stores a class by reference only once its module is imported."""
+    reference to this installed class (no code). Computed on first use, never at import time: dill
+    stores a class by reference only once its module is imported."""
     return DynamoSglangLogitProcessor.to_str()
 
 

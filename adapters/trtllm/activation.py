@@ -42,10 +42,10 @@ def _ours(current: Any) -> list[DynamoTrtllmLogitsProcessor]:
 def activate(sampling_params: Any, entries: Sequence[Any], *, vocab_size: int | None = None,
              generated_before: int = 0) -> DynamoTrtllmLogitsProcessor | None:
     """Attach a fresh processor for ``entries`` to ``sampling_params`` (anything with a
-        ``logits_processor`` attribute) and return it; ``None`` without entries (ours is then removed).
-        Raises ``SpecError`` naming the field (``python`` only when allow-listed), ``ValueError`` when
-        the request opted into the batched callback. ``vocab_size``: the logits width, when known;
-        ``generated_before``: tokens generated before this engine (a disaggregated decode worker's)."""
+    ``logits_processor`` attribute) and return it; ``None`` without entries (ours is then removed).
+    Raises ``SpecError`` naming the field (``python`` only when allow-listed), ``ValueError`` when
+    the request opted into the batched callback. ``vocab_size``: the logits width, when known;
+    ``generated_before``: tokens generated before this engine (a disaggregated decode worker's)."""
     payload = sdk.encode_payload(entries)
     sdk.validate(payload, vocab_size=vocab_size)
     if payload is not None and getattr(sampling_params, "apply_batched_logits_processor", False):

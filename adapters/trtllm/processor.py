@@ -80,9 +80,9 @@ def stop_token(sampling_params: Any, vocab_size: int) -> int | None:
 
 def request_rows(logits: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Views of one request's ``logits`` for ``beams`` token lists: its committed rows ``[beams, vocab]``
-        and its draft rows ``[draft, beams, vocab]`` (``None`` without drafts). Accepts ``[1 + draft,
-        beams, vocab]`` (TensorRT backend; PyTorch with one beam) and ``[beams, 1, vocab]`` (PyTorch);
-        ``ValueError`` for anything else."""
+    and its draft rows ``[draft, beams, vocab]`` (``None`` without drafts). Accepts ``[1 + draft,
+    beams, vocab]`` (TensorRT backend; PyTorch with one beam) and ``[beams, 1, vocab]`` (PyTorch);
+    ``ValueError`` for anything else."""
     if logits.ndim == 3 and beams >= 1:
         positions, width = int(logits.shape[0]), int(logits.shape[1])
         if width == beams:
@@ -122,9 +122,9 @@ def _forced_token(request: GuardedRequest, history: Sequence[int]) -> int | None
 class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,valid-type]
     """The processors of one request; built by ``activate``, never shared.
 
-        ``sampling_params``: the ``SamplingParams`` it is attached to (stop ids read at the first
-        call); ``generated_before``: tokens generated before this engine; ``vocab_size``: the width the
-        payload was validated for (a call of another width fails the request)."""
+    ``sampling_params``: the ``SamplingParams`` it is attached to (stop ids read at the first
+    call); ``generated_before``: tokens generated before this engine; ``vocab_size``: the width the
+    payload was validated for (a call of another width fails the request)."""
 
     def __init__(self, payload: Any, *, sampling_params: Any = None, generated_before: int = 0,
                  vocab_size: int | None = None) -> None:
