@@ -1,20 +1,15 @@
 """vLLM adapter: run ``extra_args["dynamo_logits"]`` payloads in vLLM's sampler.
 
-Use one of::
+Install it with one of::
 
     register_dynamo_logits_processor(engine_args)            # EngineArgs / AsyncEngineArgs / LLM kwargs
     LLM(model, logits_processors=[DynamoVllmLogitsProcessor])
     vllm serve MODEL --logits-processors dynlogits.adapters.vllm:DynamoVllmLogitsProcessor
 
-then put a payload on a request with ``activate(sampling_params, entries)`` (the SDK's
-``activate_logits_processors``: ``extra_args["dynamo_logits"]``).
-
-Built on ``dynlogits.sdk`` (realization, failure isolation, batched application); what is here is
-only vLLM's calling convention. Modules: ``processor`` (the class, and why one class serves both
-runners), ``v1`` / ``v2`` (each runner's bookkeeping and where a row's history comes from),
-``request`` (reading the payload from ``SamplingParams``, admission), ``capabilities`` (what cannot
-work), ``registration``, ``harness`` (a Model Runner V2 sampler harness for CPU-only machines).
-"""
+then put a payload on a request with ``activate(sampling_params, entries)``. Modules: ``processor``
+(the class both runners load), ``v1`` / ``v2`` (each runner's bookkeeping and history source),
+``request`` (payload reading, admission), ``capabilities`` (what cannot work), ``registration``,
+``harness`` (a Model Runner V2 sampler harness for CPU-only machines). See docs/vllm.md."""
 
 from dynlogits.sdk.activation import activate_logits_processors as activate
 

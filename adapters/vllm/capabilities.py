@@ -1,19 +1,10 @@
 """What the adapter can and cannot do on a given vLLM configuration, said up front.
 
-Supported: every generating model on either model runner; speculative decoding on Model Runner
-V2 (one logits row per draft token, each seeing its request's history plus the drafts before it).
-
-Not supported, rejected with ``UnsupportedEngineConfig`` (a ``ValueError``) instead of an obscure
-failure later:
-
-* speculative decoding on the V1 model runner (vLLM's V1 runner refuses custom logits
-  processors there; V2 is used on GPUs with Triton unless ``VLLM_USE_V2_MODEL_RUNNER=0`` or the
-  speculative method is one V2 lacks);
-* pooling models (no sampler, so nothing to process).
-
-``check_vllm_config`` is authoritative (vLLM has decided the runner); ``check_engine_args``
-predicts from engine arguments and only rejects what is certain, leaving the rest to vLLM.
-"""
+Supported: every generating model on either model runner; speculative decoding on Model Runner V2
+(one row per draft token). Rejected with ``UnsupportedEngineConfig`` (a ``ValueError``):
+speculative decoding on the V1 runner (which refuses custom processors there) and pooling models
+(no sampler). ``check_vllm_config`` is authoritative (vLLM has chosen the runner);
+``check_engine_args`` predicts from engine arguments and rejects only what is certain."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""Conformance-kit drivers for the vLLM adapter: one per model runner.
+"""Conformance-kit drivers for the vLLM adapter: one per model runner; no model forward runs.
 
-* ``vllm-v1``: the real ``DynamoVllmLogitsProcessor`` built with a real ``VllmConfig`` of the
-  embedded model, driven through vLLM's own ``BatchUpdateBuilder`` the way the V1 runner's
-  ``InputBatch`` drives it (removals, slot reuse, condensing moves, swaps; the live output-token
-  list handed over on every add). No model forward runs.
-* ``vllm-v2``: the same class on Model Runner V2's interface through ``V2SamplerHarness``
-  (``dynlogits.adapters.vllm.harness``): vLLM's real ``LogitsProcRequestState`` and
-  ``LogitsContext``, with plain tensors standing in for the runner's pinned-memory buffers,
-  because Model Runner V2 needs Triton and an accelerator to start.
-"""
+* ``vllm-v1``: ``DynamoVllmLogitsProcessor`` with a real ``VllmConfig`` of the embedded model, driven
+  through vLLM's ``BatchUpdateBuilder`` as the V1 runner's ``InputBatch`` drives it (removals, slot
+  reuse, condensing moves, swaps, live output lists).
+* ``vllm-v2``: the same class on Model Runner V2's interface through ``harness.V2SamplerHarness``."""
 
 from __future__ import annotations
 

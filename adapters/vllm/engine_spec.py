@@ -1,17 +1,11 @@
 """vLLM's half of the engine-side spec source (``dynlogits.policy.engine_spec``): role, tokenizer, width.
 
-* The engine's role comes from its own configuration: ``kv_transfer_config.kv_role`` of
-  ``kv_producer`` is a prefill worker (activates nothing unless the operator's spec sets
-  ``generation_only: false``), ``kv_consumer`` a decode worker, anything else (no connector,
-  ``kv_both``) aggregated.
-* One request's role: a request whose ``extra_args["kv_transfer_params"]["do_remote_decode"]`` is
-  true is a prefill for a remote decode worker (what NVIDIA Dynamo's prefill handler sends, also to
-  ``kv_both`` engines), so it activates nothing, whatever the engine's role.
-* A request's payload arrives as a list or as its JSON text (``request.carried_payload``); either
-  is a client's here.
-* The tokenizer is the engine's (``cached_tokenizer_from_config``): ``forced_text`` entries and the
-  test hook are resolved with it.
-"""
+* Engine role from ``kv_transfer_config.kv_role``: ``kv_producer`` is prefill (activates nothing
+  unless the spec sets ``generation_only: false``), ``kv_consumer`` decode, anything else aggregated.
+* A request with ``extra_args["kv_transfer_params"]["do_remote_decode"]`` true is a prefill for a
+  remote decode worker (NVIDIA Dynamo's prefill handler) and activates nothing, whatever the role.
+* A request's payload (a list or its JSON text, ``request.carried_payload``) is a client's here.
+* The tokenizer is the engine's (``cached_tokenizer_from_config``), for ``forced_text`` and the test hook."""
 
 from __future__ import annotations
 

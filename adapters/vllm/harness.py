@@ -1,31 +1,16 @@
-"""A model of vLLM's Model Runner V2 sampler, not vLLM: test helpers shipped with the adapter.
+"""A model of vLLM's Model Runner V2 sampler (test helpers shipped with the adapter, not vLLM).
 
-Not for production. A harness reproduces what the engine does around the adapter, from vLLM's
-sources, so the adapter can be tested where the engine cannot run. Contents: a Model Runner V2
-sampler harness, and a fault factory.
+``V2SamplerHarness`` drives a V2 ``LogitsProcessor`` with vLLM's real ``LogitsProcRequestState`` and
+``LogitsContext``, as the V2 runner and ``Sampler`` do: slots from a free list (last freed, first
+reused); ``add_request(slot, params)`` after the request state is written
+(``GPUModelRunner.add_requests``), removal without telling processors; per step the runner's layout
+(``idx_mapping``, ``expanded_idx_mapping``, ``expanded_local_pos``, ``input_ids`` with the last
+committed token then the drafts, ``pos``), ``apply_staged_writes()`` once before the forward, no
+call when no request needs processing, then ``apply(logits, ctx)`` on a fresh float32 copy
+(``Sampler.apply_sampling_params``). Plain tensors (``HostBuffer``) stand in for the runner's
+pinned ``StagedWriteTensor``/``UvaBackedTensor``: V2 needs Triton and an accelerator to start.
 
-``V2SamplerHarness`` drives a V2 ``LogitsProcessor`` the way vLLM's V2 model runner and
-``Sampler`` do, with vLLM's real ``LogitsProcRequestState`` and ``LogitsContext``:
-
-* requests take slots from a free list (last freed, first reused) and ``add_request(slot,
-  params)`` is called after the request state is written, as ``GPUModelRunner.add_requests``
-  does; removal frees the slot without telling processors;
-* each step builds the batch layout vLLM builds (``idx_mapping``, ``expanded_idx_mapping``,
-  ``expanded_local_pos``, ``input_ids`` with the last committed token at local position 0 and the
-  draft tokens after it, ``pos``), calls ``apply_staged_writes()`` (the runner does, once per step
-  before the forward pass), skips processors when no request needs processing, copies the logits
-  to a fresh float32 tensor and calls ``apply(logits, ctx)`` (``Sampler.apply_sampling_params``).
-
-Why not end to end: Model Runner V2 needs Triton kernels, and vLLM's CPU build has no Triton
-CPU backend (``VllmConfig.use_v2_model_runner`` falls back to V1), and the runner's buffers
-(``StagedWriteTensor``/``UvaBackedTensor``) need pinned memory, which needs an accelerator. The
-harness therefore backs ``LogitsProcRequestState`` with plain tensors exposing the same ``.gpu``
-/ ``.np`` attributes those buffers expose, and keeps them current the way the runner does.
-
-``RAISE_AFTER_FACTORY`` names the conformance kit's fault factory (``dynlogits.testing.faults``):
-its processor raises once a request has generated ``after`` tokens; tests use it to prove that a
-failing processor ends only its own request (allow-list it with ``DYN_LOGITS_PYTHON_FACTORIES``).
-"""
+``RAISE_AFTER_FACTORY``: the kit's fault factory (``dynlogits.testing.faults``), re-exported."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """``DynamoVllmLogitsProcessor``: one class for both of vLLM's model runners.
 
-Why one class and not two plus a chooser: which runner runs is decided by vLLM *after* the
-engine arguments are fixed (``VllmConfig.use_v2_model_runner`` weighs the platform, Triton and
-the features in use), and the same class is also loaded in the front-end process to validate
-requests. A chooser working from engine arguments would have to predict that decision and would
-be wrong whenever vLLM's rules change; a class that satisfies both ABCs lets vLLM's own loader
-pick the interface (``issubclass`` passes for either), so ``--logits-processors
-dynlogits.adapters.vllm:DynamoVllmLogitsProcessor`` and ``LLM(logits_processors=[...])`` work
-unchanged on either runner. The two interfaces differ only in ``__init__`` and ``apply``
-signatures, which this class tells apart by argument type; everything else (payload reading,
-admission validation, realization, failure isolation, row application) is shared, and each
-runner's bookkeeping lives in its own mixin (``v1``, ``v2``).
-
-On a vLLM without the V2 interface the class is a plain V1 ``AdapterLogitsProcessor``.
-"""
+vLLM picks the runner after the engine arguments are fixed (``VllmConfig.use_v2_model_runner``), so
+the class subclasses both ABCs and vLLM's loader picks the interface; ``__init__`` and ``apply`` tell
+the two apart by argument type. Payload reading, admission, realization and failure isolation are
+shared; each runner's bookkeeping is a mixin (``v1``, ``v2``). On a vLLM without the V2 interface
+the class is a plain V1 ``AdapterLogitsProcessor``."""
 
 from __future__ import annotations
 
@@ -50,14 +41,11 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
       ``update_state(batch_update)``, ``apply(logits)``.
     * Model Runner V2: ``DynamoVllmLogitsProcessor(vllm_config, req_states)``,
       ``add_request(slot, params) -> bool``, ``apply(logits, ctx)``.
-    * Both: ``validate_params(params)`` at admission raises ``SpecError`` (a ``ValueError``
-      naming the field); ``new_req_logits_processor(params)`` realizes fresh processors for one
-      request (``None`` when it has no payload); a processor that raises at run time ends only
-      its own request (see ``request``) and is recorded in ``failures``.
+    * Both: ``validate_params(params)`` raises ``SpecError`` (a ``ValueError`` naming the field) at
+      admission; ``new_req_logits_processor(params)`` realizes one request (``None`` without a
+      payload); a run-time failure ends only its request and is recorded in ``failures``.
 
-    ``vocab_size`` is the logits width (``model_config.get_vocab_size()``), which may exceed the
-    tokenizer's length; every id in a payload must be below it.
-    """
+    ``vocab_size`` is the logits width (``model_config.get_vocab_size()``); every payload id must be below it."""
 
     runner: Literal["v1", "v2"]
     vocab_size: int
@@ -92,10 +80,8 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
         return request
 
     def held_requests(self) -> int:
-        """How many requests this instance holds per-request state for: V1, those in its batch plus
-        those realized and not yet released by vLLM (a finished request's go when vLLM drops its
-        ``SamplingParams``); V2, the occupied slots with a payload. Zero once nothing is in flight
-        (a leak shows as a count that stays)."""
+        """How many requests this instance holds state for: V1, those in its batch plus those realized and
+        not yet released by vLLM; V2, the occupied slots with a payload. Zero once nothing is in flight."""
         if self.runner == "v2":
             return int(self._active.sum())
         return max(len(self._entries), len(self._realized))

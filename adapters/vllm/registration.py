@@ -1,14 +1,9 @@
 """Installing the adapter into a vLLM engine's arguments.
 
-``register_dynamo_logits_processor(engine_args)`` adds the processor by import string to
-``logits_processors`` (an import string survives any process boundary: the front end, the engine
-core and the workers each load the class themselves). It is idempotent, keeps the user's other
-processors in their order, and rejects configurations that certainly cannot work
-(``capabilities``). The same class serves both model runners, so nothing depends on which one
-vLLM picks. Equivalent by hand: ``vllm serve MODEL --logits-processors
-dynlogits.adapters.vllm:DynamoVllmLogitsProcessor`` or
-``LLM(MODEL, logits_processors=[DynamoVllmLogitsProcessor])``.
-"""
+``register_dynamo_logits_processor(engine_args)`` adds the class by import string to
+``logits_processors`` (the front end, engine core and workers each import it), idempotently,
+keeping the user's other processors in order, and rejects configurations that certainly cannot
+work (``capabilities``). By hand: ``--logits-processors dynlogits.adapters.vllm:DynamoVllmLogitsProcessor``."""
 
 from __future__ import annotations
 
@@ -36,11 +31,9 @@ def is_dynamo_processor(entry: object) -> bool:
 
 def register_dynamo_logits_processor(engine_args: T) -> T:
     """Add the adapter to ``engine_args.logits_processors`` (or ``engine_args["logits_processors"]``
-    for an ``LLM(**kwargs)`` mapping) unless it is already there; returns ``engine_args``.
-
-    Raises ``UnsupportedEngineConfig`` for pooling models and for speculative decoding when the
-    V1 runner will certainly run.
-    """
+    for an ``LLM(**kwargs)`` mapping) unless it is there; returns ``engine_args``. Raises
+    ``UnsupportedEngineConfig`` for pooling models, and for speculative decoding when the V1 runner
+    will certainly run."""
     check_engine_args(engine_args)
     is_mapping = isinstance(engine_args, MutableMapping)
     current: Any = engine_args.get("logits_processors") if is_mapping else getattr(engine_args, "logits_processors")

@@ -1,35 +1,16 @@
 """The V1 model runner half of the adapter (``vllm.v1.sample.logits_processor``).
 
-The V1 runner keeps a persistent batch and tells processors about it through ``BatchUpdate``s
-(added, then removed, then moved: the order of vLLM's own ``process_dict_updates``). Each added
-request brings a *live* reference to its output token list, so the history a request's
-processors see is always current, including after preemption (the request is re-added with every
-token it had).
+The V1 runner keeps a persistent batch and reports changes as ``BatchUpdate``s (added, removed,
+moved: the order of vLLM's ``process_dict_updates``); each add brings a live reference to the
+request's output list. Requests whose entries are all built-in kinds are resident in a
+``dynlogits.sdk.SlotBatch`` (positions from the live lists' lengths, uploaded without blocking);
+others go through ``dynlogits.sdk.apply_rows`` with their histories.
 
-Where the work happens:
-
-* requests whose entries are all built-in kinds are **resident**: they get a slot of a
-  ``dynlogits.sdk.SlotBatch`` when they enter the batch, and a step is a few tensor ops per entry
-  kind with positions taken from the live lists' lengths (uploaded without blocking); nothing is
-  planned per row and nothing is read back from the device;
-* requests with ``python`` or plug-in entries are applied through ``dynlogits.sdk.apply_rows``
-  on their rows, with their histories.
-
-**Realized once per request.** The runner removes a request from the persistent batch whenever
-it is not scheduled (preemption, or simply a step without it) and re-adds it later; the processors
-realized the first time are reused (keyed by the request's own ``SamplingParams`` and live output
-list, released when vLLM drops them), so a re-add neither re-imports a ``python`` factory nor
-forgets that the request failed.
-
-**Placeholders.** Under async scheduling vLLM replaces a history's last token by ``-1`` until it is
-known, and repairs it before the sampler only when custom processors were passed with
-``logits_processors=`` (not through the entry-point group alone). Positions (lengths) are right
-either way; a history that reaches a processor that reads tokens (``thinking_budget``, ``python``,
-plug-ins) with a placeholder is logged once with the fix: pass the class in ``logits_processors``.
-
-The V1 runner refuses custom processors under speculative decoding and for pooling models; see
-``capabilities``.
-"""
+Guarantees: a request removed and re-added (preemption, a step without it) reuses its realized
+processors (``RealizedRequests``), so a ``python`` factory is imported once and a failure is kept.
+Under async scheduling a history's last token is a ``-1`` placeholder unless the class was passed
+in ``logits_processors=``; positions are right either way, and a token-reading processor that meets
+a placeholder is logged once with that fix."""
 
 from __future__ import annotations
 
@@ -62,11 +43,9 @@ class _Entry:
 class RealizedRequests:
     """Each request's realized processors, kept while vLLM keeps the request.
 
-    Keyed by the identity of the request's ``SamplingParams`` and of its live output list (vLLM
-    clones the params per request, but ``n > 1`` children may share one object); an entry holds
-    the list, so its identity cannot be reused while the entry lives, and goes when the params
-    are garbage collected (the request finished and vLLM dropped it).
-    """
+    Keyed by the identities of the request's ``SamplingParams`` and live output list (``n > 1``
+    children may share the params); an entry holds the list, so its identity is not reused while the
+    entry lives, and goes when the params are garbage collected."""
 
     def __init__(self) -> None:
         self._held: dict[tuple[int, int], tuple[list[int], GuardedRequest | None]] = {}

@@ -1,35 +1,16 @@
-"""The Model Runner V2 half of the adapter (``vllm.v1.worker.gpu.sample.logits_processor``).
+"""The Model Runner V2 half of the adapter (``vllm.v1.worker.gpu.sample.logits_processor``, vLLM >= 0.31).
 
-V2 contract (vLLM >= 0.31): requests live in persistent *slots* that are recycled without a
-removal call, so ``add_request(slot, params)`` overwrites all of the slot's state and returns
-whether the request needs us; writes staged there reach the device in ``apply_staged_writes``,
-which the runner calls once per step before the forward pass. ``apply(logits, ctx)`` runs once per
-step for the whole batch; ``ctx.expanded_idx_mapping`` maps each logits row to its slot, and under
-speculative decoding a request owns one row per draft token (``ctx.expanded_local_pos``: 0 for the
-row after the committed tokens, ``k`` after ``k`` drafts).
+Slots are recycled without a removal call, so ``add_request(slot, params)`` overwrites the slot's
+state and returns whether the request needs us; staged writes reach the device in
+``apply_staged_writes`` (once per step, before the forward). ``apply(logits, ctx)`` runs once per
+step; ``ctx.expanded_idx_mapping`` maps rows to slots, and under speculative decoding a request has
+one row per draft token (``ctx.expanded_local_pos``: ``k`` after ``k`` drafts).
 
-Where the work happens:
-
-* requests whose entries are all built-in kinds are **resident** in a ``dynlogits.sdk.SlotBatch``
-  keyed by the runner's own slot: positions come from the device (``ctx.pos + 1 -
-  prompt_len[slot]``: the tokens generated before the row, drafts included), and a step is a few
-  tensor ops per entry kind. Without speculative decoding the host knows which row holds which
-  slot (``ctx.idx_mapping_np``) and the steps reuse index tensors built when the batch changed;
-  with it only the device does, and every row gathers its slot's tables. No step reads anything
-  back from the device or builds a tensor from a host list.
-* ``thinking_budget`` reads the tokens themselves; its span state is followed on the device
-  (``dynlogits.sdk.DeviceThinking``), from the committed tokens in ``all_token_ids`` and the
-  drafts in ``ctx.input_ids``.
-* requests with ``python`` or plug-in entries are **hosted**: their histories are read back
-  (``all_token_ids[slot, prompt_len:total_len]`` plus the drafts before the row: one small copy
-  per step, only when such a request is in the step) and applied with ``dynlogits.sdk.apply_rows``.
-
-Speculative decoding: a draft row is processed with the drafts before it as part of its history.
-Drafts of a request still in prefill are placeholders (-1): such rows are discarded by the runner
-and are left untouched (no processor ever sees a placeholder). A failure found on a draft row
-(a raising processor, a row left with no token) fail-stops that row only, since the draft may be
-rejected; it fails the request when it happens on the row after the committed tokens.
-"""
+Built-in kinds are resident in a ``dynlogits.sdk.SlotBatch`` keyed by the runner's slot, positions
+from the device (``ctx.pos + 1 - prompt_len[slot]``), ``thinking_budget`` followed on the device;
+no step reads back. ``python`` and plug-in requests are hosted: their histories are read back
+(``row_histories``) only when one is in the step. Draft rows of a request still in prefill are left
+untouched; a failure on a draft row stops that row only, on the committed row the request."""
 
 from __future__ import annotations
 
@@ -60,13 +41,10 @@ logger = logging.getLogger("dynlogits.adapters.vllm")
 def row_histories(
     req_states: Any, ctx: Any, rows: np.ndarray, slots: np.ndarray
 ) -> list[list[int] | None]:
-    """The generated tokens visible to each of ``rows`` (whose slots are ``slots``), read back from
-    the device; ``None`` for a draft row whose drafts are placeholders (the runner discards it).
-
-    ``req_states`` is a ``LogitsProcRequestState``: ``all_token_ids.gpu`` ``[max_reqs, max_len]``,
-    ``total_len.gpu`` ``[max_reqs]`` (device), ``prompt_len.np`` ``[max_reqs]`` (host). Only the
-    generated columns of these slots are copied.
-    """
+    """The generated tokens visible to each of ``rows`` (slots ``slots``), read back from the device;
+    ``None`` for a draft row whose drafts are placeholders. ``req_states``: a ``LogitsProcRequestState``
+    (``all_token_ids.gpu``, ``total_len.gpu``, ``prompt_len.np``); only the generated columns of these
+    slots are copied."""
     unique = np.unique(slots)
     index = torch.from_numpy(unique.astype(np.int64)).to(req_states.all_token_ids.gpu.device)
     total = req_states.total_len.gpu[index].cpu().numpy()
@@ -131,11 +109,9 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         self._thinking.flush()
 
     def _offset(self, ctx: Any, known: bool) -> torch.Tensor:
-        """``prompt_len[slot] - 1`` of each row: the tokens generated before a row (drafts included)
-        are ``ctx.pos - offset``, negative on a row still in prefill (discarded: groups clamp). In a
-        listed layout the offsets of its rows are kept until the layout changes (a slot's prompt
-        length changes only with its occupant, and a new occupant resets the layout), and are the
-        same tensor meanwhile (``SlotBatch.apply``'s ``pos_offset`` contract)."""
+        """``prompt_len[slot] - 1`` per row: tokens generated before a row are ``ctx.pos - offset`` (negative
+        in prefill). In a listed layout the same tensor is returned until the layout changes
+        (``SlotBatch.apply``'s ``pos_offset`` contract)."""
         if known and self._prompt_offset is not None:
             return self._prompt_offset
         prompt = self._req_states.prompt_len.gpu  # read each step: vLLM swaps the UVA buffer it points to
