@@ -1,16 +1,10 @@
 """The conformance kit's driver for the transformers adapter (``dynlogits.testing.driver``).
 
-``generate()`` keeps no per-request state between calls and hands processors the whole token
-matrix every step, so the driver plays ``generate()``'s part: it keeps each admitted request's
-prompt, generated tokens and ``GuardedRequest`` (realized once, at ``add``, exactly as the
-builder does), and each ``step`` lays the batch's rows out as ``generate()`` does (left padding,
-prompt, generated tokens; one width for the matrix) and calls a ``DynamoLogitsProcessor`` inside
-a real ``transformers.LogitsProcessorList``. Rows of a kit batch may have generated different
-numbers of tokens (``generate()``'s never do), so the driver passes one ``prompt_width`` per row.
-
-The model's forward pass is not run here; the real ``generate()`` is exercised by
-``tests/transformers``.
-"""
+The driver plays ``generate()``'s part (no model forward): it keeps each admitted request's prompt,
+generated tokens and ``GuardedRequest`` (realized once, at ``add``), lays each step's rows out as
+``generate()`` does (left padding, prompt, generated tokens) with one ``prompt_width`` per row (kit
+rows may differ in length), and calls a ``DynamoLogitsProcessor`` inside a real
+``transformers.LogitsProcessorList``. ``tests/adapters/transformers`` runs the real ``generate()``."""
 
 from __future__ import annotations
 

@@ -1,23 +1,14 @@
 """Activation and admission for ``model.generate()``: spec -> payload -> ``generate()`` kwargs.
 
-* ``activate(entries)``: ``generate()`` carries no per-request data of its own, so a request's
-  carrier is the payload handed to ``generate_kwargs`` (one per prompt): the encoded wire entries,
-  ``None`` when there are none.
-* ``payload_for(spec, role, tokenizer)`` is the worker-side activation from a spec: the role gate
-  (``dynlogits.sdk.gate``: agg/decode activate, prefill/encode get nothing unless the spec says
-  ``generation_only: false``), ``forced_text`` resolved to ``forced_sequence`` with the tokenizer,
-  encoded as the wire payload; ``None`` when nothing is active.
-* ``validate(payloads, vocab_size=)`` is admission; ``generate_kwargs(model, tokenizer, batch,
-  payloads, ...)`` is admission plus wiring: every
-  payload is validated against the model's logits width first (``SpecError`` naming
-  ``payloads[k]`` and the field, before ``generate()`` runs), then one ``DynamoLogitsProcessor``
-  is built for the batch. The returned kwargs pin ``num_beams`` and ``num_return_sequences``, so
-  ``generate()`` expands rows exactly as the processor maps them.
+* ``activate(entries)``: the encoded wire payload (``None`` without entries); ``generate()`` carries
+  no per-request data, so the payload is handed to ``generate_kwargs``, one per prompt.
+* ``payload_for(spec, role, tokenizer)``: the role gate (``dynlogits.sdk.gate``), ``forced_text``
+  resolved with the tokenizer, then ``activate``.
+* ``validate(payloads, vocab_size=)``: admission. ``generate_kwargs(...)``: admission against the
+  logits width (``SpecError`` naming ``payloads[k]`` and the field), then one ``DynamoLogitsProcessor``;
+  the kwargs pin ``num_beams`` and ``num_return_sequences`` so rows expand as the processor maps them.
 
-The logits width (``logits_width``) is the number of rows of the model's output embedding
-(``config.vocab_size`` when it has none): often larger than ``len(tokenizer)``, and the bound for
-every id in a payload.
-"""
+The logits width (``logits_width``) is the model's output-embedding rows (else ``config.vocab_size``)."""
 
 from __future__ import annotations
 
@@ -47,11 +38,9 @@ def activate(entries: Sequence[Any]) -> list[dict[str, Any]] | None:
 def payload_for(
     spec: LogitsProcessorSpec | None, role: DisaggregationMode | str, tokenizer: TextTokenizer | None
 ) -> list[dict[str, Any]] | None:
-    """The payload a worker of ``role`` puts on a request for ``spec``, or ``None``.
-
-    ``tokenizer`` resolves ``forced_text`` entries (their tokens, then its EOS); it may be
-    ``None`` only when the active entries hold no text. ``SpecError`` names the entry otherwise.
-    """
+    """The payload a worker of ``role`` puts on a request for ``spec``, or ``None``. ``tokenizer``
+    resolves ``forced_text`` entries (may be ``None`` when no active entry holds text; ``SpecError``
+    names the entry otherwise)."""
     entries = sdk.gate(spec, role)
     if tokenizer is None:
         texts = [f"entries[{i}].text" for i, e in enumerate(entries) if isinstance(e, ForcedTextSpec)]
@@ -123,16 +112,12 @@ def generate_kwargs(
     num_beams: int = 1,
     report: FailureReport | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``model.generate(**batch, **kwargs)`` applying ``payloads[k]`` to
-    prompt ``k`` of ``batch`` (a tokenizer output with ``input_ids``; ``None`` entries: no
-    processors).
+    """Keyword arguments for ``model.generate(**batch, **kwargs)`` applying ``payloads[k]`` to prompt ``k``
+    of ``batch`` (``None``: no processors): ``{"logits_processor": LogitsProcessorList([processor]),
+    "num_beams": ..., "num_return_sequences": ...}`` (extend the list to add processors of your own).
 
-    Returns ``{"logits_processor": LogitsProcessorList([processor]), "num_beams": ...,
-    "num_return_sequences": ...}``; add other ``generate()`` arguments beside it (to combine
-    with processors of your own, extend the list). Raises ``SpecError`` (admission) for a bad
-    payload, ``ValueError`` for arguments that do not fit the batch. ``report`` receives one line
-    per request that fails while generating.
-    """
+    Raises ``SpecError`` for a bad payload, ``ValueError`` for arguments that do not fit the batch.
+    ``report`` receives one line per request that fails while generating."""
     input_ids = _input_ids(batch)
     if isinstance(payloads, (str, bytes, Mapping)) or not isinstance(payloads, Sequence):
         raise TypeError(f"payloads must be a sequence with one payload (or None) per prompt, got {type(payloads).__name__}")

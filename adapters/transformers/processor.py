@@ -1,45 +1,17 @@
 """``DynamoLogitsProcessor``: the SDK inside Hugging Face ``generate()``'s logits-processor list.
 
-Row layout (what ``generate()`` hands a ``LogitsProcessor`` in transformers 5.x):
+What ``generate()`` (transformers 5.x) hands it: ``input_ids`` ``[rows, seq]`` (padded prompt then
+generated tokens) and ``scores`` ``[rows, vocab]`` (log-probabilities under beam search). Each prompt
+is repeated ``max(num_beams, num_return_sequences)`` times, request-major, so ``logits_processor``
+realizes one ``GuardedRequest`` per prompt and maps row ``r`` to request ``r // rows_per_request``.
+A row's history is ``input_ids[row, prompt_width:]``; positions come from it, so beams, samples and
+assisted generation's per-draft calls need nothing special (an assistant's logits must have the
+main model's width).
 
-* ``__call__(input_ids, scores)``: ``input_ids`` is ``LongTensor[rows, seq]``, every row the
-  (padded) prompt followed by the tokens generated so far; ``scores`` is ``FloatTensor[rows,
-  vocab]``, one row per sequence being generated (logits for greedy/sampling, log-probabilities
-  under beam search). All rows have the same ``seq``.
-* ``prompt_width`` is the column where generation starts. ``generate()`` pads every prompt of a
-  batch to one width (left padding for decoder-only models) and appends generated tokens after
-  it, so for ``generate()`` it is one int, ``input_ids.shape[1]`` of the batch passed in, whatever
-  the padding side. A row's *history* (``dynlogits.sdk.locate``) is ``input_ids[row,
-  prompt_width:]``: padding and prompt are never part of it. A sequence of widths (one per row)
-  serves callers whose rows started at different columns (the conformance driver).
-* Requests and rows: ``generate()`` repeats each prompt ``max(num_beams, num_return_sequences)``
-  times, request-major (``repeat_interleave``: rows ``k*n .. k*n+n-1`` belong to prompt ``k``).
-  The builder ``logits_processor`` realizes **one** ``GuardedRequest`` per prompt and maps row
-  ``r`` to request ``r // rows_per_request``; each row keeps its own history (beams and samples
-  diverge), and the request's processors derive positions from it, never from a step counter.
-* Assisted generation (prompt lookup, an assistant model sharing the tokenizer) calls the list
-  once per draft position with ``input_ids`` cut after that position, so the history of each call
-  already holds the drafts before it: nothing special is needed. An assistant model runs the same
-  list on its own rows; its logits must have the main model's width (ids were bounded by it,
-  so another width is refused with ``ValueError``). Assisted generation runs batch size 1.
-* The processor returns an edited **copy** of ``scores``, as transformers' own processors do:
-  ``generate()`` uses the returned tensor, and some callers reuse the tensor they pass in (prompt
-  lookup checks each candidate against one ``torch.ones`` buffer, call after call), where edits in
-  place would pile up across calls (a mask from one call would still be there at the next).
-
-Failure policy: the SDK's (``dynlogits.sdk.guard``). ``realize_request`` never raises: a payload
-that fails in the engine (e.g. an id at or beyond the logits width) gives an already-failed
-request; a processor that raises fail-stops its request. A failed request has **all** of its rows
-masked to its stop token, from that step on, and is reported once through ``report``; other
-requests are untouched. A ``ValueError`` raised here means the processor is called with a batch it
-was not built for (row count, logits width): a caller's bug, never a request's fault.
-
-Under beam search ``scores`` are log-probabilities: a forced token gets 0.0 (probability 1) and
-every other token -inf, so each beam of a request has exactly one finite continuation, and
-every returned hypothesis of a forced prompt is the forced text (checked against transformers
-5.19 in ``tests/transformers``). A processor instance holds its requests' failure state: build a new one for every
-``generate()`` call.
-"""
+Contract: ``__call__`` returns an edited copy of ``scores`` (callers such as prompt lookup pass the
+same tensor again). A failed request has all its rows masked to its stop token from then on and is
+reported once; other requests are untouched. A ``ValueError`` means a batch the processor was not
+built for (rows, width): a caller's bug. Build a new processor for every ``generate()`` call."""
 
 from __future__ import annotations
 
@@ -61,15 +33,12 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 
 class DynamoLogitsProcessor(LogitsProcessor):
-    """Applies one ``GuardedRequest`` (or nothing) per row of ``scores``, in place.
+    """Applies one ``GuardedRequest`` (or nothing) per row of ``scores``; returns an edited copy.
 
-    ``requests[r]`` is row ``r``'s request, ``None`` for rows without one (left untouched); one
-    request may own several rows. ``prompt_width`` is where generation starts: one int for every
-    row (``generate()``), or one int per row. ``vocab_size``, when given, is checked against the
-    width of ``scores`` (the payloads were realized against it).
-
-    When no row has a request the call returns at once (no host copy of ``input_ids``).
-    """
+    ``requests[r]`` is row ``r``'s request (``None``: row untouched); one request may own several
+    rows. ``prompt_width``: where generation starts, one int (``generate()``) or one per row.
+    ``vocab_size``, when given, must be the width of ``scores``. With no request, ``scores`` is
+    returned at once."""
 
     def __init__(
         self,
@@ -129,11 +98,8 @@ def realize_request(
     report: FailureReport | None = None,
 ) -> GuardedRequest | None:
     """Fresh processors for one request (``None`` without a payload); never raises for the payload.
-
-    The stop token of a failed request is ``eos_token_id`` when it is inside the logits width,
-    else the lowest of ``stop_token_ids`` inside it (``dynlogits.sdk.pick_stop_token``): pass the
-    ids ``generate()`` stops on, so a fail-stopped row really ends.
-    """
+    The stop token is ``eos_token_id`` if inside the logits width, else the lowest of
+    ``stop_token_ids`` inside it: pass the ids ``generate()`` stops on."""
     stop = pick_stop_token(eos_token_id, stop_token_ids, vocab_size)
     return realize(payload, vocab_size=vocab_size, stop_token_id=stop, report=report)
 
@@ -148,15 +114,11 @@ def logits_processor(
     stop_token_ids: Iterable[int] = (),
     report: FailureReport | None = None,
 ) -> DynamoLogitsProcessor:
-    """One ``DynamoLogitsProcessor`` for a ``generate()`` call: ``payloads[k]`` is prompt ``k``'s
-    wire payload (``None``: no processors).
-
-    Realizes one fresh ``GuardedRequest`` per prompt (build a new processor for every
-    ``generate()`` call) and gives it rows ``k*rows_per_request .. (k+1)*rows_per_request - 1``,
-    ``rows_per_request`` being ``generate()``'s expansion, ``max(num_beams, num_return_sequences)``.
-    No admission check here (see ``generate.generate_kwargs``): a payload that does not realize
-    fail-stops its own request.
-    """
+    """One ``DynamoLogitsProcessor`` for a ``generate()`` call: ``payloads[k]`` is prompt ``k``'s wire
+    payload (``None``: no processors). One fresh ``GuardedRequest`` per prompt owns rows
+    ``k*rows_per_request .. (k+1)*rows_per_request - 1`` (``max(num_beams, num_return_sequences)``).
+    No admission here (see ``generate.generate_kwargs``): a payload that does not realize fail-stops
+    its request."""
     if isinstance(payloads, (str, bytes, Mapping)) or not isinstance(payloads, Sequence):
         raise TypeError(f"payloads must be a sequence with one payload (or None) per prompt, got {type(payloads).__name__}")
     for k, payload in enumerate(payloads):
