@@ -40,6 +40,7 @@ __all__ = [
     "KindError",
     "ProcessorKind",
     "installed_kinds",
+    "kinds_generation",
     "kinds_registered",
     "plugin_kinds",
     "register_kind",
@@ -100,6 +101,17 @@ class ProcessorKind:
 
 
 _registered: dict[str, ProcessorKind] = {}
+_generation = [0]  # bumped whenever the kinds registered in this process change
+
+
+def _changed() -> None:
+    _generation[0] += 1
+
+
+def kinds_generation() -> int:
+    """A number that changes whenever the kinds in force in this process change (what a cache of
+    decoded payloads keys on: a payload valid under one set of kinds may not be under another)."""
+    return _generation[0]
 
 
 def register_kind(kind: ProcessorKind) -> None:
@@ -107,6 +119,7 @@ def register_kind(kind: ProcessorKind) -> None:
     if not isinstance(kind, ProcessorKind):
         raise TypeError(f"register_kind takes a ProcessorKind, got {type(kind).__name__}")
     _registered[kind.kind] = kind
+    _changed()
 
 
 @contextmanager
@@ -121,6 +134,7 @@ def kinds_registered(*added: ProcessorKind) -> Iterator[None]:
     finally:
         _registered.clear()
         _registered.update(before)
+        _changed()
 
 
 def _describe(ep: EntryPoint) -> str:

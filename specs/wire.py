@@ -33,7 +33,8 @@ from .limits import DEFAULT_LIMITS, SpecLimits, entry_limit_problems, limit_prob
 from .union import entry_adapter, kind_tags, sequence_adapter
 from .vocab import check_vocab
 
-__all__ = ["WIRE_KEY", "decode_fast", "decode_strict", "decode_wire_entry", "decode_wire_payload", "encode_entries"]
+__all__ = ["WIRE_KEY", "decode_entries", "decode_fast", "decode_strict", "decode_wire_entry", "decode_wire_payload",
+           "encode_entries", "finish_entries"]
 
 WIRE_KEY = "dynamo_logits"
 
@@ -133,12 +134,23 @@ def decode_wire_payload(
     also checks every id against it. Entries that contradict each other (a row left with no
     token, ``dynlogits.specs.consistency``) are refused too.
     """
+    return finish_entries(decode_entries(payload, limits=limits, root=root), vocab_size=vocab_size, root=root)
+
+
+def decode_entries(payload: Any, *, limits: SpecLimits = DEFAULT_LIMITS, root: str = WIRE_KEY) -> tuple[Any, ...]:
+    """The first half of ``decode_wire_payload``, which depends on the payload and ``limits`` alone:
+    every entry validated, within the limits (``SpecError`` naming the field)."""
     entries = decode_fast(payload)
     if entries is None:
         entries = decode_strict(payload, root=root)
     problems: list[Problem] = list(limit_problems(entries, limits, root=root))
     if problems:
         raise SpecError(problems)
+    return entries
+
+
+def finish_entries(entries: tuple[Any, ...], *, vocab_size: int | None = None, root: str = WIRE_KEY) -> tuple[Any, ...]:
+    """The second half: ids against the logits width (when known) and the entries' consistency."""
     if vocab_size is not None:
         check_vocab(entries, vocab_size, root=root)
     check_consistency(entries, root=root, vocab_size=vocab_size)

@@ -9,22 +9,61 @@ already failed and is fail-stopped on its first row (see ``dynlogits.sdk.guard``
 Every adapter comes through here, so every engine validates and realizes a payload the same way.
 The payload is untrusted: all checks run before any code runs. ``decode_payload`` and
 ``build_request_processor`` are the raising building blocks under ``validate`` and ``realize``.
+
+Decoding is done once per payload per process: what admission decoded, realization reuses (and
+requests carrying the same payload, e.g. the deployment's, share it). The part of a decode that
+depends only on the payload, the limits and the kinds in force is kept (a bounded LRU of
+immutable entries: factories read their entry, never change it); the width and consistency checks
+run on every call.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
+
+import msgspec
 
 from dynlogits.processors import BaseLogitsProcessor, RealizeContext
 from dynlogits.processors.registry import check_python_allowed, factory_for
 from dynlogits.processors.request import RequestLogitsProcessor
-from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits, decode_wire_payload
+from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits
+from dynlogits.specs.kinds import kinds_generation, plugin_kinds
+from dynlogits.specs.wire import decode_entries, finish_entries
 
 from .guard import FailureReport, GuardedRequest
 
 __all__ = ["build_request_processor", "decode_payload", "realize", "validate"]
+
+
+#: Decoded payloads kept per process (see the module doc); a decode that raises is never kept.
+DECODED_KEPT = 256
+_decoded_memo: OrderedDict[tuple[Any, ...], tuple[Any, ...]] = OrderedDict()
+_memo_lock = threading.Lock()
+
+
+def _decoded(payload: Any, limits: SpecLimits) -> tuple[Any, ...]:
+    """``specs.wire.decode_entries(payload, limits)``, once per payload content, limits and kinds
+    in force (payloads that are not JSON data are decoded, and refused, every time)."""
+    try:
+        content = msgspec.json.encode(payload)
+    except (TypeError, ValueError, OverflowError):
+        return decode_entries(payload, limits=limits)
+    key = (content, limits, kinds_generation(), tuple(plugin_kinds()))
+    with _memo_lock:
+        hit = _decoded_memo.get(key)
+        if hit is not None:
+            _decoded_memo.move_to_end(key)
+            return hit
+    entries = decode_entries(payload, limits=limits)
+    with _memo_lock:
+        _decoded_memo[key] = entries
+        while len(_decoded_memo) > DECODED_KEPT:
+            _decoded_memo.popitem(last=False)
+    return entries
 
 
 def decode_payload(
@@ -41,7 +80,7 @@ def decode_payload(
     """
     if payload is None:
         return ()
-    entries = decode_wire_payload(payload, limits=limits, vocab_size=vocab_size)
+    entries = finish_entries(_decoded(payload, limits), vocab_size=vocab_size)
     for i, entry in enumerate(entries):
         if entry.kind == "python":
             check_python_allowed(entry.factory, path=f"{WIRE_KEY}[{i}].factory", environ=environ)

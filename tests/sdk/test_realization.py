@@ -7,6 +7,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from typing import Literal
 
+from dynlogits import sdk
 from dynlogits.processors import RealizeContext
 from dynlogits.sdk.realization import build_request_processor, decode_payload, validate
 from dynlogits.processors.registry import PYTHON_FACTORIES_ENV
@@ -134,3 +135,37 @@ def make_zeroer(token_id: int):
 
 def test_realize_context_carries_the_logits_width():
     assert RealizeContext(vocab_size=7).vocab_size == 7
+
+
+def test_realization_reuses_what_admission_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A payload validated at admission and realized in the same process is decoded once; each
+    realization still checks the width and gets fresh processors."""
+    from dynlogits.sdk import realization
+
+    calls: list[object] = []
+    real = realization.decode_entries
+    monkeypatch.setattr(realization, "decode_entries", lambda payload, **kw: (calls.append(payload), real(payload, **kw))[1])
+    monkeypatch.setattr(realization, "_decoded_memo", type(realization._decoded_memo)())
+    payload = [{"kind": "forced_sequence", "token_ids": [5, 6, 61], "eos_token_id": 1}]
+    sdk.validate(payload)
+    first = sdk.realize(payload, vocab_size=64, stop_token_id=1)
+    second = sdk.realize([dict(payload[0])], vocab_size=64, stop_token_id=1)  # same content, another list
+    assert len(calls) == 1
+    assert first is not None and second is not None and first.processor is not second.processor
+    narrow = sdk.realize(payload, vocab_size=32, stop_token_id=1)  # id 61 is beyond this width
+    assert narrow is not None and narrow.failed and "vocab size 32" in (narrow.error or "")
+
+
+def test_a_payload_of_a_kind_no_longer_in_force_is_refused_again() -> None:
+    from dynlogits.specs.kinds import kinds_registered
+
+    class Spec(BaseModel):
+        model_config = ConfigDict(frozen=True, extra="forbid")
+        kind: Literal["memo_probe"] = "memo_probe"
+
+    probe = ProcessorKind("memo_probe", Spec, lambda entry, ctx: (lambda ids, row: None))
+    payload = [{"kind": "memo_probe"}]
+    with kinds_registered(probe):
+        sdk.validate(payload)
+    with pytest.raises(SpecError):
+        sdk.validate(payload)
