@@ -1,14 +1,11 @@
 """Built-in processors, one module per wire kind, and what realization builds from them.
 
 A kind's module (``forced_sequence``, ``banned_tokens``, ``allowed_tokens``, ``logit_bias``,
-``min_tokens``, ``thinking_budget``) holds everything about it that runs on the engine: its
-processor (the per-row step, as a ``RowOp`` where it can be one), its template (every step as data)
-and its resident group (the slot engine's tables and tensor ops). What kinds share: ``base`` (the
-processor contract), ``ops`` (row operations, one row or many), ``slots`` (the resident groups'
-base and layouts), ``uploads`` (host values to the device without blocking), ``request`` (all
-processors of one request) and ``registry`` (kind -> factory: built-ins, plug-in kinds,
-``python``). ``forced_text`` never reaches here (resolved to ``forced_sequence`` on the worker).
-"""
+``min_tokens``, ``thinking_budget``) holds its processor (the per-row step, a ``RowOp`` where it can
+be one), its template (every step as data) and its resident group (slot tables and tensor ops).
+Shared: ``base`` (the processor contract), ``ops`` (row operations), ``slots`` (the resident groups'
+base and layouts), ``uploads`` (host values to the device without blocking), ``request`` (one
+request's processors), ``registry`` (kind -> factory). ``forced_text`` is resolved on the worker."""
 
 from __future__ import annotations
 

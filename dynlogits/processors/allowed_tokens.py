@@ -48,12 +48,8 @@ class AllowedTokensTemplate(Template):
 
 
 class AllowedTokensProcessor:
-    """Every step, every id outside ``token_ids`` (plus ``eos_token_id``) becomes -inf.
-
-    Allowed values are kept: they are gathered (a tensor of the allowed set's
-    size), the row is filled with -inf, and they are written back — no
-    vocabulary-sized allocation per step.
-    """
+    """Every step, every id outside ``token_ids`` (plus ``eos_token_id``) becomes -inf. Allocates only
+    the allowed set's size per step (gather, fill the row, write back), never a vocabulary-sized mask."""
 
     __slots__ = ("_index", "template")
 

@@ -1,21 +1,14 @@
 """Row operations: what a built-in processor does to its row at one step, as data.
 
-A built-in processor's ``row_op(input_ids)`` returns one ``RowOp`` (or ``None`` for "leave the row
-alone") instead of editing the row itself, so an adapter can apply the same operation to every
-row of a batch that needs it with a few tensor ops rather than a Python loop over rows. Each op
-type says how to do both: ``apply_op`` applies one op to one 1-D row (the processors' own
-``__call__`` is ``apply_op(row_op(...))``), ``BATCHED[type(op)](logits, [(row, op), ...])`` applies
-ops of that type to many rows at once (``dynlogits.sdk.plans``). Row ops are shared by the kinds
-(``forced_sequence`` and ``thinking_budget`` both force a token); a kind's module says which it
-uses.
+``row_op(input_ids)`` returns a ``RowOp`` (``None``: leave the row alone). ``apply_op`` applies one
+op to one 1-D row (a processor's ``__call__`` is ``apply_op(row_op(...))``);
+``BATCHED[type(op)](logits, [(row, op), ...])`` applies ops of one type to many rows at once
+(``dynlogits.sdk.plans``). Kinds share ops (``forced_sequence`` and ``thinking_budget`` both force).
 
-**Masks are never undone.** ``ForceToken`` makes its token the only possible choice *unless it
-is already masked* (``-inf``: by the engine's grammar bitmask, or by an earlier entry); then the
-whole row is ``-inf`` and the request cannot continue. ``witness`` names, for the ops that
-restrict a row to a few ids (``ForceToken``, ``KeepOnly``), the ids that must keep a finite
-logit; when none does after a request's ops, the request is failed with that reason
-(``dynlogits.sdk.guard``) instead of sampling from an all ``-inf`` row.
-"""
+Masks are never undone: ``ForceToken`` leaves its token the only choice unless it is already
+``-inf`` (the engine's grammar, an earlier entry), and then the whole row is ``-inf``. ``witness``
+names the ids that must stay finite for the ops that restrict a row (``ForceToken``, ``KeepOnly``);
+a request with none left is failed (``dynlogits.sdk.guard``), never sampled from an all ``-inf`` row."""
 
 from __future__ import annotations
 
@@ -94,12 +87,10 @@ class PlannedProcessor(Protocol):
 
 
 def check_op(op: RowOp, width: int) -> None:
-    """Raise ``IndexError`` unless every id ``op`` names indexes a row of ``width`` logits.
+    """Raise ``IndexError`` unless every id ``op`` names indexes a row of ``width`` logits; O(1).
 
-    Built-in kinds are bounded when realized; this guards ops from plug-in and ``python``
-    processors, which would otherwise reach a batched tensor op (an error there, or a device
-    assert on CUDA, would hit every request of the batch). O(1): the bounds are precomputed.
-    """
+    Guards ops from plug-in and ``python`` processors (built-in kinds are bounded when realized)
+    before they reach a batched tensor op, where an error would hit every request of the batch."""
     if isinstance(op, ForceToken):
         low = high = op.token_id
     else:

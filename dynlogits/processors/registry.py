@@ -1,11 +1,7 @@
 """Kind -> processor factory, on the engine side: built-ins, third-party kinds, and ``python``.
 
-Third-party kinds are declared in the torch-free specs layer
-(``dynlogits.specs.kinds``: ``ProcessorKind``, entry-point group
-``dynlogits.processors``, ``register_kind``). This module resolves their factories: a
-factory given as an import string is imported here, in the engine, when an entry is first
-realized.
-"""
+Third-party kinds are declared in the torch-free specs layer (``dynlogits.specs.kinds``); a factory
+given as an import string is imported here, in the engine, when an entry is first realized."""
 
 from __future__ import annotations
 
@@ -72,11 +68,8 @@ def _plugin_factory(kind: ProcessorKind) -> Factory:
 
 
 def factory_for(kind: str) -> Factory:
-    """The factory realizing entries of ``kind``; ``KeyError`` if nobody provides it.
-
-    A plug-in's import-string factory is imported here (errors propagate: the caller
-    fails the one request that needed it).
-    """
+    """The factory realizing entries of ``kind``; ``KeyError`` if nobody provides it. Import errors of a
+    plug-in's factory propagate (the caller fails the one request that needed it)."""
     if kind == "python":
         return _python_factory
     if kind in BUILTIN_FACTORIES:

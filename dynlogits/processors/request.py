@@ -16,11 +16,9 @@ __all__ = ["RequestLogitsProcessor"]
 class RequestLogitsProcessor:
     """All processors of one request, applied in payload order, in place.
 
-    ``__call__(output_ids, logits_row)``: ``output_ids`` are the tokens the request
-    generated so far, ``logits_row`` its 1-D logits row. With ``vocab_size`` (the logits width)
-    every planned row op is bounds-checked (``check_op``): an op naming an id outside the row
-    raises ``IndexError`` from ``plan``, which fails this request only.
-    """
+    ``__call__(output_ids, logits_row)``: the tokens generated so far and the 1-D row. With
+    ``vocab_size`` (the logits width) every planned op is checked (``check_op``): one naming an id
+    outside the row raises ``IndexError`` from ``plan``, failing this request only."""
 
     __slots__ = ("processors", "vocab_size")
 

@@ -1,25 +1,18 @@
-"""What every kind's resident group shares: the per-slot device tables, the two row layouts, one
-step's inputs, the rows a group may leave empty, and the ``Group`` base a kind implements.
+"""What every kind's resident group shares: per-slot device tables, the two row layouts, one step's
+inputs, the rows a group may leave empty (``Dead``), and the ``Group`` base a kind implements.
 
-The resident apply path (``dynlogits.sdk.resident.SlotBatch``) keeps built-in kinds on the device
-per persistent request slot. Entry ``k`` of every resident request of one kind forms a group
-(``level`` ``k``); a kind's module (``dynlogits.processors.<kind>``) defines its group as a
-subclass of ``Group`` and names it on its template (``Template.group``), which is all the slot
-engine knows of a kind. A group runs in one of two layouts:
+Entry ``k`` of every resident request of one kind forms a group (``level`` ``k``) of
+``dynlogits.sdk.resident.SlotBatch``; a kind names its ``Group`` subclass on its template
+(``Template.group``), which is all the slot engine knows of it. Layouts:
 
-* **listed** (``ListedRows``: the host knows which row holds which slot: vLLM's V1 runner, Model
-  Runner V2 without speculative decoding): member rows and their flat indices into the logits are
-  built once per batch change (``prepare``), and a step is ``index_fill_``/``index_add_``/
-  ``index_copy_`` over those indices plus a memset per run of consecutive rows;
-* **gathered** (``GatheredRows``: only the device knows, Model Runner V2 under speculative
-  decoding): every row gathers its slot's table and a membership mask turns the writes of
-  non-member rows into no-ops.
+* listed (``ListedRows``; the host knows each row's slot: vLLM V1, Model Runner V2 without drafts):
+  rows and flat indices built once per batch change (``prepare``); a step is ``index_fill_`` /
+  ``index_add_`` / ``index_copy_`` plus a memset per run of consecutive rows;
+* gathered (``GatheredRows``; only the device knows: V2 with drafts): every row gathers its slot's
+  table, and a membership mask makes non-member writes no-ops.
 
-Semantics are those of ``dynlogits.processors.ops`` (forcing never unmasks); a group that restricts
-rows to a few ids reports, per row and on the device, whether none of them is left (``Dead``).
-Padded table cells repeat one of the row's own ids (bias values pad with 0.0), so they write the
-same values twice and never touch another id.
-"""
+Semantics are ``dynlogits.processors.ops``'. Padded table cells repeat one of the row's own ids
+(bias values pad with 0.0), so they never touch another id."""
 
 from __future__ import annotations
 
@@ -70,12 +63,9 @@ class Template:
 class SlotTable:
     """A ``[num_slots, width]`` device table with a host mirror; rows grow to the widest value set.
 
-    ``set(slot, values)`` writes a row on the host, padded with ``pad`` or, when ``pad`` is
-    ``None``, by repeating the row's last value (so a padded id row names no other id; an empty row
-    is all zeros); ``flush()`` copies the rows set since the last flush to the device. ``dev`` is
-    the device table (valid after ``flush``; a wider table is a new tensor: read ``dev`` after each
-    flush).
-    """
+    ``set(slot, values)`` writes a host row, padded with ``pad`` or (``pad is None``) by repeating
+    its last value (an empty row is zeros); ``flush()`` copies the rows set since the last flush.
+    ``dev`` is valid after ``flush``; a wider table is a new tensor, so read ``dev`` after each flush."""
 
     def __init__(self, num_slots: int, dtype: torch.dtype, device: torch.device, *, width: int = 1,
                  pad: float | None = None) -> None:
@@ -207,13 +197,12 @@ class StepInputs:
 
 @dataclass(slots=True)
 class Dead:
-    """Rows a restrictive group may leave with no token: the row of slot ``slots[i]``, at output
-    position ``positions[i]`` (``None`` when unknown), has none when every id of its ``witness``
-    (the ids the group kept) is ``-inf`` once *every* group has run (``evaluate``, as the host path
-    does). Listed layout: ``rows`` is the rows' device index, ``witness`` flat logits indices
-    ``[n, w]`` (with ``stop_index``/``can_stop`` as in ``ListedRows``); gathered layout: ``rows`` is
-    ``None``, ``witness`` column ids ``[rows, w]`` and ``where`` the rows the group touched
-    (``witness`` is ``None`` when the group ``settled`` its rows)."""
+    """Rows a restrictive group may leave with no token: slot ``slots[i]``'s row, at output position
+    ``positions[i]`` (``None``: unknown), has none when every id of its ``witness`` is ``-inf`` once
+    every group has run (``evaluate``). Listed: ``rows`` is the rows' device index, ``witness`` flat
+    indices ``[n, w]`` (``stop_index``/``can_stop`` as in ``ListedRows``). Gathered: ``rows`` is
+    ``None``, ``witness`` column ids ``[rows, w]``, ``where`` the rows touched. ``witness`` is
+    ``None`` when the group settled its rows."""
 
     rows: torch.Tensor | None
     slots: torch.Tensor

@@ -1,25 +1,15 @@
-"""``thinking_budget``: close a thinking span once it has used its token budget: its host
-processor, template and resident group, and the device follower for engines whose token history
-lives on the device.
+"""``thinking_budget``: close a thinking span once it has used its token budget: the host processor,
+template and resident group, and ``DeviceThinking`` for engines whose history lives on the device.
 
-The span rule is ``docs/specs.md``'s: a span opens right after the generated tokens end with the
-start sequence, closes when the end sequence follows inside it, and once it holds ``budget``
-tokens the next end token is forced (continuing an end sequence the model already began) until
-the span closes; a later start sequence opens a new span with a fresh budget. Whether to force
-depends on the tokens themselves, so the resident group's step is *decided* per row by the adapter
-(``Group.decided``): on the host from the live history (``ThinkingBudgetProcessor.row_op``, the
-V1 runner) or on the device (``DeviceThinking``, Model Runner V2).
+The span rule is ``docs/specs.md``'s. Whether to force depends on the tokens, so the resident
+group's step is decided per row (``Group.decided``): on the host from the live history
+(``ThinkingBudgetProcessor.row_op``, vLLM V1) or on the device (``DeviceThinking``, Model Runner V2).
 
-``DeviceThinking`` keeps, per slot and entry, the position where the open span began (``-1``:
-closed) after the tokens scanned so far, and how many were scanned. Every step advances it over
-the newly committed tokens only (at most ``max_new`` per step), read from the engine's token
-matrix; each row then advances a private copy over the draft tokens before it (from the step's
-input ids) and decides whether to force. A step costs the same at any sequence length and reads
-nothing back, except that a request entering with many generated tokens (resumed after
-preemption) is scanned once on the host. The engine's ``tokens`` ``[slots, max_len]``,
-``prompt_len`` and ``total_len`` are passed to ``step`` each time (vLLM swaps the buffers behind
-them).
-"""
+``DeviceThinking`` keeps per slot and entry where the open span began (``-1``: closed) and how many
+tokens were scanned; each step advances it over the newly committed tokens only (read from the
+engine's ``tokens`` ``[slots, max_len]``, ``prompt_len``, ``total_len``, passed to every ``step``),
+then each row over its drafts. Constant cost per step, no read back, except one host scan of a
+request resumed with more than ``MAX_DEVICE_CATCH_UP`` generated tokens."""
 
 from __future__ import annotations
 
@@ -50,20 +40,14 @@ ROLLBACK = 64
 class ThinkingBudgetProcessor:
     """Force ``end_token_ids`` once ``budget`` tokens follow ``start_token_ids`` in an open span.
 
-    A span opens right after the generated tokens contain ``start_token_ids`` and
-    closes when ``end_token_ids`` follows. When the span holds ``budget`` or more
-    tokens, the next end token is forced each step — continuing an end sequence
-    the model already began — until the span closes; then the model is free, and
-    a later start sequence opens a new span with a fresh budget.
+    A span opens right after the generated tokens contain ``start_token_ids`` and closes when
+    ``end_token_ids`` follows. Once it holds ``budget`` tokens, the next end token is forced each
+    step (continuing an end sequence the model began) until it closes; a later start sequence
+    opens a new span with a fresh budget.
 
-    The span state is derived from the token history, incrementally: each call scans only the
-    tokens it has not seen, and keeps the state at each of the last ``ROLLBACK`` positions with
-    the tokens seen there. When the tail of a history differs from what was scanned (draft tokens
-    rejected under speculative decoding, a placeholder replaced) the state rolls back to the last
-    position that still agrees and rescans from there, so a step costs O(new tokens + the window),
-    never O(history). Only a history that changed further back than ``ROLLBACK`` tokens (a
-    different request's) is rescanned from the start.
-    """
+    Incremental: each call scans only unseen tokens. A history whose tail changed (rejected drafts,
+    a replaced placeholder) rolls back to the last agreeing position within ``ROLLBACK``, so a step
+    costs O(new tokens + ROLLBACK); a change further back rescans from the start."""
 
     __slots__ = ("start", "end", "budget", "template", "_window", "_tokens", "_states", "_base")
 
@@ -271,10 +255,8 @@ class DeviceThinking:
         self._inputs: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self._catch_up = 0  # tokens of resumed requests to follow at the next step, on the device
 
-    #: A resumed request with at most this many generated tokens is followed on the device, one
-    #: round of about 20 ops per token at its first step; a longer one is scanned once on the host
-    #: instead (one read back of its history at that batch change: a request preempted after 30,000
-    #: tokens would otherwise queue some 600,000 ops).
+    #: A resumed request with at most this many generated tokens is followed on the device (a round
+    #: of ops per token at its first step); a longer one is scanned once on the host (one read back).
     MAX_DEVICE_CATCH_UP = 16
 
     def assign(self, slot: int, request: Any, *, resumed: int = 0) -> None:

@@ -1,13 +1,9 @@
 """Host values to a device tensor without blocking: the resident and hosted apply paths' uploads.
 
-``StepUpload`` is a ring of pinned host buffers copied non-blocking, so a buffer is never
-overwritten while its copy is still queued; ``StepValues`` copies through such a ring into one
-device tensor kept while a layout stays (so its views are taken once). ``to_device(values, dtype, device)`` is ``torch.tensor(values, dtype=dtype, device=device)``
-without its blocking copy from pageable memory: on an accelerator the values go through a ring of
-pinned buffers (``StepUpload``, below) with a non-blocking copy, and the
-result is a fresh device tensor, valid for as long as it is referenced. On the CPU it is
-``torch.tensor``.
-"""
+``StepUpload``: a ring of pinned host buffers copied non-blocking, never overwritten while a copy
+is queued. ``StepValues``: values rewritten every step into one device tensor kept while a layout
+stays. ``to_device(values, dtype, device)``: ``torch.tensor(values, dtype=dtype, device=device)``
+without the blocking pageable copy (a fresh device tensor; plain ``torch.tensor`` on the CPU)."""
 
 from __future__ import annotations
 
@@ -33,11 +29,9 @@ def pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 class StepUpload:
     """Per-step host values -> a fresh device tensor, through a ring of pinned host buffers.
 
-    ``buffer(n)`` gives a host array to fill, ``upload(n)`` the device copy of its first ``n``
-    values: a new tensor each time, so several uploads of one step never alias. The host buffer is
-    reused only once its copy has run: a ring of ``RING`` that grows by a buffer whenever the next
-    one is still in flight (waiting only past ``MAX_RING``).
-    """
+    ``buffer(n)`` gives a host array to fill, ``upload(n)`` a new device tensor of its first ``n``
+    values (uploads never alias). A host buffer is reused only once its copy has run: the ring
+    (``RING``) grows while the next buffer is in flight, waiting only past ``MAX_RING``."""
 
     RING = 8
     MAX_RING = 4096  # buffers the ring may grow to while the device lags, before waiting for it
@@ -97,11 +91,10 @@ class StepUpload:
 
 
 class StepValues:
-    """Values the host rewrites every step (``host()``, then ``push()``) and the device reads from
-    one tensor (``resize``'s) for as long as their number stays: views of it taken once stay valid,
-    so a step builds none. On an accelerator ``push`` copies a pinned ring buffer (``StepUpload``)
-    into it without blocking; on the CPU it is the host buffer itself. Storage grows by doubling,
-    so a batch change allocates nothing unless the batch outgrew every earlier one."""
+    """Values the host rewrites every step (``host()``, then ``push()``) into one device tensor
+    (``resize``'s) while their number stays, so views of it are taken once. ``push`` is a
+    non-blocking copy from a pinned ring (``StepUpload``); on the CPU the host buffer is the tensor.
+    Storage grows by doubling."""
 
     def __init__(self, dtype: torch.dtype, device: torch.device, capacity: int = 256) -> None:
         self.dtype = dtype
