@@ -20,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dynlogits.serve.http.protocol_errors import ProtocolErrorLog
 
     from .app import FrontendState, create_app
-    from .client_guard import ClientGuard, ClientLimitsMiddleware
+    from .client_guard import ClientGuard, ClientGuardMiddleware
     from .metrics import FrontendMetrics
     from .routing import Router
 
@@ -40,8 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    max_body_bytes=args.max_body_bytes, worker_secret=args.worker_secret))
     protocol_errors = ProtocolErrorLog(logging.getLogger("dynlogits.serve.frontend"),
                                        on_error=lambda kind: metrics.protocol_errors.labels(kind=kind).inc())
-    # Client limits (docs/reliability.md, "Limits"): API keys, per-request bounds and admission in the
-    # app, stalled readers and ticket release around it, request heads and connections in the protocol.
+    # Client limits (docs/reliability.md, "Limits"): API keys, per-request bounds and the fair queue in
+    # the app, stalled readers and ticket release around it, request heads and connections in the protocol.
     guard = ClientGuard(request_limits=args.request_limits, server=args.server, metrics=metrics,
                         identity=args.identity, protocol_errors=protocol_errors)
     protocol = guarded_protocol(header_timeout_s=args.server.header_timeout_s, head_limits=args.head_limits,
@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # client never reuses a connection the frontend is closing at that moment. No proxy headers:
     # who a client is comes from .identity (X-Forwarded-For only from the listed proxies); no
     # WebSocket; no ``server`` header.
-    uvicorn.run(ClientLimitsMiddleware(app, guard), host=args.host, port=args.port, log_level="warning",
+    uvicorn.run(ClientGuardMiddleware(app, guard), host=args.host, port=args.port, log_level="warning",
                 timeout_graceful_shutdown=args.graceful_timeout_s, timeout_keep_alive=75, http=protocol,
                 proxy_headers=False, server_header=False, ws="none")
     return 0

@@ -32,8 +32,8 @@ from dynlogits.serve.http.bodies import (DEFAULT_MAX_BODY_BYTES, MAX_MESSAGE_CHA
 from dynlogits.serve.secret import presents_secret
 from dynlogits.serve.protocol import GenerateChunk, GenerateRequest, Usage
 
-from .fair_queue import AdmissionError, ClientGone
-from .client_guard import ClientGuard, client_guard, hold_ticket
+from .fair_queue import ClientGone, QueueError
+from .client_guard import ClientGuard, guard_of, hold_ticket
 from .metrics import FrontendMetrics
 from .openai_models import ChatCompletionRequest, CompletionRequest, RequestBody, unsupported_field
 from .routing import NoWorkerError, Router, WorkerEndpoint, WorkerError, WorkerTimeoutError
@@ -121,9 +121,9 @@ def _validate(model: type[RequestBody], data: Any, config: DeploymentConfig,
     return body, [e.kind for e in entries] + controls.unresolved
 
 
-async def _admit(guard: ClientGuard, request: Request, body: RequestBody) -> None:
-    """Admit the request's ``n`` sequences for its client (waiting in turn if the deployment is
-    full); the ticket is released by ``ClientLimitsMiddleware`` when the response ends.
+async def _take_turn(guard: ClientGuard, request: Request, body: RequestBody) -> None:
+    """Let the request's ``n`` sequences through the fair queue for its client (waiting in turn if
+    the deployment is full); the ticket is released by ``ClientGuardMiddleware`` when the response ends.
     ``HTTPError`` 429 (or 400) when refused, ``ClientGone`` when the client left while waiting."""
 
     async def gone() -> None:
@@ -131,8 +131,8 @@ async def _admit(guard: ClientGuard, request: Request, body: RequestBody) -> Non
             pass
 
     try:
-        ticket = await guard.admission.admit(guard.client(request.scope), body.n, disconnected=gone)
-    except AdmissionError as err:
+        ticket = await guard.queue.acquire(guard.client(request.scope), body.n, disconnected=gone)
+    except QueueError as err:
         guard.refused(err.reason)
         raise HTTPError(err.status, err.message, param=err.param, code="rate_limit_exceeded" if err.status == 429
                         else LIMIT_EXCEEDED, retry_after_s=err.retry_after_s) from None
@@ -245,7 +245,7 @@ def create_app(state: FrontendState) -> FastAPI:
             metrics.latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
             return err.response()
 
-        guard = client_guard(request)
+        guard = guard_of(request)
         try:
             try:
                 data = await read_json_body(request, max_bytes=state.max_body_bytes,
@@ -271,7 +271,7 @@ def create_app(state: FrontendState) -> FastAPI:
             if body.model not in names:
                 raise HTTPError(404, f"model {quote(body.model)} does not exist (served: {names})", param="model",
                                 code="model_not_found")
-            await _admit(guard, request, body)
+            await _take_turn(guard, request, body)
             rid = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
             prompt: dict[str, Any] = (
                 {"messages": body.chat_messages()} if isinstance(body, ChatCompletionRequest)
@@ -284,7 +284,7 @@ def create_app(state: FrontendState) -> FastAPI:
                                                         worker_body.model_dump(exclude_none=True))
         except HTTPError as err:
             return failed(err)
-        except ClientGone:  # it left while waiting for admission: nobody reads an answer
+        except ClientGone:  # it left while waiting in the queue: nobody reads an answer
             return Response(status_code=499)
         except NoWorkerError as err:
             return failed(HTTPError(503, str(err), kind="service_unavailable", retry_after_s=RETRY_AFTER_S))

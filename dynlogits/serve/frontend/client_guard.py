@@ -1,23 +1,6 @@
-"""The frontend's client limits in one place, and the ASGI layer that applies those the app cannot.
-
-:class:`ClientGuard` holds the per-request bounds (``dynlogits.serve.limits``), the server limits
-(``ServerLimits``: timeouts, connections, admission), who a client is (``.identity``) and the
-:class:`~.admission.Admission` state. :class:`ClientLimitsMiddleware` wraps the app (``python -m
-dynlogits.serve.frontend`` does) and
-
-* answers a ``/v1/`` request without a valid API key with 401, when keys are configured;
-* hands the guard to the request handlers (``scope["state"]``, see :func:`client_guard`);
-* ends a response whose client has taken no data for ``send_timeout_s``: a stalled reader would
-  otherwise hold its admitted sequences, and so the engine's capacity, for as long as it likes
-  (the streaming body is closed, which aborts the engine request, and the connection is closed);
-* releases the request's admission ticket once its response has ended, however it ended;
-* closes the connection after a 408 for a body that did not arrive in time (kept alive, it would
-  go on receiving the trickle). After a 413 the rest of the body is read and dropped as it comes,
-  as before: closing with unread data resets the connection and the client may lose the answer;
-  bytes that go on arriving after the answer fall under the head deadline like a next request's.
-
-Request heads and the number of connections are bounded below the app, in uvicorn's protocol
-(``dynlogits.serve.http.connections``).
+"""The frontend's client guard: the limits a handler holds each request to (:class:`ClientGuard`), and
+the ASGI middleware that applies those the app cannot (:class:`ClientGuardMiddleware`). Request heads
+and connections are bounded below both, in the protocol (``dynlogits.serve.http.connections``).
 """
 
 from __future__ import annotations
@@ -33,17 +16,17 @@ from dynlogits.serve.http.connections import ABORT_KEY
 from dynlogits.serve.http.protocol_errors import ProtocolErrorLog
 from dynlogits.serve.limits import RequestLimits
 
-from .fair_queue import Admission, Ticket
+from .fair_queue import FairQueue, Ticket
 from .args import ServerLimits
 from .identity import ClientIdentity
 from .metrics import FrontendMetrics
 
-__all__ = ["ClientGuard", "ClientLimitsMiddleware", "client_guard", "hold_ticket"]
+__all__ = ["ClientGuard", "ClientGuardMiddleware", "guard_of", "hold_ticket"]
 
 log = logging.getLogger("dynlogits.serve.frontend")
 
 _GUARD = "dynlogits.client_guard"
-_TICKET = "dynlogits.admission_ticket"
+_TICKET = "dynlogits.queue_ticket"
 
 
 @dataclass
@@ -57,14 +40,14 @@ class ClientGuard:
     identity: ClientIdentity = None  # type: ignore[assignment]
     #: Where client protocol errors are counted and logged (``None``: only counted in the metrics).
     protocol_errors: ProtocolErrorLog | None = None
-    admission: Admission = field(init=False)
+    queue: FairQueue = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.server
         if self.identity is None:
             self.identity = ClientIdentity(client_id_header=s.client_id_header)
-        self.admission = Admission(max_inflight=s.max_inflight_sequences, max_per_client=s.max_client_sequences,
-                                   queue_timeout_s=s.queue_timeout_s)
+        self.queue = FairQueue(max_inflight=s.max_inflight_sequences, max_per_client=s.max_client_sequences,
+                               queue_timeout_s=s.queue_timeout_s)
 
     def client(self, scope: Any) -> str:
         return self.identity.client(scope)
@@ -85,14 +68,14 @@ class ClientGuard:
 
     def update_gauges(self) -> None:
         if self.metrics is not None:
-            self.metrics.inflight_sequences.set(self.admission.in_flight)
-            self.metrics.queued_requests.set(self.admission.queued)
+            self.metrics.inflight_sequences.set(self.queue.in_flight)
+            self.metrics.queued_requests.set(self.queue.queued)
 
 
-def client_guard(request: Any) -> ClientGuard:
-    """The guard :class:`ClientLimitsMiddleware` put in the request's scope; without the middleware
+def guard_of(request: Any) -> ClientGuard:
+    """The guard :class:`ClientGuardMiddleware` put in the request's scope; without the middleware
     (an app served some other way) one with the default limits, shared by the app's requests, whose
-    admission is not enforced (see :func:`hold_ticket`)."""
+    queue is not enforced (see :func:`hold_ticket`)."""
     guard = request.scope.get("state", {}).get(_GUARD)
     if guard is None:
         guard = getattr(request.app.state, "client_guard", None)
@@ -103,7 +86,7 @@ def client_guard(request: Any) -> ClientGuard:
 
 def hold_ticket(request: Any, ticket: Ticket) -> None:
     """Have the middleware release ``ticket`` once the request's response has ended. Without the
-    middleware nothing would, so the ticket is released at once (admission is then not enforced)."""
+    middleware nothing would, so the ticket is released at once (the queue is then not enforced)."""
     state = request.scope.setdefault("state", {})
     if _GUARD in state:
         state[_TICKET] = ticket
@@ -111,8 +94,11 @@ def hold_ticket(request: Any, ticket: Ticket) -> None:
         ticket.release()
 
 
-class ClientLimitsMiddleware:
-    """Pure ASGI middleware around the frontend app (see the module docstring)."""
+class ClientGuardMiddleware:
+    """Pure ASGI middleware around the frontend app: a ``/v1/`` request without a valid API key (when
+    keys are set) is a 401; the guard goes into each request's scope (:func:`guard_of`); a response
+    whose client takes no data for ``send_timeout_s`` is ended and its connection dropped; a 408
+    closes its connection; a request's ticket is released once its response has ended, however."""
 
     def __init__(self, app: Any, guard: ClientGuard) -> None:
         self.app, self.guard = app, guard

@@ -1,24 +1,10 @@
-"""Fair admission of requests to the engine: sequences in flight are bounded, each client holds at
-most a share of them, and requests that must wait are admitted round-robin across clients.
+"""The frontend's fair queue (its 429s): sequences in flight are bounded, each client holds at most
+a share of them, and waiting requests are let through round-robin across clients.
 
-Why: a request costs its ``n`` sequences for as long as it generates, and the engine runs a bounded
-number of them at once (vLLM's ``max_num_seqs``, 128 by default) and queues the rest first come,
-first served. One client's 50 streams of 16 samples of 480 tokens filled the engine for minutes, and
-everyone else's requests waited behind them until they timed out.
-
-* ``max_inflight``: sequences in flight across all clients; a request that does not fit waits.
-* ``max_per_client``: sequences one client may have in flight *or waiting*; a request beyond it is
-  refused at once with 429. Set below ``max_inflight``, it leaves room for other clients whatever
-  one client sends.
-* Not head-of-line: a request that fits beside the sequences in flight is admitted at once, even
-  while larger ones wait; as capacity frees, waiting requests are admitted round-robin across
-  clients, each client's first one that fits (oldest first).
-* So that a large request is not overtaken for ever, the oldest waiting request, once it has waited
-  ``reserve_after_s`` (half of ``queue_timeout_s`` by default), reserves the capacity: nothing else
-  is admitted until it fits. One still waiting after ``queue_timeout_s`` gets 429, and one whose
-  client went away while waiting is dropped without being run.
-
-A client is whatever key the caller names (the frontend: ``dynlogits.serve.frontend.identity``).
+:meth:`FairQueue.acquire` returns a :class:`Ticket` for a request's sequences at once when they fit
+(even while larger requests wait), else when they fit in turn; the oldest waiter reserves the
+capacity once it has waited ``reserve_after_s``. Refusals are :class:`QueueError` (400 or 429) or
+:class:`ClientGone`. A client is whatever key the caller names (the frontend: ``.identity``).
 """
 
 from __future__ import annotations
@@ -29,9 +15,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Admission", "AdmissionError", "ClientGone", "Ticket"]
+__all__ = ["ClientGone", "FairQueue", "QueueError", "Ticket"]
 
-class AdmissionError(Exception):
+
+class QueueError(Exception):
     """A request refused for capacity (HTTP 429, ``retry_after_s`` for the header) or for its own
     size (400). ``reason``: ``client_share``, ``queue_timeout`` or ``too_large``."""
 
@@ -43,7 +30,7 @@ class AdmissionError(Exception):
 
 
 class ClientGone(Exception):
-    """The client disconnected while its request waited for admission."""
+    """The client disconnected while its request waited in the queue."""
 
 
 @dataclass(eq=False)
@@ -69,8 +56,8 @@ class _Waiter:
     future: asyncio.Future[None]
 
 
-class Admission:
-    """The admission state of one frontend; use from its event loop only."""
+class FairQueue:
+    """The queue of one frontend; use from its event loop only."""
 
     def __init__(self, *, max_inflight: int, max_per_client: int, queue_timeout_s: float,
                  reserve_after_s: float | None = None) -> None:
@@ -78,36 +65,36 @@ class Admission:
             raise ValueError("max_inflight and max_per_client must be >= 1, queue_timeout_s > 0")
         self.max_inflight, self.max_per_client, self.queue_timeout_s = max_inflight, max_per_client, queue_timeout_s
         self.reserve_after_s = queue_timeout_s / 2 if reserve_after_s is None else reserve_after_s
-        self.in_flight = 0  # sequences admitted and not yet released
+        self.in_flight = 0  # sequences let through and not yet released
         self._held: Counter[str] = Counter()  # per client: in flight + waiting
         self._waiting: OrderedDict[str, deque[_Waiter]] = OrderedDict()  # clients in round-robin order
 
     @property
     def queued(self) -> int:
-        """Requests waiting for admission."""
+        """Requests waiting in the queue."""
         return sum(len(q) for q in self._waiting.values())
 
     def held(self, client: str) -> int:
         """Sequences ``client`` has in flight or waiting."""
         return self._held[client]
 
-    async def admit(self, client: str, cost: int, *,
-                    disconnected: Callable[[], Awaitable[Any]] | None = None) -> Ticket:
+    async def acquire(self, client: str, cost: int, *,
+                      disconnected: Callable[[], Awaitable[Any]] | None = None) -> Ticket:
         """A ticket for ``cost`` sequences, at once when they fit (and no request has reserved the
         capacity), else after waiting.
 
-        Raises :class:`AdmissionError` (400: ``cost`` alone exceeds a client's share; 429: the client's
+        Raises :class:`QueueError` (400: ``cost`` alone exceeds a client's share; 429: the client's
         share is taken, or the wait exceeded ``queue_timeout_s``), or :class:`ClientGone` when
         ``disconnected()`` returns first (it should return once the client has gone away)."""
         if cost > self.max_per_client:
-            raise AdmissionError(400, f"n: a request of {cost} sequences exceeds what one client may hold "
-                                      f"({self.max_per_client}, limit max_client_sequences)", reason="too_large",
-                                 param="n")
+            raise QueueError(400, f"n: a request of {cost} sequences exceeds what one client may hold "
+                                  f"({self.max_per_client}, limit max_client_sequences)", reason="too_large",
+                         param="n")
         if self._held[client] + cost > self.max_per_client:
-            raise AdmissionError(429, f"this client already has {self._held[client]} sequences in flight or waiting; "
-                                      f"{cost} more would exceed its share of {self.max_per_client} "
-                                      "(limit max_client_sequences); retry when some have finished",
-                                 reason="client_share", retry_after_s=1)
+            raise QueueError(429, f"this client already has {self._held[client]} sequences in flight or waiting; "
+                                  f"{cost} more would exceed its share of {self.max_per_client} "
+                                  "(limit max_client_sequences); retry when some have finished",
+                         reason="client_share", retry_after_s=1)
         self._held[client] += cost
         ticket = Ticket(client, cost, self._release)
         loop = asyncio.get_running_loop()
@@ -131,10 +118,10 @@ class Admission:
         self._abandon(waiter, ticket)
         if gone is not None and gone.done() and not gone.cancelled():
             raise ClientGone()
-        raise AdmissionError(429, f"the deployment is at capacity ({self.in_flight} of {self.max_inflight} sequences "
-                                  f"in flight, limit max_inflight_sequences) and this request waited "
-                                  f"{self.queue_timeout_s:g} s (limit queue_timeout); retry later",
-                             reason="queue_timeout", retry_after_s=1)
+        raise QueueError(429, f"the deployment is at capacity ({self.in_flight} of {self.max_inflight} sequences "
+                              f"in flight, limit max_inflight_sequences) and this request waited "
+                              f"{self.queue_timeout_s:g} s (limit queue_timeout); retry later",
+                         reason="queue_timeout", retry_after_s=1)
 
     def _fits(self, cost: int) -> bool:
         return self.in_flight + cost <= self.max_inflight
@@ -181,7 +168,7 @@ class Admission:
         waiter.future.set_result(None)
 
     def _dispatch(self) -> None:
-        """Admit waiting requests while one fits: the reserving one alone when there is one, else
+        """Let waiting requests through while one fits: the reserving one alone when there is one, else
         round-robin across clients, each client's oldest request that fits."""
         now = asyncio.get_running_loop().time()
         while self._waiting:

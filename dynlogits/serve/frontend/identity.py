@@ -1,4 +1,4 @@
-"""Who a request is from, for the per-client share of admission, and whether it may call the API.
+"""Who a request is from, for its share of the fair queue, and whether it may call the API.
 
 * **API keys** (optional): with keys configured, every ``/v1/`` route needs ``Authorization: Bearer
   <key>`` (as the ``openai`` client sends its ``api_key``, and as ``vllm serve --api-key`` checks),

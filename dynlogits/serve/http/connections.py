@@ -23,7 +23,7 @@ rules added:
   (counted, one log line per kind per interval) instead of one uvicorn warning line each.
 
 Body read deadlines are the app's (``dynlogits.serve.http.bodies.read_json_body``); a reader that stalls
-is ended by ``dynlogits.serve.frontend.client_guard.ClientLimitsMiddleware``, which drops its connection with
+is ended by ``dynlogits.serve.frontend.client_guard.ClientGuardMiddleware``, which drops its connection with
 the abort this protocol puts in each request's scope.
 """
 

@@ -46,7 +46,7 @@ class WorkerArgs:
     max_connections: int = 2048
     #: Sequences (``n`` per request) in flight on this worker (``$DYN_WORKER_MAX_INFLIGHT_SEQUENCES``);
     #: beyond it ``/generate`` answers 429. Above a frontend's own bound (128), so that one frontend's
-    #: admitted requests always fit; it bounds what several frontends, or any other caller, may start.
+    #: queued requests always fit; it bounds what several frontends, or any other caller, may start.
     max_inflight_sequences: int = 256
     head_limits: HeadLimits = field(default_factory=HeadLimits)
     #: Required as a bearer token on every route but ``/health`` (``dynlogits.serve.secret``).

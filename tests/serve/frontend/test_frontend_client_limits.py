@@ -20,10 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
-from dynlogits.serve.frontend.fair_queue import Admission
+from dynlogits.serve.frontend.fair_queue import FairQueue
 from dynlogits.serve.frontend.args import ServerLimits
 from dynlogits.serve.http.connections import guarded_protocol
-from dynlogits.serve.frontend.client_guard import ClientGuard, ClientLimitsMiddleware, hold_ticket
+from dynlogits.serve.frontend.client_guard import ClientGuard, ClientGuardMiddleware, hold_ticket
 from deploy.launcher import FrontendProcess, free_port_block, wait_until
 from deploy.launcher import frontend_process as start_frontend
 from threaded_uvicorn import ThreadedServer
@@ -240,7 +240,7 @@ def test_the_head_deadline_and_the_cap_hold_on_h11_too() -> None:
         assert sum(_read_all(s, timeout=HEAD_S + 10) == b"" for s in idle) == 3
 
 
-def test_a_stream_whose_reader_stalls_is_ended_and_releases_its_admission() -> None:
+def test_a_stream_whose_reader_stalls_is_ended_and_releases_its_ticket() -> None:
     """The client never reads; once the socket buffers are full the server's send blocks, and after
     ``send_timeout_s`` the response ends: the body generator is closed (what aborts the engine
     request in the frontend) and the admitted sequences are released."""
@@ -253,7 +253,7 @@ def test_a_stream_whose_reader_stalls_is_ended_and_releases_its_admission() -> N
         from dynlogits.serve.http.closing_stream import ClosingStreamingResponse
 
         request = Request(scope, receive)
-        hold_ticket(request, await guard.admission.admit("c", 4))
+        hold_ticket(request, await guard.queue.acquire("c", 4))
 
         async def endless() -> AsyncIterator[bytes]:
             try:
@@ -266,13 +266,13 @@ def test_a_stream_whose_reader_stalls_is_ended_and_releases_its_admission() -> N
         await ClosingStreamingResponse(endless())(scope, receive, send)
 
     protocol = guarded_protocol(header_timeout_s=10, max_connections=10)
-    with ThreadedServer(ClientLimitsMiddleware(app, guard), http=protocol) as server:
+    with ThreadedServer(ClientGuardMiddleware(app, guard), http=protocol) as server:
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.connect(("127.0.0.1", server.port))
         s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         assert closed.wait(30), "the stalled stream was never ended"
-        wait_until(lambda: guard.admission.in_flight == 0, 10, "the admission to be released")
-        assert isinstance(guard.admission, Admission) and guard.admission.held("c") == 0
+        wait_until(lambda: guard.queue.in_flight == 0, 10, "its ticket to be released")
+        assert isinstance(guard.queue, FairQueue) and guard.queue.held("c") == 0
         # the connection is dropped, not left waiting for the reader to take what was buffered
         wait_until(lambda: not server.server.server_state.connections, 10, "the connection to be dropped")
