@@ -1,32 +1,18 @@
-"""``dynlogits.sdk``: the engine-neutral half of every backend adapter.
+"""``dynlogits.sdk``: the engine-neutral half of every backend adapter (docs/sdk.md).
 
-A backend adapter has four duties; each has one implementation here, so an adapter is only a
-translation of its engine's calling convention onto them:
+An adapter translates its engine's calling convention onto four duties, each implemented once here:
 
-1. **activate** (``gate``, ``put_payload``, ``encode_payload``, ``activate_logits_processors``):
-   put the role-gated entries where the engine carries per-request data, as the wire payload,
-   clearing any payload a client smuggled in.
-2. **realize** (``validate``, ``realize``): payload -> a fresh ``GuardedRequest`` per request;
-   ``validate`` raises ``SpecError`` naming the field at admission, ``realize`` never raises.
-3. **locate** (``dynlogits.sdk.locate``): name each logits row's request and history (generated
-   tokens, drafts appended); positions come from the history alone.
-4. **apply**: the rows of a batch, in place, with per-request failure isolation: a failing request
-   is fail-stopped to its stop token (``pick_stop_token``) and reported once through the ``report``
-   callback given to ``realize``. Two paths: ``apply_rows`` (``apply_row`` for one row,
-   ``apply_draft_row`` for a speculative draft row) takes rows and histories every step (any
-   engine, any kind; planned by ``plans``); ``SlotBatch`` (``dynlogits.sdk.resident``) keeps
-   resident requests' built-in kinds on the device per persistent slot, for engines that have
-   slots (no per-step planning). Failures found on the device reach the host without waiting
-   for it: an adapter calls ``drain`` first in every call its engine makes, and a watcher thread
-   covers an engine that goes idle (``dynlogits.sdk.readback``).
+1. activate (``gate``, ``put_payload``, ``encode_payload``, ``activate_logits_processors``): the
+   role-gated entries as the wire payload on the request, a smuggled payload cleared;
+2. realize (``validate``, ``realize``): payload -> a fresh ``GuardedRequest``; ``validate`` raises
+   ``SpecError`` naming the field, ``realize`` never raises;
+3. locate (``locate``): each row's request and history; positions come from the history alone;
+4. apply: ``apply_rows`` / ``apply_row`` / ``apply_draft_row`` (rows and histories every step), or
+   ``SlotBatch`` (built-in kinds resident per engine slot); a failing request is fail-stopped to its
+   stop token (``pick_stop_token``) and reported once. Adapters call ``drain`` first in every
+   engine call so device-found failures reach the host (``readback``).
 
-Layout: one module per duty (``activation``, ``realization``, ``locate``, ``guard`` with
-``readback``, ``apply`` with ``plans``); ``resident/`` is the slot path's internals.
-
-Nothing here imports an engine; the activation half imports no torch either (a frontend may use
-it), the rest loads torch on first use. The conformance kit (``dynlogits.testing``) checks an adapter
-against these contracts; ``docs/sdk.md`` walks through writing one.
-"""
+No engine is imported; the activation half imports no torch, the rest loads it on first use."""
 
 from __future__ import annotations
 

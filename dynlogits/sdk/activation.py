@@ -1,12 +1,9 @@
 """Duty 1, activate: the gated entries -> the payload the engine carries with one request.
 
-Engines carry per-request data in different places (vLLM ``SamplingParams.extra_args``, SGLang
-``custom_params``, TensorRT-LLM a live object per request), but the payload is always the same
-JSON list (``dynlogits.specs.encode_entries``). ``gate`` applies the role rule; ``put_payload``
-writes a payload into a mapping and removes one the gate did not produce (a client must never
-activate a processor by smuggling the key in). ``activate_logits_processors`` writes into the
-wire contract's own carrier, an ``extra_args`` mapping (vLLM ``SamplingParams``).
-"""
+The payload is always the same JSON list (``dynlogits.specs.encode_entries``), wherever the engine
+carries it. ``gate`` applies the role rule; ``put_payload`` writes a payload into a mapping and
+removes one the gate did not produce; ``activate_logits_processors`` writes into an ``extra_args``
+mapping (the wire contract's carrier, vLLM ``SamplingParams``)."""
 
 from __future__ import annotations
 
@@ -31,11 +28,8 @@ def encode_payload(entries: Sequence[Any]) -> list[dict[str, Any]] | None:
 
 
 def put_payload(carrier: MutableMapping[str, Any], entries: Sequence[Any], *, key: str = WIRE_KEY) -> list[dict[str, Any]] | None:
-    """Set ``carrier[key]`` to exactly the encoded ``entries`` and return that payload.
-
-    With no entries any ``carrier[key]`` already present is removed and ``None`` returned: only the
-    gate decides what runs.
-    """
+    """Set ``carrier[key]`` to exactly the encoded ``entries`` and return that payload; with no entries
+    remove any ``carrier[key]`` and return ``None`` (only the gate decides what runs)."""
     payload = encode_payload(entries)
     if payload is None:
         carrier.pop(key, None)
@@ -45,16 +39,12 @@ def put_payload(carrier: MutableMapping[str, Any], entries: Sequence[Any], *, ke
 
 
 def activate_logits_processors(target: Any, entries: Sequence[Any]) -> MutableMapping[str, Any] | None:
-    """Set ``extra_args["dynamo_logits"]`` on ``target`` to exactly ``entries``.
+    """Set ``extra_args["dynamo_logits"]`` on ``target`` to exactly ``entries`` (wire entries,
+    ``forced_text`` resolved).
 
-    ``target`` is an ``extra_args`` mapping or an object with an ``extra_args``
-    attribute (vLLM ``SamplingParams``; ``None`` there becomes a new dict when
-    needed). With no entries any ``dynamo_logits`` already present is removed:
-    only the gate decides what runs, so a client cannot smuggle a payload in
-    through ``vllm_xargs``/``extra_args``. Entries must be wire entries
-    (``forced_text`` resolved). Returns the mapping written, or ``None`` when
-    ``target`` had no ``extra_args`` and nothing was needed.
-    """
+    ``target``: an ``extra_args`` mapping or an object with an ``extra_args`` attribute (``None``
+    there becomes a new dict when needed). With no entries an existing ``dynamo_logits`` is removed.
+    Returns the mapping written, or ``None`` when ``target`` had no ``extra_args`` and none was needed."""
     extra: MutableMapping[str, Any] | None
     extra = target if isinstance(target, MutableMapping) else getattr(target, "extra_args", None)
     if extra is None:

@@ -1,21 +1,16 @@
 """The shape every backend adapter package shares: four names, the same verbs on every engine.
 
-``dynlogits.adapters.<engine>`` exports
+``dynlogits.adapters.<engine>`` exports (``ADAPTER_NAMES``):
 
 * ``Processor``: the engine-facing class (or callable) the engine loads and calls every step;
 * ``activate(target, entries, ...)``: put the gated wire ``entries`` on ``target``, the engine's
   per-request object, and return what the caller hands the engine next (``None``: nothing);
 * ``validate(target, *, vocab_size=None, ...)``: admission, ``SpecError`` naming the field unless
-  ``target``'s payload would realize (ids bounded by ``vocab_size`` when it is known);
-* ``stop_token(source, vocab_size, ...)``: the token a failed request is ended with
-  (``dynlogits.sdk.pick_stop_token`` over what ``source``, the engine's request object, says).
+  ``target``'s payload would realize;
+* ``stop_token(source, vocab_size, ...)``: the token a failed request is ended with.
 
-Where an engine allows no more alike, the module's own doc says why: ``target`` is each engine's
-own carrier (vLLM ``SamplingParams``, SGLang's ``sampling_params``, TensorRT-LLM's
-``SamplingParams``); transformers' ``generate()`` has no per-request object before it runs, so its
-``activate(entries)`` returns the payload ``generate_kwargs`` takes and its ``validate`` takes the
-batch's payloads. ``ADAPTER_NAMES`` lists what every package must export.
-"""
+``target`` is each engine's own carrier; transformers' ``generate()`` has no per-request object, so
+its ``activate(entries)`` returns the payload and its ``validate`` takes the batch's payloads."""
 
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
 """Duty 4, apply: a batch's rows, in place, with per-request failure isolation.
 
-Each request plans its step (``GuardedRequest.plan``); the plans go to
-``dynlogits.sdk.plans.apply_plans``, which applies every built-in kind to all rows that need it with a
-few tensor ops per step and calls opaque processors (``python`` kind, plug-ins) on their own row.
-A request whose planning or processor fails is fail-stopped on its row(s) and reported once; the
-others are applied in full. A row left with no token to sample (``dynlogits.sdk.guard``: its
-restricted ids all masked, or, after a ``python`` or plug-in processor, no finite logit) is
-fail-stopped on the device in the same step and its request fails once the host learns it
-(``dynlogits.sdk.readback``). Nothing here raises for one request's fault.
+For engines that hand over rows and histories every step (SGLang, TensorRT-LLM, transformers,
+opaque processors on vLLM); slot engines run built-in kinds on ``dynlogits.sdk.resident``. Each
+request plans its step (``GuardedRequest.plan``) and ``plans.apply_plans`` applies the batch.
 
-This is the path for engines that hand over rows and histories every step (SGLang, TensorRT-LLM,
-transformers, and requests with opaque processors on vLLM). Engines with persistent request slots
-run built-in kinds on the resident path (``dynlogits.sdk.resident``), which builds each request's tables once, when it enters a slot.
-"""
+Guarantees: a request whose planning or processor fails is fail-stopped on its rows and reported
+once; the others are applied in full. A row left with no token is fail-stopped on the device in the
+same step and its request fails once the host learns it (``readback``). Nothing raises for one
+request's fault."""
 
 from __future__ import annotations
 
@@ -102,12 +97,10 @@ def apply_row(request: GuardedRequest, history: Sequence[int], row: torch.Tensor
 
 
 def apply_draft_row(request: GuardedRequest, history: Sequence[int], row: torch.Tensor) -> None:
-    """Apply ``request`` to the 1-D ``row`` of a *draft* position (speculative decoding), in place.
+    """Apply ``request`` to the 1-D ``row`` of a draft position (speculative decoding), in place.
 
-    A failure here (a processor raising, the row left with no token) stops this row only: the
-    draft may be rejected, in which case the request goes on; if it is accepted, the request meets
-    the same failure on its next committed row and fails then. Nothing is recorded or reported.
-    """
+    A failure here stops this row only and is not recorded: the draft may be rejected; if it is
+    accepted, the request meets the same failure on its next committed row."""
     if request.failed or request.processor is None:
         return
     try:

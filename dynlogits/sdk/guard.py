@@ -1,22 +1,15 @@
 """One request's realized processors plus its failure state: the SDK's isolation unit.
 
-Failure policy (every adapter inherits it). No engine gives a custom logits processor a way to
-fail one request, and an exception escaping the sampler usually kills the whole engine (every
-request). A ``GuardedRequest`` therefore catches its processors' exceptions, reports them (ERROR
-log with traceback plus the ``report`` callback, once per request) and *fail-stops* the request:
-from then on its row is masked to its stop token, so it ends at once instead of continuing
-unconstrained. Other requests never see the failure. A request without a stop token (e.g.
-``ignore_eos`` and no stop ids) cannot be ended from the sampler: it continues unconstrained to
-its length limit, and the ERROR log says so.
+An exception escaping a sampler usually kills every request of the engine, so a
+``GuardedRequest`` catches its processors' exceptions, reports them once (ERROR log with traceback
+and the ``report`` callback) and fail-stops the request: its row is masked to its stop token from
+then on. Other requests never see the failure. A request without a stop token continues
+unconstrained to its length limit, and the log says so.
 
-A request also fails when a step leaves its row with **no token to sample**: its processors
-restrict the row to a few ids (a forced token, an allowed set) and all of them are masked, by the
-engine's grammar bitmask or by the request's own entries (forcing never unmasks). The apply paths
-find this on the device; the row is fail-stopped there in the same step, and the host records the
-failure once the device's answer is back, without waiting for it (``dynlogits.sdk.readback``:
-whatever the engine calls next, or on the watcher thread when it calls nothing). Recording a
-failure (``fail``, ``poll``) is safe from any thread.
-"""
+A request also fails when a step leaves its row with no token to sample (its restricted ids all
+masked, by the engine's grammar or its own entries). The apply paths find this on the device and
+fail-stop the row in that step; the host records it once the answer lands (``readback``).
+``fail`` and ``poll`` are safe from any thread."""
 
 from __future__ import annotations
 
@@ -65,11 +58,9 @@ def pick_stop_token(eos_token_id: int | None, stop_token_ids: Iterable[int] | No
 class GuardedRequest:
     """The realized processors of one request and whether it has failed.
 
-    ``plan(history)`` is this step's work for the apply paths (``dynlogits.sdk.apply``), which
-    apply it in place. ``history`` is the tokens this request generated so far (drafts preceding
-    the row included); processors derive their position from it, so a request may be planned for
-    several rows per step, or again after preemption, without step counters.
-    """
+    ``plan(history)`` is this step's work for the apply paths. ``history``: the tokens generated so
+    far (drafts before the row included); positions derive from it, so a request may be planned for
+    several rows per step, or again after preemption."""
 
     __slots__ = ("_pending", "_report", "error", "processor", "stop_token_id")
 

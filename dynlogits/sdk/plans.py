@@ -1,30 +1,15 @@
 """Applying many requests' processors to a batch of logits with a few tensor ops per step.
 
-This is the *host-planned* path: every step each request contributes a *plan*, its processors'
-steps for this step in payload order (``RequestLogitsProcessor.plan``). A step is a ``RowOp``
-(built-in kinds, plug-ins that describe their step) or an opaque processor (``python`` kind,
-plug-ins) called on its row. Plans are applied level by level: level ``k`` holds the ``k``-th step
-of every plan; its ``RowOp``s are grouped by type and each group is applied to all of its rows at
-once (``ops.BATCHED``: index tensors the size of the listed ids, never vocab-sized), then its opaque steps are
-called one row at a time. Rows are independent, so this is exactly what applying each request's
-processors to its own row in order would do (``tests/sdk/test_plans.py`` compares both).
+The host-planned path: every step each request contributes a plan, its processors' steps in
+payload order (``RequestLogitsProcessor.plan``): ``RowOp``s or opaque processors. Level ``k`` holds
+every plan's ``k``-th step; its ``RowOp``s are applied by type to all their rows at once
+(``ops.BATCHED``, never vocab-sized), then its opaque steps row by row. The result equals applying
+each request's processors to its own row in order (``tests/sdk/test_plans.py``).
 
-Engines with persistent request slots run built-in kinds through the resident path instead
-(``dynlogits.sdk.resident``: device tables, no per-step planning); both follow ``ops``.
-
-Containment: an opaque step that raises fails its plan (``on_error``), the rest of that plan is
-skipped and every other plan is applied in full. A grouped op cannot fail on a request's data
-(every id was checked against the logits width when planned); should one fail anyway, the plans
-in that group are failed and the rest of the batch goes on.
-
-Rows left with no token: a plan whose steps restrict its row to a few ids (``ForceToken``,
-``KeepOnly``) has a *witness*, the ids the last such step kept; a plan with an opaque step has its
-whole row checked (an opaque processor may mask anything). ``apply_plans`` returns, on the device
-and without synchronizing, whether each plan's witness ids are all ``-inf`` (or, with an opaque
-step, whether no logit of its row is finite) after all its steps: then the row has no token to
-sample (its forced token was masked by the engine's grammar, say) and the caller fails that
-request (``dynlogits.sdk.apply``).
-"""
+Containment: an opaque step that raises fails its plan (``on_error``) and the rest of that plan is
+skipped; a grouped op that fails anyway fails the plans of its group. Rows left with no token are
+reported on the device (``EmptyRows``): a plan's witness ids (the last restricting step's) all
+``-inf``, or, with an opaque step, no finite logit in its row."""
 
 from __future__ import annotations
 
@@ -95,13 +80,11 @@ def apply_plans(
 ) -> torch.Tensor | None:
     """Apply ``plans[i]`` to ``logits[rows[i]]`` (in place) for every ``i``.
 
-    ``logits`` is ``[num_rows, vocab]``; each row appears at most once in ``rows``. Opaque steps
-    are called as ``step(histories[i], logits[rows[i]])``; one that raises is reported through
-    ``on_error`` (or re-raised when ``on_error`` is ``None``) and the rest of its plan is skipped,
-    while every other plan is applied in full. Returns, on the device, which plans' rows have no
-    token left (``EmptyRows``, see the module doc), or ``None`` when no plan restricts its row or
-    runs an opaque step. Never synchronizes with the device for built-in steps.
-    """
+    ``logits`` is ``[num_rows, vocab]``; each row appears at most once. Opaque steps are called as
+    ``step(histories[i], logits[rows[i]])``; one that raises goes to ``on_error`` (re-raised when
+    ``None``) and the rest of its plan is skipped. Returns which plans' rows have no token left
+    (``EmptyRows``, on the device), or ``None`` when no plan restricts its row or runs an opaque
+    step. Never synchronizes for built-in steps."""
     failed: set[int] = set()
     opaque: set[int] = set()
 

@@ -1,23 +1,11 @@
-"""Reading small device results back on the host without waiting for the device, and acting on
-them within a bounded time whatever the engine calls next.
+"""Reading small device results back on the host without waiting, and acting on them in bounded time.
 
-The apply paths find out *on the device* that a request must fail (its row has no token left);
-the row is fail-stopped there at once, and the host only needs to learn it later, to record the
-failure and report it. A copy to pinned host memory is queued without blocking, with an event;
-``INBOX.when_landed(ready, then, device)`` runs ``then()`` once ``ready()`` says the copy landed:
-
-* at the next ``drain()``: every adapter calls it first thing in every call the engine makes
-  (a step, a batch change, an admission), so a busy engine learns it one call later;
-* or on the watcher thread, which wakes every ``DYN_LOGITS_FAILURE_WATCH_S`` seconds (default
-  0.05) while something is waiting: an engine that goes idle after the failing step (its last
-  request ended on the stop token the failure forced) learns it all the same.
-
-Neither waits for the device, launches device work or touches the apply paths' tensors:
-``ready()`` is an event query, ``then()`` reads the landed host copy. Callbacks run one at a
-time (never twice, never concurrently), so what they record must be safe to record from the
-watcher thread (``GuardedRequest.fail`` is). On the CPU a copy is there at once and ``then()``
-runs inside ``when_landed``.
-"""
+A copy to pinned host memory is queued without blocking, with an event;
+``INBOX.when_landed(ready, then, device)`` runs ``then()`` once ``ready()`` says it landed, either at
+the next ``drain()`` (adapters call it first in every engine call) or on the watcher thread, which
+wakes every ``DYN_LOGITS_FAILURE_WATCH_S`` seconds (default 0.05) while something waits, for an
+engine gone idle. Neither waits for the device or launches device work. Callbacks run one at a
+time, never twice, possibly on the watcher thread. On the CPU ``then()`` runs inside ``when_landed``."""
 
 from __future__ import annotations
 

@@ -39,16 +39,12 @@ class FlagSnapshot:
 
 
 class SlotFlags:
-    """``dev[slot]``: an int64 per slot the device writes (``fill`` until it does); the host reads
-    copies of it.
+    """``dev[slot]``: an int64 per slot the device writes (``fill`` until it does); the host reads copies.
 
-    ``reset(slot, owner)`` gives ``slot`` a new occupant and sets it back to ``fill`` (on the device,
-    in stream order: a copy queued before the reset still sees the former occupant's value).
-    ``snapshot()`` queues one copy of every slot with the owners of that moment, into a pinned
-    buffer of its own (a pool: a copy in flight is never overwritten), so a value written in a step
-    is covered by the copy queued at the end of that same step. On the CPU the snapshot is the
-    values themselves, read at once.
-    """
+    ``reset(slot, owner)`` gives ``slot`` a new occupant and refills it in stream order (a copy
+    queued before still sees the former occupant's value). ``snapshot()`` queues one copy of every
+    slot with that moment's owners into a pinned buffer of its own (a copy in flight is never
+    overwritten). On the CPU the snapshot is the values themselves."""
 
     def __init__(self, num_slots: int, device: torch.device, *, fill: int = -1) -> None:
         self.num_slots = num_slots

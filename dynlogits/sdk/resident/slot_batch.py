@@ -1,51 +1,30 @@
 """The resident apply path: built-in processors kept on the device, per persistent request slot.
 
-Engines such as vLLM keep requests in persistent *slots* and hand the sampler a batch whose layout
-changes only when requests come and go. ``SlotBatch`` compiles each resident request (every
-processor has a ``template``: ``GuardedRequest.resident``) into per-slot device tables once, when
-it enters a slot, and runs each step as a few tensor ops per group of entries (each kind's
-``Group``, named by its template: ``dynlogits.processors.slots``). It knows kinds only through
-what their groups declare. A step runs in one of two layouts, each a class of this module:
-``ListedLayout`` (the host knows which row holds which slot) and ``GatheredLayout`` (only the
-device does). In steady state the host's work per row is reading the V1 runner's history lengths
-and planning what a group plans (``Group.plan``); nothing is read back from the device and no
-tensor is built from a host list.
+``SlotBatch`` compiles each resident request (``GuardedRequest.resident``) into per-slot device
+tables when it enters a slot and runs a step as a few tensor ops per group of entries (each kind's
+``Group``, ``dynlogits.processors.slots``); it knows kinds only through their groups. Layouts:
+``ListedLayout`` (the host knows each row's slot) and ``GatheredLayout`` (only the device does).
+Steady steps read nothing back and build no tensor from a host list.
 
-Lifecycle (what an adapter calls):
+Lifecycle: ``assign(slot, request)`` as requests enter (``None`` clears), ``flush()`` once per batch
+change; ``set_rows(host_slots)`` or, each step, ``rows_on_device(slot_of_row, slots)``; ``apply(logits, ...)``.
 
-* ``assign(slot, request)`` when a request enters a slot (``None`` clears it), then ``flush()``
-  once per batch change (vLLM V2: ``apply_staged_writes``);
-* ``set_rows(host_slots)`` when the host knows which slot each logits row holds (the V1 runner;
-  Model Runner V2 without speculative decoding), or ``rows_on_device(slot_of_row, slots)`` each
-  step when only the device knows (Model Runner V2 with speculative decoding);
-* ``apply(logits, ...)`` every step.
+Assumptions (the adapter's side):
 
-Assumptions (what the adapter guarantees):
+* slots are the engine's persistent indices in ``[0, num_slots)``, reused only after ``assign``;
+* ``flush()`` runs after a batch change's ``assign`` calls and before the next ``apply``;
+* ``logits`` is ``[rows, vocab_size]`` on ``device``, each row in the slot last named for it;
+* ``generated`` counts the tokens a row's request generated before that row, drafts included.
 
-* slots are the engine's own persistent indices in ``[0, num_slots)``; a slot is reused only
-  after ``assign`` gave it its new occupant (or ``None``);
-* ``flush()`` runs after the ``assign`` calls of a batch change and before the next ``apply``;
-* ``logits`` is ``[rows, vocab_size]``, on ``device``, and each row belongs to the slot the last
-  ``set_rows`` / ``rows_on_device`` named for it;
-* positions passed to ``apply`` (``generated``) count the tokens a row's request generated before
-  that row, drafts included.
+Guarantees:
 
-Guarantees (what ``SlotBatch`` gives back):
-
-* a slot's program is exactly the request it was last assigned: nothing of a former occupant
-  survives ``assign``;
+* a slot's program is exactly its last assigned request's;
 * rows of slots with no resident request are never written;
-* ``apply`` never raises for one request's data (ids were checked against ``vocab_size`` at
-  realization) and never undoes a ``-inf`` the engine wrote, except to fail-stop a failed
-  request to its stop token (the one deliberate override: a failed request must end);
-* a failure touches only the failed request's own rows.
-
-Failures: a row left with no token is fail-stopped on the device in the same step and its slot's
-flag written; a copy of the flags queued in that same step is read once it lands
-(``dynlogits.sdk.readback``), and the request it names (the slot's occupant when the copy was
-queued) is failed and fail-stopped in whatever slot it holds from the next step on. Failing rows
-on draft positions (``real_rows`` false) stop only that row: the draft may be rejected.
-"""
+* ``apply`` never raises for one request's data and never undoes an engine's ``-inf``, except to
+  fail-stop a failed request to its stop token;
+* a failure touches only that request's rows: a row left with no token is fail-stopped on the
+  device in the same step, and its request (the slot's occupant when the flags' copy was queued) is
+  failed once the copy lands (``readback``); a draft row (``real_rows`` false) stops that row only."""
 
 from __future__ import annotations
 
@@ -206,15 +185,11 @@ class SlotBatch:
     ) -> None:
         """Apply every resident request's entries to its row(s) of ``logits`` (in place).
 
-        Positions come from ``histories`` (listed layout: the history of each row, host lists whose
-        lengths are uploaded), ``generated`` (a row-indexed device tensor of generated counts), or
-        ``pos`` and ``pos_offset`` (row-indexed device tensors, ``generated = pos - pos_offset``;
-        ``pos_offset`` must be the same tensor for as long as the layout stays): groups that can
-        read ``pos`` directly do, and the subtraction runs only when another group needs it.
-        ``thinking`` decides decided groups on the device (gathered layout, or whenever
-        ``histories`` is absent); otherwise they are decided on the host from ``histories``.
-        ``real_rows`` (gathered layout) marks the rows whose history is committed, i.e. not drafts.
-        """
+        Positions come from ``histories`` (listed layout: host lists whose lengths are uploaded),
+        ``generated`` (row-indexed device counts), or ``pos`` and ``pos_offset`` (``generated = pos
+        - pos_offset``; ``pos_offset`` the same tensor while the layout stays). ``thinking`` decides
+        decided groups on the device (gathered layout, or without ``histories``); otherwise the host
+        decides them from ``histories``. ``real_rows`` (gathered) marks committed, non-draft rows."""
         self._stop_newly_failed()
         if not logits.is_contiguous():
             raise ValueError("the resident path needs contiguous logits")
