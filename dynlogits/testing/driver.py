@@ -1,11 +1,9 @@
-"""What a backend author supplies to the conformance kit: a driver that feeds rows and histories
-to their adapter the way their engine does.
+"""What a backend author supplies to the conformance kit: a driver that feeds rows and histories to
+their adapter the way their engine does.
 
-A driver owns one adapter instance (or whatever its engine keeps per batch) and speaks in
-requests and steps; the kit never touches the engine's classes itself. Token histories are kept
-by the driver (``commit``), exactly where the engine keeps them (a live list, a slot table,
-``input_ids``), so the adapter reads them through its own ``locate`` code.
-"""
+A driver owns one adapter instance and speaks in requests and steps; the kit never touches the
+engine's classes. The driver keeps token histories (``commit``) where the engine keeps them, so the
+adapter reads them through its own ``locate`` code."""
 
 from __future__ import annotations
 
@@ -51,11 +49,9 @@ class AdapterDriver(Protocol):
 
     def step(self, batch: Sequence[str], logits: torch.Tensor) -> torch.Tensor:
         """Process one step: row ``i`` of ``logits`` belongs to ``batch[i]``; returns the processed
-        logits (the same tensor when the engine edits in place).
-
-        The kit passes a CPU, ``float32``, C-contiguous ``[len(batch), vocab_size]`` tensor, a fresh
-        one every step (it keeps its own copy to compare with); a driver moves or converts it to
-        what its engine hands the adapter (another device or dtype, numpy arrays)."""
+        logits (the same tensor when the engine edits in place). ``logits`` is a fresh CPU
+        ``float32`` C-contiguous ``[len(batch), vocab_size]`` tensor; a driver converts it to what
+        its engine hands the adapter."""
 
     def commit(self, req_id: str, token_id: int) -> None:
         """Append a sampled token to the request's history."""

@@ -1,13 +1,9 @@
-"""Operator-side ``python`` factories the kit allow-lists for its own checks.
+"""Operator-side ``python`` factories the kit allow-lists for its own checks; all stateless.
 
-``raise_after(after)`` raises once a request generated ``after`` tokens (a processor fault);
-``ban_id(token_id)`` describes its step as a row operation banning one id, which may lie
-outside the logits width (a plug-in bug that must not reach a batched tensor op);
-``scale(scale)`` multiplies a row by a constant (a well-behaved opaque processor);
-``keep_only(token_ids)`` masks every other id of its row (an opaque restriction, which leaves the
-row empty when those ids are masked already). All are stateless: their effect depends on the
-history alone. ``dynlogits.testing.plugin_kinds`` ships the faulty ones as plug-in kinds too.
-"""
+``raise_after(after)`` raises once ``after`` tokens were generated; ``ban_id(token_id)`` bans one
+id as a row operation, possibly beyond the logits width (a plug-in bug); ``scale(scale)`` multiplies
+the row (a well-behaved opaque processor); ``keep_only(token_ids)`` masks every other id (an opaque
+restriction). ``dynlogits.testing.plugin_kinds`` ships the faulty ones as plug-in kinds too."""
 
 from __future__ import annotations
 

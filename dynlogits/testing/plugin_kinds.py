@@ -1,14 +1,12 @@
 """Plug-in kinds the conformance kit ships, to run a third-party kind through every adapter.
 
-Each is a real ``ProcessorKind`` (torch-free spec model, factory as an import string the engine
-imports on first use), registered in this process only while a check runs (``registered``):
+Each is a real ``ProcessorKind`` (factory as an import string), registered in this process only
+while a check runs (``registered``):
 
 * ``kit.raise_after`` (``after``): its processor raises once ``after`` tokens were generated;
 * ``kit.keep_only`` (``token_ids``): masks every other id of its row, an opaque restriction;
-* ``kit.ban_beyond`` (``beyond``): bans the id ``beyond`` past the end of the logits width as a
-  row operation (a plug-in bug that must fail its request, not the batch; the spec holds no id,
-  so no width check at admission or realization can catch it).
-"""
+* ``kit.ban_beyond`` (``beyond``): bans an id past the logits width as a row operation, with no id
+  in its spec for admission to check."""
 
 from __future__ import annotations
 

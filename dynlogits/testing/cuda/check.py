@@ -1,37 +1,19 @@
 """The apply path on a real CUDA device: syncs, landed copies, failure reports and cost, where a CPU
 cannot see them.
 
-``python -m dynlogits.testing.cuda.check [--json FILE]`` needs a GPU and only torch, numpy, pydantic
-and msgspec (no engine): it drives ``SlotBatch`` (the resident path every vLLM adapter runs) as the
-V1 adapter does (``adapters/vllm/v1.py``: ``drain`` first in every call, ``assign`` on admission
-and removal, ``set_rows`` + ``flush`` at each batch change, ``apply(logits, histories=...)`` each
-step when a row is resident) and ``sdk.apply_rows`` for hosted rows (the SGLang / TensorRT-LLM /
-transformers path). It makes no call an engine would not make: no ``synchronize``, no extra
-``apply``, no poll; after the last step the engine goes idle and the check waits, on the host,
-until nothing waits for the device (``INBOX.wait_settled``), then counts what was reported.
+``python -m dynlogits.testing.cuda.check [--json FILE]`` (a GPU, torch, numpy, pydantic, msgspec;
+no engine) drives ``SlotBatch`` as the vLLM V1 adapter does and ``sdk.apply_rows`` for hosted rows,
+making only calls an engine makes (no ``synchronize``, extra ``apply`` or poll); once idle it waits
+on the host (``INBOX.wait_settled``) and counts the reports. Checks, printed and in ``--json``:
 
-Four checks, each printed and in ``--json``:
+* ``syncs``: every adapter call under ``torch.cuda.set_sync_debug_mode("warn")`` and the profiler;
+* ``landed``: a 40-step sequence with the device kept behind the host; every step's logits equal
+  the CPU run's bit for bit (fp32, bf16) and both grammar-masked requests are reported;
+* ``failures``: a failing last step then each of ``AFTER``, reported once, no sync; each of
+  ``MUTANTS`` must miss its failure;
+* ``cost``: steady-step time and device ops of the resident path, ``loop`` and the memset ``floor``.
 
-* ``syncs``: every adapter call runs under ``torch.cuda.set_sync_debug_mode("warn")`` (CUDA's
-  own accounting: ``.item()``, ``.tolist()``, ``bool()``, ``nonzero``, blocking copies, …), and
-  under the CUDA profiler, whose trace names each copy's source (``Pageable`` copies block the
-  host even when asked not to). The engine's own work is kept out of both: its uploads come from
-  pinned memory and tokens come from the reference run, so nothing it does is counted.
-* ``landed``: a 40-step sequence with admissions, removals, swaps, slot reuse, more requests than
-  slots, a ``python`` kind, every built-in kind and two requests whose forced token the "grammar"
-  masks (with and without a stop token); the device is kept behind the host (``torch.cuda._sleep``
-  before every step, no wait between steps, as under async scheduling), so a staging buffer reused
-  before its copy ran, or a flag read before it landed, shows up: every step's logits must equal
-  the CPU run's bit for bit (fp32 and bf16), and both failing requests must be reported.
-* ``failures``: a request failing at its last step, resident or hosted, followed by empty steps,
-  hosted rows only, bookkeeping calls only, or nothing at all: reported once each, no sync; and
-  each mutant (``MUTANTS``) must miss its sequence's failure, so the check is seen to catch it.
-* ``cost``: steady-step time (host wall clock to a final synchronize, and CUDA-event device time)
-  and device ops per step (from the profiler trace) of the resident path, of ``sdk.apply_row``
-  per row (``loop``), and of the memset ``floor`` (every row filled with ``-inf``), vocab 151936.
-
-Exit status: 0 when every check passed, 1 otherwise, 2 without CUDA.
-"""
+Exit status: 0 when every check passed, 1 otherwise, 2 without CUDA. Details: docs/vllm.md."""
 
 from __future__ import annotations
 
@@ -304,13 +286,11 @@ def compare(reference: SequenceRun, got: SequenceRun) -> list[str]:
 # -- a failure at the last step -------------------------------------------------------------------
 def run_failure(device: torch.device, after: str, *, hosted: bool, lag: bool = True,
                 model: DeviceModel | None = None, settle_s: float = SETTLE_S) -> tuple[list[str], list[str]]:
-    """One request whose forced token the grammar masks, resident (``hosted`` false) or hosted (a
-    ``python`` entry beside it); its failing step is its last: it samples the stop token it was
-    fail-stopped to and the engine removes it, then does ``after`` (``sync_drive.AFTER``) three
-    times. Nothing reads the device, synchronizes or polls: the device is kept behind the host
-    (``lag``) and the failure must still be reported once nothing waits for the device. Returns the
-    failures reported and the syncs seen in the adapter's calls. ``model``: for the CUDA model
-    (``dynlogits.testing.cuda.simcuda``: ``SimCuda.put`` and ``SimCuda.advance``)."""
+    """One request whose forced token the grammar masks, resident or ``hosted`` (a ``python`` entry
+    beside it), failing at its last step; the engine removes it, then does ``after``
+    (``drive.AFTER``) three times, with the device kept ``lag`` behind and nothing read, synchronized
+    or polled. Returns the failures reported and the syncs seen in the adapter's calls. ``model``:
+    the CUDA model (``SimCuda.put``, ``SimCuda.advance``) instead of a GPU."""
     check = device.type == "cuda"
     put = model.put if model is not None else (lambda host: _upload(host, device))
     catch_up = model.catch_up if model is not None else (lambda: None)

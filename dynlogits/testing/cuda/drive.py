@@ -1,17 +1,11 @@
-"""Whole sequences through each adapter as its engine drives it, on ``dynlogits.testing.cuda.simcuda``'s
-CUDA model: what would synchronize with the device, and how many device ops a steady step queues.
+"""Whole sequences through each adapter as its engine drives it, on ``simcuda``'s CUDA model: what
+would synchronize with the device, and how many device ops a steady step queues.
 
-A sequence (``Scenario``) has batch changes at nearly every step, as under continuous batching:
-admissions, removals, reorders (V1 ``BatchUpdate`` moves; V2 slot reuse), a request whose forced
-token the engine's grammar masks (it must fail and be reported, also when the engine ends it on
-the stop token it was fail-stopped to before its flag came back), speculative drafts (V2), and
-every built-in kind plus a ``python`` (hosted) kind when ``hosted`` is set. The engine's own work
-(its buffers, sampling the next token) runs outside the recording; only the adapter's calls count,
-and between steps the device catches up (``SimCuda.advance``), as a GPU does during the forward.
-
-``DriveResult``: ``syncs`` over the whole sequence, ``launches`` of one steady step (no batch
-change), and ``failures`` the adapter reported (the failing request must be among them).
-"""
+A ``Scenario`` changes the batch at nearly every step (admissions, removals, V1 moves, V2 slot
+reuse, V2 drafts), with every built-in kind, a request whose forced token the grammar masks (it
+must be reported, also when the engine ends it first) and, with ``hosted``, a ``python`` kind.
+Only the adapter's calls are recorded; between steps the device catches up (``SimCuda.advance``).
+``DriveResult``: ``syncs`` over the sequence, ``launches`` of a steady step, ``failures`` reported."""
 
 from __future__ import annotations
 
@@ -421,13 +415,11 @@ AFTER = ("apply", "hosted", "calls", "idle")
 
 
 def failure_then(sim: SimCuda, runner: str, after: str, *, settle_s: float = 10.0, lag: bool = False) -> list[str]:
-    """One request whose forced token the grammar masks, alone with nothing else to apply (``runner``:
-    ``v1``, ``v2`` or a ``ROW_ENGINES`` name); its failing step is the engine's last step for it,
-    then the device catches up and the engine does ``after`` (``AFTER``) three times, and the
-    reports are read once nothing waits for the device (at most ``settle_s`` seconds: an idle
-    engine relies on the watcher). ``lag`` (V1): the engine removes the request before the device
-    has run the failing step (the host runs ahead, as under async scheduling). Returns the
-    failures the adapter reported."""
+    """One request whose forced token the grammar masks, alone (``runner``: ``v1``, ``v2`` or a
+    ``ROW_ENGINES`` name), failing at the engine's last step for it; the device catches up, the
+    engine does ``after`` three times, and the reports are read once nothing waits for the device
+    (at most ``settle_s``). ``lag`` (V1): the engine removes the request before the device ran the
+    failing step. Returns the failures reported."""
     if after not in AFTER:
         raise ValueError(f"after must be one of {AFTER}")
     quiet = logging.getLogger("dynlogits")

@@ -1,36 +1,20 @@
 """A CUDA-semantics model on the CPU: which ops of an apply path would synchronize on a GPU, and how
 many device ops (launches) it queues.
 
-Why: on the CPU every read is immediate, so a path that waits for the device on a GPU passes every
-CPU test. ``SimCuda`` runs the same code on CPU tensors while telling it that they live on an
-accelerator (the ``meta`` device type stands for it: this torch build has no CUDA device guard,
-and code under test branches on ``device.type != "cpu"``), and records at the dispatch level, i.e.
-every aten op including those behind ``bool()``, ``int()``, ``repr`` and Python indexing:
+``SimCuda`` runs code on CPU tensors presented as an accelerator's (``meta`` device type; code under
+test branches on ``device.type != "cpu"``) and records every aten op at the dispatch level:
 
-* **syncs**, the ops that make the host wait for the device on CUDA (PyTorch's own list:
-  ``torch.cuda.set_sync_debug_mode`` docs; ``aten/src/ATen/native/cuda``):
-  ``_local_scalar_dense`` (``.item()``, ``bool()``, ``int()``, ``float()``), ``nonzero`` (and what
-  calls it: one-argument ``where``, ``argwhere``, boolean-mask indexing and ``index_put_`` with a
-  mask, ``masked_select``), ``unique`` variants, ``repeat_interleave`` without ``output_size``,
-  ``equal``/``is_nonzero``, device-to-host copies (``.cpu()``, ``.tolist()``, ``.numpy()``, a
-  ``copy_`` into host memory that is not pinned or not ``non_blocking``), host-to-device copies
-  from pageable memory or with ``non_blocking=False`` (``torch.tensor(list, device=...)``,
-  ``.to(device)``), host tensors used as operands of device ops (an implicit blocking copy),
-  ``Event.synchronize()`` and ``torch.cuda.synchronize()`` (a non-blocking ``.to("cpu")`` is not a
-  sync: its pinned result fills in when the device catches up), and a Python number assigned to
-  one element (``t[i] = 0.0``: a blocking copy on CUDA, seen on an H200; ``t[i:i+1].fill_`` is not);
-* **launches**: every op on a device tensor that queues device work (views, ``empty`` and
-  metadata ops excluded).
+* syncs (PyTorch's list: ``torch.cuda.set_sync_debug_mode``, ``aten/src/ATen/native/cuda``):
+  ``_local_scalar_dense``, ``nonzero`` and its callers (one-argument ``where``, boolean-mask indexing,
+  ``masked_select``), ``unique``, ``repeat_interleave`` without ``output_size``, ``equal``,
+  device-to-host copies except non-blocking ones into pinned memory, host-to-device copies that
+  block or come from pageable memory, host operands of device ops, ``Event.synchronize`` and
+  ``torch.cuda.synchronize``, and a Python number assigned to one element;
+* launches: every op on a device tensor that queues device work (views, ``empty``, metadata excluded).
 
-Stream model: a non-blocking device-to-host copy into pinned memory lands only when an event
-recorded after it completes, and events complete only at ``advance()`` (the device catching up,
-which a harness calls between engine steps) or ``synchronize()`` (recorded as a sync). So a read
-that checks the event it has just recorded sees "not yet", as on a GPU.
-
-Use: ``with SimCuda() as sim:`` then build the engine's device tensors with ``sim.device`` (or
-``sim.put(cpu_tensor)``), drive the adapter, and read ``sim.syncs`` / ``sim.launches``;
-``sim.value(t)`` reads a device tensor for assertions without counting.
-"""
+A non-blocking copy to pinned memory lands only when a later event completes, at ``advance()`` or
+``synchronize()`` (a sync). Use: ``with SimCuda() as sim:``, build device tensors with
+``sim.device`` / ``sim.put``, read ``sim.syncs`` / ``sim.launches``; ``sim.value(t)`` reads uncounted."""
 
 from __future__ import annotations
 
@@ -147,9 +131,8 @@ class _Event:
 
 
 def _one_element(target: SimTensor, index: Any, value: Any) -> bool:
-    """Whether ``target[index] = value`` writes a Python number into a single element. On CUDA,
-    PyTorch builds such a number as a CPU tensor and copies it with a blocking copy (seen on an H200
-    with torch 2.11: ``set_sync_debug_mode`` flags it); into several elements it becomes a fill."""
+    """Whether ``target[index] = value`` writes a Python number into a single element: on CUDA a
+    blocking copy (``set_sync_debug_mode`` flags it); into several elements it is a fill."""
     if not isinstance(value, (bool, int, float)):
         return False
     parts = index if isinstance(index, tuple) else (index,)
