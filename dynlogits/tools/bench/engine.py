@@ -1,26 +1,12 @@
 """The ``engine`` suite: a real vLLM CPU engine's throughput with and without processors.
 
-Configurations, each in its own process (``engine_worker``) so that one engine's memory and
-threads never weigh on another's run, one engine per processor list:
-
-* ``none``: no custom logits processor;
-* ``adapter``: ``logits_processors=[DynamoVllmLogitsProcessor]``, runs requests without a payload
-  (kind ``none``: the adapter installed but idle), ``banned_tokens`` (100 ids) and
-  ``forced_sequence`` (64 tokens) on every request, in the same engine;
-* ``reference``: ``logits_processors=[ReferenceForcedSequenceProcessor]`` (ai-dynamo-runtime
-  1.6.1), ``forced_sequence`` on every request.
-
-Each engine runs one warm-up round, then ``rounds`` timed rounds; a round is one batch of
-``requests`` concurrent requests x ``tokens`` tokens per kind of that engine, kinds in an order
-that changes every round (``engine_worker.round_order``), on the embedded model built with vocab
-``vocab`` (151936 by default). A record holds the kind's tok/s of every round and their median. In the ``adapter`` engine the
-kinds are paired: each round's ``banned_tokens`` and ``forced_sequence`` batches are divided by
-the same round's idle (``none``) batch, and the record's ``paired_ratio`` is the median of those
-per-round ratios. That is the figure the engine targets read: separate engine processes vary by
-about ±20% run to run on this machine, far more than the effect measured, so a comparison across
-engines (``none`` engine, ``reference`` engine) is reported but never paired.
-Engines start one after the other, never at the same time.
-"""
+One engine per configuration, each in its own process (``engine_worker``), one after the other:
+``none`` (no processor); ``adapter`` (``DynamoVllmLogitsProcessor``, running kinds ``none``,
+``banned_tokens`` and ``forced_sequence``); ``reference`` (ai-dynamo-runtime 1.6.1,
+``forced_sequence``). After a warm-up, ``rounds`` rounds of one batch per kind (``requests`` x
+``tokens``, vocab ``vocab``). A record holds each round's tok/s and their median; in the
+``adapter`` engine ``paired_ratio`` is the median of each round's kind / idle (``none``) ratio,
+the figure the targets read. Ratios across engines are reported, never paired (method: ``docs``)."""
 
 from __future__ import annotations
 

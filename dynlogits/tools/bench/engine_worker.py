@@ -1,17 +1,11 @@
 """One engine configuration of the ``engine`` suite, run in its own process (``engine`` starts it).
 
 ``python -m dynlogits.tools.bench.engine_worker '<json>'`` starts one offline ``vllm.LLM`` with the
-given ``logits_processors``, runs one warm-up round, then ``rounds`` timed rounds. A round runs
-every kind once, one batch each, in the order ``round_order`` gives (rotated every round, reversed
-every other cycle of rotations), so no kind always runs first or right after the same other kind;
-the kinds of one engine are thus measured paired, batch next to batch. It prints one ``[engine-worker] round``
-line per round on stderr and, as its last line, ``RESULT_PREFIX`` followed by
-``{kind: [tok/s of round 1, ..., tok/s of round N]}``.
-Each batch is ``requests`` concurrent requests x ``tokens`` generated tokens (``ignore_eos``,
-greedy). Every batch's outputs are checked, warm-up included: every request generated exactly
-``tokens`` tokens, forced requests exactly their forced tokens, banned requests no banned id;
-otherwise it exits non-zero with the reason.
-"""
+given ``logits_processors``, runs a warm-up round, then ``rounds`` rounds of one batch per kind in
+``round_order`` (so no kind always runs first or after the same kind). Prints one
+``[engine-worker] round`` line per round on stderr and, last, ``RESULT_PREFIX`` +
+``{kind: [tok/s per round]}``. Every batch's outputs are checked (lengths, forced tokens, no banned
+id); otherwise it exits non-zero with the reason."""
 
 from __future__ import annotations
 

@@ -1,29 +1,15 @@
 """The ``micro`` suite: one decode step of each implementation on the same logits, side by side.
 
-For each (vocab, kind, batch) one set of requests is built (``workloads``), and every
-implementation gets the same requests:
+For each (vocab, kind, batch) every implementation gets the same requests (``workloads``):
+``adapter`` (``DynamoVllmLogitsProcessor`` on the V1 interface, ``update_state(None)`` +
+``apply(logits)``), ``adapter_v2`` (the same class through ``V2SamplerHarness``, ``apply(logits,
+ctx)`` timed), ``loop`` (``sdk.apply_row`` per row), ``reference`` (ai-dynamo-runtime 1.6.1, per
+row; forced_sequence only), ``floor`` (one ``fill_(-inf)`` of the rows; forced_sequence only).
+``launches``/``syncs`` of the adapters come from ``drive.adapter_counts`` on the CUDA model.
 
-* ``adapter``: the real ``DynamoVllmLogitsProcessor`` on the V1 runner's interface, built with a
-  real ``VllmConfig`` of the embedded model of that width and fed through vLLM's own
-  ``BatchUpdateBuilder`` (every request added once with its live output list); a step is
-  ``update_state(None)`` + ``apply(logits)``, the V1 runner's steady state;
-* ``adapter_v2``: the same class on Model Runner V2's interface through ``V2SamplerHarness``
-  (CPU only); the step's ``LogitsContext`` is built outside the timed region, ``apply(logits, ctx)``
-  is timed;
-* ``loop``: the same payloads realized with ``dynlogits.sdk.realize`` and each ``GuardedRequest``
-  applied to its own row (``sdk.apply_row``), what a naive adapter does;
-* ``reference``: ai-dynamo-runtime 1.6.1 through ``ReferenceForcedSequenceProcessor`` (vLLM's
-  per-row ``AdapterLogitsProcessor.apply``), forced_sequence only;
-* ``floor``: one ``fill_(-inf)`` of the same rows (a memset), forced_sequence only.
-
-``launches``/``syncs`` of ``adapter`` and ``adapter_v2`` come from ``sync_drive.adapter_counts``
-(the same requests on ``dynlogits.testing.cuda.simcuda``'s CUDA model). One repetition is one decode step: each implementation, in an order rotated every repetition,
-gets the pristine logits back (outside the timed region) and is timed; then every request's
-history grows by one token (the forced one, for forced_sequence), as after sampling. The first repetition is also a correctness check: every
-implementation must leave the same rows as ``adapter`` (``reference`` the same finite ids and
-argmax, since it keeps the forced token's own logit), else ``BenchmarkError``. Medians of the
-repetitions after the warm-up are reported.
-"""
+Each repetition restores the logits, times the implementations in a rotated order, then grows every
+history by one token; medians after the warm-up are reported. The first repetition checks every
+implementation against ``adapter`` (``reference``: same finite ids and argmax), else ``BenchmarkError``."""
 
 from __future__ import annotations
 

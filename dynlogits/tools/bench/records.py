@@ -1,19 +1,13 @@
 """One record per measurement, in the JSON shape ``--json FILE`` writes.
 
-* micro: ``{"suite": "micro", "kind", "batch", "vocab", "impl", "median_ms", "launches", "syncs"}``,
-  ``impl`` one of ``MICRO_IMPLS``; ``launches`` (device ops of one steady step) and ``syncs``
-  (ops that would make the host wait for a GPU, over a sequence with batch changes and a failing
-  request), counted on ``dynlogits.testing.cuda.simcuda``'s CUDA model for ``adapter`` and ``adapter_v2``,
-  ``null`` for the others;
-* engine: ``{"suite": "engine", "kind", "impl", "tok_per_s", "rounds", "paired_ratio", "round_tok_per_s"}``,
-  ``impl`` one of ``ENGINE_IMPLS`` (``kind`` is ``"none"`` for requests without a payload: in the
-  ``none`` engine no processor at all, in the ``adapter`` engine the adapter installed but idle);
-  ``round_tok_per_s``: the tok/s of each of the ``rounds`` timed rounds, ``tok_per_s`` their median;
-  ``paired_ratio``: the median over rounds of this kind's tok/s divided by the same engine's
-  ``none`` kind in the same round (``null`` for ``none`` itself and in engines without it);
-* wire: ``{"suite": "wire", "kind", "impl", "stage", "median_us"}``, ``impl`` one of
-  ``WIRE_IMPLS``, ``stage`` one of ``WIRE_STAGES``.
-"""
+* micro: ``{"suite": "micro", "kind", "batch", "vocab", "impl", "median_ms", "launches", "syncs"}``
+  (``impl`` in ``MICRO_IMPLS``; ``launches`` of one steady step and ``syncs`` over a sequence, on
+  the CUDA model, for ``adapter`` and ``adapter_v2`` only, else ``null``);
+* engine: ``{"suite": "engine", "kind", "impl", "tok_per_s", "rounds", "paired_ratio",
+  "round_tok_per_s"}`` (``impl`` in ``ENGINE_IMPLS``; kind ``"none"``: requests without a payload;
+  ``tok_per_s`` the median of ``round_tok_per_s``; ``paired_ratio`` the median per-round ratio to
+  the same engine's ``none`` kind, ``null`` for ``none`` and engines without it);
+* wire: ``{"suite": "wire", "kind", "impl", "stage", "median_us"}`` (``WIRE_IMPLS``, ``WIRE_STAGES``)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """The reference for the benchmarks: ai-dynamo-runtime 1.6.1's forced-sequence processor in vLLM.
 
-ai-dynamo 1.6.1 ships ``ForcedSequenceLogitsProcessor`` (``dynamo.logits_processing.examples``)
-but no vLLM-side reader of ``extra_args["dynamo_logits"]``. ``ReferenceForcedSequenceProcessor``
-is the thinnest such reader on vLLM's own ``AdapterLogitsProcessor``: one reference processor per
-``forced_sequence`` entry of a request, called on the request's row by vLLM's per-row ``apply``
-exactly as the reference is meant to run. It is measured, never copied: the reference package
-is installed by ``scripts/setup-env.sh`` (``ai-dynamo-runtime==1.6.1 --no-deps``).
-
-Load it like any V1 processor: ``LLM(model, logits_processors=[REFERENCE_FQCN])``. It supports
-the V1 model runner only (the reference has no Model Runner V2 form) and the ``forced_sequence``
-kind only; ``validate_params`` rejects every other kind, naming the entry.
-"""
+ai-dynamo 1.6.1 ships ``ForcedSequenceLogitsProcessor`` but no vLLM-side reader of
+``extra_args["dynamo_logits"]``; ``ReferenceForcedSequenceProcessor`` is the thinnest one, on vLLM's
+``AdapterLogitsProcessor``: one reference processor per ``forced_sequence`` entry, called per row.
+Load it with ``LLM(model, logits_processors=[REFERENCE_FQCN])``: V1 runner and ``forced_sequence``
+only (``validate_params`` rejects other kinds, naming the entry). Measured, never copied."""
 
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """The ``wire`` suite: one request's payload across the process boundary, msgspec path vs pydantic path.
 
-Payloads: ``forced_sequence_64`` (a 64-token forced sequence) and ``mixed`` (``workloads``'s
-banned_tokens + logit_bias + min_tokens), with ids valid for vocab 151936.
-
-* ``encode``: the worker's entries -> msgpack bytes (the form vLLM ships ``extra_args`` in).
-  ``msgspec``: the ``dynlogits.specs.fast`` structs encoded directly; ``pydantic``: the pydantic
-  entries through ``encode_entries`` (``model_dump``), then msgpack.
-* ``decode``: msgpack bytes -> validated entries, ids checked against the logits width, as the
-  engine does on admission and realization. ``msgspec``: ``decode_wire_payload`` (the project's
-  engine path: msgspec fast path, limits, width); ``pydantic``: the same checks with the pydantic
-  validator (``decode_strict``), the path a payload of a plug-in kind takes.
-
-Both paths must decode each other's bytes to equal entries before anything is timed. Each
-figure is the median over rounds (interleaved between the two paths) of the mean time per call
-within a round.
-"""
+Payloads ``forced_sequence_64`` and ``mixed`` (``workloads``), ids valid for vocab 151936. ``encode``:
+entries -> msgpack bytes (``msgspec``: ``dynlogits.specs.fast`` structs; ``pydantic``:
+``encode_entries``). ``decode``: bytes -> validated entries, ids checked against the width
+(``msgspec``: ``decode_wire_payload``, the engine's path; ``pydantic``: ``decode_strict``, the path
+of plug-in kinds). Both must decode each other's bytes to equal entries before timing; a figure is
+the median over interleaved rounds of the mean time per call."""
 
 from __future__ import annotations
 
