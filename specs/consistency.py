@@ -1,26 +1,16 @@
 """Contradictions between entries, found at admission: payloads that would leave a row with no token.
 
-Entries apply in order, and a mask is never undone: forcing a token keeps it masked when an earlier
-entry (or the engine's grammar) masked it, and a later entry can mask what an earlier one forced.
-A payload whose own entries leave some step's row without any allowed token is refused here, with
-the two entries and the step named, instead of failing its request while it runs.
+Entries apply in order and a mask is never undone, so a payload whose own entries leave some step's
+row with no allowed token is refused, naming the two entries and the step. Exact for built-in kinds
+(the engine's own masks ignored):
 
-What is decided here (every rule is exact for the built-in kinds, ignoring the engine's own masks):
+* at every output position ``n`` the allowed set is followed through the entries in order
+  (``forced_sequence`` and ``min_tokens`` depend on ``n``); an empty set is a contradiction;
+* a ``thinking_budget`` end token that an allow-list excludes, a ban masks, or ``min_tokens`` masks
+  where the span could close is a contradiction whatever the step.
 
-* at every output position ``n``, the set of tokens the built-in entries leave allowed is followed
-  through the entries in order (``forced_sequence`` and ``min_tokens`` depend on ``n``; the other
-  kinds do not), and an empty set is a contradiction;
-* a ``thinking_budget`` may force its end tokens at steps that depend on what the model writes, so
-  an end token that an ``allowed_tokens`` entry excludes or a ``banned_tokens`` entry bans is a
-  contradiction whatever the step, and so is one a ``min_tokens`` entry masks at a step the span
-  could be closed at.
-
-``python`` and plug-in entries are opaque (their effect is unknown here) and are skipped. What
-cannot be known at admission (the engine's grammar, an opaque processor's masks) is caught while
-the request runs: such a request fails alone with a clear reason (``docs/specs.md``).
-
-Pure Python over the entries' fields; no torch.
-"""
+``python`` and plug-in entries are opaque and skipped; what admission cannot know fails its request
+while it runs (docs/specs.md). No torch."""
 
 from __future__ import annotations
 

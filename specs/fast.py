@@ -1,10 +1,8 @@
 """msgspec mirror of the wire entries: the worker's fast decode path.
 
-Same fields and the same type rules as ``entries.py`` (a logit_bias key's pattern and finite values are
-checked after conversion, ``specs.wire``); limits and the vocabulary
-bound are shared functions. A test keeps the two definitions from drifting, and a
-property test shows both accept and reject the same payloads.
-"""
+Same fields and type rules as ``entries.py`` (a logit_bias key's pattern and finite values are
+checked after conversion, ``specs.wire``); limits and the vocabulary bound are shared functions.
+Tests keep the two definitions in step (accepting and rejecting the same payloads)."""
 
 from __future__ import annotations
 
@@ -73,11 +71,8 @@ BY_KIND: dict[str, type[_Entry]] = {model.__struct_config__.tag: model for model
 
 def convert_entry(item: Any) -> FastEntry:
     """One wire entry dict -> its struct, by its ``kind`` tag; ``msgspec.ValidationError`` if it is not one.
-
-    Converting to the struct class its tag names, rather than to the ``FastEntry`` union, lets
-    msgspec use the type information it caches on each class: ``msgspec.convert`` rebuilds a
-    union's (and a ``list[...]``'s) type tree on every call, which was most of the fast path's cost.
-    """
+    Converts to the tagged struct class, not the ``FastEntry`` union, so msgspec reuses the type
+    information cached per class (``msgspec.convert`` rebuilds a union's type tree on every call)."""
     kind = item.get("kind") if type(item) is dict else None
     model = BY_KIND.get(kind) if type(kind) is str else None
     if model is None:

@@ -1,32 +1,15 @@
 """The engine as the spec source, for runtimes that own the frontend (NVIDIA Dynamo, ``vllm serve``).
 
-With our own worker (``python -m dynlogits.serve.worker``) the worker is the spec source: it resolves the
-operator's spec and the test hook, gates them by role and writes ``extra_args["dynamo_logits"]``;
-the engine-loaded adapter realizes whatever arrives there. Where another runtime owns the frontend
-and the worker (``python -m dynamo.frontend`` + ``python -m dynamo.vllm``), nothing writes that
-payload, and what does arrive in ``extra_args`` came from a client. There the operator sets
-``DYN_LOGITS_SPEC_SOURCE=engine`` and the adapter, inside the engine process:
+With ``DYN_LOGITS_SPEC_SOURCE=engine`` the adapter does the worker's job inside the engine process:
+it resolves the deployment spec once at start-up (``DYN_LOGITS_SPEC``, the test hook) with the
+engine's tokenizer and logits width, gates it by the engine's role, applies it to every request,
+and treats a payload in ``extra_args["dynamo_logits"]`` as a client's (allowed kinds and limits
+only, ``python`` never). With the worker as the source, a payload in ``extra_args`` is trusted
+except one arriving as JSON text (the only form an engine's own HTTP server carries), which
+``client_payload_config`` holds to ``DYN_LOGITS_REQUEST_KINDS``, the default limits, no ``python``.
 
-* resolves the deployment spec once at start-up, with the engine's tokenizer and logits width:
-  the operator config (``DYN_LOGITS_SPEC``) and the test hook (``DYN_ENABLE_TEST_LOGITS_PROCESSOR=1``);
-* gates it by the engine's own role (a prefill worker activates nothing) and applies it to every
-  request;
-* treats a payload arriving in ``extra_args["dynamo_logits"]`` as a client request: honoured only
-  for kinds in the config's ``allow_request_kinds`` (none by default) or ``DYN_LOGITS_REQUEST_KINDS``,
-  within its ``limits``; ``python`` never (it would run code on the worker).
-
-With the worker as the source, a payload in ``extra_args`` was written by whoever owns the engine
-(our worker, Dynamo's handler, the caller of ``vllm.LLM``), except one that arrives as JSON *text*:
-that is the only form an engine's own HTTP server carries (``vllm serve``'s ``vllm_xargs`` takes flat
-values only), so it is a client's. ``client_payload_config`` is the rule it is held to:
-``DYN_LOGITS_REQUEST_KINDS`` (comma-separated kinds; unset: none, as the frontend's
-``--allow-request-kinds``), the default ``limits``, ``python`` never, ``forced_text`` only where the
-engine is the source (nothing else resolves it with the engine's tokenizer).
-
-The rules are those of the worker (``dynlogits.policy.request``), applied in the engine process.
-Nothing here imports torch or an engine; each adapter supplies its role, tokenizer and width
-(``dynlogits.adapters.vllm.engine_spec``).
-"""
+The rules are the worker's (``dynlogits.policy.request``). No torch or engine import; each adapter
+supplies role, tokenizer and width (``dynlogits.adapters.vllm.engine_spec``). See docs/dynamo.md."""
 
 from __future__ import annotations
 
@@ -110,10 +93,7 @@ def _allowing(config: DeploymentConfig, kinds: frozenset[str]) -> DeploymentConf
 
 def admission_config(environ: Mapping[str, str] = os.environ) -> DeploymentConfig | None:
     """The operator config when the engine is the spec source, else ``None``; its
-    ``allow_request_kinds`` include ``DYN_LOGITS_REQUEST_KINDS``.
-
-    Read once per config file and process (admission runs on every request).
-    """
+    ``allow_request_kinds`` include ``DYN_LOGITS_REQUEST_KINDS``. Read once per file and process."""
     if spec_source(environ) is not SpecSource.ENGINE:
         return None
     return _allowing(_load_config(environ.get(SPEC_FILE_ENV) or None), request_kinds(environ))
