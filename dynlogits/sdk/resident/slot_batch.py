@@ -265,8 +265,8 @@ class SlotBatch:
         their slots are fail-stopped at the next ``apply``/``flush`` (``_stop_newly_failed``)."""
         try:
             values = snapshot.values[: self.num_slots]  # not the sentinel's
-            if values.tobytes() == self._no_flags:  # nothing flagged: a byte compare (cheaper than a
-                return  # numpy reduction with cold caches, as after a forward pass)
+            if values.tobytes() == self._no_flags:  # nothing flagged (a byte compare: cheaper than numpy)
+                return
             for slot in np.flatnonzero(values >= 0).tolist():
                 request = snapshot.owners[slot]
                 if request is None or request.error is not None:

@@ -66,7 +66,8 @@ processor list: none (no processor); the adapter, running requests without a pay
 installed but idle), banned_tokens (100 ids) and forced_sequence (64 tokens) on every request; the
 reference, running forced_sequence. Measured paired: separate engine processes on this machine vary
 by about ±20% run to run, far more than a processor's cost, so inside each engine a warm-up round is
-followed by several rounds, each running one batch per kind in an order rotated every round and
+followed by several rounds (25 by default: rounds of one engine spread about ±2%, so the median of
+25 is good to about 0.5%), each running one batch per kind in an order rotated every round and
 reversed every other cycle (no kind always first, nor always after the same other kind). Each kind's figure is its median tok/s over the rounds; the
 engine targets read the paired ratio, the median over rounds of the kind's tok/s divided by the
 no-payload batch's tok/s in the same round of the same engine. Ratios to the separate engine without

@@ -44,7 +44,7 @@ class EngineError(RuntimeError):
 class EngineOptions:
     requests: int = 64
     tokens: int = 64
-    rounds: int = 25  # rounds spread about ±2% (one sigma) here: the median of 25 has a standard error near 0.5%
+    rounds: int = 25  # why 25: the bench's docs.py page text (method)
     vocab: int = 151936
     timeout_s: float = 1800.0
 
