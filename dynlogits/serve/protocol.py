@@ -92,11 +92,12 @@ class SamplingOptions(BaseModel):
 class GenerateRequest(BaseModel):
     """Exactly one of ``prompt``, ``prompt_token_ids`` and ``messages`` is set (else a 400 naming them).
 
-    ``logits_processors`` is the client's raw list (the frontend validated it; the
-    worker validates it again). ``logit_bias``, ``allowed_token_ids`` and ``bad_words`` are the
-    client's OpenAI/vLLM fields as sent; the worker maps them onto kinds (``dynlogits.serve.openai_controls``)
-    under the same rules. ``extra_args`` is the client's ``vllm_xargs`` with any ``dynamo_logits``
-    already dropped (the worker drops it again); engine-internal keys are refused.
+    ``logits_processors`` are the client's entries as the frontend validated them (wire form); the
+    worker validates them again, since its port is a trust boundary of its own. ``logit_bias``,
+    ``allowed_token_ids`` and ``bad_words`` are the client's OpenAI/vLLM fields as sent; the worker
+    maps them onto kinds (``dynlogits.serve.openai_controls``) under the same rules. ``extra_args`` is
+    the client's ``vllm_xargs`` with any ``dynamo_logits`` already dropped (the worker drops it
+    again); engine-internal keys are refused.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from dynlogits.serve.protocol import ChatMessage, ExtraArgs, Int32, Int64, SamplingOptions, drop_smuggled_payload
+from dynlogits.serve.protocol import (ChatMessage, ExtraArgs, GenerateRequest, Int32, Int64, SamplingOptions,
+                                      drop_smuggled_payload)
 
 __all__ = ["UNSUPPORTED_FIELDS", "ChatCompletionRequest", "CompletionRequest", "RequestBody", "drop_smuggled_payload",
            "unsupported_field"]
@@ -79,7 +80,8 @@ class RequestBody(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     ignore_eos: bool = False
-    #: The per-request spec: a list of entries, same schema as the wire (validated separately).
+    #: The per-request spec: a list of entries, same schema as the wire. Raw as sent until
+    #: ``.validation`` replaces it with the entries it validated.
     logits_processors: Any = None
     #: OpenAI's ``{"token id": bias}`` and vLLM's ``allowed_token_ids`` / ``bad_words``: mapped onto
     #: kinds and validated by ``dynlogits.serve.openai_controls`` (raw here, so its errors name them).
@@ -110,6 +112,16 @@ class RequestBody(BaseModel):
 
     def client_extra_args(self) -> dict[str, Any]:
         return {**(self.extra_args or {}), **(self.vllm_xargs or {})}  # dynamo_logits already dropped
+
+    def prompt_fields(self) -> dict[str, Any]:
+        """The prompt as the worker protocol's fields (exactly one of them)."""
+        raise NotImplementedError
+
+    def generate_request(self, request_id: str) -> GenerateRequest:
+        """The worker's request for this body: its entries as they are here (the frontend forwards
+        them as it validated them), its logits controls as sent."""
+        return GenerateRequest(request_id=request_id, sampling=self.sampling(), extra_args=self.client_extra_args(),
+                               logits_processors=self.logits_processors, **self.controls(), **self.prompt_fields())
 
     @property
     def include_usage(self) -> bool:
@@ -143,6 +155,9 @@ class ChatCompletionRequest(RequestBody):
                 content = "".join(str(p.get("text", "")) for p in content)
             out.append(ChatMessage(role=m["role"], content=content))
         return out
+
+    def prompt_fields(self) -> dict[str, Any]:
+        return {"messages": self.chat_messages()}
 
     def sampling(self) -> SamplingOptions:
         options = super().sampling()
