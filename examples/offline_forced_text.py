@@ -26,7 +26,7 @@ def main() -> None:
 
     from dynlogits.sdk import activate_logits_processors
     from dynlogits.adapters.vllm import register_dynamo_logits_processor
-    from dynlogits.tools.model_builder import default_model_dir
+    from dynlogits.model_builder import default_model_dir
     from dynlogits.specs import ForcedTextSpec
     from dynlogits.policy.text import resolve_entries
 
