@@ -1,17 +1,9 @@
-"""Bounds on the work one request may ask for, checked before any of that work is done.
+"""Bounds on the work one request may ask for (:class:`RequestLimits`), checked before that work is done.
 
-A request's cost is set by a few of its fields: how many stop strings the engine scans after every
-token (and how long they are), how much text the worker tokenizes before it can even tell that the
-prompt does not fit, how many sequences of how many tokens it generates, and how many extra
-arguments travel to the engine. :class:`RequestLimits` bounds each of them; the frontend checks a
-client's body (:func:`body_limit_problem`, on the raw JSON, before any model validates it) and the
-worker checks every ``/generate`` call again (:func:`generate_limit_problem`): a request over a
-limit is a 400 whose message names the field and the limit's setting.
-
-Settings: each limit is an operator setting, read from the environment (``DYN_MAX_STOP_SEQUENCES``
-...) and overridable by the same-named flag of the frontend and the worker (``--max-stop-sequences``).
-The launch scripts pass the environment to every process, so one variable sets both. Imports
-neither torch nor an engine (the frontend uses it).
+The frontend checks a client's raw JSON (:func:`body_limit_problem`), the worker every ``/generate``
+call again (:func:`generate_limit_problem`); a problem names the field and the limit's setting. Each
+limit is read from ``DYN_<NAME>`` and overridable by the same-named flag of either process
+(``docs/reliability.md``, "Limits"). Imports neither torch nor an engine.
 """
 
 from __future__ import annotations

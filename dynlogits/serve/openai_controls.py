@@ -1,30 +1,12 @@
-"""OpenAI's and vLLM's per-request logits fields, mapped onto dynlogits kinds.
+"""OpenAI's ``logit_bias`` and vLLM's ``allowed_token_ids`` / ``bad_words``, mapped onto dynlogits kinds.
 
-A standard client asks for logits control with request fields, not with ``logits_processors``.
-Each field becomes one entry of the matching kind, appended to the client's own entries, so it is
-held to the same rules: the operator's ``allow_request_kinds``, the spec ``limits``, the vocabulary
-and consistency checks, and failure isolation in the engine.
-
-=====================  ================  ===============================================================
-field                  kind              mapping
-=====================  ================  ===============================================================
-``logit_bias``         ``logit_bias``    ``{"kind": "logit_bias", "bias": value}``: the same token-id
-                                         string keys and the same ``[-100, 100]`` range as OpenAI's API
-``allowed_token_ids``  ``allowed_tokens``  ``{"kind": "allowed_tokens", "token_ids": value}`` without an
-                                         EOS id: as in vLLM, only the listed ids are sampled (EOS too
-                                         only when listed)
-``bad_words``          ``banned_tokens``   each word tokenized exactly as vLLM does (as given and with
-                                         one leading space); a word every form of which is one token is
-                                         banned exactly; any other word is refused, because
-                                         ``banned_tokens`` bans single ids and a multi-token word would
-                                         have to be approximated
-=====================  ================  ===============================================================
-
-``logit_bias: {}`` and ``bad_words: []`` are the same as leaving the field out (``allowed_token_ids:
-[]`` is refused: it would allow no token). A field whose kind
-the deployment does not allow, or whose value is wrong, is a :class:`~dynlogits.specs.SpecError`
-whose path names the field (``logit_bias["42"]``, ``allowed_token_ids[3]``, ``bad_words[0]``), never
-a path inside ``logits_processors``. Imports neither torch nor an engine.
+:func:`with_controls` appends one raw entry per field set to the client's own entries, so each
+passes the same checks (allow-list, spec limits, vocabulary, consistency): ``logit_bias`` ->
+``logit_bias``, ``allowed_token_ids`` -> ``allowed_tokens`` without an EOS id, ``bad_words`` ->
+``banned_tokens`` (words of one token only, tokenized as vLLM does). ``{}`` and ``[]`` ask for
+nothing (``allowed_token_ids: []`` is refused). :func:`rename_control_paths` names the field in an
+error, never a path inside ``logits_processors``. The table: ``docs/deployment.md``. Imports
+neither torch nor an engine.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The per-deployment secret between the frontend and its workers.
 
-A worker's port is for its frontend only. The launch scripts generate a secret per deployment and
-hand it to the frontend and every worker in ``DYN_WORKER_SECRET`` (the environment, not the command
-line, which other local users can read); ``--worker-secret-file`` reads it from a file instead. The
-frontend sends it as ``Authorization: Bearer <secret>`` on every call to a worker; a worker answers
-every route but ``/health`` (liveness) with 401 without it (:class:`RequireWorkerSecret`). The same
-secret unlocks the frontend's detailed ``/health`` (worker URLs and probe errors).
+A worker answers every route but ``/health`` with 401 unless the caller presents the secret as
+``Authorization: Bearer <secret>`` (:class:`RequireWorkerSecret`); the frontend sends it on every
+call (:func:`secret_headers`), and it unlocks the frontend's detailed ``/health``. It comes from
+``DYN_WORKER_SECRET`` or ``--worker-secret-file``, never the command line.
 """
 
 from __future__ import annotations

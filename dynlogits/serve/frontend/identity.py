@@ -1,15 +1,9 @@
-"""Who a request is from, for its share of the fair queue, and whether it may call the API.
+"""Who a request is from (its share of the fair queue), and whether it may call the API.
 
-* **API keys** (optional): with keys configured, every ``/v1/`` route needs ``Authorization: Bearer
-  <key>`` (as the ``openai`` client sends its ``api_key``, and as ``vllm serve --api-key`` checks),
-  else 401; the client *is* its key, so each key gets its own share.
-* **Address**: without keys, a client is the peer address of its connection. ``X-Forwarded-For``
-  (or ``Forwarded``, see ``forwarded_header``) is read only when the peer is a proxy the operator
-  listed (``trusted_proxies``, empty by default): the chain is walked from its right end (the hop the
-  proxy appended) past every listed proxy, and the first address that is not one is the client. So a
-  client can name itself in these headers as often as it likes: it is still its own address.
-* **Header** (``client_id_header``, without keys): the value of a header an authenticating proxy in
-  front sets; clients that reach the frontend directly could invent values, so name one only then.
+:class:`ClientIdentity`: with API keys configured a ``/v1/`` request needs ``Authorization: Bearer
+<key>`` and the client *is* its key; otherwise the client is the peer address, read from
+``X-Forwarded-For`` / ``Forwarded`` only past proxies listed in ``trusted_proxies``, or the value of
+``client_id_header`` when one is named (``docs/reliability.md``, "Who a client is").
 """
 
 from __future__ import annotations

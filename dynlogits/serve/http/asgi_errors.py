@@ -1,13 +1,7 @@
-"""``JsonErrors``: an unexpected exception becomes a JSON 500 in OpenAI's error shape, inside the app.
-
-A client that went away mid-body (Starlette's ``ClientDisconnect``, e.g. after uvicorn refused a
-malformed chunked body) is no error of the server's: nothing is logged and nothing can be answered.
-
-Why not ``app.exception_handler(Exception)``: Starlette runs that handler in its outermost
-middleware and then re-raises, and uvicorn closes the connection of a request whose app raised.
-A client (the frontend, for a worker) that reuses that kept-alive connection at the same moment
-sees it break and takes the server for dead. Caught here, the exception never leaves the app:
-the answer is complete and the connection stays open. Used by the frontend and the worker.
+"""``JsonErrors``: an unexpected exception becomes a JSON 500 in OpenAI's error shape, inside the app,
+so the answer is complete and the connection stays open (``docs/reliability.md`` says why this is
+not an exception handler). A client gone mid-body (``ClientDisconnect``) is answered nothing and
+logged nothing. Used by the frontend and the worker.
 """
 
 from __future__ import annotations

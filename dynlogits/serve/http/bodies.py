@@ -1,20 +1,10 @@
-"""Reading an untrusted JSON request body: bounded size, strict JSON, bounded nesting, valid Unicode.
+"""Reading an untrusted JSON request body (the frontend's every body, the worker's ``/generate``).
 
-The frontend reads every client body through :func:`read_json_body`, and the worker every
-``/generate`` body, so that a hostile body ends as a 4xx :class:`BodyError` before any model,
-tokenizer or engine sees it, with memory bounded by ``max_bytes``:
-
-* more than ``max_bytes`` bytes (announced or streamed): 413, the rest is never read;
-* not all received within ``timeout_s`` (when given): 408 (a client trickling its body a byte a
-  second would otherwise hold its connection and its task for as long as it likes);
-* not UTF-8, not JSON, or JSON extensions Python would accept (``NaN``, ``Infinity``,
-  numbers that overflow to infinity, integers of more than 4300 digits): 400;
-* a key repeated in one object (parsers disagree on which copy wins, a classic way to show one
-  value to a validator and another to its consumer): 400 naming the key's path;
-* nesting deeper than :data:`MAX_DEPTH`, or a string with a lone surrogate (``"\\ud800"`` is valid
-  JSON but not text; tokenizers raise on it): 400 naming the path.
-
-Imports neither torch nor an engine (the frontend uses it).
+:func:`read_json_body` returns the parsed JSON or raises :class:`BodyError`: 413 beyond ``max_bytes``
+(the rest never read), 408 when not received within ``timeout_s``, 400 for invalid UTF-8, not JSON,
+``NaN``/``Infinity``/overflowing numbers/integers over 4300 digits, a key repeated in one object,
+nesting deeper than :data:`MAX_DEPTH` or a lone surrogate (each naming its path). Imports neither
+torch nor an engine.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""A streaming response that always closes its body iterator.
-
-Starlette's ``StreamingResponse`` (ASGI spec 2.3 servers such as uvicorn) cancels the response when
-the client disconnects. If that cancellation lands while the response is awaiting ``send``, the
-body's async generator is left suspended at its ``yield``: its ``finally`` (closing an upstream
-stream, aborting an engine request) then runs only when the generator is garbage collected, which
-can be seconds later, while the upstream keeps producing. :class:`ClosingStreamingResponse`
-closes the body (shielded from the cancellation) however the response ends.
+"""``ClosingStreamingResponse``: a streaming response that closes its body iterator (shielded from
+cancellation) however the response ends. Starlette's ``StreamingResponse`` leaves the body suspended
+when the client disconnects during a send, so its ``finally`` (closing an upstream stream, aborting
+an engine request) ran only once the generator was garbage collected.
 """
 
 from __future__ import annotations

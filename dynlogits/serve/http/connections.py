@@ -1,30 +1,11 @@
-"""HTTP connections a server (the frontend, a worker) can bound: limits on every request head, a deadline for
-it, and a cap on open connections that sheds slow or idle ones first.
+"""Connection bounds for a server (the frontend, a worker), applied in uvicorn's own protocol.
 
-uvicorn waits for a request's head (request line and headers) as long as the client likes, buffers
-it whatever its size, and accepts any number of connections. :func:`guarded_protocol` returns
-uvicorn's own HTTP protocol class (httptools, or h11 where httptools is not installed) with these
-rules added:
-
-* **head limits** (``dynlogits.serve.http.heads``): the bytes of a head are checked as they arrive,
-  before the parser sees them; a request line over its limit gets 414, a header line, too many
-  headers or a head over its size 431, and the head is never buffered. The answer is followed by
-  a half-close; what the client goes on sending is read and dropped (so that it can read the
-  answer) until it stops or the head deadline closes the connection.
-* **head deadline**: from the moment a connection opens, or the first byte of a kept-alive
-  connection's next request arrives, the whole head must arrive within ``header_timeout_s``;
-  otherwise the client gets 408 (nothing, if it sent nothing) and the connection is closed.
-* **connection cap**: when a new connection makes more than ``max_connections``, the connection
-  that has waited longest without a request in progress (a slow head, or an idle keep-alive
-  connection) is closed to make room; only when every other connection is serving a request is
-  the new one closed instead. A flood of slow connections therefore never locks out a live client.
-* **protocol errors** (``dynlogits.serve.http.protocol_errors``): a request the parser refuses, a head over its
-  limits and an upgrade request are reported to a :class:`~dynlogits.serve.http.protocol_errors.ProtocolErrorLog`
-  (counted, one log line per kind per interval) instead of one uvicorn warning line each.
-
-Body read deadlines are the app's (``dynlogits.serve.http.bodies.read_json_body``); a reader that stalls
-is ended by ``dynlogits.serve.frontend.client_guard.ClientGuardMiddleware``, which drops its connection with
-the abort this protocol puts in each request's scope.
+:func:`guarded_protocol` returns uvicorn's HTTP protocol class (httptools, else h11) with: the head
+limits of ``.heads`` checked on the bytes as they arrive (414/431, the head never buffered); a
+deadline for every request head (``header_timeout_s``: 408, then closed); a cap on open connections
+that closes the one waiting longest without a request in progress; client protocol errors reported
+to a ``.protocol_errors.ProtocolErrorLog``. Each request's scope gets an abort (:data:`ABORT_KEY`)
+that drops its connection. Rules and figures: ``docs/reliability.md`` ("Limits").
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Bounds on a request's head (request line and headers), checked on the bytes as they arrive.
 
-uvicorn's default HTTP implementation (httptools) puts no bound on a head: it joins a header's
-pieces into one ``bytes`` object as they arrive (quadratic in the header's size) and hands it over
-only once it is complete, so a client could make a server buffer, and spend seconds on, a header of
-any size. :class:`HeadScanner` looks at the raw bytes of a head *before* they reach the parser and
-says when one of the :class:`HeadLimits` is exceeded, so the connection is refused after at most one
-read's worth of bytes beyond the limit (``dynlogits.serve.http.connections`` applies it to every connection of
-the frontend and the workers).
-
-Settings: each limit is read from ``DYN_<NAME>`` (``DYN_MAX_HEAD_BYTES`` ...) and overridable by the
-same-named flag (``--max-head-bytes``), on the frontend and the workers alike.
+:class:`HeadScanner` sees a head's raw bytes before uvicorn's parser does and says which of the
+:class:`HeadLimits` is exceeded, at most one read's worth of bytes past it (``.connections`` applies
+it to every connection of the frontend and the workers). Each limit is read from ``DYN_<NAME>`` and
+overridable by the same-named flag; why the parser alone is not enough: ``docs/reliability.md``.
 """
 
 from __future__ import annotations

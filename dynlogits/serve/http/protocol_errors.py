@@ -1,14 +1,9 @@
-"""Client protocol errors: counted by kind, logged at most once per interval per kind, no traceback.
+"""Client protocol errors (a malformed head or chunked body, a head over its limits, an unsupported
+upgrade, a body cut short): counted by kind, logged at most once per interval per kind, no traceback.
 
-A malformed request (an unparsable head or chunked body, a head over its limits, an unsupported
-upgrade, a body cut short) is the client's mistake, or its attack: the server answers it and moves
-on. Logging each one with a traceback let any client write tens of lines into the server's log per
-request. :class:`ProtocolErrorLog` keeps every occurrence in its counts (the frontend exports them as
-``dynlogits_client_protocol_errors_total{kind}``, a worker in ``/stats``) and writes one line per
-kind per ``interval_s``, saying how many more of that kind it did not log.
-
-:data:`UVICORN_FILTER` drops uvicorn's own warning lines for the same errors (``Invalid HTTP request
-received.``, ``Unsupported upgrade request.``): the servers report those through this log instead.
+:class:`ProtocolErrorLog` keeps every occurrence in its counts and writes one line per kind per
+``interval_s`` saying how many it left unlogged; :data:`UVICORN_FILTER` drops uvicorn's own warning
+lines for the same errors.
 """
 
 from __future__ import annotations

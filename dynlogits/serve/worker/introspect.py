@@ -1,10 +1,8 @@
 """What ``GET /stats`` reports beyond counters: the adapter's per-request state and the memory in use.
 
-The adapter runs inside vLLM's model-runner process, not in the worker's, so its state is read
-there: :class:`AdapterIntrospection` is mixed into vLLM's worker class (``--worker-extension-cls``,
-set by the worker when it registers the adapter and the operator set no extension of their own)
-and answers ``collective_rpc("dynlogits_adapter_requests")``. A leak shows as a non-zero count
-while nothing is in flight (``tests/deploy/test_load.py`` checks it after sustained load).
+The adapter runs in vLLM's model-runner process, so :class:`AdapterIntrospection` is mixed into
+vLLM's worker class (``--worker-extension-cls``) and answers ``collective_rpc("dynlogits_adapter_requests")``;
+:func:`process_tree_rss` sums the resident memory of the worker and its engine processes.
 """
 
 from __future__ import annotations
