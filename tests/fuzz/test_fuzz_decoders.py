@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dynlogits.policy.config import DeploymentConfig, parse_config
-from dynlogits.serve.frontend.app import HTTPError, _validate
+from dynlogits.serve.frontend.validation import validate_request
+from dynlogits.serve.http.errors import HTTPError
 from dynlogits.serve.frontend.openai_models import ChatCompletionRequest, CompletionRequest
 from dynlogits.specs import DEFAULT_LIMITS, SpecError, decode_wire_payload, parse_entries, parse_spec
 from dynlogits.serve.http.bodies import BodyError, parse_json_body
@@ -87,7 +88,7 @@ def check_body(raw: bytes, endpoint: str) -> None:
     """The frontend's reader and models: a body is accepted or refused with a 4xx naming what is wrong."""
     try:
         data = parse_json_body(raw)
-        body, kinds = _validate(ChatCompletionRequest if endpoint == "chat" else CompletionRequest, data, CONFIG)
+        body, kinds = validate_request(ChatCompletionRequest if endpoint == "chat" else CompletionRequest, data, CONFIG)
     except BodyError as err:
         assert err.status in (400, 413) and err.message
         return

@@ -13,19 +13,15 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from dynlogits.serve.http.asgi_errors import JsonErrors
-from dynlogits.serve.http.errors import HTTPError  # noqa: F401 - see _validate
 from dynlogits.serve.secret import presents_secret
 
 from .completions import CompletionCall
 from .state import FrontendState
-from .validation import validate_request
 
 __all__ = ["FrontendState", "create_app"]
 
 log = logging.getLogger("dynlogits.serve.frontend")
 
-#: ``tests/fuzz/test_fuzz_decoders.py`` imports the frontend's body check (and ``HTTPError``) from here.
-_validate = validate_request
 
 
 class FrontendRoutes:
