@@ -11,9 +11,10 @@ demo: setup
 test:
 	scripts/test.sh
 
-# The inner loop: every test that starts no engine and no deployment (marker ``engine``).
+# The inner loop: the tests that start no engine, no deployment and no whole subprocess run
+# (markers ``engine`` and ``heavy``); ``make test`` runs those too.
 test-fast:
-	scripts/test.sh -m "not engine and not slow"
+	scripts/test.sh -m "not engine and not heavy and not slow"
 
 # The slow tests the default run deselects: the 10,000-case fuzz runs and the timing-sensitive
 # hang-up test (run them before a change to a reader of client data or to the streaming path).

@@ -12,6 +12,10 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.heavy  # a whole subprocess run or build: make test-fast leaves it out
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """

@@ -33,6 +33,7 @@ def test_shipped_adapter_passes_check(adapter: str, check) -> None:
         assert outcome.status == ("skipped" if skips else "passed"), f"{driver.name}: {outcome.status}: {outcome.detail}"
 
 
+@pytest.mark.heavy  # runs the kit's command in a subprocess
 def test_conformance_command_passes_for_vllm_and_names_the_engine_classes() -> None:
     pytest.importorskip("vllm")
     proc = subprocess.run([sys.executable, "-m", "dynlogits.tools.cli", "conformance", "vllm"],

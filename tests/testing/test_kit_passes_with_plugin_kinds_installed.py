@@ -21,6 +21,8 @@ from dynlogits import sdk
 from dynlogits.testing import CHECKS, KIT_VOCAB_SIZE, SHIPPED, run_check
 from plugin_dist import install_plugin
 
+pytestmark = pytest.mark.heavy  # a whole subprocess run: make test-fast leaves it out
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PYPROJECT = """\

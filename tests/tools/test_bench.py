@@ -38,6 +38,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict]
     return _ok(proc), json.loads((out / "records.json").read_text()), out / "docs"
 
 
+@pytest.mark.heavy  # the bench's quick run, in a subprocess
 def test_quick_run_records_every_implementation_for_every_kind_and_batch(quick_run) -> None:
     from dynlogits.tools.bench.workloads import KINDS
 
@@ -57,6 +58,7 @@ def test_quick_run_records_every_implementation_for_every_kind_and_batch(quick_r
     assert got == want
 
 
+@pytest.mark.heavy  # the bench's quick run, in a subprocess
 def test_quick_run_measures_both_wire_paths_and_leaves_the_engine_out(quick_run) -> None:
     stdout, records, _ = quick_run
     wire = [r for r in records if r["suite"] == "wire"]
@@ -69,6 +71,7 @@ def test_quick_run_measures_both_wire_paths_and_leaves_the_engine_out(quick_run)
     assert {r["suite"] for r in records} == {"micro", "wire"}
 
 
+@pytest.mark.heavy  # the bench's quick run, in a subprocess
 def test_quick_run_prints_the_machine_the_ratios_and_a_line_per_target(quick_run) -> None:
     stdout, _, _ = quick_run
     assert "machine: " in stdout and "versions: torch " in stdout and "torch.set_num_threads(1)" in stdout
@@ -83,6 +86,7 @@ def test_quick_run_prints_the_machine_the_ratios_and_a_line_per_target(quick_run
     assert any(line.startswith("[met]") and "syncs = 0" in line for line in targets)
 
 
+@pytest.mark.heavy  # the bench's quick run, in a subprocess
 def test_quick_run_regenerates_the_performance_page_and_its_plot(quick_run) -> None:
     _, _, docs = quick_run
     page = (docs / "performance.md").read_text()

@@ -199,6 +199,7 @@ class SimCuda(TorchDispatchMode):
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
         self._stack.__exit__(*exc)  # type: ignore[arg-type]
+        self.advance()  # the modelled device finishes what was queued, as a real one would: nothing waits forever
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

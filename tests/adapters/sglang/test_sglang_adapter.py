@@ -349,6 +349,7 @@ def test_in_this_sglang_eagle_and_ngram_verify_skip_custom_processors_and_dflash
     assert "num_tokens_in_batch=draft_token_num" in function("dflash_utils.py", "apply_dflash_verify_logits_adjustments")
 
 
+@pytest.mark.heavy  # runs the kit's command in a subprocess
 def test_conformance_command_passes_for_sglang_with_its_real_classes():
     proc = subprocess.run([sys.executable, "-m", "dynlogits.tools.cli", "conformance", "sglang"],
                           capture_output=True, text=True, timeout=600)

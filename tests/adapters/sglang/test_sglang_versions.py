@@ -12,7 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dynlogits.adapters.sglang.compat import sglang_version
+
+pytestmark = pytest.mark.heavy  # a whole subprocess run or build: make test-fast leaves it out
 
 SIDE_VERSION = "0.5.21"
 SIDE_DIR = Path(sys.prefix) / f"sglang-{SIDE_VERSION}"

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.heavy  # a whole subprocess run: make test-fast leaves it out
+
 vllm = pytest.importorskip("vllm")
 
 SIDE_VERSION = "0.33.0"
