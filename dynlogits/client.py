@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dynlogits.specs import WIRE_KEY, parse_entries
+from dynlogits.specs.wire import request_dump
 
 __all__ = ["payload_text", "vllm_xargs"]
 
@@ -30,7 +31,7 @@ def payload_text(entries: Iterable[Any]) -> str:
     """The JSON text of ``entries`` (spec models or dicts), checked as a request's entries are
     (default limits; ``python`` refused: it is operator-only)."""
     checked = parse_entries([_plain(e) for e in entries], root=WIRE_KEY)
-    return json.dumps([e.model_dump(mode="json") for e in checked], separators=(",", ":"), allow_nan=False)
+    return json.dumps([request_dump(e) for e in checked], separators=(",", ":"), allow_nan=False)
 
 
 def vllm_xargs(entries: Iterable[Any]) -> dict[str, str]:

@@ -24,12 +24,13 @@ from .kinds import KindError, ProcessorKind, register_kind
 from .limits import DEFAULT_LIMITS, SpecLimits
 from .spec import LogitsProcessorSpec, parse_entries, parse_spec
 from .vocab import check_vocab
-from .wire import WIRE_KEY, decode_wire_payload, encode_entries
+from .wire import ARRIVAL_KEY, WIRE_KEY, decode_wire_payload, encode_entries
 
 __all__ = [
     "DEFAULT_LIMITS",
     "ENTRY_KINDS",
     "REQUEST_FORBIDDEN_KINDS",
+    "ARRIVAL_KEY",
     "WIRE_KEY",
     "WIRE_KINDS",
     "AllowedTokensSpec",

@@ -6,12 +6,12 @@ Tests keep the two definitions in step (accepting and rejecting the same payload
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
 from .patterns import FACTORY_PATTERN
-from .limits import MAX_ABS_LOGIT_BIAS, MAX_TOKEN_ID
+from .limits import MAX_ABS_LOGIT_BIAS, MAX_DEADLINE_SECONDS, MAX_TOKEN_ID
 
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]
 TokenIds = Annotated[tuple[TokenId, ...], msgspec.Meta(min_length=1)]
@@ -21,8 +21,11 @@ TokenKey = str
 BiasValue = Annotated[float, msgspec.Meta(ge=-MAX_ABS_LOGIT_BIAS, le=MAX_ABS_LOGIT_BIAS)]
 
 
-class _Entry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind"):
-    pass
+Scope = Literal["always", "reasoning", "answer"]
+
+
+class _Entry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind", kw_only=True):
+    scope: Scope = "always"
 
 
 class ForcedSequence(_Entry, tag="forced_sequence"):
@@ -49,9 +52,37 @@ class MinTokens(_Entry, tag="min_tokens"):
 
 
 class ThinkingBudget(_Entry, tag="thinking_budget"):
+    budget: Annotated[int, msgspec.Meta(ge=0)]
+    start_token_ids: Union[TokenIds, None] = None
+    end_token_ids: Union[TokenIds, None] = None
+
+
+class Reasoning(_Entry, tag="reasoning"):
     start_token_ids: TokenIds
     end_token_ids: TokenIds
-    budget: Annotated[int, msgspec.Meta(ge=0)]
+
+
+class BannedPhrases(_Entry, tag="banned_phrases"):
+    phrases: Annotated[tuple[TokenIds, ...], msgspec.Meta(min_length=1)]
+
+
+class MultipleChoice(_Entry, tag="multiple_choice"):
+    choices: Annotated[tuple[TokenIds, ...], msgspec.Meta(min_length=1)]
+    eos_token_id: Union[TokenId, None] = None
+
+
+class Trigger(_Entry, tag="trigger"):
+    trigger_token_ids: TokenIds
+    phrase_token_ids: TokenIds
+
+
+class Deadline(_Entry, tag="deadline"):
+    seconds: Annotated[float, msgspec.Meta(gt=0, le=MAX_DEADLINE_SECONDS)]
+
+
+class PromptTokens(_Entry, tag="prompt_tokens"):
+    mode: Literal["boost", "restrict"]
+    boost: Annotated[float, msgspec.Meta(gt=0, le=MAX_ABS_LOGIT_BIAS)] = 2.0
 
 
 class Python(_Entry, tag="python"):
@@ -64,7 +95,8 @@ def token_key_ok(key: str) -> bool:
     return key.isascii() and key.isdecimal() and len(key) <= 10 and (len(key) == 1 or key[0] != "0")
 
 
-FastEntry = Union[ForcedSequence, BannedTokens, AllowedTokens, LogitBias, MinTokens, ThinkingBudget, Python]
+FastEntry = Union[ForcedSequence, BannedTokens, AllowedTokens, LogitBias, MinTokens, ThinkingBudget, Reasoning,
+                  BannedPhrases, MultipleChoice, Trigger, Deadline, PromptTokens, Python]
 FAST_MODELS: tuple[type[_Entry], ...] = FastEntry.__args__  # type: ignore[attr-defined]
 BY_KIND: dict[str, type[_Entry]] = {model.__struct_config__.tag: model for model in FAST_MODELS}  # type: ignore[misc]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from .errors import Problem
 
-__all__ = ["DEFAULT_LIMITS", "MAX_ABS_LOGIT_BIAS", "MAX_TOKEN_ID", "SpecLimits", "entry_limit_problems", "limit_problems"]
+__all__ = ["DEFAULT_LIMITS", "MAX_ABS_LOGIT_BIAS", "MAX_DEADLINE_SECONDS", "MAX_TOKEN_ID", "SpecLimits", "entry_limit_problems", "limit_problems"]
 
 # Token ids are int32 in every engine we target.
 MAX_TOKEN_ID = 2**31 - 1
@@ -17,6 +17,8 @@ MAX_TOKEN_ID = 2**31 - 1
 #: OpenAI's API documents: enough to make a token certain or impossible, never an overflow to ``inf``
 #: (``inf + -inf`` is NaN) in any logits dtype.
 MAX_ABS_LOGIT_BIAS = 100.0
+#: A ``deadline`` entry's longest wait: a day.
+MAX_DEADLINE_SECONDS = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class SpecLimits:
     max_text_chars: int = 4096
     max_bias_entries: int = 2048
     max_budget: int = 1_000_000
+    max_phrases: int = 256  # banned_phrases' phrases (and texts), multiple_choice's choices (and texts)
+    max_phrase_tokens: int = 64  # tokens of one phrase, choice, trigger
+    max_prompt_tokens: int = 131_072  # the prompt a prompt-bound kind (prompt_tokens) reads
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
@@ -47,8 +52,23 @@ _LENGTH_LIMITS = {
     "start_token_ids": "max_token_ids",
     "end_token_ids": "max_token_ids",
     "stop_token_ids": "max_token_ids",
+    "trigger_token_ids": "max_phrase_tokens",
+    "phrase_token_ids": "max_phrase_tokens",
+    "phrases": "max_phrases",
+    "choices": "max_phrases",
+    "texts": "max_phrases",
     "text": "max_text_chars",
+    "start_text": "max_text_chars",
+    "end_text": "max_text_chars",
+    "trigger_text": "max_text_chars",
+    "phrase_text": "max_text_chars",
     "bias": "max_bias_entries",
+}
+# entry field -> the limit that bounds the length of each of its items
+_ITEM_LIMITS = {
+    "phrases": ("max_phrase_tokens", "items"),
+    "choices": ("max_phrase_tokens", "items"),
+    "texts": ("max_text_chars", "characters"),
 }
 
 
@@ -78,8 +98,14 @@ def entry_limit_problems(entry: Any, limits: SpecLimits, *, path: str) -> Iterat
         value = _field(entry, field)
         bound = getattr(limits, limit_name)
         if isinstance(value, Sized) and len(value) > bound:
-            unit = "characters" if field == "text" else "items"
+            unit = "characters" if isinstance(value, str) else "items"
             yield Problem(f"{path}.{field}", f"must have at most {bound} {unit} (limit {limit_name})")
+        elif field in _ITEM_LIMITS and isinstance(value, (list, tuple)):
+            item_limit, unit = _ITEM_LIMITS[field]
+            item_bound = getattr(limits, item_limit)
+            for j, item in enumerate(value):
+                if isinstance(item, Sized) and len(item) > item_bound:
+                    yield Problem(f"{path}.{field}[{j}]", f"must have at most {item_bound} {unit} (limit {item_limit})")
     budget = _field(entry, "budget") if has_budget else None
     if isinstance(budget, int) and not isinstance(budget, bool) and budget > limits.max_budget:
         yield Problem(f"{path}.budget", f"must be <= {limits.max_budget} (limit max_budget)")

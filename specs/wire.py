@@ -19,12 +19,18 @@ from . import fast
 from .entries import (
     WIRE_KINDS,
     AllowedTokensSpec,
+    BannedPhrasesSpec,
     BannedTokensSpec,
+    DeadlineSpec,
     ForcedTokenSequenceSpec,
     LogitBiasSpec,
     MinTokensSpec,
+    MultipleChoiceSpec,
+    PromptTokensSpec,
     PythonProcessorSpec,
+    ReasoningSpec,
     ThinkingBudgetSpec,
+    TriggerSpec,
 )
 from .consistency import check_consistency
 from .errors import Problem, SpecError, problems_from_pydantic
@@ -33,10 +39,13 @@ from .limits import DEFAULT_LIMITS, SpecLimits, entry_limit_problems, limit_prob
 from .union import entry_adapter, kind_tags, sequence_adapter
 from .vocab import check_vocab
 
-__all__ = ["WIRE_KEY", "decode_entries", "decode_fast", "decode_strict", "decode_wire_entry", "decode_wire_payload",
-           "encode_entries", "finish_entries"]
+__all__ = ["ARRIVAL_KEY", "WIRE_KEY", "decode_entries", "decode_fast", "decode_strict", "decode_wire_entry", "decode_wire_payload",
+           "encode_entries", "finish_entries", "request_dump", "wire_dump"]
 
 WIRE_KEY = "dynamo_logits"
+#: Beside the payload, in the same carrier: when the request reached the deployment
+#: (``time.time()``), for entries that count from it (``deadline``); absent: when it was realized.
+ARRIVAL_KEY = "dynamo_logits_arrival"
 
 _FAST_TO_MODEL: dict[type, type] = {
     fast.ForcedSequence: ForcedTokenSequenceSpec,
@@ -45,6 +54,12 @@ _FAST_TO_MODEL: dict[type, type] = {
     fast.LogitBias: LogitBiasSpec,
     fast.MinTokens: MinTokensSpec,
     fast.ThinkingBudget: ThinkingBudgetSpec,
+    fast.Reasoning: ReasoningSpec,
+    fast.BannedPhrases: BannedPhrasesSpec,
+    fast.MultipleChoice: MultipleChoiceSpec,
+    fast.Trigger: TriggerSpec,
+    fast.Deadline: DeadlineSpec,
+    fast.PromptTokens: PromptTokensSpec,
     fast.Python: PythonProcessorSpec,
 }
 
@@ -63,8 +78,36 @@ def encode_entries(entries: Sequence[Any]) -> list[dict[str, Any]]:
                 if entry.kind == "forced_text" else
                 f"kind {entry.kind!r} cannot cross the wire: it is neither built in nor a plug-in kind in force",
             )
-        payload.append(entry.model_dump(mode="json"))
+        unresolved = getattr(entry, "unresolved_text", None)
+        if unresolved is not None and unresolved():
+            raise SpecError.single(f"{WIRE_KEY}[{i}].{unresolved()[0]}", _UNRESOLVED)
+        payload.append(wire_dump(entry))
     return payload
+
+
+#: Why an entry still holding text cannot cross the wire.
+_UNRESOLVED = "text is resolved to token ids by the worker's tokenizer and never crosses the wire"
+
+
+def wire_dump(entry: Any) -> dict[str, Any]:
+    """One entry's wire form: its JSON dump without ``scope`` when it is ``"always"`` (so a
+    ``forced_sequence`` is byte-compatible with ai-dynamo 1.6.1's) and without its text fields."""
+    dumped = request_dump(entry)
+    for name in getattr(entry, "text_fields", ()):
+        dumped.pop(name, None)
+    return dumped
+
+
+def request_dump(entry: Any) -> dict[str, Any]:
+    """One entry as a request or config carries it: its JSON dump without a ``scope`` of
+    ``"always"`` and without the text fields it leaves unset (those it sets stay, for the worker)."""
+    dumped = entry.model_dump(mode="json")
+    if dumped.get("scope") == "always":
+        del dumped["scope"]
+    for name in getattr(entry, "text_fields", ()):
+        if dumped.get(name) in (None, []):
+            dumped.pop(name, None)
+    return dumped
 
 
 def _from_fast(entry: fast.FastEntry) -> Any:
@@ -144,6 +187,12 @@ def decode_entries(payload: Any, *, limits: SpecLimits = DEFAULT_LIMITS, root: s
     if entries is None:
         entries = decode_strict(payload, root=root)
     problems: list[Problem] = list(limit_problems(entries, limits, root=root))
+    for i, entry in enumerate(entries):
+        unresolved = getattr(entry, "unresolved_text", None)
+        problems += [Problem(f"{root}[{i}].{name}", _UNRESOLVED) for name in (unresolved() if unresolved else ())]
+    reasoning = [i for i, entry in enumerate(entries) if entry.kind == "reasoning"]
+    if len(reasoning) > 1:
+        problems.append(Problem(f"{root}[{reasoning[1]}]", "a payload declares its reasoning delimiters at most once"))
     if problems:
         raise SpecError(problems)
     return entries

@@ -40,7 +40,7 @@ __all__ = [
     "on_stream",
     "register_ipc_classes",
     "request_rows",
-    "stop_token_ids",
+    "stop_token",
 ]
 
 logger = logging.getLogger("dynlogits.adapters.trtllm")

@@ -9,6 +9,7 @@ the class is a plain V1 ``AdapterLogitsProcessor``."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -71,10 +72,11 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
         """Admission check for one request; raises ``SpecError`` naming the bad field."""
         validate(sampling_params)
 
-    def new_req_logits_processor(self, params: Any) -> GuardedRequest | None:
-        """Fresh per-request callable ``(output_ids, row) -> row``, or ``None`` without a payload."""
+    def new_req_logits_processor(self, params: Any, prompt_ids: Sequence[int] | None = None) -> GuardedRequest | None:
+        """Fresh per-request callable ``(output_ids, row) -> row``, or ``None`` without a payload
+        (``prompt_ids``: the request's prompt, where the runner gives it)."""
         request = realize_request(params, vocab_size=self.vocab_size, report=self.failures.append,
-                                   engine_spec=self.engine_spec)
+                                   engine_spec=self.engine_spec, prompt_ids=prompt_ids)
         if request is not None:
             self.realized += 1
         return request

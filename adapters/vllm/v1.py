@@ -100,9 +100,10 @@ class V1RunnerMixin(AdapterLogitsProcessor):
         drain()  # failures that landed since the last call (see dynlogits.sdk.readback)
         if not batch_update:
             return
-        for index, params, _prompt, output_ids in batch_update.added:
+        for index, params, prompt, output_ids in batch_update.added:
             self._drop(index)
-            request = self._realized.get(params, output_ids, lambda p=params: self.new_req_logits_processor(p))
+            request = self._realized.get(params, output_ids,
+                                         lambda p=params, q=prompt: self.new_req_logits_processor(p, q))
             if request is None:
                 continue
             slot = None

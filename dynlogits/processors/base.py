@@ -29,9 +29,18 @@ class BaseLogitsProcessor(Protocol):
 
 @dataclass(frozen=True)
 class RealizeContext:
-    """What a factory knows about the engine: ``vocab_size`` is the logits width."""
+    """What a factory knows when it builds one request's processor: ``vocab_size`` is the logits
+    width; the request's ``prompt_ids`` (after the chat template), its ``stop_token_ids`` (the
+    first is the one a failed or finished request is ended with), its ``arrival_time`` (``time.time()``
+    when it reached the deployment, else when its engine realized it) and the ``reasoning``
+    delimiters in force (``(start ids, end ids)``, or ``None``). An engine that cannot say leaves
+    ``prompt_ids`` empty (``docs/engines.md`` says which)."""
 
     vocab_size: int
+    prompt_ids: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    arrival_time: float | None = None
+    reasoning: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 class IndexCache:

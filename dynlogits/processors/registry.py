@@ -13,7 +13,19 @@ from typing import Any
 from dynlogits.specs import SpecError
 from dynlogits.specs.kinds import ProcessorKind, plugin_kinds
 
-from . import allowed_tokens, banned_tokens, forced_sequence, logit_bias, min_tokens, thinking_budget
+from . import (
+    allowed_tokens,
+    banned_phrases,
+    banned_tokens,
+    deadline,
+    forced_sequence,
+    logit_bias,
+    min_tokens,
+    multiple_choice,
+    prompt_tokens,
+    thinking_budget,
+    trigger,
+)
 from .base import BaseLogitsProcessor, RealizeContext
 
 __all__ = ["BUILTIN_FACTORIES", "BUILTIN_KINDS", "PYTHON_FACTORIES_ENV", "Factory", "check_python_allowed", "factory_for"]
@@ -23,9 +35,11 @@ PYTHON_FACTORIES_ENV = "DYN_LOGITS_PYTHON_FACTORIES"
 
 Factory = Callable[[Any, RealizeContext], BaseLogitsProcessor]
 
-#: The built-in kinds' modules, one per kind (``KIND``, ``factory``, its processor, template and
-#: resident group): the one place that lists them.
-BUILTIN_KINDS = (forced_sequence, banned_tokens, allowed_tokens, logit_bias, min_tokens, thinking_budget)
+#: The built-in kinds' modules, one per kind (``KIND``, ``factory``, its processor and, where it runs
+#: on the resident path, its template and group): the one place that lists them. ``reasoning``
+#: builds no processor (it sets the context's delimiters).
+BUILTIN_KINDS = (forced_sequence, banned_tokens, allowed_tokens, logit_bias, min_tokens, thinking_budget, banned_phrases,
+                 multiple_choice, trigger, deadline, prompt_tokens)
 
 #: Each factory returns a FRESH processor for one request (no state shared between requests).
 BUILTIN_FACTORIES: Mapping[str, Factory] = {module.KIND: module.factory for module in BUILTIN_KINDS}

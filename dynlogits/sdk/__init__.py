@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .guard import FailureReport, GuardedRequest, pick_stop_token
     from .locate import histories_from_ids
     from .readback import drain
-    from .realization import realize, validate
+    from .realization import RequestFacts, realize, validate
     from .resident import DeviceThinking, SlotBatch
 
 _LAZY = {
@@ -41,6 +41,7 @@ _LAZY = {
     "histories_from_ids": "locate",
     "drain": "readback",
     "realize": "realization",
+    "RequestFacts": "realization",
     "validate": "realization",
     "DeviceThinking": "resident",
     "SlotBatch": "resident",
@@ -51,6 +52,7 @@ __all__ = [
     "DeviceThinking",
     "FailureReport",
     "GuardedRequest",
+    "RequestFacts",
     "SlotBatch",
     "SpecError",
     "activate_logits_processors",

@@ -19,10 +19,13 @@ run on every call.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -30,13 +33,14 @@ import msgspec
 from dynlogits.processors import BaseLogitsProcessor, RealizeContext
 from dynlogits.processors.registry import check_python_allowed, factory_for
 from dynlogits.processors.request import RequestLogitsProcessor
+from dynlogits.processors.scope import Phases, scoped
 from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits
 from dynlogits.specs.kinds import kinds_generation, plugin_kinds
 from dynlogits.specs.wire import decode_entries, finish_entries
 
 from .guard import FailureReport, GuardedRequest
 
-__all__ = ["build_request_processor", "decode_payload", "realize", "validate"]
+__all__ = ["RequestFacts", "build_request_processor", "decode_payload", "realize", "validate"]
 
 
 #: Decoded payloads kept per process (see the module doc); a decode that raises is never kept.
@@ -87,22 +91,50 @@ def decode_payload(
     return entries
 
 
+@dataclass(frozen=True)
+class RequestFacts:
+    """What an adapter knows of one request when it realizes it (``RealizeContext`` passes it on):
+    its prompt ids (``None``: the engine does not say), the ids it stops on (the one a failed
+    request is ended with first), and when it arrived (``None``: now)."""
+
+    prompt_ids: Sequence[int] | None = None
+    stop_token_ids: Sequence[int] = ()
+    arrival_time: float | None = None
+
+
 def build_request_processor(
-    payload: Any, *, vocab_size: int, limits: SpecLimits = DEFAULT_LIMITS
+    payload: Any, *, vocab_size: int, limits: SpecLimits = DEFAULT_LIMITS, facts: RequestFacts | None = None
 ) -> RequestLogitsProcessor | None:
-    """Fresh processors for one request, or ``None`` when the payload is absent or empty."""
+    """Fresh processors for one request, or ``None`` when the payload is absent or empty. A
+    ``reasoning`` entry sets the context's delimiters and builds no processor; an entry with a
+    ``scope`` is wrapped to act in its phase only (``dynlogits.processors.scope``)."""
     entries = decode_payload(payload, vocab_size=vocab_size, limits=limits)
     if not entries:
         return None
-    ctx = RealizeContext(vocab_size=vocab_size)
+    facts = facts or RequestFacts()
+    reasoning = next(((tuple(e.start_token_ids), tuple(e.end_token_ids)) for e in entries if e.kind == "reasoning"), None)
+    prompt = tuple(facts.prompt_ids or ())
+    ctx = RealizeContext(vocab_size=vocab_size, prompt_ids=prompt, stop_token_ids=tuple(facts.stop_token_ids),
+                         arrival_time=time.time() if facts.arrival_time is None else facts.arrival_time,
+                         reasoning=reasoning)
+    phases: Phases | None = None
     processors: list[BaseLogitsProcessor] = []
     for i, entry in enumerate(entries):
+        if entry.kind == "reasoning":
+            continue
         try:
-            processors.append(factory_for(entry.kind)(entry, ctx))
+            processor = factory_for(entry.kind)(entry, ctx)
+            scope = getattr(entry, "scope", "always")
+            if scope != "always":
+                phases = phases or Phases(reasoning, prompt)
+                processor = scoped(processor, scope, phases)
+            processors.append(processor)
         except SpecError:
             raise
         except Exception as exc:  # a third-party factory failed: fail this request, loudly
             raise SpecError.single(f"{WIRE_KEY}[{i}]", f"could not realize kind {entry.kind!r}: {type(exc).__name__}: {exc}") from exc
+    if not processors:
+        return None
     return RequestLogitsProcessor(processors, vocab_size=vocab_size)
 
 
@@ -121,16 +153,21 @@ def realize(
     vocab_size: int,
     stop_token_id: int | None,
     report: FailureReport | None = None,
+    facts: RequestFacts | None = None,
 ) -> GuardedRequest | None:
     """Fresh processors for one request; ``None`` when it carries no payload (or an empty one).
 
     ``vocab_size`` is the logits width; ``stop_token_id`` ends the request if it fails
-    (``dynlogits.sdk.pick_stop_token``); ``report`` receives one line per failure. Never raises.
+    (``dynlogits.sdk.pick_stop_token``); ``report`` receives one line per failure; ``facts`` what
+    the adapter knows of the request (prompt, stop ids, arrival). Never raises.
     """
     if payload is None:
         return None
+    facts = facts or RequestFacts()
+    if not facts.stop_token_ids and stop_token_id is not None:
+        facts = dataclasses.replace(facts, stop_token_ids=(stop_token_id,))
     try:
-        processor = build_request_processor(payload, vocab_size=vocab_size)
+        processor = build_request_processor(payload, vocab_size=vocab_size, facts=facts)
     except Exception as exc:
         return GuardedRequest.failed_at_realization(
             f"payload rejected in the engine: {type(exc).__name__}: {exc}", stop_token_id=stop_token_id, report=report

@@ -1,21 +1,35 @@
 """What ``docs/specs.md`` says each built-in kind does to one row, written independently of the
 processors (plain Python over lists), so the kit can tell a wrong adapter from a right one.
 
-``expected_row(entries, history, row)`` returns the row after every entry, in payload order.
-``python`` entries are only understood for the kit's own ``scale`` factory.
+``expected_row(entries, history, row, request=...)`` returns the row after every entry, in payload
+order; ``OracleRequest`` holds what entries may read besides the history (the prompt, the stop ids,
+the arrival and the time now). ``python`` entries are only understood for the kit's own ``scale``
+factory.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .faults import SCALE_FACTORY
 
-__all__ = ["expected_row"]
+__all__ = ["OracleRequest", "expected_row"]
 
 NEG = -math.inf
+
+
+@dataclass(frozen=True)
+class OracleRequest:
+    """What an entry may read besides the history: the prompt, the request's stop ids (the first
+    is the one forced), when it arrived and the time of the step."""
+
+    prompt: Sequence[int] = ()
+    stop_token_ids: Sequence[int] = ()
+    arrival: float = 0.0
+    now: float = 0.0
 
 
 def _force(row: list[float], token: int) -> None:
@@ -48,7 +62,34 @@ def _thinking(row: list[float], e: Mapping[str, Any], h: Sequence[int]) -> None:
     _force(row, end[done])
 
 
-def _apply(row: list[float], e: Mapping[str, Any], h: Sequence[int]) -> None:
+def _spans(ids: Sequence[int], start: Sequence[int], end: Sequence[int]) -> list[tuple[int | None, int]]:
+    """After each prefix of ``ids``: where the open span began (``None``: none) and where the
+    stretch outside spans began (the reasoning rule of docs/specs.md, scanned from scratch)."""
+    out: list[tuple[int | None, int]] = [(None, 0)]
+    opened, outside = None, 0
+    for upto in range(1, len(ids) + 1):
+        if opened is None:
+            if _ends_with(ids, upto, start):
+                opened = upto
+        elif upto - opened >= len(end) and _ends_with(ids, upto, end):
+            opened, outside = None, upto
+        out.append((opened, outside))
+    return out
+
+
+def _phase(entries: Sequence[Mapping[str, Any]], h: Sequence[int], request: OracleRequest) -> tuple[str, int]:
+    """The phase of the step after ``h`` and where its stretch began (generated positions, >= 0)."""
+    reasoning = next((e for e in entries if e["kind"] == "reasoning"), None)
+    if reasoning is None:
+        return "answer", 0
+    p = len(request.prompt)
+    opened, outside = _spans([*request.prompt, *h], reasoning["start_token_ids"], reasoning["end_token_ids"])[-1]
+    if opened is not None:
+        return "reasoning", max(0, opened - p)
+    return "answer", max(0, outside - p)
+
+
+def _apply(row: list[float], e: Mapping[str, Any], h: Sequence[int], request: OracleRequest) -> None:
     kind, n = e["kind"], len(h)
     if kind == "forced_sequence":
         ids = e["token_ids"]
@@ -70,6 +111,16 @@ def _apply(row: list[float], e: Mapping[str, Any], h: Sequence[int]) -> None:
                 row[t] = NEG
     elif kind == "thinking_budget":
         _thinking(row, e, h)
+    elif kind == "banned_phrases":
+        _banned_phrases(row, e, h)
+    elif kind == "multiple_choice":
+        _multiple_choice(row, e, h, request)
+    elif kind == "trigger":
+        _trigger(row, e, h)
+    elif kind == "deadline":
+        _deadline(row, e, request)
+    elif kind == "prompt_tokens":
+        _prompt_tokens(row, e, request)
     elif kind == "python" and e["factory"] == SCALE_FACTORY:
         factor = float(e.get("kwargs", {}).get("scale", 2.0))
         for i in range(len(row)):
@@ -78,9 +129,40 @@ def _apply(row: list[float], e: Mapping[str, Any], h: Sequence[int]) -> None:
         raise ValueError(f"the oracle does not know entry {e!r}")
 
 
-def expected_row(entries: Sequence[Mapping[str, Any]], history: Sequence[int], row: Sequence[float]) -> list[float]:
-    """``row`` after applying ``entries`` (wire dicts) at the position ``len(history)``."""
+def _banned_phrases(row: list[float], e: Mapping[str, Any], h: Sequence[int]) -> None:
+    raise NotImplementedError("the oracle's banned_phrases")
+
+
+def _multiple_choice(row: list[float], e: Mapping[str, Any], h: Sequence[int], request: OracleRequest) -> None:
+    raise NotImplementedError("the oracle's multiple_choice")
+
+
+def _trigger(row: list[float], e: Mapping[str, Any], h: Sequence[int]) -> None:
+    raise NotImplementedError("the oracle's trigger")
+
+
+def _deadline(row: list[float], e: Mapping[str, Any], request: OracleRequest) -> None:
+    raise NotImplementedError("the oracle's deadline")
+
+
+def _prompt_tokens(row: list[float], e: Mapping[str, Any], request: OracleRequest) -> None:
+    raise NotImplementedError("the oracle's prompt_tokens")
+
+
+def expected_row(entries: Sequence[Mapping[str, Any]], history: Sequence[int], row: Sequence[float],
+                 request: OracleRequest | None = None) -> list[float]:
+    """``row`` after applying ``entries`` (wire dicts) at the position ``len(history)``: an entry
+    with a ``scope`` acts only in that phase and sees the history since its stretch began."""
+    request = request or OracleRequest()
     out = [float(v) for v in row]
     for entry in entries:
-        _apply(out, entry, history)
+        if entry["kind"] == "reasoning":
+            continue
+        scope = entry.get("scope", "always")
+        if scope == "always":
+            _apply(out, entry, history, request)
+            continue
+        phase, began = _phase(entries, history, request)
+        if phase == scope:
+            _apply(out, entry, history[began:], request)
     return out

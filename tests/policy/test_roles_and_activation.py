@@ -44,7 +44,7 @@ def test_activation_without_entries_removes_a_smuggled_payload():
 def test_activation_replaces_a_smuggled_payload_with_the_gated_one():
     extra = {WIRE_KEY: [{"kind": "banned_tokens", "token_ids": [1]}]}
     activate_logits_processors(extra, [FORCED])
-    assert extra[WIRE_KEY] == [FORCED.model_dump(mode="json")]
+    assert extra[WIRE_KEY] == [{"kind": "forced_sequence", "token_ids": [3, 4], "eos_token_id": 1}]  # the wire form: no scope when it is "always"
 
 
 def test_activation_refuses_unresolved_text():

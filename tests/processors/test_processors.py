@@ -153,17 +153,22 @@ def _entries():
             {"kind": "allowed_tokens", "token_ids": [4]},
             {"kind": "logit_bias", "bias": {"2": 1.0}},
             {"kind": "min_tokens", "min_tokens": 2, "stop_token_ids": [1]},
+            {"kind": "banned_phrases", "phrases": [[10, 12], [13]]},
+            {"kind": "multiple_choice", "choices": [[10, 12], [14]], "eos_token_id": 1},
+            {"kind": "trigger", "trigger_token_ids": [10], "phrase_token_ids": [12, 13]},
+            {"kind": "deadline", "seconds": 60.0},
+            {"kind": "prompt_tokens", "mode": "boost"},
             {"kind": "thinking_budget", "start_token_ids": [10], "end_token_ids": [11], "budget": 1},
         )
     ]
 
 
-def test_every_wire_kind_but_python_has_a_builtin_factory():
-    assert set(BUILTIN_FACTORIES) == WIRE_KINDS - {"python"}
+def test_every_wire_kind_but_python_and_reasoning_has_a_builtin_factory():
+    assert set(BUILTIN_FACTORIES) == WIRE_KINDS - {"python", "reasoning"}
 
 
 def test_factories_build_fresh_processors_per_request():
-    ctx = RealizeContext(vocab_size=V)
+    ctx = RealizeContext(vocab_size=V, prompt_ids=(3, 4), stop_token_ids=(1,))
     for entry in _entries():
         a, b = BUILTIN_FACTORIES[entry.kind](entry, ctx), BUILTIN_FACTORIES[entry.kind](entry, ctx)
         assert a is not b
@@ -186,11 +191,11 @@ def test_the_allocation_probe_sees_a_vocab_sized_allocation():
     assert _largest_allocation(lambda: r.add_(torch.full_like(r, 1.0))) >= r.numel() * 4
 
 
-@pytest.mark.parametrize("kind", sorted(WIRE_KINDS - {"python"}))
+@pytest.mark.parametrize("kind", sorted(WIRE_KINDS - {"python", "reasoning"}))
 def test_no_processor_allocates_a_vocab_sized_tensor_per_step(kind):
     vocab = 100_000
     (entry,) = [e for e in _entries() if e.kind == kind]
-    proc = BUILTIN_FACTORIES[kind](entry, RealizeContext(vocab_size=vocab))
+    proc = BUILTIN_FACTORIES[kind](entry, RealizeContext(vocab_size=vocab, prompt_ids=(3, 4), stop_token_ids=(1,)))
     r = torch.zeros(vocab)
     proc([10], r)  # the first call builds the small cached index tensors
     assert _largest_allocation(lambda: proc([10], r)) < 4096

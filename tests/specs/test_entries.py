@@ -30,13 +30,19 @@ def test_spec_round_trips_every_entry_kind():
             {"kind": "logit_bias", "bias": {"7": -1.5}},
             {"kind": "min_tokens", "min_tokens": 2, "stop_token_ids": [3]},
             {"kind": "thinking_budget", "start_token_ids": [8], "end_token_ids": [9], "budget": 0},
+            {"kind": "reasoning", "start_text": "<think>", "end_token_ids": [9]},
+            {"kind": "banned_phrases", "phrases": [[4, 5], [6]], "texts": ["hello world"], "scope": "answer"},
+            {"kind": "multiple_choice", "texts": ["yes", "no"]},
+            {"kind": "trigger", "trigger_text": "Answer:", "phrase_token_ids": [5, 6]},
+            {"kind": "deadline", "seconds": 2.5},
+            {"kind": "prompt_tokens", "mode": "boost", "boost": 1.0, "scope": "reasoning"},
             {"kind": "python", "factory": "pkg.mod:Make", "kwargs": {"a": [1, {"b": None}]}},
         ],
         "generation_only": False,
     }
     spec = parse_spec(data)
     assert [e.kind for e in spec.entries] == [e["kind"] for e in data["entries"]]
-    assert spec.model_dump(mode="json")["entries"][4] == {"kind": "logit_bias", "bias": {"7": -1.5}}
+    assert spec.model_dump(mode="json")["entries"][4] == {"scope": "always", "kind": "logit_bias", "bias": {"7": -1.5}}
     assert parse_spec(spec.model_dump(mode="json")) == spec
 
 

@@ -17,6 +17,7 @@ from dynlogits.serve.http.errors import HTTPError
 from dynlogits.serve.limits import RequestLimits, body_limit_problem
 from dynlogits.serve.openai_controls import rename_control_paths, with_controls
 from dynlogits.specs import SpecError, parse_entries
+from dynlogits.specs.wire import request_dump
 
 from .openai_models import RequestBody, unsupported_field
 
@@ -64,5 +65,5 @@ def validate_request(model: type[RequestBody], data: Any, config: DeploymentConf
         renamed = rename_control_paths(err, origins)
         raise HTTPError(400, str(renamed), param=renamed.problems[0].path) from None
     if isinstance(own, list):  # forward what was validated: the client's own entries (the controls travel as sent)
-        body = body.model_copy(update={"logits_processors": [e.model_dump(mode="json") for e in entries[:len(own)]]})
+        body = body.model_copy(update={"logits_processors": [request_dump(e) for e in entries[:len(own)]]})
     return body, [e.kind for e in entries] + unresolved
