@@ -44,8 +44,11 @@ class AdapterDriver(Protocol):
         """The engine's admission check: raise ``ValueError`` (``SpecError``) for a bad payload."""
 
     def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
-            eos_token_id: int) -> None:
-        """A request enters the batch (``output_ids`` non-empty: it resumes after preemption)."""
+            eos_token_id: int, stop_token_ids: Sequence[int] = (), arrival_time: float | None = None) -> None:
+        """A request enters the batch (``output_ids`` non-empty: it resumes after preemption). Its facts
+        reach the adapter's realization where the engine carries them: the prompt ``prompt_ids``, the
+        ids it stops on (``eos_token_id``, then ``stop_token_ids``) and ``arrival_time`` (the
+        ``time.time()`` the deployment stamped at activation; ``None``: not stamped)."""
 
     def step(self, batch: Sequence[str], logits: torch.Tensor) -> torch.Tensor:
         """Process one step: row ``i`` of ``logits`` belongs to ``batch[i]``; returns the processed
