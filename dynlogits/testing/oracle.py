@@ -130,7 +130,12 @@ def _apply(row: list[float], e: Mapping[str, Any], h: Sequence[int], request: Or
 
 
 def _banned_phrases(row: list[float], e: Mapping[str, Any], h: Sequence[int]) -> None:
-    raise NotImplementedError("the oracle's banned_phrases")
+    # every phrase, every step: its last token goes when the output ends with the tokens before it
+    # (a one-token phrase: always); nothing else changes
+    for phrase in e["phrases"]:
+        *before, last = phrase
+        if not before or _ends_with(h, len(h), before):
+            row[last] = NEG
 
 
 def _multiple_choice(row: list[float], e: Mapping[str, Any], h: Sequence[int], request: OracleRequest) -> None:

@@ -12,11 +12,10 @@ from dynlogits.policy.config import parse_config
 from dynlogits.serve.frontend import validation
 from dynlogits.serve.frontend.openai_models import ChatCompletionRequest
 from dynlogits.serve.http.errors import HTTPError
-from dynlogits.specs import REQUEST_FORBIDDEN_KINDS, parse_entries
+from dynlogits.specs import ENTRY_KINDS, REQUEST_FORBIDDEN_KINDS, parse_entries
 from dynlogits.specs.schema import golden_vectors
 
-KINDS = ["forced_sequence", "forced_text", "banned_tokens", "allowed_tokens", "logit_bias", "min_tokens",
-         "thinking_budget"]
+KINDS = sorted(ENTRY_KINDS - REQUEST_FORBIDDEN_KINDS)  # every kind a request may carry
 CONFIG = parse_config({"allow_request_kinds": KINDS})
 MESSAGES = [{"role": "user", "content": "hi"}]
 
