@@ -7,7 +7,9 @@ row with no allowed token is refused, naming the two entries and the step. Exact
 * at every output position ``n`` the allowed set is followed through the entries in order
   (``forced_sequence`` and ``min_tokens`` depend on ``n``); an empty set is a contradiction;
 * a ``thinking_budget`` end token that an allow-list excludes, a ban masks, or ``min_tokens`` masks
-  where the span could close is a contradiction whatever the step.
+  where the span could close is a contradiction whatever the step;
+* a ``forced_sequence`` that writes a phrase a ``banned_phrases`` entry of the same scope bans (its
+  tokens, then its EOS) is a contradiction at the step the phrase's last token is due.
 
 ``python`` and plug-in entries are opaque and skipped; what admission cannot know fails its request
 while it runs (docs/specs.md). No torch."""
@@ -137,6 +139,36 @@ def _thinking_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator
                     return
 
 
+def _phrase_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
+    """A forced sequence (its tokens, then its first EOS) that writes a banned phrase: one walk back
+    from each position over a trie of the reversed phrases, at most ``max_phrase_tokens`` long."""
+    for j, ban in enumerate(entries):
+        if ban.kind != "banned_phrases":
+            continue
+        trie: dict[int, Any] = {}  # reversed phrases; the key -1 (never a token) holds a phrase's index
+        for k, phrase in enumerate(ban.phrases):
+            node = trie
+            for token in reversed(phrase):
+                node = node.setdefault(token, {})
+            node.setdefault(-1, k)
+        for i, forced in enumerate(entries):
+            if forced.kind != "forced_sequence" or forced.scope != ban.scope:
+                continue  # another scope sees another stretch of the output: not known before it runs
+            written = (*forced.token_ids, forced.eos_token_id)
+            for n in range(len(written)):
+                node, back = trie, n
+                while back >= 0 and (node := node.get(written[back])) is not None:
+                    k = node.get(-1)
+                    if k is not None:
+                        phrase = ban.phrases[k]
+                        yield Problem(f"{paths[j]}.phrases[{k}]",
+                                      f"{paths[i]} writes this phrase at output positions {n + 1 - len(phrase)}..{n}, "
+                                      f"so it forces token {phrase[-1]} at output position {n}, which the ban masks; "
+                                      "the row would have no token left")
+                        return
+                    back -= 1
+
+
 def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Sequence[str] | None = None,
                          vocab_size: int | None = None) -> list[Problem]:
     """The contradictions in ``entries`` (wire entries, already type-valid and below ``vocab_size``
@@ -151,7 +183,8 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
         if vocab_size is None or masked < vocab_size:
             return []  # only masks and biases, and too few masked ids to cover the vocabulary
     names = list(paths) if paths is not None else [f"{root}[{i}]" for i in range(len(entries))]
-    return [*_position_problems(entries, names, vocab_size), *_thinking_problems(entries, names)]
+    return [*_position_problems(entries, names, vocab_size), *_thinking_problems(entries, names),
+            *_phrase_problems(entries, names)]
 
 
 def check_consistency(entries: Iterable[Any], *, root: str = "", paths: Sequence[str] | None = None,
