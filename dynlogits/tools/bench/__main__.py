@@ -24,7 +24,7 @@ __all__ = ["main"]
 T = TypeVar("T")
 
 _SUITES = ("micro", "engine", "wire", "all")
-_DOCS_DIR = Path(__file__).resolve().parents[2] / "docs"
+_DOCS_DIR = Path(__file__).resolve().parents[3] / "docs"
 
 
 def _ints(text: str) -> tuple[int, ...]:

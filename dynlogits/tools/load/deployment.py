@@ -31,7 +31,7 @@ LOAD_KINDS = "forced_text,banned_tokens,logit_bias"
 
 def find_launch_script(name: str = "agg.sh") -> Path:
     """``launch/<name>`` of the source checkout this package runs from (``--launch`` needs one)."""
-    script = Path(__file__).resolve().parents[2] / "launch" / name
+    script = Path(__file__).resolve().parents[3] / "launch" / name
     if not script.is_file():
         raise FileNotFoundError(f"--launch needs a source checkout: {script} not found; start a deployment "
                                 "yourself and pass --base-url")
