@@ -82,7 +82,8 @@ class V1RunnerMixin(AdapterLogitsProcessor):
     def _init_v1_state(self, vllm_config: Any, device: torch.device) -> None:
         num_slots = int(vllm_config.scheduler_config.max_num_seqs)
         self._entries: dict[int, _Entry] = {}  # persistent-batch index -> request
-        self._resident = SlotBatch(num_slots=num_slots, vocab_size=self.vocab_size, device=device)
+        self._resident = SlotBatch(num_slots=num_slots, vocab_size=self.vocab_size, device=device,
+                                   host_histories=True)  # every step passes the live lists
         self._free_slots = list(range(num_slots - 1, -1, -1))
         self._realized = RealizedRequests()
         self._row_histories: list[list[int]] = []

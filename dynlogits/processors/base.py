@@ -10,7 +10,7 @@ import torch
 
 from .uploads import to_device
 
-__all__ = ["BaseLogitsProcessor", "IndexCache", "RealizeContext"]
+__all__ = ["BaseLogitsProcessor", "IndexCache", "RealizeContext", "first_stop"]
 
 
 @runtime_checkable
@@ -41,6 +41,11 @@ class RealizeContext:
     stop_token_ids: tuple[int, ...] = ()
     arrival_time: float | None = None
     reasoning: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+
+def first_stop(ctx: RealizeContext) -> int | None:
+    """The request's stop token: its first stop id inside the logits width (``None``: none)."""
+    return next((t for t in ctx.stop_token_ids if 0 <= t < ctx.vocab_size), None)
 
 
 class IndexCache:

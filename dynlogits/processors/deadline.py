@@ -1,29 +1,46 @@
-"""``deadline``: once ``seconds`` have passed since the request arrived, its stop token is forced."""
+"""``deadline``: once ``seconds`` have passed since the request arrived, its stop token is forced: its
+processor, template and resident group (decided on the host, ``HostForcingGroup``)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
-from .base import RealizeContext
+from .base import RealizeContext, first_stop
 from .ops import ForceToken, RowOp, apply_op
+from .slots import HostForcingGroup, Template
 
-__all__ = ["KIND", "DeadlineProcessor", "factory"]
+__all__ = ["KIND", "DeadlineGroup", "DeadlineProcessor", "DeadlineTemplate", "factory"]
 
 KIND = "deadline"
 
 
-class DeadlineProcessor:
-    """At every step from ``arrival + seconds`` on (wall clock, ``time.time``), the stop token is
-    forced (forcing never unmasks). The clock is read once per step, never waited on."""
+class DeadlineGroup(HostForcingGroup):
+    """``deadline`` on the resident path: each row's processor reads the clock on the host (vLLM V1)."""
 
-    __slots__ = ("due", "stop", "_clock")
+
+@dataclass(frozen=True, slots=True)
+class DeadlineTemplate(Template):
+    """Force ``stop`` at every step from ``due`` (wall clock) on (decided per row)."""
+
+    due: float
+    stop: int
+    group: ClassVar[type[DeadlineGroup]] = DeadlineGroup
+
+
+class DeadlineProcessor:
+    """At every step from ``due`` on (``clock()``, by default ``time.time``), ``stop`` is forced
+    (forcing never unmasks). The clock is read once per step, never waited on; the history is not read."""
+
+    __slots__ = ("due", "stop", "template", "_clock")
 
     def __init__(self, due: float, stop: int, clock: Callable[[], float] = time.time) -> None:
         self.due, self.stop, self._clock = due, stop, clock
+        self.template = DeadlineTemplate(due, stop)
 
     def row_op(self, input_ids: Sequence[int]) -> RowOp | None:
         return ForceToken(self.stop) if self._clock() >= self.due else None
@@ -32,9 +49,11 @@ class DeadlineProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
-def factory(entry: Any, ctx: RealizeContext) -> DeadlineProcessor:
-    """A fresh processor for one ``deadline`` entry: due ``seconds`` after the request's arrival."""
-    if not ctx.stop_token_ids:
+def factory(entry: Any, ctx: RealizeContext, clock: Callable[[], float] = time.time) -> DeadlineProcessor:
+    """A fresh processor for one ``deadline`` entry: due ``seconds`` after the request's arrival
+    (``ctx.arrival_time``; unknown: now), forcing the request's stop token (``first_stop``)."""
+    stop = first_stop(ctx)
+    if stop is None:
         raise ValueError("deadline needs a stop token to force: the request has none (ignore_eos and no stop ids)")
-    arrival = ctx.arrival_time if ctx.arrival_time is not None else time.time()
-    return DeadlineProcessor(arrival + float(entry.seconds), ctx.stop_token_ids[0])
+    arrival = ctx.arrival_time if ctx.arrival_time is not None else clock()
+    return DeadlineProcessor(arrival + float(entry.seconds), stop, clock)

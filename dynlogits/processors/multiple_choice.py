@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .base import IndexCache, RealizeContext
+from .base import IndexCache, RealizeContext, first_stop
 from .ops import KeepOnly, RowOp, apply_op
 
 __all__ = ["KIND", "MultipleChoiceProcessor", "factory"]
@@ -17,8 +17,10 @@ KIND = "multiple_choice"
 
 class MultipleChoiceProcessor:
     """At each step only the next token of every choice the output still matches may be sampled,
-    and ``eos`` once the output is a whole choice; an output that matches no choice keeps no id
-    (its request fails: no token left). A trie of the choices; each node's allowed ids are cached."""
+    and ``eos`` once the output is a whole choice; once ``eos`` has followed a whole choice, ``eos``
+    again (an engine that ignores EOS goes on); an output that matches no choice keeps no id (its
+    request fails: no token left). A trie of the choices, walked from the root each step (at most
+    the longest choice's length); each node's allowed ids are cached."""
 
     __slots__ = ("_children", "_ends", "_eos", "_keep")
 
@@ -44,7 +46,7 @@ class MultipleChoiceProcessor:
         for token in input_ids:
             child = self._children[node].get(token)
             if child is None:
-                return ()
+                return (self._eos,) if self._ends[node] and token == self._eos else ()
             node = child
         return tuple(sorted({*self._children[node], *((self._eos,) if self._ends[node] else ())}))
 
@@ -60,8 +62,9 @@ class MultipleChoiceProcessor:
 
 
 def factory(entry: Any, ctx: RealizeContext) -> MultipleChoiceProcessor:
-    """A fresh processor for one ``multiple_choice`` entry (EOS: its own, else the request's stop token)."""
-    eos = entry.eos_token_id if entry.eos_token_id is not None else (ctx.stop_token_ids[0] if ctx.stop_token_ids else None)
+    """A fresh processor for one ``multiple_choice`` entry (EOS: its own, else the request's stop
+    token, ``first_stop``)."""
+    eos = entry.eos_token_id if entry.eos_token_id is not None else first_stop(ctx)
     if eos is None:
         raise ValueError("multiple_choice needs an eos_token_id: the request has no stop token")
     return MultipleChoiceProcessor(entry.choices, eos)

@@ -24,13 +24,14 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from .ops import fill_rows
-from .uploads import on_accelerator, pinned
+from .ops import fill_rows, row_runs
+from .uploads import StepUpload, on_accelerator, pinned
 
 __all__ = [
     "Dead",
     "GatheredRows",
     "Group",
+    "HostForcingGroup",
     "IdsGroup",
     "ListedRows",
     "SlotTable",
@@ -247,6 +248,10 @@ class Group:
     decided = False
     #: values per member row ``plan`` writes when the host knows the positions (0: it plans nothing)
     planned_per_row = 0
+    #: a decided group with no device decider: it runs only where the adapter passes every row's
+    #: history to ``SlotBatch.apply`` (``SlotBatch(host_histories=True)``); elsewhere its requests
+    #: stay on the hosted path
+    needs_host_histories = False
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         self.level = level
@@ -316,6 +321,38 @@ class IdsGroup(Group):
     def prepare(self, rows: ListedRows, stride: int) -> None:
         super().prepare(rows, stride)
         self._cache["flat"] = flat_indices(rows, self.ids.dev, stride)
+
+
+class HostForcingGroup(Group):
+    """A decided group whose step forces at most one token per row, chosen on the host by the row's
+    own processor (``SlotBatch.decide_on_host``: its ``row_op`` is a ``ForceToken`` or ``None``); no
+    tables, no device decider (``needs_host_histories``). Only the rows that force are touched."""
+
+    restrictive = True
+    positional = True  # a row left with no token reports its output position
+    decided = True
+    needs_host_histories = True
+
+    def _write(self, slot: int, template: Any) -> None:
+        pass  # decided from the request's own processor
+
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: np.ndarray,
+                             upload: StepUpload) -> Dead | None:
+        """Force ``decisions[i]`` (``-1``: nothing) in member row ``i``, keeping masks."""
+        firing = np.flatnonzero(decisions >= 0)
+        n = len(firing)
+        if not n:
+            return None
+        buf = upload.buffer(3 * n)
+        buf[:n], buf[n : 2 * n], buf[2 * n :] = rows.rows[firing], rows.slots[firing], decisions[firing]
+        values = upload.upload(3 * n)
+        rows_dev, slots, tokens = values[:n], values[n : 2 * n], values[2 * n :]
+        stops = step.stops[slots]
+        base = rows_dev * step.stride
+        forcing = ListedRows(rows.rows[firing], rows.slots[firing], rows_dev, slots, row_runs(rows.rows[firing].tolist()),
+                             base=base)
+        witness = force_listed(step, tokens, forcing)
+        return Dead(rows_dev, slots, witness, listed_positions(step, rows_dev), base + stops.clamp(min=0), stops >= 0)
 
 
 def mask_gathered(logits: torch.Tensor, ids: torch.Tensor, where: torch.Tensor) -> None:

@@ -1,48 +1,57 @@
-"""``trigger``: after the output first ends with the trigger, the phrase is forced once."""
+"""``trigger``: after the output first ends with the trigger, the phrase is forced once: its processor,
+template and resident group (decided on the host, ``HostForcingGroup``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from .base import RealizeContext
 from .ops import ForceToken, RowOp, apply_op
+from .slots import HostForcingGroup, Template
+from .spans import PLACEHOLDER, SpanScanner
 
-__all__ = ["KIND", "TriggerProcessor", "factory"]
+__all__ = ["KIND", "TriggerGroup", "TriggerProcessor", "TriggerTemplate", "factory"]
 
 KIND = "trigger"
 
 
-class TriggerProcessor:
-    """The first time the output ends with ``trigger`` (at generated position ``e``), the next
-    ``len(phrase)`` steps force ``phrase`` in order; later occurrences do nothing. The first
-    occurrence is found once and kept while the history still agrees with it (a shorter or changed
-    history, after preemption or rejected drafts, is searched again)."""
+class TriggerGroup(HostForcingGroup):
+    """``trigger`` on the resident path: each row's processor decides on the host (vLLM V1)."""
 
-    __slots__ = ("trigger", "phrase", "_found", "_searched")
+
+@dataclass(frozen=True, slots=True)
+class TriggerTemplate(Template):
+    """Force ``phrase`` once after the output first ends with ``trigger`` (decided per row)."""
+
+    trigger: tuple[int, ...]
+    phrase: tuple[int, ...]
+    group: ClassVar[type[TriggerGroup]] = TriggerGroup
+    reads_tokens: ClassVar[bool] = True
+
+
+class TriggerProcessor:
+    """The first time the generated tokens end with ``trigger`` (right before generated position
+    ``e``), steps ``e .. e + len(phrase) - 1`` force ``phrase`` in order; later occurrences do nothing.
+
+    The first occurrence is followed as a span that opens at the trigger and never closes
+    (``SpanScanner`` with the placeholder, which is never matched, as its end): each call scans only
+    unseen tokens, and a history whose tail changed (preemption, rejected drafts) rolls back to where
+    it still agrees, so an occurrence the history no longer holds is forgotten."""
+
+    __slots__ = ("trigger", "phrase", "template", "_scanner")
 
     def __init__(self, trigger: Sequence[int], phrase: Sequence[int]) -> None:
         self.trigger, self.phrase = tuple(trigger), tuple(phrase)
-        self._found: tuple[int, tuple[int, ...]] | None = None  # (end position, the tokens that matched)
-        self._searched = 0  # history positions already searched without a match
+        self.template = TriggerTemplate(self.trigger, self.phrase)
+        self._scanner = SpanScanner(self.trigger, (PLACEHOLDER,))
 
     def fired_at(self, input_ids: Sequence[int]) -> int | None:
-        """Where the trigger's first occurrence ends (``None``: not yet)."""
-        t = len(self.trigger)
-        if self._found is not None:
-            end, seen = self._found
-            if len(input_ids) >= end and tuple(input_ids[end - t : end]) == seen:
-                return end
-            self._found, self._searched = None, 0
-        self._searched = min(self._searched, len(input_ids))
-        for end in range(max(self._searched, t), len(input_ids) + 1):
-            if tuple(input_ids[end - t : end]) == self.trigger:
-                self._found = (end, self.trigger)
-                return end
-        self._searched = max(0, len(input_ids) - t + 1)
-        return None
+        """The generated position right after the trigger's first occurrence (``None``: not yet)."""
+        return self._scanner.span(input_ids)
 
     def row_op(self, input_ids: Sequence[int]) -> RowOp | None:
         end = self.fired_at(input_ids)

@@ -55,10 +55,13 @@ ThinkingDecider = Callable[[Group, GatheredRows], torch.Tensor]
 class SlotBatch:
     """Per-slot device programs of an engine's resident requests (see the module doc)."""
 
-    def __init__(self, *, num_slots: int, vocab_size: int, device: torch.device | str) -> None:
+    def __init__(self, *, num_slots: int, vocab_size: int, device: torch.device | str, host_histories: bool = False) -> None:
         self.num_slots = num_slots
         self.vocab_size = vocab_size
         self.device = torch.device(device)
+        #: whether the adapter passes every row's history to ``apply`` (listed layout): without them a
+        #: request with a group that needs them (``Group.needs_host_histories``) is not resident
+        self.host_histories = host_histories
         self.requests: list[GuardedRequest | None] = [None] * num_slots
         #: (entry position, group type) -> the group holding every slot with such an entry there
         self.groups: dict[tuple[int, type[Group]], Group] = {}
@@ -81,12 +84,13 @@ class SlotBatch:
 
     # -- batch changes ----------------------------------------------------------------------------
     def assign(self, slot: int, request: GuardedRequest | None) -> bool:
-        """Put ``request``'s program in ``slot`` (``None``, or a request that is not resident, clears
-        it); returns whether the slot now holds a resident request."""
+        """Put ``request``'s program in ``slot`` (``None``, or a request that is not resident here,
+        clears it); returns whether the slot now holds a resident request."""
         self._detach(slot)
         self._set_failed(slot, False)
         self.requests[slot] = None
-        resident = request is not None and request.resident
+        resident = request is not None and request.resident and (self.host_histories or not any(
+            p.template.group.needs_host_histories for p in request.processor.processors))  # type: ignore[union-attr,attr-defined]
         self.flags.reset(slot, owner=request if resident else None)
         self.listed.dirty = True
         if not resident:

@@ -74,7 +74,7 @@ class _Engine:
 
     def __init__(self, device: torch.device, vocab: int, num_slots: int, check: bool) -> None:
         self.device, self.vocab, self.check = device, vocab, check
-        self.batch = sdk.SlotBatch(num_slots=num_slots, vocab_size=vocab, device=device)
+        self.batch = sdk.SlotBatch(num_slots=num_slots, vocab_size=vocab, device=device, host_histories=True)
         self.free = list(range(num_slots - 1, -1, -1))
         self.rows: list[_Row | None] = []
         self.ids: list[int | None] = []
@@ -418,7 +418,7 @@ def measure(kind: str, batch: int, *, vocab: int, steps: int, trace_dir: Path) -
     logits = torch.randn(batch, vocab, device=device)
 
     def resident() -> sdk.SlotBatch:
-        slots = sdk.SlotBatch(num_slots=max(256, batch), vocab_size=vocab, device=device)
+        slots = sdk.SlotBatch(num_slots=max(256, batch), vocab_size=vocab, device=device, host_histories=True)
         for i, p in enumerate(payloads):
             request = sdk.realize(p, vocab_size=vocab, stop_token_id=stop)
             assert request is not None

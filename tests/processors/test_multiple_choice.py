@@ -1,0 +1,101 @@
+"""``multiple_choice`` (docs/specs.md): the output is exactly one of the choices, then EOS."""
+
+from __future__ import annotations
+
+import torch
+import pytest
+
+from dynlogits import sdk
+from dynlogits.processors.base import RealizeContext
+from dynlogits.processors.multiple_choice import MultipleChoiceProcessor, factory
+from dynlogits.specs import decode_wire_payload
+
+from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize
+
+CHOICES = ((5, 6, 7), (5, 8), (9,), (5, 6))
+
+
+def choice_processor() -> MultipleChoiceProcessor:
+    return MultipleChoiceProcessor(CHOICES, EOS)
+
+
+@pytest.mark.parametrize(("history", "allowed"), [
+    ([], [5, 9]),
+    ([5], [6, 8]),
+    ([5, 6], [EOS, 7]),  # (5, 6) is whole, (5, 6, 7) goes on
+    ([5, 6, 7], [EOS]),
+    ([5, 8], [EOS]),
+    ([9], [EOS]),
+])
+def test_each_step_allows_the_next_token_of_every_choice_still_matched_and_eos_after_a_whole_one(
+        history: list[int], allowed: list[int]) -> None:
+    row = apply(choice_processor(), history)
+    assert finite(row) == allowed
+    assert torch.equal(row[allowed], logits_row()[allowed])  # the allowed ids keep their values
+
+
+def test_after_eos_closes_a_choice_eos_is_allowed_again_and_nothing_else() -> None:
+    p = choice_processor()
+    assert finite(apply(p, [5, 8, EOS])) == [EOS]
+    assert finite(apply(p, [5, 8, EOS, EOS, EOS])) == [EOS]
+
+
+@pytest.mark.parametrize("history", [[7], [5, 9], [9, 9], [5, 6, 7, 7], [EOS]])
+def test_an_output_that_left_every_choice_keeps_no_token(history: list[int]) -> None:
+    assert finite(apply(choice_processor(), history)) == []
+
+
+def test_a_token_the_engine_masked_stays_masked() -> None:
+    row = logits_row()
+    row[9] = float("-inf")
+    choice_processor()([], row)
+    assert finite(row) == [5]
+
+
+def test_a_shorter_history_after_preemption_and_draft_rows_of_one_request_each_get_their_own_step() -> None:
+    p = choice_processor()
+    assert finite(apply(p, [5, 6, 7])) == [EOS]
+    assert finite(apply(p, [5])) == [6, 8]  # preempted and recomputed from a shorter history
+    committed = [5]
+    for drafts, allowed in [((), [6, 8]), ((6,), [EOS, 7]), ((6, 7), [EOS])]:  # one row per draft, one step
+        assert finite(apply(p, committed + list(drafts))) == allowed
+
+
+def test_the_factory_takes_the_entrys_eos_else_the_requests_first_stop_token_inside_the_width() -> None:
+    with_eos, without = decode_wire_payload([{"kind": "multiple_choice", "choices": [[5]], "eos_token_id": 3},
+                                             {"kind": "multiple_choice", "choices": [[5]]}])
+    ctx = RealizeContext(vocab_size=V, stop_token_ids=(V + 4, 7, 2))
+    assert finite(apply(factory(with_eos, ctx), [5])) == [3]
+    assert finite(apply(factory(without, ctx), [5])) == [7]
+    with pytest.raises(ValueError, match="no stop token"):
+        factory(without, RealizeContext(vocab_size=V, stop_token_ids=(V,)))
+
+
+def test_each_request_gets_a_fresh_processor() -> None:
+    (entry,) = decode_wire_payload([{"kind": "multiple_choice", "choices": [[5, 6]], "eos_token_id": EOS}])
+    ctx = RealizeContext(vocab_size=V)
+    assert factory(entry, ctx) is not factory(entry, ctx)
+
+
+def test_a_step_allocates_nothing_vocab_sized() -> None:
+    vocab = 100_000
+    p = choice_processor()
+    row = torch.zeros(vocab)
+    p([5], row)  # the first call builds the node's small index tensor
+    assert largest_allocation(lambda: p([5], row)) < 4096
+
+
+def test_a_request_whose_output_left_every_choice_is_fail_stopped_and_reported() -> None:
+    reports: list[str] = []
+    request = sdk.realize([{"kind": "multiple_choice", "choices": [[5, 6]], "eos_token_id": EOS}], vocab_size=V,
+                          stop_token_id=EOS, report=reports.append)
+    assert request is not None
+    logits = torch.randn(2, V)
+    logits[0, 6] = float("-inf")  # the engine's grammar masks the choice's next token
+    sdk.apply_rows(logits, [0], [request], [[5]])
+    assert request.failed and finite(logits[0]) == [EOS]
+    assert len(reports) == 1 and "no token left to sample at output position 1" in reports[0]
+
+
+def test_a_multiple_choice_request_stays_on_the_host_path() -> None:
+    assert not realize([{"kind": "multiple_choice", "choices": [[5]], "eos_token_id": EOS}]).resident

@@ -1,0 +1,160 @@
+"""``trigger`` (docs/specs.md): the first time the output ends with the trigger, the phrase is forced,
+one token a step; later occurrences do nothing. Host path, and the resident path where the adapter
+gives the histories (vLLM V1)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from dynlogits.processors.base import RealizeContext
+from dynlogits.processors.trigger import TriggerProcessor, factory
+from dynlogits.sdk.resident.slot_batch import SlotBatch
+from dynlogits.specs import decode_wire_payload
+
+from zoo_rows import V, apply, finite, largest_allocation, logits_row, realize, resident_and_host
+
+TRIGGER, PHRASE = (3, 4), (7, 8, 9)
+PAYLOAD = [{"kind": "trigger", "trigger_token_ids": list(TRIGGER), "phrase_token_ids": list(PHRASE)}]
+
+
+def trigger_processor() -> TriggerProcessor:
+    return TriggerProcessor(TRIGGER, PHRASE)
+
+
+def forced(processor: TriggerProcessor, history: list[int]) -> int | None:
+    """The token forced after ``history`` (``None``: the row is untouched)."""
+    row = apply(processor, history)
+    if torch.equal(row, logits_row()):
+        return None
+    (token,) = finite(row)
+    assert row[token] == 0.0
+    return token
+
+
+def test_the_phrase_is_forced_after_the_first_occurrence_then_the_output_is_free() -> None:
+    p = trigger_processor()
+    history = [5, 3]
+    assert forced(p, []) is None and forced(p, history) is None
+    history.append(4)
+    for token in PHRASE:
+        assert forced(p, history) == token
+        history.append(token)
+    assert forced(p, history) is None
+    history += [3, 4]  # a later occurrence does nothing
+    assert forced(p, history) is None and forced(p, history + [6]) is None
+
+
+def test_a_trigger_inside_the_phrase_or_overlapping_itself_counts_once() -> None:
+    p = TriggerProcessor((3, 3), (3, 3, 5))
+    assert [forced(p, [3] * n) for n in range(2, 5)] == [3, 3, 5]
+    assert forced(p, [3, 3, 3, 3, 5]) is None
+
+
+def test_a_forced_token_the_engine_masked_stays_masked() -> None:
+    row = logits_row()
+    row[7] = float("-inf")
+    trigger_processor()([3, 4], row)
+    assert finite(row) == []
+
+
+def test_a_history_that_shrinks_or_changes_is_followed() -> None:
+    p = trigger_processor()
+    assert forced(p, [1, 3, 4, 7]) == 8
+    assert forced(p, [1, 3]) is None  # preempted before the trigger's end: not fired
+    assert forced(p, [1, 3, 4]) == 7  # recomputed
+    assert forced(p, [1, 3, 5, 3, 4]) == 7  # the first occurrence was rejected: the later one is first now
+    assert forced(p, [2, 2, 2, 2, 2, 2, 2]) is None
+    assert forced(p, [2, 2, 2, 3, 4, 7, 8]) == 9  # same length, other tokens: the trigger is there now
+
+
+def test_draft_rows_of_one_request_are_each_decided_from_their_own_history() -> None:
+    p = trigger_processor()
+    committed = [6, 3]
+    for drafts, token in [((), None), ((4,), 7), ((4, 7), 8), ((4, 7, 8), 9), ((4, 7, 8, 9), None)]:
+        assert forced(p, committed + list(drafts)) == token
+    # the drafts were rejected and another token committed: deeper than the trigger's length
+    assert forced(p, [6, 3, 5, 5, 5, 5]) is None
+
+
+def test_following_the_history_call_by_call_equals_scanning_it_afresh() -> None:
+    rng = random.Random(0)
+    p = trigger_processor()
+    history: list[int] = []
+    for _ in range(400):
+        if history and rng.random() < 0.1:  # preemption: the history shrinks
+            del history[rng.randrange(len(history)) :]
+        elif history and rng.random() < 0.1:  # rejected drafts: some of the tail is replaced
+            for i in range(rng.randrange(len(history)), len(history)):
+                history[i] = rng.choice([3, 4, 5, 7])
+        history.append(rng.choice([3, 4, 5, 7]))
+        assert forced(p, history) == forced(trigger_processor(), history), history
+
+
+def test_a_placeholder_not_yet_replaced_is_never_taken_for_the_trigger() -> None:
+    p = trigger_processor()
+    assert forced(p, [3, -1]) is None
+    assert forced(p, [3, 4, -1]) == 8  # the placeholder stands for phrase[0], already forced
+
+
+def test_each_request_gets_a_fresh_processor() -> None:
+    (entry,) = decode_wire_payload(PAYLOAD)
+    ctx = RealizeContext(vocab_size=V)
+    a, b = factory(entry, ctx), factory(entry, ctx)
+    assert a is not b
+    assert forced(a, [3, 4]) == 7
+    assert b.fired_at([0]) is None
+
+
+def test_a_step_allocates_nothing_vocab_sized() -> None:
+    vocab = 100_000
+    p = trigger_processor()
+    row = torch.zeros(vocab)
+    p([3, 4], row)
+    assert largest_allocation(lambda: p([3, 4], row)) < 4096
+
+
+def test_the_resident_path_equals_the_host_path_step_by_step() -> None:
+    history = [5, 3, 4, 7, 8, 9, 3, 4, 6]
+    steps = [history[:n] for n in range(len(history) + 1)] + [[5, 3], [5, 3, 4]]  # and back after preemption
+    for resident, host in resident_and_host(PAYLOAD, steps):
+        assert torch.equal(resident, host)
+
+
+def test_without_the_rows_histories_a_trigger_request_stays_on_the_host_path() -> None:
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu")  # Model Runner V2: no host histories
+    request = realize(PAYLOAD)
+    assert request.resident  # every processor has a template ...
+    assert not batch.assign(0, request)  # ... but only a batch given histories can decide it
+    batch.flush()
+    batch.set_rows(np.array([0]))
+    logits = torch.randn(1, V)
+    before = logits.clone()
+    batch.apply(logits, histories=[[3, 4]])
+    assert torch.equal(logits, before)
+
+
+@pytest.mark.parametrize("masked", [7, None])
+def test_a_resident_row_left_with_no_token_fails_its_request_at_its_position(masked: int | None) -> None:
+    reports: list[str] = []
+    from dynlogits import sdk
+
+    request = sdk.realize(PAYLOAD, vocab_size=V, stop_token_id=1, report=reports.append)
+    assert request is not None
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
+    batch.assign(0, request)
+    batch.flush()
+    batch.set_rows(np.array([0]))
+    logits = torch.randn(1, V)
+    if masked is not None:
+        logits[0, masked] = float("-inf")
+    batch.apply(logits, histories=[[3, 4]])
+    sdk.drain()
+    if masked is None:
+        assert finite(logits[0]) == [7] and not request.failed
+    else:
+        assert finite(logits[0]) == [1] and request.failed
+        assert "no token left to sample at output position 2" in reports[0]
