@@ -138,20 +138,52 @@ def _banned_phrases(row: list[float], e: Mapping[str, Any], h: Sequence[int]) ->
             row[last] = NEG
 
 
+def _stop(row: list[float], request: OracleRequest) -> int | None:
+    """The request's stop token: its first stop id inside the row (``None``: none)."""
+    return next((t for t in request.stop_token_ids if 0 <= t < len(row)), None)
+
+
 def _multiple_choice(row: list[float], e: Mapping[str, Any], h: Sequence[int], request: OracleRequest) -> None:
-    raise NotImplementedError("the oracle's multiple_choice")
+    # keep the next token of every choice the output is a proper prefix of; EOS once the output is a
+    # whole choice, and again once EOS has followed a whole choice; everything else goes
+    eos = e["eos_token_id"] if e.get("eos_token_id") is not None else _stop(row, request)
+    out, keep = list(h), set()
+    for choice in map(list, e["choices"]):
+        if len(out) < len(choice) and choice[: len(out)] == out:
+            keep.add(choice[len(out)])
+        elif out == choice or (len(out) > len(choice) and out[: len(choice)] == choice and out[len(choice)] == eos):
+            keep.add(eos)
+    for i in range(len(row)):
+        if i not in keep:
+            row[i] = NEG
 
 
 def _trigger(row: list[float], e: Mapping[str, Any], h: Sequence[int]) -> None:
-    raise NotImplementedError("the oracle's trigger")
+    # the first position the output ends with the trigger; the phrase's tokens in the steps after it
+    trigger, phrase = list(e["trigger_token_ids"]), list(e["phrase_token_ids"])
+    first = next((end for end in range(len(trigger), len(h) + 1) if list(h[end - len(trigger) : end]) == trigger), None)
+    if first is not None and len(h) - first < len(phrase):
+        _force(row, phrase[len(h) - first])
 
 
 def _deadline(row: list[float], e: Mapping[str, Any], request: OracleRequest) -> None:
-    raise NotImplementedError("the oracle's deadline")
+    # from arrival + seconds on, the stop token and nothing else
+    stop = _stop(row, request)
+    if stop is not None and request.now >= request.arrival + float(e["seconds"]):
+        _force(row, stop)
 
 
 def _prompt_tokens(row: list[float], e: Mapping[str, Any], request: OracleRequest) -> None:
-    raise NotImplementedError("the oracle's prompt_tokens")
+    # each distinct prompt id once: boosted, or (restrict) kept with the stop ids while the rest goes
+    prompt = {t for t in request.prompt if 0 <= t < len(row)}
+    if e["mode"] == "boost":
+        for t in prompt:
+            row[t] += float(e.get("boost", 2.0))
+        return
+    keep = prompt | {t for t in request.stop_token_ids if 0 <= t < len(row)}
+    for i in range(len(row)):
+        if i not in keep:
+            row[i] = NEG
 
 
 def expected_row(entries: Sequence[Mapping[str, Any]], history: Sequence[int], row: Sequence[float],
