@@ -9,7 +9,8 @@ from typing import Any
 
 from .errors import Problem
 
-__all__ = ["DEFAULT_LIMITS", "MAX_ABS_LOGIT_BIAS", "MAX_DEADLINE_SECONDS", "MAX_TOKEN_ID", "SpecLimits", "entry_limit_problems", "limit_problems"]
+__all__ = ["DEFAULT_LIMITS", "MAX_ABS_LOGIT_BIAS", "MAX_DEADLINE_SECONDS", "MAX_TOKEN_ID", "SpecLimits", "entry_limit_problems",
+           "field_limits", "limit_problems"]
 
 # Token ids are int32 in every engine we target.
 MAX_TOKEN_ID = 2**31 - 1
@@ -70,6 +71,12 @@ _ITEM_LIMITS = {
     "choices": ("max_phrase_tokens", "items"),
     "texts": ("max_text_chars", "characters"),
 }
+
+
+def field_limits(name: str) -> tuple[str | None, str | None]:
+    """The names of the limits bounding field ``name``'s length and each of its items' (``None``: none)."""
+    item = _ITEM_LIMITS.get(name)
+    return _LENGTH_LIMITS.get(name), item[0] if item else None
 
 
 def _field(entry: Any, name: str) -> Any:

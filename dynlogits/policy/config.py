@@ -63,6 +63,9 @@ class _LimitsModel(BaseModel):
     max_text_chars: StrictInt = Field(DEFAULT_LIMITS.max_text_chars, ge=1)
     max_bias_entries: StrictInt = Field(DEFAULT_LIMITS.max_bias_entries, ge=1)
     max_budget: StrictInt = Field(DEFAULT_LIMITS.max_budget, ge=1)
+    max_phrases: StrictInt = Field(DEFAULT_LIMITS.max_phrases, ge=1)
+    max_phrase_tokens: StrictInt = Field(DEFAULT_LIMITS.max_phrase_tokens, ge=1)
+    max_prompt_tokens: StrictInt = Field(DEFAULT_LIMITS.max_prompt_tokens, ge=1)
 
 
 class _ConfigModel(BaseModel):

@@ -54,7 +54,7 @@ class RequestPolicy:
                                       allowed_kinds=sorted(self.config.allow_request_kinds))
         entries = logits_processors_for_request(self.deployment, disaggregation_mode=self.role)
         if requested and self.generates:
-            resolved = resolve_entries(requested, self.tokenizer, root=root)
+            resolved = resolve_entries(requested, self.tokenizer, root=root, limits=self.config.limits)
             check_vocab(resolved, self.vocab_size, root=root)
             # the request's entries must not contradict the deployment's (e.g. force a token it bans)
             paths = [f"deployment entries[{i}]" for i in range(len(entries))]
@@ -72,7 +72,7 @@ def build_policy(role: DisaggregationMode, config: DeploymentConfig,
     entries: list[Any] = []
     generation_only = True
     if config.spec is not None:
-        resolved = resolve_entries(config.spec.entries, tokenizer(), root="entries")
+        resolved = resolve_entries(config.spec.entries, tokenizer(), root="entries", limits=config.limits)
         check_vocab(resolved, vocab_size, root="entries")
         check_consistency(resolved, root="entries", vocab_size=vocab_size)
         entries += resolved

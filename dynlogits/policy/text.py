@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from dynlogits.specs import ForcedTextSpec, ForcedTokenSequenceSpec, SpecError
+from dynlogits.specs import DEFAULT_LIMITS, ForcedTextSpec, ForcedTokenSequenceSpec, SpecError, SpecLimits
+from dynlogits.specs.limits import field_limits
 
 __all__ = ["TextTokenizer", "encode_text", "phrase_variants", "resolve_entries", "resolve_forced_text", "resolve_text"]
 
@@ -56,34 +57,55 @@ def _eos(tokenizer: TextTokenizer, path: str) -> int:
     return int(eos)
 
 
-def resolve_text(entry: Any, tokenizer: TextTokenizer, *, path: str) -> Any:
+def _bounded(ids: tuple[int, ...], limit: str | None, limits: SpecLimits, *, path: str) -> tuple[int, ...]:
+    """``ids`` (a text's tokens), or ``SpecError`` at ``path`` when they exceed ``limits.<limit>``."""
+    bound = getattr(limits, limit) if limit is not None else None
+    if bound is not None and len(ids) > bound:
+        raise SpecError.single(path, f"is {len(ids)} tokens with this worker's tokenizer; must be at most {bound} (limit {limit})")
+    return ids
+
+
+def resolve_text(entry: Any, tokenizer: TextTokenizer, *, path: str, limits: SpecLimits = DEFAULT_LIMITS) -> Any:
     """``entry`` with its text fields (``text_fields``: text -> the id field it becomes) resolved to
-    token ids with ``tokenizer``; an entry without text comes back as it is."""
+    token ids with ``tokenizer``; an entry without text comes back as it is. What a text becomes is
+    held to the id field's ``limits`` (a phrase's two variants count twice), named at the text."""
     if isinstance(entry, ForcedTextSpec):
-        return resolve_forced_text(entry.text, tokenizer, path=f"{path}.text")
+        forced = resolve_forced_text(entry.text, tokenizer, path=f"{path}.text")
+        _bounded(forced.token_ids, field_limits("token_ids")[0], limits, path=f"{path}.text")
+        return forced
     unresolved = getattr(entry, "unresolved_text", None)
     if unresolved is None or not unresolved():
         return entry
     update: dict[str, Any] = {}
     for name in unresolved():
         value, target = getattr(entry, name), entry.text_fields[name]
+        length, item = field_limits(target)
         if isinstance(value, str):
-            update[target] = encode_text(value, tokenizer, path=f"{path}.{name}")
-        elif entry.kind == "banned_phrases":
-            phrases = list(entry.phrases)
-            for j, text in enumerate(value):
-                phrases += [v for v in phrase_variants(text, tokenizer, path=f"{path}.{name}[{j}]") if v not in phrases]
-            update[target] = tuple(phrases)
-        else:
-            update[target] = (*getattr(entry, target), *(encode_text(t, tokenizer, path=f"{path}.{name}[{j}]")
-                                                         for j, t in enumerate(value)))
-        update[name] = None if isinstance(value, str) else ()
+            update[target] = _bounded(encode_text(value, tokenizer, path=f"{path}.{name}"), length, limits,
+                                      path=f"{path}.{name}")
+            update[name] = None
+            continue
+        items = list(getattr(entry, target))
+        seen = set(items)
+        for j, text in enumerate(value):
+            at = f"{path}.{name}[{j}]"
+            found = (phrase_variants(text, tokenizer, path=at) if entry.kind == "banned_phrases"
+                     else [encode_text(text, tokenizer, path=at)])
+            for ids in found:
+                if ids not in seen:
+                    seen.add(_bounded(ids, item, limits, path=at))
+                    items.append(ids)
+        if length is not None and len(items) > getattr(limits, length):
+            raise SpecError.single(f"{path}.{name}", f"resolves to {len(items)} token sequences with this worker's "
+                                                     f"tokenizer; must be at most {getattr(limits, length)} (limit {length})")
+        update[target], update[name] = tuple(items), ()
     if entry.kind == "multiple_choice" and entry.eos_token_id is None:
         update["eos_token_id"] = _eos(tokenizer, f"{path}.texts")
     return type(entry).model_validate({**entry.model_dump(), **update})
 
 
-def resolve_entries(entries: Sequence[Any], tokenizer: TextTokenizer, *, root: str = "entries") -> tuple[Any, ...]:
+def resolve_entries(entries: Sequence[Any], tokenizer: TextTokenizer, *, root: str = "entries",
+                    limits: SpecLimits = DEFAULT_LIMITS) -> tuple[Any, ...]:
     """Entries with every text resolved to token ids (``forced_text`` becomes its
-    ``forced_sequence``); entries without text unchanged."""
-    return tuple(resolve_text(e, tokenizer, path=f"{root}[{i}]") for i, e in enumerate(entries))
+    ``forced_sequence``), held to ``limits``; entries without text unchanged."""
+    return tuple(resolve_text(e, tokenizer, path=f"{root}[{i}]", limits=limits) for i, e in enumerate(entries))

@@ -115,3 +115,14 @@ def test_a_plugin_kind_that_is_not_installed_is_unknown(tmp_path, monkeypatch):
     path.write_text("allow_request_kinds: [ban_range]\n")
     with pytest.raises(SpecError, match=r"allow_request_kinds\[0\]: unknown kind 'ban_range'"):
         load_config(path)
+
+
+def test_a_config_may_tighten_every_spec_limit(tmp_path):
+    from dataclasses import fields
+
+    from dynlogits.specs import SpecLimits
+
+    names = [f.name for f in fields(SpecLimits)]
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"limits": {name: 3 for name in names}}))
+    assert load_config(path).limits == SpecLimits(**{name: 3 for name in names})

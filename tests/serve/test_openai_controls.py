@@ -1,7 +1,8 @@
 """OpenAI's ``logit_bias`` and vLLM's ``allowed_token_ids`` / ``bad_words`` as dynlogits kinds
 (``dynlogits.serve.openai_controls``): mapped exactly, refused by name where the deployment does not allow
-the kind or the kind cannot express the request, never accepted and ignored. ``bad_words`` is checked
-against vLLM's own ``SamplingParams.update_from_tokenizer`` with the embedded model's tokenizer."""
+the kind or the kind cannot express the request, never accepted and ignored. ``bad_words``, resolved by
+the worker's request policy, is checked against vLLM's own ``SamplingParams.update_from_tokenizer`` with
+the embedded model's tokenizer."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ from typing import Any
 
 import pytest
 
-from dynlogits.policy.config import parse_config
+from dynlogits.policy.config import DeploymentConfig, parse_config
+from dynlogits.policy.request import build_policy
+from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.serve.openai_controls import rename_control_paths, with_controls
 from dynlogits.specs import SpecError, parse_entries
 
-ALL = parse_config({"allow_request_kinds": ["logit_bias", "allowed_tokens", "banned_tokens", "forced_text"]})
+ALL = parse_config({"allow_request_kinds": ["logit_bias", "allowed_tokens", "banned_tokens", "banned_phrases",
+                                            "forced_text"]})
+VOCAB = 1000  # the embedded model's logits width
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +31,6 @@ def tokenizer() -> Any:
     return get_tokenizer(str(default_model_dir()))
 
 
-def _encode(tokenizer: Any) -> Any:
-    return lambda text: tokenizer.encode(text, add_special_tokens=False)
-
-
 def _vllm_bad_words(tokenizer: Any, words: list[str]) -> list[list[int]]:
     from vllm import SamplingParams
 
@@ -38,10 +39,21 @@ def _vllm_bad_words(tokenizer: Any, words: list[str]) -> list[list[int]]:
     return params.bad_words_token_ids or []
 
 
+def _worker_entries(tokenizer: Any, fields: dict[str, Any], config: DeploymentConfig = ALL) -> list[Any]:
+    """The wire entries the worker activates for a request with these control fields (its request
+    policy on the embedded model's tokenizer; errors renamed as the worker renames them)."""
+    controls = with_controls(None, fields, config)
+    policy = build_policy(DisaggregationMode.AGGREGATED, config, lambda: tokenizer, VOCAB, environ={})
+    try:
+        return policy.entries_for(controls.entries)
+    except SpecError as err:
+        raise rename_control_paths(err, controls.origins) from None
+
+
 def test_logit_bias_and_allowed_token_ids_map_onto_their_kinds_after_the_clients_entries() -> None:
     own = [{"kind": "forced_text", "text": "hi"}]
     controls = with_controls(own, {"logit_bias": {"42": 100, "7": -2.5}, "allowed_token_ids": [42, 43],
-                                   "bad_words": None}, ALL, encode=None)
+                                   "bad_words": None}, ALL)
     assert controls.entries == [own[0], {"kind": "logit_bias", "bias": {"42": 100, "7": -2.5}},
                                 {"kind": "allowed_tokens", "token_ids": [42, 43]}]
     assert controls.origins == [None, "logit_bias", "allowed_token_ids"]
@@ -50,26 +62,46 @@ def test_logit_bias_and_allowed_token_ids_map_onto_their_kinds_after_the_clients
 
 
 def test_neutral_values_add_nothing() -> None:
-    controls = with_controls(None, {"logit_bias": {}, "bad_words": [], "allowed_token_ids": None}, ALL, encode=None)
-    assert controls.entries == [] and controls.unresolved == []
+    controls = with_controls(None, {"logit_bias": {}, "bad_words": [], "allowed_token_ids": None}, ALL)
+    assert controls.entries == []
 
 
-def test_single_token_bad_words_ban_exactly_what_vllm_bans(tokenizer: Any) -> None:
-    words = ["hello", "Hello", "a"]
-    vllm = _vllm_bad_words(tokenizer, words)
-    assert all(len(seq) == 1 for seq in vllm), vllm  # the premise: single-token words here
-    controls = with_controls(None, {"bad_words": words}, ALL, encode=_encode(tokenizer))
-    assert controls.entries == [{"kind": "banned_tokens", "token_ids": [seq[0] for seq in vllm]}]
+def test_bad_words_map_onto_banned_phrases_texts_as_sent() -> None:
+    controls = with_controls(None, {"bad_words": ["hello world", " a"]}, ALL)
+    assert controls.entries == [{"kind": "banned_phrases", "texts": ["hello world", " a"]}]
     assert controls.origins == ["bad_words"]
 
 
-@pytest.mark.parametrize("word", ["the", "world", "xyzzyq"])
-def test_a_multi_token_bad_word_is_refused_not_approximated(tokenizer: Any, word: str) -> None:
-    assert any(len(seq) > 1 for seq in _vllm_bad_words(tokenizer, [word]))  # vLLM bans a sequence here
+WORDS = [["hello"], ["Hello", "a"], ["hello world"], ["the", "world", "xyzzyq"], ["  Hello world", "hello world", " cat"]]
+
+
+@pytest.mark.parametrize("words", WORDS, ids=lambda w: "+".join(w))
+def test_bad_words_ban_exactly_the_sequences_vllm_bans(tokenizer: Any, words: list[str]) -> None:
+    """One token or several, as given or with a leading space: the worker's phrases are vLLM's
+    ``bad_words_token_ids`` (without repeats)."""
+    vllm = list(dict.fromkeys(tuple(seq) for seq in _vllm_bad_words(tokenizer, words)))
+    (entry,) = _worker_entries(tokenizer, {"bad_words": words})
+    assert entry.kind == "banned_phrases" and list(entry.phrases) == vllm
+
+
+def test_bad_words_over_the_phrase_limit_once_resolved_are_refused_naming_the_field(tokenizer: Any) -> None:
+    """Each word may become two sequences (bare and with a leading space): the limit holds after that."""
+    narrow = parse_config({"allow_request_kinds": ["banned_phrases"], "limits": {"max_phrases": 2}})
+    assert len(_vllm_bad_words(tokenizer, ["hello world", "Hello"])) == 4  # the premise
     with pytest.raises(SpecError) as err:
-        with_controls(None, {"bad_words": ["hello", word]}, ALL, encode=_encode(tokenizer))
+        _worker_entries(tokenizer, {"bad_words": ["hello world", "Hello"]}, narrow)
     problem = err.value.problems[0]
-    assert problem.path == "bad_words[1]" and "tokens" in problem.rule and "one token" in problem.rule, problem
+    assert problem.path == "bad_words" and problem.rule == ("resolves to 4 token sequences with this worker's tokenizer; "
+                                                            "must be at most 2 (limit max_phrases)"), problem
+
+
+def test_a_bad_word_too_long_in_tokens_is_refused_by_its_index_without_echoing_it(tokenizer: Any) -> None:
+    word = "xyzzyq " * 500
+    with pytest.raises(SpecError) as err:
+        _worker_entries(tokenizer, {"bad_words": ["hello", word]})
+    (problem,) = err.value.problems
+    assert problem.path == "bad_words[1]" and "limit max_phrase_tokens" in problem.rule, problem
+    assert "xyzzyq" not in str(err.value) and len(str(err.value)) < 200
 
 
 @pytest.mark.parametrize(("field", "value"), [("logit_bias", {"1": 5}), ("allowed_token_ids", [1]),
@@ -77,20 +109,20 @@ def test_a_multi_token_bad_word_is_refused_not_approximated(tokenizer: Any, word
 def test_a_field_whose_kind_is_not_allowed_is_refused_by_its_own_name(field: str, value: Any) -> None:
     narrow = parse_config({"allow_request_kinds": ["forced_text"]})
     with pytest.raises(SpecError) as err:
-        with_controls(None, {field: value}, narrow, encode=None)
+        with_controls(None, {field: value}, narrow)
     problem = err.value.problems[0]
     assert problem.path == field and "does not allow" in problem.rule, problem
 
 
 @pytest.mark.parametrize(("value", "path"), [("hello", "bad_words"), (["hello", 3], "bad_words[1]"),
-                                             (["  "], "bad_words[0]"), (["x" * 4097], "bad_words[0]")])
-def test_bad_words_of_the_wrong_shape_are_refused_before_tokenizing(value: Any, path: str) -> None:
-    def never(text: str) -> list[int]:
-        raise AssertionError("tokenized")
-
+                                             (["  "], "bad_words[0]"), (["x" * 4097], "bad_words[0]"),
+                                             (["x"] * 257, "bad_words")])
+def test_bad_words_of_the_wrong_shape_are_refused_before_any_tokenizer_sees_them(value: Any, path: str) -> None:
+    """``with_controls`` takes no tokenizer: the frontend refuses these too."""
     with pytest.raises(SpecError) as err:
-        with_controls(None, {"bad_words": value}, ALL, encode=never)
+        with_controls(None, {"bad_words": value}, ALL)
     assert err.value.problems[0].path == path
+    assert "xxxx" not in str(err.value)
 
 
 @pytest.mark.parametrize(("controls", "path", "rule"), [
@@ -102,7 +134,7 @@ def test_bad_words_of_the_wrong_shape_are_refused_before_tokenizing(value: Any, 
 ])
 def test_errors_inside_a_mapped_entry_name_the_field_not_logits_processors(controls: dict[str, Any], path: str,
                                                                           rule: str) -> None:
-    mapped = with_controls([{"kind": "banned_tokens", "token_ids": [1]}], controls, ALL, encode=None)
+    mapped = with_controls([{"kind": "banned_tokens", "token_ids": [1]}], controls, ALL)
     with pytest.raises(SpecError) as err:
         parse_entries(mapped.entries, allowed_kinds=sorted(ALL.allow_request_kinds), limits=ALL.limits)
     problem = rename_control_paths(err.value, mapped.origins).problems[0]
@@ -110,7 +142,7 @@ def test_errors_inside_a_mapped_entry_name_the_field_not_logits_processors(contr
 
 
 def test_the_clients_own_entries_keep_their_paths() -> None:
-    mapped = with_controls([{"kind": "banned_tokens", "token_ids": [-1]}], {"logit_bias": {"1": 1}}, ALL, encode=None)
+    mapped = with_controls([{"kind": "banned_tokens", "token_ids": [-1]}], {"logit_bias": {"1": 1}}, ALL)
     with pytest.raises(SpecError) as err:
         parse_entries(mapped.entries, allowed_kinds=sorted(ALL.allow_request_kinds))
     assert rename_control_paths(err.value, mapped.origins).problems[0].path == "logits_processors[0].token_ids[0]"

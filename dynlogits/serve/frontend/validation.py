@@ -49,15 +49,15 @@ def validate_request(model: type[RequestBody], data: Any, config: DeploymentConf
         raise HTTPError(400, bad.message, param=bad.param) from None
     own = body.logits_processors
     if own is not None and not isinstance(own, list):  # refused by the parse with the field's own error
-        raw, origins, unresolved = own, [], []
+        raw, origins = own, []
     else:
         try:
-            controls = with_controls(own, body.controls(), config, encode=None)
+            controls = with_controls(own, body.controls(), config)
         except SpecError as err:
             raise HTTPError(400, str(err), param=err.problems[0].path) from None
-        raw, origins, unresolved = controls.entries, controls.origins, controls.unresolved
+        raw, origins = controls.entries, controls.origins
         if own is None and not raw:
-            return body, unresolved
+            return body, []
     try:
         entries = parse_entries(raw, root="logits_processors", limits=config.limits,
                                 allowed_kinds=sorted(config.allow_request_kinds))
@@ -66,4 +66,4 @@ def validate_request(model: type[RequestBody], data: Any, config: DeploymentConf
         raise HTTPError(400, str(renamed), param=renamed.problems[0].path) from None
     if isinstance(own, list):  # forward what was validated: the client's own entries (the controls travel as sent)
         body = body.model_copy(update={"logits_processors": [request_dump(e) for e in entries[:len(own)]]})
-    return body, [e.kind for e in entries] + unresolved
+    return body, [e.kind for e in entries]

@@ -51,7 +51,7 @@ class GenerateCall:
             req = await self.read_request()
             self.check_limits(req)
             self.check_capacity(req)
-            entries = self.entries(req, engine, policy)
+            entries = self.entries(req, policy)
             prompt_ids, params = self.engine_request(req, engine, entries)
             return await self.start(req, engine, prompt_ids, params, entries)
         except HTTPError as err:
@@ -104,13 +104,12 @@ class GenerateCall:
                                  f"{req.sampling.n} more would exceed {cap} (limit max_inflight_sequences); retry later",
                             kind="rate_limit_exceeded", retry_after_s=1)
 
-    def entries(self, req: GenerateRequest, engine: VllmEngine, policy: RequestPolicy) -> list[Any]:
+    def entries(self, req: GenerateRequest, policy: RequestPolicy) -> list[Any]:
         """The wire entries this request activates: ``logit_bias`` / ``allowed_token_ids`` /
         ``bad_words`` mapped onto kinds under the same allow-list and limits, then every entry
         validated once by the request policy and gated by role. 400 naming the field."""
         try:
-            controls = with_controls(req.logits_processors, req.controls(), self.state.config,
-                                     encode=lambda text: engine.tokenizer.encode(text, add_special_tokens=False))
+            controls = with_controls(req.logits_processors, req.controls(), self.state.config)
         except SpecError as err:
             raise HTTPError(400, str(err), param=err.problems[0].path) from None
         try:
