@@ -6,8 +6,15 @@ row with no allowed token is refused, naming the two entries and the step. Exact
 
 * at every output position ``n`` the allowed set is followed through the entries in order
   (``forced_sequence`` and ``min_tokens`` depend on ``n``); an empty set is a contradiction;
+* scopes: entries scoped to ``reasoning`` and to ``answer`` never act at one step, so the entries of
+  each phase are followed apart; an entry scoped to a phase counts its positions from the start of
+  the phase's stretch, which may begin at any output position, so its positions are paired with the
+  ``always`` entries' (each side's first ``MIXED_POINTS`` positions that differ, and its last);
 * a ``thinking_budget`` end token that an allow-list excludes, a ban masks, or ``min_tokens`` masks
-  where the span could close is a contradiction whatever the step;
+  acting at a step where the span can close (any position: a span the prompt opened counts its
+  tokens) is a contradiction; with the request's reasoning delimiters the span closes in the
+  reasoning phase, so an entry scoped to ``answer`` never meets it; a ``thinking_budget`` without
+  delimiters needs the payload's ``reasoning`` entry;
 * a ``forced_sequence`` that writes a phrase a ``banned_phrases`` entry of the same scope bans (its
   tokens, then its EOS) is a contradiction at the step the phrase's last token is due.
 
@@ -22,7 +29,11 @@ from typing import Any
 
 from .errors import Problem, SpecError
 
-__all__ = ["check_consistency", "consistency_problems"]
+__all__ = ["MIXED_POINTS", "check_consistency", "consistency_problems"]
+
+#: Positions of each side compared where entries of two position scales act in one phase (see the
+#: module doc): the first ones that differ, and the last (from which on nothing changes).
+MIXED_POINTS = 64
 
 
 @dataclass(frozen=True)
@@ -58,8 +69,24 @@ def _positions(entries: Sequence[Any]) -> list[int]:
     return sorted(p for p in points if p >= 0)
 
 
-def _step(state: _State, i: int, entry: Any, n: int, paths: Sequence[str]) -> tuple[_State, str | None]:
-    """Apply entry ``i`` at position ``n``; the reason when the row is left empty."""
+def _scope(entry: Any) -> str:
+    return getattr(entry, "scope", "always")
+
+
+def _reasoning(entries: Sequence[Any]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    return next(((tuple(e.start_token_ids), tuple(e.end_token_ids)) for e in entries if e.kind == "reasoning"), None)
+
+
+def _phases(entry: Any, reasoning: object) -> frozenset[str]:
+    """The phases an entry acts in (without reasoning delimiters every step is an answer step)."""
+    phases = frozenset(("reasoning", "answer") if reasoning is not None else ("answer",))
+    scope = _scope(entry)
+    return phases if scope == "always" else phases & {scope}
+
+
+def _step(state: _State, i: int, entry: Any, n: int, paths: Sequence[str], at: str = "") -> tuple[_State, str | None]:
+    """Apply entry ``i`` at position ``n`` (``at``: how the message names it); the reason when the row is left empty."""
+    at = at or f"output position {n}"
     kind = entry.kind
     origin = paths[state.origin] if state.origin is not None else ""
     if kind == "banned_tokens" or (kind == "min_tokens" and n < entry.min_tokens):
@@ -67,7 +94,7 @@ def _step(state: _State, i: int, entry: Any, n: int, paths: Sequence[str]) -> tu
         if state.allowed is None:
             return _State(state.masked | ids, None, state.origin), None
         left = state.allowed - ids
-        why = None if left else f"masks every token {origin} leaves allowed at output position {n}"
+        why = None if left else f"masks every token {origin} leaves allowed at {at}"
         return _State(state.masked, left, state.origin), why
     if kind == "allowed_tokens":
         keep = _keep_set(entry)
@@ -75,12 +102,12 @@ def _step(state: _State, i: int, entry: Any, n: int, paths: Sequence[str]) -> tu
         why = None
         if not left:
             why = ("allows only tokens that earlier entries mask" if state.allowed is None
-                   else f"allows none of the tokens {origin} leaves allowed") + f" at output position {n}"
+                   else f"allows none of the tokens {origin} leaves allowed") + f" at {at}"
         return _State(state.masked, left, i), why
     if kind == "forced_sequence":
         token = _forced_token(entry, n)
         ok = token not in state.masked if state.allowed is None else token in state.allowed
-        why = None if ok else f"forces token {token} at output position {n}, which " + (
+        why = None if ok else f"forces token {token} at {at}, which " + (
             "an earlier entry masks" if state.allowed is None else f"{origin} does not allow")
         return _State(state.masked, frozenset((token,)) if ok else frozenset(), i), why
     return state, None  # logit_bias, thinking_budget (checked apart), python, plug-ins: no effect on the set
@@ -95,48 +122,101 @@ def _variant(entry: Any, n: int) -> object:
     return None
 
 
-def _position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size: int | None) -> Iterator[Problem]:
+def _capped(points: list[int]) -> list[int]:
+    return points if len(points) <= MIXED_POINTS + 1 else [*points[:MIXED_POINTS], points[-1]]
+
+
+def _grid(entries: Sequence[Any], axes: Sequence[int]) -> list[tuple[int, int]]:
+    """The (output position, phase position) pairs to check: one scale alone, every point that
+    differs; both, each side's capped points where the output position can be at or after the
+    phase position (a point stands for the positions up to the next one; the last for all after)."""
+    always = _positions([e for e, a in zip(entries, axes) if a == 0])
+    phase = _positions([e for e, a in zip(entries, axes) if a == 1])
+    if 1 not in axes:
+        return [(n, 0) for n in always]
+    if 0 not in axes:
+        return [(0, n) for n in phase]
+    upper = {p: q - 1 for p, q in zip(always, always[1:])}
+    return [(a, p) for a in _capped(always) for p in _capped(phase) if a not in upper or upper[a] >= p]
+
+
+def _position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size: int | None,
+                       axes: Sequence[int] | None = None, phase: str = "") -> Iterator[Problem]:
+    """``axes[i]``: whether entry ``i`` counts output positions (0) or positions of ``phase`` (1)."""
     # Steps are memoized on (entry, input state, what of n matters), so a long forced sequence costs
     # one cheap step per position instead of re-deriving large allowed sets at every position.
+    axes = list(axes) if axes is not None else [0] * len(entries)
     memo: dict[tuple[int, int, object], tuple[_State, str | None]] = {}
     start = _State(frozenset(), None, None)
-    for n in _positions(entries):
+    for ns in _grid(entries, axes):
         state = start
         for i, entry in enumerate(entries):
+            n = ns[axes[i]]
+            at = f"{phase} position {n}" if axes[i] else f"output position {n}"
             key = (i, id(state), _variant(entry, n))
             hit = memo.get(key)
             if hit is None:
-                hit = memo[key] = _step(state, i, entry, n, paths)
+                hit = memo[key] = _step(state, i, entry, n, paths, at)
                 memo[(-1, id(hit[0]), None)] = (hit[0], None)  # keep the state alive: its id stays unique
             state, why = hit
             if why is None and vocab_size is not None and state.allowed is None and len(state.masked) >= vocab_size:
-                why = f"masks the last of the {vocab_size} tokens at output position {n}"
+                why = f"masks the last of the {vocab_size} tokens at {at}"
             if why is not None:
                 yield Problem(paths[i], f"contradicts the entries before it: it {why}; the row would have no token left")
                 return  # one problem per payload: later ones follow from it
 
 
+def _scoped_position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size: int | None) -> Iterator[Problem]:
+    """``_position_problems`` per phase: the entries acting in it, each on its own position scale."""
+    if all(_scope(e) == "always" for e in entries):
+        yield from _position_problems(entries, paths, vocab_size)
+        return
+    reasoning = _reasoning(entries)
+    for phase in ("reasoning", "answer"):
+        acting = [i for i, e in enumerate(entries) if e.kind != "reasoning" and phase in _phases(e, reasoning)]
+        found = list(_position_problems([entries[i] for i in acting], [paths[i] for i in acting], vocab_size,
+                                        [0 if _scope(entries[i]) == "always" else 1 for i in acting], phase))
+        if found:
+            yield found[0]
+            return
+
+
+def _delimiter_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
+    if _reasoning(entries) is not None:
+        return
+    for i, entry in enumerate(entries):
+        if entry.kind == "thinking_budget" and (entry.start_token_ids is None or entry.end_token_ids is None):
+            yield Problem(paths[i], "thinking_budget has no delimiters of its own (start/end) and the payload declares "
+                                    "no reasoning delimiters (a reasoning entry, or the deployment's reasoning:)")
+            return
+
+
 def _thinking_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
-    banned = {t: j for j, e in enumerate(entries) if e.kind == "banned_tokens" for t in e.token_ids}
-    keeps = [(j, _keep_set(e)) for j, e in enumerate(entries) if e.kind == "allowed_tokens"]
+    reasoning = _reasoning(entries)
     for i, entry in enumerate(entries):
         if entry.kind != "thinking_budget":
             continue
-        earliest = len(entry.start_token_ids) + entry.budget  # the first output position it can force at
+        start = tuple(entry.start_token_ids) if entry.start_token_ids is not None else reasoning[0]  # type: ignore[index]
+        end = tuple(entry.end_token_ids) if entry.end_token_ids is not None else reasoning[1]  # type: ignore[index]
+        closes = _phases(entry, reasoning)  # where it can force: its span is open at a reasoning step
+        if (start, end) == reasoning:
+            closes &= {"reasoning"}
         for j, other in enumerate(entries):
-            if other.kind == "min_tokens" and earliest < other.min_tokens:
-                clash = sorted(set(entry.end_token_ids) & set(other.stop_token_ids))
+            if not closes & _phases(other, reasoning):
+                continue  # never acts at a step where the span closes
+            if other.kind == "min_tokens":
+                clash = sorted(set(end) & set(other.stop_token_ids))
                 if clash:
-                    yield Problem(f"{paths[i]}.end_token_ids", f"token {clash[0]} is masked by {paths[j]} until output position {other.min_tokens}, and the span can be closed from position {earliest} on, which would leave the row with no token")
+                    yield Problem(f"{paths[i]}.end_token_ids", f"token {clash[0]} is masked by {paths[j]} until output position {other.min_tokens}, and the span can be closed before that (a span the prompt opened counts its tokens), which would leave the row with no token")
                     return
-        for token in entry.end_token_ids:
-            if token in banned:
-                yield Problem(f"{paths[i]}.end_token_ids", f"token {token} is banned by {paths[banned[token]]}, so closing a thinking span would leave the row with no token")
+            elif other.kind == "banned_tokens" and set(end) & set(other.token_ids):
+                token = min(set(end) & set(other.token_ids))
+                yield Problem(f"{paths[i]}.end_token_ids", f"token {token} is banned by {paths[j]}, so closing a thinking span would leave the row with no token")
                 return
-            for j, keep in keeps:
-                if token not in keep:
-                    yield Problem(f"{paths[i]}.end_token_ids", f"token {token} is not allowed by {paths[j]}, so closing a thinking span would leave the row with no token")
-                    return
+            elif other.kind == "allowed_tokens" and set(end) - _keep_set(other):
+                token = min(set(end) - _keep_set(other))
+                yield Problem(f"{paths[i]}.end_token_ids", f"token {token} is not allowed by {paths[j]}, so closing a thinking span would leave the row with no token")
+                return
 
 
 def _phrase_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
@@ -175,15 +255,20 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
     when it is given), at most one per rule. Entry ``i`` is named ``paths[i]`` (default
     ``root[i]``). With ``vocab_size`` (the logits width) masks that cover every token are found too."""
     entries = list(entries)
-    if len(entries) < 2 and not (vocab_size is not None and entries and entries[0].kind in ("banned_tokens", "min_tokens")):
+    names = list(paths) if paths is not None else [f"{root}[{i}]" for i in range(len(entries))]
+    if any(e.kind == "thinking_budget" for e in entries):
+        missing = list(_delimiter_problems(entries, names))
+        if missing:
+            return missing
+    acting = [e for e in entries if e.kind != "reasoning"]
+    if len(acting) < 2 and not (vocab_size is not None and acting and acting[0].kind in ("banned_tokens", "min_tokens")):
         return []  # one entry never contradicts itself, short of masking the whole vocabulary
     if not any(e.kind in ("forced_sequence", "allowed_tokens", "thinking_budget") for e in entries):
         masked = sum(len(e.token_ids if e.kind == "banned_tokens" else e.stop_token_ids)
                      for e in entries if e.kind in ("banned_tokens", "min_tokens"))
         if vocab_size is None or masked < vocab_size:
             return []  # only masks and biases, and too few masked ids to cover the vocabulary
-    names = list(paths) if paths is not None else [f"{root}[{i}]" for i in range(len(entries))]
-    return [*_position_problems(entries, names, vocab_size), *_thinking_problems(entries, names),
+    return [*_scoped_position_problems(entries, names, vocab_size), *_thinking_problems(entries, names),
             *_phrase_problems(entries, names)]
 
 

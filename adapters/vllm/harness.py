@@ -2,8 +2,9 @@
 
 ``V2SamplerHarness`` drives a V2 ``LogitsProcessor`` with vLLM's real ``LogitsProcRequestState`` and
 ``LogitsContext``, as the V2 runner and ``Sampler`` do: slots from a free list (last freed, first
-reused); ``add_request(slot, params)`` after the request state is written
-(``GPUModelRunner.add_requests``), removal without telling processors; per step the runner's layout
+reused); ``add_request(slot, params)`` after the request's tokens are staged, not yet written
+(``GPUModelRunner.add_requests``: ``RequestState.add_request``, the sampler's ``add_request``, then
+``apply_staged_writes``), removal without telling processors; per step the runner's layout
 (``idx_mapping``, ``expanded_idx_mapping``, ``expanded_local_pos``, ``input_ids`` with the last
 committed token then the drafts, ``pos``), ``apply_staged_writes()`` once before the forward, no
 call when no request needs processing, then ``apply(logits, ctx)`` on a fresh float32 copy
@@ -25,7 +26,7 @@ from dynlogits.testing.faults import RAISE_AFTER_FACTORY
 
 from .v2 import HAS_V2_INTERFACE, LogitsContext, LogitsProcRequestState
 
-__all__ = ["RAISE_AFTER_FACTORY", "HostBuffer", "V2SamplerHarness", "adapter_failures", "adapter_realizations"]
+__all__ = ["RAISE_AFTER_FACTORY", "HostBuffer", "StagedHostBuffer", "V2SamplerHarness", "adapter_failures", "adapter_realizations"]
 
 
 def _adapters(worker: Any) -> list[Any]:
@@ -64,6 +65,38 @@ class HostBuffer:
         self.np = self.cpu.numpy()
 
 
+class StagedHostBuffer(HostBuffer):
+    """``HostBuffer`` with vLLM's ``StagedWriteTensor`` staging: ``stage_write(row, start, values)``
+    keeps the write in the same host lists (``_staged_write_indices/_starts/_contents/_cu_lens``)
+    until ``apply_write()`` puts it in the buffer."""
+
+    def __init__(self, size: int | tuple[int, ...], dtype: torch.dtype = torch.int32,
+                 to_device: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        super().__init__(size, dtype, to_device)
+        self._staged_write_indices: list[int] = []
+        self._staged_write_starts: list[int] = []
+        self._staged_write_contents: list[int] = []
+        self._staged_write_cu_lens: list[int] = []
+
+    def stage_write(self, index: int, start: int, values: Sequence[int]) -> None:
+        if not values:
+            return
+        self._staged_write_indices.append(index)
+        self._staged_write_starts.append(start)
+        self._staged_write_contents.extend(values)
+        self._staged_write_cu_lens.append(len(self._staged_write_contents))
+
+    def apply_write(self) -> None:
+        begin = 0
+        for index, start, end in zip(self._staged_write_indices, self._staged_write_starts, self._staged_write_cu_lens):
+            values = self._staged_write_contents[begin:end]
+            self.cpu[index, start : start + len(values)] = torch.tensor(values, dtype=self.cpu.dtype)
+            begin = end
+        for staged in (self._staged_write_indices, self._staged_write_starts, self._staged_write_contents,
+                       self._staged_write_cu_lens):
+            staged.clear()
+
+
 @dataclass
 class _Req:
     slot: int
@@ -86,7 +119,7 @@ class V2SamplerHarness:
         self.free_slots = list(range(max_num_reqs))
         self.reqs: dict[str, _Req] = {}
         self.to_device = to_device or (lambda t: t)
-        self.all_token_ids = HostBuffer((max_num_reqs, max_model_len), to_device=to_device)
+        self.all_token_ids = StagedHostBuffer((max_num_reqs, max_model_len), to_device=to_device)
         self.prompt_len = HostBuffer(max_num_reqs, to_device=to_device)
         self.prefill_len = HostBuffer(max_num_reqs, to_device=to_device)
         self.total_len = HostBuffer(max_num_reqs, to_device=to_device)
@@ -108,13 +141,13 @@ class V2SamplerHarness:
         type(self.processor).validate_params(params)
         slot = self.free_slots.pop()
         tokens = [*prompt_ids, *output_ids]
-        self.all_token_ids.cpu[slot].zero_()
-        self.all_token_ids.cpu[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        self.all_token_ids.stage_write(slot, 0, tokens)  # the previous occupant's tokens stay until applied
         self.prompt_len.np[slot] = len(prompt_ids)
         self.prefill_len.np[slot] = len(tokens)
         self.total_len.np[slot] = len(tokens)
         self.reqs[req_id] = _Req(slot, len(prompt_ids), len(tokens))
         self.needs_processing[slot] = self.processor.add_request(slot, params)
+        self.all_token_ids.apply_write()  # RequestState.apply_staged_writes, after the new requests
         return slot
 
     def remove_request(self, req_id: str) -> None:

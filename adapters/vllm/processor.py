@@ -18,6 +18,7 @@ from dynlogits.sdk import GuardedRequest
 
 from .capabilities import check_vllm_config
 from .engine_spec import engine_spec_for
+from .native import refuse_conflicts
 from .request import realize_request, validate
 from .v1 import V1RunnerMixin
 from .v2 import HAS_V2_INTERFACE, LogitsProcRequestState, V2RunnerMixin
@@ -69,8 +70,10 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        """Admission check for one request; raises ``SpecError`` naming the bad field."""
+        """Admission check for one request; raises ``SpecError`` naming the bad field (vLLM's own
+        ``thinking_token_budget`` beside a ``thinking_budget`` entry included: ``native``)."""
         validate(sampling_params)
+        refuse_conflicts(sampling_params)
 
     def new_req_logits_processor(self, params: Any, prompt_ids: Sequence[int] | None = None) -> GuardedRequest | None:
         """Fresh per-request callable ``(output_ids, row) -> row``, or ``None`` without a payload

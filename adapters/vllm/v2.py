@@ -22,6 +22,8 @@ import torch
 
 from dynlogits.sdk import DeviceThinking, GuardedRequest, SlotBatch, apply_draft_row, apply_rows, drain
 
+from .request import read_payload
+
 try:  # vLLM >= 0.31; the adapter still works with the V1 runner alone on older versions
     from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcessor, LogitsProcRequestState
 
@@ -31,7 +33,7 @@ except ImportError:  # pragma: no cover - depends on the installed vLLM
     LogitsProcessor = object  # type: ignore[assignment,misc]
     LogitsContext = LogitsProcRequestState = None  # type: ignore[assignment,misc]
 
-__all__ = ["HAS_V2_INTERFACE", "PLACEHOLDER", "V2RunnerMixin", "row_histories"]
+__all__ = ["HAS_V2_INTERFACE", "PLACEHOLDER", "V2RunnerMixin", "row_histories", "staged_prompt"]
 
 PLACEHOLDER = -1
 
@@ -66,11 +68,31 @@ def row_histories(
     return histories
 
 
+def staged_prompt(all_token_ids: Any, slot: int, prompt_len: int) -> list[int] | None:
+    """The prompt of the request just added to ``slot``, from the runner's staged write of its tokens:
+    ``RequestState.add_request`` stages them in ``all_token_ids`` (a ``StagedWriteTensor``: host lists
+    ``_staged_write_indices/_starts/_contents/_cu_lens``) before the sampler's ``add_request``, and
+    sends them only at ``apply_staged_writes``. A host read, no device read. ``None`` when no such
+    write is staged (a runner that writes them otherwise)."""
+    indices = getattr(all_token_ids, "_staged_write_indices", None)
+    starts = getattr(all_token_ids, "_staged_write_starts", None)
+    contents = getattr(all_token_ids, "_staged_write_contents", None)
+    cu_lens = getattr(all_token_ids, "_staged_write_cu_lens", None)
+    if indices is None or starts is None or contents is None or cu_lens is None:
+        return None
+    for i in range(len(indices) - 1, -1, -1):  # the last write to the slot is its occupant's
+        if indices[i] == slot and starts[i] == 0:
+            begin = cu_lens[i - 1] if i else 0
+            return [int(t) for t in contents[begin : begin + prompt_len]] if cu_lens[i] - begin >= prompt_len else None
+    return None
+
+
 class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
     """Model Runner V2 behaviour; the public class combines it with the V1 half (see ``processor``)."""
 
     vocab_size: int
     new_req_logits_processor: Any  # shared realization, defined by the public class
+    engine_spec: Any  # the engine-side spec source, set by the public class
 
     def _init_v2_state(self, vllm_config: Any, req_states: Any) -> None:
         self._req_states = req_states
@@ -88,11 +110,25 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         #: whether any is, whether any is hosted): reused while the slots and their occupants stay
         self._seen: tuple[np.ndarray, bool, np.ndarray, bool, bool] | None = None
         self._prompt_offset: torch.Tensor | None = None  # prompt_len - 1 of the listed layout's rows
+        self._warned_prompt = False
+
+    def _prompt_of(self, slot: int) -> list[int] | None:
+        """The prompt of ``slot``'s new occupant (``staged_prompt``); ``None``, logged once, where the
+        runner staged no write of it: reasoning phases then start at the first generated token."""
+        states = self._req_states
+        prompt = staged_prompt(states.all_token_ids, slot, int(states.prompt_len.np[slot]))
+        if prompt is None and not self._warned_prompt:
+            self._warned_prompt = True
+            logger.warning("Model Runner V2 staged no write of a new request's tokens: its prompt is unknown to the "
+                           "logits processors, so a reasoning span its prompt opens is not seen (docs/vllm.md)")
+        return prompt
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
-        """Reset slot ``req_idx`` for a new occupant; True when it carries a payload."""
+        """Reset slot ``req_idx`` for a new occupant; True when it carries a payload. Realization gets
+        the request's prompt from the runner's staged writes (``staged_prompt``)."""
         drain()  # failures that landed since the last call (see dynlogits.sdk.readback)
-        request = self.new_req_logits_processor(sampling_params)
+        carries = read_payload(sampling_params) is not None or self.engine_spec is not None
+        request = self.new_req_logits_processor(sampling_params, self._prompt_of(req_idx) if carries else None)
         self._slots[req_idx] = request
         self._active[req_idx] = request is not None
         self._is_resident[req_idx] = self._resident.assign(req_idx, request)

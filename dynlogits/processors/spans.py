@@ -24,13 +24,16 @@ ROLLBACK = 64
 
 
 def prompt_span(prompt: Sequence[int], start: tuple[int, ...], end: tuple[int, ...]) -> int | None:
-    """Where a span the prompt leaves open began, in generated-token positions (``<= 0``), or ``None``."""
+    """Where a span the prompt leaves open began, in generated-token positions (``<= 0``), or ``None``.
+
+    One pass over the prompt that compares sequences only where a delimiter's last token sits."""
     span: int | None = None
-    for upto in range(1, len(prompt) + 1):
+    start_last, end_last = start[-1], end[-1]
+    for upto, token in enumerate(prompt, 1):
         if span is None:
-            if upto >= len(start) and tuple(prompt[upto - len(start) : upto]) == start:
+            if token == start_last and upto >= len(start) and tuple(prompt[upto - len(start) : upto]) == start:
                 span = upto
-        elif upto - span >= len(end) and tuple(prompt[upto - len(end) : upto]) == end:
+        elif token == end_last and upto - span >= len(end) and tuple(prompt[upto - len(end) : upto]) == end:
             span = None
     return None if span is None else span - len(prompt)
 
@@ -55,6 +58,17 @@ class SpanScanner:
         self._base = 0  # history position of self._tokens[0] / self._states[0]
         self._tokens: list[int] = []  # the scanned tokens from position _base on
         self._states: list[tuple[int | None, int]] = [(self._initial, 0)]  # after each scanned prefix
+
+    @property
+    def initial(self) -> int | None:
+        """Where the span the prompt left open began (generated positions, ``<= 0``); ``None``: none."""
+        return self._initial
+
+    def recent(self, ids: Sequence[int], k: int) -> tuple[int, ...]:
+        """The last ``k`` tokens of the prompt followed by ``ids`` (``k`` below the longer delimiter's length)."""
+        if k <= len(ids):
+            return tuple(ids[len(ids) - k :])
+        return self._tail[max(0, len(self._tail) - (k - len(ids))) :] + tuple(ids)
 
     @property
     def _scanned(self) -> int:

@@ -5,8 +5,8 @@ The span rule is ``docs/specs.md``'s. Whether to force depends on the tokens, so
 group's step is decided per row (``Group.decided``): on the host from the live history
 (``ThinkingBudgetProcessor.row_op``, vLLM V1) or on the device (``DeviceThinking``, Model Runner V2).
 
-``DeviceThinking`` keeps per slot and entry where the open span began (``-1``: closed) and how many
-tokens were scanned; each step advances it over the newly committed tokens only (read from the
+``DeviceThinking`` keeps per slot and entry where the open span began (``CLOSED``: none; ``<= 0``: in
+the prompt, from the template's ``initial``) and how many tokens were scanned; each step advances it over the newly committed tokens only (read from the
 engine's ``tokens`` ``[slots, max_len]``, ``prompt_len``, ``total_len``, passed to every ``step``),
 then each row over its drafts. Constant cost per step, no read back, except one host scan of a
 request resumed with more than ``MAX_DEVICE_CATCH_UP`` generated tokens."""
@@ -22,105 +22,50 @@ import torch
 
 from .base import RealizeContext
 from .ops import ForceToken, RowOp, apply_op, row_runs
+from .spans import PLACEHOLDER, ROLLBACK, SpanScanner
 from .slots import Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs, Template, force_gathered, force_listed, listed_positions
 from .uploads import StepUpload
 
-__all__ = ["KIND", "DeviceThinking", "ThinkingBudgetGroup", "ThinkingBudgetProcessor", "ThinkingBudgetTemplate", "factory"]
+__all__ = ["CLOSED", "KIND", "ROLLBACK", "DeviceThinking", "ThinkingBudgetGroup", "ThinkingBudgetProcessor", "ThinkingBudgetTemplate", "factory"]
 
 KIND = "thinking_budget"
 
-#: Placeholder id some engines put in a history before the sampled token is known (vLLM's async
-#: scheduling): never matched, and scanning stops before it until it is replaced.
-PLACEHOLDER = -1
-#: How far back a history may change between calls and still be followed without a rescan
-#: (speculative drafts that were rejected, a placeholder replaced); beyond it, one full rescan.
-ROLLBACK = 64
-
+#: ``DeviceThinking``'s span start for "no open span" (a span the prompt opened starts at ``<= 0``).
+CLOSED = -(1 << 40)
 
 class ThinkingBudgetProcessor:
     """Force ``end_token_ids`` once ``budget`` tokens follow ``start_token_ids`` in an open span.
 
-    A span opens right after the generated tokens contain ``start_token_ids`` and closes when
-    ``end_token_ids`` follows. Once it holds ``budget`` tokens, the next end token is forced each
-    step (continuing an end sequence the model began) until it closes; a later start sequence
-    opens a new span with a fresh budget.
+    Spans are ``SpanScanner``'s, followed from the request's ``prompt`` on: a span the prompt left
+    open is open at the first generated token and its prompt tokens count against the budget (as
+    vLLM's ``thinking_token_budget``). Once a span holds ``budget`` tokens, the next end token is
+    forced each step (continuing an end sequence already begun) until it closes; a later start
+    sequence opens a new span with a fresh budget. A step costs O(new tokens + ``ROLLBACK``)."""
 
-    Incremental: each call scans only unseen tokens. A history whose tail changed (rejected drafts,
-    a replaced placeholder) rolls back to the last agreeing position within ``ROLLBACK``, so a step
-    costs O(new tokens + ROLLBACK); a change further back rescans from the start."""
+    __slots__ = ("start", "end", "budget", "template", "scanner")
 
-    __slots__ = ("start", "end", "budget", "template", "_window", "_tokens", "_states", "_base")
-
-    def __init__(self, start_token_ids: Sequence[int], end_token_ids: Sequence[int], budget: int) -> None:
+    def __init__(self, start_token_ids: Sequence[int], end_token_ids: Sequence[int], budget: int,
+                 prompt: Sequence[int] = ()) -> None:
         self.start = tuple(start_token_ids)
         self.end = tuple(end_token_ids)
         self.budget = budget
-        self.template = ThinkingBudgetTemplate(self.start, self.end, budget)
-        self._window = max(len(self.start), len(self.end))
-        self._reset()
+        self.scanner = SpanScanner(self.start, self.end, prompt)
+        self.template = ThinkingBudgetTemplate(self.start, self.end, budget, self.scanner.initial)
 
-    def _reset(self) -> None:
-        self._base = 0  # history position of self._tokens[0] / self._states[0]
-        self._tokens: list[int] = []  # the scanned tokens from position _base on
-        self._states: list[int | None] = [None]  # span start (None: closed) after each scanned prefix
-
-    @property
-    def _scanned(self) -> int:
-        return self._base + len(self._tokens)
-
-    @staticmethod
-    def _ends_with(ids: Sequence[int], upto: int, seq: tuple[int, ...]) -> bool:
-        return upto >= len(seq) and tuple(ids[upto - len(seq) : upto]) == seq
-
-    def _agree(self, ids: Sequence[int]) -> int:
-        """How many leading tokens of ``ids`` agree with what was scanned (within the kept tail)."""
-        n = min(len(ids), self._scanned)
-        low = max(self._base, n - ROLLBACK)
-        seen = self._tokens[low - self._base : n - self._base]
-        if list(ids[low:n]) == seen:  # the common case, compared at C speed
-            return n
-        for pos in range(low, n):
-            if ids[pos] != seen[pos - low]:
-                return pos
-        return n
-
-    def _scan(self, ids: Sequence[int]) -> int | None:
-        """The span start after scanning ``ids`` (``None``: no open span)."""
-        agree = self._agree(ids)
-        if agree < self._base:  # changed before the kept tail: start over (rare)
-            self._reset()
-            agree = 0
-        keep = agree - self._base
-        del self._tokens[keep:]
-        del self._states[keep + 1 :]
-        span = self._states[-1]
-        for upto in range(agree + 1, len(ids) + 1):
-            token = ids[upto - 1]
-            if token == PLACEHOLDER:
-                break  # not known yet: state stays at the last known token
-            if span is None:
-                if self._ends_with(ids, upto, self.start):
-                    span = upto
-            elif upto - span >= len(self.end) and self._ends_with(ids, upto, self.end):
-                span = None
-            self._tokens.append(token)
-            self._states.append(span)
-        overflow = len(self._tokens) - (ROLLBACK + self._window)
-        if overflow > 0:
-            self._base += overflow
-            del self._tokens[:overflow]
-            del self._states[:overflow]
-        return span
+    def span(self, ids: Sequence[int]) -> int | None:
+        """Where the open span began after ``ids`` (generated positions, ``<= 0`` in the prompt);
+        ``None``: no open span."""
+        return self.scanner.span(ids)
 
     def _end_progress(self, ids: Sequence[int], span_len: int) -> int:
         """How many leading end tokens the span already ends with."""
         for k in range(min(len(self.end) - 1, span_len), 0, -1):
-            if tuple(ids[len(ids) - k :]) == self.end[:k]:
+            if self.scanner.recent(ids, k) == self.end[:k]:
                 return k
         return 0
 
     def row_op(self, input_ids: Sequence[int]) -> RowOp | None:
-        span = self._scan(input_ids)
+        span = self.scanner.span(input_ids)
         if span is None:
             return None
         span_len = len(input_ids) - span
@@ -174,13 +119,24 @@ class ThinkingBudgetTemplate(Template):
     start: tuple[int, ...]
     end: tuple[int, ...]
     budget: int
+    #: where the span the request's prompt left open began (generated positions, ``<= 0``), or ``None``
+    initial: int | None = None
     group: ClassVar[type[ThinkingBudgetGroup]] = ThinkingBudgetGroup
     reads_tokens: ClassVar[bool] = True
 
 
 def factory(entry: Any, ctx: RealizeContext) -> ThinkingBudgetProcessor:
-    """A fresh processor for one ``thinking_budget`` entry."""
-    return ThinkingBudgetProcessor(entry.start_token_ids, entry.end_token_ids, entry.budget)
+    """A fresh processor for one ``thinking_budget`` entry: its own delimiters, else the request's
+    reasoning delimiters (``ctx.reasoning``); spans followed from the request's prompt on."""
+    start, end = entry.start_token_ids, entry.end_token_ids
+    if (start is None or end is None) and ctx.reasoning is None:
+        raise ValueError("thinking_budget has no delimiters of its own (start/end) and the request has no reasoning "
+                         "delimiters (a reasoning entry, or the deployment's reasoning:)")
+    if start is None:
+        start = ctx.reasoning[0]  # type: ignore[index]
+    if end is None:
+        end = ctx.reasoning[1]  # type: ignore[index]
+    return ThinkingBudgetProcessor(start, end, entry.budget, ctx.prompt_ids)
 
 
 # -- followed on the device ------------------------------------------------------------------------
@@ -195,7 +151,7 @@ class ThinkingTables:
         self.budget = SlotTable(num_slots, torch.long, device)
         self.member = SlotTable(num_slots, torch.bool, device, pad=0)
         self.members: set[int] = set()  # host view of ``member``: the tables go when it is empty
-        self.span = torch.full((num_slots,), -1, dtype=torch.long, device=device)
+        self.span = torch.full((num_slots,), CLOSED, dtype=torch.long, device=device)
         self.scanned = torch.zeros(num_slots, dtype=torch.long, device=device)
 
     def set(self, slot: int, template: ThinkingBudgetTemplate | None) -> None:
@@ -231,15 +187,16 @@ class _Step:
         return self.tokens[slots.clamp(max=self.tokens.shape[0] - 1)[:, None], column].long()
 
 
-def _ends_with(window: torch.Tensor, seq: torch.Tensor, seq_len: torch.Tensor, upto: torch.Tensor) -> torch.Tensor:
-    """Whether the tokens ending at ``upto`` (exclusive) are ``seq[:seq_len]``: ``window[i, j]`` is
-    the token at ``upto[i] - width + j`` (``width`` = ``seq``'s width, right-aligned)."""
+def _ends_with(window: torch.Tensor, seq: torch.Tensor, seq_len: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
+    """Whether the tokens ending at the window's end are ``seq[:seq_len]``: ``window[i, j]`` is the
+    token ``width - j`` before it (``width`` = ``seq``'s width, right-aligned); ``reach[i]``: how many
+    tokens (prompt included) end there."""
     width = seq.shape[1]
     j = torch.arange(width, device=seq.device)
     offset = width - seq_len  # seq's token k sits at window column offset + k
     want = seq.gather(1, (j[None, :] - offset[:, None]).clamp(min=0))
     used = j[None, :] >= offset[:, None]
-    return (upto >= seq_len) & ((window == want) | ~used).all(1)
+    return (reach >= seq_len) & ((window == want) | ~used).all(1)
 
 
 class DeviceThinking:
@@ -272,8 +229,10 @@ class DeviceThinking:
             tables = self.tables.get(level)
             if tables is None:
                 tables = self.tables[level] = ThinkingTables(self.num_slots, self.device)
-            tables.set(slot, templates.get(level))
-            tables.span[slot : slot + 1].fill_(-1)  # not ``span[slot] = -1``: a blocking copy on CUDA
+            template = templates.get(level)
+            tables.set(slot, template)
+            initial = template.initial if template is not None and template.initial is not None else CLOSED
+            tables.span[slot : slot + 1].fill_(initial)  # not ``span[slot] = x``: a blocking copy on CUDA
             tables.scanned[slot : slot + 1].fill_(0)
             if not tables.members:  # no thinking request left at this level: steps skip it
                 del self.tables[level]
@@ -312,23 +271,26 @@ class DeviceThinking:
             for _ in range(rounds):
                 position = tables.scanned
                 fresh = tables.member.dev[:, 0] & (position < source.committed)
-                span = self._advance(tables, slots, tables.span, position + 1, fresh,
+                span = self._advance(tables, slots, tables.span, position + 1, fresh, source.prompt_len,
                                      lambda pos: source.token(slots, pos))
                 tables.span.copy_(span)
                 tables.scanned.add_(fresh.long())
 
     @staticmethod
     def _advance(tables: ThinkingTables, slots: torch.Tensor, span: torch.Tensor, upto: torch.Tensor,
-                 fresh: torch.Tensor, token_at) -> torch.Tensor:  # noqa: ANN001
-        """The span after the token ending at ``upto`` (only where ``fresh``)."""
+                 fresh: torch.Tensor, prompt_len: torch.Tensor, token_at) -> torch.Tensor:  # noqa: ANN001
+        """The span after the token ending at ``upto`` (only where ``fresh``); a delimiter may begin
+        in the prompt (``prompt_len`` tokens before generated position 0)."""
         start, end = tables.start.dev[slots], tables.end.dev[slots]
         start_len, end_len = tables.start_len.dev[slots, 0], tables.end_len.dev[slots, 0]
         width = max(start.shape[1], end.shape[1])
         window = token_at(upto[:, None] - width + torch.arange(width, device=upto.device)[None, :])
-        opens = fresh & (span < 0) & _ends_with(window[:, width - start.shape[1] :], start, start_len, upto)
-        closes = (fresh & (span >= 0) & (upto - span >= end_len)
-                  & _ends_with(window[:, width - end.shape[1] :], end, end_len, upto))
-        return torch.where(opens, upto, torch.where(closes, torch.full_like(span, -1), span))
+        reach = upto + prompt_len
+        closed = span == CLOSED
+        opens = fresh & closed & _ends_with(window[:, width - start.shape[1] :], start, start_len, reach)
+        closes = (fresh & ~closed & (upto - span >= end_len)
+                  & _ends_with(window[:, width - end.shape[1] :], end, end_len, reach))
+        return torch.where(opens, upto, torch.where(closes, torch.full_like(span, CLOSED), span))
 
     def _scan_cold(self, source: _Step) -> None:
         """Resumed requests: follow their generated tokens once, on the host (a read back)."""
@@ -339,8 +301,8 @@ class DeviceThinking:
                 if not bool(tables.member.dev[slot, 0]):
                     continue
                 processor = request.processor.processors[level]  # type: ignore[union-attr]
-                span = processor._scan(history)  # the host automaton, same rule
-                tables.span[slot : slot + 1].fill_(-1 if span is None else span)
+                span = processor.span(history)  # the host automaton, same rule (the prompt's span included)
+                tables.span[slot : slot + 1].fill_(CLOSED if span is None else span)
                 tables.scanned[slot : slot + 1].fill_(committed)
         self._cold.clear()
 
@@ -378,13 +340,13 @@ class DeviceThinking:
             if input_ids is not None:
                 first = torch.arange(len(slots), device=slots.device) - drafts
                 valid &= ~(fresh & (input_ids.long()[(first + j).clamp(0, len(input_ids) - 1)] == PLACEHOLDER))
-            span = self._advance(tables, slots, span, committed + j, fresh,
+            span = self._advance(tables, slots, span, committed + j, fresh, source.prompt_len[slots],
                                  lambda pos: self._row_tokens(slots, pos))
         generated = committed + drafts
         budget = tables.budget.dev[slots, 0]
         end, end_len = tables.end.dev[slots], tables.end_len.dev[slots, 0]
         span_len = generated - span
-        fire = valid & (span >= 0) & (span_len >= budget)
+        fire = valid & (span != CLOSED) & (span_len >= budget)
         # how many leading end tokens the history already ends with (continue, do not restart)
         progress = torch.zeros_like(generated)
         width = end.shape[1]

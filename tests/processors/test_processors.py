@@ -143,6 +143,38 @@ def test_thinking_budget_incremental_scan_matches_a_fresh_scan():
         assert torch.equal(a, b), n
 
 
+def test_thinking_budget_counts_the_tokens_of_a_span_the_prompt_left_open():
+    """DeepSeek-R1 style: the chat template ends the prompt inside a span; its tokens after the start
+    tag count against the budget, as vLLM's ``thinking_token_budget`` counts them."""
+    p = ThinkingBudgetProcessor(START, END, 3, prompt=[5, 10, 11, 7, 7])  # 2 thinking tokens in the prompt
+    assert torch.equal(apply(p, []), row())
+    assert only(apply(p, [8])) == 20
+    spent = ThinkingBudgetProcessor(START, END, 1, prompt=[10, 11, 7, 7])  # over budget in the prompt already
+    assert only(apply(spent, [])) == 20
+
+
+def test_thinking_budget_sees_delimiters_that_straddle_the_prompts_end():
+    opened = ThinkingBudgetProcessor(START, END, 1, prompt=[5, 10])  # [10 | 11] opens the span
+    assert torch.equal(apply(opened, [11]), row())
+    assert only(apply(opened, [11, 7])) == 20
+    ending = ThinkingBudgetProcessor(START, END, 2, prompt=[10, 11, 7, 20])  # the prompt began the end sequence
+    assert only(apply(ending, [])) == 21
+
+
+def test_thinking_budget_ignores_a_span_the_prompt_closed():
+    p = ThinkingBudgetProcessor(START, END, 0, prompt=[10, 11, 7, 20, 21, 5])
+    assert torch.equal(apply(p, [6, 6]), row())
+
+
+def test_thinking_budget_without_delimiters_takes_the_requests_reasoning_delimiters():
+    entry = decode_wire_payload([{"kind": "reasoning", "start_token_ids": list(START), "end_token_ids": list(END)},
+                                 {"kind": "thinking_budget", "budget": 1}])[1]
+    ctx = RealizeContext(vocab_size=V, prompt_ids=(3, 10, 11), reasoning=(START, END))
+    assert only(apply(BUILTIN_FACTORIES["thinking_budget"](entry, ctx), [7])) == 20
+    with pytest.raises(ValueError, match="no delimiters of its own .* and the request has no reasoning delimiters"):
+        BUILTIN_FACTORIES["thinking_budget"](entry, RealizeContext(vocab_size=V))
+
+
 def _entries():
     """One entry of each built-in kind (decoded one by one: together they contradict each other)."""
     return [
@@ -175,7 +207,7 @@ def test_factories_build_fresh_processors_per_request():
     p1 = BUILTIN_FACTORIES["thinking_budget"](_entries()[-1], ctx)
     p2 = BUILTIN_FACTORIES["thinking_budget"](_entries()[-1], ctx)
     only(apply(p1, [10, 7]))
-    assert p2._scanned == 0  # scanning one request left the other untouched
+    assert p2.scanner._scanned == 0  # scanning one request left the other untouched
 
 
 def _largest_allocation(fn) -> int:

@@ -282,6 +282,68 @@ def test_a_resumed_request_continues_its_thinking_span(harness):
     assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [31]
 
 
+def test_a_thinking_span_the_prompt_left_open_counts_its_prompt_tokens_on_the_device(harness):
+    """DeepSeek-R1 style: the prompt ends inside a span (``... 30 9``); its token after the start tag
+    counts, so a budget of 3 forces the end after two generated tokens; the prompt's last token and
+    the first generated one make a two-token start tag too (``... 40`` then ``41``)."""
+    payload = [{"kind": "thinking_budget", "start_token_ids": [30], "end_token_ids": [31], "budget": 3}]
+    harness.add_request("open", [2, 30, 9], sp(payload))
+    straddle = [{"kind": "thinking_budget", "start_token_ids": [40, 41], "end_token_ids": [42], "budget": 1}]
+    harness.add_request("straddle", [2, 40], sp(straddle))
+    request = harness.processor._slots[harness.reqs["open"].slot]
+    assert request is not None and request.resident  # followed on the device, not read back
+    out = harness.step(["open", "straddle"], torch.zeros(2, VOCAB))
+    assert torch.isfinite(out[0]).all() and torch.isfinite(out[1]).all()  # 1 of 3; no span yet
+    harness.commit("open", [5])
+    harness.commit("straddle", [41])  # [40 | 41]: the span opens across the prompt's end
+    out = harness.step(["open", "straddle"], torch.zeros(2, VOCAB))
+    assert torch.isfinite(out[0]).all() and torch.isfinite(out[1]).all()  # 2 of 3; 0 of 1
+    harness.commit("open", [6])
+    harness.commit("straddle", [7])
+    out = harness.step(["open", "straddle"], torch.zeros(2, VOCAB))
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [31]
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [42]
+
+
+def test_add_request_reads_the_prompt_from_vllms_own_staged_write(monkeypatch):
+    """With vLLM's real ``RequestState`` (``add_request`` stages the tokens; nothing is written to the
+    token matrix before ``apply_staged_writes``), the adapter's ``add_request`` realizes the request
+    with its prompt: a reasoning span the prompt opened is seen. (``is_uva_available`` is patched to
+    false: this machine has no pinned memory, which the real buffers need.)"""
+    import vllm.v1.worker.gpu.buffer_utils as buffer_utils
+    from vllm.v1.worker.gpu.states import RequestState
+
+    monkeypatch.setattr(buffer_utils, "is_uva_available", lambda: False)
+    state = RequestState(max_num_reqs=4, max_model_len=32, max_num_batched_tokens=64, num_speculative_steps=0,
+                         vocab_size=VOCAB, device=torch.device("cpu"))
+    proc = DynamoVllmLogitsProcessor(None, LogitsProcRequestState(  # type: ignore[arg-type]
+        device=torch.device("cpu"), max_num_reqs=4, vocab_size=VOCAB, all_token_ids=state.all_token_ids,
+        prompt_len=state.prompt_len, prefill_len=state.prefill_len, total_len=state.total_len))
+    payload = [{"kind": "thinking_budget", "start_token_ids": [30, 31], "end_token_ids": [32], "budget": 4}]
+    state.add_request("other", prompt_len=2, all_token_ids=[30, 31, 7], num_computed_tokens=0, max_tokens=4)
+    state.add_request("r", prompt_len=4, all_token_ids=[2, 30, 31, 9, 8], num_computed_tokens=0, max_tokens=4)
+    slot = state.req_id_to_index["r"]
+    assert proc.add_request(slot, sp(payload))
+    request = proc._slots[slot]
+    assert request is not None and request.processor is not None
+    (thinking,) = request.processor.processors
+    assert thinking.template.initial == -1  # the span opened one prompt token before generation
+
+
+def test_the_staged_prompt_is_the_last_write_to_the_slot():
+    from dynlogits.adapters.vllm.harness import StagedHostBuffer
+    from dynlogits.adapters.vllm.v2 import staged_prompt
+
+    buffer = StagedHostBuffer((4, 16))
+    buffer.stage_write(1, 0, [5, 6, 7])
+    buffer.stage_write(2, 0, [8, 9])
+    buffer.stage_write(1, 0, [3, 4, 5, 6])  # the slot's newer occupant
+    assert staged_prompt(buffer, 1, 2) == [3, 4]
+    assert staged_prompt(buffer, 2, 2) == [8, 9]
+    assert staged_prompt(buffer, 3, 1) is None  # nothing staged for it
+    assert staged_prompt(object(), 1, 2) is None  # a runner that stages no writes
+
+
 # -- containment: faults in the adapter's own steps ---------------------------------------------
 def test_a_failure_reading_histories_fails_only_the_requests_that_needed_them(harness, monkeypatch):
     """The prologue that reads hosted requests' histories back from the device is guarded: if it
