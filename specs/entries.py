@@ -241,7 +241,7 @@ class DeadlineSpec(_Entry):
     """``seconds`` after the request arrived, its stop token is forced."""
 
     kind: Literal["deadline"] = "deadline"
-    seconds: Annotated[StrictFloat | StrictInt, Field(gt=0, le=MAX_DEADLINE_SECONDS, allow_inf_nan=False)]
+    seconds: Annotated[StrictFloat, Field(gt=0, le=MAX_DEADLINE_SECONDS, allow_inf_nan=False)]
 
 
 class PromptTokensSpec(_Entry):
@@ -250,7 +250,7 @@ class PromptTokensSpec(_Entry):
 
     kind: Literal["prompt_tokens"] = "prompt_tokens"
     mode: Literal["boost", "restrict"]
-    boost: Annotated[StrictFloat | StrictInt, Field(gt=0, le=MAX_ABS_LOGIT_BIAS, allow_inf_nan=False)] = 2.0
+    boost: Annotated[StrictFloat, Field(gt=0, le=MAX_ABS_LOGIT_BIAS, allow_inf_nan=False)] = 2.0
 
 
 class PythonProcessorSpec(_Entry):

@@ -65,6 +65,10 @@ def _rule(err: dict[str, Any]) -> str:
         return f"must be >= {ctx['ge']}"
     if kind == "less_than_equal":
         return f"must be <= {ctx['le']}"
+    if kind == "greater_than":
+        return f"must be > {ctx['gt']}"
+    if kind == "less_than":
+        return f"must be < {ctx['lt']}"
     if kind in ("too_short", "string_too_short"):
         unit = "character" if kind.startswith("string") else "item"
         n = ctx.get("min_length")

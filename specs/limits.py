@@ -9,8 +9,8 @@ from typing import Any
 
 from .errors import Problem
 
-__all__ = ["DEFAULT_LIMITS", "MAX_ABS_LOGIT_BIAS", "MAX_DEADLINE_SECONDS", "MAX_TOKEN_ID", "SpecLimits", "entry_limit_problems",
-           "field_limits", "limit_problems"]
+__all__ = ["DEFAULT_LIMITS", "MAX_ABS_LOGIT_BIAS", "MAX_DEADLINE_SECONDS", "MAX_TOKEN_ID", "PROMPT_BOUND_KINDS", "SpecLimits",
+           "entry_limit_problems", "field_limits", "limit_problems", "prompt_limit_problem"]
 
 # Token ids are int32 in every engine we target.
 MAX_TOKEN_ID = 2**31 - 1
@@ -20,6 +20,9 @@ MAX_TOKEN_ID = 2**31 - 1
 MAX_ABS_LOGIT_BIAS = 100.0
 #: A ``deadline`` entry's longest wait: a day.
 MAX_DEADLINE_SECONDS = 86_400.0
+#: Kinds whose processor reads the request's prompt: a request running one has at most
+#: ``max_prompt_tokens`` prompt tokens (``prompt_limit_problem``).
+PROMPT_BOUND_KINDS = frozenset({"prompt_tokens"})
 
 
 @dataclass(frozen=True)
@@ -128,3 +131,16 @@ def limit_problems(entries: Sequence[Any], limits: SpecLimits, *, root: str) -> 
         yield Problem(root, f"must have at most {limits.max_entries} entries (limit max_entries)")
     for i, entry in enumerate(entries):
         yield from entry_limit_problems(entry, limits, path=f"{root}[{i}]")
+
+
+def prompt_limit_problem(entries: Sequence[Any], prompt_tokens: int, limits: SpecLimits, *, path: str,
+                         paths: Sequence[str]) -> Problem | None:
+    """The problem (at ``path``, the request's prompt) when a prompt of ``prompt_tokens`` tokens is
+    longer than ``limits.max_prompt_tokens`` and an entry (named by ``paths[i]``) reads it."""
+    if prompt_tokens <= limits.max_prompt_tokens:
+        return None
+    reader = next((i for i, e in enumerate(entries) if _field(e, "kind") in PROMPT_BOUND_KINDS), None)
+    if reader is None:
+        return None
+    return Problem(path, f"is {prompt_tokens} tokens; {paths[reader]} ({_field(entries[reader], 'kind')}) reads at most "
+                         f"{limits.max_prompt_tokens} (limit max_prompt_tokens)")
