@@ -45,8 +45,8 @@ def random_payload(rng: random.Random) -> list[dict]:
         return payload
 
 
-def realize(payload: list[dict]) -> sdk.GuardedRequest:
-    request = sdk.realize(payload, vocab_size=V, stop_token_id=EOS)
+def realize(payload: list[dict], prompt: Sequence[int] = ()) -> sdk.GuardedRequest:
+    request = sdk.realize(payload, vocab_size=V, stop_token_id=EOS, facts=sdk.RequestFacts(prompt_ids=prompt))
     assert request is not None and request.resident
     return request
 
@@ -65,14 +65,22 @@ class Engine:
         self.thinking = DeviceThinking(SLOTS + 1, "cpu", max_new=3)
         self.host: dict[int, sdk.GuardedRequest] = {}  # slot -> the host path's twin of the request
         self.history: dict[int, list[int]] = {}
-        self.prompt: dict[int, int] = {}
+        self.prompt: dict[int, list[int]] = {}
+
+    def _prompt(self, payload: list[dict]) -> list[int]:
+        """1-6 tokens, drawn mostly from the payload's thinking delimiters: prompts that leave a span
+        open (some over budget already), close it, or end inside a delimiter."""
+        marks = [t for e in payload if e["kind"] == "thinking_budget" for t in (*e["start_token_ids"], *e["end_token_ids"])]
+        return [self.rng.choice(marks) if marks and self.rng.random() < 0.6 else self.rng.randrange(2, V)
+                for _ in range(self.rng.randint(1, 6))]
 
     def add(self, slot: int, payload: list[dict], generated: Sequence[int] = ()) -> None:
-        self.batch.assign(slot, realize(payload))
+        prompt = self._prompt(payload)
+        self.batch.assign(slot, realize(payload, prompt))
         self.thinking.assign(slot, self.batch.requests[slot], resumed=len(generated))
-        self.host[slot] = realize(payload)
+        self.host[slot] = realize(payload, prompt)
         self.history[slot] = list(generated)
-        self.prompt[slot] = self.rng.randint(1, 4)
+        self.prompt[slot] = prompt
 
     def remove(self, slot: int) -> None:
         self.batch.assign(slot, None)
@@ -85,8 +93,8 @@ class Engine:
         prompt = torch.zeros(SLOTS, dtype=torch.int32)
         total = torch.zeros(SLOTS, dtype=torch.int32)
         for slot, history in self.history.items():
-            p = self.prompt[slot]
-            tokens[slot, :p] = 7
+            p = len(self.prompt[slot])
+            tokens[slot, :p] = torch.tensor(self.prompt[slot], dtype=torch.int32)
             tokens[slot, p : p + len(history)] = torch.tensor(history, dtype=torch.int32)
             prompt[slot], total[slot] = p, p + len(history)
         return tokens, prompt, total
@@ -97,7 +105,8 @@ class Engine:
 def test_listed_layout_equals_the_host_path_through_batch_changes(seed: int, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows in a listed layout (vLLM V1, or V2 without drafts): positions from the histories' lengths
     (forced rows planned in Python, as for a few rows, or with numpy, as for many) and thinking_budget
-    decided on the host, or both from the device; engine-masked tokens included."""
+    decided on the host, or both from the device; engine-masked tokens included; prompts that open,
+    close or begin thinking spans."""
     if mode == "histories-numpy":
         monkeypatch.setattr(ForcedSequenceGroup, "_FEW_ROWS", 0)
     rng = random.Random(seed)
@@ -157,7 +166,7 @@ def test_gathered_layout_with_drafts_equals_the_host_path(seed: int) -> None:
             if drafts and rng.random() < 0.15:
                 drafts = [-1] * len(drafts)  # still in prefill: placeholders
             drafts_of[slot] = drafts
-            last = engine.history[slot][-1] if engine.history[slot] else 7
+            last = engine.history[slot][-1] if engine.history[slot] else engine.prompt[slot][-1]
             for k, token in enumerate([last, *drafts]):
                 row_slot.append(slot)
                 local.append(k)
