@@ -42,21 +42,23 @@ def _ends_with(ids: Sequence[int], upto: int, seq: Sequence[int]) -> bool:
     return upto >= len(seq) and list(ids[upto - len(seq) : upto]) == list(seq)
 
 
-def _thinking(row: list[float], e: Mapping[str, Any], h: Sequence[int]) -> None:
+def _thinking(row: list[float], e: Mapping[str, Any], h: Sequence[int], request: OracleRequest) -> None:
+    # spans over the prompt and the output together: a span the prompt left open counts its tokens
     start, end, budget = e["start_token_ids"], e["end_token_ids"], e["budget"]
+    ids = [*request.prompt, *h]
     opened: int | None = None  # index of the first token inside the open span
-    for upto in range(1, len(h) + 1):
+    for upto in range(1, len(ids) + 1):
         if opened is None:
-            if _ends_with(h, upto, start):
+            if _ends_with(ids, upto, start):
                 opened = upto
-        elif upto - opened >= len(end) and _ends_with(h, upto, end):
+        elif upto - opened >= len(end) and _ends_with(ids, upto, end):
             opened = None
-    if opened is None or len(h) - opened < budget:
+    if opened is None or len(ids) - opened < budget:
         return
-    span = len(h) - opened
+    span = len(ids) - opened
     done = 0  # leading end tokens already written at the end of the span
     for k in range(min(len(end) - 1, span), 0, -1):
-        if list(h[len(h) - k :]) == list(end[:k]):
+        if list(ids[len(ids) - k :]) == list(end[:k]):
             done = k
             break
     _force(row, end[done])
@@ -110,7 +112,7 @@ def _apply(row: list[float], e: Mapping[str, Any], h: Sequence[int], request: Or
             for t in e["stop_token_ids"]:
                 row[t] = NEG
     elif kind == "thinking_budget":
-        _thinking(row, e, h)
+        _thinking(row, e, h, request)
     elif kind == "banned_phrases":
         _banned_phrases(row, e, h)
     elif kind == "multiple_choice":
@@ -192,9 +194,13 @@ def expected_row(entries: Sequence[Mapping[str, Any]], history: Sequence[int], r
     with a ``scope`` acts only in that phase and sees the history since its stretch began."""
     request = request or OracleRequest()
     out = [float(v) for v in row]
+    reasoning = next((e for e in entries if e["kind"] == "reasoning"), None)
     for entry in entries:
         if entry["kind"] == "reasoning":
             continue
+        if entry["kind"] == "thinking_budget" and reasoning is not None:  # its delimiters, else the request's
+            entry = {"start_token_ids": reasoning["start_token_ids"], "end_token_ids": reasoning["end_token_ids"],
+                     **{k: v for k, v in entry.items() if v is not None}}
         scope = entry.get("scope", "always")
         if scope == "always":
             _apply(out, entry, history, request)
