@@ -292,6 +292,17 @@ class Group:
         """Cache what a listed layout's steps reuse (called on every batch change)."""
         self._cache.clear()
 
+    def host_decisions(self, n: int) -> Any:
+        """A decided group's room for ``n`` member rows' host decisions (``SlotBatch.decide_on_host``),
+        passed to its ``apply_host_decisions``: by default the token each row forces (``-1``: none)."""
+        return np.full(n, -1, dtype=np.int64)
+
+    def host_decision(self, processor: Any, history: Sequence[int]) -> Any:
+        """One member row's host decision, from the row's own processor and history: by default the
+        token its ``row_op`` forces (``-1``: none)."""
+        op = processor.row_op(history)
+        return -1 if op is None else op.token_id
+
     def reads_generated(self, rows: ListedRows) -> bool:
         """Whether a listed layout's step of this group reads ``StepInputs.generated`` (when the runner
         gives ``pos``/``pos_offset``, ``SlotBatch`` subtracts only if some group does)."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -222,22 +223,21 @@ class SlotBatch:
                           flags=None if drafts else self.flags.dev, pos=pos, pos_offset=pos_offset)
 
     def decide_on_host(self, group: Group, rows: ListedRows, histories: Sequence[Sequence[int]],
-                       failed_rows: list[int]) -> np.ndarray:
-        """A decided group's tokens from each row's host processor (``-1``: none); a processor that
-        raises fails its request alone (its row appended to ``failed_rows``)."""
-        decisions = np.full(len(rows.rows), -1, dtype=np.int64)
+                       failed_rows: list[int]) -> Any:
+        """A decided group's decisions (``Group.host_decisions``), one per member row from the row's
+        host processor (``Group.host_decision``: by default the token it forces, ``-1`` for none); a
+        processor that raises fails its request alone (its row appended to ``failed_rows``)."""
+        decisions = group.host_decisions(len(rows.rows))
+        level, decide = group.level, group.host_decision
         for i, (row, slot) in enumerate(zip(rows.rows.tolist(), rows.slots.tolist())):
             request = self.requests[slot]
             assert request is not None and request.processor is not None
             try:
-                op = request.processor.processors[group.level].row_op(histories[row])  # type: ignore[attr-defined]
+                decisions[i] = decide(request.processor.processors[level], histories[row])
             except Exception as exc:  # a bug must not escape the sampler: fail this request alone
                 request.fail_with(exc, histories[row])
                 self.mark_failed(slot)
                 failed_rows.append(row)
-                continue
-            if op is not None:
-                decisions[i] = op.token_id
         return decisions
 
     def _record_dead(self, step: StepInputs, deaths: list[Dead], real_rows: torch.Tensor | None) -> None:
