@@ -3,8 +3,10 @@
 ``activate(target, entries)`` takes a sampling-params mapping (its ``custom_params`` gets the
 payload, or loses a smuggled one) or a ``GenerateReqInput``-like object (the same, and its
 ``custom_logit_processor`` is set to this adapter's string), and returns
-``SglangActivation(custom_logit_processor, custom_params)``. A client's ``custom_logit_processor``
-(a dill string, i.e. code) is never forwarded."""
+``SglangActivation(custom_logit_processor, custom_params)``. Beside the payload, ``custom_params``
+carries the request's arrival (``ARRIVAL_KEY``, a float: a ``CustomParamValue`` scalar) when given;
+a client's arrival is dropped. A client's ``custom_logit_processor`` (a dill string, i.e. code) is
+never forwarded."""
 
 from __future__ import annotations
 
@@ -42,9 +44,10 @@ def _sampling_params(target: Any) -> MutableMapping[str, Any]:
     return params
 
 
-def activate(target: Any, entries: Sequence[Any]) -> SglangActivation:
-    """Put the payload for ``entries`` into ``target``'s ``custom_params`` and name this adapter's
-    processor (see the module docstring); returns the fields set."""
+def activate(target: Any, entries: Sequence[Any], *, arrival_time: float | None = None) -> SglangActivation:
+    """Put the payload for ``entries`` (and ``arrival_time``, ``time.time()`` when the deployment
+    received the request) into ``target``'s ``custom_params`` and name this adapter's processor (see
+    the module docstring); returns the fields set."""
     from .processor import processor_string  # needs sglang; keep the module importable without it
 
     params = _sampling_params(target)
@@ -52,6 +55,7 @@ def activate(target: Any, entries: Sequence[Any]) -> SglangActivation:
     custom: dict[str, Any] = dict(current) if isinstance(current, Mapping) else {}
     payload = sdk.encode_payload(entries)
     put_carried(custom, payload)
+    sdk.put_arrival(custom, arrival_time if payload is not None else None)
     params["custom_params"] = custom or None
     processor = processor_string() if payload is not None else None
     if not isinstance(target, MutableMapping):

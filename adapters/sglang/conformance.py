@@ -74,13 +74,16 @@ class SglangDriver:
         validate({WIRE_KEY: self._carried(payload)})
 
     def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
-            eos_token_id: int) -> None:
+            eos_token_id: int, stop_token_ids: Sequence[int] = (), arrival_time: float | None = None) -> None:
         if not self._started:  # the adapter's failure log is per process: start it afresh for this driver
             FAILURES.clear()
             self._started = True
         sampling_params: dict[str, Any] = {"max_new_tokens": 64}
+        if stop_token_ids:
+            sampling_params["stop_token_ids"] = list(stop_token_ids)
         if payload is not None:
             sampling_params["custom_params"] = {WIRE_KEY: self._carried(payload)}
+            sdk.put_arrival(sampling_params["custom_params"], arrival_time)  # where activate() puts it
         self.harness.add(req_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
                          custom_logit_processor=None if payload is None else processor_string(),
                          output_ids=output_ids, eos_token_ids={eos_token_id})

@@ -9,17 +9,26 @@ A negative position is a middle prefill chunk, whose sample SGLang discards: the
 
 History: ``output_ids[:position]``, a lagging last token filled with ``LAGGED_TOKEN`` (-1).
 
+Facts (``request_facts``, what a factory's ``RealizeContext`` holds): the prompt is
+``req.origin_input_ids``; the stop ids are the request's own, which ``Req._check_token_based_finish``
+stops on (``managers/schedule_batch.py``, 0.5.21 and 0.5.23): ``req.eos_token_ids`` (unless
+``ignore_eos``) and ``sampling_params.stop_token_ids`` (the tokenizer's EOS and additional stop ids,
+which it also stops on, are not listed); the arrival is the one activation wrote into the request's
+``custom_params``.
+
 Reads of the live ``Req`` raise (``EngineStateError``, ``ReferenceError``, ...) when a value is
 missing or malformed; the caller fails that one request."""
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 from typing import Any
 
+from dynlogits import sdk
 from dynlogits.sdk import pick_stop_token
 
-__all__ = ["LAGGED_TOKEN", "EngineStateError", "committed_len", "row_history", "stop_token"]
+__all__ = ["LAGGED_TOKEN", "EngineStateError", "committed_len", "request_facts", "row_history", "stop_token"]
 
 #: Stands for a token SGLang has sampled but not yet appended to ``output_ids`` (overlap lag).
 LAGGED_TOKEN = -1
@@ -72,3 +81,14 @@ def stop_token(req: Any, vocab_size: int) -> int | None:
     except Exception:  # an engine object of an unknown layout: the request still fails, unstoppable
         return None
     return pick_stop_token(None, stops, vocab_size)
+
+
+def request_facts(req: Any, custom_params: Mapping[str, Any]) -> sdk.RequestFacts:
+    """What a factory is told of ``req`` (see the module docstring): its prompt, its stop ids (the
+    lowest EOS first, as ``stop_token`` picks; none of them under ``ignore_eos``) and the arrival in
+    ``custom_params``. Raises when ``req`` lacks what is read."""
+    params = req.sampling_params
+    eos = () if getattr(params, "ignore_eos", False) else tuple(getattr(req, "eos_token_ids", None) or ())
+    stops = tuple(getattr(params, "stop_token_ids", None) or ())
+    return sdk.RequestFacts.of(prompt_ids=[int(t) for t in req.origin_input_ids], eos_token_id=min(eos, default=None),
+                               stop_token_ids=(*eos, *stops), arrival_time=sdk.carried_arrival(custom_params))

@@ -32,7 +32,7 @@ from dynlogits.sdk import GuardedRequest
 
 from .custom_params import carried_payload
 from .engine import speculative_refusal
-from .locate import row_history, stop_token
+from .locate import request_facts, row_history, stop_token
 
 __all__ = ["FAILURES", "REQUEST_KEY", "DynamoSglangLogitProcessor", "processor_string", "stop_token"]
 
@@ -65,7 +65,8 @@ def _engine_refusal() -> str | None:
 
 
 def _realized(params: dict[str, Any], req: Any, vocab_size: int) -> GuardedRequest | None:
-    """Realize the request's payload (either encoding); never raises."""
+    """Realize the request's payload (either encoding) with its facts (``locate.request_facts``);
+    never raises."""
     stop = stop_token(req, vocab_size) if req is not None else None
     try:
         payload = carried_payload(params)
@@ -73,7 +74,13 @@ def _realized(params: dict[str, Any], req: Any, vocab_size: int) -> GuardedReque
         return GuardedRequest.failed_at_realization(
             f"payload rejected in the engine: {err}", stop_token_id=stop, report=FAILURES.append)
     try:
-        guarded = sdk.realize(payload, vocab_size=vocab_size, stop_token_id=stop, report=FAILURES.append)
+        facts = request_facts(req, params) if req is not None else None
+    except Exception as exc:  # a Req this adapter cannot read: this request's failure, not the sampler's
+        return GuardedRequest.failed_at_realization(
+            f"cannot read the request's prompt or stop ids from SGLang's Req ({type(exc).__name__}: {exc}); "
+            f"{_UNSUPPORTED_LAYOUT}", stop_token_id=stop, report=FAILURES.append)
+    try:
+        guarded = sdk.realize(payload, vocab_size=vocab_size, stop_token_id=stop, report=FAILURES.append, facts=facts)
     except Exception as exc:  # realize never raises by contract; a bug must still not reach the sampler
         return GuardedRequest.failed_at_realization(
             f"internal error realizing the payload ({type(exc).__name__}: {exc})", stop_token_id=stop,

@@ -23,6 +23,7 @@ from dynlogits.specs import LogitsProcessorSpec
 from dynlogits.policy.text import TextTokenizer
 
 from .generate import payload_for
+from .generate import prompt_ids as unpadded_prompts
 from .processor import DynamoLogitsProcessor, realize_request
 
 if TYPE_CHECKING:
@@ -64,9 +65,12 @@ class TransformersDriver:
         sdk.validate(payload, vocab_size=self.vocab_size)
 
     def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
-            eos_token_id: int) -> None:
+            eos_token_id: int, stop_token_ids: Sequence[int] = (), arrival_time: float | None = None) -> None:
+        padded = [self.pad_token_id, *prompt_ids]  # left-padded, as generate_kwargs reads a batch's prompts
+        batch = {"input_ids": torch.tensor([padded]), "attention_mask": torch.tensor([[0] + [1] * len(prompt_ids)])}
         request = realize_request(payload, vocab_size=self.vocab_size, eos_token_id=eos_token_id,
-                                  report=self._failures.append)
+                                  stop_token_ids=(eos_token_id, *stop_token_ids), report=self._failures.append,
+                                  prompt_ids=unpadded_prompts(batch)[0], arrival_time=arrival_time)
         self._held[req_id] = _Held(list(prompt_ids), request, list(output_ids))
 
     def step(self, batch: Sequence[str], logits: torch.Tensor) -> torch.Tensor:

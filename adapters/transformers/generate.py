@@ -12,6 +12,7 @@ The logits width (``logits_width``) is the model's output-embedding rows (else `
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from dynlogits.policy.text import TextTokenizer, resolve_entries
 
 from .processor import logits_processor
 
-__all__ = ["activate", "generate_kwargs", "logits_width", "payload_for", "stop_token", "validate"]
+__all__ = ["activate", "generate_kwargs", "logits_width", "payload_for", "prompt_ids", "stop_token", "validate"]
 
 
 def activate(entries: Sequence[Any]) -> list[dict[str, Any]] | None:
@@ -102,6 +103,18 @@ def _input_ids(batch: Any) -> Any:
     return ids
 
 
+def prompt_ids(batch: Any) -> list[list[int]]:
+    """Each prompt's token ids without padding: the positions its ``attention_mask`` keeps (what
+    ``generate()`` attends to), or the whole row when the batch has no mask."""
+    ids = _input_ids(batch)
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else getattr(batch, "attention_mask", None)
+    if mask is None:
+        return [[int(t) for t in row] for row in ids.tolist()]
+    if tuple(mask.shape) != tuple(ids.shape):
+        raise ValueError(f"attention_mask of shape {tuple(mask.shape)} for input_ids of shape {tuple(ids.shape)}")
+    return [[int(t) for t, keep in zip(row, kept) if keep] for row, kept in zip(ids.tolist(), mask.tolist())]
+
+
 def generate_kwargs(
     model: Any,
     tokenizer: Any,
@@ -111,13 +124,16 @@ def generate_kwargs(
     num_return_sequences: int = 1,
     num_beams: int = 1,
     report: FailureReport | None = None,
+    arrival_time: float | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``model.generate(**batch, **kwargs)`` applying ``payloads[k]`` to prompt ``k``
     of ``batch`` (``None``: no processors): ``{"logits_processor": LogitsProcessorList([processor]),
     "num_beams": ..., "num_return_sequences": ...}`` (extend the list to add processors of your own).
 
     Raises ``SpecError`` for a bad payload, ``ValueError`` for arguments that do not fit the batch.
-    ``report`` receives one line per request that fails while generating."""
+    ``report`` receives one line per request that fails while generating. Factories are told each
+    prompt's ids without padding (``prompt_ids``), the ids ``generate()`` stops on and
+    ``arrival_time`` (default: now, when the kwargs are built)."""
     input_ids = _input_ids(batch)
     if isinstance(payloads, (str, bytes, Mapping)) or not isinstance(payloads, Sequence):
         raise TypeError(f"payloads must be a sequence with one payload (or None) per prompt, got {type(payloads).__name__}")
@@ -137,6 +153,8 @@ def generate_kwargs(
         eos_token_id=eos,
         stop_token_ids=stops,
         report=report,
+        prompt_ids=prompt_ids(batch),
+        arrival_time=time.time() if arrival_time is None else arrival_time,
     )
     return {
         "logits_processor": LogitsProcessorList([processor]),

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from dynlogits.sdk import FailureReport, GuardedRequest, apply_rows, drain, histories_from_ids, pick_stop_token, realize
+from dynlogits.sdk import (FailureReport, GuardedRequest, RequestFacts, apply_rows, drain, histories_from_ids,
+                           pick_stop_token, realize)
 
 __all__ = ["DynamoLogitsProcessor", "logits_processor", "realize_request"]
 
@@ -96,12 +97,18 @@ def realize_request(
     eos_token_id: int | None,
     stop_token_ids: Iterable[int] = (),
     report: FailureReport | None = None,
+    prompt_ids: Sequence[int] | None = None,
+    arrival_time: float | None = None,
 ) -> GuardedRequest | None:
     """Fresh processors for one request (``None`` without a payload); never raises for the payload.
     The stop token is ``eos_token_id`` if inside the logits width, else the lowest of
-    ``stop_token_ids`` inside it: pass the ids ``generate()`` stops on."""
-    stop = pick_stop_token(eos_token_id, stop_token_ids, vocab_size)
-    return realize(payload, vocab_size=vocab_size, stop_token_id=stop, report=report)
+    ``stop_token_ids`` inside it: pass the ids ``generate()`` stops on. Factories are told
+    ``prompt_ids`` (the prompt without padding), those stop ids and ``arrival_time``."""
+    stops = tuple(stop_token_ids)
+    stop = pick_stop_token(eos_token_id, stops, vocab_size)
+    facts = RequestFacts.of(prompt_ids=prompt_ids, eos_token_id=eos_token_id, stop_token_ids=stops,
+                            arrival_time=arrival_time)
+    return realize(payload, vocab_size=vocab_size, stop_token_id=stop, report=report, facts=facts)
 
 
 def logits_processor(
@@ -113,10 +120,13 @@ def logits_processor(
     eos_token_id: int | None,
     stop_token_ids: Iterable[int] = (),
     report: FailureReport | None = None,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+    arrival_time: float | None = None,
 ) -> DynamoLogitsProcessor:
     """One ``DynamoLogitsProcessor`` for a ``generate()`` call: ``payloads[k]`` is prompt ``k``'s wire
     payload (``None``: no processors). One fresh ``GuardedRequest`` per prompt owns rows
-    ``k*rows_per_request .. (k+1)*rows_per_request - 1`` (``max(num_beams, num_return_sequences)``).
+    ``k*rows_per_request .. (k+1)*rows_per_request - 1`` (``max(num_beams, num_return_sequences)``),
+    realized with ``prompt_ids[k]`` (prompt ``k`` without padding), the stop ids and ``arrival_time``.
     No admission here (see ``generate.generate_kwargs``): a payload that does not realize fail-stops
     its request."""
     if isinstance(payloads, (str, bytes, Mapping)) or not isinstance(payloads, Sequence):
@@ -130,10 +140,13 @@ def logits_processor(
     _check_int("vocab_size", vocab_size, 1)
     _check_int("prompt_width", prompt_width, 0)
     _check_int("rows_per_request", rows_per_request, 1)
+    if prompt_ids is not None and len(prompt_ids) != len(payloads):
+        raise ValueError(f"{len(prompt_ids)} prompts' ids for {len(payloads)} payloads")
     stops = tuple(stop_token_ids)
     requests = [
-        realize_request(p, vocab_size=vocab_size, eos_token_id=eos_token_id, stop_token_ids=stops, report=report)
-        for p in payloads
+        realize_request(p, vocab_size=vocab_size, eos_token_id=eos_token_id, stop_token_ids=stops, report=report,
+                        prompt_ids=None if prompt_ids is None else prompt_ids[k], arrival_time=arrival_time)
+        for k, p in enumerate(payloads)
     ]
     rows = [request for request in requests for _ in range(rows_per_request)]
     return DynamoLogitsProcessor(rows, prompt_width, vocab_size=vocab_size)

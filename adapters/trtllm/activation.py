@@ -5,10 +5,12 @@ PyTorch backend only; the TensorRT backend's request binding takes one callable)
 validates the gated entries and replaces the processor of ours a previous call attached, keeping
 any others; ``validate(sampling_params)`` re-checks the payload of every processor of ours on a
 request (admission). Positions count from the prompt the engine holds at the first call, so
-``activate`` needs no prompt, only ``generated_before`` for a request that arrives mid-generation."""
+``activate`` needs no prompt, only ``generated_before`` for a request that arrives mid-generation;
+it stamps the request's arrival on the processor (the facts: ``processor``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,12 +42,13 @@ def _ours(current: Any) -> list[DynamoTrtllmLogitsProcessor]:
 
 
 def activate(sampling_params: Any, entries: Sequence[Any], *, vocab_size: int | None = None,
-             generated_before: int = 0) -> DynamoTrtllmLogitsProcessor | None:
+             generated_before: int = 0, arrival_time: float | None = None) -> DynamoTrtllmLogitsProcessor | None:
     """Attach a fresh processor for ``entries`` to ``sampling_params`` (anything with a
     ``logits_processor`` attribute) and return it; ``None`` without entries (ours is then removed).
     Raises ``SpecError`` naming the field (``python`` only when allow-listed), ``ValueError`` when
     the request opted into the batched callback. ``vocab_size``: the logits width, when known;
-    ``generated_before``: tokens generated before this engine (a disaggregated decode worker's)."""
+    ``generated_before``: tokens generated before this engine (a disaggregated decode worker's);
+    ``arrival_time``: when the deployment received the request (default: now, ``time.time()``)."""
     payload = sdk.encode_payload(entries)
     sdk.validate(payload, vocab_size=vocab_size)
     if payload is not None and getattr(sampling_params, "apply_batched_logits_processor", False):
@@ -54,8 +57,9 @@ def activate(sampling_params: Any, entries: Sequence[Any], *, vocab_size: int | 
     if payload is None:
         sampling_params.logits_processor = others if len(others) > 1 else (others[0] if others else None)
         return None
-    processor = DynamoTrtllmLogitsProcessor(payload, sampling_params=sampling_params,
-                                            generated_before=generated_before, vocab_size=vocab_size)
+    processor = DynamoTrtllmLogitsProcessor(payload, sampling_params=sampling_params, generated_before=generated_before,
+                                            vocab_size=vocab_size,
+                                            arrival_time=time.time() if arrival_time is None else arrival_time)
     sampling_params.logits_processor = [*others, processor] if others else processor
     return processor
 

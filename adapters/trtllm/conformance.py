@@ -75,15 +75,16 @@ class TrtllmDriver:
         sdk.validate(payload)  # what activate checks, for a raw payload
 
     def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
-            eos_token_id: int) -> None:
+            eos_token_id: int, stop_token_ids: Sequence[int] = (), arrival_time: float | None = None) -> None:
         if not self._started:  # the adapter's failure log is per process: start it afresh for this driver
             FAILURES.clear()
             self._started = True
         number = self.ids.setdefault(req_id, len(self.ids))
-        params = SamplingParamsStandIn(end_id=eos_token_id)
+        params = SamplingParamsStandIn(end_id=eos_token_id, stop_token_ids=list(stop_token_ids) or None)
         if payload is not None:
             params.logits_processor = DynamoTrtllmLogitsProcessor(
-                payload, sampling_params=params, generated_before=len(output_ids), vocab_size=self.vocab_size)
+                payload, sampling_params=params, generated_before=len(output_ids), vocab_size=self.vocab_size,
+                arrival_time=arrival_time)  # what activate() stamps (activate: now, when not given)
         params.apply_batched_logits_processor = self.batched and payload is not None  # only requests with processors
         generated = [list(output_ids)] * self.beams if output_ids else None
         if isinstance(self.harness, PytorchBackendHarness):

@@ -14,8 +14,10 @@ Contract: nothing raises out of ``__call__`` (TensorRT-LLM would fail every acti
 request whose payload, processor or call cannot be served is fail-stopped (every row masked to
 ``end_id`` unless ``ignore_eos``, else its lowest ``stop_token_ids``) and reported once (``FAILURES``).
 Instances pickle as plain data plus their ``SamplingParams`` (whose ``end_id`` TensorRT-LLM fills
-after ``activate``) and realize on the first call, in the engine process; ``register_ipc_classes``
-adds the class to TensorRT-LLM's unpickling allow-lists where they exist."""
+after ``activate``) and realize on the first call, in the engine process, with the request's facts:
+the prompt (``token_ids[0][:prompt_len]``), ``end_id`` (unless ``ignore_eos``) then ``stop_token_ids``,
+and the arrival ``activate`` stamped. ``register_ipc_classes`` adds the class to TensorRT-LLM's
+unpickling allow-lists where they exist."""
 
 from __future__ import annotations
 
@@ -60,22 +62,16 @@ def _base_classes() -> tuple[type, type, bool]:
 LogitsProcessorBase, BatchedLogitsProcessorBase, HAS_TENSORRT_LLM = _base_classes()
 
 
-def _stop_ids(sampling_params: Any) -> tuple[int, ...]:
-    """The ids a failed request may be ended with, best first: ``end_id`` (unless ``ignore_eos``),
-    then ``stop_token_ids``."""
-    ids: list[int] = []
+def _end_id(sampling_params: Any) -> int | None:
+    """The request's EOS: ``end_id`` unless ``ignore_eos``."""
     end_id = getattr(sampling_params, "end_id", None)
-    if isinstance(end_id, int) and not getattr(sampling_params, "ignore_eos", False):
-        ids.append(end_id)
-    ids += sorted(int(t) for t in (getattr(sampling_params, "stop_token_ids", None) or ()))
-    return tuple(ids)
+    return end_id if isinstance(end_id, int) and not getattr(sampling_params, "ignore_eos", False) else None
 
 
 def stop_token(sampling_params: Any, vocab_size: int) -> int | None:
     """The token that ends a failed request (``dynlogits.sdk.pick_stop_token``): ``end_id`` unless
     ``ignore_eos``, else its lowest ``stop_token_ids`` entry, inside the logits width."""
-    ids = _stop_ids(sampling_params)
-    return sdk.pick_stop_token(ids[0] if ids else None, ids[1:], vocab_size)
+    return sdk.pick_stop_token(_end_id(sampling_params), getattr(sampling_params, "stop_token_ids", None), vocab_size)
 
 
 def request_rows(logits: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -124,10 +120,11 @@ class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,val
 
     ``sampling_params``: the ``SamplingParams`` it is attached to (stop ids read at the first
     call); ``generated_before``: tokens generated before this engine; ``vocab_size``: the width the
-    payload was validated for (a call of another width fails the request)."""
+    payload was validated for (a call of another width fails the request); ``arrival_time``: when
+    the deployment received the request (``time.time()``; ``None``: counted from realization)."""
 
     def __init__(self, payload: Any, *, sampling_params: Any = None, generated_before: int = 0,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, arrival_time: float | None = None) -> None:
         if not isinstance(generated_before, int) or isinstance(generated_before, bool) or generated_before < 0:
             raise ValueError(f"generated_before must be an integer >= 0, got {generated_before!r}")
         if vocab_size is not None and (not isinstance(vocab_size, int) or vocab_size <= 0):
@@ -136,6 +133,7 @@ class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,val
         self.sampling_params = sampling_params
         self.generated_before = generated_before
         self.vocab_size = vocab_size
+        self.arrival_time = arrival_time
         self.prompt_len: int | None = None
         self._request: GuardedRequest | None = None
         self._realized = False
@@ -144,11 +142,13 @@ class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,val
     # -- pickling: plain data (and the SamplingParams reference); realized again where unpickled --
     def __getstate__(self) -> dict[str, Any]:
         return {"payload": self.payload, "sampling_params": self.sampling_params,
-                "generated_before": self.generated_before, "vocab_size": self.vocab_size, "prompt_len": self.prompt_len}
+                "generated_before": self.generated_before, "vocab_size": self.vocab_size,
+                "arrival_time": self.arrival_time, "prompt_len": self.prompt_len}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["payload"], sampling_params=state["sampling_params"],  # type: ignore[misc]
-                      generated_before=state["generated_before"], vocab_size=state["vocab_size"])
+                      generated_before=state["generated_before"], vocab_size=state["vocab_size"],
+                      arrival_time=state.get("arrival_time"))
         self.prompt_len = state["prompt_len"]
 
     def stop_token(self, width: int | None) -> int | None:
@@ -156,22 +156,34 @@ class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,val
         validated ``vocab_size``, else unbounded)."""
         return stop_token(self.sampling_params, width if width is not None else (self.vocab_size or sys.maxsize))
 
-    def request(self, width: int) -> GuardedRequest | None:
-        """This request's ``GuardedRequest`` for a logits width, realized on first use (never raises)."""
+    def request(self, width: int, prompt_ids: Sequence[int] | None = None) -> GuardedRequest | None:
+        """This request's ``GuardedRequest`` for a logits width, realized on first use with its facts
+        (``prompt_ids``; stop ids from ``sampling_params``; ``arrival_time``). Never raises."""
         if not self._realized:
+            sp = self.sampling_params
+            facts = sdk.RequestFacts.of(prompt_ids=prompt_ids, eos_token_id=_end_id(sp),
+                                        stop_token_ids=getattr(sp, "stop_token_ids", None) or (),
+                                        arrival_time=self.arrival_time)
             self._request = sdk.realize(self.payload, vocab_size=width, stop_token_id=self.stop_token(width),
-                                        report=FAILURES.append)
+                                        report=FAILURES.append, facts=facts)
             self._realized = True
         return self._request
 
-    def histories(self, token_ids: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Each beam's generated tokens; the first call fixes ``prompt_len`` from the engine's lists."""
+    def prompt(self, token_ids: Sequence[Sequence[int]]) -> list[int]:
+        """The prompt: the first ``prompt_len`` tokens of the engine's first list, ``prompt_len`` fixed
+        by the first call (``len(token_ids[0]) - generated_before``); ``ValueError`` when it cannot be."""
         if self.prompt_len is None:
             prompt_len = len(token_ids[0]) - self.generated_before
             if prompt_len < 0:
                 raise ValueError(f"token_ids hold {len(token_ids[0])} tokens, fewer than the {self.generated_before} "
                                  "the request had generated before it reached this engine")
             self.prompt_len = prompt_len
+        return [int(t) for t in list(token_ids[0])[: self.prompt_len]]
+
+    def histories(self, token_ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Each beam's generated tokens (after ``prompt_len``, fixed by the first call: ``prompt``)."""
+        if self.prompt_len is None:
+            self.prompt(token_ids)
         start = self.prompt_len
         return [ids[start:] if isinstance(ids, list) else list(ids)[start:] for ids in token_ids]  # no prompt copy
 
@@ -191,7 +203,7 @@ class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,val
         if self.vocab_size is not None and width != self.vocab_size:
             raise ValueError(f"logits are {width} wide, but the payload was validated for a vocabulary of "
                              f"{self.vocab_size} (vocabulary-sharded logits?)")
-        request = self.request(width)
+        request = self.request(width, None if self._realized else self.prompt(token_ids))
         if request is None:
             return
         histories = self.histories(token_ids)

@@ -48,8 +48,12 @@ def _carried(payload: Any) -> Any:
     return json.dumps(payload) if isinstance(payload, str) else payload
 
 
-def _params(payload: Any, eos_token_id: int) -> SamplingParams:
-    params = SamplingParams(extra_args=None if payload is None else {WIRE_KEY: _carried(payload)})
+def _params(payload: Any, eos_token_id: int, stop_token_ids: Sequence[int] = (),
+            arrival_time: float | None = None) -> SamplingParams:
+    extra = None if payload is None else {WIRE_KEY: _carried(payload)}
+    if extra is not None:
+        sdk.put_arrival(extra, arrival_time)  # where activate_logits_processors puts it
+    params = SamplingParams(extra_args=extra, stop_token_ids=list(stop_token_ids))
     params.update_from_generation_config({}, eos_token_id)  # as the engine does from the model's config
     return params
 
@@ -89,8 +93,9 @@ class VllmV1Driver(_Common):
         self.requests: dict[str, tuple[SamplingParams, list[int], list[int]]] = {}
 
     def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
-            eos_token_id: int) -> None:
-        self.requests[req_id] = (_params(payload, eos_token_id), list(prompt_ids), list(output_ids))
+            eos_token_id: int, stop_token_ids: Sequence[int] = (), arrival_time: float | None = None) -> None:
+        params = _params(payload, eos_token_id, stop_token_ids, arrival_time)
+        self.requests[req_id] = (params, list(prompt_ids), list(output_ids))
 
     def _relayout(self, batch: Sequence[str]) -> None:
         b = self.builder
@@ -157,8 +162,9 @@ class VllmV2Driver(_Common):
         self.processor = self.harness.processor
 
     def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
-            eos_token_id: int) -> None:
-        self.harness.add_request(req_id, prompt_ids, _params(payload, eos_token_id), output_ids=output_ids)
+            eos_token_id: int, stop_token_ids: Sequence[int] = (), arrival_time: float | None = None) -> None:
+        params = _params(payload, eos_token_id, stop_token_ids, arrival_time)
+        self.harness.add_request(req_id, prompt_ids, params, output_ids=output_ids)
 
     def step(self, batch: Sequence[str], logits: torch.Tensor) -> torch.Tensor:
         return self.harness.step(batch, logits)

@@ -28,6 +28,7 @@ request is fail-stopped to its EOS (unset under ``ignore_eos``), else its lowest
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, Protocol
@@ -39,7 +40,7 @@ from dynlogits.policy.config import DeploymentConfig
 from dynlogits.policy.engine_spec import PAYLOAD_ROOT, admission_config, check_request_payload, client_payload_config
 from dynlogits.policy.roles import DisaggregationMode, is_generation_stage
 from dynlogits.sdk import FailureReport, GuardedRequest
-from dynlogits.specs import ARRIVAL_KEY, WIRE_KEY, SpecError, SpecLimits
+from dynlogits.specs import WIRE_KEY, SpecError, SpecLimits
 
 __all__ = ["PayloadSource", "VllmRequest", "carried_payload", "client_payload", "payload_text_bound", "read_payload",
            "realize_request", "request_facts", "request_role", "stop_token", "validate"]
@@ -169,20 +170,22 @@ def stop_token(params: Any, vocab_size: int) -> int | None:
 def request_facts(params: Any, prompt_ids: Sequence[int] | None) -> sdk.RequestFacts:
     """What the adapter knows of a request: its prompt (``None`` where the runner does not say), the
     ids it stops on (its EOS unless ``ignore_eos``, then ``stop_token_ids``) and its arrival
-    (``extra_args[ARRIVAL_KEY]`` when the deployment stamped it)."""
-    eos = getattr(params, "eos_token_id", None)
-    stops = [eos] if isinstance(eos, int) else []
-    stops += sorted(t for t in (getattr(params, "stop_token_ids", None) or ()) if isinstance(t, int) and t not in stops)
-    arrival = (getattr(params, "extra_args", None) or {}).get(ARRIVAL_KEY)
-    return sdk.RequestFacts(prompt_ids=prompt_ids, stop_token_ids=tuple(stops),
-                            arrival_time=float(arrival) if isinstance(arrival, (int, float)) and not isinstance(arrival, bool) else None)
+    (``extra_args[ARRIVAL_KEY]``, ``sdk.carried_arrival``)."""
+    return sdk.RequestFacts.of(prompt_ids=prompt_ids, eos_token_id=getattr(params, "eos_token_id", None),
+                               stop_token_ids=getattr(params, "stop_token_ids", None) or (),
+                               arrival_time=sdk.carried_arrival(getattr(params, "extra_args", None)))
 
 
 def realize_request(params: Any, *, vocab_size: int, report: FailureReport | None = None,
                     engine_spec: PayloadSource | None = None, prompt_ids: Sequence[int] | None = None) -> VllmRequest | None:
-    """Fresh processors for one request entering the batch; ``None`` without a payload. Never raises."""
+    """Fresh processors for one request entering the batch; ``None`` without a payload. Never raises.
+    An arrival in ``extra_args`` counts only beside a payload the worker wrote (a list, with no engine
+    spec source): the client's ``extra_args`` never set a deadline's clock."""
     stop = stop_token(params, vocab_size)
     payload = read_payload(params)
+    facts = request_facts(params, prompt_ids)
+    if engine_spec is not None or isinstance(payload, str):
+        facts = dataclasses.replace(facts, arrival_time=None)
     try:
         if engine_spec is not None:
             payload = engine_spec.payload_for(params)
@@ -193,4 +196,4 @@ def realize_request(params: Any, *, vocab_size: int, report: FailureReport | Non
         return VllmRequest.adopt(GuardedRequest.failed_at_realization(
             f"payload rejected in the engine: {err}", stop_token_id=stop, report=report))
     return VllmRequest.adopt(sdk.realize(payload, vocab_size=vocab_size, stop_token_id=stop, report=report,
-                                         facts=request_facts(params, prompt_ids)))
+                                         facts=facts))

@@ -2,8 +2,9 @@
 
 An adapter translates its engine's calling convention onto four duties, each implemented once here:
 
-1. activate (``gate``, ``put_payload``, ``encode_payload``, ``activate_logits_processors``): the
-   role-gated entries as the wire payload on the request, a smuggled payload cleared;
+1. activate (``gate``, ``put_payload``, ``encode_payload``, ``activate_logits_processors``,
+   ``put_arrival``): the role-gated entries as the wire payload on the request, with the arrival the
+   deployment stamped; a smuggled payload or arrival cleared (``carried_arrival`` reads it back);
 2. realize (``validate``, ``realize``): payload -> a fresh ``GuardedRequest``; ``validate`` raises
    ``SpecError`` naming the field, ``realize`` never raises;
 3. locate (``locate``): each row's request and history; positions come from the history alone;
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from dynlogits.specs import WIRE_KEY, SpecError
 
-from .activation import activate_logits_processors, encode_payload, gate, put_payload
+from .activation import activate_logits_processors, carried_arrival, encode_payload, gate, put_arrival, put_payload
 
 if TYPE_CHECKING:
     from .apply import apply_draft_row, apply_row, apply_rows
@@ -59,11 +60,13 @@ __all__ = [
     "apply_draft_row",
     "apply_row",
     "apply_rows",
+    "carried_arrival",
     "drain",
     "encode_payload",
     "gate",
     "histories_from_ids",
     "pick_stop_token",
+    "put_arrival",
     "put_payload",
     "realize",
     "validate",

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +100,15 @@ class RequestFacts:
     prompt_ids: Sequence[int] | None = None
     stop_token_ids: Sequence[int] = ()
     arrival_time: float | None = None
+
+    @classmethod
+    def of(cls, *, prompt_ids: Sequence[int] | None, eos_token_id: int | None, stop_token_ids: Iterable[int] = (),
+           arrival_time: float | None = None) -> RequestFacts:
+        """The facts with stop ids in the order every adapter gives them: the EOS first (``None``:
+        no EOS, e.g. the request ignores it), then the other stop ids, ascending, each once."""
+        first = (eos_token_id,) if isinstance(eos_token_id, int) else ()
+        rest = sorted({int(t) for t in stop_token_ids if isinstance(t, int) and t not in first})
+        return cls(prompt_ids=prompt_ids, stop_token_ids=(*first, *rest), arrival_time=arrival_time)
 
 
 def build_request_processor(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, LogitsProcessorSpec, encode_entries, kinds
 from dynlogits.specs.schema import golden_vectors
 
-from . import plugin_kinds
+from . import plugin_factories, plugin_kinds
 from .driver import AdapterDriver, EngineReadFaults
 from .faults import BAN_ID_FACTORY, RAISE_AFTER_FACTORY, SCALE_FACTORY
 
@@ -388,6 +389,69 @@ def a_plugin_row_operation_beyond_the_width_fails_only_its_request(driver: Adapt
                          what="plug-in request whose row op is out of range", report_says="outside the logits width")
 
 
+def _context_is(seen: dict[str, list[Any]], tag: str, want: dict[str, Any], what: str) -> None:
+    """Every context ``kit.facts`` recorded under ``tag`` holds ``want`` (a value, or a predicate)."""
+    if not seen.get(tag):
+        raise AssertionError(f"{what}: the plug-in factory was never called")
+    for ctx in seen[tag]:
+        for name, value in want.items():
+            got = getattr(ctx, name)
+            if not (value(got) if callable(value) else got == value):
+                raise AssertionError(f"{what}: the factory was given {name}={got!r}, expected "
+                                     f"{'a value in range' if callable(value) else repr(value)}")
+
+
+def a_plugin_factory_is_given_the_request_facts(driver: AdapterDriver) -> None:
+    """A plug-in kind's factory (``kit.facts``) is given exactly its request's facts in its
+    ``RealizeContext``: the logits width, the prompt (for a resumed request too, without the tokens
+    it generated), the stop ids (its EOS first, then the others ascending), the arrival the
+    deployment stamped (unstamped: a time during its realization) and its payload's reasoning
+    delimiters; its processor, which keeps the prompt's and stop ids' logits only, acts on its rows."""
+    arrival = time.time() - 3600.0  # stamped an hour ago: never mistaken for the realization time
+    stamped = [{"kind": "reasoning", "start_token_ids": [50], "end_token_ids": [51]}, {"kind": "kit.facts", "tag": "stamped"}]
+    plain = [{"kind": "kit.facts", "tag": "plain"}]
+    prompts = {"stamped": (3, 4, 50, 9), "plain": (12, 13)}
+    stops = (7, 2)
+    kept = {"stamped": {*prompts["stamped"], EOS, *stops}, "plain": {*prompts["plain"], EOS}}
+    done: dict[str, list[int]] = {"stamped": [], "plain": []}
+
+    def run(batch: list[str], steps: int, seed: int) -> None:
+        for step in range(steps):
+            raw, out = _step(driver, batch, seed=seed + step)
+            for row, req in enumerate(batch):
+                want = [v if i in kept[req] else -math.inf for i, v in enumerate(raw[row].tolist())]
+                _assert_row(out[row], want, f"{req} at step {step} (the plug-in keeps its prompt's and stop ids' logits)")
+                driver.commit(req, _greedy(out[row]))
+                done[req].append(_greedy(out[row]))
+
+    with plugin_kinds.registered(), plugin_factories.recording() as seen:
+        driver.admit(stamped)
+        driver.admit(plain)
+        before = time.time()
+        driver.add("stamped", stamped, prompt_ids=prompts["stamped"], eos_token_id=EOS, stop_token_ids=stops,
+                   arrival_time=arrival)
+        driver.add("plain", plain, prompt_ids=prompts["plain"], eos_token_id=EOS)
+        run(["stamped", "plain"], 2, seed=70)
+        after = time.time()
+        _context_is(seen, "stamped", {"vocab_size": driver.vocab_size, "prompt_ids": prompts["stamped"],
+                                      "stop_token_ids": (EOS, *sorted(stops)), "arrival_time": arrival,
+                                      "reasoning": ((50,), (51,))}, "request with a stamped arrival")
+        _context_is(seen, "plain", {"vocab_size": driver.vocab_size, "prompt_ids": prompts["plain"],
+                                    "stop_token_ids": (EOS,), "arrival_time": lambda t: before <= t <= after,
+                                    "reasoning": None}, "request without a stamped arrival")
+        driver.remove("stamped")
+        seen.clear()
+        driver.add("stamped", stamped, prompt_ids=prompts["stamped"], output_ids=done["stamped"], eos_token_id=EOS,
+                   stop_token_ids=stops, arrival_time=arrival)
+        run(["stamped"], 1, seed=80)
+        _context_is(seen, "stamped", {"prompt_ids": prompts["stamped"], "arrival_time": arrival},
+                    "request resumed after preemption")
+
+
+#: What an adapter reports when it gave a prompt-bound kind no prompt (``processors.prompt_tokens``).
+_NO_PROMPT = "needs the request's prompt"
+
+
 def forcing_never_unmasks_a_token_the_engine_masked(driver: AdapterDriver) -> None:
     """A forced token the engine already masked (its grammar bitmask: ``-inf`` in the logits the
     adapter receives) stays masked: that request has no token left, so it is fail-stopped and
@@ -458,6 +522,7 @@ CHECKS: tuple[Check, ...] = tuple(
         a_raising_plugin_kind_fails_only_its_request,
         a_plugin_kind_that_empties_its_row_fails_only_its_request,
         a_plugin_row_operation_beyond_the_width_fails_only_its_request,
+        a_plugin_factory_is_given_the_request_facts,
         forcing_never_unmasks_a_token_the_engine_masked,
         a_failed_engine_read_fails_only_its_request,
     )

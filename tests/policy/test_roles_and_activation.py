@@ -3,9 +3,9 @@
 import pytest
 from vllm import SamplingParams
 
-from dynlogits.sdk import activate_logits_processors
+from dynlogits.sdk import activate_logits_processors, carried_arrival
 from dynlogits.policy.roles import DisaggregationMode, is_generation_stage, logits_processors_for_request
-from dynlogits.specs import WIRE_KEY, BannedTokensSpec, ForcedTextSpec, ForcedTokenSequenceSpec, LogitsProcessorSpec, SpecError
+from dynlogits.specs import ARRIVAL_KEY, WIRE_KEY, BannedTokensSpec, ForcedTextSpec, ForcedTokenSequenceSpec, LogitsProcessorSpec, SpecError
 
 FORCED = ForcedTokenSequenceSpec(token_ids=(3, 4), eos_token_id=1)
 SPEC = LogitsProcessorSpec(entries=(FORCED,))
@@ -45,6 +45,22 @@ def test_activation_replaces_a_smuggled_payload_with_the_gated_one():
     extra = {WIRE_KEY: [{"kind": "banned_tokens", "token_ids": [1]}]}
     activate_logits_processors(extra, [FORCED])
     assert extra[WIRE_KEY] == [{"kind": "forced_sequence", "token_ids": [3, 4], "eos_token_id": 1}]  # the wire form: no scope when it is "always"
+
+
+def test_activation_stamps_the_arrival_beside_the_payload_and_drops_a_smuggled_one():
+    extra = {ARRIVAL_KEY: 1e12, "other": 1}  # a client's: its deadline would never come
+    activate_logits_processors(extra, [FORCED], arrival_time=1700000000.25)
+    assert extra[ARRIVAL_KEY] == 1700000000.25 and carried_arrival(extra) == 1700000000.25
+    activate_logits_processors(extra, [FORCED])  # no arrival given: none is carried
+    assert ARRIVAL_KEY not in extra and carried_arrival(extra) is None
+    extra[ARRIVAL_KEY] = 5.0
+    activate_logits_processors(extra, [], arrival_time=6.0)  # nothing to realize: no arrival either
+    assert extra == {"other": 1}
+
+
+@pytest.mark.parametrize("value", ["5", True, float("nan"), float("inf"), None, [5]])
+def test_an_arrival_that_is_not_a_finite_number_is_not_read(value):
+    assert carried_arrival({ARRIVAL_KEY: value}) is None
 
 
 def test_activation_refuses_unresolved_text():

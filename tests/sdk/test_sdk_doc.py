@@ -99,11 +99,16 @@ def test_the_command_fails_for_an_unknown_adapter() -> None:
     assert proc.returncode == 2 and "unknown adapter 'nope'" in proc.stderr
 
 
-def test_the_toy_activation_drops_a_smuggled_payload(toy: ModuleType) -> None:
+def test_the_toy_activation_drops_a_smuggled_payload_and_arrival(toy: ModuleType) -> None:
     from dynlogits.policy.roles import DisaggregationMode
+    from dynlogits.specs import ARRIVAL_KEY, parse_spec
 
-    req = toy.make_request([1, 2], None, DisaggregationMode.AGGREGATED, client_params={sdk.WIRE_KEY: [{"kind": "x"}], "a": 1})
+    smuggled = {sdk.WIRE_KEY: [{"kind": "x"}], ARRIVAL_KEY: 1e12, "a": 1}
+    req = toy.make_request([1, 2], None, DisaggregationMode.AGGREGATED, client_params=smuggled, arrival_time=5.0)
     assert req.params == {"a": 1}
+    spec = parse_spec({"entries": [{"kind": "banned_tokens", "token_ids": [3]}]})
+    req = toy.make_request([1, 2], spec, DisaggregationMode.AGGREGATED, client_params=smuggled, arrival_time=5.0)
+    assert req.params == {sdk.WIRE_KEY: [{"kind": "banned_tokens", "token_ids": [3]}], ARRIVAL_KEY: 5.0, "a": 1}
 
 
 # -- mutants: each breaks one duty, and the kit must say which ----------------------------------
@@ -178,6 +183,17 @@ def test_the_kit_catches_a_processor_that_ignores_the_payload_order(toy: ModuleT
     assert outcome.status == "failed"
 
 
+def test_the_kit_catches_an_adapter_that_does_not_tell_factories_the_request_facts(toy: ModuleType) -> None:
+    def add(self, req_id, request, eos_token_id):  # realizes without the facts
+        guarded = sdk.realize(request.params.get(sdk.WIRE_KEY), vocab_size=self.vocab_size,
+                              stop_token_id=eos_token_id, report=self.failures.append)
+        if guarded is not None:
+            self.active[req_id] = (guarded, request)
+
+    outcome = _outcome(_mutant(toy, adapter={"add": add}), "a_plugin_factory_is_given_the_request_facts")
+    assert outcome.status == "failed"
+
+
 # -- the per-request numpy backend (llama-cpp-python's calling convention) ------------------------
 def test_the_docs_numpy_backend_passes_every_check(numpy_backend: ModuleType) -> None:
     out = StringIO()
@@ -246,9 +262,9 @@ def test_the_kit_catches_a_numpy_processor_that_counts_the_prompt(numpy_backend:
             super().__init__(guarded, 0)  # forgets the prompt length: history = all of input_ids
 
     class Adapter(numpy_backend.NumpyAdapter):
-        def processors_for(self, params, prompt_ids, eos_token_id):
+        def processors_for(self, params, prompt_ids, eos_token_id, **facts):
             return [PromptCounting(p.guarded, p.prompt_len)
-                    for p in super().processors_for(params, prompt_ids, eos_token_id)]
+                    for p in super().processors_for(params, prompt_ids, eos_token_id, **facts)]
 
     class Driver(numpy_backend.NumpyDriver):
         def __init__(self, vocab_size):

@@ -10,6 +10,7 @@ admission errors surface before any byte is sent -> an :class:`EngineStream` (ND
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from fastapi import Request
@@ -43,6 +44,8 @@ class GenerateCall:
 
     def __init__(self, state: WorkerState, request: Request) -> None:
         self.state, self.request = state, request
+        #: when the request reached this worker: the arrival entries count from (``specs.ARRIVAL_KEY``)
+        self.arrival_time = time.time()
 
     async def answer(self) -> JSONResponse | EngineStream:
         """The NDJSON stream, or an error answer naming the field (4xx) or the engine's failure."""
@@ -119,12 +122,13 @@ class GenerateCall:
             raise HTTPError(400, str(renamed), param=renamed.problems[0].path) from None
 
     def engine_request(self, req: GenerateRequest, engine: VllmEngine, entries: list[Any]) -> tuple[list[int], Any]:
-        """The prompt's token ids and the engine's sampling params with ``entries`` activated; 400 when
+        """The prompt's token ids and the engine's sampling params with ``entries`` activated (and the
+        request's arrival beside them); 400 when
         the engine refuses them or the prompt leaves no room for one generated token."""
         try:
             prompt_ids = engine.render_prompt(prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                                               messages=req.messages)
-            params = engine.sampling_params(req.sampling, entries, req.extra_args)
+            params = engine.sampling_params(req.sampling, entries, req.extra_args, arrival_time=self.arrival_time)
         except EngineRequestError as err:
             raise HTTPError(400, str(err), param=err.param) from None
         if len(prompt_ids) >= engine.max_model_len:

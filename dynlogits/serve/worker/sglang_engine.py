@@ -63,9 +63,10 @@ class _Handle:
 class SglangEngine(VllmEngine):
     """An ``sglang.Engine`` plus what the worker needs; prompt rendering is the vLLM worker's."""
 
-    def sampling_params(self, options: SamplingOptions, entries: Sequence[Any], extra_args: dict[str, Any]) -> SglangRequest:
-        """SGLang sampling params with the gated entries activated. ``extra_args`` (vLLM's
-        ``vllm_xargs``) has no SGLang counterpart and is not forwarded."""
+    def sampling_params(self, options: SamplingOptions, entries: Sequence[Any], extra_args: dict[str, Any], *,
+                        arrival_time: float | None = None) -> SglangRequest:
+        """SGLang sampling params with the gated entries activated and the request's ``arrival_time``
+        beside them. ``extra_args`` (vLLM's ``vllm_xargs``) has no SGLang counterpart and is not forwarded."""
         from dynlogits.adapters.sglang import activate
 
         params: dict[str, Any] = {"n": options.n, "ignore_eos": options.ignore_eos}
@@ -77,7 +78,7 @@ class SglangEngine(VllmEngine):
                 params[theirs] = value
         if options.stop:
             params["stop"] = list(options.stop)
-        fields = activate(params, entries)
+        fields = activate(params, entries, arrival_time=arrival_time)
         return SglangRequest(sampling_params=params, custom_logit_processor=fields.custom_logit_processor)
 
     async def generate(self, prompt_ids: list[int], params: SglangRequest, request_id: str) -> AsyncGenerator[GenerateChunk, None]:

@@ -71,8 +71,9 @@ class VllmEngine:
         return list(self.tokenizer.encode(prompt or "", add_special_tokens=True))
 
     def sampling_params(self, options: SamplingOptions, entries: Sequence[Any],
-                        extra_args: dict[str, Any]) -> Any:
-        """vLLM ``SamplingParams`` (delta outputs) with the gated entries activated."""
+                        extra_args: dict[str, Any], *, arrival_time: float | None = None) -> Any:
+        """vLLM ``SamplingParams`` (delta outputs) with the gated entries activated and, beside them,
+        the request's ``arrival_time`` (a client's payload or arrival in ``extra_args`` is dropped)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -93,7 +94,7 @@ class VllmEngine:
             params = SamplingParams(**kwargs)
         except (ValueError, TypeError, VLLMClientError) as err:  # vLLM's validation error is not a ValueError
             raise EngineRequestError(str(err), getattr(err, "parameter", None)) from None
-        activate_logits_processors(params, entries)
+        activate_logits_processors(params, entries, arrival_time=arrival_time)
         return params
 
     async def generate(

@@ -11,6 +11,7 @@ import sys
 
 from dynlogits.adapters.sglang.processor import processor_string
 from dynlogits.adapters.sglang.harness import decode_like_sglang
+from dynlogits.sdk import carried_arrival
 from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, encode_entries
 from dynlogits.serve.protocol import SamplingOptions
 from dynlogits.serve.worker.sglang_engine import SglangEngine
@@ -35,6 +36,14 @@ def test_worker_builds_sglang_requests_with_its_own_processor_and_the_payload(em
                               custom_logit_processor=generate.custom_logit_processor)
     assert wire.sampling_params.max_new_tokens == 8 and wire.sampling_params.n == 2
     assert json.loads(wire.sampling_params.custom_params[WIRE_KEY]) == encode_entries(entries)
+
+
+def test_worker_stamps_the_arrival_beside_the_payload_through_sglangs_transport(embedded_tokenizer):
+    entries = [ForcedTokenSequenceSpec(token_ids=(5, 6), eos_token_id=1)]
+    request = _engine(embedded_tokenizer).sampling_params(SamplingOptions(), entries, {}, arrival_time=1700000000.25)
+    wire = decode_like_sglang(request.sampling_params, rid="req-1", input_ids=[3, 4],
+                              custom_logit_processor=request.custom_logit_processor)
+    assert carried_arrival(wire.sampling_params.custom_params) == 1700000000.25
 
 
 def test_worker_without_entries_names_no_processor(embedded_tokenizer):

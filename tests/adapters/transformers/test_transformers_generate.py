@@ -168,3 +168,23 @@ def test_assisted_generation_calls_per_draft_position_keep_the_forced_text(model
     out = model.generate(**enc, **generate_kwargs(model, tok, enc, [forced(text, tok)]), max_new_tokens=MAX_NEW,
                          do_sample=False, **extra)
     assert texts(tok, enc, out) == [text]
+
+
+def test_a_plugin_factory_is_told_each_prompt_without_its_padding_the_stop_ids_and_the_arrival(model, tok):
+    """``kit.facts`` (the kit's plug-in kind: records its context, keeps only the prompt's and stop
+    ids' logits) inside the real ``generate()`` over a left-padded batch."""
+    from dynlogits.testing import plugin_factories, plugin_kinds
+
+    prompts = ["Hi", "What is your name? Tell me please"]
+    enc = batch(tok, prompts)
+    assert (enc["input_ids"][:, 0] == tok.pad_token_id).sum() == 1  # the short prompt is left-padded
+    payloads = [[{"kind": "kit.facts", "tag": f"p{k}"}] for k in range(len(prompts))]
+    with plugin_kinds.registered(), plugin_factories.recording() as seen:
+        kwargs = generate_kwargs(model, tok, enc, payloads, arrival_time=1700000000.25)
+        out = model.generate(**enc, **kwargs, max_new_tokens=4, do_sample=False)
+        for k, prompt in enumerate(prompts):
+            [ctx] = seen[f"p{k}"]
+            ids = tok(prompt)["input_ids"]
+            assert ctx.prompt_ids == tuple(ids) and ctx.vocab_size == logits_width(model)
+            assert ctx.stop_token_ids == (tok.eos_token_id,) and ctx.arrival_time == 1700000000.25
+            assert set(generated(tok, enc, out[k : k + 1])[0]) <= {*ids, tok.eos_token_id}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from dynlogits.adapters.vllm import PROCESSOR_FQCN, DynamoVllmLogitsProcessor  #
 from dynlogits.adapters.vllm.request import payload_text_bound, realize_request, validate  # noqa: E402
 from dynlogits.client import payload_text, vllm_xargs  # noqa: E402
 from dynlogits.policy.engine_spec import REQUEST_KINDS_ENV, SPEC_SOURCE_ENV  # noqa: E402
-from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError  # noqa: E402
+from dynlogits.specs import ARRIVAL_KEY, DEFAULT_LIMITS, WIRE_KEY, SpecError  # noqa: E402
 from dynlogits.specs.schema import golden_vectors  # noqa: E402
 
 VOCAB = 1024
@@ -147,6 +148,21 @@ def test_the_engine_realizes_allowed_text_and_fail_stops_text_it_refuses(allow) 
     assert int(request([], row).argmax()) == 5
     refused = realize_request(sp(text([{"kind": "banned_tokens", "token_ids": [3]}]), ), vocab_size=VOCAB)
     assert refused is not None and refused.failed and "not allowed" in str(refused.error)
+
+
+def test_an_arrival_counts_only_beside_a_payload_the_worker_wrote(allow) -> None:
+    """``extra_args[ARRIVAL_KEY]`` sets a ``deadline``'s clock beside a list payload (the worker's
+    activation writes both); beside text (a client's ``vllm_xargs``) it is ignored: the request
+    counts from its realization."""
+    allow("deadline")
+    deadline = [{"kind": "deadline", "seconds": 60}]
+    long_ago = time.time() - 3600.0
+    for carried, forced in ((deadline, True), (text(deadline), False)):
+        params = SamplingParams(stop_token_ids=[2], extra_args={WIRE_KEY: carried, ARRIVAL_KEY: long_ago})
+        request = realize_request(params, vocab_size=VOCAB)
+        assert request is not None and not request.failed
+        row = request([], torch.zeros(VOCAB))
+        assert (torch.isfinite(row).nonzero().flatten().tolist() == [2]) is forced, carried
 
 
 def test_a_prefill_for_a_remote_decode_worker_runs_no_client_text(allow) -> None:
