@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Annotated, ClassVar, Literal, Union, get_args
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictFloat, StrictInt, StrictStr, model_validator
 
@@ -38,7 +38,9 @@ __all__ = [
     "TriggerSpec",
     "TokenId",
     "TokenIds",
+    "TokenKey",
     "WireEntry",
+    "unresolved_text",
     "ENTRY_KINDS",
     "ENTRY_MODELS",
     "WIRE_MODELS",
@@ -62,6 +64,13 @@ SCOPES: tuple[str, ...] = ("always", "reasoning", "answer")
 Text = Annotated[StrictStr, Field(min_length=1)]
 
 
+def unresolved_text(entry: Any) -> list[str]:
+    """The text fields ``entry`` still sets: those its model's ``text_fields`` class variable names
+    (text field -> the id field the worker resolves it into; built-in and plug-in models alike) whose
+    value is neither ``None`` nor empty. Such an entry must be resolved before it crosses the wire."""
+    return [name for name in getattr(type(entry), "text_fields", ()) if getattr(entry, name, None) not in (None, ())]
+
+
 class _Entry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -74,7 +83,7 @@ class _Entry(BaseModel):
 
     def unresolved_text(self) -> list[str]:
         """The text fields still set (they must be resolved before the wire)."""
-        return [name for name in self.text_fields if getattr(self, name) not in (None, ())]
+        return unresolved_text(self)
 
 
 def _one_of(entry: _Entry, ids: str, text: str, *, required: bool = True) -> None:
