@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from dynlogits import sdk
 from dynlogits.processors.base import RealizeContext
 from dynlogits.processors.trigger import TriggerProcessor, factory
 from dynlogits.sdk.resident.slot_batch import SlotBatch
@@ -52,6 +53,13 @@ def test_a_trigger_inside_the_phrase_or_overlapping_itself_counts_once() -> None
     p = TriggerProcessor((3, 3), (3, 3, 5))
     assert [forced(p, [3] * n) for n in range(2, 5)] == [3, 3, 5]
     assert forced(p, [3, 3, 3, 3, 5]) is None
+
+
+def test_a_prompt_ending_with_the_trigger_does_not_fire_it() -> None:
+    request = realize(PAYLOAD, sdk.RequestFacts(prompt_ids=(9, 3, 4)))
+    row = logits_row()[None].clone()
+    sdk.apply_rows(row, [0], [request], [[]])
+    assert torch.equal(row[0], logits_row())
 
 
 def test_a_forced_token_the_engine_masked_stays_masked() -> None:
@@ -140,8 +148,6 @@ def test_without_the_rows_histories_a_trigger_request_stays_on_the_host_path() -
 @pytest.mark.parametrize("masked", [7, None])
 def test_a_resident_row_left_with_no_token_fails_its_request_at_its_position(masked: int | None) -> None:
     reports: list[str] = []
-    from dynlogits import sdk
-
     request = sdk.realize(PAYLOAD, vocab_size=V, stop_token_id=1, report=reports.append)
     assert request is not None
     batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
