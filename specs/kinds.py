@@ -72,7 +72,9 @@ class ProcessorKind:
     forbids unknown fields; it validates entries wherever they appear (config,
     request, payload). ``factory(entry, ctx)`` returns a fresh processor for one
     request; as ``"package.module:name"`` it is imported only by the engine, on
-    first use. Built-in kind names cannot be taken.
+    first use. Built-in kind names cannot be taken. A ``text_fields`` class variable on
+    ``spec_model`` (text field -> id field) declares text the worker resolves with its
+    tokenizer before the entry crosses the wire.
     """
 
     kind: str
@@ -93,11 +95,31 @@ class ProcessorKind:
         if self.spec_model.model_config.get("extra") != "forbid":
             raise KindError(where, f"spec_model {self.spec_model.__name__} must forbid unknown fields "
                                    "(model_config = ConfigDict(extra='forbid'))")
+        _check_text_fields(self.spec_model, where)
         if isinstance(self.factory, str):
             if not re.fullmatch(FACTORY_PATTERN, self.factory):
                 raise KindError(where, "factory must be callable or an import string 'package.module:name'")
         elif not callable(self.factory):
             raise KindError(where, "factory must be callable or an import string 'package.module:name'")
+
+
+def _check_text_fields(model: type[BaseModel], where: str) -> None:
+    """A model's ``text_fields`` (text field -> the id field the worker resolves it into) name two of
+    its fields each, and both are optional alike: default ``None`` (one text -> its ids) or ``()``
+    (several texts -> one id sequence each, after the id field's own)."""
+    declared = getattr(model, "text_fields", {})
+    if not isinstance(declared, Mapping):
+        raise KindError(where, f"spec_model {model.__name__}.text_fields must be a mapping of text field -> id field "
+                               "(declare it as text_fields: ClassVar[Mapping[str, str]])")
+    fields = model.model_fields
+    for text, ids in declared.items():
+        if text not in fields or ids not in fields or text == ids:
+            raise KindError(where, f"spec_model {model.__name__}.text_fields maps {text!r} -> {ids!r}: each must "
+                                   "name a field of the model, a text field and another, its id field")
+        defaults = (fields[text].default, fields[ids].default)
+        if defaults not in ((None, None), ((), ())):
+            raise KindError(where, f"spec_model {model.__name__}: text field {text!r} and id field {ids!r} must both "
+                                   "default to None (one text) or both to () (several texts)")
 
 
 _registered: dict[str, ProcessorKind] = {}

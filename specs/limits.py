@@ -96,12 +96,35 @@ def _bounded_fields(cls: type) -> tuple[tuple[str, ...], bool]:
     return tuple(f for f in _LENGTH_LIMITS if f in declared), "budget" in declared
 
 
+@lru_cache(maxsize=256)
+def _other_text_fields(cls: type) -> tuple[str, ...]:
+    """The text fields a model declares (``text_fields``) under names the table does not bound."""
+    return tuple(f for f in getattr(cls, "text_fields", ()) if f not in _LENGTH_LIMITS)
+
+
+def _text_problems(value: Any, limits: SpecLimits, path: str) -> Iterator[Problem]:
+    """One declared text (``max_text_chars``) or several (``max_phrases`` of them, each ``max_text_chars``)."""
+    if isinstance(value, str):
+        if len(value) > limits.max_text_chars:
+            yield Problem(path, f"must have at most {limits.max_text_chars} characters (limit max_text_chars)")
+    elif isinstance(value, (list, tuple)):
+        if len(value) > limits.max_phrases:
+            yield Problem(path, f"must have at most {limits.max_phrases} items (limit max_phrases)")
+        for j, item in enumerate(value):
+            if isinstance(item, str) and len(item) > limits.max_text_chars:
+                yield Problem(f"{path}[{j}]", f"must have at most {limits.max_text_chars} characters (limit max_text_chars)")
+
+
 def entry_limit_problems(entry: Any, limits: SpecLimits, *, path: str) -> Iterator[Problem]:
     """Yield a problem for every limit one (already type-valid) entry at ``path`` exceeds.
 
     Fields are found by name, so a plug-in kind's fields of the same names are bounded too
-    (a value of another shape, e.g. an integer ``text``, is left to the kind's model).
+    (a value of another shape, e.g. an integer ``text``, is left to the kind's model); a plug-in
+    model's declared text fields (``text_fields``) are bounded as texts whatever their names.
     """
+    if not isinstance(entry, Mapping):
+        for field in _other_text_fields(type(entry)):
+            yield from _text_problems(_field(entry, field), limits, f"{path}.{field}")
     fields, has_budget = _bounded_fields(type(entry)) if not isinstance(entry, Mapping) else (tuple(_LENGTH_LIMITS), True)
     for field in fields:
         limit_name = _LENGTH_LIMITS[field]

@@ -31,6 +31,7 @@ from .entries import (
     ReasoningSpec,
     ThinkingBudgetSpec,
     TriggerSpec,
+    unresolved_text,
 )
 from .consistency import check_consistency
 from .errors import Problem, SpecError, problems_from_pydantic
@@ -78,9 +79,9 @@ def encode_entries(entries: Sequence[Any]) -> list[dict[str, Any]]:
                 if entry.kind == "forced_text" else
                 f"kind {entry.kind!r} cannot cross the wire: it is neither built in nor a plug-in kind in force",
             )
-        unresolved = getattr(entry, "unresolved_text", None)
-        if unresolved is not None and unresolved():
-            raise SpecError.single(f"{WIRE_KEY}[{i}].{unresolved()[0]}", _UNRESOLVED)
+        unresolved = unresolved_text(entry)  # plug-in kinds' declared text fields too
+        if unresolved:
+            raise SpecError.single(f"{WIRE_KEY}[{i}].{unresolved[0]}", _UNRESOLVED)
         payload.append(wire_dump(entry))
     return payload
 
@@ -188,8 +189,7 @@ def decode_entries(payload: Any, *, limits: SpecLimits = DEFAULT_LIMITS, root: s
         entries = decode_strict(payload, root=root)
     problems: list[Problem] = list(limit_problems(entries, limits, root=root))
     for i, entry in enumerate(entries):
-        unresolved = getattr(entry, "unresolved_text", None)
-        problems += [Problem(f"{root}[{i}].{name}", _UNRESOLVED) for name in (unresolved() if unresolved else ())]
+        problems += [Problem(f"{root}[{i}].{name}", _UNRESOLVED) for name in unresolved_text(entry)]
     reasoning = [i for i, entry in enumerate(entries) if entry.kind == "reasoning"]
     if len(reasoning) > 1:
         problems.append(Problem(f"{root}[{reasoning[1]}]", "a payload declares its reasoning delimiters at most once"))

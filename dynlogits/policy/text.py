@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from dynlogits.specs import DEFAULT_LIMITS, ForcedTextSpec, ForcedTokenSequenceSpec, SpecError, SpecLimits
+from dynlogits.specs.entries import unresolved_text
 from dynlogits.specs.limits import field_limits
 
 __all__ = ["TextTokenizer", "encode_text", "phrase_variants", "resolve_entries", "resolve_forced_text", "resolve_text"]
@@ -73,12 +74,12 @@ def resolve_text(entry: Any, tokenizer: TextTokenizer, *, path: str, limits: Spe
         forced = resolve_forced_text(entry.text, tokenizer, path=f"{path}.text")
         _bounded(forced.token_ids, field_limits("token_ids")[0], limits, path=f"{path}.text")
         return forced
-    unresolved = getattr(entry, "unresolved_text", None)
-    if unresolved is None or not unresolved():
+    unresolved = unresolved_text(entry)  # a plug-in model's declared text fields too
+    if not unresolved:
         return entry
     update: dict[str, Any] = {}
-    for name in unresolved():
-        value, target = getattr(entry, name), entry.text_fields[name]
+    for name in unresolved:
+        value, target = getattr(entry, name), type(entry).text_fields[name]
         length, item = field_limits(target)
         if isinstance(value, str):
             update[target] = _bounded(encode_text(value, tokenizer, path=f"{path}.{name}"), length, limits,

@@ -4,7 +4,9 @@ through the kind's import-string factory -> its effect on logits rows."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal
 
 import pytest
 import torch
@@ -15,7 +17,9 @@ from dynlogits.policy.config import parse_config
 from dynlogits.processors import RealizeContext
 from dynlogits.sdk.realization import build_request_processor
 from dynlogits.policy.roles import DisaggregationMode
+from dynlogits.sdk.realization import RequestFacts
 from dynlogits.specs import WIRE_KEY, ProcessorKind, SpecError, kinds, register_kind
+from dynlogits.specs.entries import Text, TokenIds
 from dynlogits.policy.request import build_policy
 
 VOCAB, EOS = 32, 1
@@ -112,3 +116,66 @@ def test_the_worker_checks_plugin_ids_against_the_logits_width(policy: Any) -> N
 def test_a_plugin_kind_outside_the_allow_list_is_refused(policy: Any) -> None:
     with pytest.raises(SpecError, match=r"logits_processors\[0\]\.kind: kind 'ban_range' is not allowed"):
         policy(DisaggregationMode.AGGREGATED).entries_for([{"kind": "ban_range", "start": 0, "stop": 1}])
+
+
+class _Step(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    ids: TokenIds
+
+
+class CloseWithSpec(BaseModel):
+    """A plug-in with text the worker resolves (``closing_text`` -> ``closing_token_ids``, ``avoid_texts``
+    -> ``avoid``) and ids nested under names of its own."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["acme.close_with"] = "acme.close_with"
+    closing_text: Text | None = None
+    closing_token_ids: TokenIds | None = None
+    avoid_texts: tuple[Text, ...] = ()
+    avoid: tuple[TokenIds, ...] = ()
+    steps: tuple[_Step, ...] = ()
+
+    text_fields: ClassVar[Mapping[str, str]] = MappingProxyType({"closing_text": "closing_token_ids",
+                                                                  "avoid_texts": "avoid"})
+
+
+def make_close_with(entry: CloseWithSpec, ctx: RealizeContext) -> Any:
+    def close(generated: Any, row: torch.Tensor) -> None:
+        closing = entry.closing_token_ids or ()
+        row.fill_(float("-inf"))
+        row[closing[len(generated)] if len(generated) < len(closing) else ctx.stop_token_ids[0]] = 0.0
+    return close
+
+
+@pytest.fixture
+def text_policy(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    monkeypatch.setattr(kinds, "_registered", {})
+    register_kind(ProcessorKind("acme.close_with", CloseWithSpec, f"{__name__}:make_close_with"))
+    config = parse_config({"entries": [{"kind": "acme.close_with", "closing_text": "ok"}],
+                           "allow_request_kinds": ["acme.close_with"]})
+    return build_policy(DisaggregationMode.AGGREGATED, config, _Tokenizer, VOCAB)
+
+
+def test_the_worker_resolves_a_plugins_text_before_the_wire_and_the_engine_acts_on_the_ids(text_policy: Any) -> None:
+    tok = _Tokenizer()
+    entries = text_policy.entries_for([{"kind": "acme.close_with", "closing_text": "hi!", "avoid_texts": ["no", "x"]}])
+    extra: dict[str, Any] = {}
+    activate_logits_processors(extra, entries)
+    assert extra[WIRE_KEY] == [
+        {"kind": "acme.close_with", "closing_token_ids": tok.encode("ok"), "avoid": [], "steps": []},
+        {"kind": "acme.close_with", "closing_token_ids": tok.encode("hi!"), "avoid": [tok.encode("no"), tok.encode("x")],
+         "steps": []}]
+    proc = build_request_processor(extra[WIRE_KEY][1:], vocab_size=VOCAB,
+                                   facts=RequestFacts(stop_token_ids=(EOS,)))
+    generated: list[int] = []
+    for _ in range(4):
+        row = torch.zeros(VOCAB)
+        proc(generated, row)
+        generated.append(int(row.argmax()))
+    assert generated == [*tok.encode("hi!"), EOS]
+
+
+def test_the_worker_names_a_plugins_nested_id_beyond_the_width(text_policy: Any) -> None:
+    with pytest.raises(SpecError) as info:
+        text_policy.entries_for([{"kind": "acme.close_with", "steps": [{"ids": [3]}, {"ids": [4, 40]}]}])
+    assert [str(p) for p in info.value.problems] == ["logits_processors[0].steps[1].ids[1]: must be < vocab size 32"]

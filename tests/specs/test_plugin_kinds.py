@@ -3,8 +3,11 @@ encoding, decoding, limits, vocabulary checks and schemas that treat them like b
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from importlib.metadata import EntryPoint
-from typing import Annotated, Any, Literal
+from types import MappingProxyType
+from typing import Annotated, Any, ClassVar, Literal
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
@@ -24,6 +27,7 @@ from dynlogits.specs import (
     parse_spec,
     register_kind,
 )
+from dynlogits.specs.entries import Text, TokenId, TokenIds, TokenKey, unresolved_text
 from dynlogits.specs.schema import payload_schema, spec_schema
 from dynlogits.specs.wire import decode_fast
 
@@ -241,3 +245,95 @@ def test_schemas_include_the_given_plugin_kinds() -> None:
     assert spec["title"] == "LogitsProcessorSpec" and "BanRangeSpec" in spec["$defs"]
     assert spec["properties"]["entries"]["minItems"] == 1
     assert "BanRangeSpec" not in payload_schema()["$defs"]  # default: installed kinds only (none here)
+
+
+# --- a plug-in's own ids, however nested, and its own text fields --------------------------------
+
+
+class ChoiceStep(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    ids: TokenIds
+    bonus: dict[TokenKey, float] = {}
+
+
+class RouteSpec(BaseModel):
+    """Ids nested two models deep under names the built-ins do not use, and text the worker resolves."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["acme.route"] = "acme.route"
+    steps: tuple[tuple[ChoiceStep, ...], ...] = ()
+    fallback: TokenId | None = None
+    closing_text: Text | None = None
+    closing_token_ids: TokenIds | None = None
+    avoid_texts: tuple[Text, ...] = ()
+    avoid: tuple[TokenIds, ...] = ()
+
+    text_fields: ClassVar[Mapping[str, str]] = MappingProxyType({"closing_text": "closing_token_ids",
+                                                                  "avoid_texts": "avoid"})
+
+
+ROUTE = ProcessorKind("acme.route", RouteSpec, "acme.processors:make_route")
+
+
+def test_a_plugins_ids_are_width_checked_however_nested() -> None:
+    register_kind(ROUTE)
+    [entry] = parse_entries([{"kind": "acme.route", "fallback": 40, "steps": [
+        [{"ids": [1, 2]}], [{"ids": [3]}, {"ids": [33, 4], "bonus": {"50": 1.0, "5": 2.0}}]]}])
+    assert _problems(check_vocab, [entry], 32, root="r") == [
+        "r[0].steps[1][1].ids[0]: must be < vocab size 32",
+        'r[0].steps[1][1].bonus["50"]: must be < vocab size 32',
+        "r[0].fallback: must be < vocab size 32"]
+    payload = encode_entries([entry])
+    assert _problems(decode_wire_payload, payload, vocab_size=32) == [
+        "dynamo_logits[0].steps[1][1].ids[0]: must be < vocab size 32",
+        'dynamo_logits[0].steps[1][1].bonus["50"]: must be < vocab size 32',
+        "dynamo_logits[0].fallback: must be < vocab size 32"]
+    assert decode_wire_payload(payload, vocab_size=64) == (entry,)
+
+
+def test_a_plugin_entry_still_holding_text_never_crosses_the_wire() -> None:
+    register_kind(ROUTE)
+    [entry] = parse_entries([{"kind": "acme.route", "closing_text": "Bye.", "avoid_texts": ["no"]}])
+    assert unresolved_text(entry) == ["closing_text", "avoid_texts"]
+    assert _problems(encode_entries, [entry]) == [
+        "dynamo_logits[0].closing_text: text is resolved to token ids by the worker's tokenizer and never crosses the wire"]
+    assert _problems(decode_wire_payload, [{"kind": "acme.route", "closing_text": "Bye.", "avoid_texts": ["no"]}]) == [
+        "dynamo_logits[0].closing_text: text is resolved to token ids by the worker's tokenizer and never crosses the wire",
+        "dynamo_logits[0].avoid_texts: text is resolved to token ids by the worker's tokenizer and never crosses the wire"]
+    resolved = RouteSpec(closing_token_ids=(7, 8), avoid=((9,),))
+    assert unresolved_text(resolved) == [] and encode_entries([resolved]) == [
+        {"kind": "acme.route", "steps": [], "fallback": None, "closing_token_ids": [7, 8], "avoid": [[9]]}]
+
+
+def test_a_plugins_declared_text_fields_are_bounded_as_texts() -> None:
+    register_kind(ROUTE)
+    assert _problems(parse_entries, [{"kind": "acme.route", "closing_text": "x" * 9, "avoid_texts": ["ab", "y" * 9, "c"]}],
+                     limits=SpecLimits(max_text_chars=8, max_phrases=2)) == [
+        "logits_processors[0].closing_text: must have at most 8 characters (limit max_text_chars)",
+        "logits_processors[0].avoid_texts: must have at most 2 items (limit max_phrases)",
+        "logits_processors[0].avoid_texts[1]: must have at most 8 characters (limit max_text_chars)"]
+
+
+class _LooseText(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["acme.loose"] = "acme.loose"
+    words: tuple[Text, ...] = ()
+    word_ids: TokenIds | None = None
+    text_fields: ClassVar[Mapping[str, str]] = MappingProxyType({"words": "word_ids"})
+
+
+class _UnknownTarget(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["acme.unknown"] = "acme.unknown"
+    words: Text | None = None
+    text_fields: ClassVar[Mapping[str, str]] = MappingProxyType({"words": "word_ids"})
+
+
+@pytest.mark.parametrize(("model", "rule"), [
+    (_LooseText, "text field 'words' and id field 'word_ids' must both default to None (one text) or both to ()"),
+    (_UnknownTarget, "text_fields maps 'words' -> 'word_ids': each must name a field of the model"),
+])
+def test_a_plugins_text_fields_must_name_its_fields_optional_alike(model: type[BaseModel], rule: str) -> None:
+    kind = model.model_fields["kind"].default
+    with pytest.raises(KindError, match=re.escape(rule)):
+        ProcessorKind(kind, model, "acme.processors:make")
