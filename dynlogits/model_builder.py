@@ -5,6 +5,11 @@ so any text round-trips exactly; the weights are random with a fixed seed, so th
 nothing but are deterministic (tests force them with specs). The model folder is in Hugging Face
 format and loads with ``vllm.LLM(model=dir)`` and ``transformers.AutoTokenizer``.
 
+The *reasoning* variant (``build_model(dir, reasoning=True)``) adds ``<think>`` and ``</think>`` as
+one token each (kept in decoded text, as DeepSeek-R1's and Qwen3's are), a DeepSeek-R1-style chat
+template whose generation prompt ends with ``<think>\n``, and ``REASONING_FILE``: the model's
+default reasoning delimiters, which a worker serving it reads (``model_reasoning``).
+
 Heavy libraries (torch, tokenizers, safetensors) are imported only inside the functions that
 build, so ``import dynlogits.model_builder`` stays light.
 """
@@ -19,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_VOCAB_SIZE", "build_model", "default_model_dir"]
+__all__ = ["MAX_VOCAB_SIZE", "REASONING_FILE", "build_model", "default_model_dir", "model_reasoning"]
 
 #: Largest logits width ``build_model`` accepts.
 MAX_VOCAB_SIZE = 262144
@@ -32,6 +37,11 @@ PAD = "<|pad|>"
 START_HEADER = "<|start_header_id|>"
 END_HEADER = "<|end_header_id|>"
 SPECIAL_TOKENS = (BOS, EOS, PAD, START_HEADER, END_HEADER)
+THINK_START = "<think>"
+THINK_END = "</think>"
+#: A model folder's default reasoning delimiters (``{"start_text": ..., "end_text": ...}`` or token
+#: ids), in the form of a ``reasoning`` entry without its kind.
+REASONING_FILE = "dynlogits_reasoning.json"
 
 _TOKENIZER_VOCAB = 1000
 _MARKER = "dynlogits_model.json"
@@ -45,6 +55,17 @@ CHAT_TEMPLATE = (
     "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + eos_token }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+
+# DeepSeek-R1 style: an assistant turn's reasoning is dropped from the history, and the generation
+# prompt opens a reasoning span (generation starts inside it).
+REASONING_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% set content = message['content'].split('</think>')[-1] if message['role'] == 'assistant' else message['content'] %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + content + eos_token }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n<think>\\n' }}{% endif %}"
 )
 
 _ARCH = {
@@ -92,9 +113,10 @@ Other scripts: Привет мир. Γειά σου κόσμε. こんにちは�
 """
 
 
-def _tokenizer() -> Any:
-    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``_CORPUS`` (deterministic)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+def _tokenizer(reasoning: bool = False) -> Any:
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``_CORPUS`` (deterministic); with
+    ``reasoning``, ``<think>`` and ``</think>`` follow as one added token each."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -113,6 +135,8 @@ def _tokenizer() -> Any:
             single=f"{BOS}:0 $A:0", pair=f"{BOS}:0 $A:0 {BOS}:1 $B:1", special_tokens=[(BOS, bos_id)]
         ),
     ])
+    if reasoning:  # after training: every other id stays the default model's
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK_START, THINK_END)])
     return tok
 
 
@@ -139,8 +163,11 @@ def _weights(vocab_size: int, seed: int) -> dict[str, Any]:
     }
 
 
-def _params(vocab_size: int | None, seed: int) -> dict[str, Any]:
-    return {"builder_version": BUILDER_VERSION, "vocab_size": vocab_size, "seed": seed}
+def _params(vocab_size: int | None, seed: int, reasoning: bool = False) -> dict[str, Any]:
+    params: dict[str, Any] = {"builder_version": BUILDER_VERSION, "vocab_size": vocab_size, "seed": seed}
+    if reasoning:  # only then: the default model's marker (and folder) stay as they were
+        params["reasoning"] = True
+    return params
 
 
 def _is_complete(path: Path, params: dict[str, Any]) -> bool:
@@ -149,7 +176,8 @@ def _is_complete(path: Path, params: dict[str, Any]) -> bool:
         marker = json.loads((path / _MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("params") == params and all((path / f).is_file() for f in _FILES)
+    files = (*_FILES, REASONING_FILE) if params.get("reasoning") else _FILES
+    return marker.get("params") == params and all((path / f).is_file() for f in files)
 
 
 def _check_args(vocab_size: int | None, seed: int) -> None:
@@ -165,11 +193,11 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _write_model(tmp: Path, vocab_size: int | None, seed: int) -> None:
+def _write_model(tmp: Path, vocab_size: int | None, seed: int, reasoning: bool = False) -> None:
     """Writes every model file into the empty folder ``tmp``; the marker last."""
     from safetensors.torch import save_file
 
-    tok = _tokenizer()
+    tok = _tokenizer(reasoning)
     n_tokens = tok.get_vocab_size(with_added_tokens=True)
     if vocab_size is not None and vocab_size < n_tokens:
         raise ValueError(f"vocab_size={vocab_size} is smaller than the tokenizer ({n_tokens} tokens); "
@@ -187,8 +215,10 @@ def _write_model(tmp: Path, vocab_size: int | None, seed: int) -> None:
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": _ARCH["max_position_embeddings"],
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": REASONING_CHAT_TEMPLATE if reasoning else CHAT_TEMPLATE,
     })
+    if reasoning:
+        _write_json(tmp / REASONING_FILE, {"start_text": THINK_START, "end_text": THINK_END})
     _write_json(tmp / "config.json", {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -207,7 +237,8 @@ def _write_model(tmp: Path, vocab_size: int | None, seed: int) -> None:
     })
     _write_json(tmp / "generation_config.json", {"bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": pad_id})
     save_file(_weights(width, seed), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    _write_json(tmp / _MARKER, {"params": _params(vocab_size, seed), "tokenizer_size": n_tokens, "vocab_size": width})
+    _write_json(tmp / _MARKER, {"params": _params(vocab_size, seed, reasoning), "tokenizer_size": n_tokens,
+                                "vocab_size": width})
 
 
 def _make_readable(folder: Path) -> None:
@@ -217,8 +248,12 @@ def _make_readable(folder: Path) -> None:
         f.chmod(0o644)
 
 
-def build_model(out_dir: str | os.PathLike[str], *, vocab_size: int | None = None, seed: int = 0) -> Path:
+def build_model(out_dir: str | os.PathLike[str], *, vocab_size: int | None = None, seed: int = 0,
+                reasoning: bool = False) -> Path:
     """Builds the model folder ``out_dir`` and returns it as a resolved ``Path``.
+
+    ``reasoning``: the reasoning variant (see the module doc); the same weights and the same ids for
+    every other token as without it.
 
     ``vocab_size`` is the logits width (config ``vocab_size``, embedding and lm_head rows); it must lie
     in ``[len(tokenizer), MAX_VOCAB_SIZE]``. ``None`` means the tokenizer size rounded up past the next
@@ -231,7 +266,7 @@ def build_model(out_dir: str | os.PathLike[str], *, vocab_size: int | None = Non
     """
     _check_args(vocab_size, seed)
     out = Path(out_dir).expanduser().resolve()
-    params = _params(vocab_size, seed)
+    params = _params(vocab_size, seed, reasoning)
     if _is_complete(out, params):
         return out
     if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / _MARKER).is_file())):
@@ -239,7 +274,7 @@ def build_model(out_dir: str | os.PathLike[str], *, vocab_size: int | None = Non
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
-        _write_model(tmp, vocab_size, seed)
+        _write_model(tmp, vocab_size, seed, reasoning)
         _make_readable(tmp)
         old = None
         if _is_complete(out, params):  # a concurrent builder finished first
@@ -284,3 +319,19 @@ def default_model_dir() -> Path:
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return path
+
+
+def model_reasoning(model_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The default reasoning delimiters a model folder declares in ``REASONING_FILE`` (a reasoning
+    entry's fields: ``start_text``/``end_text`` or ``start_token_ids``/``end_token_ids``), or ``None``
+    when it declares none (or ``model_dir`` is not a local folder, e.g. a hub name). Unchecked: the
+    caller validates it as a ``reasoning`` entry."""
+    path = Path(model_dir).expanduser() / REASONING_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object with the reasoning delimiters, got {type(data).__name__}")
+    return data

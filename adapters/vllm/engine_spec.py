@@ -5,7 +5,9 @@
 * A request with ``extra_args["kv_transfer_params"]["do_remote_decode"]`` true is a prefill for a
   remote decode worker (NVIDIA Dynamo's prefill handler) and activates nothing, whatever the role.
 * A request's payload (a list or its JSON text, ``request.carried_payload``) is a client's here.
-* The tokenizer is the engine's (``cached_tokenizer_from_config``), for ``forced_text`` and the test hook."""
+* The tokenizer is the engine's (``cached_tokenizer_from_config``), for text and the test hook.
+* A model folder's default reasoning delimiters (``dynlogits.model_builder.model_reasoning``) apply
+  where the operator's config sets none."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from dynlogits.model_builder import REASONING_FILE, model_reasoning
+from dynlogits.policy.config import parse_reasoning
 from dynlogits.policy.engine_spec import EngineSpec, client_payload_config, resolve_engine_spec
 from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.policy.text import TextTokenizer
@@ -64,5 +68,8 @@ def engine_spec_for(vllm_config: Any, vocab_size: int, environ: Mapping[str, str
         return cached_tokenizer_from_config(vllm_config.model_config)  # type: ignore[no-any-return]
 
     client_payload_config(environ)  # a bad DYN_LOGITS_REQUEST_KINDS stops the engine here, not each request
-    spec = resolve_engine_spec(engine_role(vllm_config), tokenizer, vocab_size, environ)
+    model = str(getattr(getattr(vllm_config, "model_config", None), "model", "") or "")
+    declared = model_reasoning(model) if model else None
+    default = parse_reasoning(declared, source=f"{model}/{REASONING_FILE}") if declared is not None else None
+    spec = resolve_engine_spec(engine_role(vllm_config), tokenizer, vocab_size, environ, default_reasoning=default)
     return VllmEngineSpec(spec) if spec is not None else None

@@ -6,7 +6,11 @@ entries:                      # the deployment spec (optional; may be empty)
 generation_only: true
 allow_request_kinds: [forced_text, logit_bias]   # what clients may ask for per request
 limits: {max_entries: 8}      # tighten the default bounds
+reasoning: {start_text: "<think>", end_text: "</think>"}   # the model's reasoning delimiters
 ```
+``reasoning`` (text or token ids, as a ``reasoning`` entry) joins every request that activates
+entries; a request's own ``reasoning`` entry replaces it. Without it, a model folder's own default
+(``model_reasoning``, given by the worker as ``default_reasoning``) applies.
 Found via ``--logits-spec FILE`` or ``DYN_LOGITS_SPEC=FILE``. Installed plug-in kinds
 (``dynlogits.specs.kinds``) may appear in ``entries`` and ``allow_request_kinds`` like
 built-in ones.
@@ -45,13 +49,14 @@ from dynlogits.specs import (
     SpecError,
     SpecLimits,
 )
+from dynlogits.specs.entries import ReasoningSpec
 from dynlogits.specs.errors import problems_from_pydantic
 from dynlogits.specs.kinds import plugin_kinds
 from dynlogits.specs.limits import limit_problems
 from dynlogits.specs.union import kind_tags, open_entries
 
 __all__ = ["SPEC_FILE_ENV", "DeploymentConfig", "config_from_sources", "load_config", "load_deployment_config", "parse_config",
-           "split_kinds"]
+           "parse_reasoning", "split_kinds"]
 
 SPEC_FILE_ENV = "DYN_LOGITS_SPEC"
 
@@ -74,6 +79,7 @@ class _ConfigModel(BaseModel):
     generation_only: StrictBool = True
     allow_request_kinds: tuple[StrictStr, ...] = ()
     limits: _LimitsModel = _LimitsModel()
+    reasoning: Any = None  # a reasoning entry's fields, checked by ``parse_reasoning`` (paths named "reasoning")
 
     @field_validator("entries", mode="wrap")
     @classmethod
@@ -88,6 +94,8 @@ class DeploymentConfig:
     spec: LogitsProcessorSpec | None = None
     allow_request_kinds: frozenset[str] = frozenset()
     limits: SpecLimits = field(default=DEFAULT_LIMITS)
+    #: the deployment's reasoning delimiters (``reasoning:``), still as text where given as text
+    reasoning: ReasoningSpec | None = None
 
     @property
     def active(self) -> bool:
@@ -113,10 +121,33 @@ def parse_config(data: Any, *, source: str = "config") -> DeploymentConfig:
             problems.append(Problem(f"allow_request_kinds[{i}]", f"kind {kind!r} runs code on workers and may never be allowed in requests"))
         elif kind not in allowable:
             problems.append(Problem(f"allow_request_kinds[{i}]", f"unknown kind {kind!r} (expected one of {sorted(allowable)})"))
+    reasoning = None
+    if model.reasoning is not None:
+        try:
+            reasoning = parse_reasoning(model.reasoning, source="reasoning")
+        except SpecError as err:
+            problems += err.problems
+        if any(e.kind == "reasoning" for e in model.entries):
+            problems.append(Problem("reasoning", "the entries declare reasoning delimiters already; give reasoning: or a "
+                                                 "reasoning entry, not both"))
     if problems:
         raise SpecError(problems)
     spec = LogitsProcessorSpec(entries=model.entries, generation_only=model.generation_only) if model.entries else None
-    return DeploymentConfig(spec=spec, allow_request_kinds=frozenset(model.allow_request_kinds), limits=limits)
+    return DeploymentConfig(spec=spec, allow_request_kinds=frozenset(model.allow_request_kinds), limits=limits,
+                            reasoning=reasoning)
+
+
+def parse_reasoning(data: Any, *, source: str) -> ReasoningSpec:
+    """Reasoning delimiters given as a ``reasoning`` entry's fields (``start_text``/``end_text`` or
+    ``start_token_ids``/``end_token_ids``, e.g. a model folder's default); ``SpecError`` naming
+    ``source`` and the field."""
+    if not isinstance(data, Mapping):
+        raise SpecError.single(source, f"must be an object with the delimiters (start_text and end_text, or "
+                                       f"start_token_ids and end_token_ids), got {type(data).__name__}")
+    try:
+        return ReasoningSpec.model_validate({**data, "kind": "reasoning"})
+    except ValidationError as err:
+        raise SpecError(problems_from_pydantic(err.errors(), root=source, tags=frozenset())) from None
 
 
 def load_config(path: str | os.PathLike[str]) -> DeploymentConfig:

@@ -25,6 +25,7 @@ from dynlogits.policy.config import SPEC_FILE_ENV, DeploymentConfig, config_from
 from dynlogits.policy.request import RequestPolicy, build_policy
 from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.specs import WIRE_KEY, Entry, Problem, SpecError, encode_entries, parse_entries
+from dynlogits.specs.entries import ReasoningSpec
 from dynlogits.policy.text import TextTokenizer
 
 __all__ = [
@@ -140,8 +141,7 @@ class EngineSpec:
             raise SpecError.single(PAYLOAD_ROOT, f"must be a list of entries, got {type(request_payload).__name__}")
         policy = self.policy
         if role is not None and role is not policy.role:
-            policy = RequestPolicy(role=role, deployment=policy.deployment, config=policy.config,
-                                   tokenizer=policy.tokenizer, vocab_size=policy.vocab_size)
+            policy = dataclasses.replace(policy, role=role)
         entries = policy.entries_for(request_payload, root=PAYLOAD_ROOT)
         return encode_entries(entries) if entries else None
 
@@ -151,17 +151,21 @@ def resolve_engine_spec(
     tokenizer: Callable[[], TextTokenizer],
     vocab_size: int,
     environ: Mapping[str, str] = os.environ,
+    *,
+    default_reasoning: ReasoningSpec | None = None,
 ) -> EngineSpec | None:
     """Resolve the deployment spec once at engine start-up; ``None`` unless the engine is the source.
 
-    ``tokenizer`` is the engine's (``forced_text`` and the test hook need it); ``vocab_size`` is
-    the logits width every id is checked against. A bad config raises ``SpecError`` here, so the
-    engine fails to start instead of failing every request.
+    ``tokenizer`` is the engine's (text and the test hook need it); ``vocab_size`` is the logits
+    width every id is checked against; ``default_reasoning`` the model's reasoning delimiters (the
+    operator's ``reasoning:`` wins). A bad config raises ``SpecError`` here, so the engine fails to
+    start instead of failing every request.
     """
     config = admission_config(environ)
     if config is None:
         return None
-    return EngineSpec(build_policy(DisaggregationMode(role), config, _once(tokenizer), vocab_size, environ=environ))
+    return EngineSpec(build_policy(DisaggregationMode(role), config, _once(tokenizer), vocab_size, environ=environ,
+                                   default_reasoning=default_reasoning))
 
 
 def _once(factory: Callable[[], TextTokenizer]) -> Callable[[], TextTokenizer]:

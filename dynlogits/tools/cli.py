@@ -68,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("dir", type=Path)
     m.add_argument("--vocab-size", type=int, default=None, help="logits width (default: tokenizer size padded to 64)")
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--reasoning", action="store_true",
+                   help="the reasoning variant: <think>/</think> tokens, a DeepSeek-R1-style chat template")
     return parser
 
 
@@ -88,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dynlogits.model_builder import build_model
 
     try:
-        out = build_model(args.dir, vocab_size=args.vocab_size, seed=args.seed)
+        out = build_model(args.dir, vocab_size=args.vocab_size, seed=args.seed, reasoning=args.reasoning)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

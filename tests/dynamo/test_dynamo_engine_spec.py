@@ -206,3 +206,22 @@ def test_the_real_processor_resolves_the_spec_once_and_a_kv_producer_activates_n
 
     monkeypatch.delenv(SPEC_SOURCE_ENV)
     assert DynamoVllmLogitsProcessor(engine_configs["agg"], torch.device("cpu"), False).engine_spec is None
+
+
+def test_with_the_engine_as_source_the_models_default_reasoning_delimiters_lead_each_payload(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model folder that declares reasoning delimiters (the embedded model's reasoning variant)
+    gives them to every request that activates entries, resolved with the engine's tokenizer."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from dynlogits.adapters.vllm.engine_spec import engine_spec_for
+    from dynlogits.model_builder import build_model
+
+    model = build_model(tmp_path / "reasoning", reasoning=True)
+    config = tmp_path / "spec.yaml"
+    config.write_text("allow_request_kinds: [thinking_budget]\n")
+    vllm_config = EngineArgs(model=str(model), dtype="float32", enforce_eager=True, max_model_len=512).create_engine_config()
+    spec = engine_spec_for(vllm_config, 1024, {SPEC_SOURCE_ENV: "engine", "DYN_LOGITS_SPEC": str(config)})
+    assert spec is not None
+    payload = spec.payload_for(SamplingParams(extra_args={"dynamo_logits": [{"kind": "thinking_budget", "budget": 2}]}))
+    assert payload is not None and payload[0] == {"kind": "reasoning", "start_token_ids": [1000], "end_token_ids": [1001]}

@@ -51,6 +51,12 @@ def test_make_model_builds_a_loadable_model_folder(tmp_path):
     assert config["vocab_size"] == 4096 and config["architectures"] == ["LlamaForCausalLM"]
 
 
+def test_make_model_builds_the_reasoning_variant_on_request(tmp_path):
+    result = run_cli("make-model", str(tmp_path / "m"), "--reasoning")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "m" / "dynlogits_reasoning.json").read_text())["start_text"] == "<think>"
+
+
 def test_make_model_rejects_a_bad_vocab_size(tmp_path):
     result = run_cli("make-model", str(tmp_path / "m"), "--vocab-size", "3")
     assert result.returncode == 2 and "vocab_size" in result.stderr

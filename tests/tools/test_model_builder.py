@@ -212,3 +212,50 @@ def test_concurrent_default_model_dir_calls_build_exactly_once(tmp_path: Path) -
     assert {out.strip() for out, _ in results} == {str((tmp_path / "model").resolve())}
     assert sum("building the embedded default model" in err for _, err in results) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model.lock"]
+
+
+# --- the reasoning variant ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reasoning_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("reasoning") / "model", reasoning=True)
+
+
+def test_the_reasoning_variant_adds_one_token_per_think_tag_and_keeps_every_other_id(
+        reasoning_dir: Path, model_dir: Path, tokenizer: Any) -> None:
+    reasoning = transformers.AutoTokenizer.from_pretrained(reasoning_dir)
+    start, end = (reasoning.encode(t, add_special_tokens=False) for t in ("<think>", "</think>"))
+    assert len(start) == 1 and len(end) == 1 and start[0] >= len(tokenizer) and end[0] >= len(tokenizer)
+    text = "Hello world! <think>a thought</think> The answer is 42."
+    assert reasoning.decode(reasoning.encode(text, add_special_tokens=False), skip_special_tokens=True) == text
+    plain = "Hello world! The answer is 42."
+    assert reasoning.encode(plain) == tokenizer.encode(plain)
+    assert _json(reasoning_dir / "config.json")["vocab_size"] == _json(model_dir / "config.json")["vocab_size"]
+    assert (reasoning_dir / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+
+
+def test_the_reasoning_variants_template_opens_a_span_at_the_end_of_the_generation_prompt(reasoning_dir: Path) -> None:
+    """DeepSeek-R1 style: generation starts inside ``<think>``; an earlier answer's reasoning is dropped."""
+    reasoning = transformers.AutoTokenizer.from_pretrained(reasoning_dir)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>hmm</think>Hello."},
+                {"role": "user", "content": "and?"}]
+    text = reasoning.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n<think>\n")
+    assert "assistant<|end_header_id|>\n\nHello." + model_builder.EOS in text and "hmm" not in text
+
+
+def test_a_model_declares_its_default_reasoning_delimiters_in_a_file(reasoning_dir: Path, model_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    assert model_builder.model_reasoning(reasoning_dir) == {"start_text": "<think>", "end_text": "</think>"}
+    assert model_builder.model_reasoning(model_dir) is None  # the default model declares none
+    assert model_builder.model_reasoning("org/hub-name") is None
+    (tmp_path / model_builder.REASONING_FILE).write_text("[1, 2]")
+    with pytest.raises(ValueError, match="expected a JSON object"):
+        model_builder.model_reasoning(tmp_path)
+
+
+def test_the_reasoning_variant_and_the_default_model_are_not_mistaken_for_each_other(tmp_path: Path) -> None:
+    out = build_model(tmp_path / "m", reasoning=True)
+    assert build_model(out) == out and model_builder.model_reasoning(out) is None  # rebuilt as the default
+    assert model_builder.model_reasoning(build_model(out, reasoning=True)) is not None

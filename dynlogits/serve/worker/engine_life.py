@@ -11,6 +11,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 
+from dynlogits.policy.config import parse_reasoning
 from dynlogits.policy.request import build_policy
 
 from .args import DEFAULT_MODEL_NAME
@@ -28,8 +29,9 @@ ENGINE_DEAD_EXIT = 3
 
 
 def _start_engine(state: WorkerState) -> None:
-    """Start the configured engine (blocking) and set ``state.engine`` and ``state.policy``."""
-    from dynlogits.model_builder import default_model_dir
+    """Start the configured engine (blocking) and set ``state.engine`` and ``state.policy`` (with the
+    model folder's default reasoning delimiters, ``model_reasoning``, where the operator set none)."""
+    from dynlogits.model_builder import REASONING_FILE, default_model_dir, model_reasoning
 
     args = state.args
     model = args.model or str(default_model_dir())
@@ -40,7 +42,10 @@ def _start_engine(state: WorkerState) -> None:
         engine = start_sglang_engine(model, served, args.engine_args, register_adapter=state.register_adapter)
     else:
         engine = start_vllm_engine(model, served, args.engine_args, register_adapter=state.register_adapter)
-    state.policy = build_policy(args.disaggregation_mode, state.config, lambda: engine.tokenizer, engine.vocab_size)
+    declared = model_reasoning(model)
+    default = parse_reasoning(declared, source=f"{model}/{REASONING_FILE}") if declared is not None else None
+    state.policy = build_policy(args.disaggregation_mode, state.config, lambda: engine.tokenizer, engine.vocab_size,
+                                default_reasoning=default)
     state.engine = engine
 
 
