@@ -1,16 +1,30 @@
-"""``banned_phrases``: a phrase's last token is masked whenever the output ends with the rest of it."""
+"""``banned_phrases``: a phrase's last token is masked whenever the output ends with the rest of it:
+the processor, its template and its resident group.
+
+Per step and row: one lookup per phrase length (the output's last ``k`` tokens for each ``k`` a
+phrase needs), never a scan of the history or of every phrase; a row whose last token ends no
+phrase's prefix costs one set lookup. On the resident path (vLLM's V1 runner: the host knows the
+histories) the group's host work is that lookup per row, its device work one masked write of the
+ids found plus the one-token phrases, from one upload. Where the adapter gives no host histories
+(Model Runner V2) a request with phrases of several tokens stays on the hosted path; one with
+one-token phrases only is a ``banned_tokens`` and resident everywhere."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
+from .banned_tokens import BannedTokensTemplate
 from .base import IndexCache, RealizeContext
 from .ops import MaskIds, RowOp, apply_op
+from .slots import NEG_INF, Group, ListedRows, StepInputs, Template
+from .uploads import StepUpload
 
-__all__ = ["KIND", "BannedPhrasesProcessor", "factory"]
+__all__ = ["KIND", "BannedPhrasesGroup", "BannedPhrasesProcessor", "BannedPhrasesTemplate", "factory"]
 
 KIND = "banned_phrases"
 
@@ -20,10 +34,9 @@ KEPT_SETS = 64
 
 class BannedPhrasesProcessor:
     """Every step, the last token of each phrase whose other tokens end the output is masked; a
-    one-token phrase always. Per step: one lookup per phrase length (the output's last ``k``
-    tokens for each ``k`` a phrase needs), never a scan of the history or of every phrase."""
+    one-token phrase always."""
 
-    __slots__ = ("_always", "_after", "_lengths", "_sets")
+    __slots__ = ("_always", "_after", "_lengths", "_ends", "_sets", "template")
 
     def __init__(self, phrases: Sequence[Sequence[int]]) -> None:
         self._always = tuple(sorted({p[0] for p in phrases if len(p) == 1}))
@@ -31,21 +44,32 @@ class BannedPhrasesProcessor:
         for phrase in phrases:
             if len(phrase) > 1:
                 after.setdefault(tuple(phrase[:-1]), set()).add(phrase[-1])
+        #: a phrase's other tokens -> the last tokens they ban
         self._after = {prefix: tuple(sorted(last)) for prefix, last in after.items()}
         self._lengths = tuple(sorted({len(prefix) for prefix in self._after}))
+        #: the tokens a prefix ends with: an output ending otherwise bans nothing beyond ``_always``
+        self._ends = frozenset(prefix[-1] for prefix in self._after)
         self._sets: dict[tuple[int, ...], IndexCache] = {}
+        self.template: Template = BannedPhrasesTemplate(self._always) if self._after else BannedTokensTemplate(self._always)
 
-    def banned(self, input_ids: Sequence[int]) -> tuple[int, ...]:
-        """The ids this step masks (sorted)."""
-        found: set[int] = set(self._always)
+    def after(self, input_ids: Sequence[int]) -> tuple[int, ...]:
+        """The ids this step masks beyond the one-token phrases (repeats possible, unsorted)."""
         n = len(input_ids)
+        if not n or input_ids[-1] not in self._ends:
+            return ()
+        found: tuple[int, ...] = ()
         for k in self._lengths:
             if k > n:
                 break
             last = self._after.get(tuple(input_ids[n - k :]))
             if last:
-                found.update(last)
-        return tuple(sorted(found))
+                found += last
+        return found
+
+    def banned(self, input_ids: Sequence[int]) -> tuple[int, ...]:
+        """The ids this step masks (sorted, no repeats)."""
+        extra = self.after(input_ids)
+        return tuple(sorted({*self._always, *extra})) if extra else self._always
 
     def row_op(self, input_ids: Sequence[int]) -> RowOp | None:
         ids = self.banned(input_ids)
@@ -60,6 +84,60 @@ class BannedPhrasesProcessor:
 
     def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
         apply_op(self.row_op(input_ids), logits)
+
+
+class BannedPhrasesGroup(Group):
+    """``banned_phrases`` with phrases of several tokens: decided on the host from each row's own
+    processor (``BannedPhrasesProcessor.after``, needs the host histories); one upload of the flat
+    indices of the ids found and of every row's one-token phrases (laid out once per batch change),
+    one ``index_fill_``. Masks only: never leaves a row empty by itself."""
+
+    decided = True
+    needs_host_histories = True
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        self._always: dict[int, tuple[int, ...]] = {}  # slot -> its one-token phrases
+
+    def _write(self, slot: int, template: BannedPhrasesTemplate) -> None:
+        self._always[slot] = template.always
+
+    def prepare(self, rows: ListedRows, stride: int) -> None:
+        super().prepare(rows, stride)
+        base = (rows.rows * stride).tolist()
+        self._cache["base"] = base
+        fixed = [b + t for b, slot in zip(base, rows.slots.tolist()) for t in self._always[slot]]
+        self._cache["fixed"] = np.asarray(fixed, dtype=np.int64)
+
+    def host_decisions(self, n: int) -> list[tuple[int, ...]]:
+        return [()] * n
+
+    def host_decision(self, processor: Any, history: Sequence[int]) -> tuple[int, ...]:
+        """The ids the row masks this step beyond its one-token phrases."""
+        return processor.after(history)  # type: ignore[no-any-return]
+
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: list[tuple[int, ...]],
+                             upload: StepUpload) -> None:
+        fixed: np.ndarray = self._cache["fixed"]
+        found = [b + t for b, ids in zip(self._cache["base"], decisions) if ids for t in ids]
+        n = len(fixed) + len(found)
+        if not n:
+            return None
+        buf = upload.buffer(n)
+        buf[: len(fixed)] = fixed
+        buf[len(fixed) :] = found
+        step.flat.index_fill_(0, upload.upload(n), NEG_INF)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class BannedPhrasesTemplate(Template):
+    """Every step: ``row[always] = -inf``, and the last tokens of the phrases whose other tokens end
+    the output (decided per row on the host)."""
+
+    always: tuple[int, ...]
+    group: ClassVar[type[BannedPhrasesGroup]] = BannedPhrasesGroup
+    reads_tokens: ClassVar[bool] = True
 
 
 def factory(entry: Any, ctx: RealizeContext) -> BannedPhrasesProcessor:

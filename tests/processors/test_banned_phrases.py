@@ -1,0 +1,116 @@
+"""``banned_phrases`` (docs/specs.md): a phrase's last token is masked at every step where the output
+ends with the rest of it, a one-token phrase at every step. Host path; the resident path where the
+adapter gives the histories (vLLM V1), through batch changes beside other kinds; where it gives
+none (Model Runner V2) a request with longer phrases stays hosted, one with one-token phrases only
+is a ``banned_tokens``."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from dynlogits import sdk
+from dynlogits.processors.banned_phrases import BannedPhrasesProcessor, BannedPhrasesTemplate
+from dynlogits.processors.banned_tokens import BannedTokensTemplate
+from dynlogits.sdk.resident.slot_batch import SlotBatch
+from dynlogits.specs import SpecError, decode_wire_payload
+
+from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize
+
+PHRASES = [(9,), (5, 6), (5, 7), (4, 5, 6, 8), (3, 3)]
+
+
+def masked(processor: BannedPhrasesProcessor, history: list[int]) -> list[int]:
+    """The ids ``processor`` masks after ``history``."""
+    return sorted(set(range(V)) - set(finite(apply(processor, history))))
+
+
+def test_the_last_token_is_masked_only_where_the_output_ends_with_the_rest() -> None:
+    p = BannedPhrasesProcessor(PHRASES)
+    assert masked(p, []) == [9]  # a one-token phrase: every step
+    assert masked(p, [1, 5]) == [6, 7, 9]  # two phrases share their first token
+    assert masked(p, [5, 2]) == [9]
+    assert masked(p, [4, 5, 6]) == [8, 9]  # (4, 5, 6) ends it; (5, 6) itself is no prefix
+    assert masked(p, [4, 5]) == [6, 7, 9]
+    assert masked(p, [3]) == [3, 9] and masked(p, [3, 3]) == [3, 9]  # overlapping itself
+
+
+def test_only_the_output_counts_not_the_prompt() -> None:
+    request = realize([{"kind": "banned_phrases", "phrases": [[5, 6]]}], sdk.RequestFacts(prompt_ids=(1, 5)))
+    row = logits_row()[None].clone()
+    sdk.apply_rows(row, [0], [request], [[]])
+    assert torch.equal(row[0], logits_row())
+
+
+def test_a_step_allocates_nothing_vocab_sized() -> None:
+    p = BannedPhrasesProcessor(PHRASES)
+    row = torch.zeros(100_000)
+    p([4, 5], row)
+    assert largest_allocation(lambda: p([4, 5], row)) < 4096
+
+
+def test_one_token_phrases_only_are_a_banned_tokens_resident_everywhere() -> None:
+    only = BannedPhrasesProcessor([(9,), (4,)])
+    assert only.template == BannedTokensTemplate((4, 9))
+    assert isinstance(BannedPhrasesProcessor(PHRASES).template, BannedPhrasesTemplate)
+    no_histories = SlotBatch(num_slots=2, vocab_size=V, device="cpu")
+    assert no_histories.assign(0, realize([{"kind": "banned_phrases", "phrases": [[9], [4]]}]))
+    assert not no_histories.assign(1, realize([{"kind": "banned_phrases", "phrases": [[9], [5, 6]]}]))
+
+
+def _random_payload(rng: random.Random) -> list[dict]:
+    """``banned_phrases`` (1-4 tokens, from a few ids so outputs meet them) beside other kinds."""
+    ids = list(range(2, 7))
+    phrases = [[rng.choice(ids) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 6))]
+    others = [{"kind": "banned_tokens", "token_ids": [rng.choice(ids)]},
+              {"kind": "logit_bias", "bias": {str(rng.choice(ids)): 2.0}},
+              {"kind": "allowed_tokens", "token_ids": ids, "eos_token_id": EOS},
+              {"kind": "forced_sequence", "token_ids": [rng.choice(ids) for _ in range(3)], "eos_token_id": EOS}]
+    while True:
+        payload = [{"kind": "banned_phrases", "phrases": phrases}, *rng.sample(others, rng.randint(0, 2))]
+        rng.shuffle(payload)
+        try:
+            decode_wire_payload(payload, vocab_size=V)
+            return payload
+        except SpecError:  # a forced sequence that writes a phrase, or a ban that empties the allowed set
+            phrases = [[rng.choice(ids) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 6))]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_resident_path_equals_the_host_path_through_batch_changes(seed: int) -> None:
+    """Requests arrive in slots, leave, and are laid out in a new row order every step; the rows'
+    outputs are drawn from the phrases' ids so their prefixes are met. Every step the resident rows
+    equal their host-path twins'."""
+    rng = random.Random(seed)
+    slots = 6
+    batch = SlotBatch(num_slots=slots, vocab_size=V, device="cpu", host_histories=True)
+    host: dict[int, sdk.GuardedRequest] = {}
+    histories: dict[int, list[int]] = {}
+    phrases: dict[int, list[list[int]]] = {}
+    generator = torch.Generator().manual_seed(seed)
+    met = 0
+    for step in range(60):
+        if step == 0 or rng.random() < 0.3:  # a batch change
+            for slot in range(slots):
+                if slot not in host or rng.random() < 0.3:
+                    payload = _random_payload(rng)
+                    assert batch.assign(slot, realize(payload))
+                    host[slot], histories[slot] = realize(payload), [rng.randrange(2, 7) for _ in range(rng.randint(0, 3))]
+                    phrases[slot] = next(e for e in payload if e["kind"] == "banned_phrases")["phrases"]
+            batch.flush()
+        order = rng.sample(sorted(host), rng.randint(1, len(host)))
+        padded = [*order, -1]  # a row of a request without a payload
+        batch.set_rows(np.array(padded))
+        logits = torch.randn(len(padded), V, generator=generator)
+        resident, hosted = logits.clone(), logits.clone()
+        batch.apply(resident, histories=[*(histories[s] for s in order), []])
+        sdk.apply_rows(hosted, list(range(len(order))), [host[s] for s in order], [histories[s] for s in order])
+        assert torch.equal(resident, hosted), step
+        for row, slot in enumerate(order):
+            h = histories[slot]
+            met += any(len(p) > 1 and len(h) >= len(p) - 1 and h[len(h) - len(p) + 1:] == p[:-1] for p in phrases[slot])
+            histories[slot].append(int(hosted[row].argmax()) if rng.random() < 0.5 else rng.randrange(2, 7))
+    assert met >= 15  # the premise: outputs ended with phrase prefixes at many steps

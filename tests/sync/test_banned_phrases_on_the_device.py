@@ -1,0 +1,37 @@
+"""``banned_phrases`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM drives the
+adapter: on the V1 runner its resident step is one upload and one masked write, and no step of a
+sequence with batch changes and a failing request waits for the device."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from dynlogits.testing.cuda.drive import Scenario, drive_v1
+from dynlogits.testing.cuda.simcuda import SimCuda
+
+PHRASES = [[{"kind": "banned_phrases", "phrases": [[9], [5, 6], [6, 5, 8], [3, 3]]}],
+           [{"kind": "banned_phrases", "phrases": [[4, 4], [12, 4, 4, 4]]}]]
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> Iterator[None]:
+    logging.disable(logging.CRITICAL)  # the sequence's failing request is expected
+    yield
+    logging.disable(logging.NOTSET)
+
+
+def test_vllm_v1_runner_phrase_step_is_one_upload_and_one_masked_write() -> None:
+    with SimCuda() as sim:
+        steady = drive_v1(sim, Scenario(payloads=PHRASES, steps=3, changes=False))
+    assert [str(s) for s in steady.syncs] == []
+    assert steady.steady_ops == ["copy_", "index_fill_"]
+
+
+def test_vllm_v1_runner_phrase_sequence_never_waits_and_reports_the_failures() -> None:
+    with SimCuda() as sim:
+        result = drive_v1(sim, Scenario(payloads=PHRASES, steps=9))
+    assert [str(s) for s in result.syncs] == []
+    assert sum("no token left to sample" in f for f in result.failures) == 2
