@@ -8,6 +8,7 @@ not apply to this driver; anything else it raises is a failure too.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import re
@@ -21,13 +22,14 @@ import torch
 
 from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, LogitsProcessorSpec, encode_entries, kinds
+from dynlogits.specs.limits import PROMPT_BOUND_KINDS
 from dynlogits.specs.schema import golden_vectors
 
 from . import plugin_factories, plugin_kinds
 from .driver import AdapterDriver, EngineReadFaults
 from .faults import BAN_ID_FACTORY, RAISE_AFTER_FACTORY, SCALE_FACTORY
 
-from .oracle import expected_row
+from .oracle import OracleRequest, expected_row
 
 __all__ = ["CHECKS", "Check", "Skip"]
 
@@ -166,11 +168,21 @@ def _bad_beside_good(driver: AdapterDriver, bad: Any, good: list[dict[str, Any]]
 
 
 # -- checks ----------------------------------------------------------------------------------
+def _reads_prompt(payload: Any) -> bool:
+    return any(isinstance(e, dict) and e.get("kind") in PROMPT_BOUND_KINDS for e in payload)
+
+
+def _request(arrival: float) -> OracleRequest:
+    """What the oracle knows of a kit request added at ``arrival`` with ``PROMPT`` and ``EOS``, now."""
+    return OracleRequest(prompt=PROMPT, stop_token_ids=(EOS,), arrival=arrival, now=time.time())
+
+
 def valid_vectors_behave_as_documented(driver: AdapterDriver) -> None:
     """Every valid golden vector is admitted, realized, and changes each row exactly as
     docs/specs.md says, step after step (greedy histories); a vector naming ids beyond the logits
-    width fails only its own request; ``python`` entries need the operator's allow-list."""
-    vectors = [(name, v["payload"]) for name, v in golden_vectors() if v["valid"]]
+    width fails only its own request; ``python`` entries need the operator's allow-list. Vectors of
+    kinds that read the prompt run in ``prompt_bound_vectors_behave_as_documented``."""
+    vectors = [(name, v["payload"]) for name, v in golden_vectors() if v["valid"] and not _reads_prompt(v["payload"])]
     if not vectors:
         raise AssertionError("no valid golden vectors found")
     for n, (name, payload) in enumerate(vectors):
@@ -192,6 +204,7 @@ def valid_vectors_behave_as_documented(driver: AdapterDriver) -> None:
                     raise AssertionError(f"{name}: a valid vector was refused at admission: {err}") from None
                 continue  # refused at admission for naming ids beyond the logits width: allowed
             req = f"v{n}"
+            arrival = time.time()  # no later than the adapter's own clock at realization
             driver.add(req, payload, prompt_ids=PROMPT, eos_token_id=EOS)
             history: list[int] = []
             for step in range(STEPS):
@@ -200,7 +213,7 @@ def valid_vectors_behave_as_documented(driver: AdapterDriver) -> None:
                 if beyond:
                     _assert_stopped(out[0], EOS, what + " (ids beyond the logits width)")
                 else:
-                    _assert_row(out[0], expected_row(payload, history, raw[0].tolist()), what)
+                    _assert_row(out[0], expected_row(payload, history, raw[0].tolist(), _request(arrival)), what)
                 token = _greedy(out[0])
                 driver.commit(req, token)
                 history.append(token)
@@ -452,6 +465,109 @@ def a_plugin_factory_is_given_the_request_facts(driver: AdapterDriver) -> None:
 _NO_PROMPT = "needs the request's prompt"
 
 
+def prompt_bound_vectors_behave_as_documented(driver: AdapterDriver) -> None:
+    """Every valid golden vector of a kind that reads the request's prompt (``PROMPT_BOUND_KINDS``)
+    changes each row as docs/specs.md says for the prompt the request was added with, step after
+    step, and again after the request is preempted and resumed (the prompt, never its generated
+    tokens). Skipped, naming the missing fact, where the adapter gives realization no prompt ids."""
+    vectors = [(name, v["payload"]) for name, v in golden_vectors() if v["valid"] and _reads_prompt(v["payload"])]
+    if not vectors:
+        raise AssertionError("no valid golden vectors of a prompt-bound kind found")
+    for n, (name, payload) in enumerate(vectors):
+        driver.admit(payload)
+        req, history = f"p{n}", []
+        arrival = time.time()
+        driver.add(req, payload, prompt_ids=PROMPT, eos_token_id=EOS)
+        for step in range(STEPS):
+            if step == STEPS // 2:  # preempted, then resumed with what it generated
+                driver.remove(req)
+                driver.add(req, payload, prompt_ids=PROMPT, output_ids=history, eos_token_id=EOS)
+            raw, out = _step(driver, [req], seed=300 + 100 * n + step)
+            if step == 0 and any(_NO_PROMPT in r for r in driver.failures()):
+                raise Skip(f"{driver.name}: the adapter gives realization no prompt ids (RequestFacts.prompt_ids): "
+                           f"{driver.failures()[0]}")
+            _assert_row(out[0], expected_row(payload, history, raw[0].tolist(), _request(arrival)), f"{name} step {step}")
+            token = _greedy(out[0])
+            driver.commit(req, token)
+            history.append(token)
+        driver.remove(req)
+
+
+def a_trigger_fires_once_per_request_on_its_own_history(driver: AdapterDriver) -> None:
+    """Two requests with the same ``trigger`` entry, in one batch: each forces the phrase after its
+    own first occurrence of the trigger, once, whatever the other does (histories chosen by the
+    kit, the phrase's tokens committed as forced)."""
+    payload = [{"kind": "trigger", "trigger_token_ids": [40, 41], "phrase_token_ids": [42, 43]}]
+    driver.admit(payload)
+    script = {"a": [40, 41, None, None, 40, 41, 7], "b": [41, 40, 40, 41, None, None, 40]}  # None: the forced token
+    history: dict[str, list[int]] = {"a": [], "b": []}
+    for req in script:
+        driver.add(req, payload, prompt_ids=PROMPT, eos_token_id=EOS)
+    for step in range(len(script["a"])):
+        raw, out = _step(driver, ["b", "a"], seed=500 + step)
+        for row, req in enumerate(["b", "a"]):
+            _assert_row(out[row], expected_row(payload, history[req], raw[row].tolist()), f"{req} at step {step}")
+            token = script[req][step]
+            token = _greedy(out[row]) if token is None else token
+            driver.commit(req, token)
+            history[req].append(token)
+
+
+def _takes_arrival(driver: AdapterDriver) -> bool:
+    try:
+        return "arrival_time" in inspect.signature(driver.add).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def a_deadline_forces_the_stop_token_once_due(driver: AdapterDriver) -> None:
+    """A ``deadline`` counts from the arrival the deployment stamped: a request that arrived before
+    its deadline's length has its stop token (its EOS, the first of its stop ids) forced at every
+    step, after preemption too; one due in an hour is untouched; one due while it runs is untouched
+    at a step that ran before its due time and stopped from the first step after it (a bounded wait
+    on the clock, no fixed sleep). Skipped where the driver cannot stamp an arrival."""
+    if not _takes_arrival(driver):
+        raise Skip(f"{driver.name}: its add() takes no arrival_time, so the kit cannot stamp a request's arrival "
+                   "(RequestFacts.arrival_time)")
+    late, later = [{"kind": "deadline", "seconds": 60}], [{"kind": "deadline", "seconds": 3600}]
+    soon_s = 0.5
+    soon = [{"kind": "deadline", "seconds": soon_s}]
+    for payload in (late, later, soon):
+        driver.admit(payload)
+    now = time.time()
+    arrivals = {"late": now - 120.0, "later": now, "soon": now}
+    payloads = {"late": late, "later": later, "soon": soon}
+    for req in payloads:
+        driver.add(req, payloads[req], prompt_ids=PROMPT, eos_token_id=EOS, stop_token_ids=(7,), arrival_time=arrivals[req])
+    batch = list(payloads)
+    due = arrivals["soon"] + soon_s
+    started = time.time()
+    raw, out = _step(driver, batch, seed=600)
+    ended = time.time()
+    _assert_stopped(out[0], EOS, "a request past its deadline")
+    _assert_row(out[1], raw[1].tolist(), "a request due in an hour")
+    if ended < due:
+        _assert_row(out[2], raw[2].tolist(), "a request before its deadline")
+    elif started >= due:
+        _assert_stopped(out[2], EOS, "a request past its deadline")
+    for row, req in enumerate(batch):
+        driver.commit(req, _greedy(out[row]))
+    limit = due + 30.0  # a bounded wait on the clock
+    while time.time() < due:
+        if time.time() > limit:
+            raise AssertionError("the clock did not reach the deadline")
+        time.sleep(min(0.02, max(0.0, due - time.time())))
+    driver.remove("late")  # preempted: resumed with its tokens, still past its deadline
+    driver.add("late", late, prompt_ids=PROMPT, output_ids=[EOS], eos_token_id=EOS, stop_token_ids=(7,),
+               arrival_time=arrivals["late"])
+    raw, out = _step(driver, batch, seed=601)
+    _assert_stopped(out[0], EOS, "a resumed request past its deadline")
+    _assert_row(out[1], raw[1].tolist(), "a request due in an hour")
+    _assert_stopped(out[2], EOS, "a request whose deadline passed while it ran")
+    if driver.failures():
+        raise AssertionError(f"a deadline is not a failure, yet the adapter reported {driver.failures()!r}")
+
+
 def forcing_never_unmasks_a_token_the_engine_masked(driver: AdapterDriver) -> None:
     """A forced token the engine already masked (its grammar bitmask: ``-inf`` in the logits the
     adapter receives) stays masked: that request has no token left, so it is fail-stopped and
@@ -523,6 +639,9 @@ CHECKS: tuple[Check, ...] = tuple(
         a_plugin_kind_that_empties_its_row_fails_only_its_request,
         a_plugin_row_operation_beyond_the_width_fails_only_its_request,
         a_plugin_factory_is_given_the_request_facts,
+        prompt_bound_vectors_behave_as_documented,
+        a_trigger_fires_once_per_request_on_its_own_history,
+        a_deadline_forces_the_stop_token_once_due,
         forcing_never_unmasks_a_token_the_engine_masked,
         a_failed_engine_read_fails_only_its_request,
     )

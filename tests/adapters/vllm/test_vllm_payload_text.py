@@ -26,12 +26,13 @@ from dynlogits.adapters.vllm.request import payload_text_bound, realize_request,
 from dynlogits.client import payload_text, vllm_xargs  # noqa: E402
 from dynlogits.policy.engine_spec import REQUEST_KINDS_ENV, SPEC_SOURCE_ENV  # noqa: E402
 from dynlogits.specs import ARRIVAL_KEY, DEFAULT_LIMITS, WIRE_KEY, SpecError  # noqa: E402
+from dynlogits.specs.entries import REQUEST_FORBIDDEN_KINDS, WIRE_KINDS  # noqa: E402
 from dynlogits.specs.schema import golden_vectors  # noqa: E402
 
 VOCAB = 1024
 FORCED = [{"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": 2}]
 #: Every kind a client may be allowed in the text form while the worker is the spec source.
-CLIENT_KINDS = "forced_sequence,banned_tokens,allowed_tokens,logit_bias,min_tokens,thinking_budget"
+CLIENT_KINDS = ",".join(sorted(WIRE_KINDS - REQUEST_FORBIDDEN_KINDS))
 
 
 def sp(value: Any, **extra: Any) -> SamplingParams:

@@ -1,0 +1,66 @@
+"""Where the zoo's kinds run in the vLLM adapter (docs/vllm.md, "The apply path"), with vLLM's real
+classes and no engine: on the V1 runner ``trigger``, ``deadline`` and ``prompt_tokens`` are resident
+and ``multiple_choice`` is hosted; under Model Runner V2 only ``prompt_tokens`` is resident, and the
+hosted ones follow each draft row's own history."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from dynlogits.adapters.vllm.conformance import VllmV1Driver, VllmV2Driver, _params  # noqa: E402
+from dynlogits.testing.oracle import OracleRequest, expected_row  # noqa: E402
+from dynlogits.testing.runner import KIT_VOCAB_SIZE  # noqa: E402
+
+EOS = 1
+PROMPT = (3, 4, 5)
+TRIGGER = [{"kind": "trigger", "trigger_token_ids": [40, 41], "phrase_token_ids": [50, 51]}]
+PAYLOADS: dict[str, list[dict[str, Any]]] = {
+    "trigger": TRIGGER,
+    "deadline": [{"kind": "deadline", "seconds": 3600}],
+    "prompt_tokens": [{"kind": "prompt_tokens", "mode": "restrict"}],
+    "multiple_choice": [{"kind": "multiple_choice", "choices": [[7, 8], [9]], "eos_token_id": EOS}],
+}
+RESIDENT = {"v1": {"trigger", "deadline", "prompt_tokens"}, "v2": {"prompt_tokens"}}
+
+
+@pytest.mark.parametrize("kind", sorted(PAYLOADS))
+def test_the_v1_runner_keeps_trigger_deadline_and_prompt_tokens_resident(kind: str) -> None:
+    driver = VllmV1Driver(KIT_VOCAB_SIZE)
+    driver.add("r", PAYLOADS[kind], prompt_ids=PROMPT, eos_token_id=EOS)
+    driver.step(["r"], torch.randn(1, KIT_VOCAB_SIZE))
+    (entry,) = driver.processor._entries.values()
+    assert (entry.slot is not None) == (kind in RESIDENT["v1"])
+    assert not driver.failures()
+
+
+@pytest.mark.parametrize("kind", sorted(PAYLOADS))
+def test_model_runner_v2_keeps_only_prompt_tokens_resident(kind: str) -> None:
+    driver = VllmV2Driver(KIT_VOCAB_SIZE)
+    driver.add("r", PAYLOADS[kind], prompt_ids=PROMPT, eos_token_id=EOS)
+    driver.step(["r"], torch.randn(1, KIT_VOCAB_SIZE))
+    slot = driver.harness.reqs["r"].slot
+    assert bool(driver.processor._is_resident[slot]) == (kind in RESIDENT["v2"])
+    assert bool(driver.processor._active[slot]) and not driver.failures()
+
+
+def test_under_model_runner_v2_each_draft_row_of_a_trigger_request_follows_its_own_history() -> None:
+    driver = VllmV2Driver(KIT_VOCAB_SIZE)
+    harness = driver.harness
+    harness.add_request("r", PROMPT, _params(TRIGGER, EOS))
+    harness.commit("r", [40])
+    drafts = [41, 50, 6]
+    logits = torch.randn(1 + len(drafts), KIT_VOCAB_SIZE)
+    out = harness.step(["r"], logits.clone(), drafts={"r": drafts})
+    request = OracleRequest(prompt=PROMPT, stop_token_ids=(EOS,), arrival=time.time(), now=time.time())
+    for k in range(len(drafts) + 1):  # row k: the committed token and the first k drafts
+        history = [40, *drafts[:k]]
+        want = expected_row(TRIGGER, history, logits[k].tolist(), request)
+        assert out[k].tolist() == pytest.approx(want), f"draft row {k}"
+    assert [int(out[k].argmax()) for k in (1, 2)] == [50, 51]  # the phrase, from the trigger in the drafts
+    assert not driver.failures()
