@@ -20,6 +20,7 @@ from dynlogits.policy.config import parse_reasoning
 from dynlogits.policy.engine_spec import EngineSpec, client_payload_config, resolve_engine_spec
 from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.policy.text import TextTokenizer
+from dynlogits.specs import SpecLimits
 
 from .request import carried_payload, read_payload, request_role
 
@@ -46,6 +47,11 @@ class VllmEngineSpec:
     @property
     def role(self) -> DisaggregationMode:
         return self.spec.role
+
+    @property
+    def limits(self) -> SpecLimits:
+        """The operator's limits (``limits:`` of the config)."""
+        return self.spec.policy.config.limits
 
     def payload_for(self, params: Any) -> list[dict[str, Any]] | None:
         """The wire payload this request runs (``SpecError`` naming the field if the client's is bad)."""

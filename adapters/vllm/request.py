@@ -41,6 +41,7 @@ from dynlogits.policy.engine_spec import PAYLOAD_ROOT, admission_config, check_r
 from dynlogits.policy.roles import DisaggregationMode, is_generation_stage
 from dynlogits.sdk import FailureReport, GuardedRequest
 from dynlogits.specs import WIRE_KEY, SpecError, SpecLimits
+from dynlogits.specs.limits import prompt_limit_problem
 
 __all__ = ["PayloadSource", "VllmRequest", "carried_payload", "client_payload", "payload_text_bound", "read_payload",
            "realize_request", "request_facts", "request_role", "stop_token", "validate"]
@@ -57,6 +58,10 @@ _BIAS_ITEM_CHARS = 64  # "2147483647": -1.0000000000000002e-05,
 class PayloadSource(Protocol):
     """Where a request's payload comes from when the engine is the spec source
     (``dynlogits.adapters.vllm.engine_spec.VllmEngineSpec``)."""
+
+    @property
+    def limits(self) -> SpecLimits:
+        """The operator's limits the client's payload is held to."""
 
     def payload_for(self, params: Any) -> list[dict[str, Any]] | None:
         """The wire payload this request runs; ``SpecError`` naming the field if the client's is bad."""
@@ -176,6 +181,16 @@ def request_facts(params: Any, prompt_ids: Sequence[int] | None) -> sdk.RequestF
                                arrival_time=sdk.carried_arrival(getattr(params, "extra_args", None)))
 
 
+def _check_prompt(payload: Any, prompt_ids: Sequence[int] | None, limits: SpecLimits) -> None:
+    """``SpecError`` naming the prompt when a client's payload reads a prompt over ``max_prompt_tokens``."""
+    if not payload or prompt_ids is None:
+        return
+    paths = [f"{PAYLOAD_ROOT}[{i}]" for i in range(len(payload))]
+    problem = prompt_limit_problem(payload, len(prompt_ids), limits, path="prompt", paths=paths)
+    if problem is not None:
+        raise SpecError([problem])
+
+
 def realize_request(params: Any, *, vocab_size: int, report: FailureReport | None = None,
                     engine_spec: PayloadSource | None = None, prompt_ids: Sequence[int] | None = None) -> VllmRequest | None:
     """Fresh processors for one request entering the batch; ``None`` without a payload. Never raises.
@@ -189,9 +204,11 @@ def realize_request(params: Any, *, vocab_size: int, report: FailureReport | Non
     try:
         if engine_spec is not None:
             payload = engine_spec.payload_for(params)
+            _check_prompt(payload, prompt_ids, engine_spec.limits)
         elif isinstance(payload, str):  # a client's (see the module doc); prefill-only requests run nothing
             generates = is_generation_stage(request_role(params, DisaggregationMode.AGGREGATED))
             payload = client_payload(payload) if generates else None
+            _check_prompt(payload, prompt_ids, client_payload_config().limits)
     except SpecError as err:
         return VllmRequest.adopt(GuardedRequest.failed_at_realization(
             f"payload rejected in the engine: {err}", stop_token_id=stop, report=report))

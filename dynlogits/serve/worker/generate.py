@@ -18,13 +18,14 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
-from dynlogits.policy.request import RequestPolicy
+from dynlogits.policy.request import REQUEST_ROOT, RequestPolicy
 from dynlogits.serve.http.bodies import DEFAULT_MAX_BODY_BYTES, BodyError, first_error, read_json_body
 from dynlogits.serve.http.connections import parser_refused
 from dynlogits.serve.http.errors import HTTPError
 from dynlogits.serve.limits import generate_limit_problem
 from dynlogits.serve.openai_controls import rename_control_paths, with_controls
 from dynlogits.specs import SpecError
+from dynlogits.specs.limits import prompt_limit_problem
 
 from ..protocol import GenerateRequest
 from .engine_stream import EngineStream
@@ -46,6 +47,8 @@ class GenerateCall:
         self.state, self.request = state, request
         #: when the request reached this worker: the arrival entries count from (``specs.ARRIVAL_KEY``)
         self.arrival_time = time.time()
+        #: how many of the activated entries are the client's own (they come last)
+        self.requested = 0
 
     async def answer(self) -> JSONResponse | EngineStream:
         """The NDJSON stream, or an error answer naming the field (4xx) or the engine's failure."""
@@ -116,25 +119,33 @@ class GenerateCall:
         except SpecError as err:
             raise HTTPError(400, str(err), param=err.problems[0].path) from None
         try:
-            return policy.entries_for(controls.entries or None)
+            entries = policy.entries_for(controls.entries or None)
+            self.requested = len(controls.entries) if policy.generates else 0
+            return entries
         except SpecError as err:
             renamed = rename_control_paths(err, controls.origins)
             raise HTTPError(400, str(renamed), param=renamed.problems[0].path) from None
 
     def engine_request(self, req: GenerateRequest, engine: VllmEngine, entries: list[Any]) -> tuple[list[int], Any]:
         """The prompt's token ids and the engine's sampling params with ``entries`` activated (and the
-        request's arrival beside them); 400 when
-        the engine refuses them or the prompt leaves no room for one generated token."""
+        request's arrival beside them); 400 when the engine refuses them, the prompt leaves no room for
+        one generated token, or it is longer than an entry reading it may read (``max_prompt_tokens``)."""
         try:
             prompt_ids = engine.render_prompt(prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
                                               messages=req.messages)
             params = engine.sampling_params(req.sampling, entries, req.extra_args, arrival_time=self.arrival_time)
         except EngineRequestError as err:
             raise HTTPError(400, str(err), param=err.param) from None
+        field = "messages" if req.messages is not None else "prompt"
         if len(prompt_ids) >= engine.max_model_len:
-            field = "messages" if req.messages is not None else "prompt"
             raise HTTPError(400, f"{field}: the prompt is {len(prompt_ids)} tokens; this model's context is "
                                  f"{engine.max_model_len} tokens, generation included", param=field)
+        deployment = len(entries) - self.requested
+        paths = [f"deployment entries[{i}]" for i in range(deployment)]
+        paths += [f"{REQUEST_ROOT}[{j}]" for j in range(self.requested)]
+        problem = prompt_limit_problem(entries, len(prompt_ids), self.state.config.limits, path=field, paths=paths)
+        if problem is not None:
+            raise HTTPError(400, str(problem), param=field)
         return prompt_ids, params
 
     async def start(self, req: GenerateRequest, engine: VllmEngine, prompt_ids: list[int], params: Any,

@@ -64,3 +64,48 @@ def test_under_model_runner_v2_each_draft_row_of_a_trigger_request_follows_its_o
         assert out[k].tolist() == pytest.approx(want), f"draft row {k}"
     assert [int(out[k].argmax()) for k in (1, 2)] == [50, 51]  # the phrase, from the trigger in the drafts
     assert not driver.failures()
+
+
+# -- the prompt a prompt-bound kind reads, where a client's payload reaches the engine -------------
+def _prompt_bound_request(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, embedded_tokenizer: Any, *,
+                          engine: bool, prompt_len: int) -> Any:
+    import json
+
+    import yaml
+    from vllm import SamplingParams
+
+    from dynlogits.adapters.vllm.engine_spec import VllmEngineSpec
+    from dynlogits.adapters.vllm.request import realize_request
+    from dynlogits.policy.engine_spec import REQUEST_KINDS_ENV, SPEC_SOURCE_ENV, resolve_engine_spec
+    from dynlogits.policy.roles import DisaggregationMode
+    from dynlogits.specs import WIRE_KEY
+
+    monkeypatch.setenv(REQUEST_KINDS_ENV, "prompt_tokens")
+    spec = None
+    if engine:  # the engine as the spec source, its operator config tightening max_prompt_tokens
+        config = tmp_path / "logits.yaml"
+        config.write_text(yaml.safe_dump({"allow_request_kinds": ["prompt_tokens"], "limits": {"max_prompt_tokens": 4}}))
+        monkeypatch.setenv(SPEC_SOURCE_ENV, "engine")
+        monkeypatch.setenv("DYN_LOGITS_SPEC", str(config))
+        resolved = resolve_engine_spec(DisaggregationMode.AGGREGATED, lambda: embedded_tokenizer, KIT_VOCAB_SIZE)
+        assert resolved is not None
+        spec = VllmEngineSpec(resolved)
+    else:
+        monkeypatch.delenv(SPEC_SOURCE_ENV, raising=False)
+    params = SamplingParams(stop_token_ids=[EOS], extra_args={WIRE_KEY: json.dumps([{"kind": "prompt_tokens", "mode": "boost"}])})
+    failures: list[str] = []
+    request = realize_request(params, vocab_size=KIT_VOCAB_SIZE, report=failures.append, engine_spec=spec,
+                              prompt_ids=[5] * prompt_len)
+    assert request is not None
+    return request, failures
+
+
+@pytest.mark.parametrize(("engine", "limit"), [(True, 4), (False, 131_072)], ids=["engine-spec-source", "client-text"])
+def test_a_clients_prompt_bound_entry_on_a_prompt_over_the_limit_fails_its_request_naming_the_prompt(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, embedded_tokenizer: Any, engine: bool, limit: int) -> None:
+    ok, failures = _prompt_bound_request(tmp_path, monkeypatch, embedded_tokenizer, engine=engine, prompt_len=limit)
+    assert not ok.failed and not failures
+    over, failures = _prompt_bound_request(tmp_path, monkeypatch, embedded_tokenizer, engine=engine, prompt_len=limit + 1)
+    assert over.failed and len(failures) == 1
+    assert (f"prompt: is {limit + 1} tokens; extra_args.dynamo_logits[0] (prompt_tokens) reads at most {limit} "
+            "(limit max_prompt_tokens)") in failures[0]
