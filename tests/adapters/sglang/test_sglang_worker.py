@@ -46,6 +46,20 @@ def test_worker_stamps_the_arrival_beside_the_payload_through_sglangs_transport(
     assert carried_arrival(wire.sampling_params.custom_params) == 1700000000.25
 
 
+def test_activation_drops_an_arrival_a_client_put_in_custom_params():
+    from dynlogits.adapters.sglang import activate
+    from dynlogits.specs import ARRIVAL_KEY
+
+    entries = [ForcedTokenSequenceSpec(token_ids=(5, 6), eos_token_id=1)]
+    params = {"custom_params": {ARRIVAL_KEY: 1e12, "theirs": 1}}
+    activate(params, entries)
+    assert ARRIVAL_KEY not in params["custom_params"] and params["custom_params"]["theirs"] == 1
+    activate(params, entries, arrival_time=5.0)
+    assert params["custom_params"][ARRIVAL_KEY] == 5.0
+    activate(params, [], arrival_time=5.0)
+    assert params["custom_params"] == {"theirs": 1}
+
+
 def test_worker_without_entries_names_no_processor(embedded_tokenizer):
     request = _engine(embedded_tokenizer).sampling_params(SamplingOptions(), [], {})
     assert request.custom_logit_processor is None and request.sampling_params.get("custom_params") is None

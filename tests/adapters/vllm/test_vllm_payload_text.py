@@ -153,17 +153,25 @@ def test_the_engine_realizes_allowed_text_and_fail_stops_text_it_refuses(allow) 
 
 def test_an_arrival_counts_only_beside_a_payload_the_worker_wrote(allow) -> None:
     """``extra_args[ARRIVAL_KEY]`` sets a ``deadline``'s clock beside a list payload (the worker's
-    activation writes both); beside text (a client's ``vllm_xargs``) it is ignored: the request
-    counts from its realization."""
+    activation writes both); beside text (a client's ``vllm_xargs``), or with the engine as the spec
+    source, it is ignored: the request counts from its realization."""
     allow("deadline")
     deadline = [{"kind": "deadline", "seconds": 60}]
     long_ago = time.time() - 3600.0
-    for carried, forced in ((deadline, True), (text(deadline), False)):
+
+    class EngineSource:  # the engine as the spec source (VllmEngineSpec's role): extra_args are the client's
+        limits = DEFAULT_LIMITS
+
+        def payload_for(self, params: Any) -> list[dict[str, Any]]:
+            return deadline
+
+    for carried, source, forced in ((deadline, None, True), (text(deadline), None, False),
+                                    (deadline, EngineSource(), False)):
         params = SamplingParams(stop_token_ids=[2], extra_args={WIRE_KEY: carried, ARRIVAL_KEY: long_ago})
-        request = realize_request(params, vocab_size=VOCAB)
+        request = realize_request(params, vocab_size=VOCAB, engine_spec=source)
         assert request is not None and not request.failed
         row = request([], torch.zeros(VOCAB))
-        assert (torch.isfinite(row).nonzero().flatten().tolist() == [2]) is forced, carried
+        assert (torch.isfinite(row).nonzero().flatten().tolist() == [2]) is forced, (carried, source)
 
 
 def test_a_prefill_for_a_remote_decode_worker_runs_no_client_text(allow) -> None:
