@@ -66,3 +66,17 @@ def test_an_arrival_that_is_not_a_finite_number_is_not_read(value):
 def test_activation_refuses_unresolved_text():
     with pytest.raises(SpecError, match="cannot cross the wire"):
         activate_logits_processors({}, [ForcedTextSpec(text="hi")])
+
+
+def test_the_vllm_worker_puts_its_arrival_beside_the_payload_and_never_the_clients(embedded_tokenizer):
+    from dynlogits.serve.protocol import SamplingOptions
+    from dynlogits.serve.worker.vllm_engine import VllmEngine
+
+    engine = VllmEngine(engine=None, tokenizer=embedded_tokenizer, model_name="m", max_model_len=512, vocab_size=1024,
+                        adapter_registered=True)
+    client_xargs = {WIRE_KEY: [{"kind": "smuggled"}], ARRIVAL_KEY: 1e12, "theirs": 1}
+    params = engine.sampling_params(SamplingOptions(), [FORCED], client_xargs, arrival_time=1700000000.25)
+    assert params.extra_args == {WIRE_KEY: [{"kind": "forced_sequence", "token_ids": [3, 4], "eos_token_id": 1}],
+                                 ARRIVAL_KEY: 1700000000.25, "theirs": 1}
+    params = engine.sampling_params(SamplingOptions(), [], client_xargs, arrival_time=1700000000.25)
+    assert params.extra_args == {"theirs": 1}
