@@ -493,6 +493,88 @@ def prompt_bound_vectors_behave_as_documented(driver: AdapterDriver) -> None:
         driver.remove(req)
 
 
+def _no_prompt(driver: AdapterDriver) -> str | None:
+    """Why the adapter gives realization no prompt ids (probed with a ``prompt_tokens`` request),
+    or ``None`` when it gives them."""
+    before = len(driver.failures())
+    driver.add("prompt-probe", [{"kind": "prompt_tokens", "mode": "boost", "boost": 1.0}], prompt_ids=PROMPT,
+               eos_token_id=EOS)
+    _step(driver, ["prompt-probe"], seed=7)
+    driver.remove("prompt-probe")
+    reports = [r for r in driver.failures()[before:] if _NO_PROMPT in r]
+    return f"{driver.name}: the adapter gives realization no prompt ids (RequestFacts.prompt_ids): {reports[0]}" if reports else None
+
+
+def vectors_with_their_own_prompt_behave_as_documented(driver: AdapterDriver) -> None:
+    """Every valid golden vector that names its own ``prompt`` (a reasoning span the prompt opens,
+    docs/specs.md ``reasoning``) changes each row as documented for that prompt, step after step
+    (greedy histories), and again after the request is preempted and resumed. Skipped, naming the
+    missing fact, where the adapter gives realization no prompt ids."""
+    vectors = [(name, v) for name, v in golden_vectors() if v["valid"] and "prompt" in v]
+    if not vectors:
+        raise AssertionError("no valid golden vector names its own prompt")
+    why = _no_prompt(driver)
+    if why is not None:
+        raise Skip(why)
+    for n, (name, vector) in enumerate(vectors):
+        payload, prompt = vector["payload"], tuple(vector["prompt"])
+        driver.admit(payload)
+        req, history = f"own-prompt{n}", []
+        driver.add(req, payload, prompt_ids=prompt, eos_token_id=EOS)
+        for step in range(STEPS):
+            if step == STEPS // 2:  # preempted, then resumed with what it generated
+                driver.remove(req)
+                driver.add(req, payload, prompt_ids=prompt, output_ids=history, eos_token_id=EOS)
+            raw, out = _step(driver, [req], seed=700 + 100 * n + step)
+            want = expected_row(payload, history, raw[0].tolist(), OracleRequest(prompt=prompt, stop_token_ids=(EOS,)))
+            _assert_row(out[0], want, f"{name} step {step}")
+            token = _greedy(out[0])
+            driver.commit(req, token)
+            history.append(token)
+        driver.remove(req)
+
+
+#: A request with reasoning delimiters 20 / 21 and an entry scoped to each phase: in reasoning the
+#: sequence 22, 23 and then the end tag 21 is forced; in the answer 30 and 31 are banned, EOS is
+#: masked for its first two tokens and 40 is raised.
+_SCOPED = [
+    {"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]},
+    {"kind": "forced_sequence", "token_ids": [22, 23, 21], "eos_token_id": EOS, "scope": "reasoning"},
+    {"kind": "banned_tokens", "token_ids": [30, 31], "scope": "answer"},
+    {"kind": "min_tokens", "min_tokens": 2, "stop_token_ids": [EOS], "scope": "answer"},
+    {"kind": "logit_bias", "bias": {"40": 5.0}, "scope": "answer"},
+]
+
+
+def scoped_entries_act_in_their_phase_only(driver: AdapterDriver) -> None:
+    """Entries scoped to ``reasoning`` or ``answer`` act only at that phase's steps and count their
+    positions from the start of the phase's current stretch: two requests in one batch, one whose
+    prompt opened a span and one that opens spans itself (twice), their answer tokens chosen by the
+    kit among those the row kept, and the first preempted and resumed inside a span."""
+    driver.admit(_SCOPED)
+    prompts = {"opens": PROMPT, "opened": (3, 20)}  # "opened": generation starts inside a span
+    script = {"opens": [40, 20, None, None, None, 40, 41, 20, None],  # None: the greedy (forced) token
+              "opened": [None, None, None, 40, 41, 42, 7, 20, None]}
+    history: dict[str, list[int]] = {req: [] for req in script}
+    for req, prompt in prompts.items():
+        driver.add(req, _SCOPED, prompt_ids=prompt, eos_token_id=EOS)
+    for step in range(len(script["opens"])):
+        if step == 3:  # "opens" is inside its span (22 written, 23 due): preempted, resumed
+            driver.remove("opens")
+            driver.add("opens", _SCOPED, prompt_ids=prompts["opens"], output_ids=history["opens"], eos_token_id=EOS)
+        raw, out = _step(driver, ["opened", "opens"], seed=800 + step)
+        for row, req in enumerate(["opened", "opens"]):
+            want = expected_row(_SCOPED, history[req], raw[row].tolist(),
+                                OracleRequest(prompt=prompts[req], stop_token_ids=(EOS,)))
+            _assert_row(out[row], want, f"{req} at step {step}")
+            token = script[req][step]
+            token = _greedy(out[row]) if token is None else token
+            if not math.isfinite(float(out[row, token])):
+                raise AssertionError(f"{req} at step {step}: the kit's token {token} was masked")
+            driver.commit(req, token)
+            history[req].append(token)
+
+
 def a_trigger_fires_once_per_request_on_its_own_history(driver: AdapterDriver) -> None:
     """Two requests with the same ``trigger`` entry, in one batch: each forces the phrase after its
     own first occurrence of the trigger, once, whatever the other does (histories chosen by the
@@ -640,6 +722,8 @@ CHECKS: tuple[Check, ...] = tuple(
         a_plugin_row_operation_beyond_the_width_fails_only_its_request,
         a_plugin_factory_is_given_the_request_facts,
         prompt_bound_vectors_behave_as_documented,
+        vectors_with_their_own_prompt_behave_as_documented,
+        scoped_entries_act_in_their_phase_only,
         a_trigger_fires_once_per_request_on_its_own_history,
         a_deadline_forces_the_stop_token_once_due,
         forcing_never_unmasks_a_token_the_engine_masked,

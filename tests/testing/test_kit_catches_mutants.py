@@ -34,3 +34,33 @@ def test_the_golden_vectors_catch_a_phrase_ban_that_ignores_the_output(adapter: 
     monkeypatch.setattr(banned_phrases.BannedPhrasesProcessor, "after", lambda self, ids: ())
     outcomes = [run_check(VALID, driver) for driver in drivers_for(resolve(adapter))]
     assert outcomes and all(o.status == "failed" and "banned_phrases" in o.detail for o in outcomes), outcomes
+
+
+SCOPED = next(c for c in CHECKS if c.name == "scoped_entries_act_in_their_phase_only")
+OWN_PROMPT = next(c for c in CHECKS if c.name == "vectors_with_their_own_prompt_behave_as_documented")
+
+
+@pytest.mark.parametrize("adapter", sorted(SHIPPED))
+def test_the_scoped_check_catches_entries_that_ignore_their_scope(adapter: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every scoped entry acting at every step (as if its scope were ``always``), the scoped
+    check fails on every shipped adapter."""
+    from dynlogits.sdk import realization
+
+    monkeypatch.setattr(realization, "scoped", lambda processor, scope, phases: processor)
+    outcomes = [run_check(SCOPED, driver) for driver in drivers_for(resolve(adapter))]
+    assert outcomes and all(o.status == "failed" for o in outcomes), outcomes
+
+
+@pytest.mark.parametrize("adapter", sorted(SHIPPED))
+def test_the_own_prompt_vectors_catch_a_thinking_budget_that_ignores_the_prompt(adapter: str,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``thinking_budget`` following spans from the first generated token only (the request's
+    prompt ignored), the vectors that name their own prompt fail on every shipped adapter."""
+    from dynlogits.processors import thinking_budget
+
+    real = thinking_budget.ThinkingBudgetProcessor
+    monkeypatch.setattr(thinking_budget, "ThinkingBudgetProcessor",
+                        lambda start, end, budget, prompt=(): real(start, end, budget))
+    outcomes = [run_check(OWN_PROMPT, driver) for driver in drivers_for(resolve(adapter))]
+    assert outcomes and all(o.status == "failed" and "reasoning_opened_by_the_prompt" in o.detail
+                            for o in outcomes), outcomes
