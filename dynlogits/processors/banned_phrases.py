@@ -54,9 +54,9 @@ class BannedPhrasesProcessor:
 
     def after(self, input_ids: Sequence[int]) -> tuple[int, ...]:
         """The ids this step masks beyond the one-token phrases (repeats possible, unsorted)."""
-        n = len(input_ids)
-        if not n or input_ids[-1] not in self._ends:
+        if not input_ids or input_ids[-1] not in self._ends:
             return ()
+        n = len(input_ids)
         found: tuple[int, ...] = ()
         for k in self._lengths:
             if k > n:

@@ -78,9 +78,9 @@ def test_quick_run_prints_the_machine_the_ratios_and_a_line_per_target(quick_run
     for column in ("floor/adapter", "reference/adapter", "loop/adapter", "pydantic/msgspec", "launches", "syncs"):
         assert column in stdout
     targets = [line for line in stdout.splitlines() if line.startswith(("[met]", "[NOT MET]", "[not measured]"))]
-    assert len(targets) == 16
+    assert len(targets) == 19
     # measured in this run: every micro and wire target but batch 256 (not in --quick); the engine ones are not
-    assert sum(line.startswith("[not measured] engine") for line in targets) == 2
+    assert sum(line.startswith("[not measured] engine") for line in targets) == 3
     assert [line for line in targets if line.startswith("[not measured]") and not line.startswith("[not measured] engine")] \
         == [line for line in targets if line.startswith("[not measured] forced_sequence, batch 256")] != []
     assert any(line.startswith("[met]") and "syncs = 0" in line for line in targets)
@@ -141,7 +141,8 @@ def test_targets_are_met_not_met_or_not_measured_from_the_ratios() -> None:
 
     records = [micro("forced_sequence", 64, "adapter", 1.0), micro("forced_sequence", 64, "floor", 0.9),
                micro("forced_sequence", 64, "reference", 2.0), micro("banned_tokens", 64, "adapter", 0.1),
-               micro("banned_tokens", 64, "loop", 1.5), EngineRecord(kind="none", impl="none", tok_per_s=80.0),
+               micro("banned_tokens", 64, "loop", 1.5), micro("banned_phrases", 64, "adapter", 0.25),
+               micro("banned_phrases", 64, "loop", 3.0), EngineRecord(kind="none", impl="none", tok_per_s=80.0),
                EngineRecord(kind="none", impl="adapter", tok_per_s=100.0, rounds=3),
                EngineRecord(kind="banned_tokens", impl="adapter", tok_per_s=98.0, rounds=3, paired_ratio=0.985),
                EngineRecord(kind="forced_sequence", impl="reference", tok_per_s=99.0, rounds=3),  # unpaired: not read
@@ -151,6 +152,10 @@ def test_targets_are_met_not_met_or_not_measured_from_the_ratios() -> None:
     assert state[("forced_sequence, batch 64, vocab 151936", ">= 3x faster than the reference")] is False
     assert state[("banned_tokens, batch 64, vocab 151936", ">= 10x faster than the per-row loop")] is True
     assert state[("logit_bias, batch 64, vocab 151936", ">= 10x faster than the per-row loop")] is None
+    assert state[("banned_phrases, batch 64, vocab 151936", ">= 10x faster than the per-row loop")] is True  # 12x
+    assert state[("banned_phrases, batch 64, vocab 151936", "adapter <= 2x banned_tokens' adapter")] is False  # 2.5x
+    assert state[("engine, banned_phrases on every request", ">= 0.99x the throughput with no payload, paired in one "
+                                                            "engine")] is None
     paired = ">= 0.99x the throughput with no payload, paired in one engine"
     assert state[("engine, banned_tokens on every request", paired)] is False  # 0.985 paired, though 1.22x unpaired
     floor_goal = ">= 0.99x the throughput the floor's memset leaves"
@@ -260,16 +265,16 @@ def test_engine_suite_runs_every_configuration_on_a_real_engine(tmp_path: Path) 
     records = json.loads((tmp_path / "engine.json").read_text())
     assert all(set(r) == ENGINE_KEYS and r["suite"] == "engine" and r["tok_per_s"] > 0 for r in records)
     assert {(r["impl"], r["kind"]) for r in records} == {
-        ("none", "none"), ("adapter", "none"), ("adapter", "banned_tokens"), ("adapter", "forced_sequence"),
-        ("reference", "forced_sequence")}
+        ("none", "none"), ("adapter", "none"), ("adapter", "banned_tokens"), ("adapter", "banned_phrases"),
+        ("adapter", "forced_sequence"), ("reference", "forced_sequence")}
     assert all(r["rounds"] == 2 and len(r["round_tok_per_s"]) == 2 and all(v > 0 for v in r["round_tok_per_s"])
                and r["tok_per_s"] == pytest.approx(sum(r["round_tok_per_s"]) / 2) for r in records)
     paired = {(r["impl"], r["kind"]) for r in records if r["paired_ratio"] is not None}
-    assert paired == {("adapter", "banned_tokens"), ("adapter", "forced_sequence")}
+    assert paired == {("adapter", "banned_tokens"), ("adapter", "banned_phrases"), ("adapter", "forced_sequence")}
     assert all(r["paired_ratio"] > 0 for r in records if r["paired_ratio"] is not None)
     assert "paired x no payload" in stdout and "x none (unpaired)" in stdout
     lines = stdout.splitlines()
-    assert sum(line.startswith(("[met] engine, banned", "[NOT MET] engine, banned")) for line in lines) == 1
+    assert sum(line.startswith(("[met] engine, banned", "[NOT MET] engine, banned")) for line in lines) == 2
     # the forced target reads the micro floor too (floor_bound), which an engine-only run lacks
     assert sum(line.startswith("[not measured] engine, forced_sequence") for line in lines) == 1
     assert "[engine] adapter: round 2/2: " in proc.stderr  # progress, round by round

@@ -37,9 +37,10 @@ carries over between machines, absolute times do not.
 ## What is measured
 
 **micro** — one decode step of logits processing, per batch size and vocabulary (logits width),
-for four workloads: `forced_sequence` (every row forced), `banned_tokens` (100 ids per request),
-`logit_bias` (50 ids per request) and `mixed` (banned_tokens + logit_bias + an active min_tokens).
-Every request has its own ids. Implementations, all fed the same requests and the same logits:
+for five workloads: `forced_sequence` (every row forced), `banned_tokens` (100 ids per request),
+`logit_bias` (50 ids per request), `mixed` (banned_tokens + logit_bias + an active min_tokens) and
+`banned_phrases` (64 phrases of 1-4 tokens per request, whose histories write the phrases' prefixes
+in turn, so most steps mask some phrase's last token). Every request has its own ids. Implementations, all fed the same requests and the same logits:
 
 - `adapter`: `DynamoVllmLogitsProcessor` on vLLM's V1 runner interface, built with a real
   `VllmConfig` of the embedded model of that vocabulary (scheduling up to 256 requests a step, so
@@ -63,7 +64,8 @@ The first repetition checks that every implementation leaves the same logits as 
 **engine** — the real vLLM CPU engine (`vllm.LLM`, offline) on the embedded model built with the
 stated vocabulary: batches of concurrent greedy requests with `ignore_eos`, one engine process per
 processor list: none (no processor); the adapter, running requests without a payload (the adapter
-installed but idle), banned_tokens (100 ids) and forced_sequence (64 tokens) on every request; the
+installed but idle), banned_tokens (100 ids), banned_phrases (64 phrases of 1-4 tokens) and
+forced_sequence (64 tokens) on every request; the
 reference, running forced_sequence. Measured paired: separate engine processes on this machine vary
 by about ±20% run to run, far more than a processor's cost, so inside each engine a warm-up round is
 followed by several rounds (25 by default: rounds of one engine spread about ±2%, so the median of
@@ -72,7 +74,7 @@ reversed every other cycle (no kind always first, nor always after the same othe
 engine targets read the paired ratio, the median over rounds of the kind's tok/s divided by the
 no-payload batch's tok/s in the same round of the same engine. Ratios to the separate engine without
 a processor are shown too, marked unpaired; no target reads them. Every batch's outputs are checked
-(lengths, forced tokens, no banned id), the warm-up included.
+(lengths, forced tokens, no banned id or phrase), the warm-up included.
 
 **wire** — one request's payload across the process boundary: `encode` (entries to msgpack bytes)
 and `decode` (bytes to validated entries, ids checked against the logits width), msgspec path
@@ -94,8 +96,9 @@ step of that workload. `syncs`: over a sequence with the workload's requests plu
 
 Targets: forced_sequence at batch 64 and 256, vocab 151936 within 1.25x of the floor and at batch
 64 at least 3x faster than the reference; banned_tokens and logit_bias at batch 64 at least 10x
-faster than the per-row loop and at batch 1 no slower than 2x the loop; engine throughput with
-banned_tokens on every request at least 0.99x the throughput with no payload, paired in the
+faster than the per-row loop and at batch 1 no slower than 2x the loop; banned_phrases at batch 64
+at least 10x faster than the loop and at most 2x banned_tokens' adapter cost; engine throughput with
+banned_tokens, and with banned_phrases, on every request at least 0.99x the throughput with no payload, paired in the
 adapter's engine (median of per-round ratios), and with forced_sequence at least 0.99x of what the
 floor's memset leaves (exact forcing masks the row); wire decode of a 64-token forced sequence
 under 20 µs; no syncs for `adapter` and `adapter_v2` at any kind and batch, at most 9 launches per
@@ -118,7 +121,7 @@ def _plot(records: Sequence[Record], path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     vocabs = sorted({r.vocab for r in micro})
-    kinds = [k for k in ("forced_sequence", "banned_tokens", "logit_bias", "mixed") if any(r.kind == k for r in micro)]
+    kinds = [k for k in ("forced_sequence", "banned_tokens", "logit_bias", "mixed", "banned_phrases") if any(r.kind == k for r in micro)]
     fig, axes = plt.subplots(len(vocabs), len(kinds), figsize=(4 * len(kinds), 3.4 * len(vocabs)), squeeze=False)
     for i, vocab in enumerate(vocabs):
         for j, kind in enumerate(kinds):

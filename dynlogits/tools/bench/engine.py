@@ -2,7 +2,7 @@
 
 One engine per configuration, each in its own process (``engine_worker``), one after the other:
 ``none`` (no processor); ``adapter`` (``DynamoVllmLogitsProcessor``, running kinds ``none``,
-``banned_tokens`` and ``forced_sequence``); ``reference`` (ai-dynamo-runtime 1.6.1,
+``banned_tokens``, ``banned_phrases`` and ``forced_sequence``); ``reference`` (ai-dynamo-runtime 1.6.1,
 ``forced_sequence``). After a warm-up, ``rounds`` rounds of one batch per kind (``requests`` x
 ``tokens``, vocab ``vocab``). A record holds each round's tok/s and their median; in the
 ``adapter`` engine ``paired_ratio`` is the median of each round's kind / idle (``none``) ratio,
@@ -29,7 +29,8 @@ __all__ = ["ENGINE_CONFIGS", "PAIRED_BASE", "EngineError", "EngineOptions", "rec
 #: (impl, logits_processors, kinds run in that engine)
 ENGINE_CONFIGS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("none", (), ("none",)),
-    ("adapter", ("dynlogits.adapters.vllm:DynamoVllmLogitsProcessor",), ("none", "banned_tokens", "forced_sequence")),
+    ("adapter", ("dynlogits.adapters.vllm:DynamoVllmLogitsProcessor",),
+     ("none", "banned_tokens", "banned_phrases", "forced_sequence")),
     ("reference", ("dynlogits.tools.bench.reference:ReferenceForcedSequenceProcessor",), ("forced_sequence",)),
 )
 #: the kind every other kind of the same engine is paired with, round by round

@@ -5,7 +5,7 @@ given ``logits_processors``, runs a warm-up round, then ``rounds`` rounds of one
 ``round_order`` (so no kind always runs first or after the same kind). Prints one
 ``[engine-worker] round`` line per round on stderr and, last, ``RESULT_PREFIX`` +
 ``{kind: [tok/s per round]}``. Every batch's outputs are checked (lengths, forced tokens, no banned
-id); otherwise it exits non-zero with the reason."""
+id or phrase); otherwise it exits non-zero with the reason."""
 
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ def _check(kind: str, payloads: list[Any], outputs: list[Any], tokens: int, voca
                 raise SystemExit(f"forced_sequence: request {i} generated {got[:8]}..., expected {want[:8]}...")
         elif kind == "banned_tokens" and set(got) & set(payloads[i][0]["token_ids"]):
             raise SystemExit(f"banned_tokens: request {i} generated a banned id")
+        elif kind == "banned_phrases" and workloads.writes_a_banned_phrase(payloads[i], got):
+            raise SystemExit(f"banned_phrases: request {i} generated a banned phrase")
 
 
 def run(spec: dict[str, Any]) -> dict[str, list[float]]:

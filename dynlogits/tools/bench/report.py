@@ -68,7 +68,7 @@ def micro_tables(records: Sequence[Record]) -> list[str]:
     return lines
 
 
-_KIND_ORDER = {"forced_sequence": 0, "banned_tokens": 1, "logit_bias": 2, "mixed": 3}
+_KIND_ORDER = {"forced_sequence": 0, "banned_tokens": 1, "logit_bias": 2, "mixed": 3, "banned_phrases": 4}
 
 
 def engine_table(records: Sequence[Record]) -> list[str]:
@@ -155,10 +155,15 @@ def evaluate_targets(records: Sequence[Record]) -> list[Target]:
                                      at(kind, 64, "loop"), at(kind, 64, "adapter"), 10.0, at_most=False))
         targets.append(_ratio_target(f"{kind}, batch 1, vocab {TARGET_VOCAB}", "no slower than 2x the per-row loop (adapter/loop)",
                                      at(kind, 1, "adapter"), at(kind, 1, "loop"), 2.0, at_most=True))
+    targets.append(_ratio_target(f"banned_phrases, batch 64, vocab {TARGET_VOCAB}", ">= 10x faster than the per-row loop (loop/adapter)",
+                                 at("banned_phrases", 64, "loop"), at("banned_phrases", 64, "adapter"), 10.0, at_most=False))
+    targets.append(_ratio_target(f"banned_phrases, batch 64, vocab {TARGET_VOCAB}",
+                                 "adapter <= 2x banned_tokens' adapter (banned_phrases/banned_tokens)",
+                                 at("banned_phrases", 64, "adapter"), at("banned_tokens", 64, "adapter"), 2.0, at_most=True))
     targets += _device_targets(records, at)
     engine = {(r.impl, r.kind): r for r in records if isinstance(r, EngineRecord)}
     bound = floor_bound(records)
-    for kind in ("banned_tokens", "forced_sequence"):
+    for kind in ("banned_tokens", "banned_phrases", "forced_sequence"):
         goal = ">= 0.99x the throughput with no payload, paired in one engine (median of per-round ratios)"
         want = 0.99
         if kind == "forced_sequence":

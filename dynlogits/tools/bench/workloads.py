@@ -4,6 +4,8 @@ Every request of a batch carries the same kind of payload with its own ids (seed
 so a batched implementation cannot profit from identical rows. ``mixed`` is what a deployment
 typically stacks: ``banned_tokens`` (100 ids), ``logit_bias`` (50 ids, disjoint from the banned
 ones) and ``min_tokens`` held active for the whole run (its stop id masked on every step).
+``banned_phrases``: 64 phrases of 1-4 tokens (16 of each length); its requests write the phrases'
+prefixes in turn, so most steps end some phrase's prefix and mask its last token.
 """
 
 from __future__ import annotations
@@ -11,16 +13,20 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["BANNED_IDS", "BIAS_IDS", "FORCED_LENGTH", "KINDS", "MIN_TOKENS", "next_token", "payload"]
+__all__ = ["BANNED_IDS", "BIAS_IDS", "FORCED_LENGTH", "KINDS", "MIN_TOKENS", "PHRASES", "next_token", "payload",
+           "writes_a_banned_phrase"]
 
 #: The kinds of the micro suite, in table order.
-KINDS = ("forced_sequence", "banned_tokens", "logit_bias", "mixed")
+KINDS = ("forced_sequence", "banned_tokens", "logit_bias", "mixed", "banned_phrases")
 #: Length of the forced sequence (the wire target names a 64-token sequence).
 FORCED_LENGTH = 64
 BANNED_IDS = 100
 BIAS_IDS = 50
 #: ``min_tokens`` far beyond any run, so its mask is applied on every measured step.
 MIN_TOKENS = 1_000_000
+#: Phrases of a ``banned_phrases`` request, and their longest (lengths 1..PHRASE_TOKENS, as many of each).
+PHRASES = 64
+PHRASE_TOKENS = 4
 
 
 def _ids(rng: random.Random, count: int, vocab_size: int, *, avoid: int) -> list[int]:
@@ -35,7 +41,16 @@ def next_token(payload: list[dict[str, Any]], generated: int, *, vocab_size: int
     if entry["kind"] == "forced_sequence":
         ids = entry["token_ids"]
         return int(ids[generated]) if generated < len(ids) else int(entry["eos_token_id"])
+    if entry["kind"] == "banned_phrases":  # the prefixes of its phrases of several tokens, one after the other
+        prefixes = [t for phrase in entry["phrases"] if len(phrase) > 1 for t in phrase[:-1]]
+        return int(prefixes[generated % len(prefixes)])
     return vocab_size - 1
+
+
+def writes_a_banned_phrase(payload: list[dict[str, Any]], output: list[int]) -> bool:
+    """Whether ``output`` contains a phrase of the ``banned_phrases`` entry of ``payload``."""
+    phrases = {tuple(p) for p in payload[0]["phrases"]}
+    return any(tuple(output[i : i + k]) in phrases for k in range(1, PHRASE_TOKENS + 1) for i in range(len(output) - k + 1))
 
 
 def payload(kind: str, *, vocab_size: int, eos_token_id: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -61,4 +76,12 @@ def payload(kind: str, *, vocab_size: int, eos_token_id: int, seed: int = 0) -> 
             {"kind": "logit_bias", "bias": {str(i): round(rng.uniform(-5.0, 5.0), 3) for i in biased}},
             {"kind": "min_tokens", "min_tokens": MIN_TOKENS, "stop_token_ids": [eos_token_id]},
         ]
+    if kind == "banned_phrases":
+        ids = _ids(rng, PHRASES * (PHRASE_TOKENS + 1) // 2, vocab_size, avoid=eos_token_id)
+        phrases, at = [], 0
+        for i in range(PHRASES):
+            length = 1 + i % PHRASE_TOKENS
+            phrases.append(ids[at : at + length])
+            at += length
+        return [{"kind": "banned_phrases", "phrases": phrases}]
     raise ValueError(f"unknown benchmark kind {kind!r}; expected one of {', '.join(KINDS)}")
