@@ -264,7 +264,7 @@ def test_the_public_health_names_no_worker_url_and_the_secret_shows_them(spec_ag
 
 
 def test_errors_quote_only_a_short_prefix_of_what_was_sent(spec_agg: Deployment) -> None:
-    word = "hello world " * 170  # 2,040 characters, 340 tokens (over max_phrase_tokens): refused, naming the word
+    word = "hello world " * 170  # 2,040 characters, 341 tokens (over max_phrase_tokens): refused, naming the word
     r = httpx.post(f"{spec_agg.base_url}/chat/completions", timeout=60, json={
         "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "bad_words": [word]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "bad_words[0]", r.text
