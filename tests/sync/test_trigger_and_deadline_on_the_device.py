@@ -1,0 +1,53 @@
+"""``trigger`` and ``deadline`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM's V1
+runner drives the adapter: their resident step (decided on the host) uploads the firing rows' tokens
+and forces them, and no step of a sequence with batch changes and a failing request waits for the
+device."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from dynlogits.testing.cuda.drive import Scenario, drive_v1
+from dynlogits.testing.cuda.simcuda import SimCuda
+
+# the bias makes the trigger (two 5s) certain, so the phrase is forced during the sequence
+TRIGGERS = [[{"kind": "logit_bias", "bias": {"5": 100.0}}, {"kind": "trigger", "trigger_token_ids": [5, 5],
+                                                             "phrase_token_ids": [7, 8, 9]}],
+            [{"kind": "trigger", "trigger_token_ids": [11], "phrase_token_ids": [12]}]]
+DEADLINES = [[{"kind": "deadline", "seconds": 0.001}], [{"kind": "deadline", "seconds": 3600}]]
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> Iterator[None]:
+    logging.disable(logging.CRITICAL)  # the sequence's failing request is expected
+    yield
+    logging.disable(logging.NOTSET)
+
+
+@pytest.mark.parametrize("payloads", [TRIGGERS, DEADLINES, TRIGGERS + DEADLINES], ids=["trigger", "deadline", "both"])
+def test_vllm_v1_runner_sequence_never_waits_and_reports_the_failures(payloads: list) -> None:
+    with SimCuda() as sim:
+        result = drive_v1(sim, Scenario(payloads=payloads, steps=9))
+    assert [str(s) for s in result.syncs] == []
+    assert sum("no token left to sample" in f for f in result.failures) == 2
+
+
+def test_vllm_v1_runner_steps_that_force_nothing_cost_one_upload() -> None:
+    """A steady step of deadlines not yet due: only the positions' upload (no row is touched)."""
+    with SimCuda() as sim:
+        steady = drive_v1(sim, Scenario(payloads=DEADLINES[1:] * 2, steps=3, changes=False))
+    assert [str(s) for s in steady.syncs] == [] and steady.steady_ops == ["copy_"]
+
+
+def test_vllm_v1_runner_forcing_step_uploads_the_firing_rows_and_forces_them() -> None:
+    """A steady step where both triggers force: the bias, then one upload of the firing rows and
+    their tokens, the forcing (read the forced ids, mask the rows, write them back) and the check
+    that each kept a token."""
+    with SimCuda() as sim:
+        steady = drive_v1(sim, Scenario(payloads=TRIGGERS[:1] * 2, steps=4, changes=False))
+    assert [str(s) for s in steady.syncs] == [] and not steady.failures
+    ops = steady.steady_ops
+    assert ops[:3] == ["copy_", "index_add_", "copy_"] and ops.count("index_fill_") == 1 and ops[-2:] == ["scatter_reduce_", "copy_"]
