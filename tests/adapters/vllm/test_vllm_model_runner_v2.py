@@ -305,6 +305,17 @@ def test_a_thinking_span_the_prompt_left_open_counts_its_prompt_tokens_on_the_de
     assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [42]
 
 
+@pytest.mark.parametrize("generated", [3, 40])  # followed on the device / scanned once on the host
+def test_a_request_resumed_inside_a_span_its_prompt_opened_keeps_counting_from_the_prompt(harness, generated):
+    payload = [{"kind": "thinking_budget", "start_token_ids": [30], "end_token_ids": [31], "budget": generated + 2}]
+    harness.add_request("t", [2, 30, 9], sp(payload), output_ids=[7] * generated)  # 1 + generated in the span
+    out = harness.step(["t"], torch.zeros(1, VOCAB))
+    assert torch.isfinite(out[0]).all()
+    harness.commit("t", [7])
+    out = harness.step(["t"], torch.zeros(1, VOCAB))
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [31]
+
+
 def test_add_request_reads_the_prompt_from_vllms_own_staged_write(monkeypatch):
     """With vLLM's real ``RequestState`` (``add_request`` stages the tokens; nothing is written to the
     token matrix before ``apply_staged_writes``), the adapter's ``add_request`` realizes the request
