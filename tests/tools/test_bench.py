@@ -288,9 +288,10 @@ def test_device_side_targets_read_the_launch_and_sync_counts() -> None:
         return MicroRecord(kind=kind, batch=64, vocab=151936, impl=impl, median_ms=1.0, launches=launches, syncs=syncs)
 
     records = [rec("banned_tokens", "adapter", 1, 0), rec("banned_tokens", "adapter_v2", 10, 0),
-               rec("mixed", "adapter", 12, 0), rec("mixed", "adapter_v2", 7, 1)]
+               rec("mixed", "adapter", 12, 0), rec("mixed", "adapter_v2", 7, 1),
+               rec("scoped", "adapter_v2", 30, 25)]  # hosted: not the resident path's targets
     state = {t.name: (t.goal, t.met, t.measured) for t in evaluate_targets(records)}
-    goal, met, measured = state["adapter and adapter_v2, every kind and batch, vocab 151936"]
+    goal, met, measured = state["adapter and adapter_v2, every resident kind and batch, vocab 151936"]
     assert "syncs = 0" in goal and met is False and measured == "1 in all"
     assert state["adapter and adapter_v2, each single-kind workload, every batch"][1:] == (False, "at most 10")
     assert state["adapter and adapter_v2, mixed, every batch"][1:] == (True, "at most 12")

@@ -37,10 +37,12 @@ carries over between machines, absolute times do not.
 ## What is measured
 
 **micro** — one decode step of logits processing, per batch size and vocabulary (logits width),
-for five workloads: `forced_sequence` (every row forced), `banned_tokens` (100 ids per request),
-`logit_bias` (50 ids per request), `mixed` (banned_tokens + logit_bias + an active min_tokens) and
+for six workloads: `forced_sequence` (every row forced), `banned_tokens` (100 ids per request),
+`logit_bias` (50 ids per request), `mixed` (banned_tokens + logit_bias + an active min_tokens),
 `banned_phrases` (64 phrases of 1-4 tokens per request, whose histories write the phrases' prefixes
-in turn, so most steps mask some phrase's last token). Every request has its own ids. Implementations, all fed the same requests and the same logits:
+in turn, so most steps mask some phrase's last token) and `scoped` (reasoning delimiters and a
+banned_tokens of 100 ids scoped to the answer, whose histories open a reasoning span every 16
+tokens and close it half-way; scoped entries run on the hosted path). Every request has its own ids. Implementations, all fed the same requests and the same logits:
 
 - `adapter`: `DynamoVllmLogitsProcessor` on vLLM's V1 runner interface, built with a real
   `VllmConfig` of the embedded model of that vocabulary (scheduling up to 256 requests a step, so
@@ -101,7 +103,7 @@ at least 10x faster than the loop and at most 2x banned_tokens' adapter cost; en
 banned_tokens, and with banned_phrases, on every request at least 0.99x the throughput with no payload, paired in the
 adapter's engine (median of per-round ratios), and with forced_sequence at least 0.99x of what the
 floor's memset leaves (exact forcing masks the row); wire decode of a 64-token forced sequence
-under 20 µs; no syncs for `adapter` and `adapter_v2` at any kind and batch, at most 9 launches per
+under 20 µs; no syncs for `adapter` and `adapter_v2` at any resident kind (all but `scoped`) and batch, at most 9 launches per
 steady step for a single-kind workload and 12 for `mixed`, forced_sequence within 1.1x of the
 reference at batch 1, `adapter_v2` within 1.5x of `adapter` for banned_tokens and logit_bias at
 batch 64. The lines below say, for this run, which are met.
@@ -121,7 +123,8 @@ def _plot(records: Sequence[Record], path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     vocabs = sorted({r.vocab for r in micro})
-    kinds = [k for k in ("forced_sequence", "banned_tokens", "logit_bias", "mixed", "banned_phrases") if any(r.kind == k for r in micro)]
+    kinds = [k for k in ("forced_sequence", "banned_tokens", "logit_bias", "mixed", "banned_phrases", "scoped")
+             if any(r.kind == k for r in micro)]
     fig, axes = plt.subplots(len(vocabs), len(kinds), figsize=(4 * len(kinds), 3.4 * len(vocabs)), squeeze=False)
     for i, vocab in enumerate(vocabs):
         for j, kind in enumerate(kinds):

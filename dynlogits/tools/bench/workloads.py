@@ -6,6 +6,9 @@ typically stacks: ``banned_tokens`` (100 ids), ``logit_bias`` (50 ids, disjoint 
 ones) and ``min_tokens`` held active for the whole run (its stop id masked on every step).
 ``banned_phrases``: 64 phrases of 1-4 tokens (16 of each length); its requests write the phrases'
 prefixes in turn, so most steps end some phrase's prefix and mask its last token.
+``scoped``: reasoning delimiters and ``banned_tokens`` (100 ids) scoped to the answer; its requests
+open a reasoning span every ``SCOPED_CYCLE`` tokens and close it half-way, so half the steps are
+reasoning steps (the ban idle) and half answer steps.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["BANNED_IDS", "BIAS_IDS", "FORCED_LENGTH", "KINDS", "MIN_TOKENS", "PHRASES", "next_token", "payload",
-           "writes_a_banned_phrase"]
+__all__ = ["BANNED_IDS", "BIAS_IDS", "FORCED_LENGTH", "HOSTED_KINDS", "KINDS", "MIN_TOKENS", "PHRASES", "SCOPED_CYCLE",
+           "next_token", "payload", "writes_a_banned_phrase"]
 
 #: The kinds of the micro suite, in table order.
-KINDS = ("forced_sequence", "banned_tokens", "logit_bias", "mixed", "banned_phrases")
+KINDS = ("forced_sequence", "banned_tokens", "logit_bias", "mixed", "banned_phrases", "scoped")
 #: Length of the forced sequence (the wire target names a 64-token sequence).
 FORCED_LENGTH = 64
 BANNED_IDS = 100
@@ -27,6 +30,11 @@ MIN_TOKENS = 1_000_000
 #: Phrases of a ``banned_phrases`` request, and their longest (lengths 1..PHRASE_TOKENS, as many of each).
 PHRASES = 64
 PHRASE_TOKENS = 4
+#: A ``scoped`` request writes the start tag at the start of every cycle and the end tag half-way.
+SCOPED_CYCLE = 16
+#: Workloads whose requests run on the hosted path of both runners (scoped entries): the device-side
+#: targets (no syncs, few launches) are the resident path's, and leave them out.
+HOSTED_KINDS = frozenset({"scoped"})
 
 
 def _ids(rng: random.Random, count: int, vocab_size: int, *, avoid: int) -> list[int]:
@@ -44,6 +52,10 @@ def next_token(payload: list[dict[str, Any]], generated: int, *, vocab_size: int
     if entry["kind"] == "banned_phrases":  # the prefixes of its phrases of several tokens, one after the other
         prefixes = [t for phrase in entry["phrases"] if len(phrase) > 1 for t in phrase[:-1]]
         return int(prefixes[generated % len(prefixes)])
+    if entry["kind"] == "reasoning":  # scoped: a span opened every cycle, closed half-way
+        at = generated % SCOPED_CYCLE
+        if at in (0, SCOPED_CYCLE // 2):
+            return int(entry["start_token_ids" if at == 0 else "end_token_ids"][0])
     return vocab_size - 1
 
 
@@ -84,4 +96,8 @@ def payload(kind: str, *, vocab_size: int, eos_token_id: int, seed: int = 0) -> 
             phrases.append(ids[at : at + length])
             at += length
         return [{"kind": "banned_phrases", "phrases": phrases}]
+    if kind == "scoped":
+        ids = _ids(rng, BANNED_IDS + 2, vocab_size, avoid=eos_token_id)
+        return [{"kind": "reasoning", "start_token_ids": [ids[0]], "end_token_ids": [ids[1]]},
+                {"kind": "banned_tokens", "token_ids": ids[2:], "scope": "answer"}]
     raise ValueError(f"unknown benchmark kind {kind!r}; expected one of {', '.join(KINDS)}")
