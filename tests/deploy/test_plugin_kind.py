@@ -38,6 +38,7 @@ dependencies = ["dynlogits"]
 [project.entry-points."dynlogits.processors"]
 repeat_token = "acme_logits.kinds:REPEAT_TOKEN"
 ban_range = "acme_logits.kinds:BAN_RANGE"
+recite = "acme_logits.kinds:RECITE"
 
 [tool.setuptools]
 packages = ["acme_logits"]
@@ -45,10 +46,12 @@ packages = ["acme_logits"]
 
 KINDS = '''\
 """acme's kinds: declarations only (pydantic, never torch); every dynlogits process loads them."""
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from dynlogits.specs.entries import Text, TokenIds
 from dynlogits.specs.kinds import ProcessorKind
 
 TokenId = Annotated[StrictInt, Field(ge=0)]
@@ -73,7 +76,20 @@ class BanRangeSpec(BaseModel):
     stop: TokenId
 
 
+class ReciteSpec(BaseModel):
+    """Force the ``count`` prompt tokens that follow the first ``after_text`` in the prompt, then stop."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["recite"] = "recite"
+    after_text: Text | None = None
+    after_token_ids: TokenIds | None = None
+    count: Annotated[StrictInt, Field(ge=1, le=64)]
+
+    text_fields: ClassVar[Mapping[str, str]] = {"after_text": "after_token_ids"}
+
+
 REPEAT_TOKEN = ProcessorKind("repeat_token", RepeatTokenSpec, "acme_logits.processors:make_repeat_token")
+RECITE = ProcessorKind("recite", ReciteSpec, "acme_logits.processors:make_recite")
 BAN_RANGE = ProcessorKind("ban_range", BanRangeSpec, "acme_logits.processors:make_ban_range")
 '''
 
@@ -106,6 +122,25 @@ def make_repeat_token(entry, ctx) -> RepeatToken:
 
 def make_ban_range(entry, ctx) -> BanRange:
     return BanRange(entry.start, min(entry.stop, ctx.vocab_size))
+
+
+class Force:
+    def __init__(self, tokens, stop: int) -> None:
+        self.tokens, self.stop = list(tokens), stop
+
+    def __call__(self, generated_ids, logits: torch.Tensor) -> None:
+        n = len(generated_ids)
+        logits.fill_(float("-inf"))
+        logits[self.tokens[n] if n < len(self.tokens) else self.stop] = 0.0
+
+
+def make_recite(entry, ctx) -> Force:
+    after, prompt = list(entry.after_token_ids), list(ctx.prompt_ids)
+    starts = [i for i in range(len(prompt)) if prompt[i:i + len(after)] == after]
+    if not starts:
+        raise ValueError(f"{after} is not in the prompt {prompt}")
+    begin = starts[0] + len(after)
+    return Force(prompt[begin:begin + entry.count], ctx.stop_token_ids[0])
 '''
 
 MESSAGES = [{"role": "user", "content": "Tell me something."}]
@@ -142,7 +177,7 @@ def test_validation_with_the_plugin_imports_no_torch(plugin_path: Path) -> None:
         "from dynlogits.policy.config import parse_config\n"
         "from dynlogits.specs import parse_entries, encode_entries\n"
         "from dynlogits.specs.kinds import installed_kinds\n"
-        "assert sorted(installed_kinds()) == ['ban_range', 'repeat_token'], dict(installed_kinds())\n"
+        "assert sorted(installed_kinds()) == ['ban_range', 'recite', 'repeat_token'], dict(installed_kinds())\n"
         "config = parse_config({'entries': [{'kind': 'ban_range', 'start': 3, 'stop': 5}],"
         " 'allow_request_kinds': ['repeat_token']})\n"
         "entries = parse_entries([{'kind': 'repeat_token', 'token_id': 4, 'count': 2, 'eos_token_id': 1}],"
@@ -188,11 +223,11 @@ def banned(tokenizer: Any) -> int:
 
 @pytest.fixture(scope="module")
 def plugin_agg(plugin_path: Path, banned: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    """``launch/agg.sh`` whose operator config uses both plug-in kinds; only ``repeat_token`` (and
-    ``allowed_tokens``) may be requested."""
+    """``launch/agg.sh`` whose operator config uses ``ban_range``; ``repeat_token``, ``recite`` and
+    ``allowed_tokens`` may be requested."""
     config = tmp_path_factory.mktemp("acme-config") / "deploy.yaml"
     config.write_text(f"entries: [{{kind: ban_range, start: {banned}, stop: {banned + 1}}}]\n"
-                      "allow_request_kinds: [repeat_token, allowed_tokens]\n")
+                      "allow_request_kinds: [repeat_token, allowed_tokens, recite]\n")
     d = Deployment("plugin-agg", "agg.sh", free_port_block(2), args=["--logits-spec", str(config)],
                    env={**with_plugin(plugin_path), "DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0"})
     d.start()
@@ -219,6 +254,18 @@ def test_a_requested_plugin_kind_shapes_the_output(plugin_agg: Deployment, token
 
 
 @pytest.mark.engine
+def test_a_plugin_factory_reads_the_chat_templated_prompt_and_the_text_the_worker_resolved(
+        plugin_agg: Deployment, tokenizer: Any) -> None:
+    """``recite``: the worker tokenizes ``after_text``; the engine's factory finds those ids in the
+    prompt vLLM's chat template produced and forces the tokens after them, then the stop token."""
+    reply = chat(plugin_agg, [{"kind": "recite", "after_text": "Tell", "count": 7}], max_tokens=20)
+    assert tokenizer.encode(" me something", add_special_tokens=False) == tokenizer.encode(
+        "Tell me something", add_special_tokens=False)[-7:]  # the prompt's next seven tokens
+    assert reply.choices[0].message.content == " me something"
+    assert reply.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.engine
 def test_a_plugin_kind_streams_on_the_completions_endpoint(plugin_agg: Deployment, tokenizer: Any) -> None:
     [token] = tokenizer.encode(" and", add_special_tokens=False)
     stream = openai_client(plugin_agg).completions.create(
@@ -236,7 +283,8 @@ def test_the_operators_plugin_entry_applies_to_every_request(plugin_agg: Deploym
                  temperature=1.0, seed=3)
     assert reply.choices[0].message.content == " and" * 6
     info = httpx.get(f"{plugin_agg.worker_url(1)}/ready", headers=WORKER_AUTH).json()
-    assert info["deployment_kinds"] == ["ban_range"] and info["allow_request_kinds"] == ["allowed_tokens", "repeat_token"]
+    assert info["deployment_kinds"] == ["ban_range"]
+    assert info["allow_request_kinds"] == ["allowed_tokens", "recite", "repeat_token"]
 
 
 @pytest.mark.engine
