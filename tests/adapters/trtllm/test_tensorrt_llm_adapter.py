@@ -17,6 +17,7 @@ import logging
 import pickle
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -157,6 +158,27 @@ def test_end_id_filled_in_after_activation_is_the_stop_token():
     logits = torch.randn(2, 2, VOCAB)  # no layout TensorRT-LLM uses for 3 beams
     processor(0, logits, [[3]] * 3, None, None)
     assert all(_forced_only(logits[i, j]) == 7 for i in range(2) for j in range(2))
+
+
+def test_activate_stamps_the_arrival_the_executors_factory_is_told():
+    """The worker's ``activate`` stamps when the request arrived (now, unless given); the processor
+    pickled into the executor realizes with it, with the prompt and stop ids TensorRT-LLM holds."""
+    from dynlogits.testing import plugin_factories, plugin_kinds
+
+    with plugin_kinds.registered(), plugin_factories.recording() as seen:
+        before = time.time()
+        stamped = SamplingParamsStandIn(stop_token_ids=[9, 4])
+        processor = activate(stamped, [plugin_kinds.FactsSpec(tag="now")], vocab_size=VOCAB)
+        assert processor is not None and before <= processor.arrival_time <= time.time()
+        given = SamplingParamsStandIn()
+        activate(given, [plugin_kinds.FactsSpec(tag="given")], vocab_size=VOCAB, arrival_time=5.0)
+        stamped.end_id = given.end_id = 7  # filled by the LLM API after activate
+        for params in (stamped, given):
+            executor_copy = pickle.loads(pickle.dumps(params)).logits_processor
+            executor_copy(0, torch.zeros(1, 1, VOCAB), [[3, 4, 5]], None, None)
+        [now], [five] = seen["now"], seen["given"]
+    assert (now.arrival_time, now.prompt_ids, now.stop_token_ids) == (processor.arrival_time, (3, 4, 5), (7, 4, 9))
+    assert (five.arrival_time, five.stop_token_ids) == (5.0, (7,))
 
 
 def test_logits_of_another_width_than_validated_fail_only_that_request():
