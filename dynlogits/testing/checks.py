@@ -15,7 +15,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -475,22 +475,35 @@ def prompt_bound_vectors_behave_as_documented(driver: AdapterDriver) -> None:
         raise AssertionError("no valid golden vectors of a prompt-bound kind found")
     for n, (name, payload) in enumerate(vectors):
         driver.admit(payload)
-        req, history = f"p{n}", []
-        arrival = time.time()
-        driver.add(req, payload, prompt_ids=PROMPT, eos_token_id=EOS)
-        for step in range(STEPS):
-            if step == STEPS // 2:  # preempted, then resumed with what it generated
-                driver.remove(req)
-                driver.add(req, payload, prompt_ids=PROMPT, output_ids=history, eos_token_id=EOS)
-            raw, out = _step(driver, [req], seed=300 + 100 * n + step)
-            if step == 0 and any(_NO_PROMPT in r for r in driver.failures()):
+
+        def no_prompt() -> None:
+            if any(_NO_PROMPT in r for r in driver.failures()):
                 raise Skip(f"{driver.name}: the adapter gives realization no prompt ids (RequestFacts.prompt_ids): "
                            f"{driver.failures()[0]}")
-            _assert_row(out[0], expected_row(payload, history, raw[0].tolist(), _request(arrival)), f"{name} step {step}")
-            token = _greedy(out[0])
-            driver.commit(req, token)
-            history.append(token)
-        driver.remove(req)
+
+        _greedy_with_a_resume(driver, f"p{n}", payload, _request(time.time()), seed=300 + 100 * n, name=name,
+                              after_first_step=no_prompt)
+
+
+def _greedy_with_a_resume(driver: AdapterDriver, req: str, payload: Any, oracle: OracleRequest, *, seed: int, name: str,
+                          after_first_step: Callable[[], None] | None = None) -> None:
+    """``req`` (``payload``, ``oracle.prompt``) for ``STEPS`` greedy steps, each row as the oracle
+    says at the time of the step, preempted and resumed with what it generated half-way, then removed."""
+    prompt, history = tuple(oracle.prompt), []
+    driver.add(req, payload, prompt_ids=prompt, eos_token_id=EOS)
+    for step in range(STEPS):
+        if step == STEPS // 2:  # preempted, then resumed with what it generated
+            driver.remove(req)
+            driver.add(req, payload, prompt_ids=prompt, output_ids=history, eos_token_id=EOS)
+        raw, out = _step(driver, [req], seed=seed + step)
+        if step == 0 and after_first_step is not None:
+            after_first_step()
+        now = replace(oracle, now=time.time())
+        _assert_row(out[0], expected_row(payload, history, raw[0].tolist(), now), f"{name} step {step}")
+        token = _greedy(out[0])
+        driver.commit(req, token)
+        history.append(token)
+    driver.remove(req)
 
 
 def _no_prompt(driver: AdapterDriver) -> str | None:
@@ -517,21 +530,9 @@ def vectors_with_their_own_prompt_behave_as_documented(driver: AdapterDriver) ->
     if why is not None:
         raise Skip(why)
     for n, (name, vector) in enumerate(vectors):
-        payload, prompt = vector["payload"], tuple(vector["prompt"])
-        driver.admit(payload)
-        req, history = f"own-prompt{n}", []
-        driver.add(req, payload, prompt_ids=prompt, eos_token_id=EOS)
-        for step in range(STEPS):
-            if step == STEPS // 2:  # preempted, then resumed with what it generated
-                driver.remove(req)
-                driver.add(req, payload, prompt_ids=prompt, output_ids=history, eos_token_id=EOS)
-            raw, out = _step(driver, [req], seed=700 + 100 * n + step)
-            want = expected_row(payload, history, raw[0].tolist(), OracleRequest(prompt=prompt, stop_token_ids=(EOS,)))
-            _assert_row(out[0], want, f"{name} step {step}")
-            token = _greedy(out[0])
-            driver.commit(req, token)
-            history.append(token)
-        driver.remove(req)
+        driver.admit(vector["payload"])
+        oracle = OracleRequest(prompt=tuple(vector["prompt"]), stop_token_ids=(EOS,))
+        _greedy_with_a_resume(driver, f"own-prompt{n}", vector["payload"], oracle, seed=700 + 100 * n, name=name)
 
 
 #: A request with reasoning delimiters 20 / 21 and an entry scoped to each phase: in reasoning the

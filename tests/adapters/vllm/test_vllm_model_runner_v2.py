@@ -272,9 +272,14 @@ def test_thinking_budget_is_followed_on_the_device_through_drafts_and_steps(harn
     assert torch.isfinite(out[0]).all()  # the span is closed: free again
 
 
-def test_a_resumed_request_continues_its_thinking_span(harness):
-    payload = [{"kind": "thinking_budget", "start_token_ids": [30], "end_token_ids": [31], "budget": 3}]
-    harness.add_request("t", [2], sp(payload), output_ids=[30, 5, 6])  # resumed: 2 tokens inside the span
+@pytest.mark.parametrize(("prompt", "output", "budget"), [
+    ([2], [30, 5, 6], 3),  # resumed: 2 tokens inside a span its output opened
+    ([2, 30, 9], [7] * 3, 5),  # 1 + 3 inside a span its prompt opened, followed on the device
+    ([2, 30, 9], [7] * 40, 42),  # the same past MAX_DEVICE_CATCH_UP: scanned once on the host
+])
+def test_a_resumed_request_continues_its_thinking_span(harness, prompt, output, budget):
+    payload = [{"kind": "thinking_budget", "start_token_ids": [30], "end_token_ids": [31], "budget": budget}]
+    harness.add_request("t", prompt, sp(payload), output_ids=output)  # one token short of the budget
     out = harness.step(["t"], torch.zeros(1, VOCAB))
     assert torch.isfinite(out[0]).all()
     harness.commit("t", [7])
@@ -303,17 +308,6 @@ def test_a_thinking_span_the_prompt_left_open_counts_its_prompt_tokens_on_the_de
     out = harness.step(["open", "straddle"], torch.zeros(2, VOCAB))
     assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [31]
     assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [42]
-
-
-@pytest.mark.parametrize("generated", [3, 40])  # followed on the device / scanned once on the host
-def test_a_request_resumed_inside_a_span_its_prompt_opened_keeps_counting_from_the_prompt(harness, generated):
-    payload = [{"kind": "thinking_budget", "start_token_ids": [30], "end_token_ids": [31], "budget": generated + 2}]
-    harness.add_request("t", [2, 30, 9], sp(payload), output_ids=[7] * generated)  # 1 + generated in the span
-    out = harness.step(["t"], torch.zeros(1, VOCAB))
-    assert torch.isfinite(out[0]).all()
-    harness.commit("t", [7])
-    out = harness.step(["t"], torch.zeros(1, VOCAB))
-    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [31]
 
 
 def test_add_request_reads_the_prompt_from_vllms_own_staged_write(monkeypatch):
