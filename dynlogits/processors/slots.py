@@ -38,6 +38,7 @@ __all__ = [
     "StepInputs",
     "Template",
     "flat_indices",
+    "force_decided_rows",
     "force_gathered",
     "force_listed",
     "force_listed_at",
@@ -350,20 +351,26 @@ class HostForcingGroup(Group):
     def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: np.ndarray,
                              upload: StepUpload) -> Dead | None:
         """Force ``decisions[i]`` (``-1``: nothing) in member row ``i``, keeping masks."""
-        firing = np.flatnonzero(decisions >= 0)
-        n = len(firing)
-        if not n:
-            return None
-        buf = upload.buffer(3 * n)
-        buf[:n], buf[n : 2 * n], buf[2 * n :] = rows.rows[firing], rows.slots[firing], decisions[firing]
-        values = upload.upload(3 * n)
-        rows_dev, slots, tokens = values[:n], values[n : 2 * n], values[2 * n :]
-        stops = step.stops[slots]
-        base = rows_dev * step.stride
-        forcing = ListedRows(rows.rows[firing], rows.slots[firing], rows_dev, slots, row_runs(rows.rows[firing].tolist()),
-                             base=base)
-        witness = force_listed(step, tokens, forcing)
-        return Dead(rows_dev, slots, witness, listed_positions(step, rows_dev), base + stops.clamp(min=0), stops >= 0)
+        return force_decided_rows(step, rows, decisions, upload)
+
+
+def force_decided_rows(step: StepInputs, rows: ListedRows, decisions: np.ndarray, upload: StepUpload) -> Dead | None:
+    """Force ``decisions[i]`` (``-1``: nothing) in member row ``i`` of a listed layout, keeping
+    masks: only the rows that force are uploaded (rows, slots, tokens in one upload) and touched."""
+    firing = np.flatnonzero(decisions >= 0)
+    n = len(firing)
+    if not n:
+        return None
+    buf = upload.buffer(3 * n)
+    buf[:n], buf[n : 2 * n], buf[2 * n :] = rows.rows[firing], rows.slots[firing], decisions[firing]
+    values = upload.upload(3 * n)
+    rows_dev, slots, tokens = values[:n], values[n : 2 * n], values[2 * n :]
+    stops = step.stops[slots]
+    base = rows_dev * step.stride
+    forcing = ListedRows(rows.rows[firing], rows.slots[firing], rows_dev, slots, row_runs(rows.rows[firing].tolist()),
+                         base=base)
+    witness = force_listed(step, tokens, forcing)
+    return Dead(rows_dev, slots, witness, listed_positions(step, rows_dev), base + stops.clamp(min=0), stops >= 0)
 
 
 def mask_gathered(logits: torch.Tensor, ids: torch.Tensor, where: torch.Tensor) -> None:

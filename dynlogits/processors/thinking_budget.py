@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from .base import RealizeContext
-from .ops import ForceToken, RowOp, apply_op, row_runs
+from .ops import ForceToken, RowOp, apply_op
 from .spans import PLACEHOLDER, ROLLBACK, SpanScanner
-from .slots import Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs, Template, force_gathered, force_listed, listed_positions
+from .slots import (Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs, Template, force_decided_rows, force_gathered)
 from .uploads import StepUpload
 
 __all__ = ["CLOSED", "KIND", "ROLLBACK", "DeviceThinking", "ThinkingBudgetGroup", "ThinkingBudgetProcessor", "ThinkingBudgetTemplate", "factory"]
@@ -91,20 +91,7 @@ class ThinkingBudgetGroup(Group):
     def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: np.ndarray,
                              upload: StepUpload) -> Dead | None:
         """Known layout, host decisions: only the rows that force are touched."""
-        firing = np.flatnonzero(decisions >= 0)
-        n = len(firing)
-        if not n:
-            return None
-        buf = upload.buffer(3 * n)
-        buf[:n], buf[n : 2 * n], buf[2 * n :] = rows.rows[firing], rows.slots[firing], decisions[firing]
-        values = upload.upload(3 * n)
-        rows_dev, slots, tokens = values[:n], values[n : 2 * n], values[2 * n :]
-        stops = step.stops[slots]
-        base = rows_dev * step.stride
-        forcing = ListedRows(rows.rows[firing], rows.slots[firing], rows_dev, slots, row_runs(rows.rows[firing].tolist()),
-                            base=base)
-        witness = force_listed(step, tokens, forcing)
-        return Dead(rows_dev, slots, witness, listed_positions(step, rows_dev), base + stops.clamp(min=0), stops >= 0)
+        return force_decided_rows(step, rows, decisions, upload)
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, tokens: torch.Tensor) -> Dead:
         """Device decisions (``tokens[r]``, -1 for none) over every row."""
