@@ -190,7 +190,8 @@ def _device_targets(records: Sequence[Record], at: Any) -> list[Target]:
     forcing (workloads that run hosted, ``workloads.HOSTED_KINDS``, are left out)."""
     from .workloads import HOSTED_KINDS
 
-    counts = {k: v for k, v in _counts(records).items() if k[2] == TARGET_VOCAB and k[0] not in HOSTED_KINDS}
+    counts = {k: v for k, v in _counts(records).items()
+              if k[2] == TARGET_VOCAB and k[0] not in HOSTED_KINDS.get(k[3], frozenset())}
     syncs = [v[1] for v in counts.values() if v[1] is not None]
     targets = [Target(f"adapter and adapter_v2, every resident kind and batch, vocab {TARGET_VOCAB}",
                       "syncs = 0 over a sequence with batch changes and a failure",
