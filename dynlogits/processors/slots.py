@@ -165,6 +165,9 @@ class ListedRows:
     #: per value (``[planned_per_row, n]``); ``None`` when the host does not know the positions this
     #: step (set by ``SlotBatch`` every step)
     planned: torch.Tensor | None = None
+    #: a decided group's ``(row, slot, processor)`` per member row, kept for the layout's lifetime
+    #: (``SlotBatch.decide_on_host``; a new layout builds new ``ListedRows``)
+    deciders: list[tuple[int, int, Any]] | None = None
 
 
 @dataclass

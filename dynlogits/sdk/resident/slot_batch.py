@@ -227,18 +227,30 @@ class SlotBatch:
         """A decided group's decisions (``Group.host_decisions``), one per member row from the row's
         host processor (``Group.host_decision``: by default the token it forces, ``-1`` for none); a
         processor that raises fails its request alone (its row appended to ``failed_rows``)."""
-        decisions = group.host_decisions(len(rows.rows))
-        level, decide = group.level, group.host_decision
-        for i, (row, slot) in enumerate(zip(rows.rows.tolist(), rows.slots.tolist())):
-            request = self.requests[slot]
-            assert request is not None and request.processor is not None
+        deciders = rows.deciders
+        if deciders is None:  # once per layout: the rows' processors are fixed until it changes
+            level = group.level
+            deciders = rows.deciders = [(row, slot, self._processor(slot, level))
+                                        for row, slot in zip(rows.rows.tolist(), rows.slots.tolist())]
+        decide, made = group.host_decision, []
+        for row, slot, processor in deciders:
             try:
-                decisions[i] = decide(request.processor.processors[level], histories[row])
+                made.append(decide(processor, histories[row]))
             except Exception as exc:  # a bug must not escape the sampler: fail this request alone
+                request = self.requests[slot]
+                assert request is not None
                 request.fail_with(exc, histories[row])
                 self.mark_failed(slot)
                 failed_rows.append(row)
+                made.append(group.host_decisions(1)[0])
+        decisions = group.host_decisions(len(made))
+        decisions[:] = made
         return decisions
+
+    def _processor(self, slot: int, level: int) -> Any:
+        request = self.requests[slot]
+        assert request is not None and request.processor is not None
+        return request.processor.processors[level]
 
     def _record_dead(self, step: StepInputs, deaths: list[Dead], real_rows: torch.Tensor | None) -> None:
         """Fail-stop the rows left with no token (after every group, as the host path does) and flag
