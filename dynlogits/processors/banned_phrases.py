@@ -4,8 +4,9 @@ the processor, its template and its resident group.
 Per step and row: one lookup per phrase length (the output's last ``k`` tokens for each ``k`` a
 phrase needs), never a scan of the history or of every phrase; a row whose last token ends no
 phrase's prefix costs one set lookup. On the resident path (vLLM's V1 runner: the host knows the
-histories) the group's host work is that lookup per row, its device work one masked write of the
-ids found plus the one-token phrases, from one upload. Where the adapter gives no host histories
+histories) the group's host work is that lookup per row, its device work a masked write of the
+one-token phrases (indices uploaded once per layout) and, on steps that find ids, an upload and a
+masked write of those. Where the adapter gives no host histories
 (Model Runner V2) a request with phrases of several tokens stays on the hosted path; one with
 one-token phrases only is a ``banned_tokens`` and resident everywhere."""
 
@@ -15,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from .banned_tokens import BannedTokensTemplate
@@ -88,9 +88,10 @@ class BannedPhrasesProcessor:
 
 class BannedPhrasesGroup(Group):
     """``banned_phrases`` with phrases of several tokens: decided on the host from each row's own
-    processor (``BannedPhrasesProcessor.after``, needs the host histories); one upload of the flat
-    indices of the ids found and of every row's one-token phrases (laid out once per batch change),
-    one ``index_fill_``. Masks only: never leaves a row empty by itself."""
+    processor (``BannedPhrasesProcessor.after``, needs the host histories). Every step one
+    ``index_fill_`` of the rows' one-token phrases (indices uploaded once per batch change); a step
+    that finds ids adds one upload and one ``index_fill_``. Masks only: never leaves a row empty by
+    itself."""
 
     decided = True
     needs_host_histories = True
@@ -98,16 +99,21 @@ class BannedPhrasesGroup(Group):
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         super().__init__(level, num_slots, device)
         self._always: dict[int, tuple[int, ...]] = {}  # slot -> its one-token phrases
+        self._layout = StepUpload(torch.long, device)  # the one-token phrases' flat indices, per layout
 
     def _write(self, slot: int, template: BannedPhrasesTemplate) -> None:
         self._always[slot] = template.always
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
+        """Per layout: each row's start in the flat logits (host) and its one-token phrases' flat
+        indices, uploaded once (``None``: no row has one)."""
         super().prepare(rows, stride)
         base = (rows.rows * stride).tolist()
         self._cache["base"] = base
         fixed = [b + t for b, slot in zip(base, rows.slots.tolist()) for t in self._always[slot]]
-        self._cache["fixed"] = np.asarray(fixed, dtype=np.int64)
+        if fixed:
+            self._layout.buffer(len(fixed))[:] = fixed
+        self._cache["fixed"] = self._layout.upload(len(fixed), keep=True) if fixed else None
 
     def host_decisions(self, n: int) -> list[tuple[int, ...]]:
         return [()] * n
@@ -118,15 +124,13 @@ class BannedPhrasesGroup(Group):
 
     def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: list[tuple[int, ...]],
                              upload: StepUpload) -> None:
-        fixed: np.ndarray = self._cache["fixed"]
+        fixed: torch.Tensor | None = self._cache["fixed"]
+        if fixed is not None:
+            step.flat.index_fill_(0, fixed, NEG_INF)
         found = [b + t for b, ids in zip(self._cache["base"], decisions) if ids for t in ids]
-        n = len(fixed) + len(found)
-        if not n:
-            return None
-        buf = upload.buffer(n)
-        buf[: len(fixed)] = fixed
-        buf[len(fixed) :] = found
-        step.flat.index_fill_(0, upload.upload(n), NEG_INF)
+        if found:
+            upload.buffer(len(found))[:] = found
+            step.flat.index_fill_(0, upload.upload(len(found)), NEG_INF)
         return None
 
 

@@ -1,6 +1,7 @@
 """``banned_phrases`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM drives the
-adapter: on the V1 runner its resident step is one upload and one masked write, and no step of a
-sequence with batch changes and a failing request waits for the device."""
+adapter: on the V1 runner a resident step that finds no phrase is one masked write (the one-token
+phrases' indices are laid out once per batch change: no upload), and no step of a sequence with
+batch changes and a failing request waits for the device."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ def _quiet() -> Iterator[None]:
     logging.disable(logging.NOTSET)
 
 
-def test_vllm_v1_runner_phrase_step_is_one_upload_and_one_masked_write() -> None:
+def test_vllm_v1_runner_phrase_step_that_finds_nothing_is_one_masked_write_and_no_upload() -> None:
     with SimCuda() as sim:
         steady = drive_v1(sim, Scenario(payloads=PHRASES, steps=3, changes=False))
     assert [str(s) for s in steady.syncs] == []
-    assert steady.steady_ops == ["copy_", "index_fill_"]
+    assert steady.steady_ops == ["index_fill_"]
 
 
 def test_vllm_v1_runner_phrase_sequence_never_waits_and_reports_the_failures() -> None:
@@ -35,3 +36,12 @@ def test_vllm_v1_runner_phrase_sequence_never_waits_and_reports_the_failures() -
         result = drive_v1(sim, Scenario(payloads=PHRASES, steps=9))
     assert [str(s) for s in result.syncs] == []
     assert sum("no token left to sample" in f for f in result.failures) == 2
+
+
+def test_vllm_v1_runner_phrase_step_that_finds_ids_adds_one_upload_and_one_masked_write() -> None:
+    # every token but 62 and 63 begins a phrase ending in 63, so every step after the first finds 63
+    every = [[{"kind": "banned_phrases", "phrases": [[62]] + [[t, 63] for t in range(62)]}]] * 2
+    with SimCuda() as sim:
+        steady = drive_v1(sim, Scenario(payloads=every, steps=3, changes=False))
+    assert [str(s) for s in steady.syncs] == []
+    assert steady.steady_ops == ["index_fill_", "copy_", "index_fill_"]
