@@ -5,7 +5,7 @@ so a batched implementation cannot profit from identical rows. ``mixed`` is what
 typically stacks: ``banned_tokens`` (100 ids), ``logit_bias`` (50 ids, disjoint from the banned
 ones) and ``min_tokens`` held active for the whole run (its stop id masked on every step).
 ``banned_phrases``: 64 phrases of 1-4 tokens (16 of each length); its requests write the phrases'
-prefixes in turn, so most steps end some phrase's prefix and mask its last token.
+prefixes in turn, so every other step ends some phrase's prefix and masks its last token.
 ``scoped``: reasoning delimiters and ``banned_tokens`` (100 ids) scoped to the answer; its requests
 open a reasoning span every ``SCOPED_CYCLE`` tokens and close it half-way, so half the steps are
 reasoning steps (the ban idle) and half answer steps.
