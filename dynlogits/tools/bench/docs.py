@@ -40,9 +40,10 @@ carries over between machines, absolute times do not.
 for six workloads: `forced_sequence` (every row forced), `banned_tokens` (100 ids per request),
 `logit_bias` (50 ids per request), `mixed` (banned_tokens + logit_bias + an active min_tokens),
 `banned_phrases` (64 phrases of 1-4 tokens per request, whose histories write the phrases' prefixes
-in turn, so every other step ends a prefix and masks its phrase's last token) and `scoped` (reasoning delimiters and a
+in turn, so every other token ends a prefix and masks its phrase's last token) and `scoped` (reasoning delimiters and a
 banned_tokens of 100 ids scoped to the answer, whose histories open a reasoning span every 16
-tokens and close it half-way; scoped entries run on the hosted path). Every request has its own ids. Implementations, all fed the same requests and the same logits:
+tokens and close it half-way; scoped entries run on the hosted path). The requests of a batch are
+not in lock step (each starts its cycle at a point of its own), so every step does about the same work. Every request has its own ids. Implementations, all fed the same requests and the same logits:
 
 - `adapter`: `DynamoVllmLogitsProcessor` on vLLM's V1 runner interface, built with a real
   `VllmConfig` of the embedded model of that vocabulary (scheduling up to 256 requests a step, so

@@ -5,10 +5,13 @@ so a batched implementation cannot profit from identical rows. ``mixed`` is what
 typically stacks: ``banned_tokens`` (100 ids), ``logit_bias`` (50 ids, disjoint from the banned
 ones) and ``min_tokens`` held active for the whole run (its stop id masked on every step).
 ``banned_phrases``: 64 phrases of 1-4 tokens (16 of each length); its requests write the phrases'
-prefixes in turn, so every other step ends some phrase's prefix and masks its last token.
+prefixes in turn, so every other token ends some phrase's prefix and masks its last token.
 ``scoped``: reasoning delimiters and ``banned_tokens`` (100 ids) scoped to the answer; its requests
-open a reasoning span every ``SCOPED_CYCLE`` tokens and close it half-way, so half the steps are
-reasoning steps (the ban idle) and half answer steps.
+open a reasoning span every ``SCOPED_CYCLE`` tokens and close it half-way, so half the tokens are
+reasoning (the ban idle) and half answer.
+Both cycles start at a point of the request's own (``_phase``): the requests of a batch are not in
+lock step, so every step of a batch does about the same work and a median of steps is not a coin
+toss between two costs.
 """
 
 from __future__ import annotations
@@ -44,6 +47,12 @@ def _ids(rng: random.Random, count: int, vocab_size: int, *, avoid: int) -> list
     return [i for i in rng.sample(range(vocab_size - 1), count + 1) if i != avoid][:count]
 
 
+def _phase(entry: dict[str, Any], cycle: int) -> int:
+    """Where a request's cycle starts, from its own ids (requests are seeded apart)."""
+    first = entry["phrases"][0] if entry["kind"] == "banned_phrases" else entry["start_token_ids"]
+    return int(first[0]) % cycle
+
+
 def next_token(payload: list[dict[str, Any]], generated: int, *, vocab_size: int) -> int:
     """The token a request of this payload emits after ``generated`` tokens: the forced one for
     ``forced_sequence``, else the filler token ``vocab_size - 1``, which no payload names."""
@@ -53,9 +62,9 @@ def next_token(payload: list[dict[str, Any]], generated: int, *, vocab_size: int
         return int(ids[generated]) if generated < len(ids) else int(entry["eos_token_id"])
     if entry["kind"] == "banned_phrases":  # the prefixes of its phrases of several tokens, one after the other
         prefixes = [t for phrase in entry["phrases"] if len(phrase) > 1 for t in phrase[:-1]]
-        return int(prefixes[generated % len(prefixes)])
+        return int(prefixes[(generated + _phase(entry, len(prefixes))) % len(prefixes)])
     if entry["kind"] == "reasoning":  # scoped: a span opened every cycle, closed half-way
-        at = generated % SCOPED_CYCLE
+        at = (generated + _phase(entry, SCOPED_CYCLE)) % SCOPED_CYCLE
         if at in (0, SCOPED_CYCLE // 2):
             return int(entry["start_token_ids" if at == 0 else "end_token_ids"][0])
     return vocab_size - 1
