@@ -1,9 +1,9 @@
 """``banned_phrases``: a phrase's last token is masked whenever the output ends with the rest of it:
 the processor, its template and its resident group.
 
-Per step and row: one lookup per phrase length (the output's last ``k`` tokens for each ``k`` a
-phrase needs), never a scan of the history or of every phrase; a row whose last token ends no
-phrase's prefix costs one set lookup. On the resident path (vLLM's V1 runner: the host knows the
+Per step and row: a walk back from the output's last token over the phrases' prefixes read
+backwards (a trie), at most one lookup per token of the longest prefix, never a scan of the
+history or of every phrase; a row whose last token ends no prefix costs one lookup. On the resident path (vLLM's V1 runner: the host knows the
 histories) the group's host work is that lookup per row, its device work a masked write of the
 one-token phrases (indices uploaded once per layout) and, on steps that find ids, an upload and a
 masked write of those. Where the adapter gives no host histories
@@ -36,7 +36,7 @@ class BannedPhrasesProcessor:
     """Every step, the last token of each phrase whose other tokens end the output is masked; a
     one-token phrase always."""
 
-    __slots__ = ("_always", "_after", "_lengths", "_ends", "_sets", "template")
+    __slots__ = ("_always", "_tails", "_sets", "template")
 
     def __init__(self, phrases: Sequence[Sequence[int]]) -> None:
         self._always = tuple(sorted({p[0] for p in phrases if len(p) == 1}))
@@ -44,26 +44,33 @@ class BannedPhrasesProcessor:
         for phrase in phrases:
             if len(phrase) > 1:
                 after.setdefault(tuple(phrase[:-1]), set()).add(phrase[-1])
-        #: a phrase's other tokens -> the last tokens they ban
-        self._after = {prefix: tuple(sorted(last)) for prefix, last in after.items()}
-        self._lengths = tuple(sorted({len(prefix) for prefix in self._after}))
-        #: the tokens a prefix ends with: an output ending otherwise bans nothing beyond ``_always``
-        self._ends = frozenset(prefix[-1] for prefix in self._after)
+        #: the prefixes as a trie read backwards from their last token: token -> [the last tokens
+        #: the prefix ending here bans, the tokens that may come before it]
+        self._tails: dict[int, list] = {}
+        for prefix, last in after.items():
+            level, node = self._tails, None
+            for token in reversed(prefix):
+                node = level.setdefault(token, [(), {}])
+                level = node[1]
+            assert node is not None
+            node[0] = tuple(sorted(last))
         self._sets: dict[tuple[int, ...], IndexCache] = {}
-        self.template: Template = BannedPhrasesTemplate(self._always) if self._after else BannedTokensTemplate(self._always)
+        self.template: Template = BannedPhrasesTemplate(self._always) if after else BannedTokensTemplate(self._always)
 
     def after(self, input_ids: Sequence[int]) -> tuple[int, ...]:
-        """The ids this step masks beyond the one-token phrases (repeats possible, unsorted)."""
-        if not input_ids or input_ids[-1] not in self._ends:
+        """The ids this step masks beyond the one-token phrases (repeats possible, unsorted): a walk
+        back from the last token, at most as many steps as the longest prefix."""
+        i = len(input_ids) - 1
+        if i < 0 or (node := self._tails.get(input_ids[i])) is None:
             return ()
-        n = len(input_ids)
-        found: tuple[int, ...] = ()
-        for k in self._lengths:
-            if k > n:
+        found, level = node[0], node[1]
+        while level and i > 0:
+            i -= 1
+            node = level.get(input_ids[i])
+            if node is None:
                 break
-            last = self._after.get(tuple(input_ids[n - k :]))
-            if last:
-                found += last
+            found += node[0]
+            level = node[1]
         return found
 
     def banned(self, input_ids: Sequence[int]) -> tuple[int, ...]:

@@ -38,6 +38,21 @@ def test_the_last_token_is_masked_only_where_the_output_ends_with_the_rest() -> 
     assert masked(p, [3]) == [3, 9] and masked(p, [3, 3]) == [3, 9]  # overlapping itself
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_masked_ids_agree_with_the_kit_oracle_over_random_phrases_and_histories(seed: int) -> None:
+    from dynlogits.testing.oracle import _banned_phrases
+
+    rng = random.Random(seed)
+    for _ in range(40):  # small alphabets, so prefixes share tails and histories meet them
+        phrases = [[rng.randrange(2, 8) for _ in range(rng.randint(1, 5))] for _ in range(rng.randint(1, 12))]
+        p = BannedPhrasesProcessor(phrases)
+        for _ in range(10):
+            history = [rng.randrange(2, 8) for _ in range(rng.randint(0, 9))]
+            want = [0.0] * V
+            _banned_phrases(want, {"phrases": phrases}, history)
+            assert masked(p, history) == [i for i, x in enumerate(want) if x == float("-inf")], (phrases, history)
+
+
 def test_only_the_output_counts_not_the_prompt() -> None:
     request = realize([{"kind": "banned_phrases", "phrases": [[5, 6]]}], sdk.RequestFacts(prompt_ids=(1, 5)))
     row = logits_row()[None].clone()
