@@ -91,6 +91,7 @@ class V1RunnerMixin(AdapterLogitsProcessor):
         self._any_resident = False
         self._reads_tokens: list[int] = []
         self._warned_placeholder = False
+        self._placeholder_turn = 0  # which of _reads_tokens the next step checks
 
     def is_argmax_invariant(self) -> bool:
         """Forcing, banning and biasing all change the argmax, so greedy requests need us too."""
@@ -159,7 +160,7 @@ class V1RunnerMixin(AdapterLogitsProcessor):
         if not self._entries:
             return logits
         if self._reads_tokens and not self._warned_placeholder:
-            self._check_placeholders([self._row_histories[i] for i in self._reads_tokens])
+            self._check_placeholder()
         if self._any_resident:
             try:
                 self._resident.apply(logits, histories=self._row_histories)
@@ -179,8 +180,15 @@ class V1RunnerMixin(AdapterLogitsProcessor):
                 self._resident.mark_failed(entry.slot)
                 entry.request.force_stop(logits[index])
 
-    def _check_placeholders(self, histories: list[list[int]]) -> None:
-        if any(h and h[-1] == PLACEHOLDER for h in histories):
+    def _check_placeholder(self) -> None:
+        """One row that reads tokens per step, in turn: under async scheduling every row decoded the
+        step before ends in the placeholder unless vLLM repairs it (``InputBatch.
+        update_async_output_token_ids``, run only with ``logits_processors`` set), so a row in turn
+        finds it within a step or two, at a cost that does not grow with the batch."""
+        rows = self._reads_tokens
+        self._placeholder_turn = turn = (self._placeholder_turn + 1) % len(rows)
+        history = self._row_histories[rows[turn]]
+        if history and history[-1] == PLACEHOLDER:
             self._warned_placeholder = True
             logger.error(
                 "a request history ends in the placeholder id -1 (async scheduling): vLLM repairs it before "

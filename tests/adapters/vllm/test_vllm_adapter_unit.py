@@ -146,6 +146,40 @@ def test_v1_id_beyond_the_logits_width_fails_only_that_request_in_the_engine(vll
     assert len(proc.failures) == 1 and "must be < vocab size 1024" in proc.failures[0]
 
 
+def _placeholder_messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "placeholder id -1" in r.getMessage()]
+
+
+def test_a_placeholder_ending_a_history_is_reported_once_within_a_step_per_row(vllm_config, caplog):
+    """One row that reads tokens is checked per step, in turn (async scheduling without vLLM's repair)."""
+    proc = _v1(vllm_config)
+    phrase = [{"kind": "banned_phrases", "phrases": [[5, 6]]}]
+    outputs: list[list[int]] = [[3], [4], [9], [3, -1]]
+    builder = BatchUpdateBuilder()
+    for i, output in enumerate(outputs):
+        builder.added.append((i, sp(phrase), [1], output))
+    builder.added.append((4, sp([{"kind": "banned_tokens", "token_ids": [7]}]), [1], [-1]))  # reads no tokens
+    proc.update_state(builder.get_and_reset(5))
+    for _ in range(len(outputs)):
+        proc.update_state(None)
+        proc.apply(torch.zeros(5, 1024))
+    assert len(_placeholder_messages(caplog)) == 1
+    for _ in range(2 * len(outputs)):
+        proc.apply(torch.zeros(5, 1024))
+    assert len(_placeholder_messages(caplog)) == 1
+
+
+def test_histories_without_a_placeholder_are_never_reported(vllm_config, caplog):
+    proc = _v1(vllm_config)
+    builder = BatchUpdateBuilder()
+    builder.added.append((0, sp([{"kind": "banned_phrases", "phrases": [[5, 6]]}]), [1], [3, 5]))
+    builder.added.append((1, sp([{"kind": "banned_tokens", "token_ids": [7]}]), [1], [-1]))  # reads no tokens
+    proc.update_state(builder.get_and_reset(2))
+    for _ in range(4):
+        logits = proc.apply(torch.zeros(2, 1024))
+    assert logits[0, 6] == -math.inf and not _placeholder_messages(caplog)
+
+
 # -- failure isolation ----------------------------------------------------------------------------
 class _Boom:
     def __call__(self, output_ids, row):
