@@ -4,7 +4,9 @@ For each (vocab, kind, batch) every implementation gets the same requests (``wor
 ``adapter`` (``DynamoVllmLogitsProcessor`` on the V1 interface, ``update_state(None)`` +
 ``apply(logits)``), ``adapter_v2`` (the same class through ``V2SamplerHarness``, ``apply(logits,
 ctx)`` timed), ``loop`` (``sdk.apply_row`` per row), ``reference`` (ai-dynamo-runtime 1.6.1, per
-row; forced_sequence only), ``floor`` (one ``fill_(-inf)`` of the rows; forced_sequence only).
+row; forced_sequence only), ``floor`` (one ``fill_(-inf)`` of the rows; forced_sequence only),
+``baseline`` (``adapter`` on banned_tokens requests of the same batch; banned_phrases only: its
+target is a ratio to banned_tokens, measured side by side so the host's slow phases hit both).
 ``launches``/``syncs`` of the adapters come from ``drive.adapter_counts`` on the CUDA model.
 
 Each repetition restores the logits, times the implementations in a rotated order, then grows every
@@ -71,6 +73,10 @@ class _Case:
 
     def next_tokens(self) -> list[int]:
         return [workloads.next_token(p, len(o), vocab_size=self.vocab) for p, o in zip(self.payloads, self.outputs)]
+
+
+#: Kinds whose target is a ratio to another kind's adapter: that kind, timed in the same loop (``baseline``).
+BASELINES = {"banned_phrases": "banned_tokens"}
 
 
 def _max_num_seqs(batch: int) -> int:
@@ -178,12 +184,18 @@ def _impls(case: _Case, opts: MicroOptions, device: torch.device, skipped: set[s
         else:
             skipped.add(f"reference: {why}")
         impls.append(_Floor())
+    if case.kind in BASELINES:
+        kind = BASELINES[case.kind]
+        payloads = [workloads.payload(kind, vocab_size=case.vocab, eos_token_id=case.eos, seed=opts.seed + i)
+                    for i in range(len(case.payloads))]
+        baseline = _Case(kind, case.vocab, case.eos, payloads, case.prompt, outputs=[[] for _ in payloads])
+        impls.append(_V1Processor("baseline", DynamoVllmLogitsProcessor, baseline, device))
     return impls
 
 
 def _check(impl: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
     """Why ``got`` (after ``impl``) differs from the adapter's ``want``, or ``None``."""
-    if impl == "floor":
+    if impl in ("floor", "baseline"):  # other work by design (baseline: checked in its own kind's runs)
         return None
     if impl == "reference":  # keeps the forced token's own logit where the adapter writes 0.0
         if not torch.equal(torch.isfinite(got), torch.isfinite(want)):

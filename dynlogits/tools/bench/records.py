@@ -23,8 +23,9 @@ __all__ = ["ENGINE_IMPLS", "MICRO_IMPLS", "WIRE_IMPLS", "WIRE_STAGES", "EngineRe
 #: ``adapter``: the vLLM adapter on the V1 runner's interface; ``adapter_v2``: the same class on
 #: Model Runner V2's; ``loop``: the same realized processors called row by row; ``reference``:
 #: ai-dynamo-runtime 1.6.1 per row (forced_sequence only); ``floor``: one memset of the rows
-#: (forced_sequence only).
-MICRO_IMPLS = ("adapter", "adapter_v2", "loop", "reference", "floor")
+#: (forced_sequence only); ``baseline``: the adapter on ``banned_tokens`` requests, timed in the same
+#: loop on the same logits (banned_phrases only: its target is a ratio to banned_tokens).
+MICRO_IMPLS = ("adapter", "adapter_v2", "loop", "reference", "floor", "baseline")
 ENGINE_IMPLS = ("none", "adapter", "reference")
 WIRE_IMPLS = ("msgspec", "pydantic")
 #: ``encode``: entries -> msgpack bytes; ``decode``: msgpack bytes -> validated entries.
