@@ -181,9 +181,10 @@ class V1RunnerMixin(AdapterLogitsProcessor):
                 entry.request.force_stop(logits[index])
 
     def _check_placeholder(self) -> None:
-        """One row that reads tokens per step, in turn: under async scheduling every row decoded the
-        step before ends in the placeholder unless vLLM repairs it (``InputBatch.
-        update_async_output_token_ids``, run only with ``logits_processors`` set), so a row in turn
+        """One row that reads tokens per step, in turn. Under async scheduling vLLM appends ``-1`` to
+        every row it sampled (vllm 0.32.0, ``gpu_model_runner.py``, ``_bookkeeping_sync``) and puts
+        the token in its place before the sampler only when output ids are needed
+        (``gpu_input_batch.py``, ``InputBatch.update_async_output_token_ids``), so a row in turn
         finds it within a step or two, at a cost that does not grow with the batch."""
         rows = self._reads_tokens
         self._placeholder_turn = turn = (self._placeholder_turn + 1) % len(rows)

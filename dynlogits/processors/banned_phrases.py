@@ -3,12 +3,12 @@ the processor, its template and its resident group.
 
 Per step and row: a walk back from the output's last token over the phrases' prefixes read
 backwards (a trie), at most one lookup per token of the longest prefix, never a scan of the
-history or of every phrase; a row whose last token ends no prefix costs one lookup. On the resident path (vLLM's V1 runner: the host knows the
-histories) the group's host work is that lookup per row, its device work a masked write of the
-one-token phrases (indices uploaded once per layout) and, on steps that find ids, an upload and a
-masked write of those. Where the adapter gives no host histories
-(Model Runner V2) a request with phrases of several tokens stays on the hosted path; one with
-one-token phrases only is a ``banned_tokens`` and resident everywhere."""
+history or of every phrase; a row whose last token ends no prefix costs one lookup. On the
+resident path (vLLM's V1 runner: the host knows the histories) the group's host work is that
+lookup per row, its device work a masked write of the one-token phrases (indices uploaded once per
+layout) and, on steps that find ids, an upload and a masked write of those. Where the adapter
+gives no host histories (Model Runner V2) a request with phrases of several tokens stays on the
+hosted path; one with one-token phrases only is a ``banned_tokens`` and resident everywhere."""
 
 from __future__ import annotations
 
