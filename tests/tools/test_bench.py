@@ -15,7 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO_KEYS = {"suite", "kind", "batch", "vocab", "impl", "median_ms", "launches", "syncs"}
-ENGINE_KEYS = {"suite", "kind", "impl", "tok_per_s", "rounds", "paired_ratio", "round_tok_per_s"}
+ENGINE_KEYS = {"suite", "kind", "impl", "tok_per_s", "rounds", "paired_ratio", "round_tok_per_s", "attributed_ratio",
+               "round_adapter_ms"}
 WIRE_KEYS = {"suite", "kind", "impl", "stage", "median_us"}
 
 
@@ -253,9 +254,36 @@ def test_engine_table_shows_medians_rounds_paired_and_unpaired_ratios() -> None:
     assert "| x none (unpaired) |" in text and "±20%" in text
     row = next(line for line in text.splitlines() if "forced_sequence" in line)
     assert [c.strip() for c in row.strip("|").split("|")] == [
-        "adapter", "forced_sequence", "3", "98", "97–100", "0.980 (0.951–1.667)", "0.52"]
+        "adapter", "forced_sequence", "3", "98", "97–100", "0.980 (0.951–1.667)", "—", "—", "0.52"]
     assert "unpaired: the adapter installed but idle (no payload) ran at 0.53x the engine without a processor" in text
     assert engine_table([]) == []
+
+
+def test_the_attributed_ratio_charges_each_batch_only_the_adapter_time_beyond_the_idle_batch() -> None:
+    from dynlogits.tools.bench.engine import records_for
+    from dynlogits.tools.bench.report import engine_table
+
+    # 1000 tokens a batch at 100 tok/s: 10 s = 10000 ms of idle batch; the kind's batch spent 100 ms
+    # more in the adapter in round 1 and 200 ms more in round 2 (and the idle batch 10 ms, 20 ms)
+    recs = {r.kind: r for r in records_for("adapter", {"none": [100.0, 100.0], "banned_tokens": [97.0, 99.0]},
+                                           {"none": [10.0, 20.0], "banned_tokens": [110.0, 220.0]}, tokens=1000)}
+    assert recs["banned_tokens"].attributed_ratio == pytest.approx((10000 / 10100 + 10000 / 10200) / 2)
+    assert recs["banned_tokens"].round_adapter_ms == (110.0, 220.0)
+    assert recs["none"].attributed_ratio is None and recs["none"].round_adapter_ms == (10.0, 20.0)
+    assert records_for("adapter", {"none": [1.0], "banned_tokens": [1.0]})[1].attributed_ratio is None  # not timed
+    row = next(line for line in engine_table(list(recs.values())) if "banned_tokens" in line)
+    assert [c.strip() for c in row.strip("|").split("|")][6:8] == ["165.0", "0.9852"]
+
+
+def test_the_timed_adapter_counts_into_a_file_another_process_reads(tmp_path: Path) -> None:
+    from dynlogits.tools.bench.timed import CallTimes
+
+    reader = CallTimes(tmp_path / "times", create=True)
+    assert reader.read() == (0, 0)
+    code = ("import sys; from dynlogits.tools.bench.timed import CallTimes; "
+            "t = CallTimes(sys.argv[1]); t.add(1500); t.add(500)")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "times")], check=True, timeout=120)
+    assert reader.read() == (2000, 2)
 
 
 @pytest.mark.engine
@@ -274,7 +302,12 @@ def test_engine_suite_runs_every_configuration_on_a_real_engine(tmp_path: Path) 
     paired = {(r["impl"], r["kind"]) for r in records if r["paired_ratio"] is not None}
     assert paired == {("adapter", "banned_tokens"), ("adapter", "banned_phrases"), ("adapter", "forced_sequence")}
     assert all(r["paired_ratio"] > 0 for r in records if r["paired_ratio"] is not None)
-    assert "paired x no payload" in stdout and "x none (unpaired)" in stdout
+    # the adapter's engine counts the time its calls took in the engine's process, batch by batch
+    timed = {r["kind"]: r for r in records if r["impl"] == "adapter"}
+    assert all(len(r["round_adapter_ms"]) == 2 and all(ms > 0 for ms in r["round_adapter_ms"]) for r in timed.values())
+    assert all(0 < timed[k]["attributed_ratio"] <= 1.5 for k in ("banned_tokens", "banned_phrases", "forced_sequence"))
+    assert all(not r["round_adapter_ms"] and r["attributed_ratio"] is None for r in records if r["impl"] != "adapter")
+    assert "paired x no payload" in stdout and "x none (unpaired)" in stdout and "adapter ms / batch" in stdout
     lines = stdout.splitlines()
     assert sum(line.startswith(("[met] engine, banned", "[NOT MET] engine, banned")) for line in lines) == 2
     # the forced target reads the micro floor too (floor_bound), which an engine-only run lacks

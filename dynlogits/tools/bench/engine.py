@@ -1,12 +1,15 @@
 """The ``engine`` suite: a real vLLM CPU engine's throughput with and without processors.
 
 One engine per configuration, each in its own process (``engine_worker``), one after the other:
-``none`` (no processor); ``adapter`` (``DynamoVllmLogitsProcessor``, running kinds ``none``,
-``banned_tokens``, ``banned_phrases`` and ``forced_sequence``); ``reference`` (ai-dynamo-runtime 1.6.1,
-``forced_sequence``). After a warm-up, ``rounds`` rounds of one batch per kind (``requests`` x
-``tokens``, vocab ``vocab``). A record holds each round's tok/s and their median; in the
-``adapter`` engine ``paired_ratio`` is the median of each round's kind / idle (``none``) ratio,
-the figure the targets read. Ratios across engines are reported, never paired (method: ``docs``)."""
+``none`` (no processor); ``adapter`` (``DynamoVllmLogitsProcessor`` with its calls timed,
+``timed.TimedVllmLogitsProcessor``, running kinds ``none``, ``banned_tokens``, ``banned_phrases``
+and ``forced_sequence``); ``reference`` (ai-dynamo-runtime 1.6.1, ``forced_sequence``). After a
+warm-up, ``rounds`` rounds of one batch per kind (``requests`` x ``tokens``, vocab ``vocab``). A
+record holds each round's tok/s and their median; in the ``adapter`` engine ``paired_ratio`` is the
+median of each round's kind / idle (``none``) ratio, the figure the targets read, and
+``attributed_ratio`` what the same rounds give when only the time spent in the adapter's calls
+differs between the kind's batch and the idle one. Ratios across engines are reported, never
+paired (method: ``docs``)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -24,13 +28,14 @@ from .engine_worker import PROGRESS_PREFIX, RESULT_PREFIX
 from .models import bench_model_dir, eos_token_id
 from .records import EngineRecord
 
-__all__ = ["ENGINE_CONFIGS", "PAIRED_BASE", "EngineError", "EngineOptions", "records_for", "run_engine"]
+__all__ = ["ENGINE_CONFIGS", "PAIRED_BASE", "TIMED_FQCN", "EngineError", "EngineOptions", "records_for", "run_engine"]
 
+#: ``timed.TimedVllmLogitsProcessor``'s import string (a string here: importing it imports vLLM)
+TIMED_FQCN = "dynlogits.tools.bench.timed:TimedVllmLogitsProcessor"
 #: (impl, logits_processors, kinds run in that engine)
 ENGINE_CONFIGS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("none", (), ("none",)),
-    ("adapter", ("dynlogits.adapters.vllm:DynamoVllmLogitsProcessor",),
-     ("none", "banned_tokens", "banned_phrases", "forced_sequence")),
+    ("adapter", (TIMED_FQCN,), ("none", "banned_tokens", "banned_phrases", "forced_sequence")),
     ("reference", ("dynlogits.tools.bench.reference:ReferenceForcedSequenceProcessor",), ("forced_sequence",)),
 )
 #: the kind every other kind of the same engine is paired with, round by round
@@ -45,16 +50,17 @@ class EngineError(RuntimeError):
 class EngineOptions:
     requests: int = 64
     tokens: int = 64
-    rounds: int = 25  # why 25: the bench's docs.py page text (method)
+    rounds: int = 25  # about 5 min per engine here; docs.py (method) says what the median of 25 is good to
     vocab: int = 151936
     timeout_s: float = 1800.0
 
 
 def _run_config(impl: str, processors: tuple[str, ...], kinds: tuple[str, ...], opts: EngineOptions,
-                say: Callable[[str], None]) -> dict[str, list[float]]:
+                say: Callable[[str], None], call_times: str | None) -> dict[str, dict[str, list[float]]]:
     model = bench_model_dir(opts.vocab)
     spec = {"model": str(model), "vocab": opts.vocab, "eos_token_id": eos_token_id(model), "processors": processors,
-            "kinds": kinds, "requests": opts.requests, "tokens": opts.tokens, "rounds": opts.rounds}
+            "kinds": kinds, "requests": opts.requests, "tokens": opts.tokens, "rounds": opts.rounds,
+            "call_times": call_times}
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
            "TOKENIZERS_PARALLELISM": "false"}
@@ -82,20 +88,31 @@ def _run_config(impl: str, processors: tuple[str, ...], kinds: tuple[str, ...], 
         tail = "\n".join(lines[-30:])
         why = f"timed out after {opts.timeout_s:.0f} s" if timed_out else f"exit {returncode}"
         raise EngineError(f"engine configuration {impl!r} failed ({why}); last output:\n{tail}")
-    return {str(k): [float(v) for v in values] for k, values in json.loads(results[-1]).items()}
+    return {part: {str(k): [float(v) for v in values] for k, values in per_kind.items()}
+            for part, per_kind in json.loads(results[-1]).items()}
 
 
-def records_for(impl: str, per_round: dict[str, list[float]]) -> list[EngineRecord]:
+def records_for(impl: str, per_round: dict[str, list[float]], adapter_ms: dict[str, list[float]] | None = None,
+                tokens: int = 0) -> list[EngineRecord]:
     """One record per kind: its per-round tok/s, their median and, for every kind but the paired
-    base of an engine that ran it, the median over rounds of (kind / base in the same round)."""
+    base of an engine that ran it, the median over rounds of (kind / base in the same round). With
+    ``adapter_ms`` (ms spent in the adapter's calls per round) and ``tokens`` per batch, also the
+    median over rounds of ``t_base / (t_base + ms_kind - ms_base)``, ``t_base`` the base batch's
+    wall time: the ratio if nothing but the adapter's own time differed."""
     base = per_round.get(PAIRED_BASE)
+    spent = adapter_ms or {}
     records = []
     for kind, values in per_round.items():
-        paired = None
+        paired = attributed = None
         if base is not None and kind != PAIRED_BASE:
             paired = statistics.median(v / b for v, b in zip(values, base, strict=True))
+            if kind in spent and PAIRED_BASE in spent and tokens > 0:
+                walls = [1000.0 * tokens / b for b in base]  # ms per base batch
+                attributed = statistics.median(w / (w + k - i) for w, k, i in
+                                               zip(walls, spent[kind], spent[PAIRED_BASE], strict=True))
         records.append(EngineRecord(kind=kind, impl=impl, tok_per_s=statistics.median(values), rounds=len(values),
-                                    paired_ratio=paired, round_tok_per_s=tuple(values)))
+                                    paired_ratio=paired, round_tok_per_s=tuple(values),
+                                    attributed_ratio=attributed, round_adapter_ms=tuple(spent.get(kind, ()))))
     return records
 
 
@@ -114,6 +131,9 @@ def run_engine(opts: EngineOptions, *, progress: Callable[[str], None] | None = 
             f"round(s) of one batch of {opts.requests} requests x {opts.tokens} tokens per kind ({', '.join(kinds)}), "
             "kinds in an order that changes every round")
         start = time.perf_counter()
-        records += records_for(impl, _run_config(impl, processors, kinds, opts, say))
+        with tempfile.TemporaryDirectory(prefix="dynlogits-bench-") as tmp:
+            timed = TIMED_FQCN in processors
+            got = _run_config(impl, processors, kinds, opts, say, f"{tmp}/call_times" if timed else None)
+        records += records_for(impl, got["tok_per_s"], got["adapter_ms"], opts.requests * opts.tokens)
         say(f"[engine] {impl}: done in {time.perf_counter() - start:.0f} s")
     return records, skipped

@@ -4,8 +4,11 @@
 given ``logits_processors``, runs a warm-up round, then ``rounds`` rounds of one batch per kind in
 ``round_order`` (so no kind always runs first or after the same kind). Prints one
 ``[engine-worker] round`` line per round on stderr and, last, ``RESULT_PREFIX`` +
-``{kind: [tok/s per round]}``. Every batch's outputs are checked (lengths, forced tokens, no banned
-id or phrase); otherwise it exits non-zero with the reason."""
+``{"tok_per_s": {kind: [per round]}, "adapter_ms": {kind: [per round]}}``: ``adapter_ms``, the
+time the engine spent in the adapter's calls during each batch, only with ``"call_times"`` (a file
+path for ``timed.CallTimes``; the processor must be ``timed.TimedVllmLogitsProcessor``). Every
+batch's outputs are checked (lengths, forced tokens, no banned id or phrase); otherwise it exits
+non-zero with the reason."""
 
 from __future__ import annotations
 
@@ -46,12 +49,20 @@ def _check(kind: str, payloads: list[Any], outputs: list[Any], tokens: int, voca
             raise SystemExit(f"banned_phrases: request {i} generated a banned phrase")
 
 
-def run(spec: dict[str, Any]) -> dict[str, list[float]]:
+def run(spec: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+    import os
+
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     from dynlogits.specs import WIRE_KEY
 
+    from .timed import CALL_TIMES_ENV, CallTimes
+
+    times = None
+    if spec.get("call_times"):  # before the engine starts: its process inherits the variable
+        os.environ[CALL_TIMES_ENV] = spec["call_times"]
+        times = CallTimes(spec["call_times"], create=True)
     vocab, eos, n, tokens = spec["vocab"], spec["eos_token_id"], spec["requests"], spec["tokens"]
     kinds, rounds = list(spec["kinds"]), int(spec["rounds"])
     llm = LLM(spec["model"], dtype="float32", enforce_eager=True, gpu_memory_utilization=0.2, seed=0,
@@ -66,22 +77,29 @@ def run(spec: dict[str, Any]) -> dict[str, list[float]]:
         params[kind] = [SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True,
                                        extra_args=None if p is None else {WIRE_KEY: p}) for p in payloads[kind]]
     per_round: dict[str, list[float]] = {kind: [] for kind in kinds}
+    adapter_ms: dict[str, list[float]] = {kind: [] for kind in kinds} if times is not None else {}
     for rnd in range(rounds + 1):  # round 0 warms the engine up and is not counted
         got: dict[str, float] = {}
+        spent: dict[str, float] = {}
         for kind in round_order(kinds, rnd):
+            before = times.read()[0] if times is not None else 0
             start = time.perf_counter()
             outputs = llm.generate(prompts, params[kind], use_tqdm=False)
             elapsed = time.perf_counter() - start
+            if times is not None:  # the engine is idle once generate returns: the counters hold still
+                spent[kind] = (times.read()[0] - before) / 1e6
             _check(kind, payloads[kind], outputs, tokens, vocab)
             got[kind] = sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
         if rnd:
             for kind, tok_per_s in got.items():
                 per_round[kind].append(tok_per_s)
+            for kind, ms in spent.items():
+                adapter_ms[kind].append(ms)
         label = "warm-up" if not rnd else f"round {rnd}/{rounds}"
         print(PROGRESS_PREFIX + f"{label}: " + ", ".join(f"{kind} {tps:.0f}" for kind, tps in got.items()) + " tok/s",
               file=sys.stderr, flush=True)
     llm.llm_engine.engine_core.shutdown()
-    return per_round
+    return {"tok_per_s": per_round, "adapter_ms": adapter_ms}
 
 
 def main(argv: list[str]) -> int:
