@@ -8,13 +8,19 @@ resident path (vLLM's V1 runner: the host knows the histories) the group's host 
 lookup per row, its device work a masked write of the one-token phrases (indices uploaded once per
 layout) and, on steps that find ids, an upload and a masked write of those. Where the adapter
 gives no host histories (Model Runner V2) a request with phrases of several tokens stays on the
-hosted path; one with one-token phrases only is a ``banned_tokens`` and resident everywhere."""
+hosted path; one with one-token phrases only is a ``banned_tokens`` and resident everywhere.
+
+A processor's tables (the one-token phrases, the trie, the template) depend on the phrases alone
+and never change: they are built once per phrase set and shared (``PHRASES_KEPT``), so a ban list
+repeated across requests costs a lookup at realization, not a build."""
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -24,12 +30,73 @@ from .ops import MaskIds, RowOp, apply_op
 from .slots import NEG_INF, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload
 
-__all__ = ["KIND", "BannedPhrasesGroup", "BannedPhrasesProcessor", "BannedPhrasesTemplate", "factory"]
+__all__ = ["KIND", "PHRASES_KEPT", "BannedPhrasesGroup", "BannedPhrasesProcessor", "BannedPhrasesTemplate", "factory"]
 
 KIND = "banned_phrases"
 
 #: Distinct sets of ids one request masks, whose index tensors are kept (beyond it, rebuilt).
 KEPT_SETS = 64
+#: Phrases (summed over the phrase sets) whose tables are kept, least recently used dropped first.
+PHRASES_KEPT = 16384
+
+
+class _Tables(NamedTuple):
+    """What a phrase set's processors share, read only: its one-token phrases, its prefixes as a
+    trie read backwards from their last token (token -> [the last tokens the prefix ending here
+    bans, the tokens that may come before it]) and its template."""
+
+    always: tuple[int, ...]
+    tails: dict[int, list]
+    template: Template
+
+
+def _build(phrases: Sequence[Sequence[int]]) -> _Tables:
+    always = tuple(sorted({p[0] for p in phrases if len(p) == 1}))
+    after: dict[tuple[int, ...], set[int]] = {}
+    for phrase in phrases:
+        if len(phrase) > 1:
+            after.setdefault(tuple(phrase[:-1]), set()).add(phrase[-1])
+    tails: dict[int, list] = {}
+    for prefix, last in after.items():
+        level, node = tails, None
+        for token in reversed(prefix):
+            node = level.setdefault(token, [(), {}])
+            level = node[1]
+        assert node is not None
+        node[0] = tuple(sorted(last))
+    return _Tables(always, tails, BannedPhrasesTemplate(always) if after else BannedTokensTemplate(always))
+
+
+class _TableMemo:
+    """``_Tables`` per phrase set (by content), at most ``PHRASES_KEPT`` phrases in all."""
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[tuple[tuple[int, ...], ...], _Tables] = OrderedDict()
+        self._phrases = 0
+        self._lock = threading.Lock()
+
+    def get(self, phrases: Sequence[Sequence[int]]) -> _Tables:
+        key: Any = phrases  # validated entries hold tuples of tuples: hashable as they are
+        try:
+            hash(key)
+        except TypeError:
+            key = tuple(tuple(p) for p in phrases)
+        with self._lock:
+            hit = self._kept.get(key)
+            if hit is not None:
+                self._kept.move_to_end(key)
+                return hit
+        tables = _build(phrases)
+        with self._lock:
+            if key not in self._kept:
+                self._kept[key] = tables
+                self._phrases += len(key)
+            while self._phrases > PHRASES_KEPT and len(self._kept) > 1:
+                self._phrases -= len(self._kept.popitem(last=False)[0])
+        return tables
+
+
+_TABLES = _TableMemo()
 
 
 class BannedPhrasesProcessor:
@@ -39,23 +106,8 @@ class BannedPhrasesProcessor:
     __slots__ = ("_always", "_tails", "_sets", "template")
 
     def __init__(self, phrases: Sequence[Sequence[int]]) -> None:
-        self._always = tuple(sorted({p[0] for p in phrases if len(p) == 1}))
-        after: dict[tuple[int, ...], set[int]] = {}
-        for phrase in phrases:
-            if len(phrase) > 1:
-                after.setdefault(tuple(phrase[:-1]), set()).add(phrase[-1])
-        #: the prefixes as a trie read backwards from their last token: token -> [the last tokens
-        #: the prefix ending here bans, the tokens that may come before it]
-        self._tails: dict[int, list] = {}
-        for prefix, last in after.items():
-            level, node = self._tails, None
-            for token in reversed(prefix):
-                node = level.setdefault(token, [(), {}])
-                level = node[1]
-            assert node is not None
-            node[0] = tuple(sorted(last))
+        self._always, self._tails, self.template = _TABLES.get(phrases)
         self._sets: dict[tuple[int, ...], IndexCache] = {}
-        self.template: Template = BannedPhrasesTemplate(self._always) if after else BannedTokensTemplate(self._always)
 
     def after(self, input_ids: Sequence[int]) -> tuple[int, ...]:
         """The ids this step masks beyond the one-token phrases (repeats possible, unsorted): a walk
