@@ -77,7 +77,10 @@ reference, running forced_sequence. Measured paired: separate engine processes o
 by about ±20% run to run, far more than a processor's cost, so inside each engine a warm-up round is
 followed by several rounds (25 by default), each running one batch per kind in an order rotated
 every round and reversed every other cycle (no kind always first, nor always after the same other
-kind). Each kind's figure is its median tok/s over the rounds; the engine targets read the paired
+kind). A request's payload is the same in every round, as with a ban list a deployment or client
+repeats: after the warm-up round its decoding and its phrase tables are looked up, not built
+(`dynlogits.sdk.realization`, `dynlogits.processors.banned_phrases`), so the figures are for
+repeated payloads. Each kind's figure is its median tok/s over the rounds; the engine targets read the paired
 ratio, the median over rounds of the kind's tok/s divided by the no-payload batch's tok/s in the
 same round of the same engine. On this shared host single rounds' ratios spread by about ±5% and
 the median of 25 moved by up to ±3% between runs of one build, so a paired ratio within a few
