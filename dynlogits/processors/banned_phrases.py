@@ -11,15 +11,14 @@ gives no host histories (Model Runner V2) a request with phrases of several toke
 hosted path; one with one-token phrases only is a ``banned_tokens`` and resident everywhere.
 
 A processor's tables (the one-token phrases, the trie, the template) depend on the phrases alone
-and never change: they are built once per phrase set and shared (``PHRASES_KEPT``), so a ban list
+and never change: they are built once per phrase set and shared (``TABLES_KEPT``), so a ban list
 repeated across requests costs a lookup at realization, not a build."""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -30,14 +29,15 @@ from .ops import MaskIds, RowOp, apply_op
 from .slots import NEG_INF, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload
 
-__all__ = ["KIND", "PHRASES_KEPT", "BannedPhrasesGroup", "BannedPhrasesProcessor", "BannedPhrasesTemplate", "factory"]
+__all__ = ["KIND", "TABLES_KEPT", "BannedPhrasesGroup", "BannedPhrasesProcessor", "BannedPhrasesTemplate", "factory"]
 
 KIND = "banned_phrases"
 
 #: Distinct sets of ids one request masks, whose index tensors are kept (beyond it, rebuilt).
 KEPT_SETS = 64
-#: Phrases (summed over the phrase sets) whose tables are kept, least recently used dropped first.
-PHRASES_KEPT = 16384
+#: Phrase sets whose tables are kept, least recently used dropped first (at the default
+#: ``max_phrases`` of 256, at most 16384 phrases).
+TABLES_KEPT = 64
 
 
 class _Tables(NamedTuple):
@@ -50,7 +50,7 @@ class _Tables(NamedTuple):
     template: Template
 
 
-def _build(phrases: Sequence[Sequence[int]]) -> _Tables:
+def _build(phrases: tuple[tuple[int, ...], ...]) -> _Tables:
     always = tuple(sorted({p[0] for p in phrases if len(p) == 1}))
     after: dict[tuple[int, ...], set[int]] = {}
     for phrase in phrases:
@@ -67,36 +67,8 @@ def _build(phrases: Sequence[Sequence[int]]) -> _Tables:
     return _Tables(always, tails, BannedPhrasesTemplate(always) if after else BannedTokensTemplate(always))
 
 
-class _TableMemo:
-    """``_Tables`` per phrase set (by content), at most ``PHRASES_KEPT`` phrases in all."""
-
-    def __init__(self) -> None:
-        self._kept: OrderedDict[tuple[tuple[int, ...], ...], _Tables] = OrderedDict()
-        self._phrases = 0
-        self._lock = threading.Lock()
-
-    def get(self, phrases: Sequence[Sequence[int]]) -> _Tables:
-        key: Any = phrases  # validated entries hold tuples of tuples: hashable as they are
-        try:
-            hash(key)
-        except TypeError:
-            key = tuple(tuple(p) for p in phrases)
-        with self._lock:
-            hit = self._kept.get(key)
-            if hit is not None:
-                self._kept.move_to_end(key)
-                return hit
-        tables = _build(phrases)
-        with self._lock:
-            if key not in self._kept:
-                self._kept[key] = tables
-                self._phrases += len(key)
-            while self._phrases > PHRASES_KEPT and len(self._kept) > 1:
-                self._phrases -= len(self._kept.popitem(last=False)[0])
-        return tables
-
-
-_TABLES = _TableMemo()
+#: ``_Tables`` per phrase set (validated entries hold tuples of tuples: hashable as they are)
+_TABLES = lru_cache(maxsize=TABLES_KEPT)(_build)
 
 
 class BannedPhrasesProcessor:
@@ -106,7 +78,11 @@ class BannedPhrasesProcessor:
     __slots__ = ("_always", "_tails", "_sets", "template")
 
     def __init__(self, phrases: Sequence[Sequence[int]]) -> None:
-        self._always, self._tails, self.template = _TABLES.get(phrases)
+        try:
+            tables = _TABLES(phrases)
+        except TypeError:  # lists: made hashable
+            tables = _TABLES(tuple(tuple(p) for p in phrases))
+        self._always, self._tails, self.template = tables
         self._sets: dict[tuple[int, ...], IndexCache] = {}
 
     def after(self, input_ids: Sequence[int]) -> tuple[int, ...]:

@@ -70,15 +70,14 @@ def test_a_step_allocates_nothing_vocab_sized() -> None:
 def test_a_repeated_phrase_set_shares_its_tables_and_the_kept_sets_stay_bounded(monkeypatch) -> None:
     from dynlogits.processors import banned_phrases
 
-    monkeypatch.setattr(banned_phrases, "_TABLES", banned_phrases._TableMemo())
-    monkeypatch.setattr(banned_phrases, "PHRASES_KEPT", 2 * len(PHRASES))
+    monkeypatch.setattr(banned_phrases, "_TABLES", banned_phrases.lru_cache(maxsize=2)(banned_phrases._build))
     first, again = BannedPhrasesProcessor(PHRASES), BannedPhrasesProcessor([list(p) for p in PHRASES])
     assert again._tails is first._tails and again.template is first.template  # same content: built once
     assert again._sets is not first._sets  # what a processor caches per step stays its own
     assert masked(again, [4, 5]) == masked(first, [4, 5]) == [6, 7, 9]
     other = [(1, 2), (3,)]
     assert BannedPhrasesProcessor(other)._tails is not first._tails
-    BannedPhrasesProcessor([(2, 2)] * (2 * len(PHRASES)))  # past the bound: the oldest sets go
+    BannedPhrasesProcessor([(2, 2)] * (2 * len(PHRASES)))  # a third set: past the bound, the oldest goes
     assert BannedPhrasesProcessor(PHRASES)._tails is not first._tails
     assert masked(BannedPhrasesProcessor(PHRASES), [4, 5]) == [6, 7, 9]
 
