@@ -15,8 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO_KEYS = {"suite", "kind", "batch", "vocab", "impl", "median_ms", "launches", "syncs"}
-ENGINE_KEYS = {"suite", "kind", "impl", "tok_per_s", "rounds", "paired_ratio", "round_tok_per_s", "attributed_ratio",
-               "round_adapter_ms"}
+ENGINE_KEYS = {"suite", "kind", "impl", "tok_per_s", "rounds", "paired_ratio", "paired_interval", "round_tok_per_s",
+               "attributed_ratio", "round_adapter_ms"}
 WIRE_KEYS = {"suite", "kind", "impl", "stage", "median_us"}
 
 
@@ -79,7 +79,7 @@ def test_quick_run_prints_the_machine_the_ratios_and_a_line_per_target(quick_run
     assert "machine: " in stdout and "versions: torch " in stdout and "torch.set_num_threads(1)" in stdout
     for column in ("floor/adapter", "reference/adapter", "loop/adapter", "pydantic/msgspec", "launches", "syncs"):
         assert column in stdout
-    targets = [line for line in stdout.splitlines() if line.startswith(("[met]", "[NOT MET]", "[not measured]"))]
+    targets = [line for line in stdout.splitlines() if line.startswith(("[met]", "[NOT MET]", "[undecided]", "[not measured]"))]
     assert len(targets) == 19
     # measured in this run: every micro and wire target but batch 256 (not in --quick); the engine ones are not
     assert sum(line.startswith("[not measured] engine") for line in targets) == 3
@@ -170,7 +170,8 @@ def test_targets_are_met_not_met_or_not_measured_from_the_ratios() -> None:
                                                  paired_ratio=0.985)])
     assert [t.line() for t in met if t.name.startswith("engine, forced")] == [
         "[met] engine, forced_sequence on every request: >= 0.99x the throughput the floor's memset leaves (paired "
-        "ratio over floor_bound: exact forcing masks the row); measured 0.985x over 7 round(s), floor_bound 0.990x"]
+        "ratio over floor_bound: exact forcing masks the row; met or not only when its 95% interval is wholly on one "
+        "side); measured 0.985x over 7 round(s), floor_bound 0.990x"]
     missed = evaluate_targets([*timed, EngineRecord(kind="forced_sequence", impl="adapter", tok_per_s=90.0, rounds=7,
                                                     paired_ratio=0.975)])
     assert [t.met for t in missed if t.name.startswith("engine, forced")] == [False]
@@ -239,8 +240,49 @@ def test_engine_rounds_change_order_and_pair_each_kind_with_the_same_rounds_idle
     assert recs["banned_tokens"].tok_per_s == 90.0 and recs["banned_tokens"].round_tok_per_s == (99.0, 59.0, 90.0)
     assert recs["banned_tokens"].paired_ratio == pytest.approx(59.0 / 60.0)  # median of 0.99, 0.983, 0.882
     assert recs["forced_sequence"].paired_ratio == pytest.approx(0.98)
+    # three rounds are too few for a 95% interval: the lowest and highest ratio, holding the median 75% of the time
+    interval = recs["banned_tokens"].paired_interval
+    assert (interval.low, interval.high, interval.confidence) == pytest.approx((90.0 / 102.0, 0.99, 0.75))
+    assert recs["none"].paired_interval is None
     alone = records_for("reference", {"forced_sequence": [50.0, 70.0]})
-    assert [(r.tok_per_s, r.paired_ratio, r.rounds) for r in alone] == [(60.0, None, 2)]
+    assert [(r.tok_per_s, r.paired_ratio, r.rounds, r.paired_interval) for r in alone] == [(60.0, None, 2, None)]
+
+
+def test_the_median_interval_takes_order_statistics_with_the_binomial_confidence() -> None:
+    from dynlogits.tools.bench.stats import median_interval
+
+    # 25 rounds: the 8th smallest to the 8th largest, 1 - 2 P(Bin(25, 1/2) <= 7) = 95.7%; order does not matter
+    values = [float(v) for v in range(25, 0, -1)]
+    got = median_interval(values)
+    assert (got.low, got.high) == (8.0, 18.0) and got.confidence == pytest.approx(0.95672, abs=1e-5)
+    assert median_interval(values, confidence=0.5).low == 11.0  # 11th to 15th: 58%; 12th to 14th: 31%
+    assert median_interval([3.0, 1.0, 2.0]) == median_interval([1.0, 2.0, 3.0])
+    assert (median_interval([1.0, 2.0, 3.0]).low, median_interval([1.0, 2.0, 3.0]).confidence) == (1.0, 0.75)
+    assert median_interval([0.5]).confidence == 0.0
+    for bad, why in (([], "at least one value"), ([1.0, 2.0], "confidence must lie")):
+        with pytest.raises(ValueError, match=why):
+            median_interval(bad, confidence=0.95 if bad == [] else 1.0)
+
+
+def test_a_paired_engine_target_is_decided_only_when_its_interval_is_on_one_side() -> None:
+    from dynlogits.tools.bench.records import EngineRecord
+    from dynlogits.tools.bench.report import evaluate_targets
+    from dynlogits.tools.bench.stats import MedianInterval
+
+    def line(low: float, high: float) -> str:
+        rec = EngineRecord(kind="banned_phrases", impl="adapter", tok_per_s=99.0, rounds=25, paired_ratio=(low + high) / 2,
+                           paired_interval=MedianInterval(low, high, 0.957))
+        target, = [t for t in evaluate_targets([rec]) if t.name == "engine, banned_phrases on every request"]
+        assert (target.met is None) == target.undecided
+        return target.line()
+
+    assert line(0.991, 1.02).startswith("[met] ")
+    assert line(0.99, 1.02).startswith("[met] ")  # the bound itself is met
+    assert line(0.95, 0.989).startswith("[NOT MET] ")
+    undecided = line(0.96, 1.0)
+    assert undecided.startswith("[undecided] engine, banned_phrases on every request: >= 0.99x the throughput")
+    assert undecided.endswith("measured 0.980x over 25 round(s), 96% interval 0.960-1.000; the interval holds "
+                              "0.990: these rounds cannot decide it")
 
 
 def test_engine_table_shows_medians_rounds_paired_and_unpaired_ratios() -> None:
@@ -309,7 +351,8 @@ def test_engine_suite_runs_every_configuration_on_a_real_engine(tmp_path: Path) 
     assert all(not r["round_adapter_ms"] and r["attributed_ratio"] is None for r in records if r["impl"] != "adapter")
     assert "paired x no payload" in stdout and "x none (unpaired)" in stdout and "adapter ms / batch" in stdout
     lines = stdout.splitlines()
-    assert sum(line.startswith(("[met] engine, banned", "[NOT MET] engine, banned")) for line in lines) == 2
+    assert sum(line.startswith(("[met] engine, banned", "[NOT MET] engine, banned", "[undecided] engine, banned"))
+               for line in lines) == 2
     # the forced target reads the micro floor too (floor_bound), which an engine-only run lacks
     assert sum(line.startswith("[not measured] engine, forced_sequence") for line in lines) == 1
     assert "[engine] adapter: round 2/2: " in proc.stderr  # progress, round by round

@@ -1,7 +1,7 @@
 """``python -m dynlogits.tools.bench {micro,engine,wire,all}``: run the suites, print tables and targets.
 
 Prints the machine and versions, one table per suite with the ratios the targets are checked on,
-and one line per target (met / NOT MET / not measured). ``--json FILE`` writes every measurement
+and one line per target (met / NOT MET / undecided / not measured). ``--json FILE`` writes every measurement
 as a record (``dynlogits.tools.bench.records``); ``--write-docs`` regenerates ``docs/performance.md``
 and its plot. ``--quick`` is a smoke run (under a minute for ``micro``, ``wire`` and ``all``; ``all
 --quick`` leaves the engine suite out, ``engine --quick`` runs it on a tiny configuration).

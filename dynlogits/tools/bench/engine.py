@@ -6,7 +6,8 @@ One engine per configuration, each in its own process (``engine_worker``), one a
 and ``forced_sequence``); ``reference`` (ai-dynamo-runtime 1.6.1, ``forced_sequence``). After a
 warm-up, ``rounds`` rounds of one batch per kind (``requests`` x ``tokens``, vocab ``vocab``). A
 record holds each round's tok/s and their median; in the ``adapter`` engine ``paired_ratio`` is the
-median of each round's kind / idle (``none``) ratio, the figure the targets read, and
+median of each round's kind / idle (``none``) ratio, the figure the targets read with its
+distribution-free confidence interval (``stats``), and
 ``attributed_ratio`` what the same rounds give when only the time spent in the adapter's calls
 differs between the kind's batch and the idle one. Ratios across engines are reported, never
 paired (method: ``docs``)."""
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from .engine_worker import PROGRESS_PREFIX, RESULT_PREFIX
 from .models import bench_model_dir, eos_token_id
 from .records import EngineRecord
+from .stats import median_interval
 
 __all__ = ["ENGINE_CONFIGS", "PAIRED_BASE", "TIMED_FQCN", "EngineError", "EngineOptions", "records_for", "run_engine"]
 
@@ -95,7 +97,8 @@ def _run_config(impl: str, processors: tuple[str, ...], kinds: tuple[str, ...], 
 def records_for(impl: str, per_round: dict[str, list[float]], adapter_ms: dict[str, list[float]] | None = None,
                 tokens: int = 0) -> list[EngineRecord]:
     """One record per kind: its per-round tok/s, their median and, for every kind but the paired
-    base of an engine that ran it, the median over rounds of (kind / base in the same round). With
+    base of an engine that ran it, the median over rounds of (kind / base in the same round) and its
+    95% interval. With
     ``adapter_ms`` (ms spent in the adapter's calls per round) and ``tokens`` per batch, also the
     median over rounds of ``t_base / (t_base + ms_kind - ms_base)``, ``t_base`` the base batch's
     wall time: the ratio if nothing but the adapter's own time differed."""
@@ -103,15 +106,16 @@ def records_for(impl: str, per_round: dict[str, list[float]], adapter_ms: dict[s
     spent = adapter_ms or {}
     records = []
     for kind, values in per_round.items():
-        paired = attributed = None
+        paired = attributed = interval = None
         if base is not None and kind != PAIRED_BASE:
-            paired = statistics.median(v / b for v, b in zip(values, base, strict=True))
+            ratios = [v / b for v, b in zip(values, base, strict=True)]
+            paired, interval = statistics.median(ratios), median_interval(ratios)
             if kind in spent and PAIRED_BASE in spent and tokens > 0:
                 walls = [1000.0 * tokens / b for b in base]  # ms per base batch
                 attributed = statistics.median(w / (w + k - i) for w, k, i in
                                                zip(walls, spent[kind], spent[PAIRED_BASE], strict=True))
         records.append(EngineRecord(kind=kind, impl=impl, tok_per_s=statistics.median(values), rounds=len(values),
-                                    paired_ratio=paired, round_tok_per_s=tuple(values),
+                                    paired_ratio=paired, paired_interval=interval, round_tok_per_s=tuple(values),
                                     attributed_ratio=attributed, round_adapter_ms=tuple(spent.get(kind, ()))))
     return records
 

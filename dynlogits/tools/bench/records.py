@@ -4,10 +4,11 @@
   (``impl`` in ``MICRO_IMPLS``; ``launches`` of one steady step and ``syncs`` over a sequence, on
   the CUDA model, for ``adapter`` and ``adapter_v2`` only, else ``null``);
 * engine: ``{"suite": "engine", "kind", "impl", "tok_per_s", "rounds", "paired_ratio",
-  "round_tok_per_s", "attributed_ratio", "round_adapter_ms"}`` (``impl`` in ``ENGINE_IMPLS``; kind
-  ``"none"``: requests without a payload; ``tok_per_s`` the median of ``round_tok_per_s``;
-  ``paired_ratio`` the median per-round ratio to the same engine's ``none`` kind, ``null`` for
-  ``none`` and engines without it; ``round_adapter_ms`` the ms the engine spent in the adapter's
+  "paired_interval", "round_tok_per_s", "attributed_ratio", "round_adapter_ms"}`` (``impl`` in
+  ``ENGINE_IMPLS``; kind ``"none"``: requests without a payload; ``tok_per_s`` the median of
+  ``round_tok_per_s``; ``paired_ratio`` the median per-round ratio to the same engine's ``none``
+  kind and ``paired_interval`` ``{"low", "high", "confidence"}`` around it (``stats.median_interval``), both
+  ``null`` for ``none`` and engines without it; ``round_adapter_ms`` the ms the engine spent in the adapter's
   calls per round's batch and ``attributed_ratio`` the paired ratio those times alone give, where
   the adapter was timed, else empty / ``null``: ``engine.records_for``);
 * wire: ``{"suite": "wire", "kind", "impl", "stage", "median_us"}`` (``WIRE_IMPLS``, ``WIRE_STAGES``)."""
@@ -19,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Union
+
+from .stats import MedianInterval
 
 __all__ = ["ENGINE_IMPLS", "MICRO_IMPLS", "WIRE_IMPLS", "WIRE_STAGES", "EngineRecord", "MicroRecord", "Record",
            "WireRecord", "write_json"]
@@ -54,6 +57,7 @@ class EngineRecord:
     tok_per_s: float
     rounds: int = 1
     paired_ratio: float | None = None
+    paired_interval: MedianInterval | None = None
     round_tok_per_s: tuple[float, ...] = ()
     attributed_ratio: float | None = None
     round_adapter_ms: tuple[float, ...] = ()
