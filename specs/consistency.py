@@ -16,10 +16,15 @@ row with no allowed token is refused, naming the two entries and the step. Exact
   reasoning phase, so an entry scoped to ``answer`` never meets it; a ``thinking_budget`` without
   delimiters needs the payload's ``reasoning`` entry;
 * a ``forced_sequence`` that writes a phrase a ``banned_phrases`` entry of the same scope bans (its
-  tokens, then its EOS) is a contradiction at the step the phrase's last token is due.
+  tokens, then its EOS) is a contradiction at the step the phrase's last token is due;
+* ``multiple_choice`` (id choices) at its first position allows exactly its choices' first tokens;
+  later, what it allows depends on the tokens generated, and it is taken to allow every id (what it
+  leaves empty there is caught while the request runs).
 
-``python`` and plug-in entries are opaque and skipped; what admission cannot know fails its request
-while it runs (docs/specs.md). No torch."""
+``trigger``, ``deadline`` and ``prompt_tokens`` act at moments or on tokens admission does not know
+(a trigger in the output, the clock, the prompt), and ``python`` and plug-in entries are opaque:
+all are skipped, and a row they leave with no token fails its request while it runs
+(docs/specs.md). No torch."""
 
 from __future__ import annotations
 
@@ -96,12 +101,13 @@ def _step(state: _State, i: int, entry: Any, n: int, paths: Sequence[str], at: s
         left = state.allowed - ids
         why = None if left else f"masks every token {origin} leaves allowed at {at}"
         return _State(state.masked, left, state.origin), why
-    if kind == "allowed_tokens":
-        keep = _keep_set(entry)
+    if kind == "allowed_tokens" or (kind == "multiple_choice" and n == 0 and entry.choices):
+        keep = _keep_set(entry) if kind == "allowed_tokens" else frozenset(choice[0] for choice in entry.choices)
         left = keep - state.masked if state.allowed is None else keep & state.allowed
         why = None
         if not left:
-            why = ("allows only tokens that earlier entries mask" if state.allowed is None
+            what = "tokens that" if kind == "allowed_tokens" else "its choices' first tokens, which"
+            why = (f"allows only {what} earlier entries mask" if state.allowed is None
                    else f"allows none of the tokens {origin} leaves allowed") + f" at {at}"
         return _State(state.masked, left, i), why
     if kind == "forced_sequence":
@@ -110,7 +116,7 @@ def _step(state: _State, i: int, entry: Any, n: int, paths: Sequence[str], at: s
         why = None if ok else f"forces token {token} at {at}, which " + (
             "an earlier entry masks" if state.allowed is None else f"{origin} does not allow")
         return _State(state.masked, frozenset((token,)) if ok else frozenset(), i), why
-    return state, None  # logit_bias, thinking_budget (checked apart), python, plug-ins: no effect on the set
+    return state, None  # logit_bias, thinking_budget (checked apart), the kinds the module doc skips: no effect on the set
 
 
 def _variant(entry: Any, n: int) -> object:
@@ -119,6 +125,8 @@ def _variant(entry: Any, n: int) -> object:
         return _forced_token(entry, n)
     if entry.kind == "min_tokens":
         return n < entry.min_tokens
+    if entry.kind == "multiple_choice":
+        return n == 0
     return None
 
 
@@ -263,7 +271,7 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
     acting = [e for e in entries if e.kind != "reasoning"]
     if len(acting) < 2 and not (vocab_size is not None and acting and acting[0].kind in ("banned_tokens", "min_tokens")):
         return []  # one entry never contradicts itself, short of masking the whole vocabulary
-    if not any(e.kind in ("forced_sequence", "allowed_tokens", "thinking_budget") for e in entries):
+    if not any(e.kind in ("forced_sequence", "allowed_tokens", "thinking_budget", "multiple_choice") for e in entries):
         masked = sum(len(e.token_ids if e.kind == "banned_tokens" else e.stop_token_ids)
                      for e in entries if e.kind in ("banned_tokens", "min_tokens"))
         if vocab_size is None or masked < vocab_size:
