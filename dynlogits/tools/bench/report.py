@@ -187,7 +187,7 @@ def evaluate_targets(records: Sequence[Record]) -> list[Target]:
             targets.append(Target(f"engine, {kind} on every request", goal, "—", None))
         else:
             targets.append(_paired_target(f"engine, {kind} on every request", goal, rec, want,
-                                          None if kind != "forced_sequence" else f", floor_bound {bound:.3f}x"))
+                                          f", floor_bound {bound:.3f}x" if kind == "forced_sequence" else ""))
     decode = next((r.median_us for r in records if isinstance(r, WireRecord)
                    and (r.kind, r.impl, r.stage) == ("forced_sequence_64", "msgspec", "decode")), None)
     targets.append(Target("wire, 64-token forced_sequence", "decode < 20 µs (msgspec path)",
@@ -195,7 +195,7 @@ def evaluate_targets(records: Sequence[Record]) -> list[Target]:
     return targets
 
 
-def _paired_target(name: str, goal: str, rec: EngineRecord, want: float, extra: str | None) -> Target:
+def _paired_target(name: str, goal: str, rec: EngineRecord, want: float, extra: str = "") -> Target:
     """Met when the paired ratio's interval lies at or above ``want``, NOT MET when below it,
     undecided when it holds ``want``; a record without an interval (no per-round ratios) is decided
     by its median alone."""
@@ -207,7 +207,7 @@ def _paired_target(name: str, goal: str, rec: EngineRecord, want: float, extra: 
         measured += f", {interval.confidence:.0%} interval {low:.3f}-{high:.3f}"
     if rec.attributed_ratio is not None:
         measured += f" (the adapter's own time alone: {rec.attributed_ratio:.4f}x)"
-    measured += extra or ""
+    measured += extra
     if low < want <= high:
         return Target(name, goal, measured + f"; the interval holds {want:.3f}: these rounds cannot decide it", None,
                       undecided=True)
