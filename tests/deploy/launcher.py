@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import signal
 import socket
@@ -34,23 +35,43 @@ WORKER_SECRET = os.environ.setdefault("DYN_WORKER_SECRET", secrets.token_urlsafe
 WORKER_AUTH = {"Authorization": f"Bearer {WORKER_SECRET}"}
 
 
-def free_port_block(n: int) -> int:
-    """A port ``p`` such that ``p .. p+n-1`` are free right now."""
-    for _ in range(200):
+#: Where test deployments' ports are drawn from when the kernel's ephemeral range leaves room below it.
+PORT_FLOOR = 10000
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out by itself (outgoing connections, ``bind(0)``)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _block_free(base: int, n: int) -> bool:
+    for p in range(base, base + n):
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65000:
-            continue
-        ok = True
-        for p in range(base, base + n):
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                return False
+    return True
+
+
+def free_port_block(n: int) -> int:
+    """A port ``p`` such that ``p .. p+n-1`` are free right now, drawn below the kernel's ephemeral
+    range: a port from that range can be handed to any outgoing connection or ``bind(0)`` (an
+    engine's own sockets, a readiness poll) between this check and the deployment binding it."""
+    top = _ephemeral_low() - n
+    for _ in range(200):
+        if top > PORT_FLOOR:
+            base = random.randrange(PORT_FLOOR, top)
+        else:  # no room below the ephemeral range: take one the kernel finds free
             with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
+                s.bind(("127.0.0.1", 0))
+                base = s.getsockname()[1]
+            if base + n > 65000:
+                continue
+        if _block_free(base, n):
             return base
     raise RuntimeError("no free port block")
 
