@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +18,7 @@ import httpx
 import psutil
 
 from dynlogits.tools.load.deployment import worker_settled
+from dynlogits.tools.ports import free_port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
@@ -33,47 +32,6 @@ ENGINE_FLAGS = ["--dtype", "float32", "--enforce-eager", "--gpu-memory-utilizati
 WORKER_SECRET = os.environ.setdefault("DYN_WORKER_SECRET", secrets.token_urlsafe(32))
 #: Headers of a call to a worker's routes (all but ``/health`` need the secret), or to a frontend's detailed ``/health``.
 WORKER_AUTH = {"Authorization": f"Bearer {WORKER_SECRET}"}
-
-
-#: Where test deployments' ports are drawn from when the kernel's ephemeral range leaves room below it.
-PORT_FLOOR = 10000
-
-
-def _ephemeral_low() -> int:
-    """The lowest port the kernel hands out by itself (outgoing connections, ``bind(0)``)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
-
-
-def _block_free(base: int, n: int) -> bool:
-    for p in range(base, base + n):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p))
-            except OSError:
-                return False
-    return True
-
-
-def free_port_block(n: int) -> int:
-    """A port ``p`` such that ``p .. p+n-1`` are free right now, drawn below the kernel's ephemeral
-    range: a port from that range can be handed to any outgoing connection or ``bind(0)`` (an
-    engine's own sockets, a readiness poll) between this check and the deployment binding it."""
-    top = _ephemeral_low() - n
-    for _ in range(200):
-        if top > PORT_FLOOR:
-            base = random.randrange(PORT_FLOOR, top)
-        else:  # no room below the ephemeral range: take one the kernel finds free
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                base = s.getsockname()[1]
-            if base + n > 65000:
-                continue
-        if _block_free(base, n):
-            return base
-    raise RuntimeError("no free port block")
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 
 from dynlogits.serve.secret import WORKER_SECRET_ENV, secret_headers
+from dynlogits.tools.ports import free_port_block
 
 __all__ = ["LaunchedDeployment", "find_launch_script", "worker_stats"]
 
@@ -36,23 +36,6 @@ def find_launch_script(name: str = "agg.sh") -> Path:
         raise FileNotFoundError(f"--launch needs a source checkout: {script} not found; start a deployment "
                                 "yourself and pass --base-url")
     return script
-
-
-def _free_port_pair() -> int:
-    """A port ``p`` with ``p`` and ``p + 1`` free right now (frontend and worker of agg.sh)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= 65000:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two consecutive free ports found")
 
 
 @dataclass
@@ -71,7 +54,7 @@ class LaunchedDeployment:
     def start(cls, extra_args: list[str], log_path: Path, ready_timeout_s: float = 600) -> LaunchedDeployment:
         """Start and wait until its frontend reports ready; progress on stderr every 10 s."""
         script = find_launch_script()
-        port = _free_port_pair()
+        port = free_port_block(2)  # frontend and worker of agg.sh
         os.environ.setdefault(WORKER_SECRET_ENV, secrets.token_urlsafe(32))  # worker_stats reads it too
         env = {**os.environ, "DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0"}
         log_path.parent.mkdir(parents=True, exist_ok=True)

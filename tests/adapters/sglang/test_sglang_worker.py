@@ -5,7 +5,6 @@ sgl-kernel), and the worker exits with a clear message where it cannot start."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ from dynlogits.sdk import carried_arrival
 from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, encode_entries
 from dynlogits.serve.protocol import SamplingOptions
 from dynlogits.serve.worker.sglang_engine import SglangEngine
+from dynlogits.tools.ports import free_port_block
 
 
 def _engine(tokenizer) -> SglangEngine:
@@ -66,9 +66,7 @@ def test_worker_without_entries_names_no_processor(embedded_tokenizer):
 
 
 def test_sglang_worker_exits_with_a_clear_message_when_sglangs_engine_cannot_start(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port_block(1)
     proc = subprocess.run([sys.executable, "-m", "dynlogits.serve.worker", "--backend", "sglang", "--port", str(port)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]

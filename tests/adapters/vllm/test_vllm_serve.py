@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ openai = pytest.importorskip("openai")
 from dynlogits.adapters.vllm import PROCESSOR_FQCN  # noqa: E402
 from dynlogits.client import vllm_xargs  # noqa: E402
 from dynlogits.policy.engine_spec import REQUEST_KINDS_ENV, SPEC_SOURCE_ENV  # noqa: E402
+from dynlogits.tools.ports import free_port_block  # noqa: E402
 
 from vllm_helpers import FORCED_TEXTS, forced_payload  # noqa: E402
 
@@ -58,12 +58,6 @@ class Server:
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _healthy(url: str) -> bool:
@@ -100,7 +94,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture(scope="module")
 def server(embedded_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = _free_port()
+    port = free_port_block(1)
     log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import Awaitable, Callable
 
@@ -13,14 +12,9 @@ import pytest
 
 from dynlogits.serve.frontend import routing
 from dynlogits.serve.frontend.routing import Router
+from dynlogits.tools.ports import free_port_block
 
 INFO = {"model": "m", "role": "agg", "backend": "vllm", "max_model_len": 64, "vocab_size": 32}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _serve_ready(port: int) -> asyncio.Server:
@@ -75,7 +69,7 @@ async def _serve_ready_closing_reused_connections(port: int, connections: list[i
 
 def test_probes_never_reuse_a_connection_the_worker_may_be_closing() -> None:
     async def main() -> None:
-        port = _free_port()
+        port = free_port_block(1)
         connections: list[int] = []
         server = await _serve_ready_closing_reused_connections(port, connections)
         router = Router({"agg": [f"http://127.0.0.1:{port}"]})
@@ -94,7 +88,7 @@ def test_probes_never_reuse_a_connection_the_worker_may_be_closing() -> None:
 
 def test_a_worker_that_goes_away_and_comes_back_on_its_port_is_noticed() -> None:
     async def main() -> None:
-        port = _free_port()
+        port = free_port_block(1)
         router = Router({"agg": [f"http://127.0.0.1:{port}"]}, health_interval_s=0.05)
         endpoint = router.all_endpoints()[0]
         router.start()
@@ -119,7 +113,7 @@ def test_a_worker_that_goes_away_and_comes_back_on_its_port_is_noticed() -> None
 def test_a_probe_round_that_raises_or_hangs_does_not_end_probing(
         failure: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
-        port = _free_port()
+        port = free_port_block(1)
         router = Router({"agg": [f"http://127.0.0.1:{port}"]}, health_interval_s=0.05, round_timeout_s=0.3)
         endpoint = router.all_endpoints()[0]
         real: Callable[[], Awaitable[None]] = router.probe_all
@@ -174,7 +168,7 @@ def test_late_probes_take_out_a_silent_worker_but_not_one_that_is_streaming(
     monkeypatch.setattr(routing, "PROBE_TIMEOUT_S", 0.2)
 
     async def main() -> None:
-        port = _free_port()
+        port = free_port_block(1)
         router = Router({"agg": [f"http://127.0.0.1:{port}"]}, health_interval_s=0.02)
         endpoint = router.all_endpoints()[0]
         endpoint.ready = True  # it answered before; now its loop is busy (or stopped)
