@@ -7,9 +7,11 @@ step; ``ctx.expanded_idx_mapping`` maps rows to slots, and under speculative dec
 one row per draft token (``ctx.expanded_local_pos``: ``k`` after ``k`` drafts).
 
 Built-in kinds are resident in a ``dynlogits.sdk.SlotBatch`` keyed by the runner's slot, positions
-from the device (``ctx.pos + 1 - prompt_len[slot]``), ``thinking_budget`` followed on the device;
-no step reads back. ``python`` and plug-in requests are hosted: their histories are read back
-(``row_histories``) only when one is in the step. Draft rows of a request still in prefill are left
+from the device (``ctx.pos + 1 - prompt_len[slot]``), ``thinking_budget`` followed on the device,
+``banned_phrases`` matched against each row's last tokens on the device (``TokenWindow`` over
+``all_token_ids``, ``ctx.pos`` and the drafts in ``ctx.input_ids``); no step reads back. ``python``
+and plug-in requests are hosted: their histories are read back (``row_histories``) only when one is
+in the step. Draft rows of a request still in prefill are left
 untouched; a failure on a draft row stops that row only, on the committed row the request."""
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dynlogits.sdk import DeviceThinking, GuardedRequest, SlotBatch, apply_draft_row, apply_rows, drain
+from dynlogits.sdk import DeviceThinking, GuardedRequest, SlotBatch, TokenWindow, apply_draft_row, apply_rows, drain
 
 from .request import read_payload
 
@@ -100,9 +102,11 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         self._slots: list[GuardedRequest | None] = [None] * slots
         self._active = np.zeros(slots, dtype=bool)
         self._is_resident = np.zeros(slots, dtype=bool)
-        self._resident = SlotBatch(num_slots=slots, vocab_size=self.vocab_size, device=req_states.device)
+        self._resident = SlotBatch(num_slots=slots, vocab_size=self.vocab_size, device=req_states.device,
+                                   token_window=True)
         spec = getattr(vllm_config, "speculative_config", None)
         drafts = int(getattr(spec, "num_speculative_tokens", 0) or 0)
+        self._window = TokenWindow(req_states.device)
         # tables as wide as the SlotBatch's (its sentinel row included); a step commits <= 1 + drafts tokens
         self._thinking = DeviceThinking(slots + 1, req_states.device, max_new=1 + drafts)
         self._layout: np.ndarray | None = None  # idx_mapping_np of the last listed layout
@@ -184,12 +188,14 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         if relaid:
             self._prompt_offset = None  # another layout: its rows' prompt lengths are read again
         positional = self._resident.needs_positions
+        states = self._req_states  # read each step: vLLM swaps the buffers these point to
         if self._thinking.tables:  # (its max_new starts at 1 + the engine's drafts: nothing to keep up)
-            states = self._req_states
             self._thinking.step(states.all_token_ids.gpu, states.prompt_len.gpu, states.total_len.gpu,
                                 input_ids=None if known else ctx.input_ids,
                                 local_pos=None if known else ctx.expanded_local_pos,
                                 rows_per_request=logits.shape[0] - len(slots_in_step) + 1)
+        window = self._window.at(states.all_token_ids.gpu, states.prompt_len.gpu, ctx.pos,
+                                 None if known else ctx.input_ids, None if known else ctx.expanded_local_pos)
         if known:
             if relaid:
                 self._resident.set_rows(np.where(resident, slots_in_step, -1))
@@ -197,12 +203,13 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
             self._resident.use_listed_layout()
             # positions as the runner has them: the resident path subtracts only where it must
             self._resident.apply(logits, pos=ctx.pos if positional else None,
-                                 pos_offset=self._offset(ctx, known) if positional else None, thinking=self._thinking.decide)
+                                 pos_offset=self._offset(ctx, known) if positional else None, thinking=self._thinking.decide,
+                                 window=window)
         else:
             self._resident.rows_on_device(ctx.expanded_idx_mapping, slots_in_step[resident])
             real = ctx.expanded_local_pos == 0
             generated = ctx.pos - self._offset(ctx, known) if positional else None
-            self._resident.apply(logits, generated=generated, thinking=self._thinking.decide, real_rows=real)
+            self._resident.apply(logits, generated=generated, thinking=self._thinking.decide, real_rows=real, window=window)
 
     def _fail_resident_v2(self, logits: torch.Tensor, slots_in_step: np.ndarray, resident: np.ndarray,
                           exc: Exception) -> None:

@@ -4,11 +4,11 @@ the processor, its template and its resident group.
 Per step and row: a walk back from the output's last token over the phrases' prefixes read
 backwards (a trie), at most one lookup per token of the longest prefix, never a scan of the
 history or of every phrase; a row whose last token ends no prefix costs one lookup. On the
-resident path (vLLM's V1 runner: the host knows the histories) the group's host work is that
-lookup per row, its device work a masked write of the one-token phrases (indices uploaded once per
-layout) and, on steps that find ids, an upload and a masked write of those. Where the adapter
-gives no host histories (Model Runner V2) a request with phrases of several tokens stays on the
-hosted path; one with one-token phrases only is a ``banned_tokens`` and resident everywhere.
+resident path with host histories (vLLM's V1 runner) the group's host work is that lookup per row,
+its device work a masked write of the one-token phrases (indices uploaded once per layout) and, on
+steps that find ids, an upload and a masked write of those. Where the histories live on the device
+(Model Runner V2) the group compares each row's last tokens (``TokenWindow``) with every phrase of
+its slot at once: a fixed number of device ops per step, no read back (``decide_from_window``).
 
 A processor's tables (the one-token phrases, the trie, the template) depend on the phrases alone
 and never change: they are built once per phrase set and shared (``TABLES_KEPT``), so a ban list
@@ -19,15 +19,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 
 from .banned_tokens import BannedTokensTemplate
 from .base import IndexCache, RealizeContext
 from .ops import MaskIds, RowOp, apply_op
-from .slots import NEG_INF, Group, ListedRows, StepInputs, Template
+from .slots import NEG_INF, GatheredRows, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload
+
+if TYPE_CHECKING:
+    from .window import TokenWindow
 
 __all__ = ["KIND", "TABLES_KEPT", "BannedPhrasesGroup", "BannedPhrasesProcessor", "BannedPhrasesTemplate", "factory"]
 
@@ -64,7 +67,10 @@ def _build(phrases: tuple[tuple[int, ...], ...]) -> _Tables:
             level = node[1]
         assert node is not None
         node[0] = tuple(sorted(last))
-    return _Tables(always, tails, BannedPhrasesTemplate(always) if after else BannedTokensTemplate(always))
+    if not after:
+        return _Tables(always, tails, BannedTokensTemplate(always))
+    entries = [((), t) for t in always] + [(prefix, t) for prefix, last in after.items() for t in sorted(last)]
+    return _Tables(always, tails, BannedPhrasesTemplate(always, tuple(p for p, _ in entries), tuple(t for _, t in entries)))
 
 
 #: ``_Tables`` per phrase set (validated entries hold tuples of tuples: hashable as they are)
@@ -122,22 +128,79 @@ class BannedPhrasesProcessor:
 
 
 class BannedPhrasesGroup(Group):
-    """``banned_phrases`` with phrases of several tokens: decided on the host from each row's own
-    processor (``BannedPhrasesProcessor.after``, needs the host histories). Every step one
-    ``index_fill_`` of the rows' one-token phrases (indices uploaded once per batch change); a step
-    that finds ids adds one upload and one ``index_fill_``. Masks only: never leaves a row empty by
-    itself."""
+    """``banned_phrases`` with phrases of several tokens, decided per row from its last tokens.
+
+    With host histories (``SlotBatch(host_histories=True)``): from each row's own processor
+    (``BannedPhrasesProcessor.after``); every step one ``index_fill_`` of the rows' one-token phrases
+    (indices uploaded once per batch change), and a step that finds ids one upload and one more
+    ``index_fill_``. With a ``TokenWindow`` instead (``decide_from_window``): every row's entries
+    (each phrase as its prefix, right-aligned in ``width`` columns, unused ones ``-1``, and the id it
+    bans) are compared with the row's last ``width`` tokens on the device, and the ids of the entries
+    that match are masked with one ``scatter_reduce_`` (``amin`` with ``+inf`` elsewhere: repeats
+    and non-members leave logits as they are). The tables are as large for every slot as for the
+    largest request the group has held (``entries x width`` cells, at most ``MAX_WINDOW_CELLS``: a
+    request that would grow them past it is hosted). Masks only: never leaves a row empty by itself."""
 
     decided = True
     needs_host_histories = True
+    window_decided = True
+    #: ``need`` of the padding entries of a slot with fewer entries than the table: never matches
+    NEVER = 1 << 40
+    #: the most prefix cells per slot (``entries x width``): 16 KiB of int32 per slot, so 16 MiB for
+    #: 1024 slots on the device and as much pinned on the host; e.g. 256 phrases of 17 tokens
+    MAX_WINDOW_CELLS = 4096
+
+    @classmethod
+    def fits_window(cls, template: Template, group: Group | None) -> bool:
+        assert isinstance(template, BannedPhrasesTemplate)
+        entries, width = len(template.bans), max(len(p) for p in template.prefixes)
+        if isinstance(group, BannedPhrasesGroup):
+            entries, width = max(entries, group.entries), max(width, group.width)
+        return entries * width <= cls.MAX_WINDOW_CELLS
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         super().__init__(level, num_slots, device)
         self._always: dict[int, tuple[int, ...]] = {}  # slot -> its one-token phrases
         self._layout = StepUpload(torch.long, device)  # the one-token phrases' flat indices, per layout
+        self._templates: dict[int, BannedPhrasesTemplate] = {}
+        self.entries = 0  # entries per slot in the device tables (the most any member has)
+        self.width = 0  # columns per entry (the longest prefix of any member)
+        self.prefix = self.table(torch.int32)  # [slots, entries * width]
+        self.bans = self.table(torch.long)  # [slots, entries]: the id each entry masks (a scatter index)
+        self.need = self.table(torch.long)  # [slots, entries]: its prefix length (``NEVER``: padding)
+        self._extremes: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def assign(self, slot: int, template: Template | None) -> None:
+        if template is None:
+            self._templates.pop(slot, None)
+        super().assign(slot, template)
 
     def _write(self, slot: int, template: BannedPhrasesTemplate) -> None:
         self._always[slot] = template.always
+        if not self.from_window:
+            return  # decided on the host: the entry tables are not read
+        self._templates[slot] = template
+        entries, width = len(template.bans), max(len(p) for p in template.prefixes)
+        if entries > self.entries or width > self.width:  # a larger geometry: new tables, every member again
+            self.entries, self.width = max(entries, self.entries), max(width, self.width)
+            for old in (self.prefix, self.bans, self.need):
+                self.tables.remove(old)
+            self.prefix = self.table(torch.int32, width=self.entries * self.width)
+            self.bans = self.table(torch.long, width=self.entries)
+            self.need = self.table(torch.long, width=self.entries)
+            for member, written in self._templates.items():
+                self._write_entries(member, written)
+        else:
+            self._write_entries(slot, template)
+
+    def _write_entries(self, slot: int, template: BannedPhrasesTemplate) -> None:
+        w, pad = self.width, self.entries - len(template.bans)
+        prefix: list[int] = []
+        for p in template.prefixes:
+            prefix += [-1] * (w - len(p)) + list(p)
+        self.prefix.set(slot, prefix + [-1] * (w * pad))
+        self.bans.set(slot, list(template.bans) + [template.bans[0]] * pad)
+        self.need.set(slot, [len(p) for p in template.prefixes] + [self.NEVER] * pad)
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
         """Per layout: each row's start in the flat logits (host) and its one-token phrases' flat
@@ -168,13 +231,52 @@ class BannedPhrasesGroup(Group):
             step.flat.index_fill_(0, upload.upload(len(found)), NEG_INF)
         return None
 
+    def _rows_tables(self, rows: GatheredRows, window: TokenWindow) -> tuple[torch.Tensor, ...]:
+        """The tables of the rows' slots, gathered once while ``rows.slot_of_row`` is the same tensor
+        (a listed layout) and no table changes (a flush clears ``_cache``): the slots within the
+        engine's, each entry's prefix ``[rows, entries, width]`` and its unused columns, the id it
+        bans ``[rows, entries]``, and the last position its prefix can end before it may match
+        (``need + prompt_len - 1``; ``NEVER`` for rows outside the group)."""
+        cached = self._cache.get("window")
+        if cached is not None and cached[0] is rows.slot_of_row:
+            return cached[1:]  # type: ignore[no-any-return]
+        r, e, w = len(rows.slot_of_row), self.entries, self.width
+        slots = window.slots(rows.slot_of_row)
+        prefix = self.prefix.dev[rows.slot_of_row].view(r, e, w)
+        need = self.need.dev[rows.slot_of_row]
+        ready = torch.where(rows.member[:, None], need + window.prompt_len[slots].long()[:, None] - 1, self.NEVER)
+        made = (slots, prefix, prefix < 0, self.bans.dev[rows.slot_of_row], ready)
+        self._cache["window"] = (rows.slot_of_row, *made)
+        return made
+
+    def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
+        """Per row and entry (``[rows, entries]``): whether the row's output ends with the entry's
+        prefix, so its id is masked now."""
+        slots, prefix, unused, _, ready = self._rows_tables(rows, window)
+        tail = window.tail(slots, self.width)
+        return ((prefix == tail[:, None, :]) | unused).all(2) & (ready <= window.pos[:, None])
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> None:
+        """``-inf`` at the ids of the entries ``decide_from_window`` found."""
+        bans = self._cache["window"][4]
+        key = (step.logits.dtype, step.logits.device)
+        extremes = self._extremes.get(key)
+        if extremes is None:
+            extremes = self._extremes[key] = (torch.full((), NEG_INF, dtype=key[0], device=key[1]),  # fills, no copy
+                                              torch.full((), -NEG_INF, dtype=key[0], device=key[1]))
+        step.logits.scatter_reduce_(1, bans, torch.where(hit, *extremes), reduce="amin")
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class BannedPhrasesTemplate(Template):
     """Every step: ``row[always] = -inf``, and the last tokens of the phrases whose other tokens end
-    the output (decided per row on the host)."""
+    the output (decided per row). ``prefixes[i]`` and ``bans[i]``: entry ``i`` masks ``bans[i]``
+    when the output ends with ``prefixes[i]`` (the one-token phrases first, with empty prefixes)."""
 
     always: tuple[int, ...]
+    prefixes: tuple[tuple[int, ...], ...] = ()
+    bans: tuple[int, ...] = ()
     group: ClassVar[type[BannedPhrasesGroup]] = BannedPhrasesGroup
     reads_tokens: ClassVar[bool] = True
 

@@ -256,6 +256,18 @@ class Group:
     #: history to ``SlotBatch.apply`` (``SlotBatch(host_histories=True)``); elsewhere its requests
     #: stay on the hosted path
     needs_host_histories = False
+    #: a group that needs host histories but can also be decided on the device from each row's last
+    #: tokens (``decide_from_window(rows, window)``, then ``apply_device_decisions``): resident
+    #: where the adapter passes a ``window.TokenWindow`` (``SlotBatch(token_window=True)``), which
+    #: then sets ``from_window`` on the group (its tables for it are written only then)
+    window_decided = False
+    from_window = False
+
+    @classmethod
+    def fits_window(cls, template: Template, group: Group | None) -> bool:
+        """Whether ``template`` may join ``group`` (``None``: not made yet) to be decided from the
+        window (else its request is hosted); by default always."""
+        return True
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         self.level = level
@@ -265,8 +277,8 @@ class Group:
         self.tables: list[SlotTable] = []
         self._cache: dict[str, Any] = {}
 
-    def table(self, dtype: torch.dtype, pad: float | None = None) -> SlotTable:
-        made = SlotTable(self.member.num_slots, dtype, self.device, pad=pad)
+    def table(self, dtype: torch.dtype, pad: float | None = None, *, width: int = 1) -> SlotTable:
+        made = SlotTable(self.member.num_slots, dtype, self.device, pad=pad, width=width)
         self.tables.append(made)
         return made
 

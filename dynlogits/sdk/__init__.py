@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .locate import histories_from_ids
     from .readback import drain
     from .realization import RequestFacts, realize, validate
-    from .resident import DeviceThinking, SlotBatch
+    from .resident import DeviceThinking, SlotBatch, TokenWindow
 
 _LAZY = {
     "apply_draft_row": "apply",
@@ -46,6 +46,7 @@ _LAZY = {
     "validate": "realization",
     "DeviceThinking": "resident",
     "SlotBatch": "resident",
+    "TokenWindow": "resident",
 }
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "RequestFacts",
     "SlotBatch",
     "SpecError",
+    "TokenWindow",
     "activate_logits_processors",
     "apply_draft_row",
     "apply_row",

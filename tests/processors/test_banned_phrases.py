@@ -82,13 +82,21 @@ def test_a_repeated_phrase_set_shares_its_tables_and_the_kept_sets_stay_bounded(
     assert masked(BannedPhrasesProcessor(PHRASES), [4, 5]) == [6, 7, 9]
 
 
-def test_one_token_phrases_only_are_a_banned_tokens_resident_everywhere() -> None:
+def test_one_token_phrases_only_are_a_banned_tokens_resident_everywhere_longer_ones_where_tokens_are_read() -> None:
     only = BannedPhrasesProcessor([(9,), (4,)])
     assert only.template == BannedTokensTemplate((4, 9))
     assert isinstance(BannedPhrasesProcessor(PHRASES).template, BannedPhrasesTemplate)
     no_histories = SlotBatch(num_slots=2, vocab_size=V, device="cpu")
     assert no_histories.assign(0, realize([{"kind": "banned_phrases", "phrases": [[9], [4]]}]))
     assert not no_histories.assign(1, realize([{"kind": "banned_phrases", "phrases": [[9], [5, 6]]}]))
+    device_tokens = SlotBatch(num_slots=2, vocab_size=V, device="cpu", token_window=True)  # Model Runner V2
+    assert device_tokens.assign(1, realize([{"kind": "banned_phrases", "phrases": [[9], [5, 6]]}]))
+    group, = device_tokens.groups.values()
+    assert (group.entries, group.width) == (2, 1)  # its entry tables, read from the token window
+    histories = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True, token_window=True)
+    assert histories.assign(1, realize([{"kind": "banned_phrases", "phrases": [[9], [5, 6]]}]))
+    group, = histories.groups.values()
+    assert group.entries == 0  # decided on the host: no entry tables written
 
 
 def _random_payload(rng: random.Random) -> list[dict]:

@@ -1,7 +1,8 @@
 """``banned_phrases`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM drives the
 adapter: on the V1 runner a resident step that finds no phrase is one masked write (the one-token
-phrases' indices are laid out once per batch change: no upload), and no step of a sequence with
-batch changes and a failing request waits for the device."""
+phrases' indices are laid out once per batch change: no upload); under Model Runner V2 a steady
+step is nine device ops whatever the tokens (the rows' last tokens read and compared on the
+device); and no step of a sequence with batch changes and a failing request waits for the device."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dynlogits.testing.cuda.drive import Scenario, drive_v1
+from dynlogits.testing.cuda.drive import Scenario, drive_v1, drive_v2
 from dynlogits.testing.cuda.simcuda import SimCuda
 
 PHRASES = [[{"kind": "banned_phrases", "phrases": [[9], [5, 6], [6, 5, 8], [3, 3]]}],
@@ -45,3 +46,26 @@ def test_vllm_v1_runner_phrase_step_that_finds_ids_adds_one_upload_and_one_maske
         steady = drive_v1(sim, Scenario(payloads=every, steps=3, changes=False))
     assert [str(s) for s in steady.syncs] == []
     assert steady.steady_ops == ["index_fill_", "copy_", "index_fill_"]
+
+
+#: Model Runner V2's steady step: the rows' last tokens read (``add``, ``index``), compared with every
+#: entry of their slots (``eq``, ``bitwise_or``, ``all``), entries whose prefix fits in the output
+#: (``le``, ``bitwise_and``), and one masked write (``where``, ``scatter_reduce_``).
+V2_STEADY = ["add", "index", "eq", "bitwise_or", "all", "le", "bitwise_and", "where", "scatter_reduce_"]
+
+
+@pytest.mark.parametrize("payloads", [PHRASES, [[{"kind": "banned_phrases", "phrases": [[62]] + [[t, 63] for t in range(62)]}]] * 2],
+                         ids=["finds-nothing", "finds-ids"])
+def test_vllm_model_runner_v2_phrase_step_is_nine_device_ops_and_reads_nothing_back(payloads) -> None:
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(payloads=payloads, steps=3, changes=False))
+    assert [str(s) for s in steady.syncs] == []
+    assert steady.steady_ops == V2_STEADY
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_vllm_model_runner_v2_phrase_sequence_never_waits_and_reports_the_failures(drafts: int) -> None:
+    with SimCuda() as sim:
+        result = drive_v2(sim, Scenario(payloads=PHRASES, steps=9), drafts=drafts)
+    assert [str(s) for s in result.syncs] == []
+    assert any("no token left to sample" in f for f in result.failures)

@@ -39,6 +39,7 @@ import torch
 from dynlogits.processors.ops import fill_rows, row_runs
 from dynlogits.processors.slots import Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs
 from dynlogits.processors.uploads import StepUpload, StepValues
+from dynlogits.processors.window import TokenWindow
 
 from ..guard import NO_TOKEN_LEFT, GuardedRequest
 from ..readback import INBOX
@@ -56,13 +57,17 @@ ThinkingDecider = Callable[[Group, GatheredRows], torch.Tensor]
 class SlotBatch:
     """Per-slot device programs of an engine's resident requests (see the module doc)."""
 
-    def __init__(self, *, num_slots: int, vocab_size: int, device: torch.device | str, host_histories: bool = False) -> None:
+    def __init__(self, *, num_slots: int, vocab_size: int, device: torch.device | str, host_histories: bool = False,
+                 token_window: bool = False) -> None:
         self.num_slots = num_slots
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         #: whether the adapter passes every row's history to ``apply`` (listed layout): without them a
         #: request with a group that needs them (``Group.needs_host_histories``) is not resident
         self.host_histories = host_histories
+        #: whether the adapter passes a ``TokenWindow`` to every ``apply``: a group decided from it
+        #: (``Group.window_decided``) is then resident without host histories
+        self.token_window = token_window
         self.requests: list[GuardedRequest | None] = [None] * num_slots
         #: (entry position, group type) -> the group holding every slot with such an entry there
         self.groups: dict[tuple[int, type[Group]], Group] = {}
@@ -90,8 +95,8 @@ class SlotBatch:
         self._detach(slot)
         self._set_failed(slot, False)
         self.requests[slot] = None
-        resident = request is not None and request.resident and (self.host_histories or not any(
-            p.template.group.needs_host_histories for p in request.processor.processors))  # type: ignore[union-attr,attr-defined]
+        resident = request is not None and request.resident and (self.host_histories or all(
+            self._decidable(level, p.template) for level, p in enumerate(request.processor.processors)))  # type: ignore[union-attr,attr-defined]
         self.flags.reset(slot, owner=request if resident else None)
         self.listed.dirty = True
         if not resident:
@@ -103,12 +108,20 @@ class SlotBatch:
             group = self.groups.get(key)
             if group is None:
                 group = self.groups[key] = template.group(level, self.num_slots + 1, self.device)
+                group.from_window = self.token_window and not self.host_histories and group.window_decided
             group.assign(slot, template)
         self.requests[slot] = request
         self.stop.set(slot, [-1 if request.stop_token_id is None else request.stop_token_id])
         if request.failed:
             self.mark_failed(slot)
         return True
+
+    def _decidable(self, level: int, template: Any) -> bool:
+        """Whether ``template``'s group runs it here without host histories."""
+        kind: type[Group] = template.group
+        if not kind.needs_host_histories:
+            return True
+        return self.token_window and kind.window_decided and kind.fits_window(template, self.groups.get((level, kind)))
 
     def _detach(self, slot: int) -> None:
         """Take ``slot`` out of every group (its request's program stops running)."""
@@ -187,6 +200,7 @@ class SlotBatch:
         real_rows: torch.Tensor | None = None,
         pos: torch.Tensor | None = None,
         pos_offset: torch.Tensor | None = None,
+        window: TokenWindow | None = None,
     ) -> None:
         """Apply every resident request's entries to its row(s) of ``logits`` (in place).
 
@@ -194,16 +208,18 @@ class SlotBatch:
         ``generated`` (row-indexed device counts), or ``pos`` and ``pos_offset`` (``generated = pos
         - pos_offset``; ``pos_offset`` the same tensor while the layout stays). ``thinking`` decides
         decided groups on the device (gathered layout, or without ``histories``); otherwise the host
-        decides them from ``histories``. ``real_rows`` (gathered) marks committed, non-draft rows."""
+        decides them from ``histories``. ``window``: every row's last tokens, for the groups decided from
+        them when there are no ``histories`` (``SlotBatch(token_window=True)``). ``real_rows``
+        (gathered) marks committed, non-draft rows."""
         self._stop_newly_failed()
         if not logits.is_contiguous():
             raise ValueError("the resident path needs contiguous logits")
         if logits.dim() != 2 or logits.shape[1] != self.vocab_size:  # flat indices would spill into the next row
             raise ValueError(f"logits of shape {tuple(logits.shape)}; the resident path was built for width {self.vocab_size}")
         if self.gathered is not None:
-            step, deaths = self.gathered.step(logits, generated, thinking, real_rows, pos, pos_offset)
+            step, deaths = self.gathered.step(logits, generated, thinking, real_rows, pos, pos_offset, window)
         else:
-            ran = self.listed.step(logits, histories, generated, thinking, pos, pos_offset)
+            ran = self.listed.step(logits, histories, generated, thinking, pos, pos_offset, window)
             if ran is None:
                 return
             step, deaths = ran
@@ -400,7 +416,7 @@ class ListedLayout:
 
     def step(self, logits: torch.Tensor, histories: Sequence[Sequence[int]] | None, generated: torch.Tensor | None,
              thinking: ThinkingDecider | None, pos: torch.Tensor | None,
-             pos_offset: torch.Tensor | None) -> tuple[StepInputs, list[Dead]] | None:
+             pos_offset: torch.Tensor | None, window: TokenWindow | None = None) -> tuple[StepInputs, list[Dead]] | None:
         """One step (``SlotBatch.apply``); ``None`` before the first ``set_rows``."""
         if self.host_slots is None:
             return None
@@ -419,7 +435,8 @@ class ListedLayout:
         step = batch.step_inputs(logits, generated, drafts=False, pos=pos, pos_offset=pos_offset)
         deaths = []
         for group, rows in self.steps:
-            dead = self._decided(group, step, rows, histories, thinking) if group.decided else group.apply_listed(step, rows)
+            dead = (self._decided(group, step, rows, histories, thinking, window) if group.decided
+                    else group.apply_listed(step, rows))
             if dead is not None:
                 deaths.append(dead)
         if self.failed is not None:
@@ -450,22 +467,36 @@ class ListedLayout:
         return self.generated_view
 
     def _decided(self, group: Group, step: StepInputs, rows: ListedRows, histories: Sequence[Sequence[int]] | None,
-                 thinking: ThinkingDecider | None) -> Dead | None:
-        """A decided group: on the host from ``histories``, else on the device by ``thinking``."""
+                 thinking: ThinkingDecider | None, window: TokenWindow | None) -> Dead | None:
+        """A decided group: on the host from ``histories``, else on the device over every row (its
+        membership gathered once per layout and table change: a flush clears the group's cache)."""
         if histories is not None:
             decisions = self.batch.decide_on_host(group, rows, histories, self.failed_now)
             return group.apply_host_decisions(step, rows, decisions, self._decisions)  # type: ignore[attr-defined]
-        if thinking is None:
-            raise ValueError(f"{type(group).__name__} needs the rows' histories or a device decider")
         assert self.slot_of_row is not None
-        every = GatheredRows(self.slot_of_row, group.member.dev[self.slot_of_row, 0])
-        return group.apply_device_decisions(step, every, thinking(group, every))  # type: ignore[attr-defined]
+        every = group._cache.get("every")
+        if every is None or every.slot_of_row is not self.slot_of_row:
+            every = group._cache["every"] = GatheredRows(self.slot_of_row, group.member.dev[self.slot_of_row, 0])
+        return decide_on_device(group, step, every, thinking, window)
 
     def _fail_stop(self, step: StepInputs, rows: ListedRows) -> None:
         """Rows of failed requests: only their stop token (a deliberate override of every mask)."""
         fill_rows(step.logits, rows.runs, rows.rows_dev)
         stops = self.batch.stop.dev[rows.slots_dev, 0]
         step.flat.index_fill_(0, rows.rows_dev * step.stride + stops, 0.0)
+
+
+def decide_on_device(group: Group, step: StepInputs, rows: GatheredRows, thinking: ThinkingDecider | None,
+                     window: TokenWindow | None) -> Dead | None:
+    """A decided group's step on the device: from ``window`` where the group reads it
+    (``Group.window_decided``), else by the ``thinking`` decider."""
+    if window is not None and group.window_decided:
+        decided = group.decide_from_window(rows, window)  # type: ignore[attr-defined]
+    elif thinking is not None:
+        decided = thinking(group, rows)
+    else:
+        raise ValueError(f"{type(group).__name__} needs the rows' histories or a device decider")
+    return group.apply_device_decisions(step, rows, decided)  # type: ignore[attr-defined,no-any-return]
 
 
 class GatheredLayout:
@@ -479,7 +510,7 @@ class GatheredLayout:
 
     def step(self, logits: torch.Tensor, generated: torch.Tensor | None, thinking: ThinkingDecider | None,
              real_rows: torch.Tensor | None, pos: torch.Tensor | None,
-             pos_offset: torch.Tensor | None) -> tuple[StepInputs, list[Dead]]:
+             pos_offset: torch.Tensor | None, window: TokenWindow | None = None) -> tuple[StepInputs, list[Dead]]:
         """One step (``SlotBatch.apply``)."""
         batch = self.batch
         if pos is not None and generated is None:
@@ -492,9 +523,7 @@ class GatheredLayout:
                 continue
             rows = GatheredRows(self.slot_of_row, group.member.dev[self.slot_of_row, 0])
             if group.decided:
-                if thinking is None:
-                    raise ValueError(f"{type(group).__name__} in a gathered layout needs a device decider")
-                dead = group.apply_device_decisions(step, rows, thinking(group, rows))  # type: ignore[attr-defined]
+                dead = decide_on_device(group, step, rows, thinking, window)
             else:
                 dead = group.apply_gathered(step, rows)
             if dead is not None:

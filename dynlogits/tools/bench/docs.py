@@ -121,8 +121,8 @@ at least 10x faster than the loop and at most 2x banned_tokens' adapter cost (it
 banned_tokens, and with banned_phrases, on every request at least 0.99x the throughput with no payload, paired in the
 adapter's engine (median of per-round ratios, decided on its 95% interval), and with forced_sequence at least 0.99x
 of what the floor's memset leaves (exact forcing masks the row); wire decode of a 64-token forced sequence
-under 20 µs; no syncs for `adapter` and `adapter_v2` at any resident workload (all but `scoped`, and `banned_phrases`
-under `adapter_v2`, which run hosted) and batch, at most 9 launches per
+under 20 µs; no syncs for `adapter` and `adapter_v2` at any resident workload (all but `scoped`, which runs
+hosted) and batch, at most 9 launches per
 steady step for a single-kind workload and 12 for `mixed`, forced_sequence within 1.1x of the
 reference at batch 1, `adapter_v2` within 1.5x of `adapter` for banned_tokens and logit_bias at
 batch 64. The lines below say, for this run, which are met.

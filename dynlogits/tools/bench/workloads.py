@@ -36,10 +36,9 @@ PHRASE_TOKENS = 4
 #: A ``scoped`` request writes the start tag at the start of every cycle and the end tag half-way.
 SCOPED_CYCLE = 16
 #: Workloads whose requests run on the hosted path, per adapter implementation: scoped entries on
-#: both runners, ``banned_phrases`` under Model Runner V2 (docs/vllm.md). The device-side targets
-#: (no syncs, few launches) are the resident path's, and leave these out.
-HOSTED_KINDS: dict[str, frozenset[str]] = {"adapter": frozenset({"scoped"}),
-                                           "adapter_v2": frozenset({"scoped", "banned_phrases"})}
+#: both runners (docs/vllm.md). The device-side targets (no syncs, few launches) are the resident
+#: path's, and leave these out.
+HOSTED_KINDS: dict[str, frozenset[str]] = {"adapter": frozenset({"scoped"}), "adapter_v2": frozenset({"scoped"})}
 
 
 def _ids(rng: random.Random, count: int, vocab_size: int, *, avoid: int) -> list[int]:

@@ -381,3 +381,86 @@ def test_a_bug_in_the_resident_path_fails_its_requests_not_the_engine(harness, m
     out = harness.step(["a", "b"], torch.randn(2, VOCAB))
     assert [torch.isfinite(r).nonzero().flatten().tolist() for r in out] == [[EOS], [EOS]]
     assert len(harness.processor.failures) == 2 and all("resident path bug" in f for f in harness.processor.failures)
+
+
+# -- banned_phrases: matched on the device -----------------------------------------------------------
+def _masked(row: torch.Tensor) -> list[int]:
+    return torch.isneginf(row).nonzero().flatten().tolist()
+
+
+def _phrases(*phrases: list[int]) -> list[dict[str, Any]]:
+    return [{"kind": "banned_phrases", "phrases": [list(p) for p in phrases]}]
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_banned_phrases_are_resident_and_mask_what_the_host_processor_masks(drafts: int) -> None:
+    """Random phrase sets (1-4 tokens over five ids, so outputs meet them), prompts, outputs and
+    drafts; slots reused by requests of other geometries. Every row masks exactly the ids the host
+    processor finds for the history that row sees (committed tokens plus the drafts before it)."""
+    import random
+    from types import SimpleNamespace
+
+    from dynlogits.processors.banned_phrases import BannedPhrasesProcessor
+
+    rng = random.Random(drafts)
+    ids = list(range(2, 7))
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=drafts) if drafts else None,
+                             use_v2_model_runner=True, model_config=None)
+    harness = V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=VOCAB, max_num_reqs=5, vllm_config=config)
+    phrases: dict[str, list[list[int]] | None] = {}
+    checked = 0
+    for round_ in range(12):
+        for name in [n for n in phrases if rng.random() < 0.4]:  # some leave: their slots are reused
+            harness.remove_request(name)
+            del phrases[name]
+        while len(phrases) < 4:
+            name = f"r{round_}-{len(phrases)}"
+            entry = [[rng.choice(ids) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 6))]
+            plain = rng.random() < 0.2
+            harness.add_request(name, [rng.choice(ids) for _ in range(rng.randint(1, 5))], sp(None if plain else _phrases(*entry)),
+                                output_ids=[rng.choice(ids) for _ in range(rng.randint(0, 5))])
+            phrases[name] = None if plain else entry
+            assert plain or harness.processor._is_resident[harness.reqs[name].slot]  # no read back of histories
+        batch = list(phrases)
+        for _ in range(3):
+            fed = {n: [rng.choice(ids) for _ in range(rng.randint(0, drafts))] for n in batch} if drafts else {}
+            out = harness.step(batch, torch.randn(len(batch) + sum(map(len, fed.values())), VOCAB), drafts=fed)
+            row = 0
+            for name in batch:
+                for k in range(len(fed.get(name, [])) + 1):
+                    seen = harness.output_ids(name) + fed.get(name, [])[:k]
+                    entry = phrases[name]
+                    want = [] if entry is None else sorted(BannedPhrasesProcessor([tuple(p) for p in entry]).banned(seen))
+                    assert _masked(out[row]) == want, (name, entry, seen)
+                    checked += bool(want)
+                    row += 1
+            for name in batch:
+                harness.commit(name, [rng.choice(ids)])
+    assert checked > 50  # rows that mask something were seen
+
+
+def test_a_phrase_is_matched_in_the_output_only_and_across_the_drafts(harness) -> None:
+    harness.add_request("p", [5, 6, 7], sp(_phrases([7, 8, 9], [6, 7, 3])))  # the prompt ends with 6, 7
+    out = harness.step(["p"], torch.zeros(1, VOCAB))
+    assert _masked(out[0]) == []  # a phrase never begins in the prompt (as vLLM's bad_words)
+    harness.commit("p", [7])
+    out = harness.step(["p"], torch.zeros(2, VOCAB), drafts={"p": [8]})
+    assert _masked(out[0]) == [] and _masked(out[1]) == [9]  # the row after draft 8 sees [7, 8]
+    harness.commit("p", [8])
+    out = harness.step(["p"], torch.zeros(1, VOCAB))
+    assert _masked(out[0]) == [9]
+
+
+def test_phrases_that_would_grow_the_device_tables_past_their_bound_are_hosted(harness, monkeypatch) -> None:
+    from dynlogits.processors.banned_phrases import BannedPhrasesGroup
+
+    monkeypatch.setattr(BannedPhrasesGroup, "MAX_WINDOW_CELLS", 5)  # entries x width
+    harness.add_request("small", [2], sp(_phrases([9], [5, 6])))  # 2 entries x 1 column
+    harness.add_request("large", [2], sp(_phrases([5, 6, 7], [8, 9], [4])))  # 3 entries x 2 columns: over
+    assert harness.processor._is_resident[harness.reqs["small"].slot]
+    assert not harness.processor._is_resident[harness.reqs["large"].slot]  # its histories are read back
+    for token in (5, 6):
+        harness.commit("small", [token])
+        harness.commit("large", [token])
+    out = harness.step(["small", "large"], torch.zeros(2, VOCAB))
+    assert _masked(out[0]) == [9] and _masked(out[1]) == [4, 7]
