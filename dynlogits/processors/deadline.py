@@ -1,5 +1,6 @@
 """``deadline``: once ``seconds`` have passed since the request arrived, its stop token is forced: its
-processor, template and resident group (decided on the host, ``HostForcingGroup``)."""
+processor, template and resident group (decided on the host from the clock, ``HostForcingGroup``;
+it reads no history, so it is resident on every runner with slots)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ KIND = "deadline"
 
 
 class DeadlineGroup(HostForcingGroup):
-    """``deadline`` on the resident path: each row's processor reads the clock on the host (vLLM V1)."""
+    """``deadline`` on the resident path: each row's (or, where only the device knows the rows,
+    each slot's) processor reads the clock on the host; nothing runs on the device before it is due."""
+
+    reads_history = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ __all__ = [
     "Template",
     "flat_indices",
     "force_decided_rows",
+    "force_device_decisions",
     "force_gathered",
     "force_listed",
     "force_listed_at",
@@ -262,6 +263,9 @@ class Group:
     #: then sets ``from_window`` on the group (its tables for it are written only then)
     window_decided = False
     from_window = False
+    #: whether a decided group's host decision reads the row's history (``host_decision``); one that
+    #: does not (a clock) is decided on the host in any layout, so it is resident without histories
+    reads_history = True
 
     @classmethod
     def fits_window(cls, template: Template, group: Group | None) -> bool:
@@ -367,6 +371,17 @@ class HostForcingGroup(Group):
                              upload: StepUpload) -> Dead | None:
         """Force ``decisions[i]`` (``-1``: nothing) in member row ``i``, keeping masks."""
         return force_decided_rows(step, rows, decisions, upload)
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, tokens: torch.Tensor) -> Dead:
+        """Gathered layout: force ``tokens[r]`` (``-1``: nothing) in row ``r``, keeping masks."""
+        return force_device_decisions(step, rows, tokens)
+
+
+def force_device_decisions(step: StepInputs, rows: GatheredRows, tokens: torch.Tensor) -> Dead:
+    """Force ``tokens[r]`` (``-1``: nothing) in every member row ``r`` of a gathered layout, keeping
+    masks; the rows it may leave with no token."""
+    where = rows.member & (tokens >= 0)
+    return Dead(None, rows.slot_of_row, force_gathered(step, tokens, where), step.generated, where=where)
 
 
 def force_decided_rows(step: StepInputs, rows: ListedRows, decisions: np.ndarray, upload: StepUpload) -> Dead | None:

@@ -23,7 +23,8 @@ import torch
 from .base import RealizeContext
 from .ops import ForceToken, RowOp, apply_op
 from .spans import PLACEHOLDER, ROLLBACK, SpanScanner
-from .slots import (Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs, Template, force_decided_rows, force_gathered)
+from .slots import (Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs, Template, force_decided_rows,
+                    force_device_decisions)
 from .uploads import StepUpload
 
 __all__ = ["CLOSED", "KIND", "ROLLBACK", "DeviceThinking", "ThinkingBudgetGroup", "ThinkingBudgetProcessor", "ThinkingBudgetTemplate", "factory"]
@@ -95,8 +96,7 @@ class ThinkingBudgetGroup(Group):
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, tokens: torch.Tensor) -> Dead:
         """Device decisions (``tokens[r]``, -1 for none) over every row."""
-        where = rows.member & (tokens >= 0)
-        return Dead(None, rows.slot_of_row, force_gathered(step, tokens, where), step.generated, where=where)
+        return force_device_decisions(step, rows, tokens)
 
 
 @dataclass(frozen=True, slots=True)

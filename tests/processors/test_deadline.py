@@ -117,5 +117,24 @@ def test_a_request_due_while_it_runs_is_stopped_from_the_first_step_after_its_du
     assert finite(logits[0]) == [EOS] and logits[0, EOS] == 0.0
 
 
-def test_without_the_rows_histories_a_deadline_request_stays_on_the_host_path() -> None:
-    assert not SlotBatch(num_slots=1, vocab_size=V, device="cpu").assign(0, realize(PAYLOAD))
+@pytest.mark.parametrize("layout", ["listed", "gathered"])
+@pytest.mark.parametrize(("arrived_ago", "stops"), [(3600.0, True), (0.0, False)])
+def test_a_deadline_is_resident_without_histories_as_it_reads_none(layout: str, arrived_ago: float, stops: bool) -> None:
+    """Model Runner V2 gives no histories: the clock is read on the host per row (listed) or per
+    slot (gathered, only the device knows the rows); a request not yet due costs no device op."""
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu")
+    facts = sdk.RequestFacts(stop_token_ids=(EOS,), arrival_time=time.time() - arrived_ago)
+    assert batch.assign(1, realize(PAYLOAD, facts))
+    batch.flush()
+    if layout == "listed":
+        batch.set_rows(np.array([-1, 1]))
+        rows = {}
+    else:
+        batch.rows_on_device(torch.tensor([0, 1, 1]), np.array([0, 1]))  # slot 1 with a draft row
+        rows = {"real_rows": torch.tensor([True, True, False])}
+    logits = torch.randn(2 if layout == "listed" else 3, V)
+    before = logits.clone()
+    batch.apply(logits, generated=torch.tensor([3] * len(logits)), **rows)
+    assert torch.equal(logits[0], before[0])  # slot 0 holds no resident request
+    for row in range(1, len(logits)):
+        assert finite(logits[row]) == ([EOS] if stops else finite(before[row]))

@@ -69,3 +69,4 @@ def test_vllm_model_runner_v2_phrase_sequence_never_waits_and_reports_the_failur
         result = drive_v2(sim, Scenario(payloads=PHRASES, steps=9), drafts=drafts)
     assert [str(s) for s in result.syncs] == []
     assert any("no token left to sample" in f for f in result.failures)
+

@@ -54,6 +54,16 @@ NEG_INF = -math.inf
 ThinkingDecider = Callable[[Group, GatheredRows], torch.Tensor]
 
 
+class _NoHistories:
+    """Every row's history, for a group that reads none (``Group.reads_history``): empty."""
+
+    def __getitem__(self, row: int) -> tuple[()]:
+        return ()
+
+
+NO_HISTORIES = _NoHistories()
+
+
 class SlotBatch:
     """Per-slot device programs of an engine's resident requests (see the module doc)."""
 
@@ -85,6 +95,7 @@ class SlotBatch:
         #: current slot at the next ``apply``/``flush``
         self._newly_failed: deque[GuardedRequest] = deque()
         self._ordered: list[Group] = []  # ``groups`` in entry order (``group_order``)
+        self.slot_decisions = StepUpload(torch.long, self.device)  # per-slot host decisions, gathered layouts
         self.listed = ListedLayout(self)
         self.gathered: GatheredLayout | None = None  # set for a step by ``rows_on_device``
 
@@ -119,7 +130,7 @@ class SlotBatch:
     def _decidable(self, level: int, template: Any) -> bool:
         """Whether ``template``'s group runs it here without host histories."""
         kind: type[Group] = template.group
-        if not kind.needs_host_histories:
+        if not kind.needs_host_histories or not kind.reads_history:
             return True
         return self.token_window and kind.window_decided and kind.fits_window(template, self.groups.get((level, kind)))
 
@@ -262,6 +273,21 @@ class SlotBatch:
         decisions = group.host_decisions(len(made))
         decisions[:] = made
         return decisions
+
+    def decide_slots_on_host(self, group: Group, slots: Sequence[int]) -> np.ndarray:
+        """A decided group that reads no history (``Group.reads_history``): each of ``slots``'s
+        decision (``-1``: none) from its processor with an empty history; a processor that raises
+        fails its request alone (fail-stopped from the next step on)."""
+        made = np.full(len(slots), -1, dtype=np.int64)
+        for i, slot in enumerate(slots):
+            try:
+                made[i] = group.host_decision(self._processor(slot, group.level), ())
+            except Exception as exc:  # a bug must not escape the sampler: fail this request alone
+                request = self.requests[slot]
+                assert request is not None
+                request.fail_with(exc, ())
+                self.mark_failed(slot)
+        return made
 
     def _processor(self, slot: int, level: int) -> Any:
         request = self.requests[slot]
@@ -470,8 +496,9 @@ class ListedLayout:
                  thinking: ThinkingDecider | None, window: TokenWindow | None) -> Dead | None:
         """A decided group: on the host from ``histories``, else on the device over every row (its
         membership gathered once per layout and table change: a flush clears the group's cache)."""
-        if histories is not None:
-            decisions = self.batch.decide_on_host(group, rows, histories, self.failed_now)
+        if histories is not None or not group.reads_history:
+            decisions = self.batch.decide_on_host(group, rows, histories if histories is not None else NO_HISTORIES,
+                                                  self.failed_now)
             return group.apply_host_decisions(step, rows, decisions, self._decisions)  # type: ignore[attr-defined]
         assert self.slot_of_row is not None
         every = group._cache.get("every")
@@ -522,7 +549,9 @@ class GatheredLayout:
             if not (group.members & self.slots_in_step):
                 continue
             rows = GatheredRows(self.slot_of_row, group.member.dev[self.slot_of_row, 0])
-            if group.decided:
+            if group.decided and not group.reads_history:
+                dead = self._decided_per_slot(group, step, rows)
+            elif group.decided:
                 dead = decide_on_device(group, step, rows, thinking, window)
             else:
                 dead = group.apply_gathered(step, rows)
@@ -531,6 +560,21 @@ class GatheredLayout:
         if batch.failed & self.slots_in_step:
             self._fail_stop(step)
         return step, deaths
+
+    def _decided_per_slot(self, group: Group, step: StepInputs, rows: GatheredRows) -> Dead | None:
+        """A decided group that reads no history: decided on the host per member slot of the step
+        (``SlotBatch.decide_slots_on_host``); nothing runs on the device unless one forces, then its
+        tokens by slot go up in one upload and are gathered per row."""
+        batch = self.batch
+        slots = sorted(group.members & self.slots_in_step)
+        tokens = batch.decide_slots_on_host(group, slots)
+        if not (tokens >= 0).any():
+            return None
+        by_slot = batch.slot_decisions.buffer(batch.num_slots + 1)
+        by_slot[:] = -1
+        by_slot[slots] = tokens
+        per_row = batch.slot_decisions.upload(batch.num_slots + 1)[self.slot_of_row]
+        return group.apply_device_decisions(step, rows, per_row)  # type: ignore[attr-defined,no-any-return]
 
     def _fail_stop(self, step: StepInputs) -> None:
         """Rows of failed requests: only their stop token (a deliberate override of every mask)."""

@@ -464,3 +464,25 @@ def test_phrases_that_would_grow_the_device_tables_past_their_bound_are_hosted(h
         harness.commit("large", [token])
     out = harness.step(["small", "large"], torch.zeros(2, VOCAB))
     assert _masked(out[0]) == [9] and _masked(out[1]) == [4, 7]
+
+
+@pytest.mark.parametrize(("seconds", "stops"), [(60.0, True), (3600.0, False)])
+def test_a_deadline_is_resident_and_stops_every_row_of_its_request_once_due(harness, seconds: float, stops: bool) -> None:
+    """It reads the clock, not the tokens: no history is read back, with drafts or without. The
+    request arrived two minutes ago (the deployment's stamp)."""
+    import time
+
+    from dynlogits.sdk.activation import put_arrival
+
+    params = sp([{"kind": "deadline", "seconds": seconds}])
+    put_arrival(params.extra_args, time.time() - 120.0)
+    harness.add_request("d", [2], params, output_ids=[5])
+    harness.add_request("other", [2], sp(_phrases([9])))
+    assert harness.processor._is_resident[harness.reqs["d"].slot]
+    for drafts in ({}, {"d": [6, 7], "other": [3]}):
+        rows = 2 + sum(map(len, drafts.values()))
+        out = harness.step(["d", "other"], torch.zeros(rows, VOCAB), drafts=drafts)
+        d_rows = 1 + len(drafts.get("d", []))
+        for row in range(d_rows):
+            assert torch.isfinite(out[row]).nonzero().flatten().tolist() == ([EOS] if stops else list(range(VOCAB)))
+        assert all(_masked(out[row]) == [9] for row in range(d_rows, rows))
