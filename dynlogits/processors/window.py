@@ -6,8 +6,12 @@ committed generated tokens), each slot's prompt length, and per row the position
 was fed (``pos``). A row without drafts was fed its slot's last committed token; under speculative
 decoding a request has one row per draft, row ``r`` with ``local_pos[r] = k`` drafts before it,
 fed at rows ``r - k .. r`` the last committed token then its drafts (``input_ids``), so those
-positions are read from ``input_ids``. vLLM's Model Runner V2 (``LogitsContext.pos``,
-``input_ids``, ``expanded_local_pos``; ``RequestState.all_token_ids``, ``prompt_len``)."""
+positions are read from ``input_ids``. This is vLLM's Model Runner V2 contract (0.32,
+``vllm/v1/worker/gpu/sample/logits_processor/interface.py``, ``LogitsContext``: committed tokens
+live in ``req_states.all_token_ids`` up to ``total_len``, this step's drafts only in ``input_ids``,
+a row's exact length on the device is ``pos + 1``); ``post_update``
+(``vllm/v1/worker/gpu/input_batch.py``) writes each step's sampled tokens into ``all_token_ids``
+before the next step samples."""
 
 from __future__ import annotations
 
