@@ -1,7 +1,7 @@
 """Where the zoo's kinds run in the vLLM adapter (docs/vllm.md, "The apply path"), with vLLM's real
 classes and no engine: on the V1 runner ``trigger``, ``deadline`` and ``prompt_tokens`` are resident
-and ``multiple_choice`` is hosted; under Model Runner V2 only ``prompt_tokens`` is resident, and the
-hosted ones follow each draft row's own history."""
+and ``multiple_choice`` is hosted; under Model Runner V2 ``prompt_tokens`` and ``deadline`` (it reads
+no history) are resident, and the hosted ones follow each draft row's own history."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ PAYLOADS: dict[str, list[dict[str, Any]]] = {
     "prompt_tokens": [{"kind": "prompt_tokens", "mode": "restrict"}],
     "multiple_choice": [{"kind": "multiple_choice", "choices": [[7, 8], [9]], "eos_token_id": EOS}],
 }
-RESIDENT = {"v1": {"trigger", "deadline", "prompt_tokens"}, "v2": {"prompt_tokens"}}
+RESIDENT = {"v1": {"trigger", "deadline", "prompt_tokens"}, "v2": {"prompt_tokens", "deadline"}}
 
 
 @pytest.mark.parametrize("kind", sorted(PAYLOADS))
@@ -40,7 +40,7 @@ def test_the_v1_runner_keeps_trigger_deadline_and_prompt_tokens_resident(kind: s
 
 
 @pytest.mark.parametrize("kind", sorted(PAYLOADS))
-def test_model_runner_v2_keeps_only_prompt_tokens_resident(kind: str) -> None:
+def test_model_runner_v2_keeps_prompt_tokens_and_deadline_resident(kind: str) -> None:
     driver = VllmV2Driver(KIT_VOCAB_SIZE)
     driver.add("r", PAYLOADS[kind], prompt_ids=PROMPT, eos_token_id=EOS)
     driver.step(["r"], torch.randn(1, KIT_VOCAB_SIZE))
