@@ -127,6 +127,16 @@ class BannedPhrasesProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
+class _RowTables(NamedTuple):
+    """A window-decided step's tables, per row of the layout (``BannedPhrasesGroup._rows_tables``)."""
+
+    slots: torch.Tensor
+    prefix: torch.Tensor
+    unused: torch.Tensor
+    bans: torch.Tensor
+    ready: torch.Tensor
+
+
 class BannedPhrasesGroup(Group):
     """``banned_phrases`` with phrases of several tokens, decided per row from its last tokens.
 
@@ -153,7 +163,7 @@ class BannedPhrasesGroup(Group):
     @classmethod
     def fits_window(cls, template: Template, group: Group | None) -> bool:
         assert isinstance(template, BannedPhrasesTemplate)
-        entries, width = len(template.bans), max(len(p) for p in template.prefixes)
+        entries, width = template.geometry
         if isinstance(group, BannedPhrasesGroup):
             entries, width = max(entries, group.entries), max(width, group.width)
         return entries * width <= cls.MAX_WINDOW_CELLS
@@ -180,7 +190,7 @@ class BannedPhrasesGroup(Group):
         if not self.from_window:
             return  # decided on the host: the entry tables are not read
         self._templates[slot] = template
-        entries, width = len(template.bans), max(len(p) for p in template.prefixes)
+        entries, width = template.geometry
         if entries > self.entries or width > self.width:  # a larger geometry: new tables, every member again
             self.entries, self.width = max(entries, self.entries), max(width, self.width)
             for old in (self.prefix, self.bans, self.need):
@@ -231,7 +241,7 @@ class BannedPhrasesGroup(Group):
             step.flat.index_fill_(0, upload.upload(len(found)), NEG_INF)
         return None
 
-    def _rows_tables(self, rows: GatheredRows, window: TokenWindow) -> tuple[torch.Tensor, ...]:
+    def _rows_tables(self, rows: GatheredRows, window: TokenWindow) -> _RowTables:
         """The tables of the rows' slots, gathered once while ``rows.slot_of_row`` is the same tensor
         (a listed layout) and no table changes (a flush clears ``_cache``): the slots within the
         engine's, each entry's prefix ``[rows, entries, width]`` and its unused columns, the id it
@@ -239,26 +249,26 @@ class BannedPhrasesGroup(Group):
         (``need + prompt_len - 1``; ``NEVER`` for rows outside the group)."""
         cached = self._cache.get("window")
         if cached is not None and cached[0] is rows.slot_of_row:
-            return cached[1:]  # type: ignore[no-any-return]
+            return cached[1]  # type: ignore[no-any-return]
         r, e, w = len(rows.slot_of_row), self.entries, self.width
         slots = window.slots(rows.slot_of_row)
         prefix = self.prefix.dev[rows.slot_of_row].view(r, e, w)
         need = self.need.dev[rows.slot_of_row]
         ready = torch.where(rows.member[:, None], need + window.prompt_len[slots].long()[:, None] - 1, self.NEVER)
-        made = (slots, prefix, prefix < 0, self.bans.dev[rows.slot_of_row], ready)
-        self._cache["window"] = (rows.slot_of_row, *made)
+        made = _RowTables(slots, prefix, prefix < 0, self.bans.dev[rows.slot_of_row], ready)
+        self._cache["window"] = (rows.slot_of_row, made)
         return made
 
     def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
         """Per row and entry (``[rows, entries]``): whether the row's output ends with the entry's
         prefix, so its id is masked now."""
-        slots, prefix, unused, _, ready = self._rows_tables(rows, window)
-        tail = window.tail(slots, self.width)
-        return ((prefix == tail[:, None, :]) | unused).all(2) & (ready <= window.pos[:, None])
+        t = self._rows_tables(rows, window)
+        tail = window.tail(t.slots, self.width)
+        return ((t.prefix == tail[:, None, :]) | t.unused).all(2) & (t.ready <= window.pos[:, None])
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> None:
         """``-inf`` at the ids of the entries ``decide_from_window`` found."""
-        bans = self._cache["window"][4]
+        bans = self._cache["window"][1].bans  # this step's, from decide_from_window
         key = (step.logits.dtype, step.logits.device)
         extremes = self._extremes.get(key)
         if extremes is None:
@@ -277,6 +287,11 @@ class BannedPhrasesTemplate(Template):
     always: tuple[int, ...]
     prefixes: tuple[tuple[int, ...], ...] = ()
     bans: tuple[int, ...] = ()
+
+    @property
+    def geometry(self) -> tuple[int, int]:
+        """Its entries and the longest prefix: the device table cells it needs per slot."""
+        return len(self.bans), max(len(p) for p in self.prefixes)
     group: ClassVar[type[BannedPhrasesGroup]] = BannedPhrasesGroup
     reads_tokens: ClassVar[bool] = True
 

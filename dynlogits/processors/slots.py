@@ -286,6 +286,14 @@ class Group:
         self.tables.append(made)
         return made
 
+    def every_row(self, slot_of_row: torch.Tensor) -> GatheredRows:
+        """Every row of a layout with its slot and this group's membership, gathered once while
+        ``slot_of_row`` is the same tensor and no table changes (a flush clears the cache)."""
+        every = self._cache.get("every")
+        if every is None or every.slot_of_row is not slot_of_row:
+            every = self._cache["every"] = GatheredRows(slot_of_row, self.member.dev[slot_of_row, 0])
+        return every  # type: ignore[no-any-return]
+
     def assign(self, slot: int, template: Template | None) -> None:
         if template is None:
             if slot in self.members:

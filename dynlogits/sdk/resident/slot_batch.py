@@ -494,17 +494,14 @@ class ListedLayout:
 
     def _decided(self, group: Group, step: StepInputs, rows: ListedRows, histories: Sequence[Sequence[int]] | None,
                  thinking: ThinkingDecider | None, window: TokenWindow | None) -> Dead | None:
-        """A decided group: on the host from ``histories``, else on the device over every row (its
-        membership gathered once per layout and table change: a flush clears the group's cache)."""
+        """A decided group: on the host from ``histories`` (or with none, for a group that reads
+        none), else on the device over every row (``Group.every_row``)."""
         if histories is not None or not group.reads_history:
             decisions = self.batch.decide_on_host(group, rows, histories if histories is not None else NO_HISTORIES,
                                                   self.failed_now)
             return group.apply_host_decisions(step, rows, decisions, self._decisions)  # type: ignore[attr-defined]
         assert self.slot_of_row is not None
-        every = group._cache.get("every")
-        if every is None or every.slot_of_row is not self.slot_of_row:
-            every = group._cache["every"] = GatheredRows(self.slot_of_row, group.member.dev[self.slot_of_row, 0])
-        return decide_on_device(group, step, every, thinking, window)
+        return decide_on_device(group, step, group.every_row(self.slot_of_row), thinking, window)
 
     def _fail_stop(self, step: StepInputs, rows: ListedRows) -> None:
         """Rows of failed requests: only their stop token (a deliberate override of every mask)."""
