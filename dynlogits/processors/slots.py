@@ -61,6 +61,9 @@ class Template:
     #: whether the kind reads the tokens themselves, not only their count (the V1 runner then
     #: checks histories for async scheduling's placeholder)
     reads_tokens: ClassVar[bool] = False
+    #: for a kind decided from a span it follows, the ``thinking_budget.SpanTables`` type a device
+    #: decider (``DeviceThinking``) keeps for it where histories live on the device; else ``None``
+    device_spans: ClassVar[type | None] = None
 
 
 class SlotTable:

@@ -9,11 +9,13 @@ group's step is decided per row (``Group.decided``): on the host from the live h
 the prompt, from the template's ``initial``) and how many tokens were scanned; each step advances it over the newly committed tokens only (read from the
 engine's ``tokens`` ``[slots, max_len]``, ``prompt_len``, ``total_len``, passed to every ``step``),
 then each row over its drafts. Constant cost per step, no read back, except one host scan of a
-request resumed with more than ``MAX_DEVICE_CATCH_UP`` generated tokens."""
+request resumed with more than ``MAX_DEVICE_CATCH_UP`` generated tokens. It serves any kind whose
+decision follows a span: its template names its ``SpanTables`` (``device_spans``: the delimiters and
+the rule that decides from the span), as ``thinking_budget``'s ``ThinkingTables`` and ``trigger``'s."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,7 +29,7 @@ from .slots import (Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs
                     force_device_decisions)
 from .uploads import StepUpload
 
-__all__ = ["CLOSED", "KIND", "ROLLBACK", "DeviceThinking", "ThinkingBudgetGroup", "ThinkingBudgetProcessor", "ThinkingBudgetTemplate", "factory"]
+__all__ = ["CLOSED", "KIND", "ROLLBACK", "DeviceThinking", "SpanTables", "ThinkingBudgetGroup", "ThinkingBudgetProcessor", "ThinkingBudgetTemplate", "factory"]
 
 KIND = "thinking_budget"
 
@@ -127,21 +129,35 @@ def factory(entry: Any, ctx: RealizeContext) -> ThinkingBudgetProcessor:
 
 
 # -- followed on the device ------------------------------------------------------------------------
-class ThinkingTables:
-    """Per-slot sequences, budget and span state of one entry position's ``thinking_budget``."""
+class SpanTables:
+    """Per-slot delimiters and span state of one entry position of a kind whose decision follows a
+    span (``DeviceThinking``); a subclass writes its template (``set``) and decides per row
+    (``decide``). ``in_prompt``: whether delimiters are matched from the prompt on (else only in the
+    generated tokens); ``closes``: whether the end sequence closes a span (else a span, once open,
+    stays open and the end is never matched)."""
+
+    in_prompt = True
+    closes = True
 
     def __init__(self, num_slots: int, device: torch.device) -> None:
         self.start = SlotTable(num_slots, torch.long, device)
         self.start_len = SlotTable(num_slots, torch.long, device)
         self.end = SlotTable(num_slots, torch.long, device)
         self.end_len = SlotTable(num_slots, torch.long, device)
-        self.budget = SlotTable(num_slots, torch.long, device)
         self.member = SlotTable(num_slots, torch.bool, device, pad=0)
         self.members: set[int] = set()  # host view of ``member``: the tables go when it is empty
         self.span = torch.full((num_slots,), CLOSED, dtype=torch.long, device=device)
         self.scanned = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self._tables = [self.start, self.start_len, self.end, self.end_len, self.member]
 
-    def set(self, slot: int, template: ThinkingBudgetTemplate | None) -> None:
+    def table(self) -> SlotTable:
+        """A further per-slot table of the subclass's, flushed with the others."""
+        made = SlotTable(self.member.num_slots, torch.long, self.member.device)
+        self._tables.append(made)
+        return made
+
+    def set(self, slot: int, template: Any | None) -> None:
+        """Write ``template``'s delimiters at ``slot`` (``None``: the slot leaves)."""
         if template is None:
             if slot in self.members:
                 self.members.discard(slot)
@@ -149,15 +165,75 @@ class ThinkingTables:
             return
         self.members.add(slot)
         self.member.set(slot, [1])
-        self.start.set(slot, template.start)
-        self.start_len.set(slot, [len(template.start)])
-        self.end.set(slot, template.end)
-        self.end_len.set(slot, [len(template.end)])
-        self.budget.set(slot, [template.budget])
+        start, end = self.delimiters(template)
+        self.start.set(slot, start)
+        self.start_len.set(slot, [len(start)])
+        self.end.set(slot, end)
+        self.end_len.set(slot, [len(end)])
+
+    def delimiters(self, template: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The sequences that open and close ``template``'s span."""
+        raise NotImplementedError
+
+    def initial(self, template: Any) -> int:
+        """Where the span the prompt left open began (``CLOSED``: none)."""
+        return CLOSED
+
+    def host_span(self, processor: Any, history: Sequence[int]) -> int | None:
+        """The host processor's span after ``history`` (a resumed request's one host scan)."""
+        return processor.span(history)  # type: ignore[no-any-return]
+
+    def decide(self, slots: torch.Tensor, span: torch.Tensor, generated: torch.Tensor, valid: torch.Tensor,
+               row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The token each row is forced to (``-1``: none), given its span start (``CLOSED``: none),
+        its generated count (drafts before it included), whether it may be decided at all, and
+        ``row_tokens(slots, positions)``: its tokens at generated ``positions``."""
+        raise NotImplementedError
 
     def flush(self) -> None:
-        for table in (self.start, self.start_len, self.end, self.end_len, self.budget, self.member):
+        for table in self._tables:
             table.flush()
+
+
+class ThinkingTables(SpanTables):
+    """``thinking_budget``'s: its delimiters and budget."""
+
+    def __init__(self, num_slots: int, device: torch.device) -> None:
+        super().__init__(num_slots, device)
+        self.budget = self.table()
+
+    def delimiters(self, template: ThinkingBudgetTemplate) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return template.start, template.end
+
+    def initial(self, template: ThinkingBudgetTemplate) -> int:
+        return CLOSED if template.initial is None else template.initial
+
+    def set(self, slot: int, template: ThinkingBudgetTemplate | None) -> None:
+        super().set(slot, template)
+        if template is not None:
+            self.budget.set(slot, [template.budget])
+
+    def decide(self, slots: torch.Tensor, span: torch.Tensor, generated: torch.Tensor, valid: torch.Tensor,
+               row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The budget rule: once the span holds ``budget`` tokens, the next end token."""
+        budget = self.budget.dev[slots, 0]
+        end, end_len = self.end.dev[slots], self.end_len.dev[slots, 0]
+        span_len = generated - span
+        fire = valid & (span != CLOSED) & (span_len >= budget)
+        # how many leading end tokens the history already ends with (continue, do not restart)
+        progress = torch.zeros_like(generated)
+        width = end.shape[1]
+        if width > 1:
+            last = row_tokens(slots, generated[:, None] - width + 1 + torch.arange(width - 1, device=slots.device)[None, :])
+            for k in range(1, width):  # the last k tokens == end[:k]
+                tail = last[:, width - 1 - k :]
+                match = (tail == end[:, :k]).all(1) & (k < end_len) & (k <= span_len)
+                progress = torch.where(match, torch.full_like(progress, k), progress)
+        token = end.gather(1, progress[:, None])[:, 0]
+        return torch.where(fire, token, torch.full_like(token, -1))
+
+
+ThinkingBudgetTemplate.device_spans = ThinkingTables  # defined after the template it decides
 
 
 @dataclass
@@ -187,13 +263,15 @@ def _ends_with(window: torch.Tensor, seq: torch.Tensor, seq_len: torch.Tensor, r
 
 
 class DeviceThinking:
-    """``thinking_budget`` decisions on the device for a ``SlotBatch``'s thinking groups."""
+    """Decisions on the device for a ``SlotBatch``'s span-following groups: ``thinking_budget``'s and
+    every kind whose template names ``SpanTables`` (``device_spans``, e.g. ``trigger``)."""
 
     def __init__(self, num_slots: int, device: torch.device | str, *, max_new: int = 1) -> None:
         self.num_slots = num_slots
         self.device = torch.device(device)
         self.max_new = max_new  # committed tokens a slot can gain per step (1 + speculative tokens)
-        self.tables: dict[int, ThinkingTables] = {}  # entry position -> tables
+        #: (entry position, group type) -> tables, as ``SlotBatch.groups``: two kinds at one position keep apart
+        self.tables: dict[tuple[int, type[Group]], SpanTables] = {}
         self._cold: dict[int, Any] = {}  # slots to scan on the host before their first step
         self._step: _Step | None = None
         self._inputs: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
@@ -208,21 +286,23 @@ class DeviceThinking:
         tokens (preempted and resumed), followed at its first step on the device, or on the host
         past ``MAX_DEVICE_CATCH_UP``."""
         self._cold.pop(slot, None)
-        templates: dict[int, ThinkingBudgetTemplate] = {}
+        templates: dict[tuple[int, type[Group]], Any] = {}
         if request is not None and request.processor is not None:
-            templates = {i: p.template for i, p in enumerate(request.processor.processors)
-                         if isinstance(getattr(p, "template", None), ThinkingBudgetTemplate)}
-        for level in set(self.tables) | set(templates):
-            tables = self.tables.get(level)
+            for i, p in enumerate(request.processor.processors):
+                template = getattr(p, "template", None)
+                if getattr(template, "device_spans", None) is not None:
+                    templates[(i, template.group)] = template
+        for key in set(self.tables) | set(templates):
+            template = templates.get(key)
+            tables = self.tables.get(key)
             if tables is None:
-                tables = self.tables[level] = ThinkingTables(self.num_slots, self.device)
-            template = templates.get(level)
+                tables = self.tables[key] = template.device_spans(self.num_slots, self.device)
             tables.set(slot, template)
-            initial = template.initial if template is not None and template.initial is not None else CLOSED
+            initial = CLOSED if template is None else tables.initial(template)
             tables.span[slot : slot + 1].fill_(initial)  # not ``span[slot] = x``: a blocking copy on CUDA
             tables.scanned[slot : slot + 1].fill_(0)
-            if not tables.members:  # no thinking request left at this level: steps skip it
-                del self.tables[level]
+            if not tables.members:  # no request left at this key: steps skip it
+                del self.tables[key]
         if templates and resumed > self.MAX_DEVICE_CATCH_UP:
             self._cold[slot] = request  # type: ignore[assignment]
         elif templates and resumed:
@@ -264,17 +344,20 @@ class DeviceThinking:
                 tables.scanned.add_(fresh.long())
 
     @staticmethod
-    def _advance(tables: ThinkingTables, slots: torch.Tensor, span: torch.Tensor, upto: torch.Tensor,
+    def _advance(tables: SpanTables, slots: torch.Tensor, span: torch.Tensor, upto: torch.Tensor,
                  fresh: torch.Tensor, prompt_len: torch.Tensor, token_at) -> torch.Tensor:  # noqa: ANN001
-        """The span after the token ending at ``upto`` (only where ``fresh``); a delimiter may begin
-        in the prompt (``prompt_len`` tokens before generated position 0)."""
+        """The span after the token ending at ``upto`` (only where ``fresh``); where the tables match
+        from the prompt on (``in_prompt``), a delimiter may begin in the prompt (``prompt_len``
+        tokens before generated position 0)."""
         start, end = tables.start.dev[slots], tables.end.dev[slots]
         start_len, end_len = tables.start_len.dev[slots, 0], tables.end_len.dev[slots, 0]
         width = max(start.shape[1], end.shape[1])
         window = token_at(upto[:, None] - width + torch.arange(width, device=upto.device)[None, :])
-        reach = upto + prompt_len
+        reach = upto + prompt_len if tables.in_prompt else upto
         closed = span == CLOSED
         opens = fresh & closed & _ends_with(window[:, width - start.shape[1] :], start, start_len, reach)
+        if not tables.closes:
+            return torch.where(opens, upto, span)
         closes = (fresh & ~closed & (upto - span >= end_len)
                   & _ends_with(window[:, width - end.shape[1] :], end, end_len, reach))
         return torch.where(opens, upto, torch.where(closes, torch.full_like(span, CLOSED), span))
@@ -284,11 +367,11 @@ class DeviceThinking:
         for slot, request in list(self._cold.items()):
             committed = int(source.committed[slot])
             history = source.tokens[slot, int(source.prompt_len[slot]) : int(source.prompt_len[slot]) + committed].tolist()
-            for level, tables in self.tables.items():
+            for (level, _), tables in self.tables.items():
                 if not bool(tables.member.dev[slot, 0]):
                     continue
                 processor = request.processor.processors[level]  # type: ignore[union-attr]
-                span = processor.span(history)  # the host automaton, same rule (the prompt's span included)
+                span = tables.host_span(processor, history)  # the host automaton, same rule
                 tables.span[slot : slot + 1].fill_(CLOSED if span is None else span)
                 tables.scanned[slot : slot + 1].fill_(committed)
         self._cold.clear()
@@ -308,10 +391,10 @@ class DeviceThinking:
         draft_row = (first + positions - committed + 1).clamp_(0, len(input_ids) - 1)
         return torch.where(positions < committed, from_matrix, input_ids.long()[draft_row])
 
-    def decide(self, group: ThinkingBudgetGroup, rows: GatheredRows) -> torch.Tensor:
-        """The end token each row must be forced to now (``-1``: none): its slot's span state,
-        advanced over the drafts before the row, then the budget rule."""
-        tables = self.tables.get(group.level)
+    def decide(self, group: Group, rows: GatheredRows) -> torch.Tensor:
+        """The token each row must be forced to now (``-1``: none): its slot's span state, advanced
+        over the drafts before the row, then its tables' rule (``SpanTables.decide``)."""
+        tables = self.tables.get((group.level, type(group)))
         source = self._step
         if tables is None or source is None:
             return torch.full_like(rows.slot_of_row, -1)
@@ -329,19 +412,4 @@ class DeviceThinking:
                 valid &= ~(fresh & (input_ids.long()[(first + j).clamp(0, len(input_ids) - 1)] == PLACEHOLDER))
             span = self._advance(tables, slots, span, committed + j, fresh, source.prompt_len[slots],
                                  lambda pos: self._row_tokens(slots, pos))
-        generated = committed + drafts
-        budget = tables.budget.dev[slots, 0]
-        end, end_len = tables.end.dev[slots], tables.end_len.dev[slots, 0]
-        span_len = generated - span
-        fire = valid & (span != CLOSED) & (span_len >= budget)
-        # how many leading end tokens the history already ends with (continue, do not restart)
-        progress = torch.zeros_like(generated)
-        width = end.shape[1]
-        if width > 1:
-            last = self._row_tokens(slots, generated[:, None] - width + 1 + torch.arange(width - 1, device=slots.device)[None, :])
-            for k in range(1, width):  # the last k tokens == end[:k]
-                tail = last[:, width - 1 - k :]
-                match = (tail == end[:, :k]).all(1) & (k < end_len) & (k <= span_len)
-                progress = torch.where(match, torch.full_like(progress, k), progress)
-        token = end.gather(1, progress[:, None])[:, 0]
-        return torch.where(fire, token, torch.full_like(token, -1))
+        return tables.decide(slots, span, committed + drafts, valid, self._row_tokens)

@@ -1,9 +1,10 @@
 """``trigger``: after the output first ends with the trigger, the phrase is forced once: its processor,
-template and resident group (decided on the host, ``HostForcingGroup``)."""
+template and resident group (decided on the host from histories, ``HostForcingGroup``, or on the
+device from the span the trigger opens, ``TriggerTables``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -13,14 +14,52 @@ from .base import RealizeContext
 from .ops import ForceToken, RowOp, apply_op
 from .slots import HostForcingGroup, Template
 from .spans import PLACEHOLDER, SpanScanner
+from .thinking_budget import CLOSED, SpanTables
 
-__all__ = ["KIND", "TriggerGroup", "TriggerProcessor", "TriggerTemplate", "factory"]
+__all__ = ["KIND", "TriggerGroup", "TriggerProcessor", "TriggerTables", "TriggerTemplate", "factory"]
 
 KIND = "trigger"
 
 
 class TriggerGroup(HostForcingGroup):
-    """``trigger`` on the resident path: each row's processor decides on the host (vLLM V1)."""
+    """``trigger`` on the resident path: each row's processor decides on the host where the adapter
+    has histories (vLLM V1), else ``DeviceThinking`` from the span the trigger opens (``TriggerTables``)."""
+
+    needs_host_histories = False
+
+
+class TriggerTables(SpanTables):
+    """``trigger`` followed on the device: a span the trigger opens in the generated tokens and that
+    never closes (its end is the placeholder, never matched); a row ``k`` tokens into it is forced
+    to ``phrase[k]`` while ``k`` is within the phrase."""
+
+    in_prompt = False  # a trigger is matched in the generated tokens only, as ``TriggerProcessor``
+    closes = False  # it fires once: the span never closes
+
+    def __init__(self, num_slots: int, device: torch.device) -> None:
+        super().__init__(num_slots, device)
+        self.phrase = self.table()
+        self.phrase_len = self.table()
+
+    def delimiters(self, template: TriggerTemplate) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return template.trigger, (PLACEHOLDER,)
+
+    def set(self, slot: int, template: TriggerTemplate | None) -> None:
+        super().set(slot, template)
+        if template is not None:
+            self.phrase.set(slot, template.phrase)
+            self.phrase_len.set(slot, [len(template.phrase)])
+
+    def host_span(self, processor: Any, history: Sequence[int]) -> int | None:
+        return processor.fired_at(history)  # type: ignore[no-any-return]
+
+    def decide(self, slots: torch.Tensor, span: torch.Tensor, generated: torch.Tensor, valid: torch.Tensor,
+               row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        phrase = self.phrase.dev[slots]
+        k = generated - span
+        fire = valid & (span != CLOSED) & (k < self.phrase_len.dev[slots, 0])
+        token = phrase.gather(1, k.clamp(0, phrase.shape[1] - 1)[:, None])[:, 0]
+        return torch.where(fire, token, torch.full_like(token, -1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +70,7 @@ class TriggerTemplate(Template):
     phrase: tuple[int, ...]
     group: ClassVar[type[TriggerGroup]] = TriggerGroup
     reads_tokens: ClassVar[bool] = True
+    device_spans: ClassVar[type[TriggerTables]] = TriggerTables
 
 
 class TriggerProcessor:

@@ -1,6 +1,6 @@
 """``trigger`` (docs/specs.md): the first time the output ends with the trigger, the phrase is forced,
-one token a step; later occurrences do nothing. Host path, and the resident path where the adapter
-gives the histories (vLLM V1)."""
+one token a step; later occurrences do nothing. Host path, the resident path where the adapter gives
+the histories (vLLM V1), and the device decider where it does not (Model Runner V2)."""
 
 from __future__ import annotations
 
@@ -132,17 +132,33 @@ def test_the_resident_path_equals_the_host_path_step_by_step() -> None:
         assert torch.equal(resident, host)
 
 
-def test_without_the_rows_histories_a_trigger_request_stays_on_the_host_path() -> None:
-    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu")  # Model Runner V2: no host histories
+@pytest.mark.parametrize(("output", "want"), [([5, 3, 4], 7), ([5, 3, 4, 7], 8), ([5, 3], None), ([3, 4, 7, 8, 9], None),
+                                              ([4], None), ([4, 3, 4], 7)])
+def test_without_the_rows_histories_a_trigger_request_is_decided_by_the_device_decider(
+        output: list[int], want: int | None) -> None:
+    """Model Runner V2: no host histories; ``DeviceThinking`` follows the trigger's span from the
+    engine's token matrix. The prompt ``[3, 4, 3]`` holds the trigger and ends with its first token:
+    neither counts (matched in the output only, as the host processor)."""
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu")
     request = realize(PAYLOAD)
-    assert request.resident  # every processor has a template ...
-    assert not batch.assign(0, request)  # ... but only a batch given histories can decide it
+    assert batch.assign(0, request)  # resident: decided on the device
+    decider = sdk.DeviceThinking(3, "cpu")
+    decider.assign(0, request, resumed=len(output))
     batch.flush()
+    decider.flush()
+    prompt = [3, 4, 3]
+    tokens = torch.zeros(2, 16, dtype=torch.int32)
+    tokens[0, : len(prompt) + len(output)] = torch.tensor(prompt + output)
+    decider.step(tokens, torch.tensor([len(prompt), 0]), torch.tensor([len(prompt) + len(output), 0]))
     batch.set_rows(np.array([0]))
     logits = torch.randn(1, V)
     before = logits.clone()
-    batch.apply(logits, histories=[[3, 4]])
-    assert torch.equal(logits, before)
+    batch.apply(logits, thinking=decider.decide)
+    assert forced(trigger_processor(), output) == want  # the host processor's rule
+    if want is None:
+        assert torch.equal(logits, before)
+    else:
+        assert finite(logits[0]) == [want]
 
 
 @pytest.mark.parametrize("masked", [7, None])

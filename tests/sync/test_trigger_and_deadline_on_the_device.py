@@ -1,7 +1,9 @@
-"""``trigger`` and ``deadline`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM's V1
-runner drives the adapter: their resident step (decided on the host) uploads the firing rows' tokens
-and forces them, and no step of a sequence with batch changes and a failing request waits for the
-device."""
+"""``trigger`` and ``deadline`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM drives
+the adapter. On the V1 runner their resident step (decided on the host) uploads the firing rows'
+tokens and forces them; under Model Runner V2 a trigger is followed on the device from the engine's
+token matrix (``TriggerTables``), so no step reads a history back, whether it fires or not, with
+drafts or without. No step of a sequence with batch changes and a failing request waits for the
+device (``deadline`` under V2: tests/sync/test_deadline_on_the_device.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dynlogits.testing.cuda.drive import Scenario, drive_v1
+from dynlogits.testing.cuda.drive import Scenario, drive_v1, drive_v2
 from dynlogits.testing.cuda.simcuda import SimCuda
 
 # the bias makes the trigger (two 5s) certain, so the phrase is forced during the sequence
@@ -51,3 +53,16 @@ def test_vllm_v1_runner_forcing_step_uploads_the_firing_rows_and_forces_them() -
     assert [str(s) for s in steady.syncs] == [] and not steady.failures
     ops = steady.steady_ops
     assert ops[:3] == ["copy_", "index_add_", "copy_"] and ops.count("index_fill_") == 1 and ops[-2:] == ["scatter_reduce_", "copy_"]
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+@pytest.mark.parametrize("payloads", [TRIGGERS, TRIGGERS[1:] * 2], ids=["fires", "never-fires"])
+def test_vllm_model_runner_v2_trigger_never_reads_a_history_back(payloads: list, drafts: int) -> None:
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(payloads=payloads, steps=4, changes=False), drafts=drafts)
+    assert [str(s) for s in steady.syncs] == [] and not steady.failures
+    assert steady.steady_ops  # the trigger's work runs on the device
+    with SimCuda() as sim:
+        result = drive_v2(sim, Scenario(payloads=payloads, steps=9), drafts=drafts)
+    assert [str(s) for s in result.syncs] == []
+    assert any("no token left to sample" in f for f in result.failures)

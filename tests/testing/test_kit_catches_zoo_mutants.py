@@ -8,10 +8,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+import torch
 
 from dynlogits.processors import registry
 from dynlogits.processors.multiple_choice import MultipleChoiceProcessor
-from dynlogits.processors.trigger import TriggerProcessor
+from dynlogits.processors.thinking_budget import CLOSED, DeviceThinking
+from dynlogits.processors.trigger import TriggerProcessor, TriggerTables
 from dynlogits.testing import CHECKS, SHIPPED, run_check
 from dynlogits.testing.runner import drivers_for, resolve
 
@@ -23,6 +25,23 @@ def _check(name: str) -> Any:
 def _last_occurrence(self: TriggerProcessor, ids: Sequence[int]) -> int | None:
     t = self.trigger
     return next((end for end in range(len(ids), t.__len__() - 1, -1) if tuple(ids[end - len(t) : end]) == t), None)
+
+
+_ADVANCE = DeviceThinking._advance
+
+
+def _reopens_at_each_occurrence(tables: Any, slots: Any, span: torch.Tensor, *args: Any) -> torch.Tensor:
+    """The device side of the same mutant (Model Runner V2): a trigger's span restarts at every
+    occurrence, as if it were closed, so it follows the last one."""
+    if not isinstance(tables, TriggerTables):
+        return _ADVANCE(tables, slots, span, *args)
+    again = _ADVANCE(tables, slots, torch.full_like(span, CLOSED), *args)
+    return torch.where(again != CLOSED, again, span)
+
+
+def _fires_at_last_occurrence(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(TriggerProcessor, "fired_at", _last_occurrence)
+    mp.setattr(DeviceThinking, "_advance", staticmethod(_reopens_at_each_occurrence))
 
 
 def _no_eos_after_eos(self: MultipleChoiceProcessor, ids: Sequence[int]) -> tuple[int, ...]:
@@ -41,8 +60,7 @@ def _with_context(kind: str, change: Callable[[Any], Any]) -> Callable[[Any, Any
 
 MUTANTS: dict[str, tuple[str, Callable[[pytest.MonkeyPatch], None]]] = {
     "trigger fires at its last occurrence": (
-        "a_trigger_fires_once_per_request_on_its_own_history",
-        lambda mp: mp.setattr(TriggerProcessor, "fired_at", _last_occurrence)),
+        "a_trigger_fires_once_per_request_on_its_own_history", _fires_at_last_occurrence),
     "multiple_choice leaves no token after EOS": (
         "valid_vectors_behave_as_documented",
         lambda mp: mp.setattr(MultipleChoiceProcessor, "allowed", _no_eos_after_eos)),

@@ -49,8 +49,8 @@ __all__ = ["GatheredLayout", "ListedLayout", "SlotBatch", "ThinkingDecider"]
 
 NEG_INF = -math.inf
 
-#: Device decisions for a decided group (``thinking_budget``) when the host has no histories:
-#: ``(group, rows) -> tokens`` (the token to force per row, -1 for none).
+#: Device decisions for a decided group (``thinking_budget``, ``trigger``: ``DeviceThinking.decide``)
+#: when the host has no histories: ``(group, rows) -> tokens`` (the token to force per row, -1 for none).
 ThinkingDecider = Callable[[Group, GatheredRows], torch.Tensor]
 
 

@@ -392,21 +392,27 @@ def _phrases(*phrases: list[int]) -> list[dict[str, Any]]:
     return [{"kind": "banned_phrases", "phrases": [list(p) for p in phrases]}]
 
 
+def _drafting_harness(drafts: int) -> V2SamplerHarness:
+    """Five slots, under speculative decoding with ``drafts`` tokens a request (0: none)."""
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=drafts) if drafts else None,
+                             use_v2_model_runner=True, model_config=None)
+    return V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=VOCAB, max_num_reqs=5, vllm_config=config)
+
+
 @pytest.mark.parametrize("drafts", [0, 2])
 def test_banned_phrases_are_resident_and_mask_what_the_host_processor_masks(drafts: int) -> None:
     """Random phrase sets (1-4 tokens over five ids, so outputs meet them), prompts, outputs and
     drafts; slots reused by requests of other geometries. Every row masks exactly the ids the host
     processor finds for the history that row sees (committed tokens plus the drafts before it)."""
     import random
-    from types import SimpleNamespace
 
     from dynlogits.processors.banned_phrases import BannedPhrasesProcessor
 
     rng = random.Random(drafts)
     ids = list(range(2, 7))
-    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=drafts) if drafts else None,
-                             use_v2_model_runner=True, model_config=None)
-    harness = V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=VOCAB, max_num_reqs=5, vllm_config=config)
+    harness = _drafting_harness(drafts)
     phrases: dict[str, list[list[int]] | None] = {}
     checked = 0
     for round_ in range(12):
@@ -486,3 +492,57 @@ def test_a_deadline_is_resident_and_stops_every_row_of_its_request_once_due(harn
         for row in range(d_rows):
             assert torch.isfinite(out[row]).nonzero().flatten().tolist() == ([EOS] if stops else list(range(VOCAB)))
         assert all(_masked(out[row]) == [9] for row in range(d_rows, rows))
+
+
+# -- trigger: followed on the device ---------------------------------------------------------------
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_a_trigger_is_resident_and_forces_what_the_host_processor_forces(drafts: int) -> None:
+    """Random triggers, phrases, prompts (which may hold the trigger: not counted), outputs a
+    request resumes with (some past ``MAX_DEVICE_CATCH_UP``: scanned once on the host) and drafts;
+    slots reused; some requests hold a ``thinking_budget`` at the same entry position as another's
+    trigger, or both. Every row is what the oracle makes of the history it sees."""
+    import random
+    import time
+
+    from dynlogits.testing.oracle import OracleRequest, expected_row
+
+    rng = random.Random(10 + drafts)
+    ids = [2, 3, 4]
+    harness = _drafting_harness(drafts)
+    live: dict[str, tuple[list[dict[str, Any]], list[int]]] = {}
+    fired = 0
+    for round_ in range(10):
+        for name in [n for n in live if rng.random() < 0.4]:  # some leave: their slots are reused
+            harness.remove_request(name)
+            del live[name]
+        while len(live) < 4:
+            name = f"r{round_}-{len(live)}"
+            trigger = {"kind": "trigger", "trigger_token_ids": [rng.choice(ids) for _ in range(rng.randint(1, 2))],
+                       "phrase_token_ids": [rng.choice(range(10, 15)) for _ in range(rng.randint(1, 3))]}
+            thinking = {"kind": "thinking_budget", "start_token_ids": [5], "end_token_ids": [6], "budget": 2}
+            payload = rng.choice([[trigger], [trigger], [thinking], [trigger, {**thinking, "budget": 99}],
+                                  [{**thinking, "budget": 99}, trigger]])
+            prompt = [rng.choice(ids) for _ in range(rng.randint(1, 4))]
+            output = [rng.choice(ids + [5]) for _ in range(rng.choice([0, 1, 3, 20]))]
+            harness.add_request(name, prompt, sp(payload), output_ids=output)
+            live[name] = (payload, prompt)
+            assert harness.processor._is_resident[harness.reqs[name].slot]  # no read back of histories
+        batch = list(live)
+        for _ in range(4):
+            fed = {n: [rng.choice(ids + [5]) for _ in range(rng.randint(0, drafts))] for n in batch} if drafts else {}
+            logits = torch.randn(len(batch) + sum(map(len, fed.values())), VOCAB)
+            out = harness.step(batch, logits.clone(), drafts=fed)
+            row = 0
+            for name in batch:
+                payload, prompt = live[name]
+                request = OracleRequest(prompt=tuple(prompt), stop_token_ids=(EOS,), arrival=time.time(), now=time.time())
+                for k in range(len(fed.get(name, [])) + 1):
+                    seen = harness.output_ids(name) + fed.get(name, [])[:k]
+                    want = expected_row(payload, seen, logits[row].tolist(), request)
+                    assert out[row].tolist() == pytest.approx(want), (name, payload, prompt, seen)
+                    fired += sum(v == 0.0 for v in want) == 1 and want.count(float("-inf")) == VOCAB - 1
+                    row += 1
+            for name in batch:
+                harness.commit(name, [rng.choice(ids + [5])])
+    assert not harness.processor.failures
+    assert fired > 10  # forced rows were seen

@@ -1,7 +1,8 @@
 """Where the zoo's kinds run in the vLLM adapter (docs/vllm.md, "The apply path"), with vLLM's real
 classes and no engine: on the V1 runner ``trigger``, ``deadline`` and ``prompt_tokens`` are resident
-and ``multiple_choice`` is hosted; under Model Runner V2 ``prompt_tokens`` and ``deadline`` (it reads
-no history) are resident, and the hosted ones follow each draft row's own history."""
+and ``multiple_choice`` is hosted; under Model Runner V2 ``prompt_tokens``, ``deadline`` (it reads
+no history) and ``trigger`` (followed on the device) are resident, and each draft row follows its own
+history."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ PAYLOADS: dict[str, list[dict[str, Any]]] = {
     "prompt_tokens": [{"kind": "prompt_tokens", "mode": "restrict"}],
     "multiple_choice": [{"kind": "multiple_choice", "choices": [[7, 8], [9]], "eos_token_id": EOS}],
 }
-RESIDENT = {"v1": {"trigger", "deadline", "prompt_tokens"}, "v2": {"prompt_tokens", "deadline"}}
+RESIDENT = {"v1": {"trigger", "deadline", "prompt_tokens"}, "v2": {"trigger", "prompt_tokens", "deadline"}}
 
 
 @pytest.mark.parametrize("kind", sorted(PAYLOADS))
@@ -40,7 +41,7 @@ def test_the_v1_runner_keeps_trigger_deadline_and_prompt_tokens_resident(kind: s
 
 
 @pytest.mark.parametrize("kind", sorted(PAYLOADS))
-def test_model_runner_v2_keeps_prompt_tokens_and_deadline_resident(kind: str) -> None:
+def test_model_runner_v2_keeps_trigger_deadline_and_prompt_tokens_resident(kind: str) -> None:
     driver = VllmV2Driver(KIT_VOCAB_SIZE)
     driver.add("r", PAYLOADS[kind], prompt_ids=PROMPT, eos_token_id=EOS)
     driver.step(["r"], torch.randn(1, KIT_VOCAB_SIZE))
@@ -63,6 +64,7 @@ def test_under_model_runner_v2_each_draft_row_of_a_trigger_request_follows_its_o
         want = expected_row(TRIGGER, history, logits[k].tolist(), request)
         assert out[k].tolist() == pytest.approx(want), f"draft row {k}"
     assert [int(out[k].argmax()) for k in (1, 2)] == [50, 51]  # the phrase, from the trigger in the drafts
+    assert driver.processor._is_resident[harness.reqs["r"].slot]  # followed on the device, not read back
     assert not driver.failures()
 
 
