@@ -6,23 +6,15 @@ device); and no step of a sequence with batch changes and a failing request wait
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-
 import pytest
 
 from dynlogits.testing.cuda.drive import Scenario, drive_v1, drive_v2
 from dynlogits.testing.cuda.simcuda import SimCuda
 
+pytestmark = pytest.mark.usefixtures("quiet")  # the sequences' failing requests are expected
+
 PHRASES = [[{"kind": "banned_phrases", "phrases": [[9], [5, 6], [6, 5, 8], [3, 3]]}],
            [{"kind": "banned_phrases", "phrases": [[4, 4], [12, 4, 4, 4]]}]]
-
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logging.disable(logging.CRITICAL)  # the sequence's failing request is expected
-    yield
-    logging.disable(logging.NOTSET)
 
 
 def test_vllm_v1_runner_phrase_step_that_finds_nothing_is_one_masked_write_and_no_upload() -> None:

@@ -3,20 +3,12 @@ adapter: decided on the host from the clock, it reads no history, so nothing is 
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-
 import pytest
 
 from dynlogits.testing.cuda.drive import Scenario, drive_v2
 from dynlogits.testing.cuda.simcuda import SimCuda
 
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logging.disable(logging.CRITICAL)  # the sequence's failing request is expected
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet")  # the sequences' failing requests are expected
 
 
 @pytest.mark.parametrize("drafts", [0, 2])

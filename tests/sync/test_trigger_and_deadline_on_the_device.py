@@ -7,26 +7,18 @@ device (``deadline`` under V2: tests/sync/test_deadline_on_the_device.py)."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
-
 import pytest
 
 from dynlogits.testing.cuda.drive import Scenario, drive_v1, drive_v2
 from dynlogits.testing.cuda.simcuda import SimCuda
+
+pytestmark = pytest.mark.usefixtures("quiet")  # the sequences' failing requests are expected
 
 # the bias makes the trigger (two 5s) certain, so the phrase is forced during the sequence
 TRIGGERS = [[{"kind": "logit_bias", "bias": {"5": 100.0}}, {"kind": "trigger", "trigger_token_ids": [5, 5],
                                                              "phrase_token_ids": [7, 8, 9]}],
             [{"kind": "trigger", "trigger_token_ids": [11], "phrase_token_ids": [12]}]]
 DEADLINES = [[{"kind": "deadline", "seconds": 0.001}], [{"kind": "deadline", "seconds": 3600}]]
-
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    logging.disable(logging.CRITICAL)  # the sequence's failing request is expected
-    yield
-    logging.disable(logging.NOTSET)
 
 
 @pytest.mark.parametrize("payloads", [TRIGGERS, DEADLINES, TRIGGERS + DEADLINES], ids=["trigger", "deadline", "both"])
