@@ -1,18 +1,160 @@
-"""``multiple_choice``: the output is exactly one of the choices, then EOS."""
+"""``multiple_choice``: the output is exactly one of the choices, then EOS: the processor, its template
+and its resident group (decided on the device from each row's first tokens, where histories live
+there: Model Runner V2; hosted where the adapter has host histories, vLLM's V1 runner)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 
 from .base import IndexCache, RealizeContext, first_stop
 from .ops import KeepOnly, RowOp, apply_op
+from .slots import NEG_INF, Dead, GatheredRows, Group, StepInputs, Template
 
-__all__ = ["KIND", "MultipleChoiceProcessor", "factory"]
+if TYPE_CHECKING:
+    from .window import TokenWindow
+
+__all__ = ["KIND", "MultipleChoiceGroup", "MultipleChoiceProcessor", "MultipleChoiceTemplate", "factory"]
 
 KIND = "multiple_choice"
+
+
+class _RowTables(NamedTuple):
+    """A step's tables, per row of the layout (``MultipleChoiceGroup._rows_tables``)."""
+
+    slots: torch.Tensor
+    prefix: torch.Tensor  # [rows, entries, width]
+    unused: torch.Tensor
+    depth: torch.Tensor  # [rows, entries]
+    at_least: torch.Tensor
+    allowed: torch.Tensor  # [rows, entries, k]
+
+
+class MultipleChoiceGroup(Group):
+    """``multiple_choice`` decided on the device from each row's first generated tokens
+    (``TokenWindow.head``): per slot an entry per trie node (the output that reaches it, left-aligned
+    in ``width`` columns, unused ones ``-1``, its length and the ids it allows next) plus one per
+    whole choice followed by EOS (``at_least``: any longer output that begins with it allows EOS).
+    A row keeps only the ids of the entry its output matches (gather, fill, scatter back, as
+    ``allowed_tokens``); a row that matches none (it left every choice) keeps none and fails. The
+    tables are as large for every slot as for the largest request the group has held, at most
+    ``MAX_WINDOW_CELLS`` prefix cells and as many allowed ids per slot (a larger request is hosted:
+    e.g. 64 choices of one token each, 129 entries of up to 64 ids). Not laid out on the host
+    (``host_decided`` false): where the adapter has host histories the kind is hosted."""
+
+    restrictive = True
+    positional = True  # a row left with no token reports its output position
+    decided = True
+    needs_host_histories = True
+    host_decided = False
+    window_decided = True
+    NEVER = 1 << 40  # ``depth`` of padding entries: never matches
+    MAX_WINDOW_CELLS = 4096
+
+    @classmethod
+    def fits_window(cls, template: Template, group: Group | None) -> bool:
+        assert isinstance(template, MultipleChoiceTemplate)
+        entries, width, k = template.geometry
+        if isinstance(group, MultipleChoiceGroup):
+            entries, width, k = max(entries, group.entries), max(width, group.width), max(k, group.k)
+        return entries * max(width, k) <= cls.MAX_WINDOW_CELLS
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        self._templates: dict[int, MultipleChoiceTemplate] = {}
+        self.entries = self.width = self.k = 0  # the geometry of the device tables (the most any member has)
+        self._tables()
+
+    def _tables(self) -> None:
+        for old in getattr(self, "_own", ()):
+            self.tables.remove(old)
+        self.prefix = self.table(torch.int32, width=max(1, self.entries * self.width))
+        self.depth = self.table(torch.long, width=max(1, self.entries))
+        self.at_least = self.table(torch.bool, width=max(1, self.entries))
+        self.allowed = self.table(torch.long, width=max(1, self.entries * self.k))
+        self._own = (self.prefix, self.depth, self.at_least, self.allowed)
+
+    def assign(self, slot: int, template: Template | None) -> None:
+        if template is None:
+            self._templates.pop(slot, None)
+        super().assign(slot, template)
+
+    def _write(self, slot: int, template: MultipleChoiceTemplate) -> None:
+        self._templates[slot] = template
+        entries, width, k = template.geometry
+        if entries > self.entries or width > self.width or k > self.k:  # a larger geometry: every member again
+            self.entries, self.width, self.k = max(entries, self.entries), max(width, self.width), max(k, self.k)
+            self._tables()
+            for member, written in self._templates.items():
+                self._write_entries(member, written)
+        else:
+            self._write_entries(slot, template)
+
+    def _write_entries(self, slot: int, template: MultipleChoiceTemplate) -> None:
+        w, k, pad = self.width, self.k, self.entries - len(template.prefixes)
+        prefix: list[int] = []
+        allowed: list[int] = []
+        for p, ids in zip(template.prefixes, template.allowed):
+            prefix += list(p) + [-1] * (w - len(p))
+            allowed += list(ids) + [ids[0]] * (k - len(ids))
+        self.prefix.set(slot, prefix + [-1] * (w * pad))
+        self.depth.set(slot, [len(p) for p in template.prefixes] + [self.NEVER] * pad)
+        self.at_least.set(slot, [int(a) for a in template.at_least] + [0] * pad)
+        self.allowed.set(slot, allowed + [template.allowed[0][0]] * (k * pad))
+
+    def _rows_tables(self, rows: GatheredRows, window: TokenWindow) -> _RowTables:
+        """The rows' slots' tables, gathered once while ``rows.slot_of_row`` is the same tensor and no
+        table changes (a flush clears ``_cache``)."""
+        cached = self._cache.get("window")
+        if cached is not None and cached[0] is rows.slot_of_row:
+            return cached[1]  # type: ignore[no-any-return]
+        r, e = len(rows.slot_of_row), self.entries
+        prefix = self.prefix.dev[rows.slot_of_row].view(r, e, self.width)
+        made = _RowTables(window.slots(rows.slot_of_row), prefix, prefix < 0, self.depth.dev[rows.slot_of_row],
+                          self.at_least.dev[rows.slot_of_row], self.allowed.dev[rows.slot_of_row].view(r, e, self.k))
+        self._cache["window"] = (rows.slot_of_row, made)
+        return made
+
+    def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
+        """Per row and entry (``[rows, entries]``): whether the row's output is the entry's (or, for an
+        ``at_least`` entry, begins with it). At most one entry per row."""
+        t = self._rows_tables(rows, window)
+        head = window.head(t.slots, self.width)
+        n = (window.pos - window.prompt_len[t.slots] + 1).long()[:, None]  # tokens generated before the row
+        same = ((t.prefix == head[:, None, :]) | t.unused).all(2)
+        return same & ((t.depth == n) | (t.at_least & (t.depth <= n)))
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> Dead:
+        """Each member row keeps only its entry's ids (none where no entry matched)."""
+        t = self._cache["window"][1]  # this step's, from decide_from_window
+        entry = hit.long().argmax(1)
+        ids = t.allowed.gather(1, entry[:, None, None].expand(-1, 1, self.k))[:, 0]
+        kept = step.logits.gather(1, ids)
+        step.logits.masked_fill_(rows.member[:, None], NEG_INF)
+        kept.masked_fill_((rows.member & ~hit.any(1))[:, None], NEG_INF)
+        step.logits.scatter_(1, ids, kept)  # non-members: their own values back
+        return Dead(None, rows.slot_of_row, ids, step.generated, where=rows.member)
+
+
+@dataclass(frozen=True, slots=True)
+class MultipleChoiceTemplate(Template):
+    """The choices as entries: the output ``prefixes[i]`` (from the first generated token) allows
+    ``allowed[i]`` next; an ``at_least[i]`` entry (a whole choice then EOS) also every longer output
+    that begins with it."""
+
+    prefixes: tuple[tuple[int, ...], ...]
+    allowed: tuple[tuple[int, ...], ...]
+    at_least: tuple[bool, ...]
+    group: ClassVar[type[MultipleChoiceGroup]] = MultipleChoiceGroup
+    reads_tokens: ClassVar[bool] = True
+
+    @property
+    def geometry(self) -> tuple[int, int, int]:
+        """Its entries, the longest prefix (at least 1) and the most ids an entry allows."""
+        return len(self.prefixes), max(1, *map(len, self.prefixes)), max(map(len, self.allowed))
 
 
 class MultipleChoiceProcessor:
@@ -22,7 +164,7 @@ class MultipleChoiceProcessor:
     request fails: no token left). A trie of the choices, walked from the root each step (at most
     the longest choice's length); each node's allowed ids are cached."""
 
-    __slots__ = ("_children", "_ends", "_eos", "_keep")
+    __slots__ = ("_children", "_ends", "_eos", "_keep", "template")
 
     def __init__(self, choices: Sequence[Sequence[int]], eos_token_id: int) -> None:
         self._eos = eos_token_id
@@ -39,6 +181,29 @@ class MultipleChoiceProcessor:
                 node = child
             self._ends[node] = True
         self._keep: dict[tuple[int, ...], IndexCache] = {}
+        self.template = self._template()
+
+    def _template(self) -> MultipleChoiceTemplate:
+        """The trie as entries (``MultipleChoiceTemplate``): one per node, in the order a walk from
+        the root meets them, then one per whole choice that EOS does not continue inside the trie."""
+        prefixes: list[tuple[int, ...]] = []
+        allowed: list[tuple[int, ...]] = []
+        at_least: list[bool] = []
+        done: list[tuple[int, ...]] = []
+        stack: list[tuple[int, tuple[int, ...]]] = [(0, ())]
+        while stack:
+            node, prefix = stack.pop()
+            prefixes.append(prefix)
+            allowed.append(tuple(sorted({*self._children[node], *((self._eos,) if self._ends[node] else ())})))
+            at_least.append(False)
+            if self._ends[node] and self._eos not in self._children[node]:
+                done.append(prefix + (self._eos,))
+            stack.extend((child, prefix + (token,)) for token, child in self._children[node].items())
+        for prefix in done:
+            prefixes.append(prefix)
+            allowed.append((self._eos,))
+            at_least.append(True)
+        return MultipleChoiceTemplate(tuple(prefixes), tuple(allowed), tuple(at_least))
 
     def allowed(self, input_ids: Sequence[int]) -> tuple[int, ...]:
         """The ids this step allows (empty: the output left every choice)."""

@@ -64,12 +64,22 @@ class TokenWindow:
         so callers check positions against ``prompt_len`` themselves; a placeholder draft (``-1``, a
         request still in prefill, whose rows the runner discards) is read as it is.
         ``slots``: ``slots(slot_of_row)``."""
-        offsets = self._offsets(width)
-        columns = self.pos[:, None] + offsets  # negative ones wrap within the row: arbitrary, as documented
-        window = self.tokens[slots[:, None], columns]
+        return self._read(slots, self.pos[:, None] + self._offsets(width))
+
+    def head(self, slots: torch.Tensor, width: int) -> torch.Tensor:
+        """Per row, its first ``width`` generated tokens (``[rows, width]``, positions ``prompt_len ..
+        prompt_len + width - 1``); a column past the row's own position (``pos``) holds an arbitrary
+        token, so callers check lengths themselves. ``slots``: ``slots(slot_of_row)``."""
+        columns = self.prompt_len[slots].long()[:, None] + self._arange(width)[None, :]
+        return self._read(slots, torch.minimum(columns, self.pos[:, None]))
+
+    def _read(self, slots: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        """The tokens at ``columns`` (``[rows, width]``, each at most the row's ``pos``): committed ones
+        from the matrix, the drafts fed before the row from ``input_ids``."""
+        window = self.tokens[slots[:, None], columns]  # negative columns wrap within the row: arbitrary, as documented
         if self.input_ids is None or self.local_pos is None:
             return window
-        back = -offsets  # how many positions before the row's own each column is
-        fed = back[None, :] <= self.local_pos.long()[:, None]  # fed at row r - back: the last committed token or a draft
-        inputs = self.input_ids[(self._arange(len(self.pos))[:, None] - back[None, :]).clamp(min=0)]
+        back = self.pos[:, None] - columns  # how many positions before the row's own each column is
+        fed = back <= self.local_pos.long()[:, None]  # fed at row r - back: the last committed token or a draft
+        inputs = self.input_ids[(self._arange(len(self.pos))[:, None] - back).clamp(min=0)]
         return torch.where(fed, inputs.long(), window.long())

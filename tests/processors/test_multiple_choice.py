@@ -97,5 +97,24 @@ def test_a_request_whose_output_left_every_choice_is_fail_stopped_and_reported()
     assert len(reports) == 1 and "no token left to sample at output position 1" in reports[0]
 
 
-def test_a_multiple_choice_request_stays_on_the_host_path() -> None:
-    assert not realize([{"kind": "multiple_choice", "choices": [[5]], "eos_token_id": EOS}]).resident
+@pytest.mark.parametrize(("host_histories", "token_window", "resident"), [(True, False, False), (False, True, True),
+                                                                        (False, False, False)])
+def test_a_multiple_choice_request_is_resident_only_where_the_rows_tokens_are_read_on_the_device(
+        host_histories: bool, token_window: bool, resident: bool) -> None:
+    """Decided from each row's first tokens on the device (Model Runner V2's ``TokenWindow``); where
+    the adapter has host histories (vLLM's V1 runner) the kind is hosted."""
+    from dynlogits.sdk.resident.slot_batch import SlotBatch
+
+    request = realize([{"kind": "multiple_choice", "choices": [[5]], "eos_token_id": EOS}])
+    assert request.resident  # it has a template ...
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=host_histories, token_window=token_window)
+    assert batch.assign(0, request) == resident  # ... which only a device decider runs
+
+
+def test_the_template_lists_every_node_and_each_whole_choice_then_eos() -> None:
+    t = choice_processor().template
+    got = sorted(zip(t.prefixes, t.allowed, t.at_least))
+    assert got == sorted([((), (5, 9), False), ((5,), (6, 8), False), ((5, 6), (EOS, 7), False), ((5, 6, 7), (EOS,), False),
+                          ((5, 8), (EOS,), False), ((9,), (EOS,), False), ((5, 6, EOS), (EOS,), True),
+                          ((5, 6, 7, EOS), (EOS,), True), ((5, 8, EOS), (EOS,), True), ((9, EOS), (EOS,), True)])
+    assert t.geometry == (10, 4, 2)

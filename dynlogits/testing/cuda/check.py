@@ -118,7 +118,9 @@ class _Engine:
             slot = None
             if request.resident and self.free:
                 slot = self.free.pop()
-                self.batch.assign(slot, request)
+                if not self.batch.assign(slot, request):  # as adapters/vllm/v1.py: a device-only kind is hosted
+                    self.free.append(slot)
+                    slot = None
         while len(self.rows) <= row:
             self.rows.append(None)
             self.ids.append(None)

@@ -392,6 +392,13 @@ def _phrases(*phrases: list[int]) -> list[dict[str, Any]]:
     return [{"kind": "banned_phrases", "phrases": [list(p) for p in phrases]}]
 
 
+def _some_leave(harness: V2SamplerHarness, live: dict[str, Any], rng: Any, chance: float) -> None:
+    """Each live request leaves with ``chance``: its slot is reused by a later one."""
+    for name in [n for n in live if rng.random() < chance]:
+        harness.remove_request(name)
+        del live[name]
+
+
 def _drafting_harness(drafts: int) -> V2SamplerHarness:
     """Five slots, under speculative decoding with ``drafts`` tokens a request (0: none)."""
     from types import SimpleNamespace
@@ -416,9 +423,7 @@ def test_banned_phrases_are_resident_and_mask_what_the_host_processor_masks(draf
     phrases: dict[str, list[list[int]] | None] = {}
     checked = 0
     for round_ in range(12):
-        for name in [n for n in phrases if rng.random() < 0.4]:  # some leave: their slots are reused
-            harness.remove_request(name)
-            del phrases[name]
+        _some_leave(harness, phrases, rng, 0.4)
         while len(phrases) < 4:
             name = f"r{round_}-{len(phrases)}"
             entry = [[rng.choice(ids) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 6))]
@@ -512,9 +517,7 @@ def test_a_trigger_is_resident_and_forces_what_the_host_processor_forces(drafts:
     live: dict[str, tuple[list[dict[str, Any]], list[int]]] = {}
     fired = 0
     for round_ in range(10):
-        for name in [n for n in live if rng.random() < 0.4]:  # some leave: their slots are reused
-            harness.remove_request(name)
-            del live[name]
+        _some_leave(harness, live, rng, 0.4)
         while len(live) < 4:
             name = f"r{round_}-{len(live)}"
             trigger = {"kind": "trigger", "trigger_token_ids": [rng.choice(ids) for _ in range(rng.randint(1, 2))],
@@ -546,3 +549,83 @@ def test_a_trigger_is_resident_and_forces_what_the_host_processor_forces(drafts:
                 harness.commit(name, [rng.choice(ids + [5])])
     assert not harness.processor.failures
     assert fired > 10  # forced rows were seen
+
+
+# -- multiple_choice: decided on the device --------------------------------------------------------
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_multiple_choice_is_resident_and_keeps_what_the_host_processor_keeps(drafts: int) -> None:
+    """Random choice sets (EOS inside a choice too), prompts, outputs a request resumes with and
+    drafts that mostly follow a choice; slots reused by requests of other geometries. Every row
+    keeps exactly the ids the host processor allows after the history it sees; a row that left every
+    choice keeps only the stop token: after its committed tokens its request fails (and leaves the
+    batch), after drafts only the row stops (the drafts may be rejected)."""
+    import random
+
+    from dynlogits.processors.multiple_choice import MultipleChoiceProcessor
+
+    rng = random.Random(20 + drafts)
+    ids = [EOS, 2, 3, 4]
+    harness = _drafting_harness(drafts)
+    live: dict[str, MultipleChoiceProcessor] = {}
+    checked = failed = 0
+
+    def follow(name: str, history: list[int]) -> int:
+        allowed = live[name].allowed(history)
+        return rng.choice(allowed) if allowed and rng.random() < 0.85 else rng.choice(ids)
+
+    for round_ in range(24):
+        _some_leave(harness, live, rng, 0.3)
+        while len(live) < 4:
+            name = f"r{round_}-{len(live)}"
+            choices = [[rng.choice(ids[1:] if k == 0 else ids) for k in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 4))]
+            live[name] = MultipleChoiceProcessor(choices, EOS)
+            output: list[int] = []
+            for _ in range(rng.choice([0, 0, 1, 2])):
+                output.append(follow(name, output))
+            harness.add_request(name, [rng.choice(ids[1:]) for _ in range(rng.randint(1, 4))],
+                                sp([{"kind": "multiple_choice", "choices": choices, "eos_token_id": EOS}]), output_ids=output)
+            assert harness.processor._is_resident[harness.reqs[name].slot]  # no read back of histories
+        batch = list(live)
+        fed: dict[str, list[int]] = {}
+        for name in batch if drafts else ():
+            fed[name] = []
+            for _ in range(rng.randint(0, drafts)):
+                fed[name].append(follow(name, harness.output_ids(name) + fed[name]))
+        out = harness.step(batch, torch.randn(len(batch) + sum(map(len, fed.values())), VOCAB), drafts=fed)
+        row = 0
+        for name in batch:
+            dead = False
+            for k in range(len(fed.get(name, [])) + 1):
+                seen = harness.output_ids(name) + fed.get(name, [])[:k]
+                want = list(live[name].allowed(seen))
+                got = torch.isfinite(out[row]).nonzero().flatten().tolist()
+                assert got == (want or [EOS]), (name, seen)
+                dead |= not want and k == 0
+                checked += 1
+                row += 1
+            if dead:  # fail-stopped: it leaves (the engine ends it at the stop token)
+                harness.remove_request(name)
+                del live[name]
+                failed += 1
+            else:
+                harness.commit(name, [follow(name, harness.output_ids(name))])
+    assert checked > 80 and failed > 3
+    assert sum("no token left to sample" in f for f in harness.processor.failures) == failed
+
+
+def test_choices_that_would_grow_the_device_tables_past_their_bound_are_hosted(harness, monkeypatch) -> None:
+    from dynlogits.processors.multiple_choice import MultipleChoiceGroup
+
+    def choices(*options: list[int]) -> Any:
+        return sp([{"kind": "multiple_choice", "choices": [list(o) for o in options], "eos_token_id": EOS}])
+
+    monkeypatch.setattr(MultipleChoiceGroup, "MAX_WINDOW_CELLS", 8)  # entries x width
+    harness.add_request("small", [2], choices([5], [6]))  # root, 5, 6, 5 EOS, 6 EOS: 5 entries x 2 columns: over
+    assert not harness.processor._is_resident[harness.reqs["small"].slot]
+    monkeypatch.setattr(MultipleChoiceGroup, "MAX_WINDOW_CELLS", 10)
+    harness.add_request("fits", [2], choices([5], [6]))
+    harness.add_request("large", [2], choices([5, 6]))  # root, 5, 5 6, 5 6 EOS: 4 x 3 with the group's 5 x 2: over
+    assert harness.processor._is_resident[harness.reqs["fits"].slot]
+    assert not harness.processor._is_resident[harness.reqs["large"].slot]  # its histories are read back
+    out = harness.step(["small", "fits", "large"], torch.zeros(3, VOCAB))
+    assert [torch.isfinite(out[r]).nonzero().flatten().tolist() for r in range(3)] == [[5, 6], [5, 6], [5]]
