@@ -1,6 +1,6 @@
 """``multiple_choice``: the output is exactly one of the choices, then EOS: the processor, its template
-and its resident group (decided on the device from each row's first tokens, where histories live
-there: Model Runner V2; hosted where the adapter has host histories, vLLM's V1 runner)."""
+and its resident group (decided on the host from each row's history where the adapter has it, vLLM's
+V1 runner; else on the device from each row's first tokens, Model Runner V2)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 import torch
 
 from .base import IndexCache, RealizeContext, first_stop
-from .ops import KeepOnly, RowOp, apply_op
-from .slots import NEG_INF, Dead, GatheredRows, Group, StepInputs, Template
+from .ops import KeepOnly, RowOp, apply_op, fill_rows
+from .slots import NEG_INF, Dead, GatheredRows, Group, ListedRows, StepInputs, Template, listed_positions
+from .uploads import StepUpload
 
 if TYPE_CHECKING:
     from .window import TokenWindow
@@ -42,14 +43,16 @@ class MultipleChoiceGroup(Group):
     ``allowed_tokens``); a row that matches none (it left every choice) keeps none and fails. The
     tables are as large for every slot as for the largest request the group has held, at most
     ``MAX_WINDOW_CELLS`` prefix cells and as many allowed ids per slot (a larger request is hosted:
-    e.g. 64 choices of one token each, 129 entries of up to 64 ids). Not laid out on the host
-    (``host_decided`` false): where the adapter has host histories the kind is hosted."""
+    e.g. 64 choices of one token each, 129 entries of up to 64 ids).
+
+    With host histories (vLLM's V1 runner) each row's own processor walks its trie instead
+    (``MultipleChoiceProcessor.allowed``) and the rows' allowed ids go up in one upload, kept with
+    one ``index_select``, a fill of the rows and one ``index_copy_``."""
 
     restrictive = True
     positional = True  # a row left with no token reports its output position
     decided = True
     needs_host_histories = True
-    host_decided = False
     window_decided = True
     NEVER = 1 << 40  # ``depth`` of padding entries: never matches
     MAX_WINDOW_CELLS = 4096
@@ -83,6 +86,8 @@ class MultipleChoiceGroup(Group):
         super().assign(slot, template)
 
     def _write(self, slot: int, template: MultipleChoiceTemplate) -> None:
+        if not self.from_window:
+            return  # decided on the host: the entry tables are not read
         self._templates[slot] = template
         entries, width, k = template.geometry
         if entries > self.entries or width > self.width or k > self.k:  # a larger geometry: every member again
@@ -104,6 +109,40 @@ class MultipleChoiceGroup(Group):
         self.depth.set(slot, [len(p) for p in template.prefixes] + [self.NEVER] * pad)
         self.at_least.set(slot, [int(a) for a in template.at_least] + [0] * pad)
         self.allowed.set(slot, allowed + [template.allowed[0][0]] * (k * pad))
+
+    def prepare(self, rows: ListedRows, stride: int) -> None:
+        """Per layout: each row's start in the flat logits (host)."""
+        super().prepare(rows, stride)
+        self._cache["base"] = (rows.rows * stride).tolist()
+
+    def host_decisions(self, n: int) -> list[tuple[int, ...]]:
+        return [()] * n
+
+    def host_decision(self, processor: Any, history: Sequence[int]) -> tuple[int, ...]:
+        """The ids the row allows this step (empty: it left every choice)."""
+        return processor.allowed(history)  # type: ignore[no-any-return]
+
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: list[tuple[int, ...]],
+                             upload: StepUpload) -> Dead:
+        """Each member row keeps only its ids: one upload of every row's allowed flat indices (padded
+        to the widest, the witness of its emptiness) followed by those of the rows that keep any."""
+        width = max([1, *map(len, decisions)])
+        witness: list[int] = []
+        keep: list[int] = []
+        for base, ids in zip(self._cache["base"], decisions):
+            flat = [base + t for t in ids]
+            keep += flat
+            witness += flat + [flat[0] if flat else base] * (width - len(flat))
+        n = len(witness)
+        buf = upload.buffer(n + len(keep))
+        buf[:n], buf[n:] = witness, keep
+        values = upload.upload(n + len(keep))
+        kept_at = values[n:]
+        kept = step.flat.index_select(0, kept_at)
+        fill_rows(step.logits, rows.runs, rows.rows_dev)
+        step.flat.index_copy_(0, kept_at, kept)
+        return Dead(rows.rows_dev, rows.slots_dev, values[:n].view(-1, width),
+                    listed_positions(step, rows.rows_dev, rows.identity), rows.stop_index, rows.can_stop)
 
     def _rows_tables(self, rows: GatheredRows, window: TokenWindow) -> _RowTables:
         """The rows' slots' tables, gathered once while ``rows.slot_of_row`` is the same tensor and no

@@ -269,10 +269,6 @@ class Group:
     #: whether a decided group's host decision reads the row's history (``host_decision``); one that
     #: does not (a clock) is decided on the host in any layout, so it is resident without histories
     reads_history = True
-    #: whether the group runs where the adapter passes host histories (``SlotBatch(host_histories=
-    #: True)``); a group decided only on the device (``window_decided``) says no: there its requests
-    #: are hosted
-    host_decided = True
 
     @classmethod
     def fits_window(cls, template: Template, group: Group | None) -> bool:

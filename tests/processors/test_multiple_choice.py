@@ -10,7 +10,7 @@ from dynlogits.processors.base import RealizeContext
 from dynlogits.processors.multiple_choice import MultipleChoiceProcessor, factory
 from dynlogits.specs import decode_wire_payload
 
-from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize
+from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize, resident_and_host
 
 CHOICES = ((5, 6, 7), (5, 8), (9,), (5, 6))
 
@@ -97,18 +97,58 @@ def test_a_request_whose_output_left_every_choice_is_fail_stopped_and_reported()
     assert len(reports) == 1 and "no token left to sample at output position 1" in reports[0]
 
 
-@pytest.mark.parametrize(("host_histories", "token_window", "resident"), [(True, False, False), (False, True, True),
+@pytest.mark.parametrize(("host_histories", "token_window", "resident"), [(True, False, True), (False, True, True),
                                                                         (False, False, False)])
-def test_a_multiple_choice_request_is_resident_only_where_the_rows_tokens_are_read_on_the_device(
+def test_a_multiple_choice_request_is_resident_where_the_rows_histories_or_tokens_are_read(
         host_histories: bool, token_window: bool, resident: bool) -> None:
-    """Decided from each row's first tokens on the device (Model Runner V2's ``TokenWindow``); where
-    the adapter has host histories (vLLM's V1 runner) the kind is hosted."""
+    """Decided on the host from the histories (vLLM's V1 runner) or on the device from each row's
+    first tokens (Model Runner V2's ``TokenWindow``); with neither it stays on the host path."""
     from dynlogits.sdk.resident.slot_batch import SlotBatch
 
     request = realize([{"kind": "multiple_choice", "choices": [[5]], "eos_token_id": EOS}])
-    assert request.resident  # it has a template ...
+    assert request.resident  # it has a template
     batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=host_histories, token_window=token_window)
-    assert batch.assign(0, request) == resident  # ... which only a device decider runs
+    assert batch.assign(0, request) == resident
+
+
+def test_the_resident_path_equals_the_host_path_step_by_step() -> None:
+    """With host histories (vLLM's V1 runner); the last history left every choice: no token, on both."""
+    payload = [{"kind": "multiple_choice", "choices": [list(c) for c in CHOICES], "eos_token_id": EOS}]
+    histories = [[], [5], [5, 6], [5, 6, 7], [5, 6, 7, EOS], [5, 6, 7, EOS, 3], [5, 8], [9], [9, EOS], [5, 9]]
+    for resident, host in resident_and_host(payload, histories):
+        assert torch.equal(resident, host)
+
+
+def test_resident_rows_of_several_requests_keep_what_their_own_processors_allow() -> None:
+    """One step over many rows with host histories, choice sets of several sizes: each row keeps its
+    processor's ids; a row that left its choices keeps none (its request is failed)."""
+    import random
+
+    import numpy as np
+
+    from dynlogits.sdk.resident.slot_batch import SlotBatch
+
+    rng = random.Random(3)
+    batch = SlotBatch(num_slots=8, vocab_size=V, device="cpu", host_histories=True)
+    processors, histories, requests = [], [], []
+    for slot in range(8):
+        choices = [[rng.choice([EOS, 2, 3, 4]) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 5))]
+        choices = [c if c[0] != EOS else [2, *c] for c in choices]
+        request = realize([{"kind": "multiple_choice", "choices": choices, "eos_token_id": EOS}])
+        assert batch.assign(slot, request)
+        requests.append(request)
+        processors.append(MultipleChoiceProcessor(choices, EOS))
+        history = [] if slot % 4 == 0 else list(rng.choice(choices)[: rng.randint(1, 4)])
+        histories.append(history + ([9] if slot == 5 else []))  # slot 5 left its choices
+    batch.flush()
+    batch.set_rows(np.array([3, 0, 7, 1, 6, 2, 5, 4]))  # rows in another order than slots
+    logits = torch.randn(8, V)
+    row_histories = [histories[s] for s in (3, 0, 7, 1, 6, 2, 5, 4)]
+    batch.apply(logits, histories=row_histories)
+    for row, slot in enumerate((3, 0, 7, 1, 6, 2, 5, 4)):
+        want = list(processors[slot].allowed(row_histories[row]))
+        assert finite(logits[row]) == (want or [EOS]), (slot, row_histories[row])
+    assert [r.failed for r in requests] == [slot == 5 for slot in range(8)]
 
 
 def test_the_template_lists_every_node_and_each_whole_choice_then_eos() -> None:

@@ -1,8 +1,8 @@
 """``multiple_choice`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM drives the
 adapter: under Model Runner V2 each row's first generated tokens are read and compared with its
 slot's choices on the device (``MultipleChoiceGroup``), a fixed number of device ops a step and no
-read back; on the V1 runner the kind is hosted, also without a wait. No step of a sequence with
-batch changes and a failing request waits for the device."""
+read back; on the V1 runner each row's processor decides on the host and the rows' allowed ids go up
+in one upload. No step of a sequence with batch changes and a failing request waits for the device."""
 
 from __future__ import annotations
 
@@ -36,7 +36,12 @@ def test_vllm_model_runner_v2_choice_sequence_never_waits_and_reports_the_failur
     assert any("no token left to sample" in f for f in result.failures)
 
 
-def test_vllm_v1_runner_choice_sequence_is_hosted_and_never_waits() -> None:
+def test_vllm_v1_runner_choice_step_is_one_upload_and_a_keep_and_sequences_never_wait() -> None:
+    with SimCuda() as sim:
+        steady = drive_v1(sim, Scenario(payloads=CHOICES, steps=4, changes=False))
+    assert [str(s) for s in steady.syncs] == [] and not steady.failures
+    # the rows' positions and their allowed ids go up (two uploads), then the keep: read, fill the rows, write back
+    assert steady.steady_ops[:5] == ["copy_", "copy_", "index_select", "index_fill_", "index_copy_"]
     with SimCuda() as sim:
         result = drive_v1(sim, Scenario(payloads=CHOICES, steps=9))
     assert [str(s) for s in result.syncs] == []

@@ -106,8 +106,8 @@ class SlotBatch:
         self._detach(slot)
         self._set_failed(slot, False)
         self.requests[slot] = None
-        resident = request is not None and request.resident and all(
-            self._decidable(level, p.template) for level, p in enumerate(request.processor.processors))  # type: ignore[union-attr,attr-defined]
+        resident = request is not None and request.resident and (self.host_histories or all(
+            self._decidable(level, p.template) for level, p in enumerate(request.processor.processors)))  # type: ignore[union-attr,attr-defined]
         self.flags.reset(slot, owner=request if resident else None)
         self.listed.dirty = True
         if not resident:
@@ -128,11 +128,8 @@ class SlotBatch:
         return True
 
     def _decidable(self, level: int, template: Any) -> bool:
-        """Whether ``template``'s group runs it here: with host histories, unless it is decided on the
-        device only (``Group.host_decided``); without, where it needs none or reads the window."""
+        """Whether ``template``'s group runs it here without host histories."""
         kind: type[Group] = template.group
-        if self.host_histories:
-            return kind.host_decided
         if not kind.needs_host_histories or not kind.reads_history:
             return True
         return self.token_window and kind.window_decided and kind.fits_window(template, self.groups.get((level, kind)))

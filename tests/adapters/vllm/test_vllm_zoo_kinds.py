@@ -1,8 +1,7 @@
 """Where the zoo's kinds run in the vLLM adapter (docs/vllm.md, "The apply path"), with vLLM's real
-classes and no engine: on the V1 runner ``trigger``, ``deadline`` and ``prompt_tokens`` are resident
-and ``multiple_choice`` is hosted; under Model Runner V2 all four are (``deadline`` reads no history,
-``trigger`` is followed and ``multiple_choice`` decided on the device), and each draft row follows
-its own history."""
+classes and no engine: all four are resident on the V1 runner (decided from the live histories) and
+under Model Runner V2 (``deadline`` reads no history, ``trigger`` is followed and ``multiple_choice``
+decided on the device), and each draft row follows its own history."""
 
 from __future__ import annotations
 
@@ -27,11 +26,12 @@ PAYLOADS: dict[str, list[dict[str, Any]]] = {
     "prompt_tokens": [{"kind": "prompt_tokens", "mode": "restrict"}],
     "multiple_choice": [{"kind": "multiple_choice", "choices": [[7, 8], [9]], "eos_token_id": EOS}],
 }
-RESIDENT = {"v1": {"trigger", "deadline", "prompt_tokens"}, "v2": {"trigger", "prompt_tokens", "deadline", "multiple_choice"}}
+RESIDENT = {"v1": {"trigger", "deadline", "prompt_tokens", "multiple_choice"},
+            "v2": {"trigger", "prompt_tokens", "deadline", "multiple_choice"}}
 
 
 @pytest.mark.parametrize("kind", sorted(PAYLOADS))
-def test_the_v1_runner_keeps_trigger_deadline_and_prompt_tokens_resident(kind: str) -> None:
+def test_the_v1_runner_keeps_every_zoo_kind_resident(kind: str) -> None:
     driver = VllmV1Driver(KIT_VOCAB_SIZE)
     driver.add("r", PAYLOADS[kind], prompt_ids=PROMPT, eos_token_id=EOS)
     driver.step(["r"], torch.randn(1, KIT_VOCAB_SIZE))
