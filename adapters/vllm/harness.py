@@ -167,18 +167,24 @@ class V2SamplerHarness:
         self.total_len.np[r.slot] = r.total_len
 
     # -- one sampler step (Sampler.apply_sampling_params) -------------------------------------
-    def context(self, batch: Sequence[str], drafts: Mapping[str, Sequence[int]]) -> LogitsContext:
+    def context(self, batch: Sequence[str], drafts: Mapping[str, Sequence[int]],
+                chunks: Mapping[str, int] | None = None) -> LogitsContext:
+        """``chunks[req]``: the request is still in prefill and this step's chunk ends after that many
+        tokens; its one row is at the chunk's last token (vLLM 0.32 ``vllm/v1/worker/gpu/input_batch.py``,
+        ``_combine_sampled_and_draft_tokens_kernel``: every request of the step has logits rows, a
+        prefill chunk's at its last token, whose sampled token the runner discards)."""
         slots, expanded, local, input_ids, pos = [], [], [], [], []
         for req_id in batch:
             r = self.reqs[req_id]
             slots.append(r.slot)
-            last = int(self.all_token_ids.cpu[r.slot, r.total_len - 1])
+            end = (chunks or {}).get(req_id, r.total_len)
+            last = int(self.all_token_ids.cpu[r.slot, end - 1])
             fed = [last, *drafts.get(req_id, ())]
             for k, token in enumerate(fed):
                 expanded.append(r.slot)
                 local.append(k)
                 input_ids.append(token)
-                pos.append(r.total_len - 1 + k)
+                pos.append(end - 1 + k)
         idx_np = np.asarray(slots, dtype=np.int32)
         dev = self.to_device
         return LogitsContext(
@@ -191,11 +197,12 @@ class V2SamplerHarness:
             seq_lens_upper_bound_np=np.asarray([self.reqs[q].total_len + len(drafts.get(q, ())) for q in batch]),
         )
 
-    def step(self, batch: Sequence[str], logits: torch.Tensor, drafts: Mapping[str, Sequence[int]] | None = None
-             ) -> torch.Tensor:
-        """Process one step's logits (one row per request, plus one per draft token, in ``batch`` order)."""
+    def step(self, batch: Sequence[str], logits: torch.Tensor, drafts: Mapping[str, Sequence[int]] | None = None,
+             chunks: Mapping[str, int] | None = None) -> torch.Tensor:
+        """Process one step's logits (one row per request, plus one per draft token, in ``batch`` order;
+        ``chunks``: requests still in prefill, see ``context``)."""
         self.processor.apply_staged_writes()  # the runner flushes staged writes once per step, before the forward
-        ctx = self.context(batch, drafts or {})
+        ctx = self.context(batch, drafts or {}, chunks)
         if logits.shape[0] != ctx.expanded_idx_mapping.shape[0]:
             raise ValueError(f"expected {ctx.expanded_idx_mapping.shape[0]} logits rows, got {logits.shape[0]}")
         if not np.any(self.needs_processing[ctx.idx_mapping_np]):

@@ -162,7 +162,8 @@ class MultipleChoiceGroup(Group):
         ``at_least`` entry, begins with it). At most one entry per row."""
         t = self._rows_tables(rows, window)
         head = window.head(t.slots, self.width)
-        n = (window.pos - window.prompt_len[t.slots] + 1).long()[:, None]  # tokens generated before the row
+        # tokens generated before the row; a prefill chunk's row (its sample discarded) counts as the first
+        n = (window.pos - window.prompt_len[t.slots] + 1).long().clamp_(min=0)[:, None]
         same = ((t.prefix == head[:, None, :]) | t.unused).all(2)
         return same & ((t.depth == n) | (t.at_least & (t.depth <= n)))
 

@@ -15,10 +15,10 @@ pytestmark = pytest.mark.usefixtures("quiet")  # the sequences' failing requests
 
 CHOICES = [[{"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id": EOS}],
            [{"kind": "multiple_choice", "choices": [[9, 9, 9]], "eos_token_id": EOS}]]
-#: the steady step's device ops: the rows' first tokens read (11), compared with every entry of their
-#: slots (6), the entry's ids kept (10), then what every restrictive group ends with (the rows left
-#: with no token, their flags: 14)
-V2_STEADY_OPS = 41
+#: the steady step's device ops: the rows' positions and first tokens read, compared with every entry
+#: of their slots and the matching entry's ids kept (28), then what every restrictive group ends with
+#: (the rows left with no token, their flags: 14)
+V2_STEADY_OPS = 42
 
 
 def test_vllm_model_runner_v2_choice_step_is_a_fixed_number_of_device_ops_and_reads_nothing_back() -> None:

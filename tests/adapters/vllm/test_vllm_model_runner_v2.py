@@ -629,3 +629,24 @@ def test_choices_that_would_grow_the_device_tables_past_their_bound_are_hosted(h
     assert not harness.processor._is_resident[harness.reqs["large"].slot]  # its histories are read back
     out = harness.step(["small", "fits", "large"], torch.zeros(3, VOCAB))
     assert [torch.isfinite(out[r]).nonzero().flatten().tolist() for r in range(3)] == [[5, 6], [5, 6], [5]]
+
+
+@pytest.mark.parametrize("payload", [
+    [{"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id": EOS}],
+    [{"kind": "trigger", "trigger_token_ids": [3], "phrase_token_ids": [9]}],
+    [{"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": EOS}],
+    _phrases([8], [3, 9]),
+], ids=["multiple_choice", "trigger", "forced_sequence", "banned_phrases"])
+def test_a_prefill_chunks_row_never_fails_its_request(harness, payload) -> None:
+    """Under chunked prefill every request of a step has a logits row, a prompt chunk's at its last
+    token (its sample discarded): it has generated nothing yet, so it must not look like an output
+    that left the rules; the first real row then behaves as without chunks."""
+    harness.add_request("c", [2, 3, 4, 3, 2], sp(payload))
+    for end in (2, 4):  # chunks end at prompt tokens 2 and 4 of 5
+        row = harness.step(["c"], torch.zeros(1, VOCAB), chunks={"c": end})[0]
+        assert torch.isfinite(row).nonzero().flatten().tolist() != [EOS]  # not fail-stopped
+    out = harness.step(["c"], torch.zeros(1, VOCAB))  # prefill done: the row of generated position 0
+    assert not harness.processor.failures
+    fresh = V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=VOCAB, max_num_reqs=4)
+    fresh.add_request("c", [2, 3, 4, 3, 2], sp(payload))
+    assert torch.equal(out, fresh.step(["c"], torch.zeros(1, VOCAB)))
