@@ -636,7 +636,10 @@ def test_choices_that_would_grow_the_device_tables_past_their_bound_are_hosted(h
     [{"kind": "trigger", "trigger_token_ids": [3], "phrase_token_ids": [9]}],
     [{"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": EOS}],
     _phrases([8], [3, 9]),
-], ids=["multiple_choice", "trigger", "forced_sequence", "banned_phrases"])
+    [{"kind": "allowed_tokens", "token_ids": [5, 6], "eos_token_id": EOS}, {"kind": "min_tokens", "min_tokens": 2,
+                                                                             "stop_token_ids": [EOS]}],
+    [{"kind": "thinking_budget", "start_token_ids": [4], "end_token_ids": [9], "budget": 1}],  # opened in the prompt
+], ids=["multiple_choice", "trigger", "forced_sequence", "banned_phrases", "allowed_and_min_tokens", "thinking_budget"])
 def test_a_prefill_chunks_row_never_fails_its_request(harness, payload) -> None:
     """Under chunked prefill every request of a step has a logits row, a prompt chunk's at its last
     token (its sample discarded): it has generated nothing yet, so it must not look like an output
