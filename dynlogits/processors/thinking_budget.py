@@ -239,15 +239,22 @@ ThinkingBudgetTemplate.device_spans = ThinkingTables  # defined after the templa
 @dataclass
 class _Step:
     """This step's token source: ``token(slots, positions)`` reads generated token ``positions`` of
-    ``slots`` (committed ones only); ``committed[s]`` how many slot ``s`` has."""
+    ``slots`` (``None``: every slot of the tables, in order; committed ones only); ``committed[s]``
+    how many slot ``s`` has. ``every``: each table slot's row of ``tokens`` (the sentinel past the
+    engine's slots reads the last one, masked by its callers)."""
 
     tokens: torch.Tensor
     prompt_len: torch.Tensor
     committed: torch.Tensor
+    every: torch.Tensor
 
-    def token(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        column = (self.prompt_len[slots][:, None] + positions).clamp_(0, self.tokens.shape[1] - 1)
-        return self.tokens[slots.clamp(max=self.tokens.shape[0] - 1)[:, None], column].long()
+    def token(self, slots: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        if slots is None:
+            rows, prompt = self.every, self.prompt_len
+        else:
+            rows, prompt = slots.clamp(max=self.tokens.shape[0] - 1), self.prompt_len[slots]
+        column = (prompt[:, None] + positions).clamp_(0, self.tokens.shape[1] - 1)
+        return self.tokens[rows[:, None], column].long()
 
 
 def _ends_with(window: torch.Tensor, seq: torch.Tensor, seq_len: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
@@ -276,6 +283,7 @@ class DeviceThinking:
         self._step: _Step | None = None
         self._inputs: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self._catch_up = 0  # tokens of resumed requests to follow at the next step, on the device
+        self._every: dict[int, torch.Tensor] = {}  # engine slot count -> _Step.every
 
     #: A resumed request with at most this many generated tokens is followed on the device (a round
     #: of ops per token at its first step); a longer one is scanned once on the host (one read back).
@@ -326,31 +334,38 @@ class DeviceThinking:
         pad = self.num_slots - len(prompt_len)  # table rows past the engine's slots (a sentinel) read as empty
         prompt = torch.nn.functional.pad(prompt_len.long(), (0, pad))
         committed = torch.nn.functional.pad((total_len.long() - prompt_len.long()).clamp_(min=0), (0, pad))
-        source = _Step(tokens, prompt, committed)
+        every = self._every.get(tokens.shape[0])
+        if every is None:  # each table slot's row of the engine's matrix, kept while it has as many rows
+            every = self._every[tokens.shape[0]] = torch.arange(self.num_slots, device=self.device).clamp_(
+                max=tokens.shape[0] - 1)
+        source = _Step(tokens, prompt, committed, every)
         self._step = source
         self._inputs = (input_ids, local_pos)
         if self._cold:
             self._scan_cold(source)
-        slots = torch.arange(self.num_slots, device=self.device)
         rounds = 2 * self.max_new + self._catch_up  # twice the most a step adds (a lag always shrinks),
         self._catch_up = 0  # plus a resumed request's whole history, once
         for tables in self.tables.values():
             for _ in range(rounds):
                 position = tables.scanned
                 fresh = tables.member.dev[:, 0] & (position < source.committed)
-                span = self._advance(tables, slots, tables.span, position + 1, fresh, source.prompt_len,
-                                     lambda pos: source.token(slots, pos))
+                span = self._advance(tables, None, tables.span, position + 1, fresh, source.prompt_len,
+                                     lambda pos: source.token(None, pos))
                 tables.span.copy_(span)
                 tables.scanned.add_(fresh.long())
 
     @staticmethod
-    def _advance(tables: SpanTables, slots: torch.Tensor, span: torch.Tensor, upto: torch.Tensor,
+    def _advance(tables: SpanTables, slots: torch.Tensor | None, span: torch.Tensor, upto: torch.Tensor,
                  fresh: torch.Tensor, prompt_len: torch.Tensor, token_at) -> torch.Tensor:  # noqa: ANN001
-        """The span after the token ending at ``upto`` (only where ``fresh``); where the tables match
-        from the prompt on (``in_prompt``), a delimiter may begin in the prompt (``prompt_len``
-        tokens before generated position 0)."""
-        start, end = tables.start.dev[slots], tables.end.dev[slots]
-        start_len, end_len = tables.start_len.dev[slots, 0], tables.end_len.dev[slots, 0]
+        """The span after the token ending at ``upto`` (only where ``fresh``) of each of ``slots``
+        (``None``: every slot of the tables, in order: no gather); where the tables match from the
+        prompt on (``in_prompt``), a delimiter may begin in the prompt (``prompt_len`` tokens before
+        generated position 0)."""
+        def per_slot(table: SlotTable) -> torch.Tensor:
+            return table.dev if slots is None else table.dev[slots]
+
+        start, start_len = per_slot(tables.start), per_slot(tables.start_len)[:, 0]
+        end = per_slot(tables.end) if tables.closes else start[:, :0]  # a span that never closes reads no end
         width = max(start.shape[1], end.shape[1])
         window = token_at(upto[:, None] - width + torch.arange(width, device=upto.device)[None, :])
         reach = upto + prompt_len if tables.in_prompt else upto
@@ -358,6 +373,7 @@ class DeviceThinking:
         opens = fresh & closed & _ends_with(window[:, width - start.shape[1] :], start, start_len, reach)
         if not tables.closes:
             return torch.where(opens, upto, span)
+        end_len = per_slot(tables.end_len)[:, 0]
         closes = (fresh & ~closed & (upto - span >= end_len)
                   & _ends_with(window[:, width - end.shape[1] :], end, end_len, reach))
         return torch.where(opens, upto, torch.where(closes, torch.full_like(span, CLOSED), span))
