@@ -111,9 +111,7 @@ class V1RunnerMixin(AdapterLogitsProcessor):
             slot = None
             if request.resident and self._free_slots:
                 slot = self._free_slots.pop()
-                if not self._resident.assign(slot, request):  # a kind decided on the device only: hosted
-                    self._free_slots.append(slot)
-                    slot = None
+                self._resident.assign(slot, request)
             self._entries[index] = _Entry(request, output_ids, slot)
         for index in batch_update.removed:
             self._drop(index)

@@ -12,7 +12,7 @@ import torch
 
 from .base import IndexCache, RealizeContext, first_stop
 from .ops import KeepOnly, RowOp, apply_op, fill_rows
-from .slots import NEG_INF, Dead, GatheredRows, Group, ListedRows, StepInputs, Template, listed_positions
+from .slots import NEG_INF, Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs, Template, listed_positions
 from .uploads import StepUpload
 
 if TYPE_CHECKING:
@@ -69,10 +69,12 @@ class MultipleChoiceGroup(Group):
         super().__init__(level, num_slots, device)
         self._templates: dict[int, MultipleChoiceTemplate] = {}
         self.entries = self.width = self.k = 0  # the geometry of the device tables (the most any member has)
+        self._own: tuple[SlotTable, ...] = ()
         self._tables()
 
     def _tables(self) -> None:
-        for old in getattr(self, "_own", ()):
+        """New device tables of the current geometry, in place of the group's previous ones."""
+        for old in self._own:
             self.tables.remove(old)
         self.prefix = self.table(torch.int32, width=max(1, self.entries * self.width))
         self.depth = self.table(torch.long, width=max(1, self.entries))

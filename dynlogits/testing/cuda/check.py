@@ -118,9 +118,7 @@ class _Engine:
             slot = None
             if request.resident and self.free:
                 slot = self.free.pop()
-                if not self.batch.assign(slot, request):  # as adapters/vllm/v1.py: a device-only kind is hosted
-                    self.free.append(slot)
-                    slot = None
+                self.batch.assign(slot, request)
         while len(self.rows) <= row:
             self.rows.append(None)
             self.ids.append(None)
