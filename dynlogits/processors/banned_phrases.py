@@ -16,7 +16,7 @@ repeated across requests costs a lookup at realization, not a build."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -32,7 +32,7 @@ from .uploads import StepUpload
 if TYPE_CHECKING:
     from .window import TokenWindow
 
-__all__ = ["KIND", "TABLES_KEPT", "BannedPhrasesGroup", "BannedPhrasesProcessor", "BannedPhrasesTemplate", "factory"]
+__all__ = ["KIND", "TABLES_KEPT", "BannedPhrasesGroup", "BannedPhrasesProcessor", "BannedPhrasesTemplate", "factory", "masked_after"]
 
 KIND = "banned_phrases"
 
@@ -91,20 +91,15 @@ class BannedPhrasesProcessor:
         self._always, self._tails, self.template = tables
         self._sets: dict[tuple[int, ...], IndexCache] = {}
 
-    def after(self, input_ids: Sequence[int]) -> tuple[int, ...]:
-        """The ids this step masks beyond the one-token phrases (repeats possible, unsorted): a walk
-        back from the last token, at most as many steps as the longest prefix."""
-        i = len(input_ids) - 1
-        if i < 0 or (node := self._tails.get(input_ids[i])) is None:
-            return ()
-        found, level = node[0], node[1]
-        while level and i > 0:
-            i -= 1
-            node = level.get(input_ids[i])
-            if node is None:
-                break
-            found += node[0]
-            level = node[1]
+    @property
+    def tails(self) -> dict[int, list]:
+        """Its phrases' prefixes as a trie read backwards (shared, read only: ``masked_after``)."""
+        return self._tails
+
+    def after(self, input_ids: Sequence[int]) -> list[int]:
+        """The ids this step masks beyond the one-token phrases (repeats possible, unsorted)."""
+        found: list[int] = []
+        masked_after(((0, 0, 0, self._tails),), (input_ids,), found, _reraise)
         return found
 
     def banned(self, input_ids: Sequence[int]) -> tuple[int, ...]:
@@ -127,6 +122,38 @@ class BannedPhrasesProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
+def masked_after(walks: Iterable[tuple[int, int, int, dict[int, list]]], histories: Sequence[Sequence[int]],
+                 found: list[int], fail: Callable[[int, int, Exception], None]) -> None:
+    """For each ``(offset, row, slot, tails)``: appends ``offset + id`` to ``found`` for every id the
+    row masks after ``histories[row]`` beyond its one-token phrases (repeats possible), found by a
+    walk back from the last token over ``tails`` (``BannedPhrasesProcessor.tails``), at most as many
+    steps as the longest prefix. A row whose walk raises is passed to ``fail(row, slot, exc)`` and
+    masks nothing. One loop for every row: no call per row (the V1 runner's host work per step)."""
+    for offset, row, slot, tails in walks:
+        try:
+            history = histories[row]
+            i = len(history) - 1
+            if i < 0 or (node := tails.get(history[i])) is None:
+                continue
+            ids, level = node[0], node[1]
+            while level and i > 0:
+                i -= 1
+                node = level.get(history[i])
+                if node is None:
+                    break
+                ids += node[0]
+                level = node[1]
+        except Exception as exc:  # a bug must not escape the sampler: this row alone
+            fail(row, slot, exc)
+            continue
+        for t in ids:
+            found.append(offset + t)
+
+
+def _reraise(row: int, slot: int, exc: Exception) -> None:
+    raise exc
+
+
 class _RowTables(NamedTuple):
     """A window-decided step's tables, per row of the layout (``BannedPhrasesGroup._rows_tables``)."""
 
@@ -140,8 +167,8 @@ class _RowTables(NamedTuple):
 class BannedPhrasesGroup(Group):
     """``banned_phrases`` with phrases of several tokens, decided per row from its last tokens.
 
-    With host histories (``SlotBatch(host_histories=True)``): from each row's own processor
-    (``BannedPhrasesProcessor.after``); every step one ``index_fill_`` of the rows' one-token phrases
+    With host histories (``SlotBatch(host_histories=True)``): from each row's own trie, every row in
+    one pass (``decide_rows``, ``masked_after``); every step one ``index_fill_`` of the rows' one-token phrases
     (indices uploaded once per batch change), and a step that finds ids one upload and one more
     ``index_fill_``. With a ``TokenWindow`` instead (``decide_from_window``): every row's entries
     (each phrase as its prefix, right-aligned in ``width`` columns, unused ones ``-1``, and the id it
@@ -223,19 +250,22 @@ class BannedPhrasesGroup(Group):
             self._layout.buffer(len(fixed))[:] = fixed
         self._cache["fixed"] = self._layout.upload(len(fixed), keep=True) if fixed else None
 
-    def host_decisions(self, n: int) -> list[tuple[int, ...]]:
-        return [()] * n
+    def decide_rows(self, deciders: list[tuple[int, int, Any]], histories: Sequence[Sequence[int]],
+                    fail: Callable[[int, int, Exception], None]) -> list[int]:
+        """The flat indices the member rows mask this step beyond their one-token phrases, in one
+        ``masked_after`` pass (each row's offset and trie kept per layout)."""
+        walks = self._cache.get("walks")
+        if walks is None:
+            walks = self._cache["walks"] = [(base, row, slot, processor.tails)
+                                            for base, (row, slot, processor) in zip(self._cache["base"], deciders)]
+        found: list[int] = []
+        masked_after(walks, histories, found, fail)
+        return found
 
-    def host_decision(self, processor: Any, history: Sequence[int]) -> tuple[int, ...]:
-        """The ids the row masks this step beyond its one-token phrases."""
-        return processor.after(history)  # type: ignore[no-any-return]
-
-    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: list[tuple[int, ...]],
-                             upload: StepUpload) -> None:
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, found: list[int], upload: StepUpload) -> None:
         fixed: torch.Tensor | None = self._cache["fixed"]
         if fixed is not None:
             step.flat.index_fill_(0, fixed, NEG_INF)
-        found = [b + t for b, ids in zip(self._cache["base"], decisions) if ids for t in ids]
         if found:
             upload.buffer(len(found))[:] = found
             step.flat.index_fill_(0, upload.upload(len(found)), NEG_INF)

@@ -17,7 +17,7 @@ Semantics are ``dynlogits.processors.ops``'. Padded table cells repeat one of th
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -333,6 +333,24 @@ class Group:
         token its ``row_op`` forces (``-1``: none)."""
         op = processor.row_op(history)
         return -1 if op is None else op.token_id
+
+    def decide_rows(self, deciders: list[tuple[int, int, Any]], histories: Sequence[Sequence[int]],
+                    fail: Callable[[int, int, Exception], None]) -> Any:
+        """Every member row's host decision (``deciders``: ``(row, slot, processor)`` per member row,
+        in order), in the form ``apply_host_decisions`` takes; a row whose decision raises is passed
+        to ``fail(row, slot, exc)`` and decides nothing. By default ``host_decision`` row by row; a
+        group may decide the rows in one pass, as long as a raising row fails alone."""
+        made = []
+        decide = self.host_decision
+        for row, slot, processor in deciders:
+            try:
+                made.append(decide(processor, histories[row]))
+            except Exception as exc:  # a bug must not escape the sampler: fail this request alone
+                fail(row, slot, exc)
+                made.append(self.host_decisions(1)[0])
+        decisions = self.host_decisions(len(made))
+        decisions[:] = made
+        return decisions
 
     def reads_generated(self, rows: ListedRows) -> bool:
         """Whether a listed layout's step of this group reads ``StepInputs.generated`` (when the runner

@@ -152,3 +152,26 @@ def test_the_resident_path_equals_the_host_path_through_batch_changes(seed: int)
             met += any(len(p) > 1 and len(h) >= len(p) - 1 and h[len(h) - len(p) + 1:] == p[:-1] for p in phrases[slot])
             histories[slot].append(int(hosted[row].argmax()) if rng.random() < 0.5 else rng.randrange(2, 7))
     assert met >= 15  # the premise: outputs ended with phrase prefixes at many steps
+
+
+def test_a_row_whose_walk_raises_fails_its_request_alone_on_the_host_decided_path() -> None:
+    """With host histories every row is walked in one pass (``decide_rows``); a row whose history
+    breaks the walk (an unhashable token) fails its request and is fail-stopped; the rows before
+    and after it are masked as on the host path."""
+    payload = [{"kind": "banned_phrases", "phrases": [[5, 6], [9]]}]
+    batch = SlotBatch(num_slots=3, vocab_size=V, device="cpu", host_histories=True)
+    requests = [realize(payload) for _ in range(3)]
+    for slot, request in enumerate(requests):
+        assert batch.assign(slot, request)
+    batch.flush()
+    batch.set_rows(np.array([0, 1, 2]))
+    histories: list[list] = [[5], [5, [5]], [4, 5]]
+    logits = torch.randn(3, V)
+    batch.apply(logits, histories=histories)
+    assert requests[1].failed and not requests[0].failed and not requests[2].failed
+    assert finite(logits[1]) == [EOS]
+    for row in (0, 2):
+        hosted = logits_row()[None].clone()
+        sdk.apply_rows(hosted, [0], [realize(payload)], [histories[row]])
+        assert finite(logits[row]) == finite(hosted[0])
+        assert 6 not in finite(logits[row]) and 9 not in finite(logits[row])

@@ -85,6 +85,7 @@ class SlotBatch:
         #: assigned, stands for rows that hold no resident request
         self.sentinel = num_slots
         self.stop = SlotTable(num_slots + 1, torch.long, self.device, pad=-1)  # each slot's stop token, or -1
+        self._stops: tuple[torch.Tensor, torch.Tensor] | None = None  # (stop.dev, its column 0) for step_inputs
         self.failed: set[int] = set()  # slots whose request failed: fail-stopped every step
         self.failed_member = SlotTable(num_slots + 1, torch.bool, self.device, pad=0)
         self.flags = SlotFlags(num_slots + 1, self.device)  # output position a slot's row was left empty, or -1
@@ -246,33 +247,31 @@ class SlotBatch:
                     pos: torch.Tensor | None = None, pos_offset: torch.Tensor | None = None) -> StepInputs:
         """What one step gives every group (``drafts``: rows may be drafts, so groups leave the flags
         to ``_record_dead``)."""
-        return StepInputs(logits, logits.view(-1), logits.stride(0), generated, self.stop.dev[:, 0],
+        stops = self._stops
+        if stops is None or stops[0] is not self.stop.dev:  # a view kept while the table stays
+            stops = self._stops = (self.stop.dev, self.stop.dev[:, 0])
+        return StepInputs(logits, logits.view(-1), logits.stride(0), generated, stops[1],
                           flags=None if drafts else self.flags.dev, pos=pos, pos_offset=pos_offset)
 
     def decide_on_host(self, group: Group, rows: ListedRows, histories: Sequence[Sequence[int]],
                        failed_rows: list[int]) -> Any:
-        """A decided group's decisions (``Group.host_decisions``), one per member row from the row's
-        host processor (``Group.host_decision``: by default the token it forces, ``-1`` for none); a
-        processor that raises fails its request alone (its row appended to ``failed_rows``)."""
+        """A decided group's decisions for its member rows (``Group.decide_rows``: by default from each
+        row's host processor, ``Group.host_decision``); a row whose decision raises fails its request
+        alone (its row appended to ``failed_rows``)."""
         deciders = rows.deciders
         if deciders is None:  # once per layout: the rows' processors are fixed until it changes
             level = group.level
             deciders = rows.deciders = [(row, slot, self._processor(slot, level))
                                         for row, slot in zip(rows.rows.tolist(), rows.slots.tolist())]
-        decide, made = group.host_decision, []
-        for row, slot, processor in deciders:
-            try:
-                made.append(decide(processor, histories[row]))
-            except Exception as exc:  # a bug must not escape the sampler: fail this request alone
-                request = self.requests[slot]
-                assert request is not None
-                request.fail_with(exc, histories[row])
-                self.mark_failed(slot)
-                failed_rows.append(row)
-                made.append(group.host_decisions(1)[0])
-        decisions = group.host_decisions(len(made))
-        decisions[:] = made
-        return decisions
+
+        def fail(row: int, slot: int, exc: Exception) -> None:
+            request = self.requests[slot]
+            assert request is not None
+            request.fail_with(exc, histories[row])
+            self.mark_failed(slot)
+            failed_rows.append(row)
+
+        return group.decide_rows(deciders, histories, fail)
 
     def decide_slots_on_host(self, group: Group, slots: Sequence[int]) -> np.ndarray:
         """A decided group that reads no history (``Group.reads_history``): each of ``slots``'s
