@@ -31,19 +31,21 @@ class _RowTables(NamedTuple):
     unused: torch.Tensor
     depth: torch.Tensor  # [rows, entries]
     at_least: torch.Tensor
-    allowed: torch.Tensor  # [rows, entries, k]
+    ids: torch.Tensor  # [rows, entries]: the id each entry allows (a gather and scatter index)
 
 
 class MultipleChoiceGroup(Group):
     """``multiple_choice`` decided on the device from each row's first generated tokens
-    (``TokenWindow.head``): per slot an entry per trie node (the output that reaches it, left-aligned
-    in ``width`` columns, unused ones ``-1``, its length and the ids it allows next) plus one per
-    whole choice followed by EOS (``at_least``: any longer output that begins with it allows EOS).
-    A row keeps only the ids of the entry its output matches (gather, fill, scatter back, as
-    ``allowed_tokens``); a row that matches none (it left every choice) keeps none and fails. The
-    tables are as large for every slot as for the largest request the group has held, at most
-    ``MAX_WINDOW_CELLS`` prefix cells and as many allowed ids per slot (a larger request is hosted:
-    e.g. 64 choices of one token each, 129 entries of up to 64 ids).
+    (``TokenWindow.head``): per slot an entry per edge of the choices' trie (the output that reaches
+    the node, left-aligned in ``width`` columns, unused ones ``-1``, its length and one id the node
+    allows next) plus one per whole choice followed by EOS (``at_least``: any longer output that
+    begins with it allows EOS). A row keeps the ids of the entries its output matches: read, the
+    row filled, written back with a ``scatter_reduce_`` (``amax``, ``-inf`` for the entries that do
+    not match), as ``banned_phrases`` masks; a row that matches none (it left every choice) keeps
+    none and fails. The tables are as large for every slot as for the largest request the group has
+    held, at most ``MAX_WINDOW_CELLS`` prefix cells per slot (a larger request is hosted); the
+    entries grow with the trie's edges, so a wide node costs one entry per id (100 one-token labels:
+    300 entries of 2 columns).
 
     With host histories (vLLM's V1 runner) each row's own processor walks its trie instead
     (``MultipleChoiceProcessor.allowed``) and the rows' allowed ids go up in one upload, kept with
@@ -60,15 +62,15 @@ class MultipleChoiceGroup(Group):
     @classmethod
     def fits_window(cls, template: Template, group: Group | None) -> bool:
         assert isinstance(template, MultipleChoiceTemplate)
-        entries, width, k = template.geometry
+        entries, width = template.geometry
         if isinstance(group, MultipleChoiceGroup):
-            entries, width, k = max(entries, group.entries), max(width, group.width), max(k, group.k)
-        return entries * max(width, k) <= cls.MAX_WINDOW_CELLS
+            entries, width = max(entries, group.entries), max(width, group.width)
+        return entries * width <= cls.MAX_WINDOW_CELLS
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         super().__init__(level, num_slots, device)
         self._templates: dict[int, MultipleChoiceTemplate] = {}
-        self.entries = self.width = self.k = 0  # the geometry of the device tables (the most any member has)
+        self.entries = self.width = 0  # the geometry of the device tables (the most any member has)
         self._own: tuple[SlotTable, ...] = ()
         self._tables()
 
@@ -79,8 +81,8 @@ class MultipleChoiceGroup(Group):
         self.prefix = self.table(torch.int32, width=max(1, self.entries * self.width))
         self.depth = self.table(torch.long, width=max(1, self.entries))
         self.at_least = self.table(torch.bool, width=max(1, self.entries))
-        self.allowed = self.table(torch.long, width=max(1, self.entries * self.k))
-        self._own = (self.prefix, self.depth, self.at_least, self.allowed)
+        self.ids = self.table(torch.long, width=max(1, self.entries))
+        self._own = (self.prefix, self.depth, self.at_least, self.ids)
 
     def assign(self, slot: int, template: Template | None) -> None:
         if template is None:
@@ -91,9 +93,9 @@ class MultipleChoiceGroup(Group):
         if not self.from_window:
             return  # decided on the host: the entry tables are not read
         self._templates[slot] = template
-        entries, width, k = template.geometry
-        if entries > self.entries or width > self.width or k > self.k:  # a larger geometry: every member again
-            self.entries, self.width, self.k = max(entries, self.entries), max(width, self.width), max(k, self.k)
+        entries, width = template.geometry
+        if entries > self.entries or width > self.width:  # a larger geometry: every member again
+            self.entries, self.width = max(entries, self.entries), max(width, self.width)
             self._tables()
             for member, written in self._templates.items():
                 self._write_entries(member, written)
@@ -101,16 +103,14 @@ class MultipleChoiceGroup(Group):
             self._write_entries(slot, template)
 
     def _write_entries(self, slot: int, template: MultipleChoiceTemplate) -> None:
-        w, k, pad = self.width, self.k, self.entries - len(template.prefixes)
+        w, pad = self.width, self.entries - len(template.prefixes)
         prefix: list[int] = []
-        allowed: list[int] = []
-        for p, ids in zip(template.prefixes, template.allowed):
+        for p in template.prefixes:
             prefix += list(p) + [-1] * (w - len(p))
-            allowed += list(ids) + [ids[0]] * (k - len(ids))
         self.prefix.set(slot, prefix + [-1] * (w * pad))
         self.depth.set(slot, [len(p) for p in template.prefixes] + [self.NEVER] * pad)
         self.at_least.set(slot, [int(a) for a in template.at_least] + [0] * pad)
-        self.allowed.set(slot, allowed + [template.allowed[0][0]] * (k * pad))
+        self.ids.set(slot, list(template.ids) + [template.ids[0]] * pad)
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
         """Per layout: each row's start in the flat logits (host)."""
@@ -155,13 +155,13 @@ class MultipleChoiceGroup(Group):
         r, e = len(rows.slot_of_row), self.entries
         prefix = self.prefix.dev[rows.slot_of_row].view(r, e, self.width)
         made = _RowTables(window.slots(rows.slot_of_row), prefix, prefix < 0, self.depth.dev[rows.slot_of_row],
-                          self.at_least.dev[rows.slot_of_row], self.allowed.dev[rows.slot_of_row].view(r, e, self.k))
+                          self.at_least.dev[rows.slot_of_row], self.ids.dev[rows.slot_of_row])
         self._cache["window"] = (rows.slot_of_row, made)
         return made
 
     def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
         """Per row and entry (``[rows, entries]``): whether the row's output is the entry's (or, for an
-        ``at_least`` entry, begins with it). At most one entry per row."""
+        ``at_least`` entry, begins with it), so the entry's id is allowed now."""
         t = self._rows_tables(rows, window)
         head = window.head(t.slots, self.width)
         # tokens generated before the row; a prefill chunk's row (its sample discarded) counts as the first
@@ -170,33 +170,33 @@ class MultipleChoiceGroup(Group):
         return same & ((t.depth == n) | (t.at_least & (t.depth <= n)))
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> Dead:
-        """Each member row keeps only its entry's ids (none where no entry matched)."""
+        """Each member row keeps only the ids of the entries it matched (none where it matched none):
+        the entries' logits read, the rows filled, the matched ones written back (``amax``: an id
+        two entries allow, or one a matched and an unmatched entry name, keeps its value)."""
         t = self._cache["window"][1]  # this step's, from decide_from_window
-        entry = hit.long().argmax(1)
-        ids = t.allowed.gather(1, entry[:, None, None].expand(-1, 1, self.k))[:, 0]
-        kept = step.logits.gather(1, ids)
+        kept = step.logits.gather(1, t.ids)
         step.logits.masked_fill_(rows.member[:, None], NEG_INF)
-        kept.masked_fill_((rows.member & ~hit.any(1))[:, None], NEG_INF)
-        step.logits.scatter_(1, ids, kept)  # non-members: their own values back
-        return Dead(None, rows.slot_of_row, ids, step.generated, where=rows.member)
+        kept.masked_fill_(rows.member[:, None] & ~hit, NEG_INF)  # non-members: their own values back
+        step.logits.scatter_reduce_(1, t.ids, kept, reduce="amax")
+        return Dead(None, rows.slot_of_row, t.ids, step.generated, where=rows.member)
 
 
 @dataclass(frozen=True, slots=True)
 class MultipleChoiceTemplate(Template):
     """The choices as entries: the output ``prefixes[i]`` (from the first generated token) allows
-    ``allowed[i]`` next; an ``at_least[i]`` entry (a whole choice then EOS) also every longer output
-    that begins with it."""
+    ``ids[i]`` next; an ``at_least[i]`` entry (a whole choice then EOS) also every longer output
+    that begins with it. An output allows the ids of every entry it matches."""
 
     prefixes: tuple[tuple[int, ...], ...]
-    allowed: tuple[tuple[int, ...], ...]
+    ids: tuple[int, ...]
     at_least: tuple[bool, ...]
     group: ClassVar[type[MultipleChoiceGroup]] = MultipleChoiceGroup
     reads_tokens: ClassVar[bool] = True
 
     @property
-    def geometry(self) -> tuple[int, int, int]:
-        """Its entries, the longest prefix (at least 1) and the most ids an entry allows."""
-        return len(self.prefixes), max(1, *map(len, self.prefixes)), max(map(len, self.allowed))
+    def geometry(self) -> tuple[int, int]:
+        """Its entries and the longest prefix (at least 1)."""
+        return len(self.prefixes), max(1, *map(len, self.prefixes))
 
 
 class MultipleChoiceProcessor:
@@ -226,26 +226,23 @@ class MultipleChoiceProcessor:
         self.template = self._template()
 
     def _template(self) -> MultipleChoiceTemplate:
-        """The trie as entries (``MultipleChoiceTemplate``): one per node, in the order a walk from
-        the root meets them, then one per whole choice that EOS does not continue inside the trie."""
+        """The trie as entries (``MultipleChoiceTemplate``): one per id each node allows next, the
+        nodes in the order a walk from the root meets them, then one per whole choice that EOS does
+        not continue inside the trie."""
         prefixes: list[tuple[int, ...]] = []
-        allowed: list[tuple[int, ...]] = []
-        at_least: list[bool] = []
+        ids: list[int] = []
         done: list[tuple[int, ...]] = []
         stack: list[tuple[int, tuple[int, ...]]] = [(0, ())]
         while stack:
             node, prefix = stack.pop()
-            prefixes.append(prefix)
-            allowed.append(tuple(sorted({*self._children[node], *((self._eos,) if self._ends[node] else ())})))
-            at_least.append(False)
+            allowed = sorted({*self._children[node], *((self._eos,) if self._ends[node] else ())})
+            prefixes += [prefix] * len(allowed)
+            ids += allowed
             if self._ends[node] and self._eos not in self._children[node]:
                 done.append(prefix + (self._eos,))
             stack.extend((child, prefix + (token,)) for token, child in self._children[node].items())
-        for prefix in done:
-            prefixes.append(prefix)
-            allowed.append((self._eos,))
-            at_least.append(True)
-        return MultipleChoiceTemplate(tuple(prefixes), tuple(allowed), tuple(at_least))
+        at_least = [False] * len(ids) + [True] * len(done)
+        return MultipleChoiceTemplate(tuple(prefixes + done), tuple(ids + [self._eos] * len(done)), tuple(at_least))
 
     def allowed(self, input_ids: Sequence[int]) -> tuple[int, ...]:
         """The ids this step allows (empty: the output left every choice)."""

@@ -151,10 +151,11 @@ def test_resident_rows_of_several_requests_keep_what_their_own_processors_allow(
     assert [r.failed for r in requests] == [slot == 5 for slot in range(8)]
 
 
-def test_the_template_lists_every_node_and_each_whole_choice_then_eos() -> None:
+def test_the_template_lists_every_edge_of_the_trie_and_each_whole_choice_then_eos() -> None:
     t = choice_processor().template
-    got = sorted(zip(t.prefixes, t.allowed, t.at_least))
-    assert got == sorted([((), (5, 9), False), ((5,), (6, 8), False), ((5, 6), (EOS, 7), False), ((5, 6, 7), (EOS,), False),
-                          ((5, 8), (EOS,), False), ((9,), (EOS,), False), ((5, 6, EOS), (EOS,), True),
-                          ((5, 6, 7, EOS), (EOS,), True), ((5, 8, EOS), (EOS,), True), ((9, EOS), (EOS,), True)])
-    assert t.geometry == (10, 4, 2)
+    got = sorted(zip(t.prefixes, t.ids, t.at_least))
+    assert got == sorted([((), 5, False), ((), 9, False), ((5,), 6, False), ((5,), 8, False), ((5, 6), EOS, False),
+                          ((5, 6), 7, False), ((5, 6, 7), EOS, False), ((5, 8), EOS, False), ((9,), EOS, False),
+                          ((5, 6, EOS), EOS, True), ((5, 6, 7, EOS), EOS, True), ((5, 8, EOS), EOS, True),
+                          ((9, EOS), EOS, True)])
+    assert t.geometry == (13, 4)

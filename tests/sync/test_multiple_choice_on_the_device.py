@@ -16,16 +16,16 @@ pytestmark = pytest.mark.usefixtures("quiet")  # the sequences' failing requests
 CHOICES = [[{"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id": EOS}],
            [{"kind": "multiple_choice", "choices": [[9, 9, 9]], "eos_token_id": EOS}]]
 #: the steady step's device ops: the rows' positions and first tokens read, compared with every entry
-#: of their slots and the matching entry's ids kept (28), then what every restrictive group ends with
+#: of their slots and the matching entries' ids kept (24), then what every restrictive group ends with
 #: (the rows left with no token, their flags: 14)
-V2_STEADY_OPS = 42
+V2_STEADY_OPS = 38
 
 
 def test_vllm_model_runner_v2_choice_step_is_a_fixed_number_of_device_ops_and_reads_nothing_back() -> None:
     with SimCuda() as sim:
         steady = drive_v2(sim, Scenario(payloads=CHOICES, steps=4, changes=False))
     assert [str(s) for s in steady.syncs] == [] and not steady.failures
-    assert len(steady.steady_ops) == V2_STEADY_OPS and "scatter_" in steady.steady_ops
+    assert len(steady.steady_ops) == V2_STEADY_OPS and "scatter_reduce_" in steady.steady_ops
 
 
 @pytest.mark.parametrize("drafts", [0, 2])

@@ -62,7 +62,7 @@ def _no_eos_after_eos_on_the_device(mp: pytest.MonkeyPatch) -> None:
     def template(self: MultipleChoiceProcessor) -> Any:
         t = _TEMPLATE(self)
         keep = [i for i, at_least in enumerate(t.at_least) if not at_least]
-        return dataclasses.replace(t, prefixes=tuple(t.prefixes[i] for i in keep), allowed=tuple(t.allowed[i] for i in keep),
+        return dataclasses.replace(t, prefixes=tuple(t.prefixes[i] for i in keep), ids=tuple(t.ids[i] for i in keep),
                                    at_least=tuple(False for _ in keep))
     mp.setattr(MultipleChoiceProcessor, "allowed", _no_eos_after_eos)
     mp.setattr(MultipleChoiceProcessor, "_template", template)

@@ -620,15 +620,31 @@ def test_choices_that_would_grow_the_device_tables_past_their_bound_are_hosted(h
         return sp([{"kind": "multiple_choice", "choices": [list(o) for o in options], "eos_token_id": EOS}])
 
     monkeypatch.setattr(MultipleChoiceGroup, "MAX_WINDOW_CELLS", 8)  # entries x width
-    harness.add_request("small", [2], choices([5], [6]))  # root, 5, 6, 5 EOS, 6 EOS: 5 entries x 2 columns: over
+    # edges () 5, () 6, (5) EOS, (6) EOS, and (5 EOS) EOS, (6 EOS) EOS: 6 entries x 2 columns: over
+    harness.add_request("small", [2], choices([5], [6]))
     assert not harness.processor._is_resident[harness.reqs["small"].slot]
-    monkeypatch.setattr(MultipleChoiceGroup, "MAX_WINDOW_CELLS", 10)
+    monkeypatch.setattr(MultipleChoiceGroup, "MAX_WINDOW_CELLS", 12)
     harness.add_request("fits", [2], choices([5], [6]))
-    harness.add_request("large", [2], choices([5, 6]))  # root, 5, 5 6, 5 6 EOS: 4 x 3 with the group's 5 x 2: over
+    harness.add_request("large", [2], choices([5, 6]))  # () 5, (5) 6, (5 6) EOS, (5 6 EOS) EOS: 4 x 3 with the group's 6 x 2: over
     assert harness.processor._is_resident[harness.reqs["fits"].slot]
     assert not harness.processor._is_resident[harness.reqs["large"].slot]  # its histories are read back
     out = harness.step(["small", "fits", "large"], torch.zeros(3, VOCAB))
     assert [torch.isfinite(out[r]).nonzero().flatten().tolist() for r in range(3)] == [[5, 6], [5, 6], [5]]
+
+
+def test_a_classification_over_many_one_token_labels_is_resident_and_keeps_the_labels_then_eos(harness) -> None:
+    """60 one-token labels: one entry per label at the root, one for EOS after each and one for each
+    label followed by EOS (180 entries of 2 columns), within the device tables' bound: no read back.
+    The first row keeps every label, the next only EOS, and EOS again after it."""
+    labels = list(range(2, 62))
+    harness.add_request("classify", [3, 4], sp([{"kind": "multiple_choice", "choices": [[t] for t in labels],
+                                                 "eos_token_id": EOS}]))
+    assert harness.processor._is_resident[harness.reqs["classify"].slot]
+    for want, then in ((labels, 17), ([EOS], EOS), ([EOS], EOS)):
+        out = harness.step(["classify"], torch.randn(1, VOCAB))
+        assert torch.isfinite(out[0]).nonzero().flatten().tolist() == want
+        harness.commit("classify", [then])
+    assert not harness.processor.failures
 
 
 @pytest.mark.parametrize("payload", [
