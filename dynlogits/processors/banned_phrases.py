@@ -26,7 +26,8 @@ import torch
 from .banned_tokens import BannedTokensTemplate
 from .base import IndexCache, RealizeContext
 from .ops import MaskIds, RowOp, apply_op
-from .slots import NEG_INF, GatheredRows, Group, ListedRows, StepInputs, Template
+from .entries import EntryTablesGroup
+from .slots import NEG_INF, GatheredRows, ListedRows, SlotTable, StepInputs, Template
 from .uploads import StepUpload
 
 if TYPE_CHECKING:
@@ -164,7 +165,7 @@ class _RowTables(NamedTuple):
     ready: torch.Tensor
 
 
-class BannedPhrasesGroup(Group):
+class BannedPhrasesGroup(EntryTablesGroup):
     """``banned_phrases`` with phrases of several tokens, decided per row from its last tokens.
 
     With host histories (``SlotBatch(host_histories=True)``): from each row's own trie, every row in
@@ -174,61 +175,29 @@ class BannedPhrasesGroup(Group):
     (each phrase as its prefix, right-aligned in ``width`` columns, unused ones ``-1``, and the id it
     bans) are compared with the row's last ``width`` tokens on the device, and the ids of the entries
     that match are masked with one ``scatter_reduce_`` (``amin`` with ``+inf`` elsewhere: repeats
-    and non-members leave logits as they are). The tables are as large for every slot as for the
-    largest request the group has held (``entries x width`` cells, at most ``MAX_WINDOW_CELLS``: a
-    request that would grow them past it is hosted). Masks only: never leaves a row empty by itself."""
+    and non-members leave logits as they are). The tables: ``EntryTablesGroup`` (e.g. 256 phrases
+    of 17 tokens fill its 4096 cells). Masks only: never leaves a row empty by itself."""
 
     decided = True
     needs_host_histories = True
-    window_decided = True
     #: ``need`` of the padding entries of a slot with fewer entries than the table: never matches
     NEVER = 1 << 40
-    #: the most prefix cells per slot (``entries x width``): 16 KiB of int32 per slot, so 16 MiB for
-    #: 1024 slots on the device and as much pinned on the host; e.g. 256 phrases of 17 tokens
-    MAX_WINDOW_CELLS = 4096
-
-    @classmethod
-    def fits_window(cls, template: Template, group: Group | None) -> bool:
-        assert isinstance(template, BannedPhrasesTemplate)
-        entries, width = template.geometry
-        if isinstance(group, BannedPhrasesGroup):
-            entries, width = max(entries, group.entries), max(width, group.width)
-        return entries * width <= cls.MAX_WINDOW_CELLS
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         super().__init__(level, num_slots, device)
         self._always: dict[int, tuple[int, ...]] = {}  # slot -> its one-token phrases
         self._layout = StepUpload(torch.long, device)  # the one-token phrases' flat indices, per layout
-        self._templates: dict[int, BannedPhrasesTemplate] = {}
-        self.entries = 0  # entries per slot in the device tables (the most any member has)
-        self.width = 0  # columns per entry (the longest prefix of any member)
-        self.prefix = self.table(torch.int32)  # [slots, entries * width]
-        self.bans = self.table(torch.long)  # [slots, entries]: the id each entry masks (a scatter index)
-        self.need = self.table(torch.long)  # [slots, entries]: its prefix length (``NEVER``: padding)
         self._extremes: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def assign(self, slot: int, template: Template | None) -> None:
-        if template is None:
-            self._templates.pop(slot, None)
-        super().assign(slot, template)
+    def _new_tables(self) -> tuple[SlotTable, ...]:
+        self.prefix = self.table(torch.int32, width=max(1, self.entries * self.width))  # [slots, entries * width]
+        self.bans = self.table(torch.long, width=max(1, self.entries))  # the id each entry masks (a scatter index)
+        self.need = self.table(torch.long, width=max(1, self.entries))  # its prefix length (``NEVER``: padding)
+        return self.prefix, self.bans, self.need
 
     def _write(self, slot: int, template: BannedPhrasesTemplate) -> None:
         self._always[slot] = template.always
-        if not self.from_window:
-            return  # decided on the host: the entry tables are not read
-        self._templates[slot] = template
-        entries, width = template.geometry
-        if entries > self.entries or width > self.width:  # a larger geometry: new tables, every member again
-            self.entries, self.width = max(entries, self.entries), max(width, self.width)
-            for old in (self.prefix, self.bans, self.need):
-                self.tables.remove(old)
-            self.prefix = self.table(torch.int32, width=self.entries * self.width)
-            self.bans = self.table(torch.long, width=self.entries)
-            self.need = self.table(torch.long, width=self.entries)
-            for member, written in self._templates.items():
-                self._write_entries(member, written)
-        else:
-            self._write_entries(slot, template)
+        super()._write(slot, template)
 
     def _write_entries(self, slot: int, template: BannedPhrasesTemplate) -> None:
         w, pad = self.width, self.entries - len(template.bans)

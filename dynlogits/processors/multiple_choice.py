@@ -12,7 +12,8 @@ import torch
 
 from .base import IndexCache, RealizeContext, first_stop
 from .ops import KeepOnly, RowOp, apply_op, fill_rows
-from .slots import NEG_INF, Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs, Template, listed_positions
+from .entries import EntryTablesGroup
+from .slots import NEG_INF, Dead, GatheredRows, ListedRows, SlotTable, StepInputs, Template, listed_positions
 from .uploads import StepUpload
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class _RowTables(NamedTuple):
     ids: torch.Tensor  # [rows, entries]: the id each entry allows (a gather and scatter index)
 
 
-class MultipleChoiceGroup(Group):
+class MultipleChoiceGroup(EntryTablesGroup):
     """``multiple_choice`` decided on the device from each row's first generated tokens
     (``TokenWindow.head``): per slot an entry per edge of the choices' trie (the output that reaches
     the node, left-aligned in ``width`` columns, unused ones ``-1``, its length and one id the node
@@ -42,10 +43,8 @@ class MultipleChoiceGroup(Group):
     begins with it allows EOS). A row keeps the ids of the entries its output matches: read, the
     row filled, written back with a ``scatter_reduce_`` (``amax``, ``-inf`` for the entries that do
     not match), as ``banned_phrases`` masks; a row that matches none (it left every choice) keeps
-    none and fails. The tables are as large for every slot as for the largest request the group has
-    held, at most ``MAX_WINDOW_CELLS`` prefix cells per slot (a larger request is hosted); the
-    entries grow with the trie's edges, so a wide node costs one entry per id (100 one-token labels:
-    300 entries of 2 columns).
+    none and fails. The tables: ``EntryTablesGroup``; the entries grow with the trie's edges, so a
+    wide node costs one entry per id (100 one-token labels: 300 entries of 2 columns).
 
     With host histories (vLLM's V1 runner) each row's own processor walks its trie instead
     (``MultipleChoiceProcessor.allowed``) and the rows' allowed ids go up in one upload, kept with
@@ -55,52 +54,14 @@ class MultipleChoiceGroup(Group):
     positional = True  # a row left with no token reports its output position
     decided = True
     needs_host_histories = True
-    window_decided = True
     NEVER = 1 << 40  # ``depth`` of padding entries: never matches
-    MAX_WINDOW_CELLS = 4096
 
-    @classmethod
-    def fits_window(cls, template: Template, group: Group | None) -> bool:
-        assert isinstance(template, MultipleChoiceTemplate)
-        entries, width = template.geometry
-        if isinstance(group, MultipleChoiceGroup):
-            entries, width = max(entries, group.entries), max(width, group.width)
-        return entries * width <= cls.MAX_WINDOW_CELLS
-
-    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
-        super().__init__(level, num_slots, device)
-        self._templates: dict[int, MultipleChoiceTemplate] = {}
-        self.entries = self.width = 0  # the geometry of the device tables (the most any member has)
-        self._own: tuple[SlotTable, ...] = ()
-        self._tables()
-
-    def _tables(self) -> None:
-        """New device tables of the current geometry, in place of the group's previous ones."""
-        for old in self._own:
-            self.tables.remove(old)
+    def _new_tables(self) -> tuple[SlotTable, ...]:
         self.prefix = self.table(torch.int32, width=max(1, self.entries * self.width))
         self.depth = self.table(torch.long, width=max(1, self.entries))
         self.at_least = self.table(torch.bool, width=max(1, self.entries))
         self.ids = self.table(torch.long, width=max(1, self.entries))
-        self._own = (self.prefix, self.depth, self.at_least, self.ids)
-
-    def assign(self, slot: int, template: Template | None) -> None:
-        if template is None:
-            self._templates.pop(slot, None)
-        super().assign(slot, template)
-
-    def _write(self, slot: int, template: MultipleChoiceTemplate) -> None:
-        if not self.from_window:
-            return  # decided on the host: the entry tables are not read
-        self._templates[slot] = template
-        entries, width = template.geometry
-        if entries > self.entries or width > self.width:  # a larger geometry: every member again
-            self.entries, self.width = max(entries, self.entries), max(width, self.width)
-            self._tables()
-            for member, written in self._templates.items():
-                self._write_entries(member, written)
-        else:
-            self._write_entries(slot, template)
+        return self.prefix, self.depth, self.at_least, self.ids
 
     def _write_entries(self, slot: int, template: MultipleChoiceTemplate) -> None:
         w, pad = self.width, self.entries - len(template.prefixes)

@@ -477,6 +477,26 @@ def test_phrases_that_would_grow_the_device_tables_past_their_bound_are_hosted(h
     assert _masked(out[0]) == [9] and _masked(out[1]) == [4, 7]
 
 
+def test_the_phrase_tables_are_sized_by_the_requests_in_the_slots_not_by_one_that_left(harness, monkeypatch) -> None:
+    """A request whose phrases would not fit beside a wide one is hosted while it holds a slot, and
+    resident once the wide one's slot holds another request (the tables rebuilt at what the current
+    requests need)."""
+    from dynlogits.processors.banned_phrases import BannedPhrasesGroup
+
+    monkeypatch.setattr(BannedPhrasesGroup, "MAX_WINDOW_CELLS", 5)  # entries x width
+    harness.add_request("wide", [2], sp(_phrases([5, 6, 7])))  # 1 entry x 2 columns
+    many = sp(_phrases([3, 4], [5, 9], [8, 2]))  # 3 entries x 1 column: 3 x 2 beside "wide", over
+    harness.add_request("many", [2], many)
+    assert not harness.processor._is_resident[harness.reqs["many"].slot]
+    harness.remove_request("wide")
+    harness.add_request("next", [2], sp(_phrases([9, 4])), output_ids=[9])  # takes the wide one's slot
+    harness.remove_request("many")
+    harness.add_request("many again", [2], many, output_ids=[5])
+    assert harness.processor._is_resident[harness.reqs["many again"].slot]
+    out = harness.step(["next", "many again"], torch.zeros(2, VOCAB))
+    assert _masked(out[0]) == [4] and _masked(out[1]) == [9]
+
+
 @pytest.mark.parametrize(("seconds", "stops"), [(60.0, True), (3600.0, False)])
 def test_a_deadline_is_resident_and_stops_every_row_of_its_request_once_due(harness, seconds: float, stops: bool) -> None:
     """It reads the clock, not the tokens: no history is read back, with drafts or without. The
@@ -630,6 +650,27 @@ def test_choices_that_would_grow_the_device_tables_past_their_bound_are_hosted(h
     assert not harness.processor._is_resident[harness.reqs["large"].slot]  # its histories are read back
     out = harness.step(["small", "fits", "large"], torch.zeros(3, VOCAB))
     assert [torch.isfinite(out[r]).nonzero().flatten().tolist() for r in range(3)] == [[5, 6], [5, 6], [5]]
+
+
+def test_the_choice_tables_are_sized_by_the_requests_in_the_slots_not_by_one_that_left(harness, monkeypatch) -> None:
+    """As for phrases: a choice set that would not fit beside a longer one is resident once the
+    longer one's slot holds another request."""
+    from dynlogits.processors.multiple_choice import MultipleChoiceGroup
+
+    def choices(*options: list[int]) -> Any:
+        return sp([{"kind": "multiple_choice", "choices": [list(o) for o in options], "eos_token_id": EOS}])
+
+    monkeypatch.setattr(MultipleChoiceGroup, "MAX_WINDOW_CELLS", 12)  # entries x width
+    harness.add_request("long", [2], choices([5, 6]))  # 4 entries x 3 columns
+    harness.add_request("wide", [2], choices([5], [6]))  # 6 entries x 2 columns: 6 x 3 beside "long", over
+    assert not harness.processor._is_resident[harness.reqs["wide"].slot]
+    harness.remove_request("long")
+    harness.add_request("short", [2], choices([9]))  # 3 entries x 2 columns, in the long one's slot
+    harness.remove_request("wide")
+    harness.add_request("wide again", [2], choices([5], [6]))
+    assert harness.processor._is_resident[harness.reqs["wide again"].slot]
+    out = harness.step(["short", "wide again"], torch.zeros(2, VOCAB))
+    assert [torch.isfinite(out[r]).nonzero().flatten().tolist() for r in range(2)] == [[9], [5, 6]]
 
 
 def test_a_classification_over_many_one_token_labels_is_resident_and_keeps_the_labels_then_eos(harness) -> None:
