@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
