@@ -38,14 +38,19 @@ class EntryTablesGroup(Group):
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         super().__init__(level, num_slots, device)
         self._templates: dict[int, Any] = {}  # slot -> its template (window-decided members only)
+        self._shapes: dict[int, tuple[int, int]] = {}  # slot -> its template's geometry
+        self._held: tuple[int, int] | None = (0, 0)  # the members' geometry (``None``: to recompute)
         self.entries = self.width = 0  # the device tables' geometry
         self._own: tuple[SlotTable, ...] = ()
         self._rebuild()
 
     def members_geometry(self) -> tuple[int, int]:
-        """The most entries and columns any current member needs."""
-        shapes = [t.geometry for t in self._templates.values()]
-        return max((e for e, _ in shapes), default=0), max((w for _, w in shapes), default=0)
+        """The most entries and columns any current member needs (kept between batch changes; a
+        member leaving with the most of either has it recounted at the next call)."""
+        if self._held is None:
+            shapes = self._shapes.values()
+            self._held = max((e for e, _ in shapes), default=0), max((w for _, w in shapes), default=0)
+        return self._held
 
     def _rebuild(self) -> None:
         for old in self._own:
@@ -64,13 +69,23 @@ class EntryTablesGroup(Group):
     def assign(self, slot: int, template: Template | None) -> None:
         if template is None:
             self._templates.pop(slot, None)
+            self._leave(slot)
         super().assign(slot, template)
+
+    def _leave(self, slot: int) -> None:
+        shape = self._shapes.pop(slot, None)
+        held = self._held
+        if shape is not None and held is not None and (shape[0] >= held[0] or shape[1] >= held[1]):
+            self._held = None
 
     def _write(self, slot: int, template: Any) -> None:
         if not self.from_window:
             return  # decided on the host: the entry tables are not read
+        self._leave(slot)  # a slot written again without leaving first
         self._templates[slot] = template
-        entries, width = template.geometry
+        entries, width = self._shapes[slot] = template.geometry
+        if self._held is not None:
+            self._held = max(self._held[0], entries), max(self._held[1], width)
         if entries > self.entries or width > self.width:  # rebuilt at the members' geometry, every member again
             self.entries, self.width = self.members_geometry()
             self._rebuild()
