@@ -33,7 +33,8 @@ from .uploads import StepUpload
 if TYPE_CHECKING:
     from .window import TokenWindow
 
-__all__ = ["KIND", "TABLES_KEPT", "BannedPhrasesGroup", "BannedPhrasesProcessor", "BannedPhrasesTemplate", "factory", "masked_after"]
+__all__ = ["KIND", "TABLES_KEPT", "BannedPhrasesGroup", "BannedPhrasesProcessor", "BannedPhrasesTemplate", "factory",
+           "masked_after"]
 
 KIND = "banned_phrases"
 
@@ -169,9 +170,9 @@ class BannedPhrasesGroup(EntryTablesGroup):
     """``banned_phrases`` with phrases of several tokens, decided per row from its last tokens.
 
     With host histories (``SlotBatch(host_histories=True)``): from each row's own trie, every row in
-    one pass (``decide_rows``, ``masked_after``); every step one ``index_fill_`` of the rows' one-token phrases
-    (indices uploaded once per batch change), and a step that finds ids one upload and one more
-    ``index_fill_``. With a ``TokenWindow`` instead (``decide_from_window``): every row's entries
+    one pass (``decide_rows``, ``masked_after``); every step one ``index_fill_`` of the rows'
+    one-token phrases (indices uploaded once per batch change), and a step that finds ids one upload
+    and one more ``index_fill_``. With a ``TokenWindow`` instead (``decide_from_window``): every row's entries
     (each phrase as its prefix, right-aligned in ``width`` columns, unused ones ``-1``, and the id it
     bans) are compared with the row's last ``width`` tokens on the device, and the ids of the entries
     that match are masked with one ``scatter_reduce_`` (``amin`` with ``+inf`` elsewhere: repeats
