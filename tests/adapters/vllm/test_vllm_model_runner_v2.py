@@ -676,14 +676,16 @@ def test_the_choice_tables_are_sized_by_the_requests_in_the_slots_not_by_one_tha
 def test_a_classification_over_many_one_token_labels_is_resident_and_keeps_the_labels_then_eos(harness) -> None:
     """60 one-token labels: one entry per label at the root, one for EOS after each and one for each
     label followed by EOS (180 entries of 2 columns), within the device tables' bound: no read back.
-    The first row keeps every label, the next only EOS, and EOS again after it."""
+    The first row keeps every label (with its logit), the next only EOS, and EOS again after it."""
     labels = list(range(2, 62))
     harness.add_request("classify", [3, 4], sp([{"kind": "multiple_choice", "choices": [[t] for t in labels],
                                                  "eos_token_id": EOS}]))
     assert harness.processor._is_resident[harness.reqs["classify"].slot]
     for want, then in ((labels, 17), ([EOS], EOS), ([EOS], EOS)):
-        out = harness.step(["classify"], torch.randn(1, VOCAB))
+        logits = torch.randn(1, VOCAB)
+        out = harness.step(["classify"], logits.clone())
         assert torch.isfinite(out[0]).nonzero().flatten().tolist() == want
+        assert torch.equal(out[0, want], logits[0, want])  # the kept ids keep their logits
         harness.commit("classify", [then])
     assert not harness.processor.failures
 
