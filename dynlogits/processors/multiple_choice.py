@@ -165,9 +165,9 @@ class MultipleChoiceProcessor:
     and ``eos`` once the output is a whole choice; once ``eos`` has followed a whole choice, ``eos``
     again (an engine that ignores EOS goes on); an output that matches no choice keeps no id (its
     request fails: no token left). A trie of the choices, walked from the root each step (at most
-    the longest choice's length); each node's allowed ids are cached."""
+    the longest choice's length); each node's allowed ids are built once, with their index."""
 
-    __slots__ = ("_children", "_ends", "_eos", "_keep", "template")
+    __slots__ = ("_allowed", "_children", "_ends", "_eos", "_keep", "template")
 
     def __init__(self, choices: Sequence[Sequence[int]], eos_token_id: int) -> None:
         self._eos = eos_token_id
@@ -183,6 +183,8 @@ class MultipleChoiceProcessor:
                     self._ends.append(False)
                 node = child
             self._ends[node] = True
+        self._allowed = [tuple(sorted({*children, *((eos_token_id,) if end else ())}))
+                         for children, end in zip(self._children, self._ends)]
         self._keep: dict[tuple[int, ...], IndexCache] = {}
         self.template = self._template()
 
@@ -196,7 +198,7 @@ class MultipleChoiceProcessor:
         stack: list[tuple[int, tuple[int, ...]]] = [(0, ())]
         while stack:
             node, prefix = stack.pop()
-            allowed = sorted({*self._children[node], *((self._eos,) if self._ends[node] else ())})
+            allowed = self._allowed[node]
             prefixes += [prefix] * len(allowed)
             ids += allowed
             if self._ends[node] and self._eos not in self._children[node]:
@@ -213,7 +215,7 @@ class MultipleChoiceProcessor:
             if child is None:
                 return (self._eos,) if self._ends[node] and token == self._eos else ()
             node = child
-        return tuple(sorted({*self._children[node], *((self._eos,) if self._ends[node] else ())}))
+        return self._allowed[node]
 
     def row_op(self, input_ids: Sequence[int]) -> RowOp:
         ids = self.allowed(input_ids)
