@@ -428,3 +428,31 @@ def test_the_sync_counter_sees_the_calls_it_forbids() -> None:
         torch.zeros(2).to(torch.int32)  # a dtype change is no transfer
         torch.zeros(2).to("cpu", non_blocking=True)
     assert counter.calls == ["tensor", "tolist", "item", "to"]
+
+
+def test_a_host_decided_row_whose_processor_raises_fails_its_request_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Group.decide_rows`` row by row (a trigger, decided from each row's history on the V1 runner):
+    the request whose processor raises fails and its row is fail-stopped; the rows before and after
+    it are forced as usual."""
+    from dynlogits.processors.trigger import TriggerProcessor
+
+    payload = [{"kind": "trigger", "trigger_token_ids": [3], "phrase_token_ids": [9]}]
+    requests = [sdk.realize(payload, vocab_size=V, stop_token_id=EOS) for _ in range(3)]
+    broken = requests[1].processor.processors[0]
+    real = TriggerProcessor.row_op
+
+    def row_op(self: TriggerProcessor, ids: Sequence[int]):  # noqa: ANN202
+        if self is broken:
+            raise RuntimeError("processor bug")
+        return real(self, ids)
+
+    monkeypatch.setattr(TriggerProcessor, "row_op", row_op)
+    batch = SlotBatch(num_slots=3, vocab_size=V, device="cpu", host_histories=True)
+    for slot, request in enumerate(requests):
+        assert batch.assign(slot, request)
+    batch.flush()
+    batch.set_rows(np.array([0, 1, 2]))
+    logits = torch.randn(3, V)
+    batch.apply(logits, histories=[[3], [3], [3]])
+    assert [r.failed for r in requests] == [False, True, False]
+    assert [torch.isfinite(logits[r]).nonzero().flatten().tolist() for r in range(3)] == [[9], [EOS], [9]]
