@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -129,6 +129,20 @@ def factory(entry: Any, ctx: RealizeContext) -> ThinkingBudgetProcessor:
 
 
 # -- followed on the device ------------------------------------------------------------------------
+class Matcher(NamedTuple):
+    """Delimiter sequences per slot, right-aligned for ``_ends_with``: ``want[s, j]`` is the token
+    the window's column ``j`` must hold, ``unused[s, j]`` a column before the sequence, ``length[s]``
+    its length."""
+
+    want: torch.Tensor
+    unused: torch.Tensor
+    length: torch.Tensor
+
+    def rows(self, slots: torch.Tensor | None) -> Matcher:
+        """The matcher of ``slots`` (``None``: every slot, in order)."""
+        return self if slots is None else Matcher(self.want[slots], self.unused[slots], self.length[slots])
+
+
 class SpanTables:
     """Per-slot delimiters and span state of one entry position of a kind whose decision follows a
     span (``DeviceThinking``); a subclass writes its template (``set``) and decides per row
@@ -149,6 +163,8 @@ class SpanTables:
         self.span = torch.full((num_slots,), CLOSED, dtype=torch.long, device=device)
         self.scanned = torch.zeros(num_slots, dtype=torch.long, device=device)
         self._tables = [self.start, self.start_len, self.end, self.end_len, self.member]
+        self._matchers: dict[bool, Matcher] = {}  # end? -> matcher, until the next set or flush
+        self._offsets: dict[int, torch.Tensor] = {}  # width -> ``-width .. -1``, kept
 
     def table(self) -> SlotTable:
         """A further per-slot table of the subclass's, flushed with the others."""
@@ -158,6 +174,7 @@ class SpanTables:
 
     def set(self, slot: int, template: Any | None) -> None:
         """Write ``template``'s delimiters at ``slot`` (``None``: the slot leaves)."""
+        self._matchers.clear()  # on CPU the tables are the mirror: a write changes them now
         if template is None:
             if slot in self.members:
                 self.members.discard(slot)
@@ -191,8 +208,30 @@ class SpanTables:
         raise NotImplementedError
 
     def flush(self) -> None:
+        changed = False
         for table in self._tables:
-            table.flush()
+            changed = table.flush() or changed
+        if changed:
+            self._matchers.clear()  # recomputed after the copies just queued
+
+    def matcher(self, end: bool) -> Matcher:
+        """The start (or end) sequences as a ``Matcher``, computed on the device once per batch
+        change (a handful of ops every span advance would otherwise repeat)."""
+        made = self._matchers.get(end)
+        if made is None:
+            seq, length = (self.end.dev, self.end_len.dev[:, 0]) if end else (self.start.dev, self.start_len.dev[:, 0])
+            j = torch.arange(seq.shape[1], device=seq.device)
+            offset = seq.shape[1] - length  # the sequence's token k sits at column offset + k
+            want = seq.gather(1, (j[None, :] - offset[:, None]).clamp(min=0))
+            made = self._matchers[end] = Matcher(want, j[None, :] < offset[:, None], length)
+        return made
+
+    def offsets(self, width: int) -> torch.Tensor:
+        """``[-width, .., -1]``: the positions of the ``width`` tokens before a position, relative to it."""
+        made = self._offsets.get(width)
+        if made is None:
+            made = self._offsets[width] = torch.arange(-width, 0, device=self.span.device)
+        return made
 
 
 class ThinkingTables(SpanTables):
@@ -257,16 +296,11 @@ class _Step:
         return self.tokens[rows[:, None], column].long()
 
 
-def _ends_with(window: torch.Tensor, seq: torch.Tensor, seq_len: torch.Tensor, reach: torch.Tensor) -> torch.Tensor:
-    """Whether the tokens ending at the window's end are ``seq[:seq_len]``: ``window[i, j]`` is the
-    token ``width - j`` before it (``width`` = ``seq``'s width, right-aligned); ``reach[i]``: how many
+def _ends_with(window: torch.Tensor, seq: Matcher, reach: torch.Tensor) -> torch.Tensor:
+    """Whether the tokens ending at the window's end are ``seq``'s: ``window[i, j]`` is the token
+    ``width - j`` before it (``width`` = ``seq.want``'s, right-aligned); ``reach[i]``: how many
     tokens (prompt included) end there."""
-    width = seq.shape[1]
-    j = torch.arange(width, device=seq.device)
-    offset = width - seq_len  # seq's token k sits at window column offset + k
-    want = seq.gather(1, (j[None, :] - offset[:, None]).clamp(min=0))
-    used = j[None, :] >= offset[:, None]
-    return (reach >= seq_len) & ((window == want) | ~used).all(1)
+    return (reach >= seq.length) & ((window == seq.want) | seq.unused).all(1)
 
 
 class DeviceThinking:
@@ -361,21 +395,17 @@ class DeviceThinking:
         (``None``: every slot of the tables, in order: no gather); where the tables match from the
         prompt on (``in_prompt``), a delimiter may begin in the prompt (``prompt_len`` tokens before
         generated position 0)."""
-        def per_slot(table: SlotTable) -> torch.Tensor:
-            return table.dev if slots is None else table.dev[slots]
-
-        start, start_len = per_slot(tables.start), per_slot(tables.start_len)[:, 0]
-        end = per_slot(tables.end) if tables.closes else start[:, :0]  # a span that never closes reads no end
-        width = max(start.shape[1], end.shape[1])
-        window = token_at(upto[:, None] - width + torch.arange(width, device=upto.device)[None, :])
+        start = tables.matcher(False).rows(slots)
+        end = tables.matcher(True).rows(slots) if tables.closes else None  # a span that never closes reads no end
+        width = max(start.want.shape[1], 0 if end is None else end.want.shape[1])
+        window = token_at(upto[:, None] + tables.offsets(width)[None, :])
         reach = upto + prompt_len if tables.in_prompt else upto
         closed = span == CLOSED
-        opens = fresh & closed & _ends_with(window[:, width - start.shape[1] :], start, start_len, reach)
-        if not tables.closes:
+        opens = fresh & closed & _ends_with(window[:, width - start.want.shape[1] :], start, reach)
+        if end is None:
             return torch.where(opens, upto, span)
-        end_len = per_slot(tables.end_len)[:, 0]
-        closes = (fresh & ~closed & (upto - span >= end_len)
-                  & _ends_with(window[:, width - end.shape[1] :], end, end_len, reach))
+        closes = (fresh & ~closed & (upto - span >= end.length)
+                  & _ends_with(window[:, width - end.want.shape[1] :], end, reach))
         return torch.where(opens, upto, torch.where(closes, torch.full_like(span, CLOSED), span))
 
     def _scan_cold(self, source: _Step) -> None:
