@@ -35,6 +35,7 @@ class StepUpload:
 
     RING = 8
     MAX_RING = 4096  # buffers the ring may grow to while the device lags, before waiting for it
+    MAX_VIEWS = 256  # CPU: views of the buffer kept, one per count uploaded
 
     def __init__(self, dtype: torch.dtype, device: torch.device, capacity: int = 256, *, ring: int | None = None) -> None:
         self.dtype = dtype
@@ -51,6 +52,7 @@ class StepUpload:
         self._np = [h.numpy() for h in self._host]
         self._events: list[Any] = [None] * ring
         self._next = 0
+        self._views: dict[int, torch.Tensor] = {}  # CPU: the buffer's first n values, per n
 
     def buffer(self, n: int) -> np.ndarray:
         """A host buffer of ``n`` values to fill, then pass to ``upload``."""
@@ -73,7 +75,14 @@ class StepUpload:
         with ``keep`` (a layout reused over many steps). On CPU it is the buffer itself (a copy
         with ``keep``)."""
         if not on_accelerator(self.device):
-            return self._host[self._next][:n].clone() if keep else self._host[self._next][:n]
+            if keep:
+                return self._host[0][:n].clone()
+            view = self._views.get(n)
+            if view is None:  # one view per count: a step's upload makes no tensor (no torch call)
+                if len(self._views) >= self.MAX_VIEWS:
+                    self._views.clear()
+                view = self._views[n] = self._host[0][:n]
+            return view
         out = torch.empty(n, dtype=self.dtype, device=self.device)
         self.upload_into(out)
         return out
