@@ -25,8 +25,8 @@ import torch
 
 from .banned_tokens import BannedTokensTemplate
 from .base import IndexCache, RealizeContext
-from .ops import MaskIds, RowOp, apply_op
 from .entries import EntryTablesGroup
+from .ops import MaskIds, RowOp, apply_op
 from .slots import NEG_INF, GatheredRows, ListedRows, SlotTable, StepInputs, Template
 from .uploads import StepUpload
 

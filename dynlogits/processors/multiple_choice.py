@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 import torch
 
 from .base import IndexCache, RealizeContext, first_stop
-from .ops import KeepOnly, RowOp, apply_op, fill_rows
 from .entries import EntryTablesGroup
+from .ops import KeepOnly, RowOp, apply_op, fill_rows
 from .slots import NEG_INF, Dead, GatheredRows, ListedRows, SlotTable, StepInputs, Template, listed_positions
 from .uploads import StepUpload
 
