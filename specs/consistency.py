@@ -18,8 +18,12 @@ row with no allowed token is refused, naming the two entries and the step. Exact
 * a ``forced_sequence`` that writes a phrase a ``banned_phrases`` entry of the same scope bans (its
   tokens, then its EOS) is a contradiction at the step the phrase's last token is due;
 * ``multiple_choice`` (id choices) at its first position allows exactly its choices' first tokens;
-  later, what it allows depends on the tokens generated, and it is taken to allow every id (what it
-  leaves empty there is caught while the request runs).
+  past it, each prefix of a choice that the entries let the output write is followed down the
+  choices' trie: there it allows the next tokens of the choices it begins (and EOS after a whole
+  choice, when the entry names it), met by the entries of its own position scale (its scope's, and
+  position-free masks of ``always`` entries; a ``banned_phrases`` of its scope when both are
+  ``always``); an empty set there is a contradiction (``_choice_problems``). Elsewhere in the
+  position grid it is taken to allow every id.
 
 ``trigger``, ``deadline`` and ``prompt_tokens`` act at moments or on tokens admission does not know
 (a trigger in the output, the clock, the prompt), and ``python`` and plug-in entries are opaque:
@@ -189,6 +193,166 @@ def _scoped_position_problems(entries: Sequence[Any], paths: Sequence[str], voca
             return
 
 
+def _mask_or_keep(entry: Any, n: int, sets: dict[int, frozenset[int]], j: int) -> tuple[frozenset[int] | None, frozenset[int] | None]:
+    """What a position-scaled entry does at position ``n``: ``(masked, kept)`` ids (``None``: nothing
+    of that form); ``sets`` caches each entry's fixed id set by index."""
+    kind = entry.kind
+    if kind == "banned_tokens" or (kind == "min_tokens" and n < entry.min_tokens):
+        if j not in sets:
+            sets[j] = frozenset(entry.token_ids if kind == "banned_tokens" else entry.stop_token_ids)
+        return sets[j], None
+    if kind == "allowed_tokens":
+        if j not in sets:
+            sets[j] = _keep_set(entry)
+        return None, sets[j]
+    if kind == "forced_sequence":
+        return None, frozenset((_forced_token(entry, n),))
+    if kind == "multiple_choice" and n == 0 and entry.choices:
+        return None, frozenset(choice[0] for choice in entry.choices)
+    return None, None
+
+
+def _phrase_trie(entry: Any) -> dict[int, Any]:
+    """A ``banned_phrases`` entry's phrases as a trie of their prefixes read backwards; the key -1
+    (never a token) holds the last tokens a prefix ending there bans (the root's: one-token phrases)."""
+    trie: dict[int, Any] = {-1: []}
+    for phrase in entry.phrases:
+        node = trie
+        for token in reversed(phrase[:-1]):
+            node = node.setdefault(token, {-1: []})
+        node[-1].append(phrase[-1])
+    return trie
+
+
+def _phrase_masks(trie: dict[int, Any], written: Sequence[int]) -> frozenset[int]:
+    """The ids a ``banned_phrases`` entry (its ``_phrase_trie``) masks after the output ``written``:
+    a walk back from its last token, at most as long as the longest phrase."""
+    masked, node = list(trie[-1]), trie
+    for token in reversed(written):
+        node = node.get(token)
+        if node is None:
+            break
+        masked += node[-1]
+    return frozenset(masked)
+
+
+def _output(written: Sequence[int]) -> str:
+    """An output prefix as a message shows it: whole up to 8 tokens, else its ends and its length."""
+    if len(written) <= 8:
+        return str(list(written))
+    return f"[{', '.join(map(str, written[:4]))}, ..., {', '.join(map(str, written[-2:]))}] ({len(written)} tokens)"
+
+
+def _choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
+    """Each ``multiple_choice`` down its choices' trie (see the module doc): every prefix the entries
+    let the output write is visited once, so the walk is bounded by the choices' tokens."""
+    for i, choice in enumerate(entries):
+        if choice.kind != "multiple_choice" or not choice.choices:
+            continue
+        scope = _scope(choice)
+
+        def acts(e: Any, scope: str = scope) -> bool:
+            if _scope(e) == scope:
+                return e.kind != "banned_phrases" or scope == "always"
+            return scope != "always" and _scope(e) == "always" and e.kind in ("banned_tokens", "allowed_tokens")
+
+        before = [j for j in range(i) if acts(entries[j])]
+        after = [j for j in range(i + 1, len(entries)) if acts(entries[j])]
+        if not before and not after:
+            continue
+        trie: dict[int, Any] = {}  # token -> child; the key -1 (never a token) marks a whole choice
+        for ids in choice.choices:
+            node = trie
+            for token in ids:
+                node = node.setdefault(token, {})
+            node[-1] = True
+        sets: dict[int, frozenset[int]] = {}
+        phrases = {j: _phrase_trie(entries[j]) for j in (*before, *after) if entries[j].kind == "banned_phrases"}
+        before_phrases = [j for j in before if j in phrases]
+        after_phrases = [j for j in after if j in phrases]
+        prefix: dict[int, tuple[Any, ...]] = {}
+        made: dict[tuple[object, ...], tuple[Any, ...]] = {}
+        fixed = [j for j in (*before, *after) if j not in phrases]
+        scale = "output" if scope == "always" else scope
+        written: list[int] = []  # the output down to the node popped (a depth-first walk)
+        stack: list[tuple[dict[int, Any], int, int]] = [(trie, 0, -1)]
+        while stack:
+            node, n, token = stack.pop()
+            if n:
+                del written[n - 1:]
+                written.append(token)
+            at = prefix.get(n)
+            if at is None:  # what the entries do at position n: the same on every prefix of that length
+                key = tuple(_variant(entries[j], n) for j in fixed)  # and at every n where nothing changes
+                at = made.get(key)
+                if at is None:
+                    at = made[key] = (*_before_choice([(j, entries[j]) for j in before if j not in phrases], n, sets),
+                                      [(j, *_mask_or_keep(entries[j], n, sets, j)) for j in after if j not in phrases])
+                prefix[n] = at
+            allowed, masked, origin, later = at
+            for j in before_phrases:
+                masked = masked | _phrase_masks(phrases[j], written)
+            if len(node) == 1 and -1 not in node:  # one next token (most of a long choice): no sets made
+                (t,) = node
+                ok = t not in masked if allowed is None else t in allowed
+                for _, mask, only in later:
+                    if not ok:
+                        break
+                    ok = (not mask or t not in mask) and (only is None or t in only)
+                for j in after_phrases:
+                    ok = ok and t not in _phrase_masks(phrases[j], written)
+                if ok:
+                    stack.append((node[t], n + 1, t))
+                    continue
+            ends = -1 in node
+            eos = frozenset((choice.eos_token_id,)) if ends and choice.eos_token_id is not None else frozenset()
+            keep = frozenset(t for t in node if t != -1) | eos
+            left = keep - masked if allowed is None else keep & allowed
+            why = None
+            if not left:
+                what = (f"the next tokens of its choices after {_output(written)}" if not ends else
+                        f"EOS after the whole choice {_output(written)}" if len(node) == 1 else
+                        f"EOS and the next tokens of its longer choices after the whole choice {_output(written)}")
+                why = f"allows only {what}, which " + ("earlier entries mask" if origin is None else f"{paths[origin]} does not allow")
+                blame = i
+            else:
+                for j, mask, only in sorted([*later, *((j, _phrase_masks(phrases[j], written), None) for j in after_phrases)]):
+                    rest = (left - mask if mask else left) if only is None else left & only
+                    if not rest:
+                        why = ("masks every token" if only is None else "allows none of the tokens") + (
+                            f" {paths[i]} leaves allowed after the output {_output(written)}")
+                        blame = j
+                        break
+                    left = rest
+            if why is not None:
+                if ends and not eos:
+                    continue  # a whole choice, its EOS the request's stop token: not known here
+                yield Problem(paths[blame], f"contradicts the entries before it: it {why} at {scale} position {n}; "
+                                            "the row would have no token left")
+                return
+            stack.extend((node[t], n + 1, t) for t in node if t != -1 and t in left)
+
+
+def _before_choice(entries: Sequence[tuple[int, Any]], n: int, sets: dict[int, frozenset[int]]
+                   ) -> tuple[frozenset[int] | None, frozenset[int], int | None]:
+    """``(allowed, masked, origin)`` after ``entries`` (index, entry) at position ``n``: the ids left
+    (``None``: every id but ``masked``) and the entry that last restricted them."""
+    allowed: frozenset[int] | None = None
+    masked: frozenset[int] = frozenset()
+    origin = None
+    for j, entry in entries:
+        mask, only = _mask_or_keep(entry, n, sets, j)
+        if mask:
+            if allowed is None:
+                masked |= mask
+            else:
+                allowed -= mask
+        if only is not None:
+            allowed = only - masked if allowed is None else only & allowed
+            origin = j
+    return allowed, masked, origin
+
+
 def _delimiter_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
     if _reasoning(entries) is not None:
         return
@@ -276,8 +440,9 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
                      for e in entries if e.kind in ("banned_tokens", "min_tokens"))
         if vocab_size is None or masked < vocab_size:
             return []  # only masks and biases, and too few masked ids to cover the vocabulary
-    return [*_scoped_position_problems(entries, names, vocab_size), *_thinking_problems(entries, names),
-            *_phrase_problems(entries, names)]
+    problems = [*_scoped_position_problems(entries, names, vocab_size), *_thinking_problems(entries, names),
+                *_phrase_problems(entries, names)]
+    return problems or list(_choice_problems(entries, names))
 
 
 def check_consistency(entries: Iterable[Any], *, root: str = "", paths: Sequence[str] | None = None,

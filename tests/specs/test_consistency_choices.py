@@ -1,6 +1,8 @@
-"""Admission follows ``multiple_choice`` at its first position (``dynlogits.specs.consistency``):
-there it allows exactly its choices' first tokens, so entries that leave none of them are refused
-naming both; past it, what it allows depends on the output, and nothing is refused for it."""
+"""Admission follows ``multiple_choice`` (``dynlogits.specs.consistency``): at its first position it
+allows exactly its choices' first tokens, so entries that leave none of them are refused naming
+both; past it, down every prefix of a choice the entries let the output write, the next tokens of
+the choices it begins (and EOS after a whole choice) must not all be masked by the entries of its
+position scale."""
 
 from __future__ import annotations
 
@@ -46,9 +48,11 @@ def test_a_first_token_forced_or_allowed_outside_the_choices_is_refused_in_eithe
 @pytest.mark.parametrize("payload", [
     [{"kind": "banned_tokens", "token_ids": [5]}, CHOICES],  # choice [7] is left
     [CHOICES, {"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": 2}],  # writes a choice
-    [CHOICES, {"kind": "banned_tokens", "token_ids": [6]}],  # past the first position: not followed
+    [{"kind": "banned_tokens", "token_ids": [5, 6]}, CHOICES],  # the output never starts [5]: [6] is never due
     [{"kind": "multiple_choice", "texts": ["yes"]}, {"kind": "banned_tokens", "token_ids": [5, 7]}],  # unresolved
-], ids=["one choice left", "forced choice", "later position", "texts"])
+    [{"kind": "min_tokens", "min_tokens": 1, "stop_token_ids": [2]}, CHOICES],  # EOS free from position 1
+    [{**CHOICES, "eos_token_id": None}, {"kind": "min_tokens", "min_tokens": 5, "stop_token_ids": [2]}],  # EOS unknown
+], ids=["one choice left", "forced choice", "branch never entered", "texts", "eos after min_tokens", "eos not named"])
 def test_choices_with_a_first_token_left_or_unknown_are_admitted(payload: list[dict[str, Any]]) -> None:
     if any("texts" in e for e in payload):  # texts never cross the wire: check the entries as a config would
         from dynlogits.specs import LogitsProcessorSpec
@@ -65,3 +69,49 @@ def test_choices_scoped_to_the_answer_meet_only_entries_acting_there() -> None:
     assert "at output position 0" in _refusal([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [5, 7]}])
     assert "at answer position 0" in _refusal([REASONING, {"kind": "banned_tokens", "token_ids": [5, 7], "scope": "answer"},
                                                scoped])
+
+
+@pytest.mark.parametrize("order", ["ban first", "choices first"])
+def test_a_ban_on_a_later_token_of_a_choice_is_refused_in_either_order(order: str) -> None:
+    ban = {"kind": "banned_tokens", "token_ids": [6]}
+    got = _refusal([ban, CHOICES] if order == "ban first" else [CHOICES, ban])
+    assert got.startswith("dynamo_logits[1]: contradicts the entries before it: it ")
+    assert "after the output [5] at output position 1; the row would have no token left" in got or (
+        "after [5], which earlier entries mask at output position 1" in got)
+
+
+@pytest.mark.parametrize("min_tokens", [{"kind": "min_tokens", "min_tokens": 5, "stop_token_ids": [2]},
+                                        {"kind": "min_tokens", "min_tokens": 2, "stop_token_ids": [2]}])
+def test_min_tokens_holding_eos_past_a_whole_choice_is_refused(min_tokens: dict[str, Any]) -> None:
+    assert _refusal([min_tokens, CHOICES]) == (
+        "dynamo_logits[1]: contradicts the entries before it: it allows only EOS after the whole choice [7], which "
+        "earlier entries mask at output position 1; the row would have no token left")
+
+
+def test_a_forced_sequence_that_leaves_the_choices_after_their_first_token_is_refused() -> None:
+    got = _refusal([CHOICES, {"kind": "forced_sequence", "token_ids": [5, 9], "eos_token_id": 2}])
+    assert got == ("dynamo_logits[1]: contradicts the entries before it: it allows none of the tokens dynamo_logits[0] "
+                   "leaves allowed after the output [5] at output position 1; the row would have no token left")
+
+
+def test_a_banned_phrase_that_a_choice_must_write_is_refused() -> None:
+    phrase = {"kind": "banned_phrases", "phrases": [[5, 6]]}
+    assert "after [5], which earlier entries mask at output position 1" in _refusal([phrase, CHOICES])
+    decode_wire_payload([{"kind": "banned_phrases", "phrases": [[5, 9]]}, CHOICES])  # a phrase no choice writes
+
+
+def test_a_scoped_choice_meets_its_scopes_entries_and_position_free_masks_only() -> None:
+    scoped = {**CHOICES, "scope": "answer"}
+    assert "at answer position 1" in _refusal([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [6]}])
+    assert "at answer position 1" in _refusal([REASONING, scoped,
+                                               {"kind": "banned_tokens", "token_ids": [6], "scope": "answer"}])
+    decode_wire_payload([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [6], "scope": "reasoning"}])
+    # positions of the whole output say nothing about where the answer starts: not followed
+    decode_wire_payload([REASONING, scoped, {"kind": "min_tokens", "min_tokens": 5, "stop_token_ids": [2]}])
+
+
+def test_the_walk_follows_a_choice_to_its_end_and_only_reached_prefixes() -> None:
+    long = {"kind": "multiple_choice", "choices": [[5, *range(100, 140)], [7, *range(200, 240)]], "eos_token_id": 2}
+    assert "after the output [5, 100, 101, 102, ..., 137, 138] (40 tokens) at output position 40" in _refusal(
+        [long, {"kind": "banned_tokens", "token_ids": [139]}])
+    decode_wire_payload([{"kind": "banned_tokens", "token_ids": [5]}, long, {"kind": "banned_tokens", "token_ids": [139]}])
