@@ -25,9 +25,12 @@ row with no allowed token is refused, naming the two entries and the step. Exact
   ``always``); an empty set there is a contradiction (``_choice_problems``). Elsewhere in the
   position grid it is taken to allow every id.
 
-``trigger``, ``deadline`` and ``prompt_tokens`` act at moments or on tokens admission does not know
-(a trigger in the output, the clock, the prompt), and ``python`` and plug-in entries are opaque:
-all are skipped, and a row they leave with no token fails its request while it runs
+* a ``trigger`` (id trigger and phrase) whose phrase a position-free mask of its scale masks
+  (``_trigger_problems``) is a contradiction: the phrase is forced wherever the trigger is written.
+
+Beyond that, ``trigger``, ``deadline`` and ``prompt_tokens`` act at moments or on tokens admission
+does not know (where a trigger is written, the clock, the prompt), and ``python`` and plug-in
+entries are opaque: all are skipped, and a row they leave with no token fails its request while it runs
 (docs/specs.md). No torch."""
 
 from __future__ import annotations
@@ -243,6 +246,15 @@ def _output(written: Sequence[int]) -> str:
     return f"[{', '.join(map(str, written[:4]))}, ..., {', '.join(map(str, written[-2:]))}] ({len(written)} tokens)"
 
 
+def _on_scale(entry: Any, scope: str) -> bool:
+    """Whether ``entry`` meets an entry of ``scope`` at its positions, as far as admission knows:
+    the same scope (``banned_phrases`` only when both are ``always``: a phase's stretch starts
+    after an unknown output), or a position-free mask of an ``always`` entry."""
+    if _scope(entry) == scope:
+        return entry.kind != "banned_phrases" or scope == "always"
+    return scope != "always" and _scope(entry) == "always" and entry.kind in ("banned_tokens", "allowed_tokens")
+
+
 def _choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
     """Each ``multiple_choice`` down its choices' trie (see the module doc): every prefix the entries
     let the output write is visited once, so the walk is bounded by the choices' tokens."""
@@ -250,14 +262,8 @@ def _choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[P
         if choice.kind != "multiple_choice" or not choice.choices:
             continue
         scope = _scope(choice)
-
-        def acts(e: Any, scope: str = scope) -> bool:
-            if _scope(e) == scope:
-                return e.kind != "banned_phrases" or scope == "always"
-            return scope != "always" and _scope(e) == "always" and e.kind in ("banned_tokens", "allowed_tokens")
-
-        before = [j for j in range(i) if acts(entries[j])]
-        after = [j for j in range(i + 1, len(entries)) if acts(entries[j])]
+        before = [j for j in range(i) if _on_scale(entries[j], scope)]
+        after = [j for j in range(i + 1, len(entries)) if _on_scale(entries[j], scope)]
         if not before and not after:
             continue
         trie: dict[int, Any] = {}  # token -> child; the key -1 (never a token) marks a whole choice
@@ -331,6 +337,47 @@ def _choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[P
                                             "the row would have no token left")
                 return
             stack.extend((node[t], n + 1, t) for t in node if t != -1 and t in left)
+
+
+def _trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
+    """A ``trigger`` whose phrase a position-free mask of its scale masks (``banned_tokens``,
+    ``allowed_tokens``, a ``banned_phrases`` that trigger and phrase write): once the trigger is
+    written the phrase is forced, so that token's row has none left. A trigger those masks never
+    let the output write never fires and is not followed."""
+    for i, trigger in enumerate(entries):
+        if trigger.kind != "trigger" or trigger.trigger_token_ids is None or trigger.phrase_token_ids is None:
+            continue
+        scope = _scope(trigger)
+        masks = [j for j, e in enumerate(entries)
+                 if j != i and e.kind in ("banned_tokens", "allowed_tokens", "banned_phrases") and _on_scale(e, scope)]
+        if not masks:
+            continue
+        sets = {j: _phrase_trie(entries[j]) if entries[j].kind == "banned_phrases" else
+                frozenset(entries[j].token_ids) if entries[j].kind == "banned_tokens" else _keep_set(entries[j])
+                for j in masks}
+
+        def masking(written: Sequence[int], token: int) -> int | None:
+            for j in masks:
+                kind, held = entries[j].kind, sets[j]
+                if (token not in held if kind == "allowed_tokens" else
+                        token in (_phrase_masks(held, written) if kind == "banned_phrases" else held)):
+                    return j
+            return None
+
+        written = list(trigger.trigger_token_ids)
+        if any(masking(written[:k], t) is not None for k, t in enumerate(written)):
+            continue  # never written: never fires
+        for k, token in enumerate(trigger.phrase_token_ids):
+            j = masking(written, token)
+            if j is not None:
+                verb = "does not allow" if entries[j].kind == "allowed_tokens" else "masks"
+                if j > i:
+                    why = f"{verb} token {token}, which {paths[i]} forces (its phrase_token_ids[{k}]) once its trigger is written"
+                else:
+                    why = f"forces token {token} (phrase_token_ids[{k}]) once its trigger is written, which {paths[j]} {verb}"
+                yield Problem(paths[max(i, j)], f"contradicts the entries before it: it {why}; the row would have no token left")
+                return
+            written.append(token)
 
 
 def _before_choice(entries: Sequence[tuple[int, Any]], n: int, sets: dict[int, frozenset[int]]
@@ -435,14 +482,15 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
     acting = [e for e in entries if e.kind != "reasoning"]
     if len(acting) < 2 and not (vocab_size is not None and acting and acting[0].kind in ("banned_tokens", "min_tokens")):
         return []  # one entry never contradicts itself, short of masking the whole vocabulary
-    if not any(e.kind in ("forced_sequence", "allowed_tokens", "thinking_budget", "multiple_choice") for e in entries):
+    if not any(e.kind in ("forced_sequence", "allowed_tokens", "thinking_budget", "multiple_choice", "trigger")
+               for e in entries):
         masked = sum(len(e.token_ids if e.kind == "banned_tokens" else e.stop_token_ids)
                      for e in entries if e.kind in ("banned_tokens", "min_tokens"))
         if vocab_size is None or masked < vocab_size:
             return []  # only masks and biases, and too few masked ids to cover the vocabulary
     problems = [*_scoped_position_problems(entries, names, vocab_size), *_thinking_problems(entries, names),
                 *_phrase_problems(entries, names)]
-    return problems or list(_choice_problems(entries, names))
+    return problems or [*_choice_problems(entries, names), *_trigger_problems(entries, names)]
 
 
 def check_consistency(entries: Iterable[Any], *, root: str = "", paths: Sequence[str] | None = None,
