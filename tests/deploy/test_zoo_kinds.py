@@ -2,7 +2,8 @@
 examples/deployment.yaml`` (which allows them and bounds a prompt-bound kind's prompt to 1024
 tokens): a multiple-choice answer is one of the given texts; a trigger forces its phrase; a
 deadline counts from the request's arrival at the deployment; a prompt over ``max_prompt_tokens``
-with a ``prompt_tokens`` entry is a 400 naming the prompt."""
+with a ``prompt_tokens`` entry is a 400 naming the prompt; choices that the request's own
+``min_tokens`` would leave without EOS are a 400 naming the choice entry."""
 
 from __future__ import annotations
 
@@ -75,3 +76,19 @@ def test_a_prompt_over_the_limit_of_a_prompt_bound_entry_is_a_400_naming_the_pro
     assert ask(spec_agg, [{"kind": "banned_tokens", "token_ids": [5]}], messages=long, max_tokens=2).choices
     short = ask(spec_agg, [{"kind": "prompt_tokens", "mode": "restrict"}], max_tokens=4, temperature=0)
     assert short.choices[0].finish_reason in ("stop", "length")
+
+
+def test_choices_that_min_tokens_would_leave_without_eos_are_a_400_naming_the_choice(spec_agg: Deployment,
+                                                                                     tokenizer: Any) -> None:
+    yes = tokenizer.encode("yes", add_special_tokens=False)  # once written, the whole choice: EOS is due next
+    assert len(yes) < 8
+    entries = [{"kind": "min_tokens", "min_tokens": 8, "stop_token_ids": [tokenizer.eos_token_id]},
+               {"kind": "multiple_choice", "texts": ["yes"]}]
+    with pytest.raises(openai.BadRequestError) as err:
+        ask(spec_agg, entries, max_tokens=16)
+    body = err.value.body
+    assert isinstance(body, dict) and body.get("param") == "logits_processors[1]", body
+    assert body["message"] == (f"logits_processors[1]: contradicts the entries before it: it allows only EOS after the "
+                               f"whole choice {yes}, which earlier entries mask at output position {len(yes)}; the row would "
+                               "have no token left")
+    assert ask(spec_agg, entries[1:], max_tokens=4, temperature=0).choices[0].message.content == "yes"
