@@ -6,6 +6,7 @@ position scale."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -115,3 +116,59 @@ def test_the_walk_follows_a_choice_to_its_end_and_only_reached_prefixes() -> Non
     assert "after the output [5, 100, 101, 102, ..., 137, 138] (40 tokens) at output position 40" in _refusal(
         [long, {"kind": "banned_tokens", "token_ids": [139]}])
     decode_wire_payload([{"kind": "banned_tokens", "token_ids": [5]}, long, {"kind": "banned_tokens", "token_ids": [139]}])
+
+
+def _leaves_a_row_empty(payload: list[dict[str, Any]]) -> bool:
+    """Brute force: whether some output the entries let a request write reaches a step whose row
+    has no token (every prefix of the choices followed; entries applied in order, masks kept)."""
+    choice = next(e for e in payload if e["kind"] == "multiple_choice")
+    choices, eos = [tuple(c) for c in choice["choices"]], choice["eos_token_id"]
+    outputs: list[tuple[int, ...]] = [()]
+    while outputs:
+        written = outputs.pop()
+        n, allowed, masked = len(written), None, set()
+        for e in payload:
+            if e["kind"] in ("banned_tokens", "min_tokens"):
+                mask = set(e["token_ids"]) if e["kind"] == "banned_tokens" else (
+                    set(e["stop_token_ids"]) if n < e["min_tokens"] else set())
+                if allowed is None:
+                    masked |= mask
+                else:
+                    allowed -= mask
+            else:
+                keep = ({c[n] for c in choices if len(c) > n and c[:n] == written} | ({eos} if written in choices else set())
+                        if e["kind"] == "multiple_choice" else {*e["token_ids"], e["eos_token_id"]})
+                allowed = keep - masked if allowed is None else allowed & keep
+        assert allowed is not None  # the choices restrict every row
+        if not allowed:
+            return True
+        outputs += [(*written, t) for t in allowed if t != eos]
+    return False
+
+
+def _random_payload(rng: random.Random) -> list[dict[str, Any]]:
+    tokens = range(3, 9)
+    choices = sorted({tuple(rng.choices(tokens, k=rng.randint(1, 3))) for _ in range(rng.randint(1, 4))})
+    payload: list[dict[str, Any]] = [{"kind": "multiple_choice", "choices": [list(c) for c in choices], "eos_token_id": 2}]
+    for _ in range(rng.randint(1, 2)):
+        kind = rng.choice(["banned_tokens", "allowed_tokens", "min_tokens"])
+        ids = rng.sample(range(2, 9), rng.randint(4, 6) if kind == "allowed_tokens" else rng.randint(1, 2))
+        payload.append({"kind": "banned_tokens", "token_ids": ids} if kind == "banned_tokens" else
+                       {"kind": "allowed_tokens", "token_ids": ids, "eos_token_id": rng.choice([2, 9])}
+                       if kind == "allowed_tokens" else
+                       {"kind": "min_tokens", "min_tokens": rng.randint(1, 4), "stop_token_ids": ids})
+    rng.shuffle(payload)
+    return payload
+
+
+def test_admission_refuses_exactly_the_payloads_whose_choices_can_reach_an_empty_row() -> None:
+    rng, refused, later = random.Random(35), 0, 0
+    for _ in range(600):
+        payload = _random_payload(rng)
+        try:
+            decode_wire_payload(payload)
+            admitted = True
+        except SpecError as err:
+            admitted, refused, later = False, refused + 1, later + ("output position 0" not in str(err))
+        assert admitted != _leaves_a_row_empty(payload), payload
+    assert 150 < refused < 450 and later > 100  # both verdicts, and refusals past the first position
