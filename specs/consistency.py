@@ -22,11 +22,11 @@ row with no allowed token is refused, naming the two entries and the step. Exact
   choices' trie: there it allows the next tokens of the choices it begins (and EOS after a whole
   choice, when the entry names it), met by the entries of its own position scale (its scope's, and
   position-free masks of ``always`` entries; a ``banned_phrases`` of its scope when both are
-  ``always``); an empty set there is a contradiction (``_choice_problems``). Elsewhere in the
+  ``always``); an empty set there is a contradiction (``choice_problems``). Elsewhere in the
   position grid it is taken to allow every id.
 
 * a ``trigger`` (id trigger and phrase) whose phrase a position-free mask of its scale masks
-  (``_trigger_problems``) is a contradiction: the phrase is forced wherever the trigger is written.
+  (``trigger_problems``) is a contradiction: the phrase is forced wherever the trigger is written.
 
 Beyond that, ``trigger``, ``deadline`` and ``prompt_tokens`` act at moments or on tokens admission
 does not know (where a trigger is written, the clock, the prompt), and ``python`` and plug-in
@@ -39,6 +39,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .consistency_walks import choice_problems, trigger_problems
+from .effects import forced_token, keep_set, scope_of, variant
 from .errors import Problem, SpecError
 
 __all__ = ["MIXED_POINTS", "check_consistency", "consistency_problems"]
@@ -58,18 +60,6 @@ class _State:
     origin: int | None
 
 
-def _forced_token(entry: Any, n: int) -> int:
-    ids = entry.token_ids
-    return ids[n] if n < len(ids) else entry.eos_token_id
-
-
-def _keep_set(entry: Any) -> frozenset[int]:
-    ids = set(entry.token_ids)
-    if entry.eos_token_id is not None:
-        ids.add(entry.eos_token_id)
-    return frozenset(ids)
-
-
 def _positions(entries: Sequence[Any]) -> list[int]:
     """Output positions whose behaviour differs: every step of each forced sequence (and the first
     EOS step after it), and each ``min_tokens`` boundary. Between them nothing changes."""
@@ -81,10 +71,6 @@ def _positions(entries: Sequence[Any]) -> list[int]:
     return sorted(p for p in points if p >= 0)
 
 
-def _scope(entry: Any) -> str:
-    return getattr(entry, "scope", "always")
-
-
 def _reasoning(entries: Sequence[Any]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     return next(((tuple(e.start_token_ids), tuple(e.end_token_ids)) for e in entries if e.kind == "reasoning"), None)
 
@@ -92,7 +78,7 @@ def _reasoning(entries: Sequence[Any]) -> tuple[tuple[int, ...], tuple[int, ...]
 def _phases(entry: Any, reasoning: object) -> frozenset[str]:
     """The phases an entry acts in (without reasoning delimiters every step is an answer step)."""
     phases = frozenset(("reasoning", "answer") if reasoning is not None else ("answer",))
-    scope = _scope(entry)
+    scope = scope_of(entry)
     return phases if scope == "always" else phases & {scope}
 
 
@@ -109,7 +95,7 @@ def _step(state: _State, i: int, entry: Any, n: int, paths: Sequence[str], at: s
         why = None if left else f"masks every token {origin} leaves allowed at {at}"
         return _State(state.masked, left, state.origin), why
     if kind == "allowed_tokens" or (kind == "multiple_choice" and n == 0 and entry.choices):
-        keep = _keep_set(entry) if kind == "allowed_tokens" else frozenset(choice[0] for choice in entry.choices)
+        keep = keep_set(entry) if kind == "allowed_tokens" else frozenset(choice[0] for choice in entry.choices)
         left = keep - state.masked if state.allowed is None else keep & state.allowed
         why = None
         if not left:
@@ -118,23 +104,12 @@ def _step(state: _State, i: int, entry: Any, n: int, paths: Sequence[str], at: s
                    else f"allows none of the tokens {origin} leaves allowed") + f" at {at}"
         return _State(state.masked, left, i), why
     if kind == "forced_sequence":
-        token = _forced_token(entry, n)
+        token = forced_token(entry, n)
         ok = token not in state.masked if state.allowed is None else token in state.allowed
         why = None if ok else f"forces token {token} at {at}, which " + (
             "an earlier entry masks" if state.allowed is None else f"{origin} does not allow")
         return _State(state.masked, frozenset((token,)) if ok else frozenset(), i), why
     return state, None  # logit_bias, thinking_budget (checked apart), the kinds the module doc skips: no effect on the set
-
-
-def _variant(entry: Any, n: int) -> object:
-    """What of position ``n`` an entry's effect depends on (``None``: nothing)."""
-    if entry.kind == "forced_sequence":
-        return _forced_token(entry, n)
-    if entry.kind == "min_tokens":
-        return n < entry.min_tokens
-    if entry.kind == "multiple_choice":
-        return n == 0
-    return None
 
 
 def _capped(points: list[int]) -> list[int]:
@@ -168,7 +143,7 @@ def _position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size:
         for i, entry in enumerate(entries):
             n = ns[axes[i]]
             at = f"{phase} position {n}" if axes[i] else f"output position {n}"
-            key = (i, id(state), _variant(entry, n))
+            key = (i, id(state), variant(entry, n))
             hit = memo.get(key)
             if hit is None:
                 hit = memo[key] = _step(state, i, entry, n, paths, at)
@@ -183,221 +158,17 @@ def _position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size:
 
 def _scoped_position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size: int | None) -> Iterator[Problem]:
     """``_position_problems`` per phase: the entries acting in it, each on its own position scale."""
-    if all(_scope(e) == "always" for e in entries):
+    if all(scope_of(e) == "always" for e in entries):
         yield from _position_problems(entries, paths, vocab_size)
         return
     reasoning = _reasoning(entries)
     for phase in ("reasoning", "answer"):
         acting = [i for i, e in enumerate(entries) if e.kind != "reasoning" and phase in _phases(e, reasoning)]
         found = list(_position_problems([entries[i] for i in acting], [paths[i] for i in acting], vocab_size,
-                                        [0 if _scope(entries[i]) == "always" else 1 for i in acting], phase))
+                                        [0 if scope_of(entries[i]) == "always" else 1 for i in acting], phase))
         if found:
             yield found[0]
             return
-
-
-def _mask_or_keep(entry: Any, n: int, sets: dict[int, frozenset[int]], j: int) -> tuple[frozenset[int] | None, frozenset[int] | None]:
-    """What a position-scaled entry does at position ``n``: ``(masked, kept)`` ids (``None``: nothing
-    of that form); ``sets`` caches each entry's fixed id set by index."""
-    kind = entry.kind
-    if kind == "banned_tokens" or (kind == "min_tokens" and n < entry.min_tokens):
-        if j not in sets:
-            sets[j] = frozenset(entry.token_ids if kind == "banned_tokens" else entry.stop_token_ids)
-        return sets[j], None
-    if kind == "allowed_tokens":
-        if j not in sets:
-            sets[j] = _keep_set(entry)
-        return None, sets[j]
-    if kind == "forced_sequence":
-        return None, frozenset((_forced_token(entry, n),))
-    if kind == "multiple_choice" and n == 0 and entry.choices:
-        return None, frozenset(choice[0] for choice in entry.choices)
-    return None, None
-
-
-def _phrase_trie(entry: Any) -> dict[int, Any]:
-    """A ``banned_phrases`` entry's phrases as a trie of their prefixes read backwards; the key -1
-    (never a token) holds the last tokens a prefix ending there bans (the root's: one-token phrases)."""
-    trie: dict[int, Any] = {-1: []}
-    for phrase in entry.phrases:
-        node = trie
-        for token in reversed(phrase[:-1]):
-            node = node.setdefault(token, {-1: []})
-        node[-1].append(phrase[-1])
-    return trie
-
-
-def _phrase_masks(trie: dict[int, Any], written: Sequence[int]) -> frozenset[int]:
-    """The ids a ``banned_phrases`` entry (its ``_phrase_trie``) masks after the output ``written``:
-    a walk back from its last token, at most as long as the longest phrase."""
-    masked, node = list(trie[-1]), trie
-    for token in reversed(written):
-        node = node.get(token)
-        if node is None:
-            break
-        masked += node[-1]
-    return frozenset(masked)
-
-
-def _output(written: Sequence[int]) -> str:
-    """An output prefix as a message shows it: whole up to 8 tokens, else its ends and its length."""
-    if len(written) <= 8:
-        return str(list(written))
-    return f"[{', '.join(map(str, written[:4]))}, ..., {', '.join(map(str, written[-2:]))}] ({len(written)} tokens)"
-
-
-def _on_scale(entry: Any, scope: str) -> bool:
-    """Whether ``entry`` meets an entry of ``scope`` at its positions, as far as admission knows:
-    the same scope (``banned_phrases`` only when both are ``always``: a phase's stretch starts
-    after an unknown output), or a position-free mask of an ``always`` entry."""
-    if _scope(entry) == scope:
-        return entry.kind != "banned_phrases" or scope == "always"
-    return scope != "always" and _scope(entry) == "always" and entry.kind in ("banned_tokens", "allowed_tokens")
-
-
-def _choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
-    """Each ``multiple_choice`` down its choices' trie (see the module doc): every prefix the entries
-    let the output write is visited once, so the walk is bounded by the choices' tokens."""
-    for i, choice in enumerate(entries):
-        if choice.kind != "multiple_choice" or not choice.choices:
-            continue
-        scope = _scope(choice)
-        before = [j for j in range(i) if _on_scale(entries[j], scope)]
-        after = [j for j in range(i + 1, len(entries)) if _on_scale(entries[j], scope)]
-        if not before and not after:
-            continue
-        trie: dict[int, Any] = {}  # token -> child; the key -1 (never a token) marks a whole choice
-        for ids in choice.choices:
-            node = trie
-            for token in ids:
-                node = node.setdefault(token, {})
-            node[-1] = True
-        sets: dict[int, frozenset[int]] = {}
-        phrases = {j: _phrase_trie(entries[j]) for j in (*before, *after) if entries[j].kind == "banned_phrases"}
-        before_phrases = [j for j in before if j in phrases]
-        after_phrases = [j for j in after if j in phrases]
-        prefix: dict[int, tuple[Any, ...]] = {}
-        made: dict[tuple[object, ...], tuple[Any, ...]] = {}
-        fixed = [j for j in (*before, *after) if j not in phrases]
-        scale = "output" if scope == "always" else scope
-        written: list[int] = []  # the output down to the node popped (a depth-first walk)
-        stack: list[tuple[dict[int, Any], int, int]] = [(trie, 0, -1)]
-        while stack:
-            node, n, token = stack.pop()
-            if n:
-                del written[n - 1:]
-                written.append(token)
-            at = prefix.get(n)
-            if at is None:  # what the entries do at position n: the same on every prefix of that length
-                key = tuple(_variant(entries[j], n) for j in fixed)  # and at every n where nothing changes
-                at = made.get(key)
-                if at is None:
-                    at = made[key] = (*_before_choice([(j, entries[j]) for j in before if j not in phrases], n, sets),
-                                      [(j, *_mask_or_keep(entries[j], n, sets, j)) for j in after if j not in phrases])
-                prefix[n] = at
-            allowed, masked, origin, later = at
-            for j in before_phrases:
-                masked = masked | _phrase_masks(phrases[j], written)
-            if len(node) == 1 and -1 not in node:  # one next token (most of a long choice): no sets made
-                (t,) = node
-                ok = t not in masked if allowed is None else t in allowed
-                for _, mask, only in later:
-                    if not ok:
-                        break
-                    ok = (not mask or t not in mask) and (only is None or t in only)
-                for j in after_phrases:
-                    ok = ok and t not in _phrase_masks(phrases[j], written)
-                if ok:
-                    stack.append((node[t], n + 1, t))
-                    continue
-            ends = -1 in node
-            eos = frozenset((choice.eos_token_id,)) if ends and choice.eos_token_id is not None else frozenset()
-            keep = frozenset(t for t in node if t != -1) | eos
-            left = keep - masked if allowed is None else keep & allowed
-            why = None
-            if not left:
-                what = (f"the next tokens of its choices after {_output(written)}" if not ends else
-                        f"EOS after the whole choice {_output(written)}" if len(node) == 1 else
-                        f"EOS and the next tokens of its longer choices after the whole choice {_output(written)}")
-                why = f"allows only {what}, which " + ("earlier entries mask" if origin is None else f"{paths[origin]} does not allow")
-                blame = i
-            else:
-                for j, mask, only in sorted([*later, *((j, _phrase_masks(phrases[j], written), None) for j in after_phrases)]):
-                    rest = (left - mask if mask else left) if only is None else left & only
-                    if not rest:
-                        why = ("masks every token" if only is None else "allows none of the tokens") + (
-                            f" {paths[i]} leaves allowed after the output {_output(written)}")
-                        blame = j
-                        break
-                    left = rest
-            if why is not None:
-                if ends and not eos:
-                    continue  # a whole choice, its EOS the request's stop token: not known here
-                yield Problem(paths[blame], f"contradicts the entries before it: it {why} at {scale} position {n}; "
-                                            "the row would have no token left")
-                return
-            stack.extend((node[t], n + 1, t) for t in node if t != -1 and t in left)
-
-
-def _trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
-    """A ``trigger`` whose phrase a position-free mask of its scale masks (``banned_tokens``,
-    ``allowed_tokens``, a ``banned_phrases`` that trigger and phrase write): once the trigger is
-    written the phrase is forced, so that token's row has none left. A trigger those masks never
-    let the output write never fires and is not followed."""
-    for i, trigger in enumerate(entries):
-        if trigger.kind != "trigger" or trigger.trigger_token_ids is None or trigger.phrase_token_ids is None:
-            continue
-        scope = _scope(trigger)
-        masks = [j for j, e in enumerate(entries)
-                 if j != i and e.kind in ("banned_tokens", "allowed_tokens", "banned_phrases") and _on_scale(e, scope)]
-        if not masks:
-            continue
-        sets = {j: _phrase_trie(entries[j]) if entries[j].kind == "banned_phrases" else
-                frozenset(entries[j].token_ids) if entries[j].kind == "banned_tokens" else _keep_set(entries[j])
-                for j in masks}
-
-        def masking(written: Sequence[int], token: int) -> int | None:
-            for j in masks:
-                kind, held = entries[j].kind, sets[j]
-                if (token not in held if kind == "allowed_tokens" else
-                        token in (_phrase_masks(held, written) if kind == "banned_phrases" else held)):
-                    return j
-            return None
-
-        written = list(trigger.trigger_token_ids)
-        if any(masking(written[:k], t) is not None for k, t in enumerate(written)):
-            continue  # never written: never fires
-        for k, token in enumerate(trigger.phrase_token_ids):
-            j = masking(written, token)
-            if j is not None:
-                verb = "does not allow" if entries[j].kind == "allowed_tokens" else "masks"
-                if j > i:
-                    why = f"{verb} token {token}, which {paths[i]} forces (its phrase_token_ids[{k}]) once its trigger is written"
-                else:
-                    why = f"forces token {token} (phrase_token_ids[{k}]) once its trigger is written, which {paths[j]} {verb}"
-                yield Problem(paths[max(i, j)], f"contradicts the entries before it: it {why}; the row would have no token left")
-                return
-            written.append(token)
-
-
-def _before_choice(entries: Sequence[tuple[int, Any]], n: int, sets: dict[int, frozenset[int]]
-                   ) -> tuple[frozenset[int] | None, frozenset[int], int | None]:
-    """``(allowed, masked, origin)`` after ``entries`` (index, entry) at position ``n``: the ids left
-    (``None``: every id but ``masked``) and the entry that last restricted them."""
-    allowed: frozenset[int] | None = None
-    masked: frozenset[int] = frozenset()
-    origin = None
-    for j, entry in entries:
-        mask, only = _mask_or_keep(entry, n, sets, j)
-        if mask:
-            if allowed is None:
-                masked |= mask
-            else:
-                allowed -= mask
-        if only is not None:
-            allowed = only - masked if allowed is None else only & allowed
-            origin = j
-    return allowed, masked, origin
 
 
 def _delimiter_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
@@ -432,8 +203,8 @@ def _thinking_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator
                 token = min(set(end) & set(other.token_ids))
                 yield Problem(f"{paths[i]}.end_token_ids", f"token {token} is banned by {paths[j]}, so closing a thinking span would leave the row with no token")
                 return
-            elif other.kind == "allowed_tokens" and set(end) - _keep_set(other):
-                token = min(set(end) - _keep_set(other))
+            elif other.kind == "allowed_tokens" and set(end) - keep_set(other):
+                token = min(set(end) - keep_set(other))
                 yield Problem(f"{paths[i]}.end_token_ids", f"token {token} is not allowed by {paths[j]}, so closing a thinking span would leave the row with no token")
                 return
 
@@ -490,7 +261,7 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
             return []  # only masks and biases, and too few masked ids to cover the vocabulary
     problems = [*_scoped_position_problems(entries, names, vocab_size), *_thinking_problems(entries, names),
                 *_phrase_problems(entries, names)]
-    return problems or [*_choice_problems(entries, names), *_trigger_problems(entries, names)]
+    return problems or [*choice_problems(entries, names), *trigger_problems(entries, names)]
 
 
 def check_consistency(entries: Iterable[Any], *, root: str = "", paths: Sequence[str] | None = None,

@@ -1,0 +1,190 @@
+"""Contradictions found by following what a request can write (``consistency`` calls them once the
+position rules found nothing): down ``multiple_choice``'s trie over the prefixes the entries let
+the output write (``choice_problems``), and a ``trigger``'s phrase against the masks that act
+wherever it is written (``trigger_problems``). Each names the entry where a row is left empty."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .effects import keep_set, mask_or_keep, on_scale, scope_of, variant
+from .errors import Problem
+
+__all__ = ["choice_problems", "trigger_problems"]
+
+
+def _phrase_trie(entry: Any) -> dict[int, Any]:
+    """A ``banned_phrases`` entry's phrases as a trie of their prefixes read backwards; the key -1
+    (never a token) holds the last tokens a prefix ending there bans (the root's: one-token phrases)."""
+    trie: dict[int, Any] = {-1: []}
+    for phrase in entry.phrases:
+        node = trie
+        for token in reversed(phrase[:-1]):
+            node = node.setdefault(token, {-1: []})
+        node[-1].append(phrase[-1])
+    return trie
+
+
+def _phrase_masks(trie: dict[int, Any], written: Sequence[int]) -> frozenset[int]:
+    """The ids a ``banned_phrases`` entry (its ``_phrase_trie``) masks after the output ``written``:
+    a walk back from its last token, at most as long as the longest phrase."""
+    masked, node = list(trie[-1]), trie
+    for token in reversed(written):
+        node = node.get(token)
+        if node is None:
+            break
+        masked += node[-1]
+    return frozenset(masked)
+
+
+def _output(written: Sequence[int]) -> str:
+    """An output prefix as a message shows it: whole up to 8 tokens, else its ends and its length."""
+    if len(written) <= 8:
+        return str(list(written))
+    return f"[{', '.join(map(str, written[:4]))}, ..., {', '.join(map(str, written[-2:]))}] ({len(written)} tokens)"
+
+
+def choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
+    """Each ``multiple_choice`` down its choices' trie (see the module doc): every prefix the entries
+    let the output write is visited once, so the walk is bounded by the choices' tokens."""
+    for i, choice in enumerate(entries):
+        if choice.kind != "multiple_choice" or not choice.choices:
+            continue
+        scope = scope_of(choice)
+        before = [j for j in range(i) if on_scale(entries[j], scope)]
+        after = [j for j in range(i + 1, len(entries)) if on_scale(entries[j], scope)]
+        if not before and not after:
+            continue
+        trie: dict[int, Any] = {}  # token -> child; the key -1 (never a token) marks a whole choice
+        for ids in choice.choices:
+            node = trie
+            for token in ids:
+                node = node.setdefault(token, {})
+            node[-1] = True
+        sets: dict[int, frozenset[int]] = {}
+        phrases = {j: _phrase_trie(entries[j]) for j in (*before, *after) if entries[j].kind == "banned_phrases"}
+        before_phrases = [j for j in before if j in phrases]
+        after_phrases = [j for j in after if j in phrases]
+        prefix: dict[int, tuple[Any, ...]] = {}
+        made: dict[tuple[object, ...], tuple[Any, ...]] = {}
+        fixed = [j for j in (*before, *after) if j not in phrases]
+        scale = "output" if scope == "always" else scope
+        written: list[int] = []  # the output down to the node popped (a depth-first walk)
+        stack: list[tuple[dict[int, Any], int, int]] = [(trie, 0, -1)]
+        while stack:
+            node, n, token = stack.pop()
+            if n:
+                del written[n - 1:]
+                written.append(token)
+            at = prefix.get(n)
+            if at is None:  # what the entries do at position n: the same on every prefix of that length
+                key = tuple(variant(entries[j], n) for j in fixed)  # and at every n where nothing changes
+                at = made.get(key)
+                if at is None:
+                    at = made[key] = (*_before_choice([(j, entries[j]) for j in before if j not in phrases], n, sets),
+                                      [(j, *mask_or_keep(entries[j], n, sets, j)) for j in after if j not in phrases])
+                prefix[n] = at
+            allowed, masked, origin, later = at
+            for j in before_phrases:
+                masked = masked | _phrase_masks(phrases[j], written)
+            if len(node) == 1 and -1 not in node:  # one next token (most of a long choice): no sets made
+                (t,) = node
+                ok = t not in masked if allowed is None else t in allowed
+                for _, mask, only in later:
+                    if not ok:
+                        break
+                    ok = (not mask or t not in mask) and (only is None or t in only)
+                for j in after_phrases:
+                    ok = ok and t not in _phrase_masks(phrases[j], written)
+                if ok:
+                    stack.append((node[t], n + 1, t))
+                    continue
+            ends = -1 in node
+            eos = frozenset((choice.eos_token_id,)) if ends and choice.eos_token_id is not None else frozenset()
+            keep = frozenset(t for t in node if t != -1) | eos
+            left = keep - masked if allowed is None else keep & allowed
+            why = None
+            if not left:
+                what = (f"the next tokens of its choices after {_output(written)}" if not ends else
+                        f"EOS after the whole choice {_output(written)}" if len(node) == 1 else
+                        f"EOS and the next tokens of its longer choices after the whole choice {_output(written)}")
+                why = f"allows only {what}, which " + ("earlier entries mask" if origin is None else f"{paths[origin]} does not allow")
+                blame = i
+            else:
+                for j, mask, only in sorted([*later, *((j, _phrase_masks(phrases[j], written), None) for j in after_phrases)]):
+                    rest = (left - mask if mask else left) if only is None else left & only
+                    if not rest:
+                        why = ("masks every token" if only is None else "allows none of the tokens") + (
+                            f" {paths[i]} leaves allowed after the output {_output(written)}")
+                        blame = j
+                        break
+                    left = rest
+            if why is not None:
+                if ends and not eos:
+                    continue  # a whole choice, its EOS the request's stop token: not known here
+                yield Problem(paths[blame], f"contradicts the entries before it: it {why} at {scale} position {n}; "
+                                            "the row would have no token left")
+                return
+            stack.extend((node[t], n + 1, t) for t in node if t != -1 and t in left)
+
+
+def trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
+    """A ``trigger`` whose phrase a position-free mask of its scale masks (``banned_tokens``,
+    ``allowed_tokens``, a ``banned_phrases`` that trigger and phrase write): once the trigger is
+    written the phrase is forced, so that token's row has none left. A trigger those masks never
+    let the output write never fires and is not followed."""
+    for i, trigger in enumerate(entries):
+        if trigger.kind != "trigger" or trigger.trigger_token_ids is None or trigger.phrase_token_ids is None:
+            continue
+        scope = scope_of(trigger)
+        masks = [j for j, e in enumerate(entries)
+                 if j != i and e.kind in ("banned_tokens", "allowed_tokens", "banned_phrases") and on_scale(e, scope)]
+        if not masks:
+            continue
+        sets = {j: _phrase_trie(entries[j]) if entries[j].kind == "banned_phrases" else
+                frozenset(entries[j].token_ids) if entries[j].kind == "banned_tokens" else keep_set(entries[j])
+                for j in masks}
+
+        def masking(written: Sequence[int], token: int) -> int | None:
+            for j in masks:
+                kind, held = entries[j].kind, sets[j]
+                if (token not in held if kind == "allowed_tokens" else
+                        token in (_phrase_masks(held, written) if kind == "banned_phrases" else held)):
+                    return j
+            return None
+
+        written = list(trigger.trigger_token_ids)
+        if any(masking(written[:k], t) is not None for k, t in enumerate(written)):
+            continue  # never written: never fires
+        for k, token in enumerate(trigger.phrase_token_ids):
+            j = masking(written, token)
+            if j is not None:
+                verb = "does not allow" if entries[j].kind == "allowed_tokens" else "masks"
+                if j > i:
+                    why = f"{verb} token {token}, which {paths[i]} forces (its phrase_token_ids[{k}]) once its trigger is written"
+                else:
+                    why = f"forces token {token} (phrase_token_ids[{k}]) once its trigger is written, which {paths[j]} {verb}"
+                yield Problem(paths[max(i, j)], f"contradicts the entries before it: it {why}; the row would have no token left")
+                return
+            written.append(token)
+
+
+def _before_choice(entries: Sequence[tuple[int, Any]], n: int, sets: dict[int, frozenset[int]]
+                   ) -> tuple[frozenset[int] | None, frozenset[int], int | None]:
+    """``(allowed, masked, origin)`` after ``entries`` (index, entry) at position ``n``: the ids left
+    (``None``: every id but ``masked``) and the entry that last restricted them."""
+    allowed: frozenset[int] | None = None
+    masked: frozenset[int] = frozenset()
+    origin = None
+    for j, entry in entries:
+        mask, only = mask_or_keep(entry, n, sets, j)
+        if mask:
+            if allowed is None:
+                masked |= mask
+            else:
+                allowed -= mask
+        if only is not None:
+            allowed = only - masked if allowed is None else only & allowed
+            origin = j
+    return allowed, masked, origin
