@@ -12,28 +12,22 @@ from typing import Any
 import pytest
 
 from dynlogits.specs import SpecError, decode_wire_payload
+from spec_refusals import refusal
 
 CHOICES = {"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id": 2}
 REASONING = {"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]}
 
 
-def _refusal(payload: list[dict[str, Any]]) -> str:
-    with pytest.raises(SpecError) as err:
-        decode_wire_payload(payload)
-    (problem,) = err.value.problems
-    return f"{problem.path}: {problem.rule}"
-
-
 @pytest.mark.parametrize("earlier", [{"kind": "banned_tokens", "token_ids": [5, 7]},
                                      {"kind": "min_tokens", "min_tokens": 3, "stop_token_ids": [7, 5]}])
 def test_choices_whose_first_tokens_earlier_entries_mask_are_refused(earlier: dict[str, Any]) -> None:
-    assert _refusal([earlier, CHOICES]) == (
+    assert refusal([earlier, CHOICES]) == (
         "dynamo_logits[1]: contradicts the entries before it: it allows only its choices' first tokens, which earlier "
         "entries mask at output position 0; the row would have no token left")
 
 
 def test_a_ban_after_the_choices_that_masks_every_first_token_is_refused() -> None:
-    assert _refusal([CHOICES, {"kind": "banned_tokens", "token_ids": [7, 5, 6]}]).startswith(
+    assert refusal([CHOICES, {"kind": "banned_tokens", "token_ids": [7, 5, 6]}]).startswith(
         "dynamo_logits[1]: contradicts the entries before it: it masks every token dynamo_logits[0] leaves allowed at "
         "output position 0")
 
@@ -41,7 +35,7 @@ def test_a_ban_after_the_choices_that_masks_every_first_token_is_refused() -> No
 @pytest.mark.parametrize("other", [{"kind": "forced_sequence", "token_ids": [9], "eos_token_id": 2},
                                    {"kind": "allowed_tokens", "token_ids": [8, 9], "eos_token_id": 2}])
 def test_a_first_token_forced_or_allowed_outside_the_choices_is_refused_in_either_order(other: dict[str, Any]) -> None:
-    first, second = _refusal([other, CHOICES]), _refusal([CHOICES, other])
+    first, second = refusal([other, CHOICES]), refusal([CHOICES, other])
     assert first.startswith("dynamo_logits[1]: ") and "dynamo_logits[0] leaves allowed at output position 0" in first
     assert second.startswith("dynamo_logits[1]: ") and "dynamo_logits[0]" in second and "output position 0" in second
 
@@ -67,15 +61,15 @@ def test_choices_with_a_first_token_left_or_unknown_are_admitted(payload: list[d
 def test_choices_scoped_to_the_answer_meet_only_entries_acting_there() -> None:
     scoped = {**CHOICES, "scope": "answer"}
     decode_wire_payload([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [5, 7], "scope": "reasoning"}])
-    assert "at output position 0" in _refusal([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [5, 7]}])
-    assert "at answer position 0" in _refusal([REASONING, {"kind": "banned_tokens", "token_ids": [5, 7], "scope": "answer"},
+    assert "at output position 0" in refusal([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [5, 7]}])
+    assert "at answer position 0" in refusal([REASONING, {"kind": "banned_tokens", "token_ids": [5, 7], "scope": "answer"},
                                                scoped])
 
 
 @pytest.mark.parametrize("order", ["ban first", "choices first"])
 def test_a_ban_on_a_later_token_of_a_choice_is_refused_in_either_order(order: str) -> None:
     ban = {"kind": "banned_tokens", "token_ids": [6]}
-    got = _refusal([ban, CHOICES] if order == "ban first" else [CHOICES, ban])
+    got = refusal([ban, CHOICES] if order == "ban first" else [CHOICES, ban])
     assert got.startswith("dynamo_logits[1]: contradicts the entries before it: it ")
     assert "after the output [5] at output position 1; the row would have no token left" in got or (
         "after [5], which earlier entries mask at output position 1" in got)
@@ -84,27 +78,27 @@ def test_a_ban_on_a_later_token_of_a_choice_is_refused_in_either_order(order: st
 @pytest.mark.parametrize("min_tokens", [{"kind": "min_tokens", "min_tokens": 5, "stop_token_ids": [2]},
                                         {"kind": "min_tokens", "min_tokens": 2, "stop_token_ids": [2]}])
 def test_min_tokens_holding_eos_past_a_whole_choice_is_refused(min_tokens: dict[str, Any]) -> None:
-    assert _refusal([min_tokens, CHOICES]) == (
+    assert refusal([min_tokens, CHOICES]) == (
         "dynamo_logits[1]: contradicts the entries before it: it allows only EOS after the whole choice [7], which "
         "earlier entries mask at output position 1; the row would have no token left")
 
 
 def test_a_forced_sequence_that_leaves_the_choices_after_their_first_token_is_refused() -> None:
-    got = _refusal([CHOICES, {"kind": "forced_sequence", "token_ids": [5, 9], "eos_token_id": 2}])
+    got = refusal([CHOICES, {"kind": "forced_sequence", "token_ids": [5, 9], "eos_token_id": 2}])
     assert got == ("dynamo_logits[1]: contradicts the entries before it: it allows none of the tokens dynamo_logits[0] "
                    "leaves allowed after the output [5] at output position 1; the row would have no token left")
 
 
 def test_a_banned_phrase_that_a_choice_must_write_is_refused() -> None:
     phrase = {"kind": "banned_phrases", "phrases": [[5, 6]]}
-    assert "after [5], which earlier entries mask at output position 1" in _refusal([phrase, CHOICES])
+    assert "after [5], which earlier entries mask at output position 1" in refusal([phrase, CHOICES])
     decode_wire_payload([{"kind": "banned_phrases", "phrases": [[5, 9]]}, CHOICES])  # a phrase no choice writes
 
 
 def test_a_scoped_choice_meets_its_scopes_entries_and_position_free_masks_only() -> None:
     scoped = {**CHOICES, "scope": "answer"}
-    assert "at answer position 1" in _refusal([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [6]}])
-    assert "at answer position 1" in _refusal([REASONING, scoped,
+    assert "at answer position 1" in refusal([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [6]}])
+    assert "at answer position 1" in refusal([REASONING, scoped,
                                                {"kind": "banned_tokens", "token_ids": [6], "scope": "answer"}])
     decode_wire_payload([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [6], "scope": "reasoning"}])
     # positions of the whole output say nothing about where the answer starts: not followed
@@ -113,7 +107,7 @@ def test_a_scoped_choice_meets_its_scopes_entries_and_position_free_masks_only()
 
 def test_the_walk_follows_a_choice_to_its_end_and_only_reached_prefixes() -> None:
     long = {"kind": "multiple_choice", "choices": [[5, *range(100, 140)], [7, *range(200, 240)]], "eos_token_id": 2}
-    assert "after the output [5, 100, 101, 102, ..., 137, 138] (40 tokens) at output position 40" in _refusal(
+    assert "after the output [5, 100, 101, 102, ..., 137, 138] (40 tokens) at output position 40" in refusal(
         [long, {"kind": "banned_tokens", "token_ids": [139]}])
     decode_wire_payload([{"kind": "banned_tokens", "token_ids": [5]}, long, {"kind": "banned_tokens", "token_ids": [139]}])
 

@@ -8,36 +8,30 @@ from typing import Any
 
 import pytest
 
-from dynlogits.specs import SpecError, decode_wire_payload
+from dynlogits.specs import decode_wire_payload
+from spec_refusals import refusal
 
 TRIGGER = {"kind": "trigger", "trigger_token_ids": [30, 31], "phrase_token_ids": [40, 41, 42]}
 REASONING = {"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]}
 
 
-def _refusal(payload: list[dict[str, Any]]) -> str:
-    with pytest.raises(SpecError) as err:
-        decode_wire_payload(payload)
-    (problem,) = err.value.problems
-    return f"{problem.path}: {problem.rule}"
-
-
 def test_a_ban_on_a_phrase_token_is_refused_in_either_order() -> None:
     ban = {"kind": "banned_tokens", "token_ids": [41]}
-    assert _refusal([TRIGGER, ban]) == (
+    assert refusal([TRIGGER, ban]) == (
         "dynamo_logits[1]: contradicts the entries before it: it masks token 41, which dynamo_logits[0] forces (its "
         "phrase_token_ids[1]) once its trigger is written; the row would have no token left")
-    assert _refusal([ban, TRIGGER]) == (
+    assert refusal([ban, TRIGGER]) == (
         "dynamo_logits[1]: contradicts the entries before it: it forces token 41 (phrase_token_ids[1]) once its "
         "trigger is written, which dynamo_logits[0] masks; the row would have no token left")
 
 
 def test_an_allowed_set_without_a_phrase_token_is_refused() -> None:
     allowed = {"kind": "allowed_tokens", "token_ids": [30, 31, 40, 41], "eos_token_id": 2}
-    assert "does not allow token 42, which dynamo_logits[0] forces (its phrase_token_ids[2])" in _refusal([TRIGGER, allowed])
+    assert "does not allow token 42, which dynamo_logits[0] forces (its phrase_token_ids[2])" in refusal([TRIGGER, allowed])
 
 
 def test_a_banned_phrase_that_trigger_and_phrase_write_is_refused() -> None:
-    assert "forces token 40 (phrase_token_ids[0])" in _refusal([{"kind": "banned_phrases", "phrases": [[31, 40]]}, TRIGGER])
+    assert "forces token 40 (phrase_token_ids[0])" in refusal([{"kind": "banned_phrases", "phrases": [[31, 40]]}, TRIGGER])
     decode_wire_payload([{"kind": "banned_phrases", "phrases": [[5, 40]]}, TRIGGER])  # needs a token before it: unknown
 
 
@@ -52,7 +46,7 @@ def test_a_trigger_the_masks_never_let_the_output_write_is_admitted(never_writte
 
 def test_scopes_meet_as_for_the_other_kinds() -> None:
     scoped = {**TRIGGER, "scope": "answer"}
-    assert "dynamo_logits[2]: " in _refusal([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [41]}])
+    assert "dynamo_logits[2]: " in refusal([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [41]}])
     decode_wire_payload([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [41], "scope": "reasoning"}])
     # an always trigger may fire in either phase: a ban of one phase is not known to meet it
     decode_wire_payload([REASONING, TRIGGER, {"kind": "banned_tokens", "token_ids": [41], "scope": "answer"}])
