@@ -23,10 +23,11 @@ row with no allowed token is refused, naming the two entries and the step. Exact
   choice, when the entry names it), met by the entries of its own position scale (its scope's, and
   position-free masks of ``always`` entries; a ``banned_phrases`` of its scope when both are
   ``always``); an empty set there is a contradiction (``choice_problems``). Elsewhere in the
-  position grid it is taken to allow every id.
-
+  position grid it is taken to allow every id;
 * a ``trigger`` (id trigger and phrase) whose phrase a position-free mask of its scale masks
-  (``trigger_problems``) is a contradiction: the phrase is forced wherever the trigger is written.
+  (``trigger_problems``) is a contradiction: the phrase is forced wherever the trigger is written;
+  so is an ``always`` trigger that an ``always`` ``forced_sequence`` writes (tokens, then EOS) and
+  then goes on with other tokens than the phrase (up to its EOS).
 
 Beyond that, ``trigger``, ``deadline`` and ``prompt_tokens`` act at moments or on tokens admission
 does not know (where a trigger is written, the clock, the prompt), and ``python`` and plug-in

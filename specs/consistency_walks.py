@@ -1,7 +1,7 @@
 """Contradictions found by following what a request can write (``consistency`` calls them once the
 position rules found nothing): down ``multiple_choice``'s trie over the prefixes the entries let
 the output write (``choice_problems``), and a ``trigger``'s phrase against the masks that act
-wherever it is written (``trigger_problems``). Each names the entry where a row is left empty."""
+wherever it is written and the output a ``forced_sequence`` fixes (``trigger_problems``). Each names the entry where a row is left empty."""
 
 from __future__ import annotations
 
@@ -137,6 +137,10 @@ def trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[P
     for i, trigger in enumerate(entries):
         if trigger.kind != "trigger" or trigger.trigger_token_ids is None or trigger.phrase_token_ids is None:
             continue
+        forced = _forced_trigger_problem(entries, paths, i)
+        if forced is not None:
+            yield forced
+            return
         scope = scope_of(trigger)
         masks = [j for j, e in enumerate(entries)
                  if j != i and e.kind in ("banned_tokens", "allowed_tokens", "banned_phrases") and on_scale(e, scope)]
@@ -168,6 +172,37 @@ def trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[P
                 yield Problem(paths[max(i, j)], f"contradicts the entries before it: it {why}; the row would have no token left")
                 return
             written.append(token)
+
+
+def _forced_trigger_problem(entries: Sequence[Any], paths: Sequence[str], i: int) -> Problem | None:
+    """Trigger ``i`` against each ``always`` ``forced_sequence``, which fixes the output (its tokens,
+    then EOS): where that output first ends with the trigger, the phrase's tokens must be the ones
+    the sequence forces there (up to its EOS; past it only an engine ignoring EOS goes on). Scoped
+    ones count their positions on a stretch of the output not known before it runs."""
+    trigger = entries[i]
+    if scope_of(trigger) != "always":
+        return None
+    cue, phrase = trigger.trigger_token_ids, trigger.phrase_token_ids
+    for j, entry in enumerate(entries):
+        if entry.kind != "forced_sequence" or scope_of(entry) != "always":
+            continue
+        written = (*entry.token_ids, entry.eos_token_id)
+        end = next((e for e in range(len(cue), len(written)) if written[e - len(cue):e] == cue), None)
+        if end is None:
+            continue  # the trigger is never written (or only as the EOS step ends the output)
+        for k, token in enumerate(phrase[:len(written) - end]):
+            there = written[end + k]
+            if token == there:
+                continue
+            at = f"output position {end + k}"
+            cued = f"once its trigger is written at output positions {end - len(cue)}..{end - 1}"
+            if j > i:
+                why = (f"forces token {there} at {at}, where {paths[i]} forces token {token} "
+                       f"(its phrase_token_ids[{k}]) {cued}")
+            else:
+                why = f"forces token {token} (phrase_token_ids[{k}]) at {at} {cued}, where {paths[j]} forces token {there}"
+            return Problem(paths[max(i, j)], f"contradicts the entries before it: it {why}; the row would have no token left")
+    return None
 
 
 def _before_choice(entries: Sequence[tuple[int, Any]], n: int, sets: dict[int, frozenset[int]]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dynlogits.specs import decode_wire_payload
+from dynlogits.specs import SpecError, decode_wire_payload
 from spec_refusals import refusal
 
 TRIGGER = {"kind": "trigger", "trigger_token_ids": [30, 31], "phrase_token_ids": [40, 41, 42]}
@@ -50,3 +50,60 @@ def test_scopes_meet_as_for_the_other_kinds() -> None:
     decode_wire_payload([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [41], "scope": "reasoning"}])
     # an always trigger may fire in either phase: a ban of one phase is not known to meet it
     decode_wire_payload([REASONING, TRIGGER, {"kind": "banned_tokens", "token_ids": [41], "scope": "answer"}])
+
+
+def test_a_forced_sequence_that_writes_the_trigger_must_go_on_with_the_phrase() -> None:
+    forced = {"kind": "forced_sequence", "token_ids": [5, 30, 31, 50, 51, 52], "eos_token_id": 2}
+    assert refusal([forced, TRIGGER]) == (
+        "dynamo_logits[1]: contradicts the entries before it: it forces token 40 (phrase_token_ids[0]) at output "
+        "position 3 once its trigger is written at output positions 1..2, where dynamo_logits[0] forces token 50; "
+        "the row would have no token left")
+    assert refusal([TRIGGER, forced]) == (
+        "dynamo_logits[1]: contradicts the entries before it: it forces token 50 at output position 3, where "
+        "dynamo_logits[0] forces token 40 (its phrase_token_ids[0]) once its trigger is written at output positions "
+        "1..2; the row would have no token left")
+
+
+@pytest.mark.parametrize("token_ids, position", [([5, 30, 31, 40, 41], 5), ([30, 31, 40, 9], 3), ([30, 31, 40], 3),
+                                                 ([30, 31], 2)],
+                         ids=["phrase runs into EOS", "sequence leaves the phrase", "EOS part-way", "EOS first"])
+def test_a_forced_sequence_that_leaves_the_phrase_part_way_is_refused_there(token_ids: list[int], position: int) -> None:
+    forced = {"kind": "forced_sequence", "token_ids": token_ids, "eos_token_id": 2}
+    assert f"at output position {position} " in refusal([forced, TRIGGER])
+
+
+@pytest.mark.parametrize("token_ids, trigger", [
+    ([5, 30, 31, 40, 41, 42, 7], TRIGGER),
+    ([5, 31, 30, 6], TRIGGER),
+    ([5, 30], {**TRIGGER, "trigger_token_ids": [30, 2]}),
+], ids=["writes the phrase", "never writes the trigger", "trigger ends with EOS: the output ends there"])
+def test_a_forced_sequence_the_trigger_agrees_with_is_admitted(token_ids: list[int], trigger: dict[str, Any]) -> None:
+    decode_wire_payload([{"kind": "forced_sequence", "token_ids": token_ids, "eos_token_id": 2}, trigger])
+
+
+def test_a_scoped_forced_sequence_or_trigger_is_not_followed() -> None:
+    forced = {"kind": "forced_sequence", "token_ids": [5, 30, 31, 50], "eos_token_id": 2}
+    decode_wire_payload([REASONING, {**forced, "scope": "answer"}, TRIGGER])
+    decode_wire_payload([REASONING, forced, {**TRIGGER, "scope": "answer"}])
+
+
+@pytest.mark.parametrize("token_ids", [[5, 30, 31, 50, 51], [5, 30, 31, 40, 41], [30, 31, 40, 9], [30, 31],
+                                       [5, 30, 31, 40, 41, 42, 7], [5, 31, 30, 6], [30, 31, 40, 41, 42]])
+def test_admission_refuses_exactly_the_forced_sequences_the_realized_trigger_fails_on(token_ids: list[int]) -> None:
+    import torch
+
+    from dynlogits import sdk
+
+    payload = [{"kind": "forced_sequence", "token_ids": token_ids, "eos_token_id": 2}, TRIGGER]
+    try:
+        decode_wire_payload(payload)
+        refused = False
+    except SpecError:
+        refused = True
+    request = sdk.realize(payload, vocab_size=64, stop_token_id=2)
+    assert request is not None
+    output: list[int] = []
+    for _ in range(len(token_ids) + 1):  # the sequence, then its EOS: the output ends there
+        row = sdk.apply_row(request, output, torch.zeros(64))
+        output.append(int(row.argmax()))
+    assert request.failed == refused, (output, refused)
