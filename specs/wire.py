@@ -9,11 +9,12 @@ kind (validated by the kind's own model). Both apply the same rules.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 import msgspec
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from . import fast
 from .entries import (
@@ -112,8 +113,47 @@ def request_dump(entry: Any) -> dict[str, Any]:
 
 
 def _from_fast(entry: fast.FastEntry) -> Any:
-    model = _FAST_TO_MODEL[type(entry)]
-    return model.model_construct(**{f: getattr(entry, f) for f in entry.__struct_fields__})
+    """The pydantic model of a validated struct, as ``model_construct`` makes it (same fields in the
+    same order, the struct's fields set, the rest at their defaults), without its per-field search
+    for aliases (a third of a one-entry decode)."""
+    construct = _CONSTRUCTORS.get(type(entry))
+    if construct is None:
+        construct = _CONSTRUCTORS[type(entry)] = _constructor(type(entry), _FAST_TO_MODEL[type(entry)])
+    return construct(entry)
+
+
+def _constructor(struct: type, model: type[BaseModel]) -> Callable[[Any], Any]:
+    """``struct -> model`` instance (see ``_from_fast``); ``model_construct`` itself for a model that
+    needs more than its fields (aliases, a post-init hook, extra fields, required, factory-made or
+    mutable defaults beyond the struct's fields)."""
+    given = tuple(struct.__struct_fields__)  # type: ignore[attr-defined]
+    fields = model.__pydantic_fields__
+    plain = (not model.__pydantic_post_init__ and not model.__pydantic_root_model__
+             and model.model_config.get("extra") != "allow" and set(given) <= set(fields)
+             and all(f.alias is None and f.validation_alias is None for f in fields.values())
+             and all(not f.is_required() and f.default_factory is None and isinstance(f.default, _IMMUTABLE)
+                     for n, f in fields.items() if n not in given))
+    read = attrgetter(*given) if len(given) > 1 else (lambda e: (getattr(e, given[0]),))
+    if not plain:
+        return lambda entry: model.model_construct(**dict(zip(given, read(entry))))
+    template = {name: field.default for name, field in fields.items()}  # model order: the struct's values replace
+    new, set_ = model.__new__, object.__setattr__
+
+    def construct(entry: Any) -> Any:
+        values = template.copy()
+        values.update(zip(given, read(entry)))
+        made = new(model)
+        set_(made, "__dict__", values)
+        set_(made, "__pydantic_fields_set__", set(given))
+        set_(made, "__pydantic_extra__", None)
+        set_(made, "__pydantic_private__", None)
+        return made
+    return construct
+
+
+_CONSTRUCTORS: dict[type, Callable[[Any], Any]] = {}
+#: defaults a template may share between instances
+_IMMUTABLE = (type(None), str, int, float, bool, tuple, frozenset)
 
 
 def _passes_post_checks(entry: fast.FastEntry) -> bool:

@@ -99,3 +99,47 @@ def test_decoding_garbage_raises_only_spec_error(payload):
         decode_wire_payload(payload, vocab_size=1000)
     except SpecError as err:
         assert err.problems and all(p.rule for p in err.problems)
+
+
+def _golden_entries() -> list[dict]:
+    from pathlib import Path
+
+    import dynlogits.specs as specs_pkg
+
+    folder = Path(specs_pkg.__file__).parent / "golden" / "valid"
+    return [entry for path in sorted(folder.glob("*.json")) for entry in json.loads(path.read_text())["payload"]]
+
+
+def test_fast_path_models_are_what_model_construct_makes():
+    entries = _golden_entries()
+    entries.append({"kind": "python", "factory": "pkg.mod:make", "kwargs": {"a": [1]}})
+    assert {e["kind"] for e in entries} == WIRE_KINDS
+    for item in entries:
+        struct = fast.convert_entry(item)
+        made = decode_fast([item])[0]
+        model = _FAST_TO_MODEL[type(struct)]
+        want = model.model_construct(**{f: getattr(struct, f) for f in struct.__struct_fields__})
+        assert type(made) is model
+        assert list(made.__dict__.items()) == list(want.__dict__.items()), item  # same values, same order
+        assert made.__pydantic_fields_set__ == want.__pydantic_fields_set__
+        assert (made.__pydantic_extra__, made.__pydantic_private__) == (want.__pydantic_extra__, want.__pydantic_private__)
+        assert repr(made) == repr(want) and made == decode_strict([item])[0]
+        assert made.model_dump(mode="json", exclude_unset=True) == want.model_dump(mode="json", exclude_unset=True)
+
+
+def test_a_model_with_more_than_plain_fields_is_made_by_model_construct_itself():
+    import msgspec
+    from pydantic import BaseModel, Field
+
+    from dynlogits.specs.wire import _constructor
+
+    class Struct(msgspec.Struct):
+        ids: tuple[int, ...]
+
+    class Aliased(BaseModel):
+        ids: tuple[int, ...] = Field(alias="token_ids")
+        note: list[int] = []  # a mutable default: never shared through a template
+
+    made = _constructor(Struct, Aliased)(Struct(ids=(1, 2)))
+    assert made.ids == (1, 2) and made.note == [] and made.__pydantic_fields_set__ == {"ids"}
+    assert made.note is not _constructor(Struct, Aliased)(Struct(ids=(3,))).note
