@@ -246,14 +246,17 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
     when it is given), at most one per rule. Entry ``i`` is named ``paths[i]`` (default
     ``root[i]``). With ``vocab_size`` (the logits width) masks that cover every token are found too."""
     entries = list(entries)
+    kinds = [e.kind for e in entries]
+    if len(entries) == 1 and kinds[0] not in ("thinking_budget", "banned_tokens", "min_tokens"):
+        return []  # one entry never contradicts itself, short of masking the whole vocabulary
     names = list(paths) if paths is not None else [f"{root}[{i}]" for i in range(len(entries))]
-    if any(e.kind == "thinking_budget" for e in entries):
+    if "thinking_budget" in kinds:
         missing = list(_delimiter_problems(entries, names))
         if missing:
             return missing
     acting = [e for e in entries if e.kind != "reasoning"]
     if len(acting) < 2 and not (vocab_size is not None and acting and acting[0].kind in ("banned_tokens", "min_tokens")):
-        return []  # one entry never contradicts itself, short of masking the whole vocabulary
+        return []
     if not any(e.kind in ("forced_sequence", "allowed_tokens", "thinking_budget", "multiple_choice", "trigger")
                for e in entries):
         masked = sum(len(e.token_ids if e.kind == "banned_tokens" else e.stop_token_ids)

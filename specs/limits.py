@@ -82,6 +82,10 @@ def field_limits(name: str) -> tuple[str | None, str | None]:
     return _LENGTH_LIMITS.get(name), item[0] if item else None
 
 
+#: the sized types values come as (a plain ``isinstance`` before the ``Sized`` ABC's slower one)
+_SIZED = (tuple, list, str, dict, Sized)
+
+
 def _field(entry: Any, name: str) -> Any:
     return entry.get(name) if isinstance(entry, Mapping) else getattr(entry, name, None)
 
@@ -122,24 +126,25 @@ def entry_limit_problems(entry: Any, limits: SpecLimits, *, path: str) -> Iterat
     (a value of another shape, e.g. an integer ``text``, is left to the kind's model); a plug-in
     model's declared text fields (``text_fields``) are bounded as texts whatever their names.
     """
-    if not isinstance(entry, Mapping):
+    mapping = isinstance(entry, Mapping)
+    if not mapping:
         for field in _other_text_fields(type(entry)):
-            yield from _text_problems(_field(entry, field), limits, f"{path}.{field}")
-    fields, has_budget = _bounded_fields(type(entry)) if not isinstance(entry, Mapping) else (tuple(_LENGTH_LIMITS), True)
+            yield from _text_problems(getattr(entry, field, None), limits, f"{path}.{field}")
+    fields, has_budget = _bounded_fields(type(entry)) if not mapping else (tuple(_LENGTH_LIMITS), True)
     for field in fields:
         limit_name = _LENGTH_LIMITS[field]
-        value = _field(entry, field)
+        value = entry.get(field) if mapping else getattr(entry, field, None)
         bound = getattr(limits, limit_name)
-        if isinstance(value, Sized) and len(value) > bound:
+        if isinstance(value, _SIZED) and len(value) > bound:
             unit = "characters" if isinstance(value, str) else "items"
             yield Problem(f"{path}.{field}", f"must have at most {bound} {unit} (limit {limit_name})")
         elif field in _ITEM_LIMITS and isinstance(value, (list, tuple)):
             item_limit, unit = _ITEM_LIMITS[field]
             item_bound = getattr(limits, item_limit)
             for j, item in enumerate(value):
-                if isinstance(item, Sized) and len(item) > item_bound:
+                if isinstance(item, _SIZED) and len(item) > item_bound:
                     yield Problem(f"{path}.{field}[{j}]", f"must have at most {item_bound} {unit} (limit {item_limit})")
-    budget = _field(entry, "budget") if has_budget else None
+    budget = (entry.get("budget") if mapping else getattr(entry, "budget", None)) if has_budget else None
     if isinstance(budget, int) and not isinstance(budget, bool) and budget > limits.max_budget:
         yield Problem(f"{path}.budget", f"must be <= {limits.max_budget} (limit max_budget)")
 
