@@ -22,12 +22,14 @@ row with no allowed token is refused, naming the two entries and the step. Exact
   choices' trie: there it allows the next tokens of the choices it begins (and EOS after a whole
   choice, when the entry names it), met by the entries of its own position scale (its scope's, and
   position-free masks of ``always`` entries; a ``banned_phrases`` of its scope when both are
+  ``always``; an ``always`` trigger's phrase where the prefix first ends with it, when both are
   ``always``); an empty set there is a contradiction (``choice_problems``). Elsewhere in the
   position grid it is taken to allow every id;
 * a ``trigger`` (id trigger and phrase) whose phrase a position-free mask of its scale masks
   (``trigger_problems``) is a contradiction: the phrase is forced wherever the trigger is written;
   so is an ``always`` trigger that an ``always`` ``forced_sequence`` writes (tokens, then EOS) and
-  then goes on with other tokens than the phrase (up to its EOS).
+  then goes on with other tokens than the phrase (up to its EOS). Beside an ``always`` choice the
+  choice's walk decides instead (it knows where the trigger can be written).
 
 Beyond that, ``trigger``, ``deadline`` and ``prompt_tokens`` act at moments or on tokens admission
 does not know (where a trigger is written, the clock, the prompt), and ``python`` and plug-in

@@ -1,6 +1,6 @@
 """Contradictions found by following what a request can write (``consistency`` calls them once the
 position rules found nothing): down ``multiple_choice``'s trie over the prefixes the entries let
-the output write (``choice_problems``), and a ``trigger``'s phrase against the masks that act
+the output write, a trigger's phrase forced where a prefix first ends with it (``choice_problems``), and a ``trigger``'s phrase against the masks that act
 wherever it is written and the output a ``forced_sequence`` fixes (``trigger_problems``). Each names the entry where a row is left empty."""
 
 from __future__ import annotations
@@ -68,15 +68,21 @@ def choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Pr
         after_phrases = [j for j in after if j in phrases]
         prefix: dict[int, tuple[Any, ...]] = {}
         made: dict[tuple[object, ...], tuple[Any, ...]] = {}
-        fixed = [j for j in (*before, *after) if j not in phrases]
+        triggers = [j for j in (*before, *after) if _follows_trigger(entries[j], scope)]
+        fixed = [j for j in (*before, *after) if j not in phrases and j not in triggers]
         scale = "output" if scope == "always" else scope
         written: list[int] = []  # the output down to the node popped (a depth-first walk)
-        stack: list[tuple[dict[int, Any], int, int]] = [(trie, 0, -1)]
+        unfired = (-1,) * len(triggers)
+        cue_ends = frozenset(entries[j].trigger_token_ids[-1] for j in triggers)  # a token that may fire one
+        # node, its position, the token that led to it, where each trigger's phrase starts (-1: not yet)
+        stack: list[tuple[dict[int, Any], int, int, tuple[int, ...]]] = [(trie, 0, -1, unfired)]
         while stack:
-            node, n, token = stack.pop()
+            node, n, token, starts = stack.pop()
             if n:
                 del written[n - 1:]
                 written.append(token)
+            forcing = [(j, n - start) for j, start in zip(triggers, starts)
+                       if start >= 0 and n - start < len(entries[j].phrase_token_ids)] if starts != unfired else ()
             at = prefix.get(n)
             if at is None:  # what the entries do at position n: the same on every prefix of that length
                 key = tuple(variant(entries[j], n) for j in fixed)  # and at every n where nothing changes
@@ -88,7 +94,7 @@ def choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Pr
             allowed, masked, origin, later = at
             for j in before_phrases:
                 masked = masked | _phrase_masks(phrases[j], written)
-            if len(node) == 1 and -1 not in node:  # one next token (most of a long choice): no sets made
+            if len(node) == 1 and -1 not in node and not forcing:  # one next token (most of a long choice)
                 (t,) = node
                 ok = t not in masked if allowed is None else t in allowed
                 for _, mask, only in later:
@@ -98,7 +104,7 @@ def choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Pr
                 for j in after_phrases:
                     ok = ok and t not in _phrase_masks(phrases[j], written)
                 if ok:
-                    stack.append((node[t], n + 1, t))
+                    stack.append((node[t], n + 1, t, _fired(entries, triggers, starts, written, t) if t in cue_ends else starts))
                     continue
             ends = -1 in node
             eos = frozenset((choice.eos_token_id,)) if ends and choice.eos_token_id is not None else frozenset()
@@ -120,23 +126,87 @@ def choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Pr
                         blame = j
                         break
                     left = rest
+            for cue, k in forcing if why is None else ():  # a trigger's phrase: one token, after every entry
+                forced = entries[cue].phrase_token_ids[k]
+                if forced in left:
+                    left = frozenset((forced,))
+                    continue
+                if ends and not eos and forced not in keep:
+                    left = frozenset()
+                    break  # it may be the request's stop token, which ends the choice: not known here
+                culprit, verb = _excluding(entries, i, (*before, *after), n, sets, phrases, written, forced, keep)
+                cued = (f"once its trigger is written at output positions {n - k - len(entries[cue].trigger_token_ids)}"
+                        f"..{n - k - 1}")
+                there = f"after the output {_output(written)}" if culprit == i else f"at {scale} position {n}"
+                if cue > culprit:
+                    why = f"forces token {forced} (phrase_token_ids[{k}]) {there} {cued}, which {paths[culprit]} {verb}"
+                else:
+                    why = f"{verb} token {forced} {there}, which {paths[cue]} forces (its phrase_token_ids[{k}]) {cued}"
+                yield Problem(paths[max(cue, culprit)], f"contradicts the entries before it: it {why}; "
+                                                      "the row would have no token left")
+                return
             if why is not None:
                 if ends and not eos:
                     continue  # a whole choice, its EOS the request's stop token: not known here
                 yield Problem(paths[blame], f"contradicts the entries before it: it {why} at {scale} position {n}; "
                                             "the row would have no token left")
                 return
-            stack.extend((node[t], n + 1, t) for t in node if t != -1 and t in left)
+            stack.extend((node[t], n + 1, t, _fired(entries, triggers, starts, written, t) if t in cue_ends else starts)
+                         for t in node if t != -1 and t in left)
+
+
+def _follows_trigger(entry: Any, scope: str) -> bool:
+    """Whether the walk of an ``always`` choice follows this entry as a trigger: an ``always`` one with
+    ids (the choices fix every token it can be written on)."""
+    return entry.kind == "trigger" and scope == "always" and scope_of(entry) == "always" and \
+        entry.trigger_token_ids is not None and entry.phrase_token_ids is not None
+
+
+def _fired(entries: Sequence[Any], triggers: Sequence[int], starts: tuple[int, ...], written: Sequence[int],
+           token: int) -> tuple[int, ...]:
+    """Where each trigger's phrase starts once ``token`` follows ``written`` (its first occurrence)."""
+    n = len(written) + 1
+    made = []
+    for j, start in zip(triggers, starts):
+        cue = entries[j].trigger_token_ids
+        if start < 0 and n >= len(cue) and cue[-1] == token and tuple(written[n - len(cue):]) == cue[:-1]:
+            start = n
+        made.append(start)
+    return tuple(made)
+
+
+def _excluding(entries: Sequence[Any], i: int, others: Sequence[int], n: int, sets: dict[int, frozenset[int]],
+               phrases: dict[int, dict[int, Any]], written: Sequence[int], token: int,
+               keep: frozenset[int]) -> tuple[int, str]:
+    """The first entry that leaves ``token`` out at position ``n`` after ``written`` (choice ``i``
+    when its choices do not go on with it) and its verb."""
+    if token not in keep:
+        return i, "does not allow"
+    for j in sorted(others):
+        if j in phrases:
+            if token in _phrase_masks(phrases[j], written):
+                return j, "masks"
+            continue
+        mask, only = mask_or_keep(entries[j], n, sets, j)
+        if mask and token in mask:
+            return j, "masks"
+        if only is not None and token not in only:
+            return j, "does not allow"
+    return i, "does not allow"
 
 
 def trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
     """A ``trigger`` whose phrase a position-free mask of its scale masks (``banned_tokens``,
     ``allowed_tokens``, a ``banned_phrases`` that trigger and phrase write): once the trigger is
     written the phrase is forced, so that token's row has none left. A trigger those masks never
-    let the output write never fires and is not followed."""
+    let the output write never fires and is not followed. Beside an ``always`` choice an ``always``
+    trigger is left to the choice's walk (``choice_problems``), which follows it exactly."""
+    walked = any(e.kind == "multiple_choice" and e.choices and scope_of(e) == "always" for e in entries)
     for i, trigger in enumerate(entries):
         if trigger.kind != "trigger" or trigger.trigger_token_ids is None or trigger.phrase_token_ids is None:
             continue
+        if walked and _follows_trigger(trigger, "always"):
+            continue  # an always choice fixes where it can be written: its walk follows the trigger
         forced = _forced_trigger_problem(entries, paths, i)
         if forced is not None:
             yield forced

@@ -6,6 +6,7 @@ position scale."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any
 
@@ -112,6 +113,60 @@ def test_the_walk_follows_a_choice_to_its_end_and_only_reached_prefixes() -> Non
     decode_wire_payload([{"kind": "banned_tokens", "token_ids": [5]}, long, {"kind": "banned_tokens", "token_ids": [139]}])
 
 
+TRIGGER = {"kind": "trigger", "trigger_token_ids": [30, 31], "phrase_token_ids": [40, 41]}
+
+
+def test_a_trigger_a_choice_writes_must_go_on_with_its_phrase_in_either_order() -> None:
+    choices = {"kind": "multiple_choice", "choices": [[5, 30, 31, 50], [6]], "eos_token_id": 2}
+    assert refusal([choices, TRIGGER]) == (
+        "dynamo_logits[1]: contradicts the entries before it: it forces token 40 (phrase_token_ids[0]) after the "
+        "output [5, 30, 31] once its trigger is written at output positions 1..2, which dynamo_logits[0] does not "
+        "allow; the row would have no token left")
+    assert refusal([TRIGGER, choices]) == (
+        "dynamo_logits[1]: contradicts the entries before it: it does not allow token 40 after the output "
+        "[5, 30, 31], which dynamo_logits[0] forces (its phrase_token_ids[0]) once its trigger is written at output "
+        "positions 1..2; the row would have no token left")
+    whole = {"kind": "multiple_choice", "choices": [[5, 30, 31]], "eos_token_id": 2}  # only EOS after it
+    assert "it forces token 40 (phrase_token_ids[0]) after the output [5, 30, 31]" in refusal([whole, TRIGGER])
+    ban = {"kind": "banned_tokens", "token_ids": [40]}
+    assert "dynamo_logits[2]: contradicts the entries before it: it forces token 40 (phrase_token_ids[0]) at output " \
+           "position 3 once its trigger is written at output positions 1..2, which dynamo_logits[0] masks" in refusal(
+               [ban, {**choices, "choices": [[5, 30, 31, 40, 41], [5, 30, 31, 50]]}, TRIGGER])
+    decode_wire_payload([ban, {**choices, "choices": [[5, 30, 31, 40, 41], [5, 30, 31, 50]]}])  # the trigger's doing
+
+
+def test_a_trigger_the_choices_never_write_is_admitted_beside_a_ban_on_its_phrase() -> None:
+    decode_wire_payload([{"kind": "multiple_choice", "choices": [[5, 6], [30, 7]], "eos_token_id": 2}, TRIGGER,
+                         {"kind": "banned_tokens", "token_ids": [41]}])
+    decode_wire_payload([{"kind": "multiple_choice", "choices": [[5, 30, 31, 40, 41], [6]], "eos_token_id": 2}, TRIGGER])
+    # after a whole choice whose EOS is the request's stop token (not known here), the phrase may be it
+    decode_wire_payload([{"kind": "multiple_choice", "choices": [[5, 30, 31]]}, TRIGGER])
+
+
+@pytest.mark.parametrize("choices, output, fails", [
+    ([[5, 30, 31, 50], [6]], [5, 30, 31, 50], True),
+    ([[5, 30, 31]], [5, 30, 31, 2], True),
+    ([[5, 30, 31, 40, 41], [6]], [5, 30, 31, 40, 41, 2], False),
+])
+def test_the_realized_processors_fail_exactly_where_admission_refuses(choices: list[list[int]], output: list[int],
+                                                                       fails: bool) -> None:
+    import torch
+
+    from dynlogits import sdk
+
+    payload = [{"kind": "multiple_choice", "choices": choices, "eos_token_id": 2}, TRIGGER]
+    with pytest.raises(SpecError) if fails else contextlib.nullcontext():
+        decode_wire_payload(payload)
+    request = sdk.realize(payload, vocab_size=64, stop_token_id=2)
+    assert request is not None
+    for n, token in enumerate(output):  # the output the choices let the request write, one step at a time
+        row = sdk.apply_row(request, output[:n], torch.zeros(64))
+        if request.failed:
+            break
+        assert row[token] == 0.0, (n, token)
+    assert request.failed == fails
+
+
 def _leaves_a_row_empty(payload: list[dict[str, Any]]) -> bool:
     """Brute force: whether some output the entries let a request write reaches a step whose row
     has no token (every prefix of the choices followed; entries applied in order, masks kept)."""
@@ -129,6 +184,12 @@ def _leaves_a_row_empty(payload: list[dict[str, Any]]) -> bool:
                     masked |= mask
                 else:
                     allowed -= mask
+            elif e["kind"] == "trigger":  # its phrase, one token a step, after the first time the output ends with it
+                cue, phrase = tuple(e["trigger_token_ids"]), e["phrase_token_ids"]
+                start = next((k for k in range(len(cue), n + 1) if written[k - len(cue):k] == cue), None)
+                if start is not None and n - start < len(phrase):
+                    forced = {phrase[n - start]}
+                    allowed = forced - masked if allowed is None else allowed & forced
             else:
                 keep = ({c[n] for c in choices if len(c) > n and c[:n] == written} | ({eos} if written in choices else set())
                         if e["kind"] == "multiple_choice" else {*e["token_ids"], e["eos_token_id"]})
@@ -166,3 +227,19 @@ def test_admission_refuses_exactly_the_payloads_whose_choices_can_reach_an_empty
             admitted, refused, later = False, refused + 1, later + ("output position 0" not in str(err))
         assert admitted != _leaves_a_row_empty(payload), payload
     assert 150 < refused < 450 and later > 100  # both verdicts, and refusals past the first position
+
+
+def test_admission_follows_a_trigger_down_the_choices_exactly() -> None:
+    rng, refused, by_trigger = random.Random(36), 0, 0
+    for _ in range(600):
+        payload = _random_payload(rng)
+        cue = rng.choices(range(3, 9), k=rng.randint(1, 2))
+        payload.insert(rng.randint(0, len(payload)), {"kind": "trigger", "trigger_token_ids": cue,
+                                                      "phrase_token_ids": rng.choices(range(2, 9), k=rng.randint(1, 2))})
+        try:
+            decode_wire_payload(payload)
+            admitted = True
+        except SpecError as err:
+            admitted, refused, by_trigger = False, refused + 1, by_trigger + ("phrase_token_ids" in str(err))
+        assert admitted != _leaves_a_row_empty(payload), payload
+    assert 150 < refused < 500 and by_trigger > 30  # both verdicts, and refusals the trigger's phrase makes
