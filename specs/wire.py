@@ -127,7 +127,7 @@ def _constructor(struct: type, model: type[BaseModel]) -> Callable[[Any], Any]:
     needs more than its fields (aliases, a post-init hook, extra fields, required, factory-made or
     mutable defaults beyond the struct's fields)."""
     given = tuple(struct.__struct_fields__)  # type: ignore[attr-defined]
-    fields = model.__pydantic_fields__
+    fields = model.model_fields  # a class attribute on every pydantic 2 (``__pydantic_fields__`` from 2.10)
     plain = (not model.__pydantic_post_init__ and not model.__pydantic_root_model__
              and model.model_config.get("extra") != "allow" and set(given) <= set(fields)
              and all(f.alias is None and f.validation_alias is None for f in fields.values())
