@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MICRO_KEYS = {"suite", "kind", "batch", "vocab", "impl", "median_ms", "launches", "syncs"}
+MICRO_KEYS = {"suite", "kind", "batch", "vocab", "impl", "median_ms", "launches", "syncs", "rep_ms"}
 ENGINE_KEYS = {"suite", "kind", "impl", "tok_per_s", "rounds", "paired_ratio", "paired_interval", "round_tok_per_s",
                "attributed_ratio", "round_adapter_ms"}
 WIRE_KEYS = {"suite", "kind", "impl", "stage", "median_us"}
@@ -47,6 +48,9 @@ def test_quick_run_records_every_implementation_for_every_kind_and_batch(quick_r
     micro = [r for r in records if r["suite"] == "micro"]
     assert all(set(r) == MICRO_KEYS for r in micro)
     assert all(isinstance(r["median_ms"], float) and math.isfinite(r["median_ms"]) and r["median_ms"] > 0 for r in micro)
+    reps = {len(r["rep_ms"]) for r in micro}  # every impl of every case timed in the same repetitions
+    assert len(reps) == 1 and reps.pop() > 1
+    assert all(min(r["rep_ms"]) > 0 and statistics.median(r["rep_ms"]) == r["median_ms"] for r in micro)
     got = {(r["kind"], r["batch"], r["vocab"], r["impl"]) for r in micro}
     assert len(got) == len(micro), "one record per measurement"
     counted = [r for r in micro if r["impl"] in ("adapter", "adapter_v2")]
@@ -262,6 +266,36 @@ def test_the_median_interval_takes_order_statistics_with_the_binomial_confidence
     for bad, why in (([], "at least one value"), ([1.0, 2.0], "confidence must lie")):
         with pytest.raises(ValueError, match=why):
             median_interval(bad, confidence=0.95 if bad == [] else 1.0)
+
+
+def test_a_micro_target_is_decided_on_the_interval_of_its_repetitions_ratios() -> None:
+    from dynlogits.tools.bench.records import MicroRecord
+    from dynlogits.tools.bench.report import evaluate_targets
+
+    def line(num: list[float], den: list[float], kind: str = "banned_phrases", impls: tuple[str, str] = ("loop", "adapter"),
+             goal: str = "(loop/adapter)") -> str:
+        records = [MicroRecord(kind=kind, batch=64, vocab=151936, impl=impl, median_ms=statistics.median(t), rep_ms=tuple(t))
+                   for impl, t in zip(impls, (num, den))]
+        target, = [t for t in evaluate_targets(records) if t.name == f"{kind}, batch 64, vocab 151936" and goal in t.goal]
+        assert (target.met is None) == target.undecided
+        return target.line()
+
+    def over_floor(adapter: list[float]) -> str:  # an at-most target: forced_sequence's adapter over the floor
+        return line(adapter, [1.0] * 30, "forced_sequence", ("adapter", "floor"), "(adapter/floor)")
+
+    ones = [1.0] * 30
+    assert line([10.5 + i / 100 for i in range(30)], ones).startswith("[met] ")
+    assert line([9.0 + i / 100 for i in range(30)], ones).startswith("[NOT MET] ")
+    straddling = line([9.0 + i / 15 for i in range(30)], ones)  # ratios 9.00 .. 10.93, median 9.97
+    assert straddling.startswith("[undecided] banned_phrases, batch 64, vocab 151936: >= 10x faster than the per-row loop")
+    assert straddling.endswith("measured 9.97x (median of 30 repetitions' ratios, 96% interval 9.60-10.33); the "
+                               "interval holds 10x: these repetitions cannot decide it")
+    # paired by repetition: a slow phase that slows both sides alike leaves every ratio at 11x
+    phases = [1.0 + (i % 3) for i in range(30)]
+    assert line([11.0 * p for p in phases], phases).startswith("[met] ")
+    assert over_floor([1.2] * 30).startswith("[met] ")  # at most 1.25x
+    assert over_floor([1.15 + i / 100 for i in range(30)]).startswith("[undecided] ")  # 1.15 .. 1.44
+    assert over_floor([1.3] * 30).startswith("[NOT MET] ")
 
 
 def test_a_paired_engine_target_is_decided_only_when_its_interval_is_on_one_side() -> None:

@@ -65,8 +65,13 @@ not in lock step (each starts its cycle at a point of its own), so every step do
   by up to 1.8x here).
 
 Each repetition appends one token to every request's history, restores the logits outside the timed
-region, then times each implementation in an order rotated every repetition; medians are reported.
-The first repetition checks that every implementation leaves the same logits as `adapter`.
+region, then times each implementation in an order rotated every repetition; the tables report
+medians. A micro target reads the ratio of two implementations per repetition (timed within
+milliseconds of each other, so a phase of this shared host slows both) and, like the engine
+targets, takes their median and judges it on its distribution-free 95% interval (for 30
+repetitions the 10th lowest to the 10th highest ratio): met when the interval lies on the target's
+side of the bound, NOT MET when it lies on the other, undecided when it holds the bound. The first
+repetition checks that every implementation leaves the same logits as `adapter`.
 
 **engine** — the real vLLM CPU engine (`vllm.LLM`, offline) on the embedded model built with the
 stated vocabulary: batches of concurrent greedy requests with `ignore_eos`, one engine process per
@@ -121,7 +126,7 @@ at least 10x faster than the loop and at most 2x banned_tokens' adapter cost (it
 banned_tokens, and with banned_phrases, on every request at least 0.99x the throughput with no payload, paired in the
 adapter's engine (median of per-round ratios, decided on its 95% interval), and with forced_sequence at least 0.99x
 of what the floor's memset leaves (exact forcing masks the row); wire decode of a 64-token forced sequence
-under 20 µs; no syncs for `adapter` and `adapter_v2` at any resident workload (all but `scoped`, which runs
+under 20 µs (a median, no interval); no syncs for `adapter` and `adapter_v2` at any resident workload (all but `scoped`, which runs
 hosted) and batch, at most 9 launches per
 steady step for a single-kind workload and 12 for `mixed`, forced_sequence within 1.1x of the
 reference at batch 1, `adapter_v2` within 1.5x of `adapter` for banned_tokens and logit_bias at

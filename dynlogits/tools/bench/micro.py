@@ -210,7 +210,7 @@ def _check(impl: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
 
 
 def _measure(case: _Case, impls: list[_Impl], pristine: torch.Tensor, opts: MicroOptions,
-             sync: Callable[[], None]) -> dict[str, float]:
+             sync: Callable[[], None]) -> dict[str, list[float]]:
     logits = torch.empty_like(pristine)
     times: dict[str, list[float]] = {impl.name: [] for impl in impls}
     for rep in range(opts.warmup + opts.repeats):
@@ -237,7 +237,7 @@ def _measure(case: _Case, impls: list[_Impl], pristine: torch.Tensor, opts: Micr
             output.append(token)
         for impl in impls:
             impl.advance(tokens)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
 
 
 def _sync_for(device: torch.device) -> Callable[[], None]:
@@ -267,10 +267,11 @@ def run_micro(opts: MicroOptions, *, progress: Callable[[str], None] | None = No
                 impls = _impls(case, opts, device, skipped)
                 gen = torch.Generator().manual_seed(opts.seed)
                 pristine = torch.randn(batch, vocab, generator=gen).to(device)
-                for impl, median_ms in _measure(case, impls, pristine, opts, sync).items():
+                for impl, times in _measure(case, impls, pristine, opts, sync).items():
                     launches = syncs = None
                     if impl in ("adapter", "adapter_v2"):  # counted on the CUDA model, whatever the device
                         launches, syncs = adapter_counts(impl, vocab, case.payloads)
-                    records.append(MicroRecord(kind=kind, batch=batch, vocab=vocab, impl=impl, median_ms=median_ms,
-                                               launches=launches, syncs=syncs))
+                    records.append(MicroRecord(kind=kind, batch=batch, vocab=vocab, impl=impl,
+                                               median_ms=statistics.median(times), launches=launches, syncs=syncs,
+                                               rep_ms=tuple(times)))
     return records, sorted(skipped)

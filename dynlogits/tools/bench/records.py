@@ -47,6 +47,8 @@ class MicroRecord:
     median_ms: float
     launches: int | None = None
     syncs: int | None = None
+    #: the time of each timed repetition, in order (repetition ``i`` of every impl of a case ran side by side)
+    rep_ms: tuple[float, ...] = ()
     suite: Literal["micro"] = "micro"
 
 

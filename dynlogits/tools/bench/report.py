@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .records import MICRO_IMPLS, EngineRecord, MicroRecord, Record, WireRecord
+from .stats import median_interval
 
 __all__ = ["Target", "engine_table", "evaluate_targets", "floor_bound", "forcing_bound_lines", "micro_tables", "target_lines", "wire_table"]
 
@@ -34,6 +35,10 @@ def _ratio(num: float | None, den: float | None) -> str:
 
 def _micro(records: Sequence[Record]) -> dict[tuple[str, int, int, str], float]:
     return {(r.kind, r.batch, r.vocab, r.impl): r.median_ms for r in records if isinstance(r, MicroRecord)}
+
+
+def _micro_records(records: Sequence[Record]) -> dict[tuple[str, int, int, str], MicroRecord]:
+    return {(r.kind, r.batch, r.vocab, r.impl): r for r in records if isinstance(r, MicroRecord)}
 
 
 def _counts(records: Sequence[Record]) -> dict[tuple[str, int, int, str], tuple[int | None, int | None]]:
@@ -144,16 +149,31 @@ class Target:
         return f"[{state}] {self.name}: {self.goal}; measured {self.measured}"
 
 
-def _ratio_target(name: str, goal: str, num: float | None, den: float | None, ok: float, *, at_most: bool) -> Target:
-    if num is None or den is None or den <= 0:
+def _ratio_target(name: str, goal: str, num: MicroRecord | None, den: MicroRecord | None, ok: float, *,
+                  at_most: bool) -> Target:
+    """A micro ratio ``num / den`` against ``ok``. Records with their repetitions side by side are
+    judged as the engine's paired ratios: the median of the per-repetition ratios, met or not only
+    when its 95% interval is wholly on one side of ``ok`` (undecided when it holds it); without
+    repetitions (older records), the ratio of the medians decides alone."""
+    if num is None or den is None or den.median_ms <= 0:
         return Target(name, goal, "—", None)
-    value = num / den
-    return Target(name, goal, f"{value:.2f}x", value <= ok if at_most else value >= ok)
+    if not (len(num.rep_ms) == len(den.rep_ms) > 0 and min(den.rep_ms) > 0):
+        value = num.median_ms / den.median_ms
+        return Target(name, goal, f"{value:.2f}x", value <= ok if at_most else value >= ok)
+    ratios = [a / b for a, b in zip(num.rep_ms, den.rep_ms)]
+    interval = median_interval(ratios)
+    measured = (f"{statistics.median(ratios):.2f}x (median of {len(ratios)} repetitions' ratios, "
+                f"{interval.confidence:.0%} interval {interval.low:.2f}-{interval.high:.2f})")
+    holds = interval.low <= ok < interval.high if at_most else interval.low < ok <= interval.high
+    if holds:
+        return Target(name, goal, measured + f"; the interval holds {ok:g}x: these repetitions cannot decide it", None,
+                      undecided=True)
+    return Target(name, goal, measured, interval.high <= ok if at_most else interval.low >= ok)
 
 
 def evaluate_targets(records: Sequence[Record]) -> list[Target]:
     """The performance targets, each with its goal, against this run's records."""
-    micro = _micro(records)
+    micro = _micro_records(records)
     at = lambda kind, batch, impl, vocab=TARGET_VOCAB: micro.get((kind, batch, vocab, impl))  # noqa: E731
     targets = [
         _ratio_target(f"forced_sequence, batch 64, vocab {TARGET_VOCAB}", "adapter <= 1.25x the floor (adapter/floor)",
