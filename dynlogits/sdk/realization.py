@@ -13,8 +13,8 @@ The payload is untrusted: all checks run before any code runs. ``decode_payload`
 Decoding is done once per payload per process: what admission decoded, realization reuses (and
 requests carrying the same payload, e.g. the deployment's, share it). The part of a decode that
 depends only on the payload, the limits and the kinds in force is kept (a bounded LRU of
-immutable entries: factories read their entry, never change it); the width and consistency checks
-run on every call.
+immutable entries: factories read their entry, never change it), and so is what passed the width
+and consistency checks for each logits width; a payload those refuse is checked again every time.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,31 +43,42 @@ from .guard import FailureReport, GuardedRequest
 __all__ = ["RequestFacts", "build_request_processor", "decode_payload", "realize", "validate"]
 
 
-#: Decoded payloads kept per process (see the module doc); a decode that raises is never kept.
+#: Decoded payloads kept per process, and as many checked against a width (see the module doc); a
+#: decode or a check that raises is never kept.
 DECODED_KEPT = 256
 _decoded_memo: OrderedDict[tuple[Any, ...], tuple[Any, ...]] = OrderedDict()
+_checked_memo: OrderedDict[tuple[Any, ...], tuple[Any, ...]] = OrderedDict()
 _memo_lock = threading.Lock()
 
 
-def _decoded(payload: Any, limits: SpecLimits) -> tuple[Any, ...]:
-    """``specs.wire.decode_entries(payload, limits)``, once per payload content, limits and kinds
-    in force (payloads that are not JSON data are decoded, and refused, every time)."""
+def _kept(memo: OrderedDict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...],
+          make: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
+    """``memo[key]``, made (outside the lock) and kept when missing; the least recently used dropped
+    beyond ``DECODED_KEPT``."""
+    with _memo_lock:
+        hit = memo.get(key)
+        if hit is not None:
+            memo.move_to_end(key)
+            return hit
+    made = make()
+    with _memo_lock:
+        memo[key] = made
+        while len(memo) > DECODED_KEPT:
+            memo.popitem(last=False)
+    return made
+
+
+def _decoded(payload: Any, limits: SpecLimits, vocab_size: int | None) -> tuple[Any, ...]:
+    """``specs.wire.decode_entries(payload, limits)`` once per payload content, limits and kinds in
+    force, then ``finish_entries`` (ids against ``vocab_size``, consistency) once per width too
+    (payloads that are not JSON data are decoded, and refused, every time)."""
     try:
         content = msgspec.json.encode(payload)
     except (TypeError, ValueError, OverflowError):
-        return decode_entries(payload, limits=limits)
+        return finish_entries(decode_entries(payload, limits=limits), vocab_size=vocab_size)
     key = (content, limits, kinds_generation(), tuple(plugin_kinds()))
-    with _memo_lock:
-        hit = _decoded_memo.get(key)
-        if hit is not None:
-            _decoded_memo.move_to_end(key)
-            return hit
-    entries = decode_entries(payload, limits=limits)
-    with _memo_lock:
-        _decoded_memo[key] = entries
-        while len(_decoded_memo) > DECODED_KEPT:
-            _decoded_memo.popitem(last=False)
-    return entries
+    return _kept(_checked_memo, (*key, vocab_size), lambda: finish_entries(
+        _kept(_decoded_memo, key, lambda: decode_entries(payload, limits=limits)), vocab_size=vocab_size))
 
 
 def decode_payload(
@@ -84,7 +95,7 @@ def decode_payload(
     """
     if payload is None:
         return ()
-    entries = finish_entries(_decoded(payload, limits), vocab_size=vocab_size)
+    entries = _decoded(payload, limits, vocab_size)
     for i, entry in enumerate(entries):
         if entry.kind == "python":
             check_python_allowed(entry.factory, path=f"{WIRE_KEY}[{i}].factory", environ=environ)

@@ -146,6 +146,7 @@ def test_realization_reuses_what_admission_decoded(monkeypatch: pytest.MonkeyPat
     real = realization.decode_entries
     monkeypatch.setattr(realization, "decode_entries", lambda payload, **kw: (calls.append(payload), real(payload, **kw))[1])
     monkeypatch.setattr(realization, "_decoded_memo", type(realization._decoded_memo)())
+    monkeypatch.setattr(realization, "_checked_memo", type(realization._checked_memo)())
     payload = [{"kind": "forced_sequence", "token_ids": [5, 6, 61], "eos_token_id": 1}]
     sdk.validate(payload)
     first = sdk.realize(payload, vocab_size=64, stop_token_id=1)
@@ -154,6 +155,31 @@ def test_realization_reuses_what_admission_decoded(monkeypatch: pytest.MonkeyPat
     assert first is not None and second is not None and first.processor is not second.processor
     narrow = sdk.realize(payload, vocab_size=32, stop_token_id=1)  # id 61 is beyond this width
     assert narrow is not None and narrow.failed and "vocab size 32" in (narrow.error or "")
+
+
+def test_a_payload_is_checked_once_per_width_and_a_refused_one_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The width and consistency checks (``finish_entries``) of a payload that passed are kept per
+    logits width; one they refuse runs again on every call."""
+    from dynlogits.sdk import realization
+
+    checked: list[int | None] = []
+    real = realization.finish_entries
+    monkeypatch.setattr(realization, "finish_entries",
+                        lambda entries, vocab_size=None: (checked.append(vocab_size), real(entries, vocab_size=vocab_size))[1])
+    monkeypatch.setattr(realization, "_decoded_memo", type(realization._decoded_memo)())
+    monkeypatch.setattr(realization, "_checked_memo", type(realization._checked_memo)())
+    choices = {"kind": "multiple_choice", "choices": [[5, 6], [7, 40]], "eos_token_id": 1}
+    payload = [choices, {"kind": "banned_tokens", "token_ids": [9]}]
+    for _ in range(3):
+        assert sdk.realize(payload, vocab_size=64, stop_token_id=1) is not None
+    sdk.validate(payload, vocab_size=64)
+    narrow = sdk.realize(payload, vocab_size=32, stop_token_id=1)  # id 40 is beyond this width: checked again
+    assert narrow is not None and narrow.failed and "vocab size 32" in (narrow.error or "")
+    refused = [choices, {"kind": "banned_tokens", "token_ids": [5, 7]}]  # bans every first token of the choices
+    for _ in range(2):
+        with pytest.raises(SpecError, match="contradicts"):
+            sdk.validate(refused, vocab_size=64)
+    assert checked == [64, 32, 64, 64]
 
 
 def test_a_payload_of_a_kind_no_longer_in_force_is_refused_again() -> None:
