@@ -4,6 +4,8 @@ V1 runner; else on the device from each row's first tokens, Model Runner V2)."""
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -160,17 +162,48 @@ class MultipleChoiceTemplate(Template):
         return len(self.prefixes), max(1, *map(len, self.prefixes))
 
 
+#: Choice sets (with their EOS) whose tables are kept, least recently used dropped first: a choice
+#: set repeated across requests costs a lookup at realization, not a build (256 choices of 64
+#: tokens take tens of milliseconds to build).
+TABLES_KEPT = 64
+_TABLES: OrderedDict[tuple[Any, ...], tuple[Any, ...]] = OrderedDict()
+_TABLES_LOCK = threading.Lock()
+
+
 class MultipleChoiceProcessor:
     """At each step only the next token of every choice the output still matches may be sampled,
     and ``eos`` once the output is a whole choice; once ``eos`` has followed a whole choice, ``eos``
     again (an engine that ignores EOS goes on); an output that matches no choice keeps no id (its
     request fails: no token left). A trie of the choices, walked from the root each step (at most
-    the longest choice's length); each node's allowed ids are built once, with their index."""
+    the longest choice's length); each node's allowed ids are built once per choice set
+    (``TABLES_KEPT``), their index once per processor."""
 
     __slots__ = ("_allowed", "_children", "_ends", "_eos", "_keep", "template")
 
     def __init__(self, choices: Sequence[Sequence[int]], eos_token_id: int) -> None:
         self._eos = eos_token_id
+        self._keep: dict[tuple[int, ...], IndexCache] = {}
+        try:
+            key: tuple[Any, ...] = (choices, eos_token_id)
+            hash(key)
+        except TypeError:  # lists: made hashable
+            key = (tuple(tuple(c) for c in choices), eos_token_id)
+        with _TABLES_LOCK:
+            kept = _TABLES.get(key)
+            if kept is not None:
+                _TABLES.move_to_end(key)
+        if kept is None:
+            self._build(choices)
+            kept = (self._children, self._ends, self._allowed, self.template)
+            with _TABLES_LOCK:
+                _TABLES[key] = kept
+                while len(_TABLES) > TABLES_KEPT:
+                    _TABLES.popitem(last=False)
+        self._children, self._ends, self._allowed, self.template = kept
+
+    def _build(self, choices: Sequence[Sequence[int]]) -> None:
+        """The trie, each node's allowed ids and the template (shared read only, ``_TABLES``)."""
+        eos_token_id = self._eos
         self._children: list[dict[int, int]] = [{}]
         self._ends: list[bool] = [False]
         for choice in choices:
@@ -185,7 +218,6 @@ class MultipleChoiceProcessor:
             self._ends[node] = True
         self._allowed = [tuple(sorted({*children, *((eos_token_id,) if end else ())}))
                          for children, end in zip(self._children, self._ends)]
-        self._keep: dict[tuple[int, ...], IndexCache] = {}
         self.template = self._template()
 
     def _template(self) -> MultipleChoiceTemplate:

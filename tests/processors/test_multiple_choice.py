@@ -77,6 +77,15 @@ def test_each_request_gets_a_fresh_processor() -> None:
     assert factory(entry, ctx) is not factory(entry, ctx)
 
 
+def test_a_repeated_choice_set_shares_its_tables_and_each_processor_keeps_its_own_indices() -> None:
+    first, again = MultipleChoiceProcessor(CHOICES, EOS), MultipleChoiceProcessor([list(c) for c in CHOICES], EOS)
+    assert again.template is first.template and again._children is first._children  # built once, read only
+    assert again._keep is not first._keep  # index tensors: per processor
+    other_eos = MultipleChoiceProcessor(CHOICES, EOS + 1)
+    assert other_eos.template is not first.template and other_eos.allowed([5, 6]) == (EOS + 1, 7)
+    assert MultipleChoiceProcessor(CHOICES[:3], EOS).allowed([5, 6]) == (7,)  # another set: its own trie
+
+
 def test_a_step_allocates_nothing_vocab_sized() -> None:
     vocab = 100_000
     p = choice_processor()

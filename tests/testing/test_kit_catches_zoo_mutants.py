@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dynlogits.processors import registry
+from dynlogits.processors import multiple_choice
 from dynlogits.processors.multiple_choice import MultipleChoiceProcessor
 from dynlogits.processors.thinking_budget import CLOSED, DeviceThinking
 from dynlogits.processors.trigger import TriggerProcessor, TriggerTables
@@ -66,6 +67,7 @@ def _no_eos_after_eos_on_the_device(mp: pytest.MonkeyPatch) -> None:
                                    at_least=tuple(False for _ in keep))
     mp.setattr(MultipleChoiceProcessor, "allowed", _no_eos_after_eos)
     mp.setattr(MultipleChoiceProcessor, "_template", template)
+    mp.setattr(multiple_choice, "_TABLES", type(multiple_choice._TABLES)())  # tables built with the mutant, then dropped
 
 
 def _with_context(kind: str, change: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
