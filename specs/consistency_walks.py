@@ -126,8 +126,8 @@ def choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Pr
                         blame = j
                         break
                     left = rest
-            for cue, k in forcing if why is None else ():  # a trigger's phrase: one token, after every entry
-                forced = entries[cue].phrase_token_ids[k]
+            for by, k in forcing if why is None else ():  # a trigger's phrase: one token, after every entry
+                forced = entries[by].phrase_token_ids[k]
                 if forced in left:
                     left = frozenset((forced,))
                     continue
@@ -135,14 +135,14 @@ def choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Pr
                     left = frozenset()
                     break  # it may be the request's stop token, which ends the choice: not known here
                 culprit, verb = _excluding(entries, i, (*before, *after), n, sets, phrases, written, forced, keep)
-                cued = (f"once its trigger is written at output positions {n - k - len(entries[cue].trigger_token_ids)}"
+                cued = (f"once its trigger is written at output positions {n - k - len(entries[by].trigger_token_ids)}"
                         f"..{n - k - 1}")
                 there = f"after the output {_output(written)}" if culprit == i else f"at {scale} position {n}"
-                if cue > culprit:
+                if by > culprit:
                     why = f"forces token {forced} (phrase_token_ids[{k}]) {there} {cued}, which {paths[culprit]} {verb}"
                 else:
-                    why = f"{verb} token {forced} {there}, which {paths[cue]} forces (its phrase_token_ids[{k}]) {cued}"
-                yield Problem(paths[max(cue, culprit)], f"contradicts the entries before it: it {why}; "
+                    why = f"{verb} token {forced} {there}, which {paths[by]} forces (its phrase_token_ids[{k}]) {cued}"
+                yield Problem(paths[max(by, culprit)], f"contradicts the entries before it: it {why}; "
                                                       "the row would have no token left")
                 return
             if why is not None:
