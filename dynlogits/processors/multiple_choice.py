@@ -164,10 +164,44 @@ class MultipleChoiceTemplate(Template):
 
 #: Choice sets (with their EOS) whose tables are kept, least recently used dropped first: a choice
 #: set repeated across requests costs a lookup at realization, not a build (256 choices of 64
-#: tokens take tens of milliseconds to build).
+#: tokens take tens of milliseconds to build). At most ``TABLES_KEPT`` sets, holding at most
+#: ``TABLES_CELLS`` cells in all (trie nodes plus the template's prefix tokens; that largest set
+#: holds ~565k, some 10 MB; a handful of short choices a few dozen).
 TABLES_KEPT = 64
-_TABLES: OrderedDict[tuple[Any, ...], tuple[Any, ...]] = OrderedDict()
-_TABLES_LOCK = threading.Lock()
+TABLES_CELLS = 1 << 20
+
+
+class _KeptTables:
+    """The kept choice sets' tables (``TABLES_KEPT``, ``TABLES_CELLS``); thread-safe."""
+
+    def __init__(self, count: int = TABLES_KEPT, cells: int = TABLES_CELLS) -> None:
+        self._items: OrderedDict[tuple[Any, ...], tuple[tuple[Any, ...], int]] = OrderedDict()
+        self._count, self._cells, self._held = count, cells, 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is None:
+                return None
+            self._items.move_to_end(key)
+            return hit[0]
+
+    def put(self, key: tuple[Any, ...], tables: tuple[Any, ...], cells: int) -> None:
+        """Keep ``tables`` (a set larger than the whole budget is not kept)."""
+        with self._lock:
+            if cells > self._cells or key in self._items:
+                return
+            self._items[key] = (tables, cells)
+            self._held += cells
+            while len(self._items) > self._count or self._held > self._cells:
+                self._held -= self._items.popitem(last=False)[1][1]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+_TABLES = _KeptTables()
 
 
 class MultipleChoiceProcessor:
@@ -176,7 +210,7 @@ class MultipleChoiceProcessor:
     again (an engine that ignores EOS goes on); an output that matches no choice keeps no id (its
     request fails: no token left). A trie of the choices, walked from the root each step (at most
     the longest choice's length); each node's allowed ids are built once per choice set
-    (``TABLES_KEPT``), their index once per processor."""
+    (``_KeptTables``), their index once per processor."""
 
     __slots__ = ("_allowed", "_children", "_ends", "_eos", "_keep", "template")
 
@@ -188,17 +222,11 @@ class MultipleChoiceProcessor:
             hash(key)
         except TypeError:  # lists: made hashable
             key = (tuple(tuple(c) for c in choices), eos_token_id)
-        with _TABLES_LOCK:
-            kept = _TABLES.get(key)
-            if kept is not None:
-                _TABLES.move_to_end(key)
+        kept = _TABLES.get(key)
         if kept is None:
             self._build(choices)
             kept = (self._children, self._ends, self._allowed, self.template)
-            with _TABLES_LOCK:
-                _TABLES[key] = kept
-                while len(_TABLES) > TABLES_KEPT:
-                    _TABLES.popitem(last=False)
+            _TABLES.put(key, kept, len(self._children) + sum(map(len, self.template.prefixes)))
         self._children, self._ends, self._allowed, self.template = kept
 
     def _build(self, choices: Sequence[Sequence[int]]) -> None:
