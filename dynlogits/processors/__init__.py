@@ -5,7 +5,7 @@ A kind's module (``forced_sequence``, ``banned_tokens``, ``allowed_tokens``, ``l
 be one), its template (every step as data) and its resident group (slot tables and tensor ops).
 Shared: ``base`` (the processor contract), ``ops`` (row operations), ``slots`` (the resident groups'
 base and layouts), ``uploads`` (host values to the device without blocking), ``request`` (one
-request's processors), ``registry`` (kind -> factory). ``forced_text`` is resolved on the worker."""
+request's processors), ``registry`` (kind -> factory), ``kept`` (bounded memos). ``forced_text`` is resolved on the worker."""
 
 from __future__ import annotations
 

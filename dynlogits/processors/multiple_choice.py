@@ -4,8 +4,6 @@ V1 runner; else on the device from each row's first tokens, Model Runner V2)."""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -14,6 +12,7 @@ import torch
 
 from .base import IndexCache, RealizeContext, first_stop
 from .entries import EntryTablesGroup
+from .kept import Kept
 from .ops import KeepOnly, RowOp, apply_op, fill_rows
 from .slots import NEG_INF, Dead, GatheredRows, ListedRows, SlotTable, StepInputs, Template, listed_positions
 from .uploads import StepUpload
@@ -169,39 +168,7 @@ class MultipleChoiceTemplate(Template):
 #: holds ~565k, some 10 MB; a handful of short choices a few dozen).
 TABLES_KEPT = 64
 TABLES_CELLS = 1 << 20
-
-
-class _KeptTables:
-    """The kept choice sets' tables (``TABLES_KEPT``, ``TABLES_CELLS``); thread-safe."""
-
-    def __init__(self, count: int = TABLES_KEPT, cells: int = TABLES_CELLS) -> None:
-        self._items: OrderedDict[tuple[Any, ...], tuple[tuple[Any, ...], int]] = OrderedDict()
-        self._count, self._cells, self._held = count, cells, 0
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is None:
-                return None
-            self._items.move_to_end(key)
-            return hit[0]
-
-    def put(self, key: tuple[Any, ...], tables: tuple[Any, ...], cells: int) -> None:
-        """Keep ``tables`` (a set larger than the whole budget is not kept)."""
-        with self._lock:
-            if cells > self._cells or key in self._items:
-                return
-            self._items[key] = (tables, cells)
-            self._held += cells
-            while len(self._items) > self._count or self._held > self._cells:
-                self._held -= self._items.popitem(last=False)[1][1]
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-_TABLES = _KeptTables()
+_TABLES: Kept[tuple[Any, ...]] = Kept(TABLES_KEPT, TABLES_CELLS)
 
 
 class MultipleChoiceProcessor:
@@ -210,7 +177,7 @@ class MultipleChoiceProcessor:
     again (an engine that ignores EOS goes on); an output that matches no choice keeps no id (its
     request fails: no token left). A trie of the choices, walked from the root each step (at most
     the longest choice's length); each node's allowed ids are built once per choice set
-    (``_KeptTables``), their index once per processor."""
+    (``_TABLES``), their index once per processor."""
 
     __slots__ = ("_allowed", "_children", "_ends", "_eos", "_keep", "template")
 

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +29,7 @@ from typing import Any
 import msgspec
 
 from dynlogits.processors import BaseLogitsProcessor, RealizeContext
+from dynlogits.processors.kept import Kept
 from dynlogits.processors.registry import check_python_allowed, factory_for
 from dynlogits.processors.request import RequestLogitsProcessor
 from dynlogits.processors.scope import Phases, scoped
@@ -43,29 +42,24 @@ from .guard import FailureReport, GuardedRequest
 __all__ = ["RequestFacts", "build_request_processor", "decode_payload", "realize", "validate"]
 
 
-#: Decoded payloads kept per process, and as many checked against a width (see the module doc); a
-#: decode or a check that raises is never kept.
+#: Decoded payloads kept per process, and as many checked against a width (see the module doc): at
+#: most ``DECODED_KEPT`` of at most ``DECODED_BYTES`` of JSON content each memo (a payload's entries
+#: take some 5x its JSON in memory; the largest the limits allow is ~2 MB of JSON). A decode or a
+#: check that raises is never kept.
 DECODED_KEPT = 256
-_decoded_memo: OrderedDict[tuple[Any, ...], tuple[Any, ...]] = OrderedDict()
-_checked_memo: OrderedDict[tuple[Any, ...], tuple[Any, ...]] = OrderedDict()
-_memo_lock = threading.Lock()
+DECODED_BYTES = 8 << 20
+_decoded_memo: Kept[tuple[Any, ...]] = Kept(DECODED_KEPT, DECODED_BYTES)
+_checked_memo: Kept[tuple[Any, ...]] = Kept(DECODED_KEPT, DECODED_BYTES)
 
 
-def _kept(memo: OrderedDict[tuple[Any, ...], tuple[Any, ...]], key: tuple[Any, ...],
-          make: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
-    """``memo[key]``, made (outside the lock) and kept when missing; the least recently used dropped
-    beyond ``DECODED_KEPT``."""
-    with _memo_lock:
-        hit = memo.get(key)
-        if hit is not None:
-            memo.move_to_end(key)
-            return hit
-    made = make()
-    with _memo_lock:
-        memo[key] = made
-        while len(memo) > DECODED_KEPT:
-            memo.popitem(last=False)
-    return made
+def _kept(memo: Kept[tuple[Any, ...]], key: tuple[Any, ...], make: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
+    """``memo``'s value for ``key`` (its first item, the JSON content, weighs it), made and kept when
+    missing."""
+    hit = memo.get(key)
+    if hit is None:
+        hit = make()
+        memo.put(key, hit, len(key[0]))
+    return hit
 
 
 def _decoded(payload: Any, limits: SpecLimits, vocab_size: int | None) -> tuple[Any, ...]:

@@ -168,17 +168,3 @@ def test_the_template_lists_every_edge_of_the_trie_and_each_whole_choice_then_eo
                           ((5, 6, EOS), EOS, True), ((5, 6, 7, EOS), EOS, True), ((5, 8, EOS), EOS, True),
                           ((9, EOS), EOS, True)])
     assert t.geometry == (13, 4)
-
-
-def test_kept_choice_sets_are_bounded_by_count_and_by_cells() -> None:
-    from dynlogits.processors.multiple_choice import _KeptTables
-
-    kept = _KeptTables(count=3, cells=100)
-    for i in range(5):
-        kept.put((i,), ("tables", i), 10)
-    assert len(kept) == 3 and kept.get((0,)) is None and kept.get((4,)) == ("tables", 4)
-    kept.get((2,))  # used: the least recently used is now 3
-    kept.put((5,), ("large",), 85)  # 10 + 10 + 10 + 85 > 100: the least recently used go first
-    assert kept.get((3,)) is None and kept.get((4,)) is None and kept.get((2,)) is not None and kept.get((5,)) is not None
-    kept.put((6,), ("too large",), 101)  # larger than the whole budget: never kept
-    assert kept.get((6,)) is None and len(kept) == 2

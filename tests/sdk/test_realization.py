@@ -145,8 +145,8 @@ def test_realization_reuses_what_admission_decoded(monkeypatch: pytest.MonkeyPat
     calls: list[object] = []
     real = realization.decode_entries
     monkeypatch.setattr(realization, "decode_entries", lambda payload, **kw: (calls.append(payload), real(payload, **kw))[1])
-    monkeypatch.setattr(realization, "_decoded_memo", type(realization._decoded_memo)())
-    monkeypatch.setattr(realization, "_checked_memo", type(realization._checked_memo)())
+    monkeypatch.setattr(realization, "_decoded_memo", realization._decoded_memo.emptied())
+    monkeypatch.setattr(realization, "_checked_memo", realization._checked_memo.emptied())
     payload = [{"kind": "forced_sequence", "token_ids": [5, 6, 61], "eos_token_id": 1}]
     sdk.validate(payload)
     first = sdk.realize(payload, vocab_size=64, stop_token_id=1)
@@ -166,8 +166,8 @@ def test_a_payload_is_checked_once_per_width_and_a_refused_one_every_time(monkey
     real = realization.finish_entries
     monkeypatch.setattr(realization, "finish_entries",
                         lambda entries, vocab_size=None: (checked.append(vocab_size), real(entries, vocab_size=vocab_size))[1])
-    monkeypatch.setattr(realization, "_decoded_memo", type(realization._decoded_memo)())
-    monkeypatch.setattr(realization, "_checked_memo", type(realization._checked_memo)())
+    monkeypatch.setattr(realization, "_decoded_memo", realization._decoded_memo.emptied())
+    monkeypatch.setattr(realization, "_checked_memo", realization._checked_memo.emptied())
     choices = {"kind": "multiple_choice", "choices": [[5, 6], [7, 40]], "eos_token_id": 1}
     payload = [choices, {"kind": "banned_tokens", "token_ids": [9]}]
     for _ in range(3):
@@ -180,6 +180,25 @@ def test_a_payload_is_checked_once_per_width_and_a_refused_one_every_time(monkey
         with pytest.raises(SpecError, match="contradicts"):
             sdk.validate(refused, vocab_size=64)
     assert checked == [64, 32, 64, 64]
+
+
+def test_decoded_payloads_are_kept_within_a_budget_of_their_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that varies large payloads cannot grow the memo: what it keeps weighs at most
+    ``DECODED_BYTES`` of JSON (here 200 bytes), and a heavier payload is decoded every time."""
+    from dynlogits.processors.kept import Kept
+    from dynlogits.sdk import realization
+
+    assert realization.DECODED_BYTES <= 8 << 20
+    calls: list[object] = []
+    real = realization.decode_entries
+    monkeypatch.setattr(realization, "decode_entries", lambda payload, **kw: (calls.append(payload), real(payload, **kw))[1])
+    monkeypatch.setattr(realization, "_decoded_memo", Kept(realization.DECODED_KEPT, 200))
+    monkeypatch.setattr(realization, "_checked_memo", Kept(realization.DECODED_KEPT, 200))
+    small = [{"kind": "banned_tokens", "token_ids": [5]}]
+    large = [{"kind": "banned_tokens", "token_ids": list(range(2, 60))}]  # ~250 bytes of JSON
+    for payload in (small, small, large, large):
+        sdk.validate(payload, vocab_size=64)
+    assert calls == [small, large, large]
 
 
 def test_a_payload_of_a_kind_no_longer_in_force_is_refused_again() -> None:

@@ -67,7 +67,7 @@ def _no_eos_after_eos_on_the_device(mp: pytest.MonkeyPatch) -> None:
                                    at_least=tuple(False for _ in keep))
     mp.setattr(MultipleChoiceProcessor, "allowed", _no_eos_after_eos)
     mp.setattr(MultipleChoiceProcessor, "_template", template)
-    mp.setattr(multiple_choice, "_TABLES", type(multiple_choice._TABLES)())  # tables built with the mutant, then dropped
+    mp.setattr(multiple_choice, "_TABLES", multiple_choice._TABLES.emptied())  # tables built with the mutant, then dropped
 
 
 def _with_context(kind: str, change: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
