@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from dynlogits.specs import SpecError, decode_wire_payload
-from spec_refusals import refusal
+from dynlogits.specs import decode_wire_payload
+from spec_refusals import admitted, fails_writing, refusal
 
 TRIGGER = {"kind": "trigger", "trigger_token_ids": [30, 31], "phrase_token_ids": [40, 41, 42]}
 REASONING = {"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]}
@@ -90,20 +90,5 @@ def test_a_scoped_forced_sequence_or_trigger_is_not_followed() -> None:
 @pytest.mark.parametrize("token_ids", [[5, 30, 31, 50, 51], [5, 30, 31, 40, 41], [30, 31, 40, 9], [30, 31],
                                        [5, 30, 31, 40, 41, 42, 7], [5, 31, 30, 6], [30, 31, 40, 41, 42]])
 def test_admission_refuses_exactly_the_forced_sequences_the_realized_trigger_fails_on(token_ids: list[int]) -> None:
-    import torch
-
-    from dynlogits import sdk
-
     payload = [{"kind": "forced_sequence", "token_ids": token_ids, "eos_token_id": 2}, TRIGGER]
-    try:
-        decode_wire_payload(payload)
-        refused = False
-    except SpecError:
-        refused = True
-    request = sdk.realize(payload, vocab_size=64, stop_token_id=2)
-    assert request is not None
-    output: list[int] = []
-    for _ in range(len(token_ids) + 1):  # the sequence, then its EOS: the output ends there
-        row = sdk.apply_row(request, output, torch.zeros(64))
-        output.append(int(row.argmax()))
-    assert request.failed == refused, (output, refused)
+    assert fails_writing(payload, [*token_ids, 2]) != admitted(payload)  # the sequence, then its EOS: it ends there
