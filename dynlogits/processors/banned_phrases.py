@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
@@ -26,6 +25,7 @@ import torch
 from .banned_tokens import BannedTokensTemplate
 from .base import IndexCache, RealizeContext
 from .entries import EntryTablesGroup
+from .kept import Kept
 from .ops import MaskIds, RowOp, apply_op
 from .slots import NEG_INF, GatheredRows, ListedRows, SlotTable, StepInputs, Template
 from .uploads import StepUpload
@@ -40,9 +40,10 @@ KIND = "banned_phrases"
 
 #: Distinct sets of ids one request masks, whose index tensors are kept (beyond it, rebuilt).
 KEPT_SETS = 64
-#: Phrase sets whose tables are kept, least recently used dropped first (at the default
-#: ``max_phrases`` of 256, at most 16384 phrases).
+#: Phrase sets whose tables are kept, least recently used dropped first: at most ``TABLES_KEPT``
+#: sets of at most ``TABLES_CELLS`` phrase tokens in all (at the limits a set holds 16384).
 TABLES_KEPT = 64
+TABLES_CELLS = 1 << 20
 
 
 class _Tables(NamedTuple):
@@ -76,7 +77,11 @@ def _build(phrases: tuple[tuple[int, ...], ...]) -> _Tables:
 
 
 #: ``_Tables`` per phrase set (validated entries hold tuples of tuples: hashable as they are)
-_TABLES = lru_cache(maxsize=TABLES_KEPT)(_build)
+_TABLES: Kept[_Tables] = Kept(TABLES_KEPT, TABLES_CELLS)
+
+
+def _tables(phrases: tuple[tuple[int, ...], ...]) -> _Tables:
+    return _TABLES.made(phrases, lambda: _build(phrases), lambda _: sum(map(len, phrases)))
 
 
 class BannedPhrasesProcessor:
@@ -87,9 +92,9 @@ class BannedPhrasesProcessor:
 
     def __init__(self, phrases: Sequence[Sequence[int]]) -> None:
         try:
-            tables = _TABLES(phrases)
+            tables = _tables(phrases)  # type: ignore[arg-type]
         except TypeError:  # lists: made hashable
-            tables = _TABLES(tuple(tuple(p) for p in phrases))
+            tables = _tables(tuple(tuple(p) for p in phrases))
         self._always, self._tails, self.template = tables
         self._sets: dict[tuple[int, ...], IndexCache] = {}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 __all__ = ["Kept"]
@@ -40,6 +40,14 @@ class Kept(Generic[V]):
             self._held += weight
             while len(self._items) > self.count or self._held > self.weight:
                 self._held -= self._items.popitem(last=False)[1][1]
+
+    def made(self, key: Hashable, make: Callable[[], V], weigh: Callable[[V], int]) -> V:
+        """The value kept for ``key``, else ``make()`` (outside the lock), kept at ``weigh(value)``."""
+        hit = self.get(key)
+        if hit is None:
+            hit = make()
+            self.put(key, hit, weigh(hit))
+        return hit
 
     def emptied(self) -> Kept[V]:
         """A new, empty one with the same bounds."""

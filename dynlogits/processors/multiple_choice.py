@@ -189,14 +189,10 @@ class MultipleChoiceProcessor:
             hash(key)
         except TypeError:  # lists: made hashable
             key = (tuple(tuple(c) for c in choices), eos_token_id)
-        kept = _TABLES.get(key)
-        if kept is None:
-            self._build(choices)
-            kept = (self._children, self._ends, self._allowed, self.template)
-            _TABLES.put(key, kept, len(self._children) + sum(map(len, self.template.prefixes)))
-        self._children, self._ends, self._allowed, self.template = kept
+        self._children, self._ends, self._allowed, self.template = _TABLES.made(
+            key, lambda: self._build(choices), lambda kept: len(kept[0]) + sum(map(len, kept[3].prefixes)))
 
-    def _build(self, choices: Sequence[Sequence[int]]) -> None:
+    def _build(self, choices: Sequence[Sequence[int]]) -> tuple[Any, ...]:
         """The trie, each node's allowed ids and the template (shared read only, ``_TABLES``)."""
         eos_token_id = self._eos
         self._children: list[dict[int, int]] = [{}]
@@ -214,6 +210,7 @@ class MultipleChoiceProcessor:
         self._allowed = [tuple(sorted({*children, *((eos_token_id,) if end else ())}))
                          for children, end in zip(self._children, self._ends)]
         self.template = self._template()
+        return self._children, self._ends, self._allowed, self.template
 
     def _template(self) -> MultipleChoiceTemplate:
         """The trie as entries (``MultipleChoiceTemplate``): one per id each node allows next, the

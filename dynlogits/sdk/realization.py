@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,16 +52,6 @@ _decoded_memo: Kept[tuple[Any, ...]] = Kept(DECODED_KEPT, DECODED_BYTES)
 _checked_memo: Kept[tuple[Any, ...]] = Kept(DECODED_KEPT, DECODED_BYTES)
 
 
-def _kept(memo: Kept[tuple[Any, ...]], key: tuple[Any, ...], make: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
-    """``memo``'s value for ``key`` (its first item, the JSON content, weighs it), made and kept when
-    missing."""
-    hit = memo.get(key)
-    if hit is None:
-        hit = make()
-        memo.put(key, hit, len(key[0]))
-    return hit
-
-
 def _decoded(payload: Any, limits: SpecLimits, vocab_size: int | None) -> tuple[Any, ...]:
     """``specs.wire.decode_entries(payload, limits)`` once per payload content, limits and kinds in
     force, then ``finish_entries`` (ids against ``vocab_size``, consistency) once per width too
@@ -71,8 +61,9 @@ def _decoded(payload: Any, limits: SpecLimits, vocab_size: int | None) -> tuple[
     except (TypeError, ValueError, OverflowError):
         return finish_entries(decode_entries(payload, limits=limits), vocab_size=vocab_size)
     key = (content, limits, kinds_generation(), tuple(plugin_kinds()))
-    return _kept(_checked_memo, (*key, vocab_size), lambda: finish_entries(
-        _kept(_decoded_memo, key, lambda: decode_entries(payload, limits=limits)), vocab_size=vocab_size))
+    weigh = lambda entries: len(content)  # noqa: E731  (the JSON: entries take some 5x as much)
+    return _checked_memo.made((*key, vocab_size), lambda: finish_entries(
+        _decoded_memo.made(key, lambda: decode_entries(payload, limits=limits), weigh), vocab_size=vocab_size), weigh)
 
 
 def decode_payload(

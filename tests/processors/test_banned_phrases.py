@@ -69,8 +69,9 @@ def test_a_step_allocates_nothing_vocab_sized() -> None:
 
 def test_a_repeated_phrase_set_shares_its_tables_and_the_kept_sets_stay_bounded(monkeypatch) -> None:
     from dynlogits.processors import banned_phrases
+    from dynlogits.processors.kept import Kept
 
-    monkeypatch.setattr(banned_phrases, "_TABLES", banned_phrases.lru_cache(maxsize=2)(banned_phrases._build))
+    monkeypatch.setattr(banned_phrases, "_TABLES", Kept(2, banned_phrases.TABLES_CELLS))
     first, again = BannedPhrasesProcessor(PHRASES), BannedPhrasesProcessor([list(p) for p in PHRASES])
     assert again._tails is first._tails and again.template is first.template  # same content: built once
     assert again._sets is not first._sets  # what a processor caches per step stays its own

@@ -17,3 +17,14 @@ def test_kept_values_are_bounded_by_count_and_by_weight_least_recently_used_firs
     assert kept.get((6,)) is None and len(kept) == 2
     fresh = kept.emptied()
     assert len(fresh) == 0 and (fresh.count, fresh.weight) == (3, 100)
+
+
+def test_made_builds_a_missing_value_once_and_weighs_it() -> None:
+    kept: Kept[list[int]] = Kept(count=4, weight=10)
+    built: list[str] = []
+    make = lambda key: (lambda: (built.append(key), [len(key)])[1])  # noqa: E731
+    first = kept.made("ab", make("ab"), len)
+    assert kept.made("ab", make("ab"), len) is first and built == ["ab"]
+    kept.made("x" * 11, make("x" * 11), lambda value: value[0])  # weighs 11 > 10: made, not kept
+    kept.made("x" * 11, make("x" * 11), lambda value: value[0])
+    assert built == ["ab", "x" * 11, "x" * 11] and len(kept) == 1
