@@ -171,6 +171,10 @@ def _leaves_a_row_empty(payload: list[dict[str, Any]]) -> bool:
                     masked |= mask
                 else:
                     allowed -= mask
+            elif e["kind"] == "forced_sequence":  # its tokens, then its EOS at every later step
+                seq = e["token_ids"]
+                forced = {seq[n] if n < len(seq) else e["eos_token_id"]}
+                allowed = forced - masked if allowed is None else allowed & forced
             elif e["kind"] == "trigger":  # its phrase, one token a step, after the first time the output ends with it
                 cue, phrase = tuple(e["trigger_token_ids"]), e["phrase_token_ids"]
                 start = next((k for k in range(len(cue), n + 1) if written[k - len(cue):k] == cue), None)
@@ -230,3 +234,25 @@ def test_admission_follows_a_trigger_down_the_choices_exactly() -> None:
             admitted, refused, by_trigger = False, refused + 1, by_trigger + ("phrase_token_ids" in str(err))
         assert admitted != _leaves_a_row_empty(payload), payload
     assert 150 < refused < 500 and by_trigger > 30  # both verdicts, and refusals the trigger's phrase makes
+
+
+def test_admission_follows_a_forced_sequence_beside_the_choices_exactly() -> None:
+    rng, refused, admitted_with_trigger = random.Random(37), 0, 0
+    for i in range(600):
+        payload = _random_payload(rng)
+        seq = list(rng.choice(payload[[e["kind"] for e in payload].index("multiple_choice")]["choices"]))
+        cut = rng.random()  # mostly one of the choices, else one token short or one too many
+        seq = seq[:max(1, len(seq) - 1)] if cut < 0.25 else [*seq, rng.randint(3, 8)] if cut < 0.4 else seq
+        payload.insert(rng.randint(0, len(payload)), {"kind": "forced_sequence", "token_ids": seq,
+                                                      "eos_token_id": 2 if rng.random() < 0.8 else 9})
+        if i % 2:  # every other payload with a trigger too
+            payload.insert(rng.randint(0, len(payload)), {"kind": "trigger", "trigger_token_ids": rng.choices(range(3, 9), k=rng.randint(1, 2)),
+                                                          "phrase_token_ids": rng.choices(range(2, 9), k=rng.randint(1, 2))})
+        try:
+            decode_wire_payload(payload)
+            admitted = True
+        except SpecError:
+            admitted, refused = False, refused + 1
+        admitted_with_trigger += admitted and bool(i % 2)
+        assert admitted != _leaves_a_row_empty(payload), payload
+    assert 300 < refused < 550 and admitted_with_trigger > 20  # both verdicts, with and without a trigger
