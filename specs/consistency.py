@@ -34,7 +34,8 @@ row with no allowed token is refused, naming the two entries and the step. Exact
 Beyond that, ``trigger``, ``deadline`` and ``prompt_tokens`` act at moments or on tokens admission
 does not know (where a trigger is written, the clock, the prompt), and ``python`` and plug-in
 entries are opaque: all are skipped, and a row they leave with no token fails its request while it runs
-(docs/specs.md). No torch."""
+(docs/specs.md). A ``prompt_tokens`` in ``restrict`` mode is checked where its request is realized,
+as the allowed set the prompt makes it (``dynlogits.sdk.realization``). No torch."""
 
 from __future__ import annotations
 

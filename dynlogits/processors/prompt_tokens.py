@@ -5,18 +5,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from dynlogits.specs import AllowedTokensSpec
+
 from .allowed_tokens import AllowedTokensProcessor
 from .base import RealizeContext
 from .logit_bias import LogitBiasProcessor
 
-__all__ = ["KIND", "factory", "prompt_token_set"]
+__all__ = ["KIND", "as_allowed", "factory", "prompt_token_set"]
 
 KIND = "prompt_tokens"
 
 
 def prompt_token_set(prompt: Sequence[int], vocab_size: int) -> tuple[int, ...]:
     """The distinct ids of ``prompt`` inside the logits width, sorted."""
-    return tuple(sorted({t for t in prompt if 0 <= t < vocab_size}))
+    ids = set(prompt)
+    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+        ids = {t for t in ids if 0 <= t < vocab_size}
+    return tuple(sorted(ids))
+
+
+def as_allowed(entry: Any, ctx: RealizeContext) -> AllowedTokensSpec:
+    """A ``restrict`` entry as the ``allowed_tokens`` it realizes to for this request: the prompt's
+    distinct ids and the stop ids but the first, which is the set's EOS (same scope)."""
+    stops = [t for t in ctx.stop_token_ids if 0 <= t < ctx.vocab_size]
+    return AllowedTokensSpec.model_construct(token_ids=[*prompt_token_set(ctx.prompt_ids, ctx.vocab_size), *stops[1:]],
+                                             eos_token_id=stops[0] if stops else None, scope=entry.scope)
 
 
 def factory(entry: Any, ctx: RealizeContext) -> Any:
@@ -25,8 +38,7 @@ def factory(entry: Any, ctx: RealizeContext) -> Any:
     processors, so such a request stays on the resident path."""
     if not ctx.prompt_ids:
         raise ValueError("prompt_tokens needs the request's prompt, which this engine did not give")
-    ids = prompt_token_set(ctx.prompt_ids, ctx.vocab_size)
     if entry.mode == "boost":
-        return LogitBiasProcessor({i: float(entry.boost) for i in ids})
-    stops = [t for t in ctx.stop_token_ids if 0 <= t < ctx.vocab_size]
-    return AllowedTokensProcessor([*ids, *stops[1:]], stops[0] if stops else None)
+        return LogitBiasProcessor({i: float(entry.boost) for i in prompt_token_set(ctx.prompt_ids, ctx.vocab_size)})
+    allowed = as_allowed(entry, ctx)
+    return AllowedTokensProcessor(allowed.token_ids, allowed.eos_token_id)

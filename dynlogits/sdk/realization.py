@@ -29,11 +29,14 @@ from typing import Any
 import msgspec
 
 from dynlogits.processors import BaseLogitsProcessor, RealizeContext
+from dynlogits.processors import prompt_tokens
 from dynlogits.processors.kept import Kept
 from dynlogits.processors.registry import check_python_allowed, factory_for
 from dynlogits.processors.request import RequestLogitsProcessor
 from dynlogits.processors.scope import Phases, scoped
 from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits
+from dynlogits.specs.consistency import check_consistency
+from dynlogits.specs.errors import Problem
 from dynlogits.specs.kinds import kinds_generation, plugin_kinds
 from dynlogits.specs.wire import decode_entries, finish_entries
 
@@ -122,6 +125,7 @@ def build_request_processor(
     ctx = RealizeContext(vocab_size=vocab_size, prompt_ids=prompt, stop_token_ids=tuple(facts.stop_token_ids),
                          arrival_time=time.time() if facts.arrival_time is None else facts.arrival_time,
                          reasoning=reasoning)
+    entries = _with_prompt(entries, ctx)
     phases: Phases | None = None
     processors: list[BaseLogitsProcessor] = []
     for i, entry in enumerate(entries):
@@ -141,6 +145,24 @@ def build_request_processor(
     if not processors:
         return None
     return RequestLogitsProcessor(processors, vocab_size=vocab_size)
+
+
+def _with_prompt(entries: tuple[Any, ...], ctx: RealizeContext) -> tuple[Any, ...]:
+    """The entries as this request realizes them: ``prompt_tokens`` in ``restrict`` mode becomes the
+    ``allowed_tokens`` of its prompt (``prompt_tokens.as_allowed``), checked against the other
+    entries as admission checks an allowed set (admission does not know the prompt; the realizing
+    worker does). ``SpecError`` naming the entries. O(prompt) per such request, once."""
+    restricts = [i for i, e in enumerate(entries) if e.kind == prompt_tokens.KIND and e.mode == "restrict"]
+    if not restricts or not ctx.prompt_ids:
+        return entries
+    seen = tuple(prompt_tokens.as_allowed(e, ctx) if i in restricts else e for i, e in enumerate(entries))
+    try:
+        check_consistency(seen, root=WIRE_KEY, vocab_size=ctx.vocab_size)
+    except SpecError as err:
+        held = ", ".join(f"{WIRE_KEY}[{i}]" for i in restricts)
+        why = f" (with this request's prompt: {held}, prompt_tokens restrict, allows its prompt's tokens and stop tokens)"
+        raise SpecError([Problem(p.path, p.rule + why) for p in err.problems]) from None
+    return seen
 
 
 def validate(payload: Any, *, vocab_size: int | None = None, limits: SpecLimits = DEFAULT_LIMITS) -> None:

@@ -79,3 +79,40 @@ def test_the_request_is_resident_and_its_resident_rows_equal_the_host_paths(mode
     assert realize(payload, facts).resident
     for resident, host in resident_and_host(payload, [[], [3], [3, 9]], facts=facts):
         assert torch.equal(resident, host)
+
+
+RESTRICT = {"kind": "prompt_tokens", "mode": "restrict"}
+
+
+@pytest.mark.parametrize(("payload", "why"), [
+    ([RESTRICT, {"kind": "banned_tokens", "token_ids": [3, 4, 9, EOS]}],
+     "dynamo_logits[1]: contradicts the entries before it: it masks every token dynamo_logits[0] leaves allowed"),
+    ([{"kind": "forced_sequence", "token_ids": [3, 5], "eos_token_id": EOS}, RESTRICT],
+     "dynamo_logits[1]: contradicts the entries before it: it allows none of the tokens dynamo_logits[0] leaves "
+     "allowed at output position 1"),
+    ([{"kind": "multiple_choice", "choices": [[3, 9], [4, 6]], "eos_token_id": EOS}, RESTRICT],
+     "it allows none of the tokens dynamo_logits[0] leaves allowed after the output [4] at output position 1"),
+])
+def test_a_restriction_the_other_entries_contradict_with_this_prompt_fails_at_realization_naming_both(
+        payload: list[dict[str, object]], why: str) -> None:
+    sdk.validate(payload)  # admission does not know the prompt
+    reports: list[str] = []
+    request = sdk.realize(payload, vocab_size=V, stop_token_id=EOS, report=reports.append,
+                          facts=sdk.RequestFacts(prompt_ids=PROMPT, stop_token_ids=(EOS,)))
+    assert request is not None and request.failed and len(reports) == 1
+    assert why in reports[0] and "with this request's prompt: dynamo_logits[" in reports[0]
+
+
+@pytest.mark.parametrize("payload", [
+    [RESTRICT, {"kind": "banned_tokens", "token_ids": [3, 4, 9]}],  # the stop token is left
+    [{"kind": "multiple_choice", "choices": [[3, 9], [4]], "eos_token_id": EOS}, RESTRICT],
+    [RESTRICT, {"kind": "forced_sequence", "token_ids": [9, 3], "eos_token_id": EOS}],
+    [{"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]},  # the two never meet
+     {**RESTRICT, "scope": "answer"}, {"kind": "banned_tokens", "token_ids": [3, 4, 9, EOS], "scope": "reasoning"}],
+    [{**RESTRICT, "mode": "boost"}, {"kind": "allowed_tokens", "token_ids": [5], "eos_token_id": EOS}],
+])
+def test_entries_the_prompt_leaves_a_token_are_realized(payload: list[dict[str, object]]) -> None:
+    reports: list[str] = []
+    request = sdk.realize(payload, vocab_size=V, stop_token_id=EOS, report=reports.append,
+                          facts=sdk.RequestFacts(prompt_ids=PROMPT, stop_token_ids=(EOS,)))
+    assert request is not None and not request.failed and not reports
