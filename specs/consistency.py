@@ -28,8 +28,10 @@ row with no allowed token is refused, naming the two entries and the step. Exact
 * a ``trigger`` (id trigger and phrase) whose phrase a position-free mask of its scale masks
   (``trigger_problems``) is a contradiction: the phrase is forced wherever the trigger is written;
   so is an ``always`` trigger that an ``always`` ``forced_sequence`` writes (tokens, then EOS) and
-  then goes on with other tokens than the phrase (up to its EOS). Beside an ``always`` choice the
-  choice's walk decides instead (it knows where the trigger can be written).
+  then goes on with other tokens than the phrase (up to its EOS), and a phrase stop id that a
+  ``min_tokens`` of its scope masks where the phrase comes when the trigger is written at the
+  earliest. Beside an ``always`` choice the choice's walk decides instead (it knows where the
+  trigger can be written).
 
 Beyond that, ``trigger``, ``deadline`` and ``prompt_tokens`` act at moments or on tokens admission
 does not know (where a trigger is written, the clock, the prompt), and ``python`` and plug-in

@@ -1,7 +1,9 @@
 """Contradictions found by following what a request can write (``consistency`` calls them once the
 position rules found nothing): down ``multiple_choice``'s trie over the prefixes the entries let
-the output write, a trigger's phrase forced where a prefix first ends with it (``choice_problems``), and a ``trigger``'s phrase against the masks that act
-wherever it is written and the output a ``forced_sequence`` fixes (``trigger_problems``). Each names the entry where a row is left empty."""
+the output write, a trigger's phrase forced where a prefix first ends with it (``choice_problems``),
+and a ``trigger``'s phrase against the masks that act wherever it is written, the ``min_tokens``
+that hold stop ids where it can come first, and the output a ``forced_sequence`` fixes
+(``trigger_problems``). Each names the entry where a row is left empty."""
 
 from __future__ import annotations
 
@@ -198,8 +200,9 @@ def _excluding(entries: Sequence[Any], i: int, others: Sequence[int], n: int, se
 def trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
     """A ``trigger`` whose phrase a position-free mask of its scale masks (``banned_tokens``,
     ``allowed_tokens``, a ``banned_phrases`` that trigger and phrase write): once the trigger is
-    written the phrase is forced, so that token's row has none left. A trigger those masks never
-    let the output write never fires and is not followed. Beside an ``always`` choice an ``always``
+    written the phrase is forced, so that token's row has none left; so is a phrase stop id a
+    ``min_tokens`` of its scope holds (``_held_stop_problem``). A trigger those masks never let the
+    output write never fires and is not followed. Beside an ``always`` choice an ``always``
     trigger is left to the choice's walk (``choice_problems``), which follows it exactly."""
     walked = any(e.kind == "multiple_choice" and e.choices and scope_of(e) == "always" for e in entries)
     for i, trigger in enumerate(entries):
@@ -215,6 +218,10 @@ def trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[P
         masks = [j for j, e in enumerate(entries)
                  if j != i and e.kind in ("banned_tokens", "allowed_tokens", "banned_phrases") and on_scale(e, scope)]
         if not masks:
+            held = _held_stop_problem(entries, paths, i)
+            if held is not None:
+                yield held
+                return
             continue
         sets = {j: _phrase_trie(entries[j]) if entries[j].kind == "banned_phrases" else
                 frozenset(entries[j].token_ids) if entries[j].kind == "banned_tokens" else keep_set(entries[j])
@@ -231,6 +238,10 @@ def trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[P
         written = list(trigger.trigger_token_ids)
         if any(masking(written[:k], t) is not None for k, t in enumerate(written)):
             continue  # never written: never fires
+        held = _held_stop_problem(entries, paths, i)
+        if held is not None:
+            yield held
+            return
         for k, token in enumerate(trigger.phrase_token_ids):
             j = masking(written, token)
             if j is not None:
@@ -242,6 +253,38 @@ def trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[P
                 yield Problem(paths[max(i, j)], f"contradicts the entries before it: it {why}; the row would have no token left")
                 return
             written.append(token)
+
+
+def _held_stop_problem(entries: Sequence[Any], paths: Sequence[str], i: int) -> Problem | None:
+    """Trigger ``i`` against the ``min_tokens`` of its scope: the masks of its scale let the trigger
+    be written (the caller checked), at the earliest from position ``s``, 0 unless a trigger token is
+    a stop id ``min_tokens`` masks until later; phrase token ``k`` is then forced at ``s +
+    len(trigger) + k``, and a stop id masked there leaves that row empty. A ``forced_sequence`` or
+    ``multiple_choice`` of its scope fixes where the trigger can be written: left to their checks."""
+    trigger = entries[i]
+    scope = scope_of(trigger)
+    if any(e.kind in ("forced_sequence", "multiple_choice") and scope_of(e) == scope for e in entries):
+        return None
+    held = [j for j, e in enumerate(entries) if e.kind == "min_tokens" and scope_of(e) == scope]
+    if not held:
+        return None
+    cue, phrase = trigger.trigger_token_ids, trigger.phrase_token_ids
+    stops = {j: frozenset(entries[j].stop_token_ids) for j in held}
+    first = max([0, *(entries[j].min_tokens - c for j in held for c, t in enumerate(cue) if t in stops[j])])
+    scale = "output" if scope == "always" else scope
+    for k, token in enumerate(phrase):
+        at = first + len(cue) + k
+        j = next((j for j in held if token in stops[j] and at < entries[j].min_tokens), None)
+        if j is None:
+            continue
+        bound = entries[j].min_tokens
+        cued = f"at {scale} position {at} when its trigger is written at the earliest ({scale} positions {first}..{first + len(cue) - 1})"
+        if j > i:
+            why = f"masks token {token} before {scale} position {bound}, which {paths[i]} forces (its phrase_token_ids[{k}]) {cued}"
+        else:
+            why = f"forces token {token} (phrase_token_ids[{k}]) {cued}, which {paths[j]} masks before {scale} position {bound}"
+        return Problem(paths[max(i, j)], f"contradicts the entries before it: it {why}; the row would have no token left")
+    return None
 
 
 def _forced_trigger_problem(entries: Sequence[Any], paths: Sequence[str], i: int) -> Problem | None:

@@ -1,14 +1,17 @@
 """Admission follows a ``trigger``'s phrase (``dynlogits.specs.consistency``): wherever the trigger is
 written the phrase is forced, so a position-free mask of its scale on a phrase token is refused
-naming both entries; a trigger those masks never let the output write never fires and passes."""
+naming both entries, and so is a stop id ``min_tokens`` still masks where the phrase comes when
+the trigger is written at the earliest; a trigger those masks never let the output write never
+fires and passes."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
-from dynlogits.specs import decode_wire_payload
+from dynlogits.specs import SpecError, decode_wire_payload
 from spec_refusals import admitted, fails_writing, refusal
 
 TRIGGER = {"kind": "trigger", "trigger_token_ids": [30, 31], "phrase_token_ids": [40, 41, 42]}
@@ -92,3 +95,98 @@ def test_a_scoped_forced_sequence_or_trigger_is_not_followed() -> None:
 def test_admission_refuses_exactly_the_forced_sequences_the_realized_trigger_fails_on(token_ids: list[int]) -> None:
     payload = [{"kind": "forced_sequence", "token_ids": token_ids, "eos_token_id": 2}, TRIGGER]
     assert fails_writing(payload, [*token_ids, 2]) != admitted(payload)  # the sequence, then its EOS: it ends there
+
+
+MIN_TOKENS = {"kind": "min_tokens", "min_tokens": 5, "stop_token_ids": [42]}
+
+
+def test_a_phrase_token_min_tokens_holds_where_the_trigger_can_put_it_is_refused_in_either_order() -> None:
+    assert refusal([TRIGGER, MIN_TOKENS]) == (
+        "dynamo_logits[1]: contradicts the entries before it: it masks token 42 before output position 5, which "
+        "dynamo_logits[0] forces (its phrase_token_ids[2]) at output position 4 when its trigger is written at the "
+        "earliest (output positions 0..1); the row would have no token left")
+    assert refusal([MIN_TOKENS, TRIGGER]) == (
+        "dynamo_logits[1]: contradicts the entries before it: it forces token 42 (phrase_token_ids[2]) at output "
+        "position 4 when its trigger is written at the earliest (output positions 0..1), which dynamo_logits[0] "
+        "masks before output position 5; the row would have no token left")
+    assert fails_writing([TRIGGER, MIN_TOKENS], [30, 31, 40, 41, 42])
+
+
+@pytest.mark.parametrize("payload", [
+    [TRIGGER, {**MIN_TOKENS, "min_tokens": 4}],  # the phrase's stop id comes at position 4 at the earliest
+    [TRIGGER, MIN_TOKENS, {"kind": "min_tokens", "min_tokens": 2, "stop_token_ids": [31]}],  # trigger from position 1
+    [TRIGGER, {**MIN_TOKENS, "stop_token_ids": [42, 30]}],  # its own trigger token held until position 5
+    [REASONING, {**TRIGGER, "scope": "answer"}, MIN_TOKENS],  # another position scale: not known to meet
+    [TRIGGER, MIN_TOKENS, {"kind": "forced_sequence", "token_ids": [5, 6, 7, 8, 9], "eos_token_id": 2}],
+], ids=["past min_tokens", "trigger held back", "trigger token is a stop id", "scoped trigger", "fixed output"])
+def test_a_trigger_min_tokens_cannot_meet_in_its_phrase_is_admitted(payload: list[dict[str, Any]]) -> None:
+    decode_wire_payload(payload)
+
+
+def _leaves_a_row_empty(payload: list[dict[str, Any]]) -> bool:
+    """Brute force over every output the entries let a request write (ids 2..9, and 50 for every id
+    no entry names), states merged on (position, last tokens, how much of the phrase is written),
+    up to the position past which nothing changes: whether one reaches a row with no token."""
+    trigger = next(e for e in payload if e["kind"] == "trigger")
+    cue, phrase = tuple(trigger["trigger_token_ids"]), tuple(trigger["phrase_token_ids"])
+    window = max([len(cue), *(len(p) for e in payload if e["kind"] == "banned_phrases" for p in e["phrases"])])
+    horizon = max([0, *(e["min_tokens"] for e in payload if e["kind"] == "min_tokens")]) + len(cue) + len(phrase) + window
+    seen: set[tuple[Any, ...]] = set()
+    stack: list[tuple[tuple[int, ...], int, int | None]] = [((), 0, None)]  # last tokens, position, phrase tokens written
+    while stack:
+        state = stack.pop()
+        tail, n, fired = state
+        if state in seen or n > horizon:
+            continue
+        seen.add(state)
+        allowed: set[int] | None = None
+        masked: set[int] = set()
+        for e in payload:
+            kind, keep, mask = e["kind"], None, set()
+            if kind == "banned_tokens" or (kind == "min_tokens" and n < e["min_tokens"]):
+                mask = set(e["token_ids"] if kind == "banned_tokens" else e["stop_token_ids"])
+            elif kind == "banned_phrases":
+                mask = {p[-1] for p in e["phrases"] if len(p) - 1 <= len(tail) and list(tail[len(tail) - len(p) + 1:]) == p[:-1]}
+            elif kind == "allowed_tokens":
+                keep = {*e["token_ids"], e["eos_token_id"]}
+            elif kind == "trigger" and fired is not None and fired < len(phrase):
+                keep = {phrase[fired]}
+            if allowed is None:
+                masked |= mask
+            else:
+                allowed -= mask
+            if keep is not None:
+                allowed = keep - masked if allowed is None else allowed & keep
+        left = [t for t in (*range(2, 10), 50) if (t in allowed if allowed is not None else t not in masked)]
+        if not left:
+            return True
+        for t in left:
+            out = (*tail, t)
+            now = 0 if fired is None and out[-len(cue):] == cue else None if fired is None else min(fired + 1, len(phrase))
+            stack.append((out[-window:], n + 1, now))
+    return False
+
+
+def test_admission_refuses_exactly_the_payloads_whose_trigger_can_reach_an_empty_row() -> None:
+    """Without a choice or forced sequence (their own walks decide): bans, allowed sets, ``min_tokens``
+    and banned phrases of up to two tokens (they lie within what trigger and phrase write)."""
+    rng, refused, by_min_tokens = random.Random(38), 0, 0
+    for _ in range(600):
+        payload: list[dict[str, Any]] = [{"kind": "trigger", "trigger_token_ids": rng.choices(range(2, 10), k=rng.randint(1, 2)),
+                                          "phrase_token_ids": rng.choices(range(2, 10), k=rng.randint(1, 3))}]
+        for kind in rng.choices(["banned_tokens", "allowed_tokens", "min_tokens", "min_tokens", "banned_phrases"],
+                                k=rng.randint(1, 3)):
+            payload.append({"kind": kind, "token_ids": rng.sample(range(2, 10), rng.randint(1, 2))} if kind == "banned_tokens" else
+                           {"kind": kind, "token_ids": rng.sample(range(2, 10), rng.randint(4, 7)),
+                            "eos_token_id": rng.choice([2, 9])} if kind == "allowed_tokens" else
+                           {"kind": kind, "min_tokens": rng.randint(1, 6), "stop_token_ids": rng.sample(range(2, 10), rng.randint(1, 2))}
+                           if kind == "min_tokens" else
+                           {"kind": kind, "phrases": [rng.choices(range(2, 10), k=rng.randint(1, 2)) for _ in range(rng.randint(1, 2))]})
+        rng.shuffle(payload)
+        try:
+            decode_wire_payload(payload)
+            ok = True
+        except SpecError as err:
+            ok, refused, by_min_tokens = False, refused + 1, by_min_tokens + ("before output position" in str(err))
+        assert ok != _leaves_a_row_empty(payload), payload
+    assert 100 < refused < 300 and by_min_tokens > 20  # both verdicts, and refusals the min_tokens rule makes
