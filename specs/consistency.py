@@ -21,9 +21,9 @@ row with no allowed token is refused, naming the two entries and the step. Exact
   past it, each prefix of a choice that the entries let the output write is followed down the
   choices' trie: there it allows the next tokens of the choices it begins (and EOS after a whole
   choice, when the entry names it), met by the entries of its own position scale (its scope's, and
-  position-free masks of ``always`` entries; a ``banned_phrases`` of its scope when both are
-  ``always``; an ``always`` trigger's phrase where the prefix first ends with it, when both are
-  ``always``); an empty set there is a contradiction (``choice_problems``). Elsewhere in the
+  position-free masks of ``always`` entries; a ``banned_phrases`` of its scope, which reads the
+  same stretch of output as the choice; an ``always`` trigger's phrase where the prefix first ends
+  with it, when both are ``always``); an empty set there is a contradiction (``choice_problems``). Elsewhere in the
   position grid it is taken to allow every id;
 * a ``trigger`` (id trigger and phrase) whose phrase a position-free mask of its scale masks
   (``trigger_problems``) is a contradiction: the phrase is forced wherever the trigger is written;

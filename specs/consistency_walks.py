@@ -94,8 +94,12 @@ def choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Pr
                                       [(j, *mask_or_keep(entries[j], n, sets, j)) for j in after if j not in phrases])
                 prefix[n] = at
             allowed, masked, origin, later = at
-            for j in before_phrases:
-                masked = masked | _phrase_masks(phrases[j], written)
+            for j in before_phrases:  # as _before_choice: a mask takes from an earlier allowed set
+                mask = _phrase_masks(phrases[j], written)
+                if allowed is None:
+                    masked = masked | mask
+                elif mask & allowed:
+                    allowed, origin = allowed - mask, None  # no longer one entry's doing
             if len(node) == 1 and -1 not in node and not forcing:  # one next token (most of a long choice)
                 (t,) = node
                 ok = t not in masked if allowed is None else t in allowed

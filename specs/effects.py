@@ -61,8 +61,9 @@ def mask_or_keep(entry: Any, n: int, sets: dict[int, frozenset[int]],
 
 def on_scale(entry: Any, scope: str) -> bool:
     """Whether ``entry`` meets an entry of ``scope`` at its positions, as far as admission knows:
-    the same scope (``banned_phrases`` only when both are ``always``: a phase's stretch starts
-    after an unknown output), or a position-free mask of an ``always`` entry."""
+    the same scope (a scoped entry's history is its phase's stretch, as for every entry of that
+    scope, so a ``banned_phrases`` of it matches on the same tokens), or a position-free mask of an
+    ``always`` entry (not a ``banned_phrases``: it reads the output before the stretch too)."""
     if scope_of(entry) == scope:
-        return entry.kind != "banned_phrases" or scope == "always"
+        return True
     return scope != "always" and scope_of(entry) == "always" and entry.kind in ("banned_tokens", "allowed_tokens")

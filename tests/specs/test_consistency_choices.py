@@ -95,6 +95,25 @@ def test_a_banned_phrase_that_a_choice_must_write_is_refused() -> None:
     decode_wire_payload([{"kind": "banned_phrases", "phrases": [[5, 9]]}, CHOICES])  # a phrase no choice writes
 
 
+def test_a_banned_phrase_a_choice_must_write_is_refused_behind_an_allowed_set() -> None:
+    allowed = {"kind": "allowed_tokens", "token_ids": [5, 6, 9], "eos_token_id": 2}
+    phrase = {"kind": "banned_phrases", "phrases": [[5, 6]]}
+    choices = {"kind": "multiple_choice", "choices": [[5, 6]], "eos_token_id": 2}
+    assert refusal([allowed, phrase, choices]) == (
+        "dynamo_logits[2]: contradicts the entries before it: it allows only the next tokens of its choices after "
+        "[5], which earlier entries mask at output position 1; the row would have no token left")
+    assert fails_writing([allowed, phrase, choices], [5, 6])
+
+
+def test_a_banned_phrase_of_a_scoped_choices_scope_is_followed_on_its_stretch() -> None:
+    scoped = {**CHOICES, "scope": "answer"}
+    phrase = {"kind": "banned_phrases", "phrases": [[5, 6]], "scope": "answer"}
+    assert "at answer position 1" in refusal([REASONING, scoped, phrase])
+    assert fails_writing([REASONING, scoped, phrase], [20, 9, 21, 5, 6], vocab_size=64)
+    # an always phrase may begin before the answer does: not followed beside a scoped choice
+    decode_wire_payload([REASONING, scoped, {**phrase, "scope": "always"}])
+
+
 def test_a_scoped_choice_meets_its_scopes_entries_and_position_free_masks_only() -> None:
     scoped = {**CHOICES, "scope": "answer"}
     assert "at answer position 1" in refusal([REASONING, scoped, {"kind": "banned_tokens", "token_ids": [6]}])
@@ -156,7 +175,9 @@ def test_the_realized_processors_fail_exactly_where_admission_refuses(choices: l
 
 def _leaves_a_row_empty(payload: list[dict[str, Any]]) -> bool:
     """Brute force: whether some output the entries let a request write reaches a step whose row
-    has no token (every prefix of the choices followed; entries applied in order, masks kept)."""
+    has no token (every prefix of the choices followed; entries applied in order, masks kept).
+    Scopes and ``reasoning`` entries are ignored: the ids it writes never open a reasoning span,
+    so the whole output is one answer stretch."""
     choice = next(e for e in payload if e["kind"] == "multiple_choice")
     choices, eos = [tuple(c) for c in choice["choices"]], choice["eos_token_id"]
     outputs: list[tuple[int, ...]] = [()]
@@ -164,9 +185,17 @@ def _leaves_a_row_empty(payload: list[dict[str, Any]]) -> bool:
         written = outputs.pop()
         n, allowed, masked = len(written), None, set()
         for e in payload:
+            if e["kind"] == "reasoning":
+                continue
             if e["kind"] in ("banned_tokens", "min_tokens"):
                 mask = set(e["token_ids"]) if e["kind"] == "banned_tokens" else (
                     set(e["stop_token_ids"]) if n < e["min_tokens"] else set())
+                if allowed is None:
+                    masked |= mask
+                else:
+                    allowed -= mask
+            elif e["kind"] == "banned_phrases":  # each phrase's last token where the output ends with the rest
+                mask = {p[-1] for p in e["phrases"] if len(p) - 1 <= n and list(written[n - len(p) + 1:]) == p[:-1]}
                 if allowed is None:
                     masked |= mask
                 else:
@@ -256,3 +285,26 @@ def test_admission_follows_a_forced_sequence_beside_the_choices_exactly() -> Non
         admitted_with_trigger += admitted and bool(i % 2)
         assert admitted != _leaves_a_row_empty(payload), payload
     assert 300 < refused < 550 and admitted_with_trigger > 20  # both verdicts, with and without a trigger
+
+
+@pytest.mark.parametrize("scope", ["always", "answer"])
+def test_admission_follows_banned_phrases_down_the_choices_exactly(scope: str) -> None:
+    """Phrases beside the choices, all entries of one scope (``answer``: with reasoning delimiters
+    the output never writes, so the answer's stretch is the whole output)."""
+    rng, refused, by_phrase = random.Random(39), 0, 0
+    for _ in range(600):
+        payload = _random_payload(rng)
+        (choice,) = [e for e in payload if e["kind"] == "multiple_choice"]
+        written = list(rng.choice(choice["choices"]))  # one phrase a choice may write, one at random
+        phrases = [written[rng.randrange(len(written)):][:rng.randint(1, 2)], rng.choices(range(3, 9), k=rng.randint(1, 3))]
+        payload.insert(rng.randint(0, len(payload)), {"kind": "banned_phrases", "phrases": phrases})
+        if scope != "always":
+            payload = [REASONING, *({**e, "scope": scope} for e in payload)]
+        try:
+            decode_wire_payload(payload)
+            admitted = True
+        except SpecError as err:
+            at = [e["kind"] for e in payload].index("banned_phrases")
+            admitted, refused, by_phrase = False, refused + 1, by_phrase + (f"dynamo_logits[{at}]" in str(err))
+        assert admitted != _leaves_a_row_empty(payload), payload
+    assert 300 < refused < 550 and by_phrase > 20  # both verdicts, and refusals that name the phrases
