@@ -22,15 +22,15 @@ row with no allowed token is refused, naming the two entries and the step. Exact
   choices' trie: there it allows the next tokens of the choices it begins (and EOS after a whole
   choice, when the entry names it), met by the entries of its own position scale (its scope's, and
   position-free masks of ``always`` entries; a ``banned_phrases`` of its scope, which reads the
-  same stretch of output as the choice; an ``always`` trigger's phrase where the prefix first ends
-  with it, when both are ``always``); an empty set there is a contradiction (``choice_problems``). Elsewhere in the
-  position grid it is taken to allow every id;
+  same stretch of output as the choice; the phrase of a trigger of its scope where the prefix
+  first ends with the trigger); an empty set there is a contradiction (``choice_problems``).
+  Elsewhere in the position grid it is taken to allow every id;
 * a ``trigger`` (id trigger and phrase) whose phrase a position-free mask of its scale masks
   (``trigger_problems``) is a contradiction: the phrase is forced wherever the trigger is written;
-  so is an ``always`` trigger that an ``always`` ``forced_sequence`` writes (tokens, then EOS) and
-  then goes on with other tokens than the phrase (up to its EOS), and a phrase stop id that a
+  so is a trigger that a ``forced_sequence`` of its scope writes (tokens, then EOS) and then goes
+  on with other tokens than the phrase (up to its EOS), and a phrase stop id that a
   ``min_tokens`` of its scope masks where the phrase comes when the trigger is written at the
-  earliest. Beside an ``always`` choice the choice's walk decides instead (it knows where the
+  earliest. Beside a choice of its scope the choice's walk decides instead (it knows where the
   trigger can be written).
 
 Beyond that, ``trigger``, ``deadline`` and ``prompt_tokens`` act at moments or on tokens admission

@@ -141,7 +141,7 @@ def choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Pr
                     left = frozenset()
                     break  # it may be the request's stop token, which ends the choice: not known here
                 culprit, verb = _excluding(entries, i, (*before, *after), n, sets, phrases, written, forced, keep)
-                cued = (f"once its trigger is written at output positions {n - k - len(entries[by].trigger_token_ids)}"
+                cued = (f"once its trigger is written at {scale} positions {n - k - len(entries[by].trigger_token_ids)}"
                         f"..{n - k - 1}")
                 there = f"after the output {_output(written)}" if culprit == i else f"at {scale} position {n}"
                 if by > culprit:
@@ -162,9 +162,9 @@ def choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Pr
 
 
 def _follows_trigger(entry: Any, scope: str) -> bool:
-    """Whether the walk of an ``always`` choice follows this entry as a trigger: an ``always`` one with
-    ids (the choices fix every token it can be written on)."""
-    return entry.kind == "trigger" and scope == "always" and scope_of(entry) == "always" and \
+    """Whether the walk of a choice of ``scope`` follows this entry as a trigger: one with ids of the
+    same scope (it reads the same stretch of output, whose every token the choices fix)."""
+    return entry.kind == "trigger" and scope_of(entry) == scope and \
         entry.trigger_token_ids is not None and entry.phrase_token_ids is not None
 
 
@@ -206,14 +206,14 @@ def trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[P
     ``allowed_tokens``, a ``banned_phrases`` that trigger and phrase write): once the trigger is
     written the phrase is forced, so that token's row has none left; so is a phrase stop id a
     ``min_tokens`` of its scope holds (``_held_stop_problem``). A trigger those masks never let the
-    output write never fires and is not followed. Beside an ``always`` choice an ``always``
-    trigger is left to the choice's walk (``choice_problems``), which follows it exactly."""
-    walked = any(e.kind == "multiple_choice" and e.choices and scope_of(e) == "always" for e in entries)
+    output write never fires and is not followed. Beside a choice of its scope a trigger is left to
+    the choice's walk (``choice_problems``), which follows it exactly."""
+    walked = {scope_of(e) for e in entries if e.kind == "multiple_choice" and e.choices}
     for i, trigger in enumerate(entries):
         if trigger.kind != "trigger" or trigger.trigger_token_ids is None or trigger.phrase_token_ids is None:
             continue
-        if walked and _follows_trigger(trigger, "always"):
-            continue  # an always choice fixes where it can be written: its walk follows the trigger
+        if scope_of(trigger) in walked:
+            continue  # a choice of its scope fixes where it can be written: its walk follows the trigger
         forced = _forced_trigger_problem(entries, paths, i)
         if forced is not None:
             yield forced
@@ -292,16 +292,16 @@ def _held_stop_problem(entries: Sequence[Any], paths: Sequence[str], i: int) -> 
 
 
 def _forced_trigger_problem(entries: Sequence[Any], paths: Sequence[str], i: int) -> Problem | None:
-    """Trigger ``i`` against each ``always`` ``forced_sequence``, which fixes the output (its tokens,
-    then EOS): where that output first ends with the trigger, the phrase's tokens must be the ones
-    the sequence forces there (up to its EOS; past it only an engine ignoring EOS goes on). Scoped
-    ones count their positions on a stretch of the output not known before it runs."""
+    """Trigger ``i`` against each ``forced_sequence`` of its scope, which fixes the output of its
+    stretch (its tokens, then EOS) that the trigger reads too: where that output first ends with
+    the trigger, the phrase's tokens must be the ones the sequence forces there (up to its EOS; past
+    it only an engine ignoring EOS goes on)."""
     trigger = entries[i]
-    if scope_of(trigger) != "always":
-        return None
+    scope = scope_of(trigger)
+    scale = "output" if scope == "always" else scope
     cue, phrase = trigger.trigger_token_ids, trigger.phrase_token_ids
     for j, entry in enumerate(entries):
-        if entry.kind != "forced_sequence" or scope_of(entry) != "always":
+        if entry.kind != "forced_sequence" or scope_of(entry) != scope:
             continue
         written = (*entry.token_ids, entry.eos_token_id)
         end = next((e for e in range(len(cue), len(written)) if written[e - len(cue):e] == cue), None)
@@ -311,8 +311,8 @@ def _forced_trigger_problem(entries: Sequence[Any], paths: Sequence[str], i: int
             there = written[end + k]
             if token == there:
                 continue
-            at = f"output position {end + k}"
-            cued = f"once its trigger is written at output positions {end - len(cue)}..{end - 1}"
+            at = f"{scale} position {end + k}"
+            cued = f"once its trigger is written at {scale} positions {end - len(cue)}..{end - 1}"
             if j > i:
                 why = (f"forces token {there} at {at}, where {paths[i]} forces token {token} "
                        f"(its phrase_token_ids[{k}]) {cued}")

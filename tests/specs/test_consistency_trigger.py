@@ -84,10 +84,20 @@ def test_a_forced_sequence_the_trigger_agrees_with_is_admitted(token_ids: list[i
     decode_wire_payload([{"kind": "forced_sequence", "token_ids": token_ids, "eos_token_id": 2}, trigger])
 
 
-def test_a_scoped_forced_sequence_or_trigger_is_not_followed() -> None:
+def test_a_forced_sequence_and_trigger_of_different_scopes_are_not_followed() -> None:
     forced = {"kind": "forced_sequence", "token_ids": [5, 30, 31, 50], "eos_token_id": 2}
     decode_wire_payload([REASONING, {**forced, "scope": "answer"}, TRIGGER])
     decode_wire_payload([REASONING, forced, {**TRIGGER, "scope": "answer"}])
+
+
+def test_a_forced_sequence_and_trigger_of_one_scope_are_followed_on_its_stretch() -> None:
+    forced = {"kind": "forced_sequence", "token_ids": [5, 30, 31, 50], "eos_token_id": 2, "scope": "answer"}
+    payload = [REASONING, forced, {**TRIGGER, "scope": "answer"}]
+    assert refusal(payload) == (
+        "dynamo_logits[2]: contradicts the entries before it: it forces token 40 (phrase_token_ids[0]) at answer "
+        "position 3 once its trigger is written at answer positions 1..2, where dynamo_logits[1] forces token 50; "
+        "the row would have no token left")
+    assert fails_writing(payload, [5, 30, 31, 50])  # the answer from the first token on
 
 
 @pytest.mark.parametrize("token_ids", [[5, 30, 31, 50, 51], [5, 30, 31, 40, 41], [30, 31, 40, 9], [30, 31],
