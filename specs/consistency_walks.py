@@ -221,12 +221,6 @@ def trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[P
         scope = scope_of(trigger)
         masks = [j for j, e in enumerate(entries)
                  if j != i and e.kind in ("banned_tokens", "allowed_tokens", "banned_phrases") and on_scale(e, scope)]
-        if not masks:
-            held = _held_stop_problem(entries, paths, i)
-            if held is not None:
-                yield held
-                return
-            continue
         sets = {j: _phrase_trie(entries[j]) if entries[j].kind == "banned_phrases" else
                 frozenset(entries[j].token_ids) if entries[j].kind == "banned_tokens" else keep_set(entries[j])
                 for j in masks}
