@@ -11,7 +11,7 @@ from .allowed_tokens import AllowedTokensProcessor
 from .base import RealizeContext
 from .logit_bias import LogitBiasProcessor
 
-__all__ = ["KIND", "as_allowed", "factory", "prompt_token_set"]
+__all__ = ["KIND", "factory", "prompt_token_set", "realized"]
 
 KIND = "prompt_tokens"
 
@@ -24,9 +24,12 @@ def prompt_token_set(prompt: Sequence[int], vocab_size: int) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def as_allowed(entry: Any, ctx: RealizeContext) -> AllowedTokensSpec:
-    """A ``restrict`` entry as the ``allowed_tokens`` it realizes to for this request: the prompt's
-    distinct ids and the stop ids but the first, which is the set's EOS (same scope)."""
+def realized(entry: Any, ctx: RealizeContext) -> AllowedTokensSpec | None:
+    """``restrict`` as the ``allowed_tokens`` it realizes to for this request (the prompt's distinct
+    ids and the stop ids but the first, which is the set's EOS; same scope), ``None`` for ``boost``
+    (it masks nothing) or without a prompt. The realizing worker checks it against the other entries."""
+    if entry.mode != "restrict" or not ctx.prompt_ids:
+        return None
     stops = [t for t in ctx.stop_token_ids if 0 <= t < ctx.vocab_size]
     return AllowedTokensSpec.model_construct(token_ids=[*prompt_token_set(ctx.prompt_ids, ctx.vocab_size), *stops[1:]],
                                              eos_token_id=stops[0] if stops else None, scope=entry.scope)
@@ -40,5 +43,6 @@ def factory(entry: Any, ctx: RealizeContext) -> Any:
         raise ValueError("prompt_tokens needs the request's prompt, which this engine did not give")
     if entry.mode == "boost":
         return LogitBiasProcessor({i: float(entry.boost) for i in prompt_token_set(ctx.prompt_ids, ctx.vocab_size)})
-    allowed = as_allowed(entry, ctx)
+    allowed = realized(entry, ctx)
+    assert allowed is not None
     return AllowedTokensProcessor(allowed.token_ids, allowed.eos_token_id)

@@ -28,7 +28,8 @@ from . import (
 )
 from .base import BaseLogitsProcessor, RealizeContext
 
-__all__ = ["BUILTIN_FACTORIES", "BUILTIN_KINDS", "PYTHON_FACTORIES_ENV", "Factory", "check_python_allowed", "factory_for"]
+__all__ = ["BUILTIN_FACTORIES", "BUILTIN_KINDS", "PYTHON_FACTORIES_ENV", "REALIZED", "Factory", "check_python_allowed",
+           "factory_for"]
 
 # Comma-separated import strings the operator allows the ``python`` kind to load.
 PYTHON_FACTORIES_ENV = "DYN_LOGITS_PYTHON_FACTORIES"
@@ -43,6 +44,11 @@ BUILTIN_KINDS = (forced_sequence, banned_tokens, allowed_tokens, logit_bias, min
 
 #: Each factory returns a FRESH processor for one request (no state shared between requests).
 BUILTIN_FACTORIES: Mapping[str, Factory] = {module.KIND: module.factory for module in BUILTIN_KINDS}
+
+#: Kinds whose entry depends on the request's facts (its prompt): ``realized(entry, ctx)`` is the
+#: built-in entry it realizes to (``None``: none), which realization checks against the others.
+REALIZED: Mapping[str, Callable[[Any, RealizeContext], Any]] = {
+    module.KIND: module.realized for module in BUILTIN_KINDS if hasattr(module, "realized")}
 
 
 def _allowed_python_factories(environ: Mapping[str, str]) -> frozenset[str]:

@@ -29,9 +29,8 @@ from typing import Any
 import msgspec
 
 from dynlogits.processors import BaseLogitsProcessor, RealizeContext
-from dynlogits.processors import prompt_tokens
 from dynlogits.processors.kept import Kept
-from dynlogits.processors.registry import check_python_allowed, factory_for
+from dynlogits.processors.registry import REALIZED, check_python_allowed, factory_for
 from dynlogits.processors.request import RequestLogitsProcessor
 from dynlogits.processors.scope import Phases, scoped
 from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits
@@ -125,7 +124,7 @@ def build_request_processor(
     ctx = RealizeContext(vocab_size=vocab_size, prompt_ids=prompt, stop_token_ids=tuple(facts.stop_token_ids),
                          arrival_time=time.time() if facts.arrival_time is None else facts.arrival_time,
                          reasoning=reasoning)
-    entries = _with_prompt(entries, ctx)
+    entries = _as_realized(entries, ctx)
     phases: Phases | None = None
     processors: list[BaseLogitsProcessor] = []
     for i, entry in enumerate(entries):
@@ -147,22 +146,27 @@ def build_request_processor(
     return RequestLogitsProcessor(processors, vocab_size=vocab_size)
 
 
-def _with_prompt(entries: tuple[Any, ...], ctx: RealizeContext) -> tuple[Any, ...]:
-    """The entries as this request realizes them: ``prompt_tokens`` in ``restrict`` mode becomes the
-    ``allowed_tokens`` of its prompt (``prompt_tokens.as_allowed``), checked against the other
-    entries as admission checks an allowed set (admission does not know the prompt; the realizing
-    worker does). ``SpecError`` naming the entries. O(prompt) per such request, once."""
-    restricts = [i for i, e in enumerate(entries) if e.kind == prompt_tokens.KIND and e.mode == "restrict"]
-    if not restricts or not ctx.prompt_ids:
+def _as_realized(entries: tuple[Any, ...], ctx: RealizeContext) -> tuple[Any, ...]:
+    """The entries as this request realizes them: an entry of a kind that depends on the request's
+    facts (``registry.REALIZED``, e.g. ``prompt_tokens`` in ``restrict`` mode) becomes the built-in
+    entry it realizes to, and the payload is checked again as admission checks it (admission does
+    not know the prompt; the realizing worker does). ``SpecError`` naming the entries."""
+    seen = list(entries)
+    changed = []
+    for i, entry in enumerate(entries):
+        hook = REALIZED.get(entry.kind)
+        made = hook(entry, ctx) if hook is not None else None
+        if made is not None:
+            seen[i] = made
+            changed.append(f"{WIRE_KEY}[{i}] ({entry.kind}) as realized for it")
+    if not changed:
         return entries
-    seen = tuple(prompt_tokens.as_allowed(e, ctx) if i in restricts else e for i, e in enumerate(entries))
     try:
         check_consistency(seen, root=WIRE_KEY, vocab_size=ctx.vocab_size)
     except SpecError as err:
-        held = ", ".join(f"{WIRE_KEY}[{i}]" for i in restricts)
-        why = f" (with this request's prompt: {held}, prompt_tokens restrict, allows its prompt's tokens and stop tokens)"
+        why = f" (with this request's prompt: {', '.join(changed)})"
         raise SpecError([Problem(p.path, p.rule + why) for p in err.problems]) from None
-    return seen
+    return tuple(seen)
 
 
 def validate(payload: Any, *, vocab_size: int | None = None, limits: SpecLimits = DEFAULT_LIMITS) -> None:
