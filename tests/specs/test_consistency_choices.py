@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dynlogits.specs import SpecError, decode_wire_payload
-from spec_refusals import admitted, fails_writing, refusal
+from spec_refusals import admitted, fails_writing, refusal, row_left
 
 CHOICES = {"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id": 2}
 REASONING = {"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]}
@@ -175,45 +175,12 @@ def test_the_realized_processors_fail_exactly_where_admission_refuses(choices: l
 
 def _leaves_a_row_empty(payload: list[dict[str, Any]]) -> bool:
     """Brute force: whether some output the entries let a request write reaches a step whose row
-    has no token (every prefix of the choices followed; entries applied in order, masks kept).
-    Scopes and ``reasoning`` entries are ignored: the ids it writes never open a reasoning span,
-    so the whole output is one answer stretch."""
-    choice = next(e for e in payload if e["kind"] == "multiple_choice")
-    choices, eos = [tuple(c) for c in choice["choices"]], choice["eos_token_id"]
+    has no token (every prefix of the choices followed, ``row_left`` at each)."""
+    eos = next(e for e in payload if e["kind"] == "multiple_choice")["eos_token_id"]
     outputs: list[tuple[int, ...]] = [()]
     while outputs:
         written = outputs.pop()
-        n, allowed, masked = len(written), None, set()
-        for e in payload:
-            if e["kind"] == "reasoning":
-                continue
-            if e["kind"] in ("banned_tokens", "min_tokens"):
-                mask = set(e["token_ids"]) if e["kind"] == "banned_tokens" else (
-                    set(e["stop_token_ids"]) if n < e["min_tokens"] else set())
-                if allowed is None:
-                    masked |= mask
-                else:
-                    allowed -= mask
-            elif e["kind"] == "banned_phrases":  # each phrase's last token where the output ends with the rest
-                mask = {p[-1] for p in e["phrases"] if len(p) - 1 <= n and list(written[n - len(p) + 1:]) == p[:-1]}
-                if allowed is None:
-                    masked |= mask
-                else:
-                    allowed -= mask
-            elif e["kind"] == "forced_sequence":  # its tokens, then its EOS at every later step
-                seq = e["token_ids"]
-                forced = {seq[n] if n < len(seq) else e["eos_token_id"]}
-                allowed = forced - masked if allowed is None else allowed & forced
-            elif e["kind"] == "trigger":  # its phrase, one token a step, after the first time the output ends with it
-                cue, phrase = tuple(e["trigger_token_ids"]), e["phrase_token_ids"]
-                start = next((k for k in range(len(cue), n + 1) if written[k - len(cue):k] == cue), None)
-                if start is not None and n - start < len(phrase):
-                    forced = {phrase[n - start]}
-                    allowed = forced - masked if allowed is None else allowed & forced
-            else:
-                keep = ({c[n] for c in choices if len(c) > n and c[:n] == written} | ({eos} if written in choices else set())
-                        if e["kind"] == "multiple_choice" else {*e["token_ids"], e["eos_token_id"]})
-                allowed = keep - masked if allowed is None else allowed & keep
+        allowed, _ = row_left(payload, written)
         assert allowed is not None  # the choices restrict every row
         if not allowed:
             return True

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dynlogits.specs import SpecError, decode_wire_payload
-from spec_refusals import admitted, fails_writing, refusal
+from spec_refusals import admitted, fails_writing, refusal, row_left
 
 TRIGGER = {"kind": "trigger", "trigger_token_ids": [30, 31], "phrase_token_ids": [40, 41, 42]}
 REASONING = {"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]}
@@ -135,45 +135,28 @@ def test_a_trigger_min_tokens_cannot_meet_in_its_phrase_is_admitted(payload: lis
 
 def _leaves_a_row_empty(payload: list[dict[str, Any]]) -> bool:
     """Brute force over every output the entries let a request write (ids 2..9, and 50 for every id
-    no entry names), states merged on (position, last tokens, how much of the phrase is written),
-    up to the position past which nothing changes: whether one reaches a row with no token."""
+    no entry names; ``row_left`` at each), outputs merged where all that follows is the same
+    (position, last tokens, how much of the phrase is written), up to the position past which
+    nothing changes: whether one reaches a row with no token."""
     trigger = next(e for e in payload if e["kind"] == "trigger")
-    cue, phrase = tuple(trigger["trigger_token_ids"]), tuple(trigger["phrase_token_ids"])
+    cue, phrase = tuple(trigger["trigger_token_ids"]), trigger["phrase_token_ids"]
     window = max([len(cue), *(len(p) for e in payload if e["kind"] == "banned_phrases" for p in e["phrases"])])
     horizon = max([0, *(e["min_tokens"] for e in payload if e["kind"] == "min_tokens")]) + len(cue) + len(phrase) + window
     seen: set[tuple[Any, ...]] = set()
-    stack: list[tuple[tuple[int, ...], int, int | None]] = [((), 0, None)]  # last tokens, position, phrase tokens written
-    while stack:
-        state = stack.pop()
-        tail, n, fired = state
+    outputs: list[tuple[int, ...]] = [()]
+    while outputs:
+        written = outputs.pop()
+        n = len(written)
+        start = next((k for k in range(len(cue), n + 1) if written[k - len(cue):k] == cue), None)
+        state = (n, written[-window:], None if start is None else min(n - start, len(phrase)))
         if state in seen or n > horizon:
             continue
         seen.add(state)
-        allowed: set[int] | None = None
-        masked: set[int] = set()
-        for e in payload:
-            kind, keep, mask = e["kind"], None, set()
-            if kind == "banned_tokens" or (kind == "min_tokens" and n < e["min_tokens"]):
-                mask = set(e["token_ids"] if kind == "banned_tokens" else e["stop_token_ids"])
-            elif kind == "banned_phrases":
-                mask = {p[-1] for p in e["phrases"] if len(p) - 1 <= len(tail) and list(tail[len(tail) - len(p) + 1:]) == p[:-1]}
-            elif kind == "allowed_tokens":
-                keep = {*e["token_ids"], e["eos_token_id"]}
-            elif kind == "trigger" and fired is not None and fired < len(phrase):
-                keep = {phrase[fired]}
-            if allowed is None:
-                masked |= mask
-            else:
-                allowed -= mask
-            if keep is not None:
-                allowed = keep - masked if allowed is None else allowed & keep
+        allowed, masked = row_left(payload, written)
         left = [t for t in (*range(2, 10), 50) if (t in allowed if allowed is not None else t not in masked)]
         if not left:
             return True
-        for t in left:
-            out = (*tail, t)
-            now = 0 if fired is None and out[-len(cue):] == cue else None if fired is None else min(fired + 1, len(phrase))
-            stack.append((out[-window:], n + 1, now))
+        outputs += [(*written, t) for t in left]
     return False
 
 
