@@ -20,6 +20,8 @@ import pytest
 from .launcher import ROOT, Deployment, free_port_block
 
 SPEC_FILE = ROOT / "examples" / "deployment.yaml"
+#: The ``open_agg`` deployment's operator config (default limits, every kind but ``python``).
+OPEN_SPEC_FILE = Path(__file__).with_name("open_deployment.yaml")
 #: A processor factory the spec_agg worker may load from operator config (never from a request).
 PYTHON_FACTORY = "custom_processor:TokenCycle"
 
@@ -51,6 +53,20 @@ def spec_agg() -> Iterator[Deployment]:
                         "DYN_WORKER_MAX_INFLIGHT_SEQUENCES": "144",
                         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "examples"),
                                                                     os.environ.get("PYTHONPATH")]))})
+    d.start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="session")
+def open_agg() -> Iterator[Deployment]:
+    """``launch/agg.sh --logits-spec tests/deploy/open_deployment.yaml``: the default limits, every
+    request kind but ``python`` allowed (``reasoning`` too), and operator entries (a ban on ids 735
+    and 450, a ban on id 300 scoped to the answer, reasoning delimiters) that no client may switch
+    off or escape. Shared by the tests of what one client may cost and change for the others."""
+    d = Deployment("open-agg", "agg.sh", free_port_block(2),
+                   args=["--logits-spec", str(OPEN_SPEC_FILE), "--max-model-len", "2048"],
+                   env={"DYN_ENABLE_TEST_LOGITS_PROCESSOR": "0"})
     d.start()
     yield d
     d.stop()
