@@ -3,12 +3,14 @@
 check the engine serves -> read and validate the body (the worker's own trust boundary: its port is
 reachable, whoever the caller) -> per-request limits, before anything is tokenized -> the worker's
 in-flight bound -> the request's entries (its controls mapped onto kinds, then the request policy's
-one parse and the role gate) -> the engine's prompt and params -> start the engine request, whose
-admission errors surface before any byte is sent -> an :class:`EngineStream` (NDJSON).
+one parse and the role gate, on the admission thread) -> the engine's prompt and params -> start
+the engine request, whose admission errors surface before any byte is sent -> an
+:class:`EngineStream` (NDJSON).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -57,7 +59,7 @@ class GenerateCall:
             req = await self.read_request()
             self.check_limits(req)
             self.check_capacity(req)
-            entries = self.entries(req, policy)
+            entries = await self.admit(req, policy)
             prompt_ids, params = self.engine_request(req, engine, entries)
             return await self.start(req, engine, prompt_ids, params, entries)
         except HTTPError as err:
@@ -109,6 +111,12 @@ class GenerateCall:
             raise HTTPError(429, f"this worker has {stats.in_flight_sequences} sequences in flight; "
                                  f"{req.sampling.n} more would exceed {cap} (limit max_inflight_sequences); retry later",
                             kind="rate_limit_exceeded", retry_after_s=1)
+
+    async def admit(self, req: GenerateRequest, policy: RequestPolicy) -> list[Any]:
+        """:meth:`entries` on the worker's admission thread (``WorkerState.admission``), never on the
+        event loop: text resolution and the consistency walks (bounded by the admission work budget,
+        ``limits.max_admission_work``) delay other admissions at most, never streams or health checks."""
+        return await asyncio.get_running_loop().run_in_executor(self.state.admission, self.entries, req, policy)
 
     def entries(self, req: GenerateRequest, policy: RequestPolicy) -> list[Any]:
         """The wire entries this request activates: ``logit_bias`` / ``allowed_token_ids`` /

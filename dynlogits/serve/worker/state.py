@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,10 @@ class WorkerState:
     draining: bool = False
     #: The streams in flight, so the drain deadline can end the ones still running.
     streams: set[EngineStream] = field(default_factory=set)
+    #: Where requests are admitted (parsed, their text resolved, their entries checked for
+    #: contradictions): one thread, off the event loop, so a costly payload delays admissions only.
+    admission: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="dynlogits-admission"))
     #: Client protocol errors on this worker's port: counted (in ``/stats``), logged at most once a minute per kind.
     protocol_errors: ProtocolErrorLog = field(default_factory=lambda: ProtocolErrorLog(log))
 
