@@ -33,7 +33,7 @@ from dynlogits.processors.kept import Kept
 from dynlogits.processors.registry import REALIZED, check_python_allowed, factory_for
 from dynlogits.processors.request import RequestLogitsProcessor
 from dynlogits.processors.scope import Phases, scoped
-from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits
+from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits, check_vocab
 from dynlogits.specs.consistency import check_consistency
 from dynlogits.specs.errors import Problem
 from dynlogits.specs.kinds import kinds_generation, plugin_kinds
@@ -54,18 +54,28 @@ _decoded_memo: Kept[tuple[Any, ...]] = Kept(DECODED_KEPT, DECODED_BYTES)
 _checked_memo: Kept[tuple[Any, ...]] = Kept(DECODED_KEPT, DECODED_BYTES)
 
 
-def _decoded(payload: Any, limits: SpecLimits, vocab_size: int | None) -> tuple[Any, ...]:
+def _decoded(payload: Any, limits: SpecLimits, vocab_size: int | None, admitted: bool = False) -> tuple[Any, ...]:
     """``specs.wire.decode_entries(payload, limits)`` once per payload content, limits and kinds in
-    force, then ``finish_entries`` (ids against ``vocab_size``, consistency) once per width too
-    (payloads that are not JSON data are decoded, and refused, every time)."""
+    force, then ``finish_entries`` (ids against ``vocab_size``, consistency; ``admitted``: the ids
+    only) once per width too (payloads that are not JSON data are decoded, and refused, every time)."""
     try:
         content = msgspec.json.encode(payload)
     except (TypeError, ValueError, OverflowError):
-        return finish_entries(decode_entries(payload, limits=limits), vocab_size=vocab_size)
+        return _finished(decode_entries(payload, limits=limits), vocab_size, admitted)
     key = (content, limits, kinds_generation(), tuple(plugin_kinds()))
     weigh = lambda entries: len(content)  # noqa: E731  (the JSON: entries take some 5x as much)
-    return _checked_memo.made((*key, vocab_size), lambda: finish_entries(
-        _decoded_memo.made(key, lambda: decode_entries(payload, limits=limits), weigh), vocab_size=vocab_size), weigh)
+    return _checked_memo.made((*key, vocab_size, admitted), lambda: _finished(
+        _decoded_memo.made(key, lambda: decode_entries(payload, limits=limits), weigh), vocab_size, admitted), weigh)
+
+
+def _finished(entries: tuple[Any, ...], vocab_size: int | None, admitted: bool) -> tuple[Any, ...]:
+    """``finish_entries``; for an ``admitted`` payload (the engine checked it where the request
+    entered) only its ids against the width: O(payload), no consistency walk."""
+    if not admitted:
+        return finish_entries(entries, vocab_size=vocab_size)
+    if vocab_size is not None:
+        check_vocab(entries, vocab_size, root=WIRE_KEY)
+    return entries
 
 
 def decode_payload(
@@ -74,15 +84,18 @@ def decode_payload(
     vocab_size: int | None = None,
     limits: SpecLimits = DEFAULT_LIMITS,
     environ: Mapping[str, str] = os.environ,
+    admitted: bool = False,
 ) -> tuple[Any, ...]:
     """Validate a payload into entries (``SpecError`` naming the field on any problem).
 
     ``decode_wire_payload`` checks every entry, built-in or of a plug-in kind in force
-    (by its own model); ``python`` entries pass only when allow-listed here.
+    (by its own model); ``python`` entries pass only when allow-listed here. ``admitted``: the
+    engine ran ``validate`` on this payload where the request entered (``RequestFacts.admitted``),
+    so the consistency walks are not run again.
     """
     if payload is None:
         return ()
-    entries = _decoded(payload, limits, vocab_size)
+    entries = _decoded(payload, limits, vocab_size, admitted)
     for i, entry in enumerate(entries):
         if entry.kind == "python":
             check_python_allowed(entry.factory, path=f"{WIRE_KEY}[{i}].factory", environ=environ)
@@ -93,20 +106,23 @@ def decode_payload(
 class RequestFacts:
     """What an adapter knows of one request when it realizes it (``RealizeContext`` passes it on):
     its prompt ids (``None``: the engine does not say), the ids it stops on (the one a failed
-    request is ended with first), and when it arrived (``None``: now)."""
+    request is ended with first), when it arrived (``None``: now), and whether the engine ran
+    ``validate`` on its payload where it entered (vLLM's ``validate_params``): realization then
+    checks only what is O(payload), never the consistency walks again."""
 
     prompt_ids: Sequence[int] | None = None
     stop_token_ids: Sequence[int] = ()
     arrival_time: float | None = None
+    admitted: bool = False
 
     @classmethod
     def of(cls, *, prompt_ids: Sequence[int] | None, eos_token_id: int | None, stop_token_ids: Iterable[int] = (),
-           arrival_time: float | None = None) -> RequestFacts:
+           arrival_time: float | None = None, admitted: bool = False) -> RequestFacts:
         """The facts with stop ids in the order every adapter gives them: the EOS first (``None``:
         no EOS, e.g. the request ignores it), then the other stop ids, ascending, each once."""
         first = (eos_token_id,) if isinstance(eos_token_id, int) else ()
         rest = sorted({int(t) for t in stop_token_ids if isinstance(t, int) and t not in first})
-        return cls(prompt_ids=prompt_ids, stop_token_ids=(*first, *rest), arrival_time=arrival_time)
+        return cls(prompt_ids=prompt_ids, stop_token_ids=(*first, *rest), arrival_time=arrival_time, admitted=admitted)
 
 
 def build_request_processor(
@@ -115,7 +131,7 @@ def build_request_processor(
     """Fresh processors for one request, or ``None`` when the payload is absent or empty. A
     ``reasoning`` entry sets the context's delimiters and builds no processor; an entry with a
     ``scope`` is wrapped to act in its phase only (``dynlogits.processors.scope``)."""
-    entries = decode_payload(payload, vocab_size=vocab_size, limits=limits)
+    entries = decode_payload(payload, vocab_size=vocab_size, limits=limits, admitted=bool(facts and facts.admitted))
     if not entries:
         return None
     facts = facts or RequestFacts()
