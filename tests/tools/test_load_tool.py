@@ -119,3 +119,31 @@ def test_worker_stats_that_never_settle_are_reported_as_they_are(monkeypatch: py
     monkeypatch.setattr(main, "worker_stats", lambda _url: {"w": {"in_flight": 0, "adapter_requests": 3}})
     monkeypatch.setattr(main.time, "sleep", lambda _s: None)
     assert main._settled_stats("http://unused", wait_s=0.05) == {"w": {"in_flight": 0, "adapter_requests": 3}}
+
+
+def test_costly_payloads_are_within_the_default_limits_and_distinct_per_request() -> None:
+    from dynlogits.specs import DEFAULT_LIMITS, parse_entries
+    from dynlogits.tools.load.costly import costly_payload
+
+    first, again, other = costly_payload(7), costly_payload(7), costly_payload(8)
+    assert first == again and first != other
+    entries = parse_entries(first, root="logits_processors", limits=DEFAULT_LIMITS)
+    assert [e.kind for e in entries].count("multiple_choice") == 7 and len(entries) <= DEFAULT_LIMITS.max_entries
+
+
+def test_the_costly_report_holds_normal_p99_to_twice_alone_plus_a_second() -> None:
+    from collections import Counter
+
+    from dynlogits.tools.load.costly import CostlyOutcome
+    from dynlogits.tools.load.driver import Answer
+    from dynlogits.tools.load.report import CostlyReport
+
+    plan = build_plans(1, Mix.parse("none=1"), stream_share=0, max_tokens=4, tokens=None)[0]
+    alone = [Answer(plan, latency_ms=500.0)]
+    costly = CostlyOutcome(Counter({400: 3}), [10.0, 20.0, 30.0])
+    within = CostlyReport.of(2, alone, [Answer(plan, latency_ms=1900.0)], costly)
+    assert within.bound_ms == 2000.0 and within.met and "met" in within.lines()[1]
+    slow = CostlyReport.of(2, alone, [Answer(plan, latency_ms=2100.0)], costly)
+    assert not slow.met and "NOT MET" in slow.lines()[1]
+    refused = CostlyReport.of(2, alone, [Answer(plan, error="APIStatusError: busy", status=503)], costly)
+    assert not refused.met and refused.beside_unavailable == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import signal
 import sys
@@ -14,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from .deployment import LaunchedDeployment, worker_settled, worker_stats
+from .costly import run_costly_clients
 from .driver import Answer, judge, print_progress, run_load
 from .plan import Mix, Plan, TokenPair, build_plans, load_token_pair
-from .report import Summary, WorkerSnapshot, summarize
+from .report import CostlyReport, Summary, WorkerSnapshot, summarize
 
 EMBEDDED_MODEL = "dynlogits-tiny"
 
@@ -40,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="folder with the served model's tokenizer.json, for the bias/banned kinds "
                         "(default: the embedded model's, when the model is dynlogits-tiny)")
     p.add_argument("--timeout", type=float, default=120, help="seconds one request may take (default 120)")
+    p.add_argument("--costly-clients", type=int, default=0, metavar="K",
+                   help="K clients, each from its own address, sending distinct payloads as costly to admit as the "
+                        "default limits allow, in a loop; the requests are then sent twice, alone and beside them, "
+                        "and the report holds the normal clients' p99 to 2x its value alone + 1 s (default 0)")
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write the summary as JSON")
     return p
 
@@ -71,11 +77,24 @@ async def _drive(base_url: str, model: str | None, plans: list[Plan], warmup: li
             warm = await run_load(client, warmup, model=model, concurrency=args.concurrency, timeout_s=args.timeout)
             failed = sum(a.error is not None for a in warm)
             print(f"[load] warm-up: {len(warm)} requests, {failed} failed", file=sys.stderr, flush=True)
-        before = {"workers": await asyncio.to_thread(worker_stats, base_url),
-                  "frontend_rss": launched.frontend_rss() if launched else None}
+        before: dict[str, Any] = {"workers": await asyncio.to_thread(worker_stats, base_url),
+                                  "frontend_rss": launched.frontend_rss() if launched else None}
+        if args.costly_clients:
+            print(f"[load] the requests alone, before the {args.costly_clients} costly clients start",
+                  file=sys.stderr, flush=True)
+            before["alone"] = await run_load(client, plans, model=model, concurrency=args.concurrency,
+                                             timeout_s=args.timeout, progress=print_progress(len(plans)))
+            plans = [dataclasses.replace(p, index=p.index + 2 * 10**6) for p in plans]
+        stop = asyncio.Event()
+        costly = asyncio.create_task(run_costly_clients(base_url, model, args.costly_clients, stop,
+                                                        timeout_s=args.timeout))
         started = time.perf_counter()
-        answers = await run_load(client, plans, model=model, concurrency=args.concurrency, timeout_s=args.timeout,
-                                 progress=print_progress(len(plans)))
+        try:
+            answers = await run_load(client, plans, model=model, concurrency=args.concurrency, timeout_s=args.timeout,
+                                     progress=print_progress(len(plans)))
+        finally:
+            stop.set()
+            before["costly"] = await costly
         return model, answers, time.perf_counter() - started, before
 
 
@@ -107,6 +126,8 @@ def run(args: argparse.Namespace, base_url: str, launched: LaunchedDeployment | 
     after = _settled_stats(base_url)
     summary = summarize(answers, judge(answers), base_url=base_url, model=model, concurrency=args.concurrency,
                         duration_s=duration)
+    if args.costly_clients:
+        summary.costly = CostlyReport.of(args.costly_clients, before["alone"], answers, before["costly"])
     if launched is not None:
         summary.frontend_rss_bytes_before, summary.frontend_rss_bytes_after = before["frontend_rss"], \
             launched.frontend_rss()
@@ -127,9 +148,10 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1 or not 0 <= args.stream_share <= 1:
-        print("dynlogits.tools.load: --concurrency, --requests and --max-tokens must be >= 1, --stream-share in [0, 1]",
-              file=sys.stderr)
+    if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1 or not 0 <= args.stream_share <= 1 \
+            or not 0 <= args.costly_clients <= 64:
+        print("dynlogits.tools.load: --concurrency, --requests and --max-tokens must be >= 1, --stream-share in [0, 1], "
+              "--costly-clients in [0, 64]", file=sys.stderr)
         return 2
     try:
         Mix.parse(args.mix)

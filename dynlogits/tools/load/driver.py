@@ -34,6 +34,8 @@ class Answer:
     completion_tokens: int = 0
     latency_ms: float = 0.0
     error: str | None = None
+    #: the HTTP status of an error answer (``None``: no answer, or no error)
+    status: int | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ async def _send(client: Any, plan: Plan, model: str, timeout_s: float) -> Answer
         answer.error = f"no answer within {timeout_s:g} s"
     except Exception as err:  # noqa: BLE001 - every failure is counted, none stops the run
         answer.error = f"{type(err).__name__}: {getattr(err, 'message', None) or err}"
+        answer.status = getattr(err, "status_code", None)
     answer.latency_ms = (time.perf_counter() - started) * 1000
     answer.text = "".join(parts)
     return answer

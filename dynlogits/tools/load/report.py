@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .costly import CostlyOutcome
 from .driver import Answer, Verdict
 
-__all__ = ["Summary", "WorkerSnapshot", "percentile", "summarize"]
+__all__ = ["CostlyReport", "Summary", "WorkerSnapshot", "percentile", "summarize"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -35,6 +36,45 @@ class WorkerSnapshot:
     in_flight_after: int | None = None
     adapter_requests_after: int | None = None
     requests_served: int | None = None
+
+
+@dataclass
+class CostlyReport:
+    """The normal requests alone and beside ``clients`` costly clients (``--costly-clients``): their
+    p99 beside them must stay within ``2 x alone + 1 s`` (``bound_ms``), with no 503/504 to them."""
+
+    clients: int
+    costly_sent: int
+    costly_statuses: dict[str, int]
+    costly_p50_ms: float
+    alone_p99_ms: float
+    beside_p99_ms: float
+    bound_ms: float
+    alone_errors: int
+    beside_unavailable: int  # normal requests answered 503 or 504 beside the costly clients
+
+    @classmethod
+    def of(cls, clients: int, alone: Sequence[Answer], beside: Sequence[Answer], costly: CostlyOutcome) -> CostlyReport:
+        alone_p99 = percentile([a.latency_ms for a in alone if a.error is None], 99)
+        return cls(clients=clients, costly_sent=costly.sent,
+                   costly_statuses={str(k): v for k, v in sorted(costly.statuses.items())},
+                   costly_p50_ms=percentile(costly.latencies_ms, 50), alone_p99_ms=alone_p99,
+                   beside_p99_ms=percentile([a.latency_ms for a in beside if a.error is None], 99),
+                   bound_ms=2 * alone_p99 + 1000, alone_errors=sum(a.error is not None for a in alone),
+                   beside_unavailable=sum(a.status in (503, 504) for a in beside))
+
+    @property
+    def met(self) -> bool:
+        return self.beside_p99_ms <= self.bound_ms and self.beside_unavailable == 0 and self.alone_errors == 0
+
+    def lines(self) -> list[str]:
+        statuses = ", ".join(f"{k}: {v}" for k, v in self.costly_statuses.items()) or "none"
+        return [f"costly clients {self.clients}: {self.costly_sent} costly requests ({statuses}), p50 "
+                f"{self.costly_p50_ms:.0f} ms",
+                f"normal p99 alone {self.alone_p99_ms:.0f} ms, beside the costly clients {self.beside_p99_ms:.0f} ms "
+                f"(ratio {self.beside_p99_ms / max(self.alone_p99_ms, 1e-9):.2f}); bound 2 x alone + 1 s = "
+                f"{self.bound_ms:.0f} ms: {'met' if self.beside_p99_ms <= self.bound_ms else 'NOT MET'}; "
+                f"503/504 to normal requests: {self.beside_unavailable}; errors alone: {self.alone_errors}"]
 
 
 @dataclass
@@ -66,10 +106,12 @@ class Summary:
     #: Only with ``--launch`` (the tool knows the frontend's process then).
     frontend_rss_bytes_before: int | None = None
     frontend_rss_bytes_after: int | None = None
+    #: Only with ``--costly-clients``.
+    costly: CostlyReport | None = None
 
     @property
     def clean(self) -> bool:
-        return self.ok == self.requests
+        return self.ok == self.requests and (self.costly is None or self.costly.met)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,6 +139,8 @@ class Summary:
         if self.frontend_rss_bytes_before is not None and self.frontend_rss_bytes_after is not None:
             out.append(f"frontend: RSS {self.frontend_rss_bytes_before / 2**20:.0f} -> "
                        f"{self.frontend_rss_bytes_after / 2**20:.0f} MiB")
+        if self.costly is not None:
+            out += self.costly.lines()
         out += [f"  e.g. {s}" for s in self.samples]
         return out
 
