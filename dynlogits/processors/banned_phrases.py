@@ -25,7 +25,7 @@ import torch
 from .banned_tokens import BannedTokensTemplate
 from .base import IndexCache, RealizeContext
 from .entries import EntryTablesGroup
-from .kept import Kept
+from .kept import INT_BYTES, Kept, deep_size, shallow_size
 from .ops import MaskIds, RowOp, apply_op
 from .slots import NEG_INF, GatheredRows, ListedRows, SlotTable, StepInputs, Template
 from .uploads import StepUpload
@@ -33,7 +33,7 @@ from .uploads import StepUpload
 if TYPE_CHECKING:
     from .window import TokenWindow
 
-__all__ = ["KIND", "TABLES_KEPT", "BannedPhrasesGroup", "BannedPhrasesProcessor", "BannedPhrasesTemplate", "factory",
+__all__ = ["KIND", "TABLES_BYTES", "TABLES_KEPT", "BannedPhrasesGroup", "BannedPhrasesProcessor", "BannedPhrasesTemplate", "factory",
            "masked_after"]
 
 KIND = "banned_phrases"
@@ -41,19 +41,22 @@ KIND = "banned_phrases"
 #: Distinct sets of ids one request masks, whose index tensors are kept (beyond it, rebuilt).
 KEPT_SETS = 64
 #: Phrase sets whose tables are kept, least recently used dropped first: at most ``TABLES_KEPT``
-#: sets of at most ``TABLES_CELLS`` phrase tokens in all (at the limits a set holds 16384).
+#: sets holding at most ``TABLES_BYTES`` bytes in all, their phrases included (``deep_size``; the
+#: tables' ids are the phrases', counted once): 256 phrases of 64 tokens take ~5 MiB.
 TABLES_KEPT = 64
-TABLES_CELLS = 1 << 20
+TABLES_BYTES = 16 << 20
 
 
 class _Tables(NamedTuple):
     """What a phrase set's processors share, read only: its one-token phrases, its prefixes as a
     trie read backwards from their last token (token -> [the last tokens the prefix ending here
-    bans, the tokens that may come before it]) and its template."""
+    bans, the tokens that may come before it]), its template, and the bytes all that holds beyond
+    the phrases' ids (``size``: counted as it is built, one pass over its nodes)."""
 
     always: tuple[int, ...]
     tails: dict[int, list]
     template: Template
+    size: int
 
 
 def _build(phrases: tuple[tuple[int, ...], ...]) -> _Tables:
@@ -63,25 +66,42 @@ def _build(phrases: tuple[tuple[int, ...], ...]) -> _Tables:
         if len(phrase) > 1:
             after.setdefault(tuple(phrase[:-1]), set()).add(phrase[-1])
     tails: dict[int, list] = {}
+    nodes: list[list] = []
     for prefix, last in after.items():
         level, node = tails, None
         for token in reversed(prefix):
-            node = level.setdefault(token, [(), {}])
+            node = level.get(token)
+            if node is None:
+                node = level[token] = [(), {}]
+                nodes.append(node)
             level = node[1]
         assert node is not None
         node[0] = tuple(sorted(last))
-    if not after:
-        return _Tables(always, tails, BannedTokensTemplate(always))
-    entries = [((), t) for t in always] + [(prefix, t) for prefix, last in after.items() for t in sorted(last)]
-    return _Tables(always, tails, BannedPhrasesTemplate(always, tuple(p for p, _ in entries), tuple(t for _, t in entries)))
+    template: Template
+    if after:
+        entries = [((), t) for t in always] + [(prefix, t) for prefix, last in after.items() for t in sorted(last)]
+        template = BannedPhrasesTemplate(always, tuple(p for p, _ in entries), tuple(t for _, t in entries))
+        size = shallow_size((template.prefixes, template.bans)) + shallow_size(after)  # its keys: the prefixes
+    else:
+        template, size = BannedTokensTemplate(always), 0
+    tables = _Tables(always, tails, template, 0)
+    size += shallow_size((tables, tails, always, template)) + shallow_size(nodes) + shallow_size(node[1] for node in nodes)
+    size += shallow_size(node[0] for node in nodes if node[0]) + INT_BYTES  # the nodes' bans; the size itself
+    return tables._replace(size=size)
 
 
 #: ``_Tables`` per phrase set (validated entries hold tuples of tuples: hashable as they are)
-_TABLES: Kept[_Tables] = Kept(TABLES_KEPT, TABLES_CELLS)
+_TABLES: Kept[_Tables] = Kept(TABLES_KEPT, TABLES_BYTES)
+
+
+def _weight(phrases: tuple[tuple[int, ...], ...], tables: _Tables) -> int:
+    """The bytes a phrase set and its tables hold: ``deep_size(phrases)`` and the tables' own
+    (``_Tables.size``; their ids are the phrases')."""
+    return deep_size(phrases) + tables.size
 
 
 def _tables(phrases: tuple[tuple[int, ...], ...]) -> _Tables:
-    return _TABLES.made(phrases, lambda: _build(phrases), lambda _: sum(map(len, phrases)))
+    return _TABLES.made(phrases, lambda: _build(phrases), lambda tables: _weight(phrases, tables))
 
 
 class BannedPhrasesProcessor:
@@ -95,7 +115,7 @@ class BannedPhrasesProcessor:
             tables = _tables(phrases)  # type: ignore[arg-type]
         except TypeError:  # lists: made hashable
             tables = _tables(tuple(tuple(p) for p in phrases))
-        self._always, self._tails, self.template = tables
+        self._always, self._tails, self.template, _ = tables
         self._sets: dict[tuple[int, ...], IndexCache] = {}
 
     @property

@@ -12,7 +12,7 @@ import torch
 
 from .base import IndexCache, RealizeContext, first_stop
 from .entries import EntryTablesGroup
-from .kept import Kept
+from .kept import INT_BYTES, Kept, deep_size, shallow_size
 from .ops import KeepOnly, RowOp, apply_op, fill_rows
 from .slots import NEG_INF, Dead, GatheredRows, ListedRows, SlotTable, StepInputs, Template, listed_positions
 from .uploads import StepUpload
@@ -163,12 +163,23 @@ class MultipleChoiceTemplate(Template):
 
 #: Choice sets (with their EOS) whose tables are kept, least recently used dropped first: a choice
 #: set repeated across requests costs a lookup at realization, not a build (256 choices of 64
-#: tokens take tens of milliseconds to build). At most ``TABLES_KEPT`` sets, holding at most
-#: ``TABLES_CELLS`` cells in all (trie nodes plus the template's prefix tokens; that largest set
-#: holds ~565k, some 10 MB; a handful of short choices a few dozen).
+#: tokens take tens of milliseconds to build). At most ``TABLES_KEPT`` sets holding at most
+#: ``TABLES_BYTES`` bytes in all, their choices included (``_weight``): that largest set takes
+#: ~11 MiB, a handful of short choices a few KiB.
 TABLES_KEPT = 64
-TABLES_CELLS = 1 << 20
-_TABLES: Kept[tuple[Any, ...]] = Kept(TABLES_KEPT, TABLES_CELLS)
+TABLES_BYTES = 32 << 20
+_TABLES: Kept[tuple[Any, ...]] = Kept(TABLES_KEPT, TABLES_BYTES)
+
+
+def _weight(key: tuple[Any, ...], tables: tuple[Any, ...]) -> int:
+    """The bytes a choice set (the key) and its tables hold: ``deep_size(key)``, then the tables'
+    own containers (``shallow_size``: a pass over the nodes, never over the ~500k ids the
+    template's prefixes share with the key) and their ints, one node number per node."""
+    children, ends, allowed, template = tables
+    prefixes = dict(zip(map(id, template.prefixes), template.prefixes)).values()  # one per node
+    return (deep_size(key) + INT_BYTES * len(children)
+            + shallow_size((tables, children, ends, allowed, template, template.prefixes, template.ids, template.at_least))
+            + shallow_size(children) + shallow_size(allowed) + shallow_size(prefixes))
 
 
 class MultipleChoiceProcessor:
@@ -190,7 +201,7 @@ class MultipleChoiceProcessor:
         except TypeError:  # lists: made hashable
             key = (tuple(tuple(c) for c in choices), eos_token_id)
         self._children, self._ends, self._allowed, self.template = _TABLES.made(
-            key, lambda: self._build(choices), lambda kept: len(kept[0]) + sum(map(len, kept[3].prefixes)))
+            key, lambda: self._build(choices), lambda tables: _weight(key, tables))
 
     def _build(self, choices: Sequence[Sequence[int]]) -> tuple[Any, ...]:
         """The trie, each node's allowed ids and the template (shared read only, ``_TABLES``)."""

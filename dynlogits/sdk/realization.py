@@ -22,14 +22,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from dynlogits.processors import BaseLogitsProcessor, RealizeContext
-from dynlogits.processors.kept import Kept
+from dynlogits.processors.kept import Kept, deep_size
 from dynlogits.processors.registry import REALIZED, check_python_allowed, factory_for
 from dynlogits.processors.request import RequestLogitsProcessor
 from dynlogits.processors.scope import Phases, scoped
@@ -45,13 +45,28 @@ __all__ = ["RequestFacts", "build_request_processor", "decode_payload", "realize
 
 
 #: Decoded payloads kept per process, and as many checked against a width (see the module doc): at
-#: most ``DECODED_KEPT`` of at most ``DECODED_BYTES`` of JSON content each memo (a payload's entries
-#: take some 5x its JSON in memory; the largest the limits allow is ~2 MB of JSON). A decode or a
-#: check that raises is never kept.
+#: most ``DECODED_KEPT`` holding at most ``DECODED_BYTES`` bytes each memo, a payload weighed with
+#: its JSON key (``dynlogits.processors.kept.deep_size``: its entries take some 8x its JSON; a 1 MB
+#: payload ~9 MiB with its key, a heavier one than the budget is decoded every time). A decode or
+#: a check that raises is never kept.
 DECODED_KEPT = 256
-DECODED_BYTES = 8 << 20
+DECODED_BYTES = 16 << 20
 _decoded_memo: Kept[tuple[Any, ...]] = Kept(DECODED_KEPT, DECODED_BYTES)
 _checked_memo: Kept[tuple[Any, ...]] = Kept(DECODED_KEPT, DECODED_BYTES)
+
+
+def _weigher(key: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], int]:
+    """What a payload's entries weigh in either memo, with its memo key (``deep_size``), walked
+    once however many memos keep them."""
+    weights: dict[int, int] = {}
+
+    def weigh(entries: tuple[Any, ...]) -> int:
+        weight = weights.get(id(entries))
+        if weight is None:
+            weight = weights[id(entries)] = deep_size((key, entries))
+        return weight
+
+    return weigh
 
 
 def _decoded(payload: Any, limits: SpecLimits, vocab_size: int | None, admitted: bool = False) -> tuple[Any, ...]:
@@ -63,7 +78,7 @@ def _decoded(payload: Any, limits: SpecLimits, vocab_size: int | None, admitted:
     except (TypeError, ValueError, OverflowError):
         return _finished(decode_entries(payload, limits=limits), vocab_size, admitted)
     key = (content, limits, kinds_generation(), tuple(plugin_kinds()))
-    weigh = lambda entries: len(content)  # noqa: E731  (the JSON: entries take some 5x as much)
+    weigh = _weigher(key)
     return _checked_memo.made((*key, vocab_size, admitted), lambda: _finished(
         _decoded_memo.made(key, lambda: decode_entries(payload, limits=limits), weigh), vocab_size, admitted), weigh)
 

@@ -71,7 +71,7 @@ def test_a_repeated_phrase_set_shares_its_tables_and_the_kept_sets_stay_bounded(
     from dynlogits.processors import banned_phrases
     from dynlogits.processors.kept import Kept
 
-    monkeypatch.setattr(banned_phrases, "_TABLES", Kept(2, banned_phrases.TABLES_CELLS))
+    monkeypatch.setattr(banned_phrases, "_TABLES", Kept(2, banned_phrases.TABLES_BYTES))
     first, again = BannedPhrasesProcessor(PHRASES), BannedPhrasesProcessor([list(p) for p in PHRASES])
     assert again._tails is first._tails and again.template is first.template  # same content: built once
     assert again._sets is not first._sets  # what a processor caches per step stays its own

@@ -182,23 +182,79 @@ def test_a_payload_is_checked_once_per_width_and_a_refused_one_every_time(monkey
     assert checked == [64, 32, 64, 64]
 
 
-def test_decoded_payloads_are_kept_within_a_budget_of_their_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A client that varies large payloads cannot grow the memo: what it keeps weighs at most
-    ``DECODED_BYTES`` of JSON (here 200 bytes), and a heavier payload is decoded every time."""
+def test_decoded_payloads_are_kept_within_a_byte_budget_and_a_heavier_one_is_decoded_every_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a memo keeps is weighed by the bytes it holds (``deep_size`` of the entries and their
+    JSON key): within a 64 KiB budget a small payload is decoded once, one of 4,000 ids every time."""
     from dynlogits.processors.kept import Kept
     from dynlogits.sdk import realization
 
-    assert realization.DECODED_BYTES <= 8 << 20
     calls: list[object] = []
     real = realization.decode_entries
     monkeypatch.setattr(realization, "decode_entries", lambda payload, **kw: (calls.append(payload), real(payload, **kw))[1])
-    monkeypatch.setattr(realization, "_decoded_memo", Kept(realization.DECODED_KEPT, 200))
-    monkeypatch.setattr(realization, "_checked_memo", Kept(realization.DECODED_KEPT, 200))
+    monkeypatch.setattr(realization, "_decoded_memo", Kept(realization.DECODED_KEPT, 64 << 10))
+    monkeypatch.setattr(realization, "_checked_memo", Kept(realization.DECODED_KEPT, 64 << 10))
     small = [{"kind": "banned_tokens", "token_ids": [5]}]
-    large = [{"kind": "banned_tokens", "token_ids": list(range(2, 60))}]  # ~250 bytes of JSON
+    large = [{"kind": "banned_tokens", "token_ids": list(range(1000, 5000))}]  # 20 KB of JSON, ~150 KiB decoded
     for payload in (small, small, large, large):
-        sdk.validate(payload, vocab_size=64)
+        sdk.validate(payload, vocab_size=8000)
     assert calls == [small, large, large]
+    assert 0 < realization._decoded_memo.held < 4 << 10
+
+
+def test_the_decode_memos_never_hold_more_than_their_byte_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Distinct payloads of ~25 KB of JSON (~0.4 MiB decoded) validated one after the other: the
+    heap (``tracemalloc``) never holds more than the two memos' 1 MiB budgets, and they keep some."""
+    import gc
+    import random
+    import tracemalloc
+
+    from dynlogits.processors.kept import Kept
+    from dynlogits.sdk import realization
+
+    budget = 1 << 20
+    monkeypatch.setattr(realization, "_decoded_memo", Kept(realization.DECODED_KEPT, budget))
+    monkeypatch.setattr(realization, "_checked_memo", Kept(realization.DECODED_KEPT, budget))
+    rng = random.Random(7)
+    sdk.validate([{"kind": "banned_tokens", "token_ids": [5]}], vocab_size=50_000)  # warm: imports, adapters
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start, peak = tracemalloc.get_traced_memory()[0], 0
+        for _ in range(12):
+            payload = [{"kind": "banned_tokens", "token_ids": rng.sample(range(1000, 50_000), 4000)},
+                       {"kind": "banned_phrases", "phrases": [rng.sample(range(1000, 50_000), 64) for _ in range(64)]}]
+            sdk.validate(payload, vocab_size=50_000)
+            del payload
+            gc.collect()
+            peak = max(peak, tracemalloc.get_traced_memory()[0] - start)
+    finally:
+        tracemalloc.stop()
+    memos = realization._decoded_memo, realization._checked_memo
+    assert all(2 <= len(memo) and memo.held <= budget for memo in memos)
+    assert peak <= 2 * budget, f"the heap holds {peak} bytes beyond the start; the memos' budgets are {2 * budget}"
+
+
+@pytest.mark.heavy
+def test_realizing_many_distinct_large_payloads_keeps_rss_within_the_memos_budgets() -> None:
+    """``tests/sdk/memory_probe.py`` in a fresh process: 120 distinct payloads of ~1 MB (the
+    choice and phrase tables they share included) grow its RSS by less than the four memos'
+    budgets plus 48 MiB for the allocator (its free lists and arenas)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dynlogits.processors import banned_phrases, multiple_choice
+    from dynlogits.sdk import realization
+
+    probe = Path(__file__).with_name("memory_probe.py")
+    out = subprocess.run([sys.executable, str(probe), "--payloads", "120", "--threads", "4"],
+                         capture_output=True, text=True, timeout=600, check=True)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    budgets = 2 * realization.DECODED_BYTES + multiple_choice.TABLES_BYTES + banned_phrases.TABLES_BYTES
+    assert all(0 < held for held in report["held"].values()), report
+    assert report["growth_mib"] * (1 << 20) <= budgets + (48 << 20), report
 
 
 def test_a_payload_of_a_kind_no_longer_in_force_is_refused_again() -> None:
