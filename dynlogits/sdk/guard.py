@@ -9,23 +9,32 @@ unconstrained to its length limit, and the log says so.
 A request also fails when a step leaves its row with no token to sample (its restricted ids all
 masked, by the engine's grammar or its own entries). The apply paths find this on the device and
 fail-stop the row in that step; the host records it once the answer lands (``readback``).
-``fail`` and ``poll`` are safe from any thread."""
+``fail`` and ``poll`` are safe from any thread.
+
+Each failure is also kept as data (``GuardedRequest.failure``: its ``Reason``, the output position
+and, where known, which processor) and handed to ``on_failure`` where an adapter set one: what the
+adapter reports to the worker that answers the client (``dynlogits.sdk.failure_reports``). Which
+entry left a row with no token is found on the host once the request failed (``blame``)."""
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import torch
 
 from dynlogits.processors.request import RequestLogitsProcessor
 
+from .failure_reports import Reason
 from .readback import DeviceFlags
 
-__all__ = ["NO_TOKEN_LEFT", "FailureReport", "GuardedRequest", "pick_stop_token"]
+__all__ = ["NO_TOKEN_LEFT", "Failure", "FailureReport", "GuardedRequest", "pick_stop_token"]
 
 logger = logging.getLogger("dynlogits.sdk")
 
@@ -45,6 +54,45 @@ NO_FINITE_LOGIT = (
 
 _STATE = threading.RLock()  # a request's failure state: recorded from the engine's thread or the watcher
 
+#: Every reason this module writes names its position so (``NO_TOKEN_LEFT``, ``fail_with``).
+_POSITION = re.compile(r"at output position (\d+)")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a request failed, as data: ``reason``, the one-line ``detail`` that is logged, the output
+    ``position`` of the row it failed at (``None``: not known) and ``processor``, the index of the
+    processor to blame in ``RequestLogitsProcessor.processors`` (``None``: not known, or none: an
+    entry that was not realized is named in ``detail``)."""
+
+    reason: Reason
+    detail: str
+    position: int | None = None
+    processor: int | None = None
+
+    @classmethod
+    def of(cls, detail: str, *, reason: Reason | None = None, position: int | None = None,
+           processor: int | None = None) -> Failure:
+        """``detail``'s failure; its reason and position read from it when not given (the templates
+        above: ``no token left ... at output position N``)."""
+        if reason is None:
+            reason = Reason.NO_TOKEN_LEFT if detail.startswith("no token left") else Reason.PROCESSOR_ERROR
+        if position is None and reason is not Reason.NOT_REALIZED:
+            match = _POSITION.search(detail)
+            position = int(match.group(1)) if match else None
+        return cls(reason, detail, position, processor)
+
+
+def _raising_processor(processors: Sequence[Any], tb: TracebackType | None) -> int | None:
+    """The index of the processor of ``processors`` whose method a traceback passes through first."""
+    by_id = {id(p): i for i, p in enumerate(processors)}
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if owner is not None and id(owner) in by_id:
+            return by_id[id(owner)]
+        tb = tb.tb_next
+    return None
+
 
 def pick_stop_token(eos_token_id: int | None, stop_token_ids: Iterable[int] | None, vocab_size: int) -> int | None:
     """The token that ends a failed request: its EOS when it is inside the logits width, else its
@@ -62,7 +110,7 @@ class GuardedRequest:
     far (drafts before the row included); positions derive from it, so a request may be planned for
     several rows per step, or again after preemption."""
 
-    __slots__ = ("_pending", "_report", "error", "processor", "stop_token_id")
+    __slots__ = ("_pending", "_report", "error", "failure", "on_failure", "processor", "stop_token_id")
 
     def __init__(
         self,
@@ -77,6 +125,10 @@ class GuardedRequest:
         self.error = error
         self._report = report
         self._pending: list[tuple[DeviceFlags, int, str]] = []
+        #: the first failure, as data (set with ``error``, or alone where a partly realized request runs on)
+        self.failure: Failure | None = None
+        #: called once with this request when it fails (an adapter's report to its worker); any thread
+        self.on_failure: Callable[[GuardedRequest], None] | None = None
 
     @property
     def failed(self) -> bool:
@@ -98,10 +150,14 @@ class GuardedRequest:
                 self.fail_with(exc, history)
         return None
 
-    def fail_with(self, exc: Exception, history: Sequence[int]) -> None:
-        """Record that a processor raised ``exc`` at this position (logged and reported once)."""
-        self.fail(f"{self.processor!r} raised at output position {len(history)}: {type(exc).__name__}: {exc}",
-                  exc_info=True)
+    def fail_with(self, exc: Exception, history: Sequence[int] | None) -> None:
+        """Record that a processor raised ``exc`` at this position (logged and reported once);
+        ``history`` ``None`` where the caller does not know the row's (its position is then not named)."""
+        processors = self.processor.processors if self.processor is not None else ()
+        at = f"at output position {len(history)}" if history is not None else "at an output position not known here"
+        self.fail(f"{self.processor!r} raised {at}: {type(exc).__name__}: {exc}", exc_info=True,
+                  failure=Failure(Reason.PROCESSOR_ERROR, "", None if history is None else len(history),
+                                  _raising_processor(processors, exc.__traceback__)))
 
     def note_dead(self, flags: DeviceFlags, index: int, reason: str) -> None:
         """``flags[index]`` (on its way from the device) says whether this request's row was left
@@ -126,12 +182,16 @@ class GuardedRequest:
             if self.error is not None:
                 self._pending.clear()
 
-    def fail(self, reason: str, *, exc_info: bool = False) -> None:
-        """Fail the request for ``reason`` (logged and reported once; later calls do nothing)."""
+    def fail(self, reason: str, *, exc_info: bool = False, failure: Failure | None = None) -> None:
+        """Fail the request for ``reason`` (logged and reported once; later calls do nothing);
+        ``failure`` what is known of it beyond the text (its detail is ``reason``)."""
         with _STATE:
             if self.error is not None:
                 return
             self.error = reason
+            if self.failure is None:
+                self.failure = (Failure.of(reason) if failure is None else
+                                Failure(failure.reason, reason, failure.position, failure.processor))
         ending = (
             f"ending the request with stop token {self.stop_token_id}"
             if self.stop_token_id is not None
@@ -141,6 +201,33 @@ class GuardedRequest:
         logger.error(message, exc_info=exc_info)
         if self._report is not None:
             self._report(message)
+        self._notify()
+
+    def _notify(self) -> None:
+        """Hand the failure to ``on_failure`` (an adapter's report); a bug there must not reach the engine."""
+        hook = self.on_failure
+        if hook is not None and self.failure is not None:
+            try:
+                hook(self)
+            except Exception:
+                logger.exception("reporting a request's failure failed")
+
+    def blame(self, history: Sequence[int], vocab_size: int) -> int | None:
+        """Which processor left the row at ``history`` with no token: the first whose step, after
+        those before it, leaves no finite logit in a fresh row of ``vocab_size`` on the host
+        (``None``: none alone does, so the engine's own masks took part; or the processors raise).
+        Call only once the request has failed (its processors no longer run: this steps them)."""
+        if self.processor is None:
+            return None
+        row = torch.zeros(vocab_size)
+        try:
+            for i, processor in enumerate(self.processor.processors):
+                processor(history, row)
+                if not bool(torch.isfinite(row).any()):
+                    return i
+        except Exception:  # the failure is reported all the same, without its entry
+            logger.debug("blaming a processor raised", exc_info=True)
+        return None
 
     def force_stop(self, logits: torch.Tensor) -> None:
         """Mask every row of ``logits`` (one row, or ``[..., vocab]``: beams, drafts) to the
@@ -157,7 +244,7 @@ class GuardedRequest:
     ) -> GuardedRequest:
         """A request whose payload could not be realized: fail-stopped from its first row."""
         request = cls(None, stop_token_id=stop_token_id, report=report)
-        request.fail(reason)
+        request.fail(reason, failure=Failure(Reason.NOT_REALIZED, reason, 0))  # before its first row
         return request
 
     def __repr__(self) -> str:

@@ -5,7 +5,13 @@ A copy to pinned host memory is queued without blocking, with an event;
 the next ``drain()`` (adapters call it first in every engine call) or on the watcher thread, which
 wakes every ``DYN_LOGITS_FAILURE_WATCH_S`` seconds (default 0.05) while something waits, for an
 engine gone idle. Neither waits for the device or launches device work. Callbacks run one at a
-time, never twice, possibly on the watcher thread. On the CPU ``then()`` runs inside ``when_landed``."""
+time, never twice, possibly on the watcher thread. On the CPU ``then()`` runs inside ``when_landed``.
+
+Progress: the copies queued (on a device) and settled (their callbacks run, every older one too) are
+counted, and ``Inbox.on_progress(queued, settled)`` is called when a copy is queued (in the engine
+call that queues it) and when the settled count grows (after the callbacks that failed requests ran).
+A worker answering a request whose failure may still be on its way waits for the checks queued before
+its output to settle (``dynlogits.sdk.failure_reports``)."""
 
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ class _Expected:
     ready: Callable[[], bool]
     then: Callable[[], None]
     device: torch.device
+    seq: int = 0  # the order it was queued in (1, 2, ...)
 
 
 class Inbox:
@@ -50,6 +57,8 @@ class Inbox:
         self.period = _watch_period() if period is None else period
         #: whether the watcher drains (tests turn it off to see what the adapters' calls do alone)
         self.watching = True
+        #: called with (queued, settled) as those counts grow (see the module doc); any thread
+        self.on_progress: Callable[[int, int], None] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -57,6 +66,8 @@ class Inbox:
         self._draining = threading.Lock()  # one drain at a time: each callback runs once
         self._waiting: list[_Expected] = []
         self._watcher: threading.Thread | None = None
+        self.queued = 0  # device copies queued so far
+        self.settled = 0  # the highest n such that copies 1..n have all run their callbacks
 
     def when_landed(self, ready: Callable[[], bool], then: Callable[[], None], device: torch.device) -> None:
         """Run ``then()`` once ``ready()`` is true; at once for a CPU ``device``."""
@@ -64,11 +75,22 @@ class Inbox:
             then()
             return
         with self._guard:
-            self._waiting.append(_Expected(ready, then, device))
+            self.queued += 1
+            queued, settled = self.queued, self.settled
+            self._waiting.append(_Expected(ready, then, device, queued))
             if self._watcher is None:
                 self._watcher = threading.Thread(target=self._watch, name="dynlogits-readback", daemon=True)
                 self._watcher.start()
             self._guard.notify_all()
+        self._progress(queued, settled)
+
+    def _progress(self, queued: int, settled: int) -> None:
+        hook = self.on_progress
+        if hook is not None:
+            try:
+                hook(queued, settled)
+            except Exception:  # a report must never reach the engine's call
+                logger.exception("reporting read-back progress failed")
 
     def drain(self) -> int:
         """Run the callbacks whose copies have landed, oldest first; how many ran. Never waits for
@@ -92,6 +114,15 @@ class Inbox:
                     expected.then()
                 except Exception:  # a bug here must never reach the engine's call
                     logger.exception("reading a landed device copy failed")
+            if landed:
+                with self._guard:
+                    oldest = min((e.seq for e in self._waiting), default=self.queued + 1)
+                    grew = oldest - 1 > self.settled
+                    if grew:
+                        self.settled = oldest - 1
+                    queued, settled = self.queued, self.settled
+                if grew:
+                    self._progress(queued, settled)
             return len(landed)
         finally:
             self._draining.release()
