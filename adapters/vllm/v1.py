@@ -105,7 +105,7 @@ class V1RunnerMixin(AdapterLogitsProcessor):
         for index, params, prompt, output_ids in batch_update.added:
             self._drop(index)
             request = self._realized.get(params, output_ids,
-                                         lambda p=params, q=prompt: self.new_req_logits_processor(p, q))
+                                         lambda p=params, q=prompt, o=output_ids: self.new_req_logits_processor(p, q, o))
             if request is None:
                 continue
             slot = None

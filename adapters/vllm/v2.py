@@ -220,7 +220,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
             request = self._slots[slot]
             if not resident[row] or request is None:
                 continue
-            request.fail_with(exc, ())
+            request.fail_with(exc, None)  # its position is on the device: not named (never as 0)
             self._resident.mark_failed(slot)
             if known:
                 request.force_stop(logits[row])
@@ -238,7 +238,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
             for row, slot in zip(rows.tolist(), slots.tolist()):
                 request = self._slots[slot]
                 if request is not None:
-                    request.fail_with(exc, ())
+                    request.fail_with(exc, None)  # its history could not be read: its position is not known
                     request.force_stop(logits[row])
             return
         keep = [i for i, h in enumerate(histories) if h is not None]  # placeholder drafts: left untouched
