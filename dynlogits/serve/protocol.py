@@ -3,7 +3,9 @@
 ``POST /generate`` takes a :class:`GenerateRequest` and answers either an error
 (:class:`ErrorBody`, HTTP 4xx/5xx, sent before any output) or ``200`` with
 ``application/x-ndjson``: one :class:`GenerateChunk` per line, the last one with
-``usage`` set. An error after streaming started arrives as a chunk with ``error``.
+``usage`` set. An error after streaming started arrives as a chunk with ``error``; a request whose
+logits-processor entries failed while it generated ends with a chunk with ``failure``
+(:class:`EntryFailure`) instead of its ``finish_reason`` and ``usage``.
 ``GET /health`` is 200 while the process lives; ``GET /ready`` is 200 with a
 :class:`WorkerInfo` once the engine serves, 503 before. Every route but ``/health`` needs the
 deployment's worker secret as a bearer token when one is set (``dynlogits.serve.secret``).
@@ -29,7 +31,7 @@ from pydantic_core import PydanticCustomError
 
 from dynlogits.specs import WIRE_KEY
 
-__all__ = ["ENGINE_INTERNAL_KEYS", "ChatMessage", "ErrorBody", "ErrorDetail", "ExtraArgs", "GenerateChunk",
+__all__ = ["ENGINE_INTERNAL_KEYS", "ChatMessage", "EntryFailure", "ErrorBody", "ErrorDetail", "ExtraArgs", "GenerateChunk",
            "GenerateRequest", "Int32", "Int64", "SamplingOptions", "Usage", "WorkerInfo", "WorkerStats",
            "drop_smuggled_payload"]
 
@@ -137,8 +139,21 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class EntryFailure(BaseModel):
+    """The request's logits-processor entries failed while it generated (``dynlogits.sdk.failure_reports``):
+    ``reason`` (``no_token_left``, ``not_realized``, ``processor_error``), the failing entry's path as
+    the client knows it (``logits_processors[1]``, ``deployment entries[0]``, ``logit_bias``; ``None``:
+    not known), the output position it failed at (``None``: not known) and the message for the client."""
+
+    reason: str = Field(max_length=64)
+    message: str
+    param: str | None = None
+    position: int | None = None
+
+
 class GenerateChunk(BaseModel):
-    """A delta for choice ``index``; ``finish_reason`` set on its last delta."""
+    """A delta for choice ``index``; ``finish_reason`` set on its last delta, or ``failure`` on the
+    request's last chunk instead (no ``usage`` follows)."""
 
     index: int = 0
     text: str = ""
@@ -146,6 +161,7 @@ class GenerateChunk(BaseModel):
     finish_reason: str | None = None
     usage: Usage | None = None
     error: str | None = None
+    failure: EntryFailure | None = None
 
 
 class ErrorDetail(BaseModel):
@@ -190,6 +206,9 @@ class WorkerStats(BaseModel):
     protocol_errors: dict[str, int] = Field(default_factory=dict)
     #: Requests ended by the drain deadline after SIGTERM (in-band error, engine request aborted).
     drain_aborted: int = 0
+    #: Requests whose logits-processor entries failed while they generated, answered as failed, by
+    #: reason (``EntryFailure.reason``).
+    failures: dict[str, int] = Field(default_factory=dict)
     #: Why the engine died (``None`` while it lives); the worker then exits for its supervisor.
     engine_dead: str | None = None
     #: Requests the engine's dynlogits adapter holds state for (``None``: not readable here).

@@ -4,6 +4,13 @@ read the body -> validate it (``.validation``) -> check its model is served -> t
 queue -> open a worker's stream (after a prefill worker's pass when disaggregated) -> stream the
 answer as SSE, or aggregate it into one JSON object. Every request is counted; an error answer is
 counted with its status, and every answer but a relayed worker error with its latency.
+
+A request whose logits-processor entries failed while it generated (``EntryFailureError``) is never
+answered with a plain ``stop``: aggregated, it is that error (422, or 500 for a processor that
+raised); streamed, the chunks so far, then one error event with the same ``error`` object, then
+``data: [DONE]``, as vLLM's own server ends a stream that fails mid-way (``vllm/entrypoints/openai/
+chat_completion/serving.py``, ``chat_completion_stream_generator``: the error event from
+``create_streaming_error_response``, then ``data: [DONE]``). Counted in ``dynlogits_request_failures``.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from .payloads import Endpoint, Payloads, payloads_for
 from .routing import NoWorkerError, WorkerEndpoint, WorkerError, WorkerTimeoutError
 from .state import FrontendState
 from .validation import LIMIT_EXCEEDED, validate_request
-from .worker_stream import worker_chunks
+from .worker_stream import EntryFailureError, worker_chunks
 
 __all__ = ["RETRY_AFTER_S", "CompletionCall"]
 
@@ -158,8 +165,9 @@ class CompletionCall:
 
     async def stream(self, response: httpx.Response, worker: WorkerEndpoint, make: Payloads, include_usage: bool,
                      kinds: list[str], deployment_kinds: list[str]) -> AsyncIterator[bytes]:
-        """The worker's chunks as SSE events, then ``[DONE]``; a failure mid-stream is an error event.
-        Closing the worker's stream, however this ends, is what aborts its engine request."""
+        """The worker's chunks as SSE events, then ``[DONE]``; a failure mid-stream is an error event
+        (OpenAI's ``error`` object, as an error answer's body), then ``[DONE]``. Closing the worker's
+        stream, however this ends, is what aborts its engine request."""
         status: int | None = None
         with self.state.metrics.processors_active(kinds, deployment_kinds):
             try:
@@ -177,7 +185,8 @@ class CompletionCall:
                 yield b"data: [DONE]\n\n"
             except HTTPError as err:
                 status = err.status
-                yield _sse({"error": {"message": err.message, "type": err.kind, "param": None, "code": None}})
+                self.count_failure(err)
+                yield _sse({"error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}})
                 yield b"data: [DONE]\n\n"
             finally:
                 # Shielded: when the client went away this scope is cancelled, and the close is
@@ -202,11 +211,17 @@ class CompletionCall:
                     if chunk.finish_reason:
                         finish[chunk.index] = chunk.finish_reason
             except HTTPError as err:
+                self.count_failure(err)
                 return self.failed(err)
             finally:
                 await response.aclose()
         self.finished()
         return JSONResponse(make.final({i: "".join(t) for i, t in sorted(texts.items())}, finish, usage))
+
+    def count_failure(self, err: HTTPError) -> None:
+        """Count ``err`` by reason when it says the request's entries failed."""
+        if isinstance(err, EntryFailureError):
+            self.state.metrics.failures.labels(endpoint=self.endpoint, reason=err.reason).inc()
 
     def failed(self, err: HTTPError) -> JSONResponse:
         """``err``'s answer, counted."""

@@ -35,6 +35,10 @@ class FrontendMetrics:
         self.inflight_sequences = Gauge("dynlogits_inflight_sequences", "Sequences admitted and not yet finished",
                                         registry=r)
         self.queued_requests = Gauge("dynlogits_queued_requests", "Requests waiting for admission", registry=r)
+        self.failures = Counter("dynlogits_request_failures",
+                                "Requests whose logits-processor entries failed while they generated, answered with "
+                                "an error (422/500, or an error event when streamed), by reason", ["endpoint", "reason"],
+                                registry=r)
         self.protocol_errors = Counter("dynlogits_client_protocol_errors",
                                        "Requests the server refused for their HTTP framing, or whose body never "
                                        "arrived (dynlogits.serve.http.protocol_errors.KINDS)", ["kind"], registry=r)

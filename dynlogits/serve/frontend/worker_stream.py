@@ -1,5 +1,7 @@
 """Reading a worker's ``/generate`` answer: its NDJSON lines as :class:`GenerateChunk` objects, each
-failure of the worker or its connection as an ``HTTPError`` for the client."""
+failure of the worker or its connection as an ``HTTPError`` for the client, and a request whose
+logits-processor entries failed as an :class:`EntryFailureError` (OpenAI's error shape: ``type``
+``logits_processor_error``, ``code`` the reason, ``param`` the failing entry's path)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,26 @@ import httpx
 from pydantic import ValidationError
 
 from dynlogits.serve.http.errors import HTTPError
-from dynlogits.serve.protocol import GenerateChunk
+from dynlogits.serve.protocol import EntryFailure, GenerateChunk
 
 from .routing import Router, WorkerEndpoint
 
-__all__ = ["worker_chunks"]
+__all__ = ["ENTRY_FAILURE_STATUS", "ENTRY_FAILURE_TYPE", "EntryFailureError", "worker_chunks"]
+
+#: The error ``type`` of a request whose entries failed while it generated.
+ENTRY_FAILURE_TYPE = "logits_processor_error"
+#: The status per reason: the request's entries cannot be met for it (422: retrying it fails the
+#: same way), or a processor raised (500); any other reason is a 500.
+ENTRY_FAILURE_STATUS = {"no_token_left": 422, "not_realized": 422, "processor_error": 500}
+
+
+class EntryFailureError(HTTPError):
+    """The worker reported that the request's logits-processor entries failed (``reason``)."""
+
+    def __init__(self, failure: EntryFailure) -> None:
+        super().__init__(ENTRY_FAILURE_STATUS.get(failure.reason, 500), failure.message, param=failure.param,
+                         kind=ENTRY_FAILURE_TYPE, code=failure.reason)
+        self.reason = failure.reason
 
 
 async def _ndjson_lines(response: httpx.Response, worker: WorkerEndpoint) -> AsyncIterator[bytes]:
@@ -41,6 +58,8 @@ async def worker_chunks(response: httpx.Response, worker: WorkerEndpoint, router
                 chunk = GenerateChunk.model_validate_json(line)
                 if chunk.error:
                     raise HTTPError(500, f"worker failed mid-request: {chunk.error}", kind="internal_error")
+                if chunk.failure is not None:
+                    raise EntryFailureError(chunk.failure)
                 yield chunk
     except httpx.ReadTimeout:
         router.take_out(worker, router.idle_reason())

@@ -28,6 +28,7 @@ class EngineStream(ClosingStreamingResponse):
     its end (client gone, or an error mid-stream) is aborted and counted in ``aborted``. An engine
     error after the first chunk is reported in-band, and so is ``end(reason)`` (the drain deadline):
     the engine request is aborted, its last outputs dropped, and ``reason`` sent as the error.
+    A request whose entries failed ends with its ``failure`` chunk, counted by reason in ``failures``.
     """
 
     def __init__(self, state: WorkerState, engine: VllmEngine, request_id: str, sequences: int, first: GenerateChunk,
@@ -51,10 +52,10 @@ class EngineStream(ClosingStreamingResponse):
         so the ``sleep(0)`` per chunk is what lets the event loop notice a disconnect (and answer
         health checks) before the request runs to its end."""
         try:
-            yield first.model_dump_json(exclude_none=True).encode() + b"\n"
+            yield self._line(first)
             async for chunk in self._stream:
                 if self._ended is None:  # after end(): the engine's abort outputs, not the client's
-                    yield chunk.model_dump_json(exclude_none=True).encode() + b"\n"
+                    yield self._line(chunk)
                 await asyncio.sleep(0)
             self._finished = True
             if self._ended is not None:
@@ -63,6 +64,14 @@ class EngineStream(ClosingStreamingResponse):
         except Exception as err:  # noqa: BLE001 - reported in-band, the stream already started
             log.exception("request %s failed mid-stream", self._request_id)
             yield GenerateChunk(error=f"{type(err).__name__}: {err}").model_dump_json(exclude_none=True).encode() + b"\n"
+
+    def _line(self, chunk: GenerateChunk) -> bytes:
+        if chunk.failure is not None:
+            failures = self._state.stats.failures
+            failures[chunk.failure.reason] = failures.get(chunk.failure.reason, 0) + 1
+            log.info("request %s failed in the engine (%s): %s", self._request_id, chunk.failure.reason,
+                     chunk.failure.message)
+        return chunk.model_dump_json(exclude_none=True).encode() + b"\n"
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:

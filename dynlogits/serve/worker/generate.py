@@ -159,10 +159,12 @@ class GenerateCall:
     async def start(self, req: GenerateRequest, engine: VllmEngine, prompt_ids: list[int], params: Any,
                     entries: list[Any]) -> EngineStream:
         """Start the engine request and wait for its first chunk, so that the engine's admission errors
-        (a 400 naming the field) and failures (500) are answered before any byte is sent."""
+        (a 400 naming the field) and failures (500) are answered before any byte is sent. A failure of
+        its entries while it generates names the entry as the client knows it (``entry_paths``)."""
         state, n = self.state, req.sampling.n
         request_id = f"{req.request_id}-{next(state.ids)}"
-        stream = engine.generate(prompt_ids, params, request_id)
+        stream = engine.generate(prompt_ids, params, request_id, entry_paths=self.entry_paths(req, entries),
+                                 entry_kinds=[str(getattr(e, "kind", "")) for e in entries])
         state.stats.requests += 1
         state.enter(n)
         try:
@@ -177,3 +179,15 @@ class GenerateCall:
         if entries:
             state.stats.activated += 1
         return EngineStream(state, engine, request_id, n, first, stream)
+
+    def entry_paths(self, req: GenerateRequest, entries: list[Any]) -> list[str]:
+        """Each activated entry's path as the client knows it: the deployment's first
+        (``deployment entries[i]``), then the client's own (``logits_processors[j]``, or the control
+        field it came from: ``logit_bias``, ``allowed_token_ids``, ``bad_words``)."""
+        deployment = len(entries) - self.requested
+        try:
+            origins = with_controls(req.logits_processors, req.controls(), self.state.config).origins
+        except SpecError:  # (admitted already: not reached)
+            origins = []
+        own = [(origins[j] if j < len(origins) else None) or f"{REQUEST_ROOT}[{j}]" for j in range(self.requested)]
+        return [f"deployment entries[{i}]" for i in range(deployment)] + own

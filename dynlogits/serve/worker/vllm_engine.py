@@ -2,6 +2,11 @@
 
 Imports vLLM lazily (inside :func:`start_vllm_engine`) so the rest of the worker
 package stays importable without an engine.
+
+Failed requests: the worker opens a ``ReportInbox`` before it starts ``AsyncLLM`` (whose engine core
+runs in processes of its own that inherit the inbox's path), marks each request that activates
+entries with a report id, and ends a request the adapter reported failed with a chunk carrying an
+:class:`EntryFailure` instead of its finish (``dynlogits.sdk.failure_reports``).
 """
 
 from __future__ import annotations
@@ -13,16 +18,30 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynlogits.sdk.activation import activate_logits_processors
+from dynlogits.sdk.failure_reports import (
+    REPORT_KEY,
+    Reason,
+    ReportInbox,
+    RequestFailure,
+    new_report_id,
+    put_report_id,
+    render_paths,
+    report_id_of,
+)
 from dynlogits.specs import WIRE_KEY
 
 from .introspect import EXTENSION_CLASS
-from ..protocol import ChatMessage, GenerateChunk, SamplingOptions, Usage
+from ..protocol import ChatMessage, EntryFailure, GenerateChunk, SamplingOptions, Usage
 
-__all__ = ["ADAPTER_CLASS", "EngineRequestError", "VllmEngine", "start_vllm_engine"]
+__all__ = ["ADAPTER_CLASS", "SETTLE_TIMEOUT_S", "EngineRequestError", "VllmEngine", "entry_failure",
+           "start_vllm_engine"]
 
 log = logging.getLogger("dynlogits.serve.worker")
 
 ADAPTER_CLASS = "dynlogits.adapters.vllm:DynamoVllmLogitsProcessor"
+#: The longest a finished request waits for the engine's device checks to settle (a safety net: they
+#: settle within an engine step, or the read-back watcher's period once the engine is idle).
+SETTLE_TIMEOUT_S = 5.0
 
 
 class EngineRequestError(ValueError):
@@ -47,6 +66,8 @@ class VllmEngine:
     #: Whether ``AdapterIntrospection`` is mixed into the engine's workers (``GET /stats`` asks
     #: them for the adapter's state only then: elsewhere the call raises inside the engine).
     introspection: bool = False
+    #: Where the engine's adapter reports failed requests (``None``: no adapter, nothing reported).
+    failures: ReportInbox | None = None
 
     def render_prompt(self, *, prompt: str | None, prompt_token_ids: Sequence[int] | None,
                       messages: Sequence[ChatMessage] | None) -> list[int]:
@@ -86,7 +107,7 @@ class VllmEngine:
                 kwargs[name] = value
         if options.stop:
             kwargs["stop"] = list(options.stop)
-        extra = {k: v for k, v in extra_args.items() if k != WIRE_KEY}
+        extra = {k: v for k, v in extra_args.items() if k not in (WIRE_KEY, REPORT_KEY)}
         kwargs["extra_args"] = extra or None
         from vllm.exceptions import VLLMClientError
 
@@ -94,13 +115,24 @@ class VllmEngine:
             params = SamplingParams(**kwargs)
         except (ValueError, TypeError, VLLMClientError) as err:  # vLLM's validation error is not a ValueError
             raise EngineRequestError(str(err), getattr(err, "parameter", None)) from None
-        activate_logits_processors(params, entries, arrival_time=arrival_time)
+        extra = activate_logits_processors(params, entries, arrival_time=arrival_time)
+        if entries and self.failures is not None and extra is not None:
+            put_report_id(extra, new_report_id())  # only the worker names a request's reports
         return params
 
     async def generate(
-        self, prompt_ids: list[int], params: Any, request_id: str
+        self, prompt_ids: list[int], params: Any, request_id: str, *,
+        entry_paths: Sequence[str] = (), entry_kinds: Sequence[str] = (),
     ) -> AsyncGenerator[GenerateChunk, None]:
-        """Stream deltas per choice, then one chunk with ``usage``.
+        """Stream deltas per choice, then one chunk with ``usage``; or, for a request the adapter
+        reported failed, the deltas before the position it failed at, then one chunk with its
+        :class:`EntryFailure` (naming the entry by ``entry_paths``, the payload's entries as the client
+        knows them, and ``entry_kinds``), and nothing more: the engine request is aborted.
+
+        The report of a failure found on the host is in the inbox before the engine sends the outputs
+        of the step that found it, so each output looks it up without waiting. A request that stopped
+        on a stop token while the engine's device checks were in flight (a row found empty on an
+        accelerator is read back later) is answered once the checks queued by then settled.
 
         Errors the engine raises at admission become :class:`EngineRequestError`.
         Cancelling the consumer aborts the engine request (``AsyncLLM.generate``
@@ -108,15 +140,39 @@ class VllmEngine:
         """
         from vllm.inputs import TokensPrompt
 
+        inbox = self.failures
+        report_id = report_id_of(params) if inbox is not None else None
+        failure: RequestFailure | None = None
+        written: dict[int, int] = {}  # per choice, the tokens streamed so far
         completion_tokens = 0
         stream = self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id)
         try:
             async for out in stream:
+                if report_id is not None and failure is None:
+                    failure = inbox.take(report_id)  # type: ignore[union-attr]
                 for c in out.outputs:
+                    start = written.get(c.index, 0)
+                    written[c.index] = start + len(c.token_ids)
                     completion_tokens += len(c.token_ids)
-                    if c.text or c.token_ids or c.finish_reason:
-                        yield GenerateChunk(index=c.index, text=c.text, token_ids=list(c.token_ids),
-                                            finish_reason=c.finish_reason)
+                    if (report_id is not None and failure is None and c.finish_reason == "stop"
+                            and not isinstance(c.stop_reason, str)):  # on a stop token: a fail-stop writes one
+                        checks = inbox.unsettled()  # type: ignore[union-attr]
+                        if checks:
+                            failure = await inbox.settled(report_id, checks, SETTLE_TIMEOUT_S)  # type: ignore[union-attr]
+                    if failure is None:
+                        if c.text or c.token_ids or c.finish_reason:
+                            yield GenerateChunk(index=c.index, text=c.text, token_ids=list(c.token_ids),
+                                                finish_reason=c.finish_reason)
+                        continue
+                    position = failure.position
+                    if position is not None and start < position and (c.text or c.token_ids):
+                        yield GenerateChunk(index=c.index, text=c.text, token_ids=list(c.token_ids))
+                    if c.finish_reason or position is None or start + len(c.token_ids) > position:
+                        yield GenerateChunk(index=c.index, failure=entry_failure(failure, entry_paths, entry_kinds))
+                        return
+            if failure is not None:  # reported, and the stream ended before the position it names
+                yield GenerateChunk(failure=entry_failure(failure, entry_paths, entry_kinds))
+                return
         except Exception as err:
             client_error = _client_error(err)
             if client_error is None:
@@ -124,11 +180,31 @@ class VllmEngine:
             raise client_error from None
         finally:
             await stream.aclose()
+            if report_id is not None:
+                inbox.forget(report_id)  # type: ignore[union-attr]
         yield GenerateChunk(usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens,
                                         total_tokens=len(prompt_ids) + completion_tokens))
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+        if self.failures is not None:
+            self.failures.close()
+
+
+def entry_failure(failure: RequestFailure, paths: Sequence[str], kinds: Sequence[str]) -> EntryFailure:
+    """The client's view of ``failure``: the entry named by its path (``paths[i]`` for payload entry
+    ``i``, and so in the detail, where the adapter writes ``dynamo_logits[i]``) and kind."""
+    entry = failure.entry
+    param = paths[entry] if entry is not None and entry < len(paths) else None
+    if param is not None:
+        kind = kinds[entry] if entry is not None and entry < len(kinds) else None
+        where = f"{param} ({kind})" if kind else param
+    elif failure.reason is Reason.NO_TOKEN_LEFT:
+        where = "the request's entries with the engine's own masks"
+    else:
+        where = "the request's entries"
+    return EntryFailure(reason=failure.reason.value, message=f"{where}: {render_paths(failure.detail, paths)}",
+                        param=param, position=failure.position)
 
 
 def _client_error(err: BaseException) -> EngineRequestError | None:
@@ -173,7 +249,17 @@ def start_vllm_engine(model: str, served_name: str, engine_args: Sequence[str], 
     # This worker resolves, gates and writes extra_args itself; its engine must not be a second source.
     os.environ[SPEC_SOURCE_ENV] = SpecSource.WORKER.value
     args = _engine_args(model, served_name, engine_args, register_adapter)
-    engine = AsyncLLM.from_engine_args(args)
+    # The engine core runs in processes of its own (AsyncLLM -> EngineCoreClient.make_async_mp_client),
+    # which inherit this environment: the adapter there reports failed requests to this inbox.
+    failures = ReportInbox() if register_adapter else None
+    if failures is not None:
+        os.environ.update(failures.environ())
+    try:
+        engine = AsyncLLM.from_engine_args(args)
+    except BaseException:
+        if failures is not None:
+            failures.close()
+        raise
     mc = engine.model_config
     return VllmEngine(
         engine=engine,
@@ -183,4 +269,5 @@ def start_vllm_engine(model: str, served_name: str, engine_args: Sequence[str], 
         vocab_size=int(mc.get_vocab_size()),
         adapter_registered=register_adapter,
         introspection=args.worker_extension_cls == EXTENSION_CLASS,
+        failures=failures,
     )
