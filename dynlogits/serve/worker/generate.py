@@ -163,8 +163,11 @@ class GenerateCall:
         its entries while it generates names the entry as the client knows it (``entry_paths``)."""
         state, n = self.state, req.sampling.n
         request_id = f"{req.request_id}-{next(state.ids)}"
-        stream = engine.generate(prompt_ids, params, request_id, entry_paths=self.entry_paths(req, entries),
-                                 entry_kinds=[str(getattr(e, "kind", "")) for e in entries])
+        named: dict[str, Any] = {}
+        if isinstance(engine, VllmEngine):  # the engine whose adapter reports failures (not SGLang's)
+            named = {"entry_paths": self.entry_paths(req, entries),
+                     "entry_kinds": [str(getattr(e, "kind", "")) for e in entries]}
+        stream = engine.generate(prompt_ids, params, request_id, **named)
         state.stats.requests += 1
         state.enter(n)
         try:
