@@ -9,7 +9,7 @@ kind (validated by the kind's own model). Both apply the same rules.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from operator import attrgetter
 from typing import Any
 
@@ -37,12 +37,12 @@ from .entries import (
 from .consistency import check_consistency
 from .errors import Problem, SpecError, problems_from_pydantic
 from .kinds import plugin_kinds
-from .limits import DEFAULT_LIMITS, SpecLimits, entry_limit_problems, limit_problems
+from .limits import DEFAULT_LIMITS, SpecLimits, entry_limit_problems
 from .union import entry_adapter, kind_tags, sequence_adapter
 from .vocab import check_vocab
 
 __all__ = ["ARRIVAL_KEY", "WIRE_KEY", "decode_entries", "decode_fast", "decode_strict", "decode_wire_entry", "decode_wire_payload",
-           "encode_entries", "finish_entries", "request_dump", "wire_dump"]
+           "encode_entries", "finish_entries", "payload_limit_problems", "payload_max_entries", "request_dump", "wire_dump"]
 
 WIRE_KEY = "dynamo_logits"
 #: Beside the payload, in the same carrier: when the request reached the deployment
@@ -221,13 +221,34 @@ def decode_wire_payload(
     return finish_entries(decode_entries(payload, limits=limits, root=root), vocab_size=vocab_size, root=root)
 
 
+def payload_max_entries(limits: SpecLimits) -> int:
+    """The most entries one wire payload holds under ``limits``: a payload is a client's own entries
+    (at most ``max_entries``) and the deployment's, counted apart (its config is held to
+    ``max_entries`` too), plus the deployment's reasoning entry and the test hook's entry."""
+    return 2 * limits.max_entries + 2
+
+
+def payload_limit_problems(entries: Sequence[Any], limits: SpecLimits, *, root: str) -> Iterator[Problem]:
+    """``limit_problems`` for a whole wire payload, the deployment's entries and a client's together:
+    each entry within ``limits``, their number within ``payload_max_entries(limits)``, so the
+    deployment's entries never count against a client's ``max_entries`` (checked where the client's
+    own entries are parsed: ``parse_entries``)."""
+    bound = payload_max_entries(limits)
+    if len(entries) > bound:
+        yield Problem(root, f"must have at most {bound} entries (a client's max_entries, {limits.max_entries}, as many "
+                            f"of the deployment's, its reasoning entry and the test hook's; limit max_entries)")
+    for i, entry in enumerate(entries):
+        yield from entry_limit_problems(entry, limits, path=f"{root}[{i}]")
+
+
 def decode_entries(payload: Any, *, limits: SpecLimits = DEFAULT_LIMITS, root: str = WIRE_KEY) -> tuple[Any, ...]:
     """The first half of ``decode_wire_payload``, which depends on the payload and ``limits`` alone:
-    every entry validated, within the limits (``SpecError`` naming the field)."""
+    every entry validated, within the limits of a whole payload (``payload_limit_problems``;
+    ``SpecError`` naming the field)."""
     entries = decode_fast(payload)
     if entries is None:
         entries = decode_strict(payload, root=root)
-    problems: list[Problem] = list(limit_problems(entries, limits, root=root))
+    problems: list[Problem] = list(payload_limit_problems(entries, limits, root=root))
     for i, entry in enumerate(entries):
         problems += [Problem(f"{root}[{i}].{name}", _UNRESOLVED) for name in unresolved_text(entry)]
     reasoning = [i for i, entry in enumerate(entries) if entry.kind == "reasoning"]
