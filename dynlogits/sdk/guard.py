@@ -197,10 +197,16 @@ class GuardedRequest:
             if self.stop_token_id is not None
             else "the request has no stop token and continues unconstrained"
         )
+        self._announce(reason, ending, exc_info=exc_info)
+
+    def _announce(self, reason: str, ending: str, *, exc_info: bool = False) -> None:
         message = f"dynamo logits processor failed for one request ({reason}); {ending}; other requests are unaffected"
         logger.error(message, exc_info=exc_info)
         if self._report is not None:
             self._report(message)
+        with _STATE:
+            if self.failure is None:
+                self.failure = Failure.of(reason)
         self._notify()
 
     def _notify(self) -> None:
@@ -240,11 +246,21 @@ class GuardedRequest:
 
     @classmethod
     def failed_at_realization(
-        cls, reason: str, *, stop_token_id: int | None, report: FailureReport | None
+        cls, reason: str, *, stop_token_id: int | None, report: FailureReport | None,
+        processor: RequestLogitsProcessor | None = None,
     ) -> GuardedRequest:
-        """A request whose payload could not be realized: fail-stopped from its first row."""
+        """A request whose payload could not be realized, or only in part (``processor``: the entries
+        that were): fail-stopped from its first row. Without a stop token nothing can end it: it is
+        reported all the same and runs on with ``processor`` applying (not ``failed``: the apply
+        paths stop applying a failed request's processors), never unconstrained while any realized."""
+        failure = Failure(Reason.NOT_REALIZED, reason, 0)  # before its first row
+        if stop_token_id is None and processor is not None:
+            request = cls(processor, stop_token_id=None, report=report)
+            request.failure = failure
+            request._announce(reason, "the request has no stop token: it continues with the entries that were realized")
+            return request
         request = cls(None, stop_token_id=stop_token_id, report=report)
-        request.fail(reason, failure=Failure(Reason.NOT_REALIZED, reason, 0))  # before its first row
+        request.fail(reason, failure=failure)
         return request
 
     def __repr__(self) -> str:

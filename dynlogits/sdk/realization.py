@@ -145,21 +145,43 @@ def build_request_processor(
 ) -> RequestLogitsProcessor | None:
     """Fresh processors for one request, or ``None`` when the payload is absent or empty. A
     ``reasoning`` entry sets the context's delimiters and builds no processor; an entry with a
-    ``scope`` is wrapped to act in its phase only (``dynlogits.processors.scope``)."""
+    ``scope`` is wrapped to act in its phase only (``dynlogits.processors.scope``). ``SpecError``
+    naming every entry that could not be realized, once all were tried (``realize`` keeps the
+    processors of those that were)."""
+    processor, problems = _realized(payload, vocab_size=vocab_size, limits=limits, facts=facts)
+    if problems:
+        raise SpecError(problems)
+    return processor
+
+
+def _realized(payload: Any, *, vocab_size: int, limits: SpecLimits,
+              facts: RequestFacts | None) -> tuple[RequestLogitsProcessor | None, list[Problem]]:
+    """The processors of every entry of ``payload`` that realizes, and a problem naming each entry
+    that does not: its factory raised (e.g. a ``deadline`` for a request without a stop token), or,
+    realized from the request's facts (``registry.REALIZED``), it contradicts the others. One entry
+    failing never drops the others (the deployment's among them). ``SpecError`` when the payload is
+    refused whole (its decode, limits, ids against the width, consistency)."""
     entries = decode_payload(payload, vocab_size=vocab_size, limits=limits, admitted=bool(facts and facts.admitted))
     if not entries:
-        return None
+        return None, []
     facts = facts or RequestFacts()
     reasoning = next(((tuple(e.start_token_ids), tuple(e.end_token_ids)) for e in entries if e.kind == "reasoning"), None)
     prompt = tuple(facts.prompt_ids or ())
     ctx = RealizeContext(vocab_size=vocab_size, prompt_ids=prompt, stop_token_ids=tuple(facts.stop_token_ids),
                          arrival_time=time.time() if facts.arrival_time is None else facts.arrival_time,
                          reasoning=reasoning)
-    entries = _as_realized(entries, ctx)
+    problems: list[Problem] = []
+    left_out: set[int] = set()
+    try:
+        entries = _as_realized(entries, ctx)
+    except SpecError as err:  # as realized for this request they contradict the others: realize the others
+        problems += err.problems
+        left_out = {i for i, entry in enumerate(entries) if entry.kind in REALIZED
+                    and REALIZED[entry.kind](entry, ctx) is not None}
     phases: Phases | None = None
     processors: list[BaseLogitsProcessor] = []
     for i, entry in enumerate(entries):
-        if entry.kind == "reasoning":
+        if entry.kind == "reasoning" or i in left_out:
             continue
         try:
             processor = factory_for(entry.kind)(entry, ctx)
@@ -168,13 +190,11 @@ def build_request_processor(
                 phases = phases or Phases(reasoning, prompt)
                 processor = scoped(processor, scope, phases)
             processors.append(processor)
-        except SpecError:
-            raise
-        except Exception as exc:  # a third-party factory failed: fail this request, loudly
-            raise SpecError.single(f"{WIRE_KEY}[{i}]", f"could not realize kind {entry.kind!r}: {type(exc).__name__}: {exc}") from exc
-    if not processors:
-        return None
-    return RequestLogitsProcessor(processors, vocab_size=vocab_size)
+        except SpecError as err:
+            problems += err.problems
+        except Exception as exc:  # a factory failed: this entry is left out and the request fails, loudly
+            problems.append(Problem(f"{WIRE_KEY}[{i}]", f"could not realize kind {entry.kind!r}: {type(exc).__name__}: {exc}"))
+    return (RequestLogitsProcessor(processors, vocab_size=vocab_size) if processors else None), problems
 
 
 def _as_realized(entries: tuple[Any, ...], ctx: RealizeContext) -> tuple[Any, ...]:
@@ -216,12 +236,19 @@ def realize(
     stop_token_id: int | None,
     report: FailureReport | None = None,
     facts: RequestFacts | None = None,
+    limits: SpecLimits = DEFAULT_LIMITS,
 ) -> GuardedRequest | None:
     """Fresh processors for one request; ``None`` when it carries no payload (or an empty one).
 
     ``vocab_size`` is the logits width; ``stop_token_id`` ends the request if it fails
     (``dynlogits.sdk.pick_stop_token``); ``report`` receives one line per failure; ``facts`` what
-    the adapter knows of the request (prompt, stop ids, arrival). Never raises.
+    the adapter knows of the request (prompt, stop ids, arrival); ``limits`` those of the payload
+    (the operator's where the adapter knows them). Never raises.
+
+    Entries that cannot be realized fail the request, reported, and never drop the others: the
+    request is fail-stopped where it has a stop token, and where it has none (``ignore_eos``
+    without stop ids: nothing can end it) the entries that realized keep applying
+    (``GuardedRequest.failed_at_realization``). A payload refused whole fails the request alone.
     """
     if payload is None:
         return None
@@ -229,11 +256,15 @@ def realize(
     if not facts.stop_token_ids and stop_token_id is not None:
         facts = dataclasses.replace(facts, stop_token_ids=(stop_token_id,))
     try:
-        processor = build_request_processor(payload, vocab_size=vocab_size, facts=facts)
+        processor, problems = _realized(payload, vocab_size=vocab_size, limits=limits, facts=facts)
     except Exception as exc:
         return GuardedRequest.failed_at_realization(
             f"payload rejected in the engine: {type(exc).__name__}: {exc}", stop_token_id=stop_token_id, report=report
         )
+    if problems:
+        return GuardedRequest.failed_at_realization(
+            f"entries not realized in the engine: {SpecError(problems)}", stop_token_id=stop_token_id, report=report,
+            processor=processor)
     if processor is None:
         return None
     return GuardedRequest(processor, stop_token_id=stop_token_id, report=report)
