@@ -4,6 +4,13 @@ any entry is activated, unless the request declares its own.
 
 One rule for both spec sources: the worker (``dynlogits.serve.worker``) applies it before a request
 reaches the engine, the engine-side spec source (``dynlogits.policy.engine_spec``) inside the engine.
+
+A client can neither switch the deployment's entries off nor escape them (``docs/specs.md``):
+
+* a request without a stop token (``ignore_eos`` and no stop ids) is refused when an entry needs one
+  to end it (``needs_stop_token``), the client's own or the deployment's (``stop_token_problem``);
+* a request's own ``reasoning`` entry is refused where the deployment has entries that act by the
+  phases its delimiters mark (``reasoning_problem``): replacing them would move those phases.
 """
 
 from __future__ import annotations
@@ -15,15 +22,98 @@ from typing import Any
 
 from dynlogits.policy.config import DeploymentConfig
 from dynlogits.policy.roles import DisaggregationMode, is_generation_stage, logits_processors_for_request
-from dynlogits.specs import LogitsProcessorSpec, check_vocab, parse_entries
+from dynlogits.specs import LogitsProcessorSpec, Problem, SpecError, check_vocab, parse_entries
 from dynlogits.specs.entries import ReasoningSpec
 from dynlogits.specs.consistency import check_consistency
 from dynlogits.policy.hook import test_hook_spec
 from dynlogits.policy.text import TextTokenizer, resolve_entries
 
-__all__ = ["RequestPolicy", "build_policy"]
+__all__ = ["DEPLOYMENT_PATH", "IGNORE_EOS", "RequestPolicy", "build_policy", "has_stop_token", "needs_stop_token",
+           "reads_delimiters", "reasoning_problem", "stop_token_problem"]
 
 REQUEST_ROOT = "logits_processors"
+#: How the deployment's entries are named in a request's errors (``deployment entries[0]``).
+DEPLOYMENT_PATH = "deployment entries"
+#: The client's field that leaves a request without its EOS as a stop token.
+IGNORE_EOS = "ignore_eos"
+
+#: What an entry that needs the request's stop token does with it (``needs_stop_token``).
+_STOP_TOKEN_USE = {
+    "deadline": "forces the request's stop token when it is due",
+    "multiple_choice": "without an eos_token_id of its own ends the chosen text with the request's stop token",
+}
+
+
+def _field(entry: Any, name: str, default: Any = None) -> Any:
+    return entry.get(name, default) if isinstance(entry, Mapping) else getattr(entry, name, default)
+
+
+def needs_stop_token(entry: Any) -> bool:
+    """Whether ``entry`` realizes only for a request that has a stop token (its factory reads the
+    first of ``RealizeContext.stop_token_ids``): a ``deadline``, and a ``multiple_choice`` given as
+    ids without ``eos_token_id`` (one given as texts takes the tokenizer's EOS). A model or its wire
+    dict, resolved or not."""
+    kind = _field(entry, "kind")
+    if kind == "deadline":
+        return True
+    return kind == "multiple_choice" and _field(entry, "eos_token_id") is None and not _field(entry, "texts")
+
+
+def has_stop_token(*, ignore_eos: bool, stop_token_ids: Sequence[int] | None = ()) -> bool:
+    """Whether a request has a stop token its entries can end it with: its EOS unless it ignores
+    it, else an explicit stop id (the engine adds no other under ``ignore_eos``)."""
+    return not ignore_eos or bool(stop_token_ids)
+
+
+def stop_token_problem(own: Sequence[Any], deployment: Sequence[Any], *, root: str,
+                       deployment_paths: Sequence[str] | None = None) -> Problem | None:
+    """For a request without a stop token (``has_stop_token``), the first entry that needs one: the
+    client's own named at its path (``root[j]``), else the deployment's under ``ignore_eos`` (the
+    client's field that removed it), naming the entry. ``None`` when no entry needs one."""
+    ending = "a request with ignore_eos: true and no stop_token_ids has none"
+    for j, entry in enumerate(own):
+        if needs_stop_token(entry):
+            kind = _field(entry, "kind")
+            return Problem(f"{root}[{j}]", f"{kind} {_STOP_TOKEN_USE[kind]}, and {ending}: send the request without "
+                                           f"{IGNORE_EOS} or without this entry")
+    for i, entry in enumerate(deployment):
+        if needs_stop_token(entry):
+            kind = _field(entry, "kind")
+            path = deployment_paths[i] if deployment_paths is not None else f"{DEPLOYMENT_PATH}[{i}]"
+            return Problem(IGNORE_EOS, f"{path} ({kind}) {_STOP_TOKEN_USE[kind]}, and {ending}: the deployment's "
+                                       f"entries cannot be switched off; send the request without {IGNORE_EOS}")
+    return None
+
+
+def reads_delimiters(entry: Any) -> bool:
+    """Whether ``entry`` acts by the phases the reasoning delimiters mark: a ``scope`` other than
+    ``always``, or a ``thinking_budget`` without delimiters of its own."""
+    if _field(entry, "scope", "always") != "always":
+        return True
+    return _field(entry, "kind") == "thinking_budget" and (_field(entry, "start_token_ids") is None
+                                                           and not _field(entry, "start_text")
+                                                           or _field(entry, "end_token_ids") is None
+                                                           and not _field(entry, "end_text"))
+
+
+def reasoning_problem(own: Sequence[Any], deployment: Sequence[Any], *, root: str,
+                      deployment_paths: Sequence[str] | None = None) -> Problem | None:
+    """The client's own ``reasoning`` entry (named at ``root[j]``) where a deployment entry reads the
+    delimiters (``reads_delimiters``): a request's delimiters replace the deployment's, so they would
+    move the phases the deployment's scoped entries act in. ``None`` otherwise."""
+    j = next((j for j, e in enumerate(own) if _field(e, "kind") == "reasoning"), None)
+    if j is None:
+        return None
+    i = next((i for i, e in enumerate(deployment) if reads_delimiters(e)), None)
+    if i is None:
+        return None
+    entry = deployment[i]
+    path = deployment_paths[i] if deployment_paths is not None else f"{DEPLOYMENT_PATH}[{i}]"
+    scope = _field(entry, "scope", "always")
+    how = f"scope {scope}" if scope != "always" else "on the deployment's delimiters"
+    return Problem(f"{root}[{j}]", f"a request's reasoning entry would replace the deployment's reasoning delimiters, "
+                                   f"which {path} ({_field(entry, 'kind')}, {how}) acts by; send the request without this entry "
+                                   f"(the deployment's delimiters apply to it)")
 
 
 @dataclass(frozen=True)
@@ -47,21 +137,36 @@ class RequestPolicy:
     def generates(self) -> bool:
         return is_generation_stage(self.role)
 
-    def entries_for(self, request_entries: Sequence[Any] | None, *, root: str = REQUEST_ROOT) -> list[Any]:
+    def entries_for(self, request_entries: Sequence[Any] | None, *, root: str = REQUEST_ROOT, ignore_eos: bool = False,
+                    stop_token_ids: Sequence[int] | None = ()) -> list[Any]:
         """Wire entries for one request; ``SpecError`` (paths under ``root``) if invalid.
 
         The request's entries are validated again here (never trust the caller),
         even on roles that will not run them, so a bad request fails the same way everywhere.
+        ``ignore_eos`` and ``stop_token_ids`` are the request's: without a stop token
+        (``has_stop_token``) an entry that needs one is refused, the deployment's included
+        (``stop_token_problem``). A request's own ``reasoning`` entry replaces the deployment's
+        delimiters, unless a deployment entry acts by them (``reasoning_problem``: refused).
+        Every limit is checked before any consistency walk runs.
         """
         requested: tuple[Any, ...] = ()
         if request_entries:
             requested = parse_entries(list(request_entries), root=root, limits=self.config.limits,
                                       allowed_kinds=sorted(self.config.allow_request_kinds))
         entries = logits_processors_for_request(self.deployment, disaggregation_mode=self.role)
+        resolved: tuple[Any, ...] = ()
         if requested and self.generates:
             resolved = resolve_entries(requested, self.tokenizer, root=root, limits=self.config.limits)
             check_vocab(resolved, self.vocab_size, root=root)
-            paths = [f"deployment entries[{i}]" for i in range(len(entries))]
+        if self.generates and not has_stop_token(ignore_eos=ignore_eos, stop_token_ids=stop_token_ids):
+            problem = stop_token_problem(resolved, entries, root=root)
+            if problem is not None:
+                raise SpecError([problem])
+        if resolved:
+            problem = reasoning_problem(resolved, entries, root=root)
+            if problem is not None:
+                raise SpecError([problem])
+            paths = [f"{DEPLOYMENT_PATH}[{i}]" for i in range(len(entries))]
             if any(e.kind == "reasoning" for e in resolved):  # the request's own delimiters replace the deployment's
                 kept = [i for i, e in enumerate(entries) if e.kind != "reasoning"]
                 entries, paths = [entries[i] for i in kept], [paths[i] for i in kept]

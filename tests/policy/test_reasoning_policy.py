@@ -1,6 +1,7 @@
 """A deployment's reasoning delimiters (operator ``reasoning:``, else the model folder's default) join
 every request that activates entries, resolved with the worker's tokenizer; a request's own
-``reasoning`` entry replaces them; both spec sources (worker and engine) apply the same rule."""
+``reasoning`` entry replaces them unless the deployment's entries act by them (refused: see
+``test_operator_entries.py``); both spec sources (worker and engine) apply the same rule."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def test_a_requests_own_reasoning_entry_replaces_the_deployments(tokenizer) -> N
 
 def test_a_config_entry_declaring_reasoning_is_replaced_by_the_requests_too(tokenizer) -> None:
     config = {"entries": [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [6]},
-                          {"kind": "banned_tokens", "token_ids": [7], "scope": "reasoning"}],
+                          {"kind": "banned_tokens", "token_ids": [7]}],
               "allow_request_kinds": ["reasoning"]}
     entries = _policy(config, tokenizer).entries_for([{"kind": "reasoning", "start_token_ids": [8], "end_token_ids": [9]}])
     assert [e.start_token_ids for e in entries if e.kind == "reasoning"] == [(8,)]

@@ -127,7 +127,7 @@ class GenerateCall:
         except SpecError as err:
             raise HTTPError(400, str(err), param=err.problems[0].path) from None
         try:
-            entries = policy.entries_for(controls.entries or None)
+            entries = policy.entries_for(controls.entries or None, ignore_eos=req.sampling.ignore_eos)
             self.requested = len(controls.entries) if policy.generates else 0
             return entries
         except SpecError as err:
