@@ -12,12 +12,19 @@ Contract shared by both model runners:
   every payload is a client's, held to the operator's ``allow_request_kinds``; with the worker as
   the source (the default) a list was written by the engine's owner and is held to the wire rules,
   while text is a client's, held to ``DYN_LOGITS_REQUEST_KINDS`` (none by default) and the wire rules.
+* ``validate`` also refuses what would let a client switch the deployment's entries off or escape
+  them (``dynlogits.policy.request``): an entry that needs a stop token on a request without one
+  (``ignore_eos`` and no ``stop_token_ids``), and, with the engine as the spec source, a client's
+  ``reasoning`` entry where the operator's entries act by the delimiters.
 * ``realize_request(params, vocab_size, ...)`` runs in the engine process when the request enters
   the batch and returns a fresh ``VllmRequest`` (or ``None`` when the request carries no payload,
   or only prefills for a remote decode worker). It never raises: a payload that only fails here (a
   token id beyond the logits width, which admission cannot know) yields a request that is already
   failed. Given the engine's resolved ``engine_spec``, the request runs the deployment's entries
-  plus its own allowed ones, gated by role.
+  plus its own allowed ones, gated by role; where its own fail here, the deployment's still run
+  (the request is reported failed, and fail-stopped where it has a stop token). A payload is held
+  to the limits of a whole payload (``specs.wire.payload_limit_problems``): the deployment's
+  entries never count against a client's ``max_entries``.
 * A ``VllmRequest`` is also vLLM's per-request callable (``AdapterLogitsProcessor``'s
   ``RequestLogitsProcessor``): ``request(output_ids, logits_row)`` edits the row in place and returns it.
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
@@ -38,9 +46,10 @@ import torch
 from dynlogits import sdk
 from dynlogits.policy.config import DeploymentConfig
 from dynlogits.policy.engine_spec import PAYLOAD_ROOT, admission_config, check_request_payload, client_payload_config
-from dynlogits.policy.roles import DisaggregationMode, is_generation_stage
+from dynlogits.policy.request import DEPLOYMENT_PATH, has_stop_token, reasoning_problem, stop_token_problem
+from dynlogits.policy.roles import DisaggregationMode, is_generation_stage, logits_processors_for_request
 from dynlogits.sdk import FailureReport, GuardedRequest
-from dynlogits.specs import WIRE_KEY, SpecError, SpecLimits
+from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits
 from dynlogits.specs.limits import prompt_limit_problem
 
 __all__ = ["PayloadSource", "VllmRequest", "carried_payload", "client_payload", "payload_text_bound", "read_payload",
@@ -154,16 +163,40 @@ def validate(params: Any, *, vocab_size: int | None = None) -> None:
 
     The logits width is unknown in vLLM's front-end process (``vocab_size`` ``None``), so ids are
     checked against it there only when the request is realized in the engine (see the module's
-    failure policy); a caller that knows it passes it.
+    failure policy); a caller that knows it passes it. Then what would switch the deployment's
+    entries off or escape them (``_escape_problem``).
     """
     raw = read_payload(params)
     engine_config = admission_config()
     if engine_config is not None:
-        check_request_payload(carried_payload(raw, engine_config.limits), engine_config)
+        payload = carried_payload(raw, engine_config.limits)
+        own = check_request_payload(payload, engine_config)
+        _escape_problem(params, own, engine_config, root=PAYLOAD_ROOT)
     elif isinstance(raw, str):
-        client_payload(raw)
+        _escape_problem(params, client_payload(raw), None, root=PAYLOAD_ROOT)
     else:
         sdk.validate(raw, vocab_size=vocab_size)
+        _escape_problem(params, raw if isinstance(raw, list) else (), None, root=WIRE_KEY)
+
+
+def _escape_problem(params: Any, own: Sequence[Any], config: DeploymentConfig | None, *, root: str) -> None:
+    """``SpecError`` when the request's own entries (``own``, named under ``root``) or ``config``'s
+    (the operator's, with the engine as the spec source) need a stop token the request lacks
+    (``ignore_eos`` without ``stop_token_ids``), or when its own ``reasoning`` entry would replace the
+    delimiters the operator's entries act by. A prefill for a remote decode worker runs nothing."""
+    if not is_generation_stage(request_role(params, DisaggregationMode.AGGREGATED)):
+        return
+    deployment = list(logits_processors_for_request(config.spec, disaggregation_mode=DisaggregationMode.AGGREGATED)
+                      if config is not None else ())
+    paths = [f"{DEPLOYMENT_PATH}[{i}]" for i in range(len(deployment))]
+    problem = None
+    if not has_stop_token(ignore_eos=bool(getattr(params, "ignore_eos", False)),
+                          stop_token_ids=getattr(params, "stop_token_ids", None)):
+        problem = stop_token_problem(own, deployment, root=root, deployment_paths=paths)
+    if problem is None:
+        problem = reasoning_problem(own, deployment, root=root, deployment_paths=paths)
+    if problem is not None:
+        raise SpecError([problem])
 
 
 def stop_token(params: Any, vocab_size: int) -> int | None:
@@ -195,22 +228,47 @@ def realize_request(params: Any, *, vocab_size: int, report: FailureReport | Non
                     engine_spec: PayloadSource | None = None, prompt_ids: Sequence[int] | None = None) -> VllmRequest | None:
     """Fresh processors for one request entering the batch; ``None`` without a payload. Never raises.
     An arrival in ``extra_args`` counts only beside a payload the worker wrote (a list, with no engine
-    spec source): the client's ``extra_args`` never set a deadline's clock."""
+    spec source): the client's ``extra_args`` never set a deadline's clock. With the engine as the
+    spec source, a client's payload refused here leaves the deployment's entries running (the
+    request is reported failed; fail-stopped where it has a stop token)."""
     stop = stop_token(params, vocab_size)
     payload = read_payload(params)
     facts = request_facts(params, prompt_ids)
+    limits = DEFAULT_LIMITS
     if engine_spec is not None or isinstance(payload, str):
         facts = dataclasses.replace(facts, arrival_time=None)
     try:
         if engine_spec is not None:
+            limits = engine_spec.limits
             payload = engine_spec.payload_for(params)
-            _check_prompt(payload, prompt_ids, engine_spec.limits)
+            _check_prompt(payload, prompt_ids, limits)
         elif isinstance(payload, str):  # a client's (see the module doc); prefill-only requests run nothing
             generates = is_generation_stage(request_role(params, DisaggregationMode.AGGREGATED))
-            payload = client_payload(payload) if generates else None
-            _check_prompt(payload, prompt_ids, client_payload_config().limits)
+            config = client_payload_config()
+            limits = config.limits
+            payload = client_payload(payload, config) if generates else None
+            _check_prompt(payload, prompt_ids, limits)
     except SpecError as err:
-        return VllmRequest.adopt(GuardedRequest.failed_at_realization(
-            f"payload rejected in the engine: {err}", stop_token_id=stop, report=report))
+        reason = f"payload rejected in the engine: {err}"
+        kept = _deployment_request(engine_spec, params, vocab_size=vocab_size, facts=facts, prompt_ids=prompt_ids)
+        return VllmRequest.adopt(GuardedRequest.failed_at_realization(reason, stop_token_id=stop, report=report,
+                                                                      processor=kept))
     return VllmRequest.adopt(sdk.realize(payload, vocab_size=vocab_size, stop_token_id=stop, report=report,
-                                         facts=facts))
+                                         facts=facts, limits=limits))
+
+
+def _deployment_request(engine_spec: PayloadSource | None, params: Any, *, vocab_size: int, facts: sdk.RequestFacts,
+                        prompt_ids: Sequence[int] | None) -> Any:
+    """The processors of the deployment's entries alone for this request (its role's, the client's
+    payload left out), ``None`` without an engine spec source or when they do not realize either."""
+    if engine_spec is None:
+        return None
+    extra = getattr(params, "extra_args", None) or {}
+    without = types.SimpleNamespace(extra_args={k: v for k, v in extra.items() if k != WIRE_KEY})
+    try:
+        payload = engine_spec.payload_for(without)
+        _check_prompt(payload, prompt_ids, engine_spec.limits)
+    except SpecError:
+        return None
+    request = sdk.realize(payload, vocab_size=vocab_size, stop_token_id=None, facts=facts, limits=engine_spec.limits)
+    return request.processor if request is not None and not request.failed else None
