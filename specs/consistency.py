@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .consistency_walks import choice_problems, trigger_problems
-from .effects import forced_token, keep_set, scope_of, variant
+from .effects import EntrySets, forced_token, scope_of
 from .errors import Problem, SpecError
 
 __all__ = ["MIXED_POINTS", "check_consistency", "consistency_problems"]
@@ -88,20 +88,25 @@ def _phases(entry: Any, reasoning: object) -> frozenset[str]:
     return phases if scope == "always" else phases & {scope}
 
 
-def _step(state: _State, i: int, entry: Any, n: int, paths: Sequence[str], at: str = "") -> tuple[_State, str | None]:
-    """Apply entry ``i`` at position ``n`` (``at``: how the message names it); the reason when the row is left empty."""
-    at = at or f"output position {n}"
-    kind = entry.kind
+def _step(state: _State, i: int, entry: Any, n: int, paths: Sequence[str], mask: frozenset[int] | None,
+          keep: frozenset[int] | None, at: str) -> tuple[_State, str | None]:
+    """Apply entry ``i`` at position ``n`` (``at``: how the message names it), which masks ``mask`` or
+    keeps ``keep`` there (``EntrySets.effect``); the reason when the row is left empty."""
     origin = paths[state.origin] if state.origin is not None else ""
-    if kind == "banned_tokens" or (kind == "min_tokens" and n < entry.min_tokens):
-        ids = frozenset(entry.token_ids if kind == "banned_tokens" else entry.stop_token_ids)
+    if mask is not None:
         if state.allowed is None:
-            return _State(state.masked | ids, None, state.origin), None
-        left = state.allowed - ids
+            return _State(state.masked | mask, None, state.origin), None
+        left = state.allowed - mask
         why = None if left else f"masks every token {origin} leaves allowed at {at}"
         return _State(state.masked, left, state.origin), why
-    if kind == "allowed_tokens" or (kind == "multiple_choice" and n == 0 and entry.choices):
-        keep = keep_set(entry) if kind == "allowed_tokens" else frozenset(choice[0] for choice in entry.choices)
+    kind = entry.kind
+    if kind == "forced_sequence":
+        token = forced_token(entry, n)
+        ok = token not in state.masked if state.allowed is None else token in state.allowed
+        why = None if ok else f"forces token {token} at {at}, which " + (
+            "an earlier entry masks" if state.allowed is None else f"{origin} does not allow")
+        return _State(state.masked, frozenset((token,)) if ok else frozenset(), i), why
+    if keep is not None:  # allowed_tokens, or multiple_choice at its first position
         left = keep - state.masked if state.allowed is None else keep & state.allowed
         why = None
         if not left:
@@ -109,12 +114,6 @@ def _step(state: _State, i: int, entry: Any, n: int, paths: Sequence[str], at: s
             why = (f"allows only {what} earlier entries mask" if state.allowed is None
                    else f"allows none of the tokens {origin} leaves allowed") + f" at {at}"
         return _State(state.masked, left, i), why
-    if kind == "forced_sequence":
-        token = forced_token(entry, n)
-        ok = token not in state.masked if state.allowed is None else token in state.allowed
-        why = None if ok else f"forces token {token} at {at}, which " + (
-            "an earlier entry masks" if state.allowed is None else f"{origin} does not allow")
-        return _State(state.masked, frozenset((token,)) if ok else frozenset(), i), why
     return state, None  # logit_bias, thinking_budget (checked apart), the kinds the module doc skips: no effect on the set
 
 
@@ -136,42 +135,48 @@ def _grid(entries: Sequence[Any], axes: Sequence[int]) -> list[tuple[int, int]]:
     return [(a, p) for a in _capped(always) for p in _capped(phase) if a not in upper or upper[a] >= p]
 
 
-def _position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size: int | None,
-                       axes: Sequence[int] | None = None, phase: str = "") -> Iterator[Problem]:
-    """``axes[i]``: whether entry ``i`` counts output positions (0) or positions of ``phase`` (1)."""
+def _position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size: int | None, sets: EntrySets,
+                       index: Sequence[int], axes: Sequence[int] | None = None, phase: str = "") -> Iterator[Problem]:
+    """``axes[i]``: whether entry ``i`` counts output positions (0) or positions of ``phase`` (1);
+    ``index[i]``: its index in the payload (``sets``)."""
     # Steps are memoized on (entry, input state, what of n matters), so a long forced sequence costs
     # one cheap step per position instead of re-deriving large allowed sets at every position.
     axes = list(axes) if axes is not None else [0] * len(entries)
     memo: dict[tuple[int, int, object], tuple[_State, str | None]] = {}
     start = _State(frozenset(), None, None)
+    kinds = [e.kind for e in entries]
     for ns in _grid(entries, axes):
         state = start
         for i, entry in enumerate(entries):
             n = ns[axes[i]]
-            at = f"{phase} position {n}" if axes[i] else f"output position {n}"
-            key = (i, id(state), variant(entry, n))
+            kind = kinds[i]
+            key = (i, id(state), forced_token(entry, n) if kind == "forced_sequence" else n < entry.min_tokens
+                   if kind == "min_tokens" else n == 0 if kind == "multiple_choice" else None)
             hit = memo.get(key)
             if hit is None:
-                hit = memo[key] = _step(state, i, entry, n, paths, at)
+                at = f"{phase} position {n}" if axes[i] else f"output position {n}"
+                hit = memo[key] = _step(state, i, entry, n, paths, *sets.effect(index[i], n), at)
                 memo[(-1, id(hit[0]), None)] = (hit[0], None)  # keep the state alive: its id stays unique
             state, why = hit
             if why is None and vocab_size is not None and state.allowed is None and len(state.masked) >= vocab_size:
+                at = f"{phase} position {n}" if axes[i] else f"output position {n}"
                 why = f"masks the last of the {vocab_size} tokens at {at}"
             if why is not None:
                 yield Problem(paths[i], f"contradicts the entries before it: it {why}; the row would have no token left")
                 return  # one problem per payload: later ones follow from it
 
 
-def _scoped_position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size: int | None) -> Iterator[Problem]:
+def _scoped_position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size: int | None,
+                              sets: EntrySets) -> Iterator[Problem]:
     """``_position_problems`` per phase: the entries acting in it, each on its own position scale."""
     if all(scope_of(e) == "always" for e in entries):
-        yield from _position_problems(entries, paths, vocab_size)
+        yield from _position_problems(entries, paths, vocab_size, sets, range(len(entries)))
         return
     reasoning = _reasoning(entries)
     for phase in ("reasoning", "answer"):
         acting = [i for i, e in enumerate(entries) if e.kind != "reasoning" and phase in _phases(e, reasoning)]
-        found = list(_position_problems([entries[i] for i in acting], [paths[i] for i in acting], vocab_size,
-                                        [0 if scope_of(entries[i]) == "always" else 1 for i in acting], phase))
+        found = list(_position_problems([entries[i] for i in acting], [paths[i] for i in acting], vocab_size, sets,
+                                        acting, [0 if scope_of(entries[i]) == "always" else 1 for i in acting], phase))
         if found:
             yield found[0]
             return
@@ -187,13 +192,22 @@ def _delimiter_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterato
             return
 
 
-def _thinking_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
+def _delimiters(entry: Any, reasoning: tuple[tuple[int, ...], tuple[int, ...]] | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A ``thinking_budget``'s delimiters: its own, else the request's reasoning delimiters."""
+    start = tuple(entry.start_token_ids) if entry.start_token_ids is not None else reasoning[0]  # type: ignore[index]
+    end = tuple(entry.end_token_ids) if entry.end_token_ids is not None else reasoning[1]  # type: ignore[index]
+    return start, end
+
+
+def _thinking_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySets) -> Iterator[Problem]:
+    """A ``thinking_budget``'s end tokens, forced where its span closes, against the entries acting
+    there: masked by ``min_tokens`` or a ban, or left out of an allow-list."""
     reasoning = _reasoning(entries)
     for i, entry in enumerate(entries):
         if entry.kind != "thinking_budget":
             continue
-        start = tuple(entry.start_token_ids) if entry.start_token_ids is not None else reasoning[0]  # type: ignore[index]
-        end = tuple(entry.end_token_ids) if entry.end_token_ids is not None else reasoning[1]  # type: ignore[index]
+        start, end = _delimiters(entry, reasoning)
+        ends = frozenset(end)
         closes = _phases(entry, reasoning)  # where it can force: its span is open at a reasoning step
         if (start, end) == reasoning:
             closes &= {"reasoning"}
@@ -201,48 +215,41 @@ def _thinking_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator
             if not closes & _phases(other, reasoning):
                 continue  # never acts at a step where the span closes
             if other.kind == "min_tokens":
-                clash = sorted(set(end) & set(other.stop_token_ids))
+                clash = ends & sets.mask(j)
                 if clash:
-                    yield Problem(f"{paths[i]}.end_token_ids", f"token {clash[0]} is masked by {paths[j]} until output position {other.min_tokens}, and the span can be closed before that (a span the prompt opened counts its tokens), which would leave the row with no token")
+                    yield Problem(f"{paths[i]}.end_token_ids", f"token {min(clash)} is masked by {paths[j]} until output position {other.min_tokens}, and the span can be closed before that (a span the prompt opened counts its tokens), which would leave the row with no token")
                     return
-            elif other.kind == "banned_tokens" and set(end) & set(other.token_ids):
-                token = min(set(end) & set(other.token_ids))
+            elif other.kind == "banned_tokens" and not ends.isdisjoint(sets.mask(j)):
+                token = min(ends & sets.mask(j))
                 yield Problem(f"{paths[i]}.end_token_ids", f"token {token} is banned by {paths[j]}, so closing a thinking span would leave the row with no token")
                 return
-            elif other.kind == "allowed_tokens" and set(end) - keep_set(other):
-                token = min(set(end) - keep_set(other))
+            elif other.kind == "allowed_tokens" and not ends <= sets.keep(j):
+                token = min(ends - sets.keep(j))
                 yield Problem(f"{paths[i]}.end_token_ids", f"token {token} is not allowed by {paths[j]}, so closing a thinking span would leave the row with no token")
                 return
 
 
-def _phrase_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
-    """A forced sequence (its tokens, then its first EOS) that writes a banned phrase: one walk back
-    from each position over a trie of the reversed phrases, at most ``max_phrase_tokens`` long."""
+def _phrase_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySets) -> Iterator[Problem]:
+    """A forced sequence (its tokens, then its first EOS) that writes a banned phrase: the ban's
+    automaton follows each forced sequence of its scope once, O(its length)."""
     for j, ban in enumerate(entries):
         if ban.kind != "banned_phrases":
             continue
-        trie: dict[int, Any] = {}  # reversed phrases; the key -1 (never a token) holds a phrase's index
-        for k, phrase in enumerate(ban.phrases):
-            node = trie
-            for token in reversed(phrase):
-                node = node.setdefault(token, {})
-            node.setdefault(-1, k)
         for i, forced in enumerate(entries):
             if forced.kind != "forced_sequence" or forced.scope != ban.scope:
                 continue  # another scope sees another stretch of the output: not known before it runs
-            written = (*forced.token_ids, forced.eos_token_id)
-            for n in range(len(written)):
-                node, back = trie, n
-                while back >= 0 and (node := node.get(written[back])) is not None:
-                    k = node.get(-1)
-                    if k is not None:
-                        phrase = ban.phrases[k]
-                        yield Problem(f"{paths[j]}.phrases[{k}]",
-                                      f"{paths[i]} writes this phrase at output positions {n + 1 - len(phrase)}..{n}, "
-                                      f"so it forces token {phrase[-1]} at output position {n}, which the ban masks; "
-                                      "the row would have no token left")
-                        return
-                    back -= 1
+            automaton = sets.automaton(j)
+            state = 0
+            for n, token in enumerate((*forced.token_ids, forced.eos_token_id)):
+                state = automaton.step(state, token)
+                k = automaton.shortest[state]
+                if k is not None:
+                    phrase = ban.phrases[k]
+                    yield Problem(f"{paths[j]}.phrases[{k}]",
+                                  f"{paths[i]} writes this phrase at output positions {n + 1 - len(phrase)}..{n}, "
+                                  f"so it forces token {phrase[-1]} at output position {n}, which the ban masks; "
+                                  "the row would have no token left")
+                    return
 
 
 def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Sequence[str] | None = None,
@@ -268,9 +275,10 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
                      for e in entries if e.kind in ("banned_tokens", "min_tokens"))
         if vocab_size is None or masked < vocab_size:
             return []  # only masks and biases, and too few masked ids to cover the vocabulary
-    problems = [*_scoped_position_problems(entries, names, vocab_size), *_thinking_problems(entries, names),
-                *_phrase_problems(entries, names)]
-    return problems or [*choice_problems(entries, names), *trigger_problems(entries, names)]
+    sets = EntrySets(entries)
+    problems = [*_scoped_position_problems(entries, names, vocab_size, sets), *_thinking_problems(entries, names, sets),
+                *_phrase_problems(entries, names, sets)]
+    return problems or [*choice_problems(entries, names, sets), *trigger_problems(entries, names, sets)]
 
 
 def check_consistency(entries: Iterable[Any], *, root: str = "", paths: Sequence[str] | None = None,

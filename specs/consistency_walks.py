@@ -3,41 +3,22 @@ position rules found nothing): down ``multiple_choice``'s trie over the prefixes
 the output write, a trigger's phrase forced where a prefix first ends with it (``choice_problems``),
 and a ``trigger``'s phrase against the masks that act wherever it is written, the ``min_tokens``
 that hold stop ids where it can come first, and the output a ``forced_sequence`` fixes
-(``trigger_problems``). Each names the entry where a row is left empty."""
+(``trigger_problems``). Each names the entry where a row is left empty.
+
+Cost: linear in what a walk visits. Id sets and phrase automata are built once per payload
+(``EntrySets``); a walk carries each ``banned_phrases``' automaton state and each trigger's match
+state down the choices' trie (never walking back), and tests each next token of a node against the
+entries once; sets are built only for a message. ``dynlogits.specs.admission_work`` bounds it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .effects import keep_set, mask_or_keep, on_scale, scope_of, variant
+from .effects import EntrySets, on_scale, scope_of
 from .errors import Problem
 
 __all__ = ["choice_problems", "trigger_problems"]
-
-
-def _phrase_trie(entry: Any) -> dict[int, Any]:
-    """A ``banned_phrases`` entry's phrases as a trie of their prefixes read backwards; the key -1
-    (never a token) holds the last tokens a prefix ending there bans (the root's: one-token phrases)."""
-    trie: dict[int, Any] = {-1: []}
-    for phrase in entry.phrases:
-        node = trie
-        for token in reversed(phrase[:-1]):
-            node = node.setdefault(token, {-1: []})
-        node[-1].append(phrase[-1])
-    return trie
-
-
-def _phrase_masks(trie: dict[int, Any], written: Sequence[int]) -> frozenset[int]:
-    """The ids a ``banned_phrases`` entry (its ``_phrase_trie``) masks after the output ``written``:
-    a walk back from its last token, at most as long as the longest phrase."""
-    masked, node = list(trie[-1]), trie
-    for token in reversed(written):
-        node = node.get(token)
-        if node is None:
-            break
-        masked += node[-1]
-    return frozenset(masked)
 
 
 def _output(written: Sequence[int]) -> str:
@@ -47,9 +28,24 @@ def _output(written: Sequence[int]) -> str:
     return f"[{', '.join(map(str, written[:4]))}, ..., {', '.join(map(str, written[-2:]))}] ({len(written)} tokens)"
 
 
-def choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
+def _prefix_function(cue: Sequence[int]) -> list[int]:
+    """Knuth-Morris-Pratt: ``pi[k]``, the longest proper prefix of ``cue[:k + 1]`` that ends it."""
+    pi = [0] * len(cue)
+    k = 0
+    for q in range(1, len(cue)):
+        while k and cue[q] != cue[k]:
+            k = pi[k - 1]
+        if cue[q] == cue[k]:
+            k += 1
+        pi[q] = k
+    return pi
+
+
+def choice_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySets | None = None) -> Iterator[Problem]:
     """Each ``multiple_choice`` down its choices' trie (see the module doc): every prefix the entries
-    let the output write is visited once, so the walk is bounded by the choices' tokens."""
+    let the output write is visited once, so the walk is bounded by the choices' tokens times the
+    entries that meet them. ``sets``: the payload's, shared with the other rules."""
+    sets = sets if sets is not None else EntrySets(entries)
     for i, choice in enumerate(entries):
         if choice.kind != "multiple_choice" or not choice.choices:
             continue
@@ -58,107 +54,208 @@ def choice_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Pr
         after = [j for j in range(i + 1, len(entries)) if on_scale(entries[j], scope)]
         if not before and not after:
             continue
+        problem = _ChoiceWalk(entries, paths, sets, i, before, after).run()
+        if problem is not None:
+            yield problem
+            return
+
+
+class _ChoiceWalk:
+    """One ``multiple_choice`` (entry ``i``) down its trie, met by the entries ``before`` and
+    ``after`` it on its position scale. The ``banned_phrases`` among them share one automaton,
+    entry ``phrase_js[g]`` its group ``g``."""
+
+    def __init__(self, entries: Sequence[Any], paths: Sequence[str], sets: EntrySets, i: int,
+                 before: list[int], after: list[int]) -> None:
+        self.entries, self.paths, self.sets, self.i = entries, paths, sets, i
+        self.before, self.after = before, after
+        self.scope = scope_of(entries[i])
+        self.phrase_js = tuple(j for j in (*before, *after) if entries[j].kind == "banned_phrases")
+        self.triggers = [j for j in (*before, *after) if _follows_trigger(entries[j], self.scope)]
+        skip = {*self.phrase_js, *self.triggers}
+        self.fixed_before = [j for j in before if j not in skip]
+        self.fixed_after = [j for j in after if j not in skip]
+        self.levels: dict[int, tuple[list[tuple[frozenset[int] | None, frozenset[int] | None]], int | None,
+                                     list[tuple[int, bool, frozenset[int]]]]] = {}
+
+    def level(self, n: int) -> tuple[list[tuple[frozenset[int] | None, frozenset[int] | None]], int | None,
+                                     list[tuple[int, bool, frozenset[int]]]]:
+        """What the fixed entries do at position ``n``: the ``(mask, keep)`` of those before the
+        choice with an effect there, the last of them that keeps (``None``: none), and those after
+        it in order as ``(j, whether it keeps, ids)``."""
+        got = self.levels.get(n)
+        if got is None:
+            effect = self.sets.effect
+            made, origin = [], None
+            for j in self.fixed_before:
+                mask, keep = effect(j, n)
+                if mask is not None or keep is not None:
+                    made.append((mask, keep))
+                if keep is not None:
+                    origin = j
+            later: list[tuple[int, bool, frozenset[int]]] = []
+            for j in self.fixed_after:
+                mask, keep = effect(j, n)
+                if mask is not None:
+                    later.append((j, False, mask))
+                elif keep is not None:
+                    later.append((j, True, keep))
+            got = self.levels[n] = (made, origin, later)
+        return got
+
+    def run(self) -> Problem | None:
+        entries, paths, i = self.entries, self.paths, self.i
+        choice = entries[i]
         trie: dict[int, Any] = {}  # token -> child; the key -1 (never a token) marks a whole choice
         for ids in choice.choices:
             node = trie
             for token in ids:
                 node = node.setdefault(token, {})
             node[-1] = True
-        sets: dict[int, frozenset[int]] = {}
-        phrases = {j: _phrase_trie(entries[j]) for j in (*before, *after) if entries[j].kind == "banned_phrases"}
-        before_phrases = [j for j in before if j in phrases]
-        after_phrases = [j for j in after if j in phrases]
-        prefix: dict[int, tuple[Any, ...]] = {}
-        made: dict[tuple[object, ...], tuple[Any, ...]] = {}
-        triggers = [j for j in (*before, *after) if _follows_trigger(entries[j], scope)]
-        fixed = [j for j in (*before, *after) if j not in phrases and j not in triggers]
-        scale = "output" if scope == "always" else scope
+        phrase_js = self.phrase_js
+        automaton = self.sets.union(phrase_js) if phrase_js else None
+        goto, hits, step = (automaton.goto, automaton.hits, automaton.step) if automaton else ([{}], [0], None)
+        before_bits = sum(1 << g for g, j in enumerate(phrase_js) if j < i)
+        after_bits = sum(1 << g for g, j in enumerate(phrase_js) if j > i)
+        cues = [tuple(entries[j].trigger_token_ids) for j in self.triggers]
+        pis = [_prefix_function(cue) for cue in cues]
+        phrases = [entries[j].phrase_token_ids for j in self.triggers]
+        eos_id = choice.eos_token_id
         written: list[int] = []  # the output down to the node popped (a depth-first walk)
-        unfired = (-1,) * len(triggers)
-        cue_ends = frozenset(entries[j].trigger_token_ids[-1] for j in triggers)  # a token that may fire one
-        # node, its position, the token that led to it, where each trigger's phrase starts (-1: not yet)
-        stack: list[tuple[dict[int, Any], int, int, tuple[int, ...]]] = [(trie, 0, -1, unfired)]
+        # node, its position, the token that led to it, each trigger's state (>= 0: how much of its
+        # trigger the output ends with; < 0: ~where its phrase starts), the automaton's state
+        stack: list[tuple[dict[int, Any], int, int, tuple[int, ...], int]] = [(trie, 0, -1, (0,) * len(cues), 0)]
         while stack:
-            node, n, token, starts = stack.pop()
+            node, n, token, cued, state = stack.pop()
             if n:
                 del written[n - 1:]
                 written.append(token)
-            forcing = [(j, n - start) for j, start in zip(triggers, starts)
-                       if start >= 0 and n - start < len(entries[j].phrase_token_ids)] if starts != unfired else ()
-            at = prefix.get(n)
-            if at is None:  # what the entries do at position n: the same on every prefix of that length
-                key = tuple(variant(entries[j], n) for j in fixed)  # and at every n where nothing changes
-                at = made.get(key)
-                if at is None:
-                    at = made[key] = (*_before_choice([(j, entries[j]) for j in before if j not in phrases], n, sets),
-                                      [(j, *mask_or_keep(entries[j], n, sets, j)) for j in after if j not in phrases])
-                prefix[n] = at
-            allowed, masked, origin, later = at
-            for j in before_phrases:  # as _before_choice: a mask takes from an earlier allowed set
-                mask = _phrase_masks(phrases[j], written)
-                if allowed is None:
-                    masked = masked | mask
-                elif mask & allowed:
-                    allowed, origin = allowed - mask, None  # no longer one entry's doing
-            if len(node) == 1 and -1 not in node and not forcing:  # one next token (most of a long choice)
-                (t,) = node
-                ok = t not in masked if allowed is None else t in allowed
-                for _, mask, only in later:
-                    if not ok:
-                        break
-                    ok = (not mask or t not in mask) and (only is None or t in only)
-                for j in after_phrases:
-                    ok = ok and t not in _phrase_masks(phrases[j], written)
-                if ok:
-                    stack.append((node[t], n + 1, t, _fired(entries, triggers, starts, written, t) if t in cue_ends else starts))
-                    continue
+            forcing = [(q, n - ~x) for q, x in enumerate(cued) if x < 0 and n - ~x < len(phrases[q])] if cues else ()
+            made, origin, later = self.levels.get(n) or self.level(n)
             ends = -1 in node
-            eos = frozenset((choice.eos_token_id,)) if ends and choice.eos_token_id is not None else frozenset()
-            keep = frozenset(t for t in node if t != -1) | eos
-            left = keep - masked if allowed is None else keep & allowed
-            why = None
-            if not left:
+            eos = eos_id if ends else None
+            keep = [t for t in node if t != -1]
+            if eos is not None and eos not in node:
+                keep.append(eos)
+            left: dict[int, int] = {}  # the tokens left, each with the automaton's state after it
+            kills: list[int | None] = []  # for each token past the entries before: the later entry masking it
+            for t in keep:
+                for mask, only in made:
+                    if (mask is not None and t in mask) or (only is not None and t not in only):
+                        break
+                else:
+                    moved = goto[state].get(t)
+                    if moved is None:
+                        moved = step(state, t) if step else 0
+                    hit = hits[moved]
+                    if hit & before_bits:
+                        continue
+                    kill = None
+                    for j, keeps, held in later:
+                        if (t not in held) if keeps else (t in held):
+                            kill = j
+                            break
+                    hit &= after_bits
+                    if hit:
+                        j = phrase_js[(hit & -hit).bit_length() - 1]
+                        kill = j if kill is None or j < kill else kill
+                    kills.append(kill)
+                    if kill is None:
+                        left[t] = moved
+            why, blame = None, i
+            if not kills:
                 what = (f"the next tokens of its choices after {_output(written)}" if not ends else
                         f"EOS after the whole choice {_output(written)}" if len(node) == 1 else
                         f"EOS and the next tokens of its longer choices after the whole choice {_output(written)}")
+                origin = self._origin(origin, made, written)
                 why = f"allows only {what}, which " + ("earlier entries mask" if origin is None else f"{paths[origin]} does not allow")
-                blame = i
-            else:
-                for j, mask, only in sorted([*later, *((j, _phrase_masks(phrases[j], written), None) for j in after_phrases)]):
-                    rest = (left - mask if mask else left) if only is None else left & only
-                    if not rest:
-                        why = ("masks every token" if only is None else "allows none of the tokens") + (
-                            f" {paths[i]} leaves allowed after the output {_output(written)}")
-                        blame = j
-                        break
-                    left = rest
+            elif not left:
+                blame = max(kills)  # type: ignore[type-var]  # the entry after which no token is left
+                keeps = next((keeps for j, keeps, _ in later if j == blame), False)
+                why = ("allows none of the tokens" if keeps else "masks every token") + (
+                    f" {paths[i]} leaves allowed after the output {_output(written)}")
             for by, k in forcing if why is None else ():  # a trigger's phrase: one token, after every entry
-                forced = entries[by].phrase_token_ids[k]
+                forced = phrases[by][k]
                 if forced in left:
-                    left = frozenset((forced,))
+                    left = {forced: left[forced]}
                     continue
-                if ends and not eos and forced not in keep:
-                    left = frozenset()
+                if ends and eos is None and forced not in keep:
+                    left = {}
                     break  # it may be the request's stop token, which ends the choice: not known here
-                culprit, verb = _excluding(entries, i, (*before, *after), n, sets, phrases, written, forced, keep)
-                cued = (f"once its trigger is written at {scale} positions {n - k - len(entries[by].trigger_token_ids)}"
-                        f"..{n - k - 1}")
+                culprit, verb = self._excluding(n, written, forced, keep)
+                j = self.triggers[by]
+                cue = len(cues[by])
+                scale = "output" if self.scope == "always" else self.scope
+                cued_at = f"once its trigger is written at {scale} positions {n - k - cue}..{n - k - 1}"
                 there = f"after the output {_output(written)}" if culprit == i else f"at {scale} position {n}"
-                if by > culprit:
-                    why = f"forces token {forced} (phrase_token_ids[{k}]) {there} {cued}, which {paths[culprit]} {verb}"
+                if j > culprit:
+                    why = f"forces token {forced} (phrase_token_ids[{k}]) {there} {cued_at}, which {paths[culprit]} {verb}"
                 else:
-                    why = f"{verb} token {forced} {there}, which {paths[by]} forces (its phrase_token_ids[{k}]) {cued}"
-                yield Problem(paths[max(by, culprit)], f"contradicts the entries before it: it {why}; "
+                    why = f"{verb} token {forced} {there}, which {paths[j]} forces (its phrase_token_ids[{k}]) {cued_at}"
+                return Problem(paths[max(j, culprit)], f"contradicts the entries before it: it {why}; "
                                                       "the row would have no token left")
-                return
             if why is not None:
-                if ends and not eos:
+                if ends and eos is None:
                     continue  # a whole choice, its EOS the request's stop token: not known here
-                yield Problem(paths[blame], f"contradicts the entries before it: it {why} at {scale} position {n}; "
-                                            "the row would have no token left")
-                return
-            stack.extend((node[t], n + 1, t, _fired(entries, triggers, starts, written, t) if t in cue_ends else starts)
-                         for t in node if t != -1 and t in left)
+                scale = "output" if self.scope == "always" else self.scope
+                return Problem(paths[blame], f"contradicts the entries before it: it {why} at {scale} position {n}; "
+                                             "the row would have no token left")
+            for t in node:
+                if t != -1 and t in left:
+                    stack.append((node[t], n + 1, t, _cued(cued, cues, pis, n, t) if cues else cued, left[t]))
+        return None
+
+    def _origin(self, origin: int | None, made: list[tuple[frozenset[int] | None, frozenset[int] | None]],
+                written: Sequence[int]) -> int | None:
+        """The entry the message blames for the set the choice met (the last allow-list before it),
+        or ``None`` when there is none or a phrase ban before the choice took ids from its set."""
+        if origin is None:
+            return None
+        taken: set[int] = set()
+        for j in self.phrase_js:
+            if j > self.i:
+                break
+            automaton = self.sets.automaton(j)
+            mask = automaton.masked(automaton.follow(written))
+            if any(m not in taken and all((no is None or m not in no) and (only is None or m in only) for no, only in made)
+                   for m in mask):
+                return None
+            taken |= mask
+        return origin
+
+    def _excluding(self, n: int, written: Sequence[int], token: int, keep: list[int]) -> tuple[int, str]:
+        """The first entry that leaves ``token`` out at position ``n`` after ``written``, the
+        choice itself when its choices do not go on with it, and its verb."""
+        if token not in keep:
+            return self.i, "does not allow"
+        for j in sorted((*self.before, *self.after)):
+            if j in self.phrase_js:
+                automaton = self.sets.automaton(j)
+                if automaton.shortest[automaton.step(automaton.follow(written), token)] is not None:
+                    return j, "masks"
+                continue
+            mask, only = self.sets.effect(j, n)
+            if mask and token in mask:
+                return j, "masks"
+            if only is not None and token not in only:
+                return j, "does not allow"
+        return self.i, "does not allow"
+
+
+def _cued(cued: tuple[int, ...], cues: list[tuple[int, ...]], pis: list[list[int]], n: int, token: int) -> tuple[int, ...]:
+    """Each trigger's state once ``token`` follows the output of length ``n`` (Knuth-Morris-Pratt;
+    its first occurrence fires it: its phrase starts at ``n + 1``)."""
+    made = []
+    for x, cue, pi in zip(cued, cues, pis):
+        if x >= 0:
+            while x and cue[x] != token:
+                x = pi[x - 1]
+            if cue[x] == token:
+                x += 1
+            if x == len(cue):
+                x = ~(n + 1)
+        made.append(x)
+    return tuple(made)
 
 
 def _follows_trigger(entry: Any, scope: str) -> bool:
@@ -168,46 +265,14 @@ def _follows_trigger(entry: Any, scope: str) -> bool:
         entry.trigger_token_ids is not None and entry.phrase_token_ids is not None
 
 
-def _fired(entries: Sequence[Any], triggers: Sequence[int], starts: tuple[int, ...], written: Sequence[int],
-           token: int) -> tuple[int, ...]:
-    """Where each trigger's phrase starts once ``token`` follows ``written`` (its first occurrence)."""
-    n = len(written) + 1
-    made = []
-    for j, start in zip(triggers, starts):
-        cue = entries[j].trigger_token_ids
-        if start < 0 and n >= len(cue) and cue[-1] == token and tuple(written[n - len(cue):]) == cue[:-1]:
-            start = n
-        made.append(start)
-    return tuple(made)
-
-
-def _excluding(entries: Sequence[Any], i: int, others: Sequence[int], n: int, sets: dict[int, frozenset[int]],
-               phrases: dict[int, dict[int, Any]], written: Sequence[int], token: int,
-               keep: frozenset[int]) -> tuple[int, str]:
-    """The first entry that leaves ``token`` out at position ``n`` after ``written`` (choice ``i``
-    when its choices do not go on with it) and its verb."""
-    if token not in keep:
-        return i, "does not allow"
-    for j in sorted(others):
-        if j in phrases:
-            if token in _phrase_masks(phrases[j], written):
-                return j, "masks"
-            continue
-        mask, only = mask_or_keep(entries[j], n, sets, j)
-        if mask and token in mask:
-            return j, "masks"
-        if only is not None and token not in only:
-            return j, "does not allow"
-    return i, "does not allow"
-
-
-def trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
+def trigger_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySets | None = None) -> Iterator[Problem]:
     """A ``trigger`` whose phrase a position-free mask of its scale masks (``banned_tokens``,
     ``allowed_tokens``, a ``banned_phrases`` that trigger and phrase write): once the trigger is
     written the phrase is forced, so that token's row has none left; so is a phrase stop id a
     ``min_tokens`` of its scope holds (``_held_stop_problem``). A trigger those masks never let the
     output write never fires and is not followed. Beside a choice of its scope a trigger is left to
     the choice's walk (``choice_problems``), which follows it exactly."""
+    sets = sets if sets is not None else EntrySets(entries)
     walked = {scope_of(e) for e in entries if e.kind == "multiple_choice" and e.choices}
     for i, trigger in enumerate(entries):
         if trigger.kind != "trigger" or trigger.trigger_token_ids is None or trigger.phrase_token_ids is None:
@@ -221,27 +286,16 @@ def trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[P
         scope = scope_of(trigger)
         masks = [j for j, e in enumerate(entries)
                  if j != i and e.kind in ("banned_tokens", "allowed_tokens", "banned_phrases") and on_scale(e, scope)]
-        sets = {j: _phrase_trie(entries[j]) if entries[j].kind == "banned_phrases" else
-                frozenset(entries[j].token_ids) if entries[j].kind == "banned_tokens" else keep_set(entries[j])
-                for j in masks}
-
-        def masking(written: Sequence[int], token: int) -> int | None:
-            for j in masks:
-                kind, held = entries[j].kind, sets[j]
-                if (token not in held if kind == "allowed_tokens" else
-                        token in (_phrase_masks(held, written) if kind == "banned_phrases" else held)):
-                    return j
-            return None
-
-        written = list(trigger.trigger_token_ids)
-        if any(masking(written[:k], t) is not None for k, t in enumerate(written)):
+        cue, phrase = tuple(trigger.trigger_token_ids), tuple(trigger.phrase_token_ids)
+        masking = _first_masking(entries, sets, masks, (*cue, *phrase))  # at each position of trigger, phrase
+        if any(j is not None for j in masking[:len(cue)]):
             continue  # never written: never fires
-        held = _held_stop_problem(entries, paths, i)
+        held = _held_stop_problem(entries, paths, i, sets)
         if held is not None:
             yield held
             return
-        for k, token in enumerate(trigger.phrase_token_ids):
-            j = masking(written, token)
+        for k, token in enumerate(phrase):
+            j = masking[len(cue) + k]
             if j is not None:
                 verb = "does not allow" if entries[j].kind == "allowed_tokens" else "masks"
                 if j > i:
@@ -250,10 +304,29 @@ def trigger_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[P
                     why = f"forces token {token} (phrase_token_ids[{k}]) once its trigger is written, which {paths[j]} {verb}"
                 yield Problem(paths[max(i, j)], f"contradicts the entries before it: it {why}; the row would have no token left")
                 return
-            written.append(token)
 
 
-def _held_stop_problem(entries: Sequence[Any], paths: Sequence[str], i: int) -> Problem | None:
+def _first_masking(entries: Sequence[Any], sets: EntrySets, masks: list[int], written: tuple[int, ...]) -> list[int | None]:
+    """For each position ``k`` of ``written``: the first of the ``masks`` entries (in order) that
+    leaves ``written[k]`` out after ``written[:k]`` (``None``: none). O(len(written) x masks)."""
+    firsts: list[int | None] = [None] * len(written)
+    for j in reversed(masks):  # the last one written wins: the first in order
+        kind = entries[j].kind
+        if kind == "banned_phrases":
+            automaton, state = sets.automaton(j), 0
+            for k, token in enumerate(written):
+                state = automaton.step(state, token)
+                if automaton.shortest[state] is not None:
+                    firsts[k] = j
+        else:
+            held = sets.mask(j) if kind == "banned_tokens" else sets.keep(j)
+            for k, token in enumerate(written):
+                if (token in held) != (kind == "allowed_tokens"):
+                    firsts[k] = j
+    return firsts
+
+
+def _held_stop_problem(entries: Sequence[Any], paths: Sequence[str], i: int, sets: EntrySets) -> Problem | None:
     """Trigger ``i`` against the ``min_tokens`` of its scope: the masks of its scale let the trigger
     be written (the caller checked), at the earliest from position ``s``, 0 unless a trigger token is
     a stop id ``min_tokens`` masks until later; phrase token ``k`` is then forced at ``s +
@@ -267,7 +340,7 @@ def _held_stop_problem(entries: Sequence[Any], paths: Sequence[str], i: int) -> 
     if not held:
         return None
     cue, phrase = trigger.trigger_token_ids, trigger.phrase_token_ids
-    stops = {j: frozenset(entries[j].stop_token_ids) for j in held}
+    stops = {j: sets.mask(j) for j in held}
     first = max([0, *(entries[j].min_tokens - c for j in held for c, t in enumerate(cue) if t in stops[j])])
     scale = "output" if scope == "always" else scope
     for k, token in enumerate(phrase):
@@ -285,6 +358,17 @@ def _held_stop_problem(entries: Sequence[Any], paths: Sequence[str], i: int) -> 
     return None
 
 
+def _first_end(written: Sequence[int], cue: Sequence[int]) -> int | None:
+    """The first position right after ``cue`` in ``written`` that is still inside it (the cue ends
+    before the last token), or ``None``. A C-speed text search over the ids as comma-led decimals."""
+    text = "," + ",".join(map(str, written)) + ","
+    at = text.find("," + ",".join(map(str, cue)) + ",")
+    if at < 0:
+        return None
+    end = text.count(",", 0, at) + len(cue)
+    return end if end < len(written) else None
+
+
 def _forced_trigger_problem(entries: Sequence[Any], paths: Sequence[str], i: int) -> Problem | None:
     """Trigger ``i`` against each ``forced_sequence`` of its scope, which fixes the output of its
     stretch (its tokens, then EOS) that the trigger reads too: where that output first ends with
@@ -298,7 +382,7 @@ def _forced_trigger_problem(entries: Sequence[Any], paths: Sequence[str], i: int
         if entry.kind != "forced_sequence" or scope_of(entry) != scope:
             continue
         written = (*entry.token_ids, entry.eos_token_id)
-        end = next((e for e in range(len(cue), len(written)) if written[e - len(cue):e] == cue), None)
+        end = _first_end(written, cue)
         if end is None:
             continue  # the trigger is never written (or only as the EOS step ends the output)
         for k, token in enumerate(phrase[:len(written) - end]):
@@ -314,23 +398,3 @@ def _forced_trigger_problem(entries: Sequence[Any], paths: Sequence[str], i: int
                 why = f"forces token {token} (phrase_token_ids[{k}]) at {at} {cued}, where {paths[j]} forces token {there}"
             return Problem(paths[max(i, j)], f"contradicts the entries before it: it {why}; the row would have no token left")
     return None
-
-
-def _before_choice(entries: Sequence[tuple[int, Any]], n: int, sets: dict[int, frozenset[int]]
-                   ) -> tuple[frozenset[int] | None, frozenset[int], int | None]:
-    """``(allowed, masked, origin)`` after ``entries`` (index, entry) at position ``n``: the ids left
-    (``None``: every id but ``masked``) and the entry that last restricted them."""
-    allowed: frozenset[int] | None = None
-    masked: frozenset[int] = frozenset()
-    origin = None
-    for j, entry in entries:
-        mask, only = mask_or_keep(entry, n, sets, j)
-        if mask:
-            if allowed is None:
-                masked |= mask
-            else:
-                allowed -= mask
-        if only is not None:
-            allowed = only - masked if allowed is None else only & allowed
-            origin = j
-    return allowed, masked, origin
