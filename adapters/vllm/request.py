@@ -147,14 +147,17 @@ def carried_payload(raw: Any, limits: SpecLimits) -> Any:
                                              f"JSON ({err or 'nested too deeply'})") from None
 
 
-def client_payload(text: str, config: DeploymentConfig | None = None) -> Any:
+def client_payload(text: str, config: DeploymentConfig | None = None, *, admitted: bool = False) -> Any:
     """The payload a client sent as JSON ``text`` to an engine whose worker is the spec source:
     parsed and held to ``config`` (default ``client_payload_config()``: ``DYN_LOGITS_REQUEST_KINDS``
-    and the default limits), then to the wire rules. ``SpecError`` naming the field."""
+    and the default limits), then to the wire rules (``admitted``: vLLM's ``validate_params`` checked
+    them where the request entered, so only the O(payload) parse and allow-list here). ``SpecError``
+    naming the field."""
     config = config if config is not None else client_payload_config()
     payload = carried_payload(text, config.limits)
     check_request_payload(payload, config)
-    sdk.validate(payload, limits=config.limits)
+    if not admitted:
+        sdk.validate(payload, limits=config.limits)
     return payload
 
 
@@ -207,11 +210,15 @@ def stop_token(params: Any, vocab_size: int) -> int | None:
 
 def request_facts(params: Any, prompt_ids: Sequence[int] | None) -> sdk.RequestFacts:
     """What the adapter knows of a request: its prompt (``None`` where the runner does not say), the
-    ids it stops on (its EOS unless ``ignore_eos``, then ``stop_token_ids``) and its arrival
-    (``extra_args[ARRIVAL_KEY]``, ``sdk.carried_arrival``)."""
+    ids it stops on (its EOS unless ``ignore_eos``, then ``stop_token_ids``), its arrival
+    (``extra_args[ARRIVAL_KEY]``, ``sdk.carried_arrival``), and that it was admitted: vLLM runs
+    ``validate_params`` on every request where it enters (``vllm/v1/engine/input_processor.py``,
+    ``InputProcessor.process_inputs`` -> ``_validate_params``, vLLM 0.32; once per request:
+    ``AsyncLLM.add_request`` fans ``n`` out after it), so the model runner never repeats the
+    consistency walks."""
     return sdk.RequestFacts.of(prompt_ids=prompt_ids, eos_token_id=getattr(params, "eos_token_id", None),
                                stop_token_ids=getattr(params, "stop_token_ids", None) or (),
-                               arrival_time=sdk.carried_arrival(getattr(params, "extra_args", None)))
+                               arrival_time=sdk.carried_arrival(getattr(params, "extra_args", None)), admitted=True)
 
 
 def _check_prompt(payload: Any, prompt_ids: Sequence[int] | None, limits: SpecLimits) -> None:
@@ -246,7 +253,7 @@ def realize_request(params: Any, *, vocab_size: int, report: FailureReport | Non
             generates = is_generation_stage(request_role(params, DisaggregationMode.AGGREGATED))
             config = client_payload_config()
             limits = config.limits
-            payload = client_payload(payload, config) if generates else None
+            payload = client_payload(payload, config, admitted=True) if generates else None
             _check_prompt(payload, prompt_ids, limits)
     except SpecError as err:
         reason = f"payload rejected in the engine: {err}"
