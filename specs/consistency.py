@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .consistency_walks import choice_problems, trigger_problems
-from .effects import EntrySets, forced_token, scope_of
+from .effects import EntrySets, PhraseAutomaton, forced_token, scope_of
 from .errors import Problem, SpecError
 
 __all__ = ["MIXED_POINTS", "check_consistency", "consistency_problems"]
@@ -192,6 +192,23 @@ def _delimiter_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterato
             return
 
 
+def _answer_budget_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
+    """A ``thinking_budget`` scoped to ``answer`` on the request's reasoning delimiters: the reasoning
+    span is never open in the answer, yet the scoped processor reads the prompt and the answer's
+    stretch, so where the prompt opened a span it counts it as open and forces the end token into
+    the answer (and otherwise does nothing). Refused: it can only do harm."""
+    reasoning = _reasoning(entries)
+    if reasoning is None:
+        return
+    for i, entry in enumerate(entries):
+        if entry.kind == "thinking_budget" and scope_of(entry) == "answer" and _delimiters(entry, reasoning) == reasoning:
+            yield Problem(f"{paths[i]}.scope", "a thinking_budget on the reasoning delimiters cannot be scoped to answer: "
+                                               "the reasoning span is never open in the answer, yet a span the prompt "
+                                               "opened would be counted there and its end token forced into the answer; "
+                                               "scope it reasoning or always")
+            return
+
+
 def _delimiters(entry: Any, reasoning: tuple[tuple[int, ...], tuple[int, ...]] | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """A ``thinking_budget``'s delimiters: its own, else the request's reasoning delimiters."""
     start = tuple(entry.start_token_ids) if entry.start_token_ids is not None else reasoning[0]  # type: ignore[index]
@@ -201,7 +218,9 @@ def _delimiters(entry: Any, reasoning: tuple[tuple[int, ...], tuple[int, ...]] |
 
 def _thinking_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySets) -> Iterator[Problem]:
     """A ``thinking_budget``'s end tokens, forced where its span closes, against the entries acting
-    there: masked by ``min_tokens`` or a ban, or left out of an allow-list."""
+    there: masked by ``min_tokens``, a ban, a phrase ban (a phrase the end tokens hold, one-token
+    phrases included: the end writes it, so its last token is masked where it is forced), or left
+    out of an allow-list."""
     reasoning = _reasoning(entries)
     for i, entry in enumerate(entries):
         if entry.kind != "thinking_budget":
@@ -227,6 +246,26 @@ def _thinking_problems(entries: Sequence[Any], paths: Sequence[str], sets: Entry
                 token = min(ends - sets.keep(j))
                 yield Problem(f"{paths[i]}.end_token_ids", f"token {token} is not allowed by {paths[j]}, so closing a thinking span would leave the row with no token")
                 return
+            elif other.kind == "banned_phrases":
+                k = _phrase_in(sets.automaton(j), end)
+                if k is not None:
+                    phrase = other.phrases[k]
+                    why = (f"token {phrase[0]} is banned by {paths[j]}.phrases[{k}] (a one-token phrase)" if len(phrase) == 1
+                           else f"the end tokens hold {paths[j]}.phrases[{k}], whose last token {phrase[-1]} the ban masks once the "
+                                "rest is written")
+                    yield Problem(f"{paths[i]}.end_token_ids", f"{why}, so closing a thinking span would leave the row with no token")
+                    return
+
+
+def _phrase_in(automaton: PhraseAutomaton, written: Sequence[int]) -> int | None:
+    """The first phrase ``written`` holds (the shortest of those ending first), or ``None``: O(len(written))."""
+    state = 0
+    for token in written:
+        state = automaton.step(state, token)
+        k = automaton.shortest[state]
+        if k is not None:
+            return k
+    return None
 
 
 def _phrase_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySets) -> Iterator[Problem]:
@@ -263,7 +302,7 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
         return []  # one entry never contradicts itself, short of masking the whole vocabulary
     names = list(paths) if paths is not None else [f"{root}[{i}]" for i in range(len(entries))]
     if "thinking_budget" in kinds:
-        missing = list(_delimiter_problems(entries, names))
+        missing = [*_delimiter_problems(entries, names)] or [*_answer_budget_problems(entries, names)]
         if missing:
             return missing
     acting = [e for e in entries if e.kind != "reasoning"]
