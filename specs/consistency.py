@@ -45,18 +45,17 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .admission_work import walks_needed, work_problem
 from .consistency_walks import choice_problems, trigger_problems
-from .effects import EntrySets, PhraseAutomaton, forced_token, scope_of
+from .effects import MIXED_POINTS, SET_KINDS, EntrySets, PhraseAutomaton, forced_token, scope_of
 from .errors import Problem, SpecError
+from .limits import DEFAULT_LIMITS, SpecLimits
 
 __all__ = ["MIXED_POINTS", "check_consistency", "consistency_problems"]
 
-#: Positions of each side compared where entries of two position scales act in one phase (see the
-#: module doc): the first ones that differ, and the last (from which on nothing changes).
-MIXED_POINTS = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _State:
     """Tokens still allowed after some entries: every id except ``masked`` (``allowed is None``),
     or exactly ``allowed``; ``origin`` is the index of the entry that last restricted the set."""
@@ -138,28 +137,34 @@ def _grid(entries: Sequence[Any], axes: Sequence[int]) -> list[tuple[int, int]]:
 def _position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size: int | None, sets: EntrySets,
                        index: Sequence[int], axes: Sequence[int] | None = None, phase: str = "") -> Iterator[Problem]:
     """``axes[i]``: whether entry ``i`` counts output positions (0) or positions of ``phase`` (1);
-    ``index[i]``: its index in the payload (``sets``)."""
+    ``index[i]``: its index in the payload (``sets``). O(grid points x entries that act on the set,
+    plus the set operations of each distinct state)."""
     # Steps are memoized on (entry, input state, what of n matters), so a long forced sequence costs
     # one cheap step per position instead of re-deriving large allowed sets at every position.
     axes = list(axes) if axes is not None else [0] * len(entries)
-    memo: dict[tuple[int, int, object], tuple[_State, str | None]] = {}
+    # per entry: (id of the input state) << 33 | what of n matters -> (state, reason); int keys and
+    # the states kept alive in a list allocate nothing the garbage collector follows on a hit
+    memos: list[dict[int, tuple[_State, str | None]]] = [{} for _ in entries]
+    alive: list[_State] = []  # every state made: its id stays unique
     start = _State(frozenset(), None, None)
-    kinds = [e.kind for e in entries]
+    # an entry that leaves the set as it is can neither empty it nor make it cover the vocabulary
+    acting = [(i, e, e.kind, axes[i], tuple(e.token_ids) if e.kind == "forced_sequence" else None, memos[i])
+              for i, e in enumerate(entries) if e.kind in SET_KINDS]
     for ns in _grid(entries, axes):
         state = start
-        for i, entry in enumerate(entries):
-            n = ns[axes[i]]
-            kind = kinds[i]
-            key = (i, id(state), forced_token(entry, n) if kind == "forced_sequence" else n < entry.min_tokens
-                   if kind == "min_tokens" else n == 0 if kind == "multiple_choice" else None)
+        for i, entry, kind, axis, forced, memo in acting:
+            n = ns[axis]
+            key = id(state) << 33 | ((forced[n] if n < len(forced) else entry.eos_token_id) + 2 if forced is not None else
+                                     n < entry.min_tokens if kind == "min_tokens" else
+                                     n == 0 if kind == "multiple_choice" else 0)
             hit = memo.get(key)
             if hit is None:
-                at = f"{phase} position {n}" if axes[i] else f"output position {n}"
+                at = f"{phase} position {n}" if axis else f"output position {n}"
                 hit = memo[key] = _step(state, i, entry, n, paths, *sets.effect(index[i], n), at)
-                memo[(-1, id(hit[0]), None)] = (hit[0], None)  # keep the state alive: its id stays unique
+                alive.append(hit[0])
             state, why = hit
             if why is None and vocab_size is not None and state.allowed is None and len(state.masked) >= vocab_size:
-                at = f"{phase} position {n}" if axes[i] else f"output position {n}"
+                at = f"{phase} position {n}" if axis else f"output position {n}"
                 why = f"masks the last of the {vocab_size} tokens at {at}"
             if why is not None:
                 yield Problem(paths[i], f"contradicts the entries before it: it {why}; the row would have no token left")
@@ -292,28 +297,33 @@ def _phrase_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySe
 
 
 def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Sequence[str] | None = None,
-                         vocab_size: int | None = None) -> list[Problem]:
+                         vocab_size: int | None = None, limits: SpecLimits = DEFAULT_LIMITS) -> list[Problem]:
     """The contradictions in ``entries`` (wire entries, already type-valid and below ``vocab_size``
     when it is given), at most one per rule. Entry ``i`` is named ``paths[i]`` (default
-    ``root[i]``). With ``vocab_size`` (the logits width) masks that cover every token are found too."""
+    ``root[i]``). With ``vocab_size`` (the logits width) masks that cover every token are found too.
+
+    First, from the entries' sizes alone, the work the checks would take against
+    ``limits.max_admission_work`` (``admission_work``): over it, the one problem names the budget at
+    the field that drives most of it, and nothing is walked."""
     entries = list(entries)
+    names = list(paths) if paths is not None else [f"{root}[{i}]" for i in range(len(entries))]
+    over = work_problem(entries, names, vocab_size, limits)
+    if over is not None:
+        return [over]
+    return _problems(entries, names, vocab_size)
+
+
+def _problems(entries: list[Any], names: list[str], vocab_size: int | None) -> list[Problem]:
+    """``consistency_problems`` past the budget: every rule, entry ``i`` named ``names[i]``."""
     kinds = [e.kind for e in entries]
     if len(entries) == 1 and kinds[0] not in ("thinking_budget", "banned_tokens", "min_tokens"):
         return []  # one entry never contradicts itself, short of masking the whole vocabulary
-    names = list(paths) if paths is not None else [f"{root}[{i}]" for i in range(len(entries))]
     if "thinking_budget" in kinds:
         missing = [*_delimiter_problems(entries, names)] or [*_answer_budget_problems(entries, names)]
         if missing:
             return missing
-    acting = [e for e in entries if e.kind != "reasoning"]
-    if len(acting) < 2 and not (vocab_size is not None and acting and acting[0].kind in ("banned_tokens", "min_tokens")):
-        return []
-    if not any(e.kind in ("forced_sequence", "allowed_tokens", "thinking_budget", "multiple_choice", "trigger")
-               for e in entries):
-        masked = sum(len(e.token_ids if e.kind == "banned_tokens" else e.stop_token_ids)
-                     for e in entries if e.kind in ("banned_tokens", "min_tokens"))
-        if vocab_size is None or masked < vocab_size:
-            return []  # only masks and biases, and too few masked ids to cover the vocabulary
+    if not walks_needed(entries, vocab_size):
+        return []  # fewer than two acting entries, or only masks and biases too few to cover the vocabulary
     sets = EntrySets(entries)
     problems = [*_scoped_position_problems(entries, names, vocab_size, sets), *_thinking_problems(entries, names, sets),
                 *_phrase_problems(entries, names, sets)]
@@ -321,8 +331,9 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
 
 
 def check_consistency(entries: Iterable[Any], *, root: str = "", paths: Sequence[str] | None = None,
-                      vocab_size: int | None = None) -> None:
-    """Raise ``SpecError`` naming the entry that contradicts the ones before it (see the module doc)."""
-    problems = consistency_problems(entries, root=root, paths=paths, vocab_size=vocab_size)
+                      vocab_size: int | None = None, limits: SpecLimits = DEFAULT_LIMITS) -> None:
+    """Raise ``SpecError`` naming the entry that contradicts the ones before it (see the module doc),
+    or the admission work budget the entries would exceed (``consistency_problems``)."""
+    problems = consistency_problems(entries, root=root, paths=paths, vocab_size=vocab_size, limits=limits)
     if problems:
         raise SpecError(problems)

@@ -279,7 +279,7 @@ def trigger_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySe
             continue
         if scope_of(trigger) in walked:
             continue  # a choice of its scope fixes where it can be written: its walk follows the trigger
-        forced = _forced_trigger_problem(entries, paths, i)
+        forced = _forced_trigger_problem(entries, paths, i, sets)
         if forced is not None:
             yield forced
             return
@@ -358,18 +358,18 @@ def _held_stop_problem(entries: Sequence[Any], paths: Sequence[str], i: int, set
     return None
 
 
-def _first_end(written: Sequence[int], cue: Sequence[int]) -> int | None:
-    """The first position right after ``cue`` in ``written`` that is still inside it (the cue ends
-    before the last token), or ``None``. A C-speed text search over the ids as comma-led decimals."""
-    text = "," + ",".join(map(str, written)) + ","
+def _first_end(text: str, length: int, cue: Sequence[int]) -> int | None:
+    """The first position right after ``cue`` in an output of ``length`` tokens written out as
+    ``text`` (``EntrySets.text``) that is still inside it (the cue ends before the last token), or
+    ``None``. A C-speed text search."""
     at = text.find("," + ",".join(map(str, cue)) + ",")
     if at < 0:
         return None
     end = text.count(",", 0, at) + len(cue)
-    return end if end < len(written) else None
+    return end if end < length else None
 
 
-def _forced_trigger_problem(entries: Sequence[Any], paths: Sequence[str], i: int) -> Problem | None:
+def _forced_trigger_problem(entries: Sequence[Any], paths: Sequence[str], i: int, sets: EntrySets) -> Problem | None:
     """Trigger ``i`` against each ``forced_sequence`` of its scope, which fixes the output of its
     stretch (its tokens, then EOS) that the trigger reads too: where that output first ends with
     the trigger, the phrase's tokens must be the ones the sequence forces there (up to its EOS; past
@@ -382,7 +382,7 @@ def _forced_trigger_problem(entries: Sequence[Any], paths: Sequence[str], i: int
         if entry.kind != "forced_sequence" or scope_of(entry) != scope:
             continue
         written = (*entry.token_ids, entry.eos_token_id)
-        end = _first_end(written, cue)
+        end = _first_end(sets.text(j), len(written), cue)
         if end is None:
             continue  # the trigger is never written (or only as the EOS step ends the output)
         for k, token in enumerate(phrase[:len(written) - end]):

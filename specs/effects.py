@@ -7,7 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["EntrySets", "PhraseAutomaton", "forced_token", "keep_set", "mask_or_keep", "on_scale", "scope_of", "variant"]
+__all__ = ["MIXED_POINTS", "SET_KINDS", "EntrySets", "PhraseAutomaton", "forced_token", "keep_set", "mask_or_keep", "on_scale", "scope_of", "variant"]
+
+#: Positions of each side compared where entries of two position scales act in one phase
+#: (``consistency``'s module doc): the first ones that differ, and the last (from which on nothing
+#: changes).
+MIXED_POINTS = 64
+#: The kinds whose effect on a step's allowed set the position rules follow (the others leave it as it is).
+SET_KINDS = frozenset(("banned_tokens", "allowed_tokens", "min_tokens", "forced_sequence", "multiple_choice"))
 
 
 def forced_token(entry: Any, n: int) -> int:
@@ -151,14 +158,25 @@ class EntrySets:
     """What admission reads of a payload's entries, built once per payload on first use and shared
     by every rule: each entry's fixed id set (``mask``: a ban's ids, ``min_tokens``' stop ids;
     ``keep``: an allow-list's ids and EOS, or a choice's first tokens), each ``banned_phrases``'
-    automaton (``automaton``) and the automaton of several (``union``)."""
+    automaton (``automaton``) and the automaton of several (``union``), each ``forced_sequence``'s
+    output as text (``text``)."""
 
-    __slots__ = ("entries", "_sets", "_automata")
+    __slots__ = ("entries", "_sets", "_automata", "_texts")
 
     def __init__(self, entries: Sequence[Any]) -> None:
         self.entries = entries
         self._sets: dict[int, frozenset[int]] = {}
         self._automata: dict[tuple[int, ...], PhraseAutomaton] = {}
+        self._texts: dict[int, str] = {}
+
+    def text(self, j: int) -> str:
+        """What ``forced_sequence`` ``j`` writes (its tokens, then its EOS) as comma-led decimals
+        (``",5,6,2,"``), for C-speed searches of a token sequence in it."""
+        got = self._texts.get(j)
+        if got is None:
+            entry = self.entries[j]
+            got = self._texts[j] = "," + ",".join(map(str, (*entry.token_ids, entry.eos_token_id))) + ","
+        return got
 
     def mask(self, j: int) -> frozenset[int]:
         """The ids entry ``j`` (``banned_tokens`` or ``min_tokens``) masks when it acts."""

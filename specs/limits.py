@@ -41,6 +41,9 @@ class SpecLimits:
     max_phrases: int = 256  # banned_phrases' phrases (and texts), multiple_choice's choices (and texts)
     max_phrase_tokens: int = 64  # tokens of one phrase, choice, trigger
     max_prompt_tokens: int = 131_072  # the prompt a prompt-bound kind (prompt_tokens) reads
+    #: the most work units (~0.1 µs of CPU each) admission's consistency checks may take on one
+    #: payload, bounded from its sizes before any walk (``dynlogits.specs.admission_work``)
+    max_admission_work: int = 400_000
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():

@@ -71,6 +71,7 @@ class _LimitsModel(BaseModel):
     max_phrases: StrictInt = Field(DEFAULT_LIMITS.max_phrases, ge=1)
     max_phrase_tokens: StrictInt = Field(DEFAULT_LIMITS.max_phrase_tokens, ge=1)
     max_prompt_tokens: StrictInt = Field(DEFAULT_LIMITS.max_prompt_tokens, ge=1)
+    max_admission_work: StrictInt = Field(DEFAULT_LIMITS.max_admission_work, ge=1)
 
 
 class _ConfigModel(BaseModel):
