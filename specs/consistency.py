@@ -41,9 +41,14 @@ as the allowed set the prompt makes it (``dynlogits.sdk.realization``). No torch
 
 from __future__ import annotations
 
+import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from .admission_work import walks_needed, work_problem
 from .consistency_walks import choice_problems, trigger_problems
@@ -51,7 +56,7 @@ from .effects import MIXED_POINTS, SET_KINDS, EntrySets, PhraseAutomaton, forced
 from .errors import Problem, SpecError
 from .limits import DEFAULT_LIMITS, SpecLimits
 
-__all__ = ["MIXED_POINTS", "check_consistency", "consistency_problems"]
+__all__ = ["MIXED_POINTS", "VERDICTS", "check_consistency", "consistency_problems"]
 
 
 
@@ -296,6 +301,67 @@ def _phrase_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySe
                     return
 
 
+class _Verdicts:
+    """A small LRU of verdicts by key (bytes), bounded by count and by the bytes of its keys;
+    thread-safe (admission may run on several threads of one process)."""
+
+    def __init__(self, count: int, key_bytes: int) -> None:
+        self.count, self.key_bytes = count, key_bytes
+        self._held: OrderedDict[bytes, tuple[Problem, ...]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> tuple[Problem, ...] | None:
+        with self._lock:
+            got = self._held.get(key)
+            if got is not None:
+                self._held.move_to_end(key)
+            return got
+
+    def put(self, key: bytes, verdict: tuple[Problem, ...]) -> None:
+        if len(key) > self.key_bytes:
+            return
+        with self._lock:
+            if key in self._held:
+                return
+            self._held[key] = verdict
+            self._bytes += len(key)
+            while len(self._held) > self.count or self._bytes > self.key_bytes:
+                old, _ = self._held.popitem(last=False)
+                self._bytes -= len(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held.clear()
+            self._bytes = 0
+
+
+#: Verdicts of the walks per process, by the entries' content and the vocabulary size: the same
+#: payload checked by the worker, by the engine's input validation, and for each child of ``n``
+#: is walked once. 256 verdicts, 8 MiB of keys at most.
+VERDICTS = _Verdicts(256, 8 << 20)
+_NAMED = re.compile(r"\x00(\d+)\x00")
+
+
+def _key(entries: Sequence[Any], vocab_size: int | None) -> bytes | None:
+    """The entries' content as JSON (msgspec structs as they are, pydantic models as dumped), with
+    ``vocab_size``; ``None`` for entries of another shape (not memoized)."""
+    try:
+        return _ENCODER.encode(entries) + b"|" + str(vocab_size).encode()
+    except (TypeError, ValueError, AttributeError, msgspec.EncodeError):
+        return None
+
+
+def _dumped(value: Any) -> Any:
+    """A pydantic model's class and field values as they are (msgspec encodes them at C speed)."""
+    if getattr(value, "__pydantic_fields__", None) is None:
+        raise TypeError(f"not memoized: {type(value).__name__}")
+    return {"@": f"{type(value).__module__}.{type(value).__qualname__}", **value.__dict__}
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_dumped)
+
+
 def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Sequence[str] | None = None,
                          vocab_size: int | None = None, limits: SpecLimits = DEFAULT_LIMITS) -> list[Problem]:
     """The contradictions in ``entries`` (wire entries, already type-valid and below ``vocab_size``
@@ -304,13 +370,24 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
 
     First, from the entries' sizes alone, the work the checks would take against
     ``limits.max_admission_work`` (``admission_work``): over it, the one problem names the budget at
-    the field that drives most of it, and nothing is walked."""
+    the field that drives most of it, and nothing is walked. Verdicts are kept per process by
+    content (``VERDICTS``), whatever the entries are named."""
     entries = list(entries)
     names = list(paths) if paths is not None else [f"{root}[{i}]" for i in range(len(entries))]
     over = work_problem(entries, names, vocab_size, limits)
     if over is not None:
         return [over]
-    return _problems(entries, names, vocab_size)
+    key = _key(entries, vocab_size)
+    verdict = VERDICTS.get(key) if key is not None else None
+    if verdict is None:
+        verdict = tuple(_problems(entries, [f"\x00{i}\x00" for i in range(len(entries))], vocab_size))
+        if key is not None:
+            VERDICTS.put(key, verdict)
+
+    def named(text: str) -> str:
+        return _NAMED.sub(lambda m: names[int(m[1])], text) if "\x00" in text else text
+
+    return [Problem(named(p.path), named(p.rule)) for p in verdict]
 
 
 def _problems(entries: list[Any], names: list[str], vocab_size: int | None) -> list[Problem]:

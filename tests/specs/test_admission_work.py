@@ -136,3 +136,41 @@ def test_the_phrase_automaton_masks_exactly_what_the_phrases_say() -> None:
                 done = [k for k, p in enumerate(groups[0]) if output[n + 1 - len(p):n + 1] == p and len(p) <= n + 1]
                 shortest = min(done, key=lambda k: (len(groups[0][k]), k)) if done else None
                 assert single.shortest[one] == shortest
+
+
+class _Counted:
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.calls = inner, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.inner(*args, **kwargs)
+
+
+def test_a_payload_is_walked_once_per_process_whatever_each_caller_names_its_entries(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    walks = _Counted(consistency._problems)
+    monkeypatch.setattr(consistency, "_problems", walks)
+    consistency.VERDICTS.clear()
+    entries = decode_entries([{"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id": 2},
+                              {"kind": "banned_tokens", "token_ids": [7, 5, 6]}])
+    worker = consistency_problems(entries, paths=["deployment entries[0]", "logits_processors[0]"])
+    engine = consistency_problems(entries, root="dynamo_logits")
+    assert walks.calls == 1
+    assert [p.path for p in worker] == ["logits_processors[0]"]
+    assert "deployment entries[0]" in worker[0].rule
+    assert [p.path for p in engine] == ["dynamo_logits[1]"]
+    assert "dynamo_logits[0]" in engine[0].rule and "deployment" not in engine[0].rule
+    consistency_problems(entries, root="dynamo_logits", vocab_size=64)  # another width: another verdict
+    assert walks.calls == 2
+
+
+def test_the_verdict_memo_is_bounded_by_count_and_by_the_bytes_of_its_keys() -> None:
+    verdicts = consistency._Verdicts(3, 100)
+    for key in (b"a" * 10, b"b" * 10, b"c" * 10, b"d" * 10):
+        verdicts.put(key, ())
+    assert verdicts.get(b"a" * 10) is None and verdicts.get(b"d" * 10) == ()  # the oldest went first
+    verdicts.put(b"e" * 90, ())
+    assert verdicts.get(b"b" * 10) is None and verdicts.get(b"c" * 10) is None and verdicts.get(b"e" * 90) == ()
+    verdicts.put(b"f" * 101, ())  # a key over the bound is not kept
+    assert verdicts.get(b"f" * 101) is None and verdicts.get(b"e" * 90) == ()
