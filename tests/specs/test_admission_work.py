@@ -174,3 +174,11 @@ def test_the_verdict_memo_is_bounded_by_count_and_by_the_bytes_of_its_keys() -> 
     assert verdicts.get(b"b" * 10) is None and verdicts.get(b"c" * 10) is None and verdicts.get(b"e" * 90) == ()
     verdicts.put(b"f" * 101, ())  # a key over the bound is not kept
     assert verdicts.get(b"f" * 101) is None and verdicts.get(b"e" * 90) == ()
+
+
+def test_the_admission_bench_times_its_realistic_payloads_inside_the_budget() -> None:
+    from dynlogits.tools.bench.admission import CASES, run, table
+
+    rows = run(DEFAULT_LIMITS, repeats=1, cases=[c for c in CASES if c.realistic])
+    assert rows and all(r.verdict != "budget" and r.units < DEFAULT_LIMITS.max_admission_work // 3 for r in rows), rows
+    assert len(table(rows, DEFAULT_LIMITS)) == len(rows) + 2

@@ -1,10 +1,12 @@
-"""``python -m dynlogits.tools.bench {micro,engine,wire,all}``: run the suites, print tables and targets.
+"""``python -m dynlogits.tools.bench {micro,engine,wire,all,admission}``: run the suites, print tables and targets.
 
 Prints the machine and versions, one table per suite with the ratios the targets are checked on,
 and one line per target (met / NOT MET / undecided / not measured). ``--json FILE`` writes every measurement
 as a record (``dynlogits.tools.bench.records``); ``--write-docs`` regenerates ``docs/performance.md``
 and its plot. ``--quick`` is a smoke run (under a minute for ``micro``, ``wire`` and ``all``; ``all
 --quick`` leaves the engine suite out, ``engine --quick`` runs it on a tiny configuration).
+``admission`` (its own flags: ``admission --help``) times the consistency checks on the worst payloads
+within the default limits against the admission work budget (``dynlogits.tools.bench.admission``).
 Exit status: 0 when the run completed, whatever the targets say; 1 when an implementation
 produced wrong results or an engine failed; 2 for bad arguments (e.g. ``--device cuda`` without CUDA).
 """
@@ -23,7 +25,7 @@ __all__ = ["main"]
 
 T = TypeVar("T")
 
-_SUITES = ("micro", "engine", "wire", "all")
+_SUITES = ("micro", "engine", "wire", "all", "admission")
 _DOCS_DIR = Path(__file__).resolve().parents[3] / "docs"
 
 
@@ -87,6 +89,10 @@ def _pick(value: T | None, default: T, quick_value: T, quick: bool) -> T:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if (list(sys.argv[1:] if argv is None else argv))[:1] == ["admission"]:  # torch-free, its own flags
+        from .admission import main as admission
+
+        return admission(list(sys.argv[2:] if argv is None else argv[1:]))
     args = _parser().parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's config log lines would bury the tables
     command = "python -m dynlogits.tools.bench " + shlex.join(sys.argv[1:] if argv is None else list(argv))
