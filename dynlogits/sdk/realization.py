@@ -46,9 +46,9 @@ __all__ = ["RequestFacts", "build_request_processor", "decode_payload", "realize
 
 #: Decoded payloads kept per process, and as many checked against a width (see the module doc): at
 #: most ``DECODED_KEPT`` holding at most ``DECODED_BYTES`` bytes each memo, a payload weighed with
-#: its JSON key (``dynlogits.processors.kept.deep_size``: its entries take some 8x its JSON; a 1 MB
-#: payload ~9 MiB with its key, a heavier one than the budget is decoded every time). A decode or
-#: a check that raises is never kept.
+#: its JSON key (``dynlogits.processors.kept.deep_size``: its entries take some 7x its JSON, a
+#: 0.5 MB payload ~3.2 MiB with its key; one heavier than the budget is decoded every time). A
+#: decode or a check that raises is never kept.
 DECODED_KEPT = 256
 DECODED_BYTES = 16 << 20
 _decoded_memo: Kept[tuple[Any, ...]] = Kept(DECODED_KEPT, DECODED_BYTES)
