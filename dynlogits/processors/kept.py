@@ -121,12 +121,10 @@ def _parts(o: Any) -> list[Any]:
 
 
 def _buffer(o: Any) -> int:
-    """The data buffer a numpy array or a tensor owns beside its object (0 for anything else)."""
+    """The data a tensor's storage holds beside its object (0 for anything else: a numpy array's
+    ``getsizeof`` counts the buffer it owns)."""
     storage = getattr(o, "untyped_storage", None)
-    if callable(storage):
-        return int(storage().nbytes())
-    nbytes = getattr(o, "nbytes", None)
-    return nbytes if isinstance(nbytes, int) and getattr(o, "base", None) is None else 0
+    return int(storage().nbytes()) if callable(storage) else 0
 
 
 class Kept(Generic[V]):
