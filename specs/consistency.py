@@ -41,6 +41,7 @@ as the allowed set the prompt makes it (``dynlogits.sdk.realization``). No torch
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from collections import OrderedDict
@@ -336,20 +337,23 @@ class _Verdicts:
             self._bytes = 0
 
 
-#: Verdicts of the walks per process, by the entries' content and the vocabulary size: the same
-#: payload checked by the worker, by the engine's input validation, and for each child of ``n``
-#: is walked once. 256 verdicts, 8 MiB of keys at most.
-VERDICTS = _Verdicts(256, 8 << 20)
+#: Verdicts of the walks per process, by a digest of the entries' content and the vocabulary size:
+#: the same payload checked by the worker, by the engine's input validation, and for each child of
+#: ``n`` is walked once. 4,096 verdicts of some hundred bytes each (a digest key, at most a few
+#: problems), 1 MiB of keys at most.
+VERDICTS = _Verdicts(4096, 1 << 20)
 _NAMED = re.compile(r"\x00(\d+)\x00")
 
 
 def _key(entries: Sequence[Any], vocab_size: int | None) -> bytes | None:
-    """The entries' content as JSON (msgspec structs as they are, pydantic models as dumped), with
-    ``vocab_size``; ``None`` for entries of another shape (not memoized)."""
+    """A digest of the entries' content as JSON (msgspec structs as they are, pydantic models as
+    dumped), with ``vocab_size``; ``None`` for entries of another shape (not memoized). A digest, so
+    a kept verdict costs some hundred bytes whatever the payload's size."""
     try:
-        return _ENCODER.encode(entries) + b"|" + str(vocab_size).encode()
+        content = _ENCODER.encode(entries)
     except (TypeError, ValueError, AttributeError, msgspec.EncodeError):
         return None
+    return hashlib.blake2b(content, digest_size=20).digest() + b"|" + str(vocab_size).encode()
 
 
 def _dumped(value: Any) -> Any:
@@ -371,18 +375,22 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
     First, from the entries' sizes alone, the work the checks would take against
     ``limits.max_admission_work`` (``admission_work``): over it, the one problem names the budget at
     the field that drives most of it, and nothing is walked. Verdicts are kept per process by
-    content (``VERDICTS``), whatever the entries are named."""
+    content (``VERDICTS``), whatever the entries are named, and a kept one is answered without the
+    budget (nothing is walked); entries admitted against a width are admitted without one too (what
+    the worker admitted, vLLM's input validation in the same process finds kept)."""
     entries = list(entries)
     names = list(paths) if paths is not None else [f"{root}[{i}]" for i in range(len(entries))]
-    over = work_problem(entries, names, vocab_size, limits)
-    if over is not None:
-        return [over]
     key = _key(entries, vocab_size)
     verdict = VERDICTS.get(key) if key is not None else None
-    if verdict is None:
+    if verdict is None:  # a verdict kept costs no walk: the budget bounds the walks
+        over = work_problem(entries, names, vocab_size, limits)
+        if over is not None:
+            return [over]
         verdict = tuple(_problems(entries, [f"\x00{i}\x00" for i in range(len(entries))], vocab_size))
         if key is not None:
             VERDICTS.put(key, verdict)
+            if not verdict and vocab_size is not None:  # without the width the checks are a subset
+                VERDICTS.put(_key(entries, None) or b"", verdict)
 
     def named(text: str) -> str:
         return _NAMED.sub(lambda m: names[int(m[1])], text) if "\x00" in text else text

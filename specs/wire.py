@@ -218,7 +218,8 @@ def decode_wire_payload(
     also checks every id against it. Entries that contradict each other (a row left with no
     token, ``dynlogits.specs.consistency``) are refused too.
     """
-    return finish_entries(decode_entries(payload, limits=limits, root=root), vocab_size=vocab_size, root=root)
+    return finish_entries(decode_entries(payload, limits=limits, root=root), vocab_size=vocab_size, root=root,
+                          limits=limits)
 
 
 def payload_max_entries(limits: SpecLimits) -> int:
@@ -259,9 +260,11 @@ def decode_entries(payload: Any, *, limits: SpecLimits = DEFAULT_LIMITS, root: s
     return entries
 
 
-def finish_entries(entries: tuple[Any, ...], *, vocab_size: int | None = None, root: str = WIRE_KEY) -> tuple[Any, ...]:
-    """The second half: ids against the logits width (when known) and the entries' consistency."""
+def finish_entries(entries: tuple[Any, ...], *, vocab_size: int | None = None, root: str = WIRE_KEY,
+                   limits: SpecLimits = DEFAULT_LIMITS) -> tuple[Any, ...]:
+    """The second half: ids against the logits width (when known) and the entries' consistency,
+    within ``limits.max_admission_work``."""
     if vocab_size is not None:
         check_vocab(entries, vocab_size, root=root)
-    check_consistency(entries, root=root, vocab_size=vocab_size)
+    check_consistency(entries, root=root, vocab_size=vocab_size, limits=limits)
     return entries

@@ -175,7 +175,7 @@ class RequestPolicy:
                                                      disaggregation_mode=self.role)
             entries, paths = self._with_reasoning(entries, paths)
             # the request's entries must not contradict the deployment's (e.g. force a token it bans)
-            check_consistency(entries, paths=paths, vocab_size=self.vocab_size)
+            check_consistency(entries, paths=paths, vocab_size=self.vocab_size, limits=self.config.limits)
             return entries
         return self._with_reasoning(entries, [])[0]
 
@@ -203,9 +203,10 @@ def build_policy(role: DisaggregationMode, config: DeploymentConfig,
         check_vocab(resolved, vocab_size, root="entries")
         paths = [f"entries[{i}]" for i in range(len(resolved))]
         if reasoning is not None and not any(e.kind == "reasoning" for e in resolved):
-            check_consistency([reasoning, *resolved], paths=["reasoning", *paths], vocab_size=vocab_size)
+            check_consistency([reasoning, *resolved], paths=["reasoning", *paths], vocab_size=vocab_size,
+                              limits=config.limits)
         else:
-            check_consistency(resolved, paths=paths, vocab_size=vocab_size)
+            check_consistency(resolved, paths=paths, vocab_size=vocab_size, limits=config.limits)
         entries += resolved
         generation_only = config.spec.generation_only
     hook = test_hook_spec(tokenizer, disaggregation_mode=role, environ=environ)

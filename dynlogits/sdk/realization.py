@@ -76,18 +76,19 @@ def _decoded(payload: Any, limits: SpecLimits, vocab_size: int | None, admitted:
     try:
         content = msgspec.json.encode(payload)
     except (TypeError, ValueError, OverflowError):
-        return _finished(decode_entries(payload, limits=limits), vocab_size, admitted)
+        return _finished(decode_entries(payload, limits=limits), vocab_size, admitted, limits)
     key = (content, limits, kinds_generation(), tuple(plugin_kinds()))
     weigh = _weigher(key)
     return _checked_memo.made((*key, vocab_size, admitted), lambda: _finished(
-        _decoded_memo.made(key, lambda: decode_entries(payload, limits=limits), weigh), vocab_size, admitted), weigh)
+        _decoded_memo.made(key, lambda: decode_entries(payload, limits=limits), weigh), vocab_size, admitted, limits),
+        weigh)
 
 
-def _finished(entries: tuple[Any, ...], vocab_size: int | None, admitted: bool) -> tuple[Any, ...]:
+def _finished(entries: tuple[Any, ...], vocab_size: int | None, admitted: bool, limits: SpecLimits) -> tuple[Any, ...]:
     """``finish_entries``; for an ``admitted`` payload (the engine checked it where the request
     entered) only its ids against the width: O(payload), no consistency walk."""
     if not admitted:
-        return finish_entries(entries, vocab_size=vocab_size)
+        return finish_entries(entries, vocab_size=vocab_size, limits=limits)
     if vocab_size is not None:
         check_vocab(entries, vocab_size, root=WIRE_KEY)
     return entries
@@ -173,7 +174,7 @@ def _realized(payload: Any, *, vocab_size: int, limits: SpecLimits,
     problems: list[Problem] = []
     left_out: set[int] = set()
     try:
-        entries = _as_realized(entries, ctx)
+        entries = _as_realized(entries, ctx, limits)
     except SpecError as err:  # as realized for this request they contradict the others: realize the others
         problems += err.problems
         left_out = {i for i, entry in enumerate(entries) if entry.kind in REALIZED
@@ -197,7 +198,7 @@ def _realized(payload: Any, *, vocab_size: int, limits: SpecLimits,
     return (RequestLogitsProcessor(processors, vocab_size=vocab_size) if processors else None), problems
 
 
-def _as_realized(entries: tuple[Any, ...], ctx: RealizeContext) -> tuple[Any, ...]:
+def _as_realized(entries: tuple[Any, ...], ctx: RealizeContext, limits: SpecLimits = DEFAULT_LIMITS) -> tuple[Any, ...]:
     """The entries as this request realizes them: an entry of a kind that depends on the request's
     facts (``registry.REALIZED``, e.g. ``prompt_tokens`` in ``restrict`` mode) becomes the built-in
     entry it realizes to, and the payload is checked again as admission checks it (admission does
@@ -213,7 +214,7 @@ def _as_realized(entries: tuple[Any, ...], ctx: RealizeContext) -> tuple[Any, ..
     if not changed:
         return entries
     try:
-        check_consistency(seen, root=WIRE_KEY, vocab_size=ctx.vocab_size)
+        check_consistency(seen, root=WIRE_KEY, vocab_size=ctx.vocab_size, limits=limits)
     except SpecError as err:
         why = f" (with this request's prompt: {', '.join(changed)})"
         raise SpecError([Problem(p.path, p.rule + why) for p in err.problems]) from None

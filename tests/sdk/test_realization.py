@@ -165,7 +165,8 @@ def test_a_payload_is_checked_once_per_width_and_a_refused_one_every_time(monkey
     checked: list[int | None] = []
     real = realization.finish_entries
     monkeypatch.setattr(realization, "finish_entries",
-                        lambda entries, vocab_size=None: (checked.append(vocab_size), real(entries, vocab_size=vocab_size))[1])
+                        lambda entries, vocab_size=None, **kw: (checked.append(vocab_size),
+                                                                 real(entries, vocab_size=vocab_size, **kw))[1])
     monkeypatch.setattr(realization, "_decoded_memo", realization._decoded_memo.emptied())
     monkeypatch.setattr(realization, "_checked_memo", realization._checked_memo.emptied())
     choices = {"kind": "multiple_choice", "choices": [[5, 6], [7, 40]], "eos_token_id": 1}

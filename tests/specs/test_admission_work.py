@@ -182,3 +182,31 @@ def test_the_admission_bench_times_its_realistic_payloads_inside_the_budget() ->
     rows = run(DEFAULT_LIMITS, repeats=1, cases=[c for c in CASES if c.realistic])
     assert rows and all(r.verdict != "budget" and r.units < DEFAULT_LIMITS.max_admission_work // 3 for r in rows), rows
     assert len(table(rows, DEFAULT_LIMITS)) == len(rows) + 2
+
+
+def test_entries_admitted_against_a_width_are_admitted_without_one_with_no_second_walk(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker checks against the logits width, vLLM's input validation in the same process
+    without it (it does not know the width): the second finds the first's verdict."""
+    walks = _Counted(consistency._problems)
+    monkeypatch.setattr(consistency, "_problems", walks)
+    consistency.VERDICTS.clear()
+    entries = decode_entries([{"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id": 2},
+                              {"kind": "banned_tokens", "token_ids": [9]}])
+    assert consistency_problems(entries, root="logits_processors", vocab_size=1000) == []
+    assert consistency_problems(entries, root="dynamo_logits") == []
+    assert walks.calls == 1
+    refused = decode_entries([{"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id": 2},
+                              {"kind": "banned_tokens", "token_ids": [7, 5]}])
+    assert consistency_problems(refused, root="p", vocab_size=1000) and consistency_problems(refused, root="p")
+    assert walks.calls == 3  # a refusal is kept for its own width only
+
+
+def test_a_kept_verdict_is_answered_even_where_the_callers_budget_is_smaller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget bounds walks: a verdict kept in this process (the worker admitted it under the
+    operator's budget) costs none, so vLLM's validation under the default budget answers it too."""
+    consistency.VERDICTS.clear()
+    entries = decode_entries(costly_payload(3))
+    assert consistency_problems(entries, root="p", limits=SpecLimits(max_admission_work=10**9)) == []
+    _walks_forbidden(monkeypatch)
+    assert consistency_problems(entries, root="p", limits=SpecLimits(max_admission_work=1_000)) == []
