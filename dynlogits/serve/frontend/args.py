@@ -41,6 +41,11 @@ class ServerLimits:
     max_client_sequences: int = 96
     #: Seconds a request may wait for capacity; then 429.
     queue_timeout_s: float = 30.0
+    #: CPU (ms) a client's request bodies may cost per second, sustained (``.pacing``); beyond its
+    #: burst its next request waits before its body is read, or gets 429 past ``queue_timeout_s``.
+    client_cpu_ms_per_s: float = 50.0
+    #: CPU (ms) a client's bodies may cost at once before its requests are paced.
+    client_cpu_burst_ms: float = 100.0
     #: Header naming the client for ``max_client_sequences`` (an authenticating proxy's user header);
     #: empty: the client's address. Ignored when API keys are configured (a client is its key).
     client_id_header: str = ""
@@ -55,6 +60,8 @@ _SERVER_FLAGS: dict[str, tuple[str, str, type]] = {
     "--max-inflight-sequences": ("max_inflight_sequences", "DYN_MAX_INFLIGHT_SEQUENCES", int),
     "--max-client-sequences": ("max_client_sequences", "DYN_MAX_CLIENT_SEQUENCES", int),
     "--queue-timeout": ("queue_timeout_s", "DYN_QUEUE_TIMEOUT", float),
+    "--client-cpu-ms-per-s": ("client_cpu_ms_per_s", "DYN_CLIENT_CPU_MS_PER_S", float),
+    "--client-cpu-burst-ms": ("client_cpu_burst_ms", "DYN_CLIENT_CPU_BURST_MS", float),
     "--client-id-header": ("client_id_header", "DYN_CLIENT_ID_HEADER", str),
 }
 

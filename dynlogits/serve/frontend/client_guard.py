@@ -19,6 +19,7 @@ from dynlogits.serve.limits import RequestLimits
 from .fair_queue import FairQueue, Ticket
 from .args import ServerLimits
 from .identity import ClientIdentity
+from .pacing import CostPacer
 from .metrics import FrontendMetrics
 
 __all__ = ["ClientGuard", "ClientGuardMiddleware", "guard_of", "hold_ticket"]
@@ -41,9 +42,12 @@ class ClientGuard:
     #: Where client protocol errors are counted and logged (``None``: only counted in the metrics).
     protocol_errors: ProtocolErrorLog | None = None
     queue: FairQueue = field(init=False)
+    #: Each client's CPU debt for its request bodies (``.pacing``).
+    pacer: CostPacer = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.server
+        self.pacer = CostPacer(rate_ms_per_s=s.client_cpu_ms_per_s, burst_ms=s.client_cpu_burst_ms)
         if self.identity is None:
             self.identity = ClientIdentity(client_id_header=s.client_id_header)
         self.queue = FairQueue(max_inflight=s.max_inflight_sequences, max_per_client=s.max_client_sequences,

@@ -1,6 +1,7 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: one request through the frontend's steps.
 
-read the body -> validate it (``.validation``) -> check its model is served -> take its turn in the fair
+pace a client whose bodies cost too much CPU (``.pacing``) -> read the body -> validate it
+(``.validation``) -> check its model is served -> take its turn in the fair
 queue -> open a worker's stream (after a prefill worker's pass when disaggregated) -> stream the
 answer as SSE, or aggregate it into one JSON object. Every request is counted; an error answer is
 counted with its status, and every answer but a relayed worker error with its latency.
@@ -37,6 +38,7 @@ from dynlogits.serve.protocol import GenerateRequest, Usage
 from .client_guard import guard_of, hold_ticket
 from .fair_queue import ClientGone, QueueError
 from .openai_models import ChatCompletionRequest, CompletionRequest, RequestBody
+from .pacing import COST_FACTOR
 from .payloads import Endpoint, Payloads, payloads_for
 from .routing import NoWorkerError, WorkerEndpoint, WorkerError, WorkerTimeoutError
 from .state import FrontendState
@@ -67,6 +69,7 @@ class CompletionCall:
         metrics = self.state.metrics
         metrics.requests.labels(endpoint=self.endpoint).inc()
         try:
+            await self.pace()
             body, kinds = self.validate(await self.read_body())
             self.check_model(body)
             await self.take_turn(body)
@@ -104,16 +107,40 @@ class CompletionCall:
                 self.guard.closed("body_timeout")
             raise HTTPError(err.status, err.message, param=err.param, code=err.code) from None
 
+    async def pace(self) -> None:
+        """Wait while this client's CPU debt for its bodies is over its burst (``.pacing``: a costly
+        client is slowed, the others are not); 429 when the wait would outlast ``queue_timeout``."""
+        guard = self.guard
+        wait = guard.pacer.wait_s(guard.client(self.request.scope))
+        if wait <= 0:
+            return
+        limit = guard.server.queue_timeout_s
+        if wait > limit:
+            guard.refused("client_cpu")
+            raise HTTPError(429, f"this client's requests cost {wait * guard.pacer.rate_ms_per_s:.0f} ms of CPU more "
+                                 f"than its share ({guard.pacer.rate_ms_per_s:g} ms/s, burst {guard.pacer.burst_ms:g} "
+                                 f"ms; limit client_cpu_ms_per_s); retry in {wait:.0f} s",
+                            kind="rate_limit_exceeded", code="rate_limit_exceeded", retry_after_s=max(1, round(wait)))
+        if guard.metrics is not None:
+            guard.metrics.paced.inc()
+            guard.metrics.paced_seconds.inc(wait)
+        await anyio.sleep(wait)
+
     def validate(self, data: Any) -> tuple[RequestBody, list[str]]:
         """The body as validated and its request kinds (``.validation``); a refusal over a per-request
-        limit is counted as one."""
+        limit is counted as one. Its CPU, scaled to the whole path's (``pacing.COST_FACTOR``), is
+        charged to the client, refused or not."""
         model = ChatCompletionRequest if self.endpoint == "chat" else CompletionRequest
+        started = time.thread_time()
         try:
             return validate_request(model, data, self.state.config, self.guard.request_limits)
         except HTTPError as err:
             if err.code == LIMIT_EXCEEDED:
                 self.guard.refused("request_limit")
             raise
+        finally:
+            spent_ms = (time.thread_time() - started) * 1000 * COST_FACTOR
+            self.guard.pacer.charge(self.guard.client(self.request.scope), spent_ms)
 
     def check_model(self, body: RequestBody) -> None:
         """``NoWorkerError`` while no model is served, ``HTTPError(404)`` for a model that is not."""

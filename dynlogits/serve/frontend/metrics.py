@@ -30,6 +30,10 @@ class FrontendMetrics:
         # client limits (docs/reliability.md, "Limits")
         self.refused = Counter("dynlogits_requests_refused", "Requests refused by a client limit before any work",
                                ["reason"], registry=r)
+        self.paced = Counter("dynlogits_requests_paced", "Requests held back because their client's bodies cost "
+                             "more CPU than its share (client_cpu_ms_per_s)", registry=r)
+        self.paced_seconds = Counter("dynlogits_requests_paced_seconds", "Seconds requests were held back by pacing",
+                                     registry=r)
         self.connections_closed = Counter("dynlogits_connections_closed",
                                           "Connections closed by a client limit", ["reason"], registry=r)
         self.inflight_sequences = Gauge("dynlogits_inflight_sequences", "Sequences admitted and not yet finished",
