@@ -38,7 +38,7 @@ from dynlogits.serve.protocol import GenerateRequest, Usage
 from .client_guard import guard_of, hold_ticket
 from .fair_queue import ClientGone, QueueError
 from .openai_models import ChatCompletionRequest, CompletionRequest, RequestBody
-from .pacing import COST_FACTOR
+from .pacing import COST_FACTOR, carries_entries
 from .payloads import Endpoint, Payloads, payloads_for
 from .routing import NoWorkerError, WorkerEndpoint, WorkerError, WorkerTimeoutError
 from .state import FrontendState
@@ -128,8 +128,9 @@ class CompletionCall:
 
     def validate(self, data: Any) -> tuple[RequestBody, list[str]]:
         """The body as validated and its request kinds (``.validation``); a refusal over a per-request
-        limit is counted as one. Its CPU, scaled to the whole path's (``pacing.COST_FACTOR``), is
-        charged to the client, refused or not."""
+        limit is counted as one. For a body carrying logits entries (or controls mapped onto them) its
+        CPU, scaled to the whole path's (``pacing.COST_FACTOR``), is charged to the client, refused
+        or not."""
         model = ChatCompletionRequest if self.endpoint == "chat" else CompletionRequest
         started = time.thread_time()
         try:
@@ -139,8 +140,9 @@ class CompletionCall:
                 self.guard.refused("request_limit")
             raise
         finally:
-            spent_ms = (time.thread_time() - started) * 1000 * COST_FACTOR
-            self.guard.pacer.charge(self.guard.client(self.request.scope), spent_ms)
+            if carries_entries(data):
+                spent_ms = (time.thread_time() - started) * 1000 * COST_FACTOR
+                self.guard.pacer.charge(self.guard.client(self.request.scope), spent_ms)
 
     def check_model(self, body: RequestBody) -> None:
         """``NoWorkerError`` while no model is served, ``HTTPError(404)`` for a model that is not."""

@@ -8,7 +8,9 @@ in milliseconds, paid back at ``rate_ms_per_s``: a request from a client whose d
 ``burst_ms`` waits, before its body is read, until it is back under (a costly client is slowed,
 the others are not); one that would wait longer than ``max_wait_s`` is refused with 429.
 
-The charge is what the frontend measures of its own validation (thread CPU time, synchronous)
+Only bodies that carry logits entries (``logits_processors``, or a control mapped onto a kind) are
+charged: the walks, the texts to resolve and the payload's size are theirs; other bodies' costs are
+bounded by the per-request limits. The charge is what the frontend measures of its own validation (thread CPU time, synchronous)
 times ``COST_FACTOR``, which stands for the JSON parse before it and the worker's share after it.
 """
 
@@ -17,13 +19,21 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["COST_FACTOR", "CostPacer"]
+from dynlogits.serve.openai_controls import CONTROL_FIELDS, ROOT
+
+__all__ = ["COST_FACTOR", "CostPacer", "carries_entries"]
 
 #: The whole cost of a request's body as a multiple of the frontend's validation of it. Measured for
 #: a 0.58 MB costly payload (``dynlogits.tools.load.costly``): JSON 6-9 ms, validation 8-11 ms at the
 #: frontend, then the worker's parse 5-6 ms and its admission (parse, limits, budget) ~10 ms.
 COST_FACTOR = 5.0
+
+
+def carries_entries(data: Any) -> bool:
+    """Whether a request body (JSON, not yet validated) carries logits entries or their controls."""
+    return isinstance(data, dict) and any(data.get(name) is not None for name in (ROOT, *CONTROL_FIELDS))
 
 
 @dataclass

@@ -54,3 +54,10 @@ def test_the_pacer_forgets_the_oldest_clients_beyond_its_bound(clock: Clock) -> 
 def test_the_guard_paces_with_the_operators_settings() -> None:
     guard = ClientGuard(server=ServerLimits(client_cpu_ms_per_s=20, client_cpu_burst_ms=30))
     assert (guard.pacer.rate_ms_per_s, guard.pacer.burst_ms) == (20, 30)
+
+
+def test_only_bodies_carrying_logits_entries_or_their_controls_are_charged() -> None:
+    assert pacing.carries_entries({"logits_processors": [{"kind": "banned_tokens", "token_ids": [1]}]})
+    assert pacing.carries_entries({"logit_bias": {"5": 1}}) and pacing.carries_entries({"bad_words": ["x"]})
+    assert not pacing.carries_entries({"messages": [], "stop": ["s"] * 4})
+    assert not pacing.carries_entries([1, 2])
