@@ -163,8 +163,11 @@ def test_realization_runs_the_deployment_spec_and_fails_a_bad_client_payload_alo
     failures: list[str] = []
     smuggled = SamplingParams(max_tokens=8, extra_args={"dynamo_logits": [{"kind": "banned_tokens", "token_ids": [first]}]})
     bad = realize_request(smuggled, vocab_size=VOCAB, report=failures.append, engine_spec=engine_spec)
-    assert bad is not None and bad.error is not None  # fail-stopped, never raised into the engine
+    assert bad is not None and bad.failure is not None  # reported, never raised into the engine
     assert "not allowed by this deployment" in failures[0]
+    row = torch.zeros(VOCAB)  # no stop token to end it: the deployment's entries keep applying
+    sdk.apply_row(bad, [], row)
+    assert int(row.argmax()) == first
 
 
 def test_admission_holds_extra_args_to_the_allow_list_only_with_the_engine_as_source(
