@@ -51,6 +51,8 @@ class GenerateCall:
         self.arrival_time = time.time()
         #: how many of the activated entries are the client's own (they come last)
         self.requested = 0
+        #: where each of the client's own entries came from (``None``: ``logits_processors``; else a control field)
+        self.origins: list[str | None] = []
 
     async def answer(self) -> JSONResponse | EngineStream:
         """The NDJSON stream, or an error answer naming the field (4xx) or the engine's failure."""
@@ -129,6 +131,7 @@ class GenerateCall:
         try:
             entries = policy.entries_for(controls.entries or None, ignore_eos=req.sampling.ignore_eos)
             self.requested = len(controls.entries) if policy.generates else 0
+            self.origins = list(controls.origins)
             return entries
         except SpecError as err:
             renamed = rename_control_paths(err, controls.origins)
@@ -163,11 +166,8 @@ class GenerateCall:
         its entries while it generates names the entry as the client knows it (``entry_paths``)."""
         state, n = self.state, req.sampling.n
         request_id = f"{req.request_id}-{next(state.ids)}"
-        named: dict[str, Any] = {}
-        if isinstance(engine, VllmEngine):  # the engine whose adapter reports failures (not SGLang's)
-            named = {"entry_paths": self.entry_paths(req, entries),
-                     "entry_kinds": [str(getattr(e, "kind", "")) for e in entries]}
-        stream = engine.generate(prompt_ids, params, request_id, **named)
+        stream = engine.generate(prompt_ids, params, request_id, entry_paths=self.entry_paths(entries),
+                                 entry_kinds=[str(getattr(e, "kind", "")) for e in entries])
         state.stats.requests += 1
         state.enter(n)
         try:
@@ -183,14 +183,11 @@ class GenerateCall:
             state.stats.activated += 1
         return EngineStream(state, engine, request_id, n, first, stream)
 
-    def entry_paths(self, req: GenerateRequest, entries: list[Any]) -> list[str]:
+    def entry_paths(self, entries: list[Any]) -> list[str]:
         """Each activated entry's path as the client knows it: the deployment's first
         (``deployment entries[i]``), then the client's own (``logits_processors[j]``, or the control
         field it came from: ``logit_bias``, ``allowed_token_ids``, ``bad_words``)."""
         deployment = len(entries) - self.requested
-        try:
-            origins = with_controls(req.logits_processors, req.controls(), self.state.config).origins
-        except SpecError:  # (admitted already: not reached)
-            origins = []
+        origins = self.origins
         own = [(origins[j] if j < len(origins) else None) or f"{REQUEST_ROOT}[{j}]" for j in range(self.requested)]
         return [f"deployment entries[{i}]" for i in range(deployment)] + own

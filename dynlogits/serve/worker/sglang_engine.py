@@ -81,8 +81,11 @@ class SglangEngine(VllmEngine):
         fields = activate(params, entries, arrival_time=arrival_time)
         return SglangRequest(sampling_params=params, custom_logit_processor=fields.custom_logit_processor)
 
-    async def generate(self, prompt_ids: list[int], params: SglangRequest, request_id: str) -> AsyncGenerator[GenerateChunk, None]:
-        """Stream SGLang's outputs as chunks (not run in this project: SGLang needs a GPU)."""
+    async def generate(self, prompt_ids: list[int], params: SglangRequest, request_id: str, *,
+                       entry_paths: Sequence[str] = (), entry_kinds: Sequence[str] = ()
+                       ) -> AsyncGenerator[GenerateChunk, None]:
+        """Stream SGLang's outputs as chunks (not run in this project: SGLang needs a GPU). The entry
+        names are the worker's for a failure report, which SGLang's adapter does not send yet."""
         completion_tokens = 0
         try:
             stream = await self.engine.engine.async_generate(

@@ -71,3 +71,27 @@ def test_sglang_worker_exits_with_a_clear_message_when_sglangs_engine_cannot_sta
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "SglangEngineUnavailable" in proc.stderr and "needs SGLang installed with its GPU dependencies" in proc.stderr
+
+
+def test_the_sglang_engine_takes_the_entry_names_the_worker_passes_every_engine(embedded_tokenizer):
+    """``GenerateCall.start`` names the entries to every engine's ``generate`` (SglangEngine is a
+    VllmEngine subclass, so no isinstance test can tell them apart); SGLang's stream is a stand-in
+    here (its engine needs a GPU)."""
+    import asyncio
+    import types
+
+    async def async_generate(**kwargs):
+        async def outputs():
+            yield {"index": 0, "text": "hi", "output_ids": [5], "meta_info": {"finish_reason": {"type": "stop"}}}
+        return outputs()
+
+    engine = _engine(embedded_tokenizer)
+    engine.engine = types.SimpleNamespace(engine=types.SimpleNamespace(async_generate=async_generate))
+    request = engine.sampling_params(SamplingOptions(max_tokens=4), [], {})
+
+    async def run():
+        return [c async for c in engine.generate([1, 2], request, "r-1", entry_paths=["deployment entries[0]"],
+                                                 entry_kinds=["banned_tokens"])]
+
+    chunks = asyncio.run(run())
+    assert chunks[0].text == "hi" and chunks[0].finish_reason == "stop" and chunks[-1].usage.completion_tokens == 1
