@@ -1,4 +1,4 @@
-.PHONY: setup demo test test-fast test-slow
+.PHONY: setup demo test test-fast test-slow lint
 
 setup:
 	scripts/setup-env.sh
@@ -20,3 +20,7 @@ test-fast:
 # hang-up test (run them before a change to a reader of client data or to the streaming path).
 test-slow:
 	scripts/test.sh -m slow
+
+# ruff and mypy over specs/, dynlogits/ and adapters/ (scripts/test.sh runs it before the tests).
+lint:
+	scripts/lint.sh

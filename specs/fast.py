@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-from .patterns import FACTORY_PATTERN
 from .limits import MAX_ABS_LOGIT_BIAS, MAX_DEADLINE_SECONDS, MAX_TOKEN_ID
+from .patterns import FACTORY_PATTERN
 
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]
 TokenIds = Annotated[tuple[TokenId, ...], msgspec.Meta(min_length=1)]

@@ -7,8 +7,8 @@ The schemas cover the built-in kinds plus the installed plug-in kinds (entry poi
 from __future__ import annotations
 
 import json
-from importlib import resources
 from collections.abc import Mapping
+from importlib import resources
 from typing import Any
 
 from pydantic import Field, TypeAdapter, create_model

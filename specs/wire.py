@@ -17,6 +17,7 @@ import msgspec
 from pydantic import BaseModel, ValidationError
 
 from . import fast
+from .consistency import check_consistency
 from .entries import (
     WIRE_KINDS,
     AllowedTokensSpec,
@@ -34,7 +35,6 @@ from .entries import (
     TriggerSpec,
     unresolved_text,
 )
-from .consistency import check_consistency
 from .errors import Problem, SpecError, problems_from_pydantic
 from .kinds import plugin_kinds
 from .limits import DEFAULT_LIMITS, SpecLimits, entry_limit_problems

@@ -26,10 +26,10 @@ from .compat import import_sglang_srt
 import_sglang_srt()
 
 from .activation import activate  # noqa: E402
-from .custom_params import carried_payload, encode_carried, validate  # noqa: E402
-from .processor import FAILURES, REQUEST_KEY, processor_string  # noqa: E402
 from .compat import sglang_version  # noqa: E402
+from .custom_params import carried_payload, encode_carried, validate  # noqa: E402
 from .harness import Mode, SglangSchedulerHarness  # noqa: E402
+from .processor import FAILURES, REQUEST_KEY, processor_string  # noqa: E402
 
 __all__ = ["Encoding", "SglangDriver", "drivers"]
 

@@ -18,9 +18,9 @@ from transformers import LogitsProcessorList
 
 from dynlogits import sdk
 from dynlogits.policy.roles import DisaggregationMode
+from dynlogits.policy.text import TextTokenizer
 from dynlogits.sdk import GuardedRequest
 from dynlogits.specs import LogitsProcessorSpec
-from dynlogits.policy.text import TextTokenizer
 
 from .generate import payload_for
 from .generate import prompt_ids as unpadded_prompts

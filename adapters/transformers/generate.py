@@ -21,9 +21,9 @@ from transformers import LogitsProcessorList
 
 from dynlogits import sdk
 from dynlogits.policy.roles import DisaggregationMode
+from dynlogits.policy.text import TextTokenizer, resolve_entries
 from dynlogits.sdk import FailureReport
 from dynlogits.specs import ForcedTextSpec, LogitsProcessorSpec, Problem, SpecError
-from dynlogits.policy.text import TextTokenizer, resolve_entries
 
 from .processor import logits_processor
 

@@ -21,8 +21,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from dynlogits.sdk import (FailureReport, GuardedRequest, RequestFacts, apply_rows, drain, histories_from_ids,
-                           pick_stop_token, realize)
+from dynlogits.sdk import FailureReport, GuardedRequest, RequestFacts, apply_rows, drain, histories_from_ids, pick_stop_token, realize
 
 __all__ = ["DynamoLogitsProcessor", "logits_processor", "realize_request"]
 

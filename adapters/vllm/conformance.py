@@ -18,12 +18,12 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdateBuilder, MoveDirectionality
 
 from dynlogits import sdk
-from dynlogits.sdk.activation import activate_logits_processors
 from dynlogits.policy.roles import DisaggregationMode
+from dynlogits.sdk.activation import activate_logits_processors
 from dynlogits.specs import WIRE_KEY, LogitsProcessorSpec
 
-from .processor import DynamoVllmLogitsProcessor
 from .harness import V2SamplerHarness
+from .processor import DynamoVllmLogitsProcessor
 
 __all__ = ["VllmV1Driver", "VllmV2Driver", "drivers"]
 

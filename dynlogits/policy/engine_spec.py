@@ -24,9 +24,9 @@ from typing import Any
 from dynlogits.policy.config import SPEC_FILE_ENV, DeploymentConfig, config_from_sources, parse_config
 from dynlogits.policy.request import RequestPolicy, build_policy
 from dynlogits.policy.roles import DisaggregationMode
+from dynlogits.policy.text import TextTokenizer
 from dynlogits.specs import WIRE_KEY, Entry, Problem, SpecError, encode_entries, parse_entries
 from dynlogits.specs.entries import ReasoningSpec
-from dynlogits.policy.text import TextTokenizer
 
 __all__ = [
     "PAYLOAD_ROOT",

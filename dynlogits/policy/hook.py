@@ -6,8 +6,8 @@ import os
 from collections.abc import Callable, Mapping
 
 from dynlogits.policy.roles import DisaggregationMode, is_generation_stage
-from dynlogits.specs import LogitsProcessorSpec
 from dynlogits.policy.text import TextTokenizer, resolve_forced_text
+from dynlogits.specs import LogitsProcessorSpec
 
 __all__ = ["TEST_HOOK_ENV", "TEST_HOOK_TEXT", "test_hook_enabled", "test_hook_spec"]
 

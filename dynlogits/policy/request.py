@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynlogits.policy.config import DeploymentConfig
-from dynlogits.policy.roles import DisaggregationMode, is_generation_stage, logits_processors_for_request
-from dynlogits.specs import LogitsProcessorSpec, Problem, SpecError, check_vocab, parse_entries
-from dynlogits.specs.entries import ReasoningSpec
-from dynlogits.specs.consistency import check_consistency
 from dynlogits.policy.hook import test_hook_spec
+from dynlogits.policy.roles import DisaggregationMode, is_generation_stage, logits_processors_for_request
 from dynlogits.policy.text import TextTokenizer, resolve_entries
+from dynlogits.specs import LogitsProcessorSpec, Problem, SpecError, check_vocab, parse_entries
+from dynlogits.specs.consistency import check_consistency
+from dynlogits.specs.entries import ReasoningSpec
 
 __all__ = ["DEPLOYMENT_PATH", "IGNORE_EOS", "RequestPolicy", "build_policy", "has_stop_token", "needs_stop_token",
            "reads_delimiters", "reasoning_problem", "stop_token_problem"]

@@ -24,9 +24,8 @@ import torch
 
 from .base import RealizeContext
 from .ops import ForceToken, RowOp, apply_op
+from .slots import Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs, Template, force_decided_rows, force_device_decisions
 from .spans import PLACEHOLDER, ROLLBACK, SpanScanner
-from .slots import (Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs, Template, force_decided_rows,
-                    force_device_decisions)
 from .uploads import StepUpload
 
 __all__ = ["CLOSED", "KIND", "ROLLBACK", "DeviceThinking", "SpanTables", "ThinkingBudgetGroup", "ThinkingBudgetProcessor", "ThinkingBudgetTemplate", "factory"]

@@ -16,10 +16,11 @@ from collections.abc import Sequence
 
 import torch
 
+from dynlogits.processors.uploads import to_device
+
 from .guard import NO_FINITE_LOGIT, NO_TOKEN_LEFT, GuardedRequest
 from .plans import EmptyRows, apply_plans
 from .readback import INBOX, DeviceFlags
-from dynlogits.processors.uploads import to_device
 
 __all__ = ["apply_draft_row", "apply_row", "apply_rows", "stop_rows_where"]
 

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from dynlogits.processors.ops import BATCHED, ROW_OPS, ForceToken, KeepOnly, RowOp
-
 from dynlogits.processors.uploads import to_device
 
 __all__ = ["EmptyRows", "Plan", "Step", "apply_plans"]

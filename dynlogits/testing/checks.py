@@ -28,7 +28,6 @@ from dynlogits.specs.schema import golden_vectors
 from . import plugin_factories, plugin_kinds
 from .driver import AdapterDriver, EngineReadFaults
 from .faults import BAN_ID_FACTORY, RAISE_AFTER_FACTORY, SCALE_FACTORY
-
 from .oracle import OracleRequest, expected_row
 
 __all__ = ["CHECKS", "Check", "Skip"]

@@ -6,8 +6,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from dynlogits.specs import SpecError
 from dynlogits.policy.config import load_deployment_config
+from dynlogits.specs import SpecError
 
 from .args import parse_frontend_args
 

@@ -7,11 +7,11 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dynlogits.policy.config import split_kinds
 from dynlogits.serve.http.bearer_auth import BearerKeys, read_key_file
+from dynlogits.serve.http.bodies import DEFAULT_MAX_BODY_BYTES
 from dynlogits.serve.http.heads import HeadLimits, add_head_limit_flags, head_limits_from_flags
 from dynlogits.serve.limits import RequestLimits, add_limit_flags, limits_from_flags
-from dynlogits.serve.http.bodies import DEFAULT_MAX_BODY_BYTES
-from dynlogits.policy.config import split_kinds
 from dynlogits.serve.secret import add_worker_secret_flag, worker_secret_from_flags
 
 from .identity import ClientIdentity, TrustedProxies

@@ -16,11 +16,11 @@ from dynlogits.serve.http.connections import ABORT_KEY
 from dynlogits.serve.http.protocol_errors import ProtocolErrorLog
 from dynlogits.serve.limits import RequestLimits
 
-from .fair_queue import FairQueue, Ticket
 from .args import ServerLimits
+from .fair_queue import FairQueue, Ticket
 from .identity import ClientIdentity
-from .pacing import CostPacer
 from .metrics import FrontendMetrics
+from .pacing import CostPacer
 
 __all__ = ["ClientGuard", "ClientGuardMiddleware", "guard_of", "hold_ticket"]
 

@@ -15,8 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from dynlogits.serve.protocol import (ChatMessage, ExtraArgs, GenerateRequest, Int32, Int64, SamplingOptions,
-                                      drop_smuggled_payload)
+from dynlogits.serve.protocol import ChatMessage, ExtraArgs, GenerateRequest, Int32, Int64, SamplingOptions, drop_smuggled_payload
 
 __all__ = ["UNSUPPORTED_FIELDS", "ChatCompletionRequest", "CompletionRequest", "RequestBody", "drop_smuggled_payload",
            "unsupported_field"]

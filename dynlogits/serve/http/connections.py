@@ -17,8 +17,8 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
-from .protocol_errors import ProtocolErrorLog, install_uvicorn_filter
 from .heads import HeadLimits, HeadProblem, HeadScanner, HeadTooLarge
+from .protocol_errors import ProtocolErrorLog, install_uvicorn_filter
 
 __all__ = ["ABORT_KEY", "guarded_protocol", "parser_refused"]
 

@@ -6,12 +6,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from dynlogits.policy.config import load_deployment_config
 from dynlogits.specs import SpecError
 
-from dynlogits.policy.config import load_deployment_config
-
 from .args import parse_worker_args
-
 
 #: Seconds uvicorn waits beyond the drain deadline, for the in-band errors of the requests the
 #: deadline ended to reach their clients, before it cancels what is left.

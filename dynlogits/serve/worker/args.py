@@ -8,10 +8,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dynlogits.policy.config import split_kinds
+from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.serve.http.heads import HeadLimits, add_head_limit_flags, head_limits_from_flags
 from dynlogits.serve.limits import RequestLimits, add_limit_flags, limits_from_flags, positive_int
-from dynlogits.policy.roles import DisaggregationMode
-from dynlogits.policy.config import split_kinds
 from dynlogits.serve.secret import WORKER_SECRET_ENV, add_worker_secret_flag, worker_secret_from_flags
 
 __all__ = ["BACKENDS", "WorkerArgs", "is_loopback", "parse_worker_args"]

@@ -16,8 +16,8 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .vllm_engine import EngineRequestError, VllmEngine
 from ..protocol import GenerateChunk, SamplingOptions, Usage
+from .vllm_engine import EngineRequestError, VllmEngine
 
 __all__ = ["SglangEngine", "SglangEngineUnavailable", "SglangRequest", "sglang_server_args", "start_sglang_engine"]
 

@@ -30,8 +30,8 @@ from dynlogits.sdk.failure_reports import (
 )
 from dynlogits.specs import WIRE_KEY
 
-from .introspect import EXTENSION_CLASS
 from ..protocol import ChatMessage, EntryFailure, GenerateChunk, SamplingOptions, Usage
+from .introspect import EXTENSION_CLASS
 
 __all__ = ["ADAPTER_CLASS", "SETTLE_TIMEOUT_S", "EngineRequestError", "VllmEngine", "entry_failure",
            "start_vllm_engine"]

@@ -38,7 +38,6 @@ import numpy as np
 import torch
 
 from dynlogits import sdk
-
 from dynlogits.sdk.readback import INBOX
 
 from .drive import AFTER, EOS, FAILING, GRAMMAR_MASKED, HOSTED, builtin_payloads

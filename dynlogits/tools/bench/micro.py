@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
+from dynlogits.testing.cuda.drive import adapter_counts
 
 from . import workloads
-from .models import eos_token_id, bench_model_dir, vllm_config
+from .models import bench_model_dir, eos_token_id, vllm_config
 from .records import MicroRecord
-from dynlogits.testing.cuda.drive import adapter_counts
 
 __all__ = ["BenchmarkError", "MicroOptions", "run_micro"]
 
@@ -88,10 +88,10 @@ def _max_num_seqs(batch: int) -> int:
 class _Impl(ABC):
     name: str
 
-    def advance(self, tokens: Sequence[int]) -> None:
+    def advance(self, tokens: Sequence[int]) -> None:  # noqa: B027 - an optional hook, empty by default
         """The step's new tokens (one per request), for impls that keep their own history."""
 
-    def before(self) -> None:
+    def before(self) -> None:  # noqa: B027 - an optional hook, empty by default
         """Untimed work the runner does before calling the processor (e.g. V2's context)."""
 
     @abstractmethod
@@ -132,7 +132,7 @@ class _V2Adapter(_Impl):
             self.harness.add_request(req_id, case.prompt, case.params(i), output_ids=case.outputs[i])
         self.ctx: Any = None
 
-    def advance(self, tokens: Sequence[int]) -> None:
+    def advance(self, tokens: Sequence[int]) -> None:  # noqa: B027 - an optional hook, empty by default
         for req_id, token in zip(self.ids, tokens):
             self.harness.commit(req_id, [token])
 

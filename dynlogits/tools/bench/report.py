@@ -61,8 +61,8 @@ def micro_tables(records: Sequence[Record]) -> list[str]:
                       key=lambda kb: (_KIND_ORDER.get(kb[0], 99), kb[1]))
         rows = []
         for kind, batch in keys:
-            get = lambda impl: micro.get((kind, batch, vocab, impl))  # noqa: E731
-            count = lambda impl, what: _count(counts.get((kind, batch, vocab, impl)), what)  # noqa: E731
+            get = lambda impl, kind=kind, batch=batch, vocab=vocab: micro.get((kind, batch, vocab, impl))  # noqa: E731
+            count = lambda impl, what, kind=kind, batch=batch, vocab=vocab: _count(counts.get((kind, batch, vocab, impl)), what)  # noqa: E731
             rows.append([kind, str(batch), *(_ms(get(i)) for i in MICRO_IMPLS),
                          _ratio(get("floor"), get("adapter")), _ratio(get("reference"), get("adapter")),
                          _ratio(get("loop"), get("adapter")),

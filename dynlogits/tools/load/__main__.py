@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .deployment import LaunchedDeployment, worker_settled, worker_stats
 from .costly import run_costly_clients
+from .deployment import LaunchedDeployment, worker_settled, worker_stats
 from .driver import Answer, judge, print_progress, run_load
 from .plan import Mix, Plan, TokenPair, build_plans, load_token_pair
 from .report import CostlyReport, Summary, WorkerSnapshot, summarize
