@@ -40,7 +40,7 @@ NOT_THROUGH_LLM_API = (
 )
 
 
-class DynamoTrtllmBatchedLogitsProcessor(BatchedLogitsProcessorBase):  # type: ignore[misc,valid-type]
+class DynamoTrtllmBatchedLogitsProcessor(BatchedLogitsProcessorBase):
     """One per engine; see the module docstring. ``stop_token_id`` (the model's EOS) ends an
     opted-in request that has no registered processor (``None``: it is reported and continues)."""
 

@@ -71,7 +71,7 @@ def engine_spec_for(vllm_config: Any, vocab_size: int, environ: Mapping[str, str
     def tokenizer() -> TextTokenizer:
         from vllm.tokenizers.registry import cached_tokenizer_from_config
 
-        return cached_tokenizer_from_config(vllm_config.model_config)  # type: ignore[no-any-return]
+        return cached_tokenizer_from_config(vllm_config.model_config)
 
     client_payload_config(environ)  # a bad DYN_LOGITS_REQUEST_KINDS stops the engine here, not each request
     model = str(getattr(getattr(vllm_config, "model_config", None), "model", "") or "")

@@ -36,7 +36,8 @@ def register_dynamo_logits_processor(engine_args: T) -> T:
     will certainly run."""
     check_engine_args(engine_args)
     is_mapping = isinstance(engine_args, MutableMapping)
-    current: Any = engine_args.get("logits_processors") if is_mapping else engine_args.logits_processors
+    target: Any = engine_args  # a mapping or an EngineArgs-like object, told apart at run time
+    current: Any = target.get("logits_processors") if is_mapping else target.logits_processors
     processors = list(current or [])
     if not any(is_dynamo_processor(p) for p in processors):
         processors.append(PROCESSOR_FQCN)

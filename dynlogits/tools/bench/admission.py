@@ -325,7 +325,7 @@ def run(limits: SpecLimits = DEFAULT_LIMITS, repeats: int = 5, cases: Sequence[C
         knobs: list[int | None] = [None]
         if case.knob is not None:
             best = _largest_within(case, limits)
-            knobs = sorted({best, min(best + 1, case.knob[1])})
+            knobs = [*sorted({best, min(best + 1, case.knob[1])})]
         for knob in knobs:
             entries, vocab = case.build(knob or 0)
             wire = _WIRE.get(id(entries))

@@ -150,7 +150,10 @@ class _Loop(_Impl):
         from dynlogits import sdk
 
         stop = sdk.pick_stop_token(case.eos, None, case.vocab)
-        self.requests = [sdk.realize(p, vocab_size=case.vocab, stop_token_id=stop) for p in case.payloads]
+        realized = [sdk.realize(p, vocab_size=case.vocab, stop_token_id=stop) for p in case.payloads]
+        self.requests = [r for r in realized if r is not None]
+        if len(self.requests) != len(realized):
+            raise ValueError("every micro payload realizes to a request (one has no entries)")
         self.outputs = case.outputs
         self.apply_row = sdk.apply_row
 

@@ -197,7 +197,7 @@ def evaluate_targets(records: Sequence[Record]) -> list[Target]:
     for kind in ("banned_tokens", "banned_phrases", "forced_sequence"):
         goal = (">= 0.99x the throughput with no payload, paired in one engine (median of per-round ratios; met or "
                 "not only when its 95% interval is wholly on one side)")
-        want = 0.99
+        want: float | None = 0.99
         if kind == "forced_sequence":
             goal = (">= 0.99x the throughput the floor's memset leaves (paired ratio over floor_bound: exact forcing "
                     "masks the row; met or not only when its 95% interval is wholly on one side)")

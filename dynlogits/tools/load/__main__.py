@@ -70,7 +70,7 @@ async def _drive(base_url: str, model: str | None, plans: list[Plan], warmup: li
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=args.concurrency + 8,
                                                  max_keepalive_connections=args.concurrency + 8))
     async with AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=args.timeout,
-                           http_client=http) as client:
+                           http_client=http) as client:  # type: ignore[arg-type]  # openai's stubs name its vendored httpx
         if model is None:
             model = (await client.models.list()).data[0].id
         if warmup:

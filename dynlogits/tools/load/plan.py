@@ -57,7 +57,7 @@ class Mix:
                 raise ValueError(f"--mix: {item!r}: the weight must be an integer") from None
             if weight < 0:
                 raise ValueError(f"--mix: {item!r}: the weight must be >= 0")
-            weights[name] = weight  # type: ignore[index]
+            weights[name] = weight
         if not any(weights.values()):
             raise ValueError("--mix: at least one kind needs a weight > 0")
         return cls(tuple((k, w) for k, w in weights.items() if w > 0))
