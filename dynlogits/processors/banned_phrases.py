@@ -204,8 +204,6 @@ class BannedPhrasesGroup(EntryTablesGroup):
     and non-members leave logits as they are). The tables: ``EntryTablesGroup`` (e.g. 256 phrases
     of 17 tokens fill its 4096 cells). Masks only: never leaves a row empty by itself."""
 
-    decided = True
-    needs_host_histories = True
     #: ``need`` of the padding entries of a slot with fewer entries than the table: never matches
     NEVER = 1 << 40
 

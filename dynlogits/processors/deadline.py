@@ -1,5 +1,5 @@
 """``deadline``: once ``seconds`` have passed since the request arrived, its stop token is forced: its
-processor, template and resident group (decided on the host from the clock, ``HostForcingGroup``;
+processor, template and resident group (decided on the host from the clock, ``modes.ClockDecided``;
 it reads no history, so it is resident on every runner with slots)."""
 
 from __future__ import annotations
@@ -12,19 +12,18 @@ from typing import Any, ClassVar
 import torch
 
 from .base import RealizeContext, first_stop
+from .modes import ClockDecided, HostForcingGroup
 from .ops import ForceToken, RowOp, apply_op
-from .slots import HostForcingGroup, Template
+from .slots import Template
 
 __all__ = ["KIND", "DeadlineGroup", "DeadlineProcessor", "DeadlineTemplate", "factory"]
 
 KIND = "deadline"
 
 
-class DeadlineGroup(HostForcingGroup):
+class DeadlineGroup(HostForcingGroup, ClockDecided):
     """``deadline`` on the resident path: each row's (or, where only the device knows the rows,
     each slot's) processor reads the clock on the host; nothing runs on the device before it is due."""
-
-    reads_history = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,12 +7,13 @@ from typing import Any
 
 import torch
 
+from .modes import WindowDecided
 from .slots import Group, SlotTable, Template
 
 __all__ = ["EntryTablesGroup"]
 
 
-class EntryTablesGroup(Group):
+class EntryTablesGroup(WindowDecided):
     """A window-decided group whose every slot holds ``entries`` entries of ``width`` token columns
     (a template's ``geometry``), as large for every slot as the largest current member needs.
 
@@ -22,7 +23,6 @@ class EntryTablesGroup(Group):
     cells per slot, else the request is hosted. Subclasses make the tables (``_new_tables``) and
     write one slot's entries into them (``_write_entries``)."""
 
-    window_decided = True
     #: the most prefix cells per slot (``entries x width``): 16 KiB of int32 per slot, so 16 MiB for
     #: 1024 slots on the device and as much pinned on the host
     MAX_WINDOW_CELLS = 4096

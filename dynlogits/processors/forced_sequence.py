@@ -11,12 +11,12 @@ import numpy as np
 import torch
 
 from .base import RealizeContext
+from .modes import PlannedGroup
 from .ops import ForceToken, RowOp, apply_op, fill_rows
 from .slots import (
     NEG_INF,
     Dead,
     GatheredRows,
-    Group,
     ListedRows,
     StepInputs,
     Template,
@@ -30,7 +30,7 @@ __all__ = ['KIND', 'ForcedSequenceGroup', 'ForcedSequenceProcessor', 'ForcedSequ
 
 KIND = "forced_sequence"
 
-class ForcedSequenceGroup(Group):
+class ForcedSequenceGroup(PlannedGroup):
     """``forced_sequence``: a row that has generated ``g`` tokens forces ``sequence[g]``, EOS once
     the sequence is spent, ``sequence[0]`` while still in prefill (``g < 0``). A row left with no
     token reports ``min(g, length)``: past its end, the position where its EOS was first due."""

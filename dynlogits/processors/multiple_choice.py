@@ -53,8 +53,6 @@ class MultipleChoiceGroup(EntryTablesGroup):
 
     restrictive = True
     positional = True  # a row left with no token reports its output position
-    decided = True
-    needs_host_histories = True
     NEVER = 1 << 40  # ``depth`` of padding entries: never matches
 
     def _new_tables(self) -> tuple[SlotTable, ...]:

@@ -3,7 +3,8 @@ inputs, the rows a group may leave empty (``Dead``), and the ``Group`` base a ki
 
 Entry ``k`` of every resident request of one kind forms a group (``level`` ``k``) of
 ``dynlogits.sdk.resident.SlotBatch``; a kind names its ``Group`` subclass on its template
-(``Template.group``), which is all the slot engine knows of it. Layouts:
+(``Template.group``), which is all the slot engine knows of it, with the group's mode
+(``dynlogits.processors.modes``). Layouts:
 
 * listed (``ListedRows``; the host knows each row's slot: vLLM V1, Model Runner V2 without drafts):
   rows and flat indices built once per batch change (``prepare``); a step is ``index_fill_`` /
@@ -17,7 +18,7 @@ Semantics are ``dynlogits.processors.ops``'. Padded table cells repeat one of th
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -31,7 +32,6 @@ __all__ = [
     "Dead",
     "GatheredRows",
     "Group",
-    "HostForcingGroup",
     "IdsGroup",
     "ListedRows",
     "SlotTable",
@@ -61,8 +61,9 @@ class Template:
     #: whether the kind reads the tokens themselves, not only their count (the V1 runner then
     #: checks histories for async scheduling's placeholder)
     reads_tokens: ClassVar[bool] = False
-    #: for a kind decided from a span it follows, the ``thinking_budget.SpanTables`` type a device
-    #: decider (``DeviceThinking``) keeps for it where histories live on the device; else ``None``
+    #: for a kind decided from a span it follows (``modes.SpanDecided``), the
+    #: ``device_thinking.SpanTables`` type the device decider (``DeviceThinking``) keeps for it where
+    #: histories live on the device; else ``None``
     device_spans: ClassVar[type | None] = None
 
 
@@ -165,12 +166,13 @@ class ListedRows:
     #: whether no later group of the step can mask these rows (a restrictive group may then settle
     #: its empty rows itself: ``Dead.settled``)
     last: bool = False
-    #: this step's values the host planned for the group (``Group.plan``), on the device, one row
+    #: this step's values the host planned for the group (``modes.PlannedGroup.plan``), on the device, one row
     #: per value (``[planned_per_row, n]``); ``None`` when the host does not know the positions this
     #: step (set by ``SlotBatch`` every step)
     planned: torch.Tensor | None = None
-    #: a decided group's ``(row, slot, processor)`` per member row, kept for the layout's lifetime
-    #: (``SlotBatch.decide_on_host``; a new layout builds new ``ListedRows``)
+    #: a decided group's ``(row, slot, processor)`` per member row (``modes.DecidedGroup.decide_rows``),
+    #: kept for the layout's lifetime (``dynlogits.sdk.resident.deciding``; a new layout builds new
+    #: ``ListedRows``)
     deciders: list[tuple[int, int, Any]] | None = None
 
 
@@ -246,34 +248,18 @@ class Group:
     """Entry position ``level`` of one kind, for every slot that has one there: its per-slot device
     tables (``table``), written when a request enters a slot (``_write``), and its step in either
     layout (``apply_listed``, ``apply_gathered``). What the slot engine needs to know of the kind is
-    said by the class attributes below."""
+    said by the class attributes below and by its mode (``dynlogits.processors.modes``: planned,
+    decided on the host, from the clock, from a span, from the token window)."""
 
     restrictive = False  # can leave a row with no token (reports ``Dead``)
     positional = False  # needs each row's generated count
     writes_neg_inf = True  # can write ``-inf`` (a later restrictive group must then not settle early)
-    #: its step depends on the tokens themselves, decided per row by the adapter (``SlotBatch``'s
-    #: ``thinking`` decider, or the host from histories) and passed to ``apply_decided``
-    decided = False
-    #: values per member row ``plan`` writes when the host knows the positions (0: it plans nothing)
-    planned_per_row = 0
-    #: a decided group with no device decider: it runs only where the adapter passes every row's
-    #: history to ``SlotBatch.apply`` (``SlotBatch(host_histories=True)``); elsewhere its requests
-    #: stay on the hosted path
-    needs_host_histories = False
-    #: a group that needs host histories but can also be decided on the device from each row's last
-    #: tokens (``decide_from_window(rows, window)``, then ``apply_device_decisions``): resident
-    #: where the adapter passes a ``window.TokenWindow`` (``SlotBatch(token_window=True)``), which
-    #: then sets ``from_window`` on the group (its tables for it are written only then)
-    window_decided = False
-    from_window = False
-    #: whether a decided group's host decision reads the row's history (``host_decision``); one that
-    #: does not (a clock) is decided on the host in any layout, so it is resident without histories
-    reads_history = True
 
     @classmethod
-    def fits_window(cls, template: Template, group: Group | None) -> bool:
-        """Whether ``template`` may join ``group`` (``None``: not made yet) to be decided from the
-        window (else its request is hosted); by default always."""
+    def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:
+        """Whether ``template`` runs resident where the adapter passes no host histories (``group``:
+        the group it would join, ``None`` if not made yet; ``token_window``: whether the adapter
+        passes a ``TokenWindow``); else its request is hosted there. A plain group: always."""
         return True
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
@@ -323,51 +309,19 @@ class Group:
         """Cache what a listed layout's steps reuse (called on every batch change)."""
         self._cache.clear()
 
-    def host_decisions(self, n: int) -> Any:
-        """A decided group's room for ``n`` member rows' host decisions (``SlotBatch.decide_on_host``),
-        passed to its ``apply_host_decisions``: by default the token each row forces (``-1``: none)."""
-        return np.full(n, -1, dtype=np.int64)
-
-    def host_decision(self, processor: Any, history: Sequence[int]) -> Any:
-        """One member row's host decision, from the row's own processor and history: by default the
-        token its ``row_op`` forces (``-1``: none)."""
-        op = processor.row_op(history)
-        return -1 if op is None else op.token_id
-
-    def decide_rows(self, deciders: list[tuple[int, int, Any]], histories: Sequence[Sequence[int]],
-                    fail: Callable[[int, int, Exception], None]) -> Any:
-        """Every member row's host decision (``deciders``: ``(row, slot, processor)`` per member row,
-        in order), in the form ``apply_host_decisions`` takes; a row whose decision raises is passed
-        to ``fail(row, slot, exc)`` and decides nothing. By default ``host_decision`` row by row; a
-        group may decide the rows in one pass, as long as a raising row fails alone."""
-        made = []
-        decide = self.host_decision
-        for row, slot, processor in deciders:
-            try:
-                made.append(decide(processor, histories[row]))
-            except Exception as exc:  # a bug must not escape the sampler: fail this request alone
-                fail(row, slot, exc)
-                made.append(self.host_decisions(1)[0])
-        decisions = self.host_decisions(len(made))
-        decisions[:] = made
-        return decisions
-
     def reads_generated(self, rows: ListedRows) -> bool:
         """Whether a listed layout's step of this group reads ``StepInputs.generated`` (when the runner
         gives ``pos``/``pos_offset``, ``SlotBatch`` subtracts only if some group does)."""
         return True
 
-    def plan(self, rows: ListedRows, counts: list[int], generated: np.ndarray, out: np.ndarray) -> None:
-        """Listed layout, positions known on the host (row-indexed, as a list, ``counts``, and as an
-        array, ``generated``): write this step's ``planned_per_row * len(rows.rows)`` values into
-        ``out``; they reach ``apply_listed`` as ``rows.planned`` in the step's one upload, sparing
-        the device the ops that derive them."""
-        raise NotImplementedError
-
     def apply_listed(self, step: StepInputs, rows: ListedRows) -> Dead | None:
+        """Listed layout: this step on the member ``rows`` (in place); the rows it may leave with no
+        token (``None``: none). Not called for a decided group (``modes.DecidedGroup``)."""
         raise NotImplementedError
 
     def apply_gathered(self, step: StepInputs, rows: GatheredRows) -> Dead | None:
+        """Gathered layout: this step on every row of the step, non-member rows left as they are;
+        the rows it may leave with no token (``None``: none). Not called for a decided group."""
         raise NotImplementedError
 
 
@@ -381,29 +335,6 @@ class IdsGroup(Group):
     def prepare(self, rows: ListedRows, stride: int) -> None:
         super().prepare(rows, stride)
         self._cache["flat"] = flat_indices(rows, self.ids.dev, stride)
-
-
-class HostForcingGroup(Group):
-    """A decided group whose step forces at most one token per row, chosen on the host by the row's
-    own processor (``SlotBatch.decide_on_host``: its ``row_op`` is a ``ForceToken`` or ``None``); no
-    tables, no device decider (``needs_host_histories``). Only the rows that force are touched."""
-
-    restrictive = True
-    positional = True  # a row left with no token reports its output position
-    decided = True
-    needs_host_histories = True
-
-    def _write(self, slot: int, template: Any) -> None:
-        pass  # decided from the request's own processor
-
-    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: np.ndarray,
-                             upload: StepUpload) -> Dead | None:
-        """Force ``decisions[i]`` (``-1``: nothing) in member row ``i``, keeping masks."""
-        return force_decided_rows(step, rows, decisions, upload)
-
-    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, tokens: torch.Tensor) -> Dead:
-        """Gathered layout: force ``tokens[r]`` (``-1``: nothing) in row ``r``, keeping masks."""
-        return force_device_decisions(step, rows, tokens)
 
 
 def force_device_decisions(step: StepInputs, rows: GatheredRows, tokens: torch.Tensor) -> Dead:

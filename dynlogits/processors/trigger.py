@@ -1,5 +1,5 @@
 """``trigger``: after the output first ends with the trigger, the phrase is forced once: its processor,
-template and resident group (decided on the host from histories, ``HostForcingGroup``, or on the
+template and resident group (decided on the host from histories, ``modes.SpanDecided``, or on the
 device from the span the trigger opens, ``TriggerTables``)."""
 
 from __future__ import annotations
@@ -11,21 +11,20 @@ from typing import Any, ClassVar
 import torch
 
 from .base import RealizeContext
+from .device_thinking import CLOSED, SpanTables
+from .modes import HostForcingGroup, SpanDecided
 from .ops import ForceToken, RowOp, apply_op
-from .slots import HostForcingGroup, Template
+from .slots import Template
 from .spans import PLACEHOLDER, SpanScanner
-from .thinking_budget import CLOSED, SpanTables
 
 __all__ = ["KIND", "TriggerGroup", "TriggerProcessor", "TriggerTables", "TriggerTemplate", "factory"]
 
 KIND = "trigger"
 
 
-class TriggerGroup(HostForcingGroup):
+class TriggerGroup(HostForcingGroup, SpanDecided):
     """``trigger`` on the resident path: each row's processor decides on the host where the adapter
     has histories (vLLM V1), else ``DeviceThinking`` from the span the trigger opens (``TriggerTables``)."""
-
-    needs_host_histories = False
 
 
 class TriggerTables(SpanTables):

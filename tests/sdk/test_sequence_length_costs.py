@@ -10,7 +10,7 @@ from torch_counting import OpCounter
 from dynlogits import sdk
 from dynlogits.processors.thinking_budget import ROLLBACK, ThinkingBudgetProcessor
 from dynlogits.sdk.resident.slot_batch import SlotBatch
-from dynlogits.processors.thinking_budget import DeviceThinking
+from dynlogits.processors.device_thinking import DeviceThinking
 
 V = 64
 EOS = 1

@@ -15,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 from dynlogits import sdk
 from dynlogits.sdk.resident.slot_batch import SlotBatch
 from dynlogits.processors.forced_sequence import ForcedSequenceGroup
-from dynlogits.processors.thinking_budget import DeviceThinking
+from dynlogits.processors.device_thinking import DeviceThinking
 from dynlogits.specs import SpecError, decode_wire_payload
 
 V = 64

@@ -11,7 +11,7 @@ import torch
 
 from dynlogits import sdk
 from dynlogits.sdk.resident.slot_batch import SlotBatch
-from dynlogits.processors.thinking_budget import DeviceThinking
+from dynlogits.processors.device_thinking import DeviceThinking
 from dynlogits.testing.cuda.simcuda import SimCuda
 
 V = 32

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dynlogits import sdk
-from dynlogits.processors.thinking_budget import DeviceThinking
+from dynlogits.processors.device_thinking import DeviceThinking
 from dynlogits.testing.cuda.simcuda import SimCuda
 
 V, PROMPT, SLOTS = 64, 3, 4

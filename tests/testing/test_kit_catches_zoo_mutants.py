@@ -13,7 +13,7 @@ import torch
 from dynlogits.processors import registry
 from dynlogits.processors import multiple_choice
 from dynlogits.processors.multiple_choice import MultipleChoiceProcessor
-from dynlogits.processors.thinking_budget import CLOSED, DeviceThinking
+from dynlogits.processors.device_thinking import CLOSED, DeviceThinking
 from dynlogits.processors.trigger import TriggerProcessor, TriggerTables
 from dynlogits.testing import CHECKS, SHIPPED, run_check
 from dynlogits.testing.runner import drivers_for, resolve

@@ -6,7 +6,7 @@ step as a few tensor ops per group; ``flags`` reads failures back without waitin
 (``dynlogits.processors.window``) reads each row's last tokens on the device for engines that keep
 histories there. Engines without slots use ``dynlogits.sdk.apply_rows``."""
 
-from dynlogits.processors.thinking_budget import DeviceThinking
+from dynlogits.processors.device_thinking import DeviceThinking
 from dynlogits.processors.window import TokenWindow
 
 from .slot_batch import SlotBatch, ThinkingDecider

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dynlogits.processors.modes import ClockDecided, DecidedGroup, PlannedGroup, WindowDecided
 from dynlogits.processors.ops import fill_rows, row_runs
 from dynlogits.processors.slots import Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs
 from dynlogits.processors.uploads import StepUpload, StepValues
@@ -49,13 +50,13 @@ __all__ = ["GatheredLayout", "ListedLayout", "SlotBatch", "ThinkingDecider"]
 
 NEG_INF = -math.inf
 
-#: Device decisions for a decided group (``thinking_budget``, ``trigger``: ``DeviceThinking.decide``)
-#: when the host has no histories: ``(group, rows) -> tokens`` (the token to force per row, -1 for none).
-ThinkingDecider = Callable[[Group, GatheredRows], torch.Tensor]
+#: Device decisions for a decided group (``modes.SpanDecided``: ``DeviceThinking.decide``) when the
+#: host has no histories: ``(group, rows) -> tokens`` (the token to force per row, -1 for none).
+ThinkingDecider = Callable[[DecidedGroup, GatheredRows], torch.Tensor]
 
 
 class _NoHistories:
-    """Every row's history, for a group that reads none (``Group.reads_history``): empty."""
+    """Every row's history, for a group that reads none (``modes.ClockDecided``): empty."""
 
     def __getitem__(self, row: int) -> tuple[()]:
         return ()
@@ -73,10 +74,10 @@ class SlotBatch:
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         #: whether the adapter passes every row's history to ``apply`` (listed layout): without them a
-        #: request with a group that needs them (``Group.needs_host_histories``) is not resident
+        #: request with a group that needs them (``Group.runs_without_histories``) is not resident
         self.host_histories = host_histories
         #: whether the adapter passes a ``TokenWindow`` to every ``apply``: a group decided from it
-        #: (``Group.window_decided``) is then resident without host histories
+        #: (``modes.WindowDecided``) is then resident without host histories
         self.token_window = token_window
         self.requests: list[GuardedRequest | None] = [None] * num_slots
         #: (entry position, group type) -> the group holding every slot with such an entry there
@@ -120,7 +121,8 @@ class SlotBatch:
             group = self.groups.get(key)
             if group is None:
                 group = self.groups[key] = template.group(level, self.num_slots + 1, self.device)
-                group.from_window = self.token_window and not self.host_histories and group.window_decided
+                if isinstance(group, WindowDecided):
+                    group.from_window = self.token_window and not self.host_histories
             group.assign(slot, template)
         self.requests[slot] = request
         self.stop.set(slot, [-1 if request.stop_token_id is None else request.stop_token_id])
@@ -131,9 +133,7 @@ class SlotBatch:
     def _decidable(self, level: int, template: Any) -> bool:
         """Whether ``template``'s group runs it here without host histories."""
         kind: type[Group] = template.group
-        if not kind.needs_host_histories or not kind.reads_history:
-            return True
-        return self.token_window and kind.window_decided and kind.fits_window(template, self.groups.get((level, kind)))
+        return kind.runs_without_histories(template, self.groups.get((level, kind)), token_window=self.token_window)
 
     def _detach(self, slot: int) -> None:
         """Take ``slot`` out of every group (its request's program stops running)."""
@@ -253,7 +253,7 @@ class SlotBatch:
         return StepInputs(logits, logits.view(-1), logits.stride(0), generated, stops[1],
                           flags=None if drafts else self.flags.dev, pos=pos, pos_offset=pos_offset)
 
-    def decide_on_host(self, group: Group, rows: ListedRows, histories: Sequence[Sequence[int]],
+    def decide_on_host(self, group: DecidedGroup, rows: ListedRows, histories: Sequence[Sequence[int]],
                        failed_rows: list[int]) -> Any:
         """A decided group's decisions for its member rows (``Group.decide_rows``: by default from each
         row's host processor, ``Group.host_decision``); a row whose decision raises fails its request
@@ -273,8 +273,8 @@ class SlotBatch:
 
         return group.decide_rows(deciders, histories, fail)
 
-    def decide_slots_on_host(self, group: Group, slots: Sequence[int]) -> np.ndarray:
-        """A decided group that reads no history (``Group.reads_history``): each of ``slots``'s
+    def decide_slots_on_host(self, group: DecidedGroup, slots: Sequence[int]) -> np.ndarray:
+        """A decided group that reads no history (``modes.ClockDecided``): each of ``slots``'s
         decision (``-1``: none) from its processor with an empty history; a processor that raises
         fails its request alone (fail-stopped from the next step on)."""
         made = np.full(len(slots), -1, dtype=np.int64)
@@ -369,7 +369,7 @@ class ListedLayout:
         #: per step the host writes each row's generated count, then what the groups plan
         #: (``planners``), into one device tensor kept for the layout's life
         self.step_values = StepValues(torch.long, batch.device)
-        self.planners: list[tuple[Group, ListedRows, int, int, torch.Tensor]] = []
+        self.planners: list[tuple[PlannedGroup, ListedRows, int, int, torch.Tensor]] = []
         self.generated_view: torch.Tensor | None = None  # ``step_values``' counts, when a group reads them
         self.positions_needed = False  # a group with member rows is positional
         self.generated_needed = False  # a group with member rows reads ``StepInputs.generated``
@@ -431,7 +431,7 @@ class ListedLayout:
             return
         spans, size = [], n
         for group, rows in self.steps:
-            if group.planned_per_row:
+            if isinstance(group, PlannedGroup) and group.planned_per_row:
                 spans.append((group, rows, size, size + group.planned_per_row * len(rows.rows)))
                 size = spans[-1][3]
         dev = self.step_values.resize(size)
@@ -460,7 +460,7 @@ class ListedLayout:
         step = batch.step_inputs(logits, generated, drafts=False, pos=pos, pos_offset=pos_offset)
         deaths = []
         for group, rows in self.steps:
-            dead = (self._decided(group, step, rows, histories, thinking, window) if group.decided
+            dead = (self._decided(group, step, rows, histories, thinking, window) if isinstance(group, DecidedGroup)
                     else group.apply_listed(step, rows))
             if dead is not None:
                 deaths.append(dead)
@@ -491,14 +491,14 @@ class ListedLayout:
         self.step_values.push()
         return self.generated_view
 
-    def _decided(self, group: Group, step: StepInputs, rows: ListedRows, histories: Sequence[Sequence[int]] | None,
+    def _decided(self, group: DecidedGroup, step: StepInputs, rows: ListedRows, histories: Sequence[Sequence[int]] | None,
                  thinking: ThinkingDecider | None, window: TokenWindow | None) -> Dead | None:
         """A decided group: on the host from ``histories`` (or with none, for a group that reads
         none), else on the device over every row (``Group.every_row``)."""
-        if histories is not None or not group.reads_history:
+        if histories is not None or isinstance(group, ClockDecided):
             decisions = self.batch.decide_on_host(group, rows, histories if histories is not None else NO_HISTORIES,
                                                   self.failed_now)
-            return group.apply_host_decisions(step, rows, decisions, self._decisions)  # type: ignore[attr-defined]
+            return group.apply_host_decisions(step, rows, decisions, self._decisions)
         assert self.slot_of_row is not None
         return decide_on_device(group, step, group.every_row(self.slot_of_row), thinking, window)
 
@@ -509,17 +509,17 @@ class ListedLayout:
         step.flat.index_fill_(0, rows.rows_dev * step.stride + stops, 0.0)
 
 
-def decide_on_device(group: Group, step: StepInputs, rows: GatheredRows, thinking: ThinkingDecider | None,
+def decide_on_device(group: DecidedGroup, step: StepInputs, rows: GatheredRows, thinking: ThinkingDecider | None,
                      window: TokenWindow | None) -> Dead | None:
     """A decided group's step on the device: from ``window`` where the group reads it
-    (``Group.window_decided``), else by the ``thinking`` decider."""
-    if window is not None and group.window_decided:
-        decided = group.decide_from_window(rows, window)  # type: ignore[attr-defined]
+    (``modes.WindowDecided``), else by the ``thinking`` decider."""
+    if window is not None and isinstance(group, WindowDecided):
+        decided = group.decide_from_window(rows, window)
     elif thinking is not None:
         decided = thinking(group, rows)
     else:
         raise ValueError(f"{type(group).__name__} needs the rows' histories or a device decider")
-    return group.apply_device_decisions(step, rows, decided)  # type: ignore[attr-defined,no-any-return]
+    return group.apply_device_decisions(step, rows, decided)
 
 
 class GatheredLayout:
@@ -545,9 +545,9 @@ class GatheredLayout:
             if not (group.members & self.slots_in_step):
                 continue
             rows = GatheredRows(self.slot_of_row, group.member.dev[self.slot_of_row, 0])
-            if group.decided and not group.reads_history:
+            if isinstance(group, ClockDecided):
                 dead = self._decided_per_slot(group, step, rows)
-            elif group.decided:
+            elif isinstance(group, DecidedGroup):
                 dead = decide_on_device(group, step, rows, thinking, window)
             else:
                 dead = group.apply_gathered(step, rows)
@@ -557,7 +557,7 @@ class GatheredLayout:
             self._fail_stop(step)
         return step, deaths
 
-    def _decided_per_slot(self, group: Group, step: StepInputs, rows: GatheredRows) -> Dead | None:
+    def _decided_per_slot(self, group: DecidedGroup, step: StepInputs, rows: GatheredRows) -> Dead | None:
         """A decided group that reads no history: decided on the host per member slot of the step
         (``SlotBatch.decide_slots_on_host``); nothing runs on the device unless one forces, then its
         tokens by slot go up in one upload and are gathered per row."""
@@ -570,7 +570,7 @@ class GatheredLayout:
         by_slot[:] = -1
         by_slot[slots] = tokens
         per_row = batch.slot_decisions.upload(batch.num_slots + 1)[self.slot_of_row]
-        return group.apply_device_decisions(step, rows, per_row)  # type: ignore[attr-defined,no-any-return]
+        return group.apply_device_decisions(step, rows, per_row)
 
     def _fail_stop(self, step: StepInputs) -> None:
         """Rows of failed requests: only their stop token (a deliberate override of every mask)."""

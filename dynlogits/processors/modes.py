@@ -1,0 +1,176 @@
+"""The modes a resident group can be in: small base classes ``SlotBatch`` dispatches on, each
+declaring the hooks it calls for that mode.
+
+A plain ``Group`` runs its step from its slot tables alone (``apply_listed``, ``apply_gathered``).
+The modes below add to it:
+
+* ``PlannedGroup``: in the listed layout, where the host knows the positions, the host plans values
+  its step reads (``plan``), sent in the step's one upload;
+* ``DecidedGroup``: its step depends on each row's tokens (or on the clock), so each row is decided
+  first and the decisions are applied (``apply_host_decisions``, ``apply_device_decisions``). Who
+  decides, by mode:
+
+  ==================  ====================================================  ==========================
+  mode                decided by                                            resident without histories
+  ==================  ====================================================  ==========================
+  ``DecidedGroup``    each row's processor on the host, from its history    no
+  ``ClockDecided``    each row's (or slot's) processor, with no history     yes
+  ``SpanDecided``     the host from histories, else ``DeviceThinking``      yes
+  ``WindowDecided``   the host from histories, else the ``TokenWindow``     when the template fits
+  ==================  ====================================================  ==========================
+
+"Resident without histories": where the adapter passes no host histories (Model Runner V2),
+whether a request with such an entry is resident (``Group.runs_without_histories``) or hosted.
+``HostForcingGroup`` is the step shared by the decided kinds that force at most one token per row."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .slots import Dead, GatheredRows, Group, ListedRows, StepInputs, Template, force_decided_rows, force_device_decisions
+from .uploads import StepUpload
+
+if TYPE_CHECKING:
+    from .window import TokenWindow
+
+__all__ = ["ClockDecided", "DecidedGroup", "Decider", "HostForcingGroup", "PlannedGroup", "SpanDecided",
+           "WindowDecided"]
+
+#: ``(row, slot, processor)`` of one member row of a decided group, in the listed layout.
+Decider = tuple[int, int, Any]
+
+
+class PlannedGroup(Group):
+    """A group whose listed step reads values the host plans from positions it knows."""
+
+    #: values per member row ``plan`` writes
+    planned_per_row: int = 0
+
+    def plan(self, rows: ListedRows, counts: list[int], generated: np.ndarray, out: np.ndarray) -> None:
+        """Listed layout, positions known on the host (row-indexed, as a list, ``counts``, and as an
+        array, ``generated``): write this step's ``planned_per_row * len(rows.rows)`` values into
+        ``out``; they reach ``apply_listed`` as ``rows.planned`` in the step's one upload, sparing
+        the device the ops that derive them."""
+        raise NotImplementedError
+
+
+class DecidedGroup(Group):
+    """A group whose step depends on each row's tokens: decided per row, then applied.
+
+    By default each member row's own processor decides on the host from the row's history
+    (``decide_rows``, ``host_decision``), so the group is resident only where the adapter passes
+    host histories (``SlotBatch(host_histories=True)``); the subclasses below add other deciders."""
+
+    @classmethod
+    def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:
+        return False
+
+    def host_decisions(self, n: int) -> Any:
+        """Room for ``n`` member rows' host decisions, in the form ``apply_host_decisions`` takes:
+        by default the token each row forces (``-1``: none)."""
+        return np.full(n, -1, dtype=np.int64)
+
+    def host_decision(self, processor: Any, history: Sequence[int]) -> Any:
+        """One member row's host decision, from the row's own processor and history: by default the
+        token its ``row_op`` forces (``-1``: none). May raise (the row's request then fails alone)."""
+        op = processor.row_op(history)
+        return -1 if op is None else op.token_id
+
+    def decide_rows(self, deciders: list[Decider], histories: Sequence[Sequence[int]],
+                    fail: Callable[[int, int, Exception], None]) -> Any:
+        """Every member row's host decision (``deciders``: ``(row, slot, processor)`` per member row,
+        in order), in the form ``apply_host_decisions`` takes; a row whose decision raises is passed
+        to ``fail(row, slot, exc)`` and decides nothing. By default ``host_decision`` row by row; a
+        group may decide the rows in one pass, as long as a raising row fails alone."""
+        made = []
+        decide = self.host_decision
+        for row, slot, processor in deciders:
+            try:
+                made.append(decide(processor, histories[row]))
+            except Exception as exc:  # a bug must not escape the sampler: fail this request alone
+                fail(row, slot, exc)
+                made.append(self.host_decisions(1)[0])
+        decisions = self.host_decisions(len(made))
+        decisions[:] = made
+        return decisions
+
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: Any, upload: StepUpload) -> Dead | None:
+        """Listed layout: apply ``decisions`` (``decide_rows``' result) to the member rows; ``upload``
+        carries any host values the step needs on the device (one non-blocking upload)."""
+        raise NotImplementedError
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead | None:
+        """Apply per-row decisions already on the device (row-indexed, every row of the step;
+        non-member rows must stay untouched)."""
+        raise NotImplementedError
+
+
+class ClockDecided(DecidedGroup):
+    """Decided on the host without reading any history (a clock): in the listed layout per member
+    row, where only the device knows the rows per member slot of the step, so it is resident on
+    every runner with slots. ``host_decision`` is called with an empty history."""
+
+    @classmethod
+    def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:
+        return True
+
+
+class SpanDecided(DecidedGroup):
+    """Decided from a span its template follows: on the host from histories where the adapter has
+    them, else on the device by ``dynlogits.processors.device_thinking.DeviceThinking`` (the
+    template names its tables: ``Template.device_spans``), passed as the step's device decider."""
+
+    @classmethod
+    def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:
+        return True
+
+
+class WindowDecided(DecidedGroup):
+    """Decided from each row's last (or first) tokens: on the host from histories where the adapter
+    has them, else on the device from the step's ``TokenWindow`` (``decide_from_window``, then
+    ``apply_device_decisions``), where the template fits the device tables (``fits_window``).
+    ``from_window`` is set by ``SlotBatch`` on a group it decides from the window (a group writes
+    its window tables only then)."""
+
+    from_window = False
+
+    @classmethod
+    def fits_window(cls, template: Template, group: Group | None) -> bool:
+        """Whether ``template`` may join ``group`` (``None``: not made yet) to be decided from the
+        window (else its request is hosted); by default always."""
+        return True
+
+    @classmethod
+    def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:
+        return token_window and cls.fits_window(template, group)
+
+    def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
+        """Every row's decision from its tokens in ``window`` (row-indexed, on the device), for
+        ``apply_device_decisions``."""
+        raise NotImplementedError
+
+
+class HostForcingGroup(DecidedGroup):
+    """A decided group whose step forces at most one token per row (``-1``: none), chosen by the
+    row's own processor (its ``row_op`` is a ``ForceToken`` or ``None``) or by a device decider; no
+    tables. Only the rows that force are touched. Combine it with a mode (``ClockDecided``,
+    ``SpanDecided``) for a decider other than host histories."""
+
+    restrictive = True
+    positional = True  # a row left with no token reports its output position
+
+    def _write(self, slot: int, template: Any) -> None:
+        pass  # decided from the request's own processor
+
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: np.ndarray,
+                             upload: StepUpload) -> Dead | None:
+        """Force ``decisions[i]`` (``-1``: nothing) in member row ``i``, keeping masks."""
+        return force_decided_rows(step, rows, decisions, upload)
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead:
+        """Gathered layout: force ``decisions[r]`` (``-1``: nothing) in row ``r``, keeping masks."""
+        return force_device_decisions(step, rows, decisions)
