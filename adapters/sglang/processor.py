@@ -19,6 +19,7 @@ and the row, so TP ranks stay in step (``python`` factories must be deterministi
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Mapping
 from functools import cache
@@ -28,6 +29,7 @@ import torch
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 
 from dynlogits import sdk
+from dynlogits.processors.base import SamplingView, Vocabulary
 from dynlogits.sdk import GuardedRequest
 
 from .custom_params import carried_payload
@@ -64,6 +66,18 @@ def _engine_refusal() -> str | None:
     return speculative_refusal(algorithm)
 
 
+def _with_engine_facts(facts: sdk.RequestFacts, req: Any) -> sdk.RequestFacts:
+    """``facts`` plus what SGLang's ``Req`` says for a factory's ``RealizeContext``: its ``rid``, its
+    sampling parameters and its tokenizer's vocabulary (``None`` where the scheduler set no tokenizer,
+    e.g. ``skip_tokenizer_init``)."""
+    rid = getattr(req, "rid", None)
+    return dataclasses.replace(
+        facts, request_id=None if rid is None else str(rid),
+        sampling=SamplingView.read(getattr(req, "sampling_params", None), max_tokens="max_new_tokens",
+                                   seed="sampling_seed"),
+        vocabulary=Vocabulary.of_tokenizer(getattr(req, "tokenizer", None)))
+
+
 def _realized(params: dict[str, Any], req: Any, vocab_size: int) -> GuardedRequest | None:
     """Realize the request's payload (either encoding) with its facts (``locate.request_facts``);
     never raises."""
@@ -74,7 +88,7 @@ def _realized(params: dict[str, Any], req: Any, vocab_size: int) -> GuardedReque
         return GuardedRequest.failed_at_realization(
             f"payload rejected in the engine: {err}", stop_token_id=stop, report=FAILURES.append)
     try:
-        facts = request_facts(req, params) if req is not None else None
+        facts = _with_engine_facts(request_facts(req, params), req) if req is not None else None
     except Exception as exc:  # a Req this adapter cannot read: this request's failure, not the sampler's
         return GuardedRequest.failed_at_realization(
             f"cannot read the request's prompt or stop ids from SGLang's Req ({type(exc).__name__}: {exc}); "

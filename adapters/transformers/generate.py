@@ -12,6 +12,7 @@ The logits width (``logits_width``) is the model's output-embedding rows (else `
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from transformers import LogitsProcessorList
 from dynlogits import sdk
 from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.policy.text import TextTokenizer, resolve_entries
+from dynlogits.processors.base import SamplingView
 from dynlogits.sdk import FailureReport
 from dynlogits.specs import ForcedTextSpec, LogitsProcessorSpec, Problem, SpecError
 
@@ -155,6 +157,9 @@ def generate_kwargs(
         report=report,
         prompt_ids=prompt_ids(batch),
         arrival_time=time.time() if arrival_time is None else arrival_time,
+        tokenizer=tokenizer,
+        sampling=dataclasses.replace(SamplingView.read(getattr(model, "generation_config", None),
+                                                       max_tokens="max_new_tokens"), n=num_return_sequences),
     )
     return {
         "logits_processor": LogitsProcessorList([processor]),

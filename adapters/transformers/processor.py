@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
+from dynlogits.processors.base import SamplingView, Vocabulary
 from dynlogits.sdk import FailureReport, GuardedRequest, RequestFacts, apply_rows, drain, histories_from_ids, pick_stop_token, realize
 
 __all__ = ["DynamoLogitsProcessor", "logits_processor", "realize_request"]
@@ -98,15 +99,19 @@ def realize_request(
     report: FailureReport | None = None,
     prompt_ids: Sequence[int] | None = None,
     arrival_time: float | None = None,
+    tokenizer: Any = None,
+    sampling: SamplingView | None = None,
 ) -> GuardedRequest | None:
     """Fresh processors for one request (``None`` without a payload); never raises for the payload.
     The stop token is ``eos_token_id`` if inside the logits width, else the lowest of
     ``stop_token_ids`` inside it: pass the ids ``generate()`` stops on. Factories are told
-    ``prompt_ids`` (the prompt without padding), those stop ids and ``arrival_time``."""
+    ``prompt_ids`` (the prompt without padding), those stop ids, ``arrival_time``, ``tokenizer``'s
+    vocabulary (``None``: none) and ``sampling`` (the generation config's view, ``SamplingView``)."""
     stops = tuple(stop_token_ids)
     stop = pick_stop_token(eos_token_id, stops, vocab_size)
     facts = RequestFacts.of(prompt_ids=prompt_ids, eos_token_id=eos_token_id, stop_token_ids=stops,
-                            arrival_time=arrival_time)
+                            arrival_time=arrival_time, sampling=sampling,
+                            vocabulary=Vocabulary.of_tokenizer(tokenizer))
     return realize(payload, vocab_size=vocab_size, stop_token_id=stop, report=report, facts=facts)
 
 
@@ -121,11 +126,14 @@ def logits_processor(
     report: FailureReport | None = None,
     prompt_ids: Sequence[Sequence[int]] | None = None,
     arrival_time: float | None = None,
+    tokenizer: Any = None,
+    sampling: SamplingView | None = None,
 ) -> DynamoLogitsProcessor:
     """One ``DynamoLogitsProcessor`` for a ``generate()`` call: ``payloads[k]`` is prompt ``k``'s wire
     payload (``None``: no processors). One fresh ``GuardedRequest`` per prompt owns rows
     ``k*rows_per_request .. (k+1)*rows_per_request - 1`` (``max(num_beams, num_return_sequences)``),
-    realized with ``prompt_ids[k]`` (prompt ``k`` without padding), the stop ids and ``arrival_time``.
+    realized with ``prompt_ids[k]`` (prompt ``k`` without padding), the stop ids, ``arrival_time``,
+    ``tokenizer``'s vocabulary and ``sampling`` (``realize_request``).
     No admission here (see ``generate.generate_kwargs``): a payload that does not realize fail-stops
     its request."""
     if isinstance(payloads, (str, bytes, Mapping)) or not isinstance(payloads, Sequence):
@@ -144,7 +152,8 @@ def logits_processor(
     stops = tuple(stop_token_ids)
     requests = [
         realize_request(p, vocab_size=vocab_size, eos_token_id=eos_token_id, stop_token_ids=stops, report=report,
-                        prompt_ids=None if prompt_ids is None else prompt_ids[k], arrival_time=arrival_time)
+                        prompt_ids=None if prompt_ids is None else prompt_ids[k], arrival_time=arrival_time,
+                        tokenizer=tokenizer, sampling=sampling)
         for k, p in enumerate(payloads)
     ]
     rows = [request for request in requests for _ in range(rows_per_request)]

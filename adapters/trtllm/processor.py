@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from dynlogits import sdk
+from dynlogits.processors.base import SamplingView
 from dynlogits.processors.ops import ROW_OPS, ForceToken
 from dynlogits.sdk import GuardedRequest
 
@@ -156,14 +157,17 @@ class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,val
         validated ``vocab_size``, else unbounded)."""
         return stop_token(self.sampling_params, width if width is not None else (self.vocab_size or sys.maxsize))
 
-    def request(self, width: int, prompt_ids: Sequence[int] | None = None) -> GuardedRequest | None:
+    def request(self, width: int, prompt_ids: Sequence[int] | None = None,
+                request_id: str | None = None) -> GuardedRequest | None:
         """This request's ``GuardedRequest`` for a logits width, realized on first use with its facts
-        (``prompt_ids``; stop ids from ``sampling_params``; ``arrival_time``). Never raises."""
+        (``prompt_ids``; stop ids and sampling parameters from ``sampling_params``; ``arrival_time``;
+        ``request_id``, the engine's; no tokenizer: TensorRT-LLM gives a logits processor none). Never raises."""
         if not self._realized:
             sp = self.sampling_params
             facts = sdk.RequestFacts.of(prompt_ids=prompt_ids, eos_token_id=_end_id(sp),
                                         stop_token_ids=getattr(sp, "stop_token_ids", None) or (),
-                                        arrival_time=self.arrival_time)
+                                        arrival_time=self.arrival_time, request_id=request_id,
+                                        sampling=SamplingView.read(sp))
             self._request = sdk.realize(self.payload, vocab_size=width, stop_token_id=self.stop_token(width),
                                         report=FAILURES.append, facts=facts)
             self._realized = True
@@ -203,7 +207,7 @@ class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,val
         if self.vocab_size is not None and width != self.vocab_size:
             raise ValueError(f"logits are {width} wide, but the payload was validated for a vocabulary of "
                              f"{self.vocab_size} (vocabulary-sharded logits?)")
-        request = self.request(width, None if self._realized else self.prompt(token_ids))
+        request = self.request(width, None if self._realized else self.prompt(token_ids), request_id=str(req_id))
         if request is None:
             return
         histories = self.histories(token_ids)

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from dynlogits.processors.base import Vocabulary
+from dynlogits.processors.vocabulary import tokenizer_strings
 from dynlogits.sdk import GuardedRequest
 from dynlogits.sdk.failure_reports import (
     Reason,
@@ -50,6 +52,25 @@ MAX_RECORDED_FAILURES = 64
 
 def _is_v2_state(obj: object) -> bool:
     return HAS_V2_INTERFACE and isinstance(obj, LogitsProcRequestState)
+
+
+def engine_vocabulary(vllm_config: Any) -> Vocabulary | None:
+    """The engine's ``Vocabulary``: its tokenizer (``cached_tokenizer_from_config``, vLLM's own cache)
+    loaded only when a factory first reads ``RealizeContext.vocabulary``; ``None`` when the engine
+    runs without one (``skip_tokenizer_init``) or the config names no model."""
+    model_config = getattr(vllm_config, "model_config", None)
+    if model_config is None or getattr(model_config, "skip_tokenizer_init", False):
+        return None
+
+    def load() -> list[str]:
+        from vllm.tokenizers.registry import cached_tokenizer_from_config
+
+        tokenizer = cached_tokenizer_from_config(model_config)
+        if tokenizer is None:
+            raise RuntimeError("vLLM gives this engine no tokenizer (skip_tokenizer_init)")
+        return tokenizer_strings(tokenizer)
+
+    return Vocabulary(load)
 
 
 class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
@@ -88,6 +109,8 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
             self.vocab_size = int(vllm_config.model_config.get_vocab_size())
             self._init_v1_state(vllm_config, device_or_req_states)
         self.engine_spec = engine_spec_for(vllm_config, self.vocab_size)  # DYN_LOGITS_SPEC_SOURCE=engine
+        #: the tokenizer's text per id, for every request's RealizeContext (loaded on first read)
+        self.vocabulary = engine_vocabulary(vllm_config)
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
@@ -102,7 +125,7 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
         (``prompt_ids``: the request's prompt, where the runner gives it; ``output_ids``: its live
         output list, where the runner gives one, to name the entry a no-token row is due to)."""
         request = realize_request(params, vocab_size=self.vocab_size, report=self.failures.append,
-                                   engine_spec=self.engine_spec, prompt_ids=prompt_ids)
+                                   engine_spec=self.engine_spec, prompt_ids=prompt_ids, vocabulary=self.vocabulary)
         if request is not None:
             self.realized += 1
             report_id = report_id_of(params) if self.reports is not None else None

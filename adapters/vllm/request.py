@@ -48,7 +48,9 @@ from dynlogits.policy.config import DeploymentConfig
 from dynlogits.policy.engine_spec import PAYLOAD_ROOT, admission_config, check_request_payload, client_payload_config
 from dynlogits.policy.request import DEPLOYMENT_PATH, has_stop_token, reasoning_problem, stop_token_problem
 from dynlogits.policy.roles import DisaggregationMode, is_generation_stage, logits_processors_for_request
+from dynlogits.processors.base import SamplingView, Vocabulary
 from dynlogits.sdk import FailureReport, GuardedRequest
+from dynlogits.sdk.failure_reports import report_id_of
 from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits
 from dynlogits.specs.limits import prompt_limit_problem
 
@@ -208,17 +210,21 @@ def stop_token(params: Any, vocab_size: int) -> int | None:
     return sdk.pick_stop_token(getattr(params, "eos_token_id", None), getattr(params, "stop_token_ids", None), vocab_size)
 
 
-def request_facts(params: Any, prompt_ids: Sequence[int] | None) -> sdk.RequestFacts:
+def request_facts(params: Any, prompt_ids: Sequence[int] | None, vocabulary: Vocabulary | None = None) -> sdk.RequestFacts:
     """What the adapter knows of a request: its prompt (``None`` where the runner does not say), the
     ids it stops on (its EOS unless ``ignore_eos``, then ``stop_token_ids``), its arrival
-    (``extra_args[ARRIVAL_KEY]``, ``sdk.carried_arrival``), and that it was admitted: vLLM runs
+    (``extra_args[ARRIVAL_KEY]``, ``sdk.carried_arrival``), its sampling parameters, its id for logs
+    (the worker's report id where it carries one: neither runner tells a logits processor vLLM's
+    request id), the engine's ``vocabulary``, and that it was admitted: vLLM runs
     ``validate_params`` on every request where it enters (``vllm/v1/engine/input_processor.py``,
     ``InputProcessor.process_inputs`` -> ``_validate_params``, vLLM 0.32; once per request:
     ``AsyncLLM.add_request`` fans ``n`` out after it), so the model runner never repeats the
     consistency walks."""
     return sdk.RequestFacts.of(prompt_ids=prompt_ids, eos_token_id=getattr(params, "eos_token_id", None),
                                stop_token_ids=getattr(params, "stop_token_ids", None) or (),
-                               arrival_time=sdk.carried_arrival(getattr(params, "extra_args", None)), admitted=True)
+                               arrival_time=sdk.carried_arrival(getattr(params, "extra_args", None)), admitted=True,
+                               request_id=report_id_of(params), sampling=SamplingView.read(params),
+                               vocabulary=vocabulary)
 
 
 def _check_prompt(payload: Any, prompt_ids: Sequence[int] | None, limits: SpecLimits) -> None:
@@ -232,15 +238,17 @@ def _check_prompt(payload: Any, prompt_ids: Sequence[int] | None, limits: SpecLi
 
 
 def realize_request(params: Any, *, vocab_size: int, report: FailureReport | None = None,
-                    engine_spec: PayloadSource | None = None, prompt_ids: Sequence[int] | None = None) -> VllmRequest | None:
+                    engine_spec: PayloadSource | None = None, prompt_ids: Sequence[int] | None = None,
+                    vocabulary: Vocabulary | None = None) -> VllmRequest | None:
     """Fresh processors for one request entering the batch; ``None`` without a payload. Never raises.
+    ``vocabulary``: the engine's (``RealizeContext.vocabulary``; ``None``: no tokenizer).
     An arrival in ``extra_args`` counts only beside a payload the worker wrote (a list, with no engine
     spec source): the client's ``extra_args`` never set a deadline's clock. With the engine as the
     spec source, a client's payload refused here leaves the deployment's entries running (the
     request is reported failed; fail-stopped where it has a stop token)."""
     stop = stop_token(params, vocab_size)
     payload = read_payload(params)
-    facts = request_facts(params, prompt_ids)
+    facts = request_facts(params, prompt_ids, vocabulary)
     limits = DEFAULT_LIMITS
     if engine_spec is not None or isinstance(payload, str):
         facts = dataclasses.replace(facts, arrival_time=None)

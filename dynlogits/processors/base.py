@@ -8,9 +8,11 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from .sampling import SamplingView
 from .uploads import to_device
+from .vocabulary import Vocabulary
 
-__all__ = ["BaseLogitsProcessor", "IndexCache", "RealizeContext", "first_stop"]
+__all__ = ["BaseLogitsProcessor", "IndexCache", "RealizeContext", "SamplingView", "Vocabulary", "first_stop"]
 
 
 @runtime_checkable
@@ -34,13 +36,30 @@ class RealizeContext:
     first is the one a failed or finished request is ended with), its ``arrival_time`` (``time.time()``
     when it reached the deployment, else when its engine realized it) and the ``reasoning``
     delimiters in force (``(start ids, end ids)``, or ``None``). An engine that cannot say leaves
-    ``prompt_ids`` empty (``docs/engines.md`` says which)."""
+    ``prompt_ids`` empty (``docs/engines.md`` says which).
+
+    Also: ``request_id``, for logs (the engine's id of the request where it gives one, else one
+    this process made up; never parse it); ``sampling``, the request's sampling parameters
+    (``SamplingView``: a field is ``None`` where the engine does not say); and ``vocabulary``, the
+    tokenizer's text of each id (``None`` where the engine gives no tokenizer), loaded only when a
+    factory reads it, once per engine."""
 
     vocab_size: int
     prompt_ids: tuple[int, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     arrival_time: float | None = None
     reasoning: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    request_id: str = ""
+    sampling: SamplingView = SamplingView()
+    #: where ``vocabulary`` comes from (``None``: no tokenizer); read ``vocabulary``, not this
+    tokenizer_vocabulary: Vocabulary | None = None
+
+    @property
+    def vocabulary(self) -> tuple[str, ...] | None:
+        """Each token id's text, index = id (``Vocabulary.strings``: loaded on first use, then shared by
+        every request of the engine; ids past its length up to ``vocab_size`` have none); ``None``
+        where the engine gives no tokenizer. Raises what loading the tokenizer raises."""
+        return None if self.tokenizer_vocabulary is None else self.tokenizer_vocabulary.strings()
 
 
 def first_stop(ctx: RealizeContext) -> int | None:

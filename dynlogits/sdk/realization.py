@@ -20,6 +20,7 @@ and consistency checks for each logits width; a payload those refuse is checked 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -29,6 +30,7 @@ from typing import Any
 import msgspec
 
 from dynlogits.processors import BaseLogitsProcessor, RealizeContext
+from dynlogits.processors.base import SamplingView, Vocabulary
 from dynlogits.processors.kept import Kept, deep_size
 from dynlogits.processors.registry import REALIZED, check_python_allowed, factory_for
 from dynlogits.processors.request import RequestLogitsProcessor
@@ -118,27 +120,39 @@ def decode_payload(
     return entries
 
 
+#: Ids this process gives requests whose engine names none (``RequestFacts.request_id``).
+_LOCAL_IDS = itertools.count(1)
+
+
 @dataclass(frozen=True)
 class RequestFacts:
     """What an adapter knows of one request when it realizes it (``RealizeContext`` passes it on):
     its prompt ids (``None``: the engine does not say), the ids it stops on (the one a failed
     request is ended with first), when it arrived (``None``: now), and whether the engine ran
     ``validate`` on its payload where it entered (vLLM's ``validate_params``): realization then
-    checks only what is O(payload), never the consistency walks again."""
+    checks only what is O(payload), never the consistency walks again. Also its id for logs
+    (``None``: realization makes one up, ``local-N``), its sampling parameters and the engine's
+    ``Vocabulary`` (``None``: no tokenizer), which is loaded only if a factory reads it."""
 
     prompt_ids: Sequence[int] | None = None
     stop_token_ids: Sequence[int] = ()
     arrival_time: float | None = None
     admitted: bool = False
+    request_id: str | None = None
+    sampling: SamplingView = SamplingView()
+    vocabulary: Vocabulary | None = None
 
     @classmethod
     def of(cls, *, prompt_ids: Sequence[int] | None, eos_token_id: int | None, stop_token_ids: Iterable[int] = (),
-           arrival_time: float | None = None, admitted: bool = False) -> RequestFacts:
+           arrival_time: float | None = None, admitted: bool = False, request_id: str | None = None,
+           sampling: SamplingView | None = None, vocabulary: Vocabulary | None = None) -> RequestFacts:
         """The facts with stop ids in the order every adapter gives them: the EOS first (``None``:
         no EOS, e.g. the request ignores it), then the other stop ids, ascending, each once."""
         first = (eos_token_id,) if isinstance(eos_token_id, int) else ()
         rest = sorted({int(t) for t in stop_token_ids if isinstance(t, int) and t not in first})
-        return cls(prompt_ids=prompt_ids, stop_token_ids=(*first, *rest), arrival_time=arrival_time, admitted=admitted)
+        return cls(prompt_ids=prompt_ids, stop_token_ids=(*first, *rest), arrival_time=arrival_time, admitted=admitted,
+                   request_id=request_id, sampling=sampling if sampling is not None else SamplingView(),
+                   vocabulary=vocabulary)
 
 
 def build_request_processor(
@@ -170,7 +184,9 @@ def _realized(payload: Any, *, vocab_size: int, limits: SpecLimits,
     prompt = tuple(facts.prompt_ids or ())
     ctx = RealizeContext(vocab_size=vocab_size, prompt_ids=prompt, stop_token_ids=tuple(facts.stop_token_ids),
                          arrival_time=time.time() if facts.arrival_time is None else facts.arrival_time,
-                         reasoning=reasoning)
+                         reasoning=reasoning,
+                         request_id=facts.request_id if facts.request_id is not None else f"local-{next(_LOCAL_IDS)}",
+                         sampling=facts.sampling, tokenizer_vocabulary=facts.vocabulary)
     problems: list[Problem] = []
     left_out: set[int] = set()
     try:

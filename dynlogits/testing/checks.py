@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from dynlogits.policy.roles import DisaggregationMode
+from dynlogits.processors.base import SamplingView
 from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, LogitsProcessorSpec, encode_entries, kinds
 from dynlogits.specs.limits import PROMPT_BOUND_KINDS
 from dynlogits.specs.schema import golden_vectors
@@ -418,7 +419,8 @@ def a_plugin_factory_is_given_the_request_facts(driver: AdapterDriver) -> None:
     ``RealizeContext``: the logits width, the prompt (for a resumed request too, without the tokens
     it generated), the stop ids (its EOS first, then the others ascending), the arrival the
     deployment stamped (unstamped: a time during its realization) and its payload's reasoning
-    delimiters; its processor, which keeps the prompt's and stop ids' logits only, acts on its rows."""
+    delimiters, a request id for logs and a ``SamplingView``; its processor, which keeps the prompt's
+    and stop ids' logits only, acts on its rows."""
     arrival = time.time() - 3600.0  # stamped an hour ago: never mistaken for the realization time
     stamped = [{"kind": "reasoning", "start_token_ids": [50], "end_token_ids": [51]}, {"kind": "kit.facts", "tag": "stamped"}]
     plain = [{"kind": "kit.facts", "tag": "plain"}]
@@ -447,7 +449,9 @@ def a_plugin_factory_is_given_the_request_facts(driver: AdapterDriver) -> None:
         after = time.time()
         _context_is(seen, "stamped", {"vocab_size": driver.vocab_size, "prompt_ids": prompts["stamped"],
                                       "stop_token_ids": (EOS, *sorted(stops)), "arrival_time": arrival,
-                                      "reasoning": ((50,), (51,))}, "request with a stamped arrival")
+                                      "reasoning": ((50,), (51,)), "request_id": lambda v: isinstance(v, str) and v,
+                                      "sampling": lambda v: isinstance(v, SamplingView)},
+                    "request with a stamped arrival")
         _context_is(seen, "plain", {"vocab_size": driver.vocab_size, "prompt_ids": prompts["plain"],
                                     "stop_token_ids": (EOS,), "arrival_time": lambda t: before <= t <= after,
                                     "reasoning": None}, "request without a stamped arrival")
