@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from dynlogits import sdk
+from dynlogits.sdk.resident.engine_step import EngineStep
 from dynlogits.sdk.resident.slot_batch import SlotBatch
 
 V = 64
@@ -67,7 +68,7 @@ def resident_and_host(payload: list[dict[str, Any]], histories: Sequence[Sequenc
     for history in histories:
         logits = torch.randn(1, V, generator=generator)
         a, b = logits.clone(), logits.clone()
-        batch.apply(a, histories=[history])
+        batch.apply(a, EngineStep(histories=[history]))
         sdk.apply_rows(b, [0], [host], [history])
         out.append((a[0], b[0]))
     return out

@@ -25,6 +25,7 @@ import torch
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor, BatchUpdate, MoveDirectionality
 
 from dynlogits.sdk import GuardedRequest, SlotBatch, apply_rows, drain
+from dynlogits.sdk.resident.engine_step import EngineStep
 
 __all__ = ["RealizedRequests", "V1RunnerMixin"]
 
@@ -163,7 +164,7 @@ class V1RunnerMixin(AdapterLogitsProcessor):
             self._check_placeholder()
         if self._any_resident:
             try:
-                self._resident.apply(logits, histories=self._row_histories)
+                self._resident.apply(logits, EngineStep(histories=self._row_histories))
             except Exception as exc:  # an adapter bug must not take the engine down: fail these requests
                 self._fail_resident_v1(logits, exc)
         if self._hosted_rows:

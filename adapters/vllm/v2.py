@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from dynlogits.sdk import DeviceThinking, GuardedRequest, SlotBatch, TokenWindow, apply_draft_row, apply_rows, drain
+from dynlogits.sdk.resident.engine_step import EngineStep
 
 from .request import read_payload
 
@@ -151,7 +152,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
     def _offset(self, ctx: Any, known: bool) -> torch.Tensor:
         """``prompt_len[slot] - 1`` per row: tokens generated before a row are ``ctx.pos - offset`` (negative
         in prefill). In a listed layout the same tensor is returned until the layout changes
-        (``SlotBatch.apply``'s ``pos_offset`` contract)."""
+        (``EngineStep.pos_offset``'s contract)."""
         if known and self._prompt_offset is not None:
             return self._prompt_offset
         prompt = self._req_states.prompt_len.gpu  # read each step: vLLM swaps the UVA buffer it points to
@@ -202,14 +203,15 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
             self._layout = slots  # the same object while the slots stay: no comparison next step
             self._resident.use_listed_layout()
             # positions as the runner has them: the resident path subtracts only where it must
-            self._resident.apply(logits, pos=ctx.pos if positional else None,
-                                 pos_offset=self._offset(ctx, known) if positional else None, thinking=self._thinking.decide,
-                                 window=window)
+            self._resident.apply(logits, EngineStep(pos=ctx.pos if positional else None,
+                                                    pos_offset=self._offset(ctx, known) if positional else None,
+                                                    thinking=self._thinking.decide, window=window))
         else:
             self._resident.rows_on_device(ctx.expanded_idx_mapping, slots_in_step[resident])
             real = ctx.expanded_local_pos == 0
             generated = ctx.pos - self._offset(ctx, known) if positional else None
-            self._resident.apply(logits, generated=generated, thinking=self._thinking.decide, real_rows=real, window=window)
+            self._resident.apply(logits, EngineStep(generated=generated, thinking=self._thinking.decide, real_rows=real,
+                                                    window=window))
 
     def _fail_resident_v2(self, logits: torch.Tensor, slots_in_step: np.ndarray, resident: np.ndarray,
                           exc: Exception) -> None:

@@ -11,14 +11,14 @@ import random
 import numpy as np
 import pytest
 import torch
+from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize
 
 from dynlogits import sdk
 from dynlogits.processors.banned_phrases import BannedPhrasesProcessor, BannedPhrasesTemplate
 from dynlogits.processors.banned_tokens import BannedTokensTemplate
+from dynlogits.sdk.resident.engine_step import EngineStep
 from dynlogits.sdk.resident.slot_batch import SlotBatch
 from dynlogits.specs import SpecError, decode_wire_payload
-
-from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize
 
 PHRASES = [(9,), (5, 6), (5, 7), (4, 5, 6, 8), (3, 3)]
 
@@ -145,7 +145,7 @@ def test_the_resident_path_equals_the_host_path_through_batch_changes(seed: int)
         batch.set_rows(np.array(padded))
         logits = torch.randn(len(padded), V, generator=generator)
         resident, hosted = logits.clone(), logits.clone()
-        batch.apply(resident, histories=[*(histories[s] for s in order), []])
+        batch.apply(resident, EngineStep(histories=[*(histories[s] for s in order), []]))
         sdk.apply_rows(hosted, list(range(len(order))), [host[s] for s in order], [histories[s] for s in order])
         assert torch.equal(resident, hosted), step
         for row, slot in enumerate(order):
@@ -168,7 +168,7 @@ def test_a_row_whose_walk_raises_fails_its_request_alone_on_the_host_decided_pat
     batch.set_rows(np.array([0, 1, 2]))
     histories: list[list] = [[5], [5, [5]], [4, 5]]
     logits = torch.randn(3, V)
-    batch.apply(logits, histories=histories)
+    batch.apply(logits, EngineStep(histories=histories))
     assert requests[1].failed and not requests[0].failed and not requests[2].failed
     assert finite(logits[1]) == [EOS]
     for row in (0, 2):

@@ -9,14 +9,14 @@ import time
 import numpy as np
 import pytest
 import torch
+from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize, resident_and_host
 
 from dynlogits import sdk
 from dynlogits.processors.base import RealizeContext
 from dynlogits.processors.deadline import DeadlineProcessor, factory
+from dynlogits.sdk.resident.engine_step import EngineStep
 from dynlogits.sdk.resident.slot_batch import SlotBatch
 from dynlogits.specs import decode_wire_payload
-
-from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize, resident_and_host
 
 
 class Clock:
@@ -102,7 +102,7 @@ def test_a_request_due_while_it_runs_is_stopped_from_the_first_step_after_its_du
     history: list[int] = []
     logits = torch.randn(1, V)
     before, started = logits.clone(), time.time()
-    batch.apply(logits, histories=[history])
+    batch.apply(logits, EngineStep(histories=[history]))
     if time.time() < due:  # the step ran before the due time (it may not have, on a loaded machine)
         assert torch.equal(logits, before)
     elif started >= due:
@@ -113,7 +113,7 @@ def test_a_request_due_while_it_runs_is_stopped_from_the_first_step_after_its_du
         assert time.time() < deadline
         time.sleep(min(0.01, max(0.0, due - time.time())))
     logits = torch.randn(1, V)
-    batch.apply(logits, histories=[history])
+    batch.apply(logits, EngineStep(histories=[history]))
     assert finite(logits[0]) == [EOS] and logits[0, EOS] == 0.0
 
 
@@ -134,7 +134,7 @@ def test_a_deadline_is_resident_without_histories_as_it_reads_none(layout: str, 
         rows = {"real_rows": torch.tensor([True, True, False])}
     logits = torch.randn(2 if layout == "listed" else 3, V)
     before = logits.clone()
-    batch.apply(logits, generated=torch.tensor([3] * len(logits)), **rows)
+    batch.apply(logits, EngineStep(generated=torch.tensor([3] * len(logits)), **rows))
     assert torch.equal(logits[0], before[0])  # slot 0 holds no resident request
     for row in range(1, len(logits)):
         assert finite(logits[row]) == ([EOS] if stops else finite(before[row]))

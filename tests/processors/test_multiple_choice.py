@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import torch
 import pytest
+import torch
+from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize, resident_and_host
 
 from dynlogits import sdk
 from dynlogits.processors.base import RealizeContext
 from dynlogits.processors.multiple_choice import MultipleChoiceProcessor, factory
+from dynlogits.sdk.resident.engine_step import EngineStep
 from dynlogits.specs import decode_wire_payload
-
-from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize, resident_and_host
 
 CHOICES = ((5, 6, 7), (5, 8), (9,), (5, 6))
 
@@ -153,7 +153,7 @@ def test_resident_rows_of_several_requests_keep_what_their_own_processors_allow(
     batch.set_rows(np.array([3, 0, 7, 1, 6, 2, 5, 4]))  # rows in another order than slots
     logits = torch.randn(8, V)
     row_histories = [histories[s] for s in (3, 0, 7, 1, 6, 2, 5, 4)]
-    batch.apply(logits, histories=row_histories)
+    batch.apply(logits, EngineStep(histories=row_histories))
     for row, slot in enumerate((3, 0, 7, 1, 6, 2, 5, 4)):
         want = list(processors[slot].allowed(row_histories[row]))
         assert finite(logits[row]) == (want or [EOS]), (slot, row_histories[row])

@@ -9,14 +9,14 @@ import random
 import numpy as np
 import pytest
 import torch
+from zoo_rows import V, apply, finite, largest_allocation, logits_row, realize, resident_and_host
 
 from dynlogits import sdk
 from dynlogits.processors.base import RealizeContext
 from dynlogits.processors.trigger import TriggerProcessor, factory
+from dynlogits.sdk.resident.engine_step import EngineStep
 from dynlogits.sdk.resident.slot_batch import SlotBatch
 from dynlogits.specs import decode_wire_payload
-
-from zoo_rows import V, apply, finite, largest_allocation, logits_row, realize, resident_and_host
 
 TRIGGER, PHRASE = (3, 4), (7, 8, 9)
 PAYLOAD = [{"kind": "trigger", "trigger_token_ids": list(TRIGGER), "phrase_token_ids": list(PHRASE)}]
@@ -153,7 +153,7 @@ def test_without_the_rows_histories_a_trigger_request_is_decided_by_the_device_d
     batch.set_rows(np.array([0]))
     logits = torch.randn(1, V)
     before = logits.clone()
-    batch.apply(logits, thinking=decider.decide)
+    batch.apply(logits, EngineStep(thinking=decider.decide))
     assert forced(trigger_processor(), output) == want  # the host processor's rule
     if want is None:
         assert torch.equal(logits, before)
@@ -173,7 +173,7 @@ def test_a_resident_row_left_with_no_token_fails_its_request_at_its_position(mas
     logits = torch.randn(1, V)
     if masked is not None:
         logits[0, masked] = float("-inf")
-    batch.apply(logits, histories=[[3, 4]])
+    batch.apply(logits, EngineStep(histories=[[3, 4]]))
     sdk.drain()
     if masked is None:
         assert finite(logits[0]) == [7] and not request.failed

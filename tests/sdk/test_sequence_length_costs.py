@@ -8,9 +8,10 @@ import torch
 from torch_counting import OpCounter
 
 from dynlogits import sdk
-from dynlogits.processors.thinking_budget import ROLLBACK, ThinkingBudgetProcessor
-from dynlogits.sdk.resident.slot_batch import SlotBatch
 from dynlogits.processors.device_thinking import DeviceThinking
+from dynlogits.processors.thinking_budget import ROLLBACK, ThinkingBudgetProcessor
+from dynlogits.sdk.resident.engine_step import EngineStep
+from dynlogits.sdk.resident.slot_batch import SlotBatch
 
 V = 64
 EOS = 1
@@ -70,9 +71,9 @@ def _resident_ops(length: int) -> int:
         batch.assign(slot, sdk.realize(payload, vocab_size=V, stop_token_id=EOS))
     batch.set_rows(np.arange(len(PAYLOADS)))
     histories = [Opaque(length)] * len(PAYLOADS)
-    batch.apply(torch.zeros(len(PAYLOADS), V), histories=histories)  # type: ignore[arg-type]
+    batch.apply(torch.zeros(len(PAYLOADS), V), EngineStep(histories=histories))  # type: ignore[arg-type]
     with OpCounter() as counter:
-        batch.apply(torch.zeros(len(PAYLOADS), V), histories=histories)  # type: ignore[arg-type]
+        batch.apply(torch.zeros(len(PAYLOADS), V), EngineStep(histories=histories))  # type: ignore[arg-type]
     return counter.ops
 
 
@@ -92,7 +93,7 @@ def _device_thinking_ops(length: int) -> int:
 
     def step(n: int) -> None:
         thinking.step(tokens, prompt, prompt + torch.tensor([n, 0], dtype=torch.int32))
-        batch.apply(torch.zeros(1, V), generated=torch.tensor([n]), thinking=thinking.decide)
+        batch.apply(torch.zeros(1, V), EngineStep(generated=torch.tensor([n]), thinking=thinking.decide))
 
     for n in range(1, length + 1):  # follow the whole history once, as a request would
         step(n)

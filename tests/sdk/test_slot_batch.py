@@ -13,9 +13,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from dynlogits import sdk
-from dynlogits.sdk.resident.slot_batch import SlotBatch
-from dynlogits.processors.forced_sequence import ForcedSequenceGroup
 from dynlogits.processors.device_thinking import DeviceThinking
+from dynlogits.processors.forced_sequence import ForcedSequenceGroup
+from dynlogits.sdk.resident.engine_step import EngineStep
+from dynlogits.sdk.resident.slot_batch import SlotBatch
 from dynlogits.specs import SpecError, decode_wire_payload
 
 V = 64
@@ -135,11 +136,11 @@ def test_listed_layout_equals_the_host_path_through_batch_changes(seed: int, mod
         got = logits.clone()
         histories = [engine.history.get(int(s), []) for s in host_slots]
         if mode.startswith("histories"):
-            engine.batch.apply(got, histories=histories)
+            engine.batch.apply(got, EngineStep(histories=histories))
         else:
             engine.thinking.step(*engine.token_matrix())
             generated = torch.tensor([len(h) for h in histories])
-            engine.batch.apply(got, generated=generated, thinking=engine.thinking.decide)
+            engine.batch.apply(got, EngineStep(generated=generated, thinking=engine.thinking.decide))
         assert same(got, expected), f"step {step}: rows differ at {(got != expected).nonzero()[:4].tolist()}"
         for row, slot in zip(where, slots):
             assert engine.batch.requests[slot].failed == engine.host[slot].failed
@@ -185,7 +186,7 @@ def test_gathered_layout_with_drafts_equals_the_host_path(seed: int) -> None:
         engine.batch.rows_on_device(slot_of_row, np.array(slots))
         engine.thinking.step(*engine.token_matrix(), input_ids=torch.tensor(inputs), local_pos=torch.tensor(local))
         generated = torch.tensor([len(engine.history[s]) + k for s, k in zip(row_slot, local)])
-        engine.batch.apply(got, generated=generated, thinking=engine.thinking.decide, real_rows=torch.tensor(local) == 0)
+        engine.batch.apply(got, EngineStep(generated=generated, thinking=engine.thinking.decide, real_rows=torch.tensor(local) == 0))
         for r, k in enumerate(local):
             slot = row_slot[r]
             if k and (-1 in drafts_of[slot][:k] or engine.host[slot].failed):
@@ -208,13 +209,13 @@ def test_a_forced_token_the_engine_masked_fails_its_request_alone_with_the_reaso
     batch.set_rows(np.array([0, 1]))
     logits = torch.randn(2, V)
     logits[0, 5] = NEG  # the grammar forbids token 5 for request 0 only
-    batch.apply(logits, histories=[[], []])
+    batch.apply(logits, EngineStep(histories=[[], []]))
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [EOS]  # ended at once
     assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [5]
     assert forced.failed and not other.failed
     assert len(reports) == 1 and "no token left to sample at output position 0" in reports[0]
     logits = torch.randn(2, V)
-    batch.apply(logits, histories=[[EOS], [5]])
+    batch.apply(logits, EngineStep(histories=[[EOS], [5]]))
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [EOS]  # stays fail-stopped
     assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [6]
 
@@ -243,11 +244,11 @@ def test_a_forced_row_forces_its_sequence_at_every_position_from_prefill_to_past
         logits = torch.randn(3, V)
         counts = torch.tensor(generated)
         if source.startswith("histories"):
-            batch.apply(logits, histories=[[3] * g for g in generated])
+            batch.apply(logits, EngineStep(histories=[[3] * g for g in generated]))
         elif source == "generated":
-            batch.apply(logits, generated=counts)
+            batch.apply(logits, EngineStep(generated=counts))
         else:
-            batch.apply(logits, pos=counts + offset, pos_offset=torch.full((3,), offset))
+            batch.apply(logits, EngineStep(pos=counts + offset, pos_offset=torch.full((3,), offset)))
         for row, (seq, g) in enumerate(zip(ordered, generated)):
             want = (*seq, EOS)[min(max(g, 0), len(seq))]
             assert torch.isfinite(logits[row]).nonzero().flatten().tolist() == [want], (source, generated, row)
@@ -272,11 +273,11 @@ def test_a_masked_forced_token_flags_the_position_capped_at_the_sequences_end(so
         logits = torch.randn(1, V)
         logits[0, (*SEQUENCES[2], EOS)[min(max(generated, 0), 5)]] = NEG  # the grammar masks the forced token
         if source.startswith("histories"):
-            batch.apply(logits, histories=[[3] * generated])
+            batch.apply(logits, EngineStep(histories=[[3] * generated]))
         elif source == "generated":
-            batch.apply(logits, generated=torch.tensor([generated]))
+            batch.apply(logits, EngineStep(generated=torch.tensor([generated])))
         else:
-            batch.apply(logits, pos=torch.tensor([generated + 20]), pos_offset=torch.tensor([20]))
+            batch.apply(logits, EngineStep(pos=torch.tensor([generated + 20]), pos_offset=torch.tensor([20])))
         assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [EOS]  # fail-stopped (or EOS kept)
         if reported is None:
             assert reports == [] and not request.failed
@@ -313,11 +314,11 @@ def test_a_masked_forced_row_without_a_stop_token_is_failed_and_left_with_no_tok
         if masked[slot]:
             logits[row, forced] = NEG
     if source.startswith("histories"):
-        batch.apply(logits, histories=[[3] * generated] * 4)
+        batch.apply(logits, EngineStep(histories=[[3] * generated] * 4))
     elif source == "generated":
-        batch.apply(logits, generated=torch.full((4,), generated))
+        batch.apply(logits, EngineStep(generated=torch.full((4,), generated)))
     else:
-        batch.apply(logits, pos=torch.full((4,), generated + 9), pos_offset=torch.full((4,), 9))
+        batch.apply(logits, EngineStep(pos=torch.full((4,), generated + 9), pos_offset=torch.full((4,), 9)))
     for row, slot in enumerate(host_slots):
         want = torch.full((V,), NEG)
         if masked[slot] and stops[slot] is not None:
@@ -341,11 +342,11 @@ def test_the_resident_path_refuses_logits_it_cannot_index_flat() -> None:
                       (wide[:, ::2], "contiguous"), (wide[:, :V], "contiguous")):
         before = bad.clone()
         with pytest.raises(ValueError, match=rule):
-            batch.apply(bad, histories=[[], []])
+            batch.apply(bad, EngineStep(histories=[[], []]))
         assert torch.equal(bad, before)
     one_row = wide[:1, :V]  # one row of a wider tensor: its row stride does not matter
     batch.set_rows(np.array([0]))
-    batch.apply(one_row, histories=[[]])
+    batch.apply(one_row, EngineStep(histories=[[]]))
     assert one_row[0, 5] == NEG and torch.isfinite(wide[0, V:]).all()
 
 
@@ -405,10 +406,10 @@ def test_steady_state_steps_make_no_syncing_call(mode: str) -> None:
     def step() -> torch.Tensor:
         logits = torch.randn(4, V)
         if mode == "histories":
-            batch.apply(logits, histories=histories)
+            batch.apply(logits, EngineStep(histories=histories))
         else:
             thinking.step(tokens, prompt, total)
-            batch.apply(logits, generated=generated, thinking=thinking.decide)
+            batch.apply(logits, EngineStep(generated=generated, thinking=thinking.decide))
         return logits
 
     first = step()  # the first step after a batch change builds its index tensors
@@ -453,6 +454,6 @@ def test_a_host_decided_row_whose_processor_raises_fails_its_request_alone(monke
     batch.flush()
     batch.set_rows(np.array([0, 1, 2]))
     logits = torch.randn(3, V)
-    batch.apply(logits, histories=[[3], [3], [3]])
+    batch.apply(logits, EngineStep(histories=[[3], [3], [3]]))
     assert [r.failed for r in requests] == [False, True, False]
     assert [torch.isfinite(logits[r]).nonzero().flatten().tolist() for r in range(3)] == [[9], [EOS], [9]]

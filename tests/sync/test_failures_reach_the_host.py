@@ -19,9 +19,10 @@ import pytest
 import torch
 
 from dynlogits import sdk
-from dynlogits.testing.cuda.drive import AFTER, FAILING, GRAMMAR_MASKED, ROW_ENGINES, failure_then
 from dynlogits.sdk import readback
 from dynlogits.sdk.resident import flags, slot_batch
+from dynlogits.sdk.resident.engine_step import EngineStep
+from dynlogits.testing.cuda.drive import AFTER, FAILING, GRAMMAR_MASKED, ROW_ENGINES, failure_then
 from dynlogits.testing.cuda.simcuda import SimCuda
 
 RUNNERS = ["v1", "v2", *sorted(ROW_ENGINES)]
@@ -119,7 +120,7 @@ def _step(sim: SimCuda, batch: sdk.SlotBatch, rows: int, history: list[int], mas
         with sim.paused():
             logits.elem[0, GRAMMAR_MASKED] = -math.inf  # type: ignore[attr-defined]
     sdk.drain()  # what the adapter does first in every call
-    batch.apply(logits, histories=[history] * rows)
+    batch.apply(logits, EngineStep(histories=[history] * rows))
     return logits
 
 

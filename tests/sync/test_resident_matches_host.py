@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from dynlogits import sdk
-from dynlogits.sdk.resident.slot_batch import SlotBatch
 from dynlogits.processors.device_thinking import DeviceThinking
+from dynlogits.sdk.resident.engine_step import EngineStep
+from dynlogits.sdk.resident.slot_batch import SlotBatch
 from dynlogits.testing.cuda.simcuda import SimCuda
 
 V = 32
@@ -32,7 +33,7 @@ def _both(payload: list[dict], logits: torch.Tensor, history: list[int]) -> tupl
     batch.flush()
     batch.set_rows(np.array([0]))
     a, b = logits.clone(), logits.clone()
-    batch.apply(a, histories=[history])
+    batch.apply(a, EngineStep(histories=[history]))
     sdk.apply_rows(b, [0], [host], [history])
     return a, resident.failed, b, host.failed
 
@@ -64,7 +65,7 @@ def test_logits_of_another_width_are_refused_by_the_resident_path() -> None:
     batch.flush()
     batch.set_rows(np.array([0, -1]))
     with pytest.raises(ValueError, match="width 32"):
-        batch.apply(torch.randn(2, V - 4), histories=[[], []])
+        batch.apply(torch.randn(2, V - 4), EngineStep(histories=[[], []]))
 
 
 def test_a_failed_request_without_a_stop_token_is_laid_out_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,11 +80,11 @@ def test_a_failed_request_without_a_stop_token_is_laid_out_once(monkeypatch: pyt
     monkeypatch.setattr(batch.listed, "prepare", lambda stride, dtype: (prepared.append(stride), real(stride, dtype)))
     logits = torch.randn(2, V)
     logits[0, 5] = float("-inf")
-    batch.apply(logits, histories=[[], []])
+    batch.apply(logits, EngineStep(histories=[[], []]))
     assert failing.failed
     prepared.clear()
     for n in range(1, 4):
-        batch.apply(torch.randn(2, V), histories=[[0] * n, [0] * n])
+        batch.apply(torch.randn(2, V), EngineStep(histories=[[0] * n, [0] * n]))
     assert len(prepared) <= 1  # the failure's one re-layout, never one per step
 
 

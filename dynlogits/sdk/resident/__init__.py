@@ -9,6 +9,7 @@ histories there. Engines without slots use ``dynlogits.sdk.apply_rows``."""
 from dynlogits.processors.device_thinking import DeviceThinking
 from dynlogits.processors.window import TokenWindow
 
-from .slot_batch import SlotBatch, ThinkingDecider
+from .engine_step import EngineStep, ThinkingDecider
+from .slot_batch import SlotBatch
 
-__all__ = ["DeviceThinking", "SlotBatch", "ThinkingDecider", "TokenWindow"]
+__all__ = ["DeviceThinking", "EngineStep", "SlotBatch", "ThinkingDecider", "TokenWindow"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -44,15 +44,13 @@ from dynlogits.processors.window import TokenWindow
 
 from ..guard import NO_TOKEN_LEFT, GuardedRequest
 from ..readback import INBOX
+from .engine_step import NO_INPUT, EngineStep, ThinkingDecider
 from .flags import FlagSnapshot, SlotFlags
 
 __all__ = ["GatheredLayout", "ListedLayout", "SlotBatch", "ThinkingDecider"]
 
 NEG_INF = -math.inf
 
-#: Device decisions for a decided group (``modes.SpanDecided``: ``DeviceThinking.decide``) when the
-#: host has no histories: ``(group, rows) -> tokens`` (the token to force per row, -1 for none).
-ThinkingDecider = Callable[[DecidedGroup, GatheredRows], torch.Tensor]
 
 
 class _NoHistories:
@@ -202,41 +200,29 @@ class SlotBatch:
                 for slot in group.members}
 
     # -- one step ---------------------------------------------------------------------------------
-    def apply(
-        self,
-        logits: torch.Tensor,
-        *,
-        histories: Sequence[Sequence[int]] | None = None,
-        generated: torch.Tensor | None = None,
-        thinking: ThinkingDecider | None = None,
-        real_rows: torch.Tensor | None = None,
-        pos: torch.Tensor | None = None,
-        pos_offset: torch.Tensor | None = None,
-        window: TokenWindow | None = None,
-    ) -> None:
-        """Apply every resident request's entries to its row(s) of ``logits`` (in place).
+    def apply(self, logits: torch.Tensor, engine: EngineStep = NO_INPUT) -> None:
+        """Apply every resident request's entries to its row(s) of ``logits`` (in place), with what
+        the engine gives this step (``engine``: positions, histories, device deciders; see
+        ``EngineStep``). Decided groups are decided on the host from ``engine.histories`` where
+        given, else on the device (``engine.window``, ``engine.thinking``).
 
-        Positions come from ``histories`` (listed layout: host lists whose lengths are uploaded),
-        ``generated`` (row-indexed device counts), or ``pos`` and ``pos_offset`` (``generated = pos
-        - pos_offset``; ``pos_offset`` the same tensor while the layout stays). ``thinking`` decides
-        decided groups on the device (gathered layout, or without ``histories``); otherwise the host
-        decides them from ``histories``. ``window``: every row's last tokens, for the groups decided from
-        them when there are no ``histories`` (``SlotBatch(token_window=True)``). ``real_rows``
-        (gathered) marks committed, non-draft rows."""
+        Raises:
+            ValueError: ``logits`` not contiguous or not ``[rows, vocab_size]``; a decided group
+            with neither histories nor a device decider."""
         self._stop_newly_failed()
         if not logits.is_contiguous():
             raise ValueError("the resident path needs contiguous logits")
         if logits.dim() != 2 or logits.shape[1] != self.vocab_size:  # flat indices would spill into the next row
             raise ValueError(f"logits of shape {tuple(logits.shape)}; the resident path was built for width {self.vocab_size}")
         if self.gathered is not None:
-            step, deaths = self.gathered.step(logits, generated, thinking, real_rows, pos, pos_offset, window)
+            step, deaths = self.gathered.step(logits, engine)
         else:
-            ran = self.listed.step(logits, histories, generated, thinking, pos, pos_offset, window)
+            ran = self.listed.step(logits, engine)
             if ran is None:
                 return
             step, deaths = ran
         if deaths:
-            self._record_dead(step, deaths, real_rows)
+            self._record_dead(step, deaths, engine.real_rows)
             self._flags_written = True
         if self._flags_written:  # read back in a copy queued now, in the step that wrote them
             self._flags_written = False
@@ -439,12 +425,11 @@ class ListedLayout:
         self.planners = [(group, rows, start, stop, dev[start:stop].view(group.planned_per_row, -1))
                          for group, rows, start, stop in spans]
 
-    def step(self, logits: torch.Tensor, histories: Sequence[Sequence[int]] | None, generated: torch.Tensor | None,
-             thinking: ThinkingDecider | None, pos: torch.Tensor | None,
-             pos_offset: torch.Tensor | None, window: TokenWindow | None = None) -> tuple[StepInputs, list[Dead]] | None:
+    def step(self, logits: torch.Tensor, engine: EngineStep) -> tuple[StepInputs, list[Dead]] | None:
         """One step (``SlotBatch.apply``); ``None`` before the first ``set_rows``."""
         if self.host_slots is None:
             return None
+        histories, generated, pos, pos_offset = engine.histories, engine.generated, engine.pos, engine.pos_offset
         batch = self.batch
         if self.dirty or self.stride != logits.stride(0) or self.dtype != logits.dtype:
             batch.flush()
@@ -460,7 +445,7 @@ class ListedLayout:
         step = batch.step_inputs(logits, generated, drafts=False, pos=pos, pos_offset=pos_offset)
         deaths = []
         for group, rows in self.steps:
-            dead = (self._decided(group, step, rows, histories, thinking, window) if isinstance(group, DecidedGroup)
+            dead = (self._decided(group, step, rows, engine) if isinstance(group, DecidedGroup)
                     else group.apply_listed(step, rows))
             if dead is not None:
                 deaths.append(dead)
@@ -491,16 +476,16 @@ class ListedLayout:
         self.step_values.push()
         return self.generated_view
 
-    def _decided(self, group: DecidedGroup, step: StepInputs, rows: ListedRows, histories: Sequence[Sequence[int]] | None,
-                 thinking: ThinkingDecider | None, window: TokenWindow | None) -> Dead | None:
+    def _decided(self, group: DecidedGroup, step: StepInputs, rows: ListedRows, engine: EngineStep) -> Dead | None:
         """A decided group: on the host from ``histories`` (or with none, for a group that reads
         none), else on the device over every row (``Group.every_row``)."""
+        histories = engine.histories
         if histories is not None or isinstance(group, ClockDecided):
             decisions = self.batch.decide_on_host(group, rows, histories if histories is not None else NO_HISTORIES,
                                                   self.failed_now)
             return group.apply_host_decisions(step, rows, decisions, self._decisions)
         assert self.slot_of_row is not None
-        return decide_on_device(group, step, group.every_row(self.slot_of_row), thinking, window)
+        return decide_on_device(group, step, group.every_row(self.slot_of_row), engine.thinking, engine.window)
 
     def _fail_stop(self, step: StepInputs, rows: ListedRows) -> None:
         """Rows of failed requests: only their stop token (a deliberate override of every mask)."""
@@ -531,15 +516,14 @@ class GatheredLayout:
         self.slot_of_row = slot_of_row
         self.slots_in_step = slots_in_step
 
-    def step(self, logits: torch.Tensor, generated: torch.Tensor | None, thinking: ThinkingDecider | None,
-             real_rows: torch.Tensor | None, pos: torch.Tensor | None,
-             pos_offset: torch.Tensor | None, window: TokenWindow | None = None) -> tuple[StepInputs, list[Dead]]:
+    def step(self, logits: torch.Tensor, engine: EngineStep) -> tuple[StepInputs, list[Dead]]:
         """One step (``SlotBatch.apply``)."""
+        generated, pos, pos_offset = engine.generated, engine.pos, engine.pos_offset
         batch = self.batch
         if pos is not None and generated is None:
             assert pos_offset is not None
             generated = pos - pos_offset
-        step = batch.step_inputs(logits, generated, drafts=real_rows is not None, pos_offset=pos_offset)
+        step = batch.step_inputs(logits, generated, drafts=engine.real_rows is not None, pos_offset=pos_offset)
         deaths = []
         for group in batch.group_order():
             if not (group.members & self.slots_in_step):
@@ -548,7 +532,7 @@ class GatheredLayout:
             if isinstance(group, ClockDecided):
                 dead = self._decided_per_slot(group, step, rows)
             elif isinstance(group, DecidedGroup):
-                dead = decide_on_device(group, step, rows, thinking, window)
+                dead = decide_on_device(group, step, rows, engine.thinking, engine.window)
             else:
                 dead = group.apply_gathered(step, rows)
             if dead is not None:

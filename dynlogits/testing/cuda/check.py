@@ -39,6 +39,7 @@ import torch
 
 from dynlogits import sdk
 from dynlogits.sdk.readback import INBOX
+from dynlogits.sdk.resident.engine_step import EngineStep
 
 from .drive import AFTER, EOS, FAILING, GRAMMAR_MASKED, HOSTED, builtin_payloads
 
@@ -158,7 +159,7 @@ class _Engine:
         with self.adapter():
             sdk.drain()
             if any(r is not None and r.slot is not None for r in self.rows):
-                self.batch.apply(logits, histories=histories)
+                self.batch.apply(logits, EngineStep(histories=histories))
             if hosted:
                 sdk.apply_rows(logits, hosted, [self.rows[i].request for i in hosted],  # type: ignore[union-attr]
                                [histories[i] for i in hosted])
@@ -433,7 +434,7 @@ def measure(kind: str, batch: int, *, vocab: int, steps: int, trace_dir: Path) -
         for i, request in enumerate(loop_requests):
             sdk.apply_row(request, histories[i], logits[i])  # type: ignore[arg-type]
 
-    impls: dict[str, Callable[[], None]] = {"adapter": lambda: masking.apply(logits, histories=histories)}
+    impls: dict[str, Callable[[], None]] = {"adapter": lambda: masking.apply(logits, EngineStep(histories=histories))}
     impls["loop"] = loop
     if kind == "forced_sequence":
         impls["floor"] = lambda: logits.fill_(-math.inf)
