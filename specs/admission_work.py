@@ -25,7 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .effects import MIXED_POINTS, SET_KINDS, on_scale, scope_of
+from .admission import rules_of
+from .admission.rules import Along, Entry, KindRules
+from .effects import MIXED_POINTS, on_scale, position_free, scope_of
 from .errors import Problem
 from .limits import SpecLimits
 
@@ -68,24 +70,17 @@ class AdmissionWork:
     drivers: tuple[Driver, ...]
 
 
-#: The id fields of each built-in kind (phrases and choices apart).
-_ID_FIELDS = {"forced_sequence": ("token_ids",), "banned_tokens": ("token_ids",), "allowed_tokens": ("token_ids",),
-              "min_tokens": ("stop_token_ids",), "thinking_budget": ("start_token_ids", "end_token_ids"),
-              "reasoning": ("start_token_ids", "end_token_ids"), "trigger": ("trigger_token_ids", "phrase_token_ids")}
-
-
-def walks_needed(entries: Sequence[Any], vocab_size: int | None) -> bool:
+def walks_needed(entries: Sequence[Entry], vocab_size: int | None) -> bool:
     """Whether the consistency rules look at ``entries`` beyond their kinds and counts: fewer than
     two acting entries, or only masks and biases too few to cover the vocabulary, never contradict."""
-    kinds = [e.kind for e in entries]
-    if len(kinds) == 1 and kinds[0] not in ("thinking_budget", "banned_tokens", "min_tokens"):
+    rules = [rules_of(e) for e in entries]
+    if len(rules) == 1 and not rules[0].alone:
         return False
-    acting = [k for k in kinds if k != "reasoning"]
-    if len(acting) < 2 and not (vocab_size is not None and acting and acting[0] in ("banned_tokens", "min_tokens")):
+    acting = [r for r in rules if r.acts]
+    if len(acting) < 2 and not (vocab_size is not None and acting and acting[0].form == "mask"):
         return False
-    if not any(k in ("forced_sequence", "allowed_tokens", "thinking_budget", "multiple_choice", "trigger") for k in kinds):
-        masked = sum(len(e.token_ids if e.kind == "banned_tokens" else e.stop_token_ids)
-                     for e in entries if e.kind in ("banned_tokens", "min_tokens"))
+    if not any(r.contradicts for r in rules):
+        masked = sum(_size(e, r) for e, r in zip(entries, rules) if r.form == "mask")
         return vocab_size is not None and masked >= vocab_size
     return True
 
@@ -104,30 +99,19 @@ class _Tally:
             self.best[key] = (units, what)
 
 
-def _size(entry: Any) -> int:
+def _size(entry: Entry, rules: KindRules[Any]) -> int:
     """The ids of an entry's fixed set (0: none)."""
-    kind = entry.kind
-    if kind in ("banned_tokens", "allowed_tokens"):
-        return len(entry.token_ids) + (kind == "allowed_tokens")
-    if kind == "min_tokens":
-        return len(entry.stop_token_ids)
-    if kind == "multiple_choice":
-        return len(entry.choices)
-    return 0
+    return rules.size(entry) if rules.size is not None else 0
 
 
-def _set_field(entry: Any) -> str:
-    return {"min_tokens": "stop_token_ids", "multiple_choice": "choices", "forced_sequence": "token_ids"}.get(
-        entry.kind, "token_ids")
-
-
-def _position_work(tally: _Tally, entries: Sequence[Any], index: Sequence[int], axes: Sequence[int],
-                   vocab_size: int | None) -> None:
+def _position_work(tally: _Tally, entries: Sequence[Entry], rules: Sequence[KindRules[Any]], index: Sequence[int],
+                   axes: Sequence[int], vocab_size: int | None) -> None:
     """The position rules over one phase's entries (``axes``: 0 output positions, 1 the phase's)."""
+    alongs = [r.along(e) if r.along is not None else _NOWHERE for e, r in zip(entries, rules)]
+
     def points(scale: int) -> int:
-        longest = max((len(entries[i].token_ids) for i in range(len(entries))
-                       if axes[i] == scale and entries[i].kind == "forced_sequence"), default=0)
-        return longest + 1 + 2 * sum(1 for i in range(len(entries)) if axes[i] == scale and entries[i].kind == "min_tokens")
+        longest = max((len(a.sequence) for a, x in zip(alongs, axes) if x == scale and a.sequence is not None), default=0)
+        return longest + 1 + 2 * sum(1 for a, x in zip(alongs, axes) if x == scale and a.below is not None)
 
     both = 0 in axes and 1 in axes
     sides = (min(points(0), MIXED_POINTS + 1), min(points(1), MIXED_POINTS + 1)) if both else (points(axes[0] if axes else 0), 1)
@@ -138,38 +122,43 @@ def _position_work(tally: _Tally, entries: Sequence[Any], index: Sequence[int], 
     firsts = 0  # the most first tokens a choice keeps at its first position
     longest, driver = 0, None
     for i, entry in enumerate(entries):
-        kind, scale = entry.kind, axes[i]
-        if kind == "forced_sequence":
-            pieces[scale] += len(entry.token_ids)
-            if len(entry.token_ids) >= longest:
-                longest, driver = len(entry.token_ids), i
-        elif kind in ("min_tokens", "multiple_choice"):
+        along, scale, form = alongs[i], axes[i], rules[i].form
+        if along.sequence is not None:
+            pieces[scale] += len(along.sequence)
+            if len(along.sequence) >= longest:
+                longest, driver = len(along.sequence), i
+        elif along.below is not None or along.first:
             pieces[scale] += 1
         states = min(grid, pieces[0] * pieces[1])
-        size = _size(entry)
-        if kind in ("banned_tokens", "min_tokens"):  # a union, or a difference iterating the allowed set
+        size = _size(entry, rules[i])
+        if form == "mask":  # a union, or a difference iterating the allowed set
             cost = kept if kept < math.inf else size + masked + firsts
             masked = min(masked + size, vocab_size) if vocab_size is not None else masked + size
-        elif kind == "allowed_tokens":
+        elif form == "keep":
             cost = min(size, kept) if kept < math.inf else size
             kept = min(kept, size)
-        elif kind == "multiple_choice":
+        elif form == "first":
             cost, firsts = size, max(firsts, size)
-        elif kind == "forced_sequence":
+        elif form == "force":
             cost, kept = 1, 1
         else:
             continue
         if not (pieces[0] > 1 or pieces[1] > 1):
             states = 1
-        tally.add(index[i], _set_field(entry), states * (STATE + cost * SET_ID), f"{states:,} states x {int(cost):,} ids")
-    acting = sum(1 for e in entries if e.kind in SET_KINDS)
+        tally.add(index[i], rules[i].field, states * (STATE + cost * SET_ID), f"{states:,} states x {int(cost):,} ids")
+    acting = sum(1 for r in rules if r.form is not None)
     target = index[driver] if driver is not None else index[0]
-    field = "token_ids" if driver is not None else _set_field(entries[0])
+    field = rules[driver].field if driver is not None else rules[0].field if rules[0].form is not None else _GRID_FIELD
     what = (f"{sides[0]:,} x {sides[1]:,} positions" if both else f"{grid:,} positions") + f" x {acting} entries"
     tally.add(target, field, grid * (acting + 1) * GRID_STEP, what)
 
 
-def admission_work(entries: Sequence[Any], vocab_size: int | None = None) -> AdmissionWork:
+_NOWHERE = Along()
+#: The field a grid without a forced sequence is blamed on when its first entry has no effect on the set.
+_GRID_FIELD = "token_ids"
+
+
+def admission_work(entries: Sequence[Entry], vocab_size: int | None = None) -> AdmissionWork:
     """An upper bound of the work units the consistency checks do on ``entries`` (wire entries,
     type-valid), from their sizes: see the module doc. O(entries)."""
     entries = list(entries)
@@ -177,76 +166,81 @@ def admission_work(entries: Sequence[Any], vocab_size: int | None = None) -> Adm
     if not walks_needed(entries, vocab_size):
         return AdmissionWork(n * ENTRY, ())
     tally = _Tally()
-    kinds = [e.kind for e in entries]
+    rules = [rules_of(e) for e in entries]
     scopes = [scope_of(e) for e in entries]
-    reasoning = next(((tuple(e.start_token_ids), tuple(e.end_token_ids)) for e in entries if e.kind == "reasoning"), None)
+    reasoning = next((r.delimiters(e) for e, r in zip(entries, rules) if r.delimiters is not None), None)
     for i, entry in enumerate(entries):  # every id set, built once
-        size = _size(entry)
+        size = _size(entry, rules[i])
         if size:
-            tally.add(i, _set_field(entry), size * SET_ID, f"{size:,} ids")
+            tally.add(i, rules[i].field, size * SET_ID, f"{size:,} ids")
     # position rules: one pass, or one per phase with each entry on its scale
     if all(s == "always" for s in scopes):
-        _position_work(tally, entries, range(n), [0] * n, vocab_size)
+        _position_work(tally, entries, rules, range(n), [0] * n, vocab_size)
     else:
         phases = ("reasoning", "answer") if reasoning is not None else ("answer",)
         for phase in ("reasoning", "answer"):
-            acting = [i for i in range(n) if kinds[i] != "reasoning" and phase in phases
-                      and scopes[i] in ("always", phase)]
+            acting = [i for i in range(n) if rules[i].acts and phase in phases and scopes[i] in ("always", phase)]
             if acting:
-                _position_work(tally, [entries[i] for i in acting], acting,
+                _position_work(tally, [entries[i] for i in acting], [rules[i] for i in acting], acting,
                                [0 if scopes[i] == "always" else 1 for i in acting], vocab_size)
-    phrase_tokens = {i: sum(map(len, e.phrases)) for i, e in enumerate(entries) if e.kind == "banned_phrases"}
-    longest_phrase = {i: max(map(len, e.phrases), default=0) for i, e in enumerate(entries) if e.kind == "banned_phrases"}
-    built: set[int] = set()  # phrase entries whose own automaton some rule builds
+    banned = {i: bans(e) for i, (e, r) in enumerate(zip(entries, rules)) if (bans := r.phrases) is not None}
+    phrase_tokens = {i: sum(map(len, p)) for i, p in banned.items()}
+    longest_phrase = {i: max(map(len, p), default=0) for i, p in banned.items()}
+    built: set[int] = set()  # phrase bans whose own automaton some rule builds
 
     def build(j: int) -> None:
         if j not in built:
             built.add(j)
-            tally.add(j, "phrases", phrase_tokens[j] * BUILD_TOKEN, f"{phrase_tokens[j]:,} phrase tokens")
+            tally.add(j, rules[j].field, phrase_tokens[j] * BUILD_TOKEN, f"{phrase_tokens[j]:,} phrase tokens")
 
-    # thinking budgets: their end tokens against every entry
+    # tokens forced anywhere (a span's end tokens) against every entry
     for i, entry in enumerate(entries):
-        if entry.kind != "thinking_budget":
+        anywhere = rules[i].anywhere
+        if anywhere is None:
             continue
-        end = len(entry.end_token_ids) if entry.end_token_ids is not None else len(reasoning[1]) if reasoning else 1
-        cost = end * 2 * SET_ID + n * ENTRY  # its end tokens as a tuple and a set
+        end = max(len(anywhere(entry, reasoning, frozenset()).tokens), 1)
+        cost = end * 2 * SET_ID + n * ENTRY  # the tokens as a tuple and a set
         for j, other in enumerate(entries):
-            if other.kind == "banned_phrases":
+            if j in banned:
                 build(j)
                 cost += 2 * end * AUTOMATON_STEP
-            elif other.kind in ("banned_tokens", "min_tokens", "allowed_tokens"):
-                cost += (end if other.kind == "allowed_tokens" else min(end, _size(other))) * PROBE + min(end, 64) * SET_ID
-        tally.add(i, "end_token_ids", cost, f"{end:,} end tokens x {n} entries")
-    # forced sequences through the phrase automata of their scope
-    for j, ban in enumerate(entries):
-        if ban.kind != "banned_phrases":
-            continue
-        forced = [len(e.token_ids) + 1 for e in entries if e.kind == "forced_sequence" and scope_of(e) == scope_of(ban)]
+            elif rules[j].form in ("mask", "keep"):
+                cost += (end if rules[j].form == "keep" else min(end, _size(other, rules[j]))) * PROBE + min(end, 64) * SET_ID
+        tally.add(i, rules[i].field, cost, f"{end:,} end tokens x {n} entries")
+    # forced outputs through the phrase automata of their scope
+    written = {i: len(writes(e)) for i, (e, r) in enumerate(zip(entries, rules)) if (writes := r.writes) is not None}
+    cued = [i for i in range(n) if rules[i].cue is not None]
+    for j in banned:
+        forced = [length for i, length in written.items() if scopes[i] == scopes[j]]
         if forced:
             build(j)
-            tally.add(j, "phrases", 2 * sum(forced) * AUTOMATON_STEP,
+            tally.add(j, rules[j].field, 2 * sum(forced) * AUTOMATON_STEP,
                       f"{phrase_tokens[j]:,} phrase tokens over {sum(forced):,} forced tokens")
-    for i, entry in enumerate(entries):  # their text, for the triggers of their scope, once
-        if entry.kind == "forced_sequence" and any(kinds[t] == "trigger" and scopes[t] == scopes[i] for t in range(n)):
-            tally.add(i, "token_ids", (len(entry.token_ids) + 1) * TEXT_ID, f"{len(entry.token_ids) + 1:,} forced tokens")
+    for i, length in written.items():  # their text, for the triggers of their scope, once
+        if any(scopes[t] == scopes[i] for t in cued):
+            tally.add(i, rules[i].field, length * TEXT_ID, f"{length:,} forced tokens")
     # choices down their tries
     unions: set[tuple[int, ...]] = set()
+    walked: set[str] = set()
     for i, choice in enumerate(entries):
-        if choice.kind != "multiple_choice" or not choice.choices:
+        listed = rules[i].choices
+        choices = listed(choice) if listed is not None else ()
+        if not choices:
             continue
         scope = scopes[i]
+        walked.add(scope)
         meet = [j for j in range(n) if j != i and on_scale(entries[j], scope)]
         if not meet:
             continue
-        tokens, count = sum(map(len, choice.choices)), len(choice.choices)
-        phrases = tuple(j for j in meet if kinds[j] == "banned_phrases")
-        cues = [j for j in meet if kinds[j] == "trigger" and scopes[j] == scope]
-        fixed = [j for j in meet if kinds[j] in ("banned_tokens", "allowed_tokens", "min_tokens", "forced_sequence")]
-        others = sum(1 for j in meet if kinds[j] == "multiple_choice")
+        tokens, count = sum(map(len, choices)), len(choices)
+        phrases = tuple(j for j in meet if j in banned)
+        cues = [j for j in meet if rules[j].cue is not None and scopes[j] == scope]
+        fixed = [j for j in meet if rules[j].form in ("mask", "keep", "force")]
+        others = sum(1 for j in meet if rules[j].choices is not None)
         candidates = tokens + count  # every node's next tokens, and EOS after each whole choice
         cost = tokens * BUILD_CHOICE + (tokens + 1) * (NODE + 2 * len(cues) * CUE_STEP) \
             + candidates * (len(fixed) * TEST) + count * others * TEST \
-            + (max(map(len, choice.choices)) + 1) * len(meet) * GRID_STEP
+            + (max(map(len, choices)) + 1) * len(meet) * GRID_STEP
         if phrases:
             longest = min(max(longest_phrase[j] for j in phrases), 64)
             cost += (candidates + tokens + 2 * count * longest) * AUTOMATON_STEP
@@ -254,37 +248,36 @@ def admission_work(entries: Sequence[Any], vocab_size: int | None = None) -> Adm
             if phrases not in unions:
                 unions.add(phrases)
                 union = sum(phrase_tokens[j] for j in phrases)
-                tally.add(phrases[0], "phrases", union * BUILD_TOKEN, f"{union:,} phrase tokens")
+                tally.add(phrases[0], rules[phrases[0]].field, union * BUILD_TOKEN, f"{union:,} phrase tokens")
             for j in phrases:  # a message reads each one's own
                 build(j)
         met = len(fixed) + len(phrases) + len(cues)
-        tally.add(i, "choices", cost, f"{tokens:,} tokens met by {met} entr{'y' if met == 1 else 'ies'}")
-    # triggers: against the forced sequences of their scope, the masks of their scale
-    walked = {scopes[i] for i in range(n) if kinds[i] == "multiple_choice" and entries[i].choices}
-    for i, trigger in enumerate(entries):
-        if kinds[i] != "trigger" or trigger.trigger_token_ids is None or trigger.phrase_token_ids is None:
+        tally.add(i, rules[i].field, cost, f"{tokens:,} tokens met by {met} entr{'y' if met == 1 else 'ies'}")
+    # triggers: against the forced outputs of their scope, the masks of their scale
+    held = sum(1 for e, r in zip(entries, rules) if r.form == "mask" and r.along is not None and r.along(e).below is not None)
+    for i in cued:
+        cue_of = rules[i].cue
+        cue = cue_of(entries[i]) if cue_of is not None else None
+        if cue is None or scopes[i] in walked:
             continue
-        if scopes[i] in walked:
-            continue
-        length = len(trigger.trigger_token_ids) + len(trigger.phrase_token_ids)
-        forced = sum(len(e.token_ids) + 1 for e in entries if e.kind == "forced_sequence" and scope_of(e) == scopes[i])
-        masks = [j for j in range(n) if j != i and kinds[j] in ("banned_tokens", "allowed_tokens", "banned_phrases")
-                 and on_scale(entries[j], scopes[i])]
+        length = len(cue[0]) + len(cue[1])
+        forced_tokens = sum(length_ for j, length_ in written.items() if scopes[j] == scopes[i])
+        masks = [j for j in range(n) if j != i and (position_free(rules[j]) or j in banned) and on_scale(entries[j], scopes[i])]
         for j in masks:
-            if kinds[j] == "banned_phrases":
+            if j in banned:
                 build(j)
-        held = sum(1 for e in entries if e.kind == "min_tokens")
-        tally.add(i, "trigger_token_ids", forced * SEARCH_ID + length * (len(masks) + held) * AUTOMATON_STEP + n * ENTRY,
-                  f"{length} tokens x {len(masks)} masks, {forced:,} forced tokens")
-    ids = sum(len(getattr(e, f) or ()) for e in entries for f in _ID_FIELDS.get(e.kind, ()))
-    ids += sum(phrase_tokens.values()) + sum(sum(map(len, e.choices)) for e in entries if e.kind == "multiple_choice")
+        tally.add(i, rules[i].field, forced_tokens * SEARCH_ID + length * (len(masks) + held) * AUTOMATON_STEP + n * ENTRY,
+                  f"{length} tokens x {len(masks)} masks, {forced_tokens:,} forced tokens")
+    ids = sum(len(getattr(e, f) or ()) for e, r in zip(entries, rules) for f in r.id_fields)
+    ids += sum(phrase_tokens.values())
+    ids += sum(sum(map(len, r.choices(e))) for e, r in zip(entries, rules) if r.choices is not None)
     total = n * ENTRY + ids * KEY_ID + sum(tally.units.values())
     drivers = sorted((Driver(i, f, math.ceil(u), tally.best[(i, f)][1]) for (i, f), u in tally.units.items()),
                      key=lambda d: -d.units)
     return AdmissionWork(math.ceil(total), tuple(drivers))
 
 
-def work_problem(entries: Sequence[Any], paths: Sequence[str], vocab_size: int | None,
+def work_problem(entries: Sequence[Entry], paths: Sequence[str], vocab_size: int | None,
                  limits: SpecLimits) -> Problem | None:
     """The problem when ``entries`` (named ``paths``) would take more admission work than
     ``limits.max_admission_work``, at the field that drives most of it; ``None`` when within."""

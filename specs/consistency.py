@@ -51,14 +51,15 @@ from typing import Any
 
 import msgspec
 
+from .admission import rules_of
+from .admission.rules import Along, Delimiters, Entry, KindRules
 from .admission_work import walks_needed, work_problem
 from .consistency_walks import choice_problems, trigger_problems
-from .effects import MIXED_POINTS, SET_KINDS, EntrySets, PhraseAutomaton, forced_token, scope_of
+from .effects import MIXED_POINTS, EntrySets, scope_of
 from .errors import Problem, SpecError
 from .limits import DEFAULT_LIMITS, SpecLimits
 
 __all__ = ["MIXED_POINTS", "VERDICTS", "check_consistency", "consistency_problems"]
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,32 +72,34 @@ class _State:
     origin: int | None
 
 
-def _positions(entries: Sequence[Any]) -> list[int]:
+def _positions(alongs: Iterable[Along | None]) -> list[int]:
     """Output positions whose behaviour differs: every step of each forced sequence (and the first
-    EOS step after it), and each ``min_tokens`` boundary. Between them nothing changes."""
-    longest = max((len(e.token_ids) for e in entries if e.kind == "forced_sequence"), default=0)
+    step past it), and each boundary an entry holds until. Between them nothing changes."""
+    present = [a for a in alongs if a is not None]
+    longest = max((len(a.sequence) for a in present if a.sequence is not None), default=0)
     points = set(range(longest + 1))
-    for e in entries:
-        if e.kind == "min_tokens":
-            points.update((e.min_tokens - 1, e.min_tokens))
+    for a in present:
+        if a.below is not None:
+            points.update((a.below - 1, a.below))
     return sorted(p for p in points if p >= 0)
 
 
-def _reasoning(entries: Sequence[Any]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    return next(((tuple(e.start_token_ids), tuple(e.end_token_ids)) for e in entries if e.kind == "reasoning"), None)
+def _reasoning(entries: Sequence[Entry], rules: Sequence[KindRules[Any]]) -> Delimiters | None:
+    """The request's reasoning delimiters, declared by the first entry whose kind declares them."""
+    return next((r.delimiters(e) for e, r in zip(entries, rules) if r.delimiters is not None), None)
 
 
-def _phases(entry: Any, reasoning: object) -> frozenset[str]:
+def _phases(entry: Entry, reasoning: object) -> frozenset[str]:
     """The phases an entry acts in (without reasoning delimiters every step is an answer step)."""
     phases = frozenset(("reasoning", "answer") if reasoning is not None else ("answer",))
     scope = scope_of(entry)
     return phases if scope == "always" else phases & {scope}
 
 
-def _step(state: _State, i: int, entry: Any, n: int, paths: Sequence[str], mask: frozenset[int] | None,
+def _step(state: _State, i: int, rules: KindRules[Any], paths: Sequence[str], mask: frozenset[int] | None,
           keep: frozenset[int] | None, at: str) -> tuple[_State, str | None]:
-    """Apply entry ``i`` at position ``n`` (``at``: how the message names it), which masks ``mask`` or
-    keeps ``keep`` there (``EntrySets.effect``); the reason when the row is left empty."""
+    """Apply entry ``i`` (of ``rules``) at a position (``at``: how the message names it), which masks
+    ``mask`` or keeps ``keep`` there (``EntrySets.effect``); the reason when the row is left empty."""
     origin = paths[state.origin] if state.origin is not None else ""
     if mask is not None:
         if state.allowed is None:
@@ -104,34 +107,35 @@ def _step(state: _State, i: int, entry: Any, n: int, paths: Sequence[str], mask:
         left = state.allowed - mask
         why = None if left else f"masks every token {origin} leaves allowed at {at}"
         return _State(state.masked, left, state.origin), why
-    kind = entry.kind
-    if kind == "forced_sequence":
-        token = forced_token(entry, n)
+    if keep is not None and rules.form == "force":
+        token = next(iter(keep))
         ok = token not in state.masked if state.allowed is None else token in state.allowed
         why = None if ok else f"forces token {token} at {at}, which " + (
             "an earlier entry masks" if state.allowed is None else f"{origin} does not allow")
         return _State(state.masked, frozenset((token,)) if ok else frozenset(), i), why
-    if keep is not None:  # allowed_tokens, or multiple_choice at its first position
+    if keep is not None:  # an allow-list, or a choice at its first position
         left = keep - state.masked if state.allowed is None else keep & state.allowed
         why = None
         if not left:
-            what = "tokens that" if kind == "allowed_tokens" else "its choices' first tokens, which"
-            why = (f"allows only {what} earlier entries mask" if state.allowed is None
+            why = (f"allows only {rules.keep_words} earlier entries mask" if state.allowed is None
                    else f"allows none of the tokens {origin} leaves allowed") + f" at {at}"
         return _State(state.masked, left, i), why
-    return state, None  # logit_bias, thinking_budget (checked apart), the kinds the module doc skips: no effect on the set
+    return state, None  # no effect on the set at this position
 
 
 def _capped(points: list[int]) -> list[int]:
     return points if len(points) <= MIXED_POINTS + 1 else [*points[:MIXED_POINTS], points[-1]]
 
 
-def _grid(entries: Sequence[Any], axes: Sequence[int]) -> list[tuple[int, int]]:
+def _grid(entries: Sequence[Entry], axes: Sequence[int], alongs: Sequence[Along | None] | None = None) -> list[tuple[int, int]]:
     """The (output position, phase position) pairs to check: one scale alone, every point that
     differs; both, each side's capped points where the output position can be at or after the
-    phase position (a point stands for the positions up to the next one; the last for all after)."""
-    always = _positions([e for e, a in zip(entries, axes) if a == 0])
-    phase = _positions([e for e, a in zip(entries, axes) if a == 1])
+    phase position (a point stands for the positions up to the next one; the last for all after).
+    ``alongs``: the entries' ``KindRules.along``, when known."""
+    if alongs is None:
+        alongs = [along(e) if (along := rules_of(e).along) is not None else None for e in entries]
+    always = _positions([a for a, x in zip(alongs, axes) if x == 0])
+    phase = _positions([a for a, x in zip(alongs, axes) if x == 1])
     if 1 not in axes:
         return [(n, 0) for n in always]
     if 0 not in axes:
@@ -140,33 +144,37 @@ def _grid(entries: Sequence[Any], axes: Sequence[int]) -> list[tuple[int, int]]:
     return [(a, p) for a in _capped(always) for p in _capped(phase) if a not in upper or upper[a] >= p]
 
 
-def _position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size: int | None, sets: EntrySets,
+def _position_problems(paths: Sequence[str], vocab_size: int | None, sets: EntrySets,
                        index: Sequence[int], axes: Sequence[int] | None = None, phase: str = "") -> Iterator[Problem]:
-    """``axes[i]``: whether entry ``i`` counts output positions (0) or positions of ``phase`` (1);
-    ``index[i]``: its index in the payload (``sets``). O(grid points x entries that act on the set,
+    """``axes[i]``: whether entry ``index[i]`` of the payload (``sets``), named ``paths[i]``, counts
+    output positions (0) or positions of ``phase`` (1). O(grid points x entries that act on the set,
     plus the set operations of each distinct state)."""
     # Steps are memoized on (entry, input state, what of n matters), so a long forced sequence costs
     # one cheap step per position instead of re-deriving large allowed sets at every position.
-    axes = list(axes) if axes is not None else [0] * len(entries)
+    axes = list(axes) if axes is not None else [0] * len(index)
+    alongs = [sets.along(j) for j in index]
     # per entry: (id of the input state) << 33 | what of n matters -> (state, reason); int keys and
     # the states kept alive in a list allocate nothing the garbage collector follows on a hit
-    memos: list[dict[int, tuple[_State, str | None]]] = [{} for _ in entries]
+    memos: list[dict[int, tuple[_State, str | None]]] = [{} for _ in index]
     alive: list[_State] = []  # every state made: its id stays unique
     start = _State(frozenset(), None, None)
     # an entry that leaves the set as it is can neither empty it nor make it cover the vocabulary
-    acting = [(i, e, e.kind, axes[i], tuple(e.token_ids) if e.kind == "forced_sequence" else None, memos[i])
-              for i, e in enumerate(entries) if e.kind in SET_KINDS]
-    for ns in _grid(entries, axes):
+    acting = []
+    for i, j in enumerate(index):
+        rules = sets.rules[j]
+        if rules.form is not None:
+            along = alongs[i] or _NOWHERE
+            acting.append((i, j, rules, axes[i], along.sequence, along.after, along.below, along.first, memos[i]))
+    for ns in _grid((), axes, alongs):
         state = start
-        for i, entry, kind, axis, forced, memo in acting:
+        for i, j, rules, axis, forced, after, below, first, memo in acting:
             n = ns[axis]
-            key = id(state) << 33 | ((forced[n] if n < len(forced) else entry.eos_token_id) + 2 if forced is not None else
-                                     n < entry.min_tokens if kind == "min_tokens" else
-                                     n == 0 if kind == "multiple_choice" else 0)
+            key = id(state) << 33 | ((forced[n] if n < len(forced) else after) + 2 if forced is not None else
+                                     n < below if below is not None else n == 0 if first else 0)
             hit = memo.get(key)
             if hit is None:
                 at = f"{phase} position {n}" if axis else f"output position {n}"
-                hit = memo[key] = _step(state, i, entry, n, paths, *sets.effect(index[i], n), at)
+                hit = memo[key] = _step(state, i, rules, paths, *sets.effect(j, n), at)
                 alive.append(hit[0])
             state, why = hit
             if why is None and vocab_size is not None and state.allowed is None and len(state.masked) >= vocab_size:
@@ -177,125 +185,80 @@ def _position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size:
                 return  # one problem per payload: later ones follow from it
 
 
-def _scoped_position_problems(entries: Sequence[Any], paths: Sequence[str], vocab_size: int | None,
-                              sets: EntrySets) -> Iterator[Problem]:
+_NOWHERE = Along()
+
+
+def _scoped_position_problems(entries: Sequence[Entry], paths: Sequence[str], vocab_size: int | None,
+                              sets: EntrySets, reasoning: Delimiters | None) -> Iterator[Problem]:
     """``_position_problems`` per phase: the entries acting in it, each on its own position scale."""
     if all(scope_of(e) == "always" for e in entries):
-        yield from _position_problems(entries, paths, vocab_size, sets, range(len(entries)))
+        yield from _position_problems(paths, vocab_size, sets, range(len(entries)))
         return
-    reasoning = _reasoning(entries)
     for phase in ("reasoning", "answer"):
-        acting = [i for i, e in enumerate(entries) if e.kind != "reasoning" and phase in _phases(e, reasoning)]
-        found = list(_position_problems([entries[i] for i in acting], [paths[i] for i in acting], vocab_size, sets,
+        acting = [i for i, e in enumerate(entries) if sets.rules[i].acts and phase in _phases(e, reasoning)]
+        found = list(_position_problems([paths[i] for i in acting], vocab_size, sets,
                                         acting, [0 if scope_of(entries[i]) == "always" else 1 for i in acting], phase))
         if found:
             yield found[0]
             return
 
 
-def _delimiter_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
-    if _reasoning(entries) is not None:
-        return
+def _own_problems(entries: Sequence[Entry], paths: Sequence[str], rules: Sequence[KindRules[Any]],
+                  reasoning: Delimiters | None) -> list[Problem]:
+    """The kinds' own rules on single entries (``KindRules.checks``): each rule over every entry in
+    order before the next rule; the first problem found."""
+    for stage in range(max(len(r.checks) for r in rules)):
+        for i, entry in enumerate(entries):
+            checks = rules[i].checks
+            if stage < len(checks):
+                problem = checks[stage](entry, paths[i], reasoning)
+                if problem is not None:
+                    return [problem]
+    return []
+
+
+def _anywhere_problems(entries: Sequence[Entry], paths: Sequence[str], sets: EntrySets,
+                       reasoning: Delimiters | None) -> Iterator[Problem]:
+    """Tokens an entry forces at steps no position names (``KindRules.anywhere``: a span's end
+    tokens), against each entry acting in a phase where they can be forced and what it does to
+    them (``KindRules.meets_anywhere``: a mask, an allow-list leaving one out, a phrase they hold)."""
+    rules = sets.rules
     for i, entry in enumerate(entries):
-        if entry.kind == "thinking_budget" and (entry.start_token_ids is None or entry.end_token_ids is None):
-            yield Problem(paths[i], "thinking_budget has no delimiters of its own (start/end) and the payload declares "
-                                    "no reasoning delimiters (a reasoning entry, or the deployment's reasoning:)")
-            return
-
-
-def _answer_budget_problems(entries: Sequence[Any], paths: Sequence[str]) -> Iterator[Problem]:
-    """A ``thinking_budget`` scoped to ``answer`` on the request's reasoning delimiters: the reasoning
-    span is never open in the answer, yet the scoped processor reads the prompt and the answer's
-    stretch, so where the prompt opened a span it counts it as open and forces the end token into
-    the answer (and otherwise does nothing). Refused: it can only do harm."""
-    reasoning = _reasoning(entries)
-    if reasoning is None:
-        return
-    for i, entry in enumerate(entries):
-        if entry.kind == "thinking_budget" and scope_of(entry) == "answer" and _delimiters(entry, reasoning) == reasoning:
-            yield Problem(f"{paths[i]}.scope", "a thinking_budget on the reasoning delimiters cannot be scoped to answer: "
-                                               "the reasoning span is never open in the answer, yet a span the prompt "
-                                               "opened would be counted there and its end token forced into the answer; "
-                                               "scope it reasoning or always")
-            return
-
-
-def _delimiters(entry: Any, reasoning: tuple[tuple[int, ...], tuple[int, ...]] | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """A ``thinking_budget``'s delimiters: its own, else the request's reasoning delimiters."""
-    start = tuple(entry.start_token_ids) if entry.start_token_ids is not None else reasoning[0]  # type: ignore[index]
-    end = tuple(entry.end_token_ids) if entry.end_token_ids is not None else reasoning[1]  # type: ignore[index]
-    return start, end
-
-
-def _thinking_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySets) -> Iterator[Problem]:
-    """A ``thinking_budget``'s end tokens, forced where its span closes, against the entries acting
-    there: masked by ``min_tokens``, a ban, a phrase ban (a phrase the end tokens hold, one-token
-    phrases included: the end writes it, so its last token is masked where it is forced), or left
-    out of an allow-list."""
-    reasoning = _reasoning(entries)
-    for i, entry in enumerate(entries):
-        if entry.kind != "thinking_budget":
+        anywhere = rules[i].anywhere
+        if anywhere is None:
             continue
-        start, end = _delimiters(entry, reasoning)
-        ends = frozenset(end)
-        closes = _phases(entry, reasoning)  # where it can force: its span is open at a reasoning step
-        if (start, end) == reasoning:
-            closes &= {"reasoning"}
+        forced = anywhere(entry, reasoning, _phases(entry, reasoning))
         for j, other in enumerate(entries):
-            if not closes & _phases(other, reasoning):
-                continue  # never acts at a step where the span closes
-            if other.kind == "min_tokens":
-                clash = ends & sets.mask(j)
-                if clash:
-                    yield Problem(f"{paths[i]}.end_token_ids", f"token {min(clash)} is masked by {paths[j]} until output position {other.min_tokens}, and the span can be closed before that (a span the prompt opened counts its tokens), which would leave the row with no token")
-                    return
-            elif other.kind == "banned_tokens" and not ends.isdisjoint(sets.mask(j)):
-                token = min(ends & sets.mask(j))
-                yield Problem(f"{paths[i]}.end_token_ids", f"token {token} is banned by {paths[j]}, so closing a thinking span would leave the row with no token")
+            meets = rules[j].meets_anywhere
+            if meets is None or not forced.phases & _phases(other, reasoning):
+                continue  # never acts at a step where they are forced
+            met = meets(other, j, sets, forced, paths[j])
+            if met is not None:
+                yield Problem(f"{paths[i]}.{rules[i].field}", met.clause + (forced.until if met.holds else forced.so))
                 return
-            elif other.kind == "allowed_tokens" and not ends <= sets.keep(j):
-                token = min(ends - sets.keep(j))
-                yield Problem(f"{paths[i]}.end_token_ids", f"token {token} is not allowed by {paths[j]}, so closing a thinking span would leave the row with no token")
-                return
-            elif other.kind == "banned_phrases":
-                k = _phrase_in(sets.automaton(j), end)
-                if k is not None:
-                    phrase = other.phrases[k]
-                    why = (f"token {phrase[0]} is banned by {paths[j]}.phrases[{k}] (a one-token phrase)" if len(phrase) == 1
-                           else f"the end tokens hold {paths[j]}.phrases[{k}], whose last token {phrase[-1]} the ban masks once the "
-                                "rest is written")
-                    yield Problem(f"{paths[i]}.end_token_ids", f"{why}, so closing a thinking span would leave the row with no token")
-                    return
 
 
-def _phrase_in(automaton: PhraseAutomaton, written: Sequence[int]) -> int | None:
-    """The first phrase ``written`` holds (the shortest of those ending first), or ``None``: O(len(written))."""
-    state = 0
-    for token in written:
-        state = automaton.step(state, token)
-        k = automaton.shortest[state]
-        if k is not None:
-            return k
-    return None
-
-
-def _phrase_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySets) -> Iterator[Problem]:
-    """A forced sequence (its tokens, then its first EOS) that writes a banned phrase: the ban's
-    automaton follows each forced sequence of its scope once, O(its length)."""
+def _phrase_problems(entries: Sequence[Entry], paths: Sequence[str], sets: EntrySets) -> Iterator[Problem]:
+    """An output an entry fixes (``KindRules.writes``: its tokens, then its first EOS) that holds a
+    phrase a ban of the same scope bans: the ban's automaton follows each such output once, O(its
+    length)."""
+    rules = sets.rules
     for j, ban in enumerate(entries):
-        if ban.kind != "banned_phrases":
+        banned = rules[j].phrases
+        if banned is None:
             continue
         for i, forced in enumerate(entries):
-            if forced.kind != "forced_sequence" or forced.scope != ban.scope:
+            writes = rules[i].writes
+            if writes is None or scope_of(forced) != scope_of(ban):
                 continue  # another scope sees another stretch of the output: not known before it runs
             automaton = sets.automaton(j)
             state = 0
-            for n, token in enumerate((*forced.token_ids, forced.eos_token_id)):
+            for n, token in enumerate(writes(forced)):
                 state = automaton.step(state, token)
                 k = automaton.shortest[state]
                 if k is not None:
-                    phrase = ban.phrases[k]
-                    yield Problem(f"{paths[j]}.phrases[{k}]",
+                    phrase = banned(ban)[k]
+                    yield Problem(f"{paths[j]}.{rules[j].field}[{k}]",
                                   f"{paths[i]} writes this phrase at output positions {n + 1 - len(phrase)}..{n}, "
                                   f"so it forces token {phrase[-1]} at output position {n}, which the ban masks; "
                                   "the row would have no token left")
@@ -398,20 +361,21 @@ def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Seque
     return [Problem(named(p.path), named(p.rule)) for p in verdict]
 
 
-def _problems(entries: list[Any], names: list[str], vocab_size: int | None) -> list[Problem]:
+def _problems(entries: list[Entry], names: list[str], vocab_size: int | None) -> list[Problem]:
     """``consistency_problems`` past the budget: every rule, entry ``i`` named ``names[i]``."""
-    kinds = [e.kind for e in entries]
-    if len(entries) == 1 and kinds[0] not in ("thinking_budget", "banned_tokens", "min_tokens"):
+    rules = [rules_of(e) for e in entries]
+    if len(entries) == 1 and not rules[0].alone:
         return []  # one entry never contradicts itself, short of masking the whole vocabulary
-    if "thinking_budget" in kinds:
-        missing = [*_delimiter_problems(entries, names)] or [*_answer_budget_problems(entries, names)]
+    reasoning = _reasoning(entries, rules)
+    if any(r.checks for r in rules):
+        missing = _own_problems(entries, names, rules, reasoning)
         if missing:
             return missing
     if not walks_needed(entries, vocab_size):
         return []  # fewer than two acting entries, or only masks and biases too few to cover the vocabulary
     sets = EntrySets(entries)
-    problems = [*_scoped_position_problems(entries, names, vocab_size, sets), *_thinking_problems(entries, names, sets),
-                *_phrase_problems(entries, names, sets)]
+    problems = [*_scoped_position_problems(entries, names, vocab_size, sets, reasoning),
+                *_anywhere_problems(entries, names, sets, reasoning), *_phrase_problems(entries, names, sets)]
     return problems or [*choice_problems(entries, names, sets), *trigger_problems(entries, names, sets)]
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .effects import EntrySets, on_scale, scope_of
+from .admission.rules import Entry
+from .effects import EntrySets, on_scale, position_free, scope_of
 from .errors import Problem
 
 __all__ = ["choice_problems", "trigger_problems"]
@@ -41,13 +42,14 @@ def _prefix_function(cue: Sequence[int]) -> list[int]:
     return pi
 
 
-def choice_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySets | None = None) -> Iterator[Problem]:
+def choice_problems(entries: Sequence[Entry], paths: Sequence[str], sets: EntrySets | None = None) -> Iterator[Problem]:
     """Each ``multiple_choice`` down its choices' trie (see the module doc): every prefix the entries
     let the output write is visited once, so the walk is bounded by the choices' tokens times the
     entries that meet them. ``sets``: the payload's, shared with the other rules."""
     sets = sets if sets is not None else EntrySets(entries)
     for i, choice in enumerate(entries):
-        if choice.kind != "multiple_choice" or not choice.choices:
+        choices = sets.rules[i].choices
+        if choices is None or not choices(choice):
             continue
         scope = scope_of(choice)
         before = [j for j in range(i) if on_scale(entries[j], scope)]
@@ -65,13 +67,14 @@ class _ChoiceWalk:
     ``after`` it on its position scale. The ``banned_phrases`` among them share one automaton,
     entry ``phrase_js[g]`` its group ``g``."""
 
-    def __init__(self, entries: Sequence[Any], paths: Sequence[str], sets: EntrySets, i: int,
+    def __init__(self, entries: Sequence[Entry], paths: Sequence[str], sets: EntrySets, i: int,
                  before: list[int], after: list[int]) -> None:
         self.entries, self.paths, self.sets, self.i = entries, paths, sets, i
         self.before, self.after = before, after
         self.scope = scope_of(entries[i])
-        self.phrase_js = tuple(j for j in (*before, *after) if entries[j].kind == "banned_phrases")
-        self.triggers = [j for j in (*before, *after) if _follows_trigger(entries[j], self.scope)]
+        self.phrase_js = tuple(j for j in (*before, *after) if sets.rules[j].phrases is not None)
+        self.cues = {j: cue for j in (*before, *after) if (cue := _cue_followed(sets, j, self.scope)) is not None}
+        self.triggers = list(self.cues)
         skip = {*self.phrase_js, *self.triggers}
         self.fixed_before = [j for j in before if j not in skip]
         self.fixed_after = [j for j in after if j not in skip]
@@ -105,9 +108,10 @@ class _ChoiceWalk:
 
     def run(self) -> Problem | None:
         entries, paths, i = self.entries, self.paths, self.i
-        choice = entries[i]
+        choice, rules = entries[i], self.sets.rules[i]
+        assert rules.choices is not None and rules.choice_eos is not None, "a choice walk of an entry without choices"
         trie: dict[int, Any] = {}  # token -> child; the key -1 (never a token) marks a whole choice
-        for ids in choice.choices:
+        for ids in rules.choices(choice):
             node = trie
             for token in ids:
                 node = node.setdefault(token, {})
@@ -117,10 +121,10 @@ class _ChoiceWalk:
         goto, hits, step = (automaton.goto, automaton.hits, automaton.step) if automaton else ([{}], [0], None)
         before_bits = sum(1 << g for g, j in enumerate(phrase_js) if j < i)
         after_bits = sum(1 << g for g, j in enumerate(phrase_js) if j > i)
-        cues = [tuple(entries[j].trigger_token_ids) for j in self.triggers]
+        cues = [tuple(self.cues[j][0]) for j in self.triggers]
         pis = [_prefix_function(cue) for cue in cues]
-        phrases = [entries[j].phrase_token_ids for j in self.triggers]
-        eos_id = choice.eos_token_id
+        phrases = [self.cues[j][1] for j in self.triggers]
+        eos_id = rules.choice_eos(choice)
         written: list[int] = []  # the output down to the node popped (a depth-first walk)
         # node, its position, the token that led to it, each trigger's state (>= 0: how much of its
         # trigger the output ends with; < 0: ~where its phrase starts), the automaton's state
@@ -170,7 +174,7 @@ class _ChoiceWalk:
                 origin = self._origin(origin, made, written)
                 why = f"allows only {what}, which " + ("earlier entries mask" if origin is None else f"{paths[origin]} does not allow")
             elif not left:
-                blame = max(kills)  # type: ignore[type-var]  # the entry after which no token is left
+                blame = max(k for k in kills if k is not None)  # the entry after which no token is left (each kills one)
                 keeps = next((keeps for j, keeps, _ in later if j == blame), False)
                 why = ("allows none of the tokens" if keeps else "masks every token") + (
                     f" {paths[i]} leaves allowed after the output {_output(written)}")
@@ -258,14 +262,16 @@ def _cued(cued: tuple[int, ...], cues: list[tuple[int, ...]], pis: list[list[int
     return tuple(made)
 
 
-def _follows_trigger(entry: Any, scope: str) -> bool:
-    """Whether the walk of a choice of ``scope`` follows this entry as a trigger: one with ids of the
-    same scope (it reads the same stretch of output, whose every token the choices fix)."""
-    return entry.kind == "trigger" and scope_of(entry) == scope and \
-        entry.trigger_token_ids is not None and entry.phrase_token_ids is not None
+def _cue_followed(sets: EntrySets, j: int, scope: str) -> tuple[Sequence[int], Sequence[int]] | None:
+    """The trigger and phrase ids the walk of a choice of ``scope`` follows entry ``j`` as: a trigger
+    with ids of the same scope (it reads the same stretch of output, whose every token the choices
+    fix); ``None`` for any other entry."""
+    cue = sets.rules[j].cue
+    entry = sets.entries[j]
+    return cue(entry) if cue is not None and scope_of(entry) == scope else None
 
 
-def trigger_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySets | None = None) -> Iterator[Problem]:
+def trigger_problems(entries: Sequence[Entry], paths: Sequence[str], sets: EntrySets | None = None) -> Iterator[Problem]:
     """A ``trigger`` whose phrase a position-free mask of its scale masks (``banned_tokens``,
     ``allowed_tokens``, a ``banned_phrases`` that trigger and phrase write): once the trigger is
     written the phrase is forced, so that token's row has none left; so is a phrase stop id a
@@ -273,31 +279,34 @@ def trigger_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySe
     output write never fires and is not followed. Beside a choice of its scope a trigger is left to
     the choice's walk (``choice_problems``), which follows it exactly."""
     sets = sets if sets is not None else EntrySets(entries)
-    walked = {scope_of(e) for e in entries if e.kind == "multiple_choice" and e.choices}
+    rules = sets.rules
+    walked = {scope_of(e) for e, r in zip(entries, rules) if r.choices is not None and r.choices(e)}
     for i, trigger in enumerate(entries):
-        if trigger.kind != "trigger" or trigger.trigger_token_ids is None or trigger.phrase_token_ids is None:
+        cue_of = rules[i].cue
+        cued = cue_of(trigger) if cue_of is not None else None
+        if cued is None:
             continue
         if scope_of(trigger) in walked:
             continue  # a choice of its scope fixes where it can be written: its walk follows the trigger
-        forced = _forced_trigger_problem(entries, paths, i, sets)
+        forced = _forced_trigger_problem(entries, paths, i, sets, cued)
         if forced is not None:
             yield forced
             return
         scope = scope_of(trigger)
         masks = [j for j, e in enumerate(entries)
-                 if j != i and e.kind in ("banned_tokens", "allowed_tokens", "banned_phrases") and on_scale(e, scope)]
-        cue, phrase = tuple(trigger.trigger_token_ids), tuple(trigger.phrase_token_ids)
+                 if j != i and (position_free(rules[j]) or rules[j].phrases is not None) and on_scale(e, scope)]
+        cue, phrase = tuple(cued[0]), tuple(cued[1])
         masking = _first_masking(entries, sets, masks, (*cue, *phrase))  # at each position of trigger, phrase
         if any(j is not None for j in masking[:len(cue)]):
             continue  # never written: never fires
-        held = _held_stop_problem(entries, paths, i, sets)
+        held = _held_stop_problem(entries, paths, i, sets, cued)
         if held is not None:
             yield held
             return
         for k, token in enumerate(phrase):
             j = masking[len(cue) + k]
             if j is not None:
-                verb = "does not allow" if entries[j].kind == "allowed_tokens" else "masks"
+                verb = "does not allow" if rules[j].form == "keep" else "masks"
                 if j > i:
                     why = f"{verb} token {token}, which {paths[i]} forces (its phrase_token_ids[{k}]) once its trigger is written"
                 else:
@@ -306,49 +315,59 @@ def trigger_problems(entries: Sequence[Any], paths: Sequence[str], sets: EntrySe
                 return
 
 
-def _first_masking(entries: Sequence[Any], sets: EntrySets, masks: list[int], written: tuple[int, ...]) -> list[int | None]:
+def _first_masking(entries: Sequence[Entry], sets: EntrySets, masks: list[int], written: tuple[int, ...]) -> list[int | None]:
     """For each position ``k`` of ``written``: the first of the ``masks`` entries (in order) that
     leaves ``written[k]`` out after ``written[:k]`` (``None``: none). O(len(written) x masks)."""
     firsts: list[int | None] = [None] * len(written)
     for j in reversed(masks):  # the last one written wins: the first in order
-        kind = entries[j].kind
-        if kind == "banned_phrases":
+        if sets.rules[j].phrases is not None:
             automaton, state = sets.automaton(j), 0
             for k, token in enumerate(written):
                 state = automaton.step(state, token)
                 if automaton.shortest[state] is not None:
                     firsts[k] = j
         else:
-            held = sets.mask(j) if kind == "banned_tokens" else sets.keep(j)
+            held, keeps = sets.mask(j), sets.rules[j].form == "keep"
             for k, token in enumerate(written):
-                if (token in held) != (kind == "allowed_tokens"):
+                if (token in held) != keeps:
                     firsts[k] = j
     return firsts
 
 
-def _held_stop_problem(entries: Sequence[Any], paths: Sequence[str], i: int, sets: EntrySets) -> Problem | None:
-    """Trigger ``i`` against the ``min_tokens`` of its scope: the masks of its scale let the trigger
-    be written (the caller checked), at the earliest from position ``s``, 0 unless a trigger token is
-    a stop id ``min_tokens`` masks until later; phrase token ``k`` is then forced at ``s +
-    len(trigger) + k``, and a stop id masked there leaves that row empty. A ``forced_sequence`` or
-    ``multiple_choice`` of its scope fixes where the trigger can be written: left to their checks."""
+def _holds_until(sets: EntrySets, j: int) -> int | None:
+    """The position of its scale entry ``j`` masks its ids until (``None``: not such a mask)."""
+    if sets.rules[j].form != "mask":
+        return None
+    along = sets.along(j)
+    return along.below if along is not None else None
+
+
+def _held_stop_problem(entries: Sequence[Entry], paths: Sequence[str], i: int, sets: EntrySets,
+                       ids: tuple[Sequence[int], Sequence[int]]) -> Problem | None:
+    """Trigger ``i`` (``ids``: its trigger and phrase ids) against the masks of its scope that hold
+    until a position (stop ids): the masks of its scale let the trigger be written (the caller
+    checked), at the earliest from position ``s``, 0 unless a trigger token is a stop id masked
+    until later; phrase token ``k`` is then forced at ``s + len(trigger) + k``, and a stop id masked
+    there leaves that row empty. An entry of its scope that fixes the output (a forced output,
+    choices) fixes where the trigger can be written: left to their checks."""
     trigger = entries[i]
     scope = scope_of(trigger)
-    if any(e.kind in ("forced_sequence", "multiple_choice") and scope_of(e) == scope for e in entries):
+    if any((r.writes is not None or r.choices is not None) and scope_of(e) == scope for e, r in zip(entries, sets.rules)):
         return None
-    held = [j for j, e in enumerate(entries) if e.kind == "min_tokens" and scope_of(e) == scope]
+    until = {j: bound for j, e in enumerate(entries) if (bound := _holds_until(sets, j)) is not None and scope_of(e) == scope}
+    held = list(until)
     if not held:
         return None
-    cue, phrase = trigger.trigger_token_ids, trigger.phrase_token_ids
+    cue, phrase = ids
     stops = {j: sets.mask(j) for j in held}
-    first = max([0, *(entries[j].min_tokens - c for j in held for c, t in enumerate(cue) if t in stops[j])])
+    first = max([0, *(until[j] - c for j in held for c, t in enumerate(cue) if t in stops[j])])
     scale = "output" if scope == "always" else scope
     for k, token in enumerate(phrase):
         at = first + len(cue) + k
-        j = next((j for j in held if token in stops[j] and at < entries[j].min_tokens), None)
+        j = next((j for j in held if token in stops[j] and at < until[j]), None)
         if j is None:
             continue
-        bound = entries[j].min_tokens
+        bound = until[j]
         cued = f"at {scale} position {at} when its trigger is written at the earliest ({scale} positions {first}..{first + len(cue) - 1})"
         if j > i:
             why = f"masks token {token} before {scale} position {bound}, which {paths[i]} forces (its phrase_token_ids[{k}]) {cued}"
@@ -369,19 +388,21 @@ def _first_end(text: str, length: int, cue: Sequence[int]) -> int | None:
     return end if end < length else None
 
 
-def _forced_trigger_problem(entries: Sequence[Any], paths: Sequence[str], i: int, sets: EntrySets) -> Problem | None:
-    """Trigger ``i`` against each ``forced_sequence`` of its scope, which fixes the output of its
-    stretch (its tokens, then EOS) that the trigger reads too: where that output first ends with
-    the trigger, the phrase's tokens must be the ones the sequence forces there (up to its EOS; past
-    it only an engine ignoring EOS goes on)."""
+def _forced_trigger_problem(entries: Sequence[Entry], paths: Sequence[str], i: int, sets: EntrySets,
+                            ids: tuple[Sequence[int], Sequence[int]]) -> Problem | None:
+    """Trigger ``i`` (``ids``: its trigger and phrase ids) against each entry of its scope that
+    fixes the output of its stretch (``KindRules.writes``: its tokens, then EOS), which the trigger
+    reads too: where that output first ends with the trigger, the phrase's tokens must be the ones
+    the output holds there (up to its EOS; past it only an engine ignoring EOS goes on)."""
     trigger = entries[i]
     scope = scope_of(trigger)
     scale = "output" if scope == "always" else scope
-    cue, phrase = trigger.trigger_token_ids, trigger.phrase_token_ids
+    cue, phrase = ids
     for j, entry in enumerate(entries):
-        if entry.kind != "forced_sequence" or scope_of(entry) != scope:
+        writes = sets.rules[j].writes
+        if writes is None or scope_of(entry) != scope:
             continue
-        written = (*entry.token_ids, entry.eos_token_id)
+        written = writes(entry)
         end = _first_end(sets.text(j), len(written), cue)
         if end is None:
             continue  # the trigger is never written (or only as the EOS step ends the output)

@@ -1,84 +1,45 @@
 """What an entry does to a step's row, as admission models it (``consistency``,
-``consistency_walks``): the ids it masks or keeps at an output position, what of the position
-that depends on, and which entries meet at one position scale. Wire entries in, no torch."""
+``consistency_walks``), read through its kind's rules (``dynlogits.specs.admission``): the ids it
+masks or keeps at a position, which entries meet at one position scale, and the phrase automata.
+Wire entries in, no torch."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-__all__ = ["MIXED_POINTS", "SET_KINDS", "EntrySets", "PhraseAutomaton", "forced_token", "keep_set", "mask_or_keep", "on_scale", "scope_of", "variant"]
+from .admission import rules_of
+from .admission.rules import Along, Entry, KindRules
+
+__all__ = ["MIXED_POINTS", "EntrySets", "PhraseAutomaton", "on_scale", "position_free", "scope_of"]
 
 #: Positions of each side compared where entries of two position scales act in one phase
 #: (``consistency``'s module doc): the first ones that differ, and the last (from which on nothing
 #: changes).
 MIXED_POINTS = 64
-#: The kinds whose effect on a step's allowed set the position rules follow (the others leave it as it is).
-SET_KINDS = frozenset(("banned_tokens", "allowed_tokens", "min_tokens", "forced_sequence", "multiple_choice"))
 
 
-def forced_token(entry: Any, n: int) -> int:
-    """The token a ``forced_sequence`` forces at output position ``n`` (its EOS past the end)."""
-    ids = entry.token_ids
-    return ids[n] if n < len(ids) else entry.eos_token_id
-
-
-def keep_set(entry: Any) -> frozenset[int]:
-    """The ids an ``allowed_tokens`` entry keeps: its ids and its EOS."""
-    ids = set(entry.token_ids)
-    if entry.eos_token_id is not None:
-        ids.add(entry.eos_token_id)
-    return frozenset(ids)
-
-
-def scope_of(entry: Any) -> str:
+def scope_of(entry: Entry) -> str:
     """The entry's scope (``always`` for kinds without one)."""
     return getattr(entry, "scope", "always")
 
 
-def variant(entry: Any, n: int) -> object:
-    """What of position ``n`` an entry's effect depends on (``None``: nothing)."""
-    if entry.kind == "forced_sequence":
-        return forced_token(entry, n)
-    if entry.kind == "min_tokens":
-        return n < entry.min_tokens
-    if entry.kind == "multiple_choice":
-        return n == 0
-    return None
+def position_free(rules: KindRules[object]) -> bool:
+    """Whether a kind's effect is a mask or an allow-list the same at every position."""
+    return rules.along is None and rules.form in ("mask", "keep")
 
 
-def mask_or_keep(entry: Any, n: int, sets: dict[int, frozenset[int]],
-                 j: int) -> tuple[frozenset[int] | None, frozenset[int] | None]:
-    """What a position-scaled entry does at position ``n``: ``(masked, kept)`` ids (``None``: nothing
-    of that form); ``sets`` caches each entry's fixed id set by index."""
-    kind = entry.kind
-    if kind == "banned_tokens" or (kind == "min_tokens" and n < entry.min_tokens):
-        if j not in sets:
-            sets[j] = frozenset(entry.token_ids if kind == "banned_tokens" else entry.stop_token_ids)
-        return sets[j], None
-    if kind == "allowed_tokens":
-        if j not in sets:
-            sets[j] = keep_set(entry)
-        return None, sets[j]
-    if kind == "forced_sequence":
-        return None, frozenset((forced_token(entry, n),))
-    if kind == "multiple_choice" and n == 0 and entry.choices:
-        return None, frozenset(choice[0] for choice in entry.choices)
-    return None, None
-
-
-def on_scale(entry: Any, scope: str) -> bool:
+def on_scale(entry: Entry, scope: str) -> bool:
     """Whether ``entry`` meets an entry of ``scope`` at its positions, as far as admission knows:
     the same scope (a scoped entry's history is its phase's stretch, as for every entry of that
-    scope, so a ``banned_phrases`` of it matches on the same tokens), or a position-free mask of an
-    ``always`` entry (not a ``banned_phrases``: it reads the output before the stretch too)."""
+    scope, so a phrase ban of it matches on the same tokens), or a position-free mask of an
+    ``always`` entry (not a phrase ban: it reads the output before the stretch too)."""
     if scope_of(entry) == scope:
         return True
-    return scope != "always" and scope_of(entry) == "always" and entry.kind in ("banned_tokens", "allowed_tokens")
+    return scope != "always" and scope_of(entry) == "always" and position_free(rules_of(entry))
 
 
 class PhraseAutomaton:
-    """An Aho-Corasick automaton over the phrases of one or more ``banned_phrases`` entries (its
+    """An Aho-Corasick automaton over the phrases of one or more phrase bans (its
     groups), built once per payload in O(their tokens).
 
     State ``0`` is the empty output; ``step(s, t)`` is the state after token ``t`` follows an output
@@ -128,12 +89,24 @@ class PhraseAutomaton:
     def masked(self, s: int) -> frozenset[int]:
         """Every id group 0 masks after an output in state ``s``: the last token of each phrase
         whose other tokens end the output (one-token phrases always). O(the suffixes' branches)."""
-        goto, own, out = self.goto, self.own, set()
+        goto, own = self.goto, self.own
+        out: set[int] = set()
         while True:
             out.update(token for token, child in goto[s].items() if own[child] is not None)
             if not s:
                 return frozenset(out)
             s = self.fail[s]
+
+    def first_in(self, written: Sequence[int]) -> int | None:
+        """The first phrase (group 0) ``written`` holds (the shortest of those ending first), or
+        ``None``: O(len(written))."""
+        s = 0
+        for token in written:
+            s = self.step(s, token)
+            k = self.shortest[s]
+            if k is not None:
+                return k
+        return None
 
     def follow(self, written: Sequence[int]) -> int:
         """The state after ``written``."""
@@ -156,66 +129,82 @@ class PhraseAutomaton:
 
 class EntrySets:
     """What admission reads of a payload's entries, built once per payload on first use and shared
-    by every rule: each entry's fixed id set (``mask``: a ban's ids, ``min_tokens``' stop ids;
-    ``keep``: an allow-list's ids and EOS, or a choice's first tokens), each ``banned_phrases``'
-    automaton (``automaton``) and the automaton of several (``union``), each ``forced_sequence``'s
-    output as text (``text``)."""
+    by every rule: each entry's rules (``rules``), fixed id set (``mask``, ``keep``: its rules'
+    ``ids``) and dependence on the position (``along``), each phrase ban's automaton
+    (``automaton``) and the automaton of several (``union``), each forced output as text
+    (``text``)."""
 
-    __slots__ = ("entries", "_sets", "_automata", "_texts")
+    __slots__ = ("entries", "rules", "_sets", "_alongs", "_automata", "_texts")
 
-    def __init__(self, entries: Sequence[Any]) -> None:
+    def __init__(self, entries: Sequence[Entry]) -> None:
         self.entries = entries
+        self.rules = [rules_of(entry) for entry in entries]
         self._sets: dict[int, frozenset[int]] = {}
+        self._alongs: dict[int, Along | None] = {}
         self._automata: dict[tuple[int, ...], PhraseAutomaton] = {}
         self._texts: dict[int, str] = {}
 
     def text(self, j: int) -> str:
-        """What ``forced_sequence`` ``j`` writes (its tokens, then its EOS) as comma-led decimals
-        (``",5,6,2,"``), for C-speed searches of a token sequence in it."""
+        """What entry ``j`` writes (its rules' ``writes``: its tokens, then its EOS) as comma-led
+        decimals (``",5,6,2,"``), for C-speed searches of a token sequence in it."""
         got = self._texts.get(j)
         if got is None:
-            entry = self.entries[j]
-            got = self._texts[j] = "," + ",".join(map(str, (*entry.token_ids, entry.eos_token_id))) + ","
+            writes = self.rules[j].writes
+            assert writes is not None, "text of an entry that writes no output"
+            got = self._texts[j] = "," + ",".join(map(str, writes(self.entries[j]))) + ","
         return got
 
     def mask(self, j: int) -> frozenset[int]:
-        """The ids entry ``j`` (``banned_tokens`` or ``min_tokens``) masks when it acts."""
+        """The ids entry ``j`` masks when it acts (a mask's ``ids``)."""
         got = self._sets.get(j)
         if got is None:
-            entry = self.entries[j]
-            ids = entry.token_ids if entry.kind == "banned_tokens" else entry.stop_token_ids
-            got = self._sets[j] = frozenset(ids)
+            ids = self.rules[j].ids
+            assert ids is not None, "ids of an entry without a fixed set"
+            got = self._sets[j] = ids(self.entries[j])
         return got
 
-    def keep(self, j: int) -> frozenset[int]:
-        """The ids entry ``j`` keeps: an ``allowed_tokens``' ids and EOS (``keep_set``), a
-        ``multiple_choice``'s choices' first tokens (at its first position)."""
-        got = self._sets.get(j)
-        if got is None:
-            entry = self.entries[j]
-            got = keep_set(entry) if entry.kind == "allowed_tokens" else frozenset(c[0] for c in entry.choices)
-            self._sets[j] = got
+    #: The ids entry ``j`` keeps where it acts (an allow-list's ``ids``; a choice's first tokens).
+    keep = mask
+
+    def along(self, j: int) -> Along | None:
+        """What of a position entry ``j``'s effect depends on (``None``: nothing)."""
+        if j in self._alongs:
+            return self._alongs[j]
+        along = self.rules[j].along
+        got = self._alongs[j] = along(self.entries[j]) if along is not None else None
         return got
 
     def automaton(self, j: int) -> PhraseAutomaton:
-        """Entry ``j``'s (``banned_phrases``) automaton."""
+        """Entry ``j``'s (a phrase ban) automaton."""
         return self.union((j,))
 
     def union(self, js: tuple[int, ...]) -> PhraseAutomaton:
-        """The automaton of the ``banned_phrases`` entries ``js``, entry ``js[g]`` its group ``g``."""
+        """The automaton of the phrase bans ``js``, entry ``js[g]`` its group ``g``."""
         got = self._automata.get(js)
         if got is None:
-            got = self._automata[js] = PhraseAutomaton([self.entries[j].phrases for j in js])
+            groups = []
+            for j in js:
+                phrases = self.rules[j].phrases
+                assert phrases is not None, "an automaton of an entry that bans no phrase"
+                groups.append(phrases(self.entries[j]))
+            got = self._automata[js] = PhraseAutomaton(groups)
         return got
 
     def effect(self, j: int, n: int) -> tuple[frozenset[int] | None, frozenset[int] | None]:
-        """``mask_or_keep`` of entry ``j`` at position ``n`` from the sets built once."""
-        entry = self.entries[j]
-        kind = entry.kind
-        if kind == "banned_tokens" or (kind == "min_tokens" and n < entry.min_tokens):
-            return self.mask(j), None
-        if kind == "allowed_tokens" or (kind == "multiple_choice" and n == 0 and entry.choices):
+        """What entry ``j`` does at position ``n`` of its scale: ``(masked, kept)`` ids (``None``:
+        nothing of that form), from the sets built once."""
+        form = self.rules[j].form
+        if form is None:
+            return None, None
+        along = self.along(j)
+        if form == "mask":
+            if along is None or along.below is None or n < along.below:
+                return self.mask(j), None
+            return None, None
+        if form == "keep":
             return None, self.keep(j)
-        if kind == "forced_sequence":
-            return None, frozenset((forced_token(entry, n),))
-        return None, None
+        if form == "first":
+            return (None, self.keep(j)) if n == 0 and self.keep(j) else (None, None)
+        assert along is not None and along.sequence is not None, "a forcing entry without its sequence"
+        sequence = along.sequence
+        return None, frozenset((sequence[n] if n < len(sequence) else along.after,))

@@ -25,9 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .effects import MIXED_POINTS, SET_KINDS, on_scale, scope_of
 from dynlogits.specs.errors import Problem
 from dynlogits.specs.limits import SpecLimits
+
+from .effects import MIXED_POINTS, SET_KINDS, on_scale, scope_of
 
 __all__ = ["AdmissionWork", "Driver", "admission_work", "walks_needed", "work_problem"]
 

@@ -51,11 +51,12 @@ from typing import Any
 
 import msgspec
 
+from dynlogits.specs.errors import Problem, SpecError
+from dynlogits.specs.limits import DEFAULT_LIMITS, SpecLimits
+
 from .admission_work import walks_needed, work_problem
 from .consistency_walks import choice_problems, trigger_problems
 from .effects import MIXED_POINTS, SET_KINDS, EntrySets, PhraseAutomaton, forced_token, scope_of
-from dynlogits.specs.errors import Problem, SpecError
-from dynlogits.specs.limits import DEFAULT_LIMITS, SpecLimits
 
 __all__ = ["MIXED_POINTS", "VERDICTS", "check_consistency", "consistency_problems"]
 

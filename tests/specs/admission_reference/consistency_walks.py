@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .effects import EntrySets, on_scale, scope_of
 from dynlogits.specs.errors import Problem
+
+from .effects import EntrySets, on_scale, scope_of
 
 __all__ = ["choice_problems", "trigger_problems"]
 

@@ -1,0 +1,12 @@
+"""``deadline`` for admission: opaque, it acts at a moment admission does not know (the clock); a row it leaves with no token fails its
+request while it runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .rules import OPAQUE, KindRules
+
+__all__ = ["RULES"]
+
+RULES: KindRules[Any] = OPAQUE
