@@ -4,19 +4,20 @@
 A unit is about 0.1 µs of one CPU here (``python -m dynlogits.tools.bench admission`` measures it):
 each count below is weighed by what one of its steps costs. Where work goes:
 
-* the position rules: every grid point (output positions where a forced sequence or a
-  ``min_tokens`` changes the row; for entries of two position scales, up to ``MIXED_POINTS + 1``
+* the position rules: every grid point (positions where a forced sequence or a mask holding
+  until a position changes the row; for entries of two position scales, up to ``MIXED_POINTS + 1``
   of each side, paired) times the entries of its phase, and the id-set operations of each distinct
   state, no larger than the sets they combine;
-* a ``thinking_budget``'s end tokens against each entry acting where its span closes;
-* each ``banned_phrases``' automaton (its phrase tokens) and each forced sequence of its scope
-  followed through it;
-* each ``multiple_choice``'s trie (its choices' tokens) times the entries that meet it, phrases
-  (one automaton step and their fallbacks) and triggers included;
-* each ``trigger`` against the forced sequences of its scope and the masks of its scale;
+* tokens forced anywhere (a span's end tokens) against each entry acting where they are forced;
+* each phrase ban's automaton (its phrase tokens) and each forced output of its scope followed
+  through it;
+* each entry's ``choices`` trie (its choices' tokens) times the entries that meet it, phrases (one
+  automaton step and their fallbacks) and triggers included;
+* each ``cue`` against the forced outputs of its scope and the masks of its scale;
 * the id sets, built once.
 
-``admission_work`` is O(entries), plus C-speed sums of the lengths of choices and phrases. No torch."""
+Each entry is weighed by its kind's rules (``dynlogits.specs.admission``: its form, ``size``,
+roles and ``field``, the field its work is named by). ``admission_work`` is O(entries), plus C-speed sums of the lengths of choices and phrases. No torch."""
 
 from __future__ import annotations
 

@@ -1,43 +1,36 @@
 """Contradictions between entries, found at admission: payloads that would leave a row with no token.
 
 Entries apply in order and a mask is never undone, so a payload whose own entries leave some step's
-row with no allowed token is refused, naming the two entries and the step. Exact for built-in kinds
-(the engine's own masks ignored):
+row with no allowed token is refused, naming the two entries and the step. Each entry is read
+through its kind's rules (``dynlogits.specs.admission``: ``KindRules``, declared in the kind's own
+module), so the rules below name roles, never kinds; exact for the roles declared (the engine's
+own masks ignored):
 
-* at every output position ``n`` the allowed set is followed through the entries in order
-  (``forced_sequence`` and ``min_tokens`` depend on ``n``); an empty set is a contradiction;
+* at every position ``n`` the allowed set is followed through the entries in order (each entry's
+  effect: a mask, an allow-list, a forced token, its choices' first tokens, depending on ``n`` as
+  its ``along`` says); an empty set is a contradiction;
 * scopes: entries scoped to ``reasoning`` and to ``answer`` never act at one step, so the entries of
   each phase are followed apart; an entry scoped to a phase counts its positions from the start of
   the phase's stretch, which may begin at any output position, so its positions are paired with the
   ``always`` entries' (each side's first ``MIXED_POINTS`` positions that differ, and its last);
-* a ``thinking_budget`` end token that an allow-list excludes, a ban masks, or ``min_tokens`` masks
-  acting at a step where the span can close (any position: a span the prompt opened counts its
-  tokens) is a contradiction; with the request's reasoning delimiters the span closes in the
-  reasoning phase, so an entry scoped to ``answer`` never meets it; a ``thinking_budget`` without
-  delimiters needs the payload's ``reasoning`` entry;
-* a ``forced_sequence`` that writes a phrase a ``banned_phrases`` entry of the same scope bans (its
-  tokens, then its EOS) is a contradiction at the step the phrase's last token is due;
-* ``multiple_choice`` (id choices) at its first position allows exactly its choices' first tokens;
-  past it, each prefix of a choice that the entries let the output write is followed down the
-  choices' trie: there it allows the next tokens of the choices it begins (and EOS after a whole
-  choice, when the entry names it), met by the entries of its own position scale (its scope's, and
-  position-free masks of ``always`` entries; a ``banned_phrases`` of its scope, which reads the
-  same stretch of output as the choice; the phrase of a trigger of its scope where the prefix
-  first ends with the trigger); an empty set there is a contradiction (``choice_problems``).
-  Elsewhere in the position grid it is taken to allow every id;
-* a ``trigger`` (id trigger and phrase) whose phrase a position-free mask of its scale masks
-  (``trigger_problems``) is a contradiction: the phrase is forced wherever the trigger is written;
-  so is a trigger that a ``forced_sequence`` of its scope writes (tokens, then EOS) and then goes
-  on with other tokens than the phrase (up to its EOS), and a phrase stop id that a
-  ``min_tokens`` of its scope masks where the phrase comes when the trigger is written at the
-  earliest. Beside a choice of its scope the choice's walk decides instead (it knows where the
-  trigger can be written).
+* tokens an entry forces at steps no position names (``anywhere``: a span's end tokens, which may
+  close it after any number of tokens) that an entry acting where they are forced masks, leaves
+  out, or holds as a banned phrase (``meets_anywhere``) are a contradiction;
+* an output an entry fixes (``writes``: its tokens, then its EOS) that holds a phrase a ban of the
+  same scope bans is a contradiction at the step the phrase's last token is due;
+* an entry with ``choices`` at its first position allows exactly its choices' first tokens; past
+  it, each prefix of a choice that the entries let the output write is followed down the choices'
+  trie, met by the entries of its own position scale (``choice_problems``); elsewhere in the
+  position grid it is taken to allow every id;
+* a ``cue`` (trigger ids, and a phrase forced once they are written) whose phrase a position-free
+  mask of its scale masks, that an output fixed in its scope writes and then leaves, or whose
+  phrase a mask holding until a position masks where it comes at the earliest
+  (``trigger_problems``); beside a choice of its scope the choice's walk decides instead.
 
-Beyond that, ``trigger``, ``deadline`` and ``prompt_tokens`` act at moments or on tokens admission
-does not know (where a trigger is written, the clock, the prompt), and ``python`` and plug-in
-entries are opaque: all are skipped, and a row they leave with no token fails its request while it runs
-(docs/specs.md). A ``prompt_tokens`` in ``restrict`` mode is checked where its request is realized,
-as the allowed set the prompt makes it (``dynlogits.sdk.realization``). No torch."""
+Each kind's own single-entry rules (``checks``) run first. An entry whose kind declares no role
+(``OPAQUE``: it acts at moments or on tokens admission does not know, or runs code it cannot read,
+plug-in kinds included) is skipped, and a row it leaves with no token fails its request while it
+runs (docs/specs.md). No torch."""
 
 from __future__ import annotations
 

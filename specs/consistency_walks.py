@@ -1,13 +1,14 @@
 """Contradictions found by following what a request can write (``consistency`` calls them once the
-position rules found nothing): down ``multiple_choice``'s trie over the prefixes the entries let
-the output write, a trigger's phrase forced where a prefix first ends with it (``choice_problems``),
-and a ``trigger``'s phrase against the masks that act wherever it is written, the ``min_tokens``
-that hold stop ids where it can come first, and the output a ``forced_sequence`` fixes
-(``trigger_problems``). Each names the entry where a row is left empty.
+position rules found nothing): down the trie of an entry's ``choices`` over the prefixes the
+entries let the output write, a ``cue``'s phrase forced where a prefix first ends with its trigger
+(``choice_problems``), and a ``cue``'s phrase against the masks that act wherever it is written,
+the masks that hold stop ids until a position where it can come first, and an output an entry
+fixes (``writes``; ``trigger_problems``). Roles are read through each entry's ``KindRules``; each
+problem names the entry where a row is left empty.
 
 Cost: linear in what a walk visits. Id sets and phrase automata are built once per payload
-(``EntrySets``); a walk carries each ``banned_phrases``' automaton state and each trigger's match
-state down the choices' trie (never walking back), and tests each next token of a node against the
+(``EntrySets``); a walk carries each phrase ban's automaton state and each trigger's match state
+down the choices' trie (never walking back), and tests each next token of a node against the
 entries once; sets are built only for a message. ``dynlogits.specs.admission_work`` bounds it."""
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _prefix_function(cue: Sequence[int]) -> list[int]:
 
 
 def choice_problems(entries: Sequence[Entry], paths: Sequence[str], sets: EntrySets | None = None) -> Iterator[Problem]:
-    """Each ``multiple_choice`` down its choices' trie (see the module doc): every prefix the entries
+    """Each entry with ``choices`` down their trie (see the module doc): every prefix the entries
     let the output write is visited once, so the walk is bounded by the choices' tokens times the
     entries that meet them. ``sets``: the payload's, shared with the other rules."""
     sets = sets if sets is not None else EntrySets(entries)
@@ -63,8 +64,8 @@ def choice_problems(entries: Sequence[Entry], paths: Sequence[str], sets: EntryS
 
 
 class _ChoiceWalk:
-    """One ``multiple_choice`` (entry ``i``) down its trie, met by the entries ``before`` and
-    ``after`` it on its position scale. The ``banned_phrases`` among them share one automaton,
+    """One entry's ``choices`` (entry ``i``) down their trie, met by the entries ``before`` and
+    ``after`` it on its position scale. The phrase bans among them share one automaton,
     entry ``phrase_js[g]`` its group ``g``."""
 
     def __init__(self, entries: Sequence[Entry], paths: Sequence[str], sets: EntrySets, i: int,
@@ -272,10 +273,10 @@ def _cue_followed(sets: EntrySets, j: int, scope: str) -> tuple[Sequence[int], S
 
 
 def trigger_problems(entries: Sequence[Entry], paths: Sequence[str], sets: EntrySets | None = None) -> Iterator[Problem]:
-    """A ``trigger`` whose phrase a position-free mask of its scale masks (``banned_tokens``,
-    ``allowed_tokens``, a ``banned_phrases`` that trigger and phrase write): once the trigger is
-    written the phrase is forced, so that token's row has none left; so is a phrase stop id a
-    ``min_tokens`` of its scope holds (``_held_stop_problem``). A trigger those masks never let the
+    """An entry's ``cue`` whose phrase a position-free mask of its scale masks (a ban, an
+    allow-list, a phrase ban that trigger and phrase write): once the trigger is written the
+    phrase is forced, so that token's row has none left; so is a phrase stop id a mask of its scope
+    holds until a position (``_held_stop_problem``). A trigger those masks never let the
     output write never fires and is not followed. Beside a choice of its scope a trigger is left to
     the choice's walk (``choice_problems``), which follows it exactly."""
     sets = sets if sets is not None else EntrySets(entries)
