@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -48,20 +49,23 @@ class Along:
     first: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Anywhere:
     """Tokens an entry forces at steps admission cannot place (a span's end tokens, which close it
     after any number of tokens): ``tokens`` in order (``()``: not known without the request's
-    delimiters; ``held``: them as a set), forced in ``phases``; ``noun`` names them in a message,
+    delimiters; ``held``: them as a set, built on first use), forced in ``phases``; ``noun`` names them in a message,
     which ends with ``so`` after a position-free mask's clause, with ``until`` after the clause of a
     mask that holds until a position."""
 
     tokens: tuple[int, ...]
-    held: frozenset[int]
     phases: frozenset[str]
     noun: str
     so: str
     until: str
+
+    @cached_property
+    def held(self) -> frozenset[int]:
+        return frozenset(self.tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ def _anywhere(entry: ThinkingBudgetEntry, reasoning: Delimiters | None, phases: 
     request's delimiters."""
     start, end = _delimiters(entry, reasoning)
     closes = phases & {"reasoning"} if (start, end) == reasoning else phases
-    return Anywhere(end, frozenset(end), closes, "the end tokens",
+    return Anywhere(end, closes, "the end tokens",
                     so=", so closing a thinking span would leave the row with no token",
                     until=", and the span can be closed before that (a span the prompt opened counts its tokens), "
                           "which would leave the row with no token")
