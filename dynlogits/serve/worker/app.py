@@ -21,7 +21,7 @@ from dynlogits.serve.secret import RequireWorkerSecret
 from .engine_life import ENGINE_DEAD_EXIT, engine_lifespan
 from .engine_stream import EngineStream
 from .generate import GenerateCall
-from .introspect import adapter_requests, process_tree_rss
+from .introspect import process_tree_rss
 from .state import WorkerState
 
 __all__ = ["ENGINE_DEAD_EXIT", "WorkerState", "create_app"]
@@ -57,7 +57,7 @@ class WorkerRoutes:
         if state.draining:
             return _unavailable("worker is shutting down (draining in-flight requests)")
         try:
-            await state.engine.engine.check_health()
+            await state.engine.check_health()
         except Exception as err:  # noqa: BLE001
             return _unavailable(f"engine unhealthy: {err}")
         return JSONResponse(state.info().model_dump())
@@ -66,7 +66,7 @@ class WorkerRoutes:
         """Counters, plus the adapter's per-request state and this worker's memory (see ``introspect``)."""
         state = self.state
         engine = state.engine
-        held = await adapter_requests(engine.engine) if engine is not None and engine.introspection else None
+        held = await engine.adapter_requests() if engine is not None else None
         rss = process_tree_rss()
         return state.stats.model_copy(update={"adapter_requests": held, "rss_bytes": sum(rss.values()) if rss else None,
                                               "rss_by_process": rss or None, "pid": os.getpid(),

@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -17,6 +18,7 @@ from dynlogits.policy.request import build_policy
 from .args import DEFAULT_MODEL_NAME
 from .state import WorkerState
 from .vllm_engine import start_vllm_engine
+from .worker_engine import WorkerEngine
 
 __all__ = ["ENGINE_DEAD_EXIT", "ENGINE_WATCH_INTERVAL_S", "engine_lifespan"]
 
@@ -36,6 +38,7 @@ def _start_engine(state: WorkerState) -> None:
     args = state.args
     model = args.model or str(default_model_dir())
     served = args.served_model_name or (args.model or DEFAULT_MODEL_NAME)
+    engine: WorkerEngine[Any]
     if args.backend == "sglang":
         from .sglang_engine import start_sglang_engine
 
@@ -68,11 +71,10 @@ async def _watch_engine(state: WorkerState) -> None:
     again. In-flight requests end on their own with the engine's error."""
     while state.engine is None:
         await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
-    engine = state.engine.engine
-    while not getattr(engine, "errored", False):
+    engine = state.engine
+    while (death := engine.death()) is None:
         await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
-    cause = getattr(engine, "dead_error", None)
-    state.stats.engine_dead = f"{type(cause).__name__}: {cause}" if cause is not None else "engine errored"
+    state.stats.engine_dead = death
     log.error("engine died (%s); the worker exits (status %d) so that its supervisor can start a new one",
               state.stats.engine_dead, ENGINE_DEAD_EXIT)
     if state.on_fatal is not None:

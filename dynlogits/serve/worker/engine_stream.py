@@ -8,12 +8,13 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import anyio
+from starlette.types import Receive, Scope, Send
 
 from dynlogits.serve.http.closing_stream import ClosingStreamingResponse
 
 from ..protocol import GenerateChunk
 from .state import WorkerState
-from .vllm_engine import VllmEngine
+from .worker_engine import WorkerEngine
 
 __all__ = ["EngineStream"]
 
@@ -31,7 +32,7 @@ class EngineStream(ClosingStreamingResponse):
     A request whose entries failed ends with its ``failure`` chunk, counted by reason in ``failures``.
     """
 
-    def __init__(self, state: WorkerState, engine: VllmEngine, request_id: str, sequences: int, first: GenerateChunk,
+    def __init__(self, state: WorkerState, engine: WorkerEngine[Any], request_id: str, sequences: int, first: GenerateChunk,
                  stream: AsyncGenerator[GenerateChunk, None]) -> None:
         self._state, self._engine, self._request_id, self._stream = state, engine, request_id, stream
         self._sequences = sequences
@@ -45,7 +46,7 @@ class EngineStream(ClosingStreamingResponse):
         """End this request now with ``reason`` (in-band), aborting its engine request."""
         if self._ended is None and not self._finished:
             self._ended = reason
-            self._abort = asyncio.create_task(self._engine.engine.abort(self._request_id))
+            self._abort = asyncio.create_task(self._engine.abort(self._request_id))
 
     async def _ndjson(self, first: GenerateChunk) -> AsyncGenerator[bytes, None]:
         """When the engine is ahead of the client every await here completes without suspending,
@@ -73,7 +74,7 @@ class EngineStream(ClosingStreamingResponse):
                      chunk.failure.message)
         return chunk.model_dump_json(exclude_none=True).encode() + b"\n"
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)  # closes the NDJSON body however it ends
         finally:
@@ -81,6 +82,6 @@ class EngineStream(ClosingStreamingResponse):
                 await self._stream.aclose()
                 if not self._finished:
                     self._state.stats.aborted += 1
-                    await self._engine.engine.abort(self._request_id)
+                    await self._engine.abort(self._request_id)
             self._state.leave(self._sequences)
             self._state.streams.discard(self)

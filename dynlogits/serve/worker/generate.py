@@ -26,13 +26,13 @@ from dynlogits.serve.http.connections import parser_refused
 from dynlogits.serve.http.errors import HTTPError
 from dynlogits.serve.limits import generate_limit_problem
 from dynlogits.serve.openai_controls import rename_control_paths, with_controls
-from dynlogits.specs import SpecError
+from dynlogits.specs import SpecError, WireEntry
 from dynlogits.specs.limits import prompt_limit_problem
 
 from ..protocol import GenerateRequest
 from .engine_stream import EngineStream
 from .state import WorkerState
-from .vllm_engine import EngineRequestError, VllmEngine
+from .worker_engine import EngineRequestError, ParamsT, WorkerEngine
 
 __all__ = ["MAX_GENERATE_BODY_BYTES", "GenerateCall"]
 
@@ -67,7 +67,7 @@ class GenerateCall:
         except HTTPError as err:
             return err.response()
 
-    def serving(self) -> tuple[VllmEngine, RequestPolicy]:
+    def serving(self) -> tuple[WorkerEngine[Any], RequestPolicy]:
         """The engine and policy; 503 while the engine starts, once it died, or while draining."""
         state = self.state
         engine, policy = state.engine, state.policy
@@ -114,13 +114,13 @@ class GenerateCall:
                                  f"{req.sampling.n} more would exceed {cap} (limit max_inflight_sequences); retry later",
                             kind="rate_limit_exceeded", retry_after_s=1)
 
-    async def admit(self, req: GenerateRequest, policy: RequestPolicy) -> list[Any]:
+    async def admit(self, req: GenerateRequest, policy: RequestPolicy) -> list[WireEntry]:
         """:meth:`entries` on the worker's admission thread (``WorkerState.admission``), never on the
         event loop: text resolution and the consistency walks (bounded by the admission work budget,
         ``limits.max_admission_work``) delay other admissions at most, never streams or health checks."""
         return await asyncio.get_running_loop().run_in_executor(self.state.admission, self.entries, req, policy)
 
-    def entries(self, req: GenerateRequest, policy: RequestPolicy) -> list[Any]:
+    def entries(self, req: GenerateRequest, policy: RequestPolicy) -> list[WireEntry]:
         """The wire entries this request activates: ``logit_bias`` / ``allowed_token_ids`` /
         ``bad_words`` mapped onto kinds under the same allow-list and limits, then every entry
         validated once by the request policy and gated by role. 400 naming the field."""
@@ -137,7 +137,8 @@ class GenerateCall:
             renamed = rename_control_paths(err, controls.origins)
             raise HTTPError(400, str(renamed), param=renamed.problems[0].path) from None
 
-    def engine_request(self, req: GenerateRequest, engine: VllmEngine, entries: list[Any]) -> tuple[list[int], Any]:
+    def engine_request(self, req: GenerateRequest, engine: WorkerEngine[ParamsT],
+                       entries: list[WireEntry]) -> tuple[list[int], ParamsT]:
         """The prompt's token ids and the engine's sampling params with ``entries`` activated (and the
         request's arrival beside them); 400 when the engine refuses them, the prompt leaves no room for
         one generated token, or it is longer than an entry reading it may read (``max_prompt_tokens``)."""
@@ -159,15 +160,15 @@ class GenerateCall:
             raise HTTPError(400, str(problem), param=field)
         return prompt_ids, params
 
-    async def start(self, req: GenerateRequest, engine: VllmEngine, prompt_ids: list[int], params: Any,
-                    entries: list[Any]) -> EngineStream:
+    async def start(self, req: GenerateRequest, engine: WorkerEngine[ParamsT], prompt_ids: list[int], params: ParamsT,
+                    entries: list[WireEntry]) -> EngineStream:
         """Start the engine request and wait for its first chunk, so that the engine's admission errors
         (a 400 naming the field) and failures (500) are answered before any byte is sent. A failure of
         its entries while it generates names the entry as the client knows it (``entry_paths``)."""
         state, n = self.state, req.sampling.n
         request_id = f"{req.request_id}-{next(state.ids)}"
         stream = engine.generate(prompt_ids, params, request_id, entry_paths=self.entry_paths(entries),
-                                 entry_kinds=[str(getattr(e, "kind", "")) for e in entries])
+                                 entry_kinds=[e.kind for e in entries])
         state.stats.requests += 1
         state.enter(n)
         try:
@@ -183,7 +184,7 @@ class GenerateCall:
             state.stats.activated += 1
         return EngineStream(state, engine, request_id, n, first, stream)
 
-    def entry_paths(self, entries: list[Any]) -> list[str]:
+    def entry_paths(self, entries: list[WireEntry]) -> list[str]:
         """Each activated entry's path as the client knows it: the deployment's first
         (``deployment entries[i]``), then the client's own (``logits_processors[j]``, or the control
         field it came from: ``logit_bias``, ``allowed_token_ids``, ``bad_words``)."""

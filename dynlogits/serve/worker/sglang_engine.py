@@ -16,10 +16,14 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..protocol import GenerateChunk, SamplingOptions, Usage
-from .vllm_engine import EngineRequestError, VllmEngine
+from dynlogits.specs import WireEntry
 
-__all__ = ["SglangEngine", "SglangEngineUnavailable", "SglangRequest", "sglang_server_args", "start_sglang_engine"]
+from ..protocol import ChatMessage, GenerateChunk, SamplingOptions, Usage
+from .prompts import render_prompt
+from .worker_engine import EngineRequestError
+
+__all__ = ["SglangEngine", "SglangEngineUnavailable", "SglangHandle", "SglangRequest", "sglang_server_args",
+           "start_sglang_engine"]
 
 _NEEDS = ("the SGLang backend needs SGLang installed with its GPU dependencies (pip install 'dynlogits[sglang]' on a "
           "CUDA host with sgl-kernel)")
@@ -44,26 +48,38 @@ class SglangRequest:
                                 custom_logit_processor=self.custom_logit_processor, stream=True)
 
 
-class _Handle:
-    """What the worker app calls on ``engine.engine`` (health, abort) for an ``sglang.Engine``."""
+@dataclass
+class SglangHandle:
+    """Holds the started ``sglang.Engine`` (``None``: not started, or a stand-in without one)."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-
-    async def check_health(self) -> None:
-        if self.engine is None:
-            raise RuntimeError("SGLang engine not started")
-
-    async def abort(self, request_id: str) -> None:
-        if self.engine is not None:
-            self.engine.tokenizer_manager.abort_request(request_id)
+    engine: Any = None
 
 
 @dataclass
-class SglangEngine(VllmEngine):
-    """An ``sglang.Engine`` plus what the worker needs; prompt rendering is the vLLM worker's."""
+class SglangEngine:
+    """An ``sglang.Engine`` plus what the worker needs to know about its model: the SGLang
+    :class:`~dynlogits.serve.worker.worker_engine.WorkerEngine` (its params: :class:`SglangRequest`)."""
 
-    def sampling_params(self, options: SamplingOptions, entries: Sequence[Any], extra_args: dict[str, Any], *,
+    #: The engine's handle (``engine.engine`` is the ``sglang.Engine``).
+    engine: SglangHandle | None
+    tokenizer: Any
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    adapter_registered: bool
+
+    @property
+    def _sglang(self) -> Any:
+        """The ``sglang.Engine``, or ``None`` when none runs."""
+        return self.engine.engine if self.engine is not None else None
+
+    def render_prompt(self, *, prompt: str | None, prompt_token_ids: Sequence[int] | None,
+                      messages: Sequence[ChatMessage] | None) -> list[int]:
+        """Token ids of the prompt (:func:`~dynlogits.serve.worker.prompts.render_prompt`)."""
+        return render_prompt(self.tokenizer, self.vocab_size, prompt=prompt, prompt_token_ids=prompt_token_ids,
+                             messages=messages)
+
+    def sampling_params(self, options: SamplingOptions, entries: Sequence[WireEntry], extra_args: dict[str, Any], *,
                         arrival_time: float | None = None) -> SglangRequest:
         """SGLang sampling params with the gated entries activated and the request's ``arrival_time``
         beside them. ``extra_args`` (vLLM's ``vllm_xargs``) has no SGLang counterpart and is not forwarded."""
@@ -88,7 +104,7 @@ class SglangEngine(VllmEngine):
         names are the worker's for a failure report, which SGLang's adapter does not send yet."""
         completion_tokens = 0
         try:
-            stream = await self.engine.engine.async_generate(
+            stream = await self._sglang.async_generate(
                 input_ids=prompt_ids, sampling_params=params.sampling_params,
                 custom_logit_processor=params.custom_logit_processor, stream=True, rid=request_id)
             async for out in stream:
@@ -102,9 +118,30 @@ class SglangEngine(VllmEngine):
         yield GenerateChunk(usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens,
                                         total_tokens=len(prompt_ids) + completion_tokens))
 
+    async def abort(self, request_id: str) -> None:
+        """Abort the request in SGLang's tokenizer manager (one that ended is ignored)."""
+        engine = self._sglang
+        if engine is not None:
+            engine.tokenizer_manager.abort_request(request_id)
+
+    async def check_health(self) -> None:
+        """Raises while no ``sglang.Engine`` runs."""
+        if self._sglang is None:
+            raise RuntimeError("SGLang engine not started")
+
+    async def adapter_requests(self) -> int | None:
+        """``None``: SGLang's adapter state is not readable from the worker."""
+        return None
+
+    def death(self) -> str | None:
+        """``None``: SGLang's engine reports no death the worker can read; its requests fail instead."""
+        return None
+
     def shutdown(self) -> None:
-        if self.engine.engine is not None:
-            self.engine.engine.shutdown()
+        """Shut the ``sglang.Engine`` down."""
+        engine = self._sglang
+        if engine is not None:
+            engine.shutdown()
 
 
 def sglang_server_args(model: str, served_name: str, engine_args: Sequence[str], *, register_adapter: bool) -> Any:
@@ -141,6 +178,6 @@ def start_sglang_engine(model: str, served_name: str, engine_args: Sequence[str]
         raise SglangEngineUnavailable(f"SGLang's engine could not start ({type(err).__name__}: {err}); {_NEEDS}") from err
     tokenizer = engine.tokenizer_manager.tokenizer
     config = engine.tokenizer_manager.model_config
-    return SglangEngine(engine=_Handle(engine), tokenizer=tokenizer, model_name=served_name,
+    return SglangEngine(engine=SglangHandle(engine), tokenizer=tokenizer, model_name=served_name,
                         max_model_len=int(config.context_len), vocab_size=int(config.vocab_size),
                         adapter_registered=register_adapter)

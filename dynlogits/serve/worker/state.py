@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dynlogits.policy.config import DeploymentConfig
 from dynlogits.policy.hook import test_hook_enabled
@@ -18,14 +19,18 @@ from dynlogits.serve.http.protocol_errors import ProtocolErrorLog
 
 from ..protocol import WorkerInfo, WorkerStats
 from .args import WorkerArgs
-from .vllm_engine import VllmEngine
+from .worker_engine import WorkerEngine
 
-if TYPE_CHECKING:
-    from .engine_stream import EngineStream
-
-__all__ = ["WorkerState"]
+__all__ = ["InFlightStream", "WorkerState"]
 
 log = logging.getLogger("dynlogits.serve.worker")
+
+
+class InFlightStream(Protocol):
+    """A response streaming an engine request (``engine_stream.EngineStream``), as the drain deadline sees it."""
+
+    def end(self, reason: str) -> None:
+        """End the request now with ``reason`` sent in-band, aborting its engine request."""
 
 
 @dataclass
@@ -34,16 +39,17 @@ class WorkerState:
 
     args: WorkerArgs
     config: DeploymentConfig
-    engine: VllmEngine | None = None
+    engine: WorkerEngine[Any] | None = None
     policy: RequestPolicy | None = None
     start_error: str | None = None
     stats: WorkerStats = field(default_factory=WorkerStats)
     ids: itertools.count = field(default_factory=itertools.count)
-    on_fatal: Any = None  # called when the engine cannot start, or dies: the worker then exits
+    #: Called when the engine cannot start, or dies: the worker then exits.
+    on_fatal: Callable[[], object] | None = None
     #: Set on SIGTERM: in-flight requests finish, new ones get 503 so the frontend routes elsewhere.
     draining: bool = False
     #: The streams in flight, so the drain deadline can end the ones still running.
-    streams: set[EngineStream] = field(default_factory=set)
+    streams: set[InFlightStream] = field(default_factory=set)
     #: Where requests are admitted (parsed, their text resolved, their entries checked for
     #: contradictions): one thread, off the event loop, so a costly payload delays admissions only.
     admission: ThreadPoolExecutor = field(

@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynlogits.sdk.activation import activate_logits_processors
 from dynlogits.sdk.failure_reports import (
@@ -28,13 +28,17 @@ from dynlogits.sdk.failure_reports import (
     render_paths,
     report_id_of,
 )
-from dynlogits.specs import WIRE_KEY
+from dynlogits.specs import WIRE_KEY, WireEntry
 
 from ..protocol import ChatMessage, EntryFailure, GenerateChunk, SamplingOptions, Usage
-from .introspect import EXTENSION_CLASS
+from .introspect import EXTENSION_CLASS, adapter_requests
+from .prompts import render_prompt
+from .worker_engine import EngineRequestError
 
-__all__ = ["ADAPTER_CLASS", "SETTLE_TIMEOUT_S", "EngineRequestError", "VllmEngine", "entry_failure",
-           "start_vllm_engine"]
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+
+__all__ = ["ADAPTER_CLASS", "SETTLE_TIMEOUT_S", "VllmEngine", "entry_failure", "start_vllm_engine"]
 
 log = logging.getLogger("dynlogits.serve.worker")
 
@@ -44,19 +48,12 @@ ADAPTER_CLASS = "dynlogits.adapters.vllm:DynamoVllmLogitsProcessor"
 SETTLE_TIMEOUT_S = 5.0
 
 
-class EngineRequestError(ValueError):
-    """The engine refused one request (bad prompt, bad params): the client's fault, HTTP 400.
-    ``param`` names the request field when it is known."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
 @dataclass
 class VllmEngine:
-    """A started ``AsyncLLM`` plus what the worker needs to know about its model."""
+    """A started ``AsyncLLM`` plus what the worker needs to know about its model: the vLLM
+    :class:`~dynlogits.serve.worker.worker_engine.WorkerEngine` (its params: vLLM's ``SamplingParams``)."""
 
+    #: vLLM's ``AsyncLLM`` (or a stand-in with its ``generate``, ``abort``, ``check_health``, ``errored``).
     engine: Any
     tokenizer: Any
     model_name: str
@@ -71,28 +68,12 @@ class VllmEngine:
 
     def render_prompt(self, *, prompt: str | None, prompt_token_ids: Sequence[int] | None,
                       messages: Sequence[ChatMessage] | None) -> list[int]:
-        """Token ids of the prompt; chat messages go through the model's chat template."""
-        if messages is not None:
-            from jinja2 import TemplateError
+        """Token ids of the prompt (:func:`~dynlogits.serve.worker.prompts.render_prompt`)."""
+        return render_prompt(self.tokenizer, self.vocab_size, prompt=prompt, prompt_token_ids=prompt_token_ids,
+                             messages=messages)
 
-            dumped = [m.model_dump() for m in messages]
-            try:
-                ids = self.tokenizer.apply_chat_template(dumped, add_generation_prompt=True, tokenize=True)
-            except (TemplateError, ValueError) as err:  # the model's template refuses them (empty, role order)
-                raise EngineRequestError(f"messages: the chat template refused them: {err}", "messages") from None
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
-                ids = ids["input_ids"]
-            return [int(t) for t in ids]
-        if prompt_token_ids is not None:
-            bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise EngineRequestError(f"prompt token ids must be in [0, {self.vocab_size}): got {bad[:5]}",
-                                         "prompt")
-            return list(prompt_token_ids)
-        return list(self.tokenizer.encode(prompt or "", add_special_tokens=True))
-
-    def sampling_params(self, options: SamplingOptions, entries: Sequence[Any],
-                        extra_args: dict[str, Any], *, arrival_time: float | None = None) -> Any:
+    def sampling_params(self, options: SamplingOptions, entries: Sequence[WireEntry],
+                        extra_args: dict[str, Any], *, arrival_time: float | None = None) -> SamplingParams:
         """vLLM ``SamplingParams`` (delta outputs) with the gated entries activated and, beside them,
         the request's ``arrival_time`` (a client's payload or arrival in ``extra_args`` is dropped)."""
         from vllm import SamplingParams
@@ -115,13 +96,13 @@ class VllmEngine:
             params = SamplingParams(**kwargs)
         except (ValueError, TypeError, VLLMClientError) as err:  # vLLM's validation error is not a ValueError
             raise EngineRequestError(str(err), getattr(err, "parameter", None)) from None
-        extra = activate_logits_processors(params, entries, arrival_time=arrival_time)
-        if entries and self.failures is not None and extra is not None:
-            put_report_id(extra, new_report_id())  # only the worker names a request's reports
+        activated = activate_logits_processors(params, entries, arrival_time=arrival_time)
+        if entries and self.failures is not None and activated is not None:
+            put_report_id(activated, new_report_id())  # only the worker names a request's reports
         return params
 
     async def generate(
-        self, prompt_ids: list[int], params: Any, request_id: str, *,
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, *,
         entry_paths: Sequence[str] = (), entry_kinds: Sequence[str] = (),
     ) -> AsyncGenerator[GenerateChunk, None]:
         """Stream deltas per choice, then one chunk with ``usage``; or, for a request the adapter
@@ -185,7 +166,28 @@ class VllmEngine:
         yield GenerateChunk(usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens,
                                         total_tokens=len(prompt_ids) + completion_tokens))
 
+    async def abort(self, request_id: str) -> None:
+        """Abort the engine request (``AsyncLLM.abort``; one that ended is ignored)."""
+        await self.engine.abort(request_id)
+
+    async def check_health(self) -> None:
+        """``AsyncLLM.check_health``: raises once the engine core is gone."""
+        await self.engine.check_health()
+
+    async def adapter_requests(self) -> int | None:
+        """The adapter's held requests, read from the engine's workers (``introspect``) where they have
+        the extension; ``None`` elsewhere or when they do not answer in time."""
+        return await adapter_requests(self.engine) if self.introspection else None
+
+    def death(self) -> str | None:
+        """Why ``AsyncLLM`` died (``errored``, its ``dead_error``), or ``None`` while it lives."""
+        if not getattr(self.engine, "errored", False):
+            return None
+        cause = getattr(self.engine, "dead_error", None)
+        return f"{type(cause).__name__}: {cause}" if cause is not None else "engine errored"
+
     def shutdown(self) -> None:
+        """Shut ``AsyncLLM`` down, then close the failure reports' inbox."""
         self.engine.shutdown()
         if self.failures is not None:
             self.failures.close()
