@@ -52,8 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # who a client is comes from .identity (X-Forwarded-For only from the listed proxies); no
     # WebSocket; no ``server`` header.
     uvicorn.run(ClientGuardMiddleware(app, guard), host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=args.graceful_timeout_s, timeout_keep_alive=75, http=protocol,
-                proxy_headers=False, server_header=False, ws="none")
+                timeout_graceful_shutdown=args.graceful_timeout_s,  # type: ignore[arg-type]  # uvicorn waits with asyncio's float timeout; it annotates int
+                timeout_keep_alive=75, http=protocol, proxy_headers=False, server_header=False, ws="none")
     return 0
 
 

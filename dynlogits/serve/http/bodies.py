@@ -71,7 +71,7 @@ async def read_body(chunks: AsyncIterable[bytes], *, content_length: str | None,
     return b"".join(parts)
 
 
-class _DuplicateKeys(dict):  # type: ignore[type-arg]
+class _DuplicateKeys(dict[str, Any]):
     """An object in which ``duplicate`` appeared more than once (reported with its path by the walk)."""
 
     duplicate: str = ""

@@ -306,12 +306,16 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int, head_limi
             http = "h11"
         else:
             http = "httptools"
+    base: type[asyncio.Protocol]
+    heads: type[_Guard]
     if http == "h11":
-        from uvicorn.protocols.http.h11_impl import H11Protocol as base
-        heads: type[_Guard] = _H11Heads
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        base, heads = H11Protocol, _H11Heads
     elif http == "httptools":
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
-        heads = _HttpToolsHeads
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        base, heads = HttpToolsProtocol, _HttpToolsHeads
     else:
         raise ValueError(f"http must be 'auto', 'httptools' or 'h11', got {http!r}")
     install_uvicorn_filter()
