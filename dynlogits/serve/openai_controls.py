@@ -1,4 +1,5 @@
-"""OpenAI's ``logit_bias`` and vLLM's ``allowed_token_ids`` / ``bad_words``, mapped onto dynlogits kinds.
+"""The request's control fields (OpenAI's ``logit_bias``, vLLM's ``allowed_token_ids`` / ``bad_words``),
+mapped onto dynlogits kinds as the table ``dynlogits.serve.control_fields.CONTROLS`` says.
 
 :func:`with_controls` appends one raw entry per field set to the client's own entries, so each
 passes the same checks (allow-list, spec limits, vocabulary, consistency): ``logit_bias`` ->
@@ -19,14 +20,14 @@ from typing import Any
 from dynlogits.policy.config import DeploymentConfig
 from dynlogits.specs import Problem, SpecError
 
-__all__ = ["CONTROL_FIELDS", "Controls", "rename_control_paths", "with_controls"]
+from .control_fields import CONTROLS, ControlField
 
-#: Request field -> the kind it maps onto.
-CONTROL_FIELDS: dict[str, str] = {"logit_bias": "logit_bias", "allowed_token_ids": "allowed_tokens",
-                                  "bad_words": "banned_phrases"}
-#: The entry field each control's value becomes (its sub-paths keep their shape under the control's name).
-_VALUE_FIELD = {"logit_bias": ".bias", "allowed_token_ids": ".token_ids", "bad_words": ".texts"}
+__all__ = ["ROOT", "Controls", "rename_control_paths", "with_controls"]
+
+#: Where a request's own entries are (``logits_processors[i]``), in the paths of errors.
 ROOT = "logits_processors"
+#: Request field -> the row of the control table it is.
+_BY_NAME: dict[str, ControlField] = {c.name: c for c in CONTROLS}
 
 
 @dataclass(frozen=True)
@@ -39,27 +40,26 @@ class Controls:
     origins: list[str | None] = field(default_factory=list)
 
 
-def _is_set(name: str, value: Any) -> bool:
+def _is_set(control: ControlField, value: Any) -> bool:
     """``logit_bias: {}`` and ``bad_words: []`` ask for nothing; ``allowed_token_ids: []`` would allow
     nothing, which the kind refuses (as vLLM does)."""
-    return value is not None and (name == "allowed_token_ids" or (value != {} and value != []))
+    return value is not None and (not control.empty_asks_nothing or (value != {} and value != []))
 
 
-def _bad_words(value: Any, config: DeploymentConfig) -> dict[str, Any]:
-    """The ``banned_phrases`` entry of ``bad_words`` (a list of non-blank strings, as vLLM requires:
-    a blank word tokenizes to nothing), checked against the spec limits before any tokenizing."""
+def _check_words(name: str, value: Any, config: DeploymentConfig) -> None:
+    """A words field (``bad_words``) is a list of non-blank strings, as vLLM requires (a blank word
+    tokenizes to nothing), within the spec limits; ``SpecError`` naming it, before any tokenizing."""
     if not isinstance(value, list):
-        raise SpecError.single("bad_words", "must be a list of strings")
+        raise SpecError.single(name, "must be a list of strings")
     limits = config.limits
     if len(value) > limits.max_phrases:
-        raise SpecError.single("bad_words", f"must have at most {limits.max_phrases} items (limit max_phrases)")
+        raise SpecError.single(name, f"must have at most {limits.max_phrases} items (limit max_phrases)")
     for i, word in enumerate(value):
         if not isinstance(word, str) or not word.strip():
-            raise SpecError.single(f"bad_words[{i}]", "must be a non-blank string")
+            raise SpecError.single(f"{name}[{i}]", "must be a non-blank string")
         if len(word) > limits.max_text_chars:
-            raise SpecError.single(f"bad_words[{i}]", f"must have at most {limits.max_text_chars} characters "
-                                                      "(limit max_text_chars)")
-    return {"kind": "banned_phrases", "texts": value}
+            raise SpecError.single(f"{name}[{i}]", f"must have at most {limits.max_text_chars} characters "
+                                                   "(limit max_text_chars)")
 
 
 def with_controls(own: list[Any] | None, fields: Mapping[str, Any], config: DeploymentConfig) -> Controls:
@@ -71,20 +71,16 @@ def with_controls(own: list[Any] | None, fields: Mapping[str, Any], config: Depl
     ``SpecError`` through :func:`rename_control_paths`."""
     entries = list(own or [])
     origins: list[str | None] = [None] * len(entries)
-    for name, kind in CONTROL_FIELDS.items():
-        value = fields.get(name)
-        if not _is_set(name, value):
+    for control in CONTROLS:
+        name, kind, value = control.name, control.kind, fields.get(control.name)
+        if not _is_set(control, value):
             continue
         if kind not in config.allow_request_kinds:
             raise SpecError.single(name, f"maps onto the {kind!r} kind, which this deployment does not allow "
                                          f"(allow_request_kinds: {sorted(config.allow_request_kinds)})")
-        if name == "logit_bias":
-            entry: dict[str, Any] = {"kind": kind, "bias": value}
-        elif name == "allowed_token_ids":
-            entry = {"kind": kind, "token_ids": value}
-        else:
-            entry = _bad_words(value, config)
-        entries.append(entry)
+        if control.words:
+            _check_words(name, value, config)
+        entries.append({"kind": kind, control.value_field: value})
         origins.append(name)
     return Controls(entries=entries, origins=origins)
 
@@ -106,7 +102,8 @@ def rename_control_paths(err: SpecError, origins: Sequence[str | None]) -> SpecE
         origin = origins[index] if index < len(origins) else None
         if origin is None:
             return match.group(0)
-        value = _VALUE_FIELD.get(origin)
+        control = _BY_NAME.get(origin)
+        value = f".{control.value_field}" if control is not None else None
         return origin + tail[len(value):] if value is not None and tail.startswith(value) else origin
 
     renamed = [Problem(_ENTRY_PATH.sub(rename, p.path), _ENTRY_PATH.sub(rename, p.rule)) for p in err.problems]

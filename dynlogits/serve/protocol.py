@@ -31,14 +31,12 @@ from pydantic_core import PydanticCustomError
 
 from dynlogits.specs import WIRE_KEY
 
-__all__ = ["ENGINE_INTERNAL_KEYS", "ChatMessage", "EntryFailure", "ErrorBody", "ErrorDetail", "ExtraArgs", "GenerateChunk",
-           "GenerateRequest", "Int32", "Int64", "SamplingOptions", "Usage", "WorkerInfo", "WorkerStats",
-           "drop_smuggled_payload"]
+from .control_fields import ForwardedControls
+from .sampling_fields import Int64, MaxTokens, Penalty, Samples, Seed, Temperature, TopK, TopP
 
-# Integers reach the engine as fixed-width values (msgpack, torch generators): a larger one
-# must fail its own request here, not raise inside the engine.
-Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
-Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+__all__ = ["ENGINE_INTERNAL_KEYS", "ChatMessage", "EntryFailure", "ErrorBody", "ErrorDetail", "ExtraArgs", "GenerateChunk",
+           "GenerateRequest", "SamplingOptions", "Usage", "WorkerInfo", "WorkerStats", "drop_smuggled_payload"]
+
 _Scalar = StrictStr | Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | StrictFloat | StrictBool | None
 
 #: Keys vLLM itself reads from ``SamplingParams.extra_args``: disaggregation (KV and encoder-cache
@@ -76,28 +74,30 @@ class ChatMessage(BaseModel):
 
 
 class SamplingOptions(BaseModel):
-    """The sampling knobs the worker maps onto the engine's sampling params."""
+    """The sampling knobs the worker maps onto the engine's sampling params, bounded as the frontend
+    bounds them (``dynlogits.serve.sampling_fields``)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_tokens: Int32 | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: Int32 | None = None
-    seed: Int64 | None = None
-    n: int = Field(default=1, ge=1, le=16)
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    seed: Seed | None = None
+    n: Samples = 1
     stop: list[str] = Field(default_factory=list)
-    presence_penalty: float | None = Field(default=None, allow_inf_nan=False)
-    frequency_penalty: float | None = Field(default=None, allow_inf_nan=False)
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     ignore_eos: bool = False
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(ForwardedControls):
     """Exactly one of ``prompt``, ``prompt_token_ids`` and ``messages`` is set (else a 400 naming them).
 
     ``logits_processors`` are the client's entries as the frontend validated them (wire form); the
-    worker validates them again, since its port is a trust boundary of its own. ``logit_bias``,
-    ``allowed_token_ids`` and ``bad_words`` are the client's OpenAI/vLLM fields as sent; the worker
-    maps them onto kinds (``dynlogits.serve.openai_controls``) under the same rules. ``extra_args`` is
+    worker validates them again, since its port is a trust boundary of its own. The control fields
+    (:class:`~dynlogits.serve.control_fields.ForwardedControls`: ``logit_bias``, ``allowed_token_ids``,
+    ``bad_words``) are the client's OpenAI/vLLM fields as sent; the worker maps them onto kinds
+    (``dynlogits.serve.openai_controls``) under the same rules. ``extra_args`` is
     the client's ``vllm_xargs`` with any ``dynamo_logits`` already dropped (the worker drops it
     again); engine-internal keys are refused.
     """
@@ -109,9 +109,6 @@ class GenerateRequest(BaseModel):
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     sampling: SamplingOptions = Field(default_factory=SamplingOptions)
     logits_processors: list[Any] | None = None
-    logit_bias: dict[StrictStr, Any] | None = None
-    allowed_token_ids: list[Any] | None = None
-    bad_words: list[Any] | None = None
     extra_args: ExtraArgs = Field(default_factory=dict)
 
     @field_validator("extra_args", mode="before")
@@ -126,11 +123,6 @@ class GenerateRequest(BaseModel):
             raise PydanticCustomError("prompt_choice", "exactly one of prompt, prompt_token_ids and messages must be "
                                       "set; got {got}", {"got": ", ".join(given) if given else "none"})
         return self
-
-    def controls(self) -> dict[str, Any]:
-        """The OpenAI/vLLM logits fields as sent (see ``dynlogits.serve.openai_controls``)."""
-        return {"logit_bias": self.logit_bias, "allowed_token_ids": self.allowed_token_ids,
-                "bad_words": self.bad_words}
 
 
 class Usage(BaseModel):

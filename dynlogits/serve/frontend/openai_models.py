@@ -15,7 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from dynlogits.serve.protocol import ChatMessage, ExtraArgs, GenerateRequest, Int32, Int64, SamplingOptions, drop_smuggled_payload
+from dynlogits.serve.control_fields import ClientControls
+from dynlogits.serve.protocol import ChatMessage, ExtraArgs, GenerateRequest, SamplingOptions, drop_smuggled_payload
+from dynlogits.serve.sampling_fields import Int64, MaxTokens, Penalty, Samples, Seed, Temperature, TopK, TopP
 
 __all__ = ["UNSUPPORTED_FIELDS", "ChatCompletionRequest", "CompletionRequest", "RequestBody", "drop_smuggled_payload",
            "unsupported_field"]
@@ -62,31 +64,29 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class RequestBody(BaseModel):
-    """Fields shared by chat and text completions."""
+class RequestBody(ClientControls):
+    """Fields shared by chat and text completions; the control fields (OpenAI's ``{"token id": bias}``
+    and vLLM's ``allowed_token_ids`` / ``bad_words``, :class:`~dynlogits.serve.control_fields.ClientControls`)
+    raw as sent, mapped onto kinds and validated by ``dynlogits.serve.openai_controls`` so its errors name them."""
 
     model_config = ConfigDict(extra="allow")
     model: str
-    max_tokens: Int32 | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: Int32 | None = None
-    n: int = Field(default=1, ge=1, le=16)
+    #: The sampling fields, bounded as the worker bounds them (``dynlogits.serve.sampling_fields``).
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    n: Samples = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: Int64 | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    seed: Seed | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     ignore_eos: bool = False
     #: The per-request spec: a list of entries, same schema as the wire. Raw as sent until
     #: ``.validation`` replaces it with the entries it validated.
     logits_processors: Any = None
-    #: OpenAI's ``{"token id": bias}`` and vLLM's ``allowed_token_ids`` / ``bad_words``: mapped onto
-    #: kinds and validated by ``dynlogits.serve.openai_controls`` (raw here, so its errors name them).
-    logit_bias: Any = None
-    allowed_token_ids: Any = None
-    bad_words: Any = None
     #: Flat values only (vLLM's REST shape); ``dynamo_logits`` is dropped before the check, an
     #: engine-internal key (``kv_transfer_params``) is refused.
     vllm_xargs: ExtraArgs | None = None
@@ -103,11 +103,6 @@ class RequestBody(BaseModel):
                                top_k=self.top_k, seed=self.seed, n=self.n, stop=stop,
                                presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                                ignore_eos=self.ignore_eos)
-
-    def controls(self) -> dict[str, Any]:
-        """The OpenAI/vLLM logits fields as sent (see ``dynlogits.serve.openai_controls``)."""
-        return {"logit_bias": self.logit_bias, "allowed_token_ids": self.allowed_token_ids,
-                "bad_words": self.bad_words}
 
     def client_extra_args(self) -> dict[str, Any]:
         return {**(self.extra_args or {}), **(self.vllm_xargs or {})}  # dynamo_logits already dropped
@@ -131,7 +126,7 @@ class ChatCompletionRequest(RequestBody):
     """``POST /v1/chat/completions``; message content may be a string or text parts."""
 
     messages: list[dict[str, Any]] = Field(min_length=1)
-    max_completion_tokens: Int32 | None = Field(default=None, ge=1)
+    max_completion_tokens: MaxTokens | None = None
 
     @field_validator("messages")
     @classmethod

@@ -21,7 +21,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynlogits.serve.openai_controls import CONTROL_FIELDS, ROOT
+from dynlogits.serve.control_fields import CONTROL_FIELDS
+from dynlogits.serve.openai_controls import ROOT
 
 __all__ = ["COST_FACTOR", "CostPacer", "carries_entries"]
 

@@ -1,0 +1,82 @@
+"""The OpenAI/vLLM request fields that become logits-processor entries: :data:`CONTROLS`, the one table.
+
+Each row names a request field (OpenAI's ``logit_bias``, vLLM's ``allowed_token_ids`` and
+``bad_words``), the kind it maps onto, the entry field its value becomes and whether an empty value
+asks for nothing. Everything else is read from it: the mapping and the error paths
+(``dynlogits.serve.openai_controls``), the fields of the frontend's OpenAI body
+(:class:`ClientControls`) and of the worker's request (:class:`ForwardedControls`), which this
+module checks against the table when it is imported, and which bodies carry entries
+(``frontend.pacing``). The table is documented in ``docs/deployment.md``. Pydantic only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, StrictStr
+
+__all__ = ["CONTROLS", "CONTROL_FIELDS", "ClientControls", "ControlField", "ForwardedControls"]
+
+
+@dataclass(frozen=True)
+class ControlField:
+    """One request field that maps onto a kind: ``{"kind": kind, value_field: <the field's value>}``."""
+
+    #: The request field.
+    name: str
+    #: The kind its value becomes.
+    kind: str
+    #: The entry field holding the value (an error under it is renamed to the request field's path).
+    value_field: str
+    #: Whether ``{}`` / ``[]`` ask for nothing (else the empty value goes to the kind, which refuses it).
+    empty_asks_nothing: bool = True
+    #: Whether the value is a list of words, checked against the spec limits before any tokenizing.
+    words: bool = False
+
+
+#: The request fields mapped onto kinds, in the order their entries follow the client's own.
+CONTROLS: tuple[ControlField, ...] = (
+    ControlField("logit_bias", kind="logit_bias", value_field="bias"),
+    ControlField("allowed_token_ids", kind="allowed_tokens", value_field="token_ids", empty_asks_nothing=False),
+    ControlField("bad_words", kind="banned_phrases", value_field="texts", words=True),
+)
+#: Request field -> the kind it maps onto.
+CONTROL_FIELDS: dict[str, str] = {c.name: c.kind for c in CONTROLS}
+
+
+class ClientControls(BaseModel):
+    """The control fields of a client's OpenAI body, raw as sent: their checks are the kinds', run by
+    ``openai_controls.with_controls`` and the entries' parse, so every error names the field."""
+
+    logit_bias: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+
+    def controls(self) -> dict[str, Any]:
+        """Each control field's value as sent (``None``: not sent)."""
+        return {c.name: getattr(self, c.name) for c in CONTROLS}
+
+
+class ForwardedControls(BaseModel):
+    """The control fields of a worker ``/generate`` request (as the client sent them to the frontend),
+    each of its JSON shape; the worker maps them onto kinds itself."""
+
+    logit_bias: dict[StrictStr, Any] | None = None
+    allowed_token_ids: list[Any] | None = None
+    bad_words: list[Any] | None = None
+
+    def controls(self) -> dict[str, Any]:
+        """Each control field's value as sent (``None``: not sent)."""
+        return {c.name: getattr(self, c.name) for c in CONTROLS}
+
+
+def _declares_the_table(model: type[BaseModel]) -> None:
+    """``TypeError`` unless ``model``'s fields are exactly the table's request fields."""
+    if set(model.model_fields) != set(CONTROL_FIELDS):
+        raise TypeError(f"{model.__name__} declares {sorted(model.model_fields)}; the control table has "
+                        f"{sorted(CONTROL_FIELDS)}")
+
+
+_declares_the_table(ClientControls)
+_declares_the_table(ForwardedControls)
