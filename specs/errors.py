@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .patterns import PATTERN_RULES
 
-__all__ = ["Key", "Problem", "SpecError", "format_path", "problems_from_pydantic"]
+__all__ = ["RESOLVED_ON_WORKER", "Key", "Problem", "SpecError", "format_path", "problems_from_pydantic"]
+
+#: Kinds the worker resolves before the wire -> the kind each becomes (filled by ``specs.entries``
+#: from the declarations), for the message naming one found on the wire.
+RESOLVED_ON_WORKER: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ def format_path(root: str, loc: Iterable[Any]) -> str:
     return out
 
 
-def _rule(err: dict[str, Any]) -> str:
+def _rule(err: Mapping[str, Any]) -> str:
     kind = err["type"]
     ctx = err.get("ctx") or {}
     if kind == "greater_than_equal":
@@ -97,8 +101,9 @@ def _rule(err: dict[str, Any]) -> str:
         return "unknown field"
     if kind == "missing":
         return "is required"
-    if kind == "union_tag_invalid" and ctx.get("tag") == "forced_text":
-        return "kind 'forced_text' is resolved to 'forced_sequence' by the worker and never crosses the wire"
+    tag = ctx.get("tag")
+    if kind == "union_tag_invalid" and isinstance(tag, str) and tag in RESOLVED_ON_WORKER:
+        return f"kind {tag!r} is resolved to {RESOLVED_ON_WORKER[tag]!r} by the worker and never crosses the wire"
     if kind == "union_tag_invalid":
         return f"unknown kind {ctx.get('tag')!r} (expected one of {ctx.get('expected_tags')})"
     if kind == "union_tag_not_found":
@@ -115,11 +120,11 @@ MAPPING_FIELDS = frozenset({"bias", "kwargs"})
 
 
 def problems_from_pydantic(
-    errors: Sequence[dict[str, Any]], *, root: str, tags: frozenset[str]
+    errors: Sequence[Mapping[str, Any]], *, root: str, tags: frozenset[str]
 ) -> list[Problem]:
     """Turn ``ValidationError.errors()`` into problems with readable paths.
 
-    Discriminated unions add the tag (``"forced_sequence"``) to the location after
+    Discriminated unions add the tag (the entry's ``kind``) to the location after
     the list index; it is dropped so paths match the payload's shape. A dict key
     that fails shows as ``bias["x"]`` with pydantic's ``[key]`` marker removed.
     """

@@ -1,6 +1,8 @@
-"""Third-party kinds: how a package declares one, and where a process finds them.
+"""Kinds: how one is declared (built in or third-party), and where a process finds them.
 
-A kind is published as a ``ProcessorKind`` object in the entry-point group
+Every kind, built in or not, is one ``ProcessorKind``: the built-in ones are declared in
+``dynlogits.specs.builtin`` (``builtin=True``, one module per kind), third-party ones are
+published as a ``ProcessorKind`` object in the entry-point group
 ``dynlogits.processors``, named after its kind::
 
     [project.entry-points."dynlogits.processors"]
@@ -30,11 +32,11 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
-from .entries import ENTRY_KINDS
 from .errors import Problem, SpecError
 from .patterns import FACTORY_PATTERN
 
 __all__ = [
+    "BUILTIN_PACKAGE",
     "ENTRY_POINT_GROUP",
     "KIND_NAME_PATTERN",
     "KindError",
@@ -64,28 +66,76 @@ class KindError(SpecError):
         super().__init__([Problem(where, rule)])
 
 
+#: The module prefix a built-in kind's declaration lives under (``ProcessorKind.builtin``).
+BUILTIN_PACKAGE = "dynlogits.specs.builtin."
+
+
 @dataclass(frozen=True)
 class ProcessorKind:
-    """A third-party kind: its wire name, its entry model, and its factory.
+    """A kind: its wire name, its entry model, its factory, and what the layers above need to know.
 
     ``spec_model`` is a pydantic model with a ``kind: Literal["<kind>"]`` field that
     forbids unknown fields; it validates entries wherever they appear (config,
     request, payload). ``factory(entry, ctx)`` returns a fresh processor for one
     request; as ``"package.module:name"`` it is imported only by the engine, on
-    first use. Built-in kind names cannot be taken. A ``text_fields`` class variable on
-    ``spec_model`` (text field -> id field) declares text the worker resolves with its
-    tokenizer before the entry crosses the wire.
+    first use (``None``: the entry builds no processor; built-in kinds only). A
+    ``text_fields`` class variable on ``spec_model`` (text field -> id field) declares
+    text the worker resolves with its tokenizer before the entry crosses the wire.
+
+    The optional fields, for plug-ins and built-ins alike:
+
+    * ``fast_model``: a msgspec twin of ``spec_model`` tagged with the kind (same fields and
+      rules), the worker's fast decode (``None``: decoded by ``spec_model``). The fast path
+      reads the built-in kinds' twins; a plug-in's entries are decoded by its ``spec_model``.
+    * ``wire``: entries cross the engine boundary; ``False``: the worker resolves each into a
+      ``resolves_to`` entry first.
+    * ``client_allowed``: a client request may carry it (``False``: operator config only).
+    * ``allow_listed``: the factory runs code the entry names, only where the worker's operator
+      allow-lists it; such a kind is no processor of ours.
+    * ``admission``: import string of the kind's admission rules (never imported by this layer).
+    * ``delimiters``: an entry declares the request's reasoning delimiters (at most one per
+      payload; a request's replaces the deployment's).
+    * ``reads_prompt``: its processor reads the request's prompt (``limits.max_prompt_tokens``).
+    * ``needs_stop_token(entry)``: the entry realizes only for a request with a stop token;
+      ``stop_token_use`` says what it does with it (error messages).
+    * ``reads_delimiters(entry)``: the entry acts by the phases the delimiters mark even with
+      ``scope`` ``always``.
+    * ``text_as_bad_words``: its several texts resolve as vLLM resolves ``bad_words`` (as given
+      and with one leading space); ``eos_from_tokenizer``: the id field set to the tokenizer's
+      EOS when texts were resolved and it is unset.
+    * ``conflicts_with``: engine sampling parameters one request may not set beside such an entry.
+
+    Raises ``KindError`` naming the kind and the rule when a field breaks one; a plug-in
+    cannot take a built-in kind's name, and ``builtin`` is for ``dynlogits.specs.builtin`` alone.
     """
 
     kind: str
     spec_model: type[BaseModel]
-    factory: str | Callable[..., Any]
+    factory: str | Callable[..., Any] | None
+    fast_model: type | None = None
+    wire: bool = True
+    client_allowed: bool = True
+    allow_listed: bool = False
+    admission: str | None = None
+    resolves_to: str | None = None
+    delimiters: bool = False
+    reads_prompt: bool = False
+    needs_stop_token: Callable[[Any], bool] | None = None
+    stop_token_use: str = ""
+    reads_delimiters: Callable[[Any], bool] | None = None
+    text_as_bad_words: bool = False
+    eos_from_tokenizer: str | None = None
+    conflicts_with: tuple[str, ...] = ()
+    builtin: bool = False
 
     def __post_init__(self) -> None:
         where = f"ProcessorKind {self.kind!r}"
         if not isinstance(self.kind, str) or not re.fullmatch(KIND_NAME_PATTERN, self.kind):
             raise KindError(where, f"kind must match {KIND_NAME_PATTERN}")
-        if self.kind in ENTRY_KINDS:
+        if self.builtin:
+            if not getattr(self.spec_model, "__module__", "").startswith(BUILTIN_PACKAGE):
+                raise KindError(where, f"only the kinds declared in {BUILTIN_PACKAGE.rstrip('.')} are built in")
+        elif self.kind in _builtin_names():
             raise KindError(where, f"kind {self.kind!r} is built in and cannot be re-registered by a plug-in")
         if not (isinstance(self.spec_model, type) and issubclass(self.spec_model, BaseModel)):
             raise KindError(where, "spec_model must be a pydantic BaseModel subclass")
@@ -99,8 +149,17 @@ class ProcessorKind:
         if isinstance(self.factory, str):
             if not re.fullmatch(FACTORY_PATTERN, self.factory):
                 raise KindError(where, "factory must be callable or an import string 'package.module:name'")
-        elif not callable(self.factory):
+        elif not callable(self.factory) and not (self.factory is None and self.builtin):
             raise KindError(where, "factory must be callable or an import string 'package.module:name'")
+        if not self.wire and self.resolves_to is None:
+            raise KindError(where, "a kind that does not cross the wire names the kind it resolves to (resolves_to)")
+
+
+def _builtin_names() -> frozenset[str]:
+    """The built-in kinds' names (imported on first use: the declarations build on this module)."""
+    from .builtin import BUILTIN_NAMES  # noqa: PLC0415 - the built-in declarations import this module
+
+    return BUILTIN_NAMES
 
 
 def _check_text_fields(model: type[BaseModel], where: str) -> None:

@@ -9,20 +9,37 @@ from typing import Any
 
 from .errors import Problem
 
-__all__ = ["DEFAULT_LIMITS", "MAX_ABS_LOGIT_BIAS", "MAX_DEADLINE_SECONDS", "MAX_TOKEN_ID", "PROMPT_BOUND_KINDS", "SpecLimits",
+# (``PROMPT_BOUND_KINDS`` and ``MAX_DEADLINE_SECONDS`` are read through ``__getattr__``.)
+__all__ = ["DEFAULT_LIMITS", "MAX_ABS_LOGIT_BIAS", "MAX_TOKEN_ID", "SpecLimits",
            "entry_limit_problems", "field_limits", "limit_problems", "prompt_limit_problem"]
 
 # Token ids are int32 in every engine we target.
 MAX_TOKEN_ID = 2**31 - 1
-#: ``logit_bias`` values lie in ``[-100, 100]``, the range vLLM clamps its own ``logit_bias`` to and
+#: Bias values lie in ``[-100, 100]``, the range vLLM clamps its own logit bias to and
 #: OpenAI's API documents: enough to make a token certain or impossible, never an overflow to ``inf``
 #: (``inf + -inf`` is NaN) in any logits dtype.
 MAX_ABS_LOGIT_BIAS = 100.0
-#: A ``deadline`` entry's longest wait: a day.
-MAX_DEADLINE_SECONDS = 86_400.0
-#: Kinds whose processor reads the request's prompt: a request running one has at most
-#: ``max_prompt_tokens`` prompt tokens (``prompt_limit_problem``).
-PROMPT_BOUND_KINDS = frozenset({"prompt_tokens"})
+
+
+def __getattr__(name: str) -> Any:
+    """Names derived from the built-in declarations, which build on this module (so read on first use):
+    ``PROMPT_BOUND_KINDS``, the kinds whose processor reads the request's prompt (a request running
+    one has at most ``max_prompt_tokens`` prompt tokens, ``prompt_limit_problem``), and
+    ``MAX_DEADLINE_SECONDS``, declared with its kind."""
+    if name == "PROMPT_BOUND_KINDS":
+        return _prompt_bound_kinds()
+    if name == "MAX_DEADLINE_SECONDS":
+        from .builtin.deadline import MAX_DEADLINE_SECONDS  # noqa: PLC0415 - the declarations import this module
+
+        return MAX_DEADLINE_SECONDS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@lru_cache(maxsize=1)
+def _prompt_bound_kinds() -> frozenset[str]:
+    from .builtin import DECLARED  # noqa: PLC0415 - the declarations import this module
+
+    return frozenset(k.kind for k in DECLARED if k.reads_prompt)
 
 
 @dataclass(frozen=True)
@@ -38,9 +55,9 @@ class SpecLimits:
     max_text_chars: int = 4096
     max_bias_entries: int = 2048
     max_budget: int = 1_000_000
-    max_phrases: int = 256  # banned_phrases' phrases (and texts), multiple_choice's choices (and texts)
-    max_phrase_tokens: int = 64  # tokens of one phrase, choice, trigger
-    max_prompt_tokens: int = 131_072  # the prompt a prompt-bound kind (prompt_tokens) reads
+    max_phrases: int = 256  # the phrases of a phrase set, the choices of a choice set (and their texts)
+    max_phrase_tokens: int = 64  # tokens of one phrase or choice, of a phrase an entry watches for or forces
+    max_prompt_tokens: int = 131_072  # the prompt a prompt-bound kind (``reads_prompt``) reads
     #: the most work units (~0.1 µs of CPU each) admission's consistency checks may take on one
     #: payload, bounded from its sizes before any walk (``dynlogits.specs.admission_work``)
     max_admission_work: int = 400_000
@@ -130,10 +147,11 @@ def entry_limit_problems(entry: Any, limits: SpecLimits, *, path: str) -> Iterat
     model's declared text fields (``text_fields``) are bounded as texts whatever their names.
     """
     mapping = isinstance(entry, Mapping)
+    cls: type = type(entry)
     if not mapping:
-        for field in _other_text_fields(type(entry)):
+        for field in _other_text_fields(cls):
             yield from _text_problems(getattr(entry, field, None), limits, f"{path}.{field}")
-    fields, has_budget = _bounded_fields(type(entry)) if not mapping else (tuple(_LENGTH_LIMITS), True)
+    fields, has_budget = _bounded_fields(cls) if not mapping else (tuple(_LENGTH_LIMITS), True)
     for field in fields:
         limit_name = _LENGTH_LIMITS[field]
         value = entry.get(field) if mapping else getattr(entry, field, None)
@@ -170,7 +188,8 @@ def prompt_limit_problem(entries: Sequence[Any], prompt_tokens: int, limits: Spe
     longer than ``limits.max_prompt_tokens`` and an entry (named by ``paths[i]``) reads it."""
     if prompt_tokens <= limits.max_prompt_tokens:
         return None
-    reader = next((i for i, e in enumerate(entries) if _field(e, "kind") in PROMPT_BOUND_KINDS), None)
+    bound = _prompt_bound_kinds()
+    reader = next((i for i, e in enumerate(entries) if _field(e, "kind") in bound), None)
     if reader is None:
         return None
     return Problem(path, f"is {prompt_tokens} tokens; {paths[reader]} ({_field(entries[reader], 'kind')}) reads at most "

@@ -26,7 +26,7 @@ SPEC_SCHEMA_FILE = "spec.schema.json"
 def payload_schema(plugins: Mapping[str, ProcessorKind] | None = None) -> dict[str, Any]:
     """Schema of ``extra_args["dynamo_logits"]``; ``plugins`` defaults to the installed kinds."""
     kinds = installed_kinds() if plugins is None else plugins
-    schema = TypeAdapter(list[entry_union(kinds, wire=True)]).json_schema()  # type: ignore[misc]
+    schema = TypeAdapter(list[entry_union(kinds, wire=True)]).json_schema()  # type: ignore[misc, arg-type]  # a union built at run time is no static type
     schema["title"] = "dynamo_logits payload"
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     return schema
@@ -39,7 +39,7 @@ def spec_schema(plugins: Mapping[str, ProcessorKind] | None = None) -> dict[str,
     if kinds:
         model = create_model(
             "LogitsProcessorSpec", __base__=LogitsProcessorSpec, __doc__=LogitsProcessorSpec.__doc__,
-            entries=(tuple[entry_union(kinds, wire=False), ...], Field(min_length=1)),  # type: ignore[misc]
+            entries=(tuple[entry_union(kinds, wire=False), ...], Field(min_length=1)),  # type: ignore[misc, arg-type]  # as above
         )
     schema = model.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"

@@ -7,7 +7,7 @@ from typing import Any, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
-from .entries import REQUEST_FORBIDDEN_KINDS, Entry
+from .entries import Entry, declaration
 from .errors import Problem, SpecError, problems_from_pydantic
 from .kinds import plugin_kinds
 from .limits import DEFAULT_LIMITS, SpecLimits, limit_problems
@@ -64,8 +64,8 @@ def parse_entries(
     """Validate a client's list of entries (e.g. a request body field).
 
     ``allowed_kinds`` is the operator's allow-list (``None``: every kind but the
-    forbidden ones); plug-in kinds are allowed like built-in ones. ``python`` is
-    never accepted here: it would run code on a worker. Size limits are checked on the raw
+    forbidden ones); plug-in kinds are allowed like built-in ones. A kind declared
+    ``client_allowed=False`` (operator code) is never accepted here: it would run code on a worker. Size limits are checked on the raw
     data first, so an oversized list is refused with its limit before any model validates it.
     """
     if isinstance(data, list):
@@ -79,7 +79,8 @@ def parse_entries(
         _raise_pydantic(err, root, kind_tags(plugins))
     problems = list(limit_problems(entries, limits, root=root))
     for i, entry in enumerate(entries):
-        if entry.kind in REQUEST_FORBIDDEN_KINDS:
+        declared = declaration(entry.kind, plugins)
+        if declared is not None and not declared.client_allowed:
             problems.append(Problem(f"{root}[{i}].kind", f"kind {entry.kind!r} is operator-only and may not be sent in a request"))
         elif allowed_kinds is not None and entry.kind not in allowed_kinds:
             problems.append(Problem(f"{root}[{i}].kind", f"kind {entry.kind!r} is not allowed by this deployment (allowed: {sorted(allowed_kinds)})"))

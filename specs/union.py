@@ -50,7 +50,7 @@ def _adapter(models: tuple[type[BaseModel], ...], wire: bool, container: type | 
     item = _union(models, wire)
     if container is None:
         return TypeAdapter(item)
-    shape: Any = tuple[item, ...] if container is tuple else list[item]  # type: ignore[valid-type]
+    shape: Any = tuple[item, ...] if container is tuple else list[item]  # type: ignore[valid-type]  # a union built at run time
     return TypeAdapter(Annotated[shape, Field(min_length=min_length)] if min_length else shape)
 
 

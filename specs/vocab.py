@@ -2,7 +2,7 @@
 
 An id is found wherever an entry's model declares one, however nested: a field (or an item of a
 list, tuple or dict, or a field of a nested model) annotated with ``specs.entries.TokenId`` /
-``TokenIds`` (marked with ``TOKEN_ID``), and the keys of ``TokenKey``-keyed maps (``logit_bias``).
+``TokenIds`` (marked with ``TOKEN_ID``), and the keys of ``TokenKey``-keyed maps (a bias map).
 Plug-in kinds get the same check by using those types in their models.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import lru_cache
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, TypeGuard, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -94,7 +94,7 @@ def _model_walkers(cls: type[BaseModel]) -> tuple[tuple[str, Walker], ...]:
     return tuple(walkers)
 
 
-def _is_id(value: Any) -> bool:
+def _is_id(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -157,7 +157,8 @@ def _largest_id(entry: Any) -> int:
     if type(entry) not in BUILTIN_ENTRY_CLASSES:
         return max((tid for _, tid in token_id_fields(entry)), default=-1)
     largest = -1
-    list_fields, id_fields, lists_fields, has_bias = _id_fields_of(type(entry))
+    cls: type = type(entry)
+    list_fields, id_fields, lists_fields, has_bias = _id_fields_of(cls)
     for field in list_fields:
         values = getattr(entry, field, None)
         if values:

@@ -8,7 +8,6 @@ kind (validated by the kind's own model). Both apply the same rules.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from operator import attrgetter
 from typing import Any
@@ -18,23 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import fast
 from .consistency import check_consistency
-from .entries import (
-    WIRE_KINDS,
-    AllowedTokensSpec,
-    BannedPhrasesSpec,
-    BannedTokensSpec,
-    DeadlineSpec,
-    ForcedTokenSequenceSpec,
-    LogitBiasSpec,
-    MinTokensSpec,
-    MultipleChoiceSpec,
-    PromptTokensSpec,
-    PythonProcessorSpec,
-    ReasoningSpec,
-    ThinkingBudgetSpec,
-    TriggerSpec,
-    unresolved_text,
-)
+from .entries import DELIMITER_KINDS, WIRE_KINDS, declaration, unresolved_text
 from .errors import Problem, SpecError, problems_from_pydantic
 from .kinds import plugin_kinds
 from .limits import DEFAULT_LIMITS, SpecLimits, entry_limit_problems
@@ -46,38 +29,25 @@ __all__ = ["ARRIVAL_KEY", "WIRE_KEY", "decode_entries", "decode_fast", "decode_s
 
 WIRE_KEY = "dynamo_logits"
 #: Beside the payload, in the same carrier: when the request reached the deployment
-#: (``time.time()``), for entries that count from it (``deadline``); absent: when it was realized.
+#: (``time.time()``), for entries that count from it; absent: when it was realized.
 ARRIVAL_KEY = "dynamo_logits_arrival"
 
-_FAST_TO_MODEL: dict[type, type] = {
-    fast.ForcedSequence: ForcedTokenSequenceSpec,
-    fast.BannedTokens: BannedTokensSpec,
-    fast.AllowedTokens: AllowedTokensSpec,
-    fast.LogitBias: LogitBiasSpec,
-    fast.MinTokens: MinTokensSpec,
-    fast.ThinkingBudget: ThinkingBudgetSpec,
-    fast.Reasoning: ReasoningSpec,
-    fast.BannedPhrases: BannedPhrasesSpec,
-    fast.MultipleChoice: MultipleChoiceSpec,
-    fast.Trigger: TriggerSpec,
-    fast.Deadline: DeadlineSpec,
-    fast.PromptTokens: PromptTokensSpec,
-    fast.Python: PythonProcessorSpec,
-}
-
+#: decode twin -> its pydantic model (``fast.FAST_TO_MODEL``, derived from the declarations)
+_FAST_TO_MODEL = fast.FAST_TO_MODEL
 
 def encode_entries(entries: Sequence[Any]) -> list[dict[str, Any]]:
-    """Entries -> the JSON-safe payload. ``forced_text`` must be resolved first.
+    """Entries -> the JSON-safe payload. Kinds that do not cross the wire must be resolved first.
 
     Built-in wire kinds and the plug-in kinds in force may cross; nothing else.
     """
     payload: list[dict[str, Any]] = []
     for i, entry in enumerate(entries):
         if entry.kind not in WIRE_KINDS and entry.kind not in plugin_kinds():
+            declared = declaration(entry.kind)
             raise SpecError.single(
                 f"{WIRE_KEY}[{i}].kind",
-                f"kind {entry.kind!r} cannot cross the wire; resolve it first (forced_text -> forced_sequence)"
-                if entry.kind == "forced_text" else
+                f"kind {entry.kind!r} cannot cross the wire; resolve it first ({entry.kind} -> {declared.resolves_to})"
+                if declared is not None and declared.resolves_to is not None else
                 f"kind {entry.kind!r} cannot cross the wire: it is neither built in nor a plug-in kind in force",
             )
         unresolved = unresolved_text(entry)  # plug-in kinds' declared text fields too
@@ -92,8 +62,8 @@ _UNRESOLVED = "text is resolved to token ids by the worker's tokenizer and never
 
 
 def wire_dump(entry: Any) -> dict[str, Any]:
-    """One entry's wire form: its JSON dump without ``scope`` when it is ``"always"`` (so a
-    ``forced_sequence`` is byte-compatible with ai-dynamo 1.6.1's) and without its text fields."""
+    """One entry's wire form: its JSON dump without ``scope`` when it is ``"always"`` (so the entries
+    ai-dynamo 1.6.1 also knows are byte-compatible with its) and without its text fields."""
     dumped = request_dump(entry)
     for name in getattr(entry, "text_fields", ()):
         dumped.pop(name, None)
@@ -118,7 +88,7 @@ def _from_fast(entry: fast.FastEntry) -> Any:
     for aliases (a third of a one-entry decode)."""
     construct = _CONSTRUCTORS.get(type(entry))
     if construct is None:
-        construct = _CONSTRUCTORS[type(entry)] = _constructor(type(entry), _FAST_TO_MODEL[type(entry)])
+        construct = _CONSTRUCTORS[type(entry)] = _constructor(type(entry), fast.FAST_TO_MODEL[type(entry)])
     return construct(entry)
 
 
@@ -126,7 +96,7 @@ def _constructor(struct: type, model: type[BaseModel]) -> Callable[[Any], Any]:
     """``struct -> model`` instance (see ``_from_fast``); ``model_construct`` itself for a model that
     needs more than its fields (aliases, a post-init hook, extra fields, required, factory-made or
     mutable defaults beyond the struct's fields)."""
-    given = tuple(struct.__struct_fields__)  # type: ignore[attr-defined]
+    given = tuple(struct.__struct_fields__)  # type: ignore[attr-defined]  # msgspec sets it on every Struct class
     fields = model.model_fields  # a class attribute on every pydantic 2 (``__pydantic_fields__`` from 2.10)
     plain = (not model.__pydantic_post_init__ and not model.__pydantic_root_model__
              and model.model_config.get("extra") != "allow" and set(given) <= set(fields)
@@ -157,9 +127,8 @@ _IMMUTABLE = (type(None), str, int, float, bool, tuple, frozenset)
 
 
 def _passes_post_checks(entry: fast.FastEntry) -> bool:
-    """The rules msgspec's types do not carry: finite biases keyed by decimal token ids."""
-    return not isinstance(entry, fast.LogitBias) or all(
-        math.isfinite(v) and fast.token_key_ok(k) for k, v in entry.bias.items())
+    """The rules msgspec's types do not carry (each twin's ``passes_post_checks``)."""
+    return entry.passes_post_checks()
 
 
 def decode_fast(payload: Any) -> tuple[Any, ...] | None:
@@ -252,9 +221,9 @@ def decode_entries(payload: Any, *, limits: SpecLimits = DEFAULT_LIMITS, root: s
     problems: list[Problem] = list(payload_limit_problems(entries, limits, root=root))
     for i, entry in enumerate(entries):
         problems += [Problem(f"{root}[{i}].{name}", _UNRESOLVED) for name in unresolved_text(entry)]
-    reasoning = [i for i, entry in enumerate(entries) if entry.kind == "reasoning"]
-    if len(reasoning) > 1:
-        problems.append(Problem(f"{root}[{reasoning[1]}]", "a payload declares its reasoning delimiters at most once"))
+    delimiters = [i for i, entry in enumerate(entries) if entry.kind in DELIMITER_KINDS]
+    if len(delimiters) > 1:
+        problems.append(Problem(f"{root}[{delimiters[1]}]", "a payload declares its reasoning delimiters at most once"))
     if problems:
         raise SpecError(problems)
     return entries
