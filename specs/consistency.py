@@ -301,7 +301,7 @@ VERDICTS = _Verdicts(4096, 1 << 20)
 _NAMED = re.compile(r"\x00(\d+)\x00")
 
 
-def _key(entries: Sequence[Any], vocab_size: int | None) -> bytes | None:
+def _key(entries: Sequence[Entry], vocab_size: int | None) -> bytes | None:
     """A digest of the entries' content as JSON (msgspec structs as they are, pydantic models as
     dumped), with ``vocab_size``; ``None`` for entries of another shape (not memoized). A digest, so
     a kept verdict costs some hundred bytes whatever the payload's size."""
@@ -312,7 +312,7 @@ def _key(entries: Sequence[Any], vocab_size: int | None) -> bytes | None:
     return hashlib.blake2b(content, digest_size=20).digest() + b"|" + str(vocab_size).encode()
 
 
-def _dumped(value: Any) -> Any:
+def _dumped(value: object) -> dict[str, object]:
     """A pydantic model's class and field values as they are (msgspec encodes them at C speed)."""
     if getattr(value, "__pydantic_fields__", None) is None:
         raise TypeError(f"not memoized: {type(value).__name__}")
@@ -322,7 +322,7 @@ def _dumped(value: Any) -> Any:
 _ENCODER = msgspec.json.Encoder(enc_hook=_dumped)
 
 
-def consistency_problems(entries: Iterable[Any], *, root: str = "", paths: Sequence[str] | None = None,
+def consistency_problems(entries: Iterable[Entry], *, root: str = "", paths: Sequence[str] | None = None,
                          vocab_size: int | None = None, limits: SpecLimits = DEFAULT_LIMITS) -> list[Problem]:
     """The contradictions in ``entries`` (wire entries, already type-valid and below ``vocab_size``
     when it is given), at most one per rule. Entry ``i`` is named ``paths[i]`` (default
@@ -372,7 +372,7 @@ def _problems(entries: list[Entry], names: list[str], vocab_size: int | None) ->
     return problems or [*choice_problems(entries, names, sets), *trigger_problems(entries, names, sets)]
 
 
-def check_consistency(entries: Iterable[Any], *, root: str = "", paths: Sequence[str] | None = None,
+def check_consistency(entries: Iterable[Entry], *, root: str = "", paths: Sequence[str] | None = None,
                       vocab_size: int | None = None, limits: SpecLimits = DEFAULT_LIMITS) -> None:
     """Raise ``SpecError`` naming the entry that contradicts the ones before it (see the module doc),
     or the admission work budget the entries would exceed (``consistency_problems``)."""
