@@ -1,11 +1,13 @@
-"""Built-in processors, one module per wire kind, and what realization builds from them.
+"""Built-in processors, one module per kind that builds one, and what realization builds from them.
 
-A kind's module (``forced_sequence``, ``banned_tokens``, ``allowed_tokens``, ``logit_bias``,
-``min_tokens``, ``thinking_budget``) holds its processor (the per-row step, a ``RowOp`` where it can
-be one), its template (every step as data) and its resident group (slot tables and tensor ops).
-Shared: ``base`` (the processor contract), ``ops`` (row operations), ``slots`` (the resident groups'
-base and layouts), ``uploads`` (host values to the device without blocking), ``request`` (one
-request's processors), ``registry`` (kind -> factory), ``kept`` (bounded memos). ``forced_text`` is resolved on the worker."""
+A kind's module (``dynlogits.processors.<kind>``, named by its declaration's factory in
+``dynlogits.specs.builtin``) holds its processor (the per-row step, a ``RowOp`` where it can be
+one), its template (every step as data) and its resident group (slot tables and tensor ops); the
+modules in force are ``registry.BUILTIN_KINDS``. Shared: ``base`` (the processor contract),
+``ops`` (row operations), ``slots`` (the resident groups' base and layouts), ``uploads`` (host
+values to the device without blocking), ``request`` (one request's processors), ``registry``
+(kind -> factory), ``kept`` (bounded memos). Kinds that do not cross the wire are resolved on the
+worker."""
 
 from __future__ import annotations
 
