@@ -1,15 +1,14 @@
 """Operator configuration: a YAML or JSON file with the deployment's spec and request policy.
 
 ```yaml
-entries:                      # the deployment spec (optional; may be empty)
-  - {kind: banned_tokens, token_ids: [13]}
+entries: [...]                # the deployment spec (optional; may be empty): entries as docs/specs.md lists them
 generation_only: true
-allow_request_kinds: [forced_text, logit_bias]   # what clients may ask for per request
+allow_request_kinds: [...]    # the kinds clients may ask for per request
 limits: {max_entries: 8}      # tighten the default bounds
 reasoning: {start_text: "<think>", end_text: "</think>"}   # the model's reasoning delimiters
 ```
-``reasoning`` (text or token ids, as a ``reasoning`` entry) joins every request that activates
-entries; a request's own ``reasoning`` entry replaces it. Without it, a model folder's own default
+``reasoning:`` (text or token ids, the fields of the entry kind that declares delimiters) joins every
+request that activates entries; a request's own delimiters entry replaces it. Without it, a model folder's own default
 (``model_reasoning``, given by the worker as ``default_reasoning``) applies.
 Found via ``--logits-spec FILE`` or ``DYN_LOGITS_SPEC=FILE``. Installed plug-in kinds
 (``dynlogits.specs.kinds``) may appear in ``entries`` and ``allow_request_kinds`` like
@@ -49,29 +48,29 @@ from dynlogits.specs import (
     SpecError,
     SpecLimits,
 )
-from dynlogits.specs.entries import ReasoningSpec
+from dynlogits.specs.entries import ReasoningSpec, declaration
 from dynlogits.specs.errors import problems_from_pydantic
 from dynlogits.specs.kinds import plugin_kinds
 from dynlogits.specs.limits import limit_problems
 from dynlogits.specs.union import kind_tags, open_entries
 
 __all__ = ["SPEC_FILE_ENV", "DeploymentConfig", "config_from_sources", "load_config", "load_deployment_config", "parse_config",
-           "parse_reasoning", "split_kinds"]
+           "declares_delimiters", "parse_reasoning", "split_kinds"]
 
 SPEC_FILE_ENV = "DYN_LOGITS_SPEC"
 
 
 class _LimitsModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    max_entries: StrictInt = Field(DEFAULT_LIMITS.max_entries, ge=1)
-    max_token_ids: StrictInt = Field(DEFAULT_LIMITS.max_token_ids, ge=1)
-    max_text_chars: StrictInt = Field(DEFAULT_LIMITS.max_text_chars, ge=1)
-    max_bias_entries: StrictInt = Field(DEFAULT_LIMITS.max_bias_entries, ge=1)
-    max_budget: StrictInt = Field(DEFAULT_LIMITS.max_budget, ge=1)
-    max_phrases: StrictInt = Field(DEFAULT_LIMITS.max_phrases, ge=1)
-    max_phrase_tokens: StrictInt = Field(DEFAULT_LIMITS.max_phrase_tokens, ge=1)
-    max_prompt_tokens: StrictInt = Field(DEFAULT_LIMITS.max_prompt_tokens, ge=1)
-    max_admission_work: StrictInt = Field(DEFAULT_LIMITS.max_admission_work, ge=1)
+    max_entries: StrictInt = Field(default=DEFAULT_LIMITS.max_entries, ge=1)
+    max_token_ids: StrictInt = Field(default=DEFAULT_LIMITS.max_token_ids, ge=1)
+    max_text_chars: StrictInt = Field(default=DEFAULT_LIMITS.max_text_chars, ge=1)
+    max_bias_entries: StrictInt = Field(default=DEFAULT_LIMITS.max_bias_entries, ge=1)
+    max_budget: StrictInt = Field(default=DEFAULT_LIMITS.max_budget, ge=1)
+    max_phrases: StrictInt = Field(default=DEFAULT_LIMITS.max_phrases, ge=1)
+    max_phrase_tokens: StrictInt = Field(default=DEFAULT_LIMITS.max_phrase_tokens, ge=1)
+    max_prompt_tokens: StrictInt = Field(default=DEFAULT_LIMITS.max_prompt_tokens, ge=1)
+    max_admission_work: StrictInt = Field(default=DEFAULT_LIMITS.max_admission_work, ge=1)
 
 
 class _ConfigModel(BaseModel):
@@ -128,7 +127,7 @@ def parse_config(data: Any, *, source: str = "config") -> DeploymentConfig:
             reasoning = parse_reasoning(model.reasoning, source="reasoning")
         except SpecError as err:
             problems += err.problems
-        if any(e.kind == "reasoning" for e in model.entries):
+        if any(declares_delimiters(e) for e in model.entries):
             problems.append(Problem("reasoning", "the entries declare reasoning delimiters already; give reasoning: or a "
                                                  "reasoning entry, not both"))
     if problems:
@@ -136,6 +135,13 @@ def parse_config(data: Any, *, source: str = "config") -> DeploymentConfig:
     spec = LogitsProcessorSpec(entries=model.entries, generation_only=model.generation_only) if model.entries else None
     return DeploymentConfig(spec=spec, allow_request_kinds=frozenset(model.allow_request_kinds), limits=limits,
                             reasoning=reasoning)
+
+
+def declares_delimiters(entry: Any) -> bool:
+    """Whether ``entry`` (a model or its wire dict) declares the request's reasoning delimiters
+    (its kind's ``ProcessorKind.delimiters``)."""
+    declared = declaration(entry.get("kind") if isinstance(entry, Mapping) else getattr(entry, "kind", None))
+    return declared is not None and declared.delimiters
 
 
 def parse_reasoning(data: Any, *, source: str) -> ReasoningSpec:
@@ -146,7 +152,7 @@ def parse_reasoning(data: Any, *, source: str) -> ReasoningSpec:
         raise SpecError.single(source, f"must be an object with the delimiters (start_text and end_text, or "
                                        f"start_token_ids and end_token_ids), got {type(data).__name__}")
     try:
-        return ReasoningSpec.model_validate({**data, "kind": "reasoning"})
+        return ReasoningSpec.model_validate({**data, "kind": ReasoningSpec.model_fields["kind"].default})
     except ValidationError as err:
         raise SpecError(problems_from_pydantic(err.errors(), root=source, tags=frozenset())) from None
 
@@ -190,6 +196,6 @@ def load_deployment_config(logits_spec: str | None, allow_request_kinds: frozens
     config = config_from_sources(logits_spec)
     if not allow_request_kinds:
         return config
-    # Validate the CLI kinds with the config file's own rules (python never allowed).
+    # Validate the CLI kinds with the config file's own rules (operator-only kinds never allowed).
     extra = parse_config({"allow_request_kinds": sorted(allow_request_kinds)})
     return dataclasses.replace(config, allow_request_kinds=config.allow_request_kinds | extra.allow_request_kinds)

@@ -4,9 +4,9 @@ With ``DYN_LOGITS_SPEC_SOURCE=engine`` the adapter does the worker's job inside 
 it resolves the deployment spec once at start-up (``DYN_LOGITS_SPEC``, the test hook) with the
 engine's tokenizer and logits width, gates it by the engine's role, applies it to every request,
 and treats a payload in ``extra_args["dynamo_logits"]`` as a client's (allowed kinds and limits
-only, ``python`` never). With the worker as the source, a payload in ``extra_args`` is trusted
+only, operator-only kinds never). With the worker as the source, a payload in ``extra_args`` is trusted
 except one arriving as JSON text (the only form an engine's own HTTP server carries), which
-``client_payload_config`` holds to ``DYN_LOGITS_REQUEST_KINDS``, the default limits, no ``python``.
+``client_payload_config`` holds to ``DYN_LOGITS_REQUEST_KINDS``, the default limits, no operator-only kind.
 
 The rules are the worker's (``dynlogits.policy.request``). No torch or engine import; each adapter
 supplies role, tokenizer and width (``dynlogits.adapters.vllm.engine_spec``). See docs/dynamo.md."""
@@ -26,7 +26,7 @@ from dynlogits.policy.request import RequestPolicy, build_policy
 from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.policy.text import TextTokenizer
 from dynlogits.specs import WIRE_KEY, Entry, Problem, SpecError, encode_entries, parse_entries
-from dynlogits.specs.entries import ReasoningSpec
+from dynlogits.specs.entries import ReasoningSpec, declaration
 
 __all__ = [
     "PAYLOAD_ROOT",
@@ -45,7 +45,6 @@ __all__ = [
 SPEC_SOURCE_ENV = "DYN_LOGITS_SPEC_SOURCE"
 #: Operator setting: the kinds a payload sent by a client itself may carry (comma-separated).
 REQUEST_KINDS_ENV = "DYN_LOGITS_REQUEST_KINDS"
-_NEEDS_TOKENIZER = "forced_text"
 #: Where a request's own entries are named in error messages.
 PAYLOAD_ROOT = f"extra_args.{WIRE_KEY}"
 
@@ -74,15 +73,15 @@ def _load_config(spec_file: str | None) -> DeploymentConfig:
 @lru_cache(maxsize=8)
 def _parse_request_kinds(value: str) -> frozenset[str]:
     kinds = sorted({k.strip() for k in value.split(",") if k.strip()})
-    try:  # the config file's rule for allow_request_kinds: known kinds only, python never
+    try:  # the config file's rule for allow_request_kinds: known kinds only, operator-only kinds never
         return parse_config({"allow_request_kinds": kinds}).allow_request_kinds
     except SpecError as err:
         raise SpecError([Problem(REQUEST_KINDS_ENV, p.rule) for p in err.problems]) from None
 
 
 def request_kinds(environ: Mapping[str, str] = os.environ) -> frozenset[str]:
-    """``DYN_LOGITS_REQUEST_KINDS`` (unset or empty: no kind); ``SpecError`` naming it for ``python``
-    or an unknown kind."""
+    """``DYN_LOGITS_REQUEST_KINDS`` (unset or empty: no kind); ``SpecError`` naming it for an
+    operator-only or an unknown kind."""
     return _parse_request_kinds(environ.get(REQUEST_KINDS_ENV, ""))
 
 
@@ -90,6 +89,12 @@ def _allowing(config: DeploymentConfig, kinds: frozenset[str]) -> DeploymentConf
     if kinds <= config.allow_request_kinds:
         return config
     return dataclasses.replace(config, allow_request_kinds=config.allow_request_kinds | kinds)
+
+
+def _resolved_on_worker(kind: str) -> bool:
+    """Whether entries of ``kind`` never cross the wire (the worker resolves them first)."""
+    declared = declaration(kind)
+    return declared is not None and not declared.wire
 
 
 def admission_config(environ: Mapping[str, str] = os.environ) -> DeploymentConfig | None:
@@ -107,8 +112,9 @@ def client_payload_config(environ: Mapping[str, str] = os.environ) -> Deployment
     if config is not None:
         return config
     kinds = request_kinds(environ)
-    if _NEEDS_TOKENIZER in kinds:
-        raise SpecError.single(REQUEST_KINDS_ENV, f"kind {_NEEDS_TOKENIZER!r} is resolved with the engine's tokenizer, "
+    resolved = sorted(k for k in kinds if _resolved_on_worker(k))  # built-in ones: the engine's tokenizer resolves them
+    if resolved:
+        raise SpecError.single(REQUEST_KINDS_ENV, f"kind {resolved[0]!r} is resolved with the engine's tokenizer, "
                                                   f"only when the engine is the spec source ({SPEC_SOURCE_ENV}=engine)")
     return _allowing(DeploymentConfig(), kinds)
 

@@ -38,5 +38,5 @@ def test_hook_spec(
 
 
 # pytest would otherwise collect ``test_hook_*`` functions imported into test modules.
-test_hook_enabled.__test__ = False  # type: ignore[attr-defined]
-test_hook_spec.__test__ = False  # type: ignore[attr-defined]
+test_hook_enabled.__test__ = False  # type: ignore[attr-defined]  # tells pytest this is no test
+test_hook_spec.__test__ = False  # type: ignore[attr-defined]  # as above

@@ -9,7 +9,7 @@ A client can neither switch the deployment's entries off nor escape them (``docs
 
 * a request without a stop token (``ignore_eos`` and no stop ids) is refused when an entry needs one
   to end it (``needs_stop_token``), the client's own or the deployment's (``stop_token_problem``);
-* a request's own ``reasoning`` entry is refused where the deployment has entries that act by the
+* a request's own delimiters entry (``ProcessorKind.delimiters``) is refused where the deployment has entries that act by the
   phases its delimiters mark (``reasoning_problem``): replacing them would move those phases.
 """
 
@@ -20,13 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dynlogits.policy.config import DeploymentConfig
+from dynlogits.policy.config import DeploymentConfig, declares_delimiters
 from dynlogits.policy.hook import test_hook_spec
 from dynlogits.policy.roles import DisaggregationMode, is_generation_stage, logits_processors_for_request
 from dynlogits.policy.text import TextTokenizer, resolve_entries
 from dynlogits.specs import LogitsProcessorSpec, Problem, SpecError, check_vocab, parse_entries
 from dynlogits.specs.consistency import check_consistency
-from dynlogits.specs.entries import ReasoningSpec
+from dynlogits.specs.entries import ReasoningSpec, declaration
 
 __all__ = ["DEPLOYMENT_PATH", "IGNORE_EOS", "RequestPolicy", "build_policy", "has_stop_token", "needs_stop_token",
            "reads_delimiters", "reasoning_problem", "stop_token_problem"]
@@ -37,26 +37,22 @@ DEPLOYMENT_PATH = "deployment entries"
 #: The client's field that leaves a request without its EOS as a stop token.
 IGNORE_EOS = "ignore_eos"
 
-#: What an entry that needs the request's stop token does with it (``needs_stop_token``).
-_STOP_TOKEN_USE = {
-    "deadline": "forces the request's stop token when it is due",
-    "multiple_choice": "without an eos_token_id of its own ends the chosen text with the request's stop token",
-}
-
-
 def _field(entry: Any, name: str, default: Any = None) -> Any:
     return entry.get(name, default) if isinstance(entry, Mapping) else getattr(entry, name, default)
 
 
 def needs_stop_token(entry: Any) -> bool:
     """Whether ``entry`` realizes only for a request that has a stop token (its factory reads the
-    first of ``RealizeContext.stop_token_ids``): a ``deadline``, and a ``multiple_choice`` given as
-    ids without ``eos_token_id`` (one given as texts takes the tokenizer's EOS). A model or its wire
-    dict, resolved or not."""
-    kind = _field(entry, "kind")
-    if kind == "deadline":
-        return True
-    return kind == "multiple_choice" and _field(entry, "eos_token_id") is None and not _field(entry, "texts")
+    first of ``RealizeContext.stop_token_ids``): what its kind's ``ProcessorKind.needs_stop_token``
+    says of it. A model or its wire dict, resolved or not."""
+    declared = declaration(_field(entry, "kind"))
+    return declared is not None and declared.needs_stop_token is not None and declared.needs_stop_token(entry)
+
+
+def _stop_token_use(entry: Any) -> str:
+    """What ``entry`` (one that ``needs_stop_token``) does with the stop token (its kind's ``stop_token_use``)."""
+    declared = declaration(_field(entry, "kind"))
+    return declared.stop_token_use if declared is not None else ""
 
 
 def has_stop_token(*, ignore_eos: bool, stop_token_ids: Sequence[int] | None = ()) -> bool:
@@ -74,34 +70,33 @@ def stop_token_problem(own: Sequence[Any], deployment: Sequence[Any], *, root: s
     for j, entry in enumerate(own):
         if needs_stop_token(entry):
             kind = _field(entry, "kind")
-            return Problem(f"{root}[{j}]", f"{kind} {_STOP_TOKEN_USE[kind]}, and {ending}: send the request without "
+            return Problem(f"{root}[{j}]", f"{kind} {_stop_token_use(entry)}, and {ending}: send the request without "
                                            f"{IGNORE_EOS} or without this entry")
     for i, entry in enumerate(deployment):
         if needs_stop_token(entry):
             kind = _field(entry, "kind")
             path = deployment_paths[i] if deployment_paths is not None else f"{DEPLOYMENT_PATH}[{i}]"
-            return Problem(IGNORE_EOS, f"{path} ({kind}) {_STOP_TOKEN_USE[kind]}, and {ending}: the deployment's "
+            return Problem(IGNORE_EOS, f"{path} ({kind}) {_stop_token_use(entry)}, and {ending}: the deployment's "
                                        f"entries cannot be switched off; send the request without {IGNORE_EOS}")
     return None
 
 
 def reads_delimiters(entry: Any) -> bool:
     """Whether ``entry`` acts by the phases the reasoning delimiters mark: a ``scope`` other than
-    ``always``, or a ``thinking_budget`` without delimiters of its own."""
+    ``always``, or what its kind's ``ProcessorKind.reads_delimiters`` says of it (e.g. a budget
+    without delimiters of its own)."""
     if _field(entry, "scope", "always") != "always":
         return True
-    return _field(entry, "kind") == "thinking_budget" and (_field(entry, "start_token_ids") is None
-                                                           and not _field(entry, "start_text")
-                                                           or _field(entry, "end_token_ids") is None
-                                                           and not _field(entry, "end_text"))
+    declared = declaration(_field(entry, "kind"))
+    return declared is not None and declared.reads_delimiters is not None and declared.reads_delimiters(entry)
 
 
 def reasoning_problem(own: Sequence[Any], deployment: Sequence[Any], *, root: str,
                       deployment_paths: Sequence[str] | None = None) -> Problem | None:
-    """The client's own ``reasoning`` entry (named at ``root[j]``) where a deployment entry reads the
+    """The client's own delimiters entry (named at ``root[j]``) where a deployment entry reads the
     delimiters (``reads_delimiters``): a request's delimiters replace the deployment's, so they would
     move the phases the deployment's scoped entries act in. ``None`` otherwise."""
-    j = next((j for j, e in enumerate(own) if _field(e, "kind") == "reasoning"), None)
+    j = next((j for j, e in enumerate(own) if declares_delimiters(e)), None)
     if j is None:
         return None
     i = next((i for i, e in enumerate(deployment) if reads_delimiters(e)), None)
@@ -145,7 +140,7 @@ class RequestPolicy:
         even on roles that will not run them, so a bad request fails the same way everywhere.
         ``ignore_eos`` and ``stop_token_ids`` are the request's: without a stop token
         (``has_stop_token``) an entry that needs one is refused, the deployment's included
-        (``stop_token_problem``). A request's own ``reasoning`` entry replaces the deployment's
+        (``stop_token_problem``). A request's own delimiters entry replaces the deployment's
         delimiters, unless a deployment entry acts by them (``reasoning_problem``: refused).
         Every limit is checked before any consistency walk runs.
         """
@@ -167,8 +162,8 @@ class RequestPolicy:
             if problem is not None:
                 raise SpecError([problem])
             paths = [f"{DEPLOYMENT_PATH}[{i}]" for i in range(len(entries))]
-            if any(e.kind == "reasoning" for e in resolved):  # the request's own delimiters replace the deployment's
-                kept = [i for i, e in enumerate(entries) if e.kind != "reasoning"]
+            if any(declares_delimiters(e) for e in resolved):  # the request's own delimiters replace the deployment's
+                kept = [i for i, e in enumerate(entries) if not declares_delimiters(e)]
                 entries, paths = [entries[i] for i in kept], [paths[i] for i in kept]
             paths += [f"{root}[{j}]" for j in range(len(resolved))]
             entries += logits_processors_for_request(LogitsProcessorSpec(entries=resolved),
@@ -182,7 +177,7 @@ class RequestPolicy:
     def _with_reasoning(self, entries: list[Any], paths: list[str]) -> tuple[list[Any], list[str]]:
         """``entries`` led by the deployment's reasoning entry, where they activate something and
         declare no delimiters of their own."""
-        if self.reasoning is None or not entries or any(e.kind == "reasoning" for e in entries):
+        if self.reasoning is None or not entries or any(declares_delimiters(e) for e in entries):
             return entries, paths
         return [self.reasoning, *entries], ["deployment reasoning", *paths]
 
@@ -202,7 +197,7 @@ def build_policy(role: DisaggregationMode, config: DeploymentConfig,
         resolved = resolve_entries(config.spec.entries, tokenizer(), root="entries", limits=config.limits)
         check_vocab(resolved, vocab_size, root="entries")
         paths = [f"entries[{i}]" for i in range(len(resolved))]
-        if reasoning is not None and not any(e.kind == "reasoning" for e in resolved):
+        if reasoning is not None and not any(declares_delimiters(e) for e in resolved):
             check_consistency([reasoning, *resolved], paths=["reasoning", *paths], vocab_size=vocab_size,
                               limits=config.limits)
         else:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from dynlogits.specs import DEFAULT_LIMITS, ForcedTextSpec, ForcedTokenSequenceSpec, SpecError, SpecLimits
-from dynlogits.specs.entries import unresolved_text
+from dynlogits.specs.entries import declaration, unresolved_text
 from dynlogits.specs.limits import field_limits
 
 __all__ = ["TextTokenizer", "encode_text", "phrase_variants", "resolve_entries", "resolve_forced_text", "resolve_text"]
@@ -22,7 +22,7 @@ class TextTokenizer(Protocol):
 
 
 def resolve_forced_text(text: str, tokenizer: TextTokenizer, *, path: str = "text") -> ForcedTokenSequenceSpec:
-    """``text`` -> ``forced_sequence`` of its tokens (no special tokens), then the tokenizer's EOS."""
+    """``text`` -> a ``ForcedTokenSequenceSpec`` of its tokens (no special tokens), then the tokenizer's EOS."""
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
         raise SpecError.single(path, "the worker's tokenizer has no EOS token, so a forced text cannot end; set eos_token in the tokenizer config")
@@ -69,7 +69,9 @@ def _bounded(ids: tuple[int, ...], limit: str | None, limits: SpecLimits, *, pat
 def resolve_text(entry: Any, tokenizer: TextTokenizer, *, path: str, limits: SpecLimits = DEFAULT_LIMITS) -> Any:
     """``entry`` with its text fields (``text_fields``: text -> the id field it becomes) resolved to
     token ids with ``tokenizer``; an entry without text comes back as it is. What a text becomes is
-    held to the id field's ``limits`` (a phrase's two variants count twice), named at the text."""
+    held to the id field's ``limits`` (a phrase's two variants count twice), named at the text. How
+    its kind's texts resolve is declared with the kind (``ProcessorKind.text_as_bad_words``,
+    ``eos_from_tokenizer``)."""
     if isinstance(entry, ForcedTextSpec):
         forced = resolve_forced_text(entry.text, tokenizer, path=f"{path}.text")
         _bounded(forced.token_ids, field_limits("token_ids")[0], limits, path=f"{path}.text")
@@ -77,6 +79,8 @@ def resolve_text(entry: Any, tokenizer: TextTokenizer, *, path: str, limits: Spe
     unresolved = unresolved_text(entry)  # a plug-in model's declared text fields too
     if not unresolved:
         return entry
+    declared = declaration(entry.kind)
+    as_bad_words = declared is not None and declared.text_as_bad_words
     update: dict[str, Any] = {}
     for name in unresolved:
         value, target = getattr(entry, name), type(entry).text_fields[name]
@@ -90,7 +94,7 @@ def resolve_text(entry: Any, tokenizer: TextTokenizer, *, path: str, limits: Spe
         seen = set(items)
         for j, text in enumerate(value):
             at = f"{path}.{name}[{j}]"
-            found = (phrase_variants(text, tokenizer, path=at) if entry.kind == "banned_phrases"
+            found = (phrase_variants(text, tokenizer, path=at) if as_bad_words
                      else [encode_text(text, tokenizer, path=at)])
             for ids in found:
                 if ids not in seen:
@@ -100,13 +104,14 @@ def resolve_text(entry: Any, tokenizer: TextTokenizer, *, path: str, limits: Spe
             raise SpecError.single(f"{path}.{name}", f"resolves to {len(items)} token sequences with this worker's "
                                                      f"tokenizer; must be at most {getattr(limits, length)} (limit {length})")
         update[target], update[name] = tuple(items), ()
-    if entry.kind == "multiple_choice" and entry.eos_token_id is None:
-        update["eos_token_id"] = _eos(tokenizer, f"{path}.texts")
+    eos_field = declared.eos_from_tokenizer if declared is not None else None
+    if eos_field is not None and getattr(entry, eos_field) is None:
+        update[eos_field] = _eos(tokenizer, f"{path}.{unresolved[0]}")
     return type(entry).model_validate({**entry.model_dump(), **update})
 
 
 def resolve_entries(entries: Sequence[Any], tokenizer: TextTokenizer, *, root: str = "entries",
                     limits: SpecLimits = DEFAULT_LIMITS) -> tuple[Any, ...]:
-    """Entries with every text resolved to token ids (``forced_text`` becomes its
-    ``forced_sequence``), held to ``limits``; entries without text unchanged."""
+    """Entries with every text resolved to token ids (a ``ForcedTextSpec`` becomes its
+    ``ForcedTokenSequenceSpec``), held to ``limits``; entries without text unchanged."""
     return tuple(resolve_text(e, tokenizer, path=f"{root}[{i}]", limits=limits) for i, e in enumerate(entries))
