@@ -2,8 +2,8 @@
 
 * ``activate(entries)``: the encoded wire payload (``None`` without entries); ``generate()`` carries
   no per-request data, so the payload is handed to ``generate_kwargs``, one per prompt.
-* ``payload_for(spec, role, tokenizer)``: the role gate (``dynlogits.sdk.gate``), ``forced_text``
-  resolved with the tokenizer, then ``activate``.
+* ``payload_for(spec, role, tokenizer)``: the role gate (``dynlogits.sdk.gate``), text resolved
+  with the tokenizer, then ``activate``.
 * ``validate(payloads, vocab_size=)``: admission. ``generate_kwargs(...)``: admission against the
   logits width (``SpecError`` naming ``payloads[k]`` and the field), then one ``DynamoLogitsProcessor``;
   the kwargs pin ``num_beams`` and ``num_return_sequences`` so rows expand as the processor maps them.
@@ -34,7 +34,7 @@ __all__ = ["activate", "generate_kwargs", "logits_width", "payload_for", "prompt
 
 def activate(entries: Sequence[Any]) -> list[dict[str, Any]] | None:
     """The payload one prompt carries into ``generate_kwargs`` for the gated wire ``entries``
-    (``forced_text`` resolved), or ``None`` when there are none."""
+    (text resolved), or ``None`` when there are none."""
     return sdk.encode_payload(entries)
 
 
@@ -42,13 +42,14 @@ def payload_for(
     spec: LogitsProcessorSpec | None, role: DisaggregationMode | str, tokenizer: TextTokenizer | None
 ) -> list[dict[str, Any]] | None:
     """The payload a worker of ``role`` puts on a request for ``spec``, or ``None``. ``tokenizer``
-    resolves ``forced_text`` entries (may be ``None`` when no active entry holds text; ``SpecError``
-    names the entry otherwise)."""
+    resolves forced texts (``ForcedTextSpec``; may be ``None`` when no active entry holds text;
+    ``SpecError`` names the entry otherwise)."""
     entries = sdk.gate(spec, role)
     if tokenizer is None:
         texts = [f"entries[{i}].text" for i, e in enumerate(entries) if isinstance(e, ForcedTextSpec)]
         if texts:
-            raise SpecError([Problem(path, "a forced_text entry needs a tokenizer to resolve it") for path in texts])
+            raise SpecError([Problem(path, f"a {ForcedTextSpec.model_fields['kind'].default} entry needs a tokenizer "
+                                           "to resolve it") for path in texts])
     else:
         entries = list(resolve_entries(entries, tokenizer, root="entries"))
     return activate(entries)
