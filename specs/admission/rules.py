@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..effects import EntrySets
     from ..errors import Problem
 
-__all__ = ["OPAQUE", "Along", "Anywhere", "Delimiters", "Entry", "Form", "KindRules", "Meeting", "OwnCheck"]
+__all__ = ["OPAQUE", "Along", "Anywhere", "Delimiters", "Entry", "Form", "KindRules", "Meeting"]
 
 #: An entry's effect on a step's allowed set: ``mask`` (its ``ids`` masked), ``keep`` (only its
 #: ``ids`` kept), ``force`` (only the token its ``along`` sequence holds at the position), ``first``
@@ -53,9 +53,9 @@ class Along:
 class Anywhere:
     """Tokens an entry forces at steps admission cannot place (a span's end tokens, which close it
     after any number of tokens): ``tokens`` in order (``()``: not known without the request's
-    delimiters; ``held``: them as a set, built on first use), forced in ``phases``; ``noun`` names them in a message,
-    which ends with ``so`` after a position-free mask's clause, with ``until`` after the clause of a
-    mask that holds until a position."""
+    delimiters; ``held``: them as a set, built on first use), forced in ``phases``. ``noun`` names
+    them in a message, which ends with ``so`` after a position-free mask's clause, with ``until``
+    after the clause of a mask that holds until a position."""
 
     tokens: tuple[int, ...]
     phases: frozenset[str]
@@ -75,11 +75,6 @@ class Meeting:
 
     clause: str
     holds: bool = False
-
-
-#: One of a kind's own rules on one entry: ``(entry, its path, the payload's delimiters or None)``
-#: -> the problem, or ``None``.
-OwnCheck = Callable[[Any, str, Delimiters | None], "Problem | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +115,8 @@ class KindRules(Generic[E]):
     acts: bool = True
     alone: bool = False
     contradicts: bool = False
-    checks: tuple[OwnCheck, ...] = ()
+    #: each: ``(entry, its path, the payload's delimiters or None)`` -> the problem, or ``None``
+    checks: tuple[Callable[[E, str, Delimiters | None], Problem | None], ...] = ()
     size: Callable[[E], int] | None = None
     field: str = "token_ids"
     id_fields: tuple[str, ...] = ()
