@@ -182,15 +182,15 @@ def limit_problems(entries: Sequence[Any], limits: SpecLimits, *, root: str) -> 
         yield from entry_limit_problems(entry, limits, path=f"{root}[{i}]")
 
 
-def prompt_limit_problem(entries: Sequence[Any], prompt_tokens: int, limits: SpecLimits, *, path: str,
+def prompt_limit_problem(entries: Sequence[Any], prompt_length: int, limits: SpecLimits, *, path: str,
                          paths: Sequence[str]) -> Problem | None:
-    """The problem (at ``path``, the request's prompt) when a prompt of ``prompt_tokens`` tokens is
+    """The problem (at ``path``, the request's prompt) when a prompt of ``prompt_length`` tokens is
     longer than ``limits.max_prompt_tokens`` and an entry (named by ``paths[i]``) reads it."""
-    if prompt_tokens <= limits.max_prompt_tokens:
+    if prompt_length <= limits.max_prompt_tokens:
         return None
     bound = _prompt_bound_kinds()
     reader = next((i for i, e in enumerate(entries) if _field(e, "kind") in bound), None)
     if reader is None:
         return None
-    return Problem(path, f"is {prompt_tokens} tokens; {paths[reader]} ({_field(entries[reader], 'kind')}) reads at most "
+    return Problem(path, f"is {prompt_length} tokens; {paths[reader]} ({_field(entries[reader], 'kind')}) reads at most "
                          f"{limits.max_prompt_tokens} (limit max_prompt_tokens)")
