@@ -2,9 +2,10 @@
 
 The V1 runner keeps a persistent batch and reports changes as ``BatchUpdate``s (added, removed,
 moved: the order of vLLM's ``process_dict_updates``); each add brings a live reference to the
-request's output list. Requests whose entries are all built-in kinds are resident in a
-``dynlogits.sdk.SlotBatch`` (positions from the live lists' lengths, uploaded without blocking);
-others go through ``dynlogits.sdk.apply_rows`` with their histories.
+request's output list. Entries with a template (every built-in kind, and a plug-in's that has one)
+are resident in a ``dynlogits.sdk.SlotBatch`` (positions from the live lists' lengths, uploaded
+without blocking); the others go through ``dynlogits.sdk.apply_rows`` with their histories, after
+the resident ones (``GuardedRequest.split``: which entries of a request that holds both run where).
 
 Guarantees: a request removed and re-added (preemption, a step without it) reuses its realized
 processors (``RealizedRequests``), so a ``python`` factory is imported once and a failure is kept.
@@ -38,7 +39,8 @@ PLACEHOLDER = -1
 class _Entry:
     request: GuardedRequest
     output_ids: list[int]  # vLLM's live list: grows as the request generates
-    slot: int | None  # its SlotBatch slot when resident
+    slot: int | None  # its SlotBatch slot when (some of it is) resident
+    hosted: GuardedRequest | None = None  # what of it runs per row (``GuardedRequest.split``)
 
 
 class RealizedRequests:
@@ -110,10 +112,11 @@ class V1RunnerMixin(AdapterLogitsProcessor):
             if request is None:
                 continue
             slot = None
-            if request.resident and self._free_slots:
+            resident, hosted = request.split() if self._free_slots else (None, request)
+            if resident is not None:
                 slot = self._free_slots.pop()
-                self._resident.assign(slot, request)
-            self._entries[index] = _Entry(request, output_ids, slot)
+                self._resident.assign(slot, resident)
+            self._entries[index] = _Entry(request, output_ids, slot, hosted)
         for index in batch_update.removed:
             self._drop(index)
         for a, b, direction in batch_update.moved:
@@ -144,13 +147,13 @@ class V1RunnerMixin(AdapterLogitsProcessor):
         hosted = []
         for index, entry in self._entries.items():
             histories[index] = entry.output_ids
-            if entry.slot is None:
+            if entry.hosted is not None:
                 hosted.append(index)
-            else:
+            if entry.slot is not None:
                 host_slots[index] = entry.slot
         self._row_histories = histories
         self._hosted_rows = sorted(hosted)
-        self._reads_tokens = [i for i, e in self._entries.items() if e.slot is None or _reads_tokens(e.request)]
+        self._reads_tokens = [i for i, e in self._entries.items() if e.hosted is not None or _reads_tokens(e.request)]
         self._any_resident = bool((host_slots >= 0).any())
         self._resident.set_rows(host_slots)
         self._resident.flush()
@@ -170,7 +173,7 @@ class V1RunnerMixin(AdapterLogitsProcessor):
         if self._hosted_rows:
             rows = self._hosted_rows
             histories = [self._entries[r].output_ids for r in rows]
-            apply_rows(logits, rows, [self._entries[r].request for r in rows], histories)
+            apply_rows(logits, rows, [self._entries[r].hosted for r in rows], histories)  # type: ignore[misc]  # hosted rows only
         return logits
 
     def _fail_resident_v1(self, logits: torch.Tensor, exc: Exception) -> None:

@@ -10,8 +10,9 @@ Built-in kinds are resident in a ``dynlogits.sdk.SlotBatch`` keyed by the runner
 from the device (``ctx.pos + 1 - prompt_len[slot]``), ``thinking_budget`` followed on the device,
 ``banned_phrases`` matched against each row's last tokens on the device (``TokenWindow`` over
 ``all_token_ids``, ``ctx.pos`` and the drafts in ``ctx.input_ids``); no step reads back. ``python``
-and plug-in requests are hosted: their histories are read back (``row_histories``) only when one is
-in the step. Draft rows of a request still in prefill are left
+and plug-in entries without a template are hosted, after the resident entries of their request
+(``GuardedRequest.split``): their histories are read back (``row_histories``) only when one is in
+the step. Draft rows of a request still in prefill are left
 untouched; a failure on a draft row stops that row only, on the committed row the request."""
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         self._slots: list[GuardedRequest | None] = [None] * slots
         self._active = np.zeros(slots, dtype=bool)
         self._is_resident = np.zeros(slots, dtype=bool)
+        #: what of each slot's request runs per row (``GuardedRequest.split``), and whether any does
+        self._hosted: list[GuardedRequest | None] = [None] * slots
+        self._is_hosted = np.zeros(slots, dtype=bool)
         self._resident = SlotBatch(num_slots=slots, vocab_size=self.vocab_size, device=req_states.device,
                                    token_window=True)
         spec = getattr(vllm_config, "speculative_config", None)
@@ -136,10 +140,15 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         request = self.new_req_logits_processor(sampling_params, self._prompt_of(req_idx) if carries else None)
         self._slots[req_idx] = request
         self._active[req_idx] = request is not None
-        self._is_resident[req_idx] = self._resident.assign(req_idx, request)
+        resident, hosted = request.split() if request is not None else (None, None)
+        self._is_resident[req_idx] = self._resident.assign(req_idx, resident)
+        if not self._is_resident[req_idx]:
+            hosted = request
+        self._hosted[req_idx] = hosted
+        self._is_hosted[req_idx] = hosted is not None
         # tokens it enters with (preempted and resumed), from the host mirrors: no read back
         resumed = max(0, int(self._req_states.prefill_len.np[req_idx]) - int(self._req_states.prompt_len.np[req_idx]))
-        self._thinking.assign(req_idx, request if self._is_resident[req_idx] else None, resumed=resumed)
+        self._thinking.assign(req_idx, resident if self._is_resident[req_idx] else None, resumed=resumed)
         self._layout = self._seen = None  # the listed layout's slots may hold another occupant now
         return request is not None
 
@@ -169,7 +178,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
             active = self._active[slots_in_step]
             resident = self._is_resident[slots_in_step]
             seen = self._seen = (slots_in_step.copy(), bool(active.any()), resident, bool(resident.any()),
-                                 bool((active > resident).any()))
+                                 bool(self._is_hosted[slots_in_step].any()))
         _, any_active, resident, any_resident, any_hosted = seen
         if not any_active:
             return logits  # no request of this step carries a payload: nothing at all to do
@@ -178,7 +187,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
                 self._apply_resident(logits, ctx, slots_in_step, resident)
             except Exception as exc:  # an adapter bug must not take the engine down: fail these requests
                 self._fail_resident_v2(logits, slots_in_step, resident, exc)
-        if any_hosted:  # an active request that is not resident
+        if any_hosted:  # an active request with entries that are not resident
             self._apply_hosted(logits, ctx)
         return logits
 
@@ -232,7 +241,7 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         one_row_per_request = ctx.expanded_idx_mapping.shape[0] == len(ctx.idx_mapping_np)
         # the host's own copy when it knows the layout; under speculative decoding a read back
         row_slots = np.asarray(ctx.idx_mapping_np) if one_row_per_request else ctx.expanded_idx_mapping.cpu().numpy()
-        rows = np.flatnonzero(self._active[row_slots] & ~self._is_resident[row_slots])
+        rows = np.flatnonzero(self._is_hosted[row_slots])
         slots = row_slots[rows]
         try:
             histories = row_histories(self._req_states, ctx, rows, slots)
@@ -247,9 +256,9 @@ class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
         local = ctx.expanded_local_pos.cpu().numpy() if len(row_slots) != len(ctx.idx_mapping_np) else None
         real = [i for i in keep if local is None or local[rows[i]] == 0]
         drafts = [i for i in keep if local is not None and local[rows[i]] != 0]
-        requests = [self._slots[int(slots[i])] for i in real]
+        requests = [self._hosted[int(slots[i])] for i in real]
         apply_rows(logits, [int(rows[i]) for i in real], requests, [histories[i] for i in real])  # type: ignore[arg-type,misc]
         for i in drafts:  # a failure on a draft row stops that row only (the draft may be rejected)
-            request = self._slots[int(slots[i])]
+            request = self._hosted[int(slots[i])]
             if request is not None and not request.failed:
                 apply_draft_row(request, histories[i], logits[int(rows[i])])  # type: ignore[arg-type]

@@ -137,8 +137,32 @@ class GuardedRequest:
 
     @property
     def resident(self) -> bool:
-        """Whether every processor is a built-in kind with a ``template`` (the resident path can run it)."""
+        """Whether every processor has a ``template`` (a built-in kind's, or a plug-in's: the resident
+        path can run it)."""
         return self.processor is not None and all(hasattr(p, "template") for p in self.processor.processors)
+
+    def split(self) -> tuple[GuardedRequest | None, GuardedRequest | None]:
+        """What of this request a slot engine runs resident and what per row (hosted), applied in
+        that order each step: ``(self, None)`` when every processor has a template; ``(leading,
+        trailing)`` when the processors with a template all come before those without (at least one
+        of each): two parts of this request, so the built-ins stay resident and only the trailing
+        plug-in entries run per row, in payload order; else ``(None, self)`` (a templated entry after
+        a hosted one: resident entries apply before hosted ones, so payload order would not hold).
+
+        The parts share this request's failure state: either part failing fails the request (its
+        ``failure`` names the processor by its index in the whole request), and a failed request
+        runs neither part."""
+        if self.processor is None:
+            return None, self
+        templated = [hasattr(p, "template") for p in self.processor.processors]
+        cut = templated.index(False) if False in templated else len(templated)
+        if cut == len(templated):
+            return self, None
+        if cut == 0 or any(templated[cut:]):
+            return None, self
+        processors, width = self.processor.processors, self.processor.vocab_size
+        return (_Part(self, RequestLogitsProcessor(processors[:cut], vocab_size=width)),
+                _Part(self, RequestLogitsProcessor(processors[cut:], vocab_size=width)))
 
     def plan(self, history: Sequence[int]) -> list[Any] | None:
         """This step's steps for ``dynlogits.sdk.plans.apply_plans``; ``None`` once the request failed
@@ -266,3 +290,42 @@ class GuardedRequest:
     def __repr__(self) -> str:
         state = f"failed: {self.error}" if self.error else repr(self.processor)
         return f"GuardedRequest({state})"
+
+
+class _Part(GuardedRequest):
+    """Some of a request's processors (``GuardedRequest.split``) as a request of their own to the apply
+    paths: its own ``processor``, every bit of failure state the whole request's."""
+
+    __slots__ = ("whole",)
+
+    def __init__(self, whole: GuardedRequest, processor: RequestLogitsProcessor) -> None:
+        self.whole = whole
+        self.processor = processor
+
+    # the failure state is the whole request's (these shadow the base class's slots)
+    error = property(lambda self: self.whole.error)  # type: ignore[assignment]  # read-only: set through fail
+    failure = property(lambda self: self.whole.failure)  # type: ignore[assignment]  # read-only: set through fail
+    stop_token_id = property(lambda self: self.whole.stop_token_id)  # type: ignore[assignment]  # the request's
+    on_failure = property(lambda self: self.whole.on_failure)  # type: ignore[assignment]  # the request's
+
+    @property
+    def failed(self) -> bool:
+        return self.whole.failed
+
+    def fail_with(self, exc: Exception, history: Sequence[int] | None) -> None:
+        self.whole.fail_with(exc, history)
+
+    def note_dead(self, flags: DeviceFlags, index: int, reason: str) -> None:
+        self.whole.note_dead(flags, index, reason)
+
+    def poll(self) -> None:
+        self.whole.poll()
+
+    def fail(self, reason: str, *, exc_info: bool = False, failure: Failure | None = None) -> None:
+        self.whole.fail(reason, exc_info=exc_info, failure=failure)
+
+    def blame(self, history: Sequence[int], vocab_size: int) -> int | None:
+        return self.whole.blame(history, vocab_size)
+
+    def __repr__(self) -> str:
+        return f"part of {self.whole!r}: {self.processor!r}"
