@@ -20,7 +20,9 @@ from dynlogits.specs.entries import WIRE_KINDS
 #: ``python`` runs the operator's code, not a kind of ours; ``reasoning`` builds no processor
 ENGINE_KINDS = sorted(WIRE_KINDS - {"python", "reasoning"})
 PACKAGE = Path(dynlogits.__file__).parent
-APPLY_PATHS = ["sdk/plans.py", "sdk/apply.py", "sdk/resident/slot_batch.py", "sdk/resident/flags.py"]
+APPLY_PATHS = ["sdk/plans.py", "sdk/apply.py", "sdk/resident/slot_batch.py", "sdk/resident/flags.py",
+               "sdk/resident/listed.py", "sdk/resident/gathered.py", "sdk/resident/deciding.py",
+               "sdk/resident/failures.py", "sdk/resident/engine_step.py"]
 
 
 @pytest.mark.parametrize("kind", ENGINE_KINDS)

@@ -1,0 +1,104 @@
+"""The resident path's failure state: which slots' requests failed, the per-slot flags the device
+writes when a row is left with no token, and their read back.
+
+A failed slot's rows are fail-stopped every step (``failed``, ``failed_member``). A row a group
+left with no token is fail-stopped on the device in the same step and its slot flagged with the
+row's output position (``record_dead``); the flags go to the host in a copy queued in that step
+(``queue_read_back``) and, once it lands (``dynlogits.sdk.readback``, any thread), the request
+that held the slot when the copy was queued is failed and queued in ``newly_failed`` for the slot
+engine to fail-stop wherever it is now. Nothing here waits on the device."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+import torch
+
+from dynlogits.processors.slots import Dead, SlotTable, StepInputs
+
+from ..guard import NO_TOKEN_LEFT, GuardedRequest
+from ..readback import INBOX
+from .flags import FlagSnapshot, SlotFlags
+
+__all__ = ["Failures"]
+
+NEG_INF = -math.inf
+
+
+class Failures:
+    """Failure state of a ``SlotBatch`` of ``num_slots`` slots (tables hold one more row: the
+    sentinel, which is never failed nor flagged)."""
+
+    def __init__(self, num_slots: int, device: torch.device) -> None:
+        self.num_slots = num_slots
+        self.device = device
+        self.failed: set[int] = set()  # slots whose request failed: fail-stopped every step
+        self.failed_member = SlotTable(num_slots + 1, torch.bool, device, pad=0)
+        self.flags = SlotFlags(num_slots + 1, device)  # output position a slot's row was left empty, or -1
+        self._no_flags = np.full(num_slots, self.flags.fill, dtype=np.int64).tobytes()  # none flagged, as bytes
+        self._minus_one = torch.full((), -1, dtype=torch.long, device=device)
+        self._written = False  # flags written since the last snapshot was queued
+        #: requests a landed snapshot failed (possibly on the watcher thread), to be fail-stopped in
+        #: their current slot by the slot engine
+        self.newly_failed: deque[GuardedRequest] = deque()
+
+    def set_failed(self, slot: int, failed: bool) -> bool:
+        """Mark ``slot`` failed (or not); returns whether that changed (its table row is then staged)."""
+        if failed == (slot in self.failed):
+            return False
+        if failed:
+            self.failed.add(slot)
+        else:
+            self.failed.discard(slot)
+        self.failed_member.set(slot, [int(failed)])
+        return True
+
+    def record_dead(self, step: StepInputs, deaths: list[Dead], real_rows: torch.Tensor | None) -> None:
+        """Fail-stop the rows left with no token (after every group, as the host path does) and flag
+        their slots; rows after drafts (``real_rows`` false) only stop: the draft may be rejected."""
+        for d in deaths:
+            if d.flagged:
+                continue  # settled and flagged by its group
+            dead = d.evaluate(step)
+            if d.settled is not None:
+                pass  # fail-stopped by its group already
+            elif d.rows is not None:
+                assert d.stop_index is not None
+                at_stop = step.flat.index_select(0, d.stop_index)
+                stopping = dead if d.can_stop is None else dead & d.can_stop
+                step.flat.index_copy_(0, d.stop_index, at_stop.masked_fill_(stopping, 0.0))
+            else:
+                stops = step.stops[d.slots]
+                index = stops.clamp(min=0)[:, None]
+                at_stop = step.logits.gather(1, index)
+                step.logits.scatter_(1, index, at_stop.masked_fill_((dead & (stops >= 0))[:, None], 0.0))
+            flagged = dead if real_rows is None else dead & (real_rows if d.rows is None else real_rows[d.rows])
+            position = d.positions if d.positions is not None else torch.zeros_like(d.slots)
+            self.flags.dev.scatter_reduce_(0, d.slots, torch.where(flagged, position, self._minus_one), reduce="amax")
+        self._written = True
+
+    def queue_read_back(self) -> None:
+        """If flags were written since the last copy, queue one now, in the step that wrote them
+        (never waits); ``read`` runs when it lands."""
+        if self._written:
+            self._written = False
+            snapshot = self.flags.snapshot()
+            INBOX.when_landed(snapshot.landed, lambda: self.read(snapshot), self.device)
+
+    def read(self, snapshot: FlagSnapshot) -> None:
+        """Fail the requests a landed snapshot flags (any thread: see ``dynlogits.sdk.readback``) and
+        queue them in ``newly_failed``."""
+        try:
+            values = snapshot.values[: self.num_slots]  # not the sentinel's
+            if values.tobytes() == self._no_flags:  # nothing flagged (a byte compare: cheaper than numpy)
+                return
+            for slot in np.flatnonzero(values >= 0).tolist():
+                request = snapshot.owners[slot]
+                if request is None or request.error is not None:
+                    continue  # (a failed request without a stop token stays flagged: already handled)
+                request.fail(NO_TOKEN_LEFT.format(n=int(values[slot])))
+                self.newly_failed.append(request)
+        finally:
+            snapshot.release()
