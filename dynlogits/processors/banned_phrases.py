@@ -112,7 +112,7 @@ class BannedPhrasesProcessor:
 
     def __init__(self, phrases: Sequence[Sequence[int]]) -> None:
         try:
-            tables = _tables(phrases)  # type: ignore[arg-type]
+            tables = _tables(phrases)  # type: ignore[arg-type]  # tuples as given; lists raise TypeError below
         except TypeError:  # lists: made hashable
             tables = _tables(tuple(tuple(p) for p in phrases))
         self._always, self._tails, self.template, _ = tables
@@ -272,7 +272,7 @@ class BannedPhrasesGroup(EntryTablesGroup):
         (``need + prompt_len - 1``; ``NEVER`` for rows outside the group)."""
         cached = self._cache.get("window")
         if cached is not None and cached[0] is rows.slot_of_row:
-            return cached[1]  # type: ignore[no-any-return]
+            return cached[1]
         r, e, w = len(rows.slot_of_row), self.entries, self.width
         slots = window.slots(rows.slot_of_row)
         prefix = self.prefix.dev[rows.slot_of_row].view(r, e, w)

@@ -99,7 +99,7 @@ class SpanTables:
 
     def host_span(self, processor: Any, history: Sequence[int]) -> int | None:
         """The host processor's span after ``history`` (a resumed request's one host scan)."""
-        return processor.span(history)  # type: ignore[no-any-return]
+        return processor.span(history)
 
     def decide(self, slots: torch.Tensor, span: torch.Tensor, generated: torch.Tensor, valid: torch.Tensor,
                row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -193,12 +193,13 @@ class DeviceThinking:
         if request is not None and request.processor is not None:
             for i, p in enumerate(request.processor.processors):
                 template = getattr(p, "template", None)
-                if getattr(template, "device_spans", None) is not None:
+                if template is not None and getattr(template, "device_spans", None) is not None:
                     templates[(i, template.group)] = template
         for key in set(self.tables) | set(templates):
             template = templates.get(key)
             tables = self.tables.get(key)
-            if tables is None:
+            if tables is None:  # a key new to the tables is one of ``templates``
+                assert template is not None
                 tables = self.tables[key] = template.device_spans(self.num_slots, self.device)
             tables.set(slot, template)
             initial = CLOSED if template is None else tables.initial(template)
@@ -207,7 +208,7 @@ class DeviceThinking:
             if not tables.members:  # no request left at this key: steps skip it
                 del self.tables[key]
         if templates and resumed > self.MAX_DEVICE_CATCH_UP:
-            self._cold[slot] = request  # type: ignore[assignment]
+            self._cold[slot] = request
         elif templates and resumed:
             self._catch_up = max(self._catch_up, resumed)
 
@@ -277,7 +278,7 @@ class DeviceThinking:
             for (level, _), tables in self.tables.items():
                 if not bool(tables.member.dev[slot, 0]):
                     continue
-                processor = request.processor.processors[level]  # type: ignore[union-attr]
+                processor = request.processor.processors[level]
                 span = tables.host_span(processor, history)  # the host automaton, same rule
                 tables.span[slot : slot + 1].fill_(CLOSED if span is None else span)
                 tables.scanned[slot : slot + 1].fill_(committed)

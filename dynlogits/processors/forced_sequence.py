@@ -142,8 +142,8 @@ class ForcedSequenceGroup(PlannedGroup):
         n = len(rows.rows)
         few = self._cache.get("few")
         if few is not None:
-            positions = [min(counts[row], length) for row, length, _ in few]
-            out[:] = [flat[p] for (_, _, flat), p in zip(few, positions)] + [self._sentinel] * n + positions
+            at = [min(counts[row], length) for row, length, _ in few]
+            out[:] = [flat[p] for (_, _, flat), p in zip(few, at)] + [self._sentinel] * n + at
             return
         positions = out[2 * n :]
         if not rows.identity:

@@ -36,7 +36,7 @@ class MinTokensGroup(IdsGroup):
         assert step.generated is not None
         flat = self._cache["flat"]
         positions = listed_positions(step, rows.rows_dev, rows.identity)
-        active = positions < self._cache["minimum"]  # type: ignore[operator]
+        active = positions < self._cache["minimum"]
         current = step.flat.index_select(0, flat)
         step.flat.index_copy_(0, flat, current.masked_fill_(active[:, None].expand(-1, self.ids.width).reshape(-1), NEG_INF))
 

@@ -82,7 +82,7 @@ class MultipleChoiceGroup(EntryTablesGroup):
 
     def host_decision(self, processor: Any, history: Sequence[int]) -> tuple[int, ...]:
         """The ids the row allows this step (empty: it left every choice)."""
-        return processor.allowed(history)  # type: ignore[no-any-return]
+        return processor.allowed(history)
 
     def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: list[tuple[int, ...]],
                              upload: StepUpload) -> Dead:
@@ -111,7 +111,7 @@ class MultipleChoiceGroup(EntryTablesGroup):
         table changes (a flush clears ``_cache``)."""
         cached = self._cache.get("window")
         if cached is not None and cached[0] is rows.slot_of_row:
-            return cached[1]  # type: ignore[no-any-return]
+            return cached[1]
         r, e = len(rows.slot_of_row), self.entries
         prefix = self.prefix.dev[rows.slot_of_row].view(r, e, self.width)
         made = _RowTables(window.slots(rows.slot_of_row), prefix, prefix < 0, self.depth.dev[rows.slot_of_row],
@@ -190,6 +190,10 @@ class MultipleChoiceProcessor:
 
     __slots__ = ("_allowed", "_children", "_ends", "_eos", "_keep", "template")
 
+    _children: list[dict[int, int]]  # the trie: each node's children by token
+    _ends: list[bool]  # whether each node ends a choice
+    _allowed: list[tuple[int, ...]]  # each node's allowed ids
+
     def __init__(self, choices: Sequence[Sequence[int]], eos_token_id: int) -> None:
         self._eos = eos_token_id
         self._keep: dict[tuple[int, ...], IndexCache] = {}
@@ -204,8 +208,8 @@ class MultipleChoiceProcessor:
     def _build(self, choices: Sequence[Sequence[int]]) -> tuple[Any, ...]:
         """The trie, each node's allowed ids and the template (shared read only, ``_TABLES``)."""
         eos_token_id = self._eos
-        self._children: list[dict[int, int]] = [{}]
-        self._ends: list[bool] = [False]
+        self._children = [{}]
+        self._ends = [False]
         for choice in choices:
             node = 0
             for token in choice:

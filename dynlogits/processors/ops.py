@@ -94,11 +94,11 @@ def check_op(op: RowOp, width: int) -> None:
     if isinstance(op, ForceToken):
         low = high = op.token_id
     else:
-        low, high = op.index.low, op.index.high
-        if low is None:
+        if op.index.low is None or op.index.high is None:  # no ids (both are None together)
             return
-    if low < 0 or high >= width:  # type: ignore[operator]
-        bad = low if low < 0 else high  # type: ignore[operator]
+        low, high = op.index.low, op.index.high
+    if low < 0 or high >= width:
+        bad = low if low < 0 else high
         raise IndexError(f"{type(op).__name__} names token id {bad}, outside the logits width {width}")
 
 
@@ -121,7 +121,8 @@ def apply_op(op: RowOp | None, row: torch.Tensor) -> None:
     if isinstance(op, MaskIds):
         row.index_fill_(0, idx, NEG_INF)
     elif isinstance(op, AddBias):
-        row.index_add_(0, idx, values)  # type: ignore[arg-type]
+        assert values is not None  # a bias index carries its values
+        row.index_add_(0, idx, values)
     else:  # KeepOnly: gather the kept values (allowed-set sized), fill, write them back
         kept = row.index_select(0, idx)
         row.fill_(NEG_INF)

@@ -130,11 +130,13 @@ class SlotTable:
         if not self._dirty and not self._whole:
             return False
         if on_accelerator(self.device):
+            host = self.host
+            assert host is not None  # allocated in __init__
             if self._whole:
-                self.dev.copy_(self.host, non_blocking=True)  # type: ignore[arg-type]
+                self.dev.copy_(host, non_blocking=True)
             else:
                 for slot in sorted(self._dirty):
-                    self.dev[slot].copy_(self.host[slot], non_blocking=True)  # type: ignore[index]
+                    self.dev[slot].copy_(host[slot], non_blocking=True)
             self._record()
         self._dirty.clear()
         self._whole = False
@@ -281,7 +283,7 @@ class Group:
         every = self._cache.get("every")
         if every is None or every.slot_of_row is not slot_of_row:
             every = self._cache["every"] = GatheredRows(slot_of_row, self.member.dev[slot_of_row, 0])
-        return every  # type: ignore[no-any-return]
+        return every
 
     def assign(self, slot: int, template: Template | None) -> None:
         if template is None:

@@ -96,13 +96,12 @@ def factory(entry: Any, ctx: RealizeContext) -> ThinkingBudgetProcessor:
     """A fresh processor for one ``thinking_budget`` entry: its own delimiters, else the request's
     reasoning delimiters (``ctx.reasoning``); spans followed from the request's prompt on."""
     start, end = entry.start_token_ids, entry.end_token_ids
-    if (start is None or end is None) and ctx.reasoning is None:
-        raise ValueError("thinking_budget has no delimiters of its own (start/end) and the request has no reasoning "
-                         "delimiters (a reasoning entry, or the deployment's reasoning:)")
-    if start is None:
-        start = ctx.reasoning[0]  # type: ignore[index]
-    if end is None:
-        end = ctx.reasoning[1]  # type: ignore[index]
+    if start is None or end is None:
+        if ctx.reasoning is None:
+            raise ValueError("thinking_budget has no delimiters of its own (start/end) and the request has no "
+                             "reasoning delimiters (a reasoning entry, or the deployment's reasoning:)")
+        start = ctx.reasoning[0] if start is None else start
+        end = ctx.reasoning[1] if end is None else end
     return ThinkingBudgetProcessor(start, end, entry.budget, ctx.prompt_ids)
 
 

@@ -50,7 +50,7 @@ class TriggerTables(SpanTables):
             self.phrase_len.set(slot, [len(template.phrase)])
 
     def host_span(self, processor: Any, history: Sequence[int]) -> int | None:
-        return processor.fired_at(history)  # type: ignore[no-any-return]
+        return processor.fired_at(history)
 
     def decide(self, slots: torch.Tensor, span: torch.Tensor, generated: torch.Tensor, valid: torch.Tensor,
                row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:

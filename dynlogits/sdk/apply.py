@@ -66,7 +66,12 @@ def apply_rows(
         for j, i in enumerate(live):
             reason = NO_FINITE_LOGIT if j in empty.opaque else NO_TOKEN_LEFT
             requests[i].note_dead(flags, j, reason.format(n=len(histories[i])))
-        INBOX.when_landed(flags.landed, lambda: [r.poll() for r in noted], logits.device)
+
+        def poll_noted() -> None:
+            for each in noted:
+                each.poll()
+
+        INBOX.when_landed(flags.landed, poll_noted, logits.device)
     for row, request in zip(rows, requests):
         if request.failed:
             request.force_stop(logits[row])
@@ -87,7 +92,8 @@ def _stop_empty_rows(logits: torch.Tensor, rows: Sequence[int], requests: Sequen
         at = to_device([rows[stoppable[k]] for k in opaque], torch.long, device)
         whole = dead.index_select(0, to_device(opaque, torch.long, device))
         logits.index_copy_(0, at, logits.index_select(0, at).masked_fill_(whole[:, None], -math.inf))
-    stop_rows_where(logits, [rows[j] for j in stoppable], [requests[j].stop_token_id for j in stoppable], dead)  # type: ignore[misc]
+    stops = [stop for j in stoppable if (stop := requests[j].stop_token_id) is not None]  # every one, by ``stoppable``
+    stop_rows_where(logits, [rows[j] for j in stoppable], stops, dead)
 
 
 def apply_row(request: GuardedRequest, history: Sequence[int], row: torch.Tensor) -> torch.Tensor:

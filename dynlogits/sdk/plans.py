@@ -76,7 +76,7 @@ def apply_plans(
     histories: Sequence[Sequence[int]],
     *,
     on_error: OnError | None = None,
-) -> torch.Tensor | None:
+) -> EmptyRows | None:
     """Apply ``plans[i]`` to ``logits[rows[i]]`` (in place) for every ``i``.
 
     ``logits`` is ``[num_rows, vocab]``; each row appears at most once. Opaque steps are called as
@@ -96,7 +96,7 @@ def apply_plans(
     witnesses: dict[int, RowOp] = {}
     depth = max((len(p) for p in plans), default=0)
     for level in range(depth):
-        groups: dict[type, list[tuple[int, int]]] = {}
+        groups: dict[type, list[tuple[int, RowOp]]] = {}
         for i, plan in enumerate(plans):
             if level >= len(plan) or i in failed:
                 continue
