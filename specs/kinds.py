@@ -82,7 +82,9 @@ class ProcessorKind:
     ``text_fields`` class variable on ``spec_model`` (text field -> id field) declares
     text the worker resolves with its tokenizer before the entry crosses the wire.
 
-    The optional fields, for plug-ins and built-ins alike:
+    The optional fields (docs/specs.md, "Kinds"; ``wire``, ``resolves_to``, ``delimiters``,
+    ``reads_prompt``, ``allow_listed``, ``fast_model`` and ``admission`` are read for built-in
+    kinds only, the others for plug-ins too):
 
     * ``fast_model``: a msgspec twin of ``spec_model`` tagged with the kind (same fields and
       rules), the worker's fast decode (``None``: decoded by ``spec_model``). The fast path

@@ -48,7 +48,7 @@ from dynlogits.specs import (
     SpecError,
     SpecLimits,
 )
-from dynlogits.specs.entries import ReasoningSpec, declaration
+from dynlogits.specs.entries import DELIMITER_KINDS, ReasoningSpec
 from dynlogits.specs.errors import problems_from_pydantic
 from dynlogits.specs.kinds import plugin_kinds
 from dynlogits.specs.limits import limit_problems
@@ -115,9 +115,10 @@ def parse_config(data: Any, *, source: str = "config") -> DeploymentConfig:
         raise SpecError(problems_from_pydantic(err.errors(), root="", tags=kind_tags(plugins))) from None
     limits = SpecLimits(**model.limits.model_dump())
     problems = list(limit_problems(model.entries, limits, root="entries"))
-    allowable = (ENTRY_KINDS | frozenset(plugins)) - REQUEST_FORBIDDEN_KINDS
+    forbidden = REQUEST_FORBIDDEN_KINDS | {name for name, kind in plugins.items() if not kind.client_allowed}
+    allowable = (ENTRY_KINDS | frozenset(plugins)) - forbidden
     for i, kind in enumerate(model.allow_request_kinds):
-        if kind in REQUEST_FORBIDDEN_KINDS:
+        if kind in forbidden:
             problems.append(Problem(f"allow_request_kinds[{i}]", f"kind {kind!r} runs code on workers and may never be allowed in requests"))
         elif kind not in allowable:
             problems.append(Problem(f"allow_request_kinds[{i}]", f"unknown kind {kind!r} (expected one of {sorted(allowable)})"))
@@ -139,9 +140,8 @@ def parse_config(data: Any, *, source: str = "config") -> DeploymentConfig:
 
 def declares_delimiters(entry: Any) -> bool:
     """Whether ``entry`` (a model or its wire dict) declares the request's reasoning delimiters
-    (its kind's ``ProcessorKind.delimiters``)."""
-    declared = declaration(entry.get("kind") if isinstance(entry, Mapping) else getattr(entry, "kind", None))
-    return declared is not None and declared.delimiters
+    (its built-in kind's ``ProcessorKind.delimiters``)."""
+    return (entry.get("kind") if isinstance(entry, Mapping) else getattr(entry, "kind", None)) in DELIMITER_KINDS
 
 
 def parse_reasoning(data: Any, *, source: str) -> ReasoningSpec:

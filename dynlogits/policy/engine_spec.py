@@ -26,7 +26,7 @@ from dynlogits.policy.request import RequestPolicy, build_policy
 from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.policy.text import TextTokenizer
 from dynlogits.specs import WIRE_KEY, Entry, Problem, SpecError, encode_entries, parse_entries
-from dynlogits.specs.entries import ReasoningSpec, declaration
+from dynlogits.specs.entries import BUILTIN, ReasoningSpec
 
 __all__ = [
     "PAYLOAD_ROOT",
@@ -92,8 +92,8 @@ def _allowing(config: DeploymentConfig, kinds: frozenset[str]) -> DeploymentConf
 
 
 def _resolved_on_worker(kind: str) -> bool:
-    """Whether entries of ``kind`` never cross the wire (the worker resolves them first)."""
-    declared = declaration(kind)
+    """Whether entries of built-in ``kind`` never cross the wire (the worker resolves them first)."""
+    declared = BUILTIN.get(kind)
     return declared is not None and not declared.wire
 
 
