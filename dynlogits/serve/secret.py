@@ -14,6 +14,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from .http.bearer_auth import bearer_token, read_key_file, send_unauthorized
 
 __all__ = ["MIN_SECRET_CHARS", "WORKER_SECRET_ENV", "RequireWorkerSecret", "add_worker_secret_flag", "load_worker_secret",
@@ -53,10 +55,10 @@ class RequireWorkerSecret:
     """Pure ASGI middleware: 401 for every HTTP route but ``open_paths`` unless the request presents
     ``secret``; with ``secret=None`` every request passes (a worker started without one)."""
 
-    def __init__(self, app: Any, *, secret: str | None, open_paths: frozenset[str] = frozenset({"/health"})) -> None:
+    def __init__(self, app: ASGIApp, *, secret: str | None, open_paths: frozenset[str] = frozenset({"/health"})) -> None:
         self.app, self.secret, self.open_paths = app, secret, open_paths
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] == "http" and self.secret is not None and scope.get("path") not in self.open_paths
                 and not presents_secret(scope, self.secret)):
             await send_unauthorized(send, "this port is for the deployment's frontend only: send the deployment's "

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dynlogits.serve.http.bearer_auth import send_unauthorized
 from dynlogits.serve.http.connections import ABORT_KEY
@@ -38,7 +39,7 @@ class ClientGuard:
     server: ServerLimits = field(default_factory=ServerLimits)
     metrics: FrontendMetrics | None = None
     #: Who a client is; by default its address, or ``server.client_id_header`` when set.
-    identity: ClientIdentity = None  # type: ignore[assignment]
+    identity: ClientIdentity = None  # type: ignore[assignment]  # None: __post_init__ builds it from server
     #: Where client protocol errors are counted and logged (``None``: only counted in the metrics).
     protocol_errors: ProtocolErrorLog | None = None
     queue: FairQueue = field(init=False)
@@ -53,7 +54,7 @@ class ClientGuard:
         self.queue = FairQueue(max_inflight=s.max_inflight_sequences, max_per_client=s.max_client_sequences,
                                queue_timeout_s=s.queue_timeout_s)
 
-    def client(self, scope: Any) -> str:
+    def client(self, scope: Scope) -> str:
         return self.identity.client(scope)
 
     def protocol_error(self, kind: str, detail: str) -> None:
@@ -76,7 +77,7 @@ class ClientGuard:
             self.metrics.queued_requests.set(self.queue.queued)
 
 
-def guard_of(request: Any) -> ClientGuard:
+def guard_of(request: Request) -> ClientGuard:
     """The guard :class:`ClientGuardMiddleware` put in the request's scope; without the middleware
     (an app served some other way) one with the default limits, shared by the app's requests, whose
     queue is not enforced (see :func:`hold_ticket`)."""
@@ -88,7 +89,7 @@ def guard_of(request: Any) -> ClientGuard:
     return guard
 
 
-def hold_ticket(request: Any, ticket: Ticket) -> None:
+def hold_ticket(request: Request, ticket: Ticket) -> None:
     """Have the middleware release ``ticket`` once the request's response has ended. Without the
     middleware nothing would, so the ticket is released at once (the queue is then not enforced)."""
     state = request.scope.setdefault("state", {})
@@ -104,10 +105,10 @@ class ClientGuardMiddleware:
     whose client takes no data for ``send_timeout_s`` is ended and its connection dropped; a 408
     closes its connection; a request's ticket is released once its response has ended, however."""
 
-    def __init__(self, app: Any, guard: ClientGuard) -> None:
+    def __init__(self, app: ASGIApp, guard: ClientGuard) -> None:
         self.app, self.guard = app, guard
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -122,7 +123,7 @@ class ClientGuardMiddleware:
         timeout = self.guard.server.send_timeout_s
         stalled = False
 
-        async def guarded_send(message: Any) -> None:
+        async def guarded_send(message: Message) -> None:
             nonlocal stalled
             if message["type"] == "http.response.start" and message.get("status") == 408:
                 message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}

@@ -12,7 +12,7 @@ import hashlib
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from dynlogits.serve.http.bearer_auth import BearerKeys, bearer_token
 
@@ -57,7 +57,7 @@ class TrustedProxies:
         name = header.strip().lower()
         if name not in ("x-forwarded-for", "forwarded"):
             raise ValueError(f"the forwarding header must be 'x-forwarded-for' or 'forwarded', got {header[:40]!r}")
-        return cls(tuple(networks), name)  # type: ignore[arg-type]
+        return cls(tuple(networks), cast(ForwardedHeader, name))  # one of the two, checked above
 
     def trusts(self, address: str) -> bool:
         parsed = _address(address)

@@ -26,9 +26,9 @@ from dynlogits.serve.openai_controls import ROOT
 
 __all__ = ["COST_FACTOR", "CostPacer", "carries_entries"]
 
-#: The whole cost of a request's body as a multiple of the frontend's validation of it. Measured for
-#: a 0.58 MB costly payload (``dynlogits.tools.load.costly``): JSON 6-9 ms, validation 8-11 ms at the
-#: frontend, then the worker's parse 5-6 ms and its admission (parse, limits, budget) ~10 ms.
+#: The whole cost of a request's body (the frontend's JSON parse and validation, then the worker's parse
+#: and admission) as a multiple of the frontend's validation of it: the ratio measured for the costly
+#: payload (``dynlogits.tools.load.costly``; ``docs/reliability.md``, "Admission").
 COST_FACTOR = 5.0
 
 

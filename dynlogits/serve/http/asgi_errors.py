@@ -8,28 +8,26 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["JsonErrors"]
-
-Scope = dict[str, Any]
 
 
 class JsonErrors:
     """Pure ASGI middleware: ``app.add_middleware(JsonErrors, server="worker", log=log)``."""
 
-    def __init__(self, app: Any, *, server: str, log: logging.Logger) -> None:
+    def __init__(self, app: ASGIApp, *, server: str, log: logging.Logger) -> None:
         self.app, self.server, self.log = app, server, log
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = False
 
-        async def tracked(message: dict[str, Any]) -> None:
+        async def tracked(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
             await send(message)

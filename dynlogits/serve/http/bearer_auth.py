@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from starlette.types import Send
+
 __all__ = ["BearerKeys", "bearer_token", "read_key_file", "send_unauthorized"]
 
 
@@ -71,7 +73,7 @@ def read_key_file(path: str) -> list[str]:
     return keys
 
 
-async def send_unauthorized(send: Any, message: str, *, code: str = "invalid_api_key") -> None:
+async def send_unauthorized(send: Send, message: str, *, code: str = "invalid_api_key") -> None:
     """A complete 401 answer in OpenAI's error shape, with ``WWW-Authenticate: Bearer``."""
     body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
                                  "code": code}}).encode()

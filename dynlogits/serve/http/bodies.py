@@ -12,10 +12,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import AsyncIterable
-from typing import Any
+from collections.abc import AsyncIterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
+from pydantic_core import ErrorDetails
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "MAX_DEPTH", "MAX_MESSAGE_CHARS", "QUOTE_CHARS", "BodyError", "clip",
            "first_error", "loc_path", "parse_json_body", "quote", "read_body", "read_json_body"]
@@ -169,7 +173,7 @@ def parse_json_body(raw: bytes) -> Any:
     return document
 
 
-async def read_json_body(request: Any, *, max_bytes: int = DEFAULT_MAX_BODY_BYTES, timeout_s: float | None = None) -> Any:
+async def read_json_body(request: Request, *, max_bytes: int = DEFAULT_MAX_BODY_BYTES, timeout_s: float | None = None) -> Any:
     """Read and parse a Starlette ``request``'s body under all the rules above (``timeout_s``: the
     whole body's deadline, ``None`` for none)."""
     try:
@@ -197,7 +201,7 @@ def loc_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def first_error(errors: list[Any]) -> BodyError:
+def first_error(errors: Sequence[ErrorDetails]) -> BodyError:
     """A 400 naming the first field of a pydantic ``ValidationError.errors()`` list and its rule."""
     first = errors[0]
     path = loc_path(tuple(first["loc"]))

@@ -6,10 +6,9 @@ an engine request) ran only once the generator was garbage collected.
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 __all__ = ["ClosingStreamingResponse"]
 
@@ -18,7 +17,7 @@ class ClosingStreamingResponse(StreamingResponse):
     """``StreamingResponse`` whose async-generator body is closed when the response ends, whether
     it ran to its end, failed, or the client went away."""
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:

@@ -15,7 +15,10 @@ import json
 import logging
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from starlette.types import Scope
 
 from .heads import HeadLimits, HeadProblem, HeadScanner, HeadTooLarge
 from .protocol_errors import ProtocolErrorLog, install_uvicorn_filter
@@ -29,7 +32,7 @@ ABORT_KEY = "dynlogits.abort_connection"
 _PARSER_REFUSED = "dynlogits.parser_refused"
 
 
-def parser_refused(scope: Any) -> bool:
+def parser_refused(scope: Scope) -> bool:
     """Whether the protocol already answered this request's framing error (and reported it): the app
     then sees only a disconnect, which is no second error."""
     return bool(scope.get("state", {}).get(_PARSER_REFUSED))
@@ -68,7 +71,7 @@ class _Guard:
     client: tuple[str, int] | None
 
     def connection_made(self, transport: asyncio.Transport) -> None:
-        super().connection_made(transport)  # type: ignore[misc]
+        super().connection_made(transport)  # type: ignore[misc]  # a mixin: super() is uvicorn's protocol class at runtime
         self._in_request = False
         self._head_started = False
         self._refused = False  # a head over its limits was answered; what follows is dropped
@@ -106,10 +109,10 @@ class _Guard:
             if self._head_expected():
                 end = self._scan_head(data)
                 piece, data = (data, b"") if end is None else (data[:end], data[end:])
-                super().data_received(piece)  # type: ignore[misc]
+                super().data_received(piece)  # type: ignore[misc]  # a mixin: super() is uvicorn's protocol class at runtime
             else:
                 piece, data = self._body_piece(data)
-                super().data_received(piece)  # type: ignore[misc]
+                super().data_received(piece)  # type: ignore[misc]  # a mixin: super() is uvicorn's protocol class at runtime
                 self._check_pending_head(piece)
 
     # parser-specific (see _HttpToolsHeads, _H11Heads)
@@ -153,13 +156,13 @@ class _Guard:
         self._report("invalid_http", msg)
         if self.cycle is not None:
             self.cycle.scope.setdefault("state", {})[_PARSER_REFUSED] = True
-        super().send_400_response(msg)  # type: ignore[misc]
+        super().send_400_response(msg)  # type: ignore[misc]  # a mixin: super() is uvicorn's protocol class at runtime
 
     def _unsupported_upgrade_warning(self) -> None:
         self._report("unsupported_upgrade", "a request asked to upgrade the connection; answered as plain HTTP")
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()  # type: ignore[misc]
+        super().on_response_complete()  # type: ignore[misc]  # a mixin: super() is uvicorn's protocol class at runtime
         self._in_request = self.cycle is not None and not self.cycle.response_complete  # a pipelined one runs
         if not self._in_request:
             self._head_started = False
@@ -167,7 +170,7 @@ class _Guard:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
-        super().connection_lost(exc)  # type: ignore[misc]
+        super().connection_lost(exc)  # type: ignore[misc]  # a mixin: super() is uvicorn's protocol class at runtime
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -243,23 +246,23 @@ class _HttpToolsHeads(_Guard):
 
     def on_message_begin(self) -> None:
         self._began = True
-        super().on_message_begin()  # type: ignore[misc]
+        super().on_message_begin()  # type: ignore[misc]  # a mixin: super() is uvicorn's protocol class at runtime
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         length = next((v for n, v in self.headers if n == b"content-length"), None)
         chunked = any(n == b"transfer-encoding" for n, _ in self.headers)
         self._body_left = None if chunked else int(length) if length is not None and length.strip().isdigit() else 0
-        super().on_headers_complete()  # type: ignore[misc]
+        super().on_headers_complete()  # type: ignore[misc]  # a mixin: super() is uvicorn's protocol class at runtime
 
     def on_body(self, body: bytes) -> None:
         if self._body_left is not None:
             self._body_left -= len(body)
-        super().on_body(body)  # type: ignore[misc]
+        super().on_body(body)  # type: ignore[misc]  # a mixin: super() is uvicorn's protocol class at runtime
 
     def on_message_complete(self) -> None:
         self._in_head, self._body_left = True, None
-        super().on_message_complete()  # type: ignore[misc]
+        super().on_message_complete()  # type: ignore[misc]  # a mixin: super() is uvicorn's protocol class at runtime
 
 
 class _H11Heads(_Guard):

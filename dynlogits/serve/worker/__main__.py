@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from types import FrameType
 
 from dynlogits.policy.config import load_deployment_config
 from dynlogits.specs import SpecError
@@ -37,14 +38,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = WorkerState(args=args, config=config)
 
     class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: object) -> None:
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # /ready and new /generate calls answer 503 at once; in-flight requests get until the
             # drain deadline (--graceful-timeout), then end with an in-band error.
             if not state.draining:
                 state.draining = True
                 loop = asyncio.get_event_loop()
                 loop.call_soon_threadsafe(state.drain, args.graceful_timeout_s)
-            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+            super().handle_exit(sig, frame)
 
     if args.worker_secret is None:
         logging.getLogger("dynlogits.serve.worker").warning(

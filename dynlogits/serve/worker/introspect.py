@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 __all__ = ["EXTENSION_CLASS", "AdapterIntrospection", "adapter_requests", "process_tree_rss"]
 
@@ -35,7 +38,7 @@ class AdapterIntrospection:
         return sum(counts) if counts else None
 
 
-async def adapter_requests(engine: Any, timeout_s: float = 5.0) -> int | None:
+async def adapter_requests(engine: AsyncLLM, timeout_s: float = 5.0) -> int | None:
     """Sum over the engine's workers of :meth:`AdapterIntrospection.dynlogits_adapter_requests`;
     ``None`` when the engine does not answer in time. Call it only on an engine whose workers have
     the extension: on others the call raises inside the engine, which logs it as an engine error."""

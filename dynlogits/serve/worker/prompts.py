@@ -7,15 +7,14 @@ imports neither torch nor an engine (``jinja2`` only when a chat template runs).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from ..protocol import ChatMessage
-from .worker_engine import EngineRequestError
+from .worker_engine import EngineRequestError, PromptTokenizer
 
 __all__ = ["render_prompt"]
 
 
-def render_prompt(tokenizer: Any, vocab_size: int, *, prompt: str | None, prompt_token_ids: Sequence[int] | None,
+def render_prompt(tokenizer: PromptTokenizer, vocab_size: int, *, prompt: str | None, prompt_token_ids: Sequence[int] | None,
                   messages: Sequence[ChatMessage] | None) -> list[int]:
     """Token ids of the prompt: ``messages`` through the model's chat template (with the generation
     prompt), ``prompt_token_ids`` as given, else ``prompt`` encoded with the tokenizer's special tokens.

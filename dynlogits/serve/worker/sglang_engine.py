@@ -14,13 +14,18 @@ import argparse
 import os
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynlogits.specs import WireEntry
 
 from ..protocol import ChatMessage, GenerateChunk, SamplingOptions, Usage
 from .prompts import render_prompt
 from .worker_engine import EngineRequestError
+
+if TYPE_CHECKING:
+    from sglang.srt.entrypoints.engine import Engine
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.server_args import ServerArgs
 
 __all__ = ["SglangEngine", "SglangEngineUnavailable", "SglangHandle", "SglangRequest", "sglang_server_args",
            "start_sglang_engine"]
@@ -40,7 +45,7 @@ class SglangRequest:
     sampling_params: dict[str, Any]
     custom_logit_processor: str | None
 
-    def generate_req_input(self, prompt_ids: Sequence[int], request_id: str) -> Any:
+    def generate_req_input(self, prompt_ids: Sequence[int], request_id: str) -> GenerateReqInput:
         """SGLang's real ``GenerateReqInput`` for this request (streaming)."""
         from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -52,7 +57,7 @@ class SglangRequest:
 class SglangHandle:
     """Holds the started ``sglang.Engine`` (``None``: not started, or a stand-in without one)."""
 
-    engine: Any = None
+    engine: Engine | None = None
 
 
 @dataclass
@@ -62,16 +67,23 @@ class SglangEngine:
 
     #: The engine's handle (``engine.engine`` is the ``sglang.Engine``).
     engine: SglangHandle | None
-    tokenizer: Any
+    tokenizer: Any  # see WorkerEngine.tokenizer
     model_name: str
     max_model_len: int
     vocab_size: int
     adapter_registered: bool
 
     @property
-    def _sglang(self) -> Any:
+    def _sglang(self) -> Engine | None:
         """The ``sglang.Engine``, or ``None`` when none runs."""
         return self.engine.engine if self.engine is not None else None
+
+    def _running(self) -> Engine:
+        """The ``sglang.Engine``; ``RuntimeError`` when none runs."""
+        engine = self._sglang
+        if engine is None:
+            raise RuntimeError("SGLang engine not started")
+        return engine
 
     def render_prompt(self, *, prompt: str | None, prompt_token_ids: Sequence[int] | None,
                       messages: Sequence[ChatMessage] | None) -> list[int]:
@@ -104,7 +116,7 @@ class SglangEngine:
         names are the worker's for a failure report, which SGLang's adapter does not send yet."""
         completion_tokens = 0
         try:
-            stream = await self._sglang.async_generate(
+            stream = await self._running().async_generate(
                 input_ids=prompt_ids, sampling_params=params.sampling_params,
                 custom_logit_processor=params.custom_logit_processor, stream=True, rid=request_id)
             async for out in stream:
@@ -126,8 +138,7 @@ class SglangEngine:
 
     async def check_health(self) -> None:
         """Raises while no ``sglang.Engine`` runs."""
-        if self._sglang is None:
-            raise RuntimeError("SGLang engine not started")
+        self._running()
 
     async def adapter_requests(self) -> int | None:
         """``None``: SGLang's adapter state is not readable from the worker."""
@@ -144,7 +155,8 @@ class SglangEngine:
             engine.shutdown()
 
 
-def sglang_server_args(model: str, served_name: str, engine_args: Sequence[str], *, register_adapter: bool) -> Any:
+def sglang_server_args(model: str, served_name: str, engine_args: Sequence[str], *,
+                       register_adapter: bool) -> ServerArgs:
     """SGLang's ``ServerArgs`` from the worker's engine flags, with the adapter enabled
     (``--enable-custom-logit-processor``; speculative decoding and watermarking refused)."""
     from sglang.srt.server_args import ServerArgs

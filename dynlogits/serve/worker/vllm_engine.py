@@ -37,6 +37,8 @@ from .worker_engine import EngineRequestError
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 __all__ = ["ADAPTER_CLASS", "SETTLE_TIMEOUT_S", "VllmEngine", "entry_failure", "start_vllm_engine"]
 
@@ -53,9 +55,9 @@ class VllmEngine:
     """A started ``AsyncLLM`` plus what the worker needs to know about its model: the vLLM
     :class:`~dynlogits.serve.worker.worker_engine.WorkerEngine` (its params: vLLM's ``SamplingParams``)."""
 
-    #: vLLM's ``AsyncLLM`` (or a stand-in with its ``generate``, ``abort``, ``check_health``, ``errored``).
-    engine: Any
-    tokenizer: Any
+    #: The started engine (tests stand in for it with its ``generate``, ``abort``, ``check_health``, ``errored``).
+    engine: AsyncLLM
+    tokenizer: Any  # see WorkerEngine.tokenizer
     model_name: str
     max_model_len: int
     vocab_size: int
@@ -121,25 +123,25 @@ class VllmEngine:
         """
         from vllm.inputs import TokensPrompt
 
-        inbox = self.failures
-        report_id = report_id_of(params) if inbox is not None else None
+        report_id = report_id_of(params) if self.failures is not None else None
+        inbox = self.failures if report_id is not None else None  # set: so is report_id
         failure: RequestFailure | None = None
         written: dict[int, int] = {}  # per choice, the tokens streamed so far
         completion_tokens = 0
         stream = self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id)
         try:
             async for out in stream:
-                if report_id is not None and failure is None:
-                    failure = inbox.take(report_id)  # type: ignore[union-attr]
+                if inbox is not None and report_id is not None and failure is None:
+                    failure = inbox.take(report_id)
                 for c in out.outputs:
                     start = written.get(c.index, 0)
                     written[c.index] = start + len(c.token_ids)
                     completion_tokens += len(c.token_ids)
-                    if (report_id is not None and failure is None and c.finish_reason == "stop"
+                    if (inbox is not None and report_id is not None and failure is None and c.finish_reason == "stop"
                             and not isinstance(c.stop_reason, str)):  # on a stop token: a fail-stop writes one
-                        checks = inbox.unsettled()  # type: ignore[union-attr]
+                        checks = inbox.unsettled()
                         if checks:
-                            failure = await inbox.settled(report_id, checks, SETTLE_TIMEOUT_S)  # type: ignore[union-attr]
+                            failure = await inbox.settled(report_id, checks, SETTLE_TIMEOUT_S)
                     if failure is None:
                         if c.text or c.token_ids or c.finish_reason:
                             yield GenerateChunk(index=c.index, text=c.text, token_ids=list(c.token_ids),
@@ -161,8 +163,8 @@ class VllmEngine:
             raise client_error from None
         finally:
             await stream.aclose()
-            if report_id is not None:
-                inbox.forget(report_id)  # type: ignore[union-attr]
+            if inbox is not None and report_id is not None:
+                inbox.forget(report_id)
         yield GenerateChunk(usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion_tokens,
                                         total_tokens=len(prompt_ids) + completion_tokens))
 
@@ -220,7 +222,7 @@ def _client_error(err: BaseException) -> EngineRequestError | None:
     return None
 
 
-def _engine_args(model: str, served_name: str, engine_args: Sequence[str], register_adapter: bool) -> Any:
+def _engine_args(model: str, served_name: str, engine_args: Sequence[str], register_adapter: bool) -> AsyncEngineArgs:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -243,7 +245,7 @@ def _engine_args(model: str, served_name: str, engine_args: Sequence[str], regis
 
 def start_vllm_engine(model: str, served_name: str, engine_args: Sequence[str], *,
                       register_adapter: bool) -> VllmEngine:
-    """Build and start ``AsyncLLM`` (blocking, ~30-60 s on CPU); call from a thread."""
+    """Build and start ``AsyncLLM`` (blocking, for as long as the model takes to load); call from a thread."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from dynlogits.policy.engine_spec import SPEC_SOURCE_ENV, SpecSource

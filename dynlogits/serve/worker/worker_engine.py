@@ -14,7 +14,7 @@ from dynlogits.specs import WireEntry
 
 from ..protocol import ChatMessage, GenerateChunk, SamplingOptions
 
-__all__ = ["EngineRequestError", "ParamsT", "WorkerEngine"]
+__all__ = ["EngineRequestError", "ParamsT", "PromptTokenizer", "WorkerEngine"]
 
 #: What an engine's :meth:`WorkerEngine.sampling_params` builds and its :meth:`WorkerEngine.generate` takes.
 ParamsT = TypeVar("ParamsT")
@@ -29,6 +29,14 @@ class EngineRequestError(ValueError):
         self.param = param
 
 
+class PromptTokenizer(Protocol):
+    """The slice of a tokenizer (Hugging Face's, vLLM's ``TokenizerLike``) that renders prompts."""
+
+    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def apply_chat_template(self, messages: list[Any], /, **kwargs: Any) -> Any: ...
+
+
 class WorkerEngine(Protocol[ParamsT]):
     """A started engine plus what the worker knows about its model.
 
@@ -38,7 +46,9 @@ class WorkerEngine(Protocol[ParamsT]):
 
     @property
     def tokenizer(self) -> Any:
-        """The model's tokenizer (Hugging Face's interface: ``encode``, ``decode``, ``apply_chat_template``)."""
+        """The model's tokenizer: a :class:`PromptTokenizer` for prompts and ``policy.text.TextTokenizer``
+        for entries' text (``Any``: vLLM's ``TokenizerLike`` has a read-only ``eos_token_id``, which
+        ``TextTokenizer`` declares as a plain attribute)."""
 
     @property
     def model_name(self) -> str:
