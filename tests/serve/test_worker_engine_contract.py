@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -20,9 +21,9 @@ ENGINES = [VllmEngine, SglangEngine]
 MEMBERS = sorted(name for name in vars(WorkerEngine) if not name.startswith("_") and name not in {"ParamsT"})
 
 
-def _parameters(function: object) -> list[tuple[str, object, bool]]:
+def _parameters(function: Callable[..., object]) -> list[tuple[str, object, bool]]:
     """Name, kind and whether it has a default, for each parameter (annotations differ per engine)."""
-    return [(p.name, p.kind, p.default is not p.empty) for p in inspect.signature(function).parameters.values()]  # type: ignore[arg-type]
+    return [(p.name, p.kind, p.default is not p.empty) for p in inspect.signature(function).parameters.values()]
 
 
 def test_the_contract_names_what_the_worker_calls() -> None:
