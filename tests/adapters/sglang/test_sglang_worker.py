@@ -74,9 +74,8 @@ def test_sglang_worker_exits_with_a_clear_message_when_sglangs_engine_cannot_sta
 
 
 def test_the_sglang_engine_takes_the_entry_names_the_worker_passes_every_engine(embedded_tokenizer):
-    """``GenerateCall.start`` names the entries to every engine's ``generate`` (SglangEngine is a
-    VllmEngine subclass, so no isinstance test can tell them apart); SGLang's stream is a stand-in
-    here (its engine needs a GPU)."""
+    """``GenerateCall.start`` names the entries to every engine's ``generate`` (the ``WorkerEngine``
+    contract both engines implement); SGLang's stream is a stand-in here (its engine needs a GPU)."""
     import asyncio
     import types
 
