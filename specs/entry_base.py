@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
@@ -17,7 +17,7 @@ from .limits import MAX_ABS_LOGIT_BIAS, MAX_TOKEN_ID
 from .patterns import TOKEN_KEY_PATTERN
 from .vocab import TOKEN_ID, TOKEN_KEY
 
-__all__ = ["SCOPES", "BiasValue", "EntryModel", "Scope", "Text", "TokenId", "TokenIds", "TokenKey", "field_of", "one_of",
+__all__ = ["SCOPES", "BiasValue", "EntryLike", "EntryModel", "Scope", "Text", "TokenId", "TokenIds", "TokenKey", "field_of", "one_of",
            "unresolved_text"]
 
 #: A token id (plug-in models use it too: ``check_vocab`` finds it wherever it is, however nested).
@@ -31,11 +31,14 @@ BiasValue = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-MAX_ABS_LOGIT_
 Scope = Literal["always", "reasoning", "answer"]
 SCOPES: tuple[str, ...] = ("always", "reasoning", "answer")
 
+#: An entry as a model (a built-in ``EntryModel`` or a plug-in's model) or as its wire or request dict.
+EntryLike = Union[BaseModel, Mapping[str, Any]]
+
 #: Text the worker resolves to token ids with its tokenizer before it crosses the wire.
 Text = Annotated[StrictStr, Field(min_length=1)]
 
 
-def unresolved_text(entry: Any) -> list[str]:
+def unresolved_text(entry: BaseModel) -> list[str]:
     """The text fields ``entry`` still sets: those its model's ``text_fields`` class variable names
     (text field -> the id field the worker resolves it into; built-in and plug-in models alike) whose
     value is neither ``None`` nor empty. Such an entry must be resolved before it crosses the wire."""
@@ -71,6 +74,6 @@ def one_of(entry: EntryModel, ids: str, text: str, *, required: bool = True) -> 
         raise ValueError(f"give {ids} (token ids) or {text} (text the worker resolves)")
 
 
-def field_of(entry: Any, name: str, default: Any = None) -> Any:
+def field_of(entry: EntryLike, name: str, default: Any = None) -> Any:
     """Field ``name`` of an entry given as a model or as its wire dict (``default`` when absent)."""
     return entry.get(name, default) if isinstance(entry, Mapping) else getattr(entry, name, default)

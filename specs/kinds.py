@@ -32,6 +32,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
+from .entry_base import EntryLike
 from .errors import Problem, SpecError
 from .patterns import FACTORY_PATTERN
 
@@ -122,9 +123,9 @@ class ProcessorKind:
     resolves_to: str | None = None
     delimiters: bool = False
     reads_prompt: bool = False
-    needs_stop_token: Callable[[Any], bool] | None = None
+    needs_stop_token: Callable[[EntryLike], bool] | None = None
     stop_token_use: str = ""
-    reads_delimiters: Callable[[Any], bool] | None = None
+    reads_delimiters: Callable[[EntryLike], bool] | None = None
     text_as_bad_words: bool = False
     eos_from_tokenizer: str | None = None
     conflicts_with: tuple[str, ...] = ()

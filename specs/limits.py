@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import Problem
+
+if TYPE_CHECKING:
+    from .entry_base import EntryLike
 
 # (``PROMPT_BOUND_KINDS`` and ``MAX_DEADLINE_SECONDS`` are read through ``__getattr__``.)
 __all__ = ["DEFAULT_LIMITS", "MAX_ABS_LOGIT_BIAS", "MAX_TOKEN_ID", "SpecLimits",
@@ -106,7 +109,7 @@ def field_limits(name: str) -> tuple[str | None, str | None]:
 _SIZED = (tuple, list, str, dict, Sized)
 
 
-def _field(entry: Any, name: str) -> Any:
+def _field(entry: EntryLike, name: str) -> Any:
     return entry.get(name) if isinstance(entry, Mapping) else getattr(entry, name, None)
 
 
@@ -139,14 +142,15 @@ def _text_problems(value: Any, limits: SpecLimits, path: str) -> Iterator[Proble
                 yield Problem(f"{path}[{j}]", f"must have at most {limits.max_text_chars} characters (limit max_text_chars)")
 
 
-def entry_limit_problems(entry: Any, limits: SpecLimits, *, path: str) -> Iterator[Problem]:
+def entry_limit_problems(entry: EntryLike, limits: SpecLimits, *, path: str) -> Iterator[Problem]:
     """Yield a problem for every limit one (already type-valid) entry at ``path`` exceeds.
 
     Fields are found by name, so a plug-in kind's fields of the same names are bounded too
     (a value of another shape, e.g. an integer ``text``, is left to the kind's model); a plug-in
     model's declared text fields (``text_fields``) are bounded as texts whatever their names.
     """
-    mapping = isinstance(entry, Mapping)
+    mapped = entry if isinstance(entry, Mapping) else None  # a raw dict (data not yet validated), else a model
+    mapping = mapped is not None
     cls: type = type(entry)
     if not mapping:
         for field in _other_text_fields(cls):
@@ -154,7 +158,7 @@ def entry_limit_problems(entry: Any, limits: SpecLimits, *, path: str) -> Iterat
     fields, has_budget = _bounded_fields(cls) if not mapping else (tuple(_LENGTH_LIMITS), True)
     for field in fields:
         limit_name = _LENGTH_LIMITS[field]
-        value = entry.get(field) if mapping else getattr(entry, field, None)
+        value = mapped.get(field) if mapped is not None else getattr(entry, field, None)
         bound = getattr(limits, limit_name)
         if isinstance(value, _SIZED) and len(value) > bound:
             unit = "characters" if isinstance(value, str) else "items"
@@ -165,12 +169,12 @@ def entry_limit_problems(entry: Any, limits: SpecLimits, *, path: str) -> Iterat
             for j, item in enumerate(value):
                 if isinstance(item, _SIZED) and len(item) > item_bound:
                     yield Problem(f"{path}.{field}[{j}]", f"must have at most {item_bound} {unit} (limit {item_limit})")
-    budget = (entry.get("budget") if mapping else getattr(entry, "budget", None)) if has_budget else None
+    budget = (mapped.get("budget") if mapped is not None else getattr(entry, "budget", None)) if has_budget else None
     if isinstance(budget, int) and not isinstance(budget, bool) and budget > limits.max_budget:
         yield Problem(f"{path}.budget", f"must be <= {limits.max_budget} (limit max_budget)")
 
 
-def limit_problems(entries: Sequence[Any], limits: SpecLimits, *, root: str) -> Iterator[Problem]:
+def limit_problems(entries: Sequence[EntryLike], limits: SpecLimits, *, root: str) -> Iterator[Problem]:
     """Yield a problem for every limit the (already type-valid) entries exceed.
 
     The one place the limits are enforced: the pydantic path and the msgspec
@@ -182,7 +186,7 @@ def limit_problems(entries: Sequence[Any], limits: SpecLimits, *, root: str) -> 
         yield from entry_limit_problems(entry, limits, path=f"{root}[{i}]")
 
 
-def prompt_limit_problem(entries: Sequence[Any], prompt_length: int, limits: SpecLimits, *, path: str,
+def prompt_limit_problem(entries: Sequence[EntryLike], prompt_length: int, limits: SpecLimits, *, path: str,
                          paths: Sequence[str]) -> Problem | None:
     """The problem (at ``path``, the request's prompt) when a prompt of ``prompt_length`` tokens is
     longer than ``limits.max_prompt_tokens`` and an entry (named by ``paths[i]``) reads it."""

@@ -98,7 +98,7 @@ def _is_id(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def token_id_fields(entry: Any) -> Iterator[tuple[str, int]]:
+def token_id_fields(entry: object) -> Iterator[tuple[str, int]]:
     """Yield ``(subpath, id)`` for every token id an entry names (see the module doc); for an
     object that is no pydantic model, the built-in field names are read."""
     seen: set[str] = set()
@@ -112,7 +112,7 @@ def token_id_fields(entry: Any) -> Iterator[tuple[str, int]]:
             yield path, tid
 
 
-def _by_name(entry: Any) -> Iterator[tuple[str, int]]:
+def _by_name(entry: object) -> Iterator[tuple[str, int]]:
     for field in _ID_LISTS_FIELDS:
         lists = getattr(entry, field, None)
         if isinstance(lists, (list, tuple)):
@@ -152,7 +152,7 @@ def _id_fields_of(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], tuple[st
             tuple(f for f in _ID_LISTS_FIELDS if f in names), "bias" in names)
 
 
-def _largest_id(entry: Any) -> int:
+def _largest_id(entry: object) -> int:
     """The largest id an entry names (-1 for none): the cheap pass before any message is built."""
     if type(entry) not in BUILTIN_ENTRY_CLASSES:
         return max((tid for _, tid in token_id_fields(entry)), default=-1)
@@ -176,7 +176,7 @@ def _largest_id(entry: Any) -> int:
     return largest
 
 
-def check_vocab(entries: Sequence[Any], vocab_size: int, *, root: str) -> None:
+def check_vocab(entries: Sequence[object], vocab_size: int, *, root: str) -> None:
     """Raise ``SpecError`` naming every id ``>= vocab_size``.
 
     ``vocab_size`` is the width of the logits tensor (often padded beyond the

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from . import fast
 from .consistency import check_consistency
 from .entries import DELIMITER_KINDS, WIRE_KINDS, declaration, unresolved_text
+from .entry_base import EntryLike, field_of
 from .errors import Problem, SpecError, problems_from_pydantic
 from .kinds import plugin_kinds
 from .limits import DEFAULT_LIMITS, SpecLimits, entry_limit_problems
@@ -35,20 +36,21 @@ ARRIVAL_KEY = "dynamo_logits_arrival"
 #: decode twin -> its pydantic model (``fast.FAST_TO_MODEL``, derived from the declarations)
 _FAST_TO_MODEL = fast.FAST_TO_MODEL
 
-def encode_entries(entries: Sequence[Any]) -> list[dict[str, Any]]:
+def encode_entries(entries: Sequence[BaseModel]) -> list[dict[str, Any]]:
     """Entries -> the JSON-safe payload. Kinds that do not cross the wire must be resolved first.
 
     Built-in wire kinds and the plug-in kinds in force may cross; nothing else.
     """
     payload: list[dict[str, Any]] = []
     for i, entry in enumerate(entries):
-        if entry.kind not in WIRE_KINDS and entry.kind not in plugin_kinds():
-            declared = declaration(entry.kind)
+        kind = field_of(entry, "kind")
+        if kind not in WIRE_KINDS and kind not in plugin_kinds():
+            declared = declaration(kind)
             raise SpecError.single(
                 f"{WIRE_KEY}[{i}].kind",
-                f"kind {entry.kind!r} cannot cross the wire; resolve it first ({entry.kind} -> {declared.resolves_to})"
+                f"kind {kind!r} cannot cross the wire; resolve it first ({kind} -> {declared.resolves_to})"
                 if declared is not None and declared.resolves_to is not None else
-                f"kind {entry.kind!r} cannot cross the wire: it is neither built in nor a plug-in kind in force",
+                f"kind {kind!r} cannot cross the wire: it is neither built in nor a plug-in kind in force",
             )
         unresolved = unresolved_text(entry)  # plug-in kinds' declared text fields too
         if unresolved:
@@ -61,7 +63,7 @@ def encode_entries(entries: Sequence[Any]) -> list[dict[str, Any]]:
 _UNRESOLVED = "text is resolved to token ids by the worker's tokenizer and never crosses the wire"
 
 
-def wire_dump(entry: Any) -> dict[str, Any]:
+def wire_dump(entry: BaseModel) -> dict[str, Any]:
     """One entry's wire form: its JSON dump without ``scope`` when it is ``"always"`` (so the entries
     ai-dynamo 1.6.1 also knows are byte-compatible with its) and without its text fields."""
     dumped = request_dump(entry)
@@ -70,7 +72,7 @@ def wire_dump(entry: Any) -> dict[str, Any]:
     return dumped
 
 
-def request_dump(entry: Any) -> dict[str, Any]:
+def request_dump(entry: BaseModel) -> dict[str, Any]:
     """One entry as a request or config carries it: its JSON dump without a ``scope`` of
     ``"always"`` and without the text fields it leaves unset (those it sets stay, for the worker)."""
     dumped = entry.model_dump(mode="json")
@@ -198,7 +200,7 @@ def payload_max_entries(limits: SpecLimits) -> int:
     return 2 * limits.max_entries + 2
 
 
-def payload_limit_problems(entries: Sequence[Any], limits: SpecLimits, *, root: str) -> Iterator[Problem]:
+def payload_limit_problems(entries: Sequence[EntryLike], limits: SpecLimits, *, root: str) -> Iterator[Problem]:
     """``limit_problems`` for a whole wire payload, the deployment's entries and a client's together:
     each entry within ``limits``, their number within ``payload_max_entries(limits)``, so the
     deployment's entries never count against a client's ``max_entries`` (checked where the client's

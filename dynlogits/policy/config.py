@@ -49,6 +49,7 @@ from dynlogits.specs import (
     SpecLimits,
 )
 from dynlogits.specs.entries import DELIMITER_KINDS, ReasoningSpec
+from dynlogits.specs.entry_base import EntryLike
 from dynlogits.specs.errors import problems_from_pydantic
 from dynlogits.specs.kinds import plugin_kinds
 from dynlogits.specs.limits import limit_problems
@@ -138,7 +139,7 @@ def parse_config(data: Any, *, source: str = "config") -> DeploymentConfig:
                             reasoning=reasoning)
 
 
-def declares_delimiters(entry: Any) -> bool:
+def declares_delimiters(entry: EntryLike) -> bool:
     """Whether ``entry`` (a model or its wire dict) declares the request's reasoning delimiters
     (its built-in kind's ``ProcessorKind.delimiters``)."""
     return (entry.get("kind") if isinstance(entry, Mapping) else getattr(entry, "kind", None)) in DELIMITER_KINDS

@@ -27,6 +27,7 @@ from dynlogits.policy.text import TextTokenizer, resolve_entries
 from dynlogits.specs import LogitsProcessorSpec, Problem, SpecError, check_vocab, parse_entries
 from dynlogits.specs.consistency import check_consistency
 from dynlogits.specs.entries import ReasoningSpec, declaration
+from dynlogits.specs.entry_base import EntryLike, field_of
 
 __all__ = ["DEPLOYMENT_PATH", "IGNORE_EOS", "RequestPolicy", "build_policy", "has_stop_token", "needs_stop_token",
            "reads_delimiters", "reasoning_problem", "stop_token_problem"]
@@ -37,11 +38,10 @@ DEPLOYMENT_PATH = "deployment entries"
 #: The client's field that leaves a request without its EOS as a stop token.
 IGNORE_EOS = "ignore_eos"
 
-def _field(entry: Any, name: str, default: Any = None) -> Any:
-    return entry.get(name, default) if isinstance(entry, Mapping) else getattr(entry, name, default)
+_field = field_of
 
 
-def needs_stop_token(entry: Any) -> bool:
+def needs_stop_token(entry: EntryLike) -> bool:
     """Whether ``entry`` realizes only for a request that has a stop token (its factory reads the
     first of ``RealizeContext.stop_token_ids``): what its kind's ``ProcessorKind.needs_stop_token``
     says of it. A model or its wire dict, resolved or not."""
@@ -49,7 +49,7 @@ def needs_stop_token(entry: Any) -> bool:
     return declared is not None and declared.needs_stop_token is not None and declared.needs_stop_token(entry)
 
 
-def _stop_token_use(entry: Any) -> str:
+def _stop_token_use(entry: EntryLike) -> str:
     """What ``entry`` (one that ``needs_stop_token``) does with the stop token (its kind's ``stop_token_use``)."""
     declared = declaration(_field(entry, "kind"))
     return declared.stop_token_use if declared is not None else ""
@@ -61,7 +61,7 @@ def has_stop_token(*, ignore_eos: bool, stop_token_ids: Sequence[int] | None = (
     return not ignore_eos or bool(stop_token_ids)
 
 
-def stop_token_problem(own: Sequence[Any], deployment: Sequence[Any], *, root: str,
+def stop_token_problem(own: Sequence[EntryLike], deployment: Sequence[EntryLike], *, root: str,
                        deployment_paths: Sequence[str] | None = None) -> Problem | None:
     """For a request without a stop token (``has_stop_token``), the first entry that needs one: the
     client's own named at its path (``root[j]``), else the deployment's under ``ignore_eos`` (the
@@ -81,7 +81,7 @@ def stop_token_problem(own: Sequence[Any], deployment: Sequence[Any], *, root: s
     return None
 
 
-def reads_delimiters(entry: Any) -> bool:
+def reads_delimiters(entry: EntryLike) -> bool:
     """Whether ``entry`` acts by the phases the reasoning delimiters mark: a ``scope`` other than
     ``always``, or what its kind's ``ProcessorKind.reads_delimiters`` says of it (e.g. a budget
     without delimiters of its own)."""
@@ -91,7 +91,7 @@ def reads_delimiters(entry: Any) -> bool:
     return declared is not None and declared.reads_delimiters is not None and declared.reads_delimiters(entry)
 
 
-def reasoning_problem(own: Sequence[Any], deployment: Sequence[Any], *, root: str,
+def reasoning_problem(own: Sequence[EntryLike], deployment: Sequence[EntryLike], *, root: str,
                       deployment_paths: Sequence[str] | None = None) -> Problem | None:
     """The client's own delimiters entry (named at ``root[j]``) where a deployment entry reads the
     delimiters (``reads_delimiters``): a request's delimiters replace the deployment's, so they would

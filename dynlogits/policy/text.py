@@ -3,11 +3,14 @@ text is resolved as given, no special tokens; banned phrases as vLLM resolves ``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
+
+from pydantic import BaseModel
 
 from dynlogits.specs import DEFAULT_LIMITS, ForcedTextSpec, ForcedTokenSequenceSpec, SpecError, SpecLimits
 from dynlogits.specs.entries import declaration, unresolved_text
+from dynlogits.specs.entry_base import field_of
 from dynlogits.specs.limits import field_limits
 
 __all__ = ["TextTokenizer", "encode_text", "phrase_variants", "resolve_entries", "resolve_forced_text", "resolve_text"]
@@ -66,7 +69,7 @@ def _bounded(ids: tuple[int, ...], limit: str | None, limits: SpecLimits, *, pat
     return ids
 
 
-def resolve_text(entry: Any, tokenizer: TextTokenizer, *, path: str, limits: SpecLimits = DEFAULT_LIMITS) -> Any:
+def resolve_text(entry: BaseModel, tokenizer: TextTokenizer, *, path: str, limits: SpecLimits = DEFAULT_LIMITS) -> Any:
     """``entry`` with its text fields (``text_fields``: text -> the id field it becomes) resolved to
     token ids with ``tokenizer``; an entry without text comes back as it is. What a text becomes is
     held to the id field's ``limits`` (a phrase's two variants count twice), named at the text. How
@@ -79,11 +82,12 @@ def resolve_text(entry: Any, tokenizer: TextTokenizer, *, path: str, limits: Spe
     unresolved = unresolved_text(entry)  # a plug-in model's declared text fields too
     if not unresolved:
         return entry
-    declared = declaration(entry.kind)
+    declared = declaration(field_of(entry, "kind"))
+    text_fields: Mapping[str, str] = getattr(type(entry), "text_fields", {})  # what ``unresolved_text`` read
     as_bad_words = declared is not None and declared.text_as_bad_words
     update: dict[str, Any] = {}
     for name in unresolved:
-        value, target = getattr(entry, name), type(entry).text_fields[name]
+        value, target = getattr(entry, name), text_fields[name]
         length, item = field_limits(target)
         if isinstance(value, str):
             update[target] = _bounded(encode_text(value, tokenizer, path=f"{path}.{name}"), length, limits,
@@ -110,7 +114,7 @@ def resolve_text(entry: Any, tokenizer: TextTokenizer, *, path: str, limits: Spe
     return type(entry).model_validate({**entry.model_dump(), **update})
 
 
-def resolve_entries(entries: Sequence[Any], tokenizer: TextTokenizer, *, root: str = "entries",
+def resolve_entries(entries: Sequence[BaseModel], tokenizer: TextTokenizer, *, root: str = "entries",
                     limits: SpecLimits = DEFAULT_LIMITS) -> tuple[Any, ...]:
     """Entries with every text resolved to token ids (a ``ForcedTextSpec`` becomes its
     ``ForcedTokenSequenceSpec``), held to ``limits``; entries without text unchanged."""

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dynlogits.specs import SpecError
+from dynlogits.specs import PythonProcessorSpec, SpecError
 
 from .base import BaseLogitsProcessor, RealizeContext
 
@@ -42,7 +42,7 @@ def check_python_allowed(factory: str, *, path: str, environ: Mapping[str, str] 
         )
 
 
-def factory(entry: Any, ctx: RealizeContext) -> BaseLogitsProcessor:
+def factory(entry: PythonProcessorSpec, ctx: RealizeContext) -> BaseLogitsProcessor:
     """The processor the entry's factory returns for ``entry.kwargs``; ``TypeError`` when it is not callable.
     The allow-list is checked where the payload is decoded (``dynlogits.sdk.realization``)."""
     processor = import_factory(entry.factory)(**entry.kwargs)

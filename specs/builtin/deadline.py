@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 from pydantic import Field, StrictFloat
 
-from ..entry_base import EntryModel
+from ..entry_base import EntryLike, EntryModel
 from ..fast_base import FastModel
 from ..kinds import ProcessorKind
 
@@ -28,7 +28,7 @@ class Deadline(FastModel, tag="deadline", frozen=True):
     seconds: Annotated[float, msgspec.Meta(gt=0, le=MAX_DEADLINE_SECONDS)]
 
 
-def _always(entry: Any) -> bool:
+def _always(entry: EntryLike) -> bool:
     return True
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union
 
 import msgspec
 from pydantic import model_validator
 
-from ..entry_base import EntryModel, Text, TokenId, TokenIds, field_of
+from ..entry_base import EntryLike, EntryModel, Text, TokenId, TokenIds, field_of
 from ..fast_base import FastModel
 from ..fast_base import TokenId as FastTokenId
 from ..fast_base import TokenIds as FastTokenIds
@@ -42,7 +42,7 @@ class MultipleChoice(FastModel, tag="multiple_choice", frozen=True):
     eos_token_id: Union[FastTokenId, None] = None
 
 
-def needs_stop_token(entry: Any) -> bool:
+def needs_stop_token(entry: EntryLike) -> bool:
     """Given as ids without ``eos_token_id`` (one given as texts takes the tokenizer's EOS)."""
     return field_of(entry, "eos_token_id") is None and not field_of(entry, "texts")
 

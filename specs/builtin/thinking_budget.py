@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union
 
 import msgspec
 from pydantic import Field, StrictInt, model_validator
 
-from ..entry_base import EntryModel, Text, TokenIds, field_of, one_of
+from ..entry_base import EntryLike, EntryModel, Text, TokenIds, field_of, one_of
 from ..fast_base import FastModel
 from ..fast_base import TokenIds as FastTokenIds
 from ..kinds import ProcessorKind
@@ -45,7 +45,7 @@ class ThinkingBudget(FastModel, tag="thinking_budget", frozen=True):
     end_token_ids: Union[FastTokenIds, None] = None
 
 
-def reads_delimiters(entry: Any) -> bool:
+def reads_delimiters(entry: EntryLike) -> bool:
     """Without delimiters of its own (ids or text, start or end) it counts on the request's."""
     return (field_of(entry, "start_token_ids") is None and not field_of(entry, "start_text")
             or field_of(entry, "end_token_ids") is None and not field_of(entry, "end_text"))
