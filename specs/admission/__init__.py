@@ -1,11 +1,11 @@
 """Admission's per-kind rules: ``rules_of(entry)``, the ``KindRules`` an entry's kind declares
-(``rules``), read by the generic walks. A built-in kind's rules live in the module of this package
-named after it (its ``RULES``); a kind without one, a plug-in's included, is ``OPAQUE``."""
+(``rules``), read by the generic walks. A built-in kind's declaration (``dynlogits.specs.builtin``)
+names its rules by import string (its ``admission``: ``RULES`` of the module of this package named
+after it); a kind without one, a plug-in's included, is ``OPAQUE``."""
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from typing import Any
 
 from .rules import OPAQUE, Entry, KindRules
@@ -24,8 +24,11 @@ def rules_of(entry: Entry) -> KindRules[Any]:
 
 
 def rules_of_kind(kind: str) -> KindRules[Any]:
-    """The admission rules a kind declares: ``RULES`` of this package's module named after it,
-    imported on first use and kept; ``OPAQUE`` when there is none."""
+    """The admission rules a kind declares: its built-in declaration's ``admission`` import string,
+    imported on first use and kept; ``OPAQUE`` for a kind that names none (plug-in kinds).
+
+    Raises ``ImportError``, ``AttributeError`` or ``TypeError`` when a declaration names rules
+    that do not import as a ``KindRules``."""
     got = _LOADED.get(kind)
     if got is None:
         got = _LOADED[kind] = _load(kind)
@@ -33,8 +36,14 @@ def rules_of_kind(kind: str) -> KindRules[Any]:
 
 
 def _load(kind: str) -> KindRules[Any]:
-    name = f"{__name__}.{kind}"
-    if not kind.isidentifier() or importlib.util.find_spec(name) is None:
+    from ..builtin import BUILTIN  # noqa: PLC0415 - the declarations import the spec layer, which imports this
+
+    declared = BUILTIN.get(kind)
+    target = declared.admission if declared is not None else None
+    if target is None:
         return OPAQUE
-    found = getattr(importlib.import_module(name), "RULES", None)
-    return found if isinstance(found, KindRules) else OPAQUE
+    module, _, name = target.partition(":")
+    found = getattr(importlib.import_module(module), name)
+    if not isinstance(found, KindRules):
+        raise TypeError(f"kind {kind!r}: admission {target!r} is not a KindRules")
+    return found

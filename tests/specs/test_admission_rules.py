@@ -1,5 +1,5 @@
-"""Admission's per-kind rules (``dynlogits.specs.admission``): every built-in wire kind declares its
-``RULES`` in the module named after it, a kind without one (a plug-in's) is opaque, and the
+"""Admission's per-kind rules (``dynlogits.specs.admission``): every built-in wire kind's declaration
+names its ``RULES`` in the module named after it, a kind without one (a plug-in's) is opaque, and the
 generic walks and the budget name no kind (a kind's name appears only in its own module)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dynlogits.specs.admission import OPAQUE, KindRules, rules_of_kind
+from dynlogits.specs.builtin import BUILTIN
 from dynlogits.specs.fast import BY_KIND
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
@@ -22,6 +23,7 @@ GENERIC = [SPECS / "consistency.py", SPECS / "consistency_walks.py", SPECS / "ef
 def test_every_wire_kind_declares_its_rules_in_its_own_module(kind: str) -> None:
     module = SPECS / "admission" / f"{kind}.py"
     assert module.is_file()
+    assert BUILTIN[kind].admission == f"dynlogits.specs.admission.{kind}:RULES"
     assert isinstance(rules_of_kind(kind), KindRules)
     assert f"dynlogits.specs.admission.{kind}" in sys.modules
 
