@@ -302,11 +302,11 @@ class _Part(GuardedRequest):
         self.whole = whole
         self.processor = processor
 
-    # the failure state is the whole request's (these shadow the base class's slots)
-    error = property(lambda self: self.whole.error)  # type: ignore[assignment]  # read-only: set through fail
-    failure = property(lambda self: self.whole.failure)  # type: ignore[assignment]  # read-only: set through fail
-    stop_token_id = property(lambda self: self.whole.stop_token_id)  # type: ignore[assignment]  # the request's
-    on_failure = property(lambda self: self.whole.on_failure)  # type: ignore[assignment]  # the request's
+    # the failure state is the whole request's, read-only here (these shadow the base class's slots)
+    error = property(lambda self: self.whole.error)
+    failure = property(lambda self: self.whole.failure)
+    stop_token_id = property(lambda self: self.whole.stop_token_id)
+    on_failure = property(lambda self: self.whole.on_failure)
 
     @property
     def failed(self) -> bool:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib
 import logging
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, TextIO
+from typing import Any, Literal, TextIO, cast
 
 from .checks import CHECKS, Check, Skip
 from .driver import AdapterDriver
@@ -46,16 +46,17 @@ def resolve(target: str) -> DriverFactory:
         obj = getattr(obj, part)
     if not callable(obj):
         raise TypeError(f"{path} is not callable")
-    return obj  # type: ignore[return-value]
+    return cast(DriverFactory, obj)  # a callable: whether it makes drivers, drivers_for checks
 
 
 def drivers_for(factory: DriverFactory, vocab_size: int = KIT_VOCAB_SIZE) -> list[AdapterDriver]:
     """Fresh drivers from ``factory``; ``TypeError`` when one does not implement the protocol."""
     made = factory(vocab_size=vocab_size)
-    drivers = list(made) if isinstance(made, (list, tuple)) else [made]
-    for d in drivers:
+    drivers: list[AdapterDriver] = []
+    for d in made if isinstance(made, (list, tuple)) else [made]:
         if not isinstance(d, AdapterDriver):
             raise TypeError(f"{d!r} does not implement dynlogits.testing.AdapterDriver")
+        drivers.append(d)
     return drivers
 
 
@@ -78,9 +79,21 @@ def run_check(check: Check, driver: AdapterDriver) -> Outcome:
     return Outcome(driver.name, check.name, "passed")
 
 
-def run_conformance(target: str, out: TextIO, checks: Sequence[Check] = CHECKS) -> int:
+def run_conformance(target: str, out: TextIO, checks: Sequence[Check] = CHECKS, *, kind: str | None = None,
+                    entries: Sequence[Mapping[str, Any]] = ()) -> int:
     """Print one line per (driver, check) and a closing ``N passed, N failed`` line; the exit code:
-    0 only when every check passed or was skipped with a reason and at least one passed."""
+    0 only when every check passed or was skipped with a reason and at least one passed.
+
+    ``kind``: run the checks of that installed plug-in kind instead (``kind_checks``, with
+    ``entries`` as its example entries, else its own: ``examples_of``), its name and distribution
+    printed first; ``kind_checks.KindError`` (a ``ValueError``) when it is not installed or has no
+    example entry."""
+    if kind is not None:
+        from .kind_checks import describe_kind, examples_of, kind_checks, plugin_kind
+
+        declared = plugin_kind(kind)
+        checks = kind_checks(declared, examples_of(declared, entries))
+        print(describe_kind(declared), file=out)
     factory = resolve(target)
     first = drivers_for(factory)
     for d in first:

@@ -25,10 +25,10 @@ def _validate(path: Path) -> int:
 
     try:
         data = json.loads(path.read_text()) if path.suffix == ".json" else None
-        is_vector = isinstance(data, dict) and "payload" in data
-        if is_vector or isinstance(data, list):
-            entries = decode_wire_payload(data["payload"] if is_vector else data)
-            kinds = [e.kind for e in entries]
+        if isinstance(data, dict) and "payload" in data:  # a golden vector: its payload, whatever it holds
+            kinds = [e.kind for e in decode_wire_payload(data["payload"])]
+        elif isinstance(data, list):
+            kinds = [e.kind for e in decode_wire_payload(data)]
         else:
             config = load_config(path)
             kinds = [e.kind for e in config.spec.entries] if config.spec else []
@@ -43,11 +43,20 @@ def _validate(path: Path) -> int:
     return 0
 
 
-def _conformance(adapter: str) -> int:
+def _conformance(adapter: str, kind: str | None = None, entries: Sequence[str] = ()) -> int:
     from dynlogits.testing import run_conformance
+    from dynlogits.testing.kind_checks import KindError
 
     try:
-        return run_conformance(adapter, sys.stdout)
+        examples = [json.loads(text) for text in entries]
+    except ValueError as err:
+        print(f"error: --entry is not JSON: {err}", file=sys.stderr)
+        return 2
+    try:
+        return run_conformance(adapter, sys.stdout, kind=kind, entries=examples)
+    except KindError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except (ImportError, ValueError, TypeError) as err:
         print(f"error: cannot load adapter {adapter!r}: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
@@ -64,6 +73,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--spec", action="store_true", help="print the schema of a LogitsProcessorSpec (config) instead")
     c = sub.add_parser("conformance", help="run the conformance kit against an adapter; exit 0 only when every check passes")
     c.add_argument("adapter", help=f"a shipped adapter ({', '.join(SHIPPED)}) or an import string pkg.mod:driver_factory")
+    c.add_argument("--kind", metavar="NAME", default=None,
+                   help="check an installed plug-in kind (entry-point group dynlogits.processors) on the adapter "
+                        "instead: its rows against its own per-row processor")
+    c.add_argument("--entry", metavar="JSON", action="append", default=[],
+                   help="an example entry of --kind to run (repeatable; default: its spec model's json_schema_extra "
+                        "examples, else {\"kind\": NAME})")
     m = sub.add_parser("make-model", help="build the small embedded default model (no download)")
     m.add_argument("dir", type=Path)
     m.add_argument("--vocab-size", type=int, default=None, help="logits width (default: tokenizer size padded to 64)")
@@ -78,7 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "validate":
         return _validate(args.file)
     if args.command == "conformance":
-        return _conformance(args.adapter)
+        if args.entry and args.kind is None:
+            print("error: --entry needs --kind", file=sys.stderr)
+            return 2
+        return _conformance(args.adapter, args.kind, args.entry)
     if args.command == "schema":
         try:
             schema = spec_schema() if args.spec else payload_schema()
