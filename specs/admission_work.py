@@ -209,8 +209,10 @@ def admission_work(entries: Sequence[Entry], vocab_size: int | None = None) -> A
                 cost += (end if rules[j].form == "keep" else min(end, _size(other, rules[j]))) * PROBE + min(end, 64) * SET_ID
         tally.add(i, rules[i].field, cost, f"{end:,} end tokens x {n} entries")
     # forced outputs through the phrase automata of their scope
-    written = {i: len(writes(e)) for i, (e, r) in enumerate(zip(entries, rules)) if (writes := r.writes) is not None}
     cued = [i for i in range(n) if rules[i].cue is not None]
+    # the length of each output fixed (written out only where a phrase ban or a trigger reads it)
+    written = {i: len(writes(e)) for i, (e, r) in enumerate(zip(entries, rules))
+               if (writes := r.writes) is not None} if banned or cued else {}
     for j in banned:
         forced = [length for i, length in written.items() if scopes[i] == scopes[j]]
         if forced:
