@@ -1,5 +1,5 @@
-"""``deadline`` for admission: opaque, it acts at a moment admission does not know (the clock); a row it leaves with no token fails its
-request while it runs."""
+"""``deadline`` for admission: opaque, it acts at a moment admission does not know (the clock);
+a row it leaves with no token fails its request while it runs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``python`` for admission: opaque, it runs code admission cannot read; a row it leaves with no token fails its
-request while it runs."""
+"""``python`` for admission: opaque, it runs code admission cannot read; a row it leaves with no
+token fails its request while it runs."""
 
 from __future__ import annotations
 
