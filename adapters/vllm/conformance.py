@@ -157,23 +157,39 @@ class VllmV2Driver(_Common):
         self.exercised = (f"vLLM {vllm.__version__}: real DynamoVllmLogitsProcessor on the Model Runner V2 interface with "
                           "real LogitsProcRequestState/LogitsContext; harness buffers stand in for the runner's "
                           "pinned-memory tensors (Model Runner V2 needs Triton and an accelerator)")
+        config = _vllm_config(vocab_size)
+        #: the most tokens (prompt and output) a request holds: the engine's (``max_model_len``)
+        self.max_model_len = int(config.model_config.max_model_len)
         self.harness = V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=vocab_size, max_num_reqs=8,
-                                        max_model_len=64, vllm_config=_vllm_config(vocab_size))
+                                        max_model_len=self.max_model_len, vllm_config=config)
         self.processor = self.harness.processor
+        self._held: dict[str, int] = {}  # tokens each request holds
+
+    def _fits(self, req_id: str, tokens: int) -> None:
+        """``ValueError`` naming the engine's limit when ``req_id`` would hold more than ``max_model_len``
+        tokens (vLLM ends a request there: such a history never reaches a sampler)."""
+        if tokens > self.max_model_len:
+            raise ValueError(f"{self.name}: request {req_id!r} would hold {tokens} tokens (prompt and output); the "
+                             f"engine's max_model_len is {self.max_model_len}, where vLLM ends a request")
 
     def add(self, req_id: str, payload: Any, *, prompt_ids: Sequence[int], output_ids: Sequence[int] = (),
             eos_token_id: int, stop_token_ids: Sequence[int] = (), arrival_time: float | None = None) -> None:
+        self._fits(req_id, len(prompt_ids) + len(output_ids))
         params = _params(payload, eos_token_id, stop_token_ids, arrival_time)
         self.harness.add_request(req_id, prompt_ids, params, output_ids=output_ids)
+        self._held[req_id] = len(prompt_ids) + len(output_ids)
 
     def step(self, batch: Sequence[str], logits: torch.Tensor) -> torch.Tensor:
         return self.harness.step(batch, logits)
 
     def commit(self, req_id: str, token_id: int) -> None:
+        self._fits(req_id, self._held.get(req_id, 0) + 1)
         self.harness.commit(req_id, [token_id])
+        self._held[req_id] = self._held.get(req_id, 0) + 1
 
     def remove(self, req_id: str) -> None:
         self.harness.remove_request(req_id)
+        self._held.pop(req_id, None)
 
     def held_requests(self) -> int:
         return self.processor.held_requests()
