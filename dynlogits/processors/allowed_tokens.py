@@ -5,15 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar, TypeAlias
 
 import torch
+
+from dynlogits.specs.builtin.allowed_tokens import AllowedTokens, AllowedTokensSpec
 
 from .base import IndexCache, RealizeContext
 from .ops import KeepOnly, RowOp, apply_op, fill_rows
 from .slots import NEG_INF, Dead, GatheredRows, IdsGroup, ListedRows, StepInputs, Template, listed_positions
 
 __all__ = ['KIND', 'AllowedTokensGroup', 'AllowedTokensProcessor', 'AllowedTokensTemplate', 'factory']
+
+#: what realization passes this kind's factory: the validated model or its fast decode
+Entry: TypeAlias = AllowedTokensSpec | AllowedTokens
 
 KIND = "allowed_tokens"
 
@@ -65,6 +70,6 @@ class AllowedTokensProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
-def factory(entry: Any, ctx: RealizeContext) -> AllowedTokensProcessor:
+def factory(entry: Entry, ctx: RealizeContext) -> AllowedTokensProcessor:
     """A fresh processor for one ``allowed_tokens`` entry."""
     return AllowedTokensProcessor(entry.token_ids, entry.eos_token_id)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias
 
 import torch
+
+from dynlogits.specs.builtin.banned_phrases import BannedPhrases, BannedPhrasesSpec
 
 from .banned_tokens import BannedTokensTemplate
 from .base import IndexCache, RealizeContext
@@ -35,6 +37,9 @@ if TYPE_CHECKING:
 
 __all__ = ["KIND", "TABLES_BYTES", "TABLES_KEPT", "BannedPhrasesGroup", "BannedPhrasesProcessor", "BannedPhrasesTemplate", "factory",
            "masked_after"]
+
+#: what realization passes this kind's factory: the validated model or its fast decode
+Entry: TypeAlias = BannedPhrasesSpec | BannedPhrases
 
 KIND = "banned_phrases"
 
@@ -319,6 +324,6 @@ class BannedPhrasesTemplate(Template):
     reads_tokens: ClassVar[bool] = True
 
 
-def factory(entry: Any, ctx: RealizeContext) -> BannedPhrasesProcessor:
+def factory(entry: Entry, ctx: RealizeContext) -> BannedPhrasesProcessor:
     """A fresh processor for one ``banned_phrases`` entry (resolved: ``phrases`` only)."""
     return BannedPhrasesProcessor(entry.phrases)

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar, TypeAlias
 
 import torch
+
+from dynlogits.specs.builtin.banned_tokens import BannedTokens, BannedTokensSpec
 
 from .base import IndexCache, RealizeContext
 from .ops import MaskIds, RowOp, apply_op
 from .slots import NEG_INF, GatheredRows, IdsGroup, ListedRows, StepInputs, Template, mask_gathered
 
 __all__ = ['KIND', 'BannedTokensGroup', 'BannedTokensProcessor', 'BannedTokensTemplate', 'factory']
+
+#: what realization passes this kind's factory: the validated model or its fast decode
+Entry: TypeAlias = BannedTokensSpec | BannedTokens
 
 KIND = "banned_tokens"
 
@@ -53,6 +58,6 @@ class BannedTokensProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
-def factory(entry: Any, ctx: RealizeContext) -> BannedTokensProcessor:
+def factory(entry: Entry, ctx: RealizeContext) -> BannedTokensProcessor:
     """A fresh processor for one ``banned_tokens`` entry."""
     return BannedTokensProcessor(entry.token_ids)

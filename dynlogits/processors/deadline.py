@@ -7,9 +7,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar, TypeAlias
 
 import torch
+
+from dynlogits.specs.builtin.deadline import Deadline, DeadlineSpec
 
 from .base import RealizeContext, first_stop
 from .modes import ClockDecided, HostForcingGroup
@@ -17,6 +19,9 @@ from .ops import ForceToken, RowOp, apply_op
 from .slots import Template
 
 __all__ = ["KIND", "DeadlineGroup", "DeadlineProcessor", "DeadlineTemplate", "factory"]
+
+#: what realization passes this kind's factory: the validated model or its fast decode
+Entry: TypeAlias = DeadlineSpec | Deadline
 
 KIND = "deadline"
 
@@ -52,7 +57,7 @@ class DeadlineProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
-def factory(entry: Any, ctx: RealizeContext, clock: Callable[[], float] = time.time) -> DeadlineProcessor:
+def factory(entry: Entry, ctx: RealizeContext, clock: Callable[[], float] = time.time) -> DeadlineProcessor:
     """A fresh processor for one ``deadline`` entry: due ``seconds`` after the request's arrival
     (``ctx.arrival_time``; unknown: now), forcing the request's stop token (``first_stop``)."""
     stop = first_stop(ctx)

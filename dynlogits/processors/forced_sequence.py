@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar, TypeAlias
 
 import numpy as np
 import torch
+
+from dynlogits.specs.builtin.forced_sequence import ForcedSequence, ForcedTokenSequenceSpec
 
 from .base import RealizeContext
 from .modes import PlannedGroup
@@ -27,6 +29,9 @@ from .slots import (
 )
 
 __all__ = ['KIND', 'ForcedSequenceGroup', 'ForcedSequenceProcessor', 'ForcedSequenceTemplate', 'factory']
+
+#: what realization passes this kind's factory: the validated model or its fast decode
+Entry: TypeAlias = ForcedTokenSequenceSpec | ForcedSequence
 
 KIND = "forced_sequence"
 
@@ -188,7 +193,7 @@ class ForcedSequenceGroup(PlannedGroup):
         """Settle the rows here (``_settles``), in as few launches as the step allows: each row gets
         its forced token, or its stop token where the forced one is masked (then its flag too, when
         ``step.flags`` is given; a row without a stop token is flagged and left with no token, as
-        ``_record_dead`` would). ``picked``: the forced flat indices and the no-flag slots, ``[2,
+        ``Failures.record_dead`` would). ``picked``: the forced flat indices and the no-flag slots, ``[2,
         n]`` (``index`` is its first row); ``if_dead``: what replaces them on a masked row;
         ``positions``: what a flag records."""
         kept = step.flat.index_select(0, index)
@@ -260,6 +265,6 @@ class ForcedSequenceProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
-def factory(entry: Any, ctx: RealizeContext) -> ForcedSequenceProcessor:
+def factory(entry: Entry, ctx: RealizeContext) -> ForcedSequenceProcessor:
     """A fresh processor for one ``forced_sequence`` entry."""
     return ForcedSequenceProcessor(entry.token_ids, entry.eos_token_id)

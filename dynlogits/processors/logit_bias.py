@@ -5,15 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar, TypeAlias
 
 import torch
+
+from dynlogits.specs.builtin.logit_bias import LogitBias, LogitBiasSpec
 
 from .base import IndexCache, RealizeContext
 from .ops import AddBias, RowOp, apply_op
 from .slots import GatheredRows, IdsGroup, ListedRows, StepInputs, Template
 
 __all__ = ['KIND', 'LogitBiasGroup', 'LogitBiasProcessor', 'LogitBiasTemplate', 'factory']
+
+#: what realization passes this kind's factory: the validated model or its fast decode
+Entry: TypeAlias = LogitBiasSpec | LogitBias
 
 KIND = "logit_bias"
 
@@ -69,6 +74,6 @@ class LogitBiasProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
-def factory(entry: Any, ctx: RealizeContext) -> LogitBiasProcessor:
+def factory(entry: Entry, ctx: RealizeContext) -> LogitBiasProcessor:
     """A fresh processor for one ``logit_bias`` entry."""
     return LogitBiasProcessor({int(k): v for k, v in entry.bias.items()})

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar, TypeAlias
 
 import torch
+
+from dynlogits.specs.builtin.min_tokens import MinTokens, MinTokensSpec
 
 from .base import IndexCache, RealizeContext
 from .ops import MaskIds, RowOp, apply_op
 from .slots import NEG_INF, GatheredRows, IdsGroup, ListedRows, StepInputs, Template, listed_positions, mask_gathered
 
 __all__ = ['KIND', 'MinTokensGroup', 'MinTokensProcessor', 'MinTokensTemplate', 'factory']
+
+#: what realization passes this kind's factory: the validated model or its fast decode
+Entry: TypeAlias = MinTokensSpec | MinTokens
 
 KIND = "min_tokens"
 
@@ -73,6 +78,6 @@ class MinTokensProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
-def factory(entry: Any, ctx: RealizeContext) -> MinTokensProcessor:
+def factory(entry: Entry, ctx: RealizeContext) -> MinTokensProcessor:
     """A fresh processor for one ``min_tokens`` entry."""
     return MinTokensProcessor(entry.min_tokens, entry.stop_token_ids)

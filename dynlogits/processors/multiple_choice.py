@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias
 
 import torch
+
+from dynlogits.specs.builtin.multiple_choice import MultipleChoice, MultipleChoiceSpec
 
 from .base import IndexCache, RealizeContext, first_stop
 from .entries import EntryTablesGroup
@@ -21,6 +23,9 @@ if TYPE_CHECKING:
     from .window import TokenWindow
 
 __all__ = ["KIND", "MultipleChoiceGroup", "MultipleChoiceProcessor", "MultipleChoiceTemplate", "factory"]
+
+#: what realization passes this kind's factory: the validated model or its fast decode
+Entry: TypeAlias = MultipleChoiceSpec | MultipleChoice
 
 KIND = "multiple_choice"
 
@@ -265,7 +270,7 @@ class MultipleChoiceProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
-def factory(entry: Any, ctx: RealizeContext) -> MultipleChoiceProcessor:
+def factory(entry: Entry, ctx: RealizeContext) -> MultipleChoiceProcessor:
     """A fresh processor for one ``multiple_choice`` entry (EOS: its own, else the request's stop
     token, ``first_stop``)."""
     eos = entry.eos_token_id if entry.eos_token_id is not None else first_stop(ctx)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeAlias
 
 from dynlogits.specs import AllowedTokensSpec
+from dynlogits.specs.builtin.prompt_tokens import PromptTokens, PromptTokensSpec
 
 from .allowed_tokens import AllowedTokensProcessor
 from .base import RealizeContext
 from .logit_bias import LogitBiasProcessor
 
 __all__ = ["KIND", "factory", "prompt_token_set", "realized"]
+
+#: what realization passes this kind's factory: the validated model or its fast decode
+Entry: TypeAlias = PromptTokensSpec | PromptTokens
 
 KIND = "prompt_tokens"
 
@@ -24,7 +28,7 @@ def prompt_token_set(prompt: Sequence[int], vocab_size: int) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def realized(entry: Any, ctx: RealizeContext) -> AllowedTokensSpec | None:
+def realized(entry: Entry, ctx: RealizeContext) -> AllowedTokensSpec | None:
     """``restrict`` as the ``allowed_tokens`` it realizes to for this request (the prompt's distinct
     ids and the stop ids but the first, which is the set's EOS; same scope), ``None`` for ``boost``
     (it masks nothing) or without a prompt. The realizing worker checks it against the other entries."""
@@ -35,7 +39,7 @@ def realized(entry: Any, ctx: RealizeContext) -> AllowedTokensSpec | None:
                                              eos_token_id=stops[0] if stops else None, scope=entry.scope)
 
 
-def factory(entry: Any, ctx: RealizeContext) -> Any:
+def factory(entry: Entry, ctx: RealizeContext) -> LogitBiasProcessor | AllowedTokensProcessor:
     """``boost``: a ``logit_bias`` of ``boost`` on every prompt token; ``restrict``: an
     ``allowed_tokens`` of the prompt's tokens and the request's stop tokens. Both are built-in
     processors, so such a request stays on the resident path."""

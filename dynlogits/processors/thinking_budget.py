@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar, TypeAlias
 
 import torch
+
+from dynlogits.specs.builtin.thinking_budget import ThinkingBudget, ThinkingBudgetSpec
 
 from .base import RealizeContext
 from .device_thinking import CLOSED, SpanTables
@@ -23,6 +25,9 @@ from .spans import ROLLBACK, SpanScanner
 
 __all__ = ["CLOSED", "KIND", "ROLLBACK", "ThinkingBudgetGroup", "ThinkingBudgetProcessor", "ThinkingBudgetTemplate",
            "ThinkingTables", "factory"]
+
+#: what realization passes this kind's factory: the validated model or its fast decode
+Entry: TypeAlias = ThinkingBudgetSpec | ThinkingBudget
 
 KIND = "thinking_budget"
 
@@ -92,7 +97,7 @@ class ThinkingBudgetTemplate(Template):
     reads_tokens: ClassVar[bool] = True
 
 
-def factory(entry: Any, ctx: RealizeContext) -> ThinkingBudgetProcessor:
+def factory(entry: Entry, ctx: RealizeContext) -> ThinkingBudgetProcessor:
     """A fresh processor for one ``thinking_budget`` entry: its own delimiters, else the request's
     reasoning delimiters (``ctx.reasoning``); spans followed from the request's prompt on."""
     start, end = entry.start_token_ids, entry.end_token_ids

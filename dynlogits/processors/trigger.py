@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import torch
+
+from dynlogits.specs.builtin.trigger import Trigger, TriggerSpec
 
 from .base import RealizeContext
 from .device_thinking import CLOSED, SpanTables
@@ -18,6 +20,9 @@ from .slots import Template
 from .spans import PLACEHOLDER, SpanScanner
 
 __all__ = ["KIND", "TriggerGroup", "TriggerProcessor", "TriggerTables", "TriggerTemplate", "factory"]
+
+#: what realization passes this kind's factory: the validated model or its fast decode
+Entry: TypeAlias = TriggerSpec | Trigger
 
 KIND = "trigger"
 
@@ -103,6 +108,6 @@ class TriggerProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
-def factory(entry: Any, ctx: RealizeContext) -> TriggerProcessor:
+def factory(entry: Entry, ctx: RealizeContext) -> TriggerProcessor:
     """A fresh processor for one ``trigger`` entry (resolved: token ids)."""
     return TriggerProcessor(entry.trigger_token_ids, entry.phrase_token_ids)

@@ -1,4 +1,4 @@
-"""Each row's last tokens, read on the device, for groups decided from them (``Group.window_decided``)
+"""Each row's last tokens, read on the device, for groups decided from them (``modes.WindowDecided``)
 on engines whose histories live on the device (Model Runner V2): no read back.
 
 The engine gives, per step, every slot's tokens (``tokens[slot, position]``: prompt, then the

@@ -432,7 +432,7 @@ def test_the_sync_counter_sees_the_calls_it_forbids() -> None:
 
 
 def test_a_host_decided_row_whose_processor_raises_fails_its_request_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``Group.decide_rows`` row by row (a trigger, decided from each row's history on the V1 runner):
+    """``DecidedGroup.decide_rows`` row by row (a trigger, decided from each row's history on the V1 runner):
     the request whose processor raises fails and its row is fail-stopped; the rows before and after
     it are forced as usual."""
     from dynlogits.processors.trigger import TriggerProcessor

@@ -156,7 +156,7 @@ class ListedLayout:
 
     def _upload_positions(self, histories: Sequence[Sequence[int]]) -> torch.Tensor | None:
         """Positions on the host: every row's generated count and what the groups plan from it
-        (``Group.plan``), in one non-blocking upload; the row-indexed counts on the device (``None``
+        (``PlannedGroup.plan``), in one non-blocking upload; the row-indexed counts on the device (``None``
         when no group reads them)."""
         assert self.host_slots is not None
         n = len(self.host_slots)
