@@ -150,8 +150,8 @@ class Inbox:
         while True:
             with self._guard:
                 self._guard.wait_for(lambda: bool(self._waiting))
-                deadline = time.monotonic() + self.period
-                while (left := deadline - time.monotonic()) > 0:  # a full period, however often notified
+                until = time.monotonic() + self.period
+                while (left := until - time.monotonic()) > 0:  # a full period, however often notified
                     self._guard.wait(left)
             if self.watching:
                 self._drain(in_watcher=True)
