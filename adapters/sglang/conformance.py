@@ -49,7 +49,7 @@ class SglangDriver:
             self.name = "sglang-dynamo-list"
         else:
             self.name = "sglang-overlap" if mode == "overlap-delay-sample" else f"sglang-{mode}"
-        ipc = "pickle" if encoding == "dynamo-list" else "msgpack"
+        ipc: Literal["pickle", "msgpack"] = "pickle" if encoding == "dynamo-list" else "msgpack"
         self.exercised = (
             f"SGLang {sglang_version()}: real DynamoSglangLogitProcessor (a CustomLogitProcessor loaded by to_str) in real "
             "Req/ScheduleBatch/SamplingBatchInfo (from_schedule_batch, filter_batch, merge_batch) and "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import transformers
@@ -83,7 +83,7 @@ class TransformersDriver:
         processors = LogitsProcessorList(
             [DynamoLogitsProcessor([h.request for h in held], starts, vocab_size=self.vocab_size)]
         )
-        return processors(input_ids, logits)
+        return processors(cast(torch.LongTensor, input_ids), cast(torch.FloatTensor, logits))
 
     def commit(self, req_id: str, token_id: int) -> None:
         self._held[req_id].output_ids.append(int(token_id))

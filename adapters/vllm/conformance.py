@@ -109,10 +109,12 @@ class VllmV1Driver(_Common):
             if req in layout:
                 continue
             params, prompt, output = self.requests[req]
-            index = b.pop_removed()
-            if index is None:
+            removed = b.pop_removed()
+            if removed is None:
                 index = len(layout)
                 layout.append(None)
+            else:
+                index = removed
             layout[index] = req
             b.added.append((index, params, prompt, output))
         while None in layout:  # condense: the last request moves into the lowest hole

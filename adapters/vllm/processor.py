@@ -97,7 +97,7 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
         self.reports: ReportSender | None = sender()
         self._engine_thread = threading.get_ident()
         if self.reports is not None and INBOX.on_progress is None:
-            INBOX.on_progress = self.reports.progress
+            INBOX.on_progress = self.reports.progress  # type: ignore[assignment]  # returns whether it was sent; the inbox ignores it
         self.realized = 0  # payloads realized so far: one per request (the V1 runner's re-adds reuse them)
         if _is_v2_state(device_or_req_states):
             self.runner = "v2"
@@ -119,8 +119,9 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
         validate(sampling_params)
         refuse_conflicts(sampling_params)
 
-    def new_req_logits_processor(self, params: Any, prompt_ids: Sequence[int] | None = None,
-                                 output_ids: Sequence[int] | None = None) -> GuardedRequest | None:
+    def new_req_logits_processor(  # type: ignore[override]  # a GuardedRequest is the (output_ids, row) callable; two optional facts more
+            self, params: Any, prompt_ids: Sequence[int] | None = None,
+            output_ids: Sequence[int] | None = None) -> GuardedRequest | None:
         """Fresh per-request callable ``(output_ids, row) -> row``, or ``None`` without a payload
         (``prompt_ids``: the request's prompt, where the runner gives it; ``output_ids``: its live
         output list, where the runner gives one, to name the entry a no-token row is due to)."""

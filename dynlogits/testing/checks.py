@@ -492,7 +492,7 @@ def _greedy_with_a_resume(driver: AdapterDriver, req: str, payload: Any, oracle:
                           after_first_step: Callable[[], None] | None = None) -> None:
     """``req`` (``payload``, ``oracle.prompt``) for ``STEPS`` greedy steps, each row as the oracle
     says at the time of the step, preempted and resumed with what it generated half-way, then removed."""
-    prompt, history = tuple(oracle.prompt), []
+    prompt, history = tuple(oracle.prompt), list[int]()
     driver.add(req, payload, prompt_ids=prompt, eos_token_id=EOS)
     for step in range(STEPS):
         if step == STEPS // 2:  # preempted, then resumed with what it generated
@@ -541,7 +541,7 @@ def vectors_with_their_own_prompt_behave_as_documented(driver: AdapterDriver) ->
 #: A request with reasoning delimiters 20 / 21 and an entry scoped to each phase: in reasoning the
 #: sequence 22, 23 and then the end tag 21 is forced; in the answer 30 and 31 are banned, EOS is
 #: masked for its first two tokens and 40 is raised.
-_SCOPED = [
+_SCOPED: list[dict[str, Any]] = [
     {"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]},
     {"kind": "forced_sequence", "token_ids": [22, 23, 21], "eos_token_id": EOS, "scope": "reasoning"},
     {"kind": "banned_tokens", "token_ids": [30, 31], "scope": "answer"},

@@ -102,7 +102,7 @@ class _Engine:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
-            event_class.synchronize = watched  # type: ignore[method-assign]
+            event_class.synchronize = watched  # type: ignore[method-assign,assignment]  # watched: a plain function taking the event
             try:
                 yield
             finally:
@@ -392,7 +392,7 @@ class Cost:
     names: list[str] = field(default_factory=list)  # the device ops of one step (the trace's names)
 
 
-def _device_ops(fn: Callable[[], None], steps: int, trace_dir: Path) -> tuple[float, int, list[str]]:
+def _device_ops(fn: Callable[[], object], steps: int, trace_dir: Path) -> tuple[float, int, list[str]]:
     """Device ops per step, pageable copies in all, and the names of one step's ops (from the trace)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -434,7 +434,7 @@ def measure(kind: str, batch: int, *, vocab: int, steps: int, trace_dir: Path) -
         for i, request in enumerate(loop_requests):
             sdk.apply_row(request, histories[i], logits[i])  # type: ignore[arg-type]
 
-    impls: dict[str, Callable[[], None]] = {"adapter": lambda: masking.apply(logits, EngineStep(histories=histories))}
+    impls: dict[str, Callable[[], object]] = {"adapter": lambda: masking.apply(logits, EngineStep(histories=histories))}
     impls["loop"] = loop
     if kind == "forced_sequence":
         impls["floor"] = lambda: logits.fill_(-math.inf)

@@ -213,7 +213,7 @@ def drive_v2(sim: SimCuda, scenario: Scenario, *, drafts: int = 0) -> DriveResul
         if ended and failing in batch:
             with sim.paused():
                 harness.remove_request(failing)
-            batch.remove(failing)  # type: ignore[arg-type]
+            batch.remove(failing)
         if not scenario.changes:
             pass
         elif step == 1:
@@ -268,7 +268,11 @@ def harness_add(harness: Any, sim: SimCuda, name: str, params: Any, output_ids: 
     processor = harness.processor
     real = processor.add_request
     calls: list[tuple[int, Any]] = []
-    processor.add_request = lambda slot, p: calls.append((slot, p)) or True  # type: ignore[method-assign]
+    def add_request(slot: int, p: Any) -> bool:  # the runner's call, recorded: the request needs processing
+        calls.append((slot, p))
+        return True
+
+    processor.add_request = add_request
     try:
         with sim.paused():
             slot = harness.add_request(name, [2, 3], params, output_ids=output_ids)
@@ -373,7 +377,7 @@ def _sglang_entry() -> Callable[..., list[str]]:
     start = len(FAILURES)
 
     def call(logits: torch.Tensor, rows: list[int], payloads: list, histories: list) -> list[str]:
-        custom = []
+        custom: list[dict[str, Any] | None] = []
         for payload, history in zip(payloads, histories):
             p = params.setdefault(id(payload), {WIRE_KEY: encode_carried(payload)})
             p["__req__"] = SimpleNamespace(origin_input_ids=[2, 3], output_ids=list(history), eos_token_ids={EOS},
@@ -543,6 +547,7 @@ def _failure_then_rows(sim: SimCuda, after: str, engine: Callable[[], RowCall]) 
     entry = engine()
     gen = torch.Generator().manual_seed(0)
     other = builtin_payloads(vocab)[0]
+    histories: list[list[int]]
     payloads, histories = ([FAILING, other], [[], []]) if after != "idle" else ([FAILING], [[]])
     logits = _logits(sim, len(payloads), vocab, gen)
     _grammar(sim, logits, [0])
