@@ -19,6 +19,7 @@ import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -108,7 +109,7 @@ class V1RunnerMixin(AdapterLogitsProcessor):
         for index, params, prompt, output_ids in batch_update.added:
             self._drop(index)
             request = self._realized.get(params, output_ids,
-                                         lambda p=params, q=prompt, o=output_ids: self.new_req_logits_processor(p, q, o))
+                                         partial(self.new_req_logits_processor, params, prompt, output_ids))
             if request is None:
                 continue
             slot = None

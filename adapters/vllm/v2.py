@@ -91,7 +91,7 @@ def staged_prompt(all_token_ids: Any, slot: int, prompt_len: int) -> list[int] |
     return None
 
 
-class V2RunnerMixin(LogitsProcessor):  # type: ignore[misc,valid-type]
+class V2RunnerMixin(LogitsProcessor):
     """Model Runner V2 behaviour; the public class combines it with the V1 half (see ``processor``)."""
 
     vocab_size: int
