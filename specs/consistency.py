@@ -50,6 +50,7 @@ from .admission_work import walks_needed, work_problem
 from .consistency_walks import choice_problems, trigger_problems
 from .effects import MIXED_POINTS, EntrySets, scope_of
 from .errors import Problem, SpecError
+from .kinds import kinds_generation
 from .limits import DEFAULT_LIMITS, SpecLimits
 
 __all__ = ["MIXED_POINTS", "VERDICTS", "check_consistency", "consistency_problems"]
@@ -303,13 +304,13 @@ _NAMED = re.compile(r"\x00(\d+)\x00")
 
 def _key(entries: Sequence[Entry], vocab_size: int | None) -> bytes | None:
     """A digest of the entries' content as JSON (msgspec structs as they are, pydantic models as
-    dumped), with ``vocab_size``; ``None`` for entries of another shape (not memoized). A digest, so
+    dumped), with ``vocab_size`` and the kinds in force (a plug-in's rules may change); ``None`` for entries of another shape (not memoized). A digest, so
     a kept verdict costs some hundred bytes whatever the payload's size."""
     try:
         content = _ENCODER.encode(entries)
     except (TypeError, ValueError, AttributeError, msgspec.EncodeError):
         return None
-    return hashlib.blake2b(content, digest_size=20).digest() + b"|" + str(vocab_size).encode()
+    return hashlib.blake2b(content, digest_size=20).digest() + f"|{vocab_size}|{kinds_generation()}".encode()
 
 
 def _dumped(value: object) -> dict[str, object]:

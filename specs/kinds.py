@@ -28,11 +28,14 @@ from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
-from typing import Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
 from .entry_base import EntryLike
+
+if TYPE_CHECKING:
+    from .admission.rules import KindRules
 from .errors import Problem, SpecError
 from .patterns import FACTORY_PATTERN
 
@@ -84,8 +87,8 @@ class ProcessorKind:
     text the worker resolves with its tokenizer before the entry crosses the wire.
 
     The optional fields (docs/specs.md, "Kinds"; ``wire``, ``resolves_to``, ``delimiters``,
-    ``reads_prompt``, ``allow_listed``, ``fast_model`` and ``admission`` are read for built-in
-    kinds only, the others for plug-ins too):
+    ``reads_prompt``, ``allow_listed`` and ``fast_model`` are read for built-in kinds only, the
+    others for plug-ins too):
 
     * ``fast_model``: a msgspec twin of ``spec_model`` tagged with the kind (same fields and
       rules), the worker's fast decode (``None``: decoded by ``spec_model``). The fast path
@@ -95,7 +98,9 @@ class ProcessorKind:
     * ``client_allowed``: a client request may carry it (``False``: operator config only).
     * ``allow_listed``: the factory runs code the entry names, only where the worker's operator
       allow-lists it; such a kind is no processor of ours.
-    * ``admission``: import string of the kind's admission rules (never imported by this layer).
+    * ``admission``: the kind's admission rules (``dynlogits.specs.admission.rules.KindRules``),
+      or an import string naming them, imported only where entries are checked for
+      contradictions (``None``: opaque to admission; a row it empties fails its request).
     * ``delimiters``: an entry declares the request's reasoning delimiters (at most one per
       payload; a request's replaces the deployment's).
     * ``reads_prompt``: its processor reads the request's prompt (``limits.max_prompt_tokens``).
@@ -119,7 +124,7 @@ class ProcessorKind:
     wire: bool = True
     client_allowed: bool = True
     allow_listed: bool = False
-    admission: str | None = None
+    admission: str | KindRules[Any] | None = None
     resolves_to: str | None = None
     delimiters: bool = False
     reads_prompt: bool = False
@@ -154,8 +159,20 @@ class ProcessorKind:
                 raise KindError(where, "factory must be callable or an import string 'package.module:name'")
         elif not callable(self.factory) and not (self.factory is None and self.builtin):
             raise KindError(where, "factory must be callable or an import string 'package.module:name'")
+        if isinstance(self.admission, str):
+            if not re.fullmatch(FACTORY_PATTERN, self.admission):
+                raise KindError(where, "admission must be a KindRules or an import string 'package.module:name'")
+        elif self.admission is not None and not isinstance(self.admission, _kind_rules()):
+            raise KindError(where, "admission must be a KindRules or an import string 'package.module:name'")
         if not self.wire and self.resolves_to is None:
             raise KindError(where, "a kind that does not cross the wire names the kind it resolves to (resolves_to)")
+
+
+def _kind_rules() -> type:
+    """``KindRules`` (imported on first use: the admission package builds on this module)."""
+    from .admission.rules import KindRules  # noqa: PLC0415 - the admission package imports this module
+
+    return KindRules
 
 
 def _builtin_names() -> frozenset[str]:
