@@ -156,7 +156,7 @@ class DynamoVllmLogitsProcessor(V1RunnerMixin, V2RunnerMixin):
                     processor = request.blame(list(output_ids[: failure.position]), self.vocab_size)
                 processors = request.processor.processors if request.processor is not None else ()
                 known = processor is not None and entries is not None and len(entries) == len(processors)
-                entry = entries[processor] if known else None  # type: ignore[index]
+                entry = entries[processor] if known else None  # type: ignore[index]  # known: entries and processor are set
             reports.send(RequestFailure(report_id, failure.reason, entry, failure.position, failure.detail))
 
         return report

@@ -96,7 +96,7 @@ class VllmRequest(GuardedRequest):
         """``request`` itself (same object, same state) as a ``VllmRequest``; ``None`` stays ``None``."""
         if request is not None:
             request.__class__ = cls  # same slots: the subclass adds none
-        return request  # type: ignore[return-value]
+        return request  # type: ignore[return-value]  # its class was just set to this one
 
 
 def read_payload(params: Any) -> Any | None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from dynlogits.processors.base import RealizeContext
 
 from .faults import BanId, KeepOnly, RaiseAfter
+from .plugin_kinds import BanBeyondSpec, FactsSpec, KeepOnlySpec, RaiseAfterSpec
 
 __all__ = ["ban_beyond", "facts", "keep_only", "raise_after", "recording"]
 
@@ -16,19 +16,19 @@ __all__ = ["ban_beyond", "facts", "keep_only", "raise_after", "recording"]
 _RECORDED: dict[str, list[RealizeContext]] = {}
 
 
-def raise_after(entry: Any, ctx: RealizeContext) -> RaiseAfter:
+def raise_after(entry: RaiseAfterSpec, ctx: RealizeContext) -> RaiseAfter:
     return RaiseAfter(entry.after)
 
 
-def keep_only(entry: Any, ctx: RealizeContext) -> KeepOnly:
+def keep_only(entry: KeepOnlySpec, ctx: RealizeContext) -> KeepOnly:
     return KeepOnly(entry.token_ids)
 
 
-def ban_beyond(entry: Any, ctx: RealizeContext) -> BanId:
+def ban_beyond(entry: BanBeyondSpec, ctx: RealizeContext) -> BanId:
     return BanId(ctx.vocab_size + entry.beyond)
 
 
-def facts(entry: Any, ctx: RealizeContext) -> KeepOnly:
+def facts(entry: FactsSpec, ctx: RealizeContext) -> KeepOnly:
     """Record ``ctx`` under ``entry.tag``; the processor keeps only the prompt's and the stop ids'
     logits (those inside the width), so the facts act on the rows too."""
     _RECORDED.setdefault(entry.tag, []).append(ctx)

@@ -106,7 +106,7 @@ class _Engine:
             try:
                 yield
             finally:
-                event_class.synchronize = real_synchronize  # type: ignore[method-assign]
+                event_class.synchronize = real_synchronize  # type: ignore[method-assign]  # the method put back
                 torch.cuda.set_sync_debug_mode("default")
         self.syncs += [f"{w.filename}:{w.lineno}: {w.message}" for w in caught if "synchroniz" in str(w.message)]
 
@@ -161,7 +161,7 @@ class _Engine:
             if any(r is not None and r.slot is not None for r in self.rows):
                 self.batch.apply(logits, EngineStep(histories=histories))
             if hosted:
-                sdk.apply_rows(logits, hosted, [self.rows[i].request for i in hosted],  # type: ignore[union-attr]
+                sdk.apply_rows(logits, hosted, [self.rows[i].request for i in hosted],  # type: ignore[union-attr]  # hosted rows are occupied
                                [histories[i] for i in hosted])
 
 
@@ -215,7 +215,7 @@ def run_sequence(device: torch.device, *, dtype: torch.dtype, replay: SequenceRu
             changed = True
         elif step > 7:
             roll = rng.random()
-            ordinary = [i for i in live if not engine.rows[i].failing]  # type: ignore[union-attr]
+            ordinary = [i for i in live if not engine.rows[i].failing]  # type: ignore[union-attr]  # live rows are occupied
             if roll < 0.35 and len(ordinary) > 4:
                 engine.remove(rng.choice(ordinary))
                 changed = True
@@ -319,7 +319,7 @@ def run_failure(device: torch.device, after: str, *, hosted: bool, lag: bool = T
             engine.apply(put(torch.zeros(0, 64)))
         elif after == "hosted":
             engine.apply(put(torch.randn(len(engine.rows), 64, generator=gen)))
-            engine.rows[1].tokens.append(5)  # type: ignore[union-attr]
+            engine.rows[1].tokens.append(5)  # type: ignore[union-attr]  # row 1 is occupied here
         elif after == "calls":
             engine.relayout()
         catch_up()
@@ -334,7 +334,7 @@ def mutant(name: str) -> Iterator[None]:
     watching = INBOX.watching
     INBOX.watching = False
     if name == "apply_only":
-        INBOX.drain = lambda: 0  # type: ignore[method-assign]
+        INBOX.drain = lambda: 0  # type: ignore[method-assign]  # a stand-in for this measurement only
     try:
         yield
     finally:
@@ -432,7 +432,7 @@ def measure(kind: str, batch: int, *, vocab: int, steps: int, trace_dir: Path) -
 
     def loop() -> None:
         for i, request in enumerate(loop_requests):
-            sdk.apply_row(request, histories[i], logits[i])  # type: ignore[arg-type]
+            sdk.apply_row(request, histories[i], logits[i])  # type: ignore[arg-type]  # every loop request was realized
 
     impls: dict[str, Callable[[], object]] = {"adapter": lambda: masking.apply(logits, EngineStep(histories=histories))}
     impls["loop"] = loop

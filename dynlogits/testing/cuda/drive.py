@@ -77,7 +77,7 @@ def _grammar(sim: SimCuda, logits: torch.Tensor, rows: Sequence[int]) -> None:
     """The engine's grammar bitmask: ``GRAMMAR_MASKED`` is not allowed in ``rows``."""
     with sim.paused():
         for r in rows:
-            logits.elem[r, GRAMMAR_MASKED] = float("-inf")  # type: ignore[attr-defined]
+            logits.elem[r, GRAMMAR_MASKED] = float("-inf")  # type: ignore[attr-defined]  # a SimTensor: its CPU tensor
 
 
 def _logits(sim: SimCuda, rows: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
@@ -169,7 +169,7 @@ def drive_v1(sim: SimCuda, scenario: Scenario) -> DriveResult:
         with sim.paused():
             for r, token in enumerate(_sampled(sim, logits)):
                 if rows[r] is not None:
-                    rows[r].append(token)  # type: ignore[union-attr]
+                    rows[r].append(token)  # type: ignore[union-attr]  # checked not None just above
                     if token == EOS and id(rows[r]) in ending:
                         finished.append(r)
         sim.advance()
@@ -361,7 +361,7 @@ def _trtllm_entry() -> Callable[..., list[str]]:
             proc(row, logits[row].view(1, 1, -1), [[2, 3, *history]], None)
         return list(FAILURES)[start:]
 
-    call.failures = lambda: list(FAILURES)[start:]  # type: ignore[attr-defined]
+    call.failures = lambda: list(FAILURES)[start:]  # type: ignore[attr-defined]  # the driver reads its reports off the call
     return call
 
 
@@ -387,7 +387,7 @@ def _sglang_entry() -> Callable[..., list[str]]:
         DynamoSglangLogitProcessor()(logits, custom)
         return list(FAILURES)[start:]
 
-    call.failures = lambda: list(FAILURES)[start:]  # type: ignore[attr-defined]
+    call.failures = lambda: list(FAILURES)[start:]  # type: ignore[attr-defined]  # the driver reads its reports off the call
     return call
 
 
@@ -397,10 +397,10 @@ def _apply_rows_entry() -> Callable[..., list[str]]:
 
     def call(logits: torch.Tensor, rows: list[int], payloads: list, histories: list) -> list[str]:
         sdk.drain()  # as an adapter on sdk.apply_rows does first in every call (dynlogits.sdk.readback)
-        sdk.apply_rows(logits, rows, realize(logits, payloads, histories), histories)  # type: ignore[arg-type]
+        sdk.apply_rows(logits, rows, realize(logits, payloads, histories), histories)  # type: ignore[arg-type]  # every payload here realizes
         return report
 
-    call.failures = lambda: list(report)  # type: ignore[attr-defined]
+    call.failures = lambda: list(report)  # type: ignore[attr-defined]  # the driver reads its reports off the call
     return call
 
 
@@ -561,4 +561,4 @@ def _failure_then_rows(sim: SimCuda, after: str, engine: Callable[[], RowCall]) 
             with sim.paused():
                 history.append(_sampled(sim, logits)[0])
             sim.advance()
-    return entry.failures  # type: ignore[attr-defined]
+    return entry.failures  # type: ignore[attr-defined]  # set on the call by its engine builder

@@ -91,7 +91,7 @@ class SimTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
         raise RuntimeError("a simulated device tensor used outside its SimCuda context")
 
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # torch's own idiom for wrapper subclasses
 
     def __repr__(self) -> str:  # type: ignore[override]  # torch's takes tensor_contents=; without syncing: repr is not under test
         return f"SimTensor({self.elem!r})"
@@ -124,7 +124,7 @@ class _Event:
     def synchronize(self) -> None:
         if not self.query():
             self._sim._sync("event.synchronize", "Event.synchronize")
-            self._sim._complete(self._seq)  # type: ignore[arg-type]
+            self._sim._complete(self._seq)  # type: ignore[arg-type]  # a recorded event has its sequence number
 
     def wait(self, stream: Any = None) -> None:
         pass
@@ -188,7 +188,7 @@ class SimCuda(TorchDispatchMode):
     def __enter__(self) -> SimCuda:
         self._stack.__enter__()
         real_event, real_synchronize = torch.cuda.Event, torch.cuda.synchronize
-        torch.cuda.Event = lambda *a, **k: _Event(self, **k)  # type: ignore[assignment,misc]
+        torch.cuda.Event = lambda *a, **k: _Event(self, **k)  # type: ignore[assignment,misc]  # the model of an event, while the context lasts
         torch.cuda.synchronize = self._synchronize
         self._stack.callback(setattr, torch.cuda, "Event", real_event)
         self._stack.callback(setattr, torch.cuda, "synchronize", real_synchronize)
@@ -198,7 +198,7 @@ class SimCuda(TorchDispatchMode):
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
-        self._stack.__exit__(*exc)  # type: ignore[arg-type]
+        self._stack.__exit__(*exc)  # type: ignore[arg-type]  # the exception triple, passed on
         self.advance()  # the modelled device finishes what was queued, as a real one would: nothing waits forever
 
     @contextlib.contextmanager

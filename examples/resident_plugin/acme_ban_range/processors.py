@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 from dynlogits.processors.banned_tokens import BannedTokensTemplate
 from dynlogits.processors.base import IndexCache, RealizeContext
 from dynlogits.processors.ops import MaskIds, RowOp, apply_op
+
+from .kinds import BanRangeSpec, NoRepeatNgramSpec
 
 __all__ = ["BanRange", "NoRepeatNgram", "make_ban_range", "make_no_repeat_ngram"]
 
@@ -64,12 +65,12 @@ class NoRepeatNgram:
         apply_op(self.row_op(generated_ids), logits)
 
 
-def make_ban_range(entry: Any, ctx: RealizeContext) -> BanRange:
+def make_ban_range(entry: BanRangeSpec, ctx: RealizeContext) -> BanRange:
     """One request's ``BanRange`` (``stop`` clipped to the logits width; ``start`` is below it:
     admission checked it as an id)."""
     return BanRange(entry.start, min(entry.stop, ctx.vocab_size))
 
 
-def make_no_repeat_ngram(entry: Any, ctx: RealizeContext) -> NoRepeatNgram:
+def make_no_repeat_ngram(entry: NoRepeatNgramSpec, ctx: RealizeContext) -> NoRepeatNgram:
     """One request's ``NoRepeatNgram``."""
     return NoRepeatNgram(entry.n)
