@@ -151,7 +151,9 @@ class GuardedRequest:
 
         The parts share this request's failure state: either part failing fails the request (its
         ``failure`` names the processor by its index in the whole request), and a failed request
-        runs neither part."""
+        runs neither part. The per-row part ends with a check of the whole row (``_RowChecked``): a
+        row its steps leave with no finite logit, after a resident part that restricted it, fails
+        the request as when every entry runs per row."""
         if self.processor is None:
             return None, self
         templated = [hasattr(p, "template") for p in self.processor.processors]
@@ -162,7 +164,7 @@ class GuardedRequest:
             return None, self
         processors, width = self.processor.processors, self.processor.vocab_size
         return (_Part(self, RequestLogitsProcessor(processors[:cut], vocab_size=width)),
-                _Part(self, RequestLogitsProcessor(processors[cut:], vocab_size=width)))
+                _Part(self, RequestLogitsProcessor((*processors[cut:], _RowChecked()), vocab_size=width)))
 
     def plan(self, history: Sequence[int]) -> list[Any] | None:
         """This step's steps for ``dynlogits.sdk.plans.apply_plans``; ``None`` once the request failed
@@ -290,6 +292,17 @@ class GuardedRequest:
     def __repr__(self) -> str:
         state = f"failed: {self.error}" if self.error else repr(self.processor)
         return f"GuardedRequest({state})"
+
+
+class _RowChecked:
+    """The last step of a split request's per-row part: does nothing, and being opaque (no
+    ``row_op``), has the apply paths check its whole row for a finite logit (``plans.EmptyRows``),
+    since the resident part before it may have left only ids the per-row steps then mask."""
+
+    __slots__ = ()
+
+    def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
+        return None
 
 
 class _Part(GuardedRequest):

@@ -36,7 +36,21 @@ def test_built_ins_then_plugin_entries_split_in_payload_order():
     resident, hosted = request.split()
     assert resident.resident and not hosted.resident
     assert _kinds(resident) == ["BannedTokensProcessor", "LogitBiasProcessor"]
-    assert _kinds(hosted) == ["KeepOnly"]
+    assert _kinds(hosted) == ["KeepOnly", "_RowChecked"]  # then its whole row is checked
+
+
+def test_a_row_the_per_row_part_empties_after_the_resident_part_restricted_it_fails_the_request():
+    from dynlogits.processors.request import RequestLogitsProcessor
+    from dynlogits.testing.faults import BanId
+
+    allowed = _request({"kind": "allowed_tokens", "token_ids": [6]}).processor.processors[0]
+    request = sdk.GuardedRequest(RequestLogitsProcessor([allowed, BanId(6)], vocab_size=VOCAB), stop_token_id=1)
+    _, hosted = request.split()
+    logits = torch.full((1, VOCAB), float("-inf"))
+    logits[0, 6] = 0.0  # what the resident allowed_tokens left
+    sdk.apply_rows(logits, [0], [hosted], [[]])  # the plug-in's row op bans 6: nothing is left
+    assert request.failed and "no token left to sample at output position 0" in request.error
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [1]  # fail-stopped to its stop token
 
 
 @pytest.mark.parametrize("entries", [(KEEP,), (KEEP, BAN), (BAN, KEEP, BIAS)])
