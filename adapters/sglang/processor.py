@@ -66,16 +66,21 @@ def _engine_refusal() -> str | None:
     return speculative_refusal(algorithm)
 
 
+#: SGLang's ``top_k`` for "no top-k" once it normalized a request's parameters
+#: (``sglang.srt.sampling.sampling_params.TOP_K_ALL``, 0.5.23).
+_TOP_K_ALL = 1 << 30
+
+
 def _with_engine_facts(facts: sdk.RequestFacts, req: Any) -> sdk.RequestFacts:
     """``facts`` plus what SGLang's ``Req`` says for a factory's ``RealizeContext``: its ``rid``, its
     sampling parameters and its tokenizer's vocabulary (``None`` where the scheduler set no tokenizer,
     e.g. ``skip_tokenizer_init``)."""
     rid = getattr(req, "rid", None)
-    return dataclasses.replace(
-        facts, request_id=None if rid is None else str(rid),
-        sampling=SamplingView.read(getattr(req, "sampling_params", None), max_tokens="max_new_tokens",
-                                   seed="sampling_seed"),
-        vocabulary=Vocabulary.of_tokenizer(getattr(req, "tokenizer", None)))
+    sampling = SamplingView.read(getattr(req, "sampling_params", None), max_tokens="max_new_tokens", seed="sampling_seed")
+    if sampling.top_k is not None and sampling.top_k >= _TOP_K_ALL:  # SGLang's "whole vocabulary": off
+        sampling = dataclasses.replace(sampling, top_k=None)
+    return dataclasses.replace(facts, request_id=None if rid is None else str(rid), sampling=sampling,
+                               vocabulary=Vocabulary.of_tokenizer(getattr(req, "tokenizer", None)))
 
 
 def _realized(params: dict[str, Any], req: Any, vocab_size: int) -> GuardedRequest | None:

@@ -107,3 +107,19 @@ def test_vllm_realization_gives_the_sampling_parameters_report_id_and_engine_voc
     assert ctx.request_id == "r-1"
     assert ctx.sampling == SamplingView(temperature=0.3, top_p=0.5, top_k=None, min_p=0.0, seed=11, max_tokens=5, n=1)
     assert ctx.tokenizer_vocabulary is vocabulary
+
+
+def test_sglang_facts_carry_its_rid_its_normalized_sampling_and_its_tokenizers_vocabulary():
+    from sglang.srt.sampling.sampling_params import SamplingParams as SglangParams
+
+    from dynlogits.adapters.sglang.processor import _with_engine_facts
+
+    params = SglangParams(temperature=0.7, top_k=-1, max_new_tokens=12, sampling_seed=5)
+    params.normalize(None)
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    req = types.SimpleNamespace(rid="abc", sampling_params=params, tokenizer=tokenizer)
+    facts = _with_engine_facts(sdk.RequestFacts.of(prompt_ids=[3], eos_token_id=1), req)
+    assert facts.request_id == "abc"
+    assert facts.sampling == SamplingView(temperature=0.7, top_p=1.0, top_k=None, min_p=0.0, seed=5, max_tokens=12, n=1)
+    assert facts.vocabulary is Vocabulary.of_tokenizer(tokenizer)
+    assert _with_engine_facts(facts, types.SimpleNamespace()).vocabulary is None  # no tokenizer set
