@@ -29,7 +29,8 @@ class SamplingView:
     """What a request samples with, in the same words on every engine; a field is ``None`` where the
     engine does not say or the setting is off.
 
-    ``temperature``, ``top_p``, ``min_p``: as the request set them (0 temperature: greedy);
+    ``temperature``, ``top_p``, ``min_p``: as the engine holds them (0 temperature: greedy; SGLang
+    holds a greedy request as temperature 1 with ``top_k`` 1);
     ``top_k``: ``None`` when off (vLLM's and SGLang's -1 or 0); ``seed``: the request's seed;
     ``max_tokens``: the most tokens it may generate; ``n``: how many sequences it asks for (each is
     its own row, see docs/specs.md "Writing a kind"). Never mutated: the engine's parameters stay its own."""
