@@ -1,0 +1,185 @@
+"""The ``watermark`` kind's pseudorandom function: vLLM 0.32's Philox watermark PRF, bit for bit.
+
+vLLM's native Gumbel-max watermark (``vllm/v1/watermarking/prfs/philox.py``, ``PhiloxPRF``, version
+``philox4x32-10-v1``) maps a 64-bit key, a context (the ``context_width`` tokens before the sampled
+one, ``-1`` where the output has fewer) and a candidate token id to a uniform value in ``(0, 1)``:
+
+1. The context is absorbed four words at a time (the last block padded with ``2**32 - 1 - i`` at
+   its free index ``i``) into a Philox4x32-10 state that starts as ``(0x574D4358, width, 0, 0)``:
+   each block is XORed into the state, which is then encrypted under the key
+   ``(key_lo ^ block_offset, key_hi)``. Each context id enters as its low 32 bits (``-1`` is
+   ``0xFFFFFFFF``).
+2. A candidate ``t`` is one Philox4x32-10 call on the counter ``(t >> 2, s0, s1, s2)`` under the key
+   ``(key_lo ^ s3, key_hi ^ 0x574D544B)``; of the four output words, word ``t & 3`` is taken.
+3. Its top 24 bits ``m`` give ``float32((m + 1) / (2**24 + 1))`` (computed in float64).
+
+This module computes the same values. ``uniform`` takes tensors (the context part as tensor ops,
+as vLLM's CPU path does); ``context_state`` absorbs one context on the host in Python integers and
+``uniform_from_state`` then derives a whole vocabulary row from it with tensor ops whose other
+operands are Python integers: on CUDA that is a fixed number of kernel launches and no host
+synchronization or host-to-device copy (nothing reads a device value back, nothing is uploaded).
+The arithmetic is plain int64 tensor arithmetic, identical on CPU and CUDA. Torch only; no vLLM
+import (``tests/processors/test_watermark_prf.py`` compares with vLLM's own ``PhiloxPRF``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+import torch
+
+__all__ = ["MAX_KEY", "context_state", "gumbel_noise", "uniform", "uniform_from_state"]
+
+#: The largest key: keys are 64-bit (vLLM's ``PhiloxPRF`` refuses larger ones).
+MAX_KEY = 2**64 - 1
+
+_MASK = 0xFFFFFFFF
+_M0 = 0xD2511F53
+_M1 = 0xCD9E8D57
+_W0 = 0x9E3779B9
+_W1 = 0xBB67AE85
+_CONTEXT_DOMAIN = 0x574D4358
+_TOKEN_DOMAIN = 0x574D544B
+_ROUNDS = 10
+
+#: A 32-bit word: a Python int on the host or an int64 tensor holding values in ``[0, 2**32)``.
+W = TypeVar("W", int, torch.Tensor)
+
+
+def _mulhilo(multiplier: int, value: W) -> tuple[W, W]:
+    """``(high, low)`` 32-bit halves of ``multiplier * value`` in 16-bit pieces (no int64 overflow)."""
+    v_lo, v_hi = value & 0xFFFF, value >> 16
+    m_lo, m_hi = multiplier & 0xFFFF, multiplier >> 16
+    low_product = v_lo * m_lo
+    cross = v_hi * m_lo + v_lo * m_hi
+    low_carry = low_product + ((cross & 0xFFFF) << 16)
+    high = (v_hi * m_hi + (cross >> 16) + (low_carry >> 32)) & _MASK
+    return high, low_carry & _MASK
+
+
+def _philox(counter: tuple[W, W, W, W], key: tuple[W, W]) -> tuple[W, W, W, W]:
+    """Philox4x32-10 (Salmon et al., SC'11) of one counter under one key, word-wise."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for round_index in range(_ROUNDS):
+        hi0, lo0 = _mulhilo(_M0, c0)
+        hi1, lo1 = _mulhilo(_M1, c2)
+        c0, c1, c2, c3 = (hi1 ^ c1 ^ k0) & _MASK, lo1, (hi0 ^ c3 ^ k1) & _MASK, lo0
+        if round_index != _ROUNDS - 1:
+            k0 = (k0 + _W0) & _MASK
+            k1 = (k1 + _W1) & _MASK
+    return c0, c1, c2, c3
+
+
+def _key_words(key: int) -> tuple[int, int]:
+    if not 0 <= key <= MAX_KEY:
+        raise ValueError(f"key: must be an integer in [0, 2**64 - 1]; got {'a negative' if key < 0 else 'a larger'} value")
+    return key & _MASK, key >> 32
+
+
+def context_state(key: int, context: Sequence[int]) -> tuple[int, int, int, int]:
+    """The PRF state after absorbing ``context`` (ids, ``-1`` for "before the output"), on the
+    host: ``ceil(len(context) / 4)`` Philox calls on Python integers."""
+    k0, k1 = _key_words(key)
+    width = len(context)
+    state = (_CONTEXT_DOMAIN, width, 0, 0)
+    for offset in range(0, width, 4):
+        block = [int(context[offset + i]) & _MASK if offset + i < width else _MASK - i for i in range(4)]
+        counter = (state[0] ^ block[0], state[1] ^ block[1], state[2] ^ block[2], state[3] ^ block[3])
+        state = _philox(counter, ((k0 ^ offset) & _MASK, k1))
+    return state
+
+
+def _to_uniform(words: torch.Tensor) -> torch.Tensor:
+    """vLLM's ``uint32_to_uniform``: the word's top 24 bits ``m`` -> ``float32((m + 1) / (2**24 + 1))``."""
+    mantissa = (words & _MASK) >> 8
+    return ((mantissa.to(torch.float64) + 1.0) / (2**24 + 1)).to(torch.float32)
+
+
+def _select(outputs: tuple[torch.Tensor, ...], token_words: torch.Tensor) -> torch.Tensor:
+    which = token_words & 3
+    out = outputs[0]
+    for index in range(1, 4):
+        out = torch.where(which == index, outputs[index], out)
+    return out
+
+
+def uniform_from_state(key: int, state: tuple[int, int, int, int], token_ids: torch.Tensor) -> torch.Tensor:
+    """The uniform value of each id in ``token_ids`` (any shape, int tensor, any device) for the
+    context ``state`` (``context_state``) was absorbed from: float32, same shape and device. Only
+    Python integers meet the tensor: no upload, no synchronization."""
+    k0, k1 = _key_words(key)
+    words = token_ids.to(torch.int64) & _MASK
+    s0, s1, s2, s3 = state
+    # The counter's last three words and both key words are host integers; the first word and,
+    # from the first round on, half the state are tensors (``_philox`` mixes both kinds).
+    first: torch.Tensor = words >> 2
+    outputs = _philox_mixed((first, s0, s1, s2), ((k0 ^ s3) & _MASK, (k1 ^ _TOKEN_DOMAIN) & _MASK))
+    return _to_uniform(_select(outputs, words))
+
+
+def _philox_mixed(counter: tuple[torch.Tensor, int, int, int], key: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+    """``_philox`` where only the counter's first word is a tensor: the first round's
+    ``mulhilo(M1, c2)`` is a host integer, so the round is split by hand (same arithmetic)."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    hi0, lo0 = _mulhilo(_M0, c0)
+    hi1, lo1 = _mulhilo(_M1, c2)
+    n0: int = (hi1 ^ c1 ^ k0) & _MASK
+    n1: int = lo1
+    n2: torch.Tensor = (hi0 ^ c3 ^ k1) & _MASK
+    n3: torch.Tensor = lo0
+    k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
+    # second round: c0 and c1 are host integers, c2 and c3 tensors
+    hi0b, lo0b = _mulhilo(_M0, n0)
+    hi1b, lo1b = _mulhilo(_M1, n2)
+    m0 = (hi1b ^ n1 ^ k0) & _MASK
+    m1 = lo1b
+    m2 = (n3 ^ hi0b ^ k1) & _MASK
+    m3 = torch.full_like(m0, lo0b)
+    k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
+    out = (m0, m1, m2, m3)
+    for round_index in range(2, _ROUNDS):
+        a0, a1, a2, a3 = out
+        h0, l0 = _mulhilo(_M0, a0)
+        h1, l1 = _mulhilo(_M1, a2)
+        out = ((h1 ^ a1 ^ k0) & _MASK, l1, (h0 ^ a3 ^ k1) & _MASK, l0)
+        if round_index != _ROUNDS - 1:
+            k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
+    return out
+
+
+def uniform(key: int, contexts: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """vLLM's ``PhiloxPRF(key).uniform(contexts, token_ids)``: ``contexts`` ``[..., width]`` (ids,
+    ``-1`` before the output), ``token_ids`` broadcastable against ``[..., 1]``; float32 of the
+    broadcast shape, on ``contexts``' device. All tensor ops (no synchronization on CUDA)."""
+    k0, k1 = _key_words(key)
+    ctx = contexts.to(torch.int64) & _MASK
+    prefix = ctx.shape[:-1]
+    width = ctx.shape[-1]
+    device = ctx.device
+    state: tuple[torch.Tensor, ...] = (
+        torch.full(prefix, _CONTEXT_DOMAIN, dtype=torch.int64, device=device),
+        torch.full(prefix, width, dtype=torch.int64, device=device),
+        torch.zeros(prefix, dtype=torch.int64, device=device),
+        torch.zeros(prefix, dtype=torch.int64, device=device),
+    )
+    for offset in range(0, width, 4):
+        block = [ctx[..., offset + i] if offset + i < width else torch.full(prefix, _MASK - i, dtype=torch.int64, device=device)
+                 for i in range(4)]
+        counter = ((state[0] ^ block[0]) & _MASK, (state[1] ^ block[1]) & _MASK,
+                   (state[2] ^ block[2]) & _MASK, (state[3] ^ block[3]) & _MASK)
+        key0 = torch.full(prefix, (k0 ^ offset) & _MASK, dtype=torch.int64, device=device)
+        key1 = torch.full(prefix, k1, dtype=torch.int64, device=device)
+        state = _philox(counter, (key0, key1))
+    shape = torch.broadcast_shapes(prefix + (1,), token_ids.shape)
+    words = torch.broadcast_to(token_ids.to(device=device, dtype=torch.int64), shape) & _MASK
+    s = [torch.broadcast_to(w.unsqueeze(-1), shape) for w in state]
+    outputs = _philox((words >> 2, s[0], s[1], s[2]), ((s[3] ^ k0) & _MASK, torch.full(shape, (k1 ^ _TOKEN_DOMAIN) & _MASK, dtype=torch.int64, device=device)))
+    return _to_uniform(_select(outputs, words))
+
+
+def gumbel_noise(uniforms: torch.Tensor) -> torch.Tensor:
+    """vLLM's Gumbel noise of the PRF's values: ``-log(-log(max(u, tiny)))`` in float32."""
+    return -torch.log(-torch.log(uniforms.clamp_min(torch.finfo(torch.float32).tiny)))
