@@ -36,6 +36,7 @@ from dynlogits.processors.registry import REALIZED, check_python_allowed, factor
 from dynlogits.processors.request import RequestLogitsProcessor
 from dynlogits.processors.scope import Phases, scoped
 from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits, check_vocab
+from dynlogits.specs.builtin import BUILTIN
 from dynlogits.specs.consistency import check_consistency
 from dynlogits.specs.errors import Problem
 from dynlogits.specs.kinds import kinds_generation, plugin_kinds
@@ -107,7 +108,8 @@ def decode_payload(
     """Validate a payload into entries (``SpecError`` naming the field on any problem).
 
     ``decode_wire_payload`` checks every entry, built-in or of a plug-in kind in force
-    (by its own model); ``python`` entries pass only when allow-listed here. ``admitted``: the
+    (by its own model); an entry of an ``allow_listed`` kind passes only when its factory is
+    allow-listed here. ``admitted``: the
     engine ran ``validate`` on this payload where the request entered (``RequestFacts.admitted``),
     so the consistency walks are not run again.
     """
@@ -115,7 +117,8 @@ def decode_payload(
         return ()
     entries = _decoded(payload, limits, vocab_size, admitted)
     for i, entry in enumerate(entries):
-        if entry.kind == "python":
+        declared = BUILTIN.get(entry.kind)
+        if declared is not None and declared.allow_listed:  # its ``factory`` field names code to run
             check_python_allowed(entry.factory, path=f"{WIRE_KEY}[{i}].factory", environ=environ)
     return entries
 
@@ -158,8 +161,8 @@ class RequestFacts:
 def build_request_processor(
     payload: Any, *, vocab_size: int, limits: SpecLimits = DEFAULT_LIMITS, facts: RequestFacts | None = None
 ) -> RequestLogitsProcessor | None:
-    """Fresh processors for one request, or ``None`` when the payload is absent or empty. A
-    ``reasoning`` entry sets the context's delimiters and builds no processor; an entry with a
+    """Fresh processors for one request, or ``None`` when the payload is absent or empty. An entry
+    of a kind that declares the delimiters sets the context's and builds no processor; an entry with a
     ``scope`` is wrapped to act in its phase only (``dynlogits.processors.scope``). ``SpecError``
     naming every entry that could not be realized, once all were tried (``realize`` keeps the
     processors of those that were)."""
@@ -167,6 +170,18 @@ def build_request_processor(
     if problems:
         raise SpecError(problems)
     return processor
+
+
+def _declares_delimiters(entry: Any) -> bool:
+    """Whether ``entry``'s kind declares the request's reasoning delimiters (``ProcessorKind.delimiters``)."""
+    declared = BUILTIN.get(entry.kind)
+    return declared is not None and declared.delimiters
+
+
+def _builds_nothing(entry: Any) -> bool:
+    """Whether ``entry``'s kind builds no processor (a built-in declared with ``factory=None``)."""
+    declared = BUILTIN.get(entry.kind)
+    return declared is not None and declared.factory is None
 
 
 def _realized(payload: Any, *, vocab_size: int, limits: SpecLimits,
@@ -180,7 +195,7 @@ def _realized(payload: Any, *, vocab_size: int, limits: SpecLimits,
     if not entries:
         return None, []
     facts = facts or RequestFacts()
-    reasoning = next(((tuple(e.start_token_ids), tuple(e.end_token_ids)) for e in entries if e.kind == "reasoning"), None)
+    reasoning = next(((tuple(e.start_token_ids), tuple(e.end_token_ids)) for e in entries if _declares_delimiters(e)), None)
     prompt = tuple(facts.prompt_ids or ())
     ctx = RealizeContext(vocab_size=vocab_size, prompt_ids=prompt, stop_token_ids=tuple(facts.stop_token_ids),
                          arrival_time=time.time() if facts.arrival_time is None else facts.arrival_time,
@@ -198,7 +213,7 @@ def _realized(payload: Any, *, vocab_size: int, limits: SpecLimits,
     phases: Phases | None = None
     processors: list[BaseLogitsProcessor] = []
     for i, entry in enumerate(entries):
-        if entry.kind == "reasoning" or i in left_out:
+        if i in left_out or _builds_nothing(entry):
             continue
         try:
             processor = factory_for(entry.kind)(entry, ctx)
