@@ -31,8 +31,8 @@ def costly_payload(index: int, *, choices: int = 7, phrases: int = 6, banned: in
     Its choices are 64 tokens of one id ``a`` with another id ``c`` at some of 8 positions
     near their start (255 choices: every pattern but none, so the trie has ~14,000 nodes per entry), and
     each phrase is a long run of ``a`` ending in an id no choice writes: the choices stay writable,
-    and a walk back from every node of the trie follows the run: the costliest admission the
-    default limits let one payload ask for (docs/reliability.md, "Admission")."""
+    and a walk back from every node of the trie follows the run: unbounded, its admission would
+    cost seconds of CPU (docs/reliability.md, "Admission", has the measured figures)."""
     rng = random.Random(index)
     low, high = _ID_RANGE
     a, c, *tails = rng.sample(range(low, high), 2 + phrases)
