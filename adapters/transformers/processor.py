@@ -57,7 +57,7 @@ class DynamoLogitsProcessor(LogitsProcessor):
                 raise ValueError(f"prompt_width has {len(widths)} entries for {len(self.requests)} rows")
         self.vocab_size = None if vocab_size is None else _check_int("vocab_size", vocab_size, 1)
         self._rows = [r for r, request in enumerate(self.requests) if request is not None]
-        self._live: list[GuardedRequest] = [self.requests[r] for r in self._rows]  # type: ignore[misc]
+        self._live: list[GuardedRequest] = [request for request in self.requests if request is not None]
         self._starts = [widths[r] for r in self._rows]
 
     @property
@@ -84,7 +84,7 @@ class DynamoLogitsProcessor(LogitsProcessor):
         histories = histories_from_ids(input_ids[:, low:], [s - low for s in self._starts], self._rows)
         processed = scores.clone()  # see the module doc: callers may pass the same tensor again
         apply_rows(processed, self._rows, self._live, histories)
-        return processed  # type: ignore[return-value]
+        return processed  # type: ignore[return-value]  # transformers types scores as FloatTensor, a Tensor here
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rows={len(self.requests)}, with_requests={len(self._rows)})"

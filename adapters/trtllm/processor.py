@@ -116,7 +116,7 @@ def _forced_token(request: GuardedRequest, history: Sequence[int]) -> int | None
     return token
 
 
-class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,valid-type]
+class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,valid-type]  # Any where TensorRT-LLM is absent
     """The processors of one request; built by ``activate``, never shared.
 
     ``sampling_params``: the ``SamplingParams`` it is attached to (stop ids read at the first
@@ -147,7 +147,7 @@ class DynamoTrtllmLogitsProcessor(LogitsProcessorBase):  # type: ignore[misc,val
                 "arrival_time": self.arrival_time, "prompt_len": self.prompt_len}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["payload"], sampling_params=state["sampling_params"],  # type: ignore[misc]
+        self.__init__(state["payload"], sampling_params=state["sampling_params"],  # type: ignore[misc]  # unpickling rebuilds in place
                       generated_before=state["generated_before"], vocab_size=state["vocab_size"],
                       arrival_time=state.get("arrival_time"))
         self.prompt_len = state["prompt_len"]

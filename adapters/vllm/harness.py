@@ -127,10 +127,10 @@ class V2SamplerHarness:
             device=torch.device(device),
             max_num_reqs=max_num_reqs,
             vocab_size=vocab_size,
-            all_token_ids=self.all_token_ids,  # type: ignore[arg-type]
-            prompt_len=self.prompt_len,  # type: ignore[arg-type]
-            prefill_len=self.prefill_len,  # type: ignore[arg-type]
-            total_len=self.total_len,  # type: ignore[arg-type]
+            all_token_ids=self.all_token_ids,  # type: ignore[arg-type]  # the harness's host buffers stand in for vLLM's
+            prompt_len=self.prompt_len,  # type: ignore[arg-type]  # the harness's host buffers stand in for vLLM's
+            prefill_len=self.prefill_len,  # type: ignore[arg-type]  # the harness's host buffers stand in for vLLM's
+            total_len=self.total_len,  # type: ignore[arg-type]  # the harness's host buffers stand in for vLLM's
         )
         self.processor = processor_cls(vllm_config, self.req_states)
         self.needs_processing = np.zeros(max_num_reqs, dtype=bool)

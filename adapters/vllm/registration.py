@@ -42,7 +42,7 @@ def register_dynamo_logits_processor(engine_args: T) -> T:
     if not any(is_dynamo_processor(p) for p in processors):
         processors.append(PROCESSOR_FQCN)
     if is_mapping:
-        engine_args["logits_processors"] = processors  # type: ignore[index]
+        target["logits_processors"] = processors
     else:
-        engine_args.logits_processors = processors  # type: ignore[attr-defined]
+        target.logits_processors = processors
     return engine_args

@@ -34,8 +34,8 @@ try:  # vLLM >= 0.31; the adapter still works with the V1 runner alone on older 
     HAS_V2_INTERFACE = True
 except ImportError:  # pragma: no cover - depends on the installed vLLM
     HAS_V2_INTERFACE = False
-    LogitsProcessor = object  # type: ignore[assignment,misc]
-    LogitsContext = LogitsProcRequestState = None  # type: ignore[assignment,misc]
+    LogitsProcessor = object  # type: ignore[assignment,misc]  # a stand-in base where V2 is absent
+    LogitsContext = LogitsProcRequestState = None  # type: ignore[assignment,misc]  # only named, never used, there
 
 __all__ = ["HAS_V2_INTERFACE", "PLACEHOLDER", "V2RunnerMixin", "row_histories", "staged_prompt"]
 
@@ -257,8 +257,8 @@ class V2RunnerMixin(LogitsProcessor):
         real = [i for i in keep if local is None or local[rows[i]] == 0]
         drafts = [i for i in keep if local is not None and local[rows[i]] != 0]
         requests = [self._hosted[int(slots[i])] for i in real]
-        apply_rows(logits, [int(rows[i]) for i in real], requests, [histories[i] for i in real])  # type: ignore[arg-type,misc]
+        apply_rows(logits, [int(rows[i]) for i in real], requests, [histories[i] for i in real])  # type: ignore[arg-type,misc]  # keep and real hold only set slots and histories
         for i in drafts:  # a failure on a draft row stops that row only (the draft may be rejected)
             request = self._hosted[int(slots[i])]
             if request is not None and not request.failed:
-                apply_draft_row(request, histories[i], logits[int(rows[i])])  # type: ignore[arg-type]
+                apply_draft_row(request, histories[i], logits[int(rows[i])])  # type: ignore[arg-type]  # drafts come from keep: set histories

@@ -303,7 +303,8 @@ def measure_decode(payload: list[dict[str, Any]], vocab: int | None, limits: Spe
 
 def _largest_within(case: Case, limits: SpecLimits) -> int:
     """The largest knob whose payload the budget admits (the low end when none is)."""
-    low, high = case.knob  # type: ignore[misc]
+    assert case.knob is not None, "only a case with a knob has a largest one"
+    low, high = case.knob
     units = lambda k: admission_work(*case.build(k)).units  # noqa: E731
     if units(high) <= limits.max_admission_work:
         return high
