@@ -52,6 +52,7 @@ from enum import Enum
 from typing import Any
 
 from dynlogits.specs import WIRE_KEY
+from dynlogits.specs.builtin import BUILTIN
 
 __all__ = ["MAX_DATAGRAM", "REPORT_ID", "REPORT_KEY", "SOCKET_ENV", "Progress", "Reason", "ReportInbox",
            "ReportSender", "RequestFailure", "decode", "entry_in_reason", "new_report_id", "processor_entries",
@@ -184,11 +185,16 @@ def entry_in_reason(detail: str) -> int | None:
 
 def processor_entries(payload: Any) -> list[int] | None:
     """For each processor realization builds from a list ``payload``, its entry's index: every entry
-    but ``reasoning`` (which sets delimiters and builds none), in order
-    (``dynlogits.sdk.realization.build_request_processor``). ``None`` for anything but a list."""
+    but those of a built-in kind declared without a factory (the delimiters' kind builds none), in
+    order (``dynlogits.sdk.realization.build_request_processor``). ``None`` for anything but a list."""
     if not isinstance(payload, list):
         return None
-    return [i for i, entry in enumerate(payload) if not (isinstance(entry, Mapping) and entry.get("kind") == "reasoning")]
+    return [i for i, entry in enumerate(payload) if not (isinstance(entry, Mapping) and _builds_nothing(entry.get("kind")))]
+
+
+def _builds_nothing(kind: object) -> bool:
+    declared = BUILTIN.get(kind) if isinstance(kind, str) else None
+    return declared is not None and declared.factory is None
 
 
 # -- the adapter's side ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from pydantic import Field, StrictStr
 
 from ..entry_base import EntryModel
 from ..kinds import ProcessorKind
+from .forced_sequence import KIND as RESOLVES_TO
 
 __all__ = ["KIND", "ForcedTextSpec"]
 
@@ -22,4 +23,4 @@ class ForcedTextSpec(EntryModel):
 
 
 KIND = ProcessorKind(kind="forced_text", spec_model=ForcedTextSpec, builtin=True, factory=None, wire=False,
-                     resolves_to="forced_sequence")
+                     resolves_to=RESOLVES_TO.kind)
