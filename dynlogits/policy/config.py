@@ -55,6 +55,8 @@ from dynlogits.specs.kinds import plugin_kinds
 from dynlogits.specs.limits import limit_problems
 from dynlogits.specs.union import kind_tags, open_entries
 
+from .watermark_key import resolve_key_sources
+
 __all__ = ["SPEC_FILE_ENV", "DeploymentConfig", "config_from_sources", "load_config", "load_deployment_config", "parse_config",
            "declares_delimiters", "parse_reasoning", "split_kinds"]
 
@@ -103,13 +105,27 @@ class DeploymentConfig:
         """Whether any source can activate processors (adapter registration needs this)."""
         return self.spec is not None or bool(self.allow_request_kinds)
 
+    def __repr__(self) -> str:
+        """The entries' kinds, never their fields: an operator's entry may hold a secret (a watermark's key)."""
+        kinds = [e.kind for e in self.spec.entries] if self.spec is not None else None
+        return (f"DeploymentConfig(kinds={kinds!r}, allow_request_kinds={sorted(self.allow_request_kinds)!r}, "
+                f"limits={self.limits!r}, reasoning={self.reasoning!r})")
 
-def parse_config(data: Any, *, source: str = "config") -> DeploymentConfig:
+
+def parse_config(data: Any, *, source: str = "config", environ: Mapping[str, str] | None = None,
+                 base_dir: Path | None = None) -> DeploymentConfig:
     """Validate a loaded document; ``SpecError`` whose paths name the bad fields.
 
     Plug-in kinds in force count as known kinds (a broken plug-in raises its ``KindError``).
+    A ``watermark`` entry's ``key_env`` / ``key_file`` are read first, from ``environ`` (default: the
+    process's) and ``base_dir`` (a relative file's folder): ``dynlogits.policy.watermark_key``.
     """
     plugins = plugin_kinds()
+    if isinstance(data, Mapping) and "entries" in data:  # the operator's watermark key, read at start-up
+        entries, key_problems = resolve_key_sources(data["entries"], environ=environ, base_dir=base_dir)
+        if key_problems:
+            raise SpecError(key_problems)
+        data = {**data, "entries": entries}
     try:
         model = _ConfigModel.model_validate(data)
     except ValidationError as err:
@@ -168,11 +184,20 @@ def load_config(path: str | os.PathLike[str]) -> DeploymentConfig:
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise SpecError.single(str(p), f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {err}") from None
+        raise SpecError.single(str(p), f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {_parse_error(err)}") from None
     try:
-        return parse_config(data if data is not None else {})
+        return parse_config(data if data is not None else {}, base_dir=p.parent)
     except SpecError as err:
         raise SpecError([Problem(f"{p.name}: {pr.path}" if pr.path else p.name, pr.rule) for pr in err.problems]) from None
+
+
+def _parse_error(err: Exception) -> str:
+    """What is wrong and where, never quoting the file (it may hold a watermark key): YAML's own
+    message shows the line around the error."""
+    mark = getattr(err, "problem_mark", None)
+    if isinstance(err, yaml.MarkedYAMLError) and mark is not None:
+        return f"{err.problem or 'syntax error'} at line {mark.line + 1}, column {mark.column + 1}"
+    return str(err) if isinstance(err, json.JSONDecodeError) else type(err).__name__
 
 
 def config_from_sources(cli_path: str | None, environ: Mapping[str, str] = os.environ) -> DeploymentConfig:

@@ -11,6 +11,9 @@ A client can neither switch the deployment's entries off nor escape them (``docs
   to end it (``needs_stop_token``), the client's own or the deployment's (``stop_token_problem``);
 * a request's own delimiters entry (``ProcessorKind.delimiters``) is refused where the deployment has entries that act by the
   phases its delimiters mark (``reasoning_problem``): replacing them would move those phases.
+* a request's own ``watermark`` entry is refused where the deployment has one (``watermark_problem``):
+  the operator's watermark can be neither removed nor replaced; it is moved after the request's
+  entries (``deployment_watermark_last``), since it draws from the row they leave.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dynlogits.policy.config import DeploymentConfig, declares_delimiters
 from dynlogits.policy.hook import test_hook_spec
 from dynlogits.policy.roles import DisaggregationMode, is_generation_stage, logits_processors_for_request
 from dynlogits.policy.text import TextTokenizer, resolve_entries
+from dynlogits.policy.watermark_key import deployment_watermark_last, watermark_problem
 from dynlogits.specs import LogitsProcessorSpec, Problem, SpecError, check_vocab, parse_entries
 from dynlogits.specs.consistency import check_consistency
 from dynlogits.specs.entries import ReasoningSpec, declaration
@@ -158,7 +162,7 @@ class RequestPolicy:
             if problem is not None:
                 raise SpecError([problem])
         if resolved:
-            problem = reasoning_problem(resolved, entries, root=root)
+            problem = reasoning_problem(resolved, entries, root=root) or watermark_problem(resolved, entries, root=root)
             if problem is not None:
                 raise SpecError([problem])
             paths = [f"{DEPLOYMENT_PATH}[{i}]" for i in range(len(entries))]
@@ -166,8 +170,11 @@ class RequestPolicy:
                 kept = [i for i, e in enumerate(entries) if not declares_delimiters(e)]
                 entries, paths = [entries[i] for i in kept], [paths[i] for i in kept]
             paths += [f"{root}[{j}]" for j in range(len(resolved))]
+            deployment = len(entries)
             entries += logits_processors_for_request(LogitsProcessorSpec(entries=resolved),
                                                      disaggregation_mode=self.role)
+            # the deployment's watermark draws from the row every other entry leaves: it stays last
+            entries, paths = deployment_watermark_last(entries, paths, deployment=deployment)
             entries, paths = self._with_reasoning(entries, paths)
             # the request's entries must not contradict the deployment's (e.g. force a token it bans)
             check_consistency(entries, paths=paths, vocab_size=self.vocab_size, limits=self.config.limits)

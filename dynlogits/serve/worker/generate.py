@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
 from dynlogits.policy.request import REQUEST_ROOT, RequestPolicy
+from dynlogits.policy.watermark_key import has_watermark
 from dynlogits.serve.http.bodies import DEFAULT_MAX_BODY_BYTES, BodyError, first_error, read_json_body
 from dynlogits.serve.http.connections import parser_refused
 from dynlogits.serve.http.errors import HTTPError
@@ -53,6 +54,8 @@ class GenerateCall:
         self.requested = 0
         #: where each of the client's own entries came from (``None``: ``logits_processors``; else a control field)
         self.origins: list[str | None] = []
+        #: whether the deployment's watermark was moved after the client's entries (``deployment_watermark_last``)
+        self.watermark_last = False
 
     async def answer(self) -> JSONResponse | EngineStream:
         """The NDJSON stream, or an error answer naming the field (4xx) or the engine's failure."""
@@ -132,6 +135,8 @@ class GenerateCall:
             entries = policy.entries_for(controls.entries or None, ignore_eos=req.sampling.ignore_eos)
             self.requested = len(controls.entries) if policy.generates else 0
             self.origins = list(controls.origins)
+            self.watermark_last = bool(self.requested) and policy.deployment is not None and has_watermark(
+                policy.deployment.entries)
             return entries
         except SpecError as err:
             renamed = rename_control_paths(err, controls.origins)
@@ -152,9 +157,7 @@ class GenerateCall:
         if len(prompt_ids) >= engine.max_model_len:
             raise HTTPError(400, f"{field}: the prompt is {len(prompt_ids)} tokens; this model's context is "
                                  f"{engine.max_model_len} tokens, generation included", param=field)
-        deployment = len(entries) - self.requested
-        paths = [f"deployment entries[{i}]" for i in range(deployment)]
-        paths += [f"{REQUEST_ROOT}[{j}]" for j in range(self.requested)]
+        paths = self.payload_paths(len(entries), [f"{REQUEST_ROOT}[{j}]" for j in range(self.requested)])
         problem = prompt_limit_problem(entries, len(prompt_ids), self.state.config.limits, path=field, paths=paths)
         if problem is not None:
             raise HTTPError(400, str(problem), param=field)
@@ -188,7 +191,15 @@ class GenerateCall:
         """Each activated entry's path as the client knows it: the deployment's first
         (``deployment entries[i]``), then the client's own (``logits_processors[j]``, or the control
         field it came from: ``logit_bias``, ``allowed_token_ids``, ``bad_words``)."""
-        deployment = len(entries) - self.requested
         origins = self.origins
         own = [(origins[j] if j < len(origins) else None) or f"{REQUEST_ROOT}[{j}]" for j in range(self.requested)]
-        return [f"deployment entries[{i}]" for i in range(deployment)] + own
+        return self.payload_paths(len(entries), own)
+
+    def payload_paths(self, count: int, own: list[str]) -> list[str]:
+        """The paths of a payload of ``count`` entries whose last ``len(own)`` are the client's (named
+        ``own``), but for the deployment's watermark, which comes after them (``watermark_last``)."""
+        deployment = count - len(own)
+        paths = [f"deployment entries[{i}]" for i in range(deployment)]
+        if self.watermark_last:
+            return paths[:-1] + own + paths[-1:]
+        return paths + own
