@@ -1,7 +1,7 @@
 """The OpenAI/vLLM request fields that become logits-processor entries: :data:`CONTROLS`, the one table.
 
 Each row names a request field (OpenAI's ``logit_bias``, vLLM's ``allowed_token_ids`` and
-``bad_words``), the kind it maps onto, the entry field its value becomes and whether an empty value
+``bad_words``, TensorRT-LLM's ``no_repeat_ngram_size``), the kind it maps onto, the entry field its value becomes and whether an empty value
 asks for nothing. Everything else is read from it: the mapping and the error paths
 (``dynlogits.serve.openai_controls``), the fields of the frontend's OpenAI body
 (:class:`ClientControls`) and of the worker's request (:class:`ForwardedControls`), which this
@@ -40,6 +40,7 @@ CONTROLS: tuple[ControlField, ...] = (
     ControlField("logit_bias", kind="logit_bias", value_field="bias"),
     ControlField("allowed_token_ids", kind="allowed_tokens", value_field="token_ids", empty_asks_nothing=False),
     ControlField("bad_words", kind="banned_phrases", value_field="texts", words=True),
+    ControlField("no_repeat_ngram_size", kind="no_repeat_ngram", value_field="size"),  # TensorRT-LLM's
 )
 #: Request field -> the kind it maps onto.
 CONTROL_FIELDS: dict[str, str] = {c.name: c.kind for c in CONTROLS}
@@ -52,6 +53,7 @@ class ClientControls(BaseModel):
     logit_bias: Any = None
     allowed_token_ids: Any = None
     bad_words: Any = None
+    no_repeat_ngram_size: Any = None
 
     def controls(self) -> dict[str, Any]:
         """Each control field's value as sent (``None``: not sent)."""
@@ -65,6 +67,7 @@ class ForwardedControls(BaseModel):
     logit_bias: dict[StrictStr, Any] | None = None
     allowed_token_ids: list[Any] | None = None
     bad_words: list[Any] | None = None
+    no_repeat_ngram_size: Any = None
 
     def controls(self) -> dict[str, Any]:
         """Each control field's value as sent (``None``: not sent)."""

@@ -123,6 +123,8 @@ def _apply(row: list[float], e: Mapping[str, Any], h: Sequence[int], request: Or
         _deadline(row, e, request)
     elif kind == "prompt_tokens":
         _prompt_tokens(row, e, request)
+    elif kind == "no_repeat_ngram":
+        _no_repeat_ngram(row, e, h, request)
     elif kind == "python" and e["factory"] == SCALE_FACTORY:
         factor = float(e.get("kwargs", {}).get("scale", 2.0))
         for i in range(len(row)):
@@ -186,6 +188,20 @@ def _prompt_tokens(row: list[float], e: Mapping[str, Any], request: OracleReques
     for i in range(len(row)):
         if i not in keep:
             row[i] = NEG
+
+
+def _no_repeat_ngram(row: list[float], e: Mapping[str, Any], h: Sequence[int], request: OracleRequest) -> None:
+    # every n-gram of the history (prompt first with include_prompt) whose first size - 1 tokens are
+    # the history's last size - 1: its last token goes; an n-gram holding a placeholder (< 0) counts not
+    size = e["size"]
+    seq = [*request.prompt, *h] if e.get("include_prompt") else list(h)
+    tail = seq[len(seq) - size + 1:] if size > 1 else []
+    if len(seq) < size - 1 or any(t < 0 for t in tail):
+        return
+    for start in range(len(seq) - size + 1):
+        gram = seq[start : start + size]
+        if gram[:-1] == tail and min(gram) >= 0 and gram[-1] < len(row):
+            row[gram[-1]] = NEG
 
 
 def expected_row(entries: Sequence[Mapping[str, Any]], history: Sequence[int], row: Sequence[float],

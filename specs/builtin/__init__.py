@@ -21,6 +21,7 @@ from . import (
     logit_bias,
     min_tokens,
     multiple_choice,
+    no_repeat_ngram,
     prompt_tokens,
     python,
     reasoning,
@@ -36,6 +37,7 @@ from .forced_text import ForcedTextSpec
 from .logit_bias import LogitBias, LogitBiasSpec
 from .min_tokens import MinTokens, MinTokensSpec
 from .multiple_choice import MultipleChoice, MultipleChoiceSpec
+from .no_repeat_ngram import NoRepeatNgram, NoRepeatNgramSpec
 from .prompt_tokens import PromptTokens, PromptTokensSpec
 from .python import Python, PythonProcessorSpec
 from .reasoning import Reasoning, ReasoningSpec
@@ -46,7 +48,8 @@ from .trigger import Trigger, TriggerSpec
 __all__ = ["BUILTIN", "BUILTIN_NAMES", "DECLARED", "MODULES", "AllowedTokens", "AllowedTokensSpec", "BannedPhrases",
            "BannedPhrasesSpec", "BannedTokens", "BannedTokensSpec", "Deadline", "DeadlineSpec", "ForcedSequence",
            "ForcedTextSpec", "ForcedTokenSequenceSpec", "LogitBias", "LogitBiasSpec", "MinTokens", "MinTokensSpec",
-           "MultipleChoice", "MultipleChoiceSpec", "PromptTokens", "PromptTokensSpec", "Python", "PythonProcessorSpec",
+           "MultipleChoice", "MultipleChoiceSpec", "NoRepeatNgram",
+           "NoRepeatNgramSpec", "PromptTokens", "PromptTokensSpec", "Python", "PythonProcessorSpec",
            "Reasoning", "ReasoningSpec", "ThinkingBudget", "ThinkingBudgetSpec", "Trigger", "TriggerSpec"]
 
 #: The built-in kinds' modules, in union order.
@@ -64,6 +67,7 @@ MODULES: tuple[ModuleType, ...] = (
     trigger,
     deadline,
     prompt_tokens,
+    no_repeat_ngram,
     python,
 )
 

@@ -14,7 +14,7 @@ from dynlogits.serve.frontend.openai_models import ChatCompletionRequest
 from dynlogits.serve.openai_controls import with_controls
 from dynlogits.serve.protocol import GenerateRequest
 
-VALUES = {"logit_bias": {"5": 1.0}, "allowed_token_ids": [5, 6], "bad_words": ["x"]}
+VALUES = {"logit_bias": {"5": 1.0}, "allowed_token_ids": [5, 6], "bad_words": ["x"], "no_repeat_ngram_size": 2}
 
 
 def test_the_table_names_each_field_once() -> None:

@@ -1,0 +1,196 @@
+"""``no_repeat_ngram``: every token that would complete an n-gram of ``size`` tokens the history
+already holds is masked, exactly as transformers' ``NoRepeatNGramLogitsProcessor(size)`` on that
+history (the output, or the prompt and the output with ``include_prompt``): the processor.
+
+Hosted (per row, ``row_op``), on every engine: what it masks depends on every token of the history,
+so it has no template.
+
+Per step and row: the row's index (each ``size - 1`` tokens of the history -> the tokens that
+followed them) is found by one comparison of the history with the tokens it covers (a C-level
+list compare, no Python loop), extended by the tokens generated since (``size`` work each) and
+read once for the history's last ``size - 1`` tokens. A history no kept index covers (the first
+call, another sample, a rejected draft) is indexed from scratch once: ``O(len(history) * size)``.
+The prompt's n-grams (``include_prompt``) are indexed once per request, at realization.
+
+Placeholders: a negative id is a token not known yet (vLLM's ``-1`` in the newest slot under async
+scheduling), never an id: an n-gram holding one is skipped, and a step whose last ``size - 1``
+tokens hold one masks only what the n-grams without it say (for ``size > 1``: nothing)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeAlias
+
+import torch
+
+from dynlogits.specs.builtin.no_repeat_ngram import NoRepeatNgram, NoRepeatNgramSpec
+
+from .base import IndexCache, RealizeContext
+from .ops import MaskIds, RowOp, apply_op
+
+__all__ = ["KEPT_ROWS", "KIND", "NoRepeatNgramProcessor", "banned_after", "factory"]
+
+#: what realization passes this kind's factory: the validated model or its fast decode
+Entry: TypeAlias = NoRepeatNgramSpec | NoRepeatNgram
+
+KIND = "no_repeat_ngram"
+
+#: Row indexes one processor keeps (samples, beams, draft rows of its request), the least recently
+#: used dropped first; a row whose index was dropped is indexed again from its history.
+KEPT_ROWS = 16
+#: Distinct sets of ids one request masks, whose index tensors are kept (beyond it, rebuilt).
+KEPT_SETS = 64
+
+#: (the ``size - 1`` tokens before a position) -> the tokens that followed them
+Index: TypeAlias = dict[tuple[int, ...], set[int]]
+
+
+def _add(index: Index, before: tuple[int, ...], token: int) -> None:
+    followers = index.get(before)
+    if followers is None:
+        index[before] = {token}
+    else:
+        followers.add(token)
+
+
+def _index(tokens: Sequence[int], size: int) -> Index:
+    """The n-grams of ``tokens`` that hold no placeholder."""
+    index: Index = {}
+    last_placeholder = -1
+    for end, token in enumerate(tokens):
+        if token < 0:
+            last_placeholder = end
+        elif end >= size - 1 and last_placeholder <= end - size:
+            _add(index, tuple(tokens[end - size + 1:end]), token)
+    return index
+
+
+def banned_after(history: Sequence[int], size: int) -> set[int]:
+    """What transformers' ``NoRepeatNGramLogitsProcessor(size)`` masks after ``history``, n-grams
+    holding a placeholder skipped: a plain scan (the reference; the processor indexes instead)."""
+    n = len(history)
+    if n < size - 1:
+        return set()
+    before = tuple(history[n - size + 1:]) if size > 1 else ()
+    if any(t < 0 for t in before):
+        return set()
+    return _index(history, size).get(before, set())
+
+
+class _Row:
+    """One history's index: ``tokens``, a copy of the history's tokens up to its first placeholder,
+    and ``index``, the n-grams ending in them (beyond the prompt's)."""
+
+    __slots__ = ("tokens", "index")
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.index: Index = {}
+
+
+class NoRepeatNgramProcessor:
+    """Every step, each token that would complete an n-gram of ``size`` tokens already in
+    ``prompt + history`` is masked (``prompt``: empty unless the entry includes it).
+
+    Stateless for its callers: one instance serves every row of its request, in any order, each
+    with its own history; what it keeps (an index per history, ``KEPT_ROWS`` at most) is a cache
+    keyed by the history's tokens, checked against them at every call."""
+
+    __slots__ = ("size", "vocab_size", "_prompt", "_prompt_index", "_rows", "_sets")
+
+    def __init__(self, size: int, vocab_size: int, prompt: Sequence[int] = ()) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.size, self.vocab_size = size, vocab_size
+        self._prompt = tuple(prompt)
+        self._prompt_index = _index(self._prompt, size) if self._prompt else {}
+        self._rows: list[_Row] = []  # most recently used first
+        self._sets: dict[tuple[int, ...], IndexCache] = {}
+
+    def _row_for(self, history: list[int]) -> _Row:
+        """The kept index whose tokens begin ``history`` (made most recent), extended to its first
+        placeholder; a fresh one when none does."""
+        n = len(history)
+        for i, row in enumerate(self._rows):
+            k = len(row.tokens)
+            if k <= n and (k == 0 or history[k - 1] == row.tokens[-1]) and history[:k] == row.tokens:
+                if i:
+                    self._rows.insert(0, self._rows.pop(i))
+                break
+        else:
+            row = _Row()
+            self._rows.insert(0, row)
+            del self._rows[KEPT_ROWS:]
+        self._extend(row, history)
+        return row
+
+    def _extend(self, row: _Row, history: list[int]) -> None:
+        size, tokens, prompt = self.size, row.tokens, self._prompt
+        for j in range(len(tokens), len(history)):
+            token = history[j]
+            if token < 0:
+                return
+            if size == 1:
+                _add(row.index, (), token)
+            elif j >= size - 1:
+                _add(row.index, tuple(tokens[j - size + 1:]), token)
+            elif len(prompt) + j >= size - 1:  # an n-gram that begins in the prompt
+                before = (*prompt[len(prompt) + j - size + 1:], *tokens)
+                if min(before) >= 0:
+                    _add(row.index, before, token)
+            tokens.append(token)
+
+    def banned(self, history: Sequence[int]) -> tuple[int, ...]:
+        """The ids this step masks (sorted, no repeats, inside the logits width)."""
+        h = history if type(history) is list else list(history)
+        row = self._row_for(h)
+        size, n, known = self.size, len(h), len(row.tokens)
+        if known < n:  # a placeholder at ``known``
+            if known < n - 1:
+                return tuple(sorted(t for t in self._scan(h) if t < self.vocab_size))
+            if size > 1:
+                return ()
+        if size == 1:
+            before: tuple[int, ...] = ()
+        elif known >= size - 1:
+            before = tuple(row.tokens[known - size + 1:])
+        elif len(self._prompt) + known >= size - 1:
+            before = (*self._prompt[len(self._prompt) + known - size + 1:], *row.tokens)
+        else:
+            return ()
+        found = row.index.get(before)
+        early = self._prompt_index.get(before)
+        if early:
+            found = early | found if found else early
+        if not found:
+            return ()
+        return tuple(sorted(t for t in found if t < self.vocab_size))
+
+    def _scan(self, history: list[int]) -> set[int]:
+        """A history with a placeholder before its newest slot (no engine makes one): scanned whole."""
+        return banned_after([*self._prompt, *history], self.size)
+
+    def row_op(self, history: Sequence[int]) -> RowOp | None:
+        ids = self.banned(history)
+        if not ids:
+            return None
+        index = self._sets.get(ids)
+        if index is None:
+            if len(self._sets) >= KEPT_SETS:
+                self._sets.clear()
+            index = self._sets[ids] = IndexCache(ids)
+        return MaskIds(index)
+
+    def __call__(self, history: Sequence[int], logits: torch.Tensor) -> None:
+        apply_op(self.row_op(history), logits)
+
+
+def factory(entry: Entry, ctx: RealizeContext) -> NoRepeatNgramProcessor:
+    """A fresh processor for one ``no_repeat_ngram`` entry; with ``include_prompt``, the request's
+    prompt (``ctx.prompt_ids``) is indexed once here, and a request whose engine gives no prompt fails."""
+    prompt: Sequence[int] = ()
+    if entry.include_prompt:
+        if not ctx.prompt_ids:  # an engine that gives no prompt gives it empty
+            raise ValueError("no_repeat_ngram with include_prompt needs the request's prompt, which this engine did not give")
+        prompt = ctx.prompt_ids
+    return NoRepeatNgramProcessor(entry.size, ctx.vocab_size, prompt)
