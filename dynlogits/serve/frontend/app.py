@@ -1,5 +1,5 @@
 """The frontend's OpenAI-compatible app: ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions``
-(``.completions``), ``/health`` and ``/metrics``; the worker router probes from start-up to shutdown."""
+(``.completions``), ``/v1/watermark/detect`` (``.watermark``), ``/health`` and ``/metrics``; the worker router probes from start-up to shutdown."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from dynlogits.serve.secret import presents_secret
 
 from .completions import CompletionCall
 from .state import FrontendState
+from .watermark import DetectCall
 
 __all__ = ["FrontendState", "create_app"]
 
@@ -58,6 +59,9 @@ class FrontendRoutes:
     async def completions(self, request: Request) -> Response:
         return await CompletionCall(self.state, "completion", request).answer()
 
+    async def watermark_detect(self, request: Request) -> Response:
+        return await DetectCall(self.state, request).answer()
+
 
 def create_app(state: FrontendState) -> FastAPI:
     """The app; its lifespan probes every worker once, then keeps probing until shutdown."""
@@ -80,4 +84,5 @@ def create_app(state: FrontendState) -> FastAPI:
     app.add_api_route("/v1/models", routes.models, methods=["GET"])
     app.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
     app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
+    app.add_api_route("/v1/watermark/detect", routes.watermark_detect, methods=["POST"])
     return app

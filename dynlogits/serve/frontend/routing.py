@@ -193,8 +193,9 @@ class Router:
         await self.client.aclose()
         await self._probe_client.aclose()
 
-    async def open_stream(self, pool: WorkerPool, body: dict[str, object]) -> tuple[WorkerEndpoint, httpx.Response]:
-        """POST ``/generate`` to the first ready worker that takes it; the response is open (streaming).
+    async def open_stream(self, pool: WorkerPool, body: dict[str, object], *,
+                          path: str = "/generate") -> tuple[WorkerEndpoint, httpx.Response]:
+        """POST ``path`` (``/generate``) to the first ready worker that takes it; the response is open (streaming).
 
         Unreachable, not-ready (503) or silent (no headers within the idle timeout) workers are
         taken out of rotation and the next is tried; :class:`WorkerTimeoutError` when the last one
@@ -203,7 +204,7 @@ class Router:
         silent: WorkerEndpoint | None = None
         for endpoint in pool.candidates():
             try:
-                response = await self._post(endpoint, body)
+                response = await self._post(endpoint, body, path)
             except httpx.ReadTimeout:
                 self.take_out(endpoint, self.idle_reason())
                 silent = endpoint
@@ -227,17 +228,17 @@ class Router:
         raise NoWorkerError(f"no {pool.role} worker is available (every ready one failed just now); "
                             "retry when a worker is back")
 
-    async def _post(self, endpoint: WorkerEndpoint, body: dict[str, object]) -> httpx.Response:
-        """``POST /generate``, streaming. A connection that breaks before the response headers (not a
+    async def _post(self, endpoint: WorkerEndpoint, body: dict[str, object], path: str = "/generate") -> httpx.Response:
+        """``POST path``, streaming. A connection that breaks before the response headers (not a
         refusal or a timeout) is retried once on a fresh connection: that is a kept-alive connection
         closed under us, or a worker that just died, which the retry then finds refusing."""
         try:
-            return await self.client.send(self.client.build_request("POST", f"{endpoint.url}/generate", json=body),
+            return await self.client.send(self.client.build_request("POST", f"{endpoint.url}{path}", json=body),
                                           stream=True)
         except (httpx.ConnectError, httpx.TimeoutException):
             raise
         except httpx.TransportError as err:
             log.info("%s worker %s: %s before the response; retrying once", endpoint.role, endpoint.url,
                      type(err).__name__)
-        return await self.client.send(self.client.build_request("POST", f"{endpoint.url}/generate", json=body),
+        return await self.client.send(self.client.build_request("POST", f"{endpoint.url}{path}", json=body),
                                       stream=True)

@@ -1,4 +1,5 @@
-"""The worker's HTTP app: ``/generate`` (``.generate``, an NDJSON stream), ``/health``, ``/ready``, ``/stats``.
+"""The worker's HTTP app: ``/generate`` (``.generate``, an NDJSON stream), ``/watermark/detect``
+(``.watermark``), ``/health``, ``/ready``, ``/stats``.
 
 Every route but ``/health`` (liveness) needs the deployment's worker secret when one is set
 (``dynlogits.serve.secret``); ``/generate`` keeps its own bound on the sequences in flight
@@ -23,6 +24,7 @@ from .engine_stream import EngineStream
 from .generate import GenerateCall
 from .introspect import process_tree_rss
 from .state import WorkerState
+from .watermark import detect_route
 
 __all__ = ["ENGINE_DEAD_EXIT", "WorkerState", "create_app"]
 
@@ -75,6 +77,9 @@ class WorkerRoutes:
     async def generate(self, request: Request) -> JSONResponse | EngineStream:
         return await GenerateCall(self.state, request).answer()
 
+    async def watermark_detect(self, request: Request) -> JSONResponse:
+        return await detect_route(self.state, request)
+
 
 def create_app(state: WorkerState) -> FastAPI:
     """The worker app; the engine starts in a thread at start-up so ``/health`` answers meanwhile."""
@@ -89,4 +94,5 @@ def create_app(state: WorkerState) -> FastAPI:
     app.add_api_route("/ready", routes.ready, methods=["GET"])
     app.add_api_route("/stats", routes.stats, methods=["GET"])
     app.add_api_route("/generate", routes.generate, methods=["POST"], response_model=None)
+    app.add_api_route("/watermark/detect", routes.watermark_detect, methods=["POST"])
     return app
