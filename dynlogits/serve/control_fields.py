@@ -33,6 +33,11 @@ class ControlField:
     empty_asks_nothing: bool = True
     #: Whether the value is a list of words, checked against the spec limits before any tokenizing.
     words: bool = False
+    #: Whether ``0`` asks for nothing (``dry_multiplier``: 0 is DRY off, the engines' default).
+    zero_is_off: bool = False
+    #: The request field whose entry this one's value joins (the ``dry_*`` fields join ``dry_multiplier``'s
+    #: one ``dry`` entry); it asks for nothing while that field does not. ``None``: an entry of its own.
+    joins: str | None = None
 
 
 #: The request fields mapped onto kinds, in the order their entries follow the client's own.
@@ -41,6 +46,13 @@ CONTROLS: tuple[ControlField, ...] = (
     ControlField("allowed_token_ids", kind="allowed_tokens", value_field="token_ids", empty_asks_nothing=False),
     ControlField("bad_words", kind="banned_phrases", value_field="texts", words=True),
     ControlField("no_repeat_ngram_size", kind="no_repeat_ngram", value_field="size"),  # TensorRT-LLM's
+    # vLLM's open DRY pull request (#50584), llama.cpp's names: one ``dry`` entry
+    ControlField("dry_multiplier", kind="dry", value_field="multiplier", zero_is_off=True),
+    ControlField("dry_base", kind="dry", value_field="base", joins="dry_multiplier"),
+    ControlField("dry_allowed_length", kind="dry", value_field="allowed_length", joins="dry_multiplier"),
+    ControlField("dry_sequence_breakers", kind="dry", value_field="sequence_breakers", empty_asks_nothing=False,
+                 joins="dry_multiplier"),
+    ControlField("dry_penalty_last_n", kind="dry", value_field="penalty_last_n", joins="dry_multiplier"),
 )
 #: Request field -> the kind it maps onto.
 CONTROL_FIELDS: dict[str, str] = {c.name: c.kind for c in CONTROLS}
@@ -54,6 +66,11 @@ class ClientControls(BaseModel):
     allowed_token_ids: Any = None
     bad_words: Any = None
     no_repeat_ngram_size: Any = None
+    dry_multiplier: Any = None
+    dry_base: Any = None
+    dry_allowed_length: Any = None
+    dry_sequence_breakers: Any = None
+    dry_penalty_last_n: Any = None
 
     def controls(self) -> dict[str, Any]:
         """Each control field's value as sent (``None``: not sent)."""
@@ -68,6 +85,11 @@ class ForwardedControls(BaseModel):
     allowed_token_ids: list[Any] | None = None
     bad_words: list[Any] | None = None
     no_repeat_ngram_size: Any = None
+    dry_multiplier: Any = None
+    dry_base: Any = None
+    dry_allowed_length: Any = None
+    dry_sequence_breakers: Any = None
+    dry_penalty_last_n: Any = None
 
     def controls(self) -> dict[str, Any]:
         """Each control field's value as sent (``None``: not sent)."""

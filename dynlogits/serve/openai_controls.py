@@ -28,6 +28,8 @@ __all__ = ["ROOT", "Controls", "rename_control_paths", "with_controls"]
 ROOT = "logits_processors"
 #: Request field -> the row of the control table it is.
 _BY_NAME: dict[str, ControlField] = {c.name: c for c in CONTROLS}
+#: Request field -> the fields whose values join its entry (``dry_multiplier``: the other ``dry_*``).
+_JOINING: dict[str, tuple[ControlField, ...]] = {c.name: tuple(j for j in CONTROLS if j.joins == c.name) for c in CONTROLS}
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,9 @@ class Controls:
 
 def _is_set(control: ControlField, value: Any) -> bool:
     """``logit_bias: {}`` and ``bad_words: []`` ask for nothing; ``allowed_token_ids: []`` would allow
-    nothing, which the kind refuses (as vLLM does)."""
+    nothing, which the kind refuses (as vLLM does); ``dry_multiplier: 0`` is DRY off."""
+    if control.zero_is_off and not isinstance(value, bool) and isinstance(value, (int, float)) and value == 0:
+        return False
     return value is not None and (not control.empty_asks_nothing or (value != {} and value != []))
 
 
@@ -71,16 +75,21 @@ def with_controls(own: list[Any] | None, fields: Mapping[str, Any], config: Depl
     ``SpecError`` through :func:`rename_control_paths`."""
     entries = list(own or [])
     origins: list[str | None] = [None] * len(entries)
+    made: dict[str, dict[str, Any]] = {}  # request field -> the entry it made (for the fields that join it)
     for control in CONTROLS:
         name, kind, value = control.name, control.kind, fields.get(control.name)
         if not _is_set(control, value):
+            continue
+        if control.joins is not None:  # a field of another field's entry: nothing without that one
+            if control.joins in made:
+                made[control.joins][control.value_field] = value
             continue
         if kind not in config.allow_request_kinds:
             raise SpecError.single(name, f"maps onto the {kind!r} kind, which this deployment does not allow "
                                          f"(allow_request_kinds: {sorted(config.allow_request_kinds)})")
         if control.words:
             _check_words(name, value, config)
-        entries.append({"kind": kind, control.value_field: value})
+        entries.append(made.setdefault(name, {"kind": kind, control.value_field: value}))
         origins.append(name)
     return Controls(entries=entries, origins=origins)
 
@@ -103,8 +112,11 @@ def rename_control_paths(err: SpecError, origins: Sequence[str | None]) -> SpecE
         if origin is None:
             return match.group(0)
         control = _BY_NAME.get(origin)
-        value = f".{control.value_field}" if control is not None else None
-        return origin + tail[len(value):] if value is not None and tail.startswith(value) else origin
+        for row in (control, *_JOINING.get(origin, ())) if control is not None else ():
+            value = f".{row.value_field}"
+            if tail == value or tail.startswith((value + ".", value + "[")):
+                return row.name + tail[len(value):]
+        return origin
 
     renamed = [Problem(_ENTRY_PATH.sub(rename, p.path), _ENTRY_PATH.sub(rename, p.rule)) for p in err.problems]
     return SpecError(list(dict.fromkeys(renamed)))  # problems that became the same (a word's two variants): once

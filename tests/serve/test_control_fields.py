@@ -14,7 +14,9 @@ from dynlogits.serve.frontend.openai_models import ChatCompletionRequest
 from dynlogits.serve.openai_controls import with_controls
 from dynlogits.serve.protocol import GenerateRequest
 
-VALUES = {"logit_bias": {"5": 1.0}, "allowed_token_ids": [5, 6], "bad_words": ["x"], "no_repeat_ngram_size": 2}
+VALUES = {"logit_bias": {"5": 1.0}, "allowed_token_ids": [5, 6], "bad_words": ["x"], "no_repeat_ngram_size": 2,
+          "dry_multiplier": 0.8, "dry_base": 1.5, "dry_allowed_length": 3, "dry_sequence_breakers": ["\n"],
+          "dry_penalty_last_n": 64}
 
 
 def test_the_table_names_each_field_once() -> None:
@@ -45,5 +47,7 @@ def test_the_frontend_forwards_each_control_field_as_sent() -> None:
 def test_each_control_field_becomes_the_kind_the_table_names() -> None:
     config = parse_config({"allow_request_kinds": sorted(CONTROL_FIELDS.values())})
     controls = with_controls(None, VALUES, config)
-    assert controls.origins == [c.name for c in CONTROLS]
-    assert controls.entries == [{"kind": c.kind, c.value_field: VALUES[c.name]} for c in CONTROLS]
+    leads = [c for c in CONTROLS if c.joins is None]  # a joining field's value goes into its lead's entry
+    assert controls.origins == [c.name for c in leads]
+    assert controls.entries == [{"kind": c.kind, **{j.value_field: VALUES[j.name] for j in CONTROLS
+                                                    if j.name == c.name or j.joins == c.name}} for c in leads]
