@@ -358,6 +358,9 @@ def consistency_problems(entries: Iterable[Entry], *, root: str = "", paths: Seq
 def _problems(entries: list[Entry], names: list[str], vocab_size: int | None) -> list[Problem]:
     """``consistency_problems`` past the budget: every rule, entry ``i`` named ``names[i]``."""
     rules = [rules_of(e) for e in entries]
+    late = _after_last(entries, names, rules)
+    if late is not None:
+        return [late]
     if len(entries) == 1 and not rules[0].alone:
         return []  # one entry never contradicts itself, short of masking the whole vocabulary
     reasoning = _reasoning(entries, rules)
@@ -371,6 +374,17 @@ def _problems(entries: list[Entry], names: list[str], vocab_size: int | None) ->
     problems = [*_scoped_position_problems(entries, names, vocab_size, sets, reasoning),
                 *_anywhere_problems(entries, names, sets, reasoning), *_phrase_problems(entries, names, sets)]
     return problems or [*choice_problems(entries, names, sets), *trigger_problems(entries, names, sets)]
+
+
+def _after_last(entries: list[Entry], names: list[str], rules: list[KindRules[Any]]) -> Problem | None:
+    """The first entry that acts after an entry whose kind must be the last that acts (``KindRules.last``)."""
+    for i, rule in enumerate(rules):
+        if rule.last:
+            for j in range(i + 1, len(entries)):
+                if rules[j].acts:
+                    return Problem(names[j], f"comes after {names[i]} ({entries[i].kind}), which must be the last "
+                                             f"entry that acts: {rule.last_why}; put {names[i]} last")
+    return None
 
 
 def check_consistency(entries: Iterable[Entry], *, root: str = "", paths: Sequence[str] | None = None,

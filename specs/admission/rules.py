@@ -94,7 +94,9 @@ class KindRules(Generic[E]):
     Flags: ``acts`` (``False``: it acts on no row and is no entry of any phase), ``alone`` (one
     entry of the kind may be refused on its own), ``contradicts`` (it can contradict other entries
     beyond masks covering the vocabulary), ``checks`` (its own rules, run in order, each over every
-    entry before the next).
+    entry before the next), ``last`` (it must be the payload's last entry that acts: it reads the
+    row every entry before it leaves, so one acting after it is refused naming both; its
+    ``last_why`` says why, in a message).
 
     ``field``: the field problems and work on its main role are named by (a phrase's path, the
     budget's drivers). Budget: ``size`` (ids of its fixed set), ``id_fields`` (its id fields,
@@ -117,6 +119,8 @@ class KindRules(Generic[E]):
     contradicts: bool = False
     #: each: ``(entry, its path, the payload's delimiters or None)`` -> the problem, or ``None``
     checks: tuple[Callable[[E, str, Delimiters | None], Problem | None], ...] = ()
+    last: bool = False
+    last_why: str = ""
     size: Callable[[E], int] | None = None
     field: str = "token_ids"
     id_fields: tuple[str, ...] = ()

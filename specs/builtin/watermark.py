@@ -47,11 +47,11 @@ class WatermarkSpec(EntryModel):
 
 class Watermark(FastModel, tag="watermark", frozen=True, kw_only=True):
     scheme: Literal["gumbel"] = "gumbel"
-    key: Annotated[int, msgspec.Meta(ge=0, le=MAX_KEY)]
+    key: Annotated[int, msgspec.Meta(ge=0)]  # msgspec bounds fit int64; the 64-bit bound is a post-check
     context_width: Annotated[int, msgspec.Meta(ge=1, le=MAX_CONTEXT_WIDTH)] = DEFAULT_CONTEXT_WIDTH
 
     def passes_post_checks(self) -> bool:
-        return self.scope == "always"
+        return self.scope == "always" and self.key <= MAX_KEY
 
 
 KIND = ProcessorKind(
