@@ -53,11 +53,15 @@ def _client(d: Deployment, api_key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=d.base_url, api_key=api_key, max_retries=0, timeout=300)
 
 
-def _sampled(client: openai.OpenAI, seed: int) -> str:
-    """A 160-token answer sampled at temperature 1 (no stop token: its length is fixed)."""
+def _sampled(client: openai.OpenAI, seed: int, entries: list[dict[str, Any]] | None = None) -> str:
+    """A 160-token answer sampled at temperature 1 (no stop token: its length is fixed), with the
+    client's own ``entries`` if given."""
     model = client.models.list().data[0].id
+    body: dict[str, Any] = {"ignore_eos": True}
+    if entries is not None:
+        body["logits_processors"] = entries
     answer = client.completions.create(model=model, prompt=PROMPT, temperature=1.0, max_tokens=160, seed=seed,
-                                       extra_body={"ignore_eos": True})
+                                       extra_body=body)
     assert answer.usage is not None and answer.usage.completion_tokens == 160
     return answer.choices[0].text
 
@@ -84,6 +88,14 @@ def test_a_watermarked_answer_is_detected_and_a_plain_deployments_is_not(waterma
     assert _detect(watermark_agg, {"text": marked[0]}, api_key=None).status_code == 401
     refused = _detect(open_agg, {"text": marked[0]})
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "no_watermark_configured"
+
+
+def test_a_clients_own_entries_leave_the_operators_watermark_in_place(watermark_agg: Deployment) -> None:
+    """The client's entries are admitted and run before the operator's watermark, which draws last:
+    the answer is still found."""
+    text = _sampled(_client(watermark_agg, API_KEY), 7, entries=[{"kind": "banned_tokens", "token_ids": [3, 4]}])
+    result = _detect(watermark_agg, {"text": text}).json()
+    assert result["is_watermarked"] is True and result["p_value"] <= 1e-4, result
 
 
 def test_a_clients_watermark_beside_the_operators_is_refused_naming_both(watermark_agg: Deployment) -> None:

@@ -155,3 +155,18 @@ def test_a_client_may_send_a_watermark_only_where_the_operator_allows_the_kind(e
     assert info.value.problems[0].path.startswith("logits_processors[0]") and "watermark" in str(info.value)
     opened = _policy(embedded_tokenizer, [], ["watermark"])
     assert [e.kind for e in opened.entries_for([_watermark(key=1)])] == ["watermark"]
+
+
+def test_the_moved_watermark_keeps_its_deployment_path_in_the_workers_names() -> None:
+    """The worker names a failing entry as the client knows it: the operator's watermark, last in the
+    payload after the client's entries, is still ``deployment entries[i]``."""
+    from types import SimpleNamespace
+
+    from dynlogits.serve.worker.generate import GenerateCall
+
+    moved = SimpleNamespace(watermark_last=True)
+    assert GenerateCall.payload_paths(moved, 4, ["logits_processors[0]", "bad_words"]) == [  # type: ignore[arg-type]  # a stand-in: it reads only watermark_last
+        "deployment entries[0]", "logits_processors[0]", "bad_words", "deployment entries[1]"]
+    kept = SimpleNamespace(watermark_last=False)
+    assert GenerateCall.payload_paths(kept, 3, ["logits_processors[0]"]) == [  # type: ignore[arg-type]  # a stand-in: it reads only watermark_last
+        "deployment entries[0]", "deployment entries[1]", "logits_processors[0]"]
