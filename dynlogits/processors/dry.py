@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 import torch
@@ -60,18 +60,41 @@ def max_exponent(base: float) -> int:
 
 @dataclass(frozen=True)
 class Breakers:
-    """Resolved sequence breakers: ``single`` ids break a repeat alone (and are never penalized);
-    ``tails[head]`` the token sequences that must follow ``head`` for it to break one (``()``: none,
-    the head alone); ``heads`` every head id, sorted."""
+    """Resolved sequence breakers: ``single`` ids break a repeat alone (and are never penalized), as a
+    mask over ids and a set; ``tails[head]`` the token sequences (longest first) that, following
+    ``head``, break one; ``heads`` a mask of every id that may begin a breaker. A mask is as long as
+    the largest such id + 1 (ids past it are in none)."""
 
     single: np.ndarray
+    single_set: frozenset[int]
     tails: dict[int, tuple[tuple[int, ...], ...]]
     heads: np.ndarray
 
     @staticmethod
     def none() -> Breakers:
-        empty = np.zeros(0, dtype=np.int64)
-        return Breakers(empty, {}, empty)
+        empty = np.zeros(0, dtype=bool)
+        return Breakers(empty, frozenset(), {}, empty)
+
+
+def _mask(ids: set[int] | frozenset[int]) -> np.ndarray:
+    mask = np.zeros(max(ids) + 1 if ids else 0, dtype=bool)
+    mask[list(ids)] = True
+    return mask
+
+
+def _in(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Which of ``ids`` the mask holds (negative ids and ids past it: none)."""
+    inside = (ids >= 0) & (ids < len(mask))
+    inside[inside] = mask[ids[inside]]
+    return inside
+
+
+class _Table(NamedTuple):
+    """One breaker against one vocabulary: the ids whose text holds it, and the ids whose text ends
+    with a proper prefix of it, each with the tails (the rest's tokens) that must follow."""
+
+    single: frozenset[int]
+    tails: dict[int, frozenset[tuple[int, ...]]]
 
 
 def _spell(text: str, pieces: dict[str, int]) -> tuple[int, ...] | None:
@@ -90,16 +113,18 @@ def _spell(text: str, pieces: dict[str, int]) -> tuple[int, ...] | None:
     return tuple(out)
 
 
-def _one_breaker(vocabulary: Sequence[str], breaker: str) -> dict[int, frozenset[tuple[int, ...]]]:
-    """One breaker against the vocabulary (llama.cpp's ``get_overlapping_token_sequences``): head id ->
-    the tails that must follow it (``()``: the head's text holds the whole breaker)."""
-    found: dict[int, set[tuple[int, ...]]] = {}
+def _one_breaker(vocabulary: Sequence[str], breaker: str) -> _Table:
+    """One breaker against the vocabulary, as llama.cpp's ``get_overlapping_token_sequences`` matches
+    it: a token whose text holds the breaker breaks alone; otherwise each place where the token's text
+    ends with a proper prefix of the breaker gives a tail, the rest of the breaker as tokens."""
+    single: set[int] = set()
+    tails: dict[int, set[tuple[int, ...]]] = {}
     rest_len = len(breaker) - 1
     overlaps: list[tuple[int, int]] = []  # (id, characters of the breaker its text ends with)
     first = breaker[0]
     for token, text in enumerate(vocabulary):
         if breaker in text:
-            found[token] = {()}
+            single.add(token)
         elif rest_len and first in text[-rest_len:]:
             end = text[-rest_len:]
             for pos in range(len(end)):
@@ -114,40 +139,78 @@ def _one_breaker(vocabulary: Sequence[str], breaker: str) -> dict[int, frozenset
         for token, matched in overlaps:
             tail = _spell(breaker[matched:], pieces)
             if tail is not None:
-                found.setdefault(token, set()).add(tail[:MAX_DRY_TAIL_TOKENS])
-    return {token: frozenset(tails) for token, tails in found.items()}
+                tails.setdefault(token, set()).add(tail[:MAX_DRY_TAIL_TOKENS])
+    return _Table(frozenset(single), {token: frozenset(found) for token, found in tails.items()})
 
 
-#: (id of the vocabulary, breaker) -> (the vocabulary, its table): the vocabulary is held so its id stays its own.
-_KEPT: Kept[tuple[Sequence[str], dict[int, frozenset[tuple[int, ...]]]]] = Kept(BREAKERS_KEPT, BREAKERS_BYTES)
+#: (id of the vocabulary, breaker) -> (the vocabulary, its table), and (id, breakers) -> (the
+#: vocabulary, the resolved set): the vocabulary is held so that its id stays its own.
+_TABLES: Kept[tuple[Sequence[str], _Table]] = Kept(BREAKERS_KEPT, BREAKERS_BYTES)
+_RESOLVED: Kept[tuple[Sequence[str], Breakers]] = Kept(BREAKERS_KEPT, BREAKERS_BYTES)
 
 
-def _breaker_table(vocabulary: Sequence[str], breaker: str) -> dict[int, frozenset[tuple[int, ...]]]:
+def _weight(single: frozenset[int] | np.ndarray, tails: dict[int, Any]) -> int:
+    """About the bytes a table holds beyond the vocabulary: its ids and tails."""
+    return 64 * len(single) + deep_size(tails) + 256
+
+
+def _breaker_table(vocabulary: Sequence[str], breaker: str) -> _Table:
     key = (id(vocabulary), breaker)
-    hit = _KEPT.get(key)
-    if hit is None or hit[0] is not vocabulary:
-        table = _one_breaker(vocabulary, breaker)
-        _KEPT.put(key, (vocabulary, table), deep_size(table) + 64)
-        return table
-    return hit[1]
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0] is vocabulary:
+        return hit[1]
+    table = _one_breaker(vocabulary, breaker)
+    _TABLES.put(key, (vocabulary, table), _weight(table.single, table.tails))
+    return table
 
 
 def breakers_of(vocabulary: Sequence[str] | None, breakers: Sequence[str]) -> Breakers:
-    """The breakers resolved against ``vocabulary`` (each token id's text). ``ValueError`` when there
-    are breakers but no vocabulary (an engine without a tokenizer)."""
+    """The breakers resolved against ``vocabulary`` (each token id's text), kept per vocabulary and
+    breaker set. ``ValueError`` when there are breakers but no vocabulary (no tokenizer)."""
     if not breakers:
         return Breakers.none()
     if vocabulary is None:
         raise ValueError("sequence_breakers are matched against the tokenizer's vocabulary, which this engine "
                          "does not give (send sequence_breakers: [] to run without breakers)")
+    names = tuple(dict.fromkeys(breakers))
+    key = (id(vocabulary), names)
+    hit = _RESOLVED.get(key)
+    if hit is not None and hit[0] is vocabulary:
+        return hit[1]
+    single: set[int] = set()
     tails: dict[int, set[tuple[int, ...]]] = {}
-    for breaker in dict.fromkeys(breakers):
-        for token, found in _breaker_table(vocabulary, breaker).items():
+    for breaker in names:
+        table = _breaker_table(vocabulary, breaker)
+        single |= table.single
+        for token, found in table.tails.items():
             tails.setdefault(token, set()).update(found)
-    single = np.array(sorted(t for t, found in tails.items() if () in found), dtype=np.int64)
     # the longest tail first: llama.cpp keeps the longest that matches
     ordered = {t: tuple(sorted(found, key=len, reverse=True)) for t, found in tails.items()}
-    return Breakers(single, ordered, np.array(sorted(tails), dtype=np.int64))
+    resolved = Breakers(_mask(single), frozenset(single), ordered, _mask(single | set(tails)))
+    _RESOLVED.put(key, (vocabulary, resolved), _weight(resolved.single_set, ordered) + 2 * len(resolved.heads))
+    return resolved
+
+
+#: Extensions done for all candidates at once (at least; a 32nd of the window for longer windows)
+#: before the Z-algorithm takes over: each costs a few array operations, the Z-algorithm O(window).
+VECTOR_STEPS = 8
+
+
+def _z_array(seq: list[int]) -> list[int]:
+    """``z[s]``: how many tokens ``seq[s:]`` shares with ``seq`` from the start (``z[0]``: its length)."""
+    n = len(seq)
+    z = [0] * n
+    if n:
+        z[0] = n
+    left = right = 0
+    for s in range(1, n):
+        k = min(right - s, z[s - left]) if s < right else 0
+        while s + k < n and seq[k] == seq[s + k]:
+            k += 1
+        z[s] = k
+        if s + k > right:
+            left, right = s, s + k
+    return z
 
 
 class DryProcessor:
@@ -183,15 +246,17 @@ class DryProcessor:
         b, n = self._breakers, len(w)
         if not len(b.heads):
             return n
-        for q in np.flatnonzero(np.isin(w, b.heads))[::-1]:
+        for q in np.flatnonzero(_in(w, b.heads))[::-1]:
             q = int(q)
             i = n - 1 - q
+            head = int(w[q])
             longest = -1
-            for tail in b.tails[int(w[q])]:
-                if len(tail) <= longest:
-                    break
+            for tail in b.tails.get(head, ()):  # the longest first: the first that matches
                 if len(tail) <= i and all(int(w[q + 1 + o]) == t for o, t in enumerate(tail)):
                     longest = len(tail)
+                    break
+            if longest < 0 and head in b.single_set:
+                longest = 0
             if longest >= 0:
                 return i - longest
         return n
@@ -212,8 +277,13 @@ class DryProcessor:
         end = n - 1
         lengths = np.zeros(n - 1, dtype=np.int64)  # lengths[p]: the repeat ending at p (as the window's end)
         live = np.flatnonzero(w[:-1] == w[end])
-        k = 1
+        k, switch = 1, max(VECTOR_STEPS, n // 32)
         while len(live) and k < cap:
+            if k == switch:  # long repeats (a loop): the rest by the Z-algorithm, O(window)
+                z = _z_array(w[::-1].tolist())
+                lengths[live] = np.minimum(np.array([z[end - p] for p in live.tolist()], dtype=np.int64), cap)
+                live = live[:0]
+                break
             reach = live >= k
             lengths[live[~reach]] = k
             live = live[reach]
@@ -230,7 +300,7 @@ class DryProcessor:
         inside = (tokens >= 0) & (tokens < width)
         tokens, found = tokens[inside], found[inside]
         if len(self._breakers.single):
-            keep = ~np.isin(tokens, self._breakers.single)
+            keep = ~_in(tokens, self._breakers.single)
             tokens, found = tokens[keep], found[keep]
         if not len(tokens):
             return none

@@ -133,8 +133,8 @@ def test_a_long_loop_at_the_largest_look_back_agrees_too() -> None:
     rng = random.Random(7)
     loop = [rng.randrange(len(VOCAB)) for _ in range(37)]
     history = (loop * 80)[: MAX_DRY_LOOKBACK + 100]
-    for base in (1.0, 1.75, 100.0):
-        entry = _entry({"base": base, "sequence_breakers": [":"]})
+    for base, breakers in ((1.0, [":"]), (1.0, []), (1.75, []), (1.75, [":"]), (100.0, [])):
+        entry = _entry({"base": base, "sequence_breakers": breakers})
         got = _penalties(_processor(entry, []), history, len(VOCAB))
         want = dry_penalties(entry, history, VOCAB)
         assert got.keys() == want.keys() and got
@@ -203,11 +203,11 @@ def test_breakers_resolve_on_a_real_tokenizer_as_llama_cpp_resolves_them(embedde
     for breakers in (["\n", ":", '"', "*"], ["\n\n"], ['":'], ["###"], [" {\""]):
         ours = breakers_of(vocabulary, breakers)
         pairs = resolve_breakers(breakers, vocabulary)
-        assert {(h, t) for h, tails in ours.tails.items() for t in tails} == {(h, tuple(t)) for h, t in pairs}
-        assert ours.single.tolist() == sorted({h for h, t in pairs if not t})
+        assert {(h, t) for h, tails in ours.tails.items() for t in tails} == {(h, tuple(t)) for h, t in pairs if t}
+        assert sorted(ours.single_set) == sorted({h for h, t in pairs if not t})
     default = breakers_of(vocabulary, ["\n", ":", '"', "*"])
     for text in ("\n", ":", '"', "*", '":', " *"):  # every token whose text holds a breaker breaks alone
-        assert vocabulary.index(text) in default.single.tolist()
+        assert vocabulary.index(text) in default.single_set
 
 
 def test_breakers_are_resolved_once_per_vocabulary_and_breaker() -> None:
