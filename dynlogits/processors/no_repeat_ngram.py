@@ -2,8 +2,11 @@
 already holds is masked, exactly as transformers' ``NoRepeatNGramLogitsProcessor(size)`` on that
 history (the output, or the prompt and the output with ``include_prompt``): the processor.
 
-Hosted (per row, ``row_op``), on every engine: what it masks depends on every token of the history,
-so it has no template.
+Resident where the adapter gives the rows' histories on the host (vLLM's V1 runner): a
+``NoRepeatNgramTemplate`` whose group decides every member row on the host in one pass from its
+processor's index and masks what they find with one upload and one ``index_fill_`` (no tensor per
+row). Hosted elsewhere (per row, ``row_op``): what it masks depends on every token of the history,
+which no device table holds (Model Runner V2 keeps only a window of the last tokens on the device).
 
 Per step and row: the row's index (each ``size - 1`` tokens of the history -> the tokens that
 followed them) is found by one comparison of the history with the tokens it covers (a C-level
@@ -18,17 +21,22 @@ tokens hold one masks only what the n-grams without it say (for ``size > 1``: no
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TypeAlias
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, TypeAlias
 
 import torch
 
 from dynlogits.specs.builtin.no_repeat_ngram import NoRepeatNgram, NoRepeatNgramSpec
 
 from .base import IndexCache, RealizeContext
+from .modes import DecidedGroup, Decider
 from .ops import MaskIds, RowOp, apply_op
+from .slots import NEG_INF, ListedRows, StepInputs, Template
+from .uploads import StepUpload
 
-__all__ = ["KEPT_ROWS", "KIND", "NoRepeatNgramProcessor", "banned_after", "factory"]
+__all__ = ["KEPT_ROWS", "KIND", "NoRepeatNgramGroup", "NoRepeatNgramProcessor", "NoRepeatNgramTemplate", "banned_after",
+           "factory"]
 
 #: what realization passes this kind's factory: the validated model or its fast decode
 Entry: TypeAlias = NoRepeatNgramSpec | NoRepeatNgram
@@ -96,7 +104,7 @@ class NoRepeatNgramProcessor:
     with its own history; what it keeps (an index per history, ``KEPT_ROWS`` at most) is a cache
     keyed by the history's tokens, checked against them at every call."""
 
-    __slots__ = ("size", "vocab_size", "_prompt", "_prompt_index", "_rows", "_sets")
+    __slots__ = ("size", "vocab_size", "template", "_prompt", "_prompt_index", "_rows", "_sets")
 
     def __init__(self, size: int, vocab_size: int, prompt: Sequence[int] = ()) -> None:
         if size < 1:
@@ -106,6 +114,7 @@ class NoRepeatNgramProcessor:
         self._prompt_index = _index(self._prompt, size) if self._prompt else {}
         self._rows: list[_Row] = []  # most recently used first
         self._sets: dict[tuple[int, ...], IndexCache] = {}
+        self.template = NoRepeatNgramTemplate(size)
 
     def _row_for(self, history: list[int]) -> _Row:
         """The kept index whose tokens begin ``history`` (made most recent), extended to its first
@@ -183,6 +192,52 @@ class NoRepeatNgramProcessor:
 
     def __call__(self, history: Sequence[int], logits: torch.Tensor) -> None:
         apply_op(self.row_op(history), logits)
+
+
+class NoRepeatNgramGroup(DecidedGroup):
+    """``no_repeat_ngram`` on the resident path, where the adapter passes host histories
+    (``SlotBatch(host_histories=True)``; elsewhere its requests are hosted: ``DecidedGroup``): every
+    member row is decided on the host by its own processor (``NoRepeatNgramProcessor.banned``), in
+    one pass; the ids found become flat indices, uploaded once, and masked with one ``index_fill_``.
+    No device tables. Masks only: never leaves a row empty by itself."""
+
+    def _write(self, slot: int, template: NoRepeatNgramTemplate) -> None:
+        return None  # everything it reads is the row's history and its processor's index
+
+    def prepare(self, rows: ListedRows, stride: int) -> None:
+        """Per layout: each member row's start in the flat logits (host)."""
+        super().prepare(rows, stride)
+        self._cache["base"] = (rows.rows * stride).tolist()
+
+    def decide_rows(self, deciders: list[Decider], histories: Sequence[Sequence[int]],
+                    fail: Callable[[int, int, Exception], None]) -> list[int]:
+        """The flat indices the member rows mask this step; a row whose processor raises is passed
+        to ``fail`` and masks nothing."""
+        found: list[int] = []
+        for base, (row, slot, processor) in zip(self._cache["base"], deciders):
+            try:
+                ids = processor.banned(histories[row])
+            except Exception as exc:  # a bug must not escape the sampler: this row alone
+                fail(row, slot, exc)
+                continue
+            found += [base + t for t in ids]
+        return found
+
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, found: list[int], upload: StepUpload) -> None:
+        if found:
+            upload.buffer(len(found))[:] = found
+            step.flat.index_fill_(0, upload.upload(len(found)), NEG_INF)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class NoRepeatNgramTemplate(Template):
+    """Every step: the ids that would complete an n-gram of ``size`` tokens the row's history holds
+    (decided per row on the host)."""
+
+    size: int
+    group: ClassVar[type[NoRepeatNgramGroup]] = NoRepeatNgramGroup
+    reads_tokens: ClassVar[bool] = True
 
 
 def factory(entry: Entry, ctx: RealizeContext) -> NoRepeatNgramProcessor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor
@@ -15,7 +16,16 @@ from zoo_rows import V, apply, finite, logits_row, realize
 
 from dynlogits import sdk
 from dynlogits.processors.base import RealizeContext
-from dynlogits.processors.no_repeat_ngram import KEPT_ROWS, NoRepeatNgramProcessor, banned_after, factory
+from dynlogits.processors.no_repeat_ngram import (
+    KEPT_ROWS,
+    NoRepeatNgramGroup,
+    NoRepeatNgramProcessor,
+    NoRepeatNgramTemplate,
+    banned_after,
+    factory,
+)
+from dynlogits.sdk.resident.engine_step import EngineStep
+from dynlogits.sdk.resident.slot_batch import SlotBatch
 from dynlogits.specs import SpecError, decode_wire_payload
 from dynlogits.specs.builtin.no_repeat_ngram import MAX_NO_REPEAT_NGRAM_SIZE, NoRepeatNgramSpec
 from dynlogits.testing.oracle import OracleRequest, expected_row
@@ -154,3 +164,72 @@ def test_good_entries_decode_on_the_fast_path_as_the_model() -> None:
     for entry in ({"size": 1}, {"size": 3, "include_prompt": True}, {"size": 2, "scope": "answer"}):
         decoded = decode_wire_payload([{"kind": "no_repeat_ngram", **entry}])[0]
         assert decoded.size == entry["size"] and decoded.include_prompt == entry.get("include_prompt", False)
+
+
+def test_resident_where_histories_are_on_the_host_hosted_where_they_are_not() -> None:
+    payload = [{"kind": "no_repeat_ngram", "size": 2}]
+    assert factory(NoRepeatNgramSpec(size=2), RealizeContext(V)).template == NoRepeatNgramTemplate(2)
+    histories = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)  # vLLM's V1 runner
+    assert histories.assign(0, realize(payload))
+    (group,) = histories.groups.values()
+    assert isinstance(group, NoRepeatNgramGroup)
+    assert not SlotBatch(num_slots=2, vocab_size=V, device="cpu").assign(0, realize(payload))
+    assert not SlotBatch(num_slots=2, vocab_size=V, device="cpu", token_window=True).assign(0, realize(payload))  # Model Runner V2
+
+
+def _payload(rng: random.Random) -> list[dict]:
+    """``no_repeat_ngram`` (sizes 1-4, with or without the prompt), alone or after a resident kind."""
+    entry = {"kind": "no_repeat_ngram", "size": rng.randint(1, 4), "include_prompt": rng.random() < 0.5}
+    others = [{"kind": "banned_tokens", "token_ids": [rng.randrange(2, 7)]}, {"kind": "logit_bias", "bias": {"3": 2.0}}]
+    return [*rng.sample(others, rng.randint(0, 2)), entry]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_resident_path_equals_the_host_path_through_batch_changes(seed: int) -> None:
+    """Requests enter slots and leave, laid out in a new row order every step, with outputs drawn
+    from a few ids so n-grams repeat; every step the resident rows equal their host-path twins'."""
+    rng = random.Random(seed)
+    slots = 5
+    batch = SlotBatch(num_slots=slots, vocab_size=V, device="cpu", host_histories=True)
+    host: dict[int, sdk.GuardedRequest] = {}
+    histories: dict[int, list[int]] = {}
+    generator = torch.Generator().manual_seed(seed)
+    masked_rows = 0
+    for step in range(50):
+        if step == 0 or rng.random() < 0.3:  # a batch change
+            for slot in range(slots):
+                if slot not in host or rng.random() < 0.3:
+                    payload = _payload(rng)
+                    facts = sdk.RequestFacts(prompt_ids=tuple(rng.randrange(2, 7) for _ in range(rng.randint(1, 5))))
+                    assert batch.assign(slot, realize(payload, facts))
+                    host[slot], histories[slot] = realize(payload, facts), [rng.randrange(2, 7) for _ in range(rng.randint(0, 3))]
+            batch.flush()
+        order = rng.sample(sorted(host), rng.randint(1, len(host)))
+        padded = [*order, -1]  # a row of a request without a payload
+        batch.set_rows(np.array(padded))
+        logits = torch.randn(len(padded), V, generator=generator)
+        resident, hosted = logits.clone(), logits.clone()
+        batch.apply(resident, EngineStep(histories=[*(histories[s] for s in order), []]))
+        sdk.apply_rows(hosted, list(range(len(order))), [host[s] for s in order], [histories[s] for s in order])
+        assert torch.equal(resident, hosted), step
+        assert torch.equal(resident[-1], logits[-1])
+        masked_rows += int(torch.isneginf(hosted[:-1]).any(1).sum())
+        for row, slot in enumerate(order):
+            histories[slot].append(int(hosted[row].argmax()) if rng.random() < 0.3 else rng.randrange(2, 7))
+    assert masked_rows >= 40  # the premise: rows met repeated n-grams at many steps
+
+
+def test_a_row_whose_decision_raises_fails_its_request_alone_on_the_resident_path() -> None:
+    payload = [{"kind": "no_repeat_ngram", "size": 2}]
+    batch = SlotBatch(num_slots=3, vocab_size=V, device="cpu", host_histories=True)
+    requests = [realize(payload) for _ in range(3)]
+    for slot, request in enumerate(requests):
+        assert batch.assign(slot, request)
+    batch.flush()
+    batch.set_rows(np.array([0, 1, 2]))
+    histories: list[list] = [[5, 6, 5], [5, None, 5], [4, 7, 4]]  # row 1's history breaks the index
+    logits = torch.randn(3, V)
+    batch.apply(logits, EngineStep(histories=histories))
+    assert requests[1].failed and not requests[0].failed and not requests[2].failed
+    assert sorted(set(range(V)) - set(finite(logits[0]))) == [6]
+    assert sorted(set(range(V)) - set(finite(logits[2]))) == [7]
