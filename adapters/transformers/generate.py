@@ -118,6 +118,15 @@ def prompt_ids(batch: Any) -> list[list[int]]:
     return [[int(t) for t, keep in zip(row, kept) if keep] for row, kept in zip(ids.tolist(), mask.tolist())]
 
 
+def _sampling(config: Any, n: int) -> SamplingView:
+    """The view of the model's ``generation_config``: a config that does not sample (``do_sample``
+    false: greedy or beam search) says temperature 0, whatever its ``temperature`` field holds."""
+    view = dataclasses.replace(SamplingView.read(config, max_tokens="max_new_tokens"), n=n)
+    if config is not None and getattr(config, "do_sample", None) is False:
+        view = dataclasses.replace(view, temperature=0.0)
+    return view
+
+
 def generate_kwargs(
     model: Any,
     tokenizer: Any,
@@ -159,8 +168,7 @@ def generate_kwargs(
         prompt_ids=prompt_ids(batch),
         arrival_time=time.time() if arrival_time is None else arrival_time,
         tokenizer=tokenizer,
-        sampling=dataclasses.replace(SamplingView.read(getattr(model, "generation_config", None),
-                                                       max_tokens="max_new_tokens"), n=num_return_sequences),
+        sampling=_sampling(getattr(model, "generation_config", None), num_return_sequences),
     )
     return {
         "logits_processor": LogitsProcessorList([processor]),

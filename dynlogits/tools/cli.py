@@ -11,6 +11,7 @@ from pathlib import Path
 from dynlogits.specs import SpecError, decode_wire_payload
 from dynlogits.specs.schema import payload_schema, render, spec_schema
 from dynlogits.testing import SHIPPED  # torch-free: the kit's list of shipped adapters
+from dynlogits.tools import watermark_cli  # torch-free: detect is imported when run
 
 __all__ = ["main"]
 
@@ -79,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--entry", metavar="JSON", action="append", default=[],
                    help="an example entry of --kind to run (repeatable; default: its spec model's json_schema_extra "
                         "examples, else {\"kind\": NAME})")
+    watermark_cli.add_parser(sub)
     m = sub.add_parser("make-model", help="build the small embedded default model (no download)")
     m.add_argument("dir", type=Path)
     m.add_argument("--vocab-size", type=int, default=None, help="logits width (default: tokenizer size padded to 64)")
@@ -97,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("error: --entry needs --kind", file=sys.stderr)
             return 2
         return _conformance(args.adapter, args.kind, args.entry)
+    if args.command == "watermark":
+        return watermark_cli.run(args)
     if args.command == "schema":
         try:
             schema = spec_schema() if args.spec else payload_schema()
