@@ -26,7 +26,13 @@ __all__ = ["NATIVE_CONTROLS", "refuse_conflicts"]
 NATIVE_CONTROLS: dict[str, tuple[str, str]] = {
     "thinking_token_budget": ("vLLM's own thinking budget",
                               "would both end the request's thinking span, each on its own count; set one of them"),
+    **{penalty: (f"vLLM's {penalty.replace('_', ' ')}",
+                 "cannot compose: the entry draws the sampled token itself, and vLLM's V1 runner applies penalties "
+                 "after the request's processors (to the row the entry already forced); set one of them")
+       for penalty in ("repetition_penalty", "frequency_penalty", "presence_penalty")},
 }
+#: A parameter's value that means "off" where it is not ``None`` (vLLM's defaults).
+_OFF: dict[str, float] = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 
 
 def _conflicts(kind: Any, param: str) -> bool:
@@ -54,7 +60,8 @@ def refuse_conflicts(params: Any) -> None:
     """``SpecError`` naming the engine parameter and the entry when a request sets both (see the
     module doc); nothing otherwise."""
     for param, (what, why) in NATIVE_CONTROLS.items():
-        if getattr(params, param, None) is None:
+        value = getattr(params, param, None)
+        if value is None or (param in _OFF and value == _OFF[param]):
             continue
         for where, kind in _conflicting(params, param):
             raise SpecError([Problem(param, f"{what} and {where} ({kind}) {why}")])

@@ -58,4 +58,6 @@ KIND = ProcessorKind(
     kind="watermark", spec_model=WatermarkSpec, fast_model=Watermark, builtin=True,
     factory="dynlogits.processors.watermark:factory",
     admission="dynlogits.specs.admission.watermark:RULES",
+    # vLLM's V1 runner applies these after the processors: the draw could not follow them
+    conflicts_with=("repetition_penalty", "frequency_penalty", "presence_penalty"),
 )

@@ -96,3 +96,15 @@ def _env() -> dict[str, str]:
     import os
 
     return dict(os.environ)
+
+
+def test_vllm_penalties_beside_the_watermark_are_refused_naming_both(adapter_llm: Any) -> None:
+    """vLLM's V1 runner applies penalties after the processors, to the row the watermark forced: the
+    draw could not follow them, so the request is refused at admission (docs/specs.md, watermark)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=4, repetition_penalty=1.2, extra_args={WIRE_KEY: [{"kind": "watermark", "key": KEY}]})
+    with pytest.raises(Exception, match=r"repetition_penalty: vLLM's repetition penalty and .*dynamo_logits\[0\] "
+                                        r"\(watermark\) cannot compose") as raised:
+        adapter_llm.generate(["Hi"], [params], use_tqdm=False)
+    assert str(KEY) not in str(raised.value)
