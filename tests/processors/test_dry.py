@@ -258,3 +258,17 @@ def test_the_window_is_at_most_the_look_back() -> None:
     processor = _processor(_entry({"penalty_last_n": 5}), list(range(9)) * 3)
     window = processor._window(list(np.arange(3)))
     assert window.tolist() == [7, 8, 0, 1, 2]
+
+
+def test_a_penalizing_step_allocates_nothing_vocab_sized() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    width = 100_000
+    processor = _processor(_entry({}), [A, B, C])
+    history = [A, B, C, Y, A, B, C, A, B] * 20
+    row = torch.zeros(width)
+    processor(history, row)
+    assert (row < 0).sum() > 0  # it penalizes
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        processor(history, row)
+    assert max((e.cpu_memory_usage for e in prof.events()), default=0) < 4096

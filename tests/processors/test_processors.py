@@ -190,6 +190,7 @@ def _entries():
             {"kind": "trigger", "trigger_token_ids": [10], "phrase_token_ids": [12, 13]},
             {"kind": "deadline", "seconds": 60.0},
             {"kind": "prompt_tokens", "mode": "boost"},
+            {"kind": "dry", "multiplier": 0.8, "sequence_breakers": []},
             {"kind": "thinking_budget", "start_token_ids": [10], "end_token_ids": [11], "budget": 1},
         )
     ]
