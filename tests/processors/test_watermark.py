@@ -229,3 +229,19 @@ def test_no_host_sync_and_no_upload_on_the_cuda_model() -> None:
         processor([1, 2, 3, 4, 5, 6, 7], row)
     assert [str(s) for s in sim.syncs] == []
     assert int(torch.isfinite(sim.value(row)).sum()) == 1
+
+
+def test_repeated_contexts_are_vllms_on_random_histories() -> None:
+    """Which steps are left unmarked is vLLM's ``single_turn`` deduplication, compared with its own
+    CPU reference (``repeated_context_mask``'s ``_repeated_context_mask_cpu``) on random histories."""
+    watermark = pytest.importorskip("vllm.v1.worker.gpu.sample.watermark")
+    rng = random.Random(11)
+    for _ in range(150):
+        width = rng.randint(1, 4)
+        history = [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
+        context = ([-1] * width + history)[len(history):]
+        theirs = watermark._repeated_context_mask_cpu(
+            torch.tensor([history + [0]]), torch.tensor([0]), torch.tensor([0]), torch.tensor([len(history)]),
+            torch.tensor([context]), MAX_HISTORY)
+        ours = _processor(width=width).context(history) is None
+        assert ours == bool(theirs[0]), (width, history)
