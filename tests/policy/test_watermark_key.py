@@ -170,3 +170,20 @@ def test_the_moved_watermark_keeps_its_deployment_path_in_the_workers_names() ->
     kept = SimpleNamespace(watermark_last=False)
     assert GenerateCall.payload_paths(kept, 3, ["logits_processors[0]"]) == [  # type: ignore[arg-type]  # a stand-in: it reads only watermark_last
         "deployment entries[0]", "deployment entries[1]", "logits_processors[0]"]
+
+
+def test_the_config_dump_names_the_kind_not_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``dynlogits validate FILE`` reads the key as the deployment does, and prints kinds only."""
+    from dynlogits.tools.cli import main
+
+    path = tmp_path / "logits.yaml"
+    path.write_text("entries:\n  - {kind: watermark, scheme: gumbel, context_width: 4, key_env: WM_KEY}\n")
+    monkeypatch.setenv("WM_KEY", DIGITS)
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr()
+    assert "watermark" in out.out and DIGITS not in out.out + out.err
+    monkeypatch.delenv("WM_KEY")
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr()
+    assert "entries[0].key_env" in out.out + out.err
