@@ -9,9 +9,10 @@ row). Hosted elsewhere (per row, ``row_op``): what it masks depends on every tok
 which no device table holds (Model Runner V2 keeps only a window of the last tokens on the device).
 
 Per step and row: the row's index (each ``size - 1`` tokens of the history -> the tokens that
-followed them) is found by one comparison of the history with the tokens it covers (a C-level
-list compare, no Python loop), extended by the tokens generated since (``size`` work each) and
-read once for the history's last ``size - 1`` tokens. A history no kept index covers (the first
+followed them) is found by comparing the history with the tokens it covers (a C-level list compare,
+no Python loop: of its last ``TAIL_CHECKED`` tokens when the history is the same list as at the
+row's last step, as vLLM's V1 runner passes it, else of all of them), extended by the tokens
+generated since (``size`` work each) and read once for the history's last ``size - 1`` tokens. A history no kept index covers (the first
 call, another sample, a rejected draft) is indexed from scratch once: ``O(len(history) * size)``.
 The prompt's n-grams (``include_prompt``) are indexed once per request, at realization.
 
@@ -35,7 +36,7 @@ from .ops import MaskIds, RowOp, apply_op
 from .slots import NEG_INF, ListedRows, StepInputs, Template
 from .uploads import StepUpload
 
-__all__ = ["KEPT_ROWS", "KIND", "NoRepeatNgramGroup", "NoRepeatNgramProcessor", "NoRepeatNgramTemplate", "banned_after",
+__all__ = ["KEPT_ROWS", "KIND", "TAIL_CHECKED", "NoRepeatNgramGroup", "NoRepeatNgramProcessor", "NoRepeatNgramTemplate", "banned_after",
            "factory"]
 
 #: what realization passes this kind's factory: the validated model or its fast decode
@@ -46,6 +47,9 @@ KIND = "no_repeat_ngram"
 #: Row indexes one processor keeps (samples, beams, draft rows of its request), the least recently
 #: used dropped first; a row whose index was dropped is indexed again from its history.
 KEPT_ROWS = 16
+#: Tokens before the covered end compared when a row's history is the list its index was last read
+#: from (a list an engine grows): a rewrite deeper than this in the same list object goes unseen.
+TAIL_CHECKED = 64
 #: Distinct sets of ids one request masks, whose index tensors are kept (beyond it, rebuilt).
 KEPT_SETS = 64
 
@@ -87,13 +91,15 @@ def banned_after(history: Sequence[int], size: int) -> set[int]:
 
 class _Row:
     """One history's index: ``tokens``, a copy of the history's tokens up to its first placeholder,
-    and ``index``, the n-grams ending in them (beyond the prompt's)."""
+    ``index``, the n-grams ending in them (beyond the prompt's), and ``source``, the list it was last
+    read from (an engine's live history: vLLM's V1 runner hands each row the same growing list)."""
 
-    __slots__ = ("tokens", "index")
+    __slots__ = ("tokens", "index", "source")
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
         self.index: Index = {}
+        self.source: list[int] | None = None
 
 
 class NoRepeatNgramProcessor:
@@ -118,11 +124,20 @@ class NoRepeatNgramProcessor:
 
     def _row_for(self, history: list[int]) -> _Row:
         """The kept index whose tokens begin ``history`` (made most recent), extended to its first
-        placeholder; a fresh one when none does."""
+        placeholder; a fresh one when none does. A history is compared whole with an index's tokens,
+        except the list the index was last read from: engines append to it (and put a placeholder's
+        token in its place), so its last ``TAIL_CHECKED`` covered tokens are compared."""
         n = len(history)
         for i, row in enumerate(self._rows):
             k = len(row.tokens)
-            if k <= n and (k == 0 or history[k - 1] == row.tokens[-1]) and history[:k] == row.tokens:
+            if k > n:
+                continue
+            if history is row.source:
+                j = max(0, k - TAIL_CHECKED)
+                same = history[j:k] == row.tokens[j:]
+            else:
+                same = (k == 0 or history[k - 1] == row.tokens[-1]) and history[:k] == row.tokens
+            if same:
                 if i:
                     self._rows.insert(0, self._rows.pop(i))
                 break
@@ -130,6 +145,7 @@ class NoRepeatNgramProcessor:
             row = _Row()
             self._rows.insert(0, row)
             del self._rows[KEPT_ROWS:]
+        row.source = history
         self._extend(row, history)
         return row
 

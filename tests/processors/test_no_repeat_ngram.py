@@ -233,3 +233,16 @@ def test_a_row_whose_decision_raises_fails_its_request_alone_on_the_resident_pat
     assert requests[1].failed and not requests[0].failed and not requests[2].failed
     assert sorted(set(range(V)) - set(finite(logits[0]))) == [6]
     assert sorted(set(range(V)) - set(finite(logits[2]))) == [7]
+
+
+def test_a_live_list_the_engine_grows_is_read_incrementally_and_a_rewrite_of_its_tail_is_seen() -> None:
+    rng = random.Random(5)
+    p = NoRepeatNgramProcessor(2, V)
+    live = [rng.randrange(2, 6) for _ in range(200)]  # longer than the tail compared
+    assert masked(p, live) == transformers_masks(2, live)
+    for _ in range(30):  # the engine appends, and sometimes rewrites the newest tokens in place (a rejected draft)
+        if rng.random() < 0.3:
+            live[-3:] = [rng.randrange(2, 6) for _ in range(rng.randint(1, 4))]
+        else:
+            live.append(rng.randrange(2, 6))
+        assert masked(p, live) == transformers_masks(2, live)
