@@ -3,14 +3,15 @@ p-e-w's scheme), as a hosted (per-row) processor.
 
 The rule is llama.cpp's (``src/llama-sampling.cpp``: ``get_overlapping_token_sequences`` and
 ``llama_sampler_init_dry`` for the breakers, ``llama_sampler_dry_apply`` for a step), stated in
-docs/specs.md (``dry``); ``dynlogits.testing.oracle`` restates llama.cpp's Z-algorithm literally,
-and the tests hold this module to it on random histories. This module computes the same match
-lengths another way: every earlier position whose token equals the window's last one is a candidate,
-and the candidates still matching are extended one token back at a time, all at once (numpy), until
-none is left or the length reaches the most that can change the penalty (the breaker limit, or
-``allowed_length`` plus llama.cpp's exponent clamp). Per step and row: O(look-back) to find the
-candidates and the nearest breaker, then O(live candidates) per extension; at most look-back x
-look-back, bounded by ``MAX_DRY_LOOKBACK`` before any work.
+docs/specs.md (``dry``); ``dynlogits.testing.dry_reference`` restates llama.cpp's steps literally
+(its Z-algorithm included), and the tests hold this module to it on random histories. This module
+computes the same match lengths another way: every earlier position whose token equals the window's
+last one is a candidate, and the candidates still matching are extended one token back at a time,
+all at once (numpy), until none is left or the length reaches the most that can change the penalty
+(the breaker limit, or ``allowed_length`` plus llama.cpp's exponent clamp); past ``VECTOR_STEPS``
+extensions (a 32nd of the window for longer windows) the Z-algorithm finishes them. Per step and
+row: O(window) to find the candidates and the nearest breaker, O(live candidates) per extension,
+O(window) for the Z-algorithm; the window is bounded by ``MAX_DRY_LOOKBACK`` before any work.
 
 Breakers are resolved once per (vocabulary, breaker) and shared (``BREAKERS_KEPT``): a token whose
 text holds the breaker breaks a repeat alone; a token whose text ends with a proper prefix of the
