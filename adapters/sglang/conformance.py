@@ -41,6 +41,8 @@ class SglangDriver:
     """The kit's requests and steps, played through ``SglangSchedulerHarness``."""
 
     releases_on_finish = True
+    #: what the kit's requests sample at (SGLang's ``SamplingParams`` default), for the oracle (``watermark``)
+    temperature = 1.0
 
     def __init__(self, vocab_size: int, *, mode: Mode, encoding: Encoding = "json-text") -> None:
         self.vocab_size = vocab_size

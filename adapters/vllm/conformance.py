@@ -60,6 +60,8 @@ def _params(payload: Any, eos_token_id: int, stop_token_ids: Sequence[int] = (),
 
 class _Common:
     vocab_size: int
+    #: what the kit's requests sample at (``SamplingParams``' default), for the oracle (``watermark``)
+    temperature = 1.0
     processor: DynamoVllmLogitsProcessor
 
     def activate(self, spec: LogitsProcessorSpec | None, role: DisaggregationMode) -> Any | None:
