@@ -272,3 +272,14 @@ def test_a_penalizing_step_allocates_nothing_vocab_sized() -> None:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         processor(history, row)
     assert max((e.cpu_memory_usage for e in prof.events()), default=0) < 4096
+
+
+def test_an_engine_without_a_tokenizer_fails_a_request_naming_breakers_alone_at_realization() -> None:
+    reports: list[str] = []
+    failed = realize([{"kind": "dry", "multiplier": 1.0}], vocab_size=len(VOCAB), stop_token_id=1, report=reports.append,
+                     facts=RequestFacts.of(prompt_ids=[], eos_token_id=1))
+    assert failed is not None and failed.failed
+    assert "dynamo_logits[0]: could not realize kind 'dry'" in reports[0] and "sequence_breakers: []" in reports[0]
+    running = realize([{"kind": "dry", "multiplier": 1.0, "sequence_breakers": []}], vocab_size=len(VOCAB),
+                      stop_token_id=1, facts=RequestFacts.of(prompt_ids=[], eos_token_id=1))
+    assert running is not None and not running.failed
