@@ -7,19 +7,31 @@ only at that phase's steps, and sees as its history the tokens generated since t
 of that phase began (a forced sequence scoped to ``answer`` starts at the answer's first token).
 
 ``Phases`` follows one request (one ``SpanScanner``, shared by its scoped entries); ``scoped``
-wraps a processor. A scoped processor has no template: its request runs on the hosted path.
+wraps a processor. A scoped entry of a kind whose step reads neither tokens nor positions (a plain,
+non-positional group: ``banned_tokens``, ``logit_bias``, ``allowed_tokens``) with reasoning
+delimiters in force is resident (``ScopedTemplate``, ``ScopedGroup``): each row's phase is decided on
+the host from its history where the adapter has histories (the V1 runner's live lists), else on the
+device by ``DeviceThinking`` (``ScopeTables``: the request's delimiters, followed from the prompt on),
+and the inner kind's step runs, gathered, on the rows in the entry's phase only. Any other scoped
+entry has no template: its request runs on the hosted path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, overload
 
+import numpy as np
 import torch
 
+from .device_thinking import CLOSED, SpanTables
+from .modes import DecidedGroup, PlannedGroup, SpanDecided
+from .slots import Dead, GatheredRows, Group, ListedRows, StepInputs, Template
 from .spans import SpanScanner
+from .uploads import StepUpload
 
-__all__ = ["Phases", "Reasoning", "scoped"]
+__all__ = ["Phases", "Reasoning", "ScopeTables", "ScopedGroup", "ScopedTemplate", "scoped"]
 
 #: A request's reasoning delimiters: ``(start token ids, end token ids)``.
 Reasoning = tuple[tuple[int, ...], tuple[int, ...]]
@@ -32,6 +44,11 @@ class Phases:
 
     def __init__(self, reasoning: Reasoning | None, prompt: Sequence[int] = ()) -> None:
         self._scanner = None if reasoning is None else SpanScanner(reasoning[0], reasoning[1], prompt)
+
+    @property
+    def scanner(self) -> SpanScanner | None:
+        """The request's span automaton (``None``: no reasoning delimiters in force)."""
+        return self._scanner
 
     def at(self, generated: Sequence[int]) -> tuple[str, int]:
         """``(phase, began)`` of the step after ``generated``: ``"reasoning"`` or ``"answer"``, and the
@@ -102,8 +119,153 @@ class _ScopedPlanned(_Scoped):
         return self.inner.row_op(_own(input_ids, began)) if phase == self.scope else None
 
 
+class ScopeTables(SpanTables):
+    """A scoped entry's device span state (``DeviceThinking``): the request's reasoning delimiters,
+    followed from the prompt on, and per slot whether the entry acts inside a span (``reasoning``)."""
+
+    def __init__(self, num_slots: int, device: torch.device) -> None:
+        super().__init__(num_slots, device)
+        self.inside = self.table()  # 1: the entry acts in reasoning steps; 0: in answer steps
+
+    def delimiters(self, template: ScopedTemplate) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return template.start, template.end
+
+    def initial(self, template: ScopedTemplate) -> int:
+        return CLOSED if template.initial is None else template.initial
+
+    def set(self, slot: int, template: ScopedTemplate | None) -> None:
+        super().set(slot, template)
+        if template is not None:
+            self.inside.set(slot, [int(template.scope == "reasoning")])
+
+    def decide(self, slots: torch.Tensor, span: torch.Tensor, generated: torch.Tensor, valid: torch.Tensor,
+               row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``1`` where the row is in its entry's phase (and may be decided at all), else ``0``."""
+        return (valid & ((span != CLOSED) == self.inside.dev[slots, 0].bool())).long()
+
+
+class ScopedGroup(SpanDecided):
+    """A scoped entry of one inner kind (``inner_type``, a plain group) at one entry position: each
+    row is decided first (``1``: in the entry's phase), then the inner group's gathered step runs
+    with the other rows left out of its membership. One subclass per inner kind
+    (``scoped_group``), so two kinds scoped at one position keep apart."""
+
+    inner_type: ClassVar[type[Group]]
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        self.inner = self.inner_type(level, num_slots, device)
+
+    def assign(self, slot: int, template: Any) -> None:
+        super().assign(slot, template)
+        self.inner.assign(slot, None if template is None else template.inner)
+
+    def _write(self, slot: int, template: Any) -> None:
+        pass  # the inner group's tables hold the entry (``assign``)
+
+    def flush(self) -> bool:
+        changed = super().flush()
+        return self.inner.flush() or changed
+
+    @property
+    def _sentinel(self) -> int:
+        """The tables' last slot, never assigned (``SlotBatch.sentinel``): a row there is no member."""
+        return self.member.num_slots - 1
+
+    def host_decisions(self, n: int) -> np.ndarray:
+        return np.zeros(n, dtype=np.int64)
+
+    def host_decision(self, processor: Any, history: Sequence[int]) -> int:
+        return int(processor.in_scope(history))
+
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: np.ndarray,
+                             upload: StepUpload) -> Dead | None:
+        """Listed layout, decided on the host: the rows in scope, as a gathered layout (every row's
+        slot, the sentinel for the others) in one upload; nothing runs when no row is in scope."""
+        inside = decisions > 0
+        if not inside.any():
+            return None
+        n = step.logits.shape[0]
+        buf = upload.buffer(n)
+        buf[:] = self._sentinel
+        buf[rows.rows[inside]] = rows.slots[inside]
+        slot_of_row = upload.upload(n)
+        return self.inner.apply_gathered(step, GatheredRows(slot_of_row, self.inner.member.dev[slot_of_row, 0]))
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead | None:
+        return self.inner.apply_gathered(step, GatheredRows(rows.slot_of_row, rows.member & (decisions > 0)))
+
+
+_GROUPS: dict[type[Group], type[ScopedGroup]] = {}
+_TEMPLATES: dict[type[Group], type[ScopedTemplate]] = {}
+
+
+def _resident_inner(group: type[Group]) -> bool:
+    """Whether a scoped entry whose kind runs ``group`` can be resident: its step reads neither
+    tokens nor positions, nor values the host plans."""
+    return not (issubclass(group, (DecidedGroup, PlannedGroup)) or group.positional)
+
+
+def scoped_group(inner: type[Group]) -> type[ScopedGroup]:
+    """The ``ScopedGroup`` subclass of ``inner`` (made once)."""
+    made = _GROUPS.get(inner)
+    if made is None:
+        made = _GROUPS[inner] = type(f"Scoped{inner.__name__}", (ScopedGroup,), {
+            "inner_type": inner, "restrictive": inner.restrictive, "writes_neg_inf": inner.writes_neg_inf,
+            "__module__": __name__})
+    return made
+
+
+@dataclass(frozen=True)
+class ScopedTemplate(Template):
+    """An entry that acts only in one phase: ``inner``'s template at the steps of ``scope``
+    (``"reasoning"`` or ``"answer"``), phases given by the delimiters ``start``/``end`` followed
+    from the prompt on (``initial``: where the span the prompt left open began, or ``None``)."""
+
+    inner: Template
+    scope: str
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+    initial: int | None
+    reads_tokens: ClassVar[bool] = True
+    device_spans: ClassVar[type | None] = ScopeTables
+
+
+def scoped_template(inner: Template, scope: str, scanner: SpanScanner) -> ScopedTemplate:
+    """``inner`` scoped to ``scope``, as a template of its own class (``scoped_group``'s)."""
+    kind = _TEMPLATES.get(inner.group)
+    if kind is None:
+        kind = _TEMPLATES[inner.group] = type(f"Scoped{type(inner).__name__}", (ScopedTemplate,), {
+            "group": scoped_group(inner.group), "__module__": __name__})
+    return kind(inner, scope, scanner.start, scanner.end, scanner.initial)
+
+
+class _ScopedResident(_ScopedPlanned):
+    """A scoped processor with a template (see the module doc)."""
+
+    __slots__ = ("template",)
+
+    def __init__(self, inner: Any, scope: str, phases: Phases, scanner: SpanScanner) -> None:
+        super().__init__(inner, scope, phases)
+        self.template = scoped_template(inner.template, scope, scanner)
+
+    def in_scope(self, input_ids: Sequence[int]) -> bool:
+        """Whether the step after ``input_ids`` is in this entry's phase."""
+        return self.phases.at(input_ids)[0] == self.scope
+
+    def span(self, input_ids: Sequence[int]) -> int | None:
+        """The open span after ``input_ids`` (``DeviceThinking``'s host scan of a resumed request)."""
+        scanner = self.phases.scanner
+        assert scanner is not None
+        return scanner.span(input_ids)
+
+
 def scoped(processor: Any, scope: str, phases: Phases) -> Any:
     """``processor`` applied only at ``scope``'s steps (``"always"``: ``processor`` itself)."""
     if scope == "always":
         return processor
+    template = getattr(processor, "template", None)
+    scanner = phases.scanner
+    if template is not None and scanner is not None and hasattr(processor, "row_op") and _resident_inner(template.group):
+        return _ScopedResident(processor, scope, phases, scanner)
     return _ScopedPlanned(processor, scope, phases) if hasattr(processor, "row_op") else _Scoped(processor, scope, phases)

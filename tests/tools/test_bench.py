@@ -84,7 +84,7 @@ def test_quick_run_prints_the_machine_the_ratios_and_a_line_per_target(quick_run
     for column in ("floor/adapter", "reference/adapter", "loop/adapter", "pydantic/msgspec", "launches", "syncs"):
         assert column in stdout
     targets = [line for line in stdout.splitlines() if line.startswith(("[met]", "[NOT MET]", "[undecided]", "[not measured]"))]
-    assert len(targets) == 19
+    assert len(targets) == 23  # adapter_v2 <= 1.5x adapter: one per workload
     # measured in this run: every micro and wire target but batch 256 (not in --quick); the engine ones are not
     assert sum(line.startswith("[not measured] engine") for line in targets) == 3
     assert [line for line in targets if line.startswith("[not measured]") and not line.startswith("[not measured] engine")] \
@@ -401,9 +401,9 @@ def test_device_side_targets_read_the_launch_and_sync_counts() -> None:
 
     records = [rec("banned_tokens", "adapter", 1, 0), rec("banned_tokens", "adapter_v2", 10, 0),
                rec("mixed", "adapter", 12, 0), rec("mixed", "adapter_v2", 7, 1),
-               rec("scoped", "adapter_v2", 30, 25)]  # hosted: not the resident path's targets
+               rec("scoped", "adapter_v2", 8, 2)]  # resident on both runners: counted like the others
     state = {t.name: (t.goal, t.met, t.measured) for t in evaluate_targets(records)}
     goal, met, measured = state["adapter and adapter_v2, every resident kind and batch, vocab 151936"]
-    assert "syncs = 0" in goal and met is False and measured == "1 in all"
+    assert "syncs = 0" in goal and met is False and measured == "3 in all"
     assert state["adapter and adapter_v2, each single-kind workload, every batch"][1:] == (False, "at most 10")
     assert state["adapter and adapter_v2, mixed, every batch"][1:] == (True, "at most 12")

@@ -712,3 +712,67 @@ def test_a_prefill_chunks_row_never_fails_its_request(harness, payload) -> None:
     fresh = V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=VOCAB, max_num_reqs=4)
     fresh.add_request("c", [2, 3, 4, 3, 2], sp(payload))
     assert torch.equal(out, fresh.step(["c"], torch.zeros(1, VOCAB)))
+
+
+# -- scoped entries: phases followed on the device -------------------------------------------------
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_scoped_entries_are_resident_and_act_where_the_host_processor_acts(drafts: int) -> None:
+    """Random reasoning delimiters (one or two tokens), prompts (which may leave a span open or end
+    inside a delimiter), outputs a request resumes with (some past ``MAX_DEVICE_CATCH_UP``: scanned
+    once on the host) and drafts; ``banned_tokens``, ``logit_bias`` and ``allowed_tokens`` scoped to
+    either phase, two at one entry position across requests, some beside a ``thinking_budget``;
+    slots reused. Every such request is resident (no history read back) and every row is what the
+    oracle makes of the history it sees."""
+    import random
+    import time
+
+    from dynlogits.testing.oracle import OracleRequest, expected_row
+
+    rng = random.Random(20 + drafts)
+    ids = [2, 3, 4, 5, 6, 7, 8]
+    harness = _drafting_harness(drafts)
+    live: dict[str, tuple[list[dict[str, Any]], list[int]]] = {}
+    phases = {"reasoning": 0, "answer": 0}
+    for round_ in range(10):
+        _some_leave(harness, live, rng, 0.4)
+        while len(live) < 4:
+            name = f"r{round_}-{len(live)}"
+            reasoning = {"kind": "reasoning", "start_token_ids": [5, 6][: rng.randint(1, 2)],
+                         "end_token_ids": [7, 8][: rng.randint(1, 2)]}
+            scoped = []
+            for _ in range(rng.randint(1, 2)):
+                scope = rng.choice(["reasoning", "answer"])
+                scoped.append(rng.choice([
+                    {"kind": "banned_tokens", "token_ids": rng.sample(range(10, 20), 3), "scope": scope},
+                    {"kind": "logit_bias", "bias": {str(i): rng.choice([-2.5, 1.5]) for i in rng.sample(range(10, 20), 2)},
+                     "scope": scope},
+                    {"kind": "allowed_tokens", "token_ids": [5, 6, 7, 8, *rng.sample(range(10, 30), 5)], "eos_token_id": EOS,
+                     "scope": scope},
+                ]))
+            thinking = {"kind": "thinking_budget", "budget": 99}
+            payload = rng.choice([[reasoning, *scoped], [reasoning, thinking, *scoped], [reasoning, *scoped, thinking]])
+            prompt = [rng.choice(ids) for _ in range(rng.randint(1, 4))]
+            output = [rng.choice(ids) for _ in range(rng.choice([0, 1, 3, 20]))]
+            harness.add_request(name, prompt, sp(payload), output_ids=output)
+            live[name] = (payload, prompt)
+            assert harness.processor._is_resident[harness.reqs[name].slot]  # no read back of histories
+            assert not harness.processor._is_hosted[harness.reqs[name].slot]
+        batch = list(live)
+        for _ in range(4):
+            fed = {n: [rng.choice(ids) for _ in range(rng.randint(0, drafts))] for n in batch} if drafts else {}
+            logits = torch.randn(len(batch) + sum(map(len, fed.values())), VOCAB)
+            out = harness.step(batch, logits.clone(), drafts=fed)
+            row = 0
+            for name in batch:
+                payload, prompt = live[name]
+                request = OracleRequest(prompt=tuple(prompt), stop_token_ids=(EOS,), arrival=time.time(), now=time.time())
+                for k in range(len(fed.get(name, [])) + 1):
+                    seen = harness.output_ids(name) + fed.get(name, [])[:k]
+                    want = expected_row(payload, seen, logits[row].tolist(), request)
+                    assert out[row].tolist() == pytest.approx(want), (name, payload, prompt, seen)
+                    phases["answer" if out[row].tolist() == pytest.approx(logits[row].tolist()) else "reasoning"] += 1
+                    row += 1
+            for name in batch:
+                harness.commit(name, [rng.choice(ids)])
+    assert not harness.processor.failures
+    assert min(phases.values()) > 10  # rows the entries left alone and rows they changed were both seen

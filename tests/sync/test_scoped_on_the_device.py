@@ -1,0 +1,78 @@
+"""Scoped entries of plain kinds (``banned_tokens``, ``logit_bias``, ``allowed_tokens``) are resident
+on both vLLM runners (``dynlogits.processors.scope.ScopedGroup``): on the V1 runner each row's phase is
+decided on the host from its live history and the rows in scope go up in one upload; under Model
+Runner V2 phases are followed on the device (``DeviceThinking`` with ``ScopeTables``). Neither reads
+anything back (the CUDA model), and the V1 runner's rows equal the hosted path's bit for bit. (Model
+Runner V2's rows against the oracle: ``tests/adapters/vllm/test_vllm_model_runner_v2.py``.)"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from dynlogits import sdk
+from dynlogits.sdk.realization import RequestFacts
+from dynlogits.sdk.resident.engine_step import EngineStep
+from dynlogits.sdk.resident.slot_batch import SlotBatch
+from dynlogits.testing.cuda.drive import EOS, Scenario, drive_v1, drive_v2
+from dynlogits.testing.cuda.simcuda import SimCuda
+from dynlogits.tools.bench import workloads
+
+V = 48
+
+
+def _scoped(seed: int) -> list[dict]:
+    return workloads.payload("scoped", vocab_size=256, eos_token_id=EOS, seed=seed)
+
+
+@pytest.mark.parametrize("drive", [drive_v1, drive_v2], ids=["v1", "v2"])
+def test_scoped_requests_are_resident_and_never_wait_through_batch_changes(drive) -> None:  # noqa: ANN001
+    with SimCuda() as sim:
+        result = drive(sim, Scenario(vocab=256, payloads=[_scoped(i) for i in range(4)], steps=9))
+    assert [str(s) for s in result.syncs] == []
+
+
+def test_the_v1_runners_scoped_rows_equal_the_hosted_paths_bit_for_bit() -> None:
+    """Random delimiters, prompts that may leave a span open, histories through both phases (and a
+    placeholder at the end of some), the three plain kinds scoped to either phase."""
+    rng = random.Random(3)
+    ids = [2, 3, 4, 5, 6, 7, 8]
+    resident_rows = 0
+    for _ in range(40):
+        payloads = []
+        for _ in range(3):
+            reasoning = {"kind": "reasoning", "start_token_ids": [5, 6][: rng.randint(1, 2)],
+                         "end_token_ids": [7, 8][: rng.randint(1, 2)]}
+            scope = rng.choice(["reasoning", "answer"])
+            entry = rng.choice([
+                {"kind": "banned_tokens", "token_ids": rng.sample(range(10, 20), 3), "scope": scope},
+                {"kind": "logit_bias", "bias": {str(i): rng.choice([-2.5, 1.5]) for i in rng.sample(range(10, 20), 2)},
+                 "scope": scope},
+                {"kind": "allowed_tokens", "token_ids": [5, 6, 7, 8, *rng.sample(range(10, 30), 5)],
+                 "eos_token_id": EOS, "scope": scope},
+            ])
+            payloads.append([reasoning, entry])
+        prompts = [[rng.choice(ids) for _ in range(rng.randint(1, 4))] for _ in payloads]
+        resident = [sdk.realize(p, vocab_size=V, stop_token_id=EOS, facts=RequestFacts(prompt_ids=q)) for p, q in zip(payloads, prompts)]
+        hosted = [sdk.realize(p, vocab_size=V, stop_token_id=EOS, facts=RequestFacts(prompt_ids=q)) for p, q in zip(payloads, prompts)]
+        batch = SlotBatch(num_slots=4, vocab_size=V, device="cpu", host_histories=True)
+        for slot, request in enumerate(resident):
+            assert request is not None and batch.assign(slot, request)
+        batch.flush()
+        batch.set_rows(np.array([2, 0, 1]))
+        histories = [[], [], []]
+        for _ in range(12):
+            for h in histories:
+                h.append(rng.choice(ids))
+            seen = [h + [-1] if rng.random() < 0.2 else list(h) for h in histories]
+            logits = torch.randn(3, V)
+            a, b = logits.clone(), logits.clone()
+            batch.apply(a, EngineStep(histories=seen))
+            sdk.apply_rows(b, [0, 1, 2], [hosted[2], hosted[0], hosted[1]], seen)
+            assert torch.equal(a, b)
+            resident_rows += int((a != logits).any(1).sum())
+    assert not any(r.failed for r in resident)
+    assert resident_rows > 50  # rows in scope were seen
