@@ -51,7 +51,7 @@ KIND = "watermark"
 SAMPLING_EPS = 1e-5
 #: How far back a repeated context is looked for (vLLM's ``deduplicate_contexts_max_history``).
 MAX_HISTORY = 8192
-#: Histories followed per processor (rows of one request: samples, beams, drafts), least recent dropped.
+#: Histories followed per processor (rows of one request: samples, beams, drafts).
 _TRACKED = 8
 _NEG_INF = float("-inf")
 
@@ -95,17 +95,46 @@ def watermark_draw(row: torch.Tensor, *, key: int, context: Sequence[int], tempe
 
 @dataclass
 class _Seen:
-    """The contexts one history has shown: each context's latest position (the context of position
-    ``p`` is the ``width`` ids before it, ``-1`` before the output), over ``tokens``."""
+    """The contexts one history has shown: ``contexts[p]`` is the context of position ``p`` (the
+    ``width`` ids before it, ``-1`` before the output) and ``positions[c]`` where context ``c``
+    occurred, ascending, over ``tokens``. Followed forward one entry per new token and rolled back
+    one entry per dropped token (a rejected draft, a preempted stretch)."""
 
     tokens: list[int] = field(default_factory=list)
-    latest: dict[tuple[int, ...], int] = field(default_factory=dict)
+    contexts: list[tuple[int, ...]] = field(default_factory=list)
+    positions: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
 
-    def extend(self, history: Sequence[int], width: int) -> None:
-        """Follow ``history`` (which begins with ``tokens``) up to its end."""
+    def latest(self, context: tuple[int, ...]) -> int | None:
+        """The last position ``context`` occurred at (``None``: never)."""
+        found = self.positions.get(context)
+        return found[-1] if found else None
+
+    def follow(self, history: Sequence[int], common: int, width: int) -> None:
+        """Become ``history``, which shares its first ``common`` tokens with ``tokens``."""
+        while len(self.tokens) > common:
+            self.tokens.pop()
+            at = self.positions[self.contexts.pop()]
+            at.pop()
         for position in range(len(self.tokens), len(history)):
-            self.latest[_context(history, position, width)] = position
+            context = _context(history, position, width)
+            self.contexts.append(context)
+            self.positions.setdefault(context, []).append(position)
         self.tokens.extend(history[len(self.tokens):])
+
+
+def _common(tokens: list[int], history: Sequence[int]) -> int:
+    """The length of the longest common prefix of ``tokens`` and ``history`` (slice compares: C speed)."""
+    n = min(len(tokens), len(history))
+    if tokens[:n] == list(history[:n]):
+        return n
+    low, high = 0, n  # tokens[:low] == history[:low]; tokens[:high] != history[:high]
+    while high - low > 1:
+        mid = (low + high) // 2
+        if tokens[:mid] == list(history[:mid]):
+            low = mid
+        else:
+            high = mid
+    return low
 
 
 def _context(history: Sequence[int], position: int, width: int) -> tuple[int, ...]:
@@ -148,31 +177,31 @@ class WatermarkProcessor:
         seen = self._follow(history)
         if seen is None:
             return None
-        latest = seen.latest.get(context)
+        latest = seen.latest(context)
         if latest is not None and latest >= n - MAX_HISTORY:
             return None
         return context
 
     def _follow(self, history: Sequence[int]) -> _Seen | None:
-        """The contexts of ``history``'s positions (``None``: it holds a placeholder), extended from
-        the longest tracked history it begins with."""
+        """The contexts of ``history``'s positions (``None``: it holds a placeholder): the tracked
+        history sharing the longest prefix with it, rolled back to that prefix and followed to its
+        end, or a new one where none shares a token (up to ``_TRACKED`` of them: the samples, beams
+        and draft rows one instance serves)."""
+        if len(history) and min(history) < 0:
+            return None
         best: _Seen | None = None
+        common = -1
         for seen in self._seen:
-            k = len(seen.tokens)
-            if k <= len(history) and (best is None or k > len(best.tokens)) and list(history[:k]) == seen.tokens:
-                best = seen
-        if best is None:
-            best = _Seen()
+            shared = _common(seen.tokens, history)
+            if shared > common:
+                best, common = seen, shared
+        if best is None or (common == 0 and best.tokens and len(self._seen) < _TRACKED):
+            best, common = _Seen(), 0
             self._seen.append(best)
-            if len(self._seen) > _TRACKED:
-                self._seen.pop(0)
         else:
             self._seen.remove(best)
             self._seen.append(best)
-        new = history[len(best.tokens):]
-        if len(new) and min(new) < 0:
-            return None
-        best.extend(history, self.width)
+        best.follow(history, common, self.width)
         return best
 
     def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:

@@ -245,3 +245,22 @@ def test_repeated_contexts_are_vllms_on_random_histories() -> None:
             torch.tensor([context]), MAX_HISTORY)
         ours = _processor(width=width).context(history) is None
         assert ours == bool(theirs[0]), (width, history)
+
+
+def test_draft_rows_and_rejected_drafts_are_followed_as_fresh_histories() -> None:
+    """Model Runner V2's verify rows: the committed history, then each draft appended, one row per
+    draft; a rejected draft rolls the history back. Each row's step is what a fresh processor does."""
+    shared = _processor(width=2)
+    rng = random.Random(8)
+    gen = torch.Generator().manual_seed(8)
+    committed: list[int] = []
+    for _ in range(40):
+        drafts = [rng.randrange(4) for _ in range(3)]
+        for k in range(len(drafts) + 1):
+            history = committed + drafts[:k]
+            row = torch.randn(1000, generator=gen)
+            fresh = row.clone()
+            shared(history, row)
+            _processor(width=2)(list(history), fresh)
+            assert torch.equal(row, fresh), history
+        committed += drafts[: rng.randrange(len(drafts) + 1)] + [rng.randrange(4)]
