@@ -76,3 +76,27 @@ def test_the_v1_runners_scoped_rows_equal_the_hosted_paths_bit_for_bit() -> None
             resident_rows += int((a != logits).any(1).sum())
     assert not any(r.failed for r in resident)
     assert resident_rows > 50  # rows in scope were seen
+
+
+@pytest.mark.parametrize("phase", ["reasoning", "answer"])
+def test_a_scoped_allowed_set_the_grammar_empties_fails_on_both_paths_only_in_its_phase(phase: str) -> None:
+    """allowed {10, 11} + EOS scoped to the answer; the grammar masks all three: a row in the answer
+    has no token left (both paths fail the request and leave the row alike), a row in reasoning is
+    left as it is."""
+    payload = [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
+               {"kind": "allowed_tokens", "token_ids": [10, 11], "eos_token_id": EOS, "scope": "answer"}]
+    history = [3, 5, 4] if phase == "reasoning" else [3, 5, 4, 7]
+    resident = sdk.realize(payload, vocab_size=V, stop_token_id=EOS)
+    hosted = sdk.realize(payload, vocab_size=V, stop_token_id=EOS)
+    assert resident is not None and hosted is not None
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
+    assert batch.assign(1, resident)
+    batch.flush()
+    batch.set_rows(np.array([1]))
+    logits = torch.randn(1, V)
+    logits[0, [10, 11, EOS]] = float("-inf")
+    a, b = logits.clone(), logits.clone()
+    batch.apply(a, EngineStep(histories=[history]))
+    sdk.apply_rows(b, [0], [hosted], [history])
+    assert resident.failed == hosted.failed == (phase == "answer")
+    assert torch.equal(a, b)

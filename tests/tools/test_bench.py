@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 MICRO_KEYS = {"suite", "kind", "batch", "vocab", "impl", "median_ms", "launches", "syncs", "rep_ms"}
 ENGINE_KEYS = {"suite", "kind", "impl", "tok_per_s", "rounds", "paired_ratio", "paired_interval", "round_tok_per_s",
-               "attributed_ratio", "round_adapter_ms"}
+               "attributed_ratio", "round_adapter_ms", "attributed_share"}
 WIRE_KEYS = {"suite", "kind", "impl", "stage", "median_us"}
 
 
@@ -84,9 +84,9 @@ def test_quick_run_prints_the_machine_the_ratios_and_a_line_per_target(quick_run
     for column in ("floor/adapter", "reference/adapter", "loop/adapter", "pydantic/msgspec", "launches", "syncs"):
         assert column in stdout
     targets = [line for line in stdout.splitlines() if line.startswith(("[met]", "[NOT MET]", "[undecided]", "[not measured]"))]
-    assert len(targets) == 23  # adapter_v2 <= 1.5x adapter: one per workload
+    assert len(targets) == 26  # adapter_v2 <= 1.5x adapter: one per workload; the adapter's share of a step: one per engine kind
     # measured in this run: every micro and wire target but batch 256 (not in --quick); the engine ones are not
-    assert sum(line.startswith("[not measured] engine") for line in targets) == 3
+    assert sum(line.startswith("[not measured] engine") for line in targets) == 6
     assert [line for line in targets if line.startswith("[not measured]") and not line.startswith("[not measured] engine")] \
         == [line for line in targets if line.startswith("[not measured] forced_sequence, batch 256")] != []
     assert any(line.startswith("[met]") and "syncs = 0" in line for line in targets)
@@ -330,7 +330,7 @@ def test_engine_table_shows_medians_rounds_paired_and_unpaired_ratios() -> None:
     assert "| x none (unpaired) |" in text and "±20%" in text
     row = next(line for line in text.splitlines() if "forced_sequence" in line)
     assert [c.strip() for c in row.strip("|").split("|")] == [
-        "adapter", "forced_sequence", "3", "98", "97–100", "0.980 (0.951–1.667)", "—", "—", "0.52"]
+        "adapter", "forced_sequence", "3", "98", "97–100", "0.980 (0.951–1.667)", "—", "—", "—", "0.52"]
     assert "unpaired: the adapter installed but idle (no payload) ran at 0.53x the engine without a processor" in text
     assert engine_table([]) == []
 
@@ -345,6 +345,9 @@ def test_the_attributed_ratio_charges_each_batch_only_the_adapter_time_beyond_th
                                            {"none": [10.0, 20.0], "banned_tokens": [110.0, 220.0]}, tokens=1000)}
     assert recs["banned_tokens"].attributed_ratio == pytest.approx((10000 / 10100 + 10000 / 10200) / 2)
     assert recs["banned_tokens"].round_adapter_ms == (110.0, 220.0)
+    # its share of the kind's own batch: 1000 tokens at 97 and 99 tok/s
+    assert recs["banned_tokens"].attributed_share == pytest.approx((110 / (1e6 / 97) + 220 / (1e6 / 99)) / 2)
+    assert recs["none"].attributed_share == pytest.approx((10 / 1e4 + 20 / 1e4) / 2)
     assert recs["none"].attributed_ratio is None and recs["none"].round_adapter_ms == (10.0, 20.0)
     assert records_for("adapter", {"none": [1.0], "banned_tokens": [1.0]})[1].attributed_ratio is None  # not timed
     row = next(line for line in engine_table(list(recs.values())) if "banned_tokens" in line)
@@ -382,11 +385,15 @@ def test_engine_suite_runs_every_configuration_on_a_real_engine(tmp_path: Path) 
     timed = {r["kind"]: r for r in records if r["impl"] == "adapter"}
     assert all(len(r["round_adapter_ms"]) == 2 and all(ms > 0 for ms in r["round_adapter_ms"]) for r in timed.values())
     assert all(0 < timed[k]["attributed_ratio"] <= 1.5 for k in ("banned_tokens", "banned_phrases", "forced_sequence"))
-    assert all(not r["round_adapter_ms"] and r["attributed_ratio"] is None for r in records if r["impl"] != "adapter")
+    assert all(0 < r["attributed_share"] < 1 for r in timed.values())
+    assert all(not r["round_adapter_ms"] and r["attributed_ratio"] is None and r["attributed_share"] is None
+               for r in records if r["impl"] != "adapter")
     assert "paired x no payload" in stdout and "x none (unpaired)" in stdout and "adapter ms / batch" in stdout
     lines = stdout.splitlines()
     assert sum(line.startswith(("[met] engine, banned", "[NOT MET] engine, banned", "[undecided] engine, banned"))
                for line in lines) == 2
+    assert sum(line.startswith(("[met] engine, the adapter's own share", "[NOT MET] engine, the adapter's own share"))
+               for line in lines) == 3  # attributed in the same run: decided for every kind
     # the forced target reads the micro floor too (floor_bound), which an engine-only run lacks
     assert sum(line.startswith("[not measured] engine, forced_sequence") for line in lines) == 1
     assert "[engine] adapter: round 2/2: " in proc.stderr  # progress, round by round

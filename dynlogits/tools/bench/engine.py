@@ -9,7 +9,8 @@ record holds each round's tok/s and their median; in the ``adapter`` engine ``pa
 median of each round's kind / idle (``none``) ratio, the figure the targets read with its
 distribution-free confidence interval (``stats``), and
 ``attributed_ratio`` what the same rounds give when only the time spent in the adapter's calls
-differs between the kind's batch and the idle one. Ratios across engines are reported, never
+differs between the kind's batch and the idle one, ``attributed_share`` that time's share of the
+kind's batch. Ratios across engines are reported, never
 paired (method: ``docs``)."""
 
 from __future__ import annotations
@@ -101,12 +102,16 @@ def records_for(impl: str, per_round: dict[str, list[float]], adapter_ms: dict[s
     95% interval. With
     ``adapter_ms`` (ms spent in the adapter's calls per round) and ``tokens`` per batch, also the
     median over rounds of ``t_base / (t_base + ms_kind - ms_base)``, ``t_base`` the base batch's
-    wall time: the ratio if nothing but the adapter's own time differed."""
+    wall time: the ratio if nothing but the adapter's own time differed; and for every timed kind the
+    median over rounds of ``ms_kind / t_kind``, ``t_kind`` the kind's own batch's wall time: the
+    adapter's share of an engine step."""
     base = per_round.get(PAIRED_BASE)
     spent = adapter_ms or {}
     records = []
     for kind, values in per_round.items():
-        paired = attributed = interval = None
+        paired = attributed = interval = share = None
+        if kind in spent and tokens > 0:
+            share = statistics.median(ms / (1000.0 * tokens / v) for ms, v in zip(spent[kind], values, strict=True))
         if base is not None and kind != PAIRED_BASE:
             ratios = [v / b for v, b in zip(values, base, strict=True)]
             paired, interval = statistics.median(ratios), median_interval(ratios)
@@ -116,7 +121,8 @@ def records_for(impl: str, per_round: dict[str, list[float]], adapter_ms: dict[s
                                                zip(walls, spent[kind], spent[PAIRED_BASE], strict=True))
         records.append(EngineRecord(kind=kind, impl=impl, tok_per_s=statistics.median(values), rounds=len(values),
                                     paired_ratio=paired, paired_interval=interval, round_tok_per_s=tuple(values),
-                                    attributed_ratio=attributed, round_adapter_ms=tuple(spent.get(kind, ()))))
+                                    attributed_ratio=attributed, round_adapter_ms=tuple(spent.get(kind, ())),
+                                    attributed_share=share))
     return records
 
 

@@ -4,13 +4,14 @@
   (``impl`` in ``MICRO_IMPLS``; ``launches`` of one steady step and ``syncs`` over a sequence, on
   the CUDA model, for ``adapter`` and ``adapter_v2`` only, else ``null``);
 * engine: ``{"suite": "engine", "kind", "impl", "tok_per_s", "rounds", "paired_ratio",
-  "paired_interval", "round_tok_per_s", "attributed_ratio", "round_adapter_ms"}`` (``impl`` in
+  "paired_interval", "round_tok_per_s", "attributed_ratio", "round_adapter_ms", "attributed_share"}`` (``impl`` in
   ``ENGINE_IMPLS``; kind ``"none"``: requests without a payload; ``tok_per_s`` the median of
   ``round_tok_per_s``; ``paired_ratio`` the median per-round ratio to the same engine's ``none``
   kind and ``paired_interval`` ``{"low", "high", "confidence"}`` around it (``stats.median_interval``), both
   ``null`` for ``none`` and engines without it; ``round_adapter_ms`` the ms the engine spent in the adapter's
-  calls per round's batch and ``attributed_ratio`` the paired ratio those times alone give, where
-  the adapter was timed, else empty / ``null``: ``engine.records_for``);
+  calls per round's batch, ``attributed_ratio`` the paired ratio those times alone give and
+  ``attributed_share`` their share of the batch's wall time, where the adapter was timed, else
+  empty / ``null``: ``engine.records_for``);
 * wire: ``{"suite": "wire", "kind", "impl", "stage", "median_us"}`` (``WIRE_IMPLS``, ``WIRE_STAGES``)."""
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class EngineRecord:
     round_tok_per_s: tuple[float, ...] = ()
     attributed_ratio: float | None = None
     round_adapter_ms: tuple[float, ...] = ()
+    #: median over rounds of the adapter's own ms in the kind's batch over that batch's wall ms: its
+    #: share of an engine step (``None`` where the adapter was not timed)
+    attributed_share: float | None = None
     suite: Literal["engine"] = "engine"
 
 

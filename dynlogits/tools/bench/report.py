@@ -99,10 +99,12 @@ def engine_table(records: Sequence[Record]) -> list[str]:
         spread = (f"{min(r.round_tok_per_s):.0f}–{max(r.round_tok_per_s):.0f}" if r.round_tok_per_s else "—")
         spent = f"{statistics.median(r.round_adapter_ms):.1f}" if r.round_adapter_ms else "—"
         attributed = "—" if r.attributed_ratio is None else f"{r.attributed_ratio:.4f}"
+        share = "—" if r.attributed_share is None else f"{100 * r.attributed_share:.2f}%"
         rows.append([r.impl, "no payload" if r.kind == "none" else r.kind, str(r.rounds), f"{r.tok_per_s:.0f}", spread,
-                     paired, spent, attributed, _ratio(r.tok_per_s, None if none is None else none.tok_per_s)])
+                     paired, spent, attributed, share, _ratio(r.tok_per_s, None if none is None else none.tok_per_s)])
     lines = [*_table(["impl", "kind", "rounds", "tok/s (median)", "tok/s (rounds)", "paired x no payload",
-                      "adapter ms / batch", "attributed x no payload", "x none (unpaired)"], rows), ""]
+                      "adapter ms / batch", "attributed x no payload", "adapter share of batch", "x none (unpaired)"],
+                     rows), ""]
     lines.append("paired x no payload: in one engine, every round runs one batch per kind in an order that "
                  "changes every round; the median over rounds of the kind's tok/s divided by the no-payload batch's of the "
                  "same round (lowest–highest round in brackets). adapter ms / batch: median over rounds of the "
@@ -110,7 +112,9 @@ def engine_table(records: Sequence[Record]) -> list[str]:
                  "batch's requests falls in the next batch). attributed x no payload: median over rounds of "
                  "t / (t + a_kind - a_none), t the no-payload batch's wall time, a the adapter ms of each batch: "
                  "the paired ratio if only the adapter's own time differed; it leaves out the engine's work "
-                 "for a payload outside the adapter (e.g. carrying extra_args). x none (unpaired): median over median of the "
+                 "for a payload outside the adapter (e.g. carrying extra_args). adapter share of batch: median over "
+                 "rounds of a_kind / t_kind, the adapter's own time over the same batch's wall time (its share of an "
+                 "engine step, timed around its calls in the same run). x none (unpaired): median over median of the "
                  "separate engine without a processor; separate engine processes vary by about ±20% run to run "
                  "here, so this column is no measure of a processor's cost and no target reads it.")
     idle = base.get("adapter")
@@ -208,6 +212,12 @@ def evaluate_targets(records: Sequence[Record]) -> list[Target]:
         else:
             targets.append(_paired_target(f"engine, {kind} on every request", goal, rec, want,
                                           f", floor_bound {bound:.3f}x" if kind == "forced_sequence" else ""))
+    for kind in ("banned_tokens", "banned_phrases", "forced_sequence"):
+        rec = engine.get(("adapter", kind))
+        share = None if rec is None else rec.attributed_share
+        targets.append(Target(f"engine, the adapter's own share of a step with {kind} on every request",
+                              "<= 1% of the batch's wall time (its calls timed in the same run; median of rounds)",
+                              "—" if share is None else f"{100 * share:.2f}%", None if share is None else share <= 0.01))
     decode = next((r.median_us for r in records if isinstance(r, WireRecord)
                    and (r.kind, r.impl, r.stage) == ("forced_sequence_64", "msgspec", "decode")), None)
     targets.append(Target("wire, 64-token forced_sequence", "decode < 20 µs (msgspec path)",

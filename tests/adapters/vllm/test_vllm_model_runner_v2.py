@@ -776,3 +776,24 @@ def test_scoped_entries_are_resident_and_act_where_the_host_processor_acts(draft
                 harness.commit(name, [rng.choice(ids)])
     assert not harness.processor.failures
     assert min(phases.values()) > 10  # rows the entries left alone and rows they changed were both seen
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_a_scoped_allowed_set_the_grammar_empties_fails_its_request_in_its_phase_only(drafts: int) -> None:
+    """allowed {10, 11} + EOS scoped to the answer, resident; the grammar masks all three: while the
+    output is in reasoning nothing fails; once the answer begins the row has no token left, so it is
+    fail-stopped to its stop token on the device and the request fails (reported once)."""
+    harness = _drafting_harness(drafts)
+    payload = [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
+               {"kind": "allowed_tokens", "token_ids": [10, 11], "eos_token_id": EOS, "scope": "answer"}]
+    harness.add_request("a", [2, 5], sp(payload))  # the prompt opens a span: generation starts in reasoning
+    assert harness.processor._is_resident[harness.reqs["a"].slot]
+    masked = torch.randn(1, VOCAB)
+    masked[0, [10, 11, EOS]] = float("-inf")
+    assert torch.equal(harness.step(["a"], masked.clone()), masked)  # reasoning: the entry is idle
+    harness.commit("a", [7])  # the span closes: the next row is in the answer
+    out = harness.step(["a"], masked.clone())
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [EOS]  # fail-stopped on the device
+    harness.commit("a", [EOS])
+    harness.step(["a"], torch.zeros(1, VOCAB))  # the flags' copy has landed: reported at the next call
+    assert len(harness.processor.failures) == 1 and "no token left" in harness.processor.failures[0]
