@@ -213,6 +213,7 @@ def scoped_group(inner: type[Group]) -> type[ScopedGroup]:
         made = _GROUPS[inner] = type(f"Scoped{inner.__name__}", (ScopedGroup,), {
             "inner_type": inner, "restrictive": inner.restrictive, "writes_neg_inf": inner.writes_neg_inf,
             "__module__": __name__})
+        globals().setdefault(made.__name__, made)  # found by name, as a pickle looks classes up
     return made
 
 
@@ -237,6 +238,7 @@ def scoped_template(inner: Template, scope: str, scanner: SpanScanner) -> Scoped
     if kind is None:
         kind = _TEMPLATES[inner.group] = type(f"Scoped{type(inner).__name__}", (ScopedTemplate,), {
             "group": scoped_group(inner.group), "__module__": __name__})
+        globals().setdefault(kind.__name__, kind)
     return kind(inner, scope, scanner.start, scanner.end, scanner.initial)
 
 
