@@ -172,9 +172,10 @@ def _reads_prompt(payload: Any) -> bool:
     return any(isinstance(e, dict) and e.get("kind") in PROMPT_BOUND_KINDS for e in payload)
 
 
-def _request(arrival: float) -> OracleRequest:
-    """What the oracle knows of a kit request added at ``arrival`` with ``PROMPT`` and ``EOS``, now."""
-    return OracleRequest(prompt=PROMPT, stop_token_ids=(EOS,), arrival=arrival, now=time.time())
+def _request(arrival: float, temperature: float | None = None) -> OracleRequest:
+    """What the oracle knows of a kit request added at ``arrival`` with ``PROMPT`` and ``EOS``, now
+    (``temperature``: what the driver's requests sample at, its ``temperature`` attribute if any)."""
+    return OracleRequest(prompt=PROMPT, stop_token_ids=(EOS,), arrival=arrival, now=time.time(), temperature=temperature)
 
 
 def valid_vectors_behave_as_documented(driver: AdapterDriver) -> None:
@@ -213,7 +214,8 @@ def valid_vectors_behave_as_documented(driver: AdapterDriver) -> None:
                 if beyond:
                     _assert_stopped(out[0], EOS, what + " (ids beyond the logits width)")
                 else:
-                    _assert_row(out[0], expected_row(payload, history, raw[0].tolist(), _request(arrival)), what)
+                    request = _request(arrival, getattr(driver, "temperature", None))
+                    _assert_row(out[0], expected_row(payload, history, raw[0].tolist(), request), what)
                 token = _greedy(out[0])
                 driver.commit(req, token)
                 history.append(token)

@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .dry_reference import dry_penalties
 from .faults import SCALE_FACTORY
+from .watermark_reference import watermark_token
 
 __all__ = ["OracleRequest", "expected_row"]
 
@@ -30,6 +32,10 @@ class OracleRequest:
     stop_token_ids: Sequence[int] = ()
     arrival: float = 0.0
     now: float = 0.0
+    #: each token id's text (``dry``'s breakers), ``None``: no tokenizer
+    vocabulary: Sequence[str] | None = None
+    #: the request's temperature as its engine samples it (``watermark``; ``None`` or 0: greedy)
+    temperature: float | None = None
 
 
 def _force(row: list[float], token: int) -> None:
@@ -123,8 +129,12 @@ def _apply(row: list[float], e: Mapping[str, Any], h: Sequence[int], request: Or
         _deadline(row, e, request)
     elif kind == "prompt_tokens":
         _prompt_tokens(row, e, request)
+    elif kind == "dry":
+        _dry(row, e, h, request)
     elif kind == "no_repeat_ngram":
         _no_repeat_ngram(row, e, h, request)
+    elif kind == "watermark":
+        _watermark(row, e, h, request)
     elif kind == "python" and e["factory"] == SCALE_FACTORY:
         factor = float(e.get("kwargs", {}).get("scale", 2.0))
         for i in range(len(row)):
@@ -202,6 +212,24 @@ def _no_repeat_ngram(row: list[float], e: Mapping[str, Any], h: Sequence[int], r
         gram = seq[start : start + size]
         if gram[:-1] == tail and min(gram) >= 0 and gram[-1] < len(row):
             row[gram[-1]] = NEG
+
+
+def _dry(row: list[float], e: Mapping[str, Any], h: Sequence[int], request: OracleRequest) -> None:
+    # llama.cpp's DRY over the prompt (scope always, include_prompt) and the history: dry_reference
+    prompt = request.prompt if e.get("include_prompt", True) and e.get("scope", "always") == "always" else ()
+    for token, penalty in dry_penalties(e, [*prompt, *h], request.vocabulary).items():
+        if token < len(row) and math.isfinite(row[token]):
+            row[token] -= penalty
+
+
+def _watermark(row: list[float], e: Mapping[str, Any], h: Sequence[int], request: OracleRequest) -> None:
+    # the Gumbel-max draw of vLLM's Philox watermark at the request's temperature, forced (watermark_reference)
+    token = watermark_token(row, key=e["key"], context_width=e.get("context_width", 4), history=h,
+                            temperature=request.temperature)
+    if token is not None:
+        kept = row[token]
+        _force(row, token)
+        row[token] = kept if kept == NEG else 0.0
 
 
 def expected_row(entries: Sequence[Mapping[str, Any]], history: Sequence[int], row: Sequence[float],

@@ -16,6 +16,7 @@ from . import (
     banned_phrases,
     banned_tokens,
     deadline,
+    dry,
     forced_sequence,
     forced_text,
     logit_bias,
@@ -27,11 +28,13 @@ from . import (
     reasoning,
     thinking_budget,
     trigger,
+    watermark,
 )
 from .allowed_tokens import AllowedTokens, AllowedTokensSpec
 from .banned_phrases import BannedPhrases, BannedPhrasesSpec
 from .banned_tokens import BannedTokens, BannedTokensSpec
 from .deadline import Deadline, DeadlineSpec
+from .dry import Dry, DrySpec
 from .forced_sequence import ForcedSequence, ForcedTokenSequenceSpec
 from .forced_text import ForcedTextSpec
 from .logit_bias import LogitBias, LogitBiasSpec
@@ -43,14 +46,16 @@ from .python import Python, PythonProcessorSpec
 from .reasoning import Reasoning, ReasoningSpec
 from .thinking_budget import ThinkingBudget, ThinkingBudgetSpec
 from .trigger import Trigger, TriggerSpec
+from .watermark import Watermark, WatermarkSpec
 
 # The models and twins by name, for ``specs.entries`` and ``specs.fast`` to re-export (their old homes).
 __all__ = ["BUILTIN", "BUILTIN_NAMES", "DECLARED", "MODULES", "AllowedTokens", "AllowedTokensSpec", "BannedPhrases",
-           "BannedPhrasesSpec", "BannedTokens", "BannedTokensSpec", "Deadline", "DeadlineSpec", "ForcedSequence",
+           "BannedPhrasesSpec", "BannedTokens", "BannedTokensSpec", "Deadline", "DeadlineSpec", "Dry", "DrySpec", "ForcedSequence",
            "ForcedTextSpec", "ForcedTokenSequenceSpec", "LogitBias", "LogitBiasSpec", "MinTokens", "MinTokensSpec",
            "MultipleChoice", "MultipleChoiceSpec", "NoRepeatNgram",
            "NoRepeatNgramSpec", "PromptTokens", "PromptTokensSpec", "Python", "PythonProcessorSpec",
-           "Reasoning", "ReasoningSpec", "ThinkingBudget", "ThinkingBudgetSpec", "Trigger", "TriggerSpec"]
+           "Reasoning", "ReasoningSpec", "ThinkingBudget", "ThinkingBudgetSpec", "Trigger", "TriggerSpec", "Watermark",
+           "WatermarkSpec"]
 
 #: The built-in kinds' modules, in union order.
 MODULES: tuple[ModuleType, ...] = (
@@ -68,6 +73,8 @@ MODULES: tuple[ModuleType, ...] = (
     deadline,
     prompt_tokens,
     no_repeat_ngram,
+    dry,
+    watermark,
     python,
 )
 

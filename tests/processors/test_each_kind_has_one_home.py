@@ -70,6 +70,8 @@ def _entry(kind: str) -> object:
         "trigger": {"trigger_token_ids": [5], "phrase_token_ids": [6, 7]},
         "deadline": {"seconds": 1.0},
         "prompt_tokens": {"mode": "boost"},
+        "watermark": {"key": 7, "context_width": 4},
+        "dry": {"multiplier": 0.8, "sequence_breakers": []},
         "no_repeat_ngram": {"size": 2},
     }
     model = next(m for m in entries.ENTRY_MODELS if m.model_fields["kind"].default == kind)
