@@ -15,12 +15,9 @@ import httpx
 import openai
 import pytest
 
-from dynlogits.specs.builtin import BUILTIN
-
 from .launcher import WORKER_AUTH, Deployment, free_port_block
 
-pytestmark = [pytest.mark.engine, pytest.mark.skipif(
-    "watermark" not in BUILTIN, reason="the watermark kind is not declared yet (specs/builtin/__init__.py)")]
+pytestmark = pytest.mark.engine
 
 KEY = 15713294082266031957  # distinctive digits: grep-able wherever they must not appear
 DIGITS = str(KEY)

@@ -15,10 +15,7 @@ from dynlogits.policy.request import build_policy
 from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.policy.watermark_key import MAX_KEY, OperatorWatermark, operator_watermark, resolve_key_sources
 from dynlogits.specs import SpecError, parse_entries
-from dynlogits.specs.builtin import BUILTIN
 
-pytestmark = pytest.mark.skipif("watermark" not in BUILTIN,
-                                reason="the watermark kind is not declared yet (specs/builtin/__init__.py)")
 KEY = 15713294082266031957  # distinctive digits: grep-able wherever they must not appear
 DIGITS = str(KEY)
 VOCAB = 1024

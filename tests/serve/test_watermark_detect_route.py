@@ -32,15 +32,12 @@ from dynlogits.serve.secret import RequireWorkerSecret
 from dynlogits.serve.worker.args import WorkerArgs
 from dynlogits.serve.worker.state import WorkerState
 from dynlogits.serve.worker.watermark import detect_route
-from dynlogits.specs.builtin import BUILTIN
 
 torch = pytest.importorskip("torch")
 
 from dynlogits.processors.watermark_detect import detect  # noqa: E402
 from dynlogits.processors.watermark_prf import uniform  # noqa: E402
 
-pytestmark = pytest.mark.skipif("watermark" not in BUILTIN,
-                                reason="the watermark kind is not declared yet (specs/builtin/__init__.py)")
 KEY = 15713294082266031957  # distinctive digits: grep-able wherever they must not appear
 DIGITS = str(KEY)
 WIDTH = 4
