@@ -106,7 +106,7 @@ class DeploymentConfig:
         return self.spec is not None or bool(self.allow_request_kinds)
 
     def __repr__(self) -> str:
-        """The entries' kinds, never their fields: an operator's entry may hold a secret (a watermark's key)."""
+        """The entries' kinds, never their fields: an operator's entry may hold a secret (a key, ``watermark_key``)."""
         kinds = [e.kind for e in self.spec.entries] if self.spec is not None else None
         return (f"DeploymentConfig(kinds={kinds!r}, allow_request_kinds={sorted(self.allow_request_kinds)!r}, "
                 f"limits={self.limits!r}, reasoning={self.reasoning!r})")
@@ -117,11 +117,11 @@ def parse_config(data: Any, *, source: str = "config", environ: Mapping[str, str
     """Validate a loaded document; ``SpecError`` whose paths name the bad fields.
 
     Plug-in kinds in force count as known kinds (a broken plug-in raises its ``KindError``).
-    A ``watermark`` entry's ``key_env`` / ``key_file`` are read first, from ``environ`` (default: the
-    process's) and ``base_dir`` (a relative file's folder): ``dynlogits.policy.watermark_key``.
+    An entry's ``key_env`` / ``key_file`` (a keyed kind's secret) are read first, from ``environ``
+    (default: the process's) and ``base_dir`` (a relative file's folder): ``dynlogits.policy.watermark_key``.
     """
     plugins = plugin_kinds()
-    if isinstance(data, Mapping) and "entries" in data:  # the operator's watermark key, read at start-up
+    if isinstance(data, Mapping) and "entries" in data:  # the operator's keys, read at start-up
         entries, key_problems = resolve_key_sources(data["entries"], environ=environ, base_dir=base_dir)
         if key_problems:
             raise SpecError(key_problems)
@@ -192,7 +192,7 @@ def load_config(path: str | os.PathLike[str]) -> DeploymentConfig:
 
 
 def _parse_error(err: Exception) -> str:
-    """What is wrong and where, never quoting the file (it may hold a watermark key): YAML's own
+    """What is wrong and where, never quoting the file (it may hold a key): YAML's own
     message shows the line around the error."""
     mark = getattr(err, "problem_mark", None)
     if isinstance(err, yaml.MarkedYAMLError) and mark is not None:

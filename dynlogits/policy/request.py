@@ -11,9 +11,9 @@ A client can neither switch the deployment's entries off nor escape them (``docs
   to end it (``needs_stop_token``), the client's own or the deployment's (``stop_token_problem``);
 * a request's own delimiters entry (``ProcessorKind.delimiters``) is refused where the deployment has entries that act by the
   phases its delimiters mark (``reasoning_problem``): replacing them would move those phases.
-* a request's own ``watermark`` entry is refused where the deployment has one (``watermark_problem``):
-  the operator's watermark can be neither removed nor replaced; it is moved after the request's
-  entries (``deployment_watermark_last``), since it draws from the row they leave.
+* a request's own keyed entry (``watermark_key``) is refused where the deployment has one
+  (``watermark_problem``): the operator's can be neither removed nor replaced; it is moved after the
+  request's entries (``deployment_watermark_last``), since it draws from the row they leave.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class RequestPolicy:
             deployment = len(entries)
             entries += logits_processors_for_request(LogitsProcessorSpec(entries=resolved),
                                                      disaggregation_mode=self.role)
-            # the deployment's watermark draws from the row every other entry leaves: it stays last
+            # the deployment's keyed entry draws from the row every other entry leaves: it stays last
             entries, paths = deployment_watermark_last(entries, paths, deployment=deployment)
             entries, paths = self._with_reasoning(entries, paths)
             # the request's entries must not contradict the deployment's (e.g. force a token it bans)

@@ -34,7 +34,7 @@ class WatermarkSpec(EntryModel):
 
     kind: Literal["watermark"] = "watermark"
     scheme: Literal["gumbel"] = "gumbel"
-    key: Annotated[StrictInt, Field(ge=0, le=MAX_KEY)]
+    key: Annotated[StrictInt, Field(ge=0, le=MAX_KEY, repr=False)]  # a secret: in no repr
     context_width: Annotated[StrictInt, Field(ge=1, le=MAX_CONTEXT_WIDTH)] = DEFAULT_CONTEXT_WIDTH
 
     @field_validator("scope")
@@ -52,6 +52,9 @@ class Watermark(FastModel, tag="watermark", frozen=True, kw_only=True):
 
     def passes_post_checks(self) -> bool:
         return self.scope == "always" and self.key <= MAX_KEY
+
+    def __repr__(self) -> str:  # the key is a secret: in no repr
+        return f"Watermark(scheme={self.scheme!r}, context_width={self.context_width}, scope={self.scope!r})"
 
 
 KIND = ProcessorKind(

@@ -191,6 +191,7 @@ def _entries():
             {"kind": "deadline", "seconds": 60.0},
             {"kind": "prompt_tokens", "mode": "boost"},
             {"kind": "dry", "multiplier": 0.8, "sequence_breakers": []},
+            {"kind": "no_repeat_ngram", "size": 2},
             {"kind": "watermark", "key": 7},  # greedy here (no temperature): its draw is the sampler's own O(vocab) work
             {"kind": "thinking_budget", "start_token_ids": [10], "end_token_ids": [11], "budget": 1},
         )

@@ -264,3 +264,13 @@ def test_draft_rows_and_rejected_drafts_are_followed_as_fresh_histories() -> Non
             _processor(width=2)(list(history), fresh)
             assert torch.equal(row, fresh), history
         committed += drafts[: rng.randrange(len(drafts) + 1)] + [rng.randrange(4)]
+
+
+def test_neither_entry_model_shows_the_key_in_its_repr() -> None:
+    """The key is the operator's secret: an entry logged or put in an error message never shows it."""
+    key = 15713294082266031957
+    spec = WatermarkSpec(key=key)
+    (fast,) = decode_wire_payload([{"kind": "watermark", "key": key}])
+    assert isinstance(fast, Watermark | WatermarkSpec)
+    for shown in (repr(spec), str(spec), repr(fast), str(fast), repr([fast]), repr((spec,))):
+        assert str(key) not in shown and "context_width=4" in shown.replace(": ", "=")

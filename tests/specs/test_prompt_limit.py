@@ -4,6 +4,7 @@ prompt tokens; the problem names the prompt, the entry that reads it and the lim
 from __future__ import annotations
 
 from dynlogits.specs import SpecLimits, parse_entries
+from dynlogits.specs.builtin import BUILTIN
 from dynlogits.specs.limits import PROMPT_BOUND_KINDS, prompt_limit_problem
 
 ENTRIES = parse_entries([{"kind": "banned_tokens", "token_ids": [3]}, {"kind": "prompt_tokens", "mode": "boost"}])
@@ -24,4 +25,5 @@ def test_a_prompt_at_the_limit_or_read_by_no_entry_passes() -> None:
 def test_wire_dicts_are_read_by_kind_too() -> None:
     assert prompt_limit_problem([{"kind": "prompt_tokens", "mode": "restrict"}], 3, SpecLimits(max_prompt_tokens=2),
                                 path="prompt", paths=["dynamo_logits[0]"]) is not None
-    assert PROMPT_BOUND_KINDS == {"prompt_tokens"}
+    assert PROMPT_BOUND_KINDS == {kind for kind, declared in BUILTIN.items() if declared.reads_prompt}
+    assert {"prompt_tokens", "no_repeat_ngram"} <= PROMPT_BOUND_KINDS
