@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .admission import rules_of
+from .admission.lookup import rules_of
 from .admission.rules import Along, Entry, KindRules
 from .effects import MIXED_POINTS, on_scale, position_free, scope_of
 from .errors import Problem

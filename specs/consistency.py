@@ -44,7 +44,7 @@ from typing import Any
 
 import msgspec
 
-from .admission import rules_of
+from .admission.lookup import rules_of
 from .admission.rules import Along, Delimiters, Entry, KindRules
 from .admission_work import walks_needed, work_problem
 from .consistency_walks import choice_problems, trigger_problems

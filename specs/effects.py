@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .admission import rules_of
+from .admission.lookup import rules_of
 from .admission.rules import Along, Entry, KindRules
 
 __all__ = ["MIXED_POINTS", "EntrySets", "PhraseAutomaton", "on_scale", "position_free", "scope_of"]

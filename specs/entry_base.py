@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
+from .entry_like import EntryLike
 from .limits import MAX_ABS_LOGIT_BIAS, MAX_TOKEN_ID
 from .patterns import TOKEN_KEY_PATTERN
 from .vocab import TOKEN_ID, TOKEN_KEY
@@ -31,8 +32,6 @@ BiasValue = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-MAX_ABS_LOGIT_
 Scope = Literal["always", "reasoning", "answer"]
 SCOPES: tuple[str, ...] = ("always", "reasoning", "answer")
 
-#: An entry as a model (a built-in ``EntryModel`` or a plug-in's model) or as its wire or request dict.
-EntryLike = Union[BaseModel, Mapping[str, Any]]
 
 #: Text the worker resolves to token ids with its tokenizer before it crosses the wire.
 Text = Annotated[StrictStr, Field(min_length=1)]

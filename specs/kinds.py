@@ -28,14 +28,12 @@ from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
+from .admission.rules import KindRules
 from .entry_base import EntryLike
-
-if TYPE_CHECKING:
-    from .admission.rules import KindRules
 from .errors import Problem, SpecError
 from .patterns import FACTORY_PATTERN
 
@@ -69,6 +67,10 @@ class KindError(SpecError):
     def __init__(self, where: str, rule: str) -> None:
         super().__init__([Problem(where, rule)])
 
+
+#: The names of the built-in kinds, each added as its declaration is made: the package's
+#: ``__init__`` imports ``dynlogits.specs.builtin`` before any plug-in can be declared.
+_BUILTIN_NAMES: set[str] = set()
 
 #: The module prefix a built-in kind's declaration lives under (``ProcessorKind.builtin``).
 BUILTIN_PACKAGE = "dynlogits.specs.builtin."
@@ -143,7 +145,7 @@ class ProcessorKind:
         if self.builtin:
             if not getattr(self.spec_model, "__module__", "").startswith(BUILTIN_PACKAGE):
                 raise KindError(where, f"only the kinds declared in {BUILTIN_PACKAGE.rstrip('.')} are built in")
-        elif self.kind in _builtin_names():
+        elif self.kind in _BUILTIN_NAMES:
             raise KindError(where, f"kind {self.kind!r} is built in and cannot be re-registered by a plug-in")
         if not (isinstance(self.spec_model, type) and issubclass(self.spec_model, BaseModel)):
             raise KindError(where, "spec_model must be a pydantic BaseModel subclass")
@@ -162,24 +164,12 @@ class ProcessorKind:
         if isinstance(self.admission, str):
             if not re.fullmatch(FACTORY_PATTERN, self.admission):
                 raise KindError(where, "admission must be a KindRules or an import string 'package.module:name'")
-        elif self.admission is not None and not isinstance(self.admission, _kind_rules()):
+        elif self.admission is not None and not isinstance(self.admission, KindRules):
             raise KindError(where, "admission must be a KindRules or an import string 'package.module:name'")
         if not self.wire and self.resolves_to is None:
             raise KindError(where, "a kind that does not cross the wire names the kind it resolves to (resolves_to)")
-
-
-def _kind_rules() -> type:
-    """``KindRules`` (imported on first use: the admission package builds on this module)."""
-    from .admission.rules import KindRules  # noqa: PLC0415 - the admission package imports this module
-
-    return KindRules
-
-
-def _builtin_names() -> frozenset[str]:
-    """The built-in kinds' names (imported on first use: the declarations build on this module)."""
-    from .builtin import BUILTIN_NAMES  # noqa: PLC0415 - the built-in declarations import this module
-
-    return BUILTIN_NAMES
+        if self.builtin:
+            _BUILTIN_NAMES.add(self.kind)
 
 
 def _check_text_fields(model: type[BaseModel], where: str) -> None:

@@ -5,16 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .entry_like import EntryLike
 from .errors import Problem
 
-if TYPE_CHECKING:
-    from .entry_base import EntryLike
-
-# (``PROMPT_BOUND_KINDS`` and ``MAX_DEADLINE_SECONDS`` are read through ``__getattr__``.)
 __all__ = ["DEFAULT_LIMITS", "MAX_ABS_LOGIT_BIAS", "MAX_TOKEN_ID", "SpecLimits",
-           "entry_limit_problems", "field_limits", "limit_problems", "prompt_limit_problem"]
+           "entry_limit_problems", "field_limits", "limit_problems"]
 
 # Token ids are int32 in every engine we target.
 MAX_TOKEN_ID = 2**31 - 1
@@ -22,27 +19,6 @@ MAX_TOKEN_ID = 2**31 - 1
 #: OpenAI's API documents: enough to make a token certain or impossible, never an overflow to ``inf``
 #: (``inf + -inf`` is NaN) in any logits dtype.
 MAX_ABS_LOGIT_BIAS = 100.0
-
-
-def __getattr__(name: str) -> Any:
-    """Names derived from the built-in declarations, which build on this module (so read on first use):
-    ``PROMPT_BOUND_KINDS``, the kinds whose processor reads the request's prompt (a request running
-    one has at most ``max_prompt_tokens`` prompt tokens, ``prompt_limit_problem``), and
-    ``MAX_DEADLINE_SECONDS``, declared with its kind."""
-    if name == "PROMPT_BOUND_KINDS":
-        return _prompt_bound_kinds()
-    if name == "MAX_DEADLINE_SECONDS":
-        from .builtin.deadline import MAX_DEADLINE_SECONDS  # noqa: PLC0415 - the declarations import this module
-
-        return MAX_DEADLINE_SECONDS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@lru_cache(maxsize=1)
-def _prompt_bound_kinds() -> frozenset[str]:
-    from .builtin import DECLARED  # noqa: PLC0415 - the declarations import this module
-
-    return frozenset(k.kind for k in DECLARED if k.reads_prompt)
 
 
 @dataclass(frozen=True)
@@ -184,17 +160,3 @@ def limit_problems(entries: Sequence[EntryLike], limits: SpecLimits, *, root: st
         yield Problem(root, f"must have at most {limits.max_entries} entries (limit max_entries)")
     for i, entry in enumerate(entries):
         yield from entry_limit_problems(entry, limits, path=f"{root}[{i}]")
-
-
-def prompt_limit_problem(entries: Sequence[EntryLike], prompt_length: int, limits: SpecLimits, *, path: str,
-                         paths: Sequence[str]) -> Problem | None:
-    """The problem (at ``path``, the request's prompt) when a prompt of ``prompt_length`` tokens is
-    longer than ``limits.max_prompt_tokens`` and an entry (named by ``paths[i]``) reads it."""
-    if prompt_length <= limits.max_prompt_tokens:
-        return None
-    bound = _prompt_bound_kinds()
-    reader = next((i for i, e in enumerate(entries) if _field(e, "kind") in bound), None)
-    if reader is None:
-        return None
-    return Problem(path, f"is {prompt_length} tokens; {paths[reader]} ({_field(entries[reader], 'kind')}) reads at most "
-                         f"{limits.max_prompt_tokens} (limit max_prompt_tokens)")

@@ -52,7 +52,7 @@ from dynlogits.processors.base import SamplingView, Vocabulary
 from dynlogits.sdk import FailureReport, GuardedRequest
 from dynlogits.sdk.failure_reports import report_id_of
 from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits
-from dynlogits.specs.limits import prompt_limit_problem
+from dynlogits.specs.prompt_limit import prompt_limit_problem
 
 __all__ = ["PayloadSource", "VllmRequest", "carried_payload", "client_payload", "payload_text_bound", "read_payload",
            "realize_request", "request_facts", "request_role", "stop_token", "validate"]

@@ -23,7 +23,7 @@ import torch
 from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.processors.base import SamplingView
 from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, LogitsProcessorSpec, encode_entries, kinds
-from dynlogits.specs.limits import PROMPT_BOUND_KINDS
+from dynlogits.specs.prompt_limit import PROMPT_BOUND_KINDS
 from dynlogits.specs.schema import golden_vectors
 
 from . import plugin_factories, plugin_kinds

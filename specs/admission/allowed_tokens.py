@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from .rules import Anywhere, KindRules, Meeting
-
-if TYPE_CHECKING:
-    from ..effects import EntrySets
+from .rules import Anywhere, KindRules, Meeting, Sets
 
 __all__ = ["RULES"]
 
@@ -34,7 +31,7 @@ def _size(entry: AllowedTokensEntry) -> int:
     return len(entry.token_ids) + 1
 
 
-def _meets(entry: AllowedTokensEntry, j: int, sets: EntrySets, forced: Anywhere, path: str) -> Meeting | None:
+def _meets(entry: AllowedTokensEntry, j: int, sets: Sets, forced: Anywhere, path: str) -> Meeting | None:
     keep = sets.keep(j)
     if forced.held <= keep:
         return None

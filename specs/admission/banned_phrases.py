@@ -6,12 +6,9 @@ choice's prefixes, a trigger and its phrase."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from .rules import Anywhere, KindRules, Meeting
-
-if TYPE_CHECKING:
-    from ..effects import EntrySets
+from .rules import Anywhere, KindRules, Meeting, Sets
 
 __all__ = ["RULES"]
 
@@ -27,7 +24,7 @@ def _phrases(entry: BannedPhrasesEntry) -> Sequence[Sequence[int]]:
     return entry.phrases
 
 
-def _meets(entry: BannedPhrasesEntry, j: int, sets: EntrySets, forced: Anywhere, path: str) -> Meeting | None:
+def _meets(entry: BannedPhrasesEntry, j: int, sets: Sets, forced: Anywhere, path: str) -> Meeting | None:
     """Forced tokens that hold a phrase: where they are written its last token is masked."""
     k = sets.automaton(j).first_in(forced.tokens)
     if k is None:

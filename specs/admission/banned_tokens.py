@@ -4,12 +4,9 @@ vocabulary), end tokens forced anywhere included."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from .rules import Anywhere, KindRules, Meeting
-
-if TYPE_CHECKING:
-    from ..effects import EntrySets
+from .rules import Anywhere, KindRules, Meeting, Sets
 
 __all__ = ["RULES"]
 
@@ -29,7 +26,7 @@ def _size(entry: BannedTokensEntry) -> int:
     return len(entry.token_ids)
 
 
-def _meets(entry: BannedTokensEntry, j: int, sets: EntrySets, forced: Anywhere, path: str) -> Meeting | None:
+def _meets(entry: BannedTokensEntry, j: int, sets: Sets, forced: Anywhere, path: str) -> Meeting | None:
     mask = sets.mask(j)
     if forced.held.isdisjoint(mask):
         return None

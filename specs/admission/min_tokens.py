@@ -5,12 +5,9 @@ a span may close before that."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from .rules import Along, Anywhere, KindRules, Meeting
-
-if TYPE_CHECKING:
-    from ..effects import EntrySets
+from .rules import Along, Anywhere, KindRules, Meeting, Sets
 
 __all__ = ["RULES"]
 
@@ -36,7 +33,7 @@ def _size(entry: MinTokensEntry) -> int:
     return len(entry.stop_token_ids)
 
 
-def _meets(entry: MinTokensEntry, j: int, sets: EntrySets, forced: Anywhere, path: str) -> Meeting | None:
+def _meets(entry: MinTokensEntry, j: int, sets: Sets, forced: Anywhere, path: str) -> Meeting | None:
     clash = forced.held & sets.mask(j)
     if not clash:
         return None

@@ -14,10 +14,9 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from ..effects import EntrySets
     from ..errors import Problem
 
-__all__ = ["OPAQUE", "Along", "Anywhere", "Delimiters", "Entry", "Form", "KindRules", "Meeting"]
+__all__ = ["OPAQUE", "Along", "Anywhere", "Delimiters", "Entry", "Form", "KindRules", "Meeting", "Phrases", "Sets"]
 
 #: An entry's effect on a step's allowed set: ``mask`` (its ``ids`` masked), ``keep`` (only its
 #: ``ids`` kept), ``force`` (only the token its ``along`` sequence holds at the position), ``first``
@@ -35,6 +34,22 @@ class Entry(Protocol):
 
 
 E = TypeVar("E")
+
+
+class Phrases(Protocol):
+    """What a rule reads of a phrase ban's automaton (``effects.PhraseAutomaton``)."""
+
+    def first_in(self, written: Sequence[int]) -> int | None: ...
+
+
+class Sets(Protocol):
+    """What a rule reads of the payload's id sets, built once per payload (``effects.EntrySets``)."""
+
+    def mask(self, j: int) -> frozenset[int]: ...
+
+    def keep(self, j: int) -> frozenset[int]: ...
+
+    def automaton(self, j: int) -> Phrases: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +127,7 @@ class KindRules(Generic[E]):
     choice_eos: Callable[[E], int | None] | None = None
     cue: Callable[[E], tuple[Sequence[int], Sequence[int]] | None] | None = None
     anywhere: Callable[[E, Delimiters | None, frozenset[str]], Anywhere] | None = None
-    meets_anywhere: Callable[[E, int, EntrySets, Anywhere, str], Meeting | None] | None = None
+    meets_anywhere: Callable[[E, int, Sets, Anywhere, str], Meeting | None] | None = None
     delimiters: Callable[[E], Delimiters] | None = None
     acts: bool = True
     alone: bool = False

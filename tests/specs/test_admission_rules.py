@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dynlogits.specs.admission import OPAQUE, KindRules, rules_of_kind
+from dynlogits.specs.admission.lookup import OPAQUE, KindRules, rules_of_kind
 from dynlogits.specs.builtin import BUILTIN
 from dynlogits.specs.fast import BY_KIND
 

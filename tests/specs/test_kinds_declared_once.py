@@ -68,7 +68,7 @@ SCOPED = sorted(
     + list((ROOT / "dynlogits" / "policy").glob("*.py"))
     + [ROOT / "dynlogits/processors/registry.py", ROOT / "adapters/vllm/native.py",
        ROOT / "adapters/transformers/generate.py"])
-EXCEPTIONS = {"specs/limits.py": {"deadline"}, "dynlogits/processors/registry.py": {"python"}}
+EXCEPTIONS = {"dynlogits/processors/registry.py": {"python"}}
 
 
 @pytest.mark.parametrize("path", SCOPED, ids=[str(p.relative_to(ROOT)) for p in SCOPED])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dynlogits.specs import SpecLimits, parse_entries
 from dynlogits.specs.builtin import BUILTIN
-from dynlogits.specs.limits import PROMPT_BOUND_KINDS, prompt_limit_problem
+from dynlogits.specs.prompt_limit import PROMPT_BOUND_KINDS, prompt_limit_problem
 
 ENTRIES = parse_entries([{"kind": "banned_tokens", "token_ids": [3]}, {"kind": "prompt_tokens", "mode": "boost"}])
 PATHS = ["deployment entries[0]", "logits_processors[0]"]

@@ -11,18 +11,15 @@ of failed requests get only their stop token."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
 from dynlogits.processors.modes import ClockDecided, DecidedGroup
 from dynlogits.processors.slots import Dead, GatheredRows, StepInputs
 
+from .batch_view import BatchView
 from .deciding import decide_on_device, decide_slots_on_host
 from .engine_step import EngineStep
-
-if TYPE_CHECKING:
-    from .slot_batch import SlotBatch
 
 __all__ = ["GatheredLayout"]
 
@@ -33,7 +30,7 @@ class GatheredLayout:
     """Only the device knows which slot each row holds (``slot_of_row``, one step): every row
     gathers its slot's tables and a membership mask makes non-member rows' writes no-ops."""
 
-    def __init__(self, batch: SlotBatch, slot_of_row: torch.Tensor, slots_in_step: set[int]) -> None:
+    def __init__(self, batch: BatchView, slot_of_row: torch.Tensor, slots_in_step: set[int]) -> None:
         self.batch = batch
         self.slot_of_row = slot_of_row
         self.slots_in_step = slots_in_step

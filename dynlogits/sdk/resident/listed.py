@@ -13,7 +13,6 @@ of failed requests get only their stop token."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,11 +22,9 @@ from dynlogits.processors.ops import fill_rows, row_runs
 from dynlogits.processors.slots import Dead, Group, ListedRows, StepInputs
 from dynlogits.processors.uploads import StepUpload, StepValues
 
+from .batch_view import BatchView
 from .deciding import NO_HISTORIES, decide_on_device, decide_rows_on_host
 from .engine_step import EngineStep
-
-if TYPE_CHECKING:
-    from .slot_batch import SlotBatch
 
 __all__ = ["ListedLayout"]
 
@@ -37,7 +34,7 @@ class ListedLayout:
     indices and each group's cached tables are built once per batch change (``prepare``: one
     non-blocking upload of every group's rows), and a step reuses them."""
 
-    def __init__(self, batch: SlotBatch) -> None:
+    def __init__(self, batch: BatchView) -> None:
         self.batch = batch
         self.host_slots: np.ndarray | None = None  # row -> slot (-1: no resident request)
         self.dirty = True  # the slots or their occupants changed since ``prepare``

@@ -28,7 +28,7 @@ from dynlogits.serve.http.errors import HTTPError
 from dynlogits.serve.limits import generate_limit_problem
 from dynlogits.serve.openai_controls import rename_control_paths, with_controls
 from dynlogits.specs import SpecError, WireEntry
-from dynlogits.specs.limits import prompt_limit_problem
+from dynlogits.specs.prompt_limit import prompt_limit_problem
 
 from ..protocol import GenerateRequest
 from .engine_stream import EngineStream
