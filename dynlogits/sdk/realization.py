@@ -36,6 +36,7 @@ from dynlogits.processors.registry import REALIZED, check_python_allowed, factor
 from dynlogits.processors.request import RequestLogitsProcessor
 from dynlogits.processors.scope import Phases, scoped
 from dynlogits.specs import DEFAULT_LIMITS, WIRE_KEY, SpecError, SpecLimits, check_vocab
+from dynlogits.specs.admission.rules import Entry
 from dynlogits.specs.builtin import BUILTIN
 from dynlogits.specs.consistency import check_consistency
 from dynlogits.specs.errors import Problem
@@ -172,13 +173,13 @@ def build_request_processor(
     return processor
 
 
-def _declares_delimiters(entry: Any) -> bool:
+def _declares_delimiters(entry: Entry) -> bool:
     """Whether ``entry``'s kind declares the request's reasoning delimiters (``ProcessorKind.delimiters``)."""
     declared = BUILTIN.get(entry.kind)
     return declared is not None and declared.delimiters
 
 
-def _builds_nothing(entry: Any) -> bool:
+def _builds_nothing(entry: Entry) -> bool:
     """Whether ``entry``'s kind builds no processor (a built-in declared with ``factory=None``)."""
     declared = BUILTIN.get(entry.kind)
     return declared is not None and declared.factory is None
