@@ -40,6 +40,6 @@ def vllm_xargs(entries: Iterable[Any]) -> dict[str, str]:
     return {WIRE_KEY: payload_text(entries)}
 
 
-def _plain(entry: Any) -> Any:
+def _plain(entry: object) -> object:
     dump = getattr(entry, "model_dump", None)
     return dump(mode="json") if callable(dump) else entry

@@ -63,7 +63,7 @@ class OperatorWatermark:
     path: str
 
 
-def _is_watermark(entry: Any) -> bool:
+def _is_watermark(entry: object) -> bool:
     return isinstance(entry, Mapping) and entry.get("kind") == WATERMARK_KIND
 
 
