@@ -22,7 +22,7 @@ from dynlogits import sdk
 from dynlogits.sdk.readback import INBOX
 from dynlogits.testing.cuda.simcuda import SimCuda, Sync
 
-__all__ = ["AFTER", "ROW_ENGINES", "DriveResult", "Scenario", "builtin_payloads", "drive_apply_rows", "drive_v1", "drive_v2",
+__all__ = ["AFTER", "ROW_ENGINES", "CountError", "DriveResult", "Scenario", "builtin_payloads", "drive_apply_rows", "drive_v1", "drive_v2",
            "failure_then", "realizing"]
 
 EOS = 1
@@ -317,21 +317,45 @@ def drive_apply_rows(sim: SimCuda, scenario: Scenario, call: Callable[[], RowCal
     return result
 
 
-def adapter_counts(impl: str, vocab: int, payloads: Sequence[list[dict[str, Any]]]) -> tuple[int, int]:
+class CountError(RuntimeError):
+    """``adapter_counts``' requests failed in its steady sequence (which has no failing request):
+    its counts would be those of failed requests, not of their entries' work."""
+
+
+#: ``adapter_counts(repeating=True)``: the widths and lengths of its two sequences (the steady one
+#: narrow enough that random argmax histories repeat n-grams within its steps; the changing one wide
+#: enough for ``builtin_payloads``' ids, which its batch changes add) and their steps.
+REPEATING_STEADY = (8, 12)
+REPEATING_CHANGING = (32, 16)
+
+
+def adapter_counts(impl: str, vocab: int, payloads: Sequence[list[dict[str, Any]]], *,
+                   repeating: bool = False) -> tuple[int, int]:
     """``(launches, syncs)`` of ``impl`` (``adapter``: V1 runner; ``adapter_v2``: Model Runner V2)
     for these requests: device ops of a steady step, and syncs over a sequence with batch changes
-    and a failing request (``Scenario``)."""
+    and a failing request (``Scenario``).
+
+    ``repeating``: for payloads whose work depends on repeats in the history and that name no ids
+    (``no_repeat_ngram``, ``dry``): the sequences run narrower and longer (``REPEATING_STEADY``,
+    ``REPEATING_CHANGING``) so the sampled histories repeat and the counted step bans or penalizes
+    (at ``vocab`` wide a random history repeats nothing in a few steps: the step would count an idle
+    entry). Device ops per step do not depend on the width. ``CountError`` where a request fails in
+    the steady sequence (it has no failing request: the counts would be a failed request's)."""
     drive = drive_v1 if impl == "adapter" else drive_v2
+    (steady_vocab, steady_steps), (changing_vocab, changing_steps) = (
+        (REPEATING_STEADY, REPEATING_CHANGING) if repeating else ((vocab, 3), (vocab, 9)))
     quiet = logging.getLogger("dynlogits")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)  # the failing request of the sequence is expected: do not print it
     try:
         with SimCuda() as sim:
-            steady = drive(sim, Scenario(vocab=vocab, payloads=payloads, steps=3, changes=False))
+            steady = drive(sim, Scenario(vocab=steady_vocab, payloads=payloads, steps=steady_steps, changes=False))
         with SimCuda() as sim:
-            changing = drive(sim, Scenario(vocab=vocab, payloads=payloads, steps=9))
+            changing = drive(sim, Scenario(vocab=changing_vocab, payloads=payloads, steps=changing_steps))
     finally:
         quiet.setLevel(level)
+    if steady.failures:
+        raise CountError(f"{impl}: a request failed in the steady sequence: {steady.failures[0]}")
     return steady.launches, len(changing.syncs)
 
 

@@ -5,13 +5,18 @@ For each (vocab, kind, batch) every implementation gets the same requests (``wor
 ``apply(logits)``), ``adapter_v2`` (the same class through ``V2SamplerHarness``, ``apply(logits,
 ctx)`` timed), ``loop`` (``sdk.apply_row`` per row), ``reference`` (ai-dynamo-runtime 1.6.1, per
 row; forced_sequence only), ``floor`` (one ``fill_(-inf)`` of the rows; forced_sequence only),
-``baseline`` (``adapter`` on banned_tokens requests of the same batch; banned_phrases only: its
-target is a ratio to banned_tokens, measured side by side so the host's slow phases hit both).
+``baseline`` (``adapter`` on banned_tokens requests of the same batch; banned_phrases,
+no_repeat_ngram and dry only: their targets are ratios to banned_tokens, measured side by side so
+the host's slow phases hit both), ``vllm_watermark`` (vLLM's own watermarker as its Model Runner V2
+sampler calls it, one call for the batch: ``vllm_watermark.py``; watermark only).
 ``launches``/``syncs`` of the adapters come from ``drive.adapter_counts`` on the CUDA model.
 
 Each repetition restores the logits, times the implementations in a rotated order, then grows every
 history by one token; medians after the warm-up are reported. The first repetition checks every
-implementation against ``adapter`` (``reference``: same finite ids and argmax), else ``BenchmarkError``."""
+implementation against ``adapter`` (``reference``: same finite ids and argmax; ``vllm_watermark``: the
+token it draws is, in every row, the one id the adapter leaves finite), else ``BenchmarkError``.
+Every request samples at temperature 1.0 (vLLM's default, set explicitly: the watermark draws only
+for sampling requests)."""
 
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from typing import Any
 
 import torch
 
-from dynlogits.testing.cuda.drive import adapter_counts
+from dynlogits.testing.cuda.drive import CountError, adapter_counts
 
 from . import workloads
 from .models import bench_model_dir, eos_token_id, vllm_config
@@ -61,22 +66,27 @@ class _Case:
     payloads: list[list[dict[str, Any]]]
     prompt: list[int]
     outputs: list[list[int]]
+    #: request ``i``'s seed is ``seed + i`` (its payload's and its tokens')
+    seed: int = 0
 
     def params(self, i: int) -> Any:
         from vllm import SamplingParams
 
         from dynlogits.specs import WIRE_KEY
 
-        params = SamplingParams(extra_args={WIRE_KEY: self.payloads[i]})
+        params = SamplingParams(temperature=TEMPERATURE, extra_args={WIRE_KEY: self.payloads[i]})
         params.update_from_generation_config({}, self.eos)  # as the engine does from the model's config
         return params
 
     def next_tokens(self) -> list[int]:
-        return [workloads.next_token(p, len(o), vocab_size=self.vocab) for p, o in zip(self.payloads, self.outputs)]
+        return [workloads.next_token(p, len(o), vocab_size=self.vocab, seed=self.seed + i)
+                for i, (p, o) in enumerate(zip(self.payloads, self.outputs))]
 
 
+#: What every request samples at (vLLM's default).
+TEMPERATURE = 1.0
 #: Kinds whose target is a ratio to another kind's adapter: that kind, timed in the same loop (``baseline``).
-BASELINES = {"banned_phrases": "banned_tokens"}
+BASELINES = {"banned_phrases": "banned_tokens", "no_repeat_ngram": "banned_tokens", "dry": "banned_tokens"}
 
 
 def _max_num_seqs(batch: int) -> int:
@@ -93,6 +103,10 @@ class _Impl(ABC):
 
     def before(self) -> None:  # noqa: B027 - an optional hook, empty by default
         """Untimed work the runner does before calling the processor (e.g. V2's context)."""
+
+    def drawn(self) -> torch.Tensor | None:
+        """The tokens the last step sampled, for impls that sample instead of processing logits."""
+        return None
 
     @abstractmethod
     def step(self, logits: torch.Tensor) -> None:
@@ -148,9 +162,13 @@ class _Loop(_Impl):
 
     def __init__(self, case: _Case) -> None:
         from dynlogits import sdk
+        from dynlogits.processors.sampling import SamplingView
 
         stop = sdk.pick_stop_token(case.eos, None, case.vocab)
-        realized = [sdk.realize(p, vocab_size=case.vocab, stop_token_id=stop) for p in case.payloads]
+        realized = [sdk.realize(p, vocab_size=case.vocab, stop_token_id=stop,
+                                facts=sdk.RequestFacts.of(prompt_ids=case.prompt, eos_token_id=case.eos,
+                                                          sampling=SamplingView.read(case.params(i))))
+                    for i, p in enumerate(case.payloads)]
         self.requests = [r for r in realized if r is not None]
         if len(self.requests) != len(realized):
             raise ValueError("every micro payload realizes to a request (one has no entries)")
@@ -160,6 +178,27 @@ class _Loop(_Impl):
     def step(self, logits: torch.Tensor) -> None:
         for i, request in enumerate(self.requests):
             self.apply_row(request, self.outputs[i], logits[i])
+
+
+class _VllmWatermark(_Impl):
+    name = "vllm_watermark"
+
+    def __init__(self, case: _Case, max_model_len: int) -> None:
+        from .vllm_watermark import NativeWatermarker
+
+        entry = case.payloads[0][-1]
+        self.native = NativeWatermarker(int(entry["key"]), int(entry["context_width"]),
+                                        prompts=[case.prompt] * len(case.outputs), outputs=case.outputs,
+                                        temperatures=[TEMPERATURE] * len(case.outputs), max_model_len=max_model_len)
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        self.native.advance(tokens)
+
+    def step(self, logits: torch.Tensor) -> None:
+        self.native.step(logits)
+
+    def drawn(self) -> torch.Tensor | None:
+        return self.native.tokens
 
 
 class _Floor(_Impl):
@@ -175,8 +214,9 @@ def _impls(case: _Case, opts: MicroOptions, device: torch.device, skipped: set[s
     from .reference import ReferenceForcedSequenceProcessor, reference_available
 
     impls: list[_Impl] = [_V1Processor("adapter", DynamoVllmLogitsProcessor, case, device)]
+    max_model_len = opts.prompt_len + workloads.PRIMED.get(case.kind, 0) + opts.warmup + opts.repeats + 1
     if device.type == "cpu":
-        impls.append(_V2Adapter(case, opts.prompt_len + opts.warmup + opts.repeats + 1))
+        impls.append(_V2Adapter(case, max_model_len))
     else:
         skipped.add("adapter_v2: the Model Runner V2 harness is CPU-only (plain host tensors stand in for its buffers)")
     impls.append(_Loop(case))
@@ -187,17 +227,40 @@ def _impls(case: _Case, opts: MicroOptions, device: torch.device, skipped: set[s
         else:
             skipped.add(f"reference: {why}")
         impls.append(_Floor())
+    if case.kind == "watermark":
+        if device.type == "cpu":
+            impls.append(_VllmWatermark(case, max_model_len))
+        else:
+            skipped.add("vllm_watermark: its stand-in runner state is on the host (on CUDA vLLM runs its Triton kernel)")
     if case.kind in BASELINES:
         kind = BASELINES[case.kind]
         payloads = [workloads.payload(kind, vocab_size=case.vocab, eos_token_id=case.eos, seed=opts.seed + i)
                     for i in range(len(case.payloads))]
-        baseline = _Case(kind, case.vocab, case.eos, payloads, case.prompt, outputs=[[] for _ in payloads])
+        baseline = _Case(kind, case.vocab, case.eos, payloads, case.prompt, outputs=[[] for _ in payloads],
+                         seed=opts.seed)
         impls.append(_V1Processor("baseline", DynamoVllmLogitsProcessor, baseline, device))
     return impls
 
 
-def _check(impl: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
-    """Why ``got`` (after ``impl``) differs from the adapter's ``want``, or ``None``."""
+def _check_draw(tokens: torch.Tensor | None, want: torch.Tensor) -> str | None:
+    """Why vLLM's drawn ``tokens`` differ from the ids the adapter forced in ``want``, or ``None``."""
+    if tokens is None:
+        return "no tokens drawn"
+    finite = torch.isfinite(want).sum(dim=-1)
+    if not bool((finite == 1).all()):
+        return f"the adapter left {finite.tolist()} finite ids per row, not one (a row not watermarked)"
+    forced = want.argmax(dim=-1)
+    if not torch.equal(tokens.to(forced.dtype), forced):
+        bad = (tokens.to(forced.dtype) != forced).nonzero().flatten()[:3].tolist()
+        return f"a different token in rows {bad}"
+    return None
+
+
+def _check(impl: str, got: torch.Tensor, want: torch.Tensor, drawn: torch.Tensor | None = None) -> str | None:
+    """Why ``got`` (after ``impl``) differs from the adapter's ``want``, or ``None``; for
+    ``vllm_watermark``, which samples, why the tokens it ``drawn`` differ from those the adapter forced."""
+    if impl == "vllm_watermark":
+        return _check_draw(drawn, want)
     if impl in ("floor", "baseline"):  # other work by design (baseline: checked in its own kind's runs)
         return None
     if impl == "reference":  # keeps the forced token's own logit where the adapter writes 0.0
@@ -230,7 +293,7 @@ def _measure(case: _Case, impls: list[_Impl], pristine: torch.Tensor, opts: Micr
             if rep == 0:  # impls run in list order: the adapter first
                 if expected is None:
                     expected = logits.clone()
-                elif (why := _check(impl.name, logits, expected)) is not None:
+                elif (why := _check(impl.name, logits, expected, impl.drawn())) is not None:
                     raise BenchmarkError(f"{impl.name} disagrees with the adapter on {case.kind}, batch "
                                          f"{len(case.outputs)}, vocab {case.vocab}: {why}")
             if rep >= opts.warmup:
@@ -266,14 +329,21 @@ def run_micro(opts: MicroOptions, *, progress: Callable[[str], None] | None = No
                 case = _Case(kind, vocab, eos,
                              payloads=[workloads.payload(kind, vocab_size=vocab, eos_token_id=eos, seed=opts.seed + i)
                                        for i in range(batch)],
-                             prompt=[vocab - 1] * opts.prompt_len, outputs=[[] for _ in range(batch)])
+                             prompt=[vocab - 1] * opts.prompt_len, outputs=[[] for _ in range(batch)], seed=opts.seed)
+                for _ in range(workloads.PRIMED.get(kind, 0)):  # histories that already repeat
+                    for output, token in zip(case.outputs, case.next_tokens()):
+                        output.append(token)
                 impls = _impls(case, opts, device, skipped)
                 gen = torch.Generator().manual_seed(opts.seed)
                 pristine = torch.randn(batch, vocab, generator=gen).to(device)
                 for impl, times in _measure(case, impls, pristine, opts, sync).items():
                     launches = syncs = None
                     if impl in ("adapter", "adapter_v2"):  # counted on the CUDA model, whatever the device
-                        launches, syncs = adapter_counts(impl, vocab, case.payloads)
+                        try:
+                            launches, syncs = adapter_counts(impl, vocab, case.payloads,
+                                                             repeating=kind in workloads.PRIMED)
+                        except CountError as exc:
+                            skipped.add(f"launches/syncs of {kind}: {exc}")
                     records.append(MicroRecord(kind=kind, batch=batch, vocab=vocab, impl=impl,
                                                median_ms=statistics.median(times), launches=launches, syncs=syncs,
                                                rep_ms=tuple(times)))

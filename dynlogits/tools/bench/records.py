@@ -32,7 +32,7 @@ __all__ = ["ENGINE_IMPLS", "MICRO_IMPLS", "WIRE_IMPLS", "WIRE_STAGES", "EngineRe
 #: ai-dynamo-runtime 1.6.1 per row (forced_sequence only); ``floor``: one memset of the rows
 #: (forced_sequence only); ``baseline``: the adapter on ``banned_tokens`` requests, timed in the same
 #: loop on the same logits (banned_phrases only: its target is a ratio to banned_tokens).
-MICRO_IMPLS = ("adapter", "adapter_v2", "loop", "reference", "floor", "baseline")
+MICRO_IMPLS = ("adapter", "adapter_v2", "loop", "reference", "floor", "baseline", "vllm_watermark")
 ENGINE_IMPLS = ("none", "adapter", "reference")
 WIRE_IMPLS = ("msgspec", "pydantic")
 #: ``encode``: entries -> msgpack bytes; ``decode``: msgpack bytes -> validated entries.

@@ -13,6 +13,7 @@ from typing import Any
 
 from .records import MICRO_IMPLS, EngineRecord, MicroRecord, Record, WireRecord
 from .stats import median_interval
+from .workloads import KINDS
 
 __all__ = ["Target", "engine_table", "evaluate_targets", "floor_bound", "forcing_bound_lines", "micro_tables", "target_lines", "wire_table"]
 
@@ -74,7 +75,7 @@ def micro_tables(records: Sequence[Record]) -> list[str]:
     return lines
 
 
-_KIND_ORDER = {"forced_sequence": 0, "banned_tokens": 1, "logit_bias": 2, "mixed": 3, "banned_phrases": 4}
+_KIND_ORDER = {kind: i for i, kind in enumerate(KINDS)}  # the tables' order: the workloads'.
 
 
 def engine_table(records: Sequence[Record]) -> list[str]:
@@ -195,6 +196,13 @@ def evaluate_targets(records: Sequence[Record]) -> list[Target]:
     targets.append(_ratio_target(f"banned_phrases, batch 64, vocab {TARGET_VOCAB}",
                                  "adapter <= 2x banned_tokens' adapter, side by side (adapter/baseline)",
                                  at("banned_phrases", 64, "adapter"), at("banned_phrases", 64, "baseline"), 2.0, at_most=True))
+    targets.append(_ratio_target(f"watermark, batch 64, vocab {TARGET_VOCAB}",
+                                 "adapter <= 1x vLLM's native watermarker (adapter/vllm_watermark)",
+                                 at("watermark", 64, "adapter"), at("watermark", 64, "vllm_watermark"), 1.0, at_most=True))
+    for kind in ("no_repeat_ngram", "dry"):
+        targets.append(_ratio_target(f"{kind}, batch 64, vocab {TARGET_VOCAB}",
+                                     "adapter <= 2x banned_tokens' adapter, side by side (adapter/baseline)",
+                                     at(kind, 64, "adapter"), at(kind, 64, "baseline"), 2.0, at_most=True))
     targets += _device_targets(records, at)
     engine = {(r.impl, r.kind): r for r in records if isinstance(r, EngineRecord)}
     bound = floor_bound(records)
@@ -247,7 +255,7 @@ def _paired_target(name: str, goal: str, rec: EngineRecord, want: float, extra: 
 def _device_targets(records: Sequence[Record], at: Any) -> list[Target]:
     """Device-side targets of the resident path: no syncs, few launches at any batch size, cheap
     forcing (workloads that run hosted, ``workloads.HOSTED_KINDS``, are left out)."""
-    from .workloads import HOSTED_KINDS, KINDS
+    from .workloads import HOSTED_KINDS
 
     counts = {k: v for k, v in _counts(records).items()
               if k[2] == TARGET_VOCAB and k[0] not in HOSTED_KINDS.get(k[3], frozenset())}

@@ -12,6 +12,21 @@ reasoning (the ban idle) and half answer.
 Both cycles start at a point of the request's own (``_phase``): the requests of a batch are not in
 lock step, so every step of a batch does about the same work and a median of steps is not a coin
 toss between two costs.
+``watermark``: vLLM's Gumbel-max watermark (context width 4) under one fixed key (``WATERMARK_KEY``),
+given in the request's own payload: the adapter realizes a client's entry with its key where the
+operator's config has no watermark (``dynlogits.policy.watermark_key`` only resolves the operator's),
+and the bench drives the adapter with ``extra_args`` directly. Its requests sample (temperature 1.0,
+vLLM's default, set explicitly where the bench builds ``SamplingParams``) and write pseudo-random
+tokens, seeded per request and step, so no 4-token context repeats (a repeated one is left to the
+engine's sampler, vLLM's deduplication) and every row is watermarked at every step.
+``no_repeat_ngram`` (size ``NGRAM_SIZE``) and ``dry`` (llama.cpp's defaults: multiplier 0.8, base
+1.75, allowed length 2, the whole context, prompt included): each request repeats a cycle of
+``REPEAT_CYCLE`` ids of its own, from a point of its own, and starts with ``PRIMED`` tokens of it
+already written, so from the first measured step every row bans one token (the one that would
+complete a 3-gram of the history) or penalizes one (the one that would extend a repeat). ``dry``
+has ``sequence_breakers: []``: text breakers need the engine's tokenizer, which neither the
+per-row loop nor the CUDA-model count has; the breakers are resolved once per vocabulary (cached),
+and a step only reads their mask, so leaving them out drops no per-step work that scales.
 """
 
 from __future__ import annotations
@@ -19,11 +34,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["BANNED_IDS", "BIAS_IDS", "FORCED_LENGTH", "HOSTED_KINDS", "KINDS", "MIN_TOKENS", "PHRASES", "SCOPED_CYCLE",
-           "next_token", "payload", "writes_a_banned_phrase"]
+__all__ = ["BANNED_IDS", "BIAS_IDS", "FORCED_LENGTH", "HOSTED_KINDS", "KINDS", "MIN_TOKENS", "NGRAM_SIZE", "PHRASES",
+           "PRIMED", "REPEAT_CYCLE", "SCOPED_CYCLE", "WATERMARK_KEY", "WATERMARK_WIDTH", "next_token", "payload",
+           "writes_a_banned_phrase"]
 
 #: The kinds of the micro suite, in table order.
-KINDS = ("forced_sequence", "banned_tokens", "logit_bias", "mixed", "banned_phrases", "scoped")
+KINDS = ("forced_sequence", "banned_tokens", "logit_bias", "mixed", "banned_phrases", "scoped", "watermark",
+         "no_repeat_ngram", "dry")
 #: Length of the forced sequence (the wire target names a 64-token sequence).
 FORCED_LENGTH = 64
 BANNED_IDS = 100
@@ -35,10 +52,25 @@ PHRASES = 64
 PHRASE_TOKENS = 4
 #: A ``scoped`` request writes the start tag at the start of every cycle and the end tag half-way.
 SCOPED_CYCLE = 16
-#: Workloads whose requests run on the hosted path, per adapter implementation: none (scoped
-#: ``banned_tokens`` is resident on both runners, docs/vllm.md). The device-side targets (no syncs,
-#: few launches) are the resident path's, and leave any listed here out.
-HOSTED_KINDS: dict[str, frozenset[str]] = {"adapter": frozenset(), "adapter_v2": frozenset()}
+#: The watermark's key (one for every request, as an operator's) and context width (vLLM's default).
+WATERMARK_KEY = 0x5EC2E7_0BAD_CAFE
+WATERMARK_WIDTH = 4
+#: ``no_repeat_ngram``'s n-gram size.
+NGRAM_SIZE = 3
+#: ``no_repeat_ngram`` and ``dry`` requests repeat a cycle of this many distinct ids of their own.
+REPEAT_CYCLE = 8
+#: Tokens already in a request's output before the first step (warm-up included), per kind: two
+#: cycles, so the repeats are there from the first step. These kinds' device counts run on histories
+#: that repeat too (``drive.adapter_counts(repeating=True)``).
+PRIMED = {"no_repeat_ngram": 2 * REPEAT_CYCLE, "dry": 2 * REPEAT_CYCLE}
+#: Workloads whose requests run on the hosted path, per adapter implementation (``adapter``: the V1
+#: runner; ``adapter_v2``: Model Runner V2), as the adapter splits them today (scoped
+#: ``banned_tokens`` is resident on both runners, docs/vllm.md; ``watermark`` and ``dry`` have no
+#: template yet; ``no_repeat_ngram``'s is resident on the V1 runner only). The device-side targets
+#: (no syncs, few launches) are the resident path's and leave the pairs listed here out; the tables
+#: print their counts all the same. tests/tools/test_bench.py holds this to the adapter's split.
+HOSTED_KINDS: dict[str, frozenset[str]] = {"adapter": frozenset({"watermark", "dry"}),
+                                           "adapter_v2": frozenset({"watermark", "no_repeat_ngram", "dry"})}
 
 
 def _ids(rng: random.Random, count: int, vocab_size: int, *, avoid: int) -> list[int]:
@@ -52,10 +84,23 @@ def _phase(entry: dict[str, Any], cycle: int) -> int:
     return int(first[0]) % cycle
 
 
-def next_token(payload: list[dict[str, Any]], generated: int, *, vocab_size: int) -> int:
+def _cycle(kind: str, vocab_size: int, seed: int) -> tuple[list[int], int]:
+    """A ``no_repeat_ngram`` / ``dry`` request's cycle of ids and where it starts (seeded per request)."""
+    rng = random.Random(f"{kind}-cycle:{vocab_size}:{seed}")
+    return rng.sample(range(vocab_size - 1), REPEAT_CYCLE), rng.randrange(REPEAT_CYCLE)
+
+
+def next_token(payload: list[dict[str, Any]], generated: int, *, vocab_size: int, seed: int = 0) -> int:
     """The token a request of this payload emits after ``generated`` tokens: the forced one for
-    ``forced_sequence``, else the filler token ``vocab_size - 1``, which no payload names."""
+    ``forced_sequence``, pseudo-random ones for ``watermark`` and a cycle for ``no_repeat_ngram``
+    and ``dry`` (both seeded by ``seed``, the request's), else the filler token ``vocab_size - 1``,
+    which no payload names."""
     entry = payload[0]
+    if entry["kind"] == "watermark":  # never the filler (the prompt's token), so no context repeats
+        return random.Random(f"watermark-step:{vocab_size}:{seed}:{generated}").randrange(vocab_size - 1)
+    if entry["kind"] in ("no_repeat_ngram", "dry"):
+        ids, phase = _cycle(entry["kind"], vocab_size, seed)
+        return ids[(generated + phase) % REPEAT_CYCLE]
     if entry["kind"] == "forced_sequence":
         ids = entry["token_ids"]
         return int(ids[generated]) if generated < len(ids) else int(entry["eos_token_id"])
@@ -110,4 +155,11 @@ def payload(kind: str, *, vocab_size: int, eos_token_id: int, seed: int = 0) -> 
         ids = _ids(rng, BANNED_IDS + 2, vocab_size, avoid=eos_token_id)
         return [{"kind": "reasoning", "start_token_ids": [ids[0]], "end_token_ids": [ids[1]]},
                 {"kind": "banned_tokens", "token_ids": ids[2:], "scope": "answer"}]
+    if kind == "watermark":
+        return [{"kind": "watermark", "scheme": "gumbel", "key": WATERMARK_KEY, "context_width": WATERMARK_WIDTH}]
+    if kind == "no_repeat_ngram":
+        return [{"kind": "no_repeat_ngram", "size": NGRAM_SIZE}]
+    if kind == "dry":
+        return [{"kind": "dry", "multiplier": 0.8, "base": 1.75, "allowed_length": 2, "sequence_breakers": [],
+                 "penalty_last_n": -1, "include_prompt": True}]
     raise ValueError(f"unknown benchmark kind {kind!r}; expected one of {', '.join(KINDS)}")
