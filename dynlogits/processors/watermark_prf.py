@@ -29,7 +29,8 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["MAX_KEY", "context_state", "gumbel_noise", "uniform", "uniform_from_state"]
+__all__ = ["MAX_KEY", "absorb", "context_state", "gumbel_noise", "key_words", "uniform", "uniform_from_state",
+           "uniform_from_states"]
 
 #: The largest key: keys are 64-bit (vLLM's ``PhiloxPRF`` refuses larger ones).
 MAX_KEY = 2**64 - 1
@@ -148,6 +149,55 @@ def _philox_mixed(counter: tuple[torch.Tensor, int, int, int], key: tuple[int, i
         if round_index != _ROUNDS - 1:
             k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
     return out
+
+
+def uniform_from_states(states: torch.Tensor, keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """``uniform_from_state`` for many rows at once: ``states`` ``[n, 4]`` (each row a
+    ``context_state``, int64), ``keys`` ``[n, 2]`` (each row's key as its low and high 32-bit words,
+    int64), ``token_ids`` 1-D: ``[n, len(token_ids)]`` float32 on ``states``' device, row ``i``
+    bit-identical to ``uniform_from_state(key_i, state_i, token_ids)``. Tensor ops only."""
+    words = (token_ids.to(torch.int64) & _MASK)[None, :]
+    s = states.to(torch.int64)
+    k = keys.to(torch.int64)
+    counter = (words >> 2, s[:, 0:1], s[:, 1:2], s[:, 2:3])
+    key = ((k[:, 0:1] ^ s[:, 3:4]) & _MASK, (k[:, 1:2] ^ _TOKEN_DOMAIN) & _MASK)
+    outputs = _philox(counter, key)
+    return _to_uniform(_select(tuple(torch.broadcast_to(o, (s.shape[0], words.shape[1])) for o in outputs), words))
+
+
+def absorb(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor | None = None) -> torch.Tensor:
+    """``context_state`` for many rows on the device: ``keys`` ``[n, 2]`` (low, high words),
+    ``contexts`` ``[n, W]`` (ids, ``-1`` before the output; row ``i``'s first ``widths[i]`` columns
+    are its context, the rest ignored; ``widths`` ``None``: every row ``W``): ``[n, 4]`` int64."""
+    k = keys.to(torch.int64)
+    ctx = contexts.to(torch.int64) & _MASK
+    n, width = ctx.shape
+    zeros = torch.zeros_like(ctx[:, 0])
+    state: tuple[torch.Tensor, ...] = (zeros + _CONTEXT_DOMAIN, zeros + width if widths is None else widths.to(torch.int64),
+                                       zeros, zeros)
+    for offset in range(0, width, 4):
+        block = []
+        for i in range(4):
+            j = offset + i
+            if j >= width:
+                block.append(zeros + (_MASK - i))
+            elif widths is None:
+                block.append(ctx[:, j])
+            else:
+                block.append(torch.where(widths > j, ctx[:, j], _MASK - i))
+        counter = tuple((state[i] ^ block[i]) & _MASK for i in range(4))
+        new = _philox(counter, ((k[:, 0] ^ offset) & _MASK, k[:, 1]))  # type: ignore[arg-type]  # four words, as _philox takes
+        if widths is None:
+            state = new
+        else:
+            absorbs = widths > offset
+            state = tuple(torch.where(absorbs, a, b) for a, b in zip(new, state))
+    return torch.stack(state, dim=1)
+
+
+def key_words(key: int) -> tuple[int, int]:
+    """``key``'s low and high 32-bit words (``ValueError`` outside 64 bits, never quoting it)."""
+    return _key_words(key)
 
 
 def uniform(key: int, contexts: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
