@@ -42,9 +42,10 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict]
 
 @pytest.mark.heavy  # the bench's quick run, in a subprocess
 def test_quick_run_records_every_implementation_for_every_kind_and_batch(quick_run) -> None:
+    from dynlogits.tools.bench.micro import BASELINES
     from dynlogits.tools.bench.workloads import KINDS
 
-    _, records, _ = quick_run
+    stdout, records, _ = quick_run
     micro = [r for r in records if r["suite"] == "micro"]
     assert all(set(r) == MICRO_KEYS for r in micro)
     assert all(isinstance(r["median_ms"], float) and math.isfinite(r["median_ms"]) and r["median_ms"] > 0 for r in micro)
@@ -54,12 +55,17 @@ def test_quick_run_records_every_implementation_for_every_kind_and_batch(quick_r
     got = {(r["kind"], r["batch"], r["vocab"], r["impl"]) for r in micro}
     assert len(got) == len(micro), "one record per measurement"
     counted = [r for r in micro if r["impl"] in ("adapter", "adapter_v2")]
-    assert all(isinstance(r["launches"], int) and r["launches"] > 0 and isinstance(r["syncs"], int) for r in counted)
+    # a kind whose requests fail in the counting sequence gets no counts, and the run says why
+    uncounted = {r["kind"] for r in counted if r["launches"] is None and r["syncs"] is None}
+    assert all(f"launches/syncs of {kind}: " in stdout for kind in uncounted)
+    assert all(isinstance(r["launches"], int) and r["launches"] > 0 and isinstance(r["syncs"], int)
+               for r in counted if r["kind"] not in uncounted)
     assert all(r["launches"] is None and r["syncs"] is None for r in micro if r not in counted)
     want = set()
     for kind in KINDS:
         impls = ["adapter", "adapter_v2", "loop"] + (["reference", "floor"] if kind == "forced_sequence" else [])
-        impls += ["baseline"] if kind == "banned_phrases" else []  # banned_tokens' adapter, side by side
+        impls += ["baseline"] if kind in BASELINES else []  # banned_tokens' adapter, side by side
+        impls += ["vllm_watermark"] if kind == "watermark" else []  # vLLM's own watermarker
         want |= {(kind, batch, 151936, impl) for batch in (1, 64) for impl in impls}
     assert got == want
 
@@ -84,7 +90,7 @@ def test_quick_run_prints_the_machine_the_ratios_and_a_line_per_target(quick_run
     for column in ("floor/adapter", "reference/adapter", "loop/adapter", "pydantic/msgspec", "launches", "syncs"):
         assert column in stdout
     targets = [line for line in stdout.splitlines() if line.startswith(("[met]", "[NOT MET]", "[undecided]", "[not measured]"))]
-    assert len(targets) == 26  # adapter_v2 <= 1.5x adapter: one per workload; the adapter's share of a step: one per engine kind
+    assert len(targets) == 32  # adapter_v2 <= 1.5x adapter: one per workload; the adapter's share of a step: one per engine kind
     # measured in this run: every micro and wire target but batch 256 (not in --quick); the engine ones are not
     assert sum(line.startswith("[not measured] engine") for line in targets) == 6
     assert [line for line in targets if line.startswith("[not measured]") and not line.startswith("[not measured] engine")] \
@@ -115,8 +121,8 @@ def test_cuda_requested_without_cuda_fails_naming_the_flag() -> None:
 def test_reference_wrapper_refuses_kinds_the_reference_lacks() -> None:
     from vllm import SamplingParams
 
-    from dynlogits.tools.bench.reference import ReferenceForcedSequenceProcessor
     from dynlogits.specs import WIRE_KEY
+    from dynlogits.tools.bench.reference import ReferenceForcedSequenceProcessor
 
     forced = {"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": 1}
     ReferenceForcedSequenceProcessor.validate_params(SamplingParams(extra_args={WIRE_KEY: [forced]}))
@@ -414,3 +420,79 @@ def test_device_side_targets_read_the_launch_and_sync_counts() -> None:
     assert "syncs = 0" in goal and met is False and measured == "3 in all"
     assert state["adapter and adapter_v2, each single-kind workload, every batch"][1:] == (False, "at most 10")
     assert state["adapter and adapter_v2, mixed, every batch"][1:] == (True, "at most 12")
+
+
+def test_history_workloads_do_their_work_at_every_measured_step() -> None:
+    """watermark: no 4-token context repeats (a repeated one would be left to the engine's sampler);
+    no_repeat_ngram: the primed history bans a token at every step, and dry penalizes one."""
+    import torch
+
+    from dynlogits import sdk
+    from dynlogits.processors.sampling import SamplingView
+    from dynlogits.tools.bench import workloads
+
+    vocab, steps = 1024, 40
+    for seed in range(3):
+        marked = [workloads.next_token(workloads.payload("watermark", vocab_size=vocab, eos_token_id=1), n,
+                                       vocab_size=vocab, seed=seed) for n in range(steps)]
+        contexts = [tuple(marked[max(0, n - workloads.WATERMARK_WIDTH):n]) for n in range(workloads.WATERMARK_WIDTH, steps)]
+        assert len(set(contexts)) == len(contexts) and vocab - 1 not in marked
+        for kind in ("no_repeat_ngram", "dry"):
+            payload = workloads.payload(kind, vocab_size=vocab, eos_token_id=1, seed=seed)
+            request = sdk.realize(payload, vocab_size=vocab, stop_token_id=1,
+                                  facts=sdk.RequestFacts.of(prompt_ids=[vocab - 1] * 8, eos_token_id=1,
+                                                            sampling=SamplingView(temperature=1.0)))
+            assert request is not None
+            history = [workloads.next_token(payload, n, vocab_size=vocab, seed=seed) for n in range(workloads.PRIMED[kind])]
+            for _ in range(5):
+                row = torch.zeros(vocab)
+                sdk.apply_row(request, history, row)
+                assert int((row != 0).sum()) == 1, kind  # one token banned (-inf) or penalized
+                history.append(workloads.next_token(payload, len(history), vocab_size=vocab, seed=seed))
+
+
+def test_vllms_watermarker_is_checked_against_the_token_the_adapter_forces() -> None:
+    import torch
+
+    from dynlogits.tools.bench.micro import _check
+
+    forced = torch.tensor([[-math.inf, 0.0, -math.inf], [0.0, -math.inf, -math.inf]])
+    assert _check("vllm_watermark", torch.zeros(2, 3), forced, torch.tensor([1, 0])) is None
+    assert _check("vllm_watermark", torch.zeros(2, 3), forced, torch.tensor([1, 2])) == "a different token in rows [1]"
+    assert "not one" in _check("vllm_watermark", torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1, 0]))
+    assert _check("vllm_watermark", torch.zeros(2, 3), forced, None) == "no tokens drawn"
+
+
+def test_the_history_workloads_run_checked_side_by_side_with_their_comparisons() -> None:
+    """A small micro run: vLLM's own watermarker draws the token the adapter forces in every row
+    (else ``BenchmarkError``), and no_repeat_ngram and dry run beside banned_tokens' adapter."""
+    from dynlogits.tools.bench.micro import MicroOptions, run_micro
+
+    records, _ = run_micro(MicroOptions(kinds=("watermark", "no_repeat_ngram", "dry"), batches=(3,), vocabs=(1024,),
+                                        repeats=2, warmup=1), progress=lambda _: None)
+    impls = {(r.kind, r.impl) for r in records}
+    assert ("watermark", "vllm_watermark") in impls and ("watermark", "baseline") not in impls
+    assert {("no_repeat_ngram", "baseline"), ("dry", "baseline")} <= impls
+    counted = {(r.kind, r.impl): r.launches for r in records if r.impl in ("adapter", "adapter_v2")}
+    assert counted[("watermark", "adapter")] and counted[("no_repeat_ngram", "adapter")]  # real work counted
+
+
+def test_hosted_kinds_are_those_the_adapter_runs_per_row() -> None:
+    """``workloads.HOSTED_KINDS`` is what the adapter does with each workload today, on both runners."""
+    import torch
+
+    from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
+    from dynlogits.tools.bench import workloads
+    from dynlogits.tools.bench.micro import _Case, _V1Processor, _V2Adapter
+
+    vocab = 1024
+    hosted: dict[str, set[str]] = {"adapter": set(), "adapter_v2": set()}
+    for kind in workloads.KINDS:
+        payloads = [workloads.payload(kind, vocab_size=vocab, eos_token_id=1, seed=i) for i in range(2)]
+        case = _Case(kind, vocab, 1, payloads, [vocab - 1] * 4, [[] for _ in payloads])
+        v1 = _V1Processor("adapter", DynamoVllmLogitsProcessor, case, torch.device("cpu"))
+        if any(entry.hosted is not None for entry in v1.processor._entries.values()):
+            hosted["adapter"].add(kind)
+        if _V2Adapter(case, 64).harness.processor._is_hosted.any():
+            hosted["adapter_v2"].add(kind)
+    assert hosted == {impl: set(kinds) for impl, kinds in workloads.HOSTED_KINDS.items()}

@@ -322,10 +322,12 @@ class CountError(RuntimeError):
     its counts would be those of failed requests, not of their entries' work."""
 
 
-#: ``adapter_counts(repeating=True)``: the widths and lengths of its two sequences (the steady one
-#: narrow enough that random argmax histories repeat n-grams within its steps; the changing one wide
-#: enough for ``builtin_payloads``' ids, which its batch changes add) and their steps.
-REPEATING_STEADY = (8, 12)
+#: ``adapter_counts(repeating=True)``: the width and length of its steady sequences (narrow enough
+#: that random argmax histories repeat n-grams within the steps), how many it runs (seeds 0, 1, ...:
+#: whether the last step of one finds a repeat is chance) and the width and length of the changing
+#: one (wide enough for ``builtin_payloads``' ids, which its batch changes add).
+REPEATING_STEADY = (4, 16)
+REPEATING_SEEDS = 4
 REPEATING_CHANGING = (32, 16)
 
 
@@ -337,26 +339,31 @@ def adapter_counts(impl: str, vocab: int, payloads: Sequence[list[dict[str, Any]
 
     ``repeating``: for payloads whose work depends on repeats in the history and that name no ids
     (``no_repeat_ngram``, ``dry``): the sequences run narrower and longer (``REPEATING_STEADY``,
-    ``REPEATING_CHANGING``) so the sampled histories repeat and the counted step bans or penalizes
-    (at ``vocab`` wide a random history repeats nothing in a few steps: the step would count an idle
-    entry). Device ops per step do not depend on the width. ``CountError`` where a request fails in
-    the steady sequence (it has no failing request: the counts would be a failed request's)."""
+    ``REPEATING_CHANGING``) so the sampled histories repeat, and the launches are the most of the last
+    steps of ``REPEATING_SEEDS`` steady sequences (at ``vocab`` wide a random history repeats nothing
+    in a few steps: the step would count an idle entry). Device ops per step do not depend on the
+    width. ``CountError`` where a request fails in a steady sequence (it has no failing request: the
+    counts would be a failed request's)."""
     drive = drive_v1 if impl == "adapter" else drive_v2
-    (steady_vocab, steady_steps), (changing_vocab, changing_steps) = (
-        (REPEATING_STEADY, REPEATING_CHANGING) if repeating else ((vocab, 3), (vocab, 9)))
+    steady_vocab, steady_steps = REPEATING_STEADY if repeating else (vocab, 3)
+    changing_vocab, changing_steps = REPEATING_CHANGING if repeating else (vocab, 9)
     quiet = logging.getLogger("dynlogits")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)  # the failing request of the sequence is expected: do not print it
     try:
-        with SimCuda() as sim:
-            steady = drive(sim, Scenario(vocab=steady_vocab, payloads=payloads, steps=steady_steps, changes=False))
+        steady = []
+        for seed in range(REPEATING_SEEDS if repeating else 1):
+            with SimCuda() as sim:
+                steady.append(drive(sim, Scenario(vocab=steady_vocab, payloads=payloads, steps=steady_steps,
+                                                  changes=False, seed=seed)))
         with SimCuda() as sim:
             changing = drive(sim, Scenario(vocab=changing_vocab, payloads=payloads, steps=changing_steps))
     finally:
         quiet.setLevel(level)
-    if steady.failures:
-        raise CountError(f"{impl}: a request failed in the steady sequence: {steady.failures[0]}")
-    return steady.launches, len(changing.syncs)
+    failed = [run.failures[0] for run in steady if run.failures]
+    if failed:
+        raise CountError(f"{impl}: a request failed in the steady sequence: {failed[0]}")
+    return max(run.launches for run in steady), len(changing.syncs)
 
 
 # -- the row-wise adapters' entry points, as drive_apply_rows calls them -------------------------
