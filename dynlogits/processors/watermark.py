@@ -23,7 +23,11 @@ is real there; elsewhere the step is not watermarked and is sampled as without t
 No host synchronization on CUDA: the context is absorbed on the host in Python integers (the
 history is a host list), the vocabulary's values are tensor ops with integer operands, and the
 draw and the forcing stay on the device. The processor has no ``row_op`` (the drawn token is known
-only on the device) and no template: it is an opaque step, called on its row (hosted).
+only on the device). Where the request's sampling truncates nothing it has a template
+(``watermark_resident.WatermarkTemplate``): a slot engine then draws all its member rows in one
+batch, from their host histories (``state``) or from the device's token window, bit for bit this
+processor's draw; else (``top_k``, ``top_p`` or ``min_p`` in effect) it is an opaque step, called
+on its row (hosted).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from dynlogits.specs.builtin.watermark import Watermark, WatermarkSpec
 
 from .base import RealizeContext
 from .watermark_prf import context_state, gumbel_noise, uniform_from_state
+from .watermark_resident import MAX_HISTORY, SAMPLING_EPS, WatermarkTemplate, resident_template
 
 __all__ = ["KIND", "MAX_HISTORY", "SAMPLING_EPS", "WatermarkProcessor", "factory", "watermark_draw"]
 
@@ -47,10 +52,6 @@ Entry: TypeAlias = WatermarkSpec | Watermark
 
 KIND = "watermark"
 
-#: vLLM's ``_SAMPLING_EPS``: a temperature below it is greedy.
-SAMPLING_EPS = 1e-5
-#: How far back a repeated context is looked for (vLLM's ``deduplicate_contexts_max_history``).
-MAX_HISTORY = 8192
 #: Histories followed per processor (rows of one request: samples, beams, drafts).
 _TRACKED = 8
 _NEG_INF = float("-inf")
@@ -88,7 +89,10 @@ def truncate(x: torch.Tensor, *, top_k: int | None, top_p: float | None, min_p: 
 def watermark_draw(row: torch.Tensor, *, key: int, context: Sequence[int], temperature: float,
                    top_k: int | None = None, top_p: float | None = None, min_p: float | None = None) -> torch.Tensor:
     """The Gumbel-max draw for one row: a 0-d int64 tensor on ``row``'s device (not read back)."""
-    x = truncate(row.to(torch.float32) / temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    # divided by a float32 tensor, as vLLM's sampler divides (a Python scalar would be a multiply by
+    # its reciprocal on CUDA): the resident batch's division, bit for bit; a fill, not an upload
+    t = torch.full((), temperature, dtype=torch.float32, device=row.device)
+    x = truncate(row.to(torch.float32) / t, top_k=top_k, top_p=top_p, min_p=min_p)
     u = uniform_from_state(key, context_state(key, context), _vocabulary(row.shape[0], row.device))
     return torch.argmax(x + gumbel_noise(u))
 
@@ -149,7 +153,10 @@ class WatermarkProcessor:
     """One request's watermark (see the module doc). ``key`` is the secret: never in a repr or a
     message. Several rows may share it: every step is derived from the history it is given."""
 
-    __slots__ = ("_key", "width", "temperature", "top_k", "top_p", "min_p", "_seen")
+    __slots__ = ("_key", "width", "temperature", "top_k", "top_p", "min_p", "_seen", "template")
+
+    #: set only where the request's sampling truncates nothing (a slot engine may then run it resident)
+    template: WatermarkTemplate
 
     def __init__(self, key: int, width: int, *, temperature: float | None, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None) -> None:
@@ -158,6 +165,9 @@ class WatermarkProcessor:
         self.temperature = temperature
         self.top_k, self.top_p, self.min_p = top_k, top_p, min_p
         self._seen: list[_Seen] = []
+        template = resident_template(key, width, temperature, top_k, top_p, min_p)
+        if template is not None:
+            self.template = template
 
     def __repr__(self) -> str:
         return f"WatermarkProcessor(context_width={self.width})"
@@ -181,6 +191,15 @@ class WatermarkProcessor:
         if latest is not None and latest >= n - MAX_HISTORY:
             return None
         return context
+
+    def state(self, history: Sequence[int]) -> tuple[int, int, int, int] | None:
+        """This step's PRF state (``watermark_prf.context_state`` of its context), or ``None`` where
+        the step is left to the engine's sampler (greedy, a placeholder, a repeated context): the
+        resident group's host decision."""
+        if not self.samples:
+            return None
+        context = self.context(history)
+        return None if context is None else context_state(self._key, context)
 
     def _follow(self, history: Sequence[int]) -> _Seen | None:
         """The contexts of ``history``'s positions (``None``: it holds a placeholder): the tracked

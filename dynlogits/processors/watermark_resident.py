@@ -1,0 +1,203 @@
+"""``watermark`` on the resident path: every member row of one entry position drawn in one batch.
+
+A request whose sampling truncates nothing (no ``top_k``, ``top_p`` or ``min_p`` in effect) gets a
+``WatermarkTemplate``; one that truncates keeps the hosted processor (per row, after its resident
+entries). Its group (``WatermarkGroup``, window-decided: ``modes.WindowDecided``) runs after every
+other group of the row: groups run in entry order and the watermark is its request's last acting
+entry (admission refuses one after it).
+
+* Host histories (vLLM's V1 runner): each member row's processor decides on the host, all rows in
+  one pass (``WatermarkProcessor.state``: greedy, a placeholder or a repeated context skip the row;
+  else the context's PRF state, four words); the firing rows, their slots and states go up in the
+  step's one non-blocking upload; then one draw over those rows.
+* No host histories (Model Runner V2): every row's span of its last ``MAX_HISTORY + width`` tokens is
+  read on the device from the step's ``TokenWindow`` (committed tokens from the runner's
+  ``all_token_ids``, this step's drafts from ``input_ids``), the context and its repeats within
+  ``MAX_HISTORY`` positions are found there, and the state is absorbed with tensor ops
+  (``watermark_prf.absorb``); nothing is read back.
+
+The draw: ``argmax(logits / T + G)`` per row, ``G`` the Gumbel noise of ``uniform_from_states`` over
+the vocabulary (``[rows, vocab]``), then each firing row forced to its token keeping masks (gather,
+fill, scatter). Bit for bit the hosted processor's draw (``watermark.watermark_draw``) on the same
+row, history, key and temperature. Rows that skip are left untouched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from .modes import Decider, WindowDecided
+from .ops import row_runs
+from .slots import GatheredRows, ListedRows, StepInputs, Template, force_device_decisions, force_listed
+from .uploads import StepUpload
+from .watermark_prf import absorb, gumbel_noise, key_words, uniform_from_states
+from .window import TokenWindow
+
+__all__ = ["MAX_HISTORY", "SAMPLING_EPS", "WatermarkGroup", "WatermarkTemplate", "batched_draw"]
+
+#: vLLM's ``_SAMPLING_EPS``: a temperature below it is greedy.
+SAMPLING_EPS = 1e-5
+#: How far back a repeated context is looked for (vLLM's ``deduplicate_contexts_max_history``).
+MAX_HISTORY = 8192
+
+
+def batched_draw(rows: torch.Tensor, temperatures: torch.Tensor, states: torch.Tensor, keys: torch.Tensor,
+                 vocabulary: torch.Tensor) -> torch.Tensor:
+    """The Gumbel-max draw of every row of ``rows`` (``[n, vocab]``): ``temperatures`` ``[n]``
+    float32, ``states`` ``[n, 4]`` and ``keys`` ``[n, 2]`` int64 (``watermark_prf``); ``[n]`` int64
+    on the device. Row ``i`` is ``watermark_draw`` of row ``i`` with no truncation."""
+    x = rows.to(torch.float32) / temperatures[:, None]
+    return torch.argmax(x + gumbel_noise(uniform_from_states(states, keys, vocabulary)), dim=1)
+
+
+class WatermarkGroup(WindowDecided):
+    """``watermark`` entries at one position, drawn in one batch (see the module doc). Tables per
+    slot: the key's two words, the context width and whether the request samples (``params``), and
+    the temperature (``temperature``). It forces only a token the row keeps finite (a row the
+    earlier groups emptied stays empty, and they report it), so it is neither restrictive nor a
+    writer of ``-inf`` that could empty a row."""
+
+    writes_neg_inf = False
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        self.params = self.table(torch.long, width=4)
+        self.temperature = self.table(torch.float32, pad=0.0)
+        self._widths: dict[int, int] = {}  # member slot -> its context width
+        self._vocabulary: torch.Tensor | None = None
+
+    def _write(self, slot: int, template: WatermarkTemplate) -> None:
+        low, high = key_words(template.key)
+        samples = template.temperature is not None and template.temperature >= SAMPLING_EPS
+        self.params.set(slot, [low, high, template.width, int(samples)])
+        self.temperature.set(slot, [template.temperature if samples else 1.0])  # type: ignore[list-item]  # set where it samples
+        self._widths[slot] = template.width
+
+    def assign(self, slot: int, template: Template | None) -> None:
+        if template is None:
+            self._widths.pop(slot, None)
+        super().assign(slot, template)
+
+    def reads_generated(self, rows: ListedRows) -> bool:
+        return False
+
+    def _ids(self, width: int) -> torch.Tensor:
+        vocabulary = self._vocabulary
+        if vocabulary is None or vocabulary.shape[0] != width:
+            vocabulary = self._vocabulary = torch.arange(width, dtype=torch.int64, device=self.device)
+        return vocabulary
+
+    # -- host histories (V1 runner) -----------------------------------------------------------------
+    def decide_rows(self, deciders: list[Decider], histories: Sequence[Sequence[int]],
+                    fail: Callable[[int, int, Exception], None]) -> np.ndarray:
+        """``[firing, 6]``: row, slot and the four state words of each member row that draws this
+        step (its processor's ``state``); a row whose processor raises is passed to ``fail``."""
+        made: list[tuple[int, ...]] = []
+        for row, slot, processor in deciders:
+            try:
+                state = processor.state(histories[row])
+            except Exception as exc:  # a bug must not escape the sampler: this row alone
+                fail(row, slot, exc)
+                continue
+            if state is not None:
+                made.append((row, slot, *state))
+        return np.asarray(made, dtype=np.int64).reshape(len(made), 6)
+
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: np.ndarray,
+                             upload: StepUpload) -> None:
+        """Draw and force the firing rows (``decide_rows``), their values in one upload."""
+        n = len(decisions)
+        if not n:
+            return None
+        buf = upload.buffer(6 * n)
+        buf[:] = decisions.T.reshape(-1)
+        values = upload.upload(6 * n).view(6, n)
+        rows_dev, slots = values[0], values[1]
+        params = self.params.dev[slots]
+        firing = decisions[:, 0]
+        tokens = batched_draw(step.logits.index_select(0, rows_dev), self.temperature.dev[slots, 0],
+                              values[2:].T, params[:, :2], self._ids(step.logits.shape[1]))
+        forcing = ListedRows(firing, decisions[:, 1], rows_dev, slots, row_runs(firing.tolist()), base=rows_dev * step.stride)
+        force_listed(step, tokens, forcing)
+        return None
+
+    # -- token window (Model Runner V2) -------------------------------------------------------------
+    def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
+        """Per row of the step: ``[rows, 5]``, the four state words and whether the row draws
+        (a member that samples, with no placeholder in its tokens and a context not seen within
+        ``MAX_HISTORY`` positions of its output)."""
+        slot_of_row = rows.slot_of_row
+        params = self.params.dev[slot_of_row]
+        widths = set(self._widths.values())
+        wide = max(widths, default=1)
+        every = len(widths) == 1
+        width = None if every else params[:, 2]
+        slots = window.slots(slot_of_row)
+        pos = window.pos.long()
+        prompt = window.prompt_len[slots].long()
+        span = min(MAX_HISTORY + wide, window.tokens.shape[1])
+        start = pos - (span - 1)  # the span's first column
+        at = start[:, None] + self._span_offsets(span)
+        tokens = window._read(slots, at.clamp(min=0)).long()
+        output = at >= prompt[:, None]  # a column of the output (not the prompt, not before it)
+        placeholder = ((tokens < 0) & output).any(1)
+        # the context: the last ``width`` columns, -1 where they precede the output
+        context = torch.where(output[:, span - wide:], tokens[:, span - wide:], -1)
+        if width is not None:  # left-align each row's own width
+            shift = (wide - width)[:, None] + self._span_offsets(wide)
+            context = context.gather(1, shift.clamp_(0, wide - 1))  # a non-member row may be wider: masked later
+        states = absorb(params[:, :2], context, width)
+        # a repeat: a window of the output ending at ``k`` (before the last column, at least
+        # ``pos - MAX_HISTORY``) equal to the context
+        ends = span - wide  # window ends ``wide - 1 .. span - 2``
+        same = torch.ones_like(tokens[:, :ends], dtype=torch.bool)
+        for back in range(wide):
+            equal = tokens[:, wide - 1 - back : wide - 1 - back + ends] == tokens[:, span - 1 - back : span - back]
+            if width is not None:
+                equal |= (width <= back)[:, None]
+            same &= equal
+        end = at[:, wide - 1 : span - 1]
+        first = prompt + ((wide if width is None else width) - 1)
+        valid = (end >= first[:, None]) & (end >= (pos - MAX_HISTORY)[:, None])
+        repeated = (same & valid).any(1)
+        draws = rows.member & (params[:, 3] > 0) & ~placeholder & ~repeated
+        return torch.cat([states, draws[:, None].long()], dim=1)
+
+    def _span_offsets(self, span: int) -> torch.Tensor:
+        offsets = self._cache.get(f"span{span}")
+        if offsets is None:
+            offsets = self._cache[f"span{span}"] = torch.arange(span, device=self.device)[None, :]
+        return offsets
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> None:
+        """Draw every row and force those that draw (``decide_from_window``); the others untouched."""
+        params = self.params.dev[rows.slot_of_row]
+        tokens = batched_draw(step.logits, self.temperature.dev[rows.slot_of_row, 0], decisions[:, :4], params[:, :2],
+                              self._ids(step.logits.shape[1]))
+        force_device_decisions(step, rows, torch.where(decisions[:, 4] > 0, tokens, -1))
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkTemplate(Template):
+    """Every step of a request that samples: the Gumbel-max draw with the key over the ``width``
+    output tokens before it, at ``temperature``, no truncation (see the module doc). The key is
+    the secret: never in a repr."""
+
+    key: int = field(repr=False)
+    width: int
+    temperature: float | None
+    group: ClassVar[type[WatermarkGroup]] = WatermarkGroup
+    reads_tokens: ClassVar[bool] = True
+
+
+def resident_template(key: int, width: int, temperature: float | None, top_k: int | None, top_p: float | None,
+                      min_p: float | None) -> WatermarkTemplate | None:
+    """The template of a request whose sampling truncates nothing, else ``None`` (hosted)."""
+    if (top_k is not None and top_k > 0) or (top_p is not None and top_p < 1) or (min_p is not None and min_p > 0):
+        return None
+    return WatermarkTemplate(key, width, temperature)
