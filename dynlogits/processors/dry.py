@@ -23,6 +23,7 @@ the defaults, which have no rest)."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeAlias
@@ -33,6 +34,7 @@ import torch
 from dynlogits.specs.builtin.dry import MAX_DRY_LOOKBACK, MAX_DRY_TAIL_TOKENS, Dry, DrySpec
 
 from .base import RealizeContext
+from .dry_group import DryTemplate
 from .kept import Kept, deep_size
 
 __all__ = ["BREAKERS_BYTES", "BREAKERS_KEPT", "KIND", "Breakers", "DryProcessor", "breakers_of", "factory",
@@ -195,6 +197,16 @@ def breakers_of(vocabulary: Sequence[str] | None, breakers: Sequence[str]) -> Br
 #: Extensions done for all candidates at once (at least; a 32nd of the window for longer windows)
 #: before the Z-algorithm takes over: each costs a few array operations, the Z-algorithm O(window).
 VECTOR_STEPS = 8
+#: Row states one processor keeps (samples, beams, draft rows of its request), the least recently
+#: used dropped first; a row whose state was dropped is rebuilt from its window.
+KEPT_ROWS = 16
+#: Tokens before the covered end compared when a row's history is the list its state was last read
+#: from (a list an engine grows, rewriting at most its newest tokens): a rewrite deeper than this in
+#: the same list object goes unseen.
+TAIL_CHECKED = 16
+#: New tokens past which a row's state is rebuilt from its window (array operations, O(window))
+#: rather than extended token by token.
+REBUILD_AFTER = 48
 
 
 def _z_array(seq: list[int]) -> list[int]:
@@ -214,23 +226,84 @@ def _z_array(seq: list[int]) -> list[int]:
     return z
 
 
+def _match_lengths(w: np.ndarray, cap: int) -> np.ndarray:
+    """``lengths[p]`` for every position ``p`` of the window ``w`` but its last: how many tokens the
+    stretch ending at ``p`` and the window's end share, read backwards, at most ``cap``. Positions
+    whose token equals the last one are extended one token back together, then by the Z-algorithm."""
+    n = len(w)
+    end = n - 1
+    lengths = np.zeros(max(n - 1, 0), dtype=np.int64)
+    if n < 2 or cap < 1:
+        return lengths
+    live = np.flatnonzero(w[:-1] == w[end])
+    k, switch = 1, max(VECTOR_STEPS, n // 32)
+    while len(live) and k < cap:
+        if k == switch:  # long repeats (a loop): the rest by the Z-algorithm, O(window)
+            z = _z_array(w[::-1].tolist())
+            lengths[live] = np.minimum(np.array([z[end - p] for p in live.tolist()], dtype=np.int64), cap)
+            return lengths
+        reach = live >= k
+        lengths[live[~reach]] = k
+        live = live[reach]
+        same = w[live - k] == w[end - k]
+        lengths[live[~same]] = k
+        live = live[same]
+        k += 1
+    if len(live):
+        lengths[live] = min(k, cap)
+    return lengths
+
+
+class _Row:
+    """One history's state: ``seq``, the prompt's tail then a copy of the history's tokens up to its
+    first placeholder (``known`` of them); for the window ending there, ``occ`` (token -> its
+    positions in the window, ascending), ``cur`` (position -> the length of the repeat ending there,
+    at most the processor's cap, for every earlier position whose token is the last one: the others
+    are 0) and ``heads`` (the positions of tokens that may begin a breaker); ``source``, the list it
+    was last read from (vLLM's V1 runner hands each row the same growing list)."""
+
+    __slots__ = ("seq", "known", "occ", "cur", "heads", "source")
+
+    def __init__(self, prompt: list[int]) -> None:
+        self.seq = list(prompt)
+        self.known = 0
+        self.occ: dict[int, list[int]] = {}
+        self.cur: dict[int, int] = {}
+        self.heads: list[int] = []
+        self.source: Sequence[int] | None = None
+
+
 class DryProcessor:
     """Every step: the tokens that would extend a repeat of at least ``allowed_length`` tokens within
     the window (the last ``lookback`` tokens of the prompt tail and the history) lose
     ``multiplier * base ** (length - allowed_length)`` (the exponent clamped as llama.cpp clamps it).
-    Stateless between calls: one instance serves any number of rows and histories. Negative ids in a
-    history (placeholders) match nothing and are never penalized."""
+    Negative ids in a history (placeholders) match nothing and are never penalized.
 
-    __slots__ = ("_allowed", "_base", "_breakers", "_cap_exp", "_lookback", "_multiplier", "_prompt")
+    Stateless for its callers: one instance serves any number of rows and histories, in any order;
+    what it keeps (a state per history, ``KEPT_ROWS`` at most) is a cache keyed by the history's
+    tokens, checked against them at every call. A history that only grew since its state was made
+    costs O(occurrences of its new token in the window) per new token, plus the nearest breaker and
+    the repeats the last token extends; any other history rebuilds its state once, O(window)."""
+
+    __slots__ = ("_allowed", "_amounts", "_base", "_breakers", "_cap", "_cap_exp", "_head_ids", "_lookback",
+                 "_multiplier", "_prompt", "_prompt_list", "_rows", "template")
 
     def __init__(self, *, multiplier: float, base: float, allowed_length: int, lookback: int,
                  breakers: Breakers, prompt: Sequence[int] = ()) -> None:
         self._multiplier, self._base, self._allowed = float(multiplier), float(base), int(allowed_length)
         self._lookback, self._breakers = int(lookback), breakers
         self._cap_exp = max_exponent(base)
+        #: the longest repeat worth measuring: past ``allowed + cap_exp`` the penalty no longer grows
+        self._cap = self._allowed + self._cap_exp if self._cap_exp > 0 else max(self._lookback, 1)
+        self._head_ids = frozenset(breakers.single_set | set(breakers.tails))
         tail = list(prompt[-lookback:]) if lookback > 0 else []
         self._prompt = np.array(tail, dtype=np.int64)
+        self._prompt_list = [int(t) for t in tail]
+        self._amounts: list[float] = []  # exponent -> multiplier * base ** exponent, as llama.cpp computes it
+        self._rows: list[_Row] = []  # most recently used first
+        self.template = DryTemplate()
 
+    # -- the stateless scan (a placeholder inside a history) ------------------------------------
     def _window(self, input_ids: Sequence[int]) -> np.ndarray:
         n = self._lookback
         out = np.fromiter(input_ids[-n:], dtype=np.int64)
@@ -262,65 +335,210 @@ class DryProcessor:
                 return i - longest
         return n
 
-    def penalties(self, input_ids: Sequence[int], width: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ids this step penalizes (inside ``width``) and each one's penalty (float64)."""
-        none = (np.zeros(0, dtype=np.int64), np.zeros(0))
-        if self._multiplier == 0.0 or self._lookback == 0:
-            return none
+    def _scan(self, input_ids: Sequence[int]) -> dict[int, int]:
+        """Token -> the longest repeat it would extend (at least ``allowed_length``), from the whole
+        window (no state)."""
         w = self._window(input_ids)
         n = len(w)
         if n <= self._allowed:
-            return none
+            return {}
         limit = self._rep_limit(w)
         if limit < self._allowed:
-            return none
-        cap = limit if self._cap_exp == 0 else min(limit, self._allowed + self._cap_exp)
-        end = n - 1
-        lengths = np.zeros(n - 1, dtype=np.int64)  # lengths[p]: the repeat ending at p (as the window's end)
-        live = np.flatnonzero(w[:-1] == w[end])
-        k, switch = 1, max(VECTOR_STEPS, n // 32)
-        while len(live) and k < cap:
-            if k == switch:  # long repeats (a loop): the rest by the Z-algorithm, O(window)
-                z = _z_array(w[::-1].tolist())
-                lengths[live] = np.minimum(np.array([z[end - p] for p in live.tolist()], dtype=np.int64), cap)
-                live = live[:0]
-                break
-            reach = live >= k
-            lengths[live[~reach]] = k
-            live = live[reach]
-            same = w[live - k] == w[end - k]
-            lengths[live[~same]] = k
-            live = live[same]
-            k += 1
-        if len(live):
-            lengths[live] = min(k, cap)
+            return {}
+        lengths = _match_lengths(w, min(limit, self._cap))
         ends = np.flatnonzero(lengths >= self._allowed)
-        if not len(ends):
-            return none
-        tokens, found = w[ends + 1], lengths[ends]
-        inside = (tokens >= 0) & (tokens < width)
-        tokens, found = tokens[inside], found[inside]
-        if len(self._breakers.single):
-            keep = ~_in(tokens, self._breakers.single)
-            tokens, found = tokens[keep], found[keep]
-        if not len(tokens):
-            return none
-        ids, where = np.unique(tokens, return_inverse=True)
-        longest = np.zeros(len(ids), dtype=np.int64)
-        np.maximum.at(longest, where, found)
-        exponents = longest - self._allowed
-        if self._cap_exp > 0:
-            exponents = np.minimum(exponents, self._cap_exp)
-        return ids, self._multiplier * np.power(self._base, exponents.astype(np.float64))
+        found: dict[int, int] = {}
+        for token, length in zip(w[ends + 1].tolist(), lengths[ends].tolist()):
+            if found.get(token, 0) < length:
+                found[token] = length
+        return found
+
+    # -- the kept states -------------------------------------------------------------------------
+    def _row_for(self, history: Sequence[int]) -> _Row:
+        """The kept state whose tokens begin ``history`` (made most recent), extended to the
+        history's first placeholder; a fresh one when none does. The list a state was last read from
+        is compared on its last ``TAIL_CHECKED`` covered tokens (engines append to it and put a
+        placeholder's token in its place), any other history whole."""
+        n, p0 = len(history), len(self._prompt_list)
+        fresh = False
+        for i, row in enumerate(self._rows):
+            k = row.known
+            if k > n:
+                continue
+            if history is row.source:
+                j = k - TAIL_CHECKED if k > TAIL_CHECKED else 0
+                same = list(history[j:k]) == row.seq[p0 + j:]
+            else:
+                same = list(history[:k]) == row.seq[p0:]
+            if same:
+                if i:
+                    self._rows.insert(0, self._rows.pop(i))
+                break
+        else:
+            row, fresh = _Row(self._prompt_list), True
+            self._rows.insert(0, row)
+            del self._rows[KEPT_ROWS:]
+        row.source = history
+        k = row.known
+        if k < n or fresh:
+            new = list(history[k:])
+            if new and min(new) < 0:  # up to the first placeholder
+                new = new[:next(j for j, t in enumerate(new) if t < 0)]
+            if fresh or len(new) > REBUILD_AFTER:
+                row.seq += new
+                row.known += len(new)
+                self._rebuild(row)
+            else:
+                for token in new:
+                    self._extend(row, token)
+                row.known += len(new)
+        return row
+
+    def _rebuild(self, row: _Row) -> None:
+        """``row``'s window state from its tokens: O(window) (array operations for the repeats)."""
+        seq, heads_of = row.seq, self._head_ids
+        size = len(seq)
+        start = size - self._lookback if size > self._lookback else 0
+        occ: dict[int, list[int]] = {}
+        heads: list[int] = []
+        for pos in range(start, size):
+            token = seq[pos]
+            if token >= 0:
+                found = occ.get(token)
+                if found is None:
+                    occ[token] = [pos]
+                else:
+                    found.append(pos)
+                if token in heads_of:
+                    heads.append(pos)
+        if size > start and seq[-1] >= 0:
+            occ[seq[-1]].pop()  # the last position is the end, not a candidate
+            w = np.array(seq[start:], dtype=np.int64)
+            negative = w < 0
+            if negative.any():
+                w[negative] = -1 - np.flatnonzero(negative)
+            lengths = _match_lengths(w, self._cap)
+            at = np.flatnonzero(lengths)
+            row.cur = dict(zip((at + start).tolist(), lengths[at].tolist()))
+            occ[seq[-1]].append(size - 1)
+        else:
+            row.cur = {}
+        row.occ, row.heads = occ, heads
+
+    def _extend(self, row: _Row, token: int) -> None:
+        """``row``'s state after one more token (never a placeholder): the repeats ending at each
+        earlier position of ``token`` are those ending one before it, one longer (capped, and never
+        reaching past the window's start)."""
+        seq = row.seq
+        end = len(seq)
+        start = end + 1 - self._lookback if end + 1 > self._lookback else 0
+        occ = row.occ
+        found = occ.get(token)
+        cur: dict[int, int] = {}
+        if found is None:
+            occ[token] = [end]
+        else:
+            if found[0] < start:
+                del found[:bisect_left(found, start)]
+            before, cap = row.cur.get, self._cap
+            for p in found:
+                length = before(p - 1, 0) + 1
+                if length > cap:
+                    length = cap
+                if length > p - start + 1:
+                    length = p - start + 1
+                cur[p] = length
+            found.append(end)
+        row.cur = cur
+        if token in self._head_ids:
+            row.heads.append(end)
+        seq.append(token)
+
+    def _limit(self, row: _Row, start: int) -> int:
+        """llama.cpp's ``rep_limit`` for ``row``'s window (from ``start``), from its breaker heads."""
+        seq, b = row.seq, self._breakers
+        size = len(seq)
+        heads = row.heads
+        if heads and heads[0] < start:
+            del heads[:bisect_left(heads, start)]
+        for q in reversed(heads):
+            i = size - 1 - q
+            head = seq[q]
+            longest = -1
+            for tail in b.tails.get(head, ()):  # the longest first: the first that matches
+                if len(tail) <= i and tuple(seq[q + 1:q + 1 + len(tail)]) == tail:
+                    longest = len(tail)
+                    break
+            if longest < 0 and head in b.single_set:
+                longest = 0
+            if longest >= 0:
+                return i - longest
+        return size - start
+
+    def _found(self, history: Sequence[int]) -> dict[int, int]:
+        """Token -> the longest repeat it would extend (at least ``allowed_length``) after ``history``."""
+        row = self._row_for(history)
+        n = len(history)
+        if row.known < n:  # a placeholder at ``known``
+            return self._scan(history) if row.known < n - 1 else {}
+        seq = row.seq
+        size = len(seq)
+        start = size - self._lookback if size > self._lookback else 0
+        allowed = self._allowed
+        if size - start <= allowed or not row.cur:
+            return {}
+        limit = self._limit(row, start) if row.heads else size - start
+        if limit < allowed:
+            return {}
+        found: dict[int, int] = {}
+        for p, length in row.cur.items():
+            if length > limit:
+                length = limit
+            if length >= allowed:
+                token = seq[p + 1]
+                if found.get(token, 0) < length:
+                    found[token] = length
+        return found
+
+    # -- the step --------------------------------------------------------------------------------
+    def step_penalties(self, input_ids: Sequence[int], width: int) -> tuple[list[int], list[float]]:
+        """The ids this step penalizes (inside ``width``, in no particular order) and each one's
+        penalty (float64, as llama.cpp computes it)."""
+        if self._multiplier == 0.0 or self._lookback == 0:
+            return [], []
+        found = self._found(input_ids)
+        if not found:
+            return [], []
+        single, allowed, amounts = self._breakers.single_set, self._allowed, self._amounts
+        ids: list[int] = []
+        pens: list[float] = []
+        for token, length in found.items():
+            if token < 0 or token >= width or token in single:
+                continue
+            exponent = length - allowed
+            if self._cap_exp and exponent > self._cap_exp:
+                exponent = self._cap_exp
+            while len(amounts) <= exponent:
+                amounts.append(self._multiplier * self._base ** len(amounts))
+            ids.append(token)
+            pens.append(amounts[exponent])
+        return ids, pens
+
+    def penalties(self, input_ids: Sequence[int], width: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ids this step penalizes (inside ``width``, ascending) and each one's penalty (float64)."""
+        ids, pens = self.step_penalties(input_ids, width)
+        order = np.argsort(np.array(ids, dtype=np.int64), kind="stable")
+        return np.array(ids, dtype=np.int64)[order], np.array(pens, dtype=np.float64)[order]
 
     def __call__(self, input_ids: Sequence[int], logits: torch.Tensor) -> None:
-        ids, pens = self.penalties(input_ids, logits.shape[-1])
-        if not len(ids):
+        ids, pens = self.step_penalties(input_ids, logits.shape[-1])
+        if not ids:
             return
         info = torch.finfo(logits.dtype)
-        index = torch.from_numpy(ids).to(logits.device)
+        index = torch.tensor(ids, dtype=torch.int64).to(logits.device)
         values = logits[index]
-        penalty = torch.from_numpy(np.minimum(pens, info.max)).to(device=logits.device, dtype=logits.dtype)
+        penalty = torch.from_numpy(np.minimum(np.array(pens, dtype=np.float64), info.max)).to(
+            device=logits.device, dtype=logits.dtype)
         lowered = (values - penalty).clamp_min(info.min)  # a finite logit stays finite
         logits[index] = torch.where(torch.isfinite(values), lowered, values)
 
@@ -335,7 +553,7 @@ def factory(entry: Entry, ctx: RealizeContext) -> DryProcessor:
     (shared per vocabulary and breaker); ``ValueError`` when it names breakers and the engine gives
     no vocabulary. The prompt's tail counts with ``include_prompt`` and ``scope`` ``always`` (a scoped
     entry's history is its phase's stretch)."""
-    off = entry.multiplier == 0.0 or entry.penalty_last_n == 0
+    off = entry.multiplier == 0.0 or entry.penalty_last_n == 0 or not entry.sequence_breakers
     breakers = Breakers.none() if off else breakers_of(ctx.vocabulary, entry.sequence_breakers)
     prompt = ctx.prompt_ids if entry.include_prompt and entry.scope == "always" else ()
     return DryProcessor(multiplier=entry.multiplier, base=entry.base, allowed_length=entry.allowed_length,

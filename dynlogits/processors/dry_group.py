@@ -1,0 +1,112 @@
+"""``dry`` on the resident path, where the adapter gives the rows' histories on the host (vLLM's V1
+runner): ``DryTemplate`` names ``DryGroup``, a decided group with no device tables.
+
+Each step every member row is decided on the host by its own processor, in one pass
+(``DryProcessor.step_penalties``: the ids the row penalizes and each one's amount, from the row's
+state kept across steps); the flat indices (``row * width + id``) and the amounts, converted to the
+logits' dtype on the host and packed into 64-bit words behind the indices, go up in one
+non-blocking upload, and the rows are lowered with a read, a subtraction and a write back: the
+same arithmetic as the hosted processor's (a penalty is at most the dtype's largest finite value, a
+finite logit stays finite, at worst the dtype's lowest, and ``-inf``, ``+inf`` and NaN stay as they
+are), so the rows equal the hosted path's bit for bit. A steady step that penalizes is six device
+ops (the upload's ``copy_``, ``index_select``, ``sub``, ``clamp_max``, ``maximum``, ``index_copy_``);
+one that finds nothing to penalize, none. A row whose processor raises fails its request alone.
+
+Hosted where the adapter gives no host histories (Model Runner V2: ``DecidedGroup``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from .modes import DecidedGroup, Decider
+from .slots import ListedRows, StepInputs, Template
+from .uploads import StepUpload
+
+__all__ = ["DryGroup", "DryTemplate", "packed_amounts"]
+
+#: a step's decisions: the flat indices the member rows lower and each one's amount (float64)
+Decisions = tuple[list[int], list[float]]
+
+
+def packed_amounts(amounts: Sequence[float], dtype: torch.dtype) -> tuple[np.ndarray, int]:
+    """``amounts`` (at most ``dtype``'s largest finite value each) in ``dtype``, converted as the
+    hosted processor converts them (``torch`` from float64), as 64-bit words (the last one padded)
+    and how many words they take."""
+    limit = torch.finfo(dtype).max
+    values = torch.from_numpy(np.minimum(np.asarray(amounts, dtype=np.float64), limit)).to(dtype)
+    per_word = 8 // values.element_size()
+    pad = -len(values) % per_word
+    if pad:
+        values = torch.cat((values, values.new_zeros(pad)))
+    words = values.view(torch.int64).numpy()
+    return words, len(words)
+
+
+class DryGroup(DecidedGroup):
+    """``dry`` where the adapter passes host histories (``SlotBatch(host_histories=True)``): every
+    member row decided on the host by its processor in one pass, the rows lowered with one upload
+    and one read, subtract, write (see the module doc). Lowers by finite amounts only: never writes
+    ``-inf``, never leaves a row empty."""
+
+    writes_neg_inf = False
+
+    def _write(self, slot: int, template: DryTemplate) -> None:
+        return None  # everything it reads is the row's history and its processor's state
+
+    def prepare(self, rows: ListedRows, stride: int) -> None:
+        """Per layout: each member row's start in the flat logits and the row width (host)."""
+        super().prepare(rows, stride)
+        self._cache["base"] = (rows.rows * stride).tolist()
+        self._cache["width"] = stride
+
+    def decide_rows(self, deciders: list[Decider], histories: Sequence[Sequence[int]],
+                    fail: Callable[[int, int, Exception], None]) -> Decisions:
+        """The flat indices the member rows lower this step and the amounts; a row whose processor
+        raises is passed to ``fail`` and lowers nothing."""
+        width = self._cache["width"]
+        flat: list[int] = []
+        amounts: list[float] = []
+        for base, (row, slot, processor) in zip(self._cache["base"], deciders):
+            try:
+                ids, pens = processor.step_penalties(histories[row], width)
+            except Exception as exc:  # a bug must not escape the sampler: this row alone
+                fail(row, slot, exc)
+                continue
+            if ids:
+                flat += [base + t for t in ids]
+                amounts += pens
+        return flat, amounts
+
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: Decisions,
+                             upload: StepUpload) -> None:
+        flat, amounts = decisions
+        n = len(flat)
+        if not n:
+            return None
+        dtype = step.logits.dtype
+        words, m = packed_amounts(amounts, dtype)
+        buf = upload.buffer(n + m)
+        buf[:n] = flat
+        buf[n:] = words
+        values = upload.upload(n + m)
+        index, penalty = values[:n], values[n:].view(dtype)[:n]
+        kept = step.flat.index_select(0, index)
+        lowered = kept - penalty
+        torch.maximum(lowered, kept.clamp_max(torch.finfo(dtype).min), out=lowered)  # finite stays finite, -inf stays
+        step.flat.index_copy_(0, index, lowered)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class DryTemplate(Template):
+    """Every step: the ids that would extend a repeat of the row's window, each lowered by its
+    penalty (decided per row on the host)."""
+
+    group: ClassVar[type[DryGroup]] = DryGroup
+    reads_tokens: ClassVar[bool] = True
+
