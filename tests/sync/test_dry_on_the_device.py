@@ -1,0 +1,48 @@
+"""``dry`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM's V1 runner drives the
+adapter: a resident step that penalizes is six device ops (one upload of the flat indices and the
+amounts, a read, the subtraction kept finite, a write back), one that penalizes nothing none; no
+step of a sequence with batch changes and failing requests waits for the device."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynlogits.testing.cuda.drive import Scenario, drive_v1
+from dynlogits.testing.cuda.simcuda import SimCuda
+
+pytestmark = pytest.mark.usefixtures("quiet")  # the sequences' failing requests are expected
+
+#: no breakers: text breakers need the engine's tokenizer, which the CUDA model's config has not
+DRY = [[{"kind": "dry", "multiplier": 0.8, "sequence_breakers": []}],
+       [{"kind": "dry", "multiplier": 2.0, "base": 1.5, "allowed_length": 1, "penalty_last_n": 8, "sequence_breakers": []}],
+       [{"kind": "banned_tokens", "token_ids": [0]}, {"kind": "dry", "multiplier": 1.0, "include_prompt": False,
+                                                       "sequence_breakers": []}]]
+
+#: the upload (flat indices, then the amounts packed in the logits' dtype), the rows' values read,
+#: lowered, kept finite (``-inf`` kept), written back
+V1_STEADY = ["copy_", "index_select", "sub", "clamp_max", "maximum", "index_copy_"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_vllm_v1_runner_dry_step_that_penalizes_is_six_device_ops_and_reads_nothing_back(seed: int) -> None:
+    # four ids: the argmax histories repeat within the steps, so the last step penalizes
+    with SimCuda() as sim:
+        steady = drive_v1(sim, Scenario(vocab=4, payloads=DRY[:2], steps=16, changes=False, seed=seed))
+    assert [str(s) for s in steady.syncs] == []
+    assert steady.steady_ops == V1_STEADY
+    assert steady.failures == []
+
+
+def test_vllm_v1_runner_dry_step_that_penalizes_nothing_queues_nothing() -> None:
+    # a 64-wide row and 3 steps: no history of two tokens repeats yet
+    with SimCuda() as sim:
+        steady = drive_v1(sim, Scenario(vocab=64, payloads=DRY[:1], steps=3, changes=False))
+    assert [str(s) for s in steady.syncs] == []
+    assert steady.steady_ops == []
+
+
+def test_vllm_v1_runner_dry_sequence_never_waits_and_reports_the_failures() -> None:
+    with SimCuda() as sim:
+        result = drive_v1(sim, Scenario(vocab=32, payloads=DRY, steps=16))
+    assert [str(s) for s in result.syncs] == []
+    assert sum("no token left to sample" in f for f in result.failures) == 2
