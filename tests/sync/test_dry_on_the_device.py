@@ -5,6 +5,8 @@ step of a sequence with batch changes and failing requests waits for the device.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dynlogits.testing.cuda.drive import Scenario, drive_v1
@@ -13,7 +15,7 @@ from dynlogits.testing.cuda.simcuda import SimCuda
 pytestmark = pytest.mark.usefixtures("quiet")  # the sequences' failing requests are expected
 
 #: no breakers: text breakers need the engine's tokenizer, which the CUDA model's config has not
-DRY = [[{"kind": "dry", "multiplier": 0.8, "sequence_breakers": []}],
+DRY: list[list[dict[str, Any]]] = [[{"kind": "dry", "multiplier": 0.8, "sequence_breakers": []}],
        [{"kind": "dry", "multiplier": 2.0, "base": 1.5, "allowed_length": 1, "penalty_last_n": 8, "sequence_breakers": []}],
        [{"kind": "banned_tokens", "token_ids": [0]}, {"kind": "dry", "multiplier": 1.0, "include_prompt": False,
                                                        "sequence_breakers": []}]]
