@@ -49,28 +49,49 @@ W = TypeVar("W", int, torch.Tensor)
 
 
 def _mulhilo(multiplier: int, value: W) -> tuple[W, W]:
-    """``(high, low)`` 32-bit halves of ``multiplier * value`` in 16-bit pieces (no int64 overflow)."""
-    v_lo, v_hi = value & 0xFFFF, value >> 16
+    """``(high, low)`` 32-bit halves of ``multiplier * value`` (``value`` in ``[0, 2**32)``), the
+    multiplier in 16-bit halves so no partial product overflows int64: ``value * m_lo`` and
+    ``value * m_hi`` are below ``2**48``, and ``low = value * m_lo + (value * m_hi mod 2**16) * 2**16``
+    is below ``2**49``; the product is ``low + (value * m_hi >> 16) * 2**32``."""
     m_lo, m_hi = multiplier & 0xFFFF, multiplier >> 16
-    low_product = v_lo * m_lo
-    cross = v_hi * m_lo + v_lo * m_hi
-    low_carry = low_product + ((cross & 0xFFFF) << 16)
-    high = (v_hi * m_hi + (cross >> 16) + (low_carry >> 32)) & _MASK
-    return high, low_carry & _MASK
+    by_hi = value * m_hi
+    low = value * m_lo + ((by_hi & 0xFFFF) << 16)
+    return (by_hi >> 16) + (low >> 32), low & _MASK
 
 
 def _philox(counter: tuple[W, W, W, W], key: tuple[W, W]) -> tuple[W, W, W, W]:
-    """Philox4x32-10 (Salmon et al., SC'11) of one counter under one key, word-wise."""
+    """Philox4x32-10 (Salmon et al., SC'11) of one counter under one key, word-wise (every word in
+    ``[0, 2**32)``: XORs of such words need no mask)."""
     c0, c1, c2, c3 = counter
     k0, k1 = key
+    if isinstance(k0, torch.Tensor) and isinstance(k1, torch.Tensor):  # every round's key in two ops a word
+        steps = _steps(k0.device)
+        k0s, k1s = (k0.unsqueeze(-1) + steps[0]) & _MASK, (k1.unsqueeze(-1) + steps[1]) & _MASK
+        for round_index in range(_ROUNDS):
+            hi0, lo0 = _mulhilo(_M0, c0)
+            hi1, lo1 = _mulhilo(_M1, c2)
+            c0, c1, c2, c3 = hi1 ^ c1 ^ k0s[..., round_index], lo1, hi0 ^ c3 ^ k1s[..., round_index], lo0
+        return c0, c1, c2, c3
     for round_index in range(_ROUNDS):
         hi0, lo0 = _mulhilo(_M0, c0)
         hi1, lo1 = _mulhilo(_M1, c2)
-        c0, c1, c2, c3 = (hi1 ^ c1 ^ k0) & _MASK, lo1, (hi0 ^ c3 ^ k1) & _MASK, lo0
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
         if round_index != _ROUNDS - 1:
             k0 = (k0 + _W0) & _MASK
             k1 = (k1 + _W1) & _MASK
     return c0, c1, c2, c3
+
+
+_STEPS: dict[torch.device, torch.Tensor] = {}
+
+
+def _steps(device: torch.device) -> torch.Tensor:
+    """``[2, ROUNDS]``: what each round adds to the key's two words (``i * W0``, ``i * W1``), on ``device``."""
+    made = _STEPS.get(device)
+    if made is None:
+        rounds = torch.arange(_ROUNDS, dtype=torch.int64, device=device)  # made on the device: no upload
+        made = _STEPS[device] = torch.stack([rounds * _W0, rounds * _W1])
+    return made
 
 
 def _key_words(key: int) -> tuple[int, int]:
@@ -129,15 +150,15 @@ def _philox_mixed(counter: tuple[torch.Tensor, int, int, int], key: tuple[int, i
     hi1, lo1 = _mulhilo(_M1, c2)
     n0: int = (hi1 ^ c1 ^ k0) & _MASK
     n1: int = lo1
-    n2: torch.Tensor = (hi0 ^ c3 ^ k1) & _MASK
+    n2: torch.Tensor = hi0 ^ c3 ^ k1
     n3: torch.Tensor = lo0
     k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
     # second round: c0 and c1 are host integers, c2 and c3 tensors
     hi0b, lo0b = _mulhilo(_M0, n0)
     hi1b, lo1b = _mulhilo(_M1, n2)
-    m0 = (hi1b ^ n1 ^ k0) & _MASK
+    m0 = hi1b ^ n1 ^ k0
     m1 = lo1b
-    m2 = (n3 ^ hi0b ^ k1) & _MASK
+    m2 = n3 ^ hi0b ^ k1
     m3 = torch.full_like(m0, lo0b)
     k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
     out = (m0, m1, m2, m3)
@@ -145,24 +166,39 @@ def _philox_mixed(counter: tuple[torch.Tensor, int, int, int], key: tuple[int, i
         a0, a1, a2, a3 = out
         h0, l0 = _mulhilo(_M0, a0)
         h1, l1 = _mulhilo(_M1, a2)
-        out = ((h1 ^ a1 ^ k0) & _MASK, l1, (h0 ^ a3 ^ k1) & _MASK, l0)
+        out = (h1 ^ a1 ^ k0, l1, h0 ^ a3 ^ k1, l0)  # words below 2**32: no mask
         if round_index != _ROUNDS - 1:
             k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
     return out
 
 
-def uniform_from_states(states: torch.Tensor, keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """``uniform_from_state`` for many rows at once: ``states`` ``[n, 4]`` (each row a
-    ``context_state``, int64), ``keys`` ``[n, 2]`` (each row's key as its low and high 32-bit words,
-    int64), ``token_ids`` 1-D: ``[n, len(token_ids)]`` float32 on ``states``' device, row ``i``
-    bit-identical to ``uniform_from_state(key_i, state_i, token_ids)``. Tensor ops only."""
-    words = (token_ids.to(torch.int64) & _MASK)[None, :]
+def uniform_from_states(states: torch.Tensor, keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``uniform_from_state`` for many rows at once over the ids ``0 .. vocab - 1``: ``states``
+    ``[n, 4]`` (each row a ``context_state``, int64), ``keys`` ``[n, 2]`` (each row's key as its low
+    and high 32-bit words, int64): ``[n, vocab]`` float32 on ``states``' device, row ``i``
+    bit-identical to ``uniform_from_state(key_i, state_i, arange(vocab))``. One Philox call per
+    four ids (ids ``4c .. 4c + 3`` share the counter ``c`` and take its words in order), tensor ops
+    only."""
     s = states.to(torch.int64)
     k = keys.to(torch.int64)
-    counter = (words >> 2, s[:, 0:1], s[:, 1:2], s[:, 2:3])
-    key = ((k[:, 0:1] ^ s[:, 3:4]) & _MASK, (k[:, 1:2] ^ _TOKEN_DOMAIN) & _MASK)
-    outputs = _philox(counter, key)
-    return _to_uniform(_select(tuple(torch.broadcast_to(o, (s.shape[0], words.shape[1])) for o in outputs), words))
+    counters = _counters((vocab + 3) // 4, s.device)
+    key = (k[:, 0:1] ^ s[:, 3:4], (k[:, 1:2] ^ _TOKEN_DOMAIN))
+    outputs = _philox((counters, s[:, 0:1], s[:, 1:2], s[:, 2:3]), key)
+    words = torch.stack(torch.broadcast_tensors(*outputs), dim=2).view(s.shape[0], -1)[:, :vocab]
+    return (((words >> 8).to(torch.float64) + 1.0) / (2**24 + 1)).to(torch.float32)
+
+
+_COUNTERS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _counters(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` as a ``[1, n]`` int64 row on ``device``, made once per width and device."""
+    made = _COUNTERS.get((n, device))
+    if made is None:
+        if len(_COUNTERS) > 16:
+            _COUNTERS.clear()
+        made = _COUNTERS[(n, device)] = torch.arange(n, dtype=torch.int64, device=device)[None, :]
+    return made
 
 
 def absorb(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor | None = None) -> torch.Tensor:
@@ -185,8 +221,8 @@ def absorb(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor | No
                 block.append(ctx[:, j])
             else:
                 block.append(torch.where(widths > j, ctx[:, j], _MASK - i))
-        counter = tuple((state[i] ^ block[i]) & _MASK for i in range(4))
-        new = _philox(counter, ((k[:, 0] ^ offset) & _MASK, k[:, 1]))  # type: ignore[arg-type]  # four words, as _philox takes
+        counter = tuple(state[i] ^ block[i] for i in range(4))
+        new = _philox(counter, (k[:, 0] ^ offset, k[:, 1]))  # type: ignore[arg-type]  # four words, as _philox takes
         if widths is None:
             state = new
         else:

@@ -45,13 +45,12 @@ SAMPLING_EPS = 1e-5
 MAX_HISTORY = 8192
 
 
-def batched_draw(rows: torch.Tensor, temperatures: torch.Tensor, states: torch.Tensor, keys: torch.Tensor,
-                 vocabulary: torch.Tensor) -> torch.Tensor:
+def batched_draw(rows: torch.Tensor, temperatures: torch.Tensor, states: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """The Gumbel-max draw of every row of ``rows`` (``[n, vocab]``): ``temperatures`` ``[n]``
     float32, ``states`` ``[n, 4]`` and ``keys`` ``[n, 2]`` int64 (``watermark_prf``); ``[n]`` int64
     on the device. Row ``i`` is ``watermark_draw`` of row ``i`` with no truncation."""
     x = rows.to(torch.float32) / temperatures[:, None]
-    return torch.argmax(x + gumbel_noise(uniform_from_states(states, keys, vocabulary)), dim=1)
+    return torch.argmax(x + gumbel_noise(uniform_from_states(states, keys, rows.shape[1])), dim=1)
 
 
 class WatermarkGroup(WindowDecided):
@@ -68,7 +67,6 @@ class WatermarkGroup(WindowDecided):
         self.params = self.table(torch.long, width=4)
         self.temperature = self.table(torch.float32, pad=0.0)
         self._widths: dict[int, int] = {}  # member slot -> its context width
-        self._vocabulary: torch.Tensor | None = None
 
     def _write(self, slot: int, template: WatermarkTemplate) -> None:
         low, high = key_words(template.key)
@@ -84,12 +82,6 @@ class WatermarkGroup(WindowDecided):
 
     def reads_generated(self, rows: ListedRows) -> bool:
         return False
-
-    def _ids(self, width: int) -> torch.Tensor:
-        vocabulary = self._vocabulary
-        if vocabulary is None or vocabulary.shape[0] != width:
-            vocabulary = self._vocabulary = torch.arange(width, dtype=torch.int64, device=self.device)
-        return vocabulary
 
     # -- host histories (V1 runner) -----------------------------------------------------------------
     def decide_rows(self, deciders: list[Decider], histories: Sequence[Sequence[int]],
@@ -120,7 +112,7 @@ class WatermarkGroup(WindowDecided):
         params = self.params.dev[slots]
         firing = decisions[:, 0]
         tokens = batched_draw(step.logits.index_select(0, rows_dev), self.temperature.dev[slots, 0],
-                              values[2:].T, params[:, :2], self._ids(step.logits.shape[1]))
+                              values[2:].T, params[:, :2])
         forcing = ListedRows(firing, decisions[:, 1], rows_dev, slots, row_runs(firing.tolist()), base=rows_dev * step.stride)
         force_listed(step, tokens, forcing)
         return None
@@ -176,8 +168,7 @@ class WatermarkGroup(WindowDecided):
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> None:
         """Draw every row and force those that draw (``decide_from_window``); the others untouched."""
         params = self.params.dev[rows.slot_of_row]
-        tokens = batched_draw(step.logits, self.temperature.dev[rows.slot_of_row, 0], decisions[:, :4], params[:, :2],
-                              self._ids(step.logits.shape[1]))
+        tokens = batched_draw(step.logits, self.temperature.dev[rows.slot_of_row, 0], decisions[:, :4], params[:, :2])
         force_device_decisions(step, rows, torch.where(decisions[:, 4] > 0, tokens, -1))
         return None
 
