@@ -15,6 +15,7 @@ from pathlib import Path
 from .machine import Machine
 from .records import MICRO_IMPLS, MicroRecord, Record
 from .report import engine_table, micro_tables, target_lines, wire_table
+from .workloads import KINDS
 
 __all__ = ["PLOT_NAME", "write_docs"]
 
@@ -37,13 +38,24 @@ carries over between machines, absolute times do not.
 ## What is measured
 
 **micro** — one decode step of logits processing, per batch size and vocabulary (logits width),
-for six workloads: `forced_sequence` (every row forced), `banned_tokens` (100 ids per request),
+for nine workloads: `forced_sequence` (every row forced), `banned_tokens` (100 ids per request),
 `logit_bias` (50 ids per request), `mixed` (banned_tokens + logit_bias + an active min_tokens),
 `banned_phrases` (64 phrases of 1-4 tokens per request, whose histories write the phrases' prefixes
 in turn, so every other token ends a prefix and masks its phrase's last token) and `scoped` (reasoning delimiters and a
 banned_tokens of 100 ids scoped to the answer, whose histories open a reasoning span every 16
-tokens and close it half-way; resident on both runners, phases followed on the device under Model Runner V2). The requests of a batch are
-not in lock step (each starts its cycle at a point of its own), so every step does about the same work. Every request has its own ids. Implementations, all fed the same requests and the same logits:
+tokens and close it half-way; resident on both runners, phases followed on the device under Model Runner V2),
+`watermark` (vLLM's Gumbel-max watermark, Philox PRF over a context of 4 tokens, one key for every
+request, given in the request's payload; the requests sample at temperature 1.0 and write
+pseudo-random tokens, so no context repeats and every row is watermarked at every step),
+`no_repeat_ngram` (size 3) and `dry` (llama.cpp's defaults: multiplier 0.8, base 1.75, allowed
+length 2, the whole context with the prompt, and `sequence_breakers: []`: text breakers need the
+engine's tokenizer, which the per-row loop and the CUDA-model count do not have; they are resolved
+once per vocabulary, so a step's cost hardly depends on them); the last two repeat a cycle of 8 ids
+of their own and start with two cycles already written, so from the first step every row bans one
+token (`no_repeat_ngram`) or penalizes one (`dry`). The requests of a batch are
+not in lock step (each starts its cycle at a point of its own), so every step does about the same work. Every request has its
+own ids (or, for the last three, its own history). Every request samples at temperature 1.0 (vLLM's default). Implementations, all
+fed the same requests and the same logits:
 
 - `adapter`: `DynamoVllmLogitsProcessor` on vLLM's V1 runner interface, built with a real
   `VllmConfig` of the embedded model of that vocabulary (scheduling up to 256 requests a step, so
@@ -60,9 +72,18 @@ not in lock step (each starts its cycle at a point of its own), so every step do
   exact for any logits the model emits only when the rest of the row is masked: docs/vllm.md);
   forced_sequence only.
 - `baseline`: `adapter` on banned_tokens requests of the same batch, timed in the same loop on the
-  same logits; banned_phrases only. Its target is a ratio to banned_tokens' adapter: measured side
-  by side, both see the same phases of this shared host (two separate runs of one workload differ
-  by up to 1.8x here).
+  same logits; banned_phrases, no_repeat_ngram and dry only. Their targets are ratios to banned_tokens'
+  adapter: measured side by side, both see the same phases of this shared host (two separate runs of
+  one workload differ by up to 1.8x here).
+- `vllm_watermark`: vLLM 0.32's own CPU watermarker, `GumbelWatermarker(key, 4, prf="philox")`,
+  called as Model Runner V2's `GPUWatermarkSampler` calls it, one call for the batch: its
+  temperature rule (no division at 1.0), its `_get_contexts` on a stand-in of the runner's token
+  buffers (kept outside the timing, as the runner keeps them), then `sample(logits, contexts)` (the
+  Philox PRF over every row and id, the Gumbel noise and the argmax) are timed
+  (`dynlogits.tools.bench.vllm_watermark`); its repeated-context mask (all false here; on the CPU a
+  per-row Python reference of its Triton kernel) is not, while the adapter's own deduplication is in
+  its time. watermark only; the first repetition checks that it draws, in every row, the one token
+  the adapter leaves finite.
 
 Each repetition appends one token to every request's history, restores the logits outside the timed
 region, then times each implementation in an order rotated every repetition; the tables report
@@ -71,7 +92,8 @@ milliseconds of each other, so a phase of this shared host slows both) and, like
 targets, takes their median and judges it on its distribution-free 95% interval (for 30
 repetitions the 10th lowest to the 10th highest ratio): met when the interval lies on the target's
 side of the bound, NOT MET when it lies on the other, undecided when it holds the bound. The first
-repetition checks that every implementation leaves the same logits as `adapter`.
+repetition checks that every implementation leaves the same logits as `adapter` (`vllm_watermark`,
+which samples: the same token).
 
 **engine** — the real vLLM CPU engine (`vllm.LLM`, offline) on the embedded model built with the
 stated vocabulary: batches of concurrent greedy requests with `ignore_eos`, one engine process per
@@ -120,16 +142,23 @@ device-to-host copies into pinned memory land only when the device has caught up
 so a read of a copy just queued sees nothing, as on a GPU. `launches`: device ops of one steady
 step of that workload. `syncs`: over a sequence with the workload's requests plus batch changes
 (arrivals, removals, a swap or a reordering, slot reuse) and a request failing on the device
-(`dynlogits.testing.cuda.drive`).
+(`dynlogits.testing.cuda.drive`). The drive's tokens are the argmax of random logits, so for
+no_repeat_ngram and dry, whose work needs repeats, both sequences run narrower (4 and 32 ids) and
+longer, and `launches` is the most of four such steady sequences' last steps. A workload whose
+requests run per row on a runner (hosted: watermark and dry on both, no_repeat_ngram on Model
+Runner V2, `workloads.HOSTED_KINDS`) shows its counts too; the device targets judge the resident
+ones.
 
 Targets: forced_sequence at batch 64 and 256, vocab 151936 within 1.25x of the floor and at batch
 64 at least 3x faster than the reference; banned_tokens and logit_bias at batch 64 at least 10x
 faster than the per-row loop and at batch 1 no slower than 2x the loop; banned_phrases at batch 64
-at least 10x faster than the loop and at most 2x banned_tokens' adapter cost (its `baseline`); engine throughput with
+at least 10x faster than the loop and at most 2x banned_tokens' adapter cost (its `baseline`), and so
+no_repeat_ngram and dry at batch 64; watermark at batch 64 at most 1x vLLM's own watermarker
+(`vllm_watermark`); engine throughput with
 banned_tokens, and with banned_phrases, on every request at least 0.99x the throughput with no payload, paired in the
 adapter's engine (median of per-round ratios, decided on its 95% interval), and with forced_sequence at least 0.99x
 of what the floor's memset leaves (exact forcing masks the row); wire decode of a 64-token forced sequence
-under 20 µs (a median, no interval); no syncs for `adapter` and `adapter_v2` at any workload (`scoped` included) and
+under 20 µs (a median, no interval); no syncs for `adapter` and `adapter_v2` at any resident workload (`scoped` included) and
 batch, at most 8 launches per
 steady step for a single-kind workload and 12 for `mixed`, forced_sequence within 1.1x of the
 reference at batch 1, `adapter_v2` within 1.5x of `adapter` for every workload at
@@ -150,8 +179,7 @@ def _plot(records: Sequence[Record], path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     vocabs = sorted({r.vocab for r in micro})
-    kinds = [k for k in ("forced_sequence", "banned_tokens", "logit_bias", "mixed", "banned_phrases", "scoped")
-             if any(r.kind == k for r in micro)]
+    kinds = [k for k in KINDS if any(r.kind == k for r in micro)]
     fig, axes = plt.subplots(len(vocabs), len(kinds), figsize=(4 * len(kinds), 3.4 * len(vocabs)), squeeze=False)
     for i, vocab in enumerate(vocabs):
         for j, kind in enumerate(kinds):
