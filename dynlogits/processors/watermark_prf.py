@@ -94,6 +94,43 @@ def _steps(device: torch.device) -> torch.Tensor:
     return made
 
 
+_PAIRS: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _pairs(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The multipliers' 16-bit halves as pairs ``(M0, M1)`` and the key schedule's steps ``[ROUNDS, 2]``
+    (``i * W0``, ``i * W1``), made on ``device`` by device ops (no upload), once per device."""
+    made = _PAIRS.get(device)
+    if made is None:
+        one = torch.arange(2, dtype=torch.int64, device=device)
+        m_lo = one * ((_M1 & 0xFFFF) - (_M0 & 0xFFFF)) + (_M0 & 0xFFFF)
+        m_hi = one * ((_M1 >> 16) - (_M0 >> 16)) + (_M0 >> 16)
+        rounds = torch.arange(_ROUNDS, dtype=torch.int64, device=device)[:, None]
+        steps = rounds * (one * (_W1 - _W0) + _W0)
+        made = _PAIRS[device] = (m_lo, m_hi, steps)
+    return made
+
+
+def _philox_paired(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """``_philox`` on tensors with the words in pairs, half the ops: ``a = (c0, c2)`` (both
+    multiplied, one op per step of ``_mulhilo``) and ``b = (c3, c1)``; a round is ``lo -> b`` and
+    ``a = flip(hi ^ b) ^ (k0, k1)`` (``hi``, ``lo`` the halves of ``a * (M0, M1)``). The same words,
+    bit for bit; the four words come back broadcast to one shape."""
+    c0, c1, c2, c3 = torch.broadcast_tensors(*counter)
+    m_lo, m_hi, steps = _pairs(c0.device)
+    a = torch.stack([c0, c2], dim=-1)
+    b = torch.stack([c3, c1], dim=-1)
+    schedule = (torch.stack(torch.broadcast_tensors(*key), dim=-1).unsqueeze(-2) + steps) & _MASK  # [..., ROUNDS, 2]
+    for round_index in range(_ROUNDS):
+        by_hi = a * m_hi
+        low = a * m_lo + ((by_hi & 0xFFFF) << 16)
+        hi = (by_hi >> 16) + (low >> 32)
+        b_next = low & _MASK
+        a = (hi ^ b).flip(-1) ^ schedule[..., round_index, :]
+        b = b_next
+    return a[..., 0], b[..., 1], a[..., 1], b[..., 0]
+
+
 def _key_words(key: int) -> tuple[int, int]:
     if not 0 <= key <= MAX_KEY:
         raise ValueError(f"key: must be an integer in [0, 2**64 - 1]; got {'a negative' if key < 0 else 'a larger'} value")
@@ -183,8 +220,8 @@ def uniform_from_states(states: torch.Tensor, keys: torch.Tensor, vocab: int) ->
     k = keys.to(torch.int64)
     counters = _counters((vocab + 3) // 4, s.device)
     key = (k[:, 0:1] ^ s[:, 3:4], (k[:, 1:2] ^ _TOKEN_DOMAIN))
-    outputs = _philox((counters, s[:, 0:1], s[:, 1:2], s[:, 2:3]), key)
-    words = torch.stack(torch.broadcast_tensors(*outputs), dim=2).view(s.shape[0], -1)[:, :vocab]
+    outputs = _philox_paired((counters, s[:, 0:1], s[:, 1:2], s[:, 2:3]), key)
+    words = torch.stack(outputs, dim=2).view(s.shape[0], -1)[:, :vocab]
     return (((words >> 8).to(torch.float64) + 1.0) / (2**24 + 1)).to(torch.float32)
 
 
@@ -222,7 +259,7 @@ def absorb(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor | No
             else:
                 block.append(torch.where(widths > j, ctx[:, j], _MASK - i))
         counter = tuple(state[i] ^ block[i] for i in range(4))
-        new = _philox(counter, (k[:, 0] ^ offset, k[:, 1]))  # type: ignore[arg-type]  # four words, as _philox takes
+        new = _philox_paired(counter, (k[:, 0] ^ offset, k[:, 1]))
         if widths is None:
             state = new
         else:
