@@ -1,9 +1,13 @@
 """``watermark`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM's runners drive the
-adapter: it runs hosted (per row, after the request's resident entries). The processor itself never
-synchronizes: the context is absorbed on the host from the history (a host list) and the draw and
-the forcing stay on the device. Under the V1 runner the histories are host lists, so a step makes
-no sync at all; under Model Runner V2 the hosted path reads the rows' histories back from the
-runner's device token matrix, and those reads are the only syncs (none is the watermark's)."""
+adapter: it runs resident (``watermark_resident``), after the request's other resident entries, and
+no step waits for the device on either runner.
+
+* V1 runner: each member row's processor decides on the host (its context's PRF state, four
+  words), the firing rows go up in the step's one non-blocking upload, and one batched draw forces
+  them: a steady step is ``V1_STEADY`` device ops, however many rows draw.
+* Model Runner V2: the context, its repeats and the PRF state are found on the device from the
+  runner's token matrix (``TokenWindow``); nothing is read back: ``V2_STEADY`` ops a steady step
+  (``V2_DRAFTS`` with drafts), however many rows."""
 
 from __future__ import annotations
 
@@ -14,17 +18,43 @@ from dynlogits.testing.cuda.simcuda import SimCuda
 
 pytestmark = pytest.mark.usefixtures("quiet")
 
-PAYLOAD = [{"kind": "banned_tokens", "token_ids": [3]}, {"kind": "watermark", "key": 2**64 - 5, "context_width": 4}]
+WATERMARK = {"kind": "watermark", "key": 2**64 - 5, "context_width": 4}
+PAYLOAD = [{"kind": "banned_tokens", "token_ids": [3]}, WATERMARK]
+
+#: a steady step's device ops, the watermark alone (the ban before it adds its one masked write):
+#: V1: one upload, the gathers of the rows, their slots' keys and temperatures, the batched Philox
+#: over the vocabulary (ten rounds on word pairs), the Gumbel noise, the argmax and the forcing
+V1_STEADY = 153
+#: Model Runner V2: the rows' last ``MAX_HISTORY + width`` tokens read, the context's repeats found,
+#: the context absorbed (one Philox call per row), then the same draw over every row of the step
+V2_STEADY = 330
+V2_DRAFTS = 341
 
 
-def test_vllm_v1_watermark_steps_make_no_sync() -> None:
+@pytest.mark.parametrize("rows", [2, 5])
+def test_vllm_v1_watermark_step_makes_no_sync_and_a_fixed_number_of_device_ops(rows: int) -> None:
     with SimCuda() as sim:
-        result = drive_v1(sim, Scenario(payloads=[PAYLOAD] * 2, steps=5, changes=False))
+        alone = drive_v1(sim, Scenario(payloads=[[WATERMARK]] * rows, steps=5, changes=False))
+        after_a_ban = drive_v1(sim, Scenario(payloads=[PAYLOAD] * rows, steps=5, changes=False))
+    for result in (alone, after_a_ban):
+        assert [str(s) for s in result.syncs] == [] and not result.failures
+    assert (alone.launches, after_a_ban.launches) == (V1_STEADY, V1_STEADY + 1)
+
+
+@pytest.mark.parametrize(("drafts", "steady"), [(0, V2_STEADY), (2, V2_DRAFTS)])
+@pytest.mark.parametrize("rows", [2, 5])
+def test_vllm_model_runner_v2_watermark_step_reads_nothing_back(rows: int, drafts: int, steady: int) -> None:
+    with SimCuda() as sim:
+        result = drive_v2(sim, Scenario(payloads=[[WATERMARK]] * rows, steps=6, changes=False), drafts=drafts)
     assert [str(s) for s in result.syncs] == [] and not result.failures
+    assert result.launches == steady
 
 
-def test_vllm_model_runner_v2_syncs_only_to_read_histories_never_in_the_watermark() -> None:
+@pytest.mark.parametrize("runner", ["v1", "v2", "v2-drafts"])
+def test_a_sequence_with_batch_changes_and_failing_requests_never_waits(runner: str) -> None:
     with SimCuda() as sim:
-        result = drive_v2(sim, Scenario(payloads=[PAYLOAD] * 2, steps=5, changes=False))
-    assert not result.failures
-    assert not [str(s) for s in result.syncs if "watermark" in s.where], result.syncs
+        if runner == "v1":
+            result = drive_v1(sim, Scenario(payloads=[PAYLOAD] * 2, steps=9))
+        else:
+            result = drive_v2(sim, Scenario(payloads=[PAYLOAD] * 2, steps=9), drafts=2 if runner == "v2-drafts" else 0)
+    assert [str(s) for s in result.syncs] == []
