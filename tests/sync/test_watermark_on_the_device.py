@@ -11,6 +11,8 @@ no step waits for the device on either runner.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dynlogits.testing.cuda.drive import Scenario, drive_v1, drive_v2
@@ -18,8 +20,8 @@ from dynlogits.testing.cuda.simcuda import SimCuda
 
 pytestmark = pytest.mark.usefixtures("quiet")
 
-WATERMARK = {"kind": "watermark", "key": 2**64 - 5, "context_width": 4}
-PAYLOAD = [{"kind": "banned_tokens", "token_ids": [3]}, WATERMARK]
+WATERMARK: dict[str, Any] = {"kind": "watermark", "key": 2**64 - 5, "context_width": 4}
+PAYLOAD: list[dict[str, Any]] = [{"kind": "banned_tokens", "token_ids": [3]}, WATERMARK]
 
 #: a steady step's device ops, the watermark alone (the ban before it adds its one masked write):
 #: V1: one upload, the gathers of the rows, their slots' keys and temperatures, the batched Philox
