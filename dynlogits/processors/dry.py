@@ -286,7 +286,7 @@ class DryProcessor:
     the repeats the last token extends; any other history rebuilds its state once, O(window)."""
 
     __slots__ = ("_allowed", "_amounts", "_base", "_breakers", "_cap", "_cap_exp", "_head_ids", "_lookback",
-                 "_multiplier", "_prompt", "_prompt_list", "_rows", "template")
+                 "_multiplier", "_p0", "_prompt", "_prompt_list", "_rows", "template")
 
     def __init__(self, *, multiplier: float, base: float, allowed_length: int, lookback: int,
                  breakers: Breakers, prompt: Sequence[int] = ()) -> None:
@@ -299,6 +299,7 @@ class DryProcessor:
         tail = list(prompt[-lookback:]) if lookback > 0 else []
         self._prompt = np.array(tail, dtype=np.int64)
         self._prompt_list = [int(t) for t in tail]
+        self._p0 = len(tail)
         self._amounts: list[float] = []  # exponent -> multiplier * base ** exponent, as llama.cpp computes it
         self._rows: list[_Row] = []  # most recently used first
         self.template = DryTemplate()
@@ -477,8 +478,20 @@ class DryProcessor:
 
     def _found(self, history: Sequence[int]) -> dict[int, int]:
         """Token -> the longest repeat it would extend (at least ``allowed_length``) after ``history``."""
-        row = self._row_for(history)
         n = len(history)
+        rows = self._rows
+        row = rows[0] if rows else None
+        if row is not None and history is row.source and n == row.known + 1 and history[-1] >= 0:
+            # the common step: the live list it last read, one token longer (its tail unchanged)
+            k = row.known
+            j = k - TAIL_CHECKED if k > TAIL_CHECKED else 0
+            if history[j:k] == row.seq[self._p0 + j:]:
+                self._extend(row, history[k])
+                row.known = n
+            else:
+                row = self._row_for(history)
+        else:
+            row = self._row_for(history)
         if row.known < n:  # a placeholder at ``known``
             return self._scan(history) if row.known < n - 1 else {}
         seq = row.seq

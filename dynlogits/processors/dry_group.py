@@ -27,10 +27,37 @@ from .modes import DecidedGroup, Decider
 from .slots import ListedRows, StepInputs, Template
 from .uploads import StepUpload
 
-__all__ = ["DryGroup", "DryTemplate", "packed_amounts"]
+__all__ = ["DryGroup", "DryTemplate", "pack_amounts", "packed_amounts", "packed_words"]
+
+#: each logits dtype's lowest finite value
+_LOWEST: dict[torch.dtype, float] = {}
 
 #: a step's decisions: the flat indices the member rows lower and each one's amount (float64)
 Decisions = tuple[list[int], list[float]]
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def pack_amounts(amounts: list[float], dtype: torch.dtype, out: np.ndarray) -> None:
+    """``amounts`` (each at most ``dtype``'s largest finite value) in ``dtype``, as the hosted
+    processor converts them, into the 64-bit words ``out`` (``packed_words(len(amounts), dtype)`` of
+    them; the last one padded). float32, vLLM's sampler's logits: numpy's conversion from float64
+    (IEEE rounding, as torch's); other dtypes through torch."""
+    n = len(amounts)
+    if dtype == torch.float32:
+        if max(amounts) > _F32_MAX:
+            amounts = [a if a <= _F32_MAX else _F32_MAX for a in amounts]
+        out.view(np.float32)[:n] = amounts
+        return
+    words, _ = packed_amounts(amounts, dtype)
+    out[:] = words
+
+
+def packed_words(n: int, dtype: torch.dtype) -> int:
+    """How many 64-bit words ``n`` values of ``dtype`` take."""
+    per_word = 8 // dtype.itemsize
+    return -(-n // per_word)
 
 
 def packed_amounts(amounts: Sequence[float], dtype: torch.dtype) -> tuple[np.ndarray, int]:
@@ -78,7 +105,10 @@ class DryGroup(DecidedGroup):
                 fail(row, slot, exc)
                 continue
             if ids:
-                flat += [base + t for t in ids]
+                if len(ids) == 1:
+                    flat.append(base + ids[0])
+                else:
+                    flat += [base + t for t in ids]
                 amounts += pens
         return flat, amounts
 
@@ -89,15 +119,18 @@ class DryGroup(DecidedGroup):
         if not n:
             return None
         dtype = step.logits.dtype
-        words, m = packed_amounts(amounts, dtype)
+        m = packed_words(n, dtype)
         buf = upload.buffer(n + m)
         buf[:n] = flat
-        buf[n:] = words
+        pack_amounts(amounts, dtype, buf[n:])
         values = upload.upload(n + m)
         index, penalty = values[:n], values[n:].view(dtype)[:n]
         kept = step.flat.index_select(0, index)
         lowered = kept - penalty
-        torch.maximum(lowered, kept.clamp_max(torch.finfo(dtype).min), out=lowered)  # finite stays finite, -inf stays
+        lowest = _LOWEST.get(dtype)
+        if lowest is None:
+            lowest = _LOWEST[dtype] = torch.finfo(dtype).min
+        torch.maximum(lowered, kept.clamp_max(lowest), out=lowered)  # finite stays finite, -inf stays
         step.flat.index_copy_(0, index, lowered)
         return None
 
