@@ -208,3 +208,17 @@ def test_a_row_whose_decision_raises_fails_its_request_alone_on_the_resident_pat
     assert logits[0].tolist() == [-1.0 if t == 2 else 0.0 for t in range(W)]
     assert logits[2].tolist() == [-1.0 if t == 5 else 0.0 for t in range(W)]
     assert logits[1].tolist() == [0.0 if t == EOS else float("-inf") for t in range(W)]  # fail-stopped
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_amounts_are_packed_as_the_hosted_processor_converts_them(dtype: torch.dtype) -> None:
+    from dynlogits.processors.dry_group import pack_amounts, packed_words
+
+    rng = random.Random(5)
+    amounts = [rng.choice([0.8, 1.75 ** rng.randint(0, 158), 100.0 * 100.0 ** rng.randint(0, 19), 1e300, 3.4028235e38,
+                           3.40282356e38, rng.random() * 10]) for _ in range(37)]
+    out = np.zeros(packed_words(len(amounts), dtype), dtype=np.int64)
+    pack_amounts(amounts, dtype, out)
+    got = torch.from_numpy(out).view(dtype)[: len(amounts)]
+    want = torch.from_numpy(np.minimum(np.array(amounts), torch.finfo(dtype).max)).to(dtype)
+    assert torch.equal(got, want) and torch.isfinite(got).all()
