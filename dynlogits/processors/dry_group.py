@@ -8,9 +8,11 @@ logits' dtype on the host and packed into 64-bit words behind the indices, go up
 non-blocking upload, and the rows are lowered with a read, a subtraction and a write back: the
 same arithmetic as the hosted processor's (a penalty is at most the dtype's largest finite value, a
 finite logit stays finite, at worst the dtype's lowest, and ``-inf``, ``+inf`` and NaN stay as they
-are), so the rows equal the hosted path's bit for bit. A steady step that penalizes is six device
+are), so the rows equal the hosted path's bit for bit. On an accelerator a steady step that penalizes is six device
 ops (the upload's ``copy_``, ``index_select``, ``sub``, ``clamp_max``, ``maximum``, ``index_copy_``);
-one that finds nothing to penalize, none. A row whose processor raises fails its request alone.
+one that finds nothing to penalize, none; on the CPU, float32 logits (vLLM's sampler's) are lowered
+by numpy on their host memory from the host buffer, the same arithmetic without the tensor calls'
+overhead. A row whose processor raises fails its request alone.
 
 Hosted where the adapter gives no host histories (Model Runner V2: ``DecidedGroup``)."""
 
@@ -123,13 +125,21 @@ class DryGroup(DecidedGroup):
         buf = upload.buffer(n + m)
         buf[:n] = flat
         pack_amounts(amounts, dtype, buf[n:])
+        lowest = _LOWEST.get(dtype)
+        if lowest is None:
+            lowest = _LOWEST[dtype] = torch.finfo(dtype).min
+        if dtype == torch.float32 and step.flat.device.type == "cpu":  # the logits are host memory: numpy on them
+            logits = step.flat.numpy()
+            index_np, penalty_np = buf[:n], buf[n:].view(np.float32)[:n]
+            kept_np = logits[index_np]
+            lowered_np = kept_np - penalty_np
+            np.maximum(lowered_np, np.minimum(kept_np, np.float32(lowest)), out=lowered_np)
+            logits[index_np] = lowered_np
+            return None
         values = upload.upload(n + m)
         index, penalty = values[:n], values[n:].view(dtype)[:n]
         kept = step.flat.index_select(0, index)
         lowered = kept - penalty
-        lowest = _LOWEST.get(dtype)
-        if lowest is None:
-            lowest = _LOWEST[dtype] = torch.finfo(dtype).min
         torch.maximum(lowered, kept.clamp_max(lowest), out=lowered)  # finite stays finite, -inf stays
         step.flat.index_copy_(0, index, lowered)
         return None
