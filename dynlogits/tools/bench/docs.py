@@ -145,9 +145,8 @@ step of that workload. `syncs`: over a sequence with the workload's requests plu
 (`dynlogits.testing.cuda.drive`). The drive's tokens are the argmax of random logits, so for
 no_repeat_ngram and dry, whose work needs repeats, both sequences run narrower (4 and 32 ids) and
 longer, and `launches` is the most of four such steady sequences' last steps. A workload whose
-requests run per row on a runner (hosted: watermark and dry on both, no_repeat_ngram on Model
-Runner V2, `workloads.HOSTED_KINDS`) shows its counts too; the device targets judge the resident
-ones.
+requests run per row on a runner (hosted, `dynlogits.tools.bench.workloads.HOSTED_KINDS`) shows its
+counts too; the device targets judge the resident ones.
 
 Targets: forced_sequence at batch 64 and 256, vocab 151936 within 1.25x of the floor and at batch
 64 at least 3x faster than the reference; banned_tokens and logit_bias at batch 64 at least 10x
