@@ -131,7 +131,7 @@ class WatermarkGroup(WindowDecided):
         slots = window.slots(slot_of_row)
         pos = window.pos.long()
         prompt = window.prompt_len[slots].long()
-        span = min(MAX_HISTORY + wide, window.tokens.shape[1])
+        span = max(min(MAX_HISTORY + wide, window.tokens.shape[1]), wide + 1)  # columns past the start read as before it
         start = pos - (span - 1)  # the span's first column
         at = start[:, None] + self._span_offsets(span)
         tokens = window._read(slots, at.clamp(min=0)).long()

@@ -175,3 +175,33 @@ def test_model_runner_v2_draft_rows_are_the_hosted_processors_on_each_drafts_his
             r.output.append(token)
             at += 1 + len(drafts[r.name])
     assert not driver.failures()
+
+
+@pytest.mark.parametrize("distance", [8191, 8192, 8193])
+def test_model_runner_v2_repeats_are_looked_for_within_vllms_max_history_on_the_device(distance: int) -> None:
+    """The context's last occurrence ``distance`` positions back: within ``MAX_HISTORY`` (8192) the
+    step is left to the engine, beyond it drawn, as the hosted processor decides."""
+    from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
+    from dynlogits.adapters.vllm.conformance import _vllm_config
+    from dynlogits.adapters.vllm.harness import V2SamplerHarness
+
+    rng = random.Random(distance)
+    harness = V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=VOCAB, max_num_reqs=2, max_model_len=8400,
+                               vllm_config=_vllm_config(VOCAB))
+    context = [7, 8, 9, 10]
+    n = 8300
+    output = [rng.randrange(100, VOCAB) for _ in range(n)]  # no accidental repeat of the context
+    output[n - 4:] = context
+    q = n - distance  # the context of position q (tokens q - 4 .. q - 1) is the step's
+    output[q - 4 : q] = context
+    request = _Request(rng, "long")
+    request.temperature, request.width, request.banned = 1.0, 4, False
+    request.payload = [{"kind": "watermark", "key": request.key, "context_width": 4}]
+    request.reference = WatermarkProcessor(request.key, 4, temperature=1.0)
+    request.output = output
+    harness.add_request("long", [3, 4], request.params(), output_ids=output)
+    raw = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(distance))
+    want = request.want(raw[0])
+    out = harness.step(["long"], raw.clone())
+    assert torch.equal(out[0], want)
+    assert (torch.isfinite(out[0]).sum() == 1) == (distance > 8192)
