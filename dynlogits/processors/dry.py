@@ -514,27 +514,33 @@ class DryProcessor:
         return found
 
     # -- the step --------------------------------------------------------------------------------
-    def step_penalties(self, input_ids: Sequence[int], width: int) -> tuple[list[int], list[float]]:
-        """The ids this step penalizes (inside ``width``, in no particular order) and each one's
-        penalty (float64, as llama.cpp computes it)."""
+    def penalize_into(self, input_ids: Sequence[int], width: int, base: int, flat: list[int],
+                      amounts: list[float]) -> None:
+        """Append ``base + id`` to ``flat`` for each id this step penalizes (inside ``width``, in no
+        particular order) and its penalty to ``amounts`` (float64, as llama.cpp computes it)."""
         if self._multiplier == 0.0 or self._lookback == 0:
-            return [], []
+            return
         found = self._found(input_ids)
         if not found:
-            return [], []
-        single, allowed, amounts = self._breakers.single_set, self._allowed, self._amounts
-        ids: list[int] = []
-        pens: list[float] = []
+            return
+        single, allowed, table, cap_exp = self._breakers.single_set, self._allowed, self._amounts, self._cap_exp
         for token, length in found.items():
             if token < 0 or token >= width or token in single:
                 continue
             exponent = length - allowed
-            if self._cap_exp and exponent > self._cap_exp:
-                exponent = self._cap_exp
-            while len(amounts) <= exponent:
-                amounts.append(self._multiplier * self._base ** len(amounts))
-            ids.append(token)
-            pens.append(amounts[exponent])
+            if cap_exp and exponent > cap_exp:
+                exponent = cap_exp
+            while len(table) <= exponent:
+                table.append(self._multiplier * self._base ** len(table))
+            flat.append(base + token)
+            amounts.append(table[exponent])
+
+    def step_penalties(self, input_ids: Sequence[int], width: int) -> tuple[list[int], list[float]]:
+        """The ids this step penalizes (inside ``width``, in no particular order) and each one's
+        penalty (float64, as llama.cpp computes it)."""
+        ids: list[int] = []
+        pens: list[float] = []
+        self.penalize_into(input_ids, width, 0, ids, pens)
         return ids, pens
 
     def penalties(self, input_ids: Sequence[int], width: int) -> tuple[np.ndarray, np.ndarray]:

@@ -2,7 +2,7 @@
 runner): ``DryTemplate`` names ``DryGroup``, a decided group with no device tables.
 
 Each step every member row is decided on the host by its own processor, in one pass
-(``DryProcessor.step_penalties``: the ids the row penalizes and each one's amount, from the row's
+(``DryProcessor.penalize_into``: the ids the row penalizes and each one's amount, from the row's
 state kept across steps); the flat indices (``row * width + id``) and the amounts, converted to the
 logits' dtype on the host and packed into 64-bit words behind the indices, go up in one
 non-blocking upload, and the rows are lowered with a read, a subtraction and a write back: the
@@ -102,17 +102,21 @@ class DryGroup(DecidedGroup):
         amounts: list[float] = []
         for base, (row, slot, processor) in zip(self._cache["base"], deciders):
             try:
-                ids, pens = processor.step_penalties(histories[row], width)
+                processor.penalize_into(histories[row], width, base, flat, amounts)
             except Exception as exc:  # a bug must not escape the sampler: this row alone
                 fail(row, slot, exc)
-                continue
-            if ids:
-                if len(ids) == 1:
-                    flat.append(base + ids[0])
-                else:
-                    flat += [base + t for t in ids]
-                amounts += pens
+                kept = min(len(flat), len(amounts), self._rows_before(flat, base))
+                del flat[kept:], amounts[kept:]
         return flat, amounts
+
+    @staticmethod
+    def _rows_before(flat: list[int], base: int) -> int:
+        """How many of ``flat``'s indices belong to rows before the one starting at ``base`` (rows
+        are decided in order, so their indices come first and lie below ``base``)."""
+        kept = len(flat)
+        while kept and flat[kept - 1] >= base:
+            kept -= 1
+        return kept
 
     def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: Decisions,
                              upload: StepUpload) -> None:
