@@ -53,6 +53,10 @@ def batched_draw(rows: torch.Tensor, temperatures: torch.Tensor, states: torch.T
     return torch.argmax(x + gumbel_noise(uniform_from_states(states, keys, rows.shape[1])), dim=1)
 
 
+#: ``decide_from_window``'s answer when no member samples (``apply_device_decisions`` then does nothing)
+_NOTHING = torch.empty(0, 5, dtype=torch.long)
+
+
 class WatermarkGroup(WindowDecided):
     """``watermark`` entries at one position, drawn in one batch (see the module doc). Tables per
     slot: the key's two words, the context width and whether the request samples (``params``), and
@@ -67,6 +71,7 @@ class WatermarkGroup(WindowDecided):
         self.params = self.table(torch.long, width=4)
         self.temperature = self.table(torch.float32, pad=0.0)
         self._widths: dict[int, int] = {}  # member slot -> its context width
+        self._sampling: set[int] = set()  # member slots whose request samples (the others never draw)
 
     def _write(self, slot: int, template: WatermarkTemplate) -> None:
         low, high = key_words(template.key)
@@ -74,10 +79,15 @@ class WatermarkGroup(WindowDecided):
         self.params.set(slot, [low, high, template.width, int(samples)])
         self.temperature.set(slot, [template.temperature if samples else 1.0])  # type: ignore[list-item]  # set where it samples
         self._widths[slot] = template.width
+        if samples:
+            self._sampling.add(slot)
+        else:
+            self._sampling.discard(slot)
 
     def assign(self, slot: int, template: Template | None) -> None:
         if template is None:
             self._widths.pop(slot, None)
+            self._sampling.discard(slot)
         super().assign(slot, template)
 
     def reads_generated(self, rows: ListedRows) -> bool:
@@ -122,6 +132,8 @@ class WatermarkGroup(WindowDecided):
         """Per row of the step: ``[rows, 5]``, the four state words and whether the row draws
         (a member that samples, with no placeholder in its tokens and a context not seen within
         ``MAX_HISTORY`` positions of its output)."""
+        if not self._sampling:  # greedy members only: nothing to draw, nothing on the device
+            return _NOTHING
         slot_of_row = rows.slot_of_row
         params = self.params.dev[slot_of_row]
         widths = set(self._widths.values())
@@ -167,6 +179,8 @@ class WatermarkGroup(WindowDecided):
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> None:
         """Draw every row and force those that draw (``decide_from_window``); the others untouched."""
+        if decisions is _NOTHING:
+            return None
         params = self.params.dev[rows.slot_of_row]
         tokens = batched_draw(step.logits, self.temperature.dev[rows.slot_of_row, 0], decisions[:, :4], params[:, :2])
         force_device_decisions(step, rows, torch.where(decisions[:, 4] > 0, tokens, -1))

@@ -60,3 +60,4 @@ def test_a_sequence_with_batch_changes_and_failing_requests_never_waits(runner: 
         else:
             result = drive_v2(sim, Scenario(payloads=[PAYLOAD] * 2, steps=9), drafts=2 if runner == "v2-drafts" else 0)
     assert [str(s) for s in result.syncs] == []
+

@@ -205,3 +205,27 @@ def test_model_runner_v2_repeats_are_looked_for_within_vllms_max_history_on_the_
     out = harness.step(["long"], raw.clone())
     assert torch.equal(out[0], want)
     assert (torch.isfinite(out[0]).sum() == 1) == (distance > 8192)
+
+
+@pytest.mark.parametrize("runner", ["vllm-v1", "vllm-v2"])
+def test_greedy_requests_are_resident_and_left_as_they_are(runner: str) -> None:
+    rng = random.Random(3)
+    driver: Any = VllmV1Driver(VOCAB) if runner == "vllm-v1" else VllmV2Driver(VOCAB)
+    requests = [_Request(rng, f"g{i}") for i in range(3)]
+    for request in requests:
+        request.temperature = 0.0
+        request.reference = WatermarkProcessor(request.key, request.width, temperature=0.0)
+        _add(driver, request)
+    for step in range(3):
+        raw = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(step))
+        want = [r.want(raw[i]) for i, r in enumerate(requests)]
+        step_rows = driver.step if runner == "vllm-v1" else driver.harness.step
+        out = step_rows([r.name for r in requests], raw.clone())
+        assert _resident(driver) == 3
+        for i, request in enumerate(requests):
+            assert torch.equal(out[i], want[i])
+            assert torch.isfinite(out[i]).sum() >= VOCAB - 1  # not forced
+            token = int(out[i].argmax())
+            if runner == "vllm-v2":
+                driver.harness.commit(request.name, [token])
+            request.output.append(token)
