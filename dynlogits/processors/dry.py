@@ -1,17 +1,26 @@
 """``dry``: llama.cpp's DRY repetition penalty ("Don't Repeat Yourself", koboldcpp's, by pi6am after
-p-e-w's scheme), as a hosted (per-row) processor.
+p-e-w's scheme): the processor, and its template (``dry_group``: resident where the adapter gives
+the rows' histories on the host, vLLM's V1 runner; hosted elsewhere, per row).
 
 The rule is llama.cpp's (``src/llama-sampling.cpp``: ``get_overlapping_token_sequences`` and
 ``llama_sampler_init_dry`` for the breakers, ``llama_sampler_dry_apply`` for a step), stated in
 docs/specs.md (``dry``); ``dynlogits.testing.dry_reference`` restates llama.cpp's steps literally
-(its Z-algorithm included), and the tests hold this module to it on random histories. This module
-computes the same match lengths another way: every earlier position whose token equals the window's
-last one is a candidate, and the candidates still matching are extended one token back at a time,
-all at once (numpy), until none is left or the length reaches the most that can change the penalty
-(the breaker limit, or ``allowed_length`` plus llama.cpp's exponent clamp); past ``VECTOR_STEPS``
-extensions (a 32nd of the window for longer windows) the Z-algorithm finishes them. Per step and
-row: O(window) to find the candidates and the nearest breaker, O(live candidates) per extension,
-O(window) for the Z-algorithm; the window is bounded by ``MAX_DRY_LOOKBACK`` before any work.
+(its Z-algorithm included), and the tests hold this module to it on random histories, grown step
+by step. The processor keeps, per history (``KEPT_ROWS`` of them, checked against its tokens at
+every call), the window's state: each token's positions, and for every earlier position of the
+window's last token the length of the repeat ending there (capped where the penalty stops growing:
+``allowed_length`` plus llama.cpp's exponent clamp). One more token ``t`` makes the repeats ending at
+``t``'s earlier positions those ending one before them, one longer (never reaching past the
+window's start), so a step that only grew the history costs O(occurrences of ``t`` in the window),
+plus the nearest breaker (from the breaker heads' positions, the nearest first) and the ids those
+repeats would extend; the amounts come from a per-processor table, ``multiplier * base ** exponent``
+computed as llama.cpp computes it. A history the state does not cover (its first call, another
+row, a rewrite deeper than ``TAIL_CHECKED``, more than ``REBUILD_AFTER`` new tokens) rebuilds it
+once: every earlier position whose token equals the window's last one is a candidate, and the
+candidates still matching are extended one token back at a time, all at once (numpy); past
+``VECTOR_STEPS`` extensions (a 32nd of the window for longer windows) the Z-algorithm finishes them,
+O(window). A history with a placeholder before its newest slot (no engine makes one) is scanned
+that way whole, without state. The window is bounded by ``MAX_DRY_LOOKBACK`` before any work.
 
 Breakers are resolved once per (vocabulary, breaker) and shared (``BREAKERS_KEPT``): a token whose
 text holds the breaker breaks a repeat alone; a token whose text ends with a proper prefix of the
