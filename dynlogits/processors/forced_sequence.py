@@ -83,11 +83,12 @@ class ForcedSequenceGroup(PlannedGroup):
         """The tables ``_pick`` reads. Each row's position is turned into a column ``c`` by
         counting the row's bounds at or below it (``searchsorted``): bounds ``offset + [0, 1, ..,
         length]`` give ``c = clamp(generated + 1, 0, length + 1)``, ``c = 0`` for a row still in
-        prefill (its sample is discarded). Per row and column, five planes: the forced token's flat
-        index (column ``c`` forces ``sequence[max(c - 1, 0)]``, EOS once the sequence is spent);
-        the flag slot of a row that keeps it (the sentinel: no flag); what replaces both where the
-        token is masked (its stop token's index; its own slot, the sentinel in prefill); and the
-        position a flag records (``c - 1``: the generated count, at most the sequence's length)."""
+        prefill (its sample is discarded). Per row and column, six planes, a live row's three then a
+        masked row's: the forced token's flat index (column ``c`` forces ``sequence[max(c - 1,
+        0)]``, EOS once the sequence is spent), the flag slot of a row that keeps it (the sentinel:
+        no flag) and the position (``c - 1``: the generated count, at most the sequence's length);
+        then what replaces them where the token is masked: its stop token's index, its own slot (the
+        sentinel in prefill) and the same position (what its flag records)."""
         n = len(rows.rows)
         assert rows.base is not None and rows.stop_index is not None
         sentinel = self._sentinel
@@ -97,7 +98,7 @@ class ForcedSequenceGroup(PlannedGroup):
         dead_slot = rows.slots_dev[:, None].expand(n, width + 1).clone()
         dead_slot[:, :1].fill_(sentinel)
         position = torch.arange(-1, width, device=flat.device).expand(n, width + 1)
-        self._cache["table"] = torch.stack([flat, torch.full_like(flat, sentinel),
+        self._cache["table"] = torch.stack([flat, torch.full_like(flat, sentinel), position,
                                             rows.stop_index[:, None].expand(n, width + 1), dead_slot, position])
         steps = torch.arange(width, device=flat.device).expand(n, width)
         self._cache["steps"] = steps
@@ -114,7 +115,7 @@ class ForcedSequenceGroup(PlannedGroup):
     _NEVER = 2**31 - 1  # a bound no position reaches (fits int32 positions too)
 
     def _pick(self, step: StepInputs, rows: ListedRows) -> torch.Tensor:
-        """``[5, n]``: this step's column of every plane of ``_prepare_settle``'s table, from
+        """``[6, n]``: this step's column of every plane of ``_prepare_settle``'s table, from
         ``pos`` (against ``pos_offset``) or ``generated``: two ops, whatever the runner gives."""
         n = len(rows.rows)
         values, offset = (step.pos, step.pos_offset) if step.pos is not None else (step.generated, None)
@@ -127,7 +128,7 @@ class ForcedSequenceGroup(PlannedGroup):
                 offset if rows.identity else offset[rows.rows_dev])[:, None]
             bounds = self._cache["bounds"] = (offset, at.masked_fill(self._cache["beyond"], self._NEVER).to(values.dtype))
         column = torch.searchsorted(bounds[1], values.view(n, 1), right=True)
-        return self._cache["table"].gather(2, column.view(1, n, 1).expand(5, n, 1)).view(5, n)
+        return self._cache["table"].gather(2, column.view(1, n, 1).expand(6, n, 1)).view(6, n)
 
     @staticmethod
     def _tokens(generated: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor,
@@ -145,6 +146,7 @@ class ForcedSequenceGroup(PlannedGroup):
         the sequence's length, as everywhere in this group): on the host, what ``_pick`` would
         otherwise derive on the device each step."""
         n = len(rows.rows)
+        self._cache["host_positions"] = out[2 * n :]  # what ``_settle`` reports a flag at
         few = self._cache.get("few")
         if few is not None:
             at = [min(counts[row], length) for row, length, _ in few]
@@ -172,10 +174,10 @@ class ForcedSequenceGroup(PlannedGroup):
         if self._settles(rows):
             if planned is not None:
                 picked, index, positions = planned
-                return self._settle(step, rows, picked, index, self._cache["if_dead"], positions)
+                return self._settle(step, rows, picked, index, self._cache["if_dead"], positions,
+                                    self._cache["host_positions"])
             picked = self._pick(step, rows)
-            index, _, _, _, positions = picked.unbind(0)
-            return self._settle(step, rows, picked[:2], index, picked[2:4], positions)
+            return self._settle(step, rows, picked[:3], picked[0], picked[3:], picked[2], None)
         if planned is not None:
             _, index, positions = planned
             witness = force_listed_at(step, index, rows)
@@ -189,39 +191,43 @@ class ForcedSequenceGroup(PlannedGroup):
         return Dead(rows.rows_dev, rows.slots_dev, witness, positions, rows.stop_index, rows.can_stop)
 
     def _settle(self, step: StepInputs, rows: ListedRows, picked: torch.Tensor, index: torch.Tensor,
-                if_dead: torch.Tensor, positions: torch.Tensor) -> Dead:
+                if_dead: torch.Tensor, positions: torch.Tensor, host_positions: np.ndarray | None) -> Dead:
         """Settle the rows here (``_settles``), in as few launches as the step allows: each row gets
-        its forced token, or its stop token where the forced one is masked (then its flag too, when
-        ``step.flags`` is given; a row without a stop token is flagged and left with no token, as
-        ``Failures.record_dead`` would). ``picked``: the forced flat indices and the no-flag slots, ``[2,
-        n]`` (``index`` is its first row); ``if_dead``: what replaces them on a masked row;
-        ``positions``: what a flag records."""
+        its forced token, or its stop token where the forced one is masked (a row without a stop
+        token is left with no token, as ``Failures.record_dead`` would); when ``step.flag_rows`` is
+        given, the masked rows are reported through it from the same pick, with no write of flags.
+        ``picked``: the forced flat indices and the no-flag slots, ``[2, n]``, then, where the host
+        does not know them (``host_positions`` ``None``), the positions (``[3, n]``; ``index`` is
+        its first row); ``if_dead``: what replaces them on a masked row; ``positions``: the rows'
+        positions on the device."""
         kept = step.flat.index_select(0, index)
         fill_rows(step.logits, rows.runs, rows.rows_dev)
         dead = torch.isneginf(kept)
         if rows.can_stop is None:
-            target, flag_slot = torch.where(dead, if_dead, picked).unbind(0)
-            step.flat.index_fill_(0, target, 0.0)
+            chosen = torch.where(dead, if_dead, picked)
+            step.flat.index_fill_(0, chosen[0], 0.0)
         else:  # a masked row without a stop token is only flagged: -inf goes back onto its forced id
-            stops, dead_value, live_value = self._without_stops(rows, step.flat.dtype)
-            target, flag_slot = torch.where(dead & stops, if_dead, picked).unbind(0)
-            step.flat.index_copy_(0, target, torch.where(dead, dead_value, live_value))
-        if step.flags is not None:
-            step.flags.scatter_reduce_(0, flag_slot, positions, reduce="amax")
+            stops, dead_value, live_value = self._without_stops(rows, step.flat.dtype, picked.shape[0])
+            chosen = torch.where(dead & stops, if_dead, picked)
+            step.flat.index_copy_(0, chosen[0], torch.where(dead, dead_value, live_value))
+        if step.flag_rows is not None:  # each row's slot (the sentinel: not flagged), with its position
+            step.flag_rows(chosen[1] if host_positions is not None else chosen[1:], host_positions)
         return Dead(rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,
-                    settled=dead, flagged=step.flags is not None)
+                    settled=dead, flagged=step.flag_rows is not None)
 
-    def _without_stops(self, rows: ListedRows, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """For ``_settle`` when some rows have no stop token: ``[2, n]`` masks of the rows whose
+    def _without_stops(self, rows: ListedRows, dtype: torch.dtype,
+                       planes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For ``_settle`` when some rows have no stop token: ``[planes, n]`` masks of the rows whose
         ``if_dead`` replaces ``picked`` where their token is masked (the target: rows with a stop
-        token; the flag slot: every row), the logit a masked row's target gets (0.0 at its stop
-        token, ``-inf`` without one) and the one a live row's forced id gets (0.0)."""
+        token; the flag slot and the position: every row), the logit a masked row's target gets (0.0
+        at its stop token, ``-inf`` without one) and the one a live row's forced id gets (0.0)."""
         cached = self._cache.get("without_stops")
-        if cached is None or cached[1].dtype != dtype:
+        if cached is None or cached[1].dtype != dtype or cached[0].shape[0] != planes:
             can_stop = rows.can_stop
             assert can_stop is not None
             dead_value = torch.where(can_stop, 0.0, NEG_INF).to(dtype)
-            cached = self._cache["without_stops"] = (torch.stack([can_stop, torch.ones_like(can_stop)]), dead_value,
+            every = torch.ones_like(can_stop)
+            cached = self._cache["without_stops"] = (torch.stack([can_stop] + [every] * (planes - 1)), dead_value,
                                                      torch.zeros_like(dead_value))
         return cached
 

@@ -18,7 +18,7 @@ Semantics are ``dynlogits.processors.ops``'. Padded table cells repeat one of th
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -197,9 +197,12 @@ class StepInputs:
     stride: int
     generated: torch.Tensor | None
     stops: torch.Tensor
-    #: the per-slot failure flags a group that settles its empty rows may write itself (``None``:
-    #: rows may be drafts, so ``SlotBatch`` decides which rows to flag)
-    flags: torch.Tensor | None = None
+    #: where a group that settles its empty rows reports them itself: ``flag_rows(rows, positions)``,
+    #: ``rows`` an int64 device tensor of each row's slot (the tables' last slot: not flagged), with
+    #: the host's positions (one per row), or ``[2, n]``: the slots, then the positions (queued back to
+    #: the host in this step: ``dynlogits.sdk.resident.failures.Failures.flag_rows``). ``None``: rows
+    #: may be drafts, so ``SlotBatch`` decides which rows to flag
+    flag_rows: Callable[[torch.Tensor, np.ndarray | None], None] | None = None
     #: listed layout, positions as the runner holds them (Model Runner V2): ``generated = pos -
     #: pos_offset`` (row-indexed; ``pos_offset`` is the same tensor while the layout stays), for a
     #: group that reads them without the subtraction (``generated`` is then ``None`` unless another
@@ -226,7 +229,7 @@ class Dead:
     where: torch.Tensor | None = None
     #: the empty rows, already fail-stopped by the group (only their flags remain to be written)
     settled: torch.Tensor | None = None
-    #: the group wrote the flags of its empty rows already (``StepInputs.flags``)
+    #: the group reported its empty rows already (``StepInputs.flag_rows``)
     flagged: bool = False
 
     def evaluate(self, step: StepInputs) -> torch.Tensor:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import pytest
@@ -96,8 +97,8 @@ def test_mutant_that_attributes_a_flag_to_the_slots_occupant_at_read_time_misses
     slot's occupant when the copy lands (the slot is empty by then), nothing is reported."""
     real = flags.SlotFlags.snapshot
 
-    def snapshot(self: flags.SlotFlags) -> flags.FlagSnapshot:
-        taken = real(self)
+    def snapshot(self: flags.SlotFlags, *args: Any) -> flags.FlagSnapshot:  # per-slot or per-row flags
+        taken = real(self, *args)
         taken.owners = self.owners  # the live list: whoever holds each slot when it is read
         return taken
 

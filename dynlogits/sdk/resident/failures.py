@@ -3,8 +3,9 @@ writes when a row is left with no token, and their read back.
 
 A failed slot's rows are fail-stopped every step (``failed``, ``failed_member``). A row a group
 left with no token is fail-stopped on the device in the same step and its slot flagged with the
-row's output position (``record_dead``); the flags go to the host in a copy queued in that step
-(``queue_read_back``) and, once it lands (``dynlogits.sdk.readback``, any thread), the request
+row's output position (``record_dead``), or, for a group that settles its own rows, flagged per
+row (``flag_rows``: a tensor the group computes anyway, no write into the flags); the flags go to
+the host in a copy queued in that step (``queue_read_back``, ``flag_rows``) and, once it lands (``dynlogits.sdk.readback``, any thread), the request
 that held the slot when the copy was queued is failed and queued in ``newly_failed`` for the slot
 engine to fail-stop wherever it is now. Nothing here waits on the device."""
 
@@ -40,6 +41,7 @@ class Failures:
         self._no_flags = np.full(num_slots, self.flags.fill, dtype=np.int64).tobytes()  # none flagged, as bytes
         self._minus_one = torch.full((), -1, dtype=torch.long, device=device)
         self._written = False  # flags written since the last snapshot was queued
+        self._no_row_flags: dict[int, bytes] = {}  # n rows none flagged (every slot the sentinel), as bytes
         #: requests a landed snapshot failed (possibly on the watcher thread), to be fail-stopped in
         #: their current slot by the slot engine
         self.newly_failed: deque[GuardedRequest] = deque()
@@ -60,7 +62,7 @@ class Failures:
         their slots; rows after drafts (``real_rows`` false) only stop: the draft may be rejected."""
         for d in deaths:
             if d.flagged:
-                continue  # settled and flagged by its group
+                continue  # settled and flagged by its group (``flag_rows``)
             dead = d.evaluate(step)
             if d.settled is not None:
                 pass  # fail-stopped by its group already
@@ -77,7 +79,15 @@ class Failures:
             flagged = dead if real_rows is None else dead & (real_rows if d.rows is None else real_rows[d.rows])
             position = d.positions if d.positions is not None else torch.zeros_like(d.slots)
             self.flags.dev.scatter_reduce_(0, d.slots, torch.where(flagged, position, self._minus_one), reduce="amax")
-        self._written = True
+            self._written = True
+
+    def flag_rows(self, rows: torch.Tensor, positions: np.ndarray | None = None) -> None:
+        """Per-row flags from a group that settled its rows (``StepInputs.flag_rows``): ``rows`` holds
+        each row's slot, the sentinel (``num_slots``) where the row is not flagged, then, without
+        ``positions`` (the host's, one per row), a second row of positions (``SlotFlags.snapshot``).
+        Their copy is queued now, in the step that wrote them; ``read`` runs when it lands."""
+        snapshot = self.flags.snapshot(rows, positions)
+        INBOX.when_landed(snapshot.landed, lambda: self.read(snapshot), self.device)
 
     def queue_read_back(self) -> None:
         """If flags were written since the last copy, queue one now, in the step that wrote them
@@ -91,14 +101,35 @@ class Failures:
         """Fail the requests a landed snapshot flags (any thread: see ``dynlogits.sdk.readback``) and
         queue them in ``newly_failed``."""
         try:
+            if snapshot.per_row:
+                self._read_rows(snapshot)
+                return
             values = snapshot.values[: self.num_slots]  # not the sentinel's
             if values.tobytes() == self._no_flags:  # nothing flagged (a byte compare: cheaper than numpy)
                 return
             for slot in np.flatnonzero(values >= 0).tolist():
-                request = snapshot.owners[slot]
-                if request is None or request.error is not None:
-                    continue  # (a failed request without a stop token stays flagged: already handled)
-                request.fail(NO_TOKEN_LEFT.format(n=int(values[slot])))
-                self.newly_failed.append(request)
+                self._fail(snapshot.owners[slot], int(values[slot]))
         finally:
             snapshot.release()
+
+    def _read_rows(self, snapshot: FlagSnapshot) -> None:
+        """``read`` for per-row flags (``flag_rows``)."""
+        values = snapshot.values
+        slots = values if values.ndim == 1 else values[0]
+        n = len(slots)
+        none = self._no_row_flags.get(n)
+        if none is None:
+            none = self._no_row_flags[n] = np.full(n, self.num_slots, dtype=np.int64).tobytes()
+        if slots.tobytes() == none:
+            return
+        positions = snapshot.positions if snapshot.positions is not None else values[1]
+        for i in np.flatnonzero(slots < self.num_slots).tolist():
+            self._fail(snapshot.owners[int(slots[i])], int(positions[i]))
+
+    def _fail(self, request: GuardedRequest | None, position: int) -> None:
+        """Fail ``request`` (the slot's owner when the copy was queued), left with no token at
+        ``position``, unless it has failed already."""
+        if request is None or request.error is not None:
+            return  # (a failed request without a stop token stays flagged: already handled)
+        request.fail(NO_TOKEN_LEFT.format(n=position))
+        self.newly_failed.append(request)

@@ -210,7 +210,7 @@ class SlotBatch:
         if stops is None or stops[0] is not self.stop.dev:  # a view kept while the table stays
             stops = self._stops = (self.stop.dev, self.stop.dev[:, 0])
         return StepInputs(logits, logits.view(-1), logits.stride(0), generated, stops[1],
-                          flags=None if drafts else self.failures.flags.dev, pos=pos, pos_offset=pos_offset)
+                          flag_rows=None if drafts else self.failures.flag_rows, pos=pos, pos_offset=pos_offset)
 
     def _stop_newly_failed(self) -> None:
         """Fail-stop the slots now held by requests a landed snapshot failed (the request may have
