@@ -222,3 +222,16 @@ def test_amounts_are_packed_as_the_hosted_processor_converts_them(dtype: torch.d
     got = torch.from_numpy(out).view(dtype)[: len(amounts)]
     want = torch.from_numpy(np.minimum(np.array(amounts), torch.finfo(dtype).max)).to(dtype)
     assert torch.equal(got, want) and torch.isfinite(got).all()
+
+
+def test_a_scoped_entry_stays_hosted_and_a_trailing_plug_in_leaves_dry_resident(monkeypatch: pytest.MonkeyPatch) -> None:
+    reasoning = {"kind": "reasoning", "start_token_ids": [13], "end_token_ids": [14]}
+    scoped = _realize([reasoning, {"kind": "dry", "multiplier": 1.0, "scope": "answer"}], [])
+    assert not scoped.resident  # a scoped dry sees its phase's stretch: hosted, per row
+    monkeypatch.setenv("DYN_LOGITS_PYTHON_FACTORIES", "dynlogits.testing.faults:scale")
+    python = {"kind": "python", "factory": "dynlogits.testing.faults:scale", "kwargs": {"scale": 0.5}}
+    request = sdk.realize([{"kind": "dry", "multiplier": 1.0, "sequence_breakers": []}, python], vocab_size=W,
+                          stop_token_id=EOS, facts=sdk.RequestFacts.of(prompt_ids=[], eos_token_id=EOS))
+    assert request is not None and not request.failed
+    leading, trailing = request.split()
+    assert leading is not None and trailing is not None  # dry resident, the plug-in per row after it
