@@ -203,17 +203,28 @@ class ForcedSequenceGroup(PlannedGroup):
         kept = step.flat.index_select(0, index)
         fill_rows(step.logits, rows.runs, rows.rows_dev)
         dead = torch.isneginf(kept)
+        chosen, target, flagged = self._chosen(picked, host_positions is not None)
         if rows.can_stop is None:
-            chosen = torch.where(dead, if_dead, picked)
-            step.flat.index_fill_(0, chosen[0], 0.0)
+            torch.where(dead, if_dead, picked, out=chosen)
+            step.flat.index_fill_(0, target, 0.0)
         else:  # a masked row without a stop token is only flagged: -inf goes back onto its forced id
             stops, dead_value, live_value = self._without_stops(rows, step.flat.dtype, picked.shape[0])
-            chosen = torch.where(dead & stops, if_dead, picked)
-            step.flat.index_copy_(0, chosen[0], torch.where(dead, dead_value, live_value))
+            torch.where(dead & stops, if_dead, picked, out=chosen)
+            step.flat.index_copy_(0, target, torch.where(dead, dead_value, live_value))
         if step.flag_rows is not None:  # each row's slot (the sentinel: not flagged), with its position
-            step.flag_rows(chosen[1] if host_positions is not None else chosen[1:], host_positions)
+            step.flag_rows(flagged, host_positions)
         return Dead(rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,
                     settled=dead, flagged=step.flag_rows is not None)
+
+    def _chosen(self, picked: torch.Tensor, host_positions: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``_settle``'s pick, kept for the layout (a later step's pick is queued after this one's copy
+        back, so the buffer is reused), and its views: the target, and what ``flag_rows`` copies back
+        (the flag slots, and the positions unless the host knows them: ``host_positions``)."""
+        cached = self._cache.get("chosen")
+        if cached is None or cached[0].shape != picked.shape:
+            chosen = torch.empty_like(picked)
+            cached = self._cache["chosen"] = (chosen, chosen[0], chosen[1] if host_positions else chosen[1:])
+        return cached
 
     def _without_stops(self, rows: ListedRows, dtype: torch.dtype,
                        planes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

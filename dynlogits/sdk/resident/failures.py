@@ -42,6 +42,7 @@ class Failures:
         self._minus_one = torch.full((), -1, dtype=torch.long, device=device)
         self._written = False  # flags written since the last snapshot was queued
         self._no_row_flags: dict[int, bytes] = {}  # n rows none flagged (every slot the sentinel), as bytes
+        self._cpu_rows: dict[tuple[int, ...], tuple[torch.Tensor, np.ndarray]] = {}  # ``flag_rows``' CPU buffers
         #: requests a landed snapshot failed (possibly on the watcher thread), to be fail-stopped in
         #: their current slot by the slot engine
         self.newly_failed: deque[GuardedRequest] = deque()
@@ -85,9 +86,21 @@ class Failures:
         """Per-row flags from a group that settled its rows (``StepInputs.flag_rows``): ``rows`` holds
         each row's slot, the sentinel (``num_slots``) where the row is not flagged, then, without
         ``positions`` (the host's, one per row), a second row of positions (``SlotFlags.snapshot``).
-        Their copy is queued now, in the step that wrote them; ``read`` runs when it lands."""
-        snapshot = self.flags.snapshot(rows, positions)
-        INBOX.when_landed(snapshot.landed, lambda: self.read(snapshot), self.device)
+        Their copy is queued now, in the step that wrote them; ``read`` runs when it lands (on the
+        CPU at once, as ``INBOX.when_landed`` would, without a snapshot)."""
+        if self.flags.asynchronous:
+            snapshot = self.flags.snapshot(rows, positions)
+            INBOX.when_landed(snapshot.landed, lambda: self.read(snapshot), self.device)
+            return
+        shape = tuple(rows.shape)
+        buffer = self._cpu_rows.get(shape)
+        if buffer is None:
+            if len(self._cpu_rows) >= 16:  # one per layout size seen lately
+                self._cpu_rows.clear()
+            host = torch.empty(shape, dtype=torch.int64)
+            buffer = self._cpu_rows[shape] = (host, host.numpy())
+        buffer[0].copy_(rows)  # a copy into a kept buffer: no numpy view made per step
+        self._read_rows(buffer[1], positions, self.flags.owners)
 
     def queue_read_back(self) -> None:
         """If flags were written since the last copy, queue one now, in the step that wrote them
@@ -102,7 +115,7 @@ class Failures:
         queue them in ``newly_failed``."""
         try:
             if snapshot.per_row:
-                self._read_rows(snapshot)
+                self._read_rows(snapshot.values, snapshot.positions, snapshot.owners)
                 return
             values = snapshot.values[: self.num_slots]  # not the sentinel's
             if values.tobytes() == self._no_flags:  # nothing flagged (a byte compare: cheaper than numpy)
@@ -112,9 +125,9 @@ class Failures:
         finally:
             snapshot.release()
 
-    def _read_rows(self, snapshot: FlagSnapshot) -> None:
-        """``read`` for per-row flags (``flag_rows``)."""
-        values = snapshot.values
+    def _read_rows(self, values: np.ndarray, positions: np.ndarray | None, owners: list[GuardedRequest | None]) -> None:
+        """``read`` for per-row flags (``flag_rows``): ``values`` each row's slot, then, without
+        ``positions``, a second row of positions; ``owners`` each slot's request when they were taken."""
         slots = values if values.ndim == 1 else values[0]
         n = len(slots)
         none = self._no_row_flags.get(n)
@@ -122,9 +135,9 @@ class Failures:
             none = self._no_row_flags[n] = np.full(n, self.num_slots, dtype=np.int64).tobytes()
         if slots.tobytes() == none:
             return
-        positions = snapshot.positions if snapshot.positions is not None else values[1]
+        at = positions if positions is not None else values[1]
         for i in np.flatnonzero(slots < self.num_slots).tolist():
-            self._fail(snapshot.owners[int(slots[i])], int(positions[i]))
+            self._fail(owners[int(slots[i])], int(at[i]))
 
     def _fail(self, request: GuardedRequest | None, position: int) -> None:
         """Fail ``request`` (the slot's owner when the copy was queued), left with no token at
