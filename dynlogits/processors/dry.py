@@ -35,6 +35,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
@@ -86,6 +87,11 @@ class Breakers:
     def none() -> Breakers:
         empty = np.zeros(0, dtype=bool)
         return Breakers(empty, frozenset(), {}, empty)
+
+    @cached_property
+    def sorted_singles(self) -> tuple[int, ...]:
+        """``single_set`` ascending (the device's table of them)."""
+        return tuple(sorted(self.single_set))
 
 
 def _mask(ids: set[int] | frozenset[int]) -> np.ndarray:
@@ -298,12 +304,13 @@ class DryProcessor:
                  "_multiplier", "_p0", "_prompt", "_prompt_list", "_rows", "template")
 
     def __init__(self, *, multiplier: float, base: float, allowed_length: int, lookback: int,
-                 breakers: Breakers, prompt: Sequence[int] = ()) -> None:
+                 breakers: Breakers, prompt: Sequence[int] = (), include_prompt: bool = True) -> None:
         self._multiplier, self._base, self._allowed = float(multiplier), float(base), int(allowed_length)
         self._lookback, self._breakers = int(lookback), breakers
         self._cap_exp = max_exponent(base)
         #: the longest repeat worth measuring: past ``allowed + cap_exp`` the penalty no longer grows
-        self._cap = self._allowed + self._cap_exp if self._cap_exp > 0 else max(self._lookback, 1)
+        #: (and past the look-back no repeat reaches)
+        self._cap = max(min(self._allowed + self._cap_exp, self._lookback) if self._cap_exp > 0 else self._lookback, 1)
         self._head_ids = frozenset(breakers.single_set | set(breakers.tails))
         tail = list(prompt[-lookback:]) if lookback > 0 else []
         self._prompt = np.array(tail, dtype=np.int64)
@@ -311,7 +318,8 @@ class DryProcessor:
         self._p0 = len(tail)
         self._amounts: list[float] = []  # exponent -> multiplier * base ** exponent, as llama.cpp computes it
         self._rows: list[_Row] = []  # most recently used first
-        self.template = DryTemplate()
+        self.template = DryTemplate(self._multiplier, self._base, self._allowed, self._lookback, include_prompt,
+                                    self._cap, breakers.sorted_singles, bool(breakers.tails))
 
     # -- the stateless scan (a placeholder inside a history) ------------------------------------
     def _window(self, input_ids: Sequence[int]) -> np.ndarray:
@@ -585,5 +593,6 @@ def factory(entry: Entry, ctx: RealizeContext) -> DryProcessor:
     breakers = Breakers.none() if off else breakers_of(ctx.vocabulary, entry.sequence_breakers)
     prompt = ctx.prompt_ids if entry.include_prompt and entry.scope == "always" else ()
     return DryProcessor(multiplier=entry.multiplier, base=entry.base, allowed_length=entry.allowed_length,
-                        lookback=_lookback(entry.penalty_last_n), breakers=breakers, prompt=prompt)
+                        lookback=_lookback(entry.penalty_last_n), breakers=breakers, prompt=prompt,
+                        include_prompt=entry.include_prompt and entry.scope == "always")
 

@@ -19,15 +19,17 @@ Hosted where the adapter gives no host histories (Model Runner V2: ``DecidedGrou
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 import torch
 
-from .modes import DecidedGroup, Decider
-from .slots import ListedRows, StepInputs, Template
+from .dry_device import MAX_DEVICE_CAP, MAX_DEVICE_SINGLES, NO_BREAKER, device_penalties, lower_rows
+from .modes import Decider, WindowDecided
+from .slots import GatheredRows, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload
+from .window import TokenWindow
 
 __all__ = ["DryGroup", "DryTemplate", "pack_amounts", "packed_amounts", "packed_words"]
 
@@ -76,16 +78,65 @@ def packed_amounts(amounts: Sequence[float], dtype: torch.dtype) -> tuple[np.nda
     return words, len(words)
 
 
-class DryGroup(DecidedGroup):
-    """``dry`` where the adapter passes host histories (``SlotBatch(host_histories=True)``): every
-    member row decided on the host by its processor in one pass, the rows lowered with one upload
-    and one read, subtract, write (see the module doc). Lowers by finite amounts only: never writes
-    ``-inf``, never leaves a row empty."""
+class DryGroup(WindowDecided):
+    """``dry`` entries at one position. Where the adapter passes host histories
+    (``SlotBatch(host_histories=True)``): every member row decided on the host by its processor in
+    one pass, the rows lowered with one upload and one read, subtract, write (see the module doc).
+    From the token window (Model Runner V2): every row decided on the device
+    (``dry_device.device_penalties``) from its slot's tables (``params``: allowed length, look-back,
+    whether the prompt counts, the cap; ``singles``: the sorted single-token breakers; ``amounts``:
+    the penalty per exponent), for templates that fit (``fits_window``). Lowers by finite amounts
+    only: never writes ``-inf``, never leaves a row empty."""
 
     writes_neg_inf = False
 
+    @classmethod
+    def fits_window(cls, template: Template, group: Group | None) -> bool:
+        """Single-token breakers only (at most ``MAX_DEVICE_SINGLES``), a cap of at most ``MAX_DEVICE_CAP``."""
+        assert isinstance(template, DryTemplate)
+        return not template.tails and template.cap <= MAX_DEVICE_CAP and len(template.singles) <= MAX_DEVICE_SINGLES
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        self.params = self.table(torch.long, pad=0, width=4)
+        self.singles = self.table(torch.long)
+        self.amounts = self.table(torch.float64)
+        self._dims: dict[int, tuple[int, int]] = {}  # member slot -> (look-back, cap), window groups
+
     def _write(self, slot: int, template: DryTemplate) -> None:
-        return None  # everything it reads is the row's history and its processor's state
+        if not self.from_window:
+            return None  # decided on the host: everything it reads is the row's history and its processor's state
+        self.params.set(slot, [template.allowed, template.lookback, int(template.include_prompt), template.cap])
+        self.singles.set(slot, sorted(template.singles) or [NO_BREAKER])
+        top = max(template.cap - template.allowed, 0)
+        self.amounts.set(slot, [template.multiplier * template.base ** e for e in range(top + 1)])
+        self._dims[slot] = (template.lookback, template.cap)
+        return None
+
+    def assign(self, slot: int, template: Template | None) -> None:
+        if template is None:
+            self._dims.pop(slot, None)
+        super().assign(slot, template)
+
+    def reads_generated(self, rows: ListedRows) -> bool:
+        return False
+
+    # -- token window (Model Runner V2) -------------------------------------------------------------
+    def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
+        """Per row of the step, each position's penalty (``[rows, W - 1]``, float64); the ids it
+        lowers are kept for ``apply_device_decisions``."""
+        width = max((lookback for lookback, _ in self._dims.values()), default=1)
+        width = max(min(width, window.tokens.shape[1]), 2)
+        cap = max(min(max((c for _, c in self._dims.values()), default=1), width), 1)
+        slot_of_row = rows.slot_of_row
+        ids, penalty = device_penalties(window, slot_of_row, rows.member, self.params.dev[slot_of_row],
+                                        self.singles.dev[slot_of_row], self.amounts.dev[slot_of_row], width, cap)
+        self._cache["ids"] = ids
+        return penalty
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> None:
+        lower_rows(step.logits, self._cache.pop("ids"), decisions)
+        return None
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
         """Per layout: each member row's start in the flat logits and the row width (host)."""
@@ -152,8 +203,18 @@ class DryGroup(DecidedGroup):
 @dataclass(frozen=True, slots=True)
 class DryTemplate(Template):
     """Every step: the ids that would extend a repeat of the row's window, each lowered by its
-    penalty (decided per row on the host)."""
+    penalty (decided per row on the host from histories, else on the device from the token window):
+    what the device needs of the entry (``cap``: the longest repeat measured; ``singles``: the ids
+    that break a repeat alone; ``tails``: whether multi-token breakers apply)."""
 
+    multiplier: float = 0.0
+    base: float = 1.0
+    allowed: int = 1
+    lookback: int = 0
+    include_prompt: bool = True
+    cap: int = 1
+    singles: tuple[int, ...] = field(default=(), repr=False)
+    tails: bool = False
     group: ClassVar[type[DryGroup]] = DryGroup
     reads_tokens: ClassVar[bool] = True
 

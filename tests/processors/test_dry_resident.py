@@ -109,15 +109,21 @@ def _realize(payload: list[dict[str, Any]], prompt: list[int]) -> sdk.GuardedReq
     return request
 
 
-def test_resident_where_histories_are_on_the_host_hosted_where_they_are_not() -> None:
-    payload = [{"kind": "dry", "multiplier": 0.8}]
-    assert _processor({**payload[0], "include_prompt": True}, []).template == DryTemplate()
+def test_resident_with_host_histories_and_from_the_token_window_where_the_template_fits() -> None:
+    payload = [{"kind": "dry", "multiplier": 0.8}]  # the default breakers: single characters, no tails here
+    template = _processor({**payload[0], "include_prompt": True}, []).template
+    assert isinstance(template, DryTemplate) and template.cap == 2 + 158 and not template.tails
+    assert template.singles == (3,)  # ':' alone holds a default breaker in VOCAB
     v1 = SlotBatch(num_slots=2, vocab_size=W, device="cpu", host_histories=True)
     assert v1.assign(0, _realize(payload, [1, 2]))
     (group,) = v1.groups.values()
-    assert isinstance(group, DryGroup)
-    assert not SlotBatch(num_slots=2, vocab_size=W, device="cpu").assign(0, _realize(payload, []))
-    assert not SlotBatch(num_slots=2, vocab_size=W, device="cpu", token_window=True).assign(0, _realize(payload, []))
+    assert isinstance(group, DryGroup) and not group.from_window
+    v2 = SlotBatch(num_slots=2, vocab_size=W, device="cpu", token_window=True)  # Model Runner V2
+    assert v2.assign(0, _realize(payload, []))
+    assert not v2.assign(1, _realize([{**payload[0], "sequence_breakers": ["<br>"]}], []))  # a two-token breaker
+    assert not v2.assign(1, _realize([{**payload[0], "base": 1.0}], []))  # no clamp: repeats up to 2048 long
+    assert v2.assign(1, _realize([{**payload[0], "base": 1.0, "penalty_last_n": 64}], []))  # ... unless the look-back bounds them
+    assert not SlotBatch(num_slots=2, vocab_size=W, device="cpu").assign(0, _realize(payload, []))  # neither
 
 
 def _payload(rng: random.Random) -> list[dict[str, Any]]:
