@@ -1,7 +1,9 @@
-"""``dry`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM's V1 runner drives the
-adapter: a resident step that penalizes is six device ops (one upload of the flat indices and the
-amounts, a read, the subtraction kept finite, a write back), one that penalizes nothing none; no
-step of a sequence with batch changes and failing requests waits for the device."""
+"""``dry`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM drives the adapter. On the V1
+runner a resident step that penalizes is six device ops (one upload of the flat indices and the
+amounts, a read, the subtraction kept finite, a write back), one that penalizes nothing none; under
+Model Runner V2 every row is decided on the device from the token window, a fixed number of ops
+whatever the tokens (``V2_STEADY_OPS``), with drafts or without. No step of a sequence with batch
+changes and failing requests waits for the device on either runner."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dynlogits.testing.cuda.drive import Scenario, drive_v1
+from dynlogits.testing.cuda.drive import Scenario, drive_v1, drive_v2
 from dynlogits.testing.cuda.simcuda import SimCuda
 
 pytestmark = pytest.mark.usefixtures("quiet")  # the sequences' failing requests are expected
@@ -48,3 +50,27 @@ def test_vllm_v1_runner_dry_sequence_never_waits_and_reports_the_failures() -> N
         result = drive_v1(sim, Scenario(vocab=32, payloads=DRY, steps=16))
     assert [str(s) for s in result.syncs] == []
     assert sum("no token left to sample" in f for f in result.failures) == 2
+
+
+#: Model Runner V2's steady step for ``DRY[:2]``, without drafts and with two: the window read (with
+#: the drafts from ``input_ids``), the breakers looked up, the match lengths (the window reversed and
+#: unfolded against its end, the first mismatch by ``argmin``), the amounts gathered and the rows
+#: lowered with one ``scatter_reduce_``
+V2_STEADY_OPS = {0: 62, 2: 73}
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_vllm_model_runner_v2_dry_step_is_decided_on_the_device_and_reads_nothing_back(drafts: int) -> None:
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(vocab=4, payloads=DRY[:2], steps=16, changes=False), drafts=drafts)
+    assert [str(s) for s in steady.syncs] == []
+    assert steady.launches == V2_STEADY_OPS[drafts]
+    assert steady.steady_ops[-1] == "scatter_reduce_" and steady.failures == []
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_vllm_model_runner_v2_dry_sequence_never_waits(drafts: int) -> None:
+    with SimCuda() as sim:
+        result = drive_v2(sim, Scenario(vocab=32, payloads=DRY, steps=16), drafts=drafts)
+    assert [str(s) for s in result.syncs] == []
+    assert any("no token left to sample" in f for f in result.failures)
