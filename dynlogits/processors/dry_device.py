@@ -29,7 +29,7 @@ import torch
 
 from .window import TokenWindow
 
-__all__ = ["MAX_DEVICE_CAP", "MAX_DEVICE_SINGLES", "NO_BREAKER", "device_penalties", "lower_rows"]
+__all__ = ["MAX_DEVICE_CAP", "Constants", "MAX_DEVICE_SINGLES", "NO_BREAKER", "constants", "device_penalties", "lower_rows"]
 
 #: The longest repeat measured on the device (``allowed_length`` plus the exponent clamp, at most the
 #: look-back): base 1.75 with the default ``allowed_length`` is 160, base 1.5 is 220.
@@ -41,28 +41,39 @@ MAX_DEVICE_SINGLES = 1 << 16
 NO_BREAKER = 1 << 62
 
 
+Constants = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def constants(width: int, cap: int, device: torch.device) -> Constants:
+    """What ``device_penalties`` reuses across steps for a window of ``width`` and a bound ``cap``:
+    the columns ``0 .. width - 1`` and ``1 .. width``, the values standing for columns outside a
+    window (``-1 - column``, each its own) and ``cap - 1`` more past them (padding the reversed
+    window, equal to nothing)."""
+    columns = torch.arange(width, device=device)
+    return columns, columns + 1, -1 - columns, -1 - width - torch.arange(max(cap - 1, 0), device=device)
+
+
 def device_penalties(window: TokenWindow, slot_of_row: torch.Tensor, member: torch.Tensor, params: torch.Tensor,
-                     singles: torch.Tensor, amounts: torch.Tensor, width: int, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     singles: torch.Tensor, amounts: torch.Tensor, width: int, cap: int,
+                     consts: Constants) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row, the ids after each of its last ``width - 1`` positions (``[rows, width - 1]``, a
     placeholder or a column outside the window read as 0) and each one's penalty (float64, 0 where
     the position penalizes nothing). ``params`` ``[rows, 4]``: allowed length, look-back, whether the
     prompt counts, the row's own cap; ``singles`` ``[rows, S]`` sorted; ``amounts`` ``[rows, T]``."""
-    device = slot_of_row.device
+    columns, counted, outside, pad = consts
     slots = window.slots(slot_of_row)
     pos = window.pos.long()
-    columns = torch.arange(width, device=device)
-    at = pos[:, None] - (width - 1) + columns  # [rows, W] positions
+    at = (pos - (width - 1))[:, None] + columns  # [rows, W] positions
     tokens = window._read(slots, at.clamp(min=0)).long()
     allowed, lookback, with_prompt, own_cap = params[:, 0], params[:, 1], params[:, 2], params[:, 3]
     start = torch.maximum(pos + 1 - lookback, torch.where(with_prompt > 0, 0, window.prompt_len[slots].long()))
     inside = (at >= start[:, None]) & (tokens >= 0)
-    tokens = torch.where(inside, tokens, -1 - columns)  # each a value of its own
+    tokens = torch.where(inside, tokens, outside)  # each a value of its own
     found = torch.searchsorted(singles, tokens).clamp_(max=singles.shape[1] - 1)
     breaks = singles.gather(1, found) == tokens  # [rows, W]
-    last_break = ((columns + 1) * breaks).amax(1) - 1  # -1: none
-    limit = torch.minimum((width - 1) - last_break, own_cap)  # tokens after the nearest breaker
+    limit = torch.minimum(width - (counted * breaks).amax(1), own_cap)  # tokens after the nearest breaker (none: W)
     # lengths: the window reversed, unfolded ``cap`` back from every position, against its end
-    backwards = torch.cat((tokens.flip(1), -1 - width - columns[:cap - 1].expand(len(tokens), cap - 1)), 1)
+    backwards = torch.cat((tokens.flip(1), pad.expand(len(tokens), cap - 1)), 1)
     same = backwards.unfold(1, cap, 1) == backwards[:, None, :cap]  # [rows, W (q = W-1-p), C (k back)]
     stop = torch.cat((same, same.new_zeros(same.shape[0], width, 1)), 2).to(torch.uint8).argmin(2)
     lengths = torch.minimum(stop.flip(1), limit[:, None])[:, :-1]  # [rows, W-1]: positions before the end

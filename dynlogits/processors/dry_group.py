@@ -25,7 +25,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from .dry_device import MAX_DEVICE_CAP, MAX_DEVICE_SINGLES, NO_BREAKER, device_penalties, lower_rows
+from .dry_device import MAX_DEVICE_CAP, MAX_DEVICE_SINGLES, NO_BREAKER, Constants, constants, device_penalties, lower_rows
 from .modes import Decider, WindowDecided
 from .slots import GatheredRows, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload
@@ -102,6 +102,7 @@ class DryGroup(WindowDecided):
         self.singles = self.table(torch.long)
         self.amounts = self.table(torch.float64)
         self._dims: dict[int, tuple[int, int]] = {}  # member slot -> (look-back, cap), window groups
+        self._consts: dict[tuple[int, int], Constants] = {}  # kept across steps
 
     def _write(self, slot: int, template: DryTemplate) -> None:
         if not self.from_window:
@@ -129,8 +130,13 @@ class DryGroup(WindowDecided):
         width = max(min(width, window.tokens.shape[1]), 2)
         cap = max(min(max((c for _, c in self._dims.values()), default=1), width), 1)
         slot_of_row = rows.slot_of_row
+        consts = self._consts.get((width, cap))
+        if consts is None:
+            if len(self._consts) > 16:
+                self._consts.clear()
+            consts = self._consts[(width, cap)] = constants(width, cap, self.device)
         ids, penalty = device_penalties(window, slot_of_row, rows.member, self.params.dev[slot_of_row],
-                                        self.singles.dev[slot_of_row], self.amounts.dev[slot_of_row], width, cap)
+                                        self.singles.dev[slot_of_row], self.amounts.dev[slot_of_row], width, cap, consts)
         self._cache["ids"] = ids
         return penalty
 

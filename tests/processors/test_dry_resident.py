@@ -241,3 +241,54 @@ def test_a_scoped_entry_stays_hosted_and_a_trailing_plug_in_leaves_dry_resident(
     assert request is not None and not request.failed
     leading, trailing = request.split()
     assert leading is not None and trailing is not None  # dry resident, the plug-in per row after it
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_decided_from_the_token_window_every_row_equals_the_hosted_path_breakers_included(seed: int) -> None:
+    """Model Runner V2's layout (``SlotBatch(token_window=True)``, rows' tokens in a device matrix read
+    through a ``TokenWindow``): over random entries with single-token breakers (``:``, ``c``), look-backs
+    that slide, prompts counted or not, slots reused, every row equals its host-path twin's bit for bit."""
+    from dynlogits.processors.window import TokenWindow
+
+    rng = random.Random(seed)
+    slots, max_len = 5, 128  # at most 8 + 20 + 60 tokens a request
+    batch = SlotBatch(num_slots=slots, vocab_size=W, device="cpu", token_window=True)
+    window = TokenWindow("cpu")
+    tokens = torch.zeros(slots, max_len, dtype=torch.long)
+    prompt_len = torch.zeros(slots, dtype=torch.long)
+    host: dict[int, sdk.GuardedRequest] = {}
+    state: dict[int, tuple[list[int], list[int]]] = {}  # slot -> (prompt, output)
+    lowered = 0
+    for step in range(60):
+        if step == 0 or rng.random() < 0.2:
+            for slot in range(slots):
+                if slot not in host or rng.random() < 0.3:
+                    entry = {**_random_entry(rng), "sequence_breakers": rng.choice([[], [":"], [":", "c"], ['"', "*"]]),
+                             "base": rng.choice([1.5, 1.75, 3.0]), "penalty_last_n": rng.choice([-1, 4, 16, 64])}
+                    prompt = [rng.randrange(0, 6) for _ in range(rng.randint(1, 8))]
+                    output = [rng.randrange(0, 6) for _ in range(rng.choice([0, 3, 20]))]
+                    assert batch.assign(slot, _realize([entry], prompt))
+                    host[slot], state[slot] = _realize([entry], prompt), (prompt, output)
+            batch.flush()
+        order = rng.sample(sorted(host), rng.randint(1, len(host)))
+        batch.set_rows(np.array(order))
+        for slot in order:
+            prompt, output = state[slot]
+            seq = [*prompt, *output]
+            tokens[slot, : len(seq)] = torch.tensor(seq)
+            prompt_len[slot] = len(prompt)
+        pos = torch.tensor([len(state[s][0]) + len(state[s][1]) - 1 for s in order])
+        logits = torch.randn(len(order), W) * 3
+        logits[:, 7] = float("-inf")
+        resident, hosted = logits.clone(), logits.clone()
+        engine = EngineStep(pos=pos, pos_offset=torch.zeros(len(order), dtype=torch.long),
+                            window=window.at(tokens, prompt_len, pos))
+        batch.apply(resident, engine)
+        sdk.apply_rows(hosted, list(range(len(order))), [host[s] for s in order], [state[s][1] for s in order])
+        assert torch.equal(resident, hosted), step
+        lowered += int((hosted < logits).any(1).sum())
+        for slot in order:  # often the token that followed an earlier one: repeats are common
+            seq = [*state[slot][0], *state[slot][1]]
+            at = rng.randrange(len(seq))
+            state[slot][1].append(seq[at + 1] if at + 1 < len(seq) and rng.random() < 0.7 else rng.randrange(0, 6))
+    assert lowered >= 20  # the premise: rows met repeats at many steps
