@@ -200,19 +200,25 @@ class ForcedSequenceGroup(PlannedGroup):
         does not know them (``host_positions`` ``None``), the positions (``[3, n]``; ``index`` is
         its first row); ``if_dead``: what replaces them on a masked row; ``positions``: the rows'
         positions on the device."""
+        # everything but the two writes runs before the rows are masked: on the CPU the memset
+        # evicts the caches, and each small op after it costs several times more
         kept = step.flat.index_select(0, index)
-        fill_rows(step.logits, rows.runs, rows.rows_dev)
         dead = torch.isneginf(kept)
         chosen, target, flagged = self._chosen(picked, host_positions is not None)
+        value = None
         if rows.can_stop is None:
             torch.where(dead, if_dead, picked, out=chosen)
-            step.flat.index_fill_(0, target, 0.0)
         else:  # a masked row without a stop token is only flagged: -inf goes back onto its forced id
             stops, dead_value, live_value = self._without_stops(rows, step.flat.dtype, picked.shape[0])
             torch.where(dead & stops, if_dead, picked, out=chosen)
-            step.flat.index_copy_(0, target, torch.where(dead, dead_value, live_value))
+            value = torch.where(dead, dead_value, live_value)
         if step.flag_rows is not None:  # each row's slot (the sentinel: not flagged), with its position
             step.flag_rows(flagged, host_positions)
+        fill_rows(step.logits, rows.runs, rows.rows_dev)
+        if value is None:
+            step.flat.index_fill_(0, target, 0.0)
+        else:
+            step.flat.index_copy_(0, target, value)
         return Dead(rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,
                     settled=dead, flagged=step.flag_rows is not None)
 

@@ -37,13 +37,13 @@ def test_vllm_v1_runner_sequence_never_waits_and_reports_both_failures(hosted: b
 def test_vllm_v1_runner_forced_step_reads_its_forced_ids_from_the_one_upload() -> None:
     """The V1 runner's host knows every row's position, so the host plans each forced row's flat
     index (``ForcedSequenceGroup.plan``) into the positions' upload: the device neither clamps nor
-    gathers. A steady step: that upload, the settle (read, mask the rows, test, pick, write) and
-    the copy back of the pick's flag slots (no write into the per-slot flags)."""
+    gathers. A steady step: that upload, the settle (read, test, pick, the copy back of the pick's
+    flag slots: no write into the per-slot flags; then mask the rows and write)."""
     forced = [{"kind": "forced_sequence", "token_ids": [5, 6, 7, 8, 9, 10], "eos_token_id": EOS}]
     with SimCuda() as sim:
         result = drive_v1(sim, Scenario(payloads=[forced] * 3, steps=3, changes=False))
     assert _where(result) == []
-    assert result.steady_ops == ["copy_", "index_select", "index_fill_", "isneginf", "where", "index_fill_", "copy_"]
+    assert result.steady_ops == ["copy_", "index_select", "isneginf", "where", "copy_", "index_fill_", "index_fill_"]
 
 
 def test_vllm_v1_runner_forced_rows_without_stop_tokens_settle_in_their_group() -> None:
@@ -54,8 +54,8 @@ def test_vllm_v1_runner_forced_rows_without_stop_tokens_settle_in_their_group() 
     with SimCuda() as sim:
         result = drive_v1(sim, Scenario(payloads=[forced] * 3, steps=3, changes=False, ignore_eos=True))
     assert _where(result) == []
-    assert result.steady_ops == ["copy_", "index_select", "index_fill_", "isneginf", "bitwise_and", "where", "where",
-                                 "index_copy_", "copy_"]
+    assert result.steady_ops == ["copy_", "index_select", "isneginf", "bitwise_and", "where", "where", "copy_",
+                                 "index_fill_", "index_copy_"]
 
 
 def test_vllm_model_runner_v2_sequence_never_waits_and_reports_the_failure() -> None:
