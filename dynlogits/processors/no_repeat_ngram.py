@@ -5,8 +5,9 @@ history (the output, or the prompt and the output with ``include_prompt``): the 
 Resident where the adapter gives the rows' histories on the host (vLLM's V1 runner): a
 ``NoRepeatNgramTemplate`` whose group decides every member row on the host in one pass from its
 processor's index and masks what they find with one upload and one ``index_fill_`` (no tensor per
-row). Hosted elsewhere (per row, ``row_op``): what it masks depends on every token of the history,
-which no device table holds (Model Runner V2 keeps only a window of the last tokens on the device).
+row). Where the histories live on the device (vLLM's Model Runner V2), the same group decides every
+row on the device from the engine's token matrix (``no_repeat_ngram_device``), no read back, for
+sizes up to ``MAX_DEVICE_SIZE``; larger sizes are hosted there (per row, ``row_op``).
 
 Per step and row: the row's index (each ``size - 1`` tokens of the history -> the tokens that
 followed them) is found by comparing the history with the tokens it covers (a C-level list compare,
@@ -31,10 +32,12 @@ import torch
 from dynlogits.specs.builtin.no_repeat_ngram import NoRepeatNgram, NoRepeatNgramSpec
 
 from .base import IndexCache, RealizeContext
-from .modes import DecidedGroup, Decider
+from .modes import Decider, WindowDecided
+from .no_repeat_ngram_device import MAX_DEVICE_SIZE, NEVER, Constants, constants, device_bans
 from .ops import MaskIds, RowOp, apply_op
-from .slots import NEG_INF, ListedRows, StepInputs, Template
+from .slots import NEG_INF, GatheredRows, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload
+from .window import TokenWindow
 
 __all__ = ["KEPT_ROWS", "KIND", "TAIL_CHECKED", "NoRepeatNgramGroup", "NoRepeatNgramProcessor", "NoRepeatNgramTemplate", "banned_after",
            "factory"]
@@ -120,7 +123,7 @@ class NoRepeatNgramProcessor:
         self._prompt_index = _index(self._prompt, size) if self._prompt else {}
         self._rows: list[_Row] = []  # most recently used first
         self._sets: dict[tuple[int, ...], IndexCache] = {}
-        self.template = NoRepeatNgramTemplate(size)
+        self.template = NoRepeatNgramTemplate(size, bool(self._prompt))
 
     def _row_for(self, history: list[int]) -> _Row:
         """The kept index whose tokens begin ``history`` (made most recent), extended to its first
@@ -210,15 +213,87 @@ class NoRepeatNgramProcessor:
         apply_op(self.row_op(history), logits)
 
 
-class NoRepeatNgramGroup(DecidedGroup):
-    """``no_repeat_ngram`` on the resident path, where the adapter passes host histories
-    (``SlotBatch(host_histories=True)``; elsewhere its requests are hosted: ``DecidedGroup``): every
-    member row is decided on the host by its own processor (``NoRepeatNgramProcessor.banned``), in
-    one pass; the ids found become flat indices, uploaded once, and masked with one ``index_fill_``.
-    No device tables. Masks only: never leaves a row empty by itself."""
+class NoRepeatNgramGroup(WindowDecided):
+    """``no_repeat_ngram`` on the resident path. Where the adapter passes host histories
+    (``SlotBatch(host_histories=True)``, vLLM's V1 runner): every member row is decided on the host
+    by its own processor (``NoRepeatNgramProcessor.banned``), in one pass; the ids found become flat
+    indices, uploaded once, and masked with one ``index_fill_``; no device tables. From the token
+    window (Model Runner V2): every row decided on the device (``no_repeat_ngram_device.device_bans``)
+    from its slot's table (``params``: size, whether the prompt counts), for sizes up to
+    ``MAX_DEVICE_SIZE`` (``fits_window``; larger ones hosted), masked with one ``scatter_reduce_``.
+    Masks only: never leaves a row empty by itself."""
+
+    @classmethod
+    def fits_window(cls, template: Template, group: Group | None) -> bool:
+        """Sizes up to ``MAX_DEVICE_SIZE``: each step compares ``rows * max_model_len * (size - 1)`` cells."""
+        assert isinstance(template, NoRepeatNgramTemplate)
+        return template.size <= MAX_DEVICE_SIZE
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        self.params = self.table(torch.long, pad=0, width=2)
+        self._sizes: dict[int, int] = {}  # member slot -> size, window groups
+        self._consts: dict[tuple[int, int], Constants] = {}  # kept across steps
+        self._extremes: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _write(self, slot: int, template: NoRepeatNgramTemplate) -> None:
-        return None  # everything it reads is the row's history and its processor's index
+        if not self.from_window:
+            return None  # decided on the host: everything it reads is the row's history and its processor's index
+        self.params.set(slot, [template.size, int(template.include_prompt)])
+        self._sizes[slot] = template.size
+        return None
+
+    def assign(self, slot: int, template: Template | None) -> None:
+        if template is None:
+            self._sizes.pop(slot, None)
+        super().assign(slot, template)
+
+    # -- token window (Model Runner V2) -------------------------------------------------------------
+    def _rows_tables(self, rows: GatheredRows, window: TokenWindow, size: int) -> tuple[torch.Tensor, ...]:
+        """The rows' slots within the engine's, each row's history start (``NEVER`` outside the
+        group) and its unused columns, gathered once while ``rows.slot_of_row`` is the same tensor,
+        the group's size the same and no table changes (a flush clears ``_cache``)."""
+        cached = self._cache.get("window")
+        if cached is not None and cached[0] is rows.slot_of_row and cached[1] == size:
+            return cached[2]
+        slots = window.slots(rows.slot_of_row)
+        params = self.params.dev[rows.slot_of_row]
+        start = torch.where(params[:, 1] > 0, 0, window.prompt_len[slots].long())
+        start = torch.where(rows.member, start, NEVER)
+        columns = self._constants(window, size)[2]
+        unused = columns[None, :] < (size - params[:, 0])[:, None]
+        made = (slots, start, unused)
+        self._cache["window"] = (rows.slot_of_row, size, made)
+        return made
+
+    def _constants(self, window: TokenWindow, size: int) -> Constants:
+        width = max(window.tokens.shape[1], size)
+        consts = self._consts.get((width, size))
+        if consts is None:
+            if len(self._consts) > 16:
+                self._consts.clear()
+            consts = self._consts[(width, size)] = constants(width, size, self.device)
+        return consts
+
+    def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
+        """Per row and window of its history (``[rows, W - S + 1]``): whether the token after it is
+        banned now; the tokens are kept for ``apply_device_decisions``."""
+        size = max(self._sizes.values(), default=1)
+        slots, start, unused = self._rows_tables(rows, window, size)
+        ids, hit = device_bans(window, slots, start, unused, size, self._constants(window, size))
+        self._cache["ids"] = ids
+        return hit
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> None:
+        """``-inf`` at the tokens ``decide_from_window`` found."""
+        ids = self._cache.pop("ids")
+        key = (step.logits.dtype, step.logits.device)
+        extremes = self._extremes.get(key)
+        if extremes is None:
+            extremes = self._extremes[key] = (torch.full((), NEG_INF, dtype=key[0], device=key[1]),
+                                              torch.full((), -NEG_INF, dtype=key[0], device=key[1]))
+        step.logits.scatter_reduce_(1, ids.clamp(0, step.logits.shape[1] - 1), torch.where(hit, *extremes), reduce="amin")
+        return None
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
         """Per layout: each member row's start in the flat logits (host)."""
@@ -249,9 +324,11 @@ class NoRepeatNgramGroup(DecidedGroup):
 @dataclass(frozen=True, slots=True)
 class NoRepeatNgramTemplate(Template):
     """Every step: the ids that would complete an n-gram of ``size`` tokens the row's history holds
-    (decided per row on the host)."""
+    (the prompt's too with ``include_prompt``), decided per row on the host from histories, else on
+    the device from the token window."""
 
     size: int
+    include_prompt: bool = False
     group: ClassVar[type[NoRepeatNgramGroup]] = NoRepeatNgramGroup
     reads_tokens: ClassVar[bool] = True
 

@@ -24,6 +24,7 @@ from dynlogits.processors.no_repeat_ngram import (
     banned_after,
     factory,
 )
+from dynlogits.processors.no_repeat_ngram_device import MAX_DEVICE_SIZE
 from dynlogits.sdk.resident.engine_step import EngineStep
 from dynlogits.sdk.resident.slot_batch import SlotBatch
 from dynlogits.specs import SpecError, decode_wire_payload
@@ -166,7 +167,7 @@ def test_good_entries_decode_on_the_fast_path_as_the_model() -> None:
         assert decoded.size == entry["size"] and decoded.include_prompt == entry.get("include_prompt", False)
 
 
-def test_resident_where_histories_are_on_the_host_hosted_where_they_are_not() -> None:
+def test_resident_where_histories_are_on_the_host_or_in_a_token_window_hosted_where_neither() -> None:
     payload = [{"kind": "no_repeat_ngram", "size": 2}]
     assert factory(NoRepeatNgramSpec(size=2), RealizeContext(V)).template == NoRepeatNgramTemplate(2)
     histories = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)  # vLLM's V1 runner
@@ -174,7 +175,9 @@ def test_resident_where_histories_are_on_the_host_hosted_where_they_are_not() ->
     (group,) = histories.groups.values()
     assert isinstance(group, NoRepeatNgramGroup)
     assert not SlotBatch(num_slots=2, vocab_size=V, device="cpu").assign(0, realize(payload))
-    assert not SlotBatch(num_slots=2, vocab_size=V, device="cpu", token_window=True).assign(0, realize(payload))  # Model Runner V2
+    window = SlotBatch(num_slots=2, vocab_size=V, device="cpu", token_window=True)  # Model Runner V2
+    assert window.assign(0, realize(payload))
+    assert not window.assign(1, realize([{"kind": "no_repeat_ngram", "size": MAX_DEVICE_SIZE + 1}]))  # beyond the device bound
 
 
 def _payload(rng: random.Random) -> list[dict]:

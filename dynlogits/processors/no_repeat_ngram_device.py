@@ -1,0 +1,66 @@
+"""``no_repeat_ngram`` decided on the device, from the step's ``TokenWindow`` (Model Runner V2: the
+rows' histories live on the device): no history read back, no sync.
+
+Per row of the step (gathered: every row, members masked), with the engine's whole token matrix
+(``W``: its width, vLLM's ``max_model_len``) and the group's largest size ``S``:
+
+1. the row's last ``W`` tokens, ending with the one it was fed (committed ones from
+   ``all_token_ids``, this step's drafts from ``input_ids``); a column before the row's history
+   (position 0 with ``include_prompt``, else the prompt's length; a non-member row's starts past
+   every column) or holding a placeholder becomes a value of its own (``-1 - column``), equal to
+   nothing, so no n-gram holding one matches and no token is taken from it;
+2. the window unfolded into its ``S - 1``-token windows (a view), each compared with the row's last
+   ``S - 1`` tokens, the columns before the row's own ``size - 1`` ignored: a window that matches
+   bans the token after it (a token of the row's history: not a placeholder, not outside);
+3. every ban written with one ``scatter_reduce_`` (``amin``: ``-inf`` at a ban, ``+inf`` elsewhere,
+   so repeats and non-members leave logits as they are).
+
+The row equals ``banned_after(history, size)`` (transformers' ``NoRepeatNGramLogitsProcessor``),
+``history`` the prompt and the output with ``include_prompt``, else the output.
+
+Work per step: ``rows * W * (S - 1)`` compares (bytes), e.g. 64 rows, ``W`` 8192, ``S`` 4: 1.5 MB;
+sizes above ``MAX_DEVICE_SIZE`` are hosted (see ``NoRepeatNgramGroup.fits_window``)."""
+
+from __future__ import annotations
+
+import torch
+
+from .window import TokenWindow
+
+__all__ = ["MAX_DEVICE_SIZE", "NEVER", "Constants", "constants", "device_bans"]
+
+#: The largest ``size`` decided on the device: each step compares ``rows * max_model_len * (size - 1)``
+#: cells; common settings are 2 to 5 (transformers', TensorRT-LLM's). Larger sizes are hosted.
+MAX_DEVICE_SIZE = 8
+#: A non-member row's history start: past every column, so it bans nothing.
+NEVER = 1 << 40
+
+#: ``(offsets, outside, columns)``: a window's positions relative to the row's (``1 - W .. 0``), the
+#: values standing for its columns outside the history (``-1 - column``), and ``0 .. S - 2``.
+Constants = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def constants(width: int, size: int, device: torch.device) -> Constants:
+    columns = torch.arange(width, device=device)
+    return columns - (width - 1), -1 - columns, torch.arange(max(size - 1, 0), device=device)
+
+
+def device_bans(window: TokenWindow, slots: torch.Tensor, start: torch.Tensor, unused: torch.Tensor,
+                size: int, consts: Constants) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the token after each of its ``W - S + 1`` windows of ``S - 1`` tokens (negative where
+    it is none: clamp before indexing) and whether it is banned (``[rows, W - S + 1]`` each). ``slots``: the rows' slots within
+    the engine's; ``start``: each row's first history position (``NEVER``: not a member);
+    ``unused`` ``[rows, S - 1]``: the columns before the row's own ``size - 1``; ``size``: ``S``."""
+    offsets, outside, _ = consts
+    at = window.pos[:, None] + offsets  # [rows, W] positions, the last the row's own
+    tokens = window._read(slots, at.clamp(min=0)).long()
+    inside = (at >= start[:, None]) & (tokens >= 0)
+    tokens = torch.where(inside, tokens, outside)
+    followed = tokens[:, size - 1:]  # the token after each window
+    if size > 1:
+        tail = tokens[:, tokens.shape[1] - size + 1:]
+        windows = tokens[:, :-1].unfold(1, size - 1, 1)  # [rows, W - S + 1, S - 1]
+        match = ((windows == tail[:, None, :]) | unused[:, None, :]).all(2) & (followed >= 0)
+    else:
+        match = followed >= 0
+    return followed, match
