@@ -249,21 +249,25 @@ class NoRepeatNgramGroup(WindowDecided):
         super().assign(slot, template)
 
     # -- token window (Model Runner V2) -------------------------------------------------------------
-    def _rows_tables(self, rows: GatheredRows, window: TokenWindow, size: int) -> tuple[torch.Tensor, ...]:
+    def _rows_tables(self, rows: GatheredRows, window: TokenWindow,
+                     size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The rows' slots within the engine's, each row's history start (``NEVER`` outside the
-        group) and its unused columns, gathered once while ``rows.slot_of_row`` is the same tensor,
+        group) and its unused columns (``None`` when every member's size is the group's), gathered once while ``rows.slot_of_row`` is the same tensor,
         the group's size the same and no table changes (a flush clears ``_cache``)."""
         cached = self._cache.get("window")
-        if cached is not None and cached[0] is rows.slot_of_row and cached[1] == size:
-            return cached[2]
+        sizes = set(self._sizes.values())
+        if cached is not None and cached[0] is rows.slot_of_row and cached[1] == size and cached[2] == sizes:
+            return cached[3]
         slots = window.slots(rows.slot_of_row)
         params = self.params.dev[rows.slot_of_row]
         start = torch.where(params[:, 1] > 0, 0, window.prompt_len[slots].long())
         start = torch.where(rows.member, start, NEVER)
-        columns = self._constants(window, size)[2]
-        unused = columns[None, :] < (size - params[:, 0])[:, None]
+        unused = None
+        if len(sizes) > 1:
+            columns = self._constants(window, size)[2]
+            unused = columns[None, :] < (size - params[:, 0])[:, None]
         made = (slots, start, unused)
-        self._cache["window"] = (rows.slot_of_row, size, made)
+        self._cache["window"] = (rows.slot_of_row, size, sizes, made)
         return made
 
     def _constants(self, window: TokenWindow, size: int) -> Constants:

@@ -45,22 +45,24 @@ def constants(width: int, size: int, device: torch.device) -> Constants:
     return columns - (width - 1), -1 - columns, torch.arange(max(size - 1, 0), device=device)
 
 
-def device_bans(window: TokenWindow, slots: torch.Tensor, start: torch.Tensor, unused: torch.Tensor,
+def device_bans(window: TokenWindow, slots: torch.Tensor, start: torch.Tensor, unused: torch.Tensor | None,
                 size: int, consts: Constants) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row, the token after each of its ``W - S + 1`` windows of ``S - 1`` tokens (negative where
     it is none: clamp before indexing) and whether it is banned (``[rows, W - S + 1]`` each). ``slots``: the rows' slots within
     the engine's; ``start``: each row's first history position (``NEVER``: not a member);
-    ``unused`` ``[rows, S - 1]``: the columns before the row's own ``size - 1``; ``size``: ``S``."""
+    ``unused`` ``[rows, S - 1]``: the columns before the row's own ``size - 1`` (``None``: every row's
+    size is ``S``); ``size``: ``S``."""
     offsets, outside, _ = consts
     at = window.pos[:, None] + offsets  # [rows, W] positions, the last the row's own
-    tokens = window._read(slots, at.clamp(min=0)).long()
+    tokens = window._read(slots, at)  # a negative column wraps within the row: outside, replaced below
     inside = (at >= start[:, None]) & (tokens >= 0)
     tokens = torch.where(inside, tokens, outside)
     followed = tokens[:, size - 1:]  # the token after each window
     if size > 1:
         tail = tokens[:, tokens.shape[1] - size + 1:]
         windows = tokens[:, :-1].unfold(1, size - 1, 1)  # [rows, W - S + 1, S - 1]
-        match = ((windows == tail[:, None, :]) | unused[:, None, :]).all(2) & (followed >= 0)
+        same = windows == tail[:, None, :]
+        match = (same if unused is None else same | unused[:, None, :]).all(2) & (followed >= 0)
     else:
         match = followed >= 0
     return followed, match
