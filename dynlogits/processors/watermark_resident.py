@@ -18,7 +18,8 @@ entry (admission refuses one after it).
 
 The draw: ``argmax(logits / T + G)`` per row, ``G`` the Gumbel noise of ``uniform_from_states`` over
 the vocabulary (``[rows, vocab]``), then each firing row forced to its token keeping masks (gather,
-fill, scatter). Bit for bit the hosted processor's draw (``watermark.watermark_draw``) on the same
+fill, scatter). On CUDA the draw is one compiled function (``watermark_compiled.draw``; eager
+``batched_draw`` elsewhere and where it cannot compile). Bit for bit the hosted processor's draw (``watermark.watermark_draw``) on the same
 row, history, key and temperature. Rows that skip are left untouched."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .modes import Decider, WindowDecided
 from .ops import row_runs
 from .slots import GatheredRows, ListedRows, StepInputs, Template, force_device_decisions, force_listed
 from .uploads import StepUpload
+from .watermark_compiled import draw
 from .watermark_prf import absorb, gumbel_noise, key_words, uniform_from_states
 from .window import TokenWindow
 
@@ -121,8 +123,8 @@ class WatermarkGroup(WindowDecided):
         rows_dev, slots = values[0], values[1]
         params = self.params.dev[slots]
         firing = decisions[:, 0]
-        tokens = batched_draw(step.logits.index_select(0, rows_dev), self.temperature.dev[slots, 0],
-                              values[2:].T, params[:, :2])
+        tokens = draw(step.logits.index_select(0, rows_dev), self.temperature.dev[slots, 0],
+                      values[2:].T, params[:, :2], batched_draw)
         forcing = ListedRows(firing, decisions[:, 1], rows_dev, slots, row_runs(firing.tolist()), base=rows_dev * step.stride)
         force_listed(step, tokens, forcing)
         return None
@@ -182,7 +184,8 @@ class WatermarkGroup(WindowDecided):
         if decisions is _NOTHING:
             return None
         params = self.params.dev[rows.slot_of_row]
-        tokens = batched_draw(step.logits, self.temperature.dev[rows.slot_of_row, 0], decisions[:, :4], params[:, :2])
+        tokens = draw(step.logits, self.temperature.dev[rows.slot_of_row, 0], decisions[:, :4], params[:, :2],
+                      batched_draw)
         force_device_decisions(step, rows, torch.where(decisions[:, 4] > 0, tokens, -1))
         return None
 

@@ -11,7 +11,10 @@ on the host (``INBOX.wait_settled``) and counts the reports. Checks, printed and
   the CPU run's bit for bit (fp32, bf16) and both grammar-masked requests are reported;
 * ``failures``: a failing last step then each of ``AFTER``, reported once, no sync; each of
   ``MUTANTS`` must miss its failure;
-* ``cost``: steady-step time and device ops of the resident path, ``loop`` and the memset ``floor``.
+* ``cost``: steady-step time and device ops of the resident path, ``loop`` and the memset ``floor``;
+* ``watermark``: the compiled Gumbel-max draw against the eager and the CPU draws bit for bit, its
+  device ops, no sync, its time (``watermark_check``; ``--watermark-only`` runs this section alone,
+  ``python -m dynlogits.testing.cuda.watermark_check --cpu`` is its CPU self test).
 
 Exit status: 0 when every check passed, 1 otherwise, 2 without CUDA. Details: docs/vllm.md."""
 
@@ -41,6 +44,7 @@ from dynlogits import sdk
 from dynlogits.sdk.readback import INBOX
 from dynlogits.sdk.resident.engine_step import EngineStep
 
+from . import watermark_check
 from .drive import AFTER, EOS, FAILING, GRAMMAR_MASKED, HOSTED, builtin_payloads
 
 NO_TOKEN_LEFT = "no token left to sample"
@@ -493,6 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every result here")
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--steps", type=int, default=200, help="timed steady steps per measurement")
+    parser.add_argument("--watermark-only", action="store_true", help="only the watermark section")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print(f"error: no CUDA device (torch {torch.__version__})", file=sys.stderr)
@@ -500,6 +505,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     cuda = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}", flush=True)
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "sequences": []}
+    if args.watermark_only:
+        ok, results["watermark"] = watermark_check.run(cuda, vocab=args.vocab, steps=args.steps)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+        print("\nresult:", "ok" if ok else "FAILED")
+        return 0 if ok else 1
     planted = _detectors_see_planted_syncs(cuda)
     results["planted"] = planted
     ok = all(v == ("not a sync" not in k) for k, v in planted.items())
@@ -537,6 +548,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"{c.kind:<16}{c.batch:>6}  {c.impl:<19}{c.wall_ms:>10.4f}{c.device_ms:>11.4f}"
                           f"{c.ops:>7.1f}{c.pageable:>9}", flush=True)
     results["costs"] = [asdict(c) for c in costs]
+    print(flush=True)
+    watermark_ok, results["watermark"] = watermark_check.run(cuda, vocab=args.vocab, steps=args.steps)
+    ok &= watermark_ok
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     print("\nresult:", "ok" if ok else "FAILED")

@@ -1,0 +1,236 @@
+"""``watermark``'s compiled draw on a real CUDA device (``check.py``'s watermark section).
+
+``python -m dynlogits.testing.cuda.check --watermark-only`` (or the whole check) runs ``run`` on the
+GPU; ``python -m dynlogits.testing.cuda.watermark_check --cpu`` is its CPU self test (the same
+comparisons between the eager reference and the pure function compiled for the CPU, small vocab;
+no profiler, sync or timing figures). Figures, one line each:
+
+* ``compile``: the first compiled draw's wall time, the Inductor options in effect, or why it fell
+  back to eager (then every later figure is FAILED);
+* ``bits``: per batch (1, 64, 256) and logits dtype, over random rows (some masked with ``-inf``),
+  64-bit keys, contexts (widths 1..9, ``-1`` before the output) and temperatures: the compiled
+  draw's tokens against the eager draw's on the same device and against the CPU eager draw's
+  (rows differing, each must be 0), and the uniforms' bits on the device against the CPU's;
+* ``absorb``: the device's ``absorb`` of every context against the host's ``context_state``;
+* ``kernels``: device ops (kernels, copies, memsets) of one steady compiled draw after warm-up,
+  from ``torch.profiler``, beside the eager draw's (the kind's launch budget: <= 8 a step);
+* ``sync``: one compiled draw under ``torch.cuda.set_sync_debug_mode("error")``;
+* ``time``: per draw, compiled and eager (CUDA events over ``steps`` draws)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dynlogits.processors import watermark_compiled
+from dynlogits.processors.watermark_prf import absorb, context_state, key_words, uniform_from_states
+from dynlogits.processors.watermark_resident import batched_draw
+
+__all__ = ["BATCHES", "Inputs", "compare", "main", "make_inputs", "run"]
+
+BATCHES = (1, 64, 256)
+KERNEL_BUDGET = 8
+
+Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def make_inputs(batch: int, vocab: int, dtype: torch.dtype, seed: int) -> tuple[Inputs, list[int], list[list[int]]]:
+    """Random ``(rows, temperatures, states, keys)`` on the CPU (states from ``context_state`` of
+    random contexts, as the V1 runner's host decides), the keys and the contexts."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randn(batch, vocab, generator=gen) * rng.choice([1.0, 4.0, 20.0])
+    for i in range(batch):
+        if rng.random() < 0.3:  # a masked row, as after a grammar or ban
+            rows[i, torch.rand(vocab, generator=gen) < rng.random()] = -torch.inf
+    temperatures = torch.tensor([rng.choice([1.0, rng.uniform(0.05, 2.0)]) for _ in range(batch)], dtype=torch.float32)
+    keys = [rng.choice([rng.getrandbits(64), 2**64 - 1 - rng.getrandbits(8), rng.getrandbits(32)]) for _ in range(batch)]
+    contexts = []
+    for _ in range(batch):
+        width = rng.randint(1, 9)
+        before = rng.randint(0, width) if rng.random() < 0.2 else 0
+        contexts.append([-1] * before + [rng.randrange(vocab) for _ in range(width - before)])
+    states = torch.tensor([context_state(k, c) for k, c in zip(keys, contexts)], dtype=torch.int64).reshape(batch, 4)
+    words = torch.tensor([key_words(k) for k in keys], dtype=torch.int64).reshape(batch, 2)
+    return (rows.to(dtype), temperatures, states, words), keys, contexts
+
+
+def _to(inputs: Inputs, device: torch.device) -> Inputs:
+    rows, temperatures, states, keys = (t.to(device) for t in inputs)
+    return rows, temperatures, states, keys
+
+
+def compare(device: torch.device, compiled: Callable[..., torch.Tensor], *, vocab: int, batches: Sequence[int],
+            dtypes: Sequence[torch.dtype], seed: int = 0) -> list[dict[str, Any]]:
+    """For each batch and dtype: rows where ``compiled`` differs from the eager draw on ``device``
+    and from the CPU's eager draw, and uniforms differing from the CPU's (bits)."""
+    out = []
+    for dtype in dtypes:
+        for batch in batches:
+            host, keys, contexts = make_inputs(batch, vocab, dtype, seed + batch)
+            dev = _to(host, device)
+            got = compiled(*dev).cpu()
+            eager = batched_draw(*dev).cpu()
+            cpu = batched_draw(*host)
+            u_dev = uniform_from_states(dev[2], dev[3], vocab).cpu()
+            u_cpu = uniform_from_states(host[2], host[3], vocab)
+            out.append({"batch": batch, "dtype": str(dtype).removeprefix("torch."),
+                        "vs_eager": int((got != eager).sum()), "vs_cpu": int((got != cpu).sum()),
+                        "eager_vs_cpu": int((eager != cpu).sum()),
+                        "uniform_bits": int((u_dev.view(torch.int32) != u_cpu.view(torch.int32)).sum())})
+    return out
+
+
+def _absorb_diffs(device: torch.device, seed: int = 1, n: int = 256) -> int:
+    """Rows where the device's ``absorb`` differs from the host's ``context_state``."""
+    rng = random.Random(seed)
+    width = 9
+    keys = [rng.getrandbits(64) for _ in range(n)]
+    widths = [rng.randint(1, width) for _ in range(n)]
+    contexts = [[rng.choice([-1, rng.randrange(151936)]) for _ in range(width)] for _ in range(n)]
+    want = torch.tensor([context_state(k, c[:w]) for k, c, w in zip(keys, contexts, widths)], dtype=torch.int64)
+    got = absorb(torch.tensor([key_words(k) for k in keys], dtype=torch.int64, device=device),
+                 torch.tensor(contexts, dtype=torch.int64, device=device),
+                 torch.tensor(widths, dtype=torch.int64, device=device)).cpu()
+    return int((got != want).any(1).sum())
+
+
+def _device_ops(fn: Callable[[], object], steps: int, trace_dir: Path) -> tuple[float, list[str]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    path = trace_dir / "watermark_trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text()).get("traceEvents", [])
+    device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    return len(device) / steps, [e.get("name", "")[:90] for e in device[: len(device) // steps]]
+
+
+def _time(fn: Callable[[], object], steps: int) -> tuple[float, float]:
+    """Per call: host wall ms to a final synchronize, device ms between CUDA events."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(steps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3 / steps, start.elapsed_time(end) / steps
+
+
+def _compile(device: torch.device, vocab: int) -> tuple[Callable[..., torch.Tensor] | None, float, str]:
+    """The compiled draw as ``draw`` gets it, its first run's wall time, and an error if none."""
+    watermark_compiled.reset()
+    fn = watermark_compiled.compiled_draw()
+    if fn is None:
+        return None, 0.0, "torch.compile refused (see the log line)"
+    inputs = _to(make_inputs(4, vocab, torch.float32, 99)[0], device)
+    t0 = time.perf_counter()
+    try:
+        fn(*inputs)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    except Exception as exc:  # reported, as draw would fall back
+        return None, time.perf_counter() - t0, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    return fn, time.perf_counter() - t0, ""
+
+
+def _line(ok: bool) -> str:
+    return "ok" if ok else "FAILED"
+
+
+def run(device: torch.device, *, vocab: int = 151936, steps: int = 200, batches: Sequence[int] = BATCHES) -> tuple[bool, dict[str, Any]]:
+    """The watermark section on ``device`` (CUDA: every figure; CPU: compile and bits only)."""
+    results: dict[str, Any] = {"options": watermark_compiled.compile_options()}
+    fn, seconds, error = _compile(device, vocab)
+    ok = fn is not None
+    results["compile"] = {"seconds": seconds, "error": error}
+    said = f"{seconds:.1f} s" if fn else error
+    print(f"watermark compile: {said}; options {results['options']} -> {_line(ok)}", flush=True)
+    if fn is None:
+        return False, results
+    dtypes = (torch.float32, torch.bfloat16)
+    results["bits"] = compare(device, fn, vocab=vocab, batches=batches, dtypes=dtypes)
+    for r in results["bits"]:
+        good = r["vs_eager"] == 0 and r["vs_cpu"] == 0 and r["uniform_bits"] == 0
+        ok &= good
+        print(f"watermark bits batch {r['batch']} {r['dtype']} vocab {vocab}: compiled vs eager {r['vs_eager']} rows, "
+              f"vs CPU {r['vs_cpu']} rows (eager vs CPU {r['eager_vs_cpu']}); uniforms vs CPU {r['uniform_bits']} "
+              f"differing -> {_line(good)}", flush=True)
+    diffs = _absorb_diffs(device)
+    results["absorb_diffs"] = diffs
+    ok &= diffs == 0
+    print(f"watermark absorb on {device.type} vs host context_state: {diffs} of 256 rows differing -> {_line(diffs == 0)}",
+          flush=True)
+    if device.type != "cuda":
+        return ok, results
+    results["kernels"], results["time"] = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for batch in batches:
+            inputs = _to(make_inputs(batch, vocab, torch.float32, 7 + batch)[0], device)
+            for _ in range(3):
+                fn(*inputs)
+            compiled_ops, names = _device_ops(lambda: fn(*inputs), 10, Path(tmp))  # noqa: B023  # called at once
+            eager_ops, _ = _device_ops(lambda: batched_draw(*inputs), 10, Path(tmp))  # noqa: B023  # called at once
+            good = compiled_ops <= KERNEL_BUDGET
+            ok &= good
+            results["kernels"].append({"batch": batch, "compiled": compiled_ops, "eager": eager_ops, "names": names})
+            print(f"watermark kernels batch {batch}: compiled draw {compiled_ops:.1f} device ops (eager {eager_ops:.1f}; "
+                  f"budget {KERNEL_BUDGET}): {names} -> {_line(good)}", flush=True)
+            torch.cuda.synchronize()
+            sync_error = ""
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                fn(*inputs)
+            except RuntimeError as exc:
+                sync_error = str(exc).splitlines()[0][:200]
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            ok &= not sync_error
+            results.setdefault("sync", []).append({"batch": batch, "error": sync_error})
+            print(f"watermark sync batch {batch}: {sync_error or 'none'} -> {_line(not sync_error)}", flush=True)
+            c_wall, c_dev = _time(lambda: fn(*inputs), steps)  # noqa: B023  # called at once
+            e_wall, e_dev = _time(lambda: batched_draw(*inputs), steps)  # noqa: B023  # called at once
+            results["time"].append({"batch": batch, "compiled_wall_ms": c_wall, "compiled_device_ms": c_dev,
+                                    "eager_wall_ms": e_wall, "eager_device_ms": e_dev})
+            print(f"watermark time batch {batch}: compiled {c_wall:.4f} ms wall, {c_dev:.4f} ms device; eager "
+                  f"{e_wall:.4f} ms wall, {e_dev:.4f} ms device ({e_dev / max(c_dev, 1e-9):.1f}x)", flush=True)
+    return ok, results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dynlogits.testing.cuda.watermark_check",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cpu", action="store_true", help="the CPU self test (small vocab, no device figures)")
+    parser.add_argument("--vocab", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args(argv)
+    if args.cpu:
+        ok, _ = run(torch.device("cpu"), vocab=args.vocab or 1003, steps=args.steps, batches=(1, 5, 64))
+    elif not torch.cuda.is_available():
+        print(f"error: no CUDA device (torch {torch.__version__}); --cpu runs the CPU self test", file=sys.stderr)
+        return 2
+    else:
+        ok, _ = run(torch.device("cuda"), vocab=args.vocab or 151936, steps=args.steps)
+    print("\nresult:", _line(ok))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

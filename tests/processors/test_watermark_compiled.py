@@ -1,0 +1,129 @@
+"""``watermark_compiled``: the pure draw is the eager draw bit for bit, the dispatch draws eagerly
+off CUDA (nothing compiled), a compile or run failure falls back to eager with one log line, and
+the pure function compiles in one graph (Inductor's CPU backend) with no host read."""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from dynlogits.processors import watermark_compiled
+from dynlogits.processors.watermark_compiled import compile_options, draw, pure_draw
+from dynlogits.processors.watermark_prf import context_state, key_words
+from dynlogits.processors.watermark_resident import batched_draw
+
+Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _inputs(batch: int, vocab: int, seed: int, dtype: torch.dtype = torch.float32) -> Inputs:
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randn(batch, vocab, generator=gen) * rng.choice([1.0, 8.0])
+    if batch > 1:
+        rows[0, torch.rand(vocab, generator=gen) < 0.7] = -torch.inf
+        rows[-1, : vocab // 2] = -torch.inf
+    temperatures = torch.tensor([rng.uniform(0.05, 2.0) for _ in range(batch)], dtype=torch.float32)
+    keys = [rng.getrandbits(64) for _ in range(batch)]
+    contexts = [[rng.choice([-1, rng.randrange(vocab)]) for _ in range(rng.randint(1, 9))] for _ in range(batch)]
+    states = torch.tensor([context_state(k, c) for k, c in zip(keys, contexts)], dtype=torch.int64)
+    words = torch.tensor([key_words(k) for k in keys], dtype=torch.int64)
+    return rows.to(dtype), temperatures, states, words
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Any:
+    watermark_compiled.reset()
+    yield
+    watermark_compiled.reset()
+
+
+@pytest.mark.parametrize(("batch", "vocab", "dtype"), [(1, 1000, torch.float32), (7, 1001, torch.float32),
+                                                      (5, 4099, torch.bfloat16), (3, 151936, torch.float32)])
+def test_the_pure_draw_is_the_eager_draw_bit_for_bit(batch: int, vocab: int, dtype: torch.dtype) -> None:
+    inputs = _inputs(batch, vocab, batch * vocab, dtype)
+    assert torch.equal(pure_draw(*inputs), batched_draw(*inputs))
+
+
+def test_the_uniforms_reciprocal_rounds_as_the_division_for_every_mantissa() -> None:
+    """Inductor on CUDA turns ``/ (2**24 + 1)`` into ``* (1 / (2**24 + 1))``: the same float32 for all."""
+    m = np.arange(2**24, dtype=np.float64) + 1.0
+    divided = (m / (2**24 + 1)).astype(np.float32)
+    multiplied = (m * (1.0 / (2**24 + 1))).astype(np.float32)
+    assert np.array_equal(divided.view(np.int32), multiplied.view(np.int32))
+
+
+def test_on_the_cpu_the_draw_is_eager_and_nothing_is_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("compiled on the CPU path")
+
+    monkeypatch.setattr(torch, "compile", refuse)
+    inputs = _inputs(4, 1003, 1)
+    seen: list[int] = []
+
+    def eager(*args: torch.Tensor) -> torch.Tensor:
+        seen.append(1)
+        return batched_draw(*args)
+
+    assert torch.equal(draw(*inputs, eager), batched_draw(*inputs)) and seen == [1]
+    assert watermark_compiled._compiled is None
+
+
+@pytest.mark.parametrize("fails", ["compile", "run"])
+def test_a_failing_compile_falls_back_to_eager_with_one_log_line(monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture, fails: str) -> None:
+    calls: list[str] = []
+
+    def broken(*args: torch.Tensor) -> torch.Tensor:
+        calls.append("run")
+        raise RuntimeError("no Triton\nmore")
+
+    def fake_compile(fn: object, **kwargs: object) -> object:
+        calls.append("compile")
+        assert kwargs["fullgraph"] is True and kwargs["dynamic"] is True
+        if fails == "compile":
+            raise RuntimeError("no Triton\nmore")
+        return broken
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(watermark_compiled, "_wants_compiled", lambda rows: True)  # as if on CUDA
+    inputs = _inputs(3, 1003, 2)
+    with caplog.at_level(logging.WARNING, logger=watermark_compiled.__name__):
+        for _ in range(3):
+            assert torch.equal(draw(*inputs, batched_draw), batched_draw(*inputs))
+    assert calls == (["compile"] if fails == "compile" else ["compile", "run"])
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "(RuntimeError: no Triton)" in lines[0], lines
+
+
+def test_turned_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DYNLOGITS_WATERMARK_COMPILE", "0")
+    monkeypatch.setattr(watermark_compiled, "_wants_compiled", lambda rows: True)
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled"))
+    inputs = _inputs(2, 1003, 3)
+    assert torch.equal(draw(*inputs, batched_draw), batched_draw(*inputs))
+
+
+def test_the_pure_draw_reads_nothing_back_on_the_cuda_model() -> None:
+    from dynlogits.testing.cuda.simcuda import SimCuda
+
+    inputs = _inputs(4, 1003, 4)
+    with SimCuda() as sim:
+        rows, temperatures, states, keys = (sim.put(t) for t in inputs)
+        got = pure_draw(rows, temperatures, states, keys)
+    assert [str(s) for s in sim.syncs] == []
+    assert torch.equal(sim.value(got), batched_draw(*inputs))
+
+
+def test_the_pure_draw_compiles_in_one_graph_to_the_same_bits() -> None:
+    """``fullgraph=True`` refuses a graph break (an ``.item()``, a host read, a data-dependent
+    branch); Inductor's CPU backend, the options the CUDA path asks for (about 10 s here)."""
+    pytest.importorskip("torch._inductor")
+    fn = torch.compile(pure_draw, fullgraph=True, dynamic=True, options=compile_options())
+    for batch, vocab, seed in [(6, 1003, 5), (9, 2050, 6)]:
+        inputs = _inputs(batch, vocab, seed)
+        assert torch.equal(fn(*inputs), batched_draw(*inputs))
