@@ -57,12 +57,12 @@ def device_bans(window: TokenWindow, slots: torch.Tensor, start: torch.Tensor, u
     tokens = window._read(slots, at)  # a negative column wraps within the row: outside, replaced below
     inside = (at >= start[:, None]) & (tokens >= 0)
     tokens = torch.where(inside, tokens, outside)
-    followed = tokens[:, size - 1:]  # the token after each window
+    followed, known = tokens[:, size - 1:], inside[:, size - 1:]  # the token after each window, whether it is one
     if size > 1:
         tail = tokens[:, tokens.shape[1] - size + 1:]
         windows = tokens[:, :-1].unfold(1, size - 1, 1)  # [rows, W - S + 1, S - 1]
         same = windows == tail[:, None, :]
-        match = (same if unused is None else same | unused[:, None, :]).all(2) & (followed >= 0)
+        match = (same if unused is None else same | unused[:, None, :]).all(2) & known
     else:
-        match = followed >= 0
+        match = known
     return followed, match
