@@ -33,7 +33,7 @@ from dynlogits.specs.builtin.no_repeat_ngram import NoRepeatNgram, NoRepeatNgram
 
 from .base import IndexCache, RealizeContext
 from .modes import Decider, WindowDecided
-from .no_repeat_ngram_device import MAX_DEVICE_SIZE, NEVER, Constants, constants, device_bans
+from .no_repeat_ngram_device import CHUNK, MAX_DEVICE_SIZE, NEVER, Constants, constants, device_bans
 from .ops import MaskIds, RowOp, apply_op
 from .slots import NEG_INF, GatheredRows, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload
@@ -250,9 +250,9 @@ class NoRepeatNgramGroup(WindowDecided):
 
     # -- token window (Model Runner V2) -------------------------------------------------------------
     def _rows_tables(self, rows: GatheredRows, window: TokenWindow,
-                     size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                     size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The rows' slots within the engine's, each row's history start (``NEVER`` outside the
-        group) and its unused columns (``None`` when every member's size is the group's), gathered once while ``rows.slot_of_row`` is the same tensor,
+        group), ``CHUNK * (prompt_len - 1)`` and its unused columns (``None`` when every member's size is the group's), gathered once while ``rows.slot_of_row`` is the same tensor,
         the group's size the same and no table changes (a flush clears ``_cache``)."""
         cached = self._cache.get("window")
         sizes = set(self._sizes.values())
@@ -260,13 +260,14 @@ class NoRepeatNgramGroup(WindowDecided):
             return cached[3]
         slots = window.slots(rows.slot_of_row)
         params = self.params.dev[rows.slot_of_row]
-        start = torch.where(params[:, 1] > 0, 0, window.prompt_len[slots].long())
-        start = torch.where(rows.member, start, NEVER)
+        prompt_len = window.prompt_len[slots].long()
+        start = torch.where(rows.member, torch.where(params[:, 1] > 0, 0, prompt_len), NEVER)
+        chunk = (prompt_len - 1) * CHUNK
         unused = None
         if len(sizes) > 1:
             columns = self._constants(window, size)[2]
             unused = columns[None, :] < (size - params[:, 0])[:, None]
-        made = (slots, start, unused)
+        made = (slots, start, chunk, unused)
         self._cache["window"] = (rows.slot_of_row, size, sizes, made)
         return made
 
@@ -283,8 +284,8 @@ class NoRepeatNgramGroup(WindowDecided):
         """Per row and window of its history (``[rows, W - S + 1]``): whether the token after it is
         banned now; the tokens are kept for ``apply_device_decisions``."""
         size = max(self._sizes.values(), default=1)
-        slots, start, unused = self._rows_tables(rows, window, size)
-        ids, hit = device_bans(window, slots, start, unused, size, self._constants(window, size))
+        slots, start, chunk, unused = self._rows_tables(rows, window, size)
+        ids, hit = device_bans(window, slots, start, chunk, unused, size, self._constants(window, size))
         self._cache["ids"] = ids
         return hit
 

@@ -110,3 +110,19 @@ def test_placeholders_are_never_taken_for_tokens() -> None:
     harness.add_request("b", [7, 8], sp(_entry(2, False)), output_ids=[3, -1, 5, -1])
     out = harness.step(["b"], torch.zeros(1, VOCAB))
     assert _masked(out[0]) == []
+
+
+@pytest.mark.parametrize("include_prompt", [False, True])
+def test_a_prefill_chunks_row_never_fails_its_request(include_prompt: bool) -> None:
+    """Under chunked prefill a prompt chunk's row (at its last token, its sample discarded) must not
+    fail the request, even where the chunk's n-grams would ban every id another entry allows; the
+    first real row then masks what the host processor masks."""
+    prompt = [9, 5, 9, 6, 9, 3, 3]
+    payload = [{"kind": "allowed_tokens", "token_ids": [5, 6]}, *_entry(2, include_prompt)]
+    harness = _harness(0)
+    harness.add_request("c", prompt, sp(payload))
+    for end in (3, 5):  # the chunk [9, 5, 9, 6, 9] bans 5 and 6 after 9
+        harness.step(["c"], torch.zeros(1, VOCAB), chunks={"c": end})
+    out = harness.step(["c"], torch.zeros(1, VOCAB))
+    assert not harness.processor.failures
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [5, 6]

@@ -23,15 +23,16 @@ MIXED: list[list[dict[str, Any]]] = [[{"kind": "no_repeat_ngram", "size": 2}],
                                      [{"kind": "no_repeat_ngram", "size": 1}]]
 
 #: Model Runner V2's steady step, one size in the group: the window of the whole token matrix read
-#: (``add``, ``index``), columns outside the history or holding a placeholder made values of their
-#: own (``ge``, ``ge``, ``bitwise_and``, ``where``), every window compared with the row's end
+#: (``add``, ``index``), a prefill chunk's row's history start moved past it (``sub``, ``maximum``),
+#: columns outside the history or holding a placeholder made values of their own (``ge``, ``ge``,
+#: ``bitwise_and``, ``where``), every window compared with the row's end
 #: (``eq``, ``all``), the token after it known (``bitwise_and``), one masked write (``clamp``,
 #: ``where``, ``scatter_reduce_``)
-V2_STEADY = ["add", "index", "ge", "ge", "bitwise_and", "where", "eq", "all", "bitwise_and", "clamp", "where",
+V2_STEADY = ["add", "index", "sub", "maximum", "ge", "ge", "bitwise_and", "where", "eq", "all", "bitwise_and", "clamp", "where",
              "scatter_reduce_"]
 #: the same step with two drafts per request: the window's drafts read from ``input_ids`` as well
 #: (``TokenWindow._read``) and the runner's own draft bookkeeping
-V2_STEADY_OPS_WITH_DRAFTS = 33
+V2_STEADY_OPS_WITH_DRAFTS = 37
 
 
 def test_vllm_v1_runner_step_that_finds_ids_is_one_upload_and_one_masked_write() -> None:
