@@ -1,25 +1,31 @@
-"""``watermark``'s batched Gumbel-max draw as one compiled function on CUDA (eager everywhere else).
+"""``watermark``'s tensor work as compiled functions on CUDA (eager everywhere else).
 
-``draw`` is what the resident group calls. On a CUDA device it runs ``pure_draw`` through
-``torch.compile(fullgraph=True, dynamic=True)`` (as vLLM compiles its own Philox PRF): the ten
-Philox rounds, the uniform, the Gumbel noise, the temperature and the argmax in a few generated
-kernels instead of about 150 eager ones. Anywhere else (the CPU, every CPU test) it runs the eager
-reference, ``watermark_resident.batched_draw``.
+``draw`` (the batched Gumbel-max draw, both runners) and ``decide`` (Model Runner V2's context,
+repeat and absorb step from the token window, ``window_decisions``) are what the resident group
+calls. On a CUDA device each runs its pure function (``pure_draw``, ``window_decisions`` with
+``pure_absorb``) through ``torch.compile(fullgraph=True, dynamic=True)`` (as vLLM compiles its own
+Philox PRF): the ten Philox rounds, the uniform, the Gumbel noise, the temperature and the argmax
+in a few generated kernels instead of about 150 eager ones. Anywhere else (the CPU, the CUDA model
+``SimCuda``, every CPU test) each runs eagerly: ``watermark_resident.batched_draw`` and
+``window_decisions`` with ``watermark_prf.absorb``, the reference.
 
-* Compiled once per process, lazily, on the first draw over CUDA logits; never on the CPU path.
-  A failure to compile or run the compiled function (no Triton, a dynamo error) logs one line
-  and the process draws eagerly from then on: a request never fails for it.
-  ``DYNLOGITS_WATERMARK_COMPILE=0`` keeps the eager draw.
-* No sync: ``pure_draw`` is tensor ops on its inputs (device tensors) and Python integers taken
-  from shapes; no ``.item()``, no host read, no data-dependent Python branch, no cache lookup.
-* The same bits as the eager draw: the PRF is integer arithmetic (exact on any backend); the
-  uniform's float64 division by ``2**24 + 1`` (which Inductor turns into a multiplication by its
-  reciprocal on CUDA) rounds to the same float32 for all ``2**24`` mantissas (checked
-  exhaustively in ``tests/processors/test_watermark_compiled.py``); Inductor is asked for eager
-  numerics where the running torch has the knob (``COMPILE_OPTIONS``: IEEE division for ``x / T``,
-  no FMA contraction, the CUDA libdevice, no flush to zero). The CUDA check
-  (``python -m dynlogits.testing.cuda.check --watermark-only``) compares it with the eager draw
-  and the CPU's, bit for bit, on a real GPU.
+* Each compiled once per process (``Lazy``), lazily, on its first call over CUDA tensors; never on
+  the CPU path (``dynamic=True``: new batch sizes and vocabularies reuse it; a new widest context
+  width or dtype recompiles). A failure to compile or run it (no Triton, a dynamo error) logs one
+  line and the process runs that function eagerly from then on: a request never fails for it.
+  ``DYNLOGITS_WATERMARK_COMPILE=0`` keeps both eager.
+* No sync: the pure functions are tensor ops on their inputs (device tensors) and Python integers
+  (shapes, the widest width, ``MAX_HISTORY``); no ``.item()``, no host read, no data-dependent
+  Python branch, no cache lookup.
+* The same bits as the eager path: the PRF and the window decisions are integer arithmetic and
+  comparisons (exact on any backend); the uniform's float64 division by ``2**24 + 1`` (which
+  Inductor turns into a multiplication by its reciprocal on CUDA) rounds to the same float32 for
+  all ``2**24`` mantissas (checked exhaustively in ``tests/processors/test_watermark_compiled.py``);
+  Inductor is asked for eager numerics where the running torch has the knob (``COMPILE_OPTIONS``:
+  IEEE division for ``x / T``, no FMA contraction, the CUDA libdevice, no flush to zero). The
+  CUDA check (``python -m dynlogits.testing.cuda.check --watermark-only``) compares both with
+  their eager runs on the GPU and on the CPU, bit for bit; until it has run on a GPU, the CUDA
+  bits, kernel counts and times are unmeasured.
 """
 
 from __future__ import annotations
@@ -32,9 +38,10 @@ from typing import Any
 
 import torch
 
-from .watermark_prf import _M0, _M1, _MASK, _ROUNDS, _TOKEN_DOMAIN, _W0, _W1, _mulhilo
+from .watermark_prf import _CONTEXT_DOMAIN, _M0, _M1, _MASK, _ROUNDS, _TOKEN_DOMAIN, _W0, _W1, _mulhilo, absorb
 
-__all__ = ["COMPILE_OPTIONS", "compile_options", "compiled_draw", "draw", "pure_draw", "reset"]
+__all__ = ["COMPILE_OPTIONS", "DECIDE", "DRAW", "Lazy", "compile_options", "compiled_draw", "decide", "draw", "pure_absorb",
+           "pure_draw", "reset", "window_decisions"]
 
 log = logging.getLogger(__name__)
 
@@ -83,32 +90,135 @@ def pure_draw(rows: torch.Tensor, temperatures: torch.Tensor, states: torch.Tens
     return torch.argmax(x + noise, dim=1)
 
 
-_lock = threading.Lock()
-_compiled: Draw | None = None
-_failed = False
+def pure_absorb(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor | None = None) -> torch.Tensor:
+    """``watermark_prf.absorb`` word-wise with Python-integer constants and no cached tensors
+    (what is compiled): the same words, bit for bit."""
+    k = keys.to(torch.int64)
+    ctx = contexts.to(torch.int64) & _MASK
+    width = ctx.shape[1]
+    zeros = torch.zeros_like(ctx[:, 0])
+    state: tuple[torch.Tensor, ...] = (zeros + _CONTEXT_DOMAIN, zeros + width if widths is None else widths.to(torch.int64),
+                                       zeros, zeros)
+    for offset in range(0, width, 4):
+        block = []
+        for i in range(4):
+            j = offset + i
+            if j >= width:
+                block.append(zeros + (_MASK - i))
+            elif widths is None:
+                block.append(ctx[:, j])
+            else:
+                block.append(torch.where(widths > j, ctx[:, j], _MASK - i))
+        c0, c1, c2, c3 = (state[i] ^ block[i] for i in range(4))
+        k0, k1 = k[:, 0] ^ offset, k[:, 1]
+        for round_index in range(_ROUNDS):
+            hi0, lo0 = _mulhilo(_M0, c0)
+            hi1, lo1 = _mulhilo(_M1, c2)
+            c0, c1, c2, c3 = (hi1 ^ c1 ^ ((k0 + round_index * _W0) & _MASK), lo1,
+                              hi0 ^ c3 ^ ((k1 + round_index * _W1) & _MASK), lo0)
+        new = (c0, c1, c2, c3)
+        if widths is None:
+            state = new
+        else:
+            absorbs = widths > offset
+            state = tuple(torch.where(absorbs, a, b) for a, b in zip(new, state))
+    return torch.stack(state, dim=1)
+
+
+def window_decisions(tokens: torch.Tensor, at: torch.Tensor, prompt: torch.Tensor, pos: torch.Tensor,
+                     params: torch.Tensor, member: torch.Tensor, offsets: torch.Tensor, wide: int, every: bool,
+                     max_history: int, pure: bool = False) -> torch.Tensor:
+    """``WatermarkGroup.decide_from_window``'s tensor part: per row ``[rows, 5]``, the four state
+    words and whether the row draws. ``tokens`` ``[rows, span]`` the rows' last ``span`` tokens
+    (columns ``at``), ``prompt`` and ``pos`` per row, ``params`` the slots' key words, width and
+    whether they sample, ``member`` per row, ``offsets`` ``arange(wide)[None, :]``, ``wide`` the
+    widest context, ``every`` whether every member has that width. ``pure``: ``pure_absorb`` (the
+    compiled function) instead of ``absorb`` (the same words)."""
+    span = tokens.shape[1]
+    output = at >= prompt[:, None]  # a column of the output (not the prompt, not before it)
+    placeholder = ((tokens < 0) & output).any(1)
+    # the context: the last ``wide`` columns, -1 where they precede the output
+    context = torch.where(output[:, span - wide:], tokens[:, span - wide:], -1)
+    width = None if every else params[:, 2]
+    if width is not None:  # left-align each row's own width
+        shift = (wide - width)[:, None] + offsets
+        context = context.gather(1, shift.clamp(0, wide - 1))  # a non-member row may be wider: masked later
+    states = (pure_absorb if pure else absorb)(params[:, :2], context, width)
+    # a repeat: a window of the output ending at ``k`` (before the last column, at least
+    # ``pos - max_history``) equal to the context
+    ends = span - wide  # window ends ``wide - 1 .. span - 2``
+    same = torch.ones_like(tokens[:, :ends], dtype=torch.bool)
+    for back in range(wide):
+        equal = tokens[:, wide - 1 - back : wide - 1 - back + ends] == tokens[:, span - 1 - back : span - back]
+        if width is not None:
+            equal |= (width <= back)[:, None]
+        same &= equal
+    end = at[:, wide - 1 : span - 1]
+    first = prompt + ((wide if width is None else width) - 1)
+    valid = (end >= first[:, None]) & (end >= (pos - max_history)[:, None])
+    repeated = (same & valid).any(1)
+    draws = member & (params[:, 3] > 0) & ~placeholder & ~repeated
+    return torch.cat([states, draws[:, None].long()], dim=1)
+
+
+def _pure_window_decisions(tokens: torch.Tensor, at: torch.Tensor, prompt: torch.Tensor, pos: torch.Tensor,
+                           params: torch.Tensor, member: torch.Tensor, offsets: torch.Tensor, wide: int, every: bool,
+                           max_history: int) -> torch.Tensor:
+    return window_decisions(tokens, at, prompt, pos, params, member, offsets, wide, every, max_history, pure=True)
+
+
+class Lazy:
+    """``fn`` compiled on first use (``torch.compile(fullgraph=True, dynamic=True)``, Inductor's
+    eager-numerics options); after a failure to compile or run, ``None`` for good (one log line)."""
+
+    def __init__(self, name: str, fn: Callable[..., torch.Tensor]) -> None:
+        self.name, self.fn = name, fn
+        self.compiled: Callable[..., torch.Tensor] | None = None
+        self.failed = False
+        self._lock = threading.Lock()
+
+    def get(self) -> Callable[..., torch.Tensor] | None:
+        if self.failed or os.environ.get("DYNLOGITS_WATERMARK_COMPILE", "1") == "0":
+            return None
+        if self.compiled is None:
+            with self._lock:
+                if self.compiled is None and not self.failed:
+                    try:
+                        self.compiled = torch.compile(self.fn, fullgraph=True, dynamic=True, options=compile_options())
+                    except Exception as exc:  # no compiler here: eager
+                        self.give_up(exc)
+        return self.compiled
+
+    def give_up(self, exc: BaseException) -> None:
+        self.failed = True
+        message = str(exc).splitlines()[0][:200] if str(exc) else ""
+        log.warning("watermark: the compiled %s failed (%s: %s); running it eagerly from now on", self.name,
+                    type(exc).__name__, message)
+
+    def call(self, on_cuda: bool, eager: Callable[..., torch.Tensor], *args: object) -> torch.Tensor:
+        """The compiled function of ``args`` where ``on_cuda`` and it compiles, else ``eager(*args)``."""
+        if on_cuda:
+            fn = self.get()
+            if fn is not None:
+                try:
+                    return fn(*args)
+                except Exception as exc:  # a compile or run failure must not fail a request
+                    self.give_up(exc)
+        return eager(*args)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.compiled, self.failed = None, False
+
+
+DRAW = Lazy("draw", pure_draw)
+DECIDE = Lazy("window decisions", _pure_window_decisions)
 
 
 def compiled_draw() -> Draw | None:
     """The compiled ``pure_draw`` (made on the first call; ``torch.compile`` compiles it on its
     first run), or ``None`` where it failed or is turned off."""
-    global _compiled, _failed
-    if _failed or os.environ.get("DYNLOGITS_WATERMARK_COMPILE", "1") == "0":
-        return None
-    if _compiled is None:
-        with _lock:
-            if _compiled is None and not _failed:
-                try:
-                    _compiled = torch.compile(pure_draw, fullgraph=True, dynamic=True, options=compile_options())
-                except Exception as exc:  # no compiler here: draw eagerly
-                    _give_up(exc)
-    return _compiled
-
-
-def _give_up(exc: BaseException) -> None:
-    global _failed
-    _failed = True
-    message = str(exc).splitlines()[0][:200] if str(exc) else ""
-    log.warning("watermark: the compiled draw failed (%s: %s); drawing eagerly from now on", type(exc).__name__, message)
+    return DRAW.get()
 
 
 def _wants_compiled(rows: torch.Tensor) -> bool:
@@ -118,18 +228,17 @@ def _wants_compiled(rows: torch.Tensor) -> bool:
 def draw(rows: torch.Tensor, temperatures: torch.Tensor, states: torch.Tensor, keys: torch.Tensor, eager: Draw) -> torch.Tensor:
     """``eager(rows, temperatures, states, keys)``, through the compiled function where ``rows``
     are on a CUDA device and it compiled (see the module doc)."""
-    if _wants_compiled(rows):
-        fn = compiled_draw()
-        if fn is not None:
-            try:
-                return fn(rows, temperatures, states, keys)
-            except Exception as exc:  # a compile or run failure must not fail a request
-                _give_up(exc)
-    return eager(rows, temperatures, states, keys)
+    return DRAW.call(_wants_compiled(rows), eager, rows, temperatures, states, keys)
+
+
+def decide(tokens: torch.Tensor, at: torch.Tensor, prompt: torch.Tensor, pos: torch.Tensor, params: torch.Tensor,
+           member: torch.Tensor, offsets: torch.Tensor, wide: int, every: bool, max_history: int) -> torch.Tensor:
+    """``window_decisions``, compiled where ``tokens`` are on a CUDA device and it compiled."""
+    return DECIDE.call(_wants_compiled(tokens), window_decisions, tokens, at, prompt, pos, params, member, offsets,
+                       wide, every, max_history)
 
 
 def reset() -> None:
-    """Forget the compiled function and any failure (tests)."""
-    global _compiled, _failed
-    with _lock:
-        _compiled, _failed = None, False
+    """Forget the compiled functions and any failure (tests)."""
+    DRAW.reset()
+    DECIDE.reset()

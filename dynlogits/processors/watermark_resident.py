@@ -18,8 +18,9 @@ entry (admission refuses one after it).
 
 The draw: ``argmax(logits / T + G)`` per row, ``G`` the Gumbel noise of ``uniform_from_states`` over
 the vocabulary (``[rows, vocab]``), then each firing row forced to its token keeping masks (gather,
-fill, scatter). On CUDA the draw is one compiled function (``watermark_compiled.draw``; eager
-``batched_draw`` elsewhere and where it cannot compile). Bit for bit the hosted processor's draw (``watermark.watermark_draw``) on the same
+fill, scatter). On CUDA the draw and Model Runner V2's window decisions run as compiled
+functions (``watermark_compiled``: ``draw``, ``decide``); eager elsewhere (``batched_draw``,
+``window_decisions``) and where they cannot compile. Bit for bit the hosted processor's draw (``watermark.watermark_draw``) on the same
 row, history, key and temperature. Rows that skip are left untouched."""
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from .modes import Decider, WindowDecided
 from .ops import row_runs
 from .slots import GatheredRows, ListedRows, StepInputs, Template, force_device_decisions, force_listed
 from .uploads import StepUpload
-from .watermark_compiled import draw
-from .watermark_prf import absorb, gumbel_noise, key_words, uniform_from_states
+from .watermark_compiled import decide, draw
+from .watermark_prf import gumbel_noise, key_words, uniform_from_states
 from .window import TokenWindow
 
 __all__ = ["MAX_HISTORY", "SAMPLING_EPS", "WatermarkGroup", "WatermarkTemplate", "batched_draw"]
@@ -141,7 +142,6 @@ class WatermarkGroup(WindowDecided):
         widths = set(self._widths.values())
         wide = max(widths, default=1)
         every = len(widths) == 1
-        width = None if every else params[:, 2]
         slots = window.slots(slot_of_row)
         pos = window.pos.long()
         prompt = window.prompt_len[slots].long()
@@ -149,29 +149,7 @@ class WatermarkGroup(WindowDecided):
         start = pos - (span - 1)  # the span's first column
         at = start[:, None] + self._span_offsets(span)
         tokens = window._read(slots, at.clamp(min=0)).long()
-        output = at >= prompt[:, None]  # a column of the output (not the prompt, not before it)
-        placeholder = ((tokens < 0) & output).any(1)
-        # the context: the last ``width`` columns, -1 where they precede the output
-        context = torch.where(output[:, span - wide:], tokens[:, span - wide:], -1)
-        if width is not None:  # left-align each row's own width
-            shift = (wide - width)[:, None] + self._span_offsets(wide)
-            context = context.gather(1, shift.clamp_(0, wide - 1))  # a non-member row may be wider: masked later
-        states = absorb(params[:, :2], context, width)
-        # a repeat: a window of the output ending at ``k`` (before the last column, at least
-        # ``pos - MAX_HISTORY``) equal to the context
-        ends = span - wide  # window ends ``wide - 1 .. span - 2``
-        same = torch.ones_like(tokens[:, :ends], dtype=torch.bool)
-        for back in range(wide):
-            equal = tokens[:, wide - 1 - back : wide - 1 - back + ends] == tokens[:, span - 1 - back : span - back]
-            if width is not None:
-                equal |= (width <= back)[:, None]
-            same &= equal
-        end = at[:, wide - 1 : span - 1]
-        first = prompt + ((wide if width is None else width) - 1)
-        valid = (end >= first[:, None]) & (end >= (pos - MAX_HISTORY)[:, None])
-        repeated = (same & valid).any(1)
-        draws = rows.member & (params[:, 3] > 0) & ~placeholder & ~repeated
-        return torch.cat([states, draws[:, None].long()], dim=1)
+        return decide(tokens, at, prompt, pos, params, rows.member, self._span_offsets(wide), wide, every, MAX_HISTORY)
 
     def _span_offsets(self, span: int) -> torch.Tensor:
         offsets = self._cache.get(f"span{span}")

@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from dynlogits.processors import watermark_compiled
-from dynlogits.processors.watermark_compiled import compile_options, draw, pure_draw
+from dynlogits.processors.watermark_compiled import (
+    _pure_window_decisions,
+    compile_options,
+    decide,
+    draw,
+    pure_draw,
+    window_decisions,
+)
 from dynlogits.processors.watermark_prf import context_state, key_words
 from dynlogits.processors.watermark_resident import batched_draw
 
@@ -70,7 +77,7 @@ def test_on_the_cpu_the_draw_is_eager_and_nothing_is_compiled(monkeypatch: pytes
         return batched_draw(*args)
 
     assert torch.equal(draw(*inputs, eager), batched_draw(*inputs)) and seen == [1]
-    assert watermark_compiled._compiled is None
+    assert watermark_compiled.DRAW.compiled is None
 
 
 @pytest.mark.parametrize("fails", ["compile", "run"])
@@ -127,3 +134,45 @@ def test_the_pure_draw_compiles_in_one_graph_to_the_same_bits() -> None:
     for batch, vocab, seed in [(6, 1003, 5), (9, 2050, 6)]:
         inputs = _inputs(batch, vocab, seed)
         assert torch.equal(fn(*inputs), batched_draw(*inputs))
+
+
+def _window(n: int, wide: int, every: bool, seed: int, span: int = 40) -> tuple[Any, ...]:
+    """Random ``window_decisions`` inputs: tokens of a small vocabulary (repeats are common),
+    placeholders, rows whose output starts inside the span or before it, mixed widths."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 3 if wide >= 4 else 12, (n, span), generator=gen)
+    tokens[torch.rand(n, span, generator=gen) < 0.02] = -1
+    pos = torch.randint(span - 5, span + 30, (n,), generator=gen)
+    at = (pos - (span - 1))[:, None] + torch.arange(span)[None, :]
+    prompt = torch.randint(0, span + 10, (n,), generator=gen)
+    widths = torch.full((n,), wide) if every else torch.randint(1, wide + 1, (n,), generator=gen)
+    keys = torch.randint(0, 2**32, (n, 2), generator=gen)
+    params = torch.cat([keys, widths[:, None], torch.randint(0, 2, (n, 1), generator=gen)], dim=1)
+    member = torch.rand(n, generator=gen) < 0.8
+    return tokens, at, prompt, pos, params, member, torch.arange(wide)[None, :], wide, every, 12
+
+
+@pytest.mark.parametrize(("wide", "every"), [(1, True), (4, True), (5, True), (6, False), (9, False)])
+def test_the_pure_window_decisions_are_the_eager_ones(wide: int, every: bool) -> None:
+    draws = 0
+    for seed in range(5):
+        args = _window(16, wide, every, seed)
+        eager = window_decisions(*args)
+        assert torch.equal(_pure_window_decisions(*args), eager)
+        draws += int(eager[:, 4].sum())
+    assert 0 < draws < 5 * 16 // 2  # some rows draw, most skip (not members, greedy, placeholders, repeats)
+
+
+def test_on_the_cpu_the_window_decisions_are_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled on the CPU path"))
+    args = _window(8, 4, False, 1)
+    assert torch.equal(decide(*args), window_decisions(*args))
+    assert watermark_compiled.DECIDE.compiled is None
+
+
+def test_the_window_decisions_compile_in_one_graph_to_the_same_words() -> None:
+    pytest.importorskip("torch._inductor")
+    fn = torch.compile(_pure_window_decisions, fullgraph=True, dynamic=True, options=compile_options())
+    for wide, every, seed in [(4, True, 7), (6, False, 8), (6, False, 9)]:
+        args = _window(10 + seed, wide, every, seed, span=30 + seed)
+        assert torch.equal(fn(*args), window_decisions(*args))

@@ -12,6 +12,9 @@ no profiler, sync or timing figures). Figures, one line each:
   draw's tokens against the eager draw's on the same device and against the CPU eager draw's
   (rows differing, each must be 0), and the uniforms' bits on the device against the CPU's;
 * ``absorb``: the device's ``absorb`` of every context against the host's ``context_state``;
+* ``window decisions``: Model Runner V2's compiled context/repeat/absorb step (``window_decisions``)
+  against its eager run on the device and on the CPU (span ``MAX_HISTORY + 4``; 64 on the CPU);
+  its device ops and time are printed, not judged (the eager read of the window precedes it);
 * ``kernels``: device ops (kernels, copies, memsets) of one steady compiled draw after warm-up,
   from ``torch.profiler``, beside the eager draw's (the kind's launch budget: <= 8 a step);
 * ``sync``: one compiled draw under ``torch.cuda.set_sync_debug_mode("error")``;
@@ -32,8 +35,9 @@ from typing import Any
 import torch
 
 from dynlogits.processors import watermark_compiled
+from dynlogits.processors.watermark_compiled import window_decisions
 from dynlogits.processors.watermark_prf import absorb, context_state, key_words, uniform_from_states
-from dynlogits.processors.watermark_resident import batched_draw
+from dynlogits.processors.watermark_resident import MAX_HISTORY, batched_draw
 
 __all__ = ["BATCHES", "Inputs", "compare", "main", "make_inputs", "run"]
 
@@ -102,6 +106,45 @@ def _absorb_diffs(device: torch.device, seed: int = 1, n: int = 256) -> int:
                  torch.tensor(contexts, dtype=torch.int64, device=device),
                  torch.tensor(widths, dtype=torch.int64, device=device)).cpu()
     return int((got != want).any(1).sum())
+
+
+def window_inputs(n: int, wide: int, every: bool, seed: int, span: int) -> tuple[Any, ...]:
+    """Random ``window_decisions`` arguments on the CPU (Model Runner V2's step): half the rows'
+    tokens of a small vocabulary (repeats are common), half of a large one, placeholders, outputs starting inside the span or before it,
+    mixed widths unless ``every``."""
+    gen = torch.Generator().manual_seed(seed)
+    small = torch.randint(0, 3 if wide >= 4 else 12, (n, span), generator=gen)
+    large = torch.randint(0, 151936, (n, span), generator=gen)
+    tokens = torch.where(torch.rand(n, 1, generator=gen) < 0.5, small, large)  # half the rows rarely repeat
+    tokens[torch.rand(n, span, generator=gen) < 0.001] = -1
+    pos = torch.randint(span - 5, span + 30, (n,), generator=gen)
+    at = (pos - (span - 1))[:, None] + torch.arange(span)[None, :]
+    prompt = torch.randint(0, span + 10, (n,), generator=gen)
+    widths = torch.full((n,), wide) if every else torch.randint(1, wide + 1, (n,), generator=gen)
+    keys = torch.randint(0, 2**32, (n, 2), generator=gen)
+    params = torch.cat([keys, widths[:, None], torch.randint(0, 2, (n, 1), generator=gen)], dim=1)
+    member = torch.rand(n, generator=gen) < 0.8
+    return tokens, at, prompt, pos, params, member, torch.arange(wide)[None, :], wide, every, MAX_HISTORY
+
+
+def _on(args: tuple[Any, ...], device: torch.device) -> tuple[Any, ...]:
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def compare_decisions(device: torch.device, compiled: Callable[..., torch.Tensor], *, batches: Sequence[int],
+                      span: int) -> list[dict[str, Any]]:
+    """Rows where the compiled window decisions differ from the eager ones on ``device`` and the CPU's."""
+    out = []
+    for wide, every in ((4, True), (6, False)):
+        for batch in batches:
+            host = window_inputs(batch, wide, every, 100 + batch + wide, span)
+            dev = _on(host, device)
+            got = compiled(*dev).cpu()
+            eager = window_decisions(*dev).cpu()
+            cpu = window_decisions(*host)
+            out.append({"batch": batch, "wide": wide, "every": every, "draws": int(cpu[:, 4].sum()),
+                        "vs_eager": int((got != eager).any(1).sum()), "vs_cpu": int((got != cpu).any(1).sum())})
+    return out
 
 
 def _device_ops(fn: Callable[[], object], steps: int, trace_dir: Path) -> tuple[float, list[str]]:
@@ -178,6 +221,19 @@ def run(device: torch.device, *, vocab: int = 151936, steps: int = 200, batches:
     ok &= diffs == 0
     print(f"watermark absorb on {device.type} vs host context_state: {diffs} of 256 rows differing -> {_line(diffs == 0)}",
           flush=True)
+    decide = watermark_compiled.DECIDE.get()
+    span = MAX_HISTORY + 4 if device.type == "cuda" else 64
+    if decide is None:
+        ok = False
+        print("watermark window decisions: not compiled -> FAILED", flush=True)
+        return ok, results
+    results["decisions"] = compare_decisions(device, decide, batches=batches, span=span)
+    for r in results["decisions"]:
+        good = r["vs_eager"] == 0 and r["vs_cpu"] == 0
+        ok &= good
+        print(f"watermark window decisions batch {r['batch']} width {r['wide']}{'' if r['every'] else ' (mixed)'} span "
+              f"{span}: compiled vs eager {r['vs_eager']} rows, vs CPU {r['vs_cpu']} rows ({r['draws']} drawing) "
+              f"-> {_line(good)}", flush=True)
     if device.type != "cuda":
         return ok, results
     results["kernels"], results["time"] = [], []
@@ -211,6 +267,19 @@ def run(device: torch.device, *, vocab: int = 151936, steps: int = 200, batches:
                                     "eager_wall_ms": e_wall, "eager_device_ms": e_dev})
             print(f"watermark time batch {batch}: compiled {c_wall:.4f} ms wall, {c_dev:.4f} ms device; eager "
                   f"{e_wall:.4f} ms wall, {e_dev:.4f} ms device ({e_dev / max(c_dev, 1e-9):.1f}x)", flush=True)
+            window = _on(window_inputs(batch, 4, True, 5 + batch, span), device)
+            for _ in range(3):
+                decide(*window)
+            d_ops, d_names = _device_ops(lambda: decide(*window), 10, Path(tmp))  # noqa: B023  # called at once
+            de_ops, _ = _device_ops(lambda: window_decisions(*window), 10, Path(tmp))  # noqa: B023  # called at once
+            d_wall, d_dev = _time(lambda: decide(*window), steps)  # noqa: B023  # called at once
+            de_wall, de_dev = _time(lambda: window_decisions(*window), steps)  # noqa: B023  # called at once
+            results["kernels"].append({"batch": batch, "decisions_compiled": d_ops, "decisions_eager": de_ops,
+                                       "names": d_names})
+            results["time"].append({"batch": batch, "decisions_compiled_device_ms": d_dev, "decisions_eager_device_ms": de_dev})
+            print(f"watermark window decisions batch {batch} span {span}: compiled {d_ops:.1f} device ops (eager "
+                  f"{de_ops:.1f}): {d_names}; {d_wall:.4f} ms wall, {d_dev:.4f} ms device; eager {de_wall:.4f} ms wall, "
+                  f"{de_dev:.4f} ms device", flush=True)
     return ok, results
 
 
