@@ -38,9 +38,22 @@ from typing import Any
 
 import torch
 
-from .watermark_prf import _CONTEXT_DOMAIN, _M0, _M1, _MASK, _ROUNDS, _TOKEN_DOMAIN, _W0, _W1, _mulhilo, absorb
+from .watermark_prf import (
+    _CONTEXT_DOMAIN,
+    _M0,
+    _M1,
+    _MASK,
+    _ROUNDS,
+    _TOKEN_DOMAIN,
+    _W0,
+    _W1,
+    _mulhilo,
+    absorb,
+    gumbel_noise,
+    uniform_from_states,
+)
 
-__all__ = ["COMPILE_OPTIONS", "DECIDE", "DRAW", "Lazy", "compile_options", "compiled_draw", "decide", "draw", "pure_absorb",
+__all__ = ["COMPILE_OPTIONS", "DECIDE", "DRAW", "LISTED", "Lazy", "batched_draw", "draw_listed", "listed_draw", "compile_options", "compiled_draw", "decide", "draw", "pure_absorb",
            "pure_draw", "reset", "window_decisions"]
 
 log = logging.getLogger(__name__)
@@ -88,6 +101,37 @@ def pure_draw(rows: torch.Tensor, temperatures: torch.Tensor, states: torch.Tens
     noise = -torch.log(-torch.log(uniforms.clamp_min(torch.finfo(torch.float32).tiny)))
     x = rows.to(torch.float32) / temperatures[:, None]
     return torch.argmax(x + noise, dim=1)
+
+
+def batched_draw(rows: torch.Tensor, temperatures: torch.Tensor, states: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The Gumbel-max draw of every row of ``rows`` (``[n, vocab]``): ``temperatures`` ``[n]``
+    float32, ``states`` ``[n, 4]`` and ``keys`` ``[n, 2]`` int64 (``watermark_prf``); ``[n]`` int64
+    on the device. Row ``i`` is ``watermark_draw`` of row ``i`` with no truncation. The eager
+    reference (cached counters and multiplier pairs: fewer eager ops)."""
+    x = rows.to(torch.float32) / temperatures[:, None]
+    return torch.argmax(x + gumbel_noise(uniform_from_states(states, keys, rows.shape[1])), dim=1)
+
+
+def listed_draw(logits: torch.Tensor, flat: torch.Tensor, rows_dev: torch.Tensor, slots: torch.Tensor,
+                temperature_table: torch.Tensor, params_table: torch.Tensor, states: torch.Tensor, stride: int,
+                pure: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The V1 runner's draw of the firing rows ``rows_dev`` (their ``slots`` and PRF ``states``
+    ``[n, 4]``), the slots' tables (``[slots, 1]`` temperatures, ``[slots, 4]`` params): the flat
+    index of each row's token in ``flat`` (``logits`` flat, rows ``stride`` apart) and the value to
+    write there once the row is filled with ``-inf`` (the logit kept where it is ``-inf``, else
+    0.0). ``pure``: ``pure_draw`` (the compiled function) instead of ``batched_draw``."""
+    params = params_table[slots]
+    tokens = (pure_draw if pure else batched_draw)(logits.index_select(0, rows_dev), temperature_table[slots, 0],
+                                                   states, params[:, :2])
+    index = rows_dev * stride + tokens
+    kept = flat.index_select(0, index)
+    return index, torch.where(torch.isneginf(kept), kept, 0.0)
+
+
+def _pure_listed_draw(logits: torch.Tensor, flat: torch.Tensor, rows_dev: torch.Tensor, slots: torch.Tensor,
+                      temperature_table: torch.Tensor, params_table: torch.Tensor, states: torch.Tensor,
+                      stride: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return listed_draw(logits, flat, rows_dev, slots, temperature_table, params_table, states, stride, pure=True)
 
 
 def pure_absorb(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor | None = None) -> torch.Tensor:
@@ -171,13 +215,13 @@ class Lazy:
     """``fn`` compiled on first use (``torch.compile(fullgraph=True, dynamic=True)``, Inductor's
     eager-numerics options); after a failure to compile or run, ``None`` for good (one log line)."""
 
-    def __init__(self, name: str, fn: Callable[..., torch.Tensor]) -> None:
+    def __init__(self, name: str, fn: Callable[..., Any]) -> None:
         self.name, self.fn = name, fn
-        self.compiled: Callable[..., torch.Tensor] | None = None
+        self.compiled: Callable[..., Any] | None = None
         self.failed = False
         self._lock = threading.Lock()
 
-    def get(self) -> Callable[..., torch.Tensor] | None:
+    def get(self) -> Callable[..., Any] | None:
         if self.failed or os.environ.get("DYNLOGITS_WATERMARK_COMPILE", "1") == "0":
             return None
         if self.compiled is None:
@@ -195,7 +239,7 @@ class Lazy:
         log.warning("watermark: the compiled %s failed (%s: %s); running it eagerly from now on", self.name,
                     type(exc).__name__, message)
 
-    def call(self, on_cuda: bool, eager: Callable[..., torch.Tensor], *args: object) -> torch.Tensor:
+    def call(self, on_cuda: bool, eager: Callable[..., Any], *args: object) -> Any:
         """The compiled function of ``args`` where ``on_cuda`` and it compiles, else ``eager(*args)``."""
         if on_cuda:
             fn = self.get()
@@ -212,6 +256,7 @@ class Lazy:
 
 
 DRAW = Lazy("draw", pure_draw)
+LISTED = Lazy("listed draw", _pure_listed_draw)
 DECIDE = Lazy("window decisions", _pure_window_decisions)
 
 
@@ -231,6 +276,15 @@ def draw(rows: torch.Tensor, temperatures: torch.Tensor, states: torch.Tensor, k
     return DRAW.call(_wants_compiled(rows), eager, rows, temperatures, states, keys)
 
 
+def draw_listed(logits: torch.Tensor, flat: torch.Tensor, rows_dev: torch.Tensor, slots: torch.Tensor,
+                temperature_table: torch.Tensor, params_table: torch.Tensor, states: torch.Tensor,
+                stride: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``listed_draw``, compiled where ``logits`` are on a CUDA device and it compiled."""
+    out: tuple[torch.Tensor, torch.Tensor] = LISTED.call(_wants_compiled(logits), listed_draw, logits, flat, rows_dev,
+                                                         slots, temperature_table, params_table, states, stride)
+    return out
+
+
 def decide(tokens: torch.Tensor, at: torch.Tensor, prompt: torch.Tensor, pos: torch.Tensor, params: torch.Tensor,
            member: torch.Tensor, offsets: torch.Tensor, wide: int, every: bool, max_history: int) -> torch.Tensor:
     """``window_decisions``, compiled where ``tokens`` are on a CUDA device and it compiled."""
@@ -241,4 +295,5 @@ def decide(tokens: torch.Tensor, at: torch.Tensor, prompt: torch.Tensor, pos: to
 def reset() -> None:
     """Forget the compiled functions and any failure (tests)."""
     DRAW.reset()
+    LISTED.reset()
     DECIDE.reset()

@@ -18,9 +18,11 @@ entry (admission refuses one after it).
 
 The draw: ``argmax(logits / T + G)`` per row, ``G`` the Gumbel noise of ``uniform_from_states`` over
 the vocabulary (``[rows, vocab]``), then each firing row forced to its token keeping masks (gather,
-fill, scatter). On CUDA the draw and Model Runner V2's window decisions run as compiled
-functions (``watermark_compiled``: ``draw``, ``decide``); eager elsewhere (``batched_draw``,
-``window_decisions``) and where they cannot compile. Bit for bit the hosted processor's draw (``watermark.watermark_draw``) on the same
+fill, scatter). On CUDA the tensor work runs as compiled functions (``watermark_compiled``): on
+the V1 runner the gathers, the draw and the forced values (``draw_listed``), then the row fill and
+one index copy; on Model Runner V2 the window decisions (``decide``) and the draw (``draw``). Eager
+elsewhere (``listed_draw``, ``window_decisions``, ``batched_draw``: the reference) and where they
+cannot compile. Bit for bit the hosted processor's draw (``watermark.watermark_draw``) on the same
 row, history, key and temperature. Rows that skip are left untouched."""
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ import numpy as np
 import torch
 
 from .modes import Decider, WindowDecided
-from .ops import row_runs
-from .slots import GatheredRows, ListedRows, StepInputs, Template, force_device_decisions, force_listed
+from .ops import fill_rows, row_runs
+from .slots import GatheredRows, ListedRows, StepInputs, Template, force_device_decisions
 from .uploads import StepUpload
-from .watermark_compiled import decide, draw
-from .watermark_prf import gumbel_noise, key_words, uniform_from_states
+from .watermark_compiled import batched_draw, decide, draw, draw_listed
+from .watermark_prf import key_words
 from .window import TokenWindow
 
 __all__ = ["MAX_HISTORY", "SAMPLING_EPS", "WatermarkGroup", "WatermarkTemplate", "batched_draw"]
@@ -46,14 +48,6 @@ __all__ = ["MAX_HISTORY", "SAMPLING_EPS", "WatermarkGroup", "WatermarkTemplate",
 SAMPLING_EPS = 1e-5
 #: How far back a repeated context is looked for (vLLM's ``deduplicate_contexts_max_history``).
 MAX_HISTORY = 8192
-
-
-def batched_draw(rows: torch.Tensor, temperatures: torch.Tensor, states: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """The Gumbel-max draw of every row of ``rows`` (``[n, vocab]``): ``temperatures`` ``[n]``
-    float32, ``states`` ``[n, 4]`` and ``keys`` ``[n, 2]`` int64 (``watermark_prf``); ``[n]`` int64
-    on the device. Row ``i`` is ``watermark_draw`` of row ``i`` with no truncation."""
-    x = rows.to(torch.float32) / temperatures[:, None]
-    return torch.argmax(x + gumbel_noise(uniform_from_states(states, keys, rows.shape[1])), dim=1)
 
 
 #: ``decide_from_window``'s answer when no member samples (``apply_device_decisions`` then does nothing)
@@ -121,13 +115,12 @@ class WatermarkGroup(WindowDecided):
         buf = upload.buffer(6 * n)
         buf[:] = decisions.T.reshape(-1)
         values = upload.upload(6 * n).view(6, n)
-        rows_dev, slots = values[0], values[1]
-        params = self.params.dev[slots]
-        firing = decisions[:, 0]
-        tokens = draw(step.logits.index_select(0, rows_dev), self.temperature.dev[slots, 0],
-                      values[2:].T, params[:, :2], batched_draw)
-        forcing = ListedRows(firing, decisions[:, 1], rows_dev, slots, row_runs(firing.tolist()), base=rows_dev * step.stride)
-        force_listed(step, tokens, forcing)
+        rows_dev = values[0]
+        index, value = draw_listed(step.logits, step.flat, rows_dev, values[1], self.temperature.dev, self.params.dev,
+                                   values[2:].T, step.stride)
+        # forced keeping masks, as ``slots.force_listed``: the row filled, then its token's value
+        fill_rows(step.logits, row_runs(decisions[:, 0].tolist()), rows_dev)
+        step.flat.index_copy_(0, index, value)
         return None
 
     # -- token window (Model Runner V2) -------------------------------------------------------------

@@ -14,10 +14,12 @@ import torch
 
 from dynlogits.processors import watermark_compiled
 from dynlogits.processors.watermark_compiled import (
+    _pure_listed_draw,
     _pure_window_decisions,
     compile_options,
     decide,
     draw,
+    listed_draw,
     pure_draw,
     window_decisions,
 )
@@ -176,3 +178,37 @@ def test_the_window_decisions_compile_in_one_graph_to_the_same_words() -> None:
     for wide, every, seed in [(4, True, 7), (6, False, 8), (6, False, 9)]:
         args = _window(10 + seed, wide, every, seed, span=30 + seed)
         assert torch.equal(fn(*args), window_decisions(*args))
+
+
+def _listed(seed: int, n: int = 5, rows: int = 9, vocab: int = 1003) -> tuple[Any, ...]:
+    """Random ``listed_draw`` arguments: logits with masked entries, firing rows and their slots."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=gen)
+    logits[torch.rand(rows, vocab, generator=gen) < 0.5] = -torch.inf
+    rows_dev = torch.randperm(rows, generator=gen)[:n]
+    slots = torch.randperm(16, generator=gen)[:n]
+    temperature_table = torch.rand(17, 1, generator=gen) + 0.05
+    params_table = torch.cat([torch.randint(0, 2**32, (17, 2), generator=gen), torch.full((17, 1), 4),
+                              torch.ones(17, 1, dtype=torch.long)], dim=1)
+    states = torch.randint(0, 2**32, (4, n), generator=gen).T  # a transposed view, as the upload's
+    return logits, logits.view(-1), rows_dev, slots, temperature_table, params_table, states, vocab
+
+
+def test_the_pure_listed_draw_is_the_eager_one() -> None:
+    for seed in range(4):
+        args = _listed(seed)
+        eager = listed_draw(*args)
+        pure = _pure_listed_draw(*args)
+        assert torch.equal(pure[0], eager[0]) and torch.equal(pure[1], eager[1])
+        logits, rows_dev, vocab = args[0], args[2], args[7]
+        assert torch.equal(eager[0] // vocab, rows_dev)
+        assert torch.equal(torch.isneginf(eager[1]), torch.isneginf(logits.view(-1)[eager[0]]))
+
+
+def test_the_listed_draw_compiles_in_one_graph_to_the_same_bits() -> None:
+    pytest.importorskip("torch._inductor")
+    fn = torch.compile(_pure_listed_draw, fullgraph=True, dynamic=True, options=compile_options())
+    for seed, n in [(11, 5), (12, 3)]:
+        args = _listed(seed, n=n)
+        got, want = fn(*args), listed_draw(*args)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -415,8 +415,9 @@ def _device_ops(fn: Callable[[], object], steps: int, trace_dir: Path) -> tuple[
 
 def measure(kind: str, batch: int, *, vocab: int, steps: int, trace_dir: Path) -> list[Cost]:
     device = torch.device("cuda")
-    make = _mixed if kind == "mixed" else KIND_PAYLOADS[kind]
+    make = _mixed if kind == "mixed" else {**KIND_PAYLOADS, **watermark_check.PAYLOADS}[kind]
     payloads = [make(vocab, i) for i in range(batch)]
+    facts = sdk.RequestFacts(sampling=watermark_check.SAMPLING) if kind in watermark_check.PAYLOADS else None
     histories: list[list[int]] = [[5] * 3 for _ in range(batch)]  # position 3: a forced row stays forced
     stop = sdk.pick_stop_token(EOS, None, vocab)
     logits = torch.randn(batch, vocab, device=device)
@@ -424,7 +425,7 @@ def measure(kind: str, batch: int, *, vocab: int, steps: int, trace_dir: Path) -
     def resident() -> sdk.SlotBatch:
         slots = sdk.SlotBatch(num_slots=max(256, batch), vocab_size=vocab, device=device, host_histories=True)
         for i, p in enumerate(payloads):
-            request = sdk.realize(p, vocab_size=vocab, stop_token_id=stop)
+            request = sdk.realize(p, vocab_size=vocab, stop_token_id=stop, facts=facts)
             assert request is not None
             slots.assign(i, request)
         slots.set_rows(np.arange(batch, dtype=np.int64))
@@ -432,7 +433,7 @@ def measure(kind: str, batch: int, *, vocab: int, steps: int, trace_dir: Path) -
         return slots
 
     masking = resident()
-    loop_requests = [sdk.realize(p, vocab_size=vocab, stop_token_id=stop) for p in payloads]
+    loop_requests = [sdk.realize(p, vocab_size=vocab, stop_token_id=stop, facts=facts) for p in payloads]
 
     def loop() -> None:
         for i, request in enumerate(loop_requests):
@@ -492,6 +493,23 @@ def _recorded() -> Any:
     return event
 
 
+def _watermark_costs(vocab: int, steps: int) -> list[dict[str, Any]]:
+    """The resident V1 steady step of every ``watermark_check.PAYLOADS`` kind (compiled draw), printed
+    as the cost table's rows (its ops: the step's, the compiled kernels included; not judged)."""
+    costs = []
+    print(f"\n{'kind':<16}{'batch':>6}  {'impl':<19}{'wall ms':>10}{'device ms':>11}{'ops':>7}{'pageable':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in watermark_check.PAYLOADS:
+            for batch in (1, 64, 256):
+                for c in measure(kind, batch, vocab=vocab, steps=steps, trace_dir=Path(tmp)):
+                    costs.append(asdict(c))
+                    print(f"{c.kind:<16}{c.batch:>6}  {c.impl:<19}{c.wall_ms:>10.4f}{c.device_ms:>11.4f}"
+                          f"{c.ops:>7.1f}{c.pageable:>9}", flush=True)
+                    if c.impl == "adapter":
+                        print(f"    {c.names}", flush=True)
+    return costs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dynlogits.testing.cuda.check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write every result here")
@@ -507,6 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "sequences": []}
     if args.watermark_only:
         ok, results["watermark"] = watermark_check.run(cuda, vocab=args.vocab, steps=args.steps)
+        results["costs"] = _watermark_costs(args.vocab, args.steps)
         if args.json:
             args.json.write_text(json.dumps(results, indent=1))
         print("\nresult:", "ok" if ok else "FAILED")
@@ -551,6 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(flush=True)
     watermark_ok, results["watermark"] = watermark_check.run(cuda, vocab=args.vocab, steps=args.steps)
     ok &= watermark_ok
+    results["costs"] += _watermark_costs(args.vocab, args.steps)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     print("\nresult:", "ok" if ok else "FAILED")

@@ -11,13 +11,16 @@ no profiler, sync or timing figures). Figures, one line each:
   64-bit keys, contexts (widths 1..9, ``-1`` before the output) and temperatures: the compiled
   draw's tokens against the eager draw's on the same device and against the CPU eager draw's
   (rows differing, each must be 0), and the uniforms' bits on the device against the CPU's;
+* ``V1 draw``: the V1 runner's compiled step (``listed_draw``: row gathers, draw, the kept value)
+  against its eager run on the device and on the CPU (index and value bits);
 * ``absorb``: the device's ``absorb`` of every context against the host's ``context_state``;
 * ``window decisions``: Model Runner V2's compiled context/repeat/absorb step (``window_decisions``)
   against its eager run on the device and on the CPU (span ``MAX_HISTORY + 4``; 64 on the CPU);
   its device ops and time are printed, not judged (the eager read of the window precedes it);
 * ``kernels``: device ops (kernels, copies, memsets) of one steady compiled draw after warm-up,
   from ``torch.profiler``, beside the eager draw's (the kind's launch budget: <= 8 a step);
-* ``sync``: one compiled draw under ``torch.cuda.set_sync_debug_mode("error")``;
+* ``sync``: one call of each compiled function (draw, V1 draw, window decisions) under
+  ``torch.cuda.set_sync_debug_mode("error")``, after warm-up;
 * ``time``: per draw, compiled and eager (CUDA events over ``steps`` draws)."""
 
 from __future__ import annotations
@@ -35,14 +38,22 @@ from typing import Any
 import torch
 
 from dynlogits.processors import watermark_compiled
-from dynlogits.processors.watermark_compiled import window_decisions
+from dynlogits.processors.sampling import SamplingView
+from dynlogits.processors.watermark_compiled import listed_draw, window_decisions
 from dynlogits.processors.watermark_prf import absorb, context_state, key_words, uniform_from_states
 from dynlogits.processors.watermark_resident import MAX_HISTORY, batched_draw
 
-__all__ = ["BATCHES", "Inputs", "compare", "main", "make_inputs", "run"]
+__all__ = ["BATCHES", "PAYLOADS", "SAMPLING", "Inputs", "compare", "main", "make_inputs", "run"]
 
 BATCHES = (1, 64, 256)
 KERNEL_BUDGET = 8
+
+#: ``check.measure``'s payloads of this kind (one entry a request, a distinct key a row) and the
+#: sampling they are realized with (a temperature: resident, drawing every step)
+PAYLOADS: dict[str, Callable[[int, int], list[dict[str, Any]]]] = {
+    "watermark": lambda v, i: [{"kind": "watermark", "key": 2**64 - 1 - 7919 * i, "context_width": 4}],
+}
+SAMPLING = SamplingView(temperature=0.8)
 
 Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -147,6 +158,41 @@ def compare_decisions(device: torch.device, compiled: Callable[..., torch.Tensor
     return out
 
 
+def listed_inputs(n: int, vocab: int, seed: int) -> tuple[Any, ...]:
+    """Random ``listed_draw`` arguments on the CPU (the V1 runner's step): ``n`` rows of logits with
+    masked entries, all firing in a shuffled order, their slots, tables and PRF states."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, vocab, generator=gen) * 4
+    logits[torch.rand(n, vocab, generator=gen) < 0.3] = -torch.inf
+    rows_dev = torch.randperm(n, generator=gen)
+    slots = torch.randperm(max(n, 16), generator=gen)[:n]
+    temperature_table = torch.rand(max(n, 16) + 1, 1, generator=gen) * 1.9 + 0.05
+    params_table = torch.cat([torch.randint(0, 2**32, (max(n, 16) + 1, 2), generator=gen),
+                              torch.full((max(n, 16) + 1, 1), 4), torch.ones(max(n, 16) + 1, 1, dtype=torch.long)], dim=1)
+    states = torch.randint(0, 2**32, (4, n), generator=gen).T  # a transposed view, as the upload's
+    return logits, logits.view(-1), rows_dev, slots, temperature_table, params_table, states, vocab
+
+
+def compare_listed(device: torch.device, compiled: Callable[..., Any], *, vocab: int,
+                   batches: Sequence[int]) -> list[dict[str, Any]]:
+    """Rows where the compiled V1 draw (``listed_draw``: index and value) differs from the eager
+    one on ``device`` and the CPU's."""
+    out = []
+    for batch in batches:
+        host = listed_inputs(batch, vocab, 200 + batch)
+        dev = _on(host, device)
+        dev = (dev[0], dev[0].view(-1), *dev[2:])  # the flat view of the device's own logits
+        got = [t.cpu() for t in compiled(*dev)]
+        eager = [t.cpu() for t in listed_draw(*dev)]
+        cpu = listed_draw(*host)
+
+        def differing(a: list[torch.Tensor], b: Sequence[torch.Tensor]) -> int:
+            return int(((a[0] != b[0]) | (a[1].view(torch.int32) != b[1].view(torch.int32))).sum())
+
+        out.append({"batch": batch, "vs_eager": differing(got, eager), "vs_cpu": differing(got, cpu)})
+    return out
+
+
 def _device_ops(fn: Callable[[], object], steps: int, trace_dir: Path) -> tuple[float, list[str]]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -221,6 +267,16 @@ def run(device: torch.device, *, vocab: int = 151936, steps: int = 200, batches:
     ok &= diffs == 0
     print(f"watermark absorb on {device.type} vs host context_state: {diffs} of 256 rows differing -> {_line(diffs == 0)}",
           flush=True)
+    listed = watermark_compiled.LISTED.get()
+    if listed is None:
+        print("watermark V1 draw: not compiled -> FAILED", flush=True)
+        return False, results
+    results["listed"] = compare_listed(device, listed, vocab=vocab, batches=batches)
+    for r in results["listed"]:
+        good = r["vs_eager"] == 0 and r["vs_cpu"] == 0
+        ok &= good
+        print(f"watermark V1 draw (gathers, draw, kept value) batch {r['batch']} vocab {vocab}: compiled vs eager "
+              f"{r['vs_eager']} rows, vs CPU {r['vs_cpu']} rows -> {_line(good)}", flush=True)
     decide = watermark_compiled.DECIDE.get()
     span = MAX_HISTORY + 4 if device.type == "cuda" else 64
     if decide is None:
@@ -250,17 +306,6 @@ def run(device: torch.device, *, vocab: int = 151936, steps: int = 200, batches:
             print(f"watermark kernels batch {batch}: compiled draw {compiled_ops:.1f} device ops (eager {eager_ops:.1f}; "
                   f"budget {KERNEL_BUDGET}): {names} -> {_line(good)}", flush=True)
             torch.cuda.synchronize()
-            sync_error = ""
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                fn(*inputs)
-            except RuntimeError as exc:
-                sync_error = str(exc).splitlines()[0][:200]
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-            ok &= not sync_error
-            results.setdefault("sync", []).append({"batch": batch, "error": sync_error})
-            print(f"watermark sync batch {batch}: {sync_error or 'none'} -> {_line(not sync_error)}", flush=True)
             c_wall, c_dev = _time(lambda: fn(*inputs), steps)  # noqa: B023  # called at once
             e_wall, e_dev = _time(lambda: batched_draw(*inputs), steps)  # noqa: B023  # called at once
             results["time"].append({"batch": batch, "compiled_wall_ms": c_wall, "compiled_device_ms": c_dev,
@@ -270,6 +315,29 @@ def run(device: torch.device, *, vocab: int = 151936, steps: int = 200, batches:
             window = _on(window_inputs(batch, 4, True, 5 + batch, span), device)
             for _ in range(3):
                 decide(*window)
+            listed_args = _on(listed_inputs(batch, vocab, 300 + batch), device)
+            listed_args = (listed_args[0], listed_args[0].view(-1), *listed_args[2:])
+            for _ in range(3):
+                listed(*listed_args)
+            torch.cuda.synchronize()
+            sync_error = ""
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                fn(*inputs)
+                listed(*listed_args)
+                decide(*window)
+            except RuntimeError as exc:
+                sync_error = str(exc).splitlines()[0][:200]
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            ok &= not sync_error
+            results.setdefault("sync", []).append({"batch": batch, "error": sync_error})
+            print(f"watermark sync batch {batch} (draw, V1 draw, window decisions): {sync_error or 'none'} -> "
+                  f"{_line(not sync_error)}", flush=True)
+            l_ops, l_names = _device_ops(lambda: listed(*listed_args), 10, Path(tmp))  # noqa: B023  # called at once
+            results["kernels"].append({"batch": batch, "v1_draw_compiled": l_ops, "names": l_names})
+            print(f"watermark V1 draw kernels batch {batch}: compiled {l_ops:.1f} device ops (the step adds its upload, "
+                  f"row fill and index copy; the cost table has the whole step): {l_names}", flush=True)
             d_ops, d_names = _device_ops(lambda: decide(*window), 10, Path(tmp))  # noqa: B023  # called at once
             de_ops, _ = _device_ops(lambda: window_decisions(*window), 10, Path(tmp))  # noqa: B023  # called at once
             d_wall, d_dev = _time(lambda: decide(*window), steps)  # noqa: B023  # called at once
