@@ -7,6 +7,8 @@ field."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,7 +36,7 @@ from dynlogits.testing.oracle import OracleRequest, expected_row
 NEG = float("-inf")
 
 
-def masked(processor: NoRepeatNgramProcessor, history: list[int]) -> list[int]:
+def masked(processor: NoRepeatNgramProcessor, history: Sequence[int]) -> list[int]:
     """The ids ``processor`` masks after ``history`` (a call, in place, on a fresh row)."""
     return sorted(set(range(V)) - set(finite(apply(processor, history))))
 
@@ -182,8 +184,8 @@ def test_resident_where_histories_are_on_the_host_or_in_a_token_window_hosted_wh
 
 def _payload(rng: random.Random) -> list[dict]:
     """``no_repeat_ngram`` (sizes 1-4, with or without the prompt), alone or after a resident kind."""
-    entry = {"kind": "no_repeat_ngram", "size": rng.randint(1, 4), "include_prompt": rng.random() < 0.5}
-    others = [{"kind": "banned_tokens", "token_ids": [rng.randrange(2, 7)]}, {"kind": "logit_bias", "bias": {"3": 2.0}}]
+    entry: dict[str, Any] = {"kind": "no_repeat_ngram", "size": rng.randint(1, 4), "include_prompt": rng.random() < 0.5}
+    others: list[dict[str, Any]] = [{"kind": "banned_tokens", "token_ids": [rng.randrange(2, 7)]}, {"kind": "logit_bias", "bias": {"3": 2.0}}]
     return [*rng.sample(others, rng.randint(0, 2)), entry]
 
 
