@@ -13,7 +13,9 @@ in a few generated kernels instead of about 150 eager ones. Anywhere else (the C
   the CPU path (``dynamic=True``: new batch sizes and vocabularies reuse it; a new widest context
   width or dtype recompiles). A failure to compile or run it (no Triton, a dynamo error) logs one
   line and the process runs that function eagerly from then on: a request never fails for it.
-  ``DYNLOGITS_WATERMARK_COMPILE=0`` keeps both eager.
+* Opt-in: compiled only where ``DYNLOGITS_WATERMARK_COMPILE=1`` (``ENV``). A first compile stalls
+  the engine's step for seconds and the compiled bits are unchecked on a GPU so far, so by default
+  every device runs the eager reference; the CUDA check turns it on for itself.
 * No sync: the pure functions are tensor ops on their inputs (device tensors) and Python integers
   (shapes, the widest width, ``MAX_HISTORY``); no ``.item()``, no host read, no data-dependent
   Python branch, no cache lookup.
@@ -53,8 +55,11 @@ from .watermark_prf import (
     uniform_from_states,
 )
 
-__all__ = ["COMPILE_OPTIONS", "DECIDE", "DRAW", "LISTED", "Lazy", "batched_draw", "draw_listed", "listed_draw", "compile_options", "compiled_draw", "decide", "draw", "pure_absorb",
+__all__ = ["COMPILE_OPTIONS", "ENV", "DECIDE", "DRAW", "LISTED", "Lazy", "batched_draw", "draw_listed", "listed_draw", "compile_options", "compiled_draw", "decide", "draw", "pure_absorb",
            "pure_draw", "reset", "window_decisions"]
+
+#: the environment switch that turns the compiled functions on (``"1"``); anything else: eager
+ENV = "DYNLOGITS_WATERMARK_COMPILE"
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +227,7 @@ class Lazy:
         self._lock = threading.Lock()
 
     def get(self) -> Callable[..., Any] | None:
-        if self.failed or os.environ.get("DYNLOGITS_WATERMARK_COMPILE", "1") == "0":
+        if self.failed or os.environ.get(ENV) != "1":
             return None
         if self.compiled is None:
             with self._lock:

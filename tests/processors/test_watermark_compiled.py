@@ -99,6 +99,7 @@ def test_a_failing_compile_falls_back_to_eager_with_one_log_line(monkeypatch: py
         return broken
 
     monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setenv(watermark_compiled.ENV, "1")
     monkeypatch.setattr(watermark_compiled, "_wants_compiled", lambda rows: True)  # as if on CUDA
     inputs = _inputs(3, 1003, 2)
     with caplog.at_level(logging.WARNING, logger=watermark_compiled.__name__):
@@ -109,8 +110,12 @@ def test_a_failing_compile_falls_back_to_eager_with_one_log_line(monkeypatch: py
     assert len(lines) == 1 and "(RuntimeError: no Triton)" in lines[0], lines
 
 
-def test_turned_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DYNLOGITS_WATERMARK_COMPILE", "0")
+@pytest.mark.parametrize("value", [None, "0", "true"])
+def test_eager_unless_the_environment_turns_it_on(monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
+    if value is None:
+        monkeypatch.delenv(watermark_compiled.ENV, raising=False)
+    else:
+        monkeypatch.setenv(watermark_compiled.ENV, value)
     monkeypatch.setattr(watermark_compiled, "_wants_compiled", lambda rows: True)
     monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled"))
     inputs = _inputs(2, 1003, 3)
