@@ -115,7 +115,7 @@ class NoRepeatNgramProcessor:
 
     __slots__ = ("size", "vocab_size", "template", "_prompt", "_prompt_index", "_rows", "_sets")
 
-    def __init__(self, size: int, vocab_size: int, prompt: Sequence[int] = ()) -> None:
+    def __init__(self, size: int, vocab_size: int, prompt: Sequence[int] = (), *, positions: int | None = None) -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         self.size, self.vocab_size = size, vocab_size
@@ -123,7 +123,7 @@ class NoRepeatNgramProcessor:
         self._prompt_index = _index(self._prompt, size) if self._prompt else {}
         self._rows: list[_Row] = []  # most recently used first
         self._sets: dict[tuple[int, ...], IndexCache] = {}
-        self.template = NoRepeatNgramTemplate(size, bool(self._prompt))
+        self.template = NoRepeatNgramTemplate(size, bool(self._prompt), positions)
 
     def _row_for(self, history: list[int]) -> _Row:
         """The kept index whose tokens begin ``history`` (made most recent), extended to its first
@@ -233,6 +233,7 @@ class NoRepeatNgramGroup(WindowDecided):
         super().__init__(level, num_slots, device)
         self.params = self.table(torch.long, pad=0, width=2)
         self._sizes: dict[int, int] = {}  # member slot -> size, window groups
+        self._positions: dict[int, int | None] = {}  # member slot -> its positions (None: unknown), window groups
         self._consts: dict[tuple[int, int], Constants] = {}  # kept across steps
         self._extremes: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -241,11 +242,13 @@ class NoRepeatNgramGroup(WindowDecided):
             return None  # decided on the host: everything it reads is the row's history and its processor's index
         self.params.set(slot, [template.size, int(template.include_prompt)])
         self._sizes[slot] = template.size
+        self._positions[slot] = template.positions
         return None
 
     def assign(self, slot: int, template: Template | None) -> None:
         if template is None:
             self._sizes.pop(slot, None)
+            self._positions.pop(slot, None)
         super().assign(slot, template)
 
     # -- token window (Model Runner V2) -------------------------------------------------------------
@@ -272,7 +275,14 @@ class NoRepeatNgramGroup(WindowDecided):
         return made
 
     def _constants(self, window: TokenWindow, size: int) -> Constants:
-        width = max(window.tokens.shape[1], size)
+        """The window's constants: ``W`` the engine's matrix width, or less where every member's
+        positions are known (a row past them is one whose sample the runner discards: it sees a
+        part of its history, so masks a subset of its ids)."""
+        width = window.tokens.shape[1]
+        spans = self._positions.values()
+        if spans and None not in spans:
+            width = min(width, max(n for n in spans if n is not None))
+        width = max(width, size)
         consts = self._consts.get((width, size))
         if consts is None:
             if len(self._consts) > 16:
@@ -334,6 +344,9 @@ class NoRepeatNgramTemplate(Template):
 
     size: int
     include_prompt: bool = False
+    #: the most positions a row of the request reaches (prompt plus ``max_tokens``; ``None``: unknown):
+    #: the window decided on the device is no wider than its members' largest
+    positions: int | None = None
     group: ClassVar[type[NoRepeatNgramGroup]] = NoRepeatNgramGroup
     reads_tokens: ClassVar[bool] = True
 
@@ -346,4 +359,6 @@ def factory(entry: Entry, ctx: RealizeContext) -> NoRepeatNgramProcessor:
         if not ctx.prompt_ids:  # an engine that gives no prompt gives it empty
             raise ValueError("no_repeat_ngram with include_prompt needs the request's prompt, which this engine did not give")
         prompt = ctx.prompt_ids
-    return NoRepeatNgramProcessor(entry.size, ctx.vocab_size, prompt)
+    max_tokens = ctx.sampling.max_tokens
+    positions = len(ctx.prompt_ids) + max_tokens if ctx.prompt_ids and max_tokens is not None else None
+    return NoRepeatNgramProcessor(entry.size, ctx.vocab_size, prompt, positions=positions)

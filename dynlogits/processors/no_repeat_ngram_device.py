@@ -1,8 +1,10 @@
 """``no_repeat_ngram`` decided on the device, from the step's ``TokenWindow`` (Model Runner V2: the
 rows' histories live on the device): no history read back, no sync.
 
-Per row of the step (gathered: every row, members masked), with the engine's whole token matrix
-(``W``: its width, vLLM's ``max_model_len``) and the group's largest size ``S``:
+Per row of the step (gathered: every row, members masked), with a window of ``W`` tokens (the
+engine's matrix width, vLLM's ``max_model_len``, or where every member's prompt and ``max_tokens``
+are known the longest of those sums: ``NoRepeatNgramTemplate.positions``) and the group's largest
+size ``S``:
 
 1. the row's last ``W`` tokens, ending with the one it was fed (committed ones from
    ``all_token_ids``, this step's drafts from ``input_ids``); a column before the row's history
@@ -20,8 +22,9 @@ Per row of the step (gathered: every row, members masked), with the engine's who
 The row equals ``banned_after(history, size)`` (transformers' ``NoRepeatNGramLogitsProcessor``),
 ``history`` the prompt and the output with ``include_prompt``, else the output.
 
-Work per step: ``rows * W * (S - 1)`` compares (bytes), e.g. 64 rows, ``W`` 8192, ``S`` 4: 1.5 MB;
-sizes above ``MAX_DEVICE_SIZE`` are hosted (see ``NoRepeatNgramGroup.fits_window``)."""
+Work per step (the device-work bound): ``rows * W * (S - 1)`` compares (bytes), ``S <= 8``, and a
+few ``[rows, W]`` tensors (int64 and bool), e.g. 64 rows, ``W`` 8192, ``S`` 4: 1.5 MB of compares,
+4 MB per int64 tensor; sizes above ``MAX_DEVICE_SIZE`` are hosted (``NoRepeatNgramGroup.fits_window``)."""
 
 from __future__ import annotations
 

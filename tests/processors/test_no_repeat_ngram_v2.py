@@ -27,8 +27,8 @@ VOCAB = 64
 EOS = 1
 
 
-def sp(payload: Any = None) -> SamplingParams:
-    params = SamplingParams(temperature=0.0, extra_args=None if payload is None else {WIRE_KEY: payload})
+def sp(payload: Any = None, max_tokens: int = 1000) -> SamplingParams:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=None if payload is None else {WIRE_KEY: payload})
     params.update_from_generation_config({}, eos_token_id=EOS)
     return params
 
@@ -126,3 +126,15 @@ def test_a_prefill_chunks_row_never_fails_its_request(include_prompt: bool) -> N
     out = harness.step(["c"], torch.zeros(1, VOCAB))
     assert not harness.processor.failures
     assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [5, 6]
+
+
+def test_the_window_is_no_wider_than_the_members_positions() -> None:
+    """Where every member's prompt and ``max_tokens`` are known, the device reads no more of the
+    token matrix than the longest of them, and every row within them masks what the host masks."""
+    harness = _harness(0)
+    prompt = [2, 3, 2, 4]
+    harness.add_request("a", prompt, sp(_entry(2, True), max_tokens=6), output_ids=[3, 2])
+    out = harness.step(["a"], torch.zeros(1, VOCAB))
+    assert _masked(out[0]) == sorted(banned_after(prompt + [3, 2], 2)) == [3, 4]
+    (group,) = [g for g in harness.processor._resident.groups.values() if g.from_window]
+    assert group._consts and {w for w, _ in group._consts} == {10}  # 4 + 6 of 128
