@@ -112,7 +112,22 @@ def batched_draw(rows: torch.Tensor, temperatures: torch.Tensor, states: torch.T
     """The Gumbel-max draw of every row of ``rows`` (``[n, vocab]``): ``temperatures`` ``[n]``
     float32, ``states`` ``[n, 4]`` and ``keys`` ``[n, 2]`` int64 (``watermark_prf``); ``[n]`` int64
     on the device. Row ``i`` is ``watermark_draw`` of row ``i`` with no truncation. The eager
-    reference (cached counters and multiplier pairs: fewer eager ops)."""
+    reference (cached counters and multiplier pairs: fewer eager ops). On the CPU the rows go
+    through in chunks of at most ``CPU_CHUNK`` ids (the same values: every op is per row), so the
+    Philox words stay in the cache instead of streaming ``[n, vocab]`` int64 tensors through memory."""
+    n, width = rows.shape
+    if rows.device.type == "cpu" and n > 1 and n * width > CPU_CHUNK:
+        step = max(1, CPU_CHUNK // width)
+        return torch.cat([_draw(rows[i:i + step], temperatures[i:i + step], states[i:i + step], keys[i:i + step])
+                          for i in range(0, n, step)])
+    return _draw(rows, temperatures, states, keys)
+
+
+#: ids per chunk of the CPU draw (int64 words: a few MiB per live tensor)
+CPU_CHUNK = 1 << 17
+
+
+def _draw(rows: torch.Tensor, temperatures: torch.Tensor, states: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     x = rows.to(torch.float32) / temperatures[:, None]
     return torch.argmax(x + gumbel_noise(uniform_from_states(states, keys, rows.shape[1])), dim=1)
 
