@@ -13,7 +13,9 @@ Per step and row: the row's index (each ``size - 1`` tokens of the history -> th
 followed them) is found by comparing the history with the tokens it covers (a C-level list compare,
 no Python loop: of its last ``TAIL_CHECKED`` tokens when the history is the same list as at the
 row's last step, as vLLM's V1 runner passes it, else of all of them), extended by the tokens
-generated since (``size`` work each) and read once for the history's last ``size - 1`` tokens. A history no kept index covers (the first
+generated since (``size`` work each) and read once for the history's last ``size - 1`` tokens
+(the ids a key masks kept per row until the key gains a follower; the common step, the same list
+one token longer, takes a path of its own that compares the same tokens). A history no kept index covers (the first
 call, another sample, a rejected draft) is indexed from scratch once: ``O(len(history) * size)``.
 The prompt's n-grams (``include_prompt``) are indexed once per request, at realization.
 
@@ -95,14 +97,30 @@ def banned_after(history: Sequence[int], size: int) -> set[int]:
 class _Row:
     """One history's index: ``tokens``, a copy of the history's tokens up to its first placeholder,
     ``index``, the n-grams ending in them (beyond the prompt's), and ``source``, the list it was last
-    read from (an engine's live history: vLLM's V1 runner hands each row the same growing list)."""
+    read from (an engine's live history: vLLM's V1 runner hands each row the same growing list).
+    ``before``: ``tokens``' last ``size - 1`` tokens as a key (``None`` while they are fewer), the
+    next token's n-gram prefix; ``ids``: per key looked up, the ids it masks (sorted, inside the
+    logits width, the prompt's included), dropped when the key gains a follower."""
 
-    __slots__ = ("tokens", "index", "source")
+    __slots__ = ("tokens", "index", "source", "before", "ids")
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
         self.index: Index = {}
         self.source: list[int] | None = None
+        self.before: tuple[int, ...] | None = None
+        self.ids: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def add(self, before: tuple[int, ...], token: int) -> None:
+        """The n-gram ``before + (token,)``, its key's kept ids dropped if it is new."""
+        followers = self.index.get(before)
+        if followers is None:
+            self.index[before] = {token}
+        elif token in followers:
+            return
+        else:
+            followers.add(token)
+        self.ids.pop(before, None)
 
 
 class NoRepeatNgramProcessor:
@@ -159,40 +177,68 @@ class NoRepeatNgramProcessor:
             if token < 0:
                 return
             if size == 1:
-                _add(row.index, (), token)
+                row.add((), token)
             elif j >= size - 1:
-                _add(row.index, tuple(tokens[j - size + 1:]), token)
+                row.add(tuple(tokens[j - size + 1:]), token)
             elif len(prompt) + j >= size - 1:  # an n-gram that begins in the prompt
                 before = (*prompt[len(prompt) + j - size + 1:], *tokens)
                 if min(before) >= 0:
-                    _add(row.index, before, token)
+                    row.add(before, token)
             tokens.append(token)
 
     def banned(self, history: Sequence[int]) -> tuple[int, ...]:
         """The ids this step masks (sorted, no repeats, inside the logits width)."""
         h = history if type(history) is list else list(history)
+        rows = self._rows
+        if rows:  # the common step: the list last read, one known token longer (what ``_row_for`` and ``_extend`` do, inlined)
+            row = rows[0]
+            tokens, before = row.tokens, row.before
+            k = len(tokens)
+            if h is row.source and before is not None and len(h) == k + 1:
+                token = h[k]
+                if token >= 0:
+                    tokens.append(token)
+                    if not (h == tokens if k < TAIL_CHECKED else h[k - TAIL_CHECKED:k] == tokens[k - TAIL_CHECKED:k]):
+                        tokens.pop()
+                        return self._banned(h)
+                    row.add(before, token)
+                    if before:
+                        before = row.before = (*before[1:], token)
+                    ids = row.ids.get(before)
+                    return self._ids(row, before) if ids is None else ids
+        return self._banned(h)
+
+    def _banned(self, h: list[int]) -> tuple[int, ...]:
         row = self._row_for(h)
         size, n, known = self.size, len(h), len(row.tokens)
+        if size == 1:
+            row.before = ()
+        elif known >= size - 1:
+            row.before = tuple(row.tokens[known - size + 1:])
+        else:
+            row.before = None
         if known < n:  # a placeholder at ``known``
             if known < n - 1:
                 return tuple(sorted(t for t in self._scan(h) if t < self.vocab_size))
             if size > 1:
                 return ()
-        if size == 1:
-            before: tuple[int, ...] = ()
-        elif known >= size - 1:
-            before = tuple(row.tokens[known - size + 1:])
-        elif len(self._prompt) + known >= size - 1:
+        before = row.before
+        if before is None:
+            if len(self._prompt) + known < size - 1:
+                return ()
             before = (*self._prompt[len(self._prompt) + known - size + 1:], *row.tokens)
-        else:
-            return ()
+        ids = row.ids.get(before)
+        return self._ids(row, before) if ids is None else ids
+
+    def _ids(self, row: _Row, before: tuple[int, ...]) -> tuple[int, ...]:
+        """The ids ``before`` masks in ``row`` (the prompt's n-grams included), kept in ``row.ids``."""
         found = row.index.get(before)
         early = self._prompt_index.get(before)
         if early:
             found = early | found if found else early
-        if not found:
-            return ()
-        return tuple(sorted(t for t in found if t < self.vocab_size))
+        ids = tuple(sorted(t for t in found if t < self.vocab_size)) if found else ()
+        row.ids[before] = ids
+        return ids
 
     def _scan(self, history: list[int]) -> set[int]:
         """A history with a placeholder before its newest slot (no engine makes one): scanned whole."""
@@ -320,13 +366,15 @@ class NoRepeatNgramGroup(WindowDecided):
         """The flat indices the member rows mask this step; a row whose processor raises is passed
         to ``fail`` and masks nothing."""
         found: list[int] = []
+        add = found.append
         for base, (row, slot, processor) in zip(self._cache["base"], deciders):
             try:
                 ids = processor.banned(histories[row])
             except Exception as exc:  # a bug must not escape the sampler: this row alone
                 fail(row, slot, exc)
                 continue
-            found += [base + t for t in ids]
+            for t in ids:
+                add(base + t)
         return found
 
     def apply_host_decisions(self, step: StepInputs, rows: ListedRows, found: list[int], upload: StepUpload) -> None:

@@ -20,6 +20,7 @@ from dynlogits import sdk
 from dynlogits.processors.base import RealizeContext
 from dynlogits.processors.no_repeat_ngram import (
     KEPT_ROWS,
+    TAIL_CHECKED,
     NoRepeatNgramGroup,
     NoRepeatNgramProcessor,
     NoRepeatNgramTemplate,
@@ -251,3 +252,28 @@ def test_a_live_list_the_engine_grows_is_read_incrementally_and_a_rewrite_of_its
         else:
             live.append(rng.randrange(2, 6))
         assert masked(p, live) == transformers_masks(2, live)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("include_prompt", [False, True])
+def test_a_live_list_grown_by_one_with_a_rewrite_inside_the_compared_tail_is_reindexed(size: int, include_prompt: bool) -> None:
+    """The step an engine makes most (its list one token longer) is read on a fast path: a token
+    rewritten in the compared tail at the same step (histories shorter and longer than
+    ``TAIL_CHECKED``), a placeholder in the newest slot and ids the row keeps for a key that gains a
+    follower all still mask what transformers masks."""
+    rng = random.Random(size * 2 + include_prompt)
+    prompt = [rng.randrange(2, 6) for _ in range(5)] if include_prompt else []
+    p = NoRepeatNgramProcessor(size, V, prompt)
+    live: list[int] = []
+    for step in range(2 * TAIL_CHECKED + 20):
+        roll = rng.random()
+        if live and roll < 0.1:  # rewritten in place as the list grows by one
+            live[-rng.randint(1, min(len(live), TAIL_CHECKED))] = rng.randrange(2, 6)
+        if roll > 0.95:
+            live.append(-1)  # a placeholder in the newest slot: masks what transformers masks before it
+            got = masked(p, live)
+            live[-1] = rng.randrange(2, 6)
+            assert got == (transformers_masks(size, prompt + live[:-1]) if size == 1 else []), (step, live)
+        else:
+            live.append(rng.randrange(2, 6))
+        assert masked(p, live) == transformers_masks(size, prompt + live), (step, live)
