@@ -51,6 +51,7 @@ from .watermark_prf import (
     _W1,
     _mulhilo,
     absorb,
+    context_block,
     gumbel_noise,
     uniform_from_states,
 )
@@ -164,15 +165,7 @@ def pure_absorb(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor
     state: tuple[torch.Tensor, ...] = (zeros + _CONTEXT_DOMAIN, zeros + width if widths is None else widths.to(torch.int64),
                                        zeros, zeros)
     for offset in range(0, width, 4):
-        block = []
-        for i in range(4):
-            j = offset + i
-            if j >= width:
-                block.append(zeros + (_MASK - i))
-            elif widths is None:
-                block.append(ctx[:, j])
-            else:
-                block.append(torch.where(widths > j, ctx[:, j], _MASK - i))
+        block = context_block(ctx, zeros, widths, offset)
         c0, c1, c2, c3 = (state[i] ^ block[i] for i in range(4))
         k0, k1 = k[:, 0] ^ offset, k[:, 1]
         for round_index in range(_ROUNDS):

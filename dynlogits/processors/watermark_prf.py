@@ -29,7 +29,7 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["MAX_KEY", "absorb", "context_state", "gumbel_noise", "key_words", "uniform", "uniform_from_state",
+__all__ = ["MAX_KEY", "context_block", "absorb", "context_state", "gumbel_noise", "key_words", "uniform", "uniform_from_state",
            "uniform_from_states"]
 
 #: The largest key: keys are 64-bit (vLLM's ``PhiloxPRF`` refuses larger ones).
@@ -238,6 +238,23 @@ def _counters(n: int, device: torch.device) -> torch.Tensor:
     return made
 
 
+def context_block(ctx: torch.Tensor, zeros: torch.Tensor, widths: torch.Tensor | None, offset: int) -> list[torch.Tensor]:
+    """The four words of ``ctx`` (``[n, W]``, masked to 32 bits) absorbed at ``offset``: a column
+    past the context (``W``, or row ``i``'s ``widths[i]``) is the padding ``2**32 - 1 - i``
+    (``zeros``: the caller's ``[n]`` int64 zeros, so the block adds no allocation op)."""
+    width = ctx.shape[1]
+    block = []
+    for i in range(4):
+        j = offset + i
+        if j >= width:
+            block.append(zeros + (_MASK - i))
+        elif widths is None:
+            block.append(ctx[:, j])
+        else:
+            block.append(torch.where(widths > j, ctx[:, j], _MASK - i))
+    return block
+
+
 def absorb(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor | None = None) -> torch.Tensor:
     """``context_state`` for many rows on the device: ``keys`` ``[n, 2]`` (low, high words),
     ``contexts`` ``[n, W]`` (ids, ``-1`` before the output; row ``i``'s first ``widths[i]`` columns
@@ -249,15 +266,7 @@ def absorb(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor | No
     state: tuple[torch.Tensor, ...] = (zeros + _CONTEXT_DOMAIN, zeros + width if widths is None else widths.to(torch.int64),
                                        zeros, zeros)
     for offset in range(0, width, 4):
-        block = []
-        for i in range(4):
-            j = offset + i
-            if j >= width:
-                block.append(zeros + (_MASK - i))
-            elif widths is None:
-                block.append(ctx[:, j])
-            else:
-                block.append(torch.where(widths > j, ctx[:, j], _MASK - i))
+        block = context_block(ctx, zeros, widths, offset)
         counter = tuple(state[i] ^ block[i] for i in range(4))
         new = _philox_paired(counter, (k[:, 0] ^ offset, k[:, 1]))
         if widths is None:
