@@ -6,7 +6,6 @@ import threading
 from typing import Any
 
 import uvicorn
-
 from deploy.launcher import free_port_block, wait_until
 
 

@@ -41,8 +41,7 @@ import psutil
 import pytest
 
 from .conftest import SPEC_FILE
-from .launcher import (LOG_DIR, PYTHON, ROOT, WORKER_AUTH, Deployment, command_line, free_port_block, settled_stats,
-                       wait_until)
+from .launcher import LOG_DIR, PYTHON, ROOT, WORKER_AUTH, Deployment, command_line, free_port_block, settled_stats, wait_until
 
 pytestmark = pytest.mark.engine
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
+from fuzz import strategies as s
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz import strategies as s
 from .launcher import WORKER_AUTH, Deployment, settled_stats
 
 pytestmark = pytest.mark.engine

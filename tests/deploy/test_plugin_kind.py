@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from plugin_dist import install_plugin
 
 from .conftest import model_name, openai_client

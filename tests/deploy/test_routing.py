@@ -109,7 +109,7 @@ def test_a_dead_worker_is_skipped(two_workers) -> None:
         worker.wait()
     client = openai_client(front)
     before = _served(urls[:1])
-    for i in range(3):  # the first may still pick the dead one: it is marked down and the next is tried
+    for _ in range(3):  # the first may still pick the dead one: it is marked down and the next is tried
         reply = client.chat.completions.create(model="dynlogits-tiny", messages=MESSAGES,
                                                extra_body={"logits_processors": [{"kind": "forced_text", "text": "alive"}]})
         assert reply.choices[0].message.content == "alive"

@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-
 from session_reaper import MARKER_ENV
 
 from .launcher import PYTHON, ROOT, command_line, free_port_block, wait_until

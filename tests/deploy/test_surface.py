@@ -32,8 +32,7 @@ import httpx
 import openai
 import pytest
 
-from .abuse import (MODEL, Abuse, UnreadStreams, assert_prompt, latencies_during, normal_latencies, open_unread_stream,
-                    send_unread)
+from .abuse import MODEL, Abuse, UnreadStreams, assert_prompt, latencies_during, normal_latencies, open_unread_stream, send_unread
 from .conftest import SPEC_FILE
 from .launcher import WORKER_AUTH, Deployment, extra_frontend, settled_stats, wait_until
 
@@ -275,7 +274,7 @@ def test_errors_quote_only_a_short_prefix_of_what_was_sent(spec_agg: Deployment)
                    json={"model": model, "messages": [{"role": "user", "content": "Hi"}]})
     assert r.status_code == 404 and len(r.text) < 1000, r.text[:300]
     key = "k" * 100_000
-    raw = '{"model": "%s", "messages": [], "%s": 1, "%s": 2}' % (MODEL, key, key)
+    raw = f'{{"model": "{MODEL}", "messages": [], "{key}": 1, "{key}": 2}}'
     r = httpx.post(f"{spec_agg.base_url}/chat/completions", content=raw.encode(), timeout=60,
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and "duplicate key" in r.text and len(r.text) < 1000, r.text[:300]

@@ -20,9 +20,9 @@ from dynlogits import sdk
 from dynlogits.adapters.vllm.engine_spec import VllmEngineSpec, engine_role, request_role
 from dynlogits.adapters.vllm.request import realize_request, validate
 from dynlogits.policy.engine_spec import SPEC_SOURCE_ENV, SpecSource, resolve_engine_spec, spec_source
+from dynlogits.policy.hook import TEST_HOOK_ENV, TEST_HOOK_TEXT
 from dynlogits.policy.roles import DisaggregationMode as Mode
 from dynlogits.specs import SpecError
-from dynlogits.policy.hook import TEST_HOOK_ENV, TEST_HOOK_TEXT
 
 VOCAB = 1024  # the embedded model's logits width
 ENGINE = {SPEC_SOURCE_ENV: "engine"}

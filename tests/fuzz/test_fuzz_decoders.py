@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dynlogits.policy.config import DeploymentConfig, parse_config
-from dynlogits.serve.frontend.validation import validate_request
-from dynlogits.serve.http.errors import HTTPError
 from dynlogits.serve.frontend.openai_models import ChatCompletionRequest, CompletionRequest
-from dynlogits.specs import DEFAULT_LIMITS, SpecError, decode_wire_payload, parse_entries, parse_spec
+from dynlogits.serve.frontend.validation import validate_request
 from dynlogits.serve.http.bodies import BodyError, parse_json_body
+from dynlogits.serve.http.errors import HTTPError
+from dynlogits.specs import DEFAULT_LIMITS, SpecError, decode_wire_payload, parse_entries, parse_spec
 
 from . import strategies as s
 

@@ -4,9 +4,9 @@ import copy
 
 import pytest
 
+from dynlogits.policy.hook import TEST_HOOK_ENV, TEST_HOOK_TEXT, test_hook_spec
 from dynlogits.policy.roles import DisaggregationMode
 from dynlogits.specs import SpecError
-from dynlogits.policy.hook import TEST_HOOK_ENV, TEST_HOOK_TEXT, test_hook_spec
 
 
 def _untouchable():

@@ -3,8 +3,8 @@
 import pytest
 from vllm import SamplingParams
 
-from dynlogits.sdk import activate_logits_processors, carried_arrival
 from dynlogits.policy.roles import DisaggregationMode, is_generation_stage, logits_processors_for_request
+from dynlogits.sdk import activate_logits_processors, carried_arrival
 from dynlogits.specs import ARRIVAL_KEY, WIRE_KEY, BannedTokensSpec, ForcedTextSpec, ForcedTokenSequenceSpec, LogitsProcessorSpec, SpecError
 
 FORCED = ForcedTokenSequenceSpec(token_ids=(3, 4), eos_token_id=1)

@@ -12,15 +12,14 @@ import pytest
 import torch
 from pydantic import BaseModel, ConfigDict, StrictInt
 
-from dynlogits.sdk import activate_logits_processors
 from dynlogits.policy.config import parse_config
-from dynlogits.processors import RealizeContext
-from dynlogits.sdk.realization import build_request_processor
+from dynlogits.policy.request import build_policy
 from dynlogits.policy.roles import DisaggregationMode
-from dynlogits.sdk.realization import RequestFacts
+from dynlogits.processors import RealizeContext
+from dynlogits.sdk import activate_logits_processors
+from dynlogits.sdk.realization import RequestFacts, build_request_processor
 from dynlogits.specs import WIRE_KEY, ProcessorKind, SpecError, kinds, register_kind
 from dynlogits.specs.entries import Text, TokenIds
-from dynlogits.policy.request import build_policy
 
 VOCAB, EOS = 32, 1
 

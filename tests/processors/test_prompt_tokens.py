@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize, resident_and_host
 
 from dynlogits import sdk
 from dynlogits.processors.base import RealizeContext
 from dynlogits.processors.prompt_tokens import factory
 from dynlogits.specs import decode_wire_payload
-
-from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize, resident_and_host
 
 PROMPT = (3, 4, 4, 9, 3, V + 7)  # repeated ids count once; an id beyond the logits width is left out
 

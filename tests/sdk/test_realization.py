@@ -1,18 +1,18 @@
 """Engine-side realization: payload -> fresh, validated per-request processors."""
 
 import math
+from typing import Literal
 
 import pytest
 import torch
 from pydantic import BaseModel, ConfigDict
-from typing import Literal
 
 from dynlogits import sdk
 from dynlogits.processors import RealizeContext
-from dynlogits.sdk.realization import build_request_processor, decode_payload, validate
 from dynlogits.processors.registry import PYTHON_FACTORIES_ENV
-from dynlogits.specs.kinds import ProcessorKind, register_kind
+from dynlogits.sdk.realization import build_request_processor, decode_payload, validate
 from dynlogits.specs import SpecError, kinds
+from dynlogits.specs.kinds import ProcessorKind, register_kind
 
 VOCAB = 32
 FORCED = [{"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": 1}]

@@ -16,12 +16,12 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
-
 from deploy.launcher import PYTHON, ROOT
+from fastapi import FastAPI
+from threaded_uvicorn import ThreadedServer
+
 from dynlogits.serve.frontend.routing import Router
 from dynlogits.serve.secret import RequireWorkerSecret, load_worker_secret
-from threaded_uvicorn import ThreadedServer
 
 SECRET = "s3cret-for-this-deployment-only"
 INFO = {"model": "m", "role": "agg", "backend": "vllm", "max_model_len": 64, "vocab_size": 32}

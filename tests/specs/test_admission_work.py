@@ -9,17 +9,16 @@ import random
 from typing import Any
 
 import pytest
+from spec_refusals import refusal
 
 from dynlogits.policy.config import parse_config
-from dynlogits.specs import SpecError
-from dynlogits.specs import consistency
+from dynlogits.specs import SpecError, consistency
 from dynlogits.specs.admission_work import admission_work
 from dynlogits.specs.consistency import check_consistency, consistency_problems
 from dynlogits.specs.effects import PhraseAutomaton
 from dynlogits.specs.limits import DEFAULT_LIMITS, SpecLimits
 from dynlogits.specs.wire import decode_entries
 from dynlogits.tools.load.costly import costly_payload
-from spec_refusals import refusal
 
 REASONING = {"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]}
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from spec_refusals import refusal
 
 from dynlogits.specs import decode_wire_payload
-from spec_refusals import refusal
 from dynlogits.specs.consistency import MIXED_POINTS, _grid
 
 EOS = 2

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import torch
+from spec_refusals import admitted, fails_writing, refusal
 
 from dynlogits import sdk
 from dynlogits.sdk.realization import RequestFacts
 from dynlogits.specs import decode_wire_payload
-from spec_refusals import admitted, fails_writing, refusal
 
 REASONING = {"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]}
 ANSWER_BUDGET = {"kind": "thinking_budget", "budget": 2, "scope": "answer"}

@@ -10,9 +10,9 @@ import random
 from typing import Any
 
 import pytest
+from spec_refusals import admitted, fails_writing, refusal, row_left
 
 from dynlogits.specs import SpecError, decode_wire_payload
-from spec_refusals import admitted, fails_writing, refusal, row_left
 
 TRIGGER = {"kind": "trigger", "trigger_token_ids": [30, 31], "phrase_token_ids": [40, 41, 42]}
 REASONING = {"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]}

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+from pydantic import ValidationError
 
 from dynlogits.specs import (
     ForcedTokenSequenceSpec,
@@ -48,7 +49,7 @@ def test_spec_round_trips_every_entry_kind():
 
 def test_specs_are_frozen_and_forbid_extra_fields():
     spec = LogitsProcessorSpec(entries=(ForcedTokenSequenceSpec(token_ids=(1,), eos_token_id=2),))
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         spec.generation_only = False  # type: ignore[misc]
     assert _error(parse_spec, {"entries": [{"kind": "banned_tokens", "token_ids": [1]}], "extra": 1}) == "extra: unknown field"
 

@@ -15,8 +15,8 @@ from dynlogits.specs import (
     SpecError,
     decode_wire_payload,
     encode_entries,
+    fast,
 )
-from dynlogits.specs import fast
 from dynlogits.specs.entries import WIRE_KINDS
 from dynlogits.specs.wire import _FAST_TO_MODEL, decode_fast, decode_strict
 

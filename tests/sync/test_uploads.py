@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from dynlogits.testing.cuda.simcuda import SimCuda
 from dynlogits.processors.uploads import StepUpload
+from dynlogits.testing.cuda.simcuda import SimCuda
 
 
 def test_a_grown_ring_that_must_widen_keeps_uploading_without_waiting() -> None:

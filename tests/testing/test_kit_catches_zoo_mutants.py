@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from dynlogits.processors import registry
-from dynlogits.processors import multiple_choice
-from dynlogits.processors.multiple_choice import MultipleChoiceProcessor
+from dynlogits.processors import multiple_choice, registry
 from dynlogits.processors.device_thinking import CLOSED, DeviceThinking
+from dynlogits.processors.multiple_choice import MultipleChoiceProcessor
 from dynlogits.processors.trigger import TriggerProcessor, TriggerTables
 from dynlogits.testing import CHECKS, SHIPPED, run_check
 from dynlogits.testing.runner import drivers_for, resolve

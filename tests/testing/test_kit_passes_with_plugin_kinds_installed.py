@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from plugin_dist import install_plugin
 
 from dynlogits import sdk
 from dynlogits.testing import CHECKS, KIT_VOCAB_SIZE, SHIPPED, run_check
-from plugin_dist import install_plugin
 
 pytestmark = pytest.mark.heavy  # a whole subprocess run: make test-fast leaves it out
 

@@ -9,7 +9,6 @@ import importlib
 import json
 import re
 import sys
-import tomllib
 from collections.abc import Iterator
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -17,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import tomllib
 import yaml
 
 from dynlogits.policy.config import parse_config

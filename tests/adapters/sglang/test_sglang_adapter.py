@@ -18,9 +18,9 @@ import torch
 
 from dynlogits.adapters.sglang import activate, check_server_args, enable_adapter, encode_carried, validate
 from dynlogits.adapters.sglang.compat import sglang_version
-from dynlogits.adapters.sglang.processor import FAILURES, REQUEST_KEY, processor_string
-from dynlogits.adapters.sglang.harness import SglangSchedulerHarness, decode_like_sglang
 from dynlogits.adapters.sglang.engine import UnsupportedEngineConfig
+from dynlogits.adapters.sglang.harness import SglangSchedulerHarness, decode_like_sglang
+from dynlogits.adapters.sglang.processor import FAILURES, REQUEST_KEY, processor_string
 from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, SpecError, encode_entries
 from dynlogits.specs.schema import golden_vectors
 from dynlogits.testing import CHECKS
@@ -175,7 +175,7 @@ def test_n_samples_are_separate_requests_each_with_its_own_history_and_processor
     eos_high = torch.zeros(2, VOCAB)
     eos_high[:, EOS] = 5.0
     seen = []
-    for step in range(4):
+    for _ in range(4):
         logits = harness.step(["s0", "s1"], eos_high.clone())
         seen.append([float(logits[r, EOS]) for r in range(2)])
         for rid in ("s0", "s1"):
@@ -189,9 +189,9 @@ def test_a_middle_prefill_chunk_row_is_left_untouched():
     harness = SglangSchedulerHarness(VOCAB, mode="overlap")
     req = harness.add("c", prompt_ids=list(range(2, 12)), sampling_params=_params(_forced()),
                       custom_logit_processor=processor_string())
+    from sglang.srt.layers.sampler import apply_custom_logit_processor
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
-    from sglang.srt.layers.sampler import apply_custom_logit_processor
 
     req.kv.kv_committed_len = 4  # alloc_for_extend of a 4-token first chunk of a 10-token prompt
     info = SamplingBatchInfo.from_schedule_batch(ScheduleBatch(reqs=[req], device="cpu"), VOCAB)
@@ -263,9 +263,9 @@ def test_speculative_verify_rows_fail_stop_their_request_and_are_reported():
     harness = SglangSchedulerHarness(VOCAB, mode="no-overlap")
     req = harness.add("v", prompt_ids=[3], sampling_params=_params(_forced()), custom_logit_processor=processor_string(),
                       eos_token_ids={EOS})
+    from sglang.srt.layers.sampler import apply_custom_logit_processor
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
-    from sglang.srt.layers.sampler import apply_custom_logit_processor
 
     req.kv.kv_committed_len = 1
     info = SamplingBatchInfo.from_schedule_batch(ScheduleBatch(reqs=[req], device="cpu"), VOCAB)

@@ -16,16 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest  # noqa: E402  (after the shim)
+from sglang.srt.managers.io_struct import GenerateReqInput  # noqa: E402
+from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from dynlogits.adapters.sglang import validate
 from dynlogits.adapters.sglang.processor import DynamoSglangLogitProcessor, processor_string
 from dynlogits.client import payload_text
 from dynlogits.specs import WIRE_KEY, SpecError
-
-from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest  # noqa: E402  (after the shim)
-from sglang.srt.managers.io_struct import GenerateReqInput  # noqa: E402
-from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor  # noqa: E402
-from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 FORCED = [{"kind": "forced_sequence", "token_ids": [5, 6], "eos_token_id": 2}]
 BAD = [{"kind": "forced_sequence", "token_ids": [5, -3], "eos_token_id": 2}]

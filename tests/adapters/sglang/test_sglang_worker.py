@@ -8,12 +8,12 @@ import json
 import subprocess
 import sys
 
-from dynlogits.adapters.sglang.processor import processor_string
 from dynlogits.adapters.sglang.harness import decode_like_sglang
+from dynlogits.adapters.sglang.processor import processor_string
 from dynlogits.sdk import carried_arrival
-from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, encode_entries
 from dynlogits.serve.protocol import SamplingOptions
 from dynlogits.serve.worker.sglang_engine import SglangEngine
+from dynlogits.specs import WIRE_KEY, ForcedTokenSequenceSpec, encode_entries
 from dynlogits.tools.ports import free_port_block
 
 

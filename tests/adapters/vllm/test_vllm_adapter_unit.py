@@ -19,10 +19,10 @@ from vllm.v1.sample.logits_processor import (  # noqa: E402
     AdapterLogitsProcessor,
     BatchUpdateBuilder,
     MoveDirectionality,
+    build_logitsprocs,  # noqa: E402
     validate_logits_processors_parameters,
 )
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor  # noqa: E402
-from vllm.v1.sample.logits_processor import build_logitsprocs  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor import (  # noqa: E402
     build_custom_logits_processors_params_validator,

@@ -15,6 +15,7 @@ from vllm import SamplingParams  # noqa: E402
 from dynlogits.adapters.vllm.request import realize_request, validate  # noqa: E402
 from dynlogits.specs import WIRE_KEY, SpecError, wire  # noqa: E402
 
+
 # a forced token the ban masks: admission refuses it; the bias id keeps each test's payload its own
 def _contradiction(salt: int) -> list[dict[str, Any]]:
     return [{"kind": "banned_tokens", "token_ids": [5]},

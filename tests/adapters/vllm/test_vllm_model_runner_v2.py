@@ -29,9 +29,12 @@ from vllm.v1.worker.gpu.sample.logits_processor import (  # noqa: E402
 
 from dynlogits.adapters.vllm import PROCESSOR_FQCN, DynamoVllmLogitsProcessor  # noqa: E402
 from dynlogits.adapters.vllm.harness import HostBuffer, V2SamplerHarness  # noqa: E402
+from dynlogits.specs import (  # noqa: E402
+    WIRE_KEY,
+    SpecError,
+    kinds,  # noqa: E402
+)
 from dynlogits.specs.kinds import ProcessorKind  # noqa: E402
-from dynlogits.specs import kinds  # noqa: E402
-from dynlogits.specs import WIRE_KEY, SpecError  # noqa: E402
 
 VOCAB = 64
 EOS = 1

@@ -32,12 +32,12 @@ import torch
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
+from vllm_helpers import FORCED_TEXTS, forced_payload  # noqa: E402
+
 from dynlogits.adapters.vllm import PROCESSOR_FQCN  # noqa: E402
 from dynlogits.client import vllm_xargs  # noqa: E402
 from dynlogits.policy.engine_spec import REQUEST_KINDS_ENV, SPEC_SOURCE_ENV  # noqa: E402
 from dynlogits.tools.ports import free_port_block  # noqa: E402
-
-from vllm_helpers import FORCED_TEXTS, forced_payload  # noqa: E402
 
 pytestmark = pytest.mark.engine
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dynlogits.specs import WIRE_KEY, ForcedTextSpec, encode_entries
 from dynlogits.policy.text import resolve_entries
+from dynlogits.specs import WIRE_KEY, ForcedTextSpec, encode_entries
 
 PROMPT = "Please write a short story about a cat who wanted to fly."
 

@@ -60,7 +60,7 @@ def test_freed_capacity_goes_round_robin_to_waiting_clients() -> None:
         await _until(lambda: q.queued == 4)
         for served in range(1, 5):
             running.pop(0).release()
-            await _until(lambda: len(order) == served)
+            await _until(lambda served=served: len(order) == served)
             running.append(next(t.result() for t in tasks if t.done() and t.result() not in running
                                 and not t.result().released))
         assert order == ["x", "y", "z", "x"]

@@ -19,14 +19,14 @@ from typing import Any
 
 import httpx
 import pytest
-
-from dynlogits.serve.frontend.fair_queue import FairQueue
-from dynlogits.serve.frontend.args import ServerLimits
-from dynlogits.serve.http.connections import guarded_protocol
-from dynlogits.serve.frontend.client_guard import ClientGuard, ClientGuardMiddleware, hold_ticket
 from deploy.launcher import FrontendProcess, free_port_block, wait_until
 from deploy.launcher import frontend_process as start_frontend
 from threaded_uvicorn import ThreadedServer
+
+from dynlogits.serve.frontend.args import ServerLimits
+from dynlogits.serve.frontend.client_guard import ClientGuard, ClientGuardMiddleware, hold_ticket
+from dynlogits.serve.frontend.fair_queue import FairQueue
+from dynlogits.serve.http.connections import guarded_protocol
 
 HEAD_S, BODY_S, MAX_CONNECTIONS = 1.0, 1.5, 6
 
@@ -170,7 +170,7 @@ def test_oversized_heads_are_refused_and_the_frontend_keeps_no_memory(frontend_p
     health_s: list[float] = []
     for _ in range(4):
         replies: list[bytes] = []
-        threads = [threading.Thread(target=lambda: replies.append(_huge_head(port, 24 << 20))) for _ in range(4)]
+        threads = [threading.Thread(target=lambda replies=replies: replies.append(_huge_head(port, 24 << 20))) for _ in range(4)]
         for t in threads:
             t.start()
         started = time.monotonic()

@@ -17,13 +17,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
-
 from deploy.launcher import FrontendProcess
 from deploy.launcher import frontend_process as start_frontend
-from dynlogits.serve.protocol import EntryFailure, GenerateChunk, Usage, WorkerInfo
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
 from threaded_uvicorn import ThreadedServer
+
+from dynlogits.serve.protocol import EntryFailure, GenerateChunk, Usage, WorkerInfo
 
 MODEL = "m"
 FAILURES = {

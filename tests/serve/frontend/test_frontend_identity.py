@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from deploy.launcher import FrontendProcess, free_port_block, frontend_process
-from dynlogits.serve.http.bearer_auth import BearerKeys
+
 from dynlogits.serve.frontend.identity import ClientIdentity, TrustedProxies
+from dynlogits.serve.http.bearer_auth import BearerKeys
 
 
 def _scope(peer: str, *headers: tuple[str, str]) -> dict[str, Any]:

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from threaded_uvicorn import ThreadedServer
 
 from dynlogits.serve.http.connections import guarded_protocol
-from dynlogits.serve.http.protocol_errors import ProtocolErrorLog
 from dynlogits.serve.http.heads import HeadLimits, HeadScanner, HeadTooLarge
-from threaded_uvicorn import ThreadedServer
+from dynlogits.serve.http.protocol_errors import ProtocolErrorLog
 
 LIMITS = HeadLimits(max_request_line_bytes=100, max_header_bytes=200, max_headers=5, max_head_bytes=600)
 HEAD_S = 5.0
