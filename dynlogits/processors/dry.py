@@ -269,19 +269,43 @@ def _match_lengths(w: np.ndarray, cap: int) -> np.ndarray:
     return lengths
 
 
+#: Amount tables kept, one per (multiplier, base): shared by every processor of those settings, so a
+#: step's amounts are read from a few objects whatever the batch.
+AMOUNT_TABLES_KEPT = 64
+_AMOUNT_TABLES: dict[tuple[float, float], list[float]] = {}
+
+
+def _amounts_table(multiplier: float, base: float) -> list[float]:
+    """The shared table of ``multiplier * base ** exponent`` (exponent -> amount, as llama.cpp
+    computes it), grown on demand by ``_grow``; tables past ``AMOUNT_TABLES_KEPT`` are dropped
+    (processors holding one keep it)."""
+    key = (multiplier, base)
+    table = _AMOUNT_TABLES.get(key)
+    if table is None:
+        if len(_AMOUNT_TABLES) >= AMOUNT_TABLES_KEPT:
+            _AMOUNT_TABLES.clear()
+        table = _AMOUNT_TABLES[key] = []
+    return table
+
+
+def _grow(table: list[float], exponent: int, multiplier: float, base: float) -> None:
+    """``table`` up to ``exponent`` included."""
+    while len(table) <= exponent:
+        table.append(multiplier * base ** len(table))
+
+
 class _Row:
-    """One history's state: ``seq``, the prompt's tail then a copy of the history's tokens up to its
-    first placeholder (``known`` of them); for the window ending there, ``occ`` (token -> its
+    """One history's state: ``seq``, the prompt's tail (``p0`` tokens) then a copy of the history's
+    tokens up to its first placeholder (``len(seq) - p0`` of them); for the window ending there, ``occ`` (token -> its
     positions in the window, ascending), ``cur`` (position -> the length of the repeat ending there,
     at most the processor's cap, for every earlier position whose token is the last one: the others
     are 0) and ``heads`` (the positions of tokens that may begin a breaker); ``source``, the list it
     was last read from (vLLM's V1 runner hands each row the same growing list)."""
 
-    __slots__ = ("seq", "known", "occ", "cur", "heads", "source")
+    __slots__ = ("seq", "occ", "cur", "heads", "source")
 
     def __init__(self, prompt: list[int]) -> None:
         self.seq = list(prompt)
-        self.known = 0
         self.occ: dict[int, list[int]] = {}
         self.cur: dict[int, int] = {}
         self.heads: list[int] = []
@@ -300,8 +324,9 @@ class DryProcessor:
     costs O(occurrences of its new token in the window) per new token, plus the nearest breaker and
     the repeats the last token extends; any other history rebuilds its state once, O(window)."""
 
-    __slots__ = ("_allowed", "_amounts", "_base", "_breakers", "_cap", "_cap_exp", "_head_ids", "_lookback",
-                 "_multiplier", "_p0", "_prompt", "_prompt_list", "_rows", "template")
+    #: the attributes a common step reads first, then the rest
+    __slots__ = ("_off", "_rows", "_p0", "_no_heads", "_lookback", "_cap", "_allowed", "_amounts", "_cap_exp",
+                 "_single", "_head_ids", "_breakers", "_base", "_multiplier", "_prompt", "_prompt_list", "template")
 
     def __init__(self, *, multiplier: float, base: float, allowed_length: int, lookback: int,
                  breakers: Breakers, prompt: Sequence[int] = (), include_prompt: bool = True) -> None:
@@ -312,11 +337,14 @@ class DryProcessor:
         #: (and past the look-back no repeat reaches)
         self._cap = max(min(self._allowed + self._cap_exp, self._lookback) if self._cap_exp > 0 else self._lookback, 1)
         self._head_ids = frozenset(breakers.single_set | set(breakers.tails))
+        self._no_heads = not self._head_ids
+        self._single = breakers.single_set
+        self._off = self._multiplier == 0.0 or self._lookback == 0
         tail = list(prompt[-lookback:]) if lookback > 0 else []
         self._prompt = np.array(tail, dtype=np.int64)
         self._prompt_list = [int(t) for t in tail]
         self._p0 = len(tail)
-        self._amounts: list[float] = []  # exponent -> multiplier * base ** exponent, as llama.cpp computes it
+        self._amounts = _amounts_table(self._multiplier, self._base)
         self._rows: list[_Row] = []  # most recently used first
         self.template = DryTemplate(self._multiplier, self._base, self._allowed, self._lookback, include_prompt,
                                     self._cap, breakers.sorted_singles, bool(breakers.tails))
@@ -377,10 +405,10 @@ class DryProcessor:
         history's first placeholder; a fresh one when none does. The list a state was last read from
         is compared on its last ``TAIL_CHECKED`` covered tokens (engines append to it and put a
         placeholder's token in its place), any other history whole."""
-        n, p0 = len(history), len(self._prompt_list)
+        n, p0 = len(history), self._p0
         fresh = False
         for i, row in enumerate(self._rows):
-            k = row.known
+            k = len(row.seq) - p0
             if k > n:
                 continue
             if history is row.source:
@@ -397,19 +425,17 @@ class DryProcessor:
             self._rows.insert(0, row)
             del self._rows[KEPT_ROWS:]
         row.source = history
-        k = row.known
+        k = len(row.seq) - p0
         if k < n or fresh:
             new = list(history[k:])
             if new and min(new) < 0:  # up to the first placeholder
                 new = new[:next(j for j, t in enumerate(new) if t < 0)]
             if fresh or len(new) > REBUILD_AFTER:
                 row.seq += new
-                row.known += len(new)
                 self._rebuild(row)
             else:
                 for token in new:
                     self._extend(row, token)
-                row.known += len(new)
         return row
 
     def _rebuild(self, row: _Row) -> None:
@@ -495,22 +521,22 @@ class DryProcessor:
 
     def _found(self, history: Sequence[int]) -> dict[int, int]:
         """Token -> the longest repeat it would extend (at least ``allowed_length``) after ``history``."""
-        n = len(history)
+        n, p0 = len(history), self._p0
         rows = self._rows
         row = rows[0] if rows else None
-        if row is not None and history is row.source and n == row.known + 1 and history[-1] >= 0:
+        if row is not None and history is row.source and n == len(row.seq) - p0 + 1 and history[-1] >= 0:
             # the common step: the live list it last read, one token longer (its tail unchanged)
-            k = row.known
+            k = n - 1
             j = k - TAIL_CHECKED if k > TAIL_CHECKED else 0
-            if history[j:k] == row.seq[self._p0 + j:]:
+            if history[j:k] == row.seq[p0 + j:]:
                 self._extend(row, history[k])
-                row.known = n
             else:
                 row = self._row_for(history)
         else:
             row = self._row_for(history)
-        if row.known < n:  # a placeholder at ``known``
-            return self._scan(history) if row.known < n - 1 else {}
+        known = len(row.seq) - p0
+        if known < n:  # a placeholder at ``known``
+            return self._scan(history) if known < n - 1 else {}
         seq = row.seq
         size = len(seq)
         start = size - self._lookback if size > self._lookback else 0
@@ -534,22 +560,98 @@ class DryProcessor:
     def penalize_into(self, input_ids: Sequence[int], width: int, base: int, flat: list[int],
                       amounts: list[float]) -> None:
         """Append ``base + id`` to ``flat`` for each id this step penalizes (inside ``width``, in no
-        particular order) and its penalty to ``amounts`` (float64, as llama.cpp computes it)."""
-        if self._multiplier == 0.0 or self._lookback == 0:
+        particular order) and its penalty to ``amounts`` (float64, as llama.cpp computes it).
+
+        The common step (the live list last read, one token longer, its checked tail unchanged, no
+        breaker head in the window) is read inline: ``_extend`` and ``_found`` fused, the ids each
+        emitted as its repeat is measured (the same ids, amounts and order as the general path)."""
+        if self._off:
             return
+        rows = self._rows
+        if rows:
+            row = rows[0]
+            seq = row.seq
+            k = len(seq) - self._p0
+            if input_ids is row.source and len(input_ids) == k + 1:
+                token = input_ids[k]
+                if token >= 0 and (self._no_heads or (not row.heads and token not in self._head_ids)) and (
+                        input_ids[k - TAIL_CHECKED:k] == seq[len(seq) - TAIL_CHECKED:] if k > TAIL_CHECKED
+                        else input_ids[:k] == seq[self._p0:]):
+                    self._step_into(row, token, width, base, flat, amounts)
+                    return
         found = self._found(input_ids)
-        if not found:
+        if found:
+            for token, length in found.items():
+                self._emit(token, length, width, base, flat, amounts)
+
+    def _emit(self, token: int, length: int, width: int, base: int, flat: list[int], amounts: list[float]) -> None:
+        """``base + token`` and its penalty for a repeat of ``length``, unless ``token`` is outside
+        ``width`` or a breaker."""
+        if token < 0 or token >= width or token in self._single:
             return
-        single, allowed, table, cap_exp = self._breakers.single_set, self._allowed, self._amounts, self._cap_exp
-        for token, length in found.items():
-            if token < 0 or token >= width or token in single:
-                continue
-            exponent = length - allowed
+        exponent = length - self._allowed
+        cap_exp = self._cap_exp
+        if cap_exp and exponent > cap_exp:
+            exponent = cap_exp
+        table = self._amounts
+        if exponent >= len(table):
+            _grow(table, exponent, self._multiplier, self._base)
+        flat.append(base + token)
+        amounts.append(table[exponent])
+
+    def _step_into(self, row: _Row, token: int, width: int, base: int, flat: list[int], amounts: list[float]) -> None:
+        """The common step: ``_extend(row, token)`` and ``_found``'s ids for a window with no breaker
+        head (its limit is the whole window, never below a repeat's length), emitted as found: each
+        follower once, at its longest repeat, in the order its first repeat ends."""
+        seq = row.seq
+        end = len(seq)
+        seq.append(token)
+        occ = row.occ
+        found = occ.get(token)
+        if found is None:
+            occ[token] = [end]
+            row.cur = {}
+            return
+        lookback = self._lookback
+        start = end + 1 - lookback if end + 1 > lookback else 0
+        if found[0] < start:
+            del found[:bisect_left(found, start)]
+        before, cap, allowed = row.cur.get, self._cap, self._allowed
+        cur: dict[int, int] = {}
+        best = -1  # the one follower found so far (``-1``: none yet), else ``more`` holds them all
+        best_length = 0
+        more: dict[int, int] | None = None
+        for p in found:
+            length = before(p - 1, 0) + 1
+            if length > cap:
+                length = cap
+            if length > p - start + 1:
+                length = p - start + 1
+            cur[p] = length
+            if length >= allowed:
+                follower = seq[p + 1]
+                if more is None:
+                    if best < 0 or follower == best:
+                        if length > best_length or best < 0:
+                            best, best_length = follower, length
+                        continue
+                    more = {best: best_length}
+                if more.get(follower, 0) < length:
+                    more[follower] = length
+        found.append(end)
+        row.cur = cur
+        if more is not None:
+            for follower, length in more.items():
+                self._emit(follower, length, width, base, flat, amounts)
+        elif best >= 0 and best < width and (self._no_heads or best not in self._single):
+            exponent = best_length - allowed
+            cap_exp = self._cap_exp
             if cap_exp and exponent > cap_exp:
                 exponent = cap_exp
-            while len(table) <= exponent:
-                table.append(self._multiplier * self._base ** len(table))
-            flat.append(base + token)
+            table = self._amounts
+            if exponent >= len(table):
+                _grow(table, exponent, self._multiplier, self._base)
+            flat.append(base + best)
             amounts.append(table[exponent])
 
     def step_penalties(self, input_ids: Sequence[int], width: int) -> tuple[list[int], list[float]]:

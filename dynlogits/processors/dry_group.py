@@ -145,9 +145,8 @@ class DryGroup(WindowDecided):
         return None
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
-        """Per layout: each member row's start in the flat logits and the row width (host)."""
+        """Per layout: the row width (host)."""
         super().prepare(rows, stride)
-        self._cache["base"] = (rows.rows * stride).tolist()
         self._cache["width"] = stride
 
     def decide_rows(self, deciders: list[Decider], histories: Sequence[Sequence[int]],
@@ -157,12 +156,12 @@ class DryGroup(WindowDecided):
         width = self._cache["width"]
         flat: list[int] = []
         amounts: list[float] = []
-        for base, (row, slot, processor) in zip(self._cache["base"], deciders):
-            try:
-                processor.penalize_into(histories[row], width, base, flat, amounts)
+        for row, slot, processor in deciders:
+            try:  # the row's start computed here, not read from a list of objects the cache may have lost
+                processor.penalize_into(histories[row], width, row * width, flat, amounts)
             except Exception as exc:  # a bug must not escape the sampler: this row alone
                 fail(row, slot, exc)
-                kept = min(len(flat), len(amounts), self._rows_before(flat, base))
+                kept = min(len(flat), len(amounts), self._rows_before(flat, row * width))
                 del flat[kept:], amounts[kept:]
         return flat, amounts
 
