@@ -325,7 +325,7 @@ class DryProcessor:
     the repeats the last token extends; any other history rebuilds its state once, O(window)."""
 
     #: the attributes a common step reads first, then the rest
-    __slots__ = ("_off", "_rows", "_p0", "_no_heads", "_lookback", "_cap", "_allowed", "_amounts", "_cap_exp",
+    __slots__ = ("_off", "_top", "_rows", "_p0", "_no_heads", "_lookback", "_cap", "_allowed", "_amounts", "_cap_exp",
                  "_single", "_head_ids", "_breakers", "_base", "_multiplier", "_prompt", "_prompt_list", "template")
 
     def __init__(self, *, multiplier: float, base: float, allowed_length: int, lookback: int,
@@ -346,6 +346,7 @@ class DryProcessor:
         self._p0 = len(tail)
         self._amounts = _amounts_table(self._multiplier, self._base)
         self._rows: list[_Row] = []  # most recently used first
+        self._top: _Row | None = None  # ``_rows[0]``
         self.template = DryTemplate(self._multiplier, self._base, self._allowed, self._lookback, include_prompt,
                                     self._cap, breakers.sorted_singles, bool(breakers.tails))
 
@@ -424,6 +425,7 @@ class DryProcessor:
             row, fresh = _Row(self._prompt_list), True
             self._rows.insert(0, row)
             del self._rows[KEPT_ROWS:]
+        self._top = row
         row.source = history
         k = len(row.seq) - p0
         if k < n or fresh:
@@ -567,9 +569,8 @@ class DryProcessor:
         emitted as its repeat is measured (the same ids, amounts and order as the general path)."""
         if self._off:
             return
-        rows = self._rows
-        if rows:
-            row = rows[0]
+        row = self._top
+        if row is not None:
             seq = row.seq
             k = len(seq) - self._p0
             if input_ids is row.source and len(input_ids) == k + 1:
@@ -614,7 +615,7 @@ class DryProcessor:
             return
         lookback = self._lookback
         start = end + 1 - lookback if end + 1 > lookback else 0
-        if found[0] < start:
+        if start and found[0] < start:
             del found[:bisect_left(found, start)]
         before, cap, allowed = row.cur.get, self._cap, self._allowed
         cur: dict[int, int] = {}

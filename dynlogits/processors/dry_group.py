@@ -11,13 +11,15 @@ finite logit stays finite, at worst the dtype's lowest, and ``-inf``, ``+inf`` a
 are), so the rows equal the hosted path's bit for bit. On an accelerator a steady step that penalizes is six device
 ops (the upload's ``copy_``, ``index_select``, ``sub``, ``clamp_max``, ``maximum``, ``index_copy_``);
 one that finds nothing to penalize, none; on the CPU, float32 logits (vLLM's sampler's) are lowered
-by numpy on their host memory from the host buffer, the same arithmetic without the tensor calls'
-overhead. A row whose processor raises fails its request alone.
+in place element by element in Python floats (``_lower_host_f32``), the same float32 results bit for
+bit without a tensor or numpy call per step (each one's first call after the sampler's copy of the
+logits misses the cache). A row whose processor raises fails its request alone.
 
 Hosted where the adapter gives no host histories (Model Runner V2: ``DecidedGroup``)."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -28,7 +30,7 @@ import torch
 from .dry_device import MAX_DEVICE_CAP, MAX_DEVICE_SINGLES, NO_BREAKER, Constants, constants, device_penalties, lower_rows
 from .modes import Decider, WindowDecided
 from .slots import GatheredRows, Group, ListedRows, StepInputs, Template
-from .uploads import StepUpload
+from .uploads import StepUpload, on_accelerator
 from .window import TokenWindow
 
 __all__ = ["DryGroup", "DryTemplate", "pack_amounts", "packed_amounts", "packed_words"]
@@ -41,6 +43,27 @@ Decisions = tuple[list[int], list[float]]
 
 
 _F32_MAX = float(np.finfo(np.float32).max)
+_F32_LOWEST = float(np.finfo(np.float32).min)
+_NEG_INF = float("-inf")
+
+
+def _lower_host_f32(logits: memoryview, flat: list[int], amounts: list[float]) -> None:
+    """float32 host logits (a flat ``memoryview``): ``logits[i]`` lowered by its amount, rounded to
+    float32 first, for each ``i`` of ``flat``, as the hosted processor lowers them: a finite logit
+    stays finite (at worst float32's lowest), ``-inf``, ``+inf`` and NaN stay. In Python floats: a
+    float32 difference computed in float64 and rounded to float32 on the store is the float32
+    difference (float64 holds over twice float32's precision), so no numpy or torch call is made
+    for a few dozen values (each of their first calls after the logits' copy misses the cache)."""
+    if max(amounts) > _F32_MAX:
+        amounts = [a if a <= _F32_MAX else _F32_MAX for a in amounts]
+    n = len(flat)
+    low = _F32_LOWEST
+    for i, amount in zip(flat, struct.unpack(f"{n}f", struct.pack(f"{n}f", *amounts))):
+        kept = logits[i]
+        lowered = kept - amount
+        if lowered < low:  # past float32's range (``-inf`` there): the lowest, unless it was ``-inf``
+            lowered = low if kept != _NEG_INF else kept
+        logits[i] = lowered
 
 
 def pack_amounts(amounts: list[float], dtype: torch.dtype, out: np.ndarray) -> None:
@@ -103,6 +126,7 @@ class DryGroup(WindowDecided):
         self.amounts = self.table(torch.float64)
         self._dims: dict[int, tuple[int, int]] = {}  # member slot -> (look-back, cap), window groups
         self._consts: dict[tuple[int, int], Constants] = {}  # kept across steps
+        self._host = not on_accelerator(device)  # the logits live in host memory
 
     def _write(self, slot: int, template: DryTemplate) -> None:
         if not self.from_window:
@@ -180,7 +204,10 @@ class DryGroup(WindowDecided):
         n = len(flat)
         if not n:
             return None
-        dtype = step.logits.dtype
+        dtype = step.flat.dtype
+        if self._host and dtype is torch.float32:  # the logits are host memory: lowered in place, element by element
+            _lower_host_f32(step.flat.numpy().data, flat, amounts)
+            return None
         m = packed_words(n, dtype)
         buf = upload.buffer(n + m)
         buf[:n] = flat
@@ -188,14 +215,6 @@ class DryGroup(WindowDecided):
         lowest = _LOWEST.get(dtype)
         if lowest is None:
             lowest = _LOWEST[dtype] = torch.finfo(dtype).min
-        if dtype == torch.float32 and step.flat.device.type == "cpu":  # the logits are host memory: numpy on them
-            logits = step.flat.numpy()
-            index_np, penalty_np = buf[:n], buf[n:].view(np.float32)[:n]
-            kept_np = logits[index_np]
-            lowered_np = kept_np - penalty_np
-            np.maximum(lowered_np, np.minimum(kept_np, np.float32(lowest)), out=lowered_np)
-            logits[index_np] = lowered_np
-            return None
         values = upload.upload(n + m)
         index, penalty = values[:n], values[n:].view(dtype)[:n]
         kept = step.flat.index_select(0, index)

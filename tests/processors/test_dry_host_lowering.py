@@ -1,0 +1,55 @@
+"""``dry``'s lowering of float32 host logits (vLLM's V1 runner on the CPU) element by element in
+Python floats equals the float32 arithmetic of the tensor path bit for bit: a float32 difference
+computed in float64 and rounded on the store, a finite logit kept finite, non-finite ones kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dynlogits.processors.dry_group import _lower_host_f32
+
+F32 = np.finfo(np.float32)
+
+
+def _float32_reference(logits: np.ndarray, flat: np.ndarray, amounts: np.ndarray) -> np.ndarray:
+    """The tensor path's arithmetic, in numpy float32: subtract, then floor at the lowest unless ``-inf``."""
+    out = logits.copy()
+    kept = out[flat]
+    penalty = np.minimum(amounts, float(F32.max)).astype(np.float32)
+    lowered = kept - penalty
+    np.maximum(lowered, np.minimum(kept, F32.min), out=lowered)
+    out[flat] = lowered
+    return out
+
+
+def _edge_logits(rng: np.random.Generator, n: int) -> np.ndarray:
+    values = rng.standard_normal(n).astype(np.float32) * np.float32(rng.choice([1.0, 1e3, 1e30]))
+    edges = np.array([np.inf, -np.inf, np.nan, F32.min, F32.max, -0.0, 0.0, F32.tiny, -F32.tiny,
+                      np.float32(1e-45), F32.min / 2, np.float32(-3.3e38)], dtype=np.float32)
+    at = rng.choice(n, size=min(n, len(edges) * 3), replace=False)
+    values[at] = rng.choice(edges, size=len(at))
+    return values
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_lowering_host_float32_logits_equals_the_float32_arithmetic_bit_for_bit(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    logits = _edge_logits(rng, 4096)
+    flat = rng.choice(len(logits), size=300, replace=False)
+    amounts = np.concatenate([rng.uniform(0.0, 5.0, 200), 10.0 ** rng.uniform(-8, 45, 100)])
+    amounts[rng.choice(len(amounts), 5, replace=False)] = float(F32.max) * 1.5  # past float32: clamped
+    rng.shuffle(amounts)
+    want = _float32_reference(logits, flat, amounts)
+    got = logits.copy()
+    _lower_host_f32(got.data, flat.tolist(), amounts.tolist())
+    assert np.array_equal(got.view(np.int32), want.view(np.int32))
+    assert np.isfinite(got[flat][np.isfinite(logits[flat])]).all()  # the premise: finite stays finite
+
+
+def test_a_logit_just_above_the_lowest_lowers_to_the_lowest_not_to_minus_infinity() -> None:
+    logits = np.array([F32.min, F32.min / 2, -np.inf, np.inf, np.nan], dtype=np.float32)
+    got = logits.copy()
+    _lower_host_f32(got.data, [0, 1, 2, 3, 4], [float(F32.max)] * 5)
+    assert got[0] == F32.min and got[1] == F32.min
+    assert got[2] == -np.inf and got[3] == np.inf and np.isnan(got[4])
