@@ -1,93 +1,88 @@
 """Span-following decisions on the device, shared by the kinds decided from a span they follow
-(``thinking_budget``, ``trigger``): ``DeviceThinking`` and the per-slot ``SpanTables`` a kind's
-template names (``Template.device_spans``), for engines whose histories live on the device (Model
-Runner V2).
+(``thinking_budget``, ``trigger``, scoped entries): ``DeviceThinking`` and the per-slot ``SpanTables``
+a kind's template names (``Template.device_spans``), for engines whose histories live on the device
+(Model Runner V2).
 
-``DeviceThinking`` keeps per slot and entry where the open span began (``CLOSED``: none; ``<= 0``: in
-the prompt, from the template's initial span) and how many tokens were scanned; each step advances
-it over the newly committed tokens only (read from the engine's ``tokens`` ``[slots, max_len]``,
-``prompt_len``, ``total_len``, passed to every ``step``), then each row over its drafts. Constant
-cost per step, no read back, except one host scan of a request resumed with more than
-``MAX_DEVICE_CATCH_UP`` generated tokens. The span rule is ``dynlogits.processors.spans``' (the host
-automaton, ``SpanScanner``); a kind's ``SpanTables`` subclass adds its delimiters and the rule that
-decides from the span (``SpanTables.decide``)."""
+Each slot of a ``SpanTables`` keeps one row of state (``STATE`` longs): what the span automaton of
+``dynlogits.processors.spans`` looks for next (``SEL``: 0 the start sequence, outside any span; 1
+the end sequence, inside one), where its last transition happened (``ANCHOR``: the open span's
+start, in generated positions, ``<= 0`` in the prompt), a value the kind reads per state (``OUT``,
+e.g. a scoped entry's "in my phase") and ``KEY = BIG * length + threshold``: the looked-for sequence's
+length and the first position at which it may end (after a start: ``start + len(end)``, so an end
+never overlaps its start; after an end: the next position). A position at or before the threshold
+is never a transition, so replaying positions already followed changes nothing: a step follows
+the last ``1 + drafts`` committed positions of every slot whatever it followed before (no count of
+scanned tokens), and a position ``p`` of a slot is a transition iff
+``BIG * matches(p) + p >= KEY`` (``matches``: how many tokens of the looked-for sequence end at
+``p``; columns outside it never match). The transition writes the next state from per-slot
+constants (``SpanTables.consts``: per state the sequence right-aligned and the next state's base),
+with one ``gather``, one ``addcmul`` and one ``where``.
+
+A steady step without drafts is, for all tables together, one ``sub`` (committed counts) and one
+window read (``add``, ``index``), then per table ``gather``, ``eq``, ``sum``, ``add``, ``ge``,
+``addcmul``, ``where`` (in place). Drafts are followed per row in ``decide``. No read back, except
+one host scan of a request resumed with more than ``MAX_DEVICE_CATCH_UP`` generated tokens."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from .slots import GatheredRows, Group, SlotTable
 from .spans import PLACEHOLDER
 
-__all__ = ["CLOSED", "DeviceThinking", "Matcher", "SpanTables"]
+__all__ = ["ANCHOR", "BIG", "CLOSED", "KEY", "NEVER", "OUT", "SEL", "STATE", "DeviceThinking", "SpanTables"]
 
-#: ``DeviceThinking``'s span start for "no open span" (a span the prompt opened starts at ``<= 0``).
+#: The span start a decision reads for "no open span" (a span the prompt opened starts at ``<= 0``).
 CLOSED = -(1 << 40)
-
-
-# -- what a kind keeps per slot ---------------------------------------------------------------------
-class Matcher(NamedTuple):
-    """Delimiter sequences per slot, right-aligned for ``_ends_with``: ``want[s, j]`` is the token
-    the window's column ``j`` must hold, ``unused[s, j]`` a column before the sequence, ``length[s]``
-    its length."""
-
-    want: torch.Tensor
-    unused: torch.Tensor
-    length: torch.Tensor
-
-    def rows(self, slots: torch.Tensor | None) -> Matcher:
-        """The matcher of ``slots`` (``None``: every slot, in order)."""
-        return self if slots is None else Matcher(self.want[slots], self.unused[slots], self.length[slots])
+#: ``KEY``'s weight of a sequence's length: above any difference of two positions.
+BIG = 1 << 32
+#: A key no position reaches (a span that never closes).
+NEVER = 1 << 62
+#: A right-aligned sequence's column before its first token: no token id equals it.
+_PAD = -(1 << 40)
+#: State columns (see the module doc).
+KEY, ANCHOR, SEL, OUT = 0, 1, 2, 3
+STATE = 4
 
 
 class SpanTables:
     """Per-slot delimiters and span state of one entry position of a kind whose decision follows a
     span (``DeviceThinking``); a subclass writes its template (``set``) and decides per row
-    (``decide``). ``in_prompt``: whether delimiters are matched from the prompt on (else only in the
-    generated tokens); ``closes``: whether the end sequence closes a span (else a span, once open,
-    stays open and the end is never matched)."""
+    (``decide``, or ``decide_state``). ``in_prompt``: whether delimiters are matched from the prompt
+    on (else only in the generated tokens); ``closes``: whether the end sequence closes a span (else
+    a span, once open, stays open and the end is never matched)."""
 
     in_prompt = True
     closes = True
 
     def __init__(self, num_slots: int, device: torch.device) -> None:
+        self.num_slots = num_slots
+        self.device = torch.device(device)
         self.start = SlotTable(num_slots, torch.long, device)
         self.start_len = SlotTable(num_slots, torch.long, device)
         self.end = SlotTable(num_slots, torch.long, device)
         self.end_len = SlotTable(num_slots, torch.long, device)
-        self.member = SlotTable(num_slots, torch.bool, device, pad=0)
-        self.members: set[int] = set()  # host view of ``member``: the tables go when it is empty
-        self.span = torch.full((num_slots,), CLOSED, dtype=torch.long, device=device)
-        self.scanned = torch.zeros(num_slots, dtype=torch.long, device=device)
-        self._tables = [self.start, self.start_len, self.end, self.end_len, self.member]
-        self._matchers: dict[bool, Matcher] = {}  # end? -> matcher, until the next set or flush
+        self.members: set[int] = set()  # the tables go when it is empty
+        #: per slot the automaton's state (``STATE`` columns); a slot without a request never moves
+        self.state = torch.zeros((num_slots, STATE), dtype=torch.long, device=self.device)
+        self.state[:, KEY] = NEVER
+        self.width = 1  # the longest delimiter of the members: the window a step reads
+        self._rows: dict[int, tuple[tuple[int, ...], tuple[int, ...], tuple[int, int]]] = {}  # slot -> start, end, outs
+        self.templates: dict[int, Any] = {}  # slot -> its template
+        self.consts = self._consts_table()
+        self._tables = [self.start, self.start_len, self.end, self.end_len, self.consts]
         self._offsets: dict[int, torch.Tensor] = {}  # width -> ``-width .. -1``, kept
 
+    # -- what a subclass says ---------------------------------------------------------------------
     def table(self) -> SlotTable:
         """A further per-slot table of the subclass's, flushed with the others."""
-        made = SlotTable(self.member.num_slots, torch.long, self.member.device)
+        made = SlotTable(self.num_slots, torch.long, self.device)
         self._tables.append(made)
         return made
-
-    def set(self, slot: int, template: Any | None) -> None:
-        """Write ``template``'s delimiters at ``slot`` (``None``: the slot leaves)."""
-        self._matchers.clear()  # on CPU the tables are the mirror: a write changes them now
-        if template is None:
-            if slot in self.members:
-                self.members.discard(slot)
-                self.member.set(slot, [0])
-            return
-        self.members.add(slot)
-        self.member.set(slot, [1])
-        start, end = self.delimiters(template)
-        self.start.set(slot, start)
-        self.start_len.set(slot, [len(start)])
-        self.end.set(slot, end)
-        self.end_len.set(slot, [len(end)])
 
     def delimiters(self, template: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The sequences that open and close ``template``'s span."""
@@ -96,6 +91,16 @@ class SpanTables:
     def initial(self, template: Any) -> int:
         """Where the span the prompt left open began (``CLOSED``: none)."""
         return CLOSED
+
+    def outs(self, template: Any) -> tuple[int, int]:
+        """The state's ``OUT`` outside a span and inside one (by default whether one is open)."""
+        return 0, 1
+
+    def prompt_tail(self, template: Any) -> int:
+        """How many of the prompt's last tokens a start sequence may cover (a delimiter straddling
+        the prompt's end): the template's ``prompt_tail`` (``SpanScanner.prompt_tail``) where the
+        tables match from the prompt on, else none."""
+        return int(getattr(template, "prompt_tail", 0)) if self.in_prompt else 0
 
     def host_span(self, processor: Any, history: Sequence[int]) -> int | None:
         """The host processor's span after ``history`` (a resumed request's one host scan)."""
@@ -108,65 +113,140 @@ class SpanTables:
         ``row_tokens(slots, positions)``: its tokens at generated ``positions``."""
         raise NotImplementedError
 
-    def flush(self) -> None:
-        changed = False
-        for table in self._tables:
-            changed = table.flush() or changed
-        if changed:
-            self._matchers.clear()  # recomputed after the copies just queued
+    def decide_state(self, slots: torch.Tensor, state: torch.Tensor | None, generated: Callable[[], torch.Tensor],
+                     valid: torch.Tensor, row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Each row's decision from its state (``state``: per row; ``None``: its slot's, no draft
+        before it); by default ``decide`` with the span start it holds."""
+        rows = self.state[slots] if state is None else state
+        span = torch.where(rows[:, SEL] == 1, rows[:, ANCHOR], CLOSED)
+        return self.decide(slots, span, generated(), valid, row_tokens)
 
-    def matcher(self, end: bool) -> Matcher:
-        """The start (or end) sequences as a ``Matcher``, computed on the device once per batch
-        change (a handful of ops every span advance would otherwise repeat)."""
-        made = self._matchers.get(end)
-        if made is None:
-            seq, length = (self.end.dev, self.end_len.dev[:, 0]) if end else (self.start.dev, self.start_len.dev[:, 0])
-            j = torch.arange(seq.shape[1], device=seq.device)
-            offset = seq.shape[1] - length  # the sequence's token k sits at column offset + k
-            want = seq.gather(1, (j[None, :] - offset[:, None]).clamp(min=0))
-            made = self._matchers[end] = Matcher(want, j[None, :] < offset[:, None], length)
-        return made
+    # -- slots --------------------------------------------------------------------------------------
+    @property
+    def span(self) -> torch.Tensor:
+        """Every slot's open span start (``CLOSED``: none), computed from the state."""
+        return torch.where(self.state[:, SEL] == 1, self.state[:, ANCHOR], CLOSED)
+
+    def set(self, slot: int, template: Any | None) -> None:
+        """Write ``template``'s delimiters at ``slot`` (``None``: the slot leaves)."""
+        if template is None:
+            self.members.discard(slot)
+            self._rows.pop(slot, None)
+            self.templates.pop(slot, None)
+            return
+        self.members.add(slot)
+        self.templates[slot] = template
+        start, end = self.delimiters(template)
+        self.start.set(slot, start)
+        self.start_len.set(slot, [len(start)])
+        self.end.set(slot, end)
+        self.end_len.set(slot, [len(end)])
+        self._rows[slot] = (tuple(start), tuple(end), self.outs(template))
+        width = max(len(start), len(end) if self.closes else 1)
+        if width > self.width:  # a wider window: every row's right-aligned sequences move
+            self.width = width
+            self._tables.remove(self.consts)
+            self.consts = self._consts_table()
+            self._tables.append(self.consts)
+            for other in self._rows:
+                self._write_consts(other)
+        else:
+            self._write_consts(slot)
+
+    def _consts_table(self) -> SlotTable:
+        return SlotTable(self.num_slots, torch.long, self.device, width=2 * (self.width + STATE), pad=0)
+
+    def _write_consts(self, slot: int) -> None:
+        """Per state (outside, inside a span) the sequence it looks for, right-aligned in
+        ``width`` columns, and the base of the state a match leads to (``KEY`` and ``ANCHOR`` add
+        the position; ``SEL`` and ``OUT`` as they are)."""
+        start, end, (out_closed, out_open) = self._rows[slot]
+        w = self.width
+        def aligned(seq: tuple[int, ...]) -> list[int]:
+            return [_PAD] * (w - len(seq)) + list(seq)
+        opened = [BIG * len(end) + len(end) if self.closes else NEVER, 0, 1, out_open]
+        closed = [BIG * len(start) + 1, 0, 0, out_closed]
+        self.consts.set(slot, aligned(start) + opened + (aligned(end) if self.closes else [_PAD] * w) + closed)
+
+    def initial_state(self, template: Any) -> list[int]:
+        """``template``'s state after its prompt (no token generated yet)."""
+        start, end = self.delimiters(template)
+        out_closed, out_open = self.outs(template)
+        span = self.initial(template)
+        if span != CLOSED:
+            return [BIG * len(end) + span + len(end) if self.closes else NEVER, span, 1, out_open]
+        first = max(1, len(start) - self.prompt_tail(template))  # a start reaches no further back than the prompt's tail
+        return [BIG * len(start) + first, 0, 0, out_closed]
+
+    def resumed_state(self, template: Any, span: int | None, committed: int) -> list[int]:
+        """The state after ``committed`` generated tokens whose open span (host scan) is ``span``."""
+        start, end = self.delimiters(template)
+        out_closed, out_open = self.outs(template)
+        if span is not None:
+            return [BIG * len(end) + span + len(end) if self.closes else NEVER, span, 1, out_open]
+        first = max(1, len(start) - self.prompt_tail(template))
+        return [BIG * len(start) + max(committed + 1, first), 0, 0, out_closed]
+
+    def put_state(self, slot: int, values: Sequence[int]) -> None:
+        """Write ``slot``'s state row (fills, no host copy)."""
+        for column, value in enumerate(values):
+            self.state[slot, column].fill_(value)
+
+    def flush(self) -> None:
+        for table in self._tables:
+            table.flush()
 
     def offsets(self, width: int) -> torch.Tensor:
         """``[-width, .., -1]``: the positions of the ``width`` tokens before a position, relative to it."""
         made = self._offsets.get(width)
         if made is None:
-            made = self._offsets[width] = torch.arange(-width, 0, device=self.span.device)
+            made = self._offsets[width] = torch.arange(-width, 0, device=self.device)
         return made
+
+    def consts_of(self, n: int) -> torch.Tensor:
+        """``consts`` of the first ``n`` slots as ``[n, 2, width + STATE]`` (a view)."""
+        return self.consts.dev[:n, : 2 * (self.width + STATE)].view(n, 2, self.width + STATE)
+
+    def advance(self, state: torch.Tensor, consts: torch.Tensor, window: torch.Tensor, position: torch.Tensor,
+                scale: torch.Tensor, fresh: torch.Tensor | None = None) -> None:
+        """Follow one position per row in place: ``state`` ``[r, STATE]`` (a view of ``self.state`` or
+        rows gathered from it), ``consts`` ``[r, 2, width + STATE]`` its rows' constants,
+        ``window[:, -width:]`` the tokens ending at ``position`` (generated count, prompt excluded),
+        ``scale`` ``DeviceThinking``'s ``[1, 1, 0, 0]``; ``fresh``: which rows have that position
+        at all (``None``: every row)."""
+        w = self.width
+        now = consts.gather(1, state[:, SEL, None, None].expand(-1, 1, w + STATE))[:, 0]
+        matches = (window[:, window.shape[1] - w :] == now[:, :w]).sum(1)
+        hit = torch.add(position, matches, alpha=BIG) >= state[:, KEY]
+        if fresh is not None:
+            hit &= fresh
+        torch.where(hit[:, None], torch.addcmul(now[:, w:], position[:, None], scale), state, out=state)
 
 
 # -- one step's token source ---------------------------------------------------------------------
 @dataclass
 class _Step:
-    """This step's token source: ``token(slots, positions)`` reads generated token ``positions`` of
-    ``slots`` (``None``: every slot of the tables, in order; committed ones only); ``committed[s]``
-    how many slot ``s`` has. ``every``: each table slot's row of ``tokens`` (the sentinel past the
-    engine's slots reads the last one, masked by its callers)."""
+    """This step's token source: ``tokens`` ``[slots, max_len]``, ``prompt_len`` and ``committed``
+    (generated tokens) of the engine's slots; a table slot past them (the sentinel) reads the last."""
 
     tokens: torch.Tensor
     prompt_len: torch.Tensor
     committed: torch.Tensor
-    every: torch.Tensor
 
-    def token(self, slots: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        if slots is None:
-            rows, prompt = self.every, self.prompt_len
-        else:
-            rows, prompt = slots.clamp(max=self.tokens.shape[0] - 1), self.prompt_len[slots]
-        column = (prompt[:, None] + positions).clamp_(0, self.tokens.shape[1] - 1)
+    def clamped(self, slots: torch.Tensor) -> torch.Tensor:
+        return slots.clamp(max=self.tokens.shape[0] - 1)
+
+    def token(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Generated tokens ``positions`` (``[rows, k]``) of ``slots`` (committed ones only)."""
+        rows = self.clamped(slots)
+        column = (self.prompt_len[rows][:, None] + positions).clamp_(0, self.tokens.shape[1] - 1)
         return self.tokens[rows[:, None], column].long()
 
 
-def _ends_with(window: torch.Tensor, seq: Matcher, reach: torch.Tensor) -> torch.Tensor:
-    """Whether the tokens ending at the window's end are ``seq``'s: ``window[i, j]`` is the token
-    ``width - j`` before it (``width`` = ``seq.want``'s, right-aligned); ``reach[i]``: how many
-    tokens (prompt included) end there."""
-    return (reach >= seq.length) & ((window == seq.want) | seq.unused).all(1)
-
-
 class DeviceThinking:
-    """Decisions on the device for a ``SlotBatch``'s span-following groups: ``thinking_budget``'s and
-    every kind whose template names ``SpanTables`` (``device_spans``, e.g. ``trigger``)."""
+    """Decisions on the device for a ``SlotBatch``'s span-following groups: ``thinking_budget``'s,
+    scoped entries' and every kind whose template names ``SpanTables`` (``device_spans``, e.g.
+    ``trigger``)."""
 
     def __init__(self, num_slots: int, device: torch.device | str, *, max_new: int = 1) -> None:
         self.num_slots = num_slots
@@ -178,7 +258,9 @@ class DeviceThinking:
         self._step: _Step | None = None
         self._inputs: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self._catch_up = 0  # tokens of resumed requests to follow at the next step, on the device
-        self._every: dict[int, torch.Tensor] = {}  # engine slot count -> _Step.every
+        self._rows: dict[int, torch.Tensor] = {}  # engine slot count -> ``arange[:, None]``
+        self._columns: dict[tuple[int, int], torch.Tensor] = {}  # (width, back) -> window column offsets
+        self._scale = (torch.arange(STATE, device=self.device) < 2).long()  # KEY, ANCHOR add the position
 
     #: A resumed request with at most this many generated tokens is followed on the device (a round
     #: of ops per token at its first step); a longer one is scanned once on the host (one read back).
@@ -202,9 +284,7 @@ class DeviceThinking:
                 assert template is not None
                 tables = self.tables[key] = template.device_spans(self.num_slots, self.device)
             tables.set(slot, template)
-            initial = CLOSED if template is None else tables.initial(template)
-            tables.span[slot : slot + 1].fill_(initial)  # not ``span[slot] = x``: a blocking copy on CUDA
-            tables.scanned[slot : slot + 1].fill_(0)
+            tables.put_state(slot, [NEVER, 0, 0, 0] if template is None else tables.initial_state(template))
             if not tables.members:  # no request left at this key: steps skip it
                 del self.tables[key]
         if templates and resumed > self.MAX_DEVICE_CATCH_UP:
@@ -216,10 +296,26 @@ class DeviceThinking:
         for tables in self.tables.values():
             tables.flush()
 
+    def _window(self, tokens: torch.Tensor, total_len: torch.Tensor, width: int, back: int) -> torch.Tensor:
+        """Every engine slot's ``width`` tokens ending ``back`` positions before its last committed
+        one (a column before the row's start reads an arbitrary token: never a transition)."""
+        n = tokens.shape[0]
+        rows = self._rows.get(n)
+        if rows is None:
+            rows = self._rows[n] = torch.arange(n, device=self.device)[:, None]
+        columns = self._columns.get((width, back))
+        if columns is None:
+            columns = self._columns[(width, back)] = torch.arange(-width - back, -back, device=self.device)
+        where = total_len[:, None] + columns
+        if back:  # a catch-up round may reach before a short row's start: keep within the row
+            where.clamp_(min=-tokens.shape[1])
+        return tokens[rows, where]
+
     def step(self, tokens: torch.Tensor, prompt_len: torch.Tensor, total_len: torch.Tensor, *,
              input_ids: torch.Tensor | None = None, local_pos: torch.Tensor | None = None,
              rows_per_request: int = 1) -> None:
-        """Advance every entry's span state over the committed tokens new since the last step, and
+        """Follow every entry's span over the committed tokens new since the last step (the last
+        ``max_new`` positions of every slot, those already followed replayed without effect), and
         remember this step's rows: ``input_ids[r]`` is the token fed at row ``r`` and
         ``local_pos[r]`` how many drafts precede it (both ``None`` without speculative decoding).
         ``rows_per_request`` bounds a request's rows this step (1 + its drafts): a request commits
@@ -227,61 +323,33 @@ class DeviceThinking:
         self.max_new = max(self.max_new, rows_per_request)
         if not self.tables:
             return
-        pad = self.num_slots - len(prompt_len)  # table rows past the engine's slots (a sentinel) read as empty
-        prompt = torch.nn.functional.pad(prompt_len.long(), (0, pad))
-        committed = torch.nn.functional.pad((total_len.long() - prompt_len.long()).clamp_(min=0), (0, pad))
-        every = self._every.get(tokens.shape[0])
-        if every is None:  # each table slot's row of the engine's matrix, kept while it has as many rows
-            every = self._every[tokens.shape[0]] = torch.arange(self.num_slots, device=self.device).clamp_(
-                max=tokens.shape[0] - 1)
-        source = _Step(tokens, prompt, committed, every)
-        self._step = source
+        n = tokens.shape[0]
+        committed = total_len - prompt_len
+        source = self._step = _Step(tokens, prompt_len, committed)
         self._inputs = (input_ids, local_pos)
         if self._cold:
             self._scan_cold(source)
-        rounds = 2 * self.max_new + self._catch_up  # twice the most a step adds (a lag always shrinks),
-        self._catch_up = 0  # plus a resumed request's whole history, once
-        for tables in self.tables.values():
-            for _ in range(rounds):
-                position = tables.scanned
-                fresh = tables.member.dev[:, 0] & (position < source.committed)
-                span = self._advance(tables, None, tables.span, position + 1, fresh, source.prompt_len,
-                                     lambda pos: source.token(None, pos))
-                tables.span.copy_(span)
-                tables.scanned.add_(fresh.long())
-
-    @staticmethod
-    def _advance(tables: SpanTables, slots: torch.Tensor | None, span: torch.Tensor, upto: torch.Tensor,
-                 fresh: torch.Tensor, prompt_len: torch.Tensor, token_at) -> torch.Tensor:  # noqa: ANN001
-        """The span after the token ending at ``upto`` (only where ``fresh``) of each of ``slots``
-        (``None``: every slot of the tables, in order: no gather); where the tables match from the
-        prompt on (``in_prompt``), a delimiter may begin in the prompt (``prompt_len`` tokens before
-        generated position 0)."""
-        start = tables.matcher(False).rows(slots)
-        end = tables.matcher(True).rows(slots) if tables.closes else None  # a span that never closes reads no end
-        width = max(start.want.shape[1], 0 if end is None else end.want.shape[1])
-        window = token_at(upto[:, None] + tables.offsets(width)[None, :])
-        reach = upto + prompt_len if tables.in_prompt else upto
-        closed = span == CLOSED
-        opens = fresh & closed & _ends_with(window[:, width - start.want.shape[1] :], start, reach)
-        if end is None:
-            return torch.where(opens, upto, span)
-        closes = (fresh & ~closed & (upto - span >= end.length)
-                  & _ends_with(window[:, width - end.want.shape[1] :], end, reach))
-        return torch.where(opens, upto, torch.where(closes, torch.full_like(span, CLOSED), span))
+        rounds = self.max_new + self._catch_up  # a resumed request's whole history, once
+        self._catch_up = 0
+        width = max(tables.width for tables in self.tables.values())
+        every = [(tables, tables.state[:n], tables.consts_of(n)) for tables in self.tables.values()]
+        for back in range(rounds - 1, -1, -1):
+            window = self._window(tokens, total_len, width, back)
+            position = committed - back if back else committed
+            for tables, state, consts in every:
+                tables.advance(state, consts, window, position, self._scale)
 
     def _scan_cold(self, source: _Step) -> None:
         """Resumed requests: follow their generated tokens once, on the host (a read back)."""
         for slot, request in list(self._cold.items()):
             committed = int(source.committed[slot])
-            history = source.tokens[slot, int(source.prompt_len[slot]) : int(source.prompt_len[slot]) + committed].tolist()
+            start = int(source.prompt_len[slot])
+            history = source.tokens[slot, start : start + committed].tolist()
             for (level, _), tables in self.tables.items():
-                if not bool(tables.member.dev[slot, 0]):
+                if slot not in tables.members:
                     continue
-                processor = request.processor.processors[level]
-                span = tables.host_span(processor, history)  # the host automaton, same rule
-                tables.span[slot : slot + 1].fill_(CLOSED if span is None else span)
-                tables.scanned[slot : slot + 1].fill_(committed)
+                span = tables.host_span(request.processor.processors[level], history)  # the host automaton, same rule
+                tables.put_state(slot, tables.resumed_state(tables.templates[slot], span, committed))
         self._cold.clear()
 
     def _row_tokens(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -289,35 +357,40 @@ class DeviceThinking:
         matrix, the rest from the drafts fed before the row (``input_ids``)."""
         source = self._step
         assert source is not None
-        committed = source.committed[slots][:, None]
         from_matrix = source.token(slots, positions)
         input_ids, local_pos = self._inputs
         if input_ids is None or local_pos is None:
             return from_matrix
+        committed = source.committed[source.clamped(slots)][:, None]
         rows = torch.arange(len(slots), device=slots.device)
         first = (rows - local_pos.long())[:, None]  # the row fed the last committed token
         draft_row = (first + positions - committed + 1).clamp_(0, len(input_ids) - 1)
         return torch.where(positions < committed, from_matrix, input_ids.long()[draft_row])
 
     def decide(self, group: Group, rows: GatheredRows) -> torch.Tensor:
-        """The token each row must be forced to now (``-1``: none): its slot's span state, advanced
-        over the drafts before the row, then its tables' rule (``SpanTables.decide``)."""
+        """The decision of each row (``SpanTables.decide_state``; ``-1`` everywhere where the group's
+        tables hold nobody): its slot's span state, advanced over the drafts before the row."""
         tables = self.tables.get((group.level, type(group)))
         source = self._step
         if tables is None or source is None:
             return torch.full_like(rows.slot_of_row, -1)
-        slots = rows.slot_of_row.long()
-        member = rows.member & tables.member.dev[slots, 0]
-        committed = source.committed[slots]
+        slots = rows.slot_of_row
         input_ids, local_pos = self._inputs
-        drafts = torch.zeros_like(committed) if local_pos is None else local_pos.long()
-        span = tables.span[slots].clone()
-        valid = member.clone()
+        if local_pos is None:
+            return tables.decide_state(slots, None, lambda: source.committed[source.clamped(slots)], rows.member,
+                                       self._row_tokens)
+        committed = source.committed[source.clamped(slots)]
+        drafts = local_pos.long()
+        state = tables.state[slots]
+        consts = tables.consts.dev[slots, : 2 * (tables.width + STATE)].view(len(slots), 2, tables.width + STATE)
+        valid = rows.member.clone()
+        offsets = tables.offsets(tables.width)
         for j in range(1, self.max_new):  # the drafts before each row, one position at a time
-            fresh = member & (j <= drafts)
+            fresh = j <= drafts
             if input_ids is not None:
                 first = torch.arange(len(slots), device=slots.device) - drafts
                 valid &= ~(fresh & (input_ids.long()[(first + j).clamp(0, len(input_ids) - 1)] == PLACEHOLDER))
-            span = self._advance(tables, slots, span, committed + j, fresh, source.prompt_len[slots],
-                                 lambda pos: self._row_tokens(slots, pos))
-        return tables.decide(slots, span, committed + drafts, valid, self._row_tokens)
+            position = committed + j
+            window = self._row_tokens(slots, position[:, None] + offsets[None, :])
+            tables.advance(state, consts, window, position, self._scale, fresh)
+        return tables.decide_state(slots, state, lambda: committed + drafts, valid, self._row_tokens)

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, overload
 import numpy as np
 import torch
 
-from .device_thinking import CLOSED, SpanTables
+from .device_thinking import CLOSED, OUT, SpanTables
 from .modes import DecidedGroup, PlannedGroup, SpanDecided
 from .slots import Dead, GatheredRows, Group, ListedRows, StepInputs, Template
 from .spans import SpanScanner
@@ -123,25 +123,20 @@ class ScopeTables(SpanTables):
     """A scoped entry's device span state (``DeviceThinking``): the request's reasoning delimiters,
     followed from the prompt on, and per slot whether the entry acts inside a span (``reasoning``)."""
 
-    def __init__(self, num_slots: int, device: torch.device) -> None:
-        super().__init__(num_slots, device)
-        self.inside = self.table()  # 1: the entry acts in reasoning steps; 0: in answer steps
-
     def delimiters(self, template: ScopedTemplate) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return template.start, template.end
 
     def initial(self, template: ScopedTemplate) -> int:
         return CLOSED if template.initial is None else template.initial
 
-    def set(self, slot: int, template: ScopedTemplate | None) -> None:
-        super().set(slot, template)
-        if template is not None:
-            self.inside.set(slot, [int(template.scope == "reasoning")])
+    def outs(self, template: ScopedTemplate) -> tuple[int, int]:
+        """The state's ``OUT``: whether the entry acts, outside a span and inside one."""
+        return (0, 1) if template.scope == "reasoning" else (1, 0)
 
-    def decide(self, slots: torch.Tensor, span: torch.Tensor, generated: torch.Tensor, valid: torch.Tensor,
-               row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """``1`` where the row is in its entry's phase (and may be decided at all), else ``0``."""
-        return (valid & ((span != CLOSED) == self.inside.dev[slots, 0].bool())).long()
+    def decide_state(self, slots: torch.Tensor, state: torch.Tensor | None, generated: Callable[[], torch.Tensor],
+                     valid: torch.Tensor, row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Where the row is in its entry's phase (and may be decided at all): a membership (bool)."""
+        return torch.logical_and(self.state[slots, OUT] if state is None else state[:, OUT], valid)
 
 
 class ScopedGroup(SpanDecided):
@@ -193,7 +188,10 @@ class ScopedGroup(SpanDecided):
         return self.inner.apply_gathered(step, GatheredRows(slot_of_row, self.inner.member.dev[slot_of_row, 0]))
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead | None:
-        return self.inner.apply_gathered(step, GatheredRows(rows.slot_of_row, rows.member & (decisions > 0)))
+        """``decisions``: the rows in phase (``ScopeTables.decide_state``'s membership), or ``-1`` for
+        every row (the decider holds no tables for the group)."""
+        member = decisions if decisions.dtype == torch.bool else rows.member & (decisions > 0)
+        return self.inner.apply_gathered(step, GatheredRows(rows.slot_of_row, member))
 
 
 _GROUPS: dict[type[Group], type[ScopedGroup]] = {}
@@ -228,6 +226,8 @@ class ScopedTemplate(Template):
     start: tuple[int, ...]
     end: tuple[int, ...]
     initial: int | None
+    #: how many of the prompt's last tokens a start sequence may cover (``SpanScanner.prompt_tail``)
+    prompt_tail: int = 0
     reads_tokens: ClassVar[bool] = True
     device_spans: ClassVar[type | None] = ScopeTables
 
@@ -239,7 +239,7 @@ def scoped_template(inner: Template, scope: str, scanner: SpanScanner) -> Scoped
         kind = _TEMPLATES[inner.group] = type(f"Scoped{type(inner).__name__}", (ScopedTemplate,), {
             "group": scoped_group(inner.group), "__module__": __name__})
         globals().setdefault(kind.__name__, kind)
-    return kind(inner, scope, scanner.start, scanner.end, scanner.initial)
+    return kind(inner, scope, scanner.start, scanner.end, scanner.initial, scanner.prompt_tail)
 
 
 class _ScopedResident(_ScopedPlanned):

@@ -60,6 +60,12 @@ class SpanScanner:
         self._states: list[tuple[int | None, int]] = [(self._initial, 0)]  # after each scanned prefix
 
     @property
+    def prompt_tail(self) -> int:
+        """How many of the prompt's last tokens a delimiter may cover (the prompt's length, up to
+        one token less than the longer delimiter)."""
+        return len(self._tail)
+
+    @property
     def initial(self) -> int | None:
         """Where the span the prompt left open began (generated positions, ``<= 0``); ``None``: none."""
         return self._initial

@@ -49,7 +49,8 @@ class ThinkingBudgetProcessor:
         self.end = tuple(end_token_ids)
         self.budget = budget
         self.scanner = SpanScanner(self.start, self.end, prompt)
-        self.template = ThinkingBudgetTemplate(self.start, self.end, budget, self.scanner.initial)
+        self.template = ThinkingBudgetTemplate(self.start, self.end, budget, self.scanner.initial,
+                                               self.scanner.prompt_tail)
 
     def span(self, ids: Sequence[int]) -> int | None:
         """Where the open span began after ``ids`` (generated positions, ``<= 0`` in the prompt);
@@ -93,6 +94,8 @@ class ThinkingBudgetTemplate(Template):
     budget: int
     #: where the span the request's prompt left open began (generated positions, ``<= 0``), or ``None``
     initial: int | None = None
+    #: how many of the prompt's last tokens a start sequence may cover (``SpanScanner.prompt_tail``)
+    prompt_tail: int = 0
     group: ClassVar[type[ThinkingBudgetGroup]] = ThinkingBudgetGroup
     reads_tokens: ClassVar[bool] = True
 
