@@ -47,6 +47,22 @@ _F32_LOWEST = float(np.finfo(np.float32).min)
 _NEG_INF = float("-inf")
 
 
+#: float64 amount -> its float32 rounding (at most float32's largest), for ``_lower_host_f32``: a
+#: step's amounts are a few objects of the shared tables, rounded once (cleared past ``ROUNDED_KEPT``)
+_ROUNDED32: dict[float, float] = {}
+ROUNDED_KEPT = 4096
+
+
+def _round32(amount: float) -> float:
+    """``amount`` at most float32's largest, rounded to float32 as numpy and torch round float64."""
+    value: float = struct.unpack("f", struct.pack("f", amount if amount <= _F32_MAX else _F32_MAX))[0]
+    if amount > 0.0:  # a key equal to no other of another sign (0.0 == -0.0)
+        if len(_ROUNDED32) >= ROUNDED_KEPT:
+            _ROUNDED32.clear()
+        _ROUNDED32[amount] = value
+    return value
+
+
 def _lower_host_f32(logits: memoryview, flat: list[int], amounts: list[float]) -> None:
     """float32 host logits (a flat ``memoryview``): ``logits[i]`` lowered by its amount, rounded to
     float32 first, for each ``i`` of ``flat``, as the hosted processor lowers them: a finite logit
@@ -54,13 +70,13 @@ def _lower_host_f32(logits: memoryview, flat: list[int], amounts: list[float]) -
     float32 difference computed in float64 and rounded to float32 on the store is the float32
     difference (float64 holds over twice float32's precision), so no numpy or torch call is made
     for a few dozen values (each of their first calls after the logits' copy misses the cache)."""
-    if max(amounts) > _F32_MAX:
-        amounts = [a if a <= _F32_MAX else _F32_MAX for a in amounts]
-    n = len(flat)
-    low = _F32_LOWEST
-    for i, amount in zip(flat, struct.unpack(f"{n}f", struct.pack(f"{n}f", *amounts))):
+    low, rounded = _F32_LOWEST, _ROUNDED32.get
+    for i, amount in zip(flat, amounts):
+        penalty = rounded(amount)
+        if penalty is None:
+            penalty = _round32(amount)
         kept = logits[i]
-        lowered = kept - amount
+        lowered = kept - penalty
         if lowered < low:  # past float32's range (``-inf`` there): the lowest, unless it was ``-inf``
             lowered = low if kept != _NEG_INF else kept
         logits[i] = lowered
