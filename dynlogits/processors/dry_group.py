@@ -79,7 +79,7 @@ def _lower_host_f32(logits: memoryview, flat: list[int], amounts: list[float]) -
         lowered = kept - penalty
         if lowered < low:  # past float32's range (``-inf`` there): the lowest, unless it was ``-inf``
             lowered = low if kept != _NEG_INF else kept
-        logits[i] = lowered
+        logits[i] = lowered  # type: ignore[call-overload]  # a float32 view: typeshed knows byte views only
 
 
 def pack_amounts(amounts: list[float], dtype: torch.dtype, out: np.ndarray) -> None:
