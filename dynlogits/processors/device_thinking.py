@@ -231,6 +231,7 @@ class _Step:
 
     tokens: torch.Tensor
     prompt_len: torch.Tensor
+    total_len: torch.Tensor
     committed: torch.Tensor
 
     def clamped(self, slots: torch.Tensor) -> torch.Tensor:
@@ -259,6 +260,7 @@ class DeviceThinking:
         self._inputs: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self._catch_up = 0  # tokens of resumed requests to follow at the next step, on the device
         self._rows: dict[int, torch.Tensor] = {}  # engine slot count -> ``arange[:, None]``
+        self._aranges: dict[int, torch.Tensor] = {}  # n -> ``arange(n)``
         self._columns: dict[tuple[int, int], torch.Tensor] = {}  # (width, back) -> window column offsets
         self._scale = (torch.arange(STATE, device=self.device) < 2).long()  # KEY, ANCHOR add the position
 
@@ -325,7 +327,7 @@ class DeviceThinking:
             return
         n = tokens.shape[0]
         committed = total_len - prompt_len
-        source = self._step = _Step(tokens, prompt_len, committed)
+        source = self._step = _Step(tokens, prompt_len, total_len, committed)
         self._inputs = (input_ids, local_pos)
         if self._cold:
             self._scan_cold(source)
@@ -379,18 +381,32 @@ class DeviceThinking:
         if local_pos is None:
             return tables.decide_state(slots, None, lambda: source.committed[source.clamped(slots)], rows.member,
                                        self._row_tokens)
-        committed = source.committed[source.clamped(slots)]
+        clamped = source.clamped(slots)
+        committed = source.committed[clamped]
         drafts = local_pos.long()
+        width, later = tables.width, self.max_new - 1
+        # each row's tokens: the last ``width`` committed ones of its slot, then the drafts fed before it
+        tail = source.tokens[clamped[:, None], source.total_len[clamped][:, None] + tables.offsets(width)]
+        if input_ids is None or not later:
+            fed = torch.full((len(slots), later), _PAD, dtype=torch.long, device=slots.device)  # matches nothing
+        else:
+            at = (self._arange(len(slots)) - drafts)[:, None] + self._arange(later + 1)[None, 1:]
+            fed = input_ids.long()[at.clamp_(0, len(input_ids) - 1)]
+        seen = torch.cat([tail.long(), fed], 1)
+        before = self._arange(later + 1)[None, 1:] <= drafts[:, None]  # which of the drafts precede the row
+        # a placeholder draft before the row: nothing is decided for it (its request is still in prefill)
+        valid = rows.member & ~((fed == PLACEHOLDER) & before).any(1)
         state = tables.state[slots]
-        consts = tables.consts.dev[slots, : 2 * (tables.width + STATE)].view(len(slots), 2, tables.width + STATE)
-        valid = rows.member.clone()
-        offsets = tables.offsets(tables.width)
-        for j in range(1, self.max_new):  # the drafts before each row, one position at a time
-            fresh = j <= drafts
-            if input_ids is not None:
-                first = torch.arange(len(slots), device=slots.device) - drafts
-                valid &= ~(fresh & (input_ids.long()[(first + j).clamp(0, len(input_ids) - 1)] == PLACEHOLDER))
-            position = committed + j
-            window = self._row_tokens(slots, position[:, None] + offsets[None, :])
-            tables.advance(state, consts, window, position, self._scale, fresh)
+        consts = tables.consts.dev[slots, : 2 * (width + STATE)].view(len(slots), 2, width + STATE)
+        for j in range(1, later + 1):  # the drafts before each row, one position at a time
+            tables.advance(state, consts, seen[:, j : j + width], committed + j, self._scale, before[:, j - 1])
         return tables.decide_state(slots, state, lambda: committed + drafts, valid, self._row_tokens)
+
+    def _arange(self, n: int) -> torch.Tensor:
+        """``arange(n)`` on the device, kept per ``n`` (a bounded cache)."""
+        made = self._aranges.get(n)
+        if made is None:
+            if len(self._aranges) > 64:
+                self._aranges.clear()
+            made = self._aranges[n] = torch.arange(n, device=self.device)
+        return made
