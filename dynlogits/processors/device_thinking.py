@@ -58,10 +58,17 @@ class SpanTables:
 
     in_prompt = True
     closes = True
+    #: per state column, whether a transition adds its position (``KEY`` and ``ANCHOR`` always; ``OUT``
+    #: where the kind's output counts from the transition, e.g. ``thinking_budget``'s due count)
+    scale: tuple[int, ...] = (1, 1, 0, 0)
 
     def __init__(self, num_slots: int, device: torch.device) -> None:
         self.num_slots = num_slots
         self.device = torch.device(device)
+        self._scale = torch.zeros(STATE, dtype=torch.long, device=self.device)
+        for column, value in enumerate(self.scale):  # fills: no host copy
+            self._scale[column].fill_(value)
+        self.no_token = torch.full((), -1, dtype=torch.long, device=self.device)  # a decision's "none", kept
         self.start = SlotTable(num_slots, torch.long, device)
         self.start_len = SlotTable(num_slots, torch.long, device)
         self.end = SlotTable(num_slots, torch.long, device)
@@ -93,7 +100,8 @@ class SpanTables:
         return CLOSED
 
     def outs(self, template: Any) -> tuple[int, int]:
-        """The state's ``OUT`` outside a span and inside one (by default whether one is open)."""
+        """The state's ``OUT`` outside a span and inside one (by default whether one is open),
+        plus the transition's position where ``scale`` says so."""
         return 0, 1
 
     def prompt_tail(self, template: Any) -> int:
@@ -174,7 +182,7 @@ class SpanTables:
         out_closed, out_open = self.outs(template)
         span = self.initial(template)
         if span != CLOSED:
-            return [BIG * len(end) + span + len(end) if self.closes else NEVER, span, 1, out_open]
+            return [BIG * len(end) + span + len(end) if self.closes else NEVER, span, 1, out_open + span * self.scale[OUT]]
         first = max(1, len(start) - self.prompt_tail(template))  # a start reaches no further back than the prompt's tail
         return [BIG * len(start) + first, 0, 0, out_closed]
 
@@ -183,7 +191,7 @@ class SpanTables:
         start, end = self.delimiters(template)
         out_closed, out_open = self.outs(template)
         if span is not None:
-            return [BIG * len(end) + span + len(end) if self.closes else NEVER, span, 1, out_open]
+            return [BIG * len(end) + span + len(end) if self.closes else NEVER, span, 1, out_open + span * self.scale[OUT]]
         first = max(1, len(start) - self.prompt_tail(template))
         return [BIG * len(start) + max(committed + 1, first), 0, 0, out_closed]
 
@@ -208,19 +216,18 @@ class SpanTables:
         return self.consts.dev[:n, : 2 * (self.width + STATE)].view(n, 2, self.width + STATE)
 
     def advance(self, state: torch.Tensor, consts: torch.Tensor, window: torch.Tensor, position: torch.Tensor,
-                scale: torch.Tensor, fresh: torch.Tensor | None = None) -> None:
+                fresh: torch.Tensor | None = None) -> None:
         """Follow one position per row in place: ``state`` ``[r, STATE]`` (a view of ``self.state`` or
         rows gathered from it), ``consts`` ``[r, 2, width + STATE]`` its rows' constants,
-        ``window[:, -width:]`` the tokens ending at ``position`` (generated count, prompt excluded),
-        ``scale`` ``DeviceThinking``'s ``[1, 1, 0, 0]``; ``fresh``: which rows have that position
-        at all (``None``: every row)."""
+        ``window[:, -width:]`` the tokens ending at ``position`` (generated count, prompt excluded);
+        ``fresh``: which rows have that position at all (``None``: every row)."""
         w = self.width
         now = consts.gather(1, state[:, SEL, None, None].expand(-1, 1, w + STATE))[:, 0]
         matches = (window[:, window.shape[1] - w :] == now[:, :w]).sum(1)
         hit = torch.add(position, matches, alpha=BIG) >= state[:, KEY]
         if fresh is not None:
             hit &= fresh
-        torch.where(hit[:, None], torch.addcmul(now[:, w:], position[:, None], scale), state, out=state)
+        torch.where(hit[:, None], torch.addcmul(now[:, w:], position[:, None], self._scale), state, out=state)
 
 
 # -- one step's token source ---------------------------------------------------------------------
@@ -262,7 +269,6 @@ class DeviceThinking:
         self._rows: dict[int, torch.Tensor] = {}  # engine slot count -> ``arange[:, None]``
         self._aranges: dict[int, torch.Tensor] = {}  # n -> ``arange(n)``
         self._columns: dict[tuple[int, int], torch.Tensor] = {}  # (width, back) -> window column offsets
-        self._scale = (torch.arange(STATE, device=self.device) < 2).long()  # KEY, ANCHOR add the position
 
     #: A resumed request with at most this many generated tokens is followed on the device (a round
     #: of ops per token at its first step); a longer one is scanned once on the host (one read back).
@@ -339,7 +345,7 @@ class DeviceThinking:
             window = self._window(tokens, total_len, width, back)
             position = committed - back if back else committed
             for tables, state, consts in every:
-                tables.advance(state, consts, window, position, self._scale)
+                tables.advance(state, consts, window, position)
 
     def _scan_cold(self, source: _Step) -> None:
         """Resumed requests: follow their generated tokens once, on the host (a read back)."""
@@ -399,7 +405,7 @@ class DeviceThinking:
         state = tables.state[slots]
         consts = tables.consts.dev[slots, : 2 * (width + STATE)].view(len(slots), 2, width + STATE)
         for j in range(1, later + 1):  # the drafts before each row, one position at a time
-            tables.advance(state, consts, seen[:, j : j + width], committed + j, self._scale, before[:, j - 1])
+            tables.advance(state, consts, seen[:, j : j + width], committed + j, before[:, j - 1])
         return tables.decide_state(slots, state, lambda: committed + drafts, valid, self._row_tokens)
 
     def _arange(self, n: int) -> torch.Tensor:

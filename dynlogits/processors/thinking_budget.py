@@ -17,7 +17,7 @@ import torch
 from dynlogits.specs.builtin.thinking_budget import ThinkingBudget, ThinkingBudgetSpec
 
 from .base import RealizeContext
-from .device_thinking import CLOSED, SpanTables
+from .device_thinking import ANCHOR, CLOSED, NEVER, OUT, SpanTables
 from .modes import HostForcingGroup, SpanDecided
 from .ops import ForceToken, RowOp, apply_op
 from .slots import Template
@@ -114,7 +114,11 @@ def factory(entry: Entry, ctx: RealizeContext) -> ThinkingBudgetProcessor:
 
 
 class ThinkingTables(SpanTables):
-    """``thinking_budget``'s: its delimiters and budget."""
+    """``thinking_budget``'s: its delimiters and budget. The state's ``OUT`` is the generated count at
+    which the open span has spent its budget (its start plus the budget; ``NEVER`` and beyond
+    outside a span), so a row fires where its generated count reaches it."""
+
+    scale = (1, 1, 0, 1)  # OUT: the budget, from the position the span opened at
 
     def __init__(self, num_slots: int, device: torch.device) -> None:
         super().__init__(num_slots, device)
@@ -126,29 +130,47 @@ class ThinkingTables(SpanTables):
     def initial(self, template: ThinkingBudgetTemplate) -> int:
         return CLOSED if template.initial is None else template.initial
 
+    def outs(self, template: ThinkingBudgetTemplate) -> tuple[int, int]:
+        return NEVER, template.budget
+
     def set(self, slot: int, template: ThinkingBudgetTemplate | None) -> None:
         super().set(slot, template)
         if template is not None:
             self.budget.set(slot, [template.budget])
 
-    def decide(self, slots: torch.Tensor, span: torch.Tensor, generated: torch.Tensor, valid: torch.Tensor,
-               row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """The budget rule: once the span holds ``budget`` tokens, the next end token."""
-        budget = self.budget.dev[slots, 0]
+    def decide_state(self, slots: torch.Tensor, state: torch.Tensor | None, generated: Callable[[], torch.Tensor],
+                     valid: torch.Tensor, row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The budget rule: once the span holds ``budget`` tokens, the next end token (the first one
+        the history does not already end with)."""
+        count = generated()
+        fire = valid & (count >= (self.state[slots, OUT] if state is None else state[:, OUT]))
+        end = self.end.dev
+        if end.shape[1] == 1:  # one-token ends: nothing begun to continue
+            return torch.where(fire, end[slots, 0], self.no_token)
+        rows = self.state[slots] if state is None else state
+        return self._continued(slots, count - rows[:, ANCHOR], count, fire, row_tokens)
+
+    def _continued(self, slots: torch.Tensor, span_len: torch.Tensor, generated: torch.Tensor, fire: torch.Tensor,
+                   row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The end token each firing row is due: past how many leading end tokens the history
+        already ends with (continue, do not restart)."""
         end, end_len = self.end.dev[slots], self.end_len.dev[slots, 0]
-        span_len = generated - span
-        fire = valid & (span != CLOSED) & (span_len >= budget)
-        # how many leading end tokens the history already ends with (continue, do not restart)
         progress = torch.zeros_like(generated)
         width = end.shape[1]
-        if width > 1:
-            last = row_tokens(slots, generated[:, None] - width + 1 + torch.arange(width - 1, device=slots.device)[None, :])
-            for k in range(1, width):  # the last k tokens == end[:k]
-                tail = last[:, width - 1 - k :]
-                match = (tail == end[:, :k]).all(1) & (k < end_len) & (k <= span_len)
-                progress = torch.where(match, torch.full_like(progress, k), progress)
+        last = row_tokens(slots, generated[:, None] - width + 1 + torch.arange(width - 1, device=slots.device)[None, :])
+        for k in range(1, width):  # the last k tokens == end[:k]
+            tail = last[:, width - 1 - k :]
+            match = (tail == end[:, :k]).all(1) & (k < end_len) & (k <= span_len)
+            progress = torch.where(match, torch.full_like(progress, k), progress)
         token = end.gather(1, progress[:, None])[:, 0]
         return torch.where(fire, token, torch.full_like(token, -1))
+
+    def decide(self, slots: torch.Tensor, span: torch.Tensor, generated: torch.Tensor, valid: torch.Tensor,
+               row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The budget rule from a span start (``CLOSED``: none)."""
+        span_len = generated - span
+        fire = valid & (span != CLOSED) & (span_len >= self.budget.dev[slots, 0])
+        return self._continued(slots, span_len, generated, fire, row_tokens)
 
 
 ThinkingBudgetTemplate.device_spans = ThinkingTables  # defined after the template it decides
