@@ -69,6 +69,7 @@ class SpanTables:
         for column, value in enumerate(self.scale):  # fills: no host copy
             self._scale[column].fill_(value)
         self.no_token = torch.full((), -1, dtype=torch.long, device=self.device)  # a decision's "none", kept
+        self._closed = torch.full((), CLOSED, dtype=torch.long, device=self.device)
         self.start = SlotTable(num_slots, torch.long, device)
         self.start_len = SlotTable(num_slots, torch.long, device)
         self.end = SlotTable(num_slots, torch.long, device)
@@ -126,7 +127,7 @@ class SpanTables:
         """Each row's decision from its state (``state``: per row; ``None``: its slot's, no draft
         before it); by default ``decide`` with the span start it holds."""
         rows = self.state[slots] if state is None else state
-        span = torch.where(rows[:, SEL] == 1, rows[:, ANCHOR], CLOSED)
+        span = torch.where(rows[:, SEL] == 1, rows[:, ANCHOR], self._closed)
         return self.decide(slots, span, generated(), valid, row_tokens)
 
     # -- slots --------------------------------------------------------------------------------------
