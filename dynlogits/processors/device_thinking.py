@@ -6,7 +6,7 @@ a kind's template names (``Template.device_spans``), for engines whose histories
 Each slot of a ``SpanTables`` keeps one row of state (``STATE`` longs): what the span automaton of
 ``dynlogits.processors.spans`` looks for next (``SEL``: 0 the start sequence, outside any span; 1
 the end sequence, inside one), where its last transition happened (``ANCHOR``: the open span's
-start, in generated positions, ``<= 0`` in the prompt), a value the kind reads per state (``OUT``,
+start), a value the kind reads per state (``OUT``,
 e.g. a scoped entry's "in my phase") and ``KEY = BIG * length + threshold``: the looked-for sequence's
 length and the first position at which it may end (after a start: ``start + len(end)``, so an end
 never overlaps its start; after an end: the next position). A position at or before the threshold
@@ -16,10 +16,14 @@ scanned tokens), and a position ``p`` of a slot is a transition iff
 ``BIG * matches(p) + p >= KEY`` (``matches``: how many tokens of the looked-for sequence end at
 ``p``; columns outside it never match). The transition writes the next state from per-slot
 constants (``SpanTables.consts``: per state the sequence right-aligned and the next state's base),
-with one ``gather``, one ``addcmul`` and one ``where``.
+with one ``gather``, one ``addcmul`` and one ``where``. Positions count from the prompt's start (the engine's
+``total_len`` is the last committed one): a slot's state is written at ``assign`` from the prompt's
+end (the host knows no prompt length there) and its first step adds its prompt length (one
+``addcmul_`` a table, at steps after a batch change only); ``SpanTables.span`` gives generated
+positions again.
 
-A steady step without drafts is, for all tables together, one ``sub`` (committed counts) and one
-window read (``add``, ``index``), then per table ``gather``, ``eq``, ``sum``, ``add``, ``ge``,
+A steady step without drafts is, for all tables together, one window read (``add``, ``index``),
+then per table ``gather``, ``eq``, ``sum``, ``add``, ``ge``,
 ``addcmul``, ``where`` (in place). Drafts are followed per row in ``decide``. No read back, except
 one host scan of a request resumed with more than ``MAX_DEVICE_CATCH_UP`` generated tokens."""
 
@@ -65,9 +69,9 @@ class SpanTables:
     def __init__(self, num_slots: int, device: torch.device) -> None:
         self.num_slots = num_slots
         self.device = torch.device(device)
-        self._scale = torch.zeros(STATE, dtype=torch.long, device=self.device)
+        self.scale_dev = torch.zeros(STATE, dtype=torch.long, device=self.device)
         for column, value in enumerate(self.scale):  # fills: no host copy
-            self._scale[column].fill_(value)
+            self.scale_dev[column].fill_(value)
         self.no_token = torch.full((), -1, dtype=torch.long, device=self.device)  # a decision's "none", kept
         self._closed = torch.full((), CLOSED, dtype=torch.long, device=self.device)
         self.start = SlotTable(num_slots, torch.long, device)
@@ -79,6 +83,7 @@ class SpanTables:
         self.state = torch.zeros((num_slots, STATE), dtype=torch.long, device=self.device)
         self.state[:, KEY] = NEVER
         self.width = 1  # the longest delimiter of the members: the window a step reads
+        self.prompt_len: torch.Tensor | None = None  # the last step's (``span``)
         self._rows: dict[int, tuple[tuple[int, ...], tuple[int, ...], tuple[int, int]]] = {}  # slot -> start, end, outs
         self.templates: dict[int, Any] = {}  # slot -> its template
         self.consts = self._consts_table()
@@ -118,8 +123,9 @@ class SpanTables:
     def decide(self, slots: torch.Tensor, span: torch.Tensor, generated: torch.Tensor, valid: torch.Tensor,
                row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """The token each row is forced to (``-1``: none), given its span start (``CLOSED``: none),
-        its generated count (drafts before it included), whether it may be decided at all, and
-        ``row_tokens(slots, positions)``: its tokens at generated ``positions``."""
+        its token count (drafts before it included), whether it may be decided at all, and
+        ``row_tokens(slots, positions)``: its tokens at ``positions``. Positions and counts are from
+        the prompt's start (only differences of them are generated counts)."""
         raise NotImplementedError
 
     def decide_state(self, slots: torch.Tensor, state: torch.Tensor | None, generated: Callable[[], torch.Tensor],
@@ -133,8 +139,12 @@ class SpanTables:
     # -- slots --------------------------------------------------------------------------------------
     @property
     def span(self) -> torch.Tensor:
-        """Every slot's open span start (``CLOSED``: none), computed from the state."""
-        return torch.where(self.state[:, SEL] == 1, self.state[:, ANCHOR], CLOSED)
+        """Every slot's open span start in generated positions (``CLOSED``: none), computed from the
+        state after a step (the last step's prompt lengths)."""
+        prompt = torch.zeros(self.num_slots, dtype=torch.long, device=self.device)
+        if self.prompt_len is not None:
+            prompt[: len(self.prompt_len)] = self.prompt_len
+        return torch.where(self.state[:, SEL] == 1, self.state[:, ANCHOR] - prompt, CLOSED)
 
     def set(self, slot: int, template: Any | None) -> None:
         """Write ``template``'s delimiters at ``slot`` (``None``: the slot leaves)."""
@@ -228,28 +238,27 @@ class SpanTables:
         hit = torch.add(position, matches, alpha=BIG) >= state[:, KEY]
         if fresh is not None:
             hit &= fresh
-        torch.where(hit[:, None], torch.addcmul(now[:, w:], position[:, None], self._scale), state, out=state)
+        torch.where(hit[:, None], torch.addcmul(now[:, w:], position[:, None], self.scale_dev), state, out=state)
 
 
 # -- one step's token source ---------------------------------------------------------------------
 @dataclass
 class _Step:
-    """This step's token source: ``tokens`` ``[slots, max_len]``, ``prompt_len`` and ``committed``
-    (generated tokens) of the engine's slots; a table slot past them (the sentinel) reads the last."""
+    """This step's token source: ``tokens`` ``[slots, max_len]``, ``prompt_len`` and ``total_len``
+    (prompt and committed tokens) of the engine's slots; a table slot past them (the sentinel) reads
+    the last."""
 
     tokens: torch.Tensor
     prompt_len: torch.Tensor
     total_len: torch.Tensor
-    committed: torch.Tensor
 
     def clamped(self, slots: torch.Tensor) -> torch.Tensor:
         return slots.clamp(max=self.tokens.shape[0] - 1)
 
     def token(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Generated tokens ``positions`` (``[rows, k]``) of ``slots`` (committed ones only)."""
+        """Tokens at ``positions`` (``[rows, k]``, from the prompt's start) of ``slots`` (committed ones only)."""
         rows = self.clamped(slots)
-        column = (self.prompt_len[rows][:, None] + positions).clamp_(0, self.tokens.shape[1] - 1)
-        return self.tokens[rows[:, None], column].long()
+        return self.tokens[rows[:, None], positions.clamp(0, self.tokens.shape[1] - 1)].long()
 
 
 class DeviceThinking:
@@ -269,6 +278,10 @@ class DeviceThinking:
         self._catch_up = 0  # tokens of resumed requests to follow at the next step, on the device
         self._rows: dict[int, torch.Tensor] = {}  # engine slot count -> ``arange[:, None]``
         self._aranges: dict[int, torch.Tensor] = {}  # n -> ``arange(n)``
+        #: slots assigned since the last step: their state counts from the prompt's end until the
+        #: step adds their prompt length (``_fresh``: 1 at those slots, on the device)
+        self._pending: set[int] = set()
+        self._fresh = SlotTable(num_slots, torch.long, self.device, pad=0)
         self._columns: dict[tuple[int, int], torch.Tensor] = {}  # (width, back) -> window column offsets
 
     #: A resumed request with at most this many generated tokens is followed on the device (a round
@@ -296,12 +309,16 @@ class DeviceThinking:
             tables.put_state(slot, [NEVER, 0, 0, 0] if template is None else tables.initial_state(template))
             if not tables.members:  # no request left at this key: steps skip it
                 del self.tables[key]
+        if templates:
+            self._pending.add(slot)
+            self._fresh.set(slot, [1])
         if templates and resumed > self.MAX_DEVICE_CATCH_UP:
             self._cold[slot] = request
         elif templates and resumed:
             self._catch_up = max(self._catch_up, resumed)
 
     def flush(self) -> None:
+        self._fresh.flush()
         for tables in self.tables.values():
             tables.flush()
 
@@ -333,26 +350,35 @@ class DeviceThinking:
         if not self.tables:
             return
         n = tokens.shape[0]
-        committed = total_len - prompt_len
-        source = self._step = _Step(tokens, prompt_len, total_len, committed)
+        source = self._step = _Step(tokens, prompt_len, total_len)
         self._inputs = (input_ids, local_pos)
+        for tables in self.tables.values():
+            tables.prompt_len = prompt_len
         if self._cold:
             self._scan_cold(source)
+        if self._pending:  # new occupants: their state, counted from the prompt's end, now from its start
+            lift = self._fresh.dev[:n] * prompt_len[:, None]
+            for tables in self.tables.values():
+                tables.state[:n].addcmul_(lift, tables.scale_dev)
+            for slot in self._pending:
+                self._fresh.set(slot, [0])
+            self._fresh.flush()  # after the lift, in stream order
+            self._pending.clear()
         rounds = self.max_new + self._catch_up  # a resumed request's whole history, once
         self._catch_up = 0
         width = max(tables.width for tables in self.tables.values())
         every = [(tables, tables.state[:n], tables.consts_of(n)) for tables in self.tables.values()]
         for back in range(rounds - 1, -1, -1):
             window = self._window(tokens, total_len, width, back)
-            position = committed - back if back else committed
+            position = total_len - back if back else total_len
             for tables, state, consts in every:
                 tables.advance(state, consts, window, position)
 
     def _scan_cold(self, source: _Step) -> None:
         """Resumed requests: follow their generated tokens once, on the host (a read back)."""
         for slot, request in list(self._cold.items()):
-            committed = int(source.committed[slot])
             start = int(source.prompt_len[slot])
+            committed = int(source.total_len[slot]) - start
             history = source.tokens[slot, start : start + committed].tolist()
             for (level, _), tables in self.tables.items():
                 if slot not in tables.members:
@@ -362,15 +388,15 @@ class DeviceThinking:
         self._cold.clear()
 
     def _row_tokens(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Token at history ``positions[r, :]`` for each row: committed ones from the engine's
-        matrix, the rest from the drafts fed before the row (``input_ids``)."""
+        """Token at ``positions[r, :]`` (from the prompt's start) for each row: committed ones from
+        the engine's matrix, the rest from the drafts fed before the row (``input_ids``)."""
         source = self._step
         assert source is not None
         from_matrix = source.token(slots, positions)
         input_ids, local_pos = self._inputs
         if input_ids is None or local_pos is None:
             return from_matrix
-        committed = source.committed[source.clamped(slots)][:, None]
+        committed = source.total_len[source.clamped(slots)][:, None]
         rows = torch.arange(len(slots), device=slots.device)
         first = (rows - local_pos.long())[:, None]  # the row fed the last committed token
         draft_row = (first + positions - committed + 1).clamp_(0, len(input_ids) - 1)
@@ -386,14 +412,14 @@ class DeviceThinking:
         slots = rows.slot_of_row
         input_ids, local_pos = self._inputs
         if local_pos is None:
-            return tables.decide_state(slots, None, lambda: source.committed[source.clamped(slots)], rows.member,
+            return tables.decide_state(slots, None, lambda: source.total_len[source.clamped(slots)], rows.member,
                                        self._row_tokens)
         clamped = source.clamped(slots)
-        committed = source.committed[clamped]
+        committed = source.total_len[clamped]
         drafts = local_pos.long()
         width, later = tables.width, self.max_new - 1
         # each row's tokens: the last ``width`` committed ones of its slot, then the drafts fed before it
-        tail = source.tokens[clamped[:, None], source.total_len[clamped][:, None] + tables.offsets(width)]
+        tail = source.tokens[clamped[:, None], committed[:, None] + tables.offsets(width)]
         if input_ids is None or not later:
             fed = torch.full((len(slots), later), _PAD, dtype=torch.long, device=slots.device)  # matches nothing
         else:
