@@ -32,6 +32,7 @@ the defaults, which have no rest)."""
 from __future__ import annotations
 
 import math
+import threading
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -288,10 +289,16 @@ def _amounts_table(multiplier: float, base: float) -> list[float]:
     return table
 
 
+#: held while a shared table grows: processors of two threads never append the same exponent twice
+_GROWING = threading.Lock()
+
+
 def _grow(table: list[float], exponent: int, multiplier: float, base: float) -> None:
-    """``table`` up to ``exponent`` included."""
-    while len(table) <= exponent:
-        table.append(multiplier * base ** len(table))
+    """``table`` up to ``exponent`` included (entries are only appended, each once: readers index
+    the entries already there without the lock)."""
+    with _GROWING:
+        while len(table) <= exponent:
+            table.append(multiplier * base ** len(table))
 
 
 class _Row:
