@@ -13,10 +13,11 @@ window's last token the length of the repeat ending there (capped where the pena
 ``t``'s earlier positions those ending one before them, one longer (never reaching past the
 window's start), so a step that only grew the history costs O(occurrences of ``t`` in the window),
 plus the nearest breaker (from the breaker heads' positions, the nearest first) and the ids those
-repeats would extend; the amounts come from a per-processor table, ``multiplier * base ** exponent``
-computed as llama.cpp computes it. A history the state does not cover (its first call, another
-row, a rewrite deeper than ``TAIL_CHECKED``, more than ``REBUILD_AFTER`` new tokens) rebuilds it
-once: every earlier position whose token equals the window's last one is a candidate, and the
+repeats would extend; the amounts come from a table shared per (multiplier, base), ``multiplier *
+base ** exponent`` computed as llama.cpp computes it. That common step (the live list, one token
+longer) is one fused pass that emits each id as its repeat is measured. A history the state does
+not cover (its first call, another row, a rewrite deeper than ``TAIL_CHECKED``, more than
+``REBUILD_AFTER`` new tokens) rebuilds it once: every earlier position whose token equals the window's last one is a candidate, and the
 candidates still matching are extended one token back at a time, all at once (numpy); past
 ``VECTOR_STEPS`` extensions (a 32nd of the window for longer windows) the Z-algorithm finishes them,
 O(window). A history with a placeholder before its newest slot (no engine makes one) is scanned
