@@ -17,8 +17,8 @@ repeats would extend; the amounts come from a table shared per (multiplier, base
 base ** exponent`` computed as llama.cpp computes it. That common step (the live list, one token
 longer) is one fused pass that emits each id as its repeat is measured. A history the state does
 not cover (its first call, another row, a rewrite deeper than ``TAIL_CHECKED``, more than
-``REBUILD_AFTER`` new tokens) rebuilds it once: every earlier position whose token equals the window's last one is a candidate, and the
-candidates still matching are extended one token back at a time, all at once (numpy); past
+``REBUILD_AFTER`` new tokens) rebuilds it once: every earlier position whose token equals the
+window's last one is a candidate, and the candidates still matching are extended one token back at a time, all at once (numpy); past
 ``VECTOR_STEPS`` extensions (a 32nd of the window for longer windows) the Z-algorithm finishes them,
 O(window). A history with a placeholder before its newest slot (no engine makes one) is scanned
 that way whole, without state. The window is bounded by ``MAX_DRY_LOOKBACK`` before any work.
