@@ -63,23 +63,39 @@ def _round32(amount: float) -> float:
     return value
 
 
-def _lower_host_f32(logits: memoryview, flat: list[int], amounts: list[float]) -> None:
-    """float32 host logits (a flat ``memoryview``): ``logits[i]`` lowered by its amount, rounded to
-    float32 first, for each ``i`` of ``flat``, as the hosted processor lowers them: a finite logit
-    stays finite (at worst float32's lowest), ``-inf``, ``+inf`` and NaN stay. In Python floats: a
-    float32 difference computed in float64 and rounded to float32 on the store is the float32
-    difference (float64 holds over twice float32's precision), so no numpy or torch call is made
-    for a few dozen values (each of their first calls after the logits' copy misses the cache)."""
+#: Ids past which float32 host logits are lowered by numpy (a few calls, each a fixed cost after the
+#: logits' copy evicted the cache) rather than element by element in Python floats.
+HOST_LOOP_MAX = 256
+
+
+def _lower_host_f32(logits: np.ndarray, flat: list[int], amounts: list[float]) -> None:
+    """float32 host logits (flat): ``logits[i]`` lowered by its amount, rounded to float32 first,
+    for each ``i`` of ``flat``, as the hosted processor lowers them: a finite logit stays finite
+    (at worst float32's lowest), ``-inf``, ``+inf`` and NaN stay. Up to ``HOST_LOOP_MAX`` ids in
+    Python floats: a float32 difference computed in float64 and rounded to float32 on the store is
+    the float32 difference (float64 holds over twice float32's precision), with no numpy or torch
+    call (each one's first call after the logits' copy misses the cache); past it, numpy."""
+    if len(flat) > HOST_LOOP_MAX:
+        if max(amounts) > _F32_MAX:
+            amounts = [a if a <= _F32_MAX else _F32_MAX for a in amounts]
+        index = np.array(flat, dtype=np.int64)
+        kept = logits[index]
+        with np.errstate(over="ignore"):  # past float32's range: -inf, floored below
+            lowered = kept - np.array(amounts, dtype=np.float32)
+        np.maximum(lowered, np.minimum(kept, np.float32(_F32_LOWEST)), out=lowered)
+        logits[index] = lowered
+        return
+    view = logits.data
     low, rounded = _F32_LOWEST, _ROUNDED32.get
     for i, amount in zip(flat, amounts):
         penalty = rounded(amount)
         if penalty is None:
             penalty = _round32(amount)
-        kept = logits[i]
-        lowered = kept - penalty
-        if lowered < low:  # past float32's range (``-inf`` there): the lowest, unless it was ``-inf``
-            lowered = low if kept != _NEG_INF else kept
-        logits[i] = lowered  # type: ignore[call-overload]  # a float32 view: typeshed knows byte views only
+        kept_i = view[i]
+        lowered_i = kept_i - penalty
+        if lowered_i < low:  # past float32's range (``-inf`` there): the lowest, unless it was ``-inf``
+            lowered_i = low if kept_i != _NEG_INF else kept_i
+        view[i] = lowered_i  # type: ignore[call-overload]  # a float32 view: typeshed knows byte views only
 
 
 def pack_amounts(amounts: list[float], dtype: torch.dtype, out: np.ndarray) -> None:
@@ -222,7 +238,7 @@ class DryGroup(WindowDecided):
             return None
         dtype = step.flat.dtype
         if self._host and dtype is torch.float32:  # the logits are host memory: lowered in place, element by element
-            _lower_host_f32(step.flat.numpy().data, flat, amounts)
+            _lower_host_f32(step.flat.numpy(), flat, amounts)
             return None
         m = packed_words(n, dtype)
         buf = upload.buffer(n + m)

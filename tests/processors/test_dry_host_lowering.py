@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dynlogits.processors.dry_group import _lower_host_f32
+from dynlogits.processors.dry_group import HOST_LOOP_MAX, _lower_host_f32
 
 F32 = np.finfo(np.float32)
 
@@ -33,17 +33,18 @@ def _edge_logits(rng: np.random.Generator, n: int) -> np.ndarray:
     return values
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_lowering_host_float32_logits_equals_the_float32_arithmetic_bit_for_bit(seed: int) -> None:
+@pytest.mark.parametrize("ids", [HOST_LOOP_MAX, 3 * HOST_LOOP_MAX])  # element by element, numpy
+@pytest.mark.parametrize("seed", range(6))
+def test_lowering_host_float32_logits_equals_the_float32_arithmetic_bit_for_bit(seed: int, ids: int) -> None:
     rng = np.random.default_rng(seed)
     logits = _edge_logits(rng, 4096)
-    flat = rng.choice(len(logits), size=300, replace=False)
-    amounts = np.concatenate([rng.uniform(0.0, 5.0, 200), 10.0 ** rng.uniform(-8, 45, 100)])
+    flat = rng.choice(len(logits), size=ids, replace=False)
+    amounts = np.concatenate([rng.uniform(0.0, 5.0, ids - ids // 3), 10.0 ** rng.uniform(-8, 45, ids // 3)])
     amounts[rng.choice(len(amounts), 5, replace=False)] = float(F32.max) * 1.5  # past float32: clamped
     rng.shuffle(amounts)
     want = _float32_reference(logits, flat, amounts)
     got = logits.copy()
-    _lower_host_f32(got.data, flat.tolist(), amounts.tolist())
+    _lower_host_f32(got, flat.tolist(), amounts.tolist())
     assert np.array_equal(got.view(np.int32), want.view(np.int32))
     assert np.isfinite(got[flat][np.isfinite(logits[flat])]).all()  # the premise: finite stays finite
 
@@ -51,7 +52,7 @@ def test_lowering_host_float32_logits_equals_the_float32_arithmetic_bit_for_bit(
 def test_a_logit_just_above_the_lowest_lowers_to_the_lowest_not_to_minus_infinity() -> None:
     logits = np.array([F32.min, F32.min / 2, -np.inf, np.inf, np.nan], dtype=np.float32)
     got = logits.copy()
-    _lower_host_f32(got.data, [0, 1, 2, 3, 4], [float(F32.max)] * 5)
+    _lower_host_f32(got, [0, 1, 2, 3, 4], [float(F32.max)] * 5)
     assert got[0] == F32.min and got[1] == F32.min
     assert got[2] == -np.inf and got[3] == np.inf and np.isnan(got[4])
 
@@ -60,10 +61,10 @@ def test_amounts_rounded_once_and_kept_lower_as_when_first_rounded_signed_zeros_
     rng = np.random.default_rng(11)
     logits = _edge_logits(rng, 512)
     logits[:4] = [-0.0, 0.0, -0.0, 0.0]
-    flat = np.arange(512)
-    amounts = np.concatenate([[0.0, -0.0, -0.0, 0.0], rng.choice([0.3, 1.75, 2.0 ** 0.5, 1e39], 508)])
+    flat = np.arange(HOST_LOOP_MAX)  # the signed zeros first, each under a signed zero amount
+    amounts = np.concatenate([[0.0, -0.0, -0.0, 0.0], rng.choice([0.3, 1.75, 2.0 ** 0.5, 1e39], HOST_LOOP_MAX - 4)])
     want = _float32_reference(logits, flat, amounts)
     for _ in range(2):  # the second pass reads every amount's kept rounding
         got = logits.copy()
-        _lower_host_f32(got.data, flat.tolist(), amounts.tolist())
+        _lower_host_f32(got, flat.tolist(), amounts.tolist())
         assert np.array_equal(got.view(np.int32), want.view(np.int32))
