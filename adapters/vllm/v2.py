@@ -114,6 +114,9 @@ class V2RunnerMixin(LogitsProcessor):
         self._window = TokenWindow(req_states.device)
         # tables as wide as the SlotBatch's (its sentinel row included); a step commits <= 1 + drafts tokens
         self._thinking = DeviceThinking(slots + 1, req_states.device, max_new=1 + drafts)
+        #: a request's rows in a step: at most 1 + the configured drafts (vLLM proposes no more than
+        #: ``num_speculative_tokens``); without a speculative config, bounded by the step's spare rows
+        self._max_rows = 1 + drafts if drafts else None
         self._layout: np.ndarray | None = None  # idx_mapping_np of the last listed layout
         #: the last step's slots and what they hold (whether any is active, which are resident and
         #: whether any is, whether any is hosted): reused while the slots and their occupants stay
@@ -191,6 +194,12 @@ class V2RunnerMixin(LogitsProcessor):
             self._apply_hosted(logits, ctx)
         return logits
 
+    def _rows_per_request(self, rows: int, requests: int) -> int:
+        """The most rows one request has this step: every spare row could be one request's draft,
+        but never more than the speculative config allows (each row a span-following round)."""
+        spare = rows - requests + 1
+        return spare if self._max_rows is None else min(spare, self._max_rows)
+
     def _apply_resident(self, logits: torch.Tensor, ctx: Any, slots_in_step: np.ndarray, resident: np.ndarray) -> None:
         known = logits.shape[0] == len(slots_in_step)  # one row per request: the host knows the layout
         slots = self._seen[0] if self._seen is not None else slots_in_step  # this step's, kept by _apply_v2
@@ -203,7 +212,7 @@ class V2RunnerMixin(LogitsProcessor):
             self._thinking.step(states.all_token_ids.gpu, states.prompt_len.gpu, states.total_len.gpu,
                                 input_ids=None if known else ctx.input_ids,
                                 local_pos=None if known else ctx.expanded_local_pos,
-                                rows_per_request=logits.shape[0] - len(slots_in_step) + 1)
+                                rows_per_request=self._rows_per_request(logits.shape[0], len(slots_in_step)))
         window = self._window.at(states.all_token_ids.gpu, states.prompt_len.gpu, ctx.pos,
                                  None if known else ctx.input_ids, None if known else ctx.expanded_local_pos)
         if known:

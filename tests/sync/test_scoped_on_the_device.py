@@ -121,3 +121,15 @@ def test_the_v2_steady_step_follows_each_span_once_from_one_read_of_the_token_ma
     assert follow.count("index") == 1 and follow.count("gather") == entries and follow.count("where") == entries
     assert "arange" not in ops and ops.count("logical_and") == entries
     assert len(follow) == 2 + 7 * entries  # the window (add, index); per table 7 ops
+
+
+def test_under_speculative_decoding_a_step_follows_spans_for_at_most_one_round_per_row_a_request_has() -> None:
+    """Model Runner V2 with 2 drafts a request (the speculative config says 2): a request commits at
+    most 3 tokens by the next step, so the committed span is advanced at most 3 rounds (not one per
+    spare row of the step: 8 requests x 3 rows would allow 17), then once per draft position (2)."""
+    payloads = [_scoped(i) for i in range(8)]
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(vocab=256, payloads=payloads, steps=8, changes=False), drafts=2)
+    assert [str(s) for s in steady.syncs] == [] and not steady.failures
+    rounds = steady.steady_ops.count("addcmul")  # one per table per round of span following
+    assert 3 <= rounds <= 3 + 2, steady.steady_ops
