@@ -389,13 +389,13 @@ def test_steady_state_steps_make_no_syncing_call(mode: str) -> None:
     .tolist(), .numpy(), .cpu() or a blocking .to() (every built-in kind in the batch)."""
     batch = SlotBatch(num_slots=8, vocab_size=V, device="cpu")
     thinking = DeviceThinking(9, "cpu")
+    histories = [[5], [20], [5], [10, 20, 30]]
     for slot, payload in enumerate(every_kind_payloads()):
-        batch.assign(slot, realize(payload))
-        thinking.assign(slot, batch.requests[slot])
+        batch.assign(slot, realize(payload))  # a request that already holds tokens says so, as the adapter does
+        thinking.assign(slot, batch.requests[slot], resumed=len(histories[slot]) if slot < len(histories) else 0)
     batch.flush()
     thinking.flush()
     batch.set_rows(np.array([0, 1, 2, 3]))
-    histories = [[5], [20], [5], [10, 20, 30]]
     tokens = torch.zeros(8, 16, dtype=torch.int32)
     for slot, h in enumerate(histories):
         tokens[slot, 1 : 1 + len(h)] = torch.tensor(h, dtype=torch.int32)

@@ -45,7 +45,7 @@ def test_a_resumed_thinking_request_reaches_the_host_automatons_span(length: int
     followed, device_launches, device_syncs = _resume(generated, 10**9, monkeypatch)
     assert scanned == followed == length - 4  # the span opened after token length - 5 (positions count from 1)
     assert device_syncs == 0 and host_syncs > 0  # the host scan reads the history back once
-    assert device_launches > 10 * length  # about 20 ops a token: what the threshold avoids for long histories
+    assert device_launches > 5 * length  # about 10 ops a token: what the threshold avoids for long histories
     assert host_launches < 200
 
 

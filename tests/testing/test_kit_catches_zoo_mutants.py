@@ -8,10 +8,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-import torch
 
 from dynlogits.processors import multiple_choice, registry
-from dynlogits.processors.device_thinking import CLOSED, DeviceThinking
+from dynlogits.processors.device_thinking import BIG, SpanTables
 from dynlogits.processors.multiple_choice import MultipleChoiceProcessor
 from dynlogits.processors.trigger import TriggerProcessor, TriggerTables
 from dynlogits.testing import CHECKS, SHIPPED, run_check
@@ -27,21 +26,23 @@ def _last_occurrence(self: TriggerProcessor, ids: Sequence[int]) -> int | None:
     return next((end for end in range(len(ids), t.__len__() - 1, -1) if tuple(ids[end - len(t) : end]) == t), None)
 
 
-_ADVANCE = DeviceThinking._advance
+_WRITE = SpanTables._write_consts
 
 
-def _reopens_at_each_occurrence(tables: Any, slots: Any, span: torch.Tensor, *args: Any) -> torch.Tensor:
-    """The device side of the same mutant (Model Runner V2): a trigger's span restarts at every
-    occurrence, as if it were closed, so it follows the last one."""
-    if not isinstance(tables, TriggerTables):
-        return _ADVANCE(tables, slots, span, *args)
-    again = _ADVANCE(tables, slots, torch.full_like(span, CLOSED), *args)
-    return torch.where(again != CLOSED, again, span)
+def _restarts_at_each_occurrence(self: SpanTables, slot: int) -> None:
+    """The device side of the same mutant (Model Runner V2): inside a trigger's span the trigger is
+    looked for again and each occurrence restarts the span, so it follows the last one."""
+    _WRITE(self, slot)
+    if isinstance(self, TriggerTables):
+        start, _end, (_closed, out_open) = self._rows[slot]
+        again = [BIG * len(start) + 1, 0, 1, out_open]
+        aligned = [-(1 << 40)] * (self.width - len(start)) + list(start)  # right-aligned, padded as the tables pad
+        self.consts.set(slot, aligned + again + aligned + again)
 
 
 def _fires_at_last_occurrence(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(TriggerProcessor, "fired_at", _last_occurrence)
-    mp.setattr(DeviceThinking, "_advance", staticmethod(_reopens_at_each_occurrence))
+    mp.setattr(SpanTables, "_write_consts", _restarts_at_each_occurrence)
 
 
 def _no_eos_after_eos(self: MultipleChoiceProcessor, ids: Sequence[int]) -> tuple[int, ...]:
