@@ -35,6 +35,9 @@ Entry: TypeAlias = ForcedTokenSequenceSpec | ForcedSequence
 
 KIND = "forced_sequence"
 
+#: logits dtypes numpy can view (``ForcedSequenceGroup._settled_on_host``; not bfloat16)
+_NUMPY_FLOATS = frozenset({torch.float32, torch.float16, torch.float64})
+
 class ForcedSequenceGroup(PlannedGroup):
     """``forced_sequence``: a row that has generated ``g`` tokens forces ``sequence[g]``, EOS once
     the sequence is spent, ``sequence[0]`` while still in prefill (``g < 0``). A row left with no
@@ -70,6 +73,8 @@ class ForcedSequenceGroup(PlannedGroup):
         self._cache["zero"] = torch.zeros_like(self._cache["length"])
         if self._settles(rows):
             self._prepare_settle(rows)
+            if rows.rows_dev.device.type == "cpu":  # logits in host memory: ``_settled_on_host``
+                self._cache["none_dead"] = torch.zeros(n, dtype=torch.bool)
 
     @staticmethod
     def _settles(rows: ListedRows) -> bool:
@@ -144,20 +149,50 @@ class ForcedSequenceGroup(PlannedGroup):
     def plan(self, rows: ListedRows, counts: list[int], generated: np.ndarray, out: np.ndarray) -> None:
         """``[forced flat index | sentinel slot | position]`` per member row (the position capped at
         the sequence's length, as everywhere in this group): on the host, what ``_pick`` would
-        otherwise derive on the device each step."""
+        otherwise derive on the device each step. Laid out ahead for the steps where every row
+        generates one token (``_plan_ahead``): such a step is one compare of ``counts`` and one copy."""
+        ahead = self._cache.get("ahead")
+        if ahead and counts == ahead[-1][0]:
+            _, values, positions = ahead.pop()
+            np.copyto(out, values)
+            self._cache["host_positions"] = positions
+            return
         n = len(rows.rows)
         self._cache["host_positions"] = out[2 * n :]  # what ``_settle`` reports a flag at
         few = self._cache.get("few")
         if few is not None:
             at = [min(counts[row], length) for row, length, _ in few]
             out[:] = [flat[p] for (_, _, flat), p in zip(few, at)] + [self._sentinel] * n + at
+        else:
+            positions = out[2 * n :]
+            member = generated if rows.identity else np.take(generated, rows.rows, out=positions)
+            np.minimum(member, self._cache["host_length"], out=positions)  # host counts are never negative
+            out[:n] = self._cache["host_flat"][self._cache["host_rows"], positions]
+            out[n : 2 * n] = self._sentinel
+        self._plan_ahead(rows, counts, generated)
+
+    #: the most steps ``_plan_ahead`` lays out at once
+    _AHEAD = 32
+
+    def _plan_ahead(self, rows: ListedRows, counts: list[int], generated: np.ndarray) -> None:
+        """Lay out ``plan``'s values for the next steps, each valid while every row of the layout
+        has generated one more token than at the step before (``counts`` then grows by one per
+        step): as many steps as last time laid out and used, twice over (up to ``_AHEAD``), one
+        step after a step that broke the pattern (chunked prefill, drafts)."""
+        ahead = self._cache.get("ahead")
+        horizon = min(2 * self._cache["horizon"] if ahead is not None and not ahead else 1, self._AHEAD)
+        self._cache["horizon"] = horizon
+        if horizon <= 0:
             return
-        positions = out[2 * n :]
-        if not rows.identity:
-            generated = np.take(generated, rows.rows, out=positions)
-        np.minimum(generated, self._cache["host_length"], out=positions)  # host counts are never negative
-        out[:n] = self._cache["host_flat"][self._cache["host_rows"], positions]
-        out[n : 2 * n] = self._sentinel
+        n = len(rows.rows)
+        member = generated if rows.identity else generated[rows.rows]
+        steps = np.arange(1, horizon + 1)[:, None]
+        values = np.empty((horizon, 3 * n), dtype=np.int64)
+        positions = np.minimum(member[None, :] + steps, self._cache["host_length"][None, :], out=values[:, 2 * n :])
+        values[:, :n] = self._cache["host_flat"][self._cache["host_rows"][None, :], positions]
+        values[:, n : 2 * n] = self._sentinel
+        expected = (generated[None, : len(counts)] + steps).tolist()  # ``counts`` at each step
+        self._cache["ahead"] = [(expected[t], values[t], values[t, 2 * n :]) for t in range(horizon - 1, -1, -1)]
 
     def _planned_views(self, planned: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``rows.planned``'s parts: ``[index, sentinel]`` (``_settle``'s ``picked``), the forced flat
@@ -174,10 +209,15 @@ class ForcedSequenceGroup(PlannedGroup):
         if self._settles(rows):
             if planned is not None:
                 picked, index, positions = planned
-                return self._settle(step, rows, picked, index, self._cache["if_dead"], positions,
-                                    self._cache["host_positions"])
-            picked = self._pick(step, rows)
-            return self._settle(step, rows, picked[:3], picked[0], picked[3:], picked[2], None)
+                if_dead, host_positions = self._cache["if_dead"], self._cache["host_positions"]
+            else:
+                pick = self._pick(step, rows)
+                picked, index, positions, if_dead, host_positions = pick[:3], pick[0], pick[2], pick[3:], None
+            if "none_dead" in self._cache and step.flat.dtype in _NUMPY_FLOATS:
+                settled = self._settled_on_host(step, rows, index, positions)
+                if settled is not None:
+                    return settled
+            return self._settle(step, rows, picked, index, if_dead, positions, host_positions)
         if planned is not None:
             _, index, positions = planned
             witness = force_listed_at(step, index, rows)
@@ -221,6 +261,26 @@ class ForcedSequenceGroup(PlannedGroup):
             step.flat.index_copy_(0, target, value)
         return Dead(rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,
                     settled=dead, flagged=step.flag_rows is not None)
+
+    def _settled_on_host(self, step: StepInputs, rows: ListedRows, index: torch.Tensor, positions: torch.Tensor) -> Dead | None:
+        """``_settle``'s common step where the logits are host memory (the CPU): the forced logits are
+        read into a buffer the host sees (a view made with the layout), and when none is masked,
+        as the host can tell without waiting for a device, the rows are filled and 0.0 written at
+        each: nothing to decide or report. ``None`` (nothing written) where some row's token is
+        masked: ``_settle`` then does the whole step. (After a large write to the logits every call
+        costs several times its warm cost, its code and data being out of the caches: the fewer the
+        better.)"""
+        kept = self._cache.get("kept")
+        if kept is None or kept[0].dtype != step.flat.dtype:
+            buffer = torch.empty(len(rows.rows), dtype=step.flat.dtype)
+            kept = self._cache["kept"] = (buffer, buffer.numpy())
+        torch.index_select(step.flat, 0, index, out=kept[0])
+        if NEG_INF in kept[1].tolist():  # (a NaN is kept: it is not -inf)
+            return None
+        fill_rows(step.logits, rows.runs, rows.rows_dev)
+        step.flat.index_fill_(0, index, 0.0)
+        return Dead(rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,
+                    settled=self._cache["none_dead"], flagged=step.flag_rows is not None)
 
     def _chosen(self, picked: torch.Tensor, host_positions: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``_settle``'s pick, kept for the layout (a later step's pick is queued after this one's copy
