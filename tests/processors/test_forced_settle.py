@@ -67,8 +67,9 @@ def test_forced_rows_follow_their_counts_through_steady_steps_stalls_and_jumps(r
     assert not any(request.failed for request in batch.requests if request is not None)
 
 
+@pytest.mark.parametrize("source", ["histories", "pos"])  # the V1 runner's plan, Model Runner V2's positions
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_a_forced_logit_masked_mid_run_fails_that_row_at_that_step_only(dtype: torch.dtype) -> None:
+def test_a_forced_logit_masked_mid_run_fails_that_row_at_that_step_only(dtype: torch.dtype, source: str) -> None:
     """Steady steps where every forced logit is kept, then one step where one row's is ``-inf``
     (the model's own mask): that row is fail-stopped to its stop token and reported once at its
     position; the other rows are forced as before, at that step and after."""
@@ -80,11 +81,15 @@ def test_a_forced_logit_masked_mid_run_fails_that_row_at_that_step_only(dtype: t
         batch.assign(slot, request)
     batch.set_rows(np.array([0, 1, 2]))
     histories: list[list[int]] = [[], [], []]
+    offset = torch.tensor([7, 20, 3])  # each row's prompt length: ``pos - offset`` tokens generated
     for step in range(6):
         logits = torch.randn(3, V).to(dtype)
         if step == 3:
             logits[1, sequences[1][step]] = NEG
-        batch.apply(logits, EngineStep(histories=histories))
+        if source == "histories":
+            batch.apply(logits, EngineStep(histories=histories))
+        else:
+            batch.apply(logits, EngineStep(pos=offset + step, pos_offset=offset))
         for row, tokens in enumerate(sequences):
             finite = torch.isfinite(logits[row]).nonzero().flatten().tolist()
             if row == 1 and step >= 3:
