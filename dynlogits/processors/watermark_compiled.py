@@ -57,7 +57,7 @@ from .watermark_prf import (
 )
 
 __all__ = ["COMPILE_OPTIONS", "ENV", "DECIDE", "DRAW", "LISTED", "Lazy", "batched_draw", "draw_listed", "listed_draw", "compile_options", "compiled_draw", "decide", "draw", "pure_absorb",
-           "pure_draw", "reset", "window_decisions"]
+           "pure_draw", "reset", "window_decisions", "fused_absorb", "fused_draw_force_", "fused_ready", "reset_fused"]
 
 #: the environment switch that turns the compiled functions on (``"1"``); anything else: eager
 ENV = "DYNLOGITS_WATERMARK_COMPILE"
@@ -200,7 +200,12 @@ def window_decisions(tokens: torch.Tensor, at: torch.Tensor, prompt: torch.Tenso
     if width is not None:  # left-align each row's own width
         shift = (wide - width)[:, None] + offsets
         context = context.gather(1, shift.clamp(0, wide - 1))  # a non-member row may be wider: masked later
-    states = (pure_absorb if pure else absorb)(params[:, :2], context, width)
+    if pure:
+        states = pure_absorb(params[:, :2], context, width)
+    elif fused_ready(context.device):  # one Triton launch on CUDA (and in the CUDA model)
+        states = fused_absorb(params[:, :2], context, width)
+    else:
+        states = absorb(params[:, :2], context, width)
     # a repeat: a window of the output ending at ``k`` (before the last column, at least
     # ``pos - max_history``) equal to the context
     ends = span - wide  # window ends ``wide - 1 .. span - 2``
@@ -310,3 +315,112 @@ def reset() -> None:
     DRAW.reset()
     LISTED.reset()
     DECIDE.reset()
+
+
+# -- fused ops (``dynlogits.kernels``): the draw, its forcing and the absorb as Triton kernels on CUDA --
+
+from dynlogits.kernels.fused import fused_op  # noqa: E402  # declared after the eager references they run on the CPU
+
+
+@fused_op("watermark_draw_force_", launches=2, mutates_args=("logits",))
+def fused_draw_force_(logits: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, temperature: torch.Tensor,
+                      params: torch.Tensor, states: torch.Tensor, fire: torch.Tensor | None) -> torch.Tensor:
+    """Draw row ``rows[i]`` of ``logits`` (``[batch, vocab]``) at ``temperature[slots[i], 0]`` with
+    the key ``params[slots[i], :2]`` and state ``states[i]``, then force each firing row
+    (``fire[i] != 0``; ``None``: every row) to its token in place, keeping masks (``-inf`` over the
+    row, the token ``0.0`` or its ``-inf``); the tokens ``[n]``. The eager reference (every device
+    but CUDA): ``batched_draw`` then a gather, a fill and a scatter. On CUDA: two Triton launches
+    (``dynlogits.kernels.watermark.draw``)."""
+    tokens = batched_draw(logits.index_select(0, rows), temperature[slots, 0], states, params[slots, :2])
+    index = tokens[:, None]
+    picked = logits.index_select(0, rows)
+    kept = picked.gather(1, index)
+    value = torch.where(torch.isneginf(kept), kept, 0.0)
+    forced = torch.full_like(picked, float("-inf")).scatter_(1, index, value)
+    if fire is not None:
+        forced = torch.where(fire[:, None] != 0, forced, picked)
+    logits.index_copy_(0, rows, forced)
+    return tokens
+
+
+@fused_draw_force_.cuda
+def _fused_draw_force_cuda(logits: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, temperature: torch.Tensor,
+                           params: torch.Tensor, states: torch.Tensor, fire: torch.Tensor | None) -> torch.Tensor:
+    from dynlogits.kernels import watermark as kernels
+
+    return kernels.draw(logits, rows, slots, temperature, params, states, fire, True)
+
+
+@fused_op("watermark_absorb", launches=1)
+def fused_absorb(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor | None) -> torch.Tensor:
+    """``watermark_prf.absorb`` (the eager reference on every device but CUDA; one Triton launch there)."""
+    return absorb(keys, contexts, widths)
+
+
+@fused_absorb.cuda
+def _fused_absorb_cuda(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor | None) -> torch.Tensor:
+    from dynlogits.kernels import watermark as kernels
+
+    return kernels.absorb(keys, contexts, widths)
+
+
+_FUSED: dict[torch.device, bool] = {}
+_FUSED_LOCK = threading.Lock()
+
+
+def fused_ready(device: torch.device) -> bool:
+    """Whether the watermark's fused ops run on ``device``: never on the CPU (the eager path, no
+    Triton); always on another non-CUDA device (the CUDA model ``SimCuda``, which counts their
+    declared launches); on CUDA once a probe passed: at the first call per device, a small batch
+    (random states, keys, contexts, logits with ties and ``-inf``) goes through the Triton kernels and
+    through the eager reference on the same device and must match exactly (tokens, forced rows,
+    states; one host sync, at group creation). Triton missing, a kernel failing to compile or
+    launch, or any difference: one warning and the eager path for good on that device."""
+    if device.type == "cpu":
+        return False
+    if device.type != "cuda":
+        return True
+    with _FUSED_LOCK:
+        ready = _FUSED.get(device)
+        if ready is None:
+            try:
+                ready = _probe(device)
+                reason = "the probe differs from the eager reference"
+            except Exception as exc:  # no Triton, a compile or launch failure: eager
+                ready, reason = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            if not ready:
+                log.warning("watermark: the fused Triton kernels are off on %s (%s); drawing eagerly", device, reason)
+            _FUSED[device] = ready
+    return ready
+
+
+def _probe(device: torch.device) -> bool:
+    """The fused ops against the eager reference on ``device``, exactly (see ``fused_ready``)."""
+    g = torch.Generator().manual_seed(20260128)
+    n, vocab, width = 6, 1000, 6
+    logits = torch.randn(n + 1, vocab, generator=g)
+    logits[1, :] = 0.0  # ties everywhere: the lowest index
+    logits[2, 1::3] = float("-inf")
+    states = torch.randint(0, 2**32, (n, 4), generator=g, dtype=torch.int64)
+    params = torch.randint(0, 2**32, (n + 2, 4), generator=g, dtype=torch.int64)
+    temperature = torch.rand(n + 2, 1, generator=g) + 0.25
+    rows, slots = torch.arange(1, n + 1), torch.arange(2, n + 2)
+    fire = torch.tensor([1, 0, 1, 1, 0, 1])
+    contexts = torch.randint(-1, 150000, (n, width), generator=g)
+    widths = torch.randint(0, width + 1, (n,), generator=g)
+    dev = [t.to(device) for t in (logits, rows, slots, temperature, params, states, fire, contexts, widths)]
+    d_logits, d_rows, d_slots, d_temp, d_params, d_states, d_fire, d_ctx, d_widths = dev
+    eager_logits = d_logits.clone()
+    eager_tokens = fused_draw_force_.eager(eager_logits, d_rows, d_slots, d_temp, d_params, d_states, d_fire)
+    fused_tokens = _fused_draw_force_cuda(d_logits, d_rows, d_slots, d_temp, d_params, d_states, d_fire)
+    same = [torch.equal(eager_tokens, fused_tokens), torch.equal(eager_logits.isneginf(), d_logits.isneginf()),
+            torch.equal(torch.nan_to_num(eager_logits, neginf=-1.0), torch.nan_to_num(d_logits, neginf=-1.0))]
+    for w in (None, d_widths):
+        same.append(torch.equal(absorb(d_params[:n, :2], d_ctx, w), _fused_absorb_cuda(d_params[:n, :2], d_ctx, w)))
+    return all(same)
+
+
+def reset_fused() -> None:
+    """Forget every device's probe (tests)."""
+    with _FUSED_LOCK:
+        _FUSED.clear()

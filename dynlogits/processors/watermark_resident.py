@@ -38,7 +38,7 @@ from .modes import Decider, WindowDecided
 from .ops import fill_rows, row_runs
 from .slots import GatheredRows, ListedRows, StepInputs, Template, force_device_decisions
 from .uploads import StepUpload
-from .watermark_compiled import batched_draw, decide, draw, draw_listed
+from .watermark_compiled import batched_draw, decide, draw, draw_listed, fused_draw_force_, fused_ready
 from .watermark_prf import key_words
 from .window import TokenWindow
 
@@ -116,6 +116,9 @@ class WatermarkGroup(WindowDecided):
         buf[:] = decisions.T.reshape(-1)
         values = upload.upload(6 * n).view(6, n)
         rows_dev = values[0]
+        if fused_ready(step.logits.device):  # the draw and the forcing: two Triton launches on CUDA
+            fused_draw_force_(step.logits, rows_dev, values[1], self.temperature.dev, self.params.dev, values[2:].T, None)
+            return None
         index, value = draw_listed(step.logits, step.flat, rows_dev, values[1], self.temperature.dev, self.params.dev,
                                    values[2:].T, step.stride)
         # forced keeping masks, as ``slots.force_listed``: the row filled, then its token's value
@@ -144,6 +147,13 @@ class WatermarkGroup(WindowDecided):
         tokens = window._read(slots, at.clamp(min=0)).long()
         return decide(tokens, at, prompt, pos, params, rows.member, self._span_offsets(wide), wide, every, MAX_HISTORY)
 
+    def _rows(self, n: int) -> torch.Tensor:
+        """``arange(n)`` on the device, made once per ``n`` (the step's rows, in order)."""
+        made = self._cache.get(f"rows{n}")
+        if made is None:
+            made = self._cache[f"rows{n}"] = torch.arange(n, device=self.device)
+        return made
+
     def _span_offsets(self, span: int) -> torch.Tensor:
         offsets = self._cache.get(f"span{span}")
         if offsets is None:
@@ -153,6 +163,10 @@ class WatermarkGroup(WindowDecided):
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> None:
         """Draw every row and force those that draw (``decide_from_window``); the others untouched."""
         if decisions is _NOTHING:
+            return None
+        if fused_ready(step.logits.device):  # the draw and the forcing of the rows that draw: two Triton launches
+            fused_draw_force_(step.logits, self._rows(len(decisions)), rows.slot_of_row, self.temperature.dev,
+                              self.params.dev, decisions[:, :4], decisions[:, 4])
             return None
         params = self.params.dev[rows.slot_of_row]
         tokens = draw(step.logits, self.temperature.dev[rows.slot_of_row, 0], decisions[:, :4], params[:, :2],

@@ -24,13 +24,14 @@ WATERMARK: dict[str, Any] = {"kind": "watermark", "key": 2**64 - 5, "context_wid
 PAYLOAD: list[dict[str, Any]] = [{"kind": "banned_tokens", "token_ids": [3]}, WATERMARK]
 
 #: a steady step's device ops, the watermark alone (the ban before it adds its one masked write):
-#: V1: one upload, the gathers of the rows, their slots' keys and temperatures, the batched Philox
-#: over the vocabulary (ten rounds on word pairs), the Gumbel noise, the argmax and the forcing
-V1_STEADY = 153
-#: Model Runner V2: the rows' last ``MAX_HISTORY + width`` tokens read, the context's repeats found,
-#: the context absorbed (one Philox call per row), then the same draw over every row of the step
-V2_STEADY = 330
-V2_DRAFTS = 341
+#: V1: one upload, then the fused draw and forcing (``dynlogits::watermark_draw_force_``: two Triton
+#: kernels, the Philox, Gumbel score and block maxima, then the argmax and the forced rows)
+V1_STEADY = 3
+#: Model Runner V2: the rows' last ``MAX_HISTORY + width`` tokens read, the context's repeats found
+#: (eager ops), the context absorbed (``dynlogits::watermark_absorb``: one kernel), then the same
+#: fused draw and forcing over every row of the step (two kernels)
+V2_STEADY = 42
+V2_DRAFTS = 53
 
 
 @pytest.mark.parametrize("rows", [2, 5])

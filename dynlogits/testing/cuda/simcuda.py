@@ -10,7 +10,11 @@ test branches on ``device.type != "cpu"``) and records every aten op at the disp
   device-to-host copies except non-blocking ones into pinned memory, host-to-device copies that
   block or come from pageable memory, host operands of device ops, ``Event.synchronize`` and
   ``torch.cuda.synchronize``, and a Python number assigned to one element;
-* launches: every op on a device tensor that queues device work (views, ``empty``, metadata excluded).
+* launches: every op on a device tensor that queues device work (views, ``empty``, metadata excluded);
+  a fused op (namespace ``dynlogits``, ``dynlogits.kernels.fused``) counts the kernels its CUDA
+  implementation declares, and runs its CPU implementation (the eager reference) on the unwrapped
+  tensors, its inner ops uncounted (torch routes custom ops through the Python dispatch key, so
+  they reach ``__torch_dispatch__`` as one op).
 
 A non-blocking copy to pinned memory lands only when a later event completes, at ``advance()`` or
 ``synchronize()`` (a sync). Use: ``with SimCuda() as sim:``, build device tensors with
@@ -95,6 +99,15 @@ class SimTensor(torch.Tensor):
 
     def __repr__(self) -> str:  # type: ignore[override]  # torch's takes tensor_contents=; without syncing: repr is not under test
         return f"SimTensor({self.elem!r})"
+
+
+def _fused_launches(func: Any) -> int | None:
+    """The kernels a fused op (namespace ``dynlogits``) declares; ``None`` for any other op."""
+    if getattr(func, "namespace", None) != "dynlogits":
+        return None
+    from dynlogits.kernels.fused import declared_launches
+
+    return declared_launches(func)
 
 
 def _caller() -> str:
@@ -339,7 +352,11 @@ class SimCuda(TorchDispatchMode):
                 self._sync(kind, name)
             if any(h.dim() > 0 for h in hosts):
                 self._sync("host tensor operand (implicit h2d copy)", name)
-            if kind != "item/bool/int" and func not in _FREE and not getattr(func, "is_view", False):
+            fused = _fused_launches(func)
+            if fused is not None:
+                for _ in range(fused):
+                    self._launch(name)
+            elif kind != "item/bool/int" and func not in _FREE and not getattr(func, "is_view", False):
                 self._launch(name)
 
         out = func(*a, **k)
@@ -357,5 +374,6 @@ class SimCuda(TorchDispatchMode):
         return tree_map(wrap, out)
 
     def _launch(self, name: str) -> None:
+        """One queued device kernel."""
         self.launches += 1
         self.ops.append(name)

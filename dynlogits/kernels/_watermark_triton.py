@@ -1,0 +1,163 @@
+"""The Triton kernels of ``watermark.py`` (imported only by ``watermark.kernels()``: importing this
+module imports Triton). Contracts and what checks them: ``dynlogits.kernels.watermark``."""
+
+# ruff: noqa: ANN001, ANN202, N803
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+__all__ = ["INTERPRETED", "absorb_rows", "draw_blocks", "draw_reduce", "log", "philox"]
+
+#: whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, read as Triton reads it)
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+if INTERPRETED:  # libdevice's functions are stubs in the interpreter: numpy's log stands in (not libdevice's bits)
+
+    @triton.jit
+    def log(x):
+        """Natural log (interpreter: numpy's float32 ``log``)."""
+        return tl.log(x)
+
+else:
+
+    @triton.jit
+    def log(x):
+        """Natural log: libdevice's ``__nv_logf``, the CUDA math library's ``logf`` (torch's CUDA ``log``)."""
+        return libdevice.log(x)
+
+
+@triton.jit
+def philox(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 on uint32 words (products wrap modulo 2**32, ``umulhi`` the high half)."""
+    m0 = tl.full(c0.shape, 0xD2511F53, tl.uint32)
+    m1 = tl.full(c0.shape, 0xCD9E8D57, tl.uint32)
+    for _ in tl.static_range(10):
+        hi0 = tl.umulhi(m0, c0)
+        lo0 = m0 * c0
+        hi1 = tl.umulhi(m1, c2)
+        lo1 = m1 * c2
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    return c0, c1, c2, c3
+
+@triton.jit
+def draw_blocks(logits_ptr, logits_stride, rows_ptr, slots_ptr, temp_ptr, temp_stride, params_ptr, params_stride,
+                states_ptr, states_stride0, states_stride1, best_ptr, index_ptr, kept_ptr, vocab, nblocks,
+                u_ptr, score_ptr, BLOCK: tl.constexpr, SCORES: tl.constexpr):
+    """Per (row, block): the block's best score (NaN first), its lowest index, the logit there;
+    ``SCORES`` (tests) also writes every id's uniform and score (``[n, vocab]``)."""
+    i = tl.program_id(0)
+    b = tl.program_id(1)
+    row = tl.load(rows_ptr + i).to(tl.int64)
+    slot = tl.load(slots_ptr + i).to(tl.int64)
+    temp = tl.load(temp_ptr + slot * temp_stride).to(tl.float32)
+    key_lo = tl.load(params_ptr + slot * params_stride).to(tl.uint32)
+    key_hi = tl.load(params_ptr + slot * params_stride + 1).to(tl.uint32)
+    s0 = tl.load(states_ptr + i * states_stride0).to(tl.uint32)
+    s1 = tl.load(states_ptr + i * states_stride0 + states_stride1).to(tl.uint32)
+    s2 = tl.load(states_ptr + i * states_stride0 + 2 * states_stride1).to(tl.uint32)
+    s3 = tl.load(states_ptr + i * states_stride0 + 3 * states_stride1).to(tl.uint32)
+    offs = b * BLOCK + tl.arange(0, BLOCK)
+    valid = offs < vocab
+    ids = offs.to(tl.uint32)
+    zero = tl.zeros([BLOCK], tl.uint32)
+    k0 = zero + (key_lo ^ s3)
+    k1 = zero + (key_hi ^ 0x574D544B)
+    w0, w1, w2, w3 = philox(ids >> 2, zero + s0, zero + s1, zero + s2, k0, k1)
+    which = ids & 3
+    word = tl.where(which == 0, w0, tl.where(which == 1, w1, tl.where(which == 2, w2, w3)))
+    mantissa = (word >> 8).to(tl.float64)
+    u = ((mantissa + 1.0) / 16777217.0).to(tl.float32)  # float64 division: div.rn.f64
+    u = tl.maximum(u, 1.1754943508222875e-38)
+    noise = -log(-log(u))
+    logit = tl.load(logits_ptr + row * logits_stride + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    score = tl.math.div_rn(logit, zero.to(tl.float32) + temp) + noise
+    if SCORES:
+        tl.store(u_ptr + i * vocab + offs, u, mask=valid)
+        tl.store(score_ptr + i * vocab + offs, score, mask=valid)
+    score = tl.where(valid, score, float("-inf"))
+    nan = score != score
+    big = 2147483647
+    first_nan = tl.min(tl.where(nan, offs, big), axis=0)
+    best = tl.max(tl.where(nan, float("-inf"), score), axis=0)
+    at = tl.min(tl.where(score == best, offs, big), axis=0)
+    at = tl.where(first_nan < big, first_nan, at)
+    best = tl.where(first_nan < big, float("nan"), best)
+    kept = tl.sum(tl.where(offs == at, logit, 0.0), axis=0)  # the logit there (one lane; -inf + 0.0 stays -inf)
+    tl.store(best_ptr + i * nblocks + b, best)
+    tl.store(index_ptr + i * nblocks + b, at)
+    tl.store(kept_ptr + i * nblocks + b, kept)
+
+@triton.jit
+def draw_reduce(logits_ptr, logits_stride, rows_ptr, fire_ptr, best_ptr, index_ptr, kept_ptr, tokens_ptr, vocab,
+                nblocks, BLOCK: tl.constexpr, NB: tl.constexpr, HAS_FIRE: tl.constexpr,
+                FORCE: tl.constexpr):
+    i = tl.program_id(0)
+    b = tl.program_id(1)
+    blocks = tl.arange(0, NB)
+    present = blocks < nblocks
+    best = tl.load(best_ptr + i * nblocks + blocks, mask=present, other=float("-inf"))
+    big = 2147483647
+    nan = best != best
+    first_nan = tl.min(tl.where(nan, blocks, big), axis=0)
+    top = tl.max(tl.where(nan, float("-inf"), best), axis=0)
+    winner = tl.min(tl.where(present & (best == top), blocks, big), axis=0)
+    winner = tl.where(first_nan < big, first_nan, winner)
+    token = tl.load(index_ptr + i * nblocks + winner).to(tl.int64)
+    if b == 0:
+        tl.store(tokens_ptr + i, token)
+    if FORCE:
+        if HAS_FIRE:
+            fires = (tl.load(fire_ptr + i) != 0).to(tl.int32)
+        else:
+            fires = 1
+        kept = tl.load(kept_ptr + i * nblocks + winner)
+        value = tl.where(kept == float("-inf"), float("-inf"), 0.0)
+        row = tl.load(rows_ptr + i).to(tl.int64)
+        offs = b * BLOCK + tl.arange(0, BLOCK)
+        out = tl.where(offs == token, value, float("-inf"))
+        ptrs = logits_ptr + row * logits_stride + offs
+        tl.store(ptrs, out.to(logits_ptr.dtype.element_ty), mask=(offs < vocab) & ((tl.zeros([BLOCK], tl.int32) + fires) != 0))
+
+@triton.jit
+def absorb_rows(keys_ptr, keys_stride, keys_stride1, ctx_ptr, ctx_stride, ctx_stride1, widths_ptr, widths_stride, out_ptr, n, WIDTH: tl.constexpr,
+                HAS_WIDTHS: tl.constexpr, ROWS: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = r < n
+    rr = r.to(tl.int64)
+    k0 = tl.load(keys_ptr + rr * keys_stride, mask=live, other=0).to(tl.uint32)
+    k1 = tl.load(keys_ptr + rr * keys_stride + keys_stride1, mask=live, other=0).to(tl.uint32)
+    zero = tl.zeros([ROWS], tl.uint32)
+    if HAS_WIDTHS:
+        widths = tl.load(widths_ptr + rr * widths_stride, mask=live, other=0).to(tl.int64)
+        s1 = widths.to(tl.uint32)
+    else:
+        widths = tl.zeros([ROWS], tl.int64) + WIDTH
+        s1 = zero + WIDTH
+    s0 = zero + 0x574D4358
+    s2 = zero
+    s3 = zero
+    for offset in tl.static_range(0, WIDTH, 4):
+        words = []
+        for j in tl.static_range(4):
+            if offset + j < WIDTH:
+                token = tl.load(ctx_ptr + rr * ctx_stride + (offset + j) * ctx_stride1, mask=live, other=0).to(tl.uint32)
+                word = tl.where(widths > offset + j, token, zero + (0xFFFFFFFF - j))
+            else:
+                word = zero + (0xFFFFFFFF - j)
+            words.append(word)
+        n0, n1, n2, n3 = philox(s0 ^ words[0], s1 ^ words[1], s2 ^ words[2], s3 ^ words[3], k0 ^ offset, k1)
+        absorbs = widths > offset
+        s0 = tl.where(absorbs, n0, s0)
+        s1 = tl.where(absorbs, n1, s1)
+        s2 = tl.where(absorbs, n2, s2)
+        s3 = tl.where(absorbs, n3, s3)
+    tl.store(out_ptr + rr * 4, s0.to(tl.int64), mask=live)
+    tl.store(out_ptr + rr * 4 + 1, s1.to(tl.int64), mask=live)
+    tl.store(out_ptr + rr * 4 + 2, s2.to(tl.int64), mask=live)
+    tl.store(out_ptr + rr * 4 + 3, s3.to(tl.int64), mask=live)

@@ -1,0 +1,46 @@
+"""Fused ops (``dynlogits.kernels.fused``) on the CUDA model: an op of the ``dynlogits`` namespace
+reaches ``SimCuda`` as one op through the Python dispatch key, counts the kernels it declares (not
+its inner eager ops, not one), and runs its CPU implementation on the unwrapped tensors."""
+
+from __future__ import annotations
+
+import torch
+
+from dynlogits.kernels.fused import declared_launches, fused_op, registered
+from dynlogits.testing.cuda.simcuda import SimCuda
+
+
+@fused_op("test_three_launches_", launches=3, mutates_args=("out",))
+def _three(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Eight eager ops: what SimCuda must not count."""
+    y = x
+    for _ in range(7):
+        y = y * 2
+    out.copy_(y)
+    return y + 1
+
+
+def test_simcuda_counts_a_fused_ops_declared_launches_and_runs_its_cpu_implementation() -> None:
+    with SimCuda() as sim:
+        x = sim.put(torch.arange(4.0))
+        out = sim.put(torch.zeros(4))
+        before = sim.launches
+        y = _three(x, out)
+        launched = sim.launches - before
+    assert launched == 3 and sim.ops[-3:] == ["test_three_launches_"] * 3 and not sim.syncs
+    assert torch.equal(sim.value(y), torch.arange(4.0) * 128 + 1)
+    assert torch.equal(sim.value(out), torch.arange(4.0) * 128)  # the mutation reached the device tensor
+
+
+def test_declared_launches_answers_registered_ops_only() -> None:
+    assert declared_launches(torch.ops.dynlogits.test_three_launches_.default) == 3
+    assert declared_launches(torch.ops.aten.add.Tensor) is None
+    assert "dynlogits::test_three_launches_" in registered()
+
+
+def test_the_watermark_ops_declare_the_kernels_their_cuda_implementations_launch() -> None:
+    import dynlogits.processors.watermark_compiled  # noqa: F401  # declares them
+
+    ops = registered()
+    assert ops["dynlogits::watermark_draw_force_"].launches == 2  # draw_blocks, draw_reduce
+    assert ops["dynlogits::watermark_absorb"].launches == 1  # absorb_rows

@@ -1,0 +1,83 @@
+"""The watermark's Triton kernels (``dynlogits.kernels.watermark``) in Triton's CPU interpreter
+(``TRITON_INTERPRET=1``, set in a subprocess before Triton is imported) against the eager reference:
+the uniforms (integer Philox, the 24-bit mantissa, the float64 division) and the absorbed states bit
+for bit, the scores bit for bit against the same float32 formula in numpy (the interpreter's ``log``
+is numpy's, not torch's: only a GPU checks the kernels' ``log`` against torch's CUDA ``log``), the
+tokens (ties: the lowest index; NaN first) and the forced rows equal to the eager draw's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = textwrap.dedent('''
+    import os
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    import numpy as np
+    import torch
+    from dynlogits.kernels import watermark as K
+    from dynlogits.processors import watermark_prf as P
+    from dynlogits.processors.watermark_compiled import batched_draw, fused_draw_force_
+
+    def case(n, vocab, seed):
+        g = torch.Generator().manual_seed(seed)
+        states = torch.randint(0, 2**32, (n, 4), generator=g, dtype=torch.int64)
+        params = torch.randint(0, 2**32, (n + 3, 4), generator=g, dtype=torch.int64)
+        slots = torch.randperm(n + 3, generator=g)[:n]
+        temperature = torch.rand(n + 3, 1, generator=g) * 2 + 0.05
+        logits = torch.randn(n + 2, vocab, generator=g) * 4
+        logits[0, :] = 1.0                      # ties over the whole row
+        logits[1, vocab // 3 :: 7] = float("-inf")
+        logits[2, :] = float("-inf")            # an empty row: token 0, kept -inf
+        if n > 3:
+            logits[3, vocab - 1] = float("nan")  # NaN wins, as torch.argmax
+        rows = torch.randperm(n + 2, generator=g)[:n]
+        return logits, rows, slots, temperature, params, states
+
+    checked = 0
+    for n, vocab, seed in [(64, 1000, 1), (5, 2500, 2), (3, 1024, 3), (7, 97, 4)]:
+        logits, rows, slots, temperature, params, states = case(n, vocab, seed)
+        uniforms = torch.empty(n, vocab)
+        scores = torch.empty(n, vocab)
+        tokens = K.draw(logits, rows, slots, temperature, params, states.T.contiguous().T, None, False,
+                        scores=(uniforms, scores))
+        eager_u = P.uniform_from_states(states, params[slots, :2], vocab)
+        assert torch.equal(uniforms.view(torch.int32), eager_u.view(torch.int32)), "uniform bits"
+        x = logits[rows].numpy() / temperature[slots].numpy()
+        u = np.maximum(eager_u.numpy(), np.finfo(np.float32).tiny)
+        expected = x + (-np.log(-np.log(u)))
+        assert np.array_equal(scores.numpy().view(np.int32), expected.astype(np.float32).view(np.int32)), "score bits"
+        assert torch.equal(tokens, torch.from_numpy(expected).argmax(1)), "tokens vs numpy scores"
+        assert torch.equal(tokens, batched_draw(logits[rows], temperature[slots, 0], states, params[slots, :2])), "tokens vs eager"
+        # the draw and its forcing, every row or the firing ones, against the op's eager reference
+        fire = torch.randint(0, 2, (n,), generator=torch.Generator().manual_seed(seed))
+        for f in (None, fire):
+            a, b = logits.clone(), logits.clone()
+            ta = K.draw(a, rows, slots, temperature, params, states, f, True)
+            tb = fused_draw_force_.eager(b, rows, slots, temperature, params, states, f)
+            assert torch.equal(ta, tb) and torch.equal(a.isnan(), b.isnan())
+            assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)), "forced rows"
+        checked += 1
+    for n, width, seed in [(70, 4, 5), (9, 7, 6), (3, 1, 7), (65, 12, 8)]:
+        g = torch.Generator().manual_seed(seed)
+        keys = torch.randint(0, 2**32, (n, 4), generator=g, dtype=torch.int64)[:, 1:3]  # a strided view
+        contexts = torch.randint(-1, 2**31 - 1, (n, width), generator=g)
+        widths = torch.randint(0, width + 1, (n + 1, 2), generator=g)[:n, 1]
+        for w in (None, widths):
+            assert torch.equal(K.absorb(keys, contexts, w), P.absorb(keys, contexts, w)), "absorb"
+        checked += 1
+    print("checked", checked)
+''')
+
+
+def test_the_triton_kernels_in_the_interpreter_equal_the_eager_reference_bit_for_bit() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "checked 8" in done.stdout
