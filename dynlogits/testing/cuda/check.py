@@ -14,7 +14,9 @@ on the host (``INBOX.wait_settled``) and counts the reports. Checks, printed and
 * ``cost``: steady-step time and device ops of the resident path, ``loop`` and the memset ``floor``;
 * ``watermark``: the compiled Gumbel-max draw against the eager and the CPU draws bit for bit, its
   device ops, no sync, its time (``watermark_check``; ``--watermark-only`` runs this section alone,
-  ``python -m dynlogits.testing.cuda.watermark_check --cpu`` is its CPU self test).
+  ``python -m dynlogits.testing.cuda.watermark_check --cpu`` is its CPU self test); the fused Triton
+  kernels against eager on the GPU (bits, kernel count, no sync, time: ``watermark_check.run_fused``);
+  ``--cpu`` runs only those kernels in Triton's interpreter (bits, no GPU).
 
 Exit status: 0 when every check passed, 1 otherwise, 2 without CUDA. Details: docs/vllm.md."""
 
@@ -516,7 +518,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--steps", type=int, default=200, help="timed steady steps per measurement")
     parser.add_argument("--watermark-only", action="store_true", help="only the watermark section")
+    parser.add_argument("--cpu", action="store_true",
+                        help="no GPU: the watermark's Triton kernels in Triton's interpreter against eager (bits only)")
     args = parser.parse_args(argv)
+    if args.cpu:
+        ok = watermark_check.interpreted_check()
+        print("\nresult:", "ok" if ok else "FAILED")
+        return 0 if ok else 1
     if not torch.cuda.is_available():
         print(f"error: no CUDA device (torch {torch.__version__})", file=sys.stderr)
         return 2
@@ -525,6 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "sequences": []}
     if args.watermark_only:
         ok, results["watermark"] = watermark_check.run(cuda, vocab=args.vocab, steps=args.steps)
+        fused_ok, results["watermark_fused"] = watermark_check.run_fused(cuda, vocab=args.vocab, steps=args.steps)
+        ok &= fused_ok
         results["costs"] = _watermark_costs(args.vocab, args.steps)
         if args.json:
             args.json.write_text(json.dumps(results, indent=1))
@@ -569,7 +579,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["costs"] = [asdict(c) for c in costs]
     print(flush=True)
     watermark_ok, results["watermark"] = watermark_check.run(cuda, vocab=args.vocab, steps=args.steps)
-    ok &= watermark_ok
+    fused_ok, results["watermark_fused"] = watermark_check.run_fused(cuda, vocab=args.vocab, steps=args.steps)
+    ok &= watermark_ok and fused_ok
     results["costs"] += _watermark_costs(args.vocab, args.steps)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -21,7 +21,16 @@ no profiler, sync or timing figures). Figures, one line each:
   from ``torch.profiler``, beside the eager draw's (the kind's launch budget: <= 8 a step);
 * ``sync``: one call of each compiled function (draw, V1 draw, window decisions) under
   ``torch.cuda.set_sync_debug_mode("error")``, after warm-up;
-* ``time``: per draw, compiled and eager (CUDA events over ``steps`` draws)."""
+* ``time``: per draw, compiled and eager (CUDA events over ``steps`` draws).
+
+The fused Triton kernels (``dynlogits.kernels.watermark``, what the resident group runs on CUDA
+by default), ``run_fused``: ``fused bits`` (per batch: the draw-and-force kernels' tokens and forced
+rows, and the absorb's states, against the eager reference on the same device, exactly), ``fused
+kernels`` (device ops of one steady call from ``torch.profiler``: 2 for the draw, 1 for the
+absorb), ``fused sync`` (under ``set_sync_debug_mode("error")``) and ``fused time``. With ``--cpu``
+(here and in ``check.py``) the same bit comparisons run in Triton's interpreter
+(``TRITON_INTERPRET=1``, a subprocess): the integer bits are the kernels'; the float ops are
+numpy's (its ``log`` is not torch's), so only the GPU run checks the float bits against torch."""
 
 from __future__ import annotations
 
@@ -44,7 +53,8 @@ from dynlogits.processors.watermark_compiled import listed_draw, window_decision
 from dynlogits.processors.watermark_prf import absorb, context_state, key_words, uniform_from_states
 from dynlogits.processors.watermark_resident import MAX_HISTORY, batched_draw
 
-__all__ = ["BATCHES", "PAYLOADS", "SAMPLING", "Inputs", "compare", "main", "make_inputs", "run"]
+__all__ = ["BATCHES", "PAYLOADS", "SAMPLING", "Inputs", "compare", "fused_bits", "fused_inputs", "interpreted_check", "main",
+           "make_inputs", "run", "run_fused"]
 
 BATCHES = (1, 64, 256)
 KERNEL_BUDGET = 8
@@ -352,21 +362,119 @@ def run(device: torch.device, *, vocab: int = 151936, steps: int = 200, batches:
     return ok, results
 
 
+def fused_inputs(n: int, vocab: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A fused draw's inputs: logits (ties, ``-inf``), rows, slots, temperature and params tables,
+    states, which rows fire; then keys, contexts and widths for the absorb."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n + 1, vocab, generator=g) * 3
+    logits[0, :] = 0.5
+    logits[-1, :: 5] = float("-inf")
+    rows = torch.randperm(n + 1, generator=g)[:n]
+    slots = torch.randperm(n + 2, generator=g)[:n]
+    temperature = torch.rand(n + 2, 1, generator=g) * 1.5 + 0.05
+    params = torch.randint(0, 2**32, (n + 2, 4), generator=g, dtype=torch.int64)
+    states = torch.randint(0, 2**32, (n, 4), generator=g, dtype=torch.int64)
+    fire = torch.randint(0, 2, (n,), generator=g)
+    contexts = torch.randint(-1, 2**31 - 1, (n, 9), generator=g)
+    widths = torch.randint(0, 10, (n,), generator=g)
+    return tuple(t.to(device) for t in (logits, rows, slots, temperature, params, states, fire, contexts, widths))
+
+
+def fused_bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[str, Any]]:
+    """Per batch: the Triton kernels against the eager reference on ``device`` (rows differing: 0)."""
+    from dynlogits.kernels import watermark as kernels
+
+    out = []
+    for batch in batches:
+        logits, rows, slots, temperature, params, states, fire, contexts, widths = fused_inputs(batch, vocab, batch, device)
+        diffs = 0
+        for f in (None, fire):
+            a, b = logits.clone(), logits.clone()
+            ta = kernels.draw(a, rows, slots, temperature, params, states, f, True)
+            tb = watermark_compiled.fused_draw_force_.eager(b, rows, slots, temperature, params, states, f)
+            diffs += int((ta != tb).sum()) + int((torch.nan_to_num(a) != torch.nan_to_num(b)).any(1).sum())
+        for w in (None, widths):
+            diffs += int((kernels.absorb(params[:batch, :2], contexts, w) != absorb(params[:batch, :2], contexts, w)).any(1).sum())
+        out.append({"batch": batch, "vocab": vocab, "rows_differing": diffs})
+        print(f"watermark fused bits batch {batch} vocab {vocab}: {diffs} rows differ -> {_line(diffs == 0)}", flush=True)
+    return out
+
+
+def run_fused(device: torch.device, *, vocab: int = 151936, steps: int = 200,
+              batches: Sequence[int] = BATCHES) -> tuple[bool, dict[str, Any]]:
+    """The fused kernels on a CUDA ``device``: bits, device ops, no sync, time (the module doc)."""
+    from dynlogits.kernels import watermark as kernels
+
+    results: dict[str, Any] = {"bits": fused_bits(device, vocab, batches), "kernels": [], "sync": [], "time": []}
+    ok = all(r["rows_differing"] == 0 for r in results["bits"])
+    with tempfile.TemporaryDirectory() as tmp:
+        for batch in batches:
+            logits, rows, slots, temperature, params, states, fire, contexts, widths = fused_inputs(batch, vocab, 7, device)
+            def step() -> None:
+                kernels.draw(logits, rows, slots, temperature, params, states, fire, True)  # noqa: B023  # called at once
+            def absorb_step() -> None:
+                kernels.absorb(params[:batch, :2], contexts, widths)  # noqa: B023  # called at once
+            step()
+            absorb_step()
+            d_ops, d_names = _device_ops(step, 10, Path(tmp))
+            a_ops, a_names = _device_ops(absorb_step, 10, Path(tmp))
+            fits = d_ops <= 2 and a_ops <= 1  # torch.empty allocates without a kernel
+            ok &= fits
+            results["kernels"].append({"batch": batch, "draw": d_ops, "absorb": a_ops, "names": d_names + a_names})
+            print(f"watermark fused kernels batch {batch}: draw {d_ops:.1f}, absorb {a_ops:.1f} device ops "
+                  f"{d_names + a_names} -> {_line(fits)}", flush=True)
+            torch.cuda.set_sync_debug_mode("error")
+            sync_error = ""
+            try:
+                step()
+                absorb_step()
+            except RuntimeError as exc:
+                sync_error = str(exc).splitlines()[0][:200]
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            ok &= not sync_error
+            results["sync"].append({"batch": batch, "error": sync_error})
+            print(f"watermark fused sync batch {batch}: {sync_error or 'none'} -> {_line(not sync_error)}", flush=True)
+            wall, dev = _time(step, steps)
+            results["time"].append({"batch": batch, "draw_wall_ms": wall, "draw_device_ms": dev})
+            print(f"watermark fused time batch {batch}: draw and force {wall:.4f} ms wall, {dev:.4f} ms device", flush=True)
+    return ok, results
+
+
+def interpreted_check(vocab: int = 1003, batches: Sequence[int] = (1, 5, 64)) -> bool:
+    """``fused_bits`` on the CPU in Triton's interpreter, in a subprocess (``TRITON_INTERPRET=1``
+    must be set before Triton is imported)."""
+    import subprocess
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-m", "dynlogits.testing.cuda.watermark_check", "--interpreted-child",
+                           "--vocab", str(vocab), "--batches", ",".join(map(str, batches))], env=env, check=False)
+    return done.returncode == 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dynlogits.testing.cuda.watermark_check",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu", action="store_true", help="the CPU self test (small vocab, no device figures)")
     parser.add_argument("--vocab", type=int, default=None)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--interpreted-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--batches", default="1,5,64", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.interpreted_child:  # in the interpreter (the parent set TRITON_INTERPRET=1)
+        bits = fused_bits(torch.device("cpu"), args.vocab or 1003, [int(b) for b in args.batches.split(",")])
+        return 0 if all(r["rows_differing"] == 0 for r in bits) else 1
     os.environ[watermark_compiled.ENV] = "1"  # the compiled functions are opt-in: this check is what they wait on
     if args.cpu:
         ok, _ = run(torch.device("cpu"), vocab=args.vocab or 1003, steps=args.steps, batches=(1, 5, 64))
+        ok &= interpreted_check(args.vocab or 1003)
     elif not torch.cuda.is_available():
         print(f"error: no CUDA device (torch {torch.__version__}); --cpu runs the CPU self test", file=sys.stderr)
         return 2
     else:
         ok, _ = run(torch.device("cuda"), vocab=args.vocab or 151936, steps=args.steps)
+        fused_ok, _ = run_fused(torch.device("cuda"), vocab=args.vocab or 151936, steps=args.steps)
+        ok &= fused_ok
     print("\nresult:", _line(ok))
     return 0 if ok else 1
 
