@@ -1,7 +1,7 @@
 """``banned_phrases`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM drives the
 adapter: on the V1 runner a resident step that finds no phrase is one masked write (the one-token
 phrases' indices are laid out once per batch change: no upload); under Model Runner V2 a steady
-step is nine device ops whatever the tokens (the rows' last tokens read and compared on the
+step is eight device ops whatever the tokens (the rows' last tokens read and compared on the
 device); and no step of a sequence with batch changes and a failing request waits for the device."""
 
 from __future__ import annotations
@@ -40,15 +40,16 @@ def test_vllm_v1_runner_phrase_step_that_finds_ids_adds_one_upload_and_one_maske
     assert steady.steady_ops == ["index_fill_", "copy_", "index_fill_"]
 
 
-#: Model Runner V2's steady step: the rows' last tokens read (``add``, ``index``), compared with every
-#: entry of their slots (``eq``, ``bitwise_or``, ``all``), entries whose prefix fits in the output
-#: (``le``, ``bitwise_and``), and one masked write (``where``, ``scatter_reduce_``).
-V2_STEADY = ["add", "index", "eq", "bitwise_or", "all", "le", "bitwise_and", "where", "scatter_reduce_"]
+#: Model Runner V2's steady step: the rows' last tokens' flat indices and output lengths (``add``),
+#: the tokens read (``take``), each entry's matching cells counted (``eq``, ``sum``), an entry hits
+#: where ``min(count, length) == need`` (``minimum``, ``eq``), and one masked write (``where``,
+#: ``scatter_reduce_``).
+V2_STEADY = ["add", "take", "eq", "sum", "minimum", "eq", "where", "scatter_reduce_"]
 
 
 @pytest.mark.parametrize("payloads", [PHRASES, [[{"kind": "banned_phrases", "phrases": [[62]] + [[t, 63] for t in range(62)]}]] * 2],
                          ids=["finds-nothing", "finds-ids"])
-def test_vllm_model_runner_v2_phrase_step_is_nine_device_ops_and_reads_nothing_back(payloads) -> None:
+def test_vllm_model_runner_v2_phrase_step_is_eight_device_ops_and_reads_nothing_back(payloads) -> None:
     with SimCuda() as sim:
         steady = drive_v2(sim, Scenario(payloads=payloads, steps=3, changes=False))
     assert [str(s) for s in steady.syncs] == []
