@@ -9,6 +9,12 @@ in a few generated kernels instead of about 150 eager ones. Anywhere else (the C
 ``SimCuda``, every CPU test) each runs eagerly: ``watermark_resident.batched_draw`` and
 ``window_decisions`` with ``watermark_prf.absorb``, the reference.
 
+The fused ops at the end of this module (``fused_draw_force_``, ``fused_absorb``: torch custom ops
+``dynlogits::watermark_draw_force_`` and ``dynlogits::watermark_absorb``, Triton kernels on CUDA
+from ``dynlogits.kernels.watermark``, the eager reference elsewhere) take precedence on a device
+where ``fused_ready`` says so (probe-checked on CUDA); the compiled functions below are then used
+only where the probe failed.
+
 * Each compiled once per process (``Lazy``), lazily, on its first call over CUDA tensors; never on
   the CPU path (``dynamic=True``: new batch sizes and vocabularies reuse it; a new widest context
   width or dtype recompiles). A failure to compile or run it (no Triton, a dynamo error) logs one

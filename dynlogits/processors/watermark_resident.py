@@ -17,13 +17,23 @@ entry (admission refuses one after it).
   (``watermark_prf.absorb``); nothing is read back.
 
 The draw: ``argmax(logits / T + G)`` per row, ``G`` the Gumbel noise of ``uniform_from_states`` over
-the vocabulary (``[rows, vocab]``), then each firing row forced to its token keeping masks (gather,
-fill, scatter). On CUDA the tensor work runs as compiled functions (``watermark_compiled``): on
-the V1 runner the gathers, the draw and the forced values (``draw_listed``), then the row fill and
-one index copy; on Model Runner V2 the window decisions (``decide``) and the draw (``draw``). Eager
-elsewhere (``listed_draw``, ``window_decisions``, ``batched_draw``: the reference) and where they
-cannot compile. Bit for bit the hosted processor's draw (``watermark.watermark_draw``) on the same
-row, history, key and temperature. Rows that skip are left untouched."""
+the vocabulary (``[rows, vocab]``), then each firing row forced to its token keeping masks (``-inf``
+over the row, the token ``0.0`` or its ``-inf``). On a device (``device.type != "cpu"``: CUDA, and
+the CUDA model ``SimCuda``) the draw and the forcing are one fused op
+(``watermark_compiled.fused_draw_force_``: two Triton kernels on CUDA, reading the rows, their
+slots' temperatures and keys and the states where they lie) and Model Runner V2's absorb another
+(``fused_absorb``: one kernel): a steady step is 3 launches on the V1 runner (the upload and the
+two kernels) and 42 on Model Runner V2 (the window read and the context/repeat decisions are still
+eager ops, see ``window_decisions``). On a real CUDA device the first use per device runs a probe
+(``watermark_compiled.fused_ready``: a small batch through the kernels and the eager reference,
+compared exactly, one host sync at group creation); without Triton, on a compile or launch error
+or a difference, one warning and the eager path (the compiled functions of ``watermark_compiled``
+where ``DYNLOGITS_WATERMARK_COMPILE=1``, else eager: ``listed_draw``, ``window_decisions``,
+``batched_draw``, the reference). CPU tensors always take the eager path (no Triton). Bit for bit
+the hosted processor's draw (``watermark.watermark_draw``) on the same row, history, key and
+temperature, where the kernels' float ops match torch's (checked bit for bit in Triton's
+interpreter for the integer part and against numpy for the float part; on a GPU by the probe and
+``python -m dynlogits.testing.cuda.check --watermark-only``). Rows that skip are left untouched."""
 
 from __future__ import annotations
 

@@ -44,3 +44,24 @@ def test_the_watermark_ops_declare_the_kernels_their_cuda_implementations_launch
     ops = registered()
     assert ops["dynlogits::watermark_draw_force_"].launches == 2  # draw_blocks, draw_reduce
     assert ops["dynlogits::watermark_absorb"].launches == 1  # absorb_rows
+
+
+def test_a_cuda_device_whose_probe_fails_falls_back_to_eager_with_one_warning(monkeypatch, caplog) -> None:  # noqa: ANN001
+    from dynlogits.processors import watermark_compiled as wc
+
+    calls = []
+
+    def failing(device: torch.device) -> bool:
+        calls.append(device)
+        raise ImportError("no module named triton")
+
+    monkeypatch.setattr(wc, "_probe", failing)
+    wc.reset_fused()
+    try:
+        with caplog.at_level("WARNING", logger=wc.__name__):
+            answers = [wc.fused_ready(torch.device("cuda", 0)) for _ in range(3)]
+        assert answers == [False] * 3 and len(calls) == 1  # probed once per device
+        assert sum("fused Triton kernels are off" in r.getMessage() for r in caplog.records) == 1
+        assert wc.fused_ready(torch.device("cpu")) is False and wc.fused_ready(torch.device("meta")) is True
+    finally:
+        wc.reset_fused()
