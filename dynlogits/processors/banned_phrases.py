@@ -5,8 +5,8 @@ Per step and row: a walk back from the output's last token over the phrases' pre
 backwards (a trie), at most one lookup per token of the longest prefix, never a scan of the
 history or of every phrase; a row whose last token ends no prefix costs one lookup. On the
 resident path with host histories (vLLM's V1 runner) the group's host work is that lookup per row,
-its device work a masked write of the one-token phrases (indices uploaded once per layout) and, on
-steps that find ids, an upload and a masked write of those. Where the histories live on the device
+its device work one masked write: of the one-token phrases (indices uploaded once per layout) or,
+on steps that find ids, of those and the found ones in one upload. Where the histories live on the device
 (Model Runner V2) the group compares each row's last tokens (``TokenWindow``) with every phrase of
 its slot at once: a fixed number of device ops per step, no read back (``decide_from_window``).
 
@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias
 
+import numpy as np
 import torch
 
 from dynlogits.specs.builtin.banned_phrases import BannedPhrases, BannedPhrasesSpec
@@ -215,8 +216,8 @@ class BannedPhrasesGroup(EntryTablesGroup):
 
     With host histories (``SlotBatch(host_histories=True)``): from each row's own trie, every row in
     one pass (``decide_rows``, ``masked_after``); every step one ``index_fill_`` of the rows'
-    one-token phrases (indices uploaded once per batch change), and a step that finds ids one upload
-    and one more ``index_fill_``. With a ``TokenWindow`` instead (``decide_from_window``): every row's entries
+    one-token phrases (indices uploaded once per batch change), or, on a step that finds ids, one
+    upload of those and the found ones and one ``index_fill_`` of them instead. With a ``TokenWindow`` instead (``decide_from_window``): every row's entries
     (each phrase as its prefix, right-aligned in ``width`` columns, unused ones ``-1``, and the id it
     bans) are compared with the row's last ``width`` tokens on the device, and the ids of the entries
     that match are masked with one ``scatter_reduce_`` (``amin`` with ``+inf`` elsewhere: repeats
@@ -263,6 +264,7 @@ class BannedPhrasesGroup(EntryTablesGroup):
         if fixed:
             self._layout.buffer(len(fixed))[:] = fixed
         self._cache["fixed"] = self._layout.upload(len(fixed), keep=True) if fixed else None
+        self._cache["fixed_host"] = np.asarray(fixed, dtype=np.int64)  # copied ahead of a step's found ids
 
     def decide_rows(self, deciders: list[tuple[int, int, Any]], histories: Sequence[Sequence[int]],
                     fail: Callable[[int, int, Exception], None]) -> list[int]:
@@ -277,12 +279,20 @@ class BannedPhrasesGroup(EntryTablesGroup):
         return found
 
     def apply_host_decisions(self, step: StepInputs, rows: ListedRows, found: list[int], upload: StepUpload) -> None:
-        fixed: torch.Tensor | None = self._cache["fixed"]
-        if fixed is not None:
-            step.flat.index_fill_(0, fixed, NEG_INF)
-        if found:
-            upload.buffer(len(found))[:] = found
-            step.flat.index_fill_(0, upload.upload(len(found)), NEG_INF)
+        """One ``index_fill_``: of the one-token phrases' indices (uploaded per layout) on a step that
+        finds no id, else of those and ``found`` in one upload (a copy of the layout's indices ahead
+        of the found ones: one masked write, not two)."""
+        if not found:
+            fixed: torch.Tensor | None = self._cache["fixed"]
+            if fixed is not None:
+                step.flat.index_fill_(0, fixed, NEG_INF)
+            return None
+        host: np.ndarray = self._cache["fixed_host"]
+        k = len(host)
+        buffer = upload.buffer(k + len(found))
+        buffer[:k] = host
+        buffer[k:] = found
+        step.flat.index_fill_(0, upload.upload(k + len(found)), NEG_INF)
         return None
 
     def _rows_tables(self, rows: GatheredRows, window: TokenWindow) -> _RowTables:
