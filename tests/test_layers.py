@@ -17,13 +17,15 @@ FOLDERS = {"dynlogits.specs": ROOT / "specs", "dynlogits.adapters": ROOT / "adap
 ALLOWED = {
     "specs": set(),
     "policy": {"specs"},
-    "processors": {"specs"},
-    "sdk": {"specs", "policy", "processors"},
-    "adapters": {"specs", "policy", "processors", "sdk", "testing", "model_builder"},
-    "serve": {"specs", "policy", "processors", "sdk", "adapters", "model_builder"},
-    "testing": {"specs", "policy", "processors", "sdk", "model_builder"},  # the kit adapters' drivers implement
-    "testing.cuda": {"specs", "policy", "processors", "sdk", "adapters", "testing", "model_builder"},
-    "tools": {"specs", "policy", "processors", "sdk", "adapters", "serve", "testing", "testing.cuda", "model_builder"},
+    "kernels": set(),  # fused device kernels: torch and Triton only
+    "processors": {"specs", "kernels"},
+    "sdk": {"specs", "policy", "processors", "kernels"},
+    "adapters": {"specs", "policy", "processors", "sdk", "testing", "model_builder", "kernels"},
+    "serve": {"specs", "policy", "processors", "sdk", "adapters", "model_builder", "kernels"},
+    "testing": {"specs", "policy", "processors", "sdk", "model_builder", "kernels"},  # the kit adapters' drivers implement
+    "testing.cuda": {"specs", "policy", "processors", "sdk", "adapters", "testing", "model_builder", "kernels"},
+    "tools": {"specs", "policy", "processors", "sdk", "adapters", "serve", "testing", "testing.cuda", "model_builder",
+              "kernels"},
     "model_builder": set(),
     "client": {"specs"},
 }
