@@ -191,6 +191,12 @@ def _reraise(row: int, slot: int, exc: Exception) -> None:
 _NARROW = (torch.int32, torch.int16, torch.uint8, torch.int8)
 
 
+def _tokens_at(window: TokenWindow, at: torch.Tensor) -> torch.Tensor:
+    """The tokens of ``window.tokens`` at flat indices ``at`` (one ``take``): the window-decided
+    step's only read of the rows' tokens without drafts (``BannedPhrasesGroup.decide_from_window``)."""
+    return torch.take(window.tokens, at)
+
+
 class _RowTables(NamedTuple):
     """A window-decided step's tables, per row of the layout (``BannedPhrasesGroup._rows_tables``)."""
 
@@ -335,7 +341,7 @@ class BannedPhrasesGroup(EntryTablesGroup):
         if window.input_ids is None and window.tokens.dtype in _NARROW:
             w = self.width
             at = window.pos[:, None] + t.shift  # [rows, width + 1]
-            tail = torch.take(window.tokens, at[:, :w])  # a column before the row's start: arbitrary, L rules it out
+            tail = _tokens_at(window, at[:, :w])  # a column before the row's start: arbitrary, L rules it out
             count = (t.cells == tail[:, :, None]).sum(1)
             return torch.minimum(count, at[:, w:]) == t.need
         tail = window.tail(t.slots, self.width)
