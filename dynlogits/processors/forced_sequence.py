@@ -191,7 +191,7 @@ class ForcedSequenceGroup(PlannedGroup):
         positions = np.minimum(member[None, :] + steps, self._cache["host_length"][None, :], out=values[:, 2 * n :])
         values[:, :n] = self._cache["host_flat"][self._cache["host_rows"][None, :], positions]
         values[:, n : 2 * n] = self._sentinel
-        expected = (generated[None, : len(counts)] + steps).tolist()  # ``counts`` at each step
+        expected = (generated[None, :] + steps).tolist()  # ``counts`` at each of those steps
         self._cache["ahead"] = [(expected[t], values[t], values[t, 2 * n :]) for t in range(horizon - 1, -1, -1)]
 
     def _planned_views(self, planned: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
