@@ -38,6 +38,7 @@ def test_the_golden_vectors_catch_a_phrase_ban_that_ignores_the_output(adapter: 
     monkeypatch.setattr(banned_phrases, "masked_after", lambda walks, histories, found, fail: None)
     monkeypatch.setattr(window.TokenWindow, "tail",
                         lambda self, slots, width: torch.full((len(self.pos), width), -2, device=self.pos.device))
+    monkeypatch.setattr(banned_phrases, "_tokens_at", lambda window, at: torch.full(at.shape, -2, device=at.device))
     outcomes = [run_check(VALID, driver) for driver in drivers_for(resolve(adapter))]
     assert outcomes and all(o.status == "failed" and "banned_phrases" in o.detail for o in outcomes), outcomes
 
