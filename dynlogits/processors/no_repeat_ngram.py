@@ -3,21 +3,26 @@ already holds is masked, exactly as transformers' ``NoRepeatNGramLogitsProcessor
 history (the output, or the prompt and the output with ``include_prompt``): the processor.
 
 Resident where the adapter gives the rows' histories on the host (vLLM's V1 runner): a
-``NoRepeatNgramTemplate`` whose group decides every member row on the host in one pass from its
-processor's index and masks what they find with one upload and one ``index_fill_`` (no tensor per
-row). Where the histories live on the device (vLLM's Model Runner V2), the same group decides every
-row on the device from the engine's token matrix (``no_repeat_ngram_device``), no read back, for
-sizes up to ``MAX_DEVICE_SIZE``; larger sizes are hosted there (per row, ``row_op``).
+``NoRepeatNgramTemplate`` whose group decides every member row on the host from its processor's
+index and masks what they find with one ``index_fill_`` of their flat ids (one upload on an
+accelerator; no tensor per row). Where the histories live on the device (vLLM's Model Runner V2),
+the same group decides every row on the device from the engine's token matrix
+(``no_repeat_ngram_device``), no read back, for sizes up to ``MAX_DEVICE_SIZE``; larger sizes are
+hosted there (per row, ``row_op``).
 
-Per step and row: the row's index (each ``size - 1`` tokens of the history -> the tokens that
-followed them) is found by comparing the history with the tokens it covers (a C-level list compare,
-no Python loop: of its last ``TAIL_CHECKED`` tokens when the history is the same list as at the
-row's last step, as vLLM's V1 runner passes it, else of all of them), extended by the tokens
-generated since (``size`` work each) and read once for the history's last ``size - 1`` tokens
-(the ids a key masks kept per row until the key gains a follower; the common step, the same list
-one token longer, takes a path of its own that compares the same tokens). A history no kept index covers (the first
-call, another sample, a rejected draft) is indexed from scratch once: ``O(len(history) * size)``.
-The prompt's n-grams (``include_prompt``) are indexed once per request, at realization.
+A row's index (``_Row``) is a graph of its keys (each ``size - 1`` tokens of the history, a
+``_Node``): a key's links are the tokens that followed it, each leading to the key that token makes,
+so a step that extends the history by a token follows (or adds) one link, one dict lookup, and
+masks the new key's followers (kept per key until it gains one). The index is found by comparing
+the history with the tokens it covers (a C-level list compare, no Python loop: whole, or its last
+``TAIL_CHECKED`` tokens once ``WHOLE_COMPARED`` long when the history is the same list as at the
+row's last step, as vLLM's V1 runner passes it; else all of them), then extended by the tokens
+generated since. A history no kept index covers (the first call, another sample, a rejected draft)
+is indexed from scratch once: ``O(len(history) * size)``. The prompt's n-grams (``include_prompt``)
+are indexed once per request, at realization. On the V1 runner's steady step (every member's list
+one token longer) the group steps all rows at once (``_Pass``): each part of the step is one C-level
+pass over the rows, which read their scattered objects (cold after an engine's forward pass) with
+many loads in flight.
 
 Placeholders: a negative id is a token not known yet (vLLM's ``-1`` in the newest slot under async
 scheduling), never an id: an n-gram holding one is skipped, and a step whose last ``size - 1``
@@ -25,24 +30,28 @@ tokens hold one masks only what the n-grams without it say (for ``size > 1``: no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from array import array
+from collections import deque
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, TypeAlias
+from operator import attrgetter, getitem
+from typing import ClassVar, TypeAlias, cast
 
+import numpy as np
 import torch
 
 from dynlogits.specs.builtin.no_repeat_ngram import NoRepeatNgram, NoRepeatNgramSpec
 
 from .base import IndexCache, RealizeContext
 from .modes import Decider, WindowDecided
-from .no_repeat_ngram_device import CHUNK, MAX_DEVICE_SIZE, NEVER, Constants, constants, device_bans
+from .no_repeat_ngram_device import MAX_DEVICE_SIZE, Layout, SlotTables, apply, layout, slot_tables, window_width
 from .ops import MaskIds, RowOp, apply_op
 from .slots import NEG_INF, GatheredRows, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload
 from .window import TokenWindow
 
-__all__ = ["KEPT_ROWS", "KIND", "TAIL_CHECKED", "NoRepeatNgramGroup", "NoRepeatNgramProcessor", "NoRepeatNgramTemplate", "banned_after",
-           "factory"]
+__all__ = ["KEPT_ROWS", "KIND", "TAIL_CHECKED", "WHOLE_COMPARED", "NoRepeatNgramGroup", "NoRepeatNgramProcessor",
+           "NoRepeatNgramTemplate", "banned_after", "factory"]
 
 #: what realization passes this kind's factory: the validated model or its fast decode
 Entry: TypeAlias = NoRepeatNgramSpec | NoRepeatNgram
@@ -53,8 +62,13 @@ KIND = "no_repeat_ngram"
 #: used dropped first; a row whose index was dropped is indexed again from its history.
 KEPT_ROWS = 16
 #: Tokens before the covered end compared when a row's history is the list its index was last read
-#: from (a list an engine grows): a rewrite deeper than this in the same list object goes unseen.
+#: from (a list an engine grows) and at least ``WHOLE_COMPARED`` long: a rewrite deeper than this in
+#: such a list goes unseen.
 TAIL_CHECKED = 64
+#: Histories shorter than this that are the list an index was last read from are compared whole (on
+#: the common step a C-level compare of pointers, no token object read: up to here cheaper than
+#: slicing ``TAIL_CHECKED`` tokens, which touches each), longer ones on their last ``TAIL_CHECKED``.
+WHOLE_COMPARED = 256
 #: Distinct sets of ids one request masks, whose index tensors are kept (beyond it, rebuilt).
 KEPT_SETS = 64
 
@@ -94,33 +108,53 @@ def banned_after(history: Sequence[int], size: int) -> set[int]:
     return _index(history, size).get(before, set())
 
 
+#: The ``next`` of every node without a link (never written: a node gets its own dict at its first).
+NO_LINKS: dict[int, _Node] = {}
+
+
+class _Node:
+    """One key of a row's index (``size - 1`` tokens, no placeholder): ``next`` maps each token
+    that followed it in the row's tokens to the node of the key that token makes (the key shifted
+    by it; size 1: itself), so its keys are the key's followers; ``ids``: what the key masks (sorted,
+    inside the logits width, the prompt's followers included), ``None`` until read and whenever
+    ``next`` gains a token; ``flat``: those ids plus ``base`` (the row's start in the flat logits,
+    ``NoRepeatNgramGroup``'s pass) as native int64 bytes, valid while ``base`` is the start of the
+    layout the pass runs (``None`` whenever ``ids`` is); ``token`` and ``to``: its newest link and
+    the node it leads to (``None`` while it has none), the pass's guess at the row's next step."""
+
+    __slots__ = ("key", "next", "ids", "flat", "base", "token", "to")
+
+    def __init__(self, key: tuple[int, ...]) -> None:
+        self.key = key
+        self.next: dict[int, _Node] = NO_LINKS  # its own dict from its first link on
+        self.ids: tuple[int, ...] | None = None
+        self.flat = b""
+        self.base: int | None = None
+        self.token: int | None = None
+        self.to: _Node | None = None
+
+
 class _Row:
     """One history's index: ``tokens``, a copy of the history's tokens up to its first placeholder,
-    ``index``, the n-grams ending in them (beyond the prompt's), and ``source``, the list it was last
-    read from (an engine's live history: vLLM's V1 runner hands each row the same growing list).
-    ``before``: ``tokens``' last ``size - 1`` tokens as a key (``None`` while they are fewer), the
-    next token's n-gram prefix; ``ids``: per key looked up, the ids it masks (sorted, inside the
-    logits width, the prompt's included), dropped when the key gains a follower."""
+    ``nodes``, its keys (the n-grams ending in ``tokens`` are their ``next`` links), ``node``, the
+    key of ``tokens``' end (the prompt's last tokens before them with ``include_prompt``; ``None``
+    while prompt and tokens are shorter than ``size - 1`` or it holds a prompt placeholder), the
+    next token's n-gram prefix (``None`` too while a ``NoRepeatNgramGroup`` pass steps the row: it is
+    found again from ``tokens``), and ``source``, the list it was last read from (an engine's live
+    history: vLLM's V1 runner hands each row the same growing list). A step that adds a token whose
+    n-gram is known follows one link (one dict lookup); a new n-gram adds a link."""
 
-    __slots__ = ("tokens", "index", "source", "before", "ids")
+    __slots__ = ("tokens", "nodes", "node", "source")
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
-        self.index: Index = {}
+        self.nodes: dict[tuple[int, ...], _Node] = {}
+        self.node: _Node | None = None
         self.source: list[int] | None = None
-        self.before: tuple[int, ...] | None = None
-        self.ids: dict[tuple[int, ...], tuple[int, ...]] = {}
 
-    def add(self, before: tuple[int, ...], token: int) -> None:
-        """The n-gram ``before + (token,)``, its key's kept ids dropped if it is new."""
-        followers = self.index.get(before)
-        if followers is None:
-            self.index[before] = {token}
-        elif token in followers:
-            return
-        else:
-            followers.add(token)
-        self.ids.pop(before, None)
+    def reset(self) -> None:
+        """Forget everything: the next read indexes the history from scratch."""
+        self.tokens, self.nodes, self.node, self.source = [], {}, None, None
 
 
 class NoRepeatNgramProcessor:
@@ -133,7 +167,8 @@ class NoRepeatNgramProcessor:
 
     __slots__ = ("size", "vocab_size", "template", "_prompt", "_prompt_index", "_rows", "_sets")
 
-    def __init__(self, size: int, vocab_size: int, prompt: Sequence[int] = (), *, positions: int | None = None) -> None:
+    def __init__(self, size: int, vocab_size: int, prompt: Sequence[int] = (), *, positions: int | None = None,
+                 outputs: int | None = None) -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         self.size, self.vocab_size = size, vocab_size
@@ -141,21 +176,24 @@ class NoRepeatNgramProcessor:
         self._prompt_index = _index(self._prompt, size) if self._prompt else {}
         self._rows: list[_Row] = []  # most recently used first
         self._sets: dict[tuple[int, ...], IndexCache] = {}
-        self.template = NoRepeatNgramTemplate(size, bool(self._prompt), positions)
+        self.template = NoRepeatNgramTemplate(size, bool(self._prompt), positions, outputs)
 
     def _row_for(self, history: list[int]) -> _Row:
         """The kept index whose tokens begin ``history`` (made most recent), extended to its first
         placeholder; a fresh one when none does. A history is compared whole with an index's tokens,
-        except the list the index was last read from: engines append to it (and put a placeholder's
-        token in its place), so its last ``TAIL_CHECKED`` covered tokens are compared."""
+        except the list the index was last read from once it is ``WHOLE_COMPARED`` long: engines
+        append to it (and put a placeholder's token in its place), so its last ``TAIL_CHECKED``
+        covered tokens are compared."""
         n = len(history)
         for i, row in enumerate(self._rows):
             k = len(row.tokens)
             if k > n:
                 continue
             if history is row.source:
-                j = max(0, k - TAIL_CHECKED)
-                same = history[j:k] == row.tokens[j:]
+                if k < WHOLE_COMPARED:
+                    same = history[:k] == row.tokens
+                else:
+                    same = history[k - TAIL_CHECKED:k] == row.tokens[k - TAIL_CHECKED:]
             else:
                 same = (k == 0 or history[k - 1] == row.tokens[-1]) and history[:k] == row.tokens
             if same:
@@ -170,74 +208,100 @@ class NoRepeatNgramProcessor:
         self._extend(row, history)
         return row
 
+    def _key_node(self, row: _Row) -> _Node | None:
+        """The node of the last ``size - 1`` tokens of the prompt and ``row.tokens`` (made if new);
+        ``None`` while they are fewer or hold a (prompt) placeholder."""
+        need, tokens, prompt = self.size - 1, row.tokens, self._prompt
+        n = len(tokens)
+        if n >= need:
+            key = tuple(tokens[n - need:])
+        elif len(prompt) + n >= need:
+            key = (*prompt[len(prompt) + n - need:], *tokens)
+            if min(key) < 0:
+                return None
+        else:
+            return None
+        node = row.nodes.get(key)
+        if node is None:
+            node = row.nodes[key] = _Node(key)
+        return node
+
+    def _link(self, row: _Row, node: _Node, token: int) -> _Node:
+        """The n-gram ``node.key + (token,)``, new: ``node`` gains the link (its ids dropped); the node
+        ``token`` leads to (made if new)."""
+        if self.size == 1:
+            to = node
+        else:
+            key = (*node.key[1:], token)
+            to = row.nodes.get(key)  # type: ignore[assignment]
+            if to is None:
+                to = row.nodes[key] = _Node(key)
+        if node.next is NO_LINKS:
+            node.next = {token: to}
+        else:
+            node.next[token] = to
+        node.ids = node.base = None
+        node.token, node.to = token, to
+        return to
+
     def _extend(self, row: _Row, history: list[int]) -> None:
-        size, tokens, prompt = self.size, row.tokens, self._prompt
+        tokens, node = row.tokens, row.node
+        if node is None:  # not known yet, or dropped by a pass of ``NoRepeatNgramGroup`` that stepped the row
+            node = self._key_node(row)
         for j in range(len(tokens), len(history)):
             token = history[j]
             if token < 0:
-                return
-            if size == 1:
-                row.add((), token)
-            elif j >= size - 1:
-                row.add(tuple(tokens[j - size + 1:]), token)
-            elif len(prompt) + j >= size - 1:  # an n-gram that begins in the prompt
-                before = (*prompt[len(prompt) + j - size + 1:], *tokens)
-                if min(before) >= 0:
-                    row.add(before, token)
+                break
             tokens.append(token)
+            if node is not None:
+                to = node.next.get(token)
+                node = self._link(row, node, token) if to is None else to
+            else:  # fewer than ``size - 1`` tokens so far, or a prompt placeholder among them
+                node = self._key_node(row)
+        row.node = node
 
     def banned(self, history: Sequence[int]) -> tuple[int, ...]:
         """The ids this step masks (sorted, no repeats, inside the logits width)."""
         h = history if type(history) is list else list(history)
         rows = self._rows
-        if rows:  # the common step: the list last read, one known token longer (what ``_row_for`` and ``_extend`` do, inlined)
+        if rows:  # the common step: the list last read, one known token longer (``NoRepeatNgramGroup._each`` inlines it)
             row = rows[0]
-            tokens, before = row.tokens, row.before
+            tokens, node = row.tokens, row.node
             k = len(tokens)
-            if h is row.source and before is not None and len(h) == k + 1:
+            if h is row.source and node is not None and len(h) == k + 1:
                 token = h[k]
                 if token >= 0:
                     tokens.append(token)
-                    if not (h == tokens if k < TAIL_CHECKED else h[k - TAIL_CHECKED:k] == tokens[k - TAIL_CHECKED:k]):
-                        tokens.pop()
-                        return self._banned(h)
-                    row.add(before, token)
-                    if before:
-                        before = row.before = (*before[1:], token)
-                    ids = row.ids.get(before)
-                    return self._ids(row, before) if ids is None else ids
+                    if h == tokens if k < WHOLE_COMPARED else h[k - TAIL_CHECKED:k] == tokens[k - TAIL_CHECKED:k]:
+                        to = node.next.get(token)
+                        node = row.node = self._link(row, node, token) if to is None else to
+                        ids = node.ids
+                        return self._ids(node) if ids is None else ids
+                    tokens.pop()
         return self._banned(h)
 
     def _banned(self, h: list[int]) -> tuple[int, ...]:
         row = self._row_for(h)
-        size, n, known = self.size, len(h), len(row.tokens)
-        if size == 1:
-            row.before = ()
-        elif known >= size - 1:
-            row.before = tuple(row.tokens[known - size + 1:])
-        else:
-            row.before = None
+        n, known = len(h), len(row.tokens)
         if known < n:  # a placeholder at ``known``
             if known < n - 1:
                 return tuple(sorted(t for t in self._scan(h) if t < self.vocab_size))
-            if size > 1:
+            if self.size > 1:
                 return ()
-        before = row.before
-        if before is None:
-            if len(self._prompt) + known < size - 1:
-                return ()
-            before = (*self._prompt[len(self._prompt) + known - size + 1:], *row.tokens)
-        ids = row.ids.get(before)
-        return self._ids(row, before) if ids is None else ids
+        node = row.node
+        if node is None:
+            return ()
+        ids = node.ids
+        return self._ids(node) if ids is None else ids
 
-    def _ids(self, row: _Row, before: tuple[int, ...]) -> tuple[int, ...]:
-        """The ids ``before`` masks in ``row`` (the prompt's n-grams included), kept in ``row.ids``."""
-        found = row.index.get(before)
-        early = self._prompt_index.get(before)
+    def _ids(self, node: _Node) -> tuple[int, ...]:
+        """What ``node``'s key masks (the prompt's n-grams included), kept in ``node.ids``."""
+        found: Collection[int] = node.next
+        early = self._prompt_index.get(node.key) if self._prompt_index else None
         if early:
-            found = early | found if found else early
-        ids = tuple(sorted(t for t in found if t < self.vocab_size)) if found else ()
-        row.ids[before] = ids
+            found = early.union(found)
+        vocab = self.vocab_size
+        ids = node.ids = tuple(sorted(t for t in found if t < vocab)) if found else ()
         return ids
 
     def _scan(self, history: list[int]) -> set[int]:
@@ -262,16 +326,17 @@ class NoRepeatNgramProcessor:
 class NoRepeatNgramGroup(WindowDecided):
     """``no_repeat_ngram`` on the resident path. Where the adapter passes host histories
     (``SlotBatch(host_histories=True)``, vLLM's V1 runner): every member row is decided on the host
-    by its own processor (``NoRepeatNgramProcessor.banned``), in one pass; the ids found become flat
-    indices, uploaded once, and masked with one ``index_fill_``; no device tables. From the token
-    window (Model Runner V2): every row decided on the device (``no_repeat_ngram_device.device_bans``)
-    from its slot's table (``params``: size, whether the prompt counts), for sizes up to
-    ``MAX_DEVICE_SIZE`` (``fits_window``; larger ones hosted), masked with one ``scatter_reduce_``.
-    Masks only: never leaves a row empty by itself."""
+    from its processor's index, all rows at once on the steady step (``_Pass``), else row by row
+    (``_each``); the ids found become flat indices (native int64 bytes), read in place on the CPU or
+    uploaded once, and masked with one ``index_fill_``; no device tables. From the token window
+    (Model Runner V2): every row decided on the device (``no_repeat_ngram_device``) from its slot's
+    table (``params``: size, whether the prompt counts), for sizes up to ``MAX_DEVICE_SIZE``
+    (``fits_window``; larger ones hosted), masked with one ``scatter_reduce_``. Masks only: never
+    leaves a row empty by itself."""
 
     @classmethod
     def fits_window(cls, template: Template, group: Group | None) -> bool:
-        """Sizes up to ``MAX_DEVICE_SIZE``: each step compares ``rows * max_model_len * (size - 1)`` cells."""
+        """Sizes up to ``MAX_DEVICE_SIZE``: each step compares ``rows * W * size`` cells (``no_repeat_ngram_device``)."""
         assert isinstance(template, NoRepeatNgramTemplate)
         return template.size <= MAX_DEVICE_SIZE
 
@@ -279,109 +344,315 @@ class NoRepeatNgramGroup(WindowDecided):
         super().__init__(level, num_slots, device)
         self.params = self.table(torch.long, pad=0, width=2)
         self._sizes: dict[int, int] = {}  # member slot -> size, window groups
-        self._positions: dict[int, int | None] = {}  # member slot -> its positions (None: unknown), window groups
-        self._consts: dict[tuple[int, int], Constants] = {}  # kept across steps
+        self._spans: dict[int, int | None] = {}  # member slot -> its longest kept history (None: unknown), window groups
+        self.width: int | None = None  # the window the last layout reads (``window_width``), window groups
         self._extremes: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._index: tuple[torch.Tensor, memoryview, dict[int, torch.Tensor]] | None = None  # CPU, host histories
 
     def _write(self, slot: int, template: NoRepeatNgramTemplate) -> None:
         if not self.from_window:
             return None  # decided on the host: everything it reads is the row's history and its processor's index
         self.params.set(slot, [template.size, int(template.include_prompt)])
         self._sizes[slot] = template.size
-        self._positions[slot] = template.positions
+        self._spans[slot] = template.positions if template.include_prompt else template.outputs
         return None
 
     def assign(self, slot: int, template: Template | None) -> None:
         if template is None:
             self._sizes.pop(slot, None)
-            self._positions.pop(slot, None)
+            self._spans.pop(slot, None)
         super().assign(slot, template)
 
     # -- token window (Model Runner V2) -------------------------------------------------------------
-    def _rows_tables(self, rows: GatheredRows, window: TokenWindow,
-                     size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The rows' slots within the engine's, each row's history start (``NEVER`` outside the
-        group), ``CHUNK * (prompt_len - 1)`` and its unused columns (``None`` when every member's size is the group's), gathered once while ``rows.slot_of_row`` is the same tensor,
-        the group's size the same and no table changes (a flush clears ``_cache``)."""
-        cached = self._cache.get("window")
-        sizes = set(self._sizes.values())
-        if cached is not None and cached[0] is rows.slot_of_row and cached[1] == size and cached[2] == sizes:
-            return cached[3]
-        slots = window.slots(rows.slot_of_row)
-        params = self.params.dev[rows.slot_of_row]
-        prompt_len = window.prompt_len[slots].long()
-        start = torch.where(rows.member, torch.where(params[:, 1] > 0, 0, prompt_len), NEVER)
-        chunk = (prompt_len - 1) * CHUNK
-        unused = None
-        if len(sizes) > 1:
-            columns = self._constants(window, size)[2]
-            unused = columns[None, :] < (size - params[:, 0])[:, None]
-        made = (slots, start, chunk, unused)
-        self._cache["window"] = (rows.slot_of_row, size, sizes, made)
+    def _layout(self, rows: GatheredRows, window: TokenWindow, vocab: int) -> Layout:
+        """The rows' tables: every slot's (``no_repeat_ngram_device.slot_tables``) made once while no
+        table changes (a flush clears ``_cache``) and the logits are as wide, gathered by one
+        ``index`` while ``rows.slot_of_row`` is the same tensor (under drafts the runner gives a new
+        one every step)."""
+        cached: Layout | None = self._cache.get("rows")
+        if cached is not None and cached.slot_of_row is rows.slot_of_row and cached.source.vocab == vocab:
+            return cached
+        tables: SlotTables | None = self._cache.get("slots")
+        if tables is None or tables.vocab != vocab:
+            size = max(self._sizes.values(), default=1)
+            self.width = width = window_width(window.tokens.shape[1], list(self._spans.values()), size)
+            tables = self._cache["slots"] = slot_tables(window, self.member.dev[:, 0], self.params.dev, width, size, vocab)
+        made = self._cache["rows"] = layout(tables, rows.slot_of_row)
         return made
 
-    def _constants(self, window: TokenWindow, size: int) -> Constants:
-        """The window's constants: ``W`` the engine's matrix width, or less where every member's
-        positions are known (a row past them is one whose sample the runner discards: it sees a
-        part of its history, so masks a subset of its ids)."""
-        width = window.tokens.shape[1]
-        spans = self._positions.values()
-        if spans and None not in spans:
-            width = min(width, max(n for n in spans if n is not None))
-        width = max(width, size)
-        consts = self._consts.get((width, size))
-        if consts is None:
-            if len(self._consts) > 16:
-                self._consts.clear()
-            consts = self._consts[(width, size)] = constants(width, size, self.device)
-        return consts
-
     def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
-        """Per row and window of its history (``[rows, W - S + 1]``): whether the token after it is
-        banned now; the tokens are kept for ``apply_device_decisions``."""
-        size = max(self._sizes.values(), default=1)
-        slots, start, chunk, unused = self._rows_tables(rows, window, size)
-        ids, hit = device_bans(window, slots, start, chunk, unused, size, self._constants(window, size))
-        self._cache["ids"] = ids
-        return hit
+        """Nothing yet: the rows are decided where the logits' width is known
+        (``apply_device_decisions``), from ``window``, kept until then; the rows' membership stands
+        for the decisions (no device op)."""
+        self._cache["window_step"] = window
+        return rows.member
 
-    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> None:
-        """``-inf`` at the tokens ``decide_from_window`` found."""
-        ids = self._cache.pop("ids")
-        key = (step.logits.dtype, step.logits.device)
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> None:
+        """Every row decided from the window and its bans masked (``no_repeat_ngram_device.apply``)."""
+        window: TokenWindow = self._cache.pop("window_step")
+        logits = step.logits
+        key = (logits.dtype, logits.device)
         extremes = self._extremes.get(key)
         if extremes is None:
             extremes = self._extremes[key] = (torch.full((), NEG_INF, dtype=key[0], device=key[1]),
                                               torch.full((), -NEG_INF, dtype=key[0], device=key[1]))
-        step.logits.scatter_reduce_(1, ids.clamp(0, step.logits.shape[1] - 1), torch.where(hit, *extremes), reduce="amin")
+        apply(window, self._layout(rows, window, logits.shape[1]), logits, extremes)
         return None
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
-        """Per layout: each member row's start in the flat logits (host)."""
+        """Per layout: each member row's start in the flat logits (host), and the index each row
+        was last decided from (none yet)."""
         super().prepare(rows, stride)
         self._cache["base"] = (rows.rows * stride).tolist()
+        self._cache["held"] = [None] * len(rows.rows)
 
     def decide_rows(self, deciders: list[Decider], histories: Sequence[Sequence[int]],
-                    fail: Callable[[int, int, Exception], None]) -> list[int]:
-        """The flat indices the member rows mask this step; a row whose processor raises is passed
-        to ``fail`` and masks nothing."""
+                    fail: Callable[[int, int, Exception], None]) -> bytes:
+        """The flat indices the member rows mask this step, as native int64 bytes; a row whose
+        processor raises is passed to ``fail`` and masks nothing. While every member row's history
+        is the list its index was last read from, one token longer (the V1 runner's steady step),
+        all of them are stepped at once (``_Pass``); else each row on its own (``_each``), after
+        which the pass is set up again."""
+        cache = self._cache
+        run: _Pass | None = cache.get("pass")
+        if run is not None:
+            found = run.step(histories)
+            if found is not None:
+                return found
+            cache["pass"] = None
+        flat = self._each(deciders, histories, fail)
+        cache["pass"] = _Pass.start(deciders, histories, cache["held"], cache["base"])
+        try:
+            return array("q", flat).tobytes()
+        except TypeError:  # an id that is no int (a processor's history of other numbers), as numpy casts it
+            return np.asarray(flat, dtype=np.int64).tobytes()
+
+    def _each(self, deciders: list[Decider], histories: Sequence[Sequence[int]],
+              fail: Callable[[int, int, Exception], None]) -> list[int]:
+        """Row by row: a history that is the list its index was last read from, one token longer,
+        stepped here (``NoRepeatNgramProcessor.banned``'s common step, inlined), any other by the
+        row's processor."""
         found: list[int] = []
         add = found.append
-        for base, (row, slot, processor) in zip(self._cache["base"], deciders):
+        held: list[_Row | None] = self._cache["held"]
+        tail, whole = TAIL_CHECKED, WHOLE_COMPARED
+        for i, (base, (row, slot, processor)) in enumerate(zip(self._cache["base"], deciders)):
             try:
-                ids = processor.banned(histories[row])
+                h = histories[row]
+                index = held[i]
+                if index is not None and h is index.source:
+                    tokens, node = index.tokens, index.node
+                    k = len(tokens)
+                    if node is not None and len(h) == k + 1:
+                        token = h[k]
+                        if token >= 0:
+                            tokens.append(token)
+                            if h == tokens if k < whole else h[k - tail:k] == tokens[k - tail:k]:
+                                to = node.next.get(token)
+                                node = index.node = processor._link(index, node, token) if to is None else to
+                                ids = node.ids
+                                if ids is None:
+                                    ids = processor._ids(node)
+                                for t in ids:
+                                    add(base + t)
+                                continue
+                            tokens.pop()
+                ids = processor.banned(h)
+                held[i] = processor._rows[0]
             except Exception as exc:  # a bug must not escape the sampler: this row alone
+                held[i] = None
                 fail(row, slot, exc)
                 continue
             for t in ids:
                 add(base + t)
         return found
 
-    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, found: list[int], upload: StepUpload) -> None:
-        if found:
-            upload.buffer(len(found))[:] = found
-            step.flat.index_fill_(0, upload.upload(len(found)), NEG_INF)
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, found: bytes, upload: StepUpload) -> None:
+        """One masked write of the flat indices ``decide_rows`` found: read in place on the CPU, else
+        through ``upload`` (one non-blocking copy)."""
+        n = len(found) >> 3
+        if n:
+            if self.device.type == "cpu":
+                index = self._host_index(found, n)
+            else:
+                upload.buffer(n).data.cast("B")[:] = found  # native int64 into the int64 buffer
+                index = upload.upload(n)
+            step.flat.index_fill_(0, index, NEG_INF)
         return None
+
+    def _host_index(self, found: bytes, n: int) -> torch.Tensor:
+        """CPU: ``found`` copied into this group's index tensor (rewritten every step: a CPU op has
+        run when it returns), its first ``n`` values; a view per count, kept."""
+        held = self._index
+        if held is None or n > held[0].shape[0]:
+            tensor = torch.zeros(max(n, 256 if held is None else 2 * held[0].shape[0]), dtype=torch.long)
+            held = self._index = (tensor, tensor.numpy().data.cast("B"), {})
+        tensor, raw, views = held
+        raw[:len(found)] = found
+        view = views.get(n)
+        if view is None:
+            if len(views) >= 256:
+                views.clear()
+            view = views[n] = tensor[:n]
+        return view
+
+
+_next_of, _flat_of, _base_of = attrgetter("next"), attrgetter("flat"), attrgetter("base")
+_token_of, _to_of = attrgetter("token"), attrgetter("to")
+_append, _pop = list.append, list.pop
+#: Parts ``bytes.join`` joins without allocating (CPython's ``NB_STATIC_BUFFERS``).
+JOINED = 10
+
+
+def _joined(parts: list[bytes]) -> bytes:
+    """``b"".join(parts)``, ten at a time: a join of more than ten parts mallocs a buffer table
+    (80 bytes a part) past the small-object allocator, which after an engine's large frees can cost
+    page faults (tens of µs per step where a join of 64 costs a few)."""
+    while len(parts) > JOINED:
+        parts = [b"".join(parts[i:i + JOINED]) for i in range(0, len(parts), JOINED)]
+    return b"".join(parts)
+
+
+class _Pass:
+    """``NoRepeatNgramGroup``'s step of every member row at once, while each row's history is the
+    list its index was last read from, one token longer, with no placeholder. Each part of the step
+    is one C-level pass over the rows (``map``, a list or tuple compare), so the rows' scattered
+    objects are read with many loads in flight rather than one row's chain at a time, and the step
+    touches few objects per row: the history and its new token, the mirror, and the node the row
+    moves to with its ``flat`` ids and newest link. The rows' own indexes (``_Row``) are stepped in
+    place: their ``tokens`` are this pass's mirrors (short ones copied together at the start, so they
+    lie close in memory), their ``node`` is dropped at the start (the pass keeps the current nodes;
+    the processor finds a row's node again from its tokens), so a row is right for its processor
+    whenever the pass stops.
+
+    A step: ``histories`` holds the same lists as at the start (one identity compare); each one's
+    last token (none negative) is appended to its mirror, which is then compared with the history
+    (whole while every mirror is shorter than ``WHOLE_COMPARED``, which compares the lengths too;
+    else the lengths and the last ``TAIL_CHECKED`` covered tokens, as the processor compares them);
+    each row moves along its node's link for the token: where every token is its node's newest link
+    (``tokens``, one list compare) along those links (``guessed``), else by each node's ``next`` (a
+    new n-gram links it, row by row); then it masks that node's ``flat`` ids (made for the row's
+    base, row by row, when stale). Any other history, a placeholder or a rewritten tail ends the
+    pass (``None``, the mirrors as they were): the group decides that step row by row."""
+
+    __slots__ = ("histories", "sources", "mirrors", "rows", "processors", "plain", "bases", "last", "nodes", "tokens",
+                 "guessed", "longest")
+
+    def __init__(self, histories: list[Sequence[int]], rows: list[_Row], processors: list[NoRepeatNgramProcessor],
+                 bases: list[int], nodes: list[_Node]) -> None:
+        self.histories = histories.copy()
+        self.sources = cast(tuple[list[int], ...], tuple(index.source for index in rows))  # none is None: ``start``
+        self.mirrors = tuple(index.tokens for index in rows)
+        self.rows, self.processors, self.bases, self.nodes = rows, processors, bases, nodes
+        #: per row: ``None`` for size 1 (a node links to itself), else whether its prompt has no n-grams
+        self.plain = [None if p.size == 1 else not p._prompt_index for p in processors]
+        self.last = [-1] * len(rows)
+        self.longest = max(map(len, self.mirrors))
+        self.tokens: list[int | None] = list(map(_token_of, nodes))
+        self.guessed: list[_Node | None] = list(map(_to_of, nodes))
+
+    @classmethod
+    def start(cls, deciders: list[Decider], histories: Sequence[Sequence[int]], held: list[_Row | None],
+              bases: list[int]) -> _Pass | None:
+        """A pass over the rows ``_each`` has just decided, if each row's index (one per row) now
+        covers its whole history, read from that same list, and has a node."""
+        if not deciders or type(histories) is not list:
+            return None
+        rows: list[_Row] = []
+        nodes: list[_Node] = []
+        for (row, _, _), index in zip(deciders, held):
+            if index is None or index.node is None or index.source is not histories[row] or len(index.tokens) != len(index.source):
+                return None
+            rows.append(index)
+            nodes.append(index.node)
+        if len(set(map(id, rows))) < len(rows):
+            return None
+        for index in rows:
+            if len(index.tokens) <= WHOLE_COMPARED:
+                index.tokens = index.tokens.copy()  # made together: the mirrors' headers and items lie close
+            index.node = None  # the pass keeps it from now on
+        return cls(histories, rows, [processor for _, _, processor in deciders], bases, nodes)
+
+    def step(self, histories: Sequence[Sequence[int]]) -> bytes | None:
+        if histories != self.histories:  # the same lists, compared by identity
+            return None
+        hs = self.sources
+        try:
+            tokens: list[int] = list(map(getitem, hs, self.last))
+            if min(tokens) < 0:
+                return None
+        except Exception:  # an empty history, or one the processor would refuse: row by row, each failing alone
+            return None
+        mirrors = self.mirrors
+        deque(map(_append, mirrors, tokens), 0)
+        if self.longest < WHOLE_COMPARED:
+            same = hs == mirrors
+        else:
+            cut = [slice(k - TAIL_CHECKED - 1 if k > TAIL_CHECKED else 0, k - 1) for k in map(len, mirrors)]
+            same = (list(map(len, hs)) == list(map(len, mirrors))
+                    and list(map(getitem, hs, cut)) == list(map(getitem, mirrors, cut)))
+        if not same:
+            deque(map(_pop, mirrors), 0)
+            return None
+        try:
+            found = self._move(tokens)
+        except Exception:  # an id no index should hold: these rows are indexed again from their histories
+            for index in self.rows:
+                index.reset()
+            return None
+        self.longest += 1
+        return found
+
+    def _move(self, tokens: list[int]) -> bytes:
+        """Every row along its node's link for its token (the mirrors hold it already); what they mask."""
+        nodes: list[_Node]
+        bases = self.bases
+        if tokens == self.tokens:  # every row along its node's newest link
+            nodes = self.guessed  # type: ignore[assignment]  # no None: its tokens equal ints
+        else:
+            nexts = list(map(_next_of, self.nodes))
+            found: list[_Node | None] = list(map(dict.get, nexts, tokens))
+            if None in found:  # new n-grams (under the ban, every row's every step)
+                for i, to in enumerate(found):
+                    if to is None:
+                        found[i] = self._link(i, nexts[i], tokens[i])
+            nodes = found  # type: ignore[assignment]
+        if list(map(_base_of, nodes)) != bases:  # flat ids made for another layout, or none
+            for i, node in enumerate(nodes):
+                if node.base is not bases[i]:
+                    ids = node.ids
+                    if ids is None:
+                        ids = self.processors[i]._ids(node)
+                    base = bases[i]
+                    node.flat = array("q", [base + t for t in ids]).tobytes() if ids else b""
+                    node.base = base
+        self.nodes, self.tokens, self.guessed = nodes, list(map(_token_of, nodes)), list(map(_to_of, nodes))
+        return _joined(list(map(_flat_of, nodes)))
+
+    def _link(self, i: int, follows: dict[int, _Node], token: int) -> _Node:
+        """Row ``i``'s new n-gram (``NoRepeatNgramProcessor._link``, inlined), from the node whose
+        ``next`` is ``follows``; a node it makes masks nothing but the prompt's (its flat ids made
+        here for the row's base where the prompt has none)."""
+        node = self.nodes[i]
+        plain = self.plain[i]
+        if plain is None:  # size 1
+            to = node
+        else:
+            nodes = self.rows[i].nodes
+            key = (*node.key[1:], token)
+            made = nodes.get(key)
+            if made is None:
+                made = nodes[key] = _Node(key)
+                if plain:
+                    made.ids, made.base = (), self.bases[i]  # flat b"": nothing to mask, whatever the base
+            to = made
+        if follows is NO_LINKS:
+            node.next = {token: to}
+        else:
+            follows[token] = to
+        node.ids = node.base = None
+        node.token, node.to = token, to
+        return to
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,9 +663,11 @@ class NoRepeatNgramTemplate(Template):
 
     size: int
     include_prompt: bool = False
-    #: the most positions a row of the request reaches (prompt plus ``max_tokens``; ``None``: unknown):
-    #: the window decided on the device is no wider than its members' largest
+    #: the most positions a row of the request reaches (prompt plus ``max_tokens``; ``None``: unknown)
+    #: and the most tokens it generates (``max_tokens``): the window decided on the device is no wider
+    #: than the longest history its members' kept samples see (``no_repeat_ngram_device.window_width``)
     positions: int | None = None
+    outputs: int | None = None
     group: ClassVar[type[NoRepeatNgramGroup]] = NoRepeatNgramGroup
     reads_tokens: ClassVar[bool] = True
 
@@ -409,4 +682,4 @@ def factory(entry: Entry, ctx: RealizeContext) -> NoRepeatNgramProcessor:
         prompt = ctx.prompt_ids
     max_tokens = ctx.sampling.max_tokens
     positions = len(ctx.prompt_ids) + max_tokens if ctx.prompt_ids and max_tokens is not None else None
-    return NoRepeatNgramProcessor(entry.size, ctx.vocab_size, prompt, positions=positions)
+    return NoRepeatNgramProcessor(entry.size, ctx.vocab_size, prompt, positions=positions, outputs=max_tokens)

@@ -137,4 +137,4 @@ def test_the_window_is_no_wider_than_the_members_positions() -> None:
     out = harness.step(["a"], torch.zeros(1, VOCAB))
     assert _masked(out[0]) == sorted(banned_after(prompt + [3, 2], 2)) == [3, 4]
     (group,) = [g for g in harness.processor._resident.groups.values() if g.from_window]
-    assert group._consts and {w for w, _ in group._consts} == {10}  # 4 + 6 of 128
+    assert group.width == 11  # 4 + 6 of 128, plus size - 1

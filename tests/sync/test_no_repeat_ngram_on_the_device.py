@@ -2,7 +2,7 @@
 adapter: on the V1 runner a resident step that finds ids is one upload and one masked write (the
 rows decided on the host from their histories); under Model Runner V2 every row is decided on the
 device from the engine's token matrix, a fixed number of ops whatever the tokens
-(``V2_STEADY_OPS``), with drafts or without; and no step of a sequence with batch changes and
+(``V2_STEADY``, ``V2_STEADY_OPS_WITH_DRAFTS``), with drafts or without; and no step of a sequence with batch changes and
 failing requests waits for the device on either runner."""
 
 from __future__ import annotations
@@ -22,17 +22,18 @@ MIXED: list[list[dict[str, Any]]] = [[{"kind": "no_repeat_ngram", "size": 2}],
                                      [{"kind": "banned_tokens", "token_ids": [0]}, {"kind": "no_repeat_ngram", "size": 3}],
                                      [{"kind": "no_repeat_ngram", "size": 1}]]
 
-#: Model Runner V2's steady step, one size in the group: the window of the whole token matrix read
-#: (``add``, ``index``), a prefill chunk's row's history start moved past it (``sub``, ``maximum``),
-#: columns outside the history or holding a placeholder made values of their own (``ge``, ``ge``,
-#: ``bitwise_and``, ``where``), every window compared with the row's end
-#: (``eq``, ``all``), the token after it known (``bitwise_and``), one masked write (``clamp``,
-#: ``where``, ``scatter_reduce_``)
-V2_STEADY = ["add", "index", "sub", "maximum", "ge", "ge", "bitwise_and", "where", "eq", "all", "bitwise_and", "clamp", "where",
-             "scatter_reduce_"]
+#: Model Runner V2's steady step, one size in the group (``no_repeat_ngram_device``): the positions
+#: read and each column's bounds in one ``addcmul`` of the layout's tables, the window read
+#: (``index``), every column outside the history made a value of its own and the ids a ban writes
+#: kept inside the logits, both in one ``clamp``, the tail with the sign bit set (``bitwise_or``)
+#: xored into every window (``bitwise_xor``), each window within its limits (``le``, ``all``: its
+#: tokens equal the tail, the token after it a history token inside the logits), one masked write
+#: (``where``, ``scatter_reduce_``)
+V2_STEADY = ["addcmul", "index", "clamp", "bitwise_or", "bitwise_xor", "le", "all", "where", "scatter_reduce_"]
 #: the same step with two drafts per request: the window's drafts read from ``input_ids`` as well
-#: (``TokenWindow._read``) and the runner's own draft bookkeeping
-V2_STEADY_OPS_WITH_DRAFTS = 37
+#: (``TokenWindow._read``), the runner's own draft bookkeeping, and the rows' tables gathered again
+#: (one ``index``: the runner gives a new row mapping every step)
+V2_STEADY_OPS_WITH_DRAFTS = 22
 
 
 def test_vllm_v1_runner_step_that_finds_ids_is_one_upload_and_one_masked_write() -> None:
