@@ -43,14 +43,6 @@ BLOCK = 1024
 #: rows per program of the absorb
 ROWS = 64
 
-_MASK = 0xFFFFFFFF
-_M0 = 0xD2511F53
-_M1 = 0xCD9E8D57
-_W0 = 0x9E3779B9
-_W1 = 0xBB67AE85
-_CONTEXT_DOMAIN = 0x574D4358
-_TOKEN_DOMAIN = 0x574D544B
-
 
 @functools.cache
 def kernels() -> Any:
