@@ -325,7 +325,8 @@ def reset() -> None:
 
 # -- fused ops (``dynlogits.kernels``): the draw, its forcing and the absorb as Triton kernels on CUDA --
 
-from dynlogits.kernels.fused import fused_op  # noqa: E402  # declared after the eager references they run on the CPU
+from dynlogits.kernels.fused import fused_op  # noqa: E402
+from dynlogits.kernels.probe import FusedGate  # noqa: E402  # declared after the eager references they run on the CPU
 
 
 @fused_op("watermark_draw_force_", launches=2, mutates_args=("logits",))
@@ -370,34 +371,12 @@ def _fused_absorb_cuda(keys: torch.Tensor, contexts: torch.Tensor, widths: torch
     return kernels.absorb(keys, contexts, widths)
 
 
-_FUSED: dict[torch.device, bool] = {}
-_FUSED_LOCK = threading.Lock()
-
-
 def fused_ready(device: torch.device) -> bool:
-    """Whether the watermark's fused ops run on ``device``: never on the CPU (the eager path, no
-    Triton); always on another non-CUDA device (the CUDA model ``SimCuda``, which counts their
-    declared launches); on CUDA once a probe passed: at the first call per device, a small batch
-    (random states, keys, contexts, logits with ties and ``-inf``) goes through the Triton kernels and
-    through the eager reference on the same device and must match exactly (tokens, forced rows,
-    states; one host sync, at group creation). Triton missing, a kernel failing to compile or
-    launch, or any difference: one warning and the eager path for good on that device."""
-    if device.type == "cpu":
-        return False
-    if device.type != "cuda":
-        return True
-    with _FUSED_LOCK:
-        ready = _FUSED.get(device)
-        if ready is None:
-            try:
-                ready = _probe(device)
-                reason = "the probe differs from the eager reference"
-            except Exception as exc:  # no Triton, a compile or launch failure: eager
-                ready, reason = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            if not ready:
-                log.warning("watermark: the fused Triton kernels are off on %s (%s); drawing eagerly", device, reason)
-            _FUSED[device] = ready
-    return ready
+    """Whether the watermark's fused ops run on ``device`` (``dynlogits.kernels.probe.FusedGate``):
+    never on the CPU, always in the CUDA model, on CUDA once ``_probe`` passed (a small batch through
+    the Triton kernels and the eager reference, random states, keys, contexts, logits with ties and
+    ``-inf``, compared exactly: tokens, forced rows, states); else one warning and eager for good."""
+    return _GATE.ready(device)
 
 
 def _probe(device: torch.device) -> bool:
@@ -426,7 +405,10 @@ def _probe(device: torch.device) -> bool:
     return all(same)
 
 
+#: the probe-at-first-use gate (``_probe`` looked up at call time)
+_GATE = FusedGate("watermark", lambda device: _probe(device))
+
+
 def reset_fused() -> None:
     """Forget every device's probe (tests)."""
-    with _FUSED_LOCK:
-        _FUSED.clear()
+    _GATE.reset()
