@@ -37,6 +37,7 @@ import torch
 
 from .slots import GatheredRows, Group, SlotTable
 from .spans import PLACEHOLDER
+from .window import cached_arange
 
 __all__ = ["ANCHOR", "BIG", "CLOSED", "KEY", "NEVER", "OUT", "SEL", "STATE", "DeviceThinking", "SpanTables"]
 
@@ -437,9 +438,4 @@ class DeviceThinking:
 
     def _arange(self, n: int) -> torch.Tensor:
         """``arange(n)`` on the device, kept per ``n`` (a bounded cache)."""
-        made = self._aranges.get(n)
-        if made is None:
-            if len(self._aranges) > 64:
-                self._aranges.clear()
-            made = self._aranges[n] = torch.arange(n, device=self.device)
-        return made
+        return cached_arange(self._aranges, n, self.device)

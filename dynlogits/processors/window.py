@@ -17,7 +17,21 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TokenWindow"]
+__all__ = ["TokenWindow", "cached_arange"]
+
+#: how many sizes ``cached_arange`` keeps before starting over
+ARANGES_KEPT = 64
+
+
+def cached_arange(cache: dict[int, torch.Tensor], n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` on ``device``, kept in ``cache`` per ``n`` (started over past ``ARANGES_KEPT``
+    sizes): one upload per new size, none per step."""
+    made = cache.get(n)
+    if made is None:
+        if len(cache) > ARANGES_KEPT:
+            cache.clear()
+        made = cache[n] = torch.arange(n, device=device)
+    return made
 
 
 class TokenWindow:
@@ -51,12 +65,7 @@ class TokenWindow:
         return offsets
 
     def _arange(self, n: int) -> torch.Tensor:
-        rows = self._rows.get(n)
-        if rows is None:
-            if len(self._rows) > 64:
-                self._rows.clear()
-            rows = self._rows[n] = torch.arange(n, device=self.device)
-        return rows
+        return cached_arange(self._rows, n, self.device)
 
     def tail(self, slots: torch.Tensor, width: int) -> torch.Tensor:
         """Per row, the ``width`` tokens ending with the one it was fed (``[rows, width]``, positions
