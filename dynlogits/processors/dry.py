@@ -652,16 +652,8 @@ class DryProcessor:
         if more is not None:
             for follower, length in more.items():
                 self._emit(follower, length, width, base, flat, amounts)
-        elif best >= 0 and best < width and (self._no_heads or best not in self._single):
-            exponent = best_length - allowed
-            cap_exp = self._cap_exp
-            if cap_exp and exponent > cap_exp:
-                exponent = cap_exp
-            table = self._amounts
-            if exponent >= len(table):
-                _grow(table, exponent, self._multiplier, self._base)
-            flat.append(base + best)
-            amounts.append(table[exponent])
+        elif best >= 0:
+            self._emit(best, best_length, width, base, flat, amounts)
 
     def step_penalties(self, input_ids: Sequence[int], width: int) -> tuple[list[int], list[float]]:
         """The ids this step penalizes (inside ``width``, in no particular order) and each one's

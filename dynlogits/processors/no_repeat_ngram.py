@@ -264,21 +264,31 @@ class NoRepeatNgramProcessor:
         """The ids this step masks (sorted, no repeats, inside the logits width)."""
         h = history if type(history) is list else list(history)
         rows = self._rows
-        if rows:  # the common step: the list last read, one known token longer (``NoRepeatNgramGroup._each`` inlines it)
-            row = rows[0]
-            tokens, node = row.tokens, row.node
-            k = len(tokens)
-            if h is row.source and node is not None and len(h) == k + 1:
-                token = h[k]
-                if token >= 0:
-                    tokens.append(token)
-                    if h == tokens if k < WHOLE_COMPARED else h[k - TAIL_CHECKED:k] == tokens[k - TAIL_CHECKED:k]:
-                        to = node.next.get(token)
-                        node = row.node = self._link(row, node, token) if to is None else to
-                        ids = node.ids
-                        return self._ids(node) if ids is None else ids
-                    tokens.pop()
+        if rows and h is rows[0].source:  # the common step (``NoRepeatNgramGroup``'s pass takes it too)
+            node = self._stepped(rows[0], h)
+            if node is not None:
+                ids = node.ids
+                return self._ids(node) if ids is None else ids
         return self._banned(h)
+
+    def _stepped(self, row: _Row, h: list[int]) -> _Node | None:
+        """The common step: ``h`` is the list ``row`` was last read from, one known token longer
+        (its covered tokens unchanged, compared as ``_row_for`` compares them): ``row`` advanced
+        along that token, its node returned; else ``None`` and ``row`` as it was."""
+        tokens, node = row.tokens, row.node
+        k = len(tokens)
+        if node is None or len(h) != k + 1:
+            return None
+        token = h[k]
+        if token < 0:
+            return None
+        tokens.append(token)
+        if h == tokens if k < WHOLE_COMPARED else h[k - TAIL_CHECKED:k] == tokens[k - TAIL_CHECKED:k]:
+            to = node.next.get(token)
+            node = row.node = self._link(row, node, token) if to is None else to
+            return node
+        tokens.pop()
+        return None
 
     def _banned(self, h: list[int]) -> tuple[int, ...]:
         row = self._row_for(h)
@@ -435,28 +445,19 @@ class NoRepeatNgramGroup(WindowDecided):
         found: list[int] = []
         add = found.append
         held: list[_Row | None] = self._cache["held"]
-        tail, whole = TAIL_CHECKED, WHOLE_COMPARED
         for i, (base, (row, slot, processor)) in enumerate(zip(self._cache["base"], deciders)):
             try:
                 h = histories[row]
                 index = held[i]
                 if index is not None and h is index.source:
-                    tokens, node = index.tokens, index.node
-                    k = len(tokens)
-                    if node is not None and len(h) == k + 1:
-                        token = h[k]
-                        if token >= 0:
-                            tokens.append(token)
-                            if h == tokens if k < whole else h[k - tail:k] == tokens[k - tail:k]:
-                                to = node.next.get(token)
-                                node = index.node = processor._link(index, node, token) if to is None else to
-                                ids = node.ids
-                                if ids is None:
-                                    ids = processor._ids(node)
-                                for t in ids:
-                                    add(base + t)
-                                continue
-                            tokens.pop()
+                    node = processor._stepped(index, h)
+                    if node is not None:
+                        ids = node.ids
+                        if ids is None:
+                            ids = processor._ids(node)
+                        for t in ids:
+                            add(base + t)
+                        continue
                 ids = processor.banned(h)
                 held[i] = processor._rows[0]
             except Exception as exc:  # a bug must not escape the sampler: this row alone
