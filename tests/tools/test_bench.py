@@ -188,6 +188,31 @@ def test_targets_are_met_not_met_or_not_measured_from_the_ratios() -> None:
     assert state[("wire, 64-token forced_sequence", "decode < 20 µs")] is True
 
 
+def test_forced_sequences_share_target_reads_the_share_beyond_the_floors_memset() -> None:
+    """Exact forcing masks the row, so the floor's memset is in any exact forcing's share of a step:
+    the forced share target reads the adapter's share beyond it (the other kinds read it whole)."""
+    from dynlogits.tools.bench.records import EngineRecord, MicroRecord
+    from dynlogits.tools.bench.report import evaluate_targets
+
+    # 64 rows at 100 tok/s: a 640 ms step; a 64-row floor of 19.8 ms leaves 640 / 659.8: a 3.00% memset share
+    base = [EngineRecord(kind="none", impl="adapter", tok_per_s=100.0, rounds=7),
+            MicroRecord(kind="forced_sequence", batch=64, vocab=151936, impl="floor", median_ms=19.8)]
+
+    def share_target(kind: str, share: float) -> tuple[bool | None, str]:
+        got = evaluate_targets([*base, EngineRecord(kind=kind, impl="adapter", tok_per_s=90.0, rounds=7,
+                                                    paired_ratio=0.99, attributed_share=share)])
+        (t,) = [t for t in got if t.name == f"engine, the adapter's own share of a step with {kind} on every request"]
+        return t.met, t.line()
+
+    assert share_target("forced_sequence", 0.0390)[0] is True  # 0.90% beyond the memset's 3.00%
+    met, line = share_target("forced_sequence", 0.0410)  # 1.10% beyond it
+    assert met is False and "measured 4.10%, the floor's memset 3.00%" in line and "beyond the floor's memset" in line
+    assert share_target("banned_tokens", 0.0390)[0] is False  # the other kinds: their whole share
+    no_floor = evaluate_targets([EngineRecord(kind="forced_sequence", impl="adapter", tok_per_s=90.0, rounds=7,
+                                              attributed_share=0.039)])
+    assert [t.met for t in no_floor if "own share" in t.name and "forced" in t.name] == [None]  # no floor: undecided
+
+
 def test_the_micro_adapter_holds_every_row_of_a_batch_larger_than_the_cpu_default_resident() -> None:
     """vLLM's CPU default schedules 128 requests a step; a 256-row step measured with that config
     would time 128 rows on the per-row fallback, a configuration no engine runs."""
@@ -399,9 +424,11 @@ def test_engine_suite_runs_every_configuration_on_a_real_engine(tmp_path: Path) 
     assert sum(line.startswith(("[met] engine, banned", "[NOT MET] engine, banned", "[undecided] engine, banned"))
                for line in lines) == 2
     assert sum(line.startswith(("[met] engine, the adapter's own share", "[NOT MET] engine, the adapter's own share"))
-               for line in lines) == 3  # attributed in the same run: decided for every kind
-    # the forced target reads the micro floor too (floor_bound), which an engine-only run lacks
+               for line in lines) == 2  # attributed in the same run: decided for each kind that does not force
+    # the forced targets read the micro floor too (floor_bound), which an engine-only run lacks
     assert sum(line.startswith("[not measured] engine, forced_sequence") for line in lines) == 1
+    assert sum(line.startswith("[not measured] engine, the adapter's own share of a step with forced_sequence")
+               for line in lines) == 1
     assert "[engine] adapter: round 2/2: " in proc.stderr  # progress, round by round
 
 

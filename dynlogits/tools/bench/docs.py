@@ -121,8 +121,9 @@ same class with `update_state` and `apply` timed in the engine's process (two cl
 the paired ratio if only that time differed from the no-payload batch (it leaves out what the
 engine itself does for a payload, e.g. carrying `extra_args`; no target reads it), and the
 adapter's share of the batch (its time over the batch's wall time, median of rounds), which the
-share targets read (at most 1% of a step): a figure a noisy host can decide, as it does not depend
-on two batches' wall times agreeing. Ratios to the
+share targets read (at most 1% of a step; for forced_sequence, 1% beyond the floor's memset share,
+`1 - floor_bound`, as its paired target reads the floor: exact forcing masks the row): a figure a
+noisy host can decide, as it does not depend on two batches' wall times agreeing. Ratios to the
 separate engine without a processor are shown too, marked unpaired; no target reads them. Every
 batch's outputs are checked (lengths, forced tokens, no banned id or phrase), the warm-up included.
 
