@@ -161,3 +161,111 @@ def absorb_rows(keys_ptr, keys_stride, keys_stride1, ctx_ptr, ctx_stride, ctx_st
     tl.store(out_ptr + rr * 4 + 1, s1.to(tl.int64), mask=live)
     tl.store(out_ptr + rr * 4 + 2, s2.to(tl.int64), mask=live)
     tl.store(out_ptr + rr * 4 + 3, s3.to(tl.int64), mask=live)
+
+
+@triton.jit
+def window_tokens(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot, at, rows, pos, local, input_ptr, live,
+                  DRAFTS: tl.constexpr):
+    """``TokenWindow._read`` at positions ``at`` (clamped to 0, and to the matrix's last column so no
+    load leaves it): the committed token of ``slot``, or where ``DRAFTS`` and the column is at most
+    ``local`` positions before the row's own (``pos``), the id fed at row ``rows - back``; int64."""
+    col = tl.minimum(tl.maximum(at, 0), n_cols - 1)
+    token = tl.load(tokens_ptr + slot * tokens_stride0 + col * tokens_stride1, mask=live, other=0).to(tl.int64)
+    if DRAFTS:
+        back = pos - tl.maximum(at, 0)
+        fed = back <= local
+        src = tl.maximum(rows - back, 0)
+        token = tl.where(fed, tl.load(input_ptr + src, mask=live & fed, other=0).to(tl.int64), token)
+    return token
+
+
+@triton.jit
+def window_decide(tokens_ptr, tokens_stride0, tokens_stride1, n_slots, n_cols, prompt_ptr, pos_ptr, input_ptr,
+                  local_ptr, slot_ptr, member_ptr, params_ptr, params_stride0, params_stride1, out_ptr, n, span,
+                  max_history, WIDE: tl.constexpr, EVERY: tl.constexpr, DRAFTS: tl.constexpr, ROWS: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """Per row: its last ``span`` tokens read from the window, a placeholder in its output, its
+    context's repeat within ``max_history`` positions, the context absorbed (``absorb_rows``) and
+    whether it draws: ``out[r] = (s0, s1, s2, s3, draws)`` int64."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = r < n
+    rr = r.to(tl.int64)
+    slot_raw = tl.load(slot_ptr + rr, mask=live, other=0).to(tl.int64)
+    slot = tl.minimum(slot_raw, n_slots - 1)
+    pos = tl.load(pos_ptr + rr, mask=live, other=0).to(tl.int64)
+    prompt = tl.load(prompt_ptr + slot, mask=live, other=0).to(tl.int64)
+    if DRAFTS:
+        local = tl.load(local_ptr + rr, mask=live, other=0).to(tl.int64)
+    else:
+        local = pos
+    prow = params_ptr + slot_raw * params_stride0
+    k0 = tl.load(prow, mask=live, other=0).to(tl.uint32)
+    k1 = tl.load(prow + params_stride1, mask=live, other=0).to(tl.uint32)
+    if EVERY:
+        width = tl.zeros([ROWS], tl.int64) + WIDE
+    else:
+        width = tl.load(prow + 2 * params_stride1, mask=live, other=0).to(tl.int64)
+    samples = tl.load(prow + 3 * params_stride1, mask=live, other=0).to(tl.int64) > 0
+    member = tl.load(member_ptr + rr, mask=live, other=0) != 0
+    start = pos - (span - 1)  # the span's first position
+    first = prompt + (width - 1)  # the first position a whole context ends at
+    floor = pos - max_history
+    ends = span - WIDE
+    # a placeholder in the output, and a window of the output equal to the context (the repeat)
+    placeholder = tl.zeros([ROWS], tl.int32)
+    repeated = tl.zeros([ROWS], tl.int32)
+    r2, pos2, local2, slot2, live2 = rr[:, None], pos[:, None], local[:, None], slot[:, None], live[:, None]
+    for c in range(0, span, BLOCK):
+        j = c + tl.arange(0, BLOCK)[None, :]
+        inside = live2 & (j < span)
+        at = start[:, None] + j
+        tok = window_tokens(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot2, at, r2, pos2, local2,
+                            input_ptr, inside, DRAFTS)
+        hole = inside & (tok < 0) & (at >= prompt[:, None])
+        placeholder = tl.maximum(placeholder, tl.max(hole.to(tl.int32), axis=1))
+        end = at + (WIDE - 1)  # the window ``j .. j + WIDE - 1`` ends there
+        same = inside & (j < ends) & (end >= first[:, None]) & (end >= floor[:, None])
+        for b in tl.static_range(WIDE):
+            mine = window_tokens(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot2, end - b, r2, pos2, local2,
+                                 input_ptr, same, DRAFTS)
+            last = window_tokens(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot2, pos2 - b, r2, pos2,
+                                 local2, input_ptr, live2, DRAFTS)
+            equal = mine == last
+            if not EVERY:
+                equal = equal | (width[:, None] <= b)
+            same = same & equal
+        repeated = tl.maximum(repeated, tl.max(same.to(tl.int32), axis=1))
+    # the context (-1 before the output), each row's own width left-aligned, absorbed as absorb_rows
+    zero = tl.zeros([ROWS], tl.uint32)
+    s0 = zero + 0x574D4358
+    s1 = width.to(tl.uint32)
+    s2 = zero
+    s3 = zero
+    for offset in tl.static_range(0, WIDE, 4):
+        words = []
+        for i in tl.static_range(4):
+            if offset + i < WIDE:
+                if EVERY:
+                    src = tl.zeros([ROWS], tl.int64) + (offset + i)
+                else:
+                    src = tl.minimum(tl.maximum(WIDE - width + (offset + i), 0), WIDE - 1)
+                at = pos - (WIDE - 1) + src
+                token = window_tokens(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot, at, rr, pos, local,
+                                      input_ptr, live, DRAFTS)
+                token = tl.where(at >= prompt, token, -1).to(tl.uint32)
+                word = tl.where(width > offset + i, token, zero + (0xFFFFFFFF - i))
+            else:
+                word = zero + (0xFFFFFFFF - i)
+            words.append(word)
+        n0, n1, n2, n3 = philox(s0 ^ words[0], s1 ^ words[1], s2 ^ words[2], s3 ^ words[3], k0 ^ offset, k1)
+        absorbs = width > offset
+        s0 = tl.where(absorbs, n0, s0)
+        s1 = tl.where(absorbs, n1, s1)
+        s2 = tl.where(absorbs, n2, s2)
+        s3 = tl.where(absorbs, n3, s3)
+    draws = member & samples & (placeholder == 0) & (repeated == 0)
+    tl.store(out_ptr + rr * 5, s0.to(tl.int64), mask=live)
+    tl.store(out_ptr + rr * 5 + 1, tl.where(width > 0, s1.to(tl.int64), width), mask=live)  # unabsorbed: the width
+    tl.store(out_ptr + rr * 5 + 2, s2.to(tl.int64), mask=live)
+    tl.store(out_ptr + rr * 5 + 3, s3.to(tl.int64), mask=live)
+    tl.store(out_ptr + rr * 5 + 4, draws.to(tl.int64), mask=live)

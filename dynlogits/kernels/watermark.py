@@ -17,6 +17,13 @@ nothing from the rest of the package.
   there was ``-inf``: masks kept). The logit at the token comes from the first kernel, so no
   program reads what another overwrote.
 * ``absorb(keys, contexts, widths)``: one launch, ``watermark_prf.absorb``.
+* ``window_state(tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, wide,
+  every, max_history)``: one launch, Model Runner V2's decisions (``watermark_compiled
+  .fused_window_state``): each program takes ``WINDOW_ROWS`` rows, reads their spans from the token
+  matrix (and this step's drafts from ``input_ids``, as ``TokenWindow._read``) in blocks of
+  ``WINDOW_BLOCK`` columns, finds a placeholder and the context's repeats, then absorbs the context
+  (``absorb``'s rounds) and writes the state and whether the row draws. Integer work only: the
+  interpreter checks it bit for bit.
 
 What the interpreter (``TRITON_INTERPRET=1``, CPU) checks and what it does not: the integer work
 (Philox, the absorb, the word choice, the 24-bit mantissa, the float64 division and its rounding
@@ -36,12 +43,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["BLOCK", "ROWS", "absorb", "draw", "kernels"]
+__all__ = ["BLOCK", "ROWS", "WINDOW_BLOCK", "WINDOW_ROWS", "absorb", "draw", "kernels", "window_span", "window_state"]
 
 #: ids per program of the draw (a power of two)
 BLOCK = 1024
 #: rows per program of the absorb
 ROWS = 64
+#: rows per program of the window decisions, and span columns per iteration of its scan (powers of two)
+WINDOW_ROWS = 4
+WINDOW_BLOCK = 256
 
 
 @functools.cache
@@ -93,4 +103,35 @@ def absorb(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor | No
                                             widths if widths is not None else keys,
                                             widths.stride(0) if widths is not None else 0, out, n, WIDTH=width,
                                             HAS_WIDTHS=widths is not None, ROWS=ROWS)
+    return out
+
+
+def window_span(columns: int, wide: int, max_history: int) -> int:
+    """The columns of a row's window that the decisions read: its last ``max_history + wide``
+    positions, at most the matrix's ``columns`` but at least ``wide + 1`` (positions before the
+    sequence are read at column 0, as ``TokenWindow._read`` reads them)."""
+    return max(min(max_history + wide, columns), wide + 1)
+
+
+def window_state(tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor, input_ids: torch.Tensor | None,
+                 local_pos: torch.Tensor | None, slot_of_row: torch.Tensor, member: torch.Tensor, params: torch.Tensor,
+                 wide: int, every: bool, max_history: int) -> torch.Tensor:
+    """Model Runner V2's window decisions of every row in one launch: ``[rows, 5]`` int64, the PRF
+    state of its context and whether it draws (``watermark_compiled.fused_window_state``'s
+    contract). ``tokens`` ``[slots, columns]`` (any strides), ``prompt_len`` per slot, ``pos``,
+    ``slot_of_row``, ``member`` per row (contiguous), ``input_ids`` and ``local_pos`` (contiguous)
+    only with drafts, ``params`` the ``[slots, 4]`` table (any strides)."""
+    k = kernels()
+    n = pos.shape[0]
+    out = torch.empty(n, 5, dtype=torch.int64, device=tokens.device)
+    if n == 0:
+        return out
+    drafts = input_ids is not None and local_pos is not None
+    span = window_span(tokens.shape[1], wide, max_history)
+    flags = member.view(torch.uint8) if member.dtype == torch.bool else member
+    k.window_decide[((n + WINDOW_ROWS - 1) // WINDOW_ROWS,)](
+        tokens, tokens.stride(0), tokens.stride(1), tokens.shape[0], tokens.shape[1], prompt_len, pos,
+        input_ids if drafts else pos, local_pos if drafts else pos, slot_of_row, flags, params, params.stride(0),
+        params.stride(1), out, n, span, max_history, WIDE=wide, EVERY=every, DRAFTS=drafts, ROWS=WINDOW_ROWS,
+        BLOCK=WINDOW_BLOCK)
     return out

@@ -9,11 +9,14 @@ in a few generated kernels instead of about 150 eager ones. Anywhere else (the C
 ``SimCuda``, every CPU test) each runs eagerly: ``watermark_resident.batched_draw`` and
 ``window_decisions`` with ``watermark_prf.absorb``, the reference.
 
-The fused ops at the end of this module (``fused_draw_force_``, ``fused_absorb``: torch custom ops
-``dynlogits::watermark_draw_force_`` and ``dynlogits::watermark_absorb``, Triton kernels on CUDA
+The fused ops at the end of this module (``fused_draw_force_``, ``fused_window_state``,
+``fused_absorb``: torch custom ops ``dynlogits::watermark_draw_force_``,
+``dynlogits::watermark_window_state`` and ``dynlogits::watermark_absorb``, Triton kernels on CUDA
 from ``dynlogits.kernels.watermark``, the eager reference elsewhere) take precedence on a device
 where ``fused_ready`` says so (probe-checked on CUDA); the compiled functions below are then used
-only where the probe failed.
+only where the probe failed. ``fused_window_state`` is Model Runner V2's whole decision step (the
+window read, ``window_decisions`` and the absorb) in one launch; ``fused_absorb`` alone is no longer
+on the resident path (kept, with its probe, for callers holding contexts).
 
 * Each compiled once per process (``Lazy``), lazily, on its first call over CUDA tensors; never on
   the CPU path (``dynamic=True``: new batch sizes and vocabularies reuse it; a new widest context
@@ -61,9 +64,10 @@ from .watermark_prf import (
     gumbel_noise,
     uniform_from_states,
 )
+from .window import TokenWindow
 
 __all__ = ["COMPILE_OPTIONS", "ENV", "DECIDE", "DRAW", "LISTED", "Lazy", "batched_draw", "draw_listed", "listed_draw", "compile_options", "compiled_draw", "decide", "draw", "pure_absorb",
-           "pure_draw", "reset", "window_decisions", "fused_absorb", "fused_draw_force_", "fused_ready", "reset_fused"]
+           "pure_draw", "reset", "window_decisions", "fused_absorb", "fused_draw_force_", "fused_ready", "fused_window_state", "reset_fused"]
 
 #: the environment switch that turns the compiled functions on (``"1"``); anything else: eager
 ENV = "DYNLOGITS_WATERMARK_COMPILE"
@@ -206,12 +210,7 @@ def window_decisions(tokens: torch.Tensor, at: torch.Tensor, prompt: torch.Tenso
     if width is not None:  # left-align each row's own width
         shift = (wide - width)[:, None] + offsets
         context = context.gather(1, shift.clamp(0, wide - 1))  # a non-member row may be wider: masked later
-    if pure:
-        states = pure_absorb(params[:, :2], context, width)
-    elif fused_ready(context.device):  # one Triton launch on CUDA (and in the CUDA model)
-        states = fused_absorb(params[:, :2], context, width)
-    else:
-        states = absorb(params[:, :2], context, width)
+    states = (pure_absorb if pure else absorb)(params[:, :2], context, width)
     # a repeat: a window of the output ending at ``k`` (before the last column, at least
     # ``pos - max_history``) equal to the context
     ends = span - wide  # window ends ``wide - 1 .. span - 2``
@@ -327,6 +326,7 @@ def reset() -> None:
 
 from dynlogits.kernels.fused import fused_op  # noqa: E402
 from dynlogits.kernels.probe import FusedGate  # noqa: E402  # declared after the eager references they run on the CPU
+from dynlogits.kernels.watermark import window_span  # noqa: E402  # no Triton import
 
 
 @fused_op("watermark_draw_force_", launches=2, mutates_args=("logits",))
@@ -358,6 +358,41 @@ def _fused_draw_force_cuda(logits: torch.Tensor, rows: torch.Tensor, slots: torc
     return kernels.draw(logits, rows, slots, temperature, params, states, fire, True)
 
 
+@fused_op("watermark_window_state", launches=1)
+def fused_window_state(tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor, input_ids: torch.Tensor | None,
+                       local_pos: torch.Tensor | None, slot_of_row: torch.Tensor, member: torch.Tensor,
+                       params: torch.Tensor, wide: int, every: bool, max_history: int) -> torch.Tensor:
+    """Model Runner V2's window decisions of every row: ``[rows, 5]`` int64, the four PRF state
+    words of its context and whether it draws (``WatermarkGroup.decide_from_window``). The window
+    is ``TokenWindow.at(tokens, prompt_len, pos, input_ids, local_pos)``; row ``r``'s slot is
+    ``slot_of_row[r]`` (``params``, the ``[slots, 4]`` table, read there; the window at it clamped
+    into the matrix), ``member[r]`` whether it belongs to the group; ``wide`` the widest context,
+    ``every`` whether every member has it. The eager reference (every device but CUDA): the span
+    read with ``TokenWindow._read``, then ``window_decisions`` with ``watermark_prf.absorb``. On
+    CUDA: one Triton launch (``dynlogits.kernels.watermark.window_state``), the read included."""
+    window = TokenWindow(tokens.device).at(tokens, prompt_len, pos, input_ids, local_pos)
+    slots = window.slots(slot_of_row)
+    span = window_span(tokens.shape[1], wide, max_history)
+    columns = torch.arange(span, device=tokens.device)[None, :]
+    at = (pos.long() - (span - 1))[:, None] + columns
+    read = window._read(slots, at.clamp(min=0)).long()
+    return window_decisions(read, at, prompt_len[slots].long(), pos.long(), params[slot_of_row], member,
+                            columns[:, :wide], wide, every, max_history)
+
+
+@fused_window_state.cuda
+def _fused_window_state_cuda(tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
+                             input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor,
+                             member: torch.Tensor, params: torch.Tensor, wide: int, every: bool,
+                             max_history: int) -> torch.Tensor:
+    from dynlogits.kernels import watermark as kernels
+
+    return kernels.window_state(tokens, prompt_len.contiguous(), pos.contiguous(),
+                                None if input_ids is None else input_ids.contiguous(),
+                                None if local_pos is None else local_pos.contiguous(), slot_of_row.contiguous(),
+                                member.contiguous(), params, wide, every, max_history)
+
+
 @fused_op("watermark_absorb", launches=1)
 def fused_absorb(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor | None) -> torch.Tensor:
     """``watermark_prf.absorb`` (the eager reference on every device but CUDA; one Triton launch there)."""
@@ -375,7 +410,8 @@ def fused_ready(device: torch.device) -> bool:
     """Whether the watermark's fused ops run on ``device`` (``dynlogits.kernels.probe.FusedGate``):
     never on the CPU, always in the CUDA model, on CUDA once ``_probe`` passed (a small batch through
     the Triton kernels and the eager reference, random states, keys, contexts, logits with ties and
-    ``-inf``, compared exactly: tokens, forced rows, states); else one warning and eager for good."""
+    ``-inf``, a token window with repeats, placeholders and drafts, compared exactly: tokens, forced
+    rows, states, window decisions); else one warning and eager for good."""
     return _GATE.ready(device)
 
 
@@ -402,6 +438,25 @@ def _probe(device: torch.device) -> bool:
             torch.equal(torch.nan_to_num(eager_logits, neginf=-1.0), torch.nan_to_num(d_logits, neginf=-1.0))]
     for w in (None, d_widths):
         same.append(torch.equal(absorb(d_params[:n, :2], d_ctx, w), _fused_absorb_cuda(d_params[:n, :2], d_ctx, w)))
+    # the window decisions: a small matrix of three ids (repeats), placeholders, prompts ending
+    # anywhere, drafts or none, mixed widths or one, a sentinel row past the matrix
+    num_slots, columns = 5, 40
+    tokens = torch.randint(0, 3, (num_slots, columns), generator=g, dtype=torch.int32)
+    tokens[torch.rand(num_slots, columns, generator=g) < 0.01] = -1
+    prompt_len = torch.randint(0, columns, (num_slots,), generator=g, dtype=torch.int32)
+    slot_of_row = torch.tensor([0, 0, 0, 3, 3, 1, 4, 2, num_slots])
+    pos = torch.tensor([20, 21, 22, 37, 38, 5, 39, 30, 10], dtype=torch.int32)
+    local_pos = torch.tensor([0, 1, 2, 0, 1, 0, 0, 0, 0], dtype=torch.int32)
+    input_ids = torch.randint(-1, 3, (9,), generator=g, dtype=torch.int32)
+    member = torch.tensor([True] * 8 + [False])
+    window_params = torch.cat([params[: num_slots + 1, :2], torch.randint(1, 7, (num_slots + 1, 1), generator=g),
+                               torch.ones(num_slots + 1, 1, dtype=torch.int64)], dim=1)
+    w_tokens, w_prompt, w_pos, w_inputs, w_local, w_slots, w_member, w_params = (
+        t.to(device) for t in (tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, window_params))
+    for drafts, every in ((False, True), (True, False)):
+        inputs, local = (w_inputs, w_local) if drafts else (None, None)
+        args = (w_tokens, w_prompt, w_pos, inputs, local, w_slots, w_member, w_params, 6, every, 12)
+        same.append(torch.equal(fused_window_state.eager(*args), _fused_window_state_cuda(*args)))
     return all(same)
 
 

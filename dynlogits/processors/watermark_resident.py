@@ -13,18 +13,19 @@ entry (admission refuses one after it).
 * No host histories (Model Runner V2): every row's span of its last ``MAX_HISTORY + width`` tokens is
   read on the device from the step's ``TokenWindow`` (committed tokens from the runner's
   ``all_token_ids``, this step's drafts from ``input_ids``), the context and its repeats within
-  ``MAX_HISTORY`` positions are found there, and the state is absorbed with tensor ops
-  (``watermark_prf.absorb``); nothing is read back.
+  ``MAX_HISTORY`` positions are found there, and the state is absorbed
+  (``watermark_compiled.fused_window_state``: on a device one fused op, the eager reference
+  ``window_decisions`` with ``watermark_prf.absorb`` on the CPU); nothing is read back.
 
 The draw: ``argmax(logits / T + G)`` per row, ``G`` the Gumbel noise of ``uniform_from_states`` over
 the vocabulary (``[rows, vocab]``), then each firing row forced to its token keeping masks (``-inf``
 over the row, the token ``0.0`` or its ``-inf``). On a device (``device.type != "cpu"``: CUDA, and
 the CUDA model ``SimCuda``) the draw and the forcing are one fused op
 (``watermark_compiled.fused_draw_force_``: two Triton kernels on CUDA, reading the rows, their
-slots' temperatures and keys and the states where they lie) and Model Runner V2's absorb another
-(``fused_absorb``: one kernel): a steady step is 3 launches on the V1 runner (the upload and the
-two kernels) and 42 on Model Runner V2 (the window read and the context/repeat decisions are still
-eager ops, see ``window_decisions``). On a real CUDA device the first use per device runs a probe
+slots' temperatures and keys and the states where they lie) and Model Runner V2's window read,
+context, repeat and absorb another (``fused_window_state``: one kernel reading the runner's token
+matrix and drafts where they lie): a steady step is 3 launches on either runner (V1: the upload and
+the two kernels; Model Runner V2: the three kernels). On a real CUDA device the first use per device runs a probe
 (``watermark_compiled.fused_ready``: a small batch through the kernels and the eager reference,
 compared exactly, one host sync at group creation); without Triton, on a compile or launch error
 or a difference, one warning and the eager path (the compiled functions of ``watermark_compiled``
@@ -44,11 +45,21 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from dynlogits.kernels.watermark import window_span
+
 from .modes import Decider, WindowDecided
 from .ops import fill_rows, row_runs
 from .slots import GatheredRows, ListedRows, StepInputs, Template, force_device_decisions
 from .uploads import StepUpload
-from .watermark_compiled import batched_draw, decide, draw, draw_listed, fused_draw_force_, fused_ready
+from .watermark_compiled import (
+    batched_draw,
+    decide,
+    draw,
+    draw_listed,
+    fused_draw_force_,
+    fused_ready,
+    fused_window_state,
+)
 from .watermark_prf import key_words
 from .window import TokenWindow
 
@@ -144,14 +155,17 @@ class WatermarkGroup(WindowDecided):
         if not self._sampling:  # greedy members only: nothing to draw, nothing on the device
             return _NOTHING
         slot_of_row = rows.slot_of_row
-        params = self.params.dev[slot_of_row]
         widths = set(self._widths.values())
         wide = max(widths, default=1)
         every = len(widths) == 1
+        if fused_ready(slot_of_row.device):  # the read, the decisions and the absorb: one Triton launch on CUDA
+            return fused_window_state(window.tokens, window.prompt_len, window.pos, window.input_ids, window.local_pos,
+                                      slot_of_row, rows.member, self.params.dev, wide, every, MAX_HISTORY)
+        params = self.params.dev[slot_of_row]
         slots = window.slots(slot_of_row)
         pos = window.pos.long()
         prompt = window.prompt_len[slots].long()
-        span = max(min(MAX_HISTORY + wide, window.tokens.shape[1]), wide + 1)  # columns past the start read as before it
+        span = window_span(window.tokens.shape[1], wide, MAX_HISTORY)  # columns past the start read as before it
         start = pos - (span - 1)  # the span's first column
         at = start[:, None] + self._span_offsets(span)
         tokens = window._read(slots, at.clamp(min=0)).long()

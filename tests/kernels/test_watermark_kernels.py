@@ -81,3 +81,37 @@ def test_the_triton_kernels_in_the_interpreter_equal_the_eager_reference_bit_for
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "checked 8" in done.stdout
+
+
+WINDOW_SCRIPT = textwrap.dedent('''
+    import os
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    import torch
+    from dynlogits.kernels import watermark as K
+    from dynlogits.processors.watermark_compiled import _probe, fused_window_state
+    from dynlogits.testing.cuda.watermark_check import window_cases
+
+    checked = draws = 0
+    for case in window_cases():
+        want = fused_window_state.eager(*case)
+        tokens, rest = case[0], case[1:]
+        for matrix in (tokens, tokens.T.contiguous().T):  # the runner's matrix, and one with other strides
+            got = K.window_state(matrix, *rest)
+            assert got.dtype == torch.int64 and torch.equal(got, want), (checked, want, got)
+        draws += int(want[:, 4].sum())
+        checked += 1
+    assert 0 < draws
+    assert _probe(torch.device("cpu"))  # the gate's probe: every fused op against its eager reference
+    print("checked", checked)
+''')
+
+
+def test_the_window_kernel_in_the_interpreter_equals_the_eager_decisions_bit_for_bit() -> None:
+    """``window_state`` (read, placeholder, repeat, absorb in one kernel) against the op's eager
+    reference on ``watermark_check.window_cases`` (repeats, short histories, placeholders, drafts,
+    prompt boundaries, a sentinel row, spans of one and several scan blocks), then the gate's probe
+    (``watermark_compiled._probe``) through the interpreted kernels."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", WINDOW_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "checked 12" in done.stdout

@@ -217,3 +217,105 @@ def test_the_listed_draw_compiles_in_one_graph_to_the_same_bits() -> None:
         args = _listed(seed, n=n)
         got, want = fn(*args), listed_draw(*args)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+# -- the fused window op (``fused_window_state``): its CPU implementation is the eager decisions --
+def _decided_in_python(case: tuple[Any, ...]) -> tuple[list[int], dict[int, tuple[int, ...]], set[str]]:
+    """Each row's decision from the window contract, one row at a time in Python (no tensor code):
+    whether it draws, the state of each row whose width is in ``1..wide``, and which reasons to skip
+    occurred (so a test can insist every one did)."""
+    from dynlogits.kernels.watermark import window_span
+
+    tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, wide, every, history = case
+    tokens_l, prompts, pos_l, slots_l = tokens.tolist(), prompt_len.tolist(), pos.tolist(), slot_of_row.tolist()
+    inputs = None if input_ids is None else input_ids.tolist()
+    local = None if local_pos is None else local_pos.tolist()
+    span = window_span(tokens.shape[1], wide, history)
+    draws: list[int] = []
+    states: dict[int, tuple[int, ...]] = {}
+    reasons: set[str] = set()
+    for r, (raw, p) in enumerate(zip(slots_l, pos_l)):
+        slot = min(raw, len(tokens_l) - 1)
+        prompt = prompts[slot]
+        k0, k1, width, samples = params[raw].tolist()
+        width = wide if every else width
+
+        def read(q: int, r: int = r, p: int = p, slot: int = slot) -> int:
+            col = max(q, 0)
+            back = p - col
+            if inputs is not None and local is not None and back <= local[r]:
+                return inputs[max(r - back, 0)]
+            return tokens_l[slot][col]
+
+        start = p - span + 1
+        placeholder = any(read(q) < 0 for q in range(max(start, prompt), p + 1))
+        compared = range(max(0, min(width, wide)))
+        repeated = any(all(read(e - b) == read(p - b) for b in compared)
+                       for e in range(max(start + wide - 1, prompt + width - 1, p - history), p))
+        if 1 <= width <= wide:
+            context = [read(q) if q >= prompt else -1 for q in range(p - width + 1, p + 1)]
+            states[r] = context_state(k0 | k1 << 32, context)
+        reasons |= {name for name, skips in (("member", not member[r]), ("greedy", not samples),
+                                              ("placeholder", placeholder), ("repeat", repeated)) if skips}
+        draws.append(int(bool(member[r]) and samples > 0 and not placeholder and not repeated))
+    return draws, states, reasons
+
+
+def test_the_window_op_on_the_cpu_is_the_window_contract_row_by_row() -> None:
+    """Random windows (``watermark_check.window_cases``: repeats, short histories, placeholders,
+    drafts, prompts ending anywhere, a sentinel row, mixed widths) through the op's CPU
+    implementation against a row-by-row Python reading of the contract."""
+    from dynlogits.testing.cuda.watermark_check import window_cases
+
+    seen: set[str] = set()
+    drawn = 0
+    for case in window_cases():
+        got = watermark_compiled.fused_window_state(*case)
+        draws, states, reasons = _decided_in_python(case)
+        assert got[:, 4].tolist() == draws
+        assert all(tuple(got[r, :4].tolist()) == state for r, state in states.items())
+        seen |= reasons
+        drawn += sum(draws)
+    assert seen == {"member", "greedy", "placeholder", "repeat"} and drawn > 20
+
+
+def _group_decides(case: tuple[Any, ...], templates: dict[int, Any], device: torch.device, put: Any) -> torch.Tensor:
+    """``WatermarkGroup.decide_from_window`` of ``case``'s window (``watermark_check.window_case``)
+    with ``templates`` by slot, on ``device`` (``put`` moves a tensor there)."""
+    from dynlogits.processors.watermark_resident import WatermarkGroup
+    from dynlogits.processors.window import TokenWindow
+
+    tokens, prompt_len, pos, input_ids, local_pos, slot_of_row = case[:6]
+    group = WatermarkGroup(0, tokens.shape[0] + 1, device)
+    for slot, template in templates.items():
+        group.assign(slot, template)
+    group.flush()
+    window = TokenWindow(device).at(put(tokens), put(prompt_len), put(pos), None if input_ids is None else put(input_ids),
+                                    None if local_pos is None else put(local_pos))
+    return group.decide_from_window(group.every_row(put(slot_of_row)), window)
+
+
+def test_the_resident_group_decides_the_same_with_the_fused_op_as_eagerly() -> None:
+    """``WatermarkGroup.decide_from_window`` on the CPU (the eager path) and on the CUDA model (the
+    fused op, one declared launch): the same decisions, no sync."""
+    from dynlogits.processors.watermark_resident import MAX_HISTORY, WatermarkTemplate
+    from dynlogits.testing.cuda.simcuda import SimCuda
+    from dynlogits.testing.cuda.watermark_check import window_case
+
+    drawn: list[int] = []
+    rows = 0
+    for seed, (drafts, widths) in enumerate([(0, (4,)), (2, (4,)), (0, (2, 5, 3)), (3, (1, 6))]):
+        case = window_case(seed, requests=5, columns=MAX_HISTORY + 40 if seed == 0 else 60, wide=max(widths),
+                           every=len(widths) == 1, drafts=drafts, max_history=MAX_HISTORY, small=seed != 0)
+        slots = case[0].shape[0]
+        rng = random.Random(seed)
+        templates = {slot: WatermarkTemplate(rng.getrandbits(64), rng.choice(widths), rng.choice([None, 0.7, 1.0]))
+                     for slot in sorted(set(case[5].tolist())) if slot < slots and rng.random() < 0.9}
+        eager = _group_decides(case, templates, torch.device("cpu"), lambda t: t)
+        with SimCuda() as sim:
+            fused = _group_decides(case, templates, sim.device, sim.put)
+        assert not sim.syncs and sim.ops.count("watermark_window_state") == 1
+        assert torch.equal(sim.value(fused), eager), seed
+        drawn.append(int(eager[:, 4].sum()))
+        rows += len(eager)
+    assert 0 < sum(drawn) < rows, drawn

@@ -27,11 +27,12 @@ PAYLOAD: list[dict[str, Any]] = [{"kind": "banned_tokens", "token_ids": [3]}, WA
 #: V1: one upload, then the fused draw and forcing (``dynlogits::watermark_draw_force_``: two Triton
 #: kernels, the Philox, Gumbel score and block maxima, then the argmax and the forced rows)
 V1_STEADY = 3
-#: Model Runner V2: the rows' last ``MAX_HISTORY + width`` tokens read, the context's repeats found
-#: (eager ops), the context absorbed (``dynlogits::watermark_absorb``: one kernel), then the same
-#: fused draw and forcing over every row of the step (two kernels)
-V2_STEADY = 42
-V2_DRAFTS = 53
+#: Model Runner V2: the rows' last ``MAX_HISTORY + width`` tokens read, the context's repeats found and
+#: the context absorbed in one fused op (``dynlogits::watermark_window_state``: one kernel), then the
+#: same fused draw and forcing over every row of the step (two kernels); with drafts the runner's
+#: gathered layout adds its own three ops (the real-row mask, the membership gather)
+V2_STEADY = 3
+V2_DRAFTS = 6
 
 
 @pytest.mark.parametrize("rows", [2, 5])

@@ -25,9 +25,12 @@ no profiler, sync or timing figures). Figures, one line each:
 
 The fused Triton kernels (``dynlogits.kernels.watermark``, what the resident group runs on CUDA
 by default), ``run_fused``: ``fused bits`` (per batch: the draw-and-force kernels' tokens and forced
-rows, and the absorb's states, against the eager reference on the same device, exactly), ``fused
+rows, and the absorb's states, against the eager reference on the same device, exactly; then
+``fused window bits``: Model Runner V2's window kernel, ``window_state``, against the op's eager
+reference on ``window_cases`` and runner-sized windows, ``MAX_HISTORY`` and drafts), ``fused
 kernels`` (device ops of one steady call from ``torch.profiler``: 2 for the draw, 1 for the
-absorb), ``fused sync`` (under ``set_sync_debug_mode("error")``) and ``fused time``. With ``--cpu``
+absorb, 1 for the window decisions), ``fused sync`` (under ``set_sync_debug_mode("error")``) and
+``fused time`` (the draw, and the window decisions over a ``MAX_HISTORY + 4`` span). With ``--cpu``
 (here and in ``check.py``) the same bit comparisons run in Triton's interpreter
 (``TRITON_INTERPRET=1``, a subprocess): the integer bits are the kernels'; the float ops are
 numpy's (its ``log`` is not torch's), so only the GPU run checks the float bits against torch."""
@@ -53,8 +56,8 @@ from dynlogits.processors.watermark_compiled import listed_draw, window_decision
 from dynlogits.processors.watermark_prf import absorb, context_state, key_words, uniform_from_states
 from dynlogits.processors.watermark_resident import MAX_HISTORY, batched_draw
 
-__all__ = ["BATCHES", "PAYLOADS", "SAMPLING", "Inputs", "compare", "fused_bits", "fused_inputs", "interpreted_check", "main",
-           "make_inputs", "run", "run_fused"]
+__all__ = ["BATCHES", "PAYLOADS", "SAMPLING", "Inputs", "compare", "fused_bits", "fused_inputs", "history_edge_case",
+           "interpreted_check", "main", "make_inputs", "run", "run_fused", "window_bits", "window_case", "window_cases"]
 
 BATCHES = (1, 64, 256)
 KERNEL_BUDGET = 8
@@ -147,6 +150,84 @@ def window_inputs(n: int, wide: int, every: bool, seed: int, span: int) -> tuple
     params = torch.cat([keys, widths[:, None], torch.randint(0, 2, (n, 1), generator=gen)], dim=1)
     member = torch.rand(n, generator=gen) < 0.8
     return tokens, at, prompt, pos, params, member, torch.arange(wide)[None, :], wide, every, MAX_HISTORY
+
+
+def window_case(seed: int, *, requests: int, columns: int, wide: int, every: bool, drafts: int,
+                max_history: int, small: bool = True) -> tuple[Any, ...]:
+    """Random ``fused_window_state`` arguments on the CPU (Model Runner V2's step, as the runner lays
+    it out): ``requests`` requests in random slots of an int32 token matrix ``[slots, columns]``
+    (a small vocabulary where ``small``: repeats are common; a few negative ids), prompts ending
+    anywhere (outputs starting inside the span, before it, or not yet), ``drafts`` rows of drafts
+    after each request's row (``input_ids``: the last committed token, then drafts, some ``-1``
+    placeholders) or none (``input_ids``, ``local_pos`` ``None``), one sentinel row (the tables'
+    last slot, past the matrix, not a member), widths ``1..wide`` unless ``every``, greedy and
+    sampling slots, some non-member rows; then ``wide``, ``every``, ``max_history``."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    num_slots = requests + 2
+    vocab = (3 if wide >= 4 else 12) if small else 151936
+    tokens = torch.randint(0, vocab, (num_slots, columns), generator=gen, dtype=torch.int32)
+    tokens[torch.rand(num_slots, columns, generator=gen) < 0.25 / columns] = -1  # a placeholder in some rows
+    prompt_len = torch.tensor([rng.choice([0, 1, rng.randrange(columns), columns - 1]) for _ in range(num_slots)],
+                              dtype=torch.int32)
+    slot_of_row: list[int] = []
+    pos: list[int] = []
+    local: list[int] = []
+    input_ids: list[int] = []
+    for slot in rng.sample(range(num_slots), requests):
+        base = rng.randrange(max(1, columns - drafts))
+        for k in range(drafts + 1):
+            slot_of_row.append(slot)
+            pos.append(base + k)
+            local.append(k)
+            draft = rng.choice([-1, rng.randrange(vocab), rng.randrange(vocab), rng.randrange(vocab)])
+            input_ids.append(int(tokens[slot, base]) if k == 0 else draft)
+    slot_of_row.append(num_slots)  # the sentinel: the tables' last slot, clamped into the matrix
+    pos.append(rng.randrange(columns))
+    local.append(0)
+    input_ids.append(0)
+    n = len(pos)
+    widths = torch.full((num_slots + 1,), wide) if every else torch.randint(1, wide + 1, (num_slots + 1,), generator=gen)
+    widths[-1] = 0  # the sentinel slot's padding
+    params = torch.cat([torch.randint(0, 2**32, (num_slots + 1, 2), generator=gen), widths[:, None],
+                        torch.randint(0, 4, (num_slots + 1, 1), generator=gen).clamp(max=1)], dim=1)
+    member = torch.rand(n, generator=gen) < 0.85
+    member[-1] = False
+    has = drafts > 0
+    return (tokens, prompt_len, torch.tensor(pos, dtype=torch.int32),
+            torch.tensor(input_ids, dtype=torch.int32) if has else None,
+            torch.tensor(local, dtype=torch.int32) if has else None, torch.tensor(slot_of_row), member, params, wide,
+            every, max_history)
+
+
+def history_edge_case(max_history: int, wide: int) -> tuple[Any, ...]:
+    """Four rows whose context repeats once: the window ending exactly ``max_history`` positions
+    back (skips), one further (draws), at the output's first whole context (skips), and half in the
+    prompt (draws); distinct tokens elsewhere, every width ``wide``, no drafts."""
+    far, near = max_history + 2 * wide + 4, 2 * wide + 3  # near: the output's first context inside the history
+    pos = torch.tensor([far, far, near, near], dtype=torch.int32)
+    tokens = torch.arange(4 * (far + wide), dtype=torch.int32).view(4, far + wide) + 1000
+    prompt_len = torch.tensor([0, 0, 2, 2], dtype=torch.int32)
+    for row, end in enumerate([far - max_history, far - max_history - 1, 2 + wide - 1, 2 + wide - 2]):
+        p = int(pos[row])
+        tokens[row, end - wide + 1 : end + 1] = tokens[row, p - wide + 1 : p + 1]
+    params = torch.tensor([[7, 9, wide, 1]] * 5)
+    return (tokens, prompt_len, pos, None, None, torch.arange(4), torch.ones(4, dtype=torch.bool), params, wide, True,
+            max_history)
+
+
+def window_cases() -> list[tuple[Any, ...]]:
+    """The window cases the tests and the checks run: widths 1..9 (mixed or not), drafts or none,
+    spans cut by the history (``max_history`` below the matrix) or by the matrix, spans of one
+    block of the kernel's scan and of several."""
+    cases = []
+    for seed, (wide, every, drafts, history, columns) in enumerate(
+            [(4, True, 0, 12, 48), (4, True, 2, 12, 48), (6, False, 0, 20, 40), (6, False, 3, 9, 64),
+             (1, True, 0, 5, 30), (9, False, 1, 100, 50), (3, False, 2, 7, 33), (5, True, 0, 40, 20),
+             (4, True, 2, 300, 700), (7, False, 0, 8192, 600)]):
+        cases.append(window_case(seed, requests=6, columns=columns, wide=wide, every=every, drafts=drafts,
+                                 max_history=history, small=seed not in (3, 9)))
+    return [*cases, history_edge_case(12, 4), history_edge_case(300, 1)]
 
 
 def _on(args: tuple[Any, ...], device: torch.device) -> tuple[Any, ...]:
@@ -397,7 +478,32 @@ def fused_bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list
             diffs += int((kernels.absorb(params[:batch, :2], contexts, w) != absorb(params[:batch, :2], contexts, w)).any(1).sum())
         out.append({"batch": batch, "vocab": vocab, "rows_differing": diffs})
         print(f"watermark fused bits batch {batch} vocab {vocab}: {diffs} rows differ -> {_line(diffs == 0)}", flush=True)
+    window = window_bits(device)
+    out.append(window)
+    print(f"watermark fused window bits ({window['cases']} cases, {window['rows']} rows): {window['rows_differing']} rows "
+          f"differ -> {_line(window['rows_differing'] == 0)}", flush=True)
     return out
+
+
+def window_bits(device: torch.device, batches: Sequence[int] = (1, 64)) -> dict[str, Any]:
+    """The window kernel (``kernels.window_state``) against the op's eager reference on ``device``:
+    ``window_cases``, then per batch a runner-sized case (``MAX_HISTORY``, a matrix wider than the
+    span, drafts and none); rows differing (must be 0)."""
+    from dynlogits.kernels import watermark as kernels
+
+    cases = [*window_cases()]
+    for batch in batches:
+        for drafts in (0, 2):
+            cases.append(window_case(batch + drafts, requests=max(1, batch // (drafts + 1)), columns=MAX_HISTORY + 300,
+                                     wide=4, every=True, drafts=drafts, max_history=MAX_HISTORY, small=False))
+    rows = diffs = 0
+    for case in cases:
+        on = _on(case, device)
+        got = kernels.window_state(*on)
+        want = watermark_compiled.fused_window_state.eager(*on)
+        diffs += int((got != want).any(1).sum())
+        rows += len(want)
+    return {"batch": "window", "cases": len(cases), "rows": rows, "rows_differing": diffs}
 
 
 def run_fused(device: torch.device, *, vocab: int = 151936, steps: int = 200,
@@ -414,20 +520,28 @@ def run_fused(device: torch.device, *, vocab: int = 151936, steps: int = 200,
                 kernels.draw(logits, rows, slots, temperature, params, states, fire, True)  # noqa: B023  # called at once
             def absorb_step() -> None:
                 kernels.absorb(params[:batch, :2], contexts, widths)  # noqa: B023  # called at once
+            window = _on(window_case(batch, requests=batch, columns=MAX_HISTORY + 300, wide=4, every=True, drafts=0,
+                                     max_history=MAX_HISTORY, small=False), device)
+            def window_step() -> None:
+                kernels.window_state(*window)  # noqa: B023  # called at once
             step()
             absorb_step()
+            window_step()
             d_ops, d_names = _device_ops(step, 10, Path(tmp))
             a_ops, a_names = _device_ops(absorb_step, 10, Path(tmp))
-            fits = d_ops <= 2 and a_ops <= 1  # torch.empty allocates without a kernel
+            w_ops, w_names = _device_ops(window_step, 10, Path(tmp))
+            fits = d_ops <= 2 and a_ops <= 1 and w_ops <= 1  # torch.empty allocates without a kernel
             ok &= fits
-            results["kernels"].append({"batch": batch, "draw": d_ops, "absorb": a_ops, "names": d_names + a_names})
-            print(f"watermark fused kernels batch {batch}: draw {d_ops:.1f}, absorb {a_ops:.1f} device ops "
-                  f"{d_names + a_names} -> {_line(fits)}", flush=True)
+            results["kernels"].append({"batch": batch, "draw": d_ops, "absorb": a_ops, "window": w_ops,
+                                       "names": d_names + a_names + w_names})
+            print(f"watermark fused kernels batch {batch}: draw {d_ops:.1f}, absorb {a_ops:.1f}, window {w_ops:.1f} "
+                  f"device ops {d_names + a_names + w_names} -> {_line(fits)}", flush=True)
             torch.cuda.set_sync_debug_mode("error")
             sync_error = ""
             try:
                 step()
                 absorb_step()
+                window_step()
             except RuntimeError as exc:
                 sync_error = str(exc).splitlines()[0][:200]
             finally:
@@ -436,8 +550,11 @@ def run_fused(device: torch.device, *, vocab: int = 151936, steps: int = 200,
             results["sync"].append({"batch": batch, "error": sync_error})
             print(f"watermark fused sync batch {batch}: {sync_error or 'none'} -> {_line(not sync_error)}", flush=True)
             wall, dev = _time(step, steps)
-            results["time"].append({"batch": batch, "draw_wall_ms": wall, "draw_device_ms": dev})
-            print(f"watermark fused time batch {batch}: draw and force {wall:.4f} ms wall, {dev:.4f} ms device", flush=True)
+            w_wall, w_dev = _time(window_step, steps)
+            results["time"].append({"batch": batch, "draw_wall_ms": wall, "draw_device_ms": dev,
+                                    "window_wall_ms": w_wall, "window_device_ms": w_dev})
+            print(f"watermark fused time batch {batch}: draw and force {wall:.4f} ms wall, {dev:.4f} ms device; "
+                  f"window decisions (span {MAX_HISTORY + 4}) {w_wall:.4f} ms wall, {w_dev:.4f} ms device", flush=True)
     return ok, results
 
 
