@@ -1,7 +1,14 @@
 """``no_repeat_ngram`` decided on the device, from the step's ``TokenWindow`` (Model Runner V2: the
-rows' histories live on the device): no history read back, no sync, nine device ops a steady step
-without drafts (``addcmul``, ``index``, ``clamp``, ``bitwise_or``, ``bitwise_xor``, ``le``, ``all``,
-``where``, ``scatter_reduce_``; ``apply``).
+rows' histories live on the device): no history read back, no sync. ``apply`` runs one of three
+implementations of the same bans:
+
+* the fused op ``ban_`` (``dynlogits::no_repeat_ngram_ban_``): on CUDA one Triton launch
+  (``dynlogits.kernels.no_repeat_ngram``), where ``fused_ready`` (probed once per device against
+  ``apply_eager``; in the CUDA model always), so a steady step is one launch;
+* on the CPU, its CPU implementation ``ban_host`` (numpy over the rows' windows, called directly);
+* elsewhere (a CUDA device whose probe failed) ``apply_eager``: nine device ops a steady step
+  without drafts (``addcmul``, ``index``, ``clamp``, ``bitwise_or``, ``bitwise_xor``, ``le``,
+  ``all``, ``where``, ``scatter_reduce_``), described below.
 
 Per row of the step (gathered: every row, members masked), with a window of ``W`` tokens and the
 group's largest size ``S`` (``window_width``: the widest history a member's kept sample can have,
@@ -45,14 +52,19 @@ known. Sizes above ``MAX_DEVICE_SIZE`` are hosted (``NoRepeatNgramGroup.fits_win
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from dynlogits.kernels.fused import fused_op
+from dynlogits.kernels.probe import FusedGate
 
 from .window import TokenWindow
 
-__all__ = ["INT64_MAX", "INT64_MIN", "MAX_DEVICE_SIZE", "NEVER", "Layout", "SlotTables", "apply", "layout", "slot_tables",
-           "window_width"]
+__all__ = ["INT64_MAX", "INT64_MIN", "MAX_DEVICE_SIZE", "NEVER", "Layout", "SlotTables", "apply", "apply_eager", "ban_",
+           "ban_host", "fused_ready", "layout", "probe_case", "reset_fused", "slot_tables", "window_width"]
 
 #: The largest ``size`` decided on the device: each step compares ``rows * W * size`` cells; common
 #: settings are 2 to 5 (transformers', TensorRT-LLM's). Larger sizes are hosted.
@@ -87,28 +99,34 @@ def window_width(matrix_width: int, spans: list[int | None], size: int) -> int:
 @dataclass(frozen=True)
 class SlotTables:
     """The group's tables per slot, for a window ``W`` wide, the largest size ``S`` and logits
-    ``vocab`` wide: ``planes`` ``[8, slots, W + S]`` (``_AT`` .. ``_LIMIT``); ``low`` ``[2, 1, 1]``
-    the two planes' lower bounds of the ``clamp``."""
+    ``vocab`` wide: ``planes`` ``[8, slots, W + S]`` (``_AT`` .. ``_LIMIT``, the eager device path);
+    ``low`` ``[2, 1, 1]`` the two planes' lower bounds of the ``clamp``; ``params`` ``[slots, 4]``
+    int64 (``ban_``'s): the history's first position (``NEVER``: not a member), the size, the first
+    position a row decides at (the prompt's last: a prefill chunk's row before it bans nothing),
+    the slot within the engine's."""
 
     width: int
     size: int
     vocab: int
     planes: torch.Tensor
     low: torch.Tensor
+    params: torch.Tensor
 
 
 @dataclass(frozen=True)
 class Layout:
-    """A layout's tables, gathered from ``SlotTables.planes`` by ``slot_of_row`` (one ``index``):
-    ``addcmul(tables, pos, multiplier)`` is ``(at, U, V - 1)``; ``slots`` the rows' slots within the
-    engine's; ``limit`` ``[rows, 1, S]``."""
+    """A layout's rows (``slot_of_row``) over ``source``; ``gathered`` (the eager device path only,
+    made at its first use: one ``index``) its rows' planes: ``addcmul(tables, pos, multiplier)`` is
+    ``(at, U, V - 1)``; ``slots`` the rows' slots within the engine's; ``limit`` ``[rows, 1, S]``."""
 
     source: SlotTables
     slot_of_row: torch.Tensor
-    tables: torch.Tensor
-    multiplier: torch.Tensor
-    slots: torch.Tensor
-    limit: torch.Tensor
+
+    @functools.cached_property
+    def gathered(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(tables, multiplier, slots, limit)``: one ``index`` of ``source.planes``."""
+        rows = self.source.planes[:, self.slot_of_row]
+        return rows[_AT:_SCALE], rows[_SCALE:_SLOT], rows[_SLOT, :, 0], rows[_LIMIT, :, None, :self.source.size]
 
 
 def slot_tables(window: TokenWindow, member: torch.Tensor, params: torch.Tensor, width: int, size: int,
@@ -141,22 +159,178 @@ def slot_tables(window: TokenWindow, member: torch.Tensor, params: torch.Tensor,
                           zeros + 1, torch.where(free, 0, BIG), zeros, engine[:, None].expand(-1, w + s),
                           torch.cat([limit, zeros[:, s:]], dim=1)])
     low = torch.where(torch.arange(2, device=device) == 0, INT64_MIN, 0).view(2, 1, 1)  # built here: no host data
-    return SlotTables(w, s, vocab, planes, low)
+    compact = torch.stack([start, sizes, prompt_len - 1, engine], dim=1).contiguous()
+    return SlotTables(w, s, vocab, planes, low, compact)
 
 
 def layout(t: SlotTables, slot_of_row: torch.Tensor) -> Layout:
-    """A layout's rows' tables: one ``index`` of ``t.planes``."""
-    rows = t.planes[:, slot_of_row]
-    return Layout(t, slot_of_row, rows[_AT:_SCALE], rows[_SCALE:_SLOT], rows[_SLOT, :, 0], rows[_LIMIT, :, None, :t.size])
+    """A layout's rows over ``t`` (no device op: the eager path gathers at its first use)."""
+    return Layout(t, slot_of_row)
 
 
 def apply(window: TokenWindow, t: Layout, logits: torch.Tensor, extremes: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """``-inf`` in ``logits`` at every id a row's history bans (see the module doc): nine device ops,
-    no sync. ``extremes``: ``-inf`` and ``+inf`` in the logits' dtype, on their device."""
+    """``-inf`` in ``logits`` at every id a row's history bans, no sync: on the CPU ``ban_host``
+    (``ban_``'s CPU implementation, called directly); where ``fused_ready`` (CUDA once probed, the
+    CUDA model) the fused op ``ban_`` (one Triton launch); else ``apply_eager``."""
+    drafts = window.input_ids is not None and window.local_pos is not None
+    args = (logits, window.tokens, window.pos, t.slot_of_row, t.source.params, window.input_ids if drafts else None,
+            window.local_pos if drafts else None, t.source.width, t.source.size)
+    if logits.device.type == "cpu":
+        ban_host(*args)
+    elif fused_ready(logits.device):
+        ban_(*args)
+    else:
+        apply_eager(window, t, logits, extremes)
+
+
+def apply_eager(window: TokenWindow, t: Layout, logits: torch.Tensor,
+                extremes: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """The eager device path (see the module doc): nine device ops (ten on a layout's first step),
+    no sync. ``extremes``: ``-inf`` and ``+inf`` in the logits' dtype, on their device. A logit that
+    is NaN stays NaN where it is banned (``amin``); every other ban is ``-inf``."""
     w, s = t.source.width, t.source.size
-    read = torch.addcmul(t.tables, window.pos[None, :, None], t.multiplier)  # at, U, V - 1
-    both = torch.clamp(window._read(t.slots, read[0])[None], min=t.source.low, max=read[1:])  # key, ids
+    tables, multiplier, slots, limit = t.gathered
+    read = torch.addcmul(tables, window.pos[None, :, None], multiplier)  # at, U, V - 1
+    both = torch.clamp(window._read(slots, read[0])[None], min=t.source.low, max=read[1:])  # key, ids
     key, ids = both[0], both[1]
     x = torch.bitwise_xor(key[:, :w].unfold(1, s, 1), torch.bitwise_or(key[:, w:], INT64_MIN)[:, None, :])
-    hit = torch.le(x, t.limit).all(2)
+    hit = torch.le(x, limit).all(2)
     logits.scatter_reduce_(1, ids[:, s - 1:w], torch.where(hit, *extremes), reduce="amin")
+
+
+@functools.lru_cache(maxsize=32)
+def _columns(width: int) -> tuple[np.ndarray, np.ndarray]:
+    """A window's column offsets ``1 - width .. 0`` and each column's own value below every token (int32)."""
+    offsets = np.arange(1 - width, 1, dtype=np.int32)
+    return offsets, offsets - 1 - (1 << 30)
+
+
+def _host_ban(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
+              params: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, width: int,
+              size: int) -> None:
+    """``ban_``'s CPU implementation (host tensors): numpy over ``[rows, width]`` columns (few,
+    cheap calls: the step runs right after the logits were written, its caches cold), a column's
+    ``key`` its token where that counts (inside the history, not negative) else a value of its own
+    below every token, the bans written with one fancy assignment."""
+    p = pos.numpy()
+    start, n, first, engine = params.numpy().take(slot_of_row.numpy(), axis=0).T
+    matrix = tokens.numpy()
+    offsets, outside = _columns(width)
+    lo = np.where(p >= first, start, NEVER) - p  # the history's first column (offset); a prefill chunk's row: none
+    # a column before position 0 reads anything (outside the history): wrap keeps every index inside the matrix
+    tok = matrix.reshape(-1).take((engine * matrix.shape[1] + p)[:, None] + offsets, mode="wrap")
+    if input_ids is not None and local_pos is not None:
+        fed = -offsets <= local_pos.numpy()[:, None]  # fed at row r + offset: the last committed token or a draft
+        source = np.maximum(np.arange(len(p))[:, None] + offsets, 0)
+        tok = np.where(fed, input_ids.numpy().take(source), tok)
+    key = np.where((offsets >= lo[:, None]) & (tok >= 0), tok, outside)
+    w, s = width, size
+    follower = key[:, s - 1:]
+    unsigned: np.ndarray = follower.view(np.uint32 if key.itemsize == 4 else np.uint64)
+    hit = unsigned < logits.shape[1]  # counted (a negative key is past every id unsigned), inside the logits
+    if s > 1:
+        smaller = min(n.tolist()) < s  # a member of a smaller size (a Python min: cheaper cold than numpy's)
+        for k in range(1, s):
+            same = key[:, s - 1 - k:w - k] == key[:, w - k, None]  # the token k before each follower: the tail's
+            hit &= (same | (n <= k)[:, None]) if smaller else same
+    row, column = hit.nonzero()
+    if row.size:
+        ids = follower[row, column]
+        if logits.dtype == torch.float32 and not logits.requires_grad:
+            logits.numpy()[row, ids] = -np.inf
+        else:
+            logits.index_put_((torch.from_numpy(row), torch.from_numpy(ids.astype(np.int64))),
+                              torch.full((), float("-inf"), dtype=logits.dtype))
+
+
+# -- the fused op (``dynlogits.kernels``): the whole step as one Triton kernel on CUDA --
+
+@fused_op("no_repeat_ngram_ban_", launches=1, mutates_args=("logits",))
+def ban_(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor, params: torch.Tensor,
+         input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, width: int, size: int) -> None:
+    """``-inf`` in ``logits`` at every id each row's history bans: exactly the bans of
+    ``apply_eager`` for the same window and tables (``params``: ``SlotTables.params``; ``width``,
+    ``size``: the tables'), and where a row's history fits the window, transformers'
+    ``NoRepeatNGramLogitsProcessor`` with placeholder n-grams skipped (``banned_after``), ids past the
+    logits' width left alone. Every ban is ``-inf`` (a NaN logit too). CPU implementation (every
+    device but CUDA): ``_host_ban``, host tensors only; CUDA: one Triton launch
+    (``dynlogits.kernels.no_repeat_ngram.ban_``)."""
+    _host_ban(logits, tokens, pos, slot_of_row, params, input_ids, local_pos, width, size)
+
+
+@ban_.cuda
+def _ban_cuda(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
+              params: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, width: int,
+              size: int) -> None:
+    from dynlogits.kernels import no_repeat_ngram as kernels
+
+    kernels.ban_(logits, tokens, pos, slot_of_row, params, input_ids, local_pos, width, size)
+
+
+#: ``ban_``'s CPU implementation, called directly on the CPU (no dispatcher)
+ban_host = ban_.eager
+
+
+def fused_ready(device: torch.device) -> bool:
+    """Whether ``ban_`` runs on ``device`` (``dynlogits.kernels.probe.FusedGate``): never on the
+    CPU, always in the CUDA model, on CUDA once ``_probe`` passed (random windows, drafts or not,
+    through the kernel and ``apply_eager`` on that device, logits compared exactly); else one
+    warning and ``apply_eager`` for good."""
+    return _GATE.ready(device)
+
+
+def probe_case(seed: int, device: torch.device, *, rows: int = 12, slots: int = 9, length: int = 40, vocab: int = 50,
+               drafts: int = 0) -> tuple[TokenWindow, Layout, torch.Tensor]:
+    """A random step on ``device``: an engine's token matrix of few ids (repeats are common) with
+    placeholders and ids past ``vocab``, prompts, rows at random positions (some in prefill, some
+    past the window, some not members), mixed sizes up to ``MAX_DEVICE_SIZE`` and ``include_prompt``,
+    ``drafts`` drafts per request at most; its window, layout and logits (no NaN)."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 4, (slots, length), generator=g, dtype=torch.int32)
+    tokens[torch.rand(slots, length, generator=g) < 0.03] = -1
+    past = torch.rand(slots, length, generator=g) < 0.04  # ids at and past the logits' width
+    tokens[past] = vocab + torch.randint(0, 3, (int(past.sum()),), generator=g, dtype=torch.int32)
+    prompt_len = torch.randint(1, length // 2, (slots,), generator=g, dtype=torch.int32)
+    slot_of_row = torch.randint(0, slots + 1, (rows,), generator=g)  # slots: the tables' sentinel (never a member)
+    pos = torch.minimum(torch.randint(0, length, (rows,), generator=g), torch.tensor(length - 1))
+    member = torch.rand(slots + 1, generator=g) < 0.8
+    member[-1] = False
+    size = int(torch.randint(1, MAX_DEVICE_SIZE + 1, (1,), generator=g))
+    params = torch.stack([torch.randint(1, size + 1, (slots + 1,), generator=g),
+                          torch.randint(0, 2, (slots + 1,), generator=g)], dim=1)
+    window = TokenWindow(device)
+    input_ids = local_pos = None
+    if drafts:
+        local_pos = torch.randint(0, drafts + 1, (rows,), generator=g)
+        input_ids = torch.randint(-1, 5, (rows,), generator=g, dtype=torch.int32)
+    window.at(tokens.to(device), prompt_len.to(device), pos.to(device),
+              None if input_ids is None else input_ids.to(device), None if local_pos is None else local_pos.to(device))
+    width = window_width(length, [int(x) for x in torch.randint(1, length, (2,), generator=g)], size)
+    tables = slot_tables(window, member.to(device), params.to(device), width, size, vocab)
+    logits = torch.randn(rows, vocab, generator=g).to(device)
+    return window, layout(tables, slot_of_row.to(device)), logits
+
+
+def _probe(device: torch.device) -> bool:
+    """``ban_``'s kernel against ``apply_eager`` on ``device``, exactly (see ``fused_ready``)."""
+    same = []
+    for seed, drafts in ((1, 0), (2, 2), (3, 0), (4, 3)):
+        window, t, logits = probe_case(20260500 + seed, device, drafts=drafts)
+        fused, eager = logits.clone(), logits.clone()
+        extremes = (torch.full((), float("-inf"), device=device), torch.full((), float("inf"), device=device))
+        apply_eager(window, t, eager, extremes)
+        drafted = drafts > 0
+        _ban_cuda(fused, window.tokens, window.pos, t.slot_of_row, t.source.params,
+                  window.input_ids if drafted else None, window.local_pos if drafted else None, t.source.width,
+                  t.source.size)
+        same.append(torch.equal(fused, eager))
+    return all(same)
+
+
+#: the probe-at-first-use gate (``_probe`` looked up at call time)
+_GATE = FusedGate("no_repeat_ngram", lambda device: _probe(device))
+
+
+def reset_fused() -> None:
+    """Forget every device's probe (tests)."""
+    _GATE.reset()

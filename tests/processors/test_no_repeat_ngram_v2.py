@@ -138,3 +138,37 @@ def test_the_window_is_no_wider_than_the_members_positions() -> None:
     assert _masked(out[0]) == sorted(banned_after(prompt + [3, 2], 2)) == [3, 4]
     (group,) = [g for g in harness.processor._resident.groups.values() if g.from_window]
     assert group.width == 11  # 4 + 6 of 128, plus size - 1
+
+
+#: no ``include_prompt``: the CUDA model's V2 runner stages no prompt (such a request fails at admission)
+_ON_THE_DEVICE = [[{"kind": KIND, "size": 3}], [{"kind": KIND, "size": 2}]]
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_a_steady_step_on_the_cuda_model_is_the_fused_op_and_never_waits(drafts: int) -> None:
+    """The step's decisions and bans are one fused op (one Triton launch on CUDA); with drafts the
+    runner's own bookkeeping adds its few ops; no sync either way."""
+    from dynlogits.testing.cuda.drive import Scenario, drive_v2
+    from dynlogits.testing.cuda.simcuda import SimCuda
+
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(vocab=4, payloads=_ON_THE_DEVICE, steps=8, changes=False), drafts=drafts)
+    assert [str(s) for s in steady.syncs] == [] and steady.failures == []
+    assert steady.steady_ops.count("no_repeat_ngram_ban_") == 1 and steady.steady_ops[-1] == "no_repeat_ngram_ban_"
+    assert steady.launches <= 8
+    if not drafts:
+        assert steady.steady_ops == ["no_repeat_ngram_ban_"]
+
+
+def test_where_the_fused_kernel_is_off_the_eager_device_path_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA device whose probe failed runs ``apply_eager``: still no sync, nine ops a steady step."""
+    from dynlogits.processors import no_repeat_ngram_device
+    from dynlogits.testing.cuda.drive import Scenario, drive_v2
+    from dynlogits.testing.cuda.simcuda import SimCuda
+
+    monkeypatch.setattr(no_repeat_ngram_device, "fused_ready", lambda device: False)
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(vocab=4, payloads=_ON_THE_DEVICE, steps=8, changes=False))
+    assert [str(s) for s in steady.syncs] == [] and steady.failures == []
+    assert steady.steady_ops == ["addcmul", "index", "clamp", "bitwise_or", "bitwise_xor", "le", "all", "where",
+                                 "scatter_reduce_"]

@@ -1,0 +1,163 @@
+"""``no_repeat_ngram``'s fused op (``no_repeat_ngram_device.ban_``): its CPU implementation
+(``ban_host``) against the eager device path (``apply_eager``, run on the CPU) on random steps, and
+against transformers' ``NoRepeatNGramLogitsProcessor`` (``banned_after`` where a history holds a
+placeholder or an id past the logits) on random histories, drafts included; its Triton kernel in
+Triton's CPU interpreter (``TRITON_INTERPRET=1``, set in a subprocess before Triton is imported)
+against the CPU implementation bit for bit, and the CUDA gate's probe passing there."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from dynlogits.processors.no_repeat_ngram import banned_after
+from dynlogits.processors.no_repeat_ngram_device import (
+    MAX_DEVICE_SIZE,
+    apply_eager,
+    ban_host,
+    layout,
+    probe_case,
+    slot_tables,
+    window_width,
+)
+from dynlogits.processors.window import TokenWindow
+
+CPU = torch.device("cpu")
+EXTREMES = (torch.tensor(float("-inf")), torch.tensor(float("inf")))
+
+
+def _host(logits: torch.Tensor, window: TokenWindow, slot_of_row: torch.Tensor, params: torch.Tensor, width: int,
+          size: int) -> None:
+    drafts = window.input_ids is not None and window.local_pos is not None
+    ban_host(logits, window.tokens, window.pos, slot_of_row, params, window.input_ids if drafts else None,
+             window.local_pos if drafts else None, width, size)
+
+
+@pytest.mark.parametrize("drafts", [0, 2, 3])
+def test_the_cpu_implementation_equals_the_eager_device_path(drafts: int) -> None:
+    banned = 0
+    for seed in range(150):
+        rows = 1 + seed % 17
+        window, t, logits = probe_case(seed, CPU, rows=rows, drafts=drafts)
+        eager, host = logits.clone(), logits.clone()
+        apply_eager(window, t, eager, EXTREMES)
+        _host(host, window, t.slot_of_row, t.source.params, t.source.width, t.source.size)
+        assert torch.equal(host, eager), (seed, drafts)
+        banned += int(host.isneginf().sum())
+    assert banned > 300  # the cases ban often
+
+
+def _transformers_bans(history: list[int], size: int, vocab: int) -> list[int]:
+    from transformers import NoRepeatNGramLogitsProcessor
+
+    scores = torch.zeros(1, vocab)
+    out = NoRepeatNGramLogitsProcessor(size)(torch.tensor([history]), scores)
+    return torch.isneginf(out[0]).nonzero().flatten().tolist()
+
+
+def test_the_cpu_implementation_bans_what_transformers_bans() -> None:
+    """Requests of random sizes, prompts (counted or not) and outputs, some with drafts (one row
+    per draft, as Model Runner V2 feeds them), some holding placeholders or ids past the logits."""
+    pytest.importorskip("transformers")
+    rng = random.Random(7)
+    vocab, length, checked, compared = 12, 48, 0, 0
+    for case in range(60):
+        size = rng.randint(1, MAX_DEVICE_SIZE)
+        requests = []
+        for _ in range(rng.randint(1, 5)):
+            ids = [rng.randrange(2, 2 + rng.choice([2, 3, 5])) for _ in range(40)]
+            odd = rng.random() < 0.3  # a placeholder or an id past the logits somewhere
+            prompt = [rng.choice(ids) for _ in range(rng.randint(1, 10))]
+            output = [rng.choice(ids) for _ in range(rng.randint(0, 20))]
+            if odd:
+                spot = rng.randrange(len(prompt) + len(output))
+                bad = rng.choice([-1, vocab, vocab + 1])
+                if spot < len(prompt):
+                    prompt[spot] = bad
+                else:
+                    output[spot - len(prompt)] = bad
+            drafts = [rng.choice(ids) for _ in range(rng.choice([0, 0, 2]))]
+            requests.append((prompt, output, drafts, rng.random() < 0.5, rng.randint(1, size)))
+        slots = len(requests) + 1
+        tokens = torch.full((slots, length), -7, dtype=torch.int32)  # not the history: never read as it
+        prompt_len, pos, slot_of_row, input_ids, local_pos, want = [], [], [], [], [], []
+        for slot, (prompt, output, drafts, with_prompt, own) in enumerate(requests):
+            committed = prompt + output
+            tokens[slot, :len(committed)] = torch.tensor(committed, dtype=torch.int32)
+            prompt_len.append(len(prompt))
+            for k in range(len(drafts) + 1):  # row k: fed the last committed token (k = 0), then draft k
+                history = (prompt if with_prompt else []) + output + drafts[:k]
+                pos.append(len(committed) - 1 + k)
+                slot_of_row.append(slot)
+                input_ids.append(committed[-1] if k == 0 else drafts[k - 1])
+                local_pos.append(k)
+                want.append((history, own))
+        prompt_len.append(1)
+        tokens[:, length - 1] = 3  # the matrix's last column: garbage a wrapped read must not take for history
+        window = TokenWindow(CPU).at(tokens, torch.tensor(prompt_len, dtype=torch.int32), torch.tensor(pos),
+                                     torch.tensor(input_ids, dtype=torch.int32), torch.tensor(local_pos))
+        member = torch.tensor([True] * len(requests) + [False])
+        params = torch.tensor([[own, int(with_prompt)] for _, _, _, with_prompt, own in requests] + [[1, 0]])
+        spans = [len(p) + len(o) + len(d) if w else len(o) + len(d) for p, o, d, w, _ in requests]
+        width = window_width(length, list(spans), size)
+        tables = slot_tables(window, member, params, width, size, vocab)
+        logits = torch.zeros(len(pos), vocab)
+        _host(logits, window, torch.tensor(slot_of_row), tables.params, width, size)
+        eager = torch.zeros(len(pos), vocab)
+        apply_eager(window, layout(tables, torch.tensor(slot_of_row)), eager, EXTREMES)
+        assert torch.equal(logits, eager), case
+        for row, (history, own) in enumerate(want):
+            got = torch.isneginf(logits[row]).nonzero().flatten().tolist()
+            expected = sorted(t for t in banned_after(history, own) if t < vocab)
+            assert got == expected, (case, row, history, own)
+            if history and all(0 <= t < vocab for t in history):
+                assert got == _transformers_bans(history, own, vocab), (case, row, history, own)
+                compared += 1
+            checked += bool(got)
+    assert checked > 50 and compared > 100
+
+
+SCRIPT = textwrap.dedent('''
+    import os
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    import torch
+    from dynlogits.kernels import no_repeat_ngram as K
+    from dynlogits.processors import no_repeat_ngram_device as D
+
+    checked = banned = 0
+    for seed in range(24):
+        for drafts in (0, 2):
+            for dtype in (torch.float32, torch.bfloat16):
+                window, t, logits = D.probe_case(seed, torch.device("cpu"), drafts=drafts, rows=3 + seed % 9)
+                logits = logits.to(dtype)
+                fused, host = logits.clone(), logits.clone()
+                if seed % 4 == 1:  # a strided view of wider logits
+                    fused = torch.stack([logits, logits], dim=2).view(len(logits), -1)[:, ::2]
+                    assert fused.stride(1) == 2 and torch.equal(fused, logits)
+                drafted = drafts > 0
+                args = (window.tokens, window.pos, t.slot_of_row, t.source.params,
+                        window.input_ids if drafted else None, window.local_pos if drafted else None,
+                        t.source.width, t.source.size)
+                K.ban_(fused, *args)
+                D.ban_host(host, *args)
+                assert torch.equal(fused, host), (seed, drafts, dtype)
+                banned += int(host.isneginf().sum())
+                checked += 1
+    assert banned > 100, banned
+    assert D._probe(torch.device("cpu")), "the gate's probe (kernel against apply_eager)"
+    print("checked", checked)
+''')
+
+
+def test_the_triton_kernel_in_the_interpreter_equals_the_cpu_implementation_bit_for_bit() -> None:
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "checked 96" in done.stdout
