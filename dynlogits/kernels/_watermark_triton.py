@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-__all__ = ["INTERPRETED", "absorb_rows", "draw_blocks", "draw_reduce", "log", "philox"]
+__all__ = ["INTERPRETED", "absorb_rows", "draw_blocks", "draw_reduce", "log", "philox", "window_decide", "window_tokens"]
 
 #: whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, read as Triton reads it)
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
@@ -249,10 +249,10 @@ def window_decide(tokens_ptr, tokens_stride0, tokens_stride1, n_slots, n_cols, p
                     src = tl.zeros([ROWS], tl.int64) + (offset + i)
                 else:
                     src = tl.minimum(tl.maximum(WIDE - width + (offset + i), 0), WIDE - 1)
-                at = pos - (WIDE - 1) + src
-                token = window_tokens(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot, at, rr, pos, local,
+                ctx_at = pos - (WIDE - 1) + src  # a name of its own: the scan's ``at`` is [ROWS, BLOCK]
+                token = window_tokens(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot, ctx_at, rr, pos, local,
                                       input_ptr, live, DRAFTS)
-                token = tl.where(at >= prompt, token, -1).to(tl.uint32)
+                token = tl.where(ctx_at >= prompt, token, -1).to(tl.uint32)
                 word = tl.where(width > offset + i, token, zero + (0xFFFFFFFF - i))
             else:
                 word = zero + (0xFFFFFFFF - i)

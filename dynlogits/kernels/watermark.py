@@ -49,9 +49,11 @@ __all__ = ["BLOCK", "ROWS", "WINDOW_BLOCK", "WINDOW_ROWS", "absorb", "draw", "ke
 BLOCK = 1024
 #: rows per program of the absorb
 ROWS = 64
-#: rows per program of the window decisions, and span columns per iteration of its scan (powers of two)
-WINDOW_ROWS = 4
-WINDOW_BLOCK = 256
+#: rows per program of the window decisions, and span columns per iteration of its scan (powers of
+#: two): a row a program spreads a batch over the SMs, a wide block keeps a ``MAX_HISTORY`` span to
+#: a few iterations
+WINDOW_ROWS = 1
+WINDOW_BLOCK = 1024
 
 
 @functools.cache
@@ -115,12 +117,14 @@ def window_span(columns: int, wide: int, max_history: int) -> int:
 
 def window_state(tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor, input_ids: torch.Tensor | None,
                  local_pos: torch.Tensor | None, slot_of_row: torch.Tensor, member: torch.Tensor, params: torch.Tensor,
-                 wide: int, every: bool, max_history: int) -> torch.Tensor:
+                 wide: int, every: bool, max_history: int, *, rows_per_program: int = WINDOW_ROWS,
+                 block: int = WINDOW_BLOCK) -> torch.Tensor:
     """Model Runner V2's window decisions of every row in one launch: ``[rows, 5]`` int64, the PRF
     state of its context and whether it draws (``watermark_compiled.fused_window_state``'s
     contract). ``tokens`` ``[slots, columns]`` (any strides), ``prompt_len`` per slot, ``pos``,
     ``slot_of_row``, ``member`` per row (contiguous), ``input_ids`` and ``local_pos`` (contiguous)
-    only with drafts, ``params`` the ``[slots, 4]`` table (any strides)."""
+    only with drafts, ``params`` the ``[slots, 4]`` table (any strides). ``rows_per_program`` and
+    ``block`` (powers of two; tests) change the tiling, never the result."""
     k = kernels()
     n = pos.shape[0]
     out = torch.empty(n, 5, dtype=torch.int64, device=tokens.device)
@@ -129,9 +133,9 @@ def window_state(tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tens
     drafts = input_ids is not None and local_pos is not None
     span = window_span(tokens.shape[1], wide, max_history)
     flags = member.view(torch.uint8) if member.dtype == torch.bool else member
-    k.window_decide[((n + WINDOW_ROWS - 1) // WINDOW_ROWS,)](
+    k.window_decide[((n + rows_per_program - 1) // rows_per_program,)](
         tokens, tokens.stride(0), tokens.stride(1), tokens.shape[0], tokens.shape[1], prompt_len, pos,
         input_ids if drafts else pos, local_pos if drafts else pos, slot_of_row, flags, params, params.stride(0),
-        params.stride(1), out, n, span, max_history, WIDE=wide, EVERY=every, DRAFTS=drafts, ROWS=WINDOW_ROWS,
-        BLOCK=WINDOW_BLOCK)
+        params.stride(1), out, n, span, max_history, WIDE=wide, EVERY=every, DRAFTS=drafts, ROWS=rows_per_program,
+        BLOCK=block)
     return out

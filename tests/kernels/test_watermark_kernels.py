@@ -98,6 +98,9 @@ WINDOW_SCRIPT = textwrap.dedent('''
         for matrix in (tokens, tokens.T.contiguous().T):  # the runner's matrix, and one with other strides
             got = K.window_state(matrix, *rest)
             assert got.dtype == torch.int64 and torch.equal(got, want), (checked, want, got)
+        for rows, block in ((4, 64), (2, 16)):  # several rows a program, spans of several scan blocks
+            got = K.window_state(tokens, *rest, rows_per_program=rows, block=block)
+            assert torch.equal(got, want), (checked, rows, block, want, got)
         draws += int(want[:, 4].sum())
         checked += 1
     assert 0 < draws
