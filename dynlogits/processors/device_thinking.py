@@ -121,6 +121,11 @@ class SpanTables:
         """The host processor's span after ``history`` (a resumed request's one host scan)."""
         return processor.span(history)
 
+    def host_state(self, template: Any, processor: Any, history: Sequence[int], committed: int) -> list[int]:
+        """A resumed request's state after ``committed`` generated tokens (``history``), from the
+        host processor's scan (``host_span``)."""
+        return self.resumed_state(template, self.host_span(processor, history), committed)
+
     def decide(self, slots: torch.Tensor, span: torch.Tensor, generated: torch.Tensor, valid: torch.Tensor,
                row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """The token each row is forced to (``-1``: none), given its span start (``CLOSED``: none),
@@ -384,8 +389,8 @@ class DeviceThinking:
             for (level, _), tables in self.tables.items():
                 if slot not in tables.members:
                     continue
-                span = tables.host_span(request.processor.processors[level], history)  # the host automaton, same rule
-                tables.put_state(slot, tables.resumed_state(tables.templates[slot], span, committed))
+                processor = request.processor.processors[level]  # the host automaton, same rule
+                tables.put_state(slot, tables.host_state(tables.templates[slot], processor, history, committed))
         self._cold.clear()
 
     def _row_tokens(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

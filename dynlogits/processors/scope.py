@@ -7,31 +7,33 @@ only at that phase's steps, and sees as its history the tokens generated since t
 of that phase began (a forced sequence scoped to ``answer`` starts at the answer's first token).
 
 ``Phases`` follows one request (one ``SpanScanner``, shared by its scoped entries); ``scoped``
-wraps a processor. A scoped entry of a kind whose step reads neither tokens nor positions (a plain,
-non-positional group: ``banned_tokens``, ``logit_bias``, ``allowed_tokens``) with reasoning
-delimiters in force is resident (``ScopedTemplate``, ``ScopedGroup``): each row's phase is decided on
-the host from its history where the adapter has histories (the V1 runner's live lists), else on the
-device by ``DeviceThinking`` (``ScopeTables``: the request's delimiters, followed from the prompt on),
-and the inner kind's step runs, gathered, on the rows in the entry's phase only. Any other scoped
-entry has no template: its request runs on the hosted path.
+wraps a processor. A scoped entry of a kind whose step reads no tokens (a group decided by nobody:
+``banned_tokens``, ``logit_bias``, ``allowed_tokens``, and the positional ``min_tokens`` and
+``forced_sequence``) with reasoning delimiters in force is resident (``ScopedTemplate``,
+``ScopedGroup``): each row's phase, and how many tokens its phase's stretch holds, is decided on the
+host from its history where the adapter has histories (the V1 runner's live lists), else on the
+device by ``DeviceThinking`` (``ScopeTables``: the request's delimiters, followed from the prompt on;
+the stretch's start is the state's ``ANCHOR``), and the inner kind's step runs, gathered, on the rows
+in the entry's phase only, a positional kind at the stretch's counts (``StepInputs.generated``
+replaced). Any other scoped entry has no template: its request runs on the hosted path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, overload
 
 import numpy as np
 import torch
 
-from .device_thinking import CLOSED, OUT, SpanTables
-from .modes import DecidedGroup, PlannedGroup, SpanDecided
+from .device_thinking import ANCHOR, CLOSED, OUT, SEL, SpanTables
+from .modes import DecidedGroup, SpanDecided
 from .slots import Dead, GatheredRows, Group, ListedRows, StepInputs, Template
 from .spans import SpanScanner
 from .uploads import StepUpload
 
-__all__ = ["Phases", "Reasoning", "ScopeTables", "ScopedGroup", "ScopedTemplate", "scoped"]
+__all__ = ["Phases", "Reasoning", "ScopeTables", "ScopedGroup", "ScopedTemplate", "StretchScopeTables", "scoped"]
 
 #: A request's reasoning delimiters: ``(start token ids, end token ids)``.
 Reasoning = tuple[tuple[int, ...], tuple[int, ...]]
@@ -138,6 +140,28 @@ class ScopeTables(SpanTables):
         """Where the row is in its entry's phase (and may be decided at all): a membership (bool)."""
         return torch.logical_and(self.state[slots, OUT] if state is None else state[:, OUT], valid)
 
+    def host_state(self, template: ScopedTemplate, processor: Any, history: Sequence[int], committed: int) -> list[int]:
+        """A resumed request's state (its one host scan): outside a span, ``ANCHOR`` is where the
+        answer's stretch began (the last end, ``0`` without one), as a transition leaves it."""
+        state = super().host_state(template, processor, history, committed)
+        if state[SEL] == 0:
+            state[ANCHOR] = processor.phases.at(history)[1]
+        return state
+
+
+class StretchScopeTables(ScopeTables):
+    """``ScopeTables`` of a positional inner kind: each row's decision is how many tokens its phase's
+    stretch holds (``-1``: not in the entry's phase, or not decidable), which ``ScopedGroup`` gives
+    the inner step as its generated counts."""
+
+    def decide_state(self, slots: torch.Tensor, state: torch.Tensor | None, generated: Callable[[], torch.Tensor],
+                     valid: torch.Tensor, row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``generated - ANCHOR`` (positions from the prompt's start: the tokens since the last
+        transition; a span the prompt opened gives more than the output, clamped by ``ScopedGroup``)
+        in the entry's phase, else ``-1``."""
+        rows = self.state[slots] if state is None else state
+        return torch.where(torch.logical_and(rows[:, OUT], valid), generated() - rows[:, ANCHOR], -1)
+
 
 class ScopedGroup(SpanDecided):
     """A scoped entry of one inner kind (``inner_type``, a plain group) at one entry position: each
@@ -168,30 +192,52 @@ class ScopedGroup(SpanDecided):
         return self.member.num_slots - 1
 
     def host_decisions(self, n: int) -> np.ndarray:
-        return np.zeros(n, dtype=np.int64)
+        return np.full(n, -1, dtype=np.int64)
 
     def host_decision(self, processor: Any, history: Sequence[int]) -> int:
-        return int(processor.in_scope(history))
+        """The tokens the row's phase's stretch holds (``-1``: not in the entry's phase)."""
+        return int(processor.stretch(history))
 
     def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: np.ndarray,
                              upload: StepUpload) -> Dead | None:
         """Listed layout, decided on the host: the rows in scope, as a gathered layout (every row's
-        slot, the sentinel for the others) in one upload; nothing runs when no row is in scope."""
-        inside = decisions > 0
+        slot, the sentinel for the others; then, for a positional inner kind, each row's stretch
+        count) in one upload; nothing runs when no row is in scope."""
+        inside = decisions >= 0
         if not inside.any():
             return None
         n = step.logits.shape[0]
-        buf = upload.buffer(n)
-        buf[:] = self._sentinel
-        buf[rows.rows[inside]] = rows.slots[inside]
-        slot_of_row = upload.upload(n)
-        return self.inner.apply_gathered(step, GatheredRows(slot_of_row, self.inner.member.dev[slot_of_row, 0]))
+        positional = self.inner.positional
+        buf = upload.buffer(2 * n if positional else n)
+        buf[:n] = self._sentinel
+        member_rows = rows.rows[inside]
+        buf[member_rows] = rows.slots[inside]
+        if positional:
+            buf[n:] = 0
+            buf[n + member_rows] = decisions[inside]
+        values = upload.upload(2 * n if positional else n)
+        slot_of_row = values[:n]
+        gathered = GatheredRows(slot_of_row, self.inner.member.dev[slot_of_row, 0])
+        return self.inner.apply_gathered(_at_counts(step, values[n:]) if positional else step, gathered)
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead | None:
-        """``decisions``: the rows in phase (``ScopeTables.decide_state``'s membership), or ``-1`` for
-        every row (the decider holds no tables for the group)."""
-        member = decisions if decisions.dtype == torch.bool else rows.member & (decisions > 0)
-        return self.inner.apply_gathered(step, GatheredRows(rows.slot_of_row, member))
+        """``decisions``: the rows in phase (``ScopeTables.decide_state``'s membership), or for a
+        positional inner kind each row's stretch count (``StretchScopeTables``), or ``-1`` for every
+        row (the decider holds no tables for the group)."""
+        if decisions.dtype == torch.bool:
+            return self.inner.apply_gathered(step, GatheredRows(rows.slot_of_row, decisions))
+        member = rows.member & (decisions >= 0)
+        if not self.inner.positional:
+            return self.inner.apply_gathered(step, GatheredRows(rows.slot_of_row, member))
+        assert step.generated is not None  # positional: the runner's positions were asked for
+        return self.inner.apply_gathered(_at_counts(step, torch.minimum(decisions, step.generated)),
+                                         GatheredRows(rows.slot_of_row, member))
+
+
+def _at_counts(step: StepInputs, counts: torch.Tensor) -> StepInputs:
+    """``step`` with ``counts`` as each row's generated count (a scoped positional kind counts from
+    its stretch's start) and no runner positions (``pos``), which would count from the output's."""
+    return replace(step, generated=counts, pos=None, pos_offset=None)
 
 
 _GROUPS: dict[type[Group], type[ScopedGroup]] = {}
@@ -199,9 +245,10 @@ _TEMPLATES: dict[type[Group], type[ScopedTemplate]] = {}
 
 
 def _resident_inner(group: type[Group]) -> bool:
-    """Whether a scoped entry whose kind runs ``group`` can be resident: its step reads neither
-    tokens nor positions, nor values the host plans."""
-    return not (issubclass(group, (DecidedGroup, PlannedGroup)) or group.positional)
+    """Whether a scoped entry whose kind runs ``group`` can be resident: its step reads no tokens
+    (positions it may read: ``ScopedGroup`` gives it the stretch's counts; values the host plans in
+    the listed layout it never gets, as it runs gathered)."""
+    return not issubclass(group, DecidedGroup)
 
 
 def scoped_group(inner: type[Group]) -> type[ScopedGroup]:
@@ -210,7 +257,7 @@ def scoped_group(inner: type[Group]) -> type[ScopedGroup]:
     if made is None:
         made = _GROUPS[inner] = type(f"Scoped{inner.__name__}", (ScopedGroup,), {
             "inner_type": inner, "restrictive": inner.restrictive, "writes_neg_inf": inner.writes_neg_inf,
-            "__module__": __name__})
+            "positional": inner.positional, "__module__": __name__})
         globals().setdefault(made.__name__, made)  # found by name, as a pickle looks classes up
     return made
 
@@ -237,7 +284,8 @@ def scoped_template(inner: Template, scope: str, scanner: SpanScanner) -> Scoped
     kind = _TEMPLATES.get(inner.group)
     if kind is None:
         kind = _TEMPLATES[inner.group] = type(f"Scoped{type(inner).__name__}", (ScopedTemplate,), {
-            "group": scoped_group(inner.group), "__module__": __name__})
+            "group": scoped_group(inner.group), "__module__": __name__,
+            "device_spans": StretchScopeTables if inner.group.positional else ScopeTables})
         globals().setdefault(kind.__name__, kind)
     return kind(inner, scope, scanner.start, scanner.end, scanner.initial, scanner.prompt_tail)
 
@@ -254,6 +302,12 @@ class _ScopedResident(_ScopedPlanned):
     def in_scope(self, input_ids: Sequence[int]) -> bool:
         """Whether the step after ``input_ids`` is in this entry's phase."""
         return self.phases.at(input_ids)[0] == self.scope
+
+    def stretch(self, input_ids: Sequence[int]) -> int:
+        """How many tokens of ``input_ids`` the entry's phase's current stretch holds (its history's
+        length, as the hosted step sees it), or ``-1`` outside the entry's phase."""
+        phase, began = self.phases.at(input_ids)
+        return len(input_ids) - began if phase == self.scope else -1
 
     def span(self, input_ids: Sequence[int]) -> int | None:
         """The open span after ``input_ids`` (``DeviceThinking``'s host scan of a resumed request)."""

@@ -1,4 +1,5 @@
-"""Scoped entries of plain kinds (``banned_tokens``, ``logit_bias``, ``allowed_tokens``) are resident
+"""Scoped entries of plain kinds (``banned_tokens``, ``logit_bias``, ``allowed_tokens``) and of the
+positional ones (``forced_sequence``, ``min_tokens``) are resident
 on both vLLM runners (``dynlogits.processors.scope.ScopedGroup``): on the V1 runner each row's phase is
 decided on the host from its live history and the rows in scope go up in one upload; under Model
 Runner V2 phases are followed on the device (``DeviceThinking`` with ``ScopeTables``). Neither reads
@@ -35,9 +36,27 @@ def test_scoped_requests_are_resident_and_never_wait_through_batch_changes(drive
     assert [str(s) for s in result.syncs] == []
 
 
+def _positional(seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
+            {"kind": "forced_sequence", "token_ids": rng.sample(range(10, 60), 3), "eos_token_id": EOS, "scope": "answer"},
+            {"kind": "min_tokens", "min_tokens": 4, "stop_token_ids": [EOS], "scope": "reasoning"}]
+
+
+@pytest.mark.parametrize("drive", [drive_v1, drive_v2], ids=["v1", "v2"])
+def test_scoped_positional_requests_are_resident_and_never_wait_through_batch_changes(drive) -> None:  # noqa: ANN001
+    """``forced_sequence`` and ``min_tokens`` scoped to a phase count from its stretch: on the V1
+    runner from the live lists, under Model Runner V2 from the span state on the device."""
+    with SimCuda() as sim:
+        result = drive(sim, Scenario(vocab=256, payloads=[_positional(i) for i in range(4)], steps=9))
+    assert [str(s) for s in result.syncs] == []
+
+
 def test_the_v1_runners_scoped_rows_equal_the_hosted_paths_bit_for_bit() -> None:
     """Random delimiters, prompts that may leave a span open, histories through both phases (and a
-    placeholder at the end of some), the three plain kinds scoped to either phase."""
+    placeholder at the end of some), the three plain kinds and the two positional ones
+    (``forced_sequence``, ``min_tokens``: counted from their stretch) scoped to either phase, each
+    request resident."""
     rng = random.Random(3)
     ids = [2, 3, 4, 5, 6, 7, 8]
     resident_rows = 0
@@ -53,6 +72,10 @@ def test_the_v1_runners_scoped_rows_equal_the_hosted_paths_bit_for_bit() -> None
                  "scope": scope},
                 {"kind": "allowed_tokens", "token_ids": [5, 6, 7, 8, *rng.sample(range(10, 30), 5)],
                  "eos_token_id": EOS, "scope": scope},
+                # positional: they count from their phase's stretch
+                {"kind": "forced_sequence", "token_ids": rng.sample(range(10, 20), rng.randint(1, 4)),
+                 "eos_token_id": EOS, "scope": scope},
+                {"kind": "min_tokens", "min_tokens": rng.randint(1, 6), "stop_token_ids": [EOS, 9], "scope": scope},
             ])
             payloads.append([reasoning, entry])
         prompts = [[rng.choice(ids) for _ in range(rng.randint(1, 4))] for _ in payloads]

@@ -722,7 +722,8 @@ def test_a_prefill_chunks_row_never_fails_its_request(harness, payload) -> None:
 def test_scoped_entries_are_resident_and_act_where_the_host_processor_acts(drafts: int) -> None:
     """Random reasoning delimiters (one or two tokens), prompts (which may leave a span open or end
     inside a delimiter), outputs a request resumes with (some past ``MAX_DEVICE_CATCH_UP``: scanned
-    once on the host) and drafts; ``banned_tokens``, ``logit_bias`` and ``allowed_tokens`` scoped to
+    once on the host) and drafts; ``banned_tokens``, ``logit_bias``, ``allowed_tokens`` and the
+    positional ``min_tokens`` and ``forced_sequence`` (counted from their phase's stretch) scoped to
     either phase, two at one entry position across requests, some beside a ``thinking_budget``;
     slots reused. Every such request is resident (no history read back) and every row is what the
     oracle makes of the history it sees."""
@@ -751,7 +752,11 @@ def test_scoped_entries_are_resident_and_act_where_the_host_processor_acts(draft
                      "scope": scope},
                     {"kind": "allowed_tokens", "token_ids": [5, 6, 7, 8, *rng.sample(range(10, 30), 5)], "eos_token_id": EOS,
                      "scope": scope},
+                    {"kind": "min_tokens", "min_tokens": rng.randint(1, 6), "stop_token_ids": [EOS, 9], "scope": scope},
                 ]))
+            if rng.random() < 0.3:  # positional, counted from its stretch; alone (a mask beside it could empty a row)
+                scoped = [{"kind": "forced_sequence", "token_ids": rng.sample(range(10, 20), rng.randint(1, 4)),
+                           "eos_token_id": EOS, "scope": rng.choice(["reasoning", "answer"])}]
             thinking = {"kind": "thinking_budget", "budget": 99}
             payload = rng.choice([[reasoning, *scoped], [reasoning, thinking, *scoped], [reasoning, *scoped, thinking]])
             prompt = [rng.choice(ids) for _ in range(rng.randint(1, 4))]
@@ -800,3 +805,39 @@ def test_a_scoped_allowed_set_the_grammar_empties_fails_its_request_in_its_phase
     harness.commit("a", [EOS])
     harness.step(["a"], torch.zeros(1, VOCAB))  # the flags' copy has landed: reported at the next call
     assert len(harness.processor.failures) == 1 and "no token left" in harness.processor.failures[0]
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_a_scoped_forced_sequence_counts_from_its_stretch_whatever_the_prompt_or_a_resume_left(drafts: int) -> None:
+    """``forced_sequence`` [10, 11, 12] scoped to a phase, resident: a prompt that opened the span
+    counts reasoning from the first generated token (not from the span's start in the prompt); a
+    request resumed with more than ``MAX_DEVICE_CATCH_UP`` tokens whose span closed one token before
+    the end (its state from the one host scan) counts the answer from that close; a fresh one forces
+    from its stretch's start each time it enters its phase."""
+    from dynlogits.processors.device_thinking import DeviceThinking
+
+    harness = _drafting_harness(drafts)
+    delimiters = {"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]}
+
+    def forced(scope: str) -> Any:
+        return sp([delimiters, {"kind": "forced_sequence", "token_ids": [10, 11, 12], "eos_token_id": EOS,
+                                "scope": scope}])
+
+    resumed = [3] * 8 + [5] + [4] * 6 + [7] + [3]
+    assert len(resumed) > DeviceThinking.MAX_DEVICE_CATCH_UP
+    harness.add_request("prompt-opened", [2, 3, 5, 4], forced("reasoning"))
+    harness.add_request("resumed", [2], forced("answer"), output_ids=resumed)
+    harness.add_request("fresh", [2], forced("answer"))
+    commits = {"prompt-opened": [4, 4, 4], "resumed": [3, 3, 3], "fresh": [5, 7, 3]}
+    got: dict[str, list[int]] = {name: [] for name in commits}
+    for step in range(3):
+        names = list(commits)
+        out = harness.step(names, torch.zeros(len(names), VOCAB))
+        for row, name in enumerate(names):
+            finite = torch.isfinite(out[row]).nonzero().flatten().tolist()
+            got[name].append(finite[0] if len(finite) == 1 else -1)  # -1: left alone
+            harness.commit(name, [commits[name][step]])
+    assert got == {"prompt-opened": [10, 11, 12],  # reasoning from the first generated token
+                   "resumed": [11, 12, EOS],  # one answer token before the resume: the second forced id
+                   "fresh": [10, -1, 10]}  # answer; the span opens (idle); it closes: the answer starts over
+    assert not harness.processor.failures
