@@ -117,7 +117,9 @@ class SlotTables:
 class Layout:
     """A layout's rows (``slot_of_row``) over ``source``; ``gathered`` (the eager device path only,
     made at its first use: one ``index``) its rows' planes: ``addcmul(tables, pos, multiplier)`` is
-    ``(at, U, V - 1)``; ``slots`` the rows' slots within the engine's; ``limit`` ``[rows, 1, S]``."""
+    ``(at, U, V - 1)``; ``slots`` the rows' slots within the engine's; ``limit`` ``[rows, 1, S]``;
+    ``host`` (the CPU path) its rows' params on the host. Both are kept while the layout is: as the
+    group's cache, they assume ``slot_of_row`` and the tables are not written in place meanwhile."""
 
     source: SlotTables
     slot_of_row: torch.Tensor
@@ -127,6 +129,15 @@ class Layout:
         """``(tables, multiplier, slots, limit)``: one ``index`` of ``source.planes``."""
         rows = self.source.planes[:, self.slot_of_row]
         return rows[_AT:_SCALE], rows[_SCALE:_SLOT], rows[_SLOT, :, 0], rows[_LIMIT, :, None, :self.source.size]
+
+    def host(self, matrix_width: int) -> _HostRows:
+        """(CPU tensors only) the rows' ``SlotTables.params`` as numpy columns (``_host_rows``), made
+        once per layout and engine matrix width."""
+        made: _HostRows | None = self.__dict__.get("_host")
+        if made is None or made.matrix_width != matrix_width:
+            made = _host_rows(self.source.params.numpy(), self.slot_of_row.numpy(), self.source.size, matrix_width)
+            self.__dict__["_host"] = made  # a frozen dataclass: its cache set as functools.cached_property does
+        return made
 
 
 def slot_tables(window: TokenWindow, member: torch.Tensor, params: torch.Tensor, width: int, size: int,
@@ -169,16 +180,19 @@ def layout(t: SlotTables, slot_of_row: torch.Tensor) -> Layout:
 
 
 def apply(window: TokenWindow, t: Layout, logits: torch.Tensor, extremes: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """``-inf`` in ``logits`` at every id a row's history bans, no sync: on the CPU ``ban_host``
-    (``ban_``'s CPU implementation, called directly); where ``fused_ready`` (CUDA once probed, the
-    CUDA model) the fused op ``ban_`` (one Triton launch); else ``apply_eager``."""
+    """``-inf`` in ``logits`` at every id a row's history bans, no sync: on the CPU ``ban_``'s CPU
+    implementation called directly (its rows' params gathered once per layout: ``Layout.host``);
+    where ``fused_ready`` (CUDA once probed, the CUDA model) the fused op ``ban_`` (one Triton
+    launch); else ``apply_eager``."""
     drafts = window.input_ids is not None and window.local_pos is not None
-    args = (logits, window.tokens, window.pos, t.slot_of_row, t.source.params, window.input_ids if drafts else None,
-            window.local_pos if drafts else None, t.source.width, t.source.size)
+    ids, local = (window.input_ids, window.local_pos) if drafts else (None, None)
     if logits.device.type == "cpu":
-        ban_host(*args)
+        matrix = window.tokens.numpy()
+        _ban_rows(logits, matrix, window.pos.numpy(), t.host(matrix.shape[1]), None if ids is None else ids.numpy(),
+                  None if local is None else local.numpy(), t.source.width, t.source.size)
     elif fused_ready(logits.device):
-        ban_(*args)
+        ban_(logits, window.tokens, window.pos, t.slot_of_row, t.source.params, ids, local, t.source.width,
+             t.source.size)
     else:
         apply_eager(window, t, logits, extremes)
 
@@ -205,34 +219,64 @@ def _columns(width: int) -> tuple[np.ndarray, np.ndarray]:
     return offsets, offsets - 1 - (1 << 30)
 
 
+@dataclass(frozen=True)
+class _HostRows:
+    """A layout's rows for ``_ban_rows`` (numpy, from ``SlotTables.params``), for an engine matrix
+    ``matrix_width`` wide: each row's size, its slot's first flat index in the matrix, the flat
+    index of its history's first position (``NEVER`` past it where not a member), the first
+    position it decides at; whether a row counts its prompt (so a prefill chunk's row must be
+    checked) and whether any row's size is below the tables' largest."""
+
+    matrix_width: int
+    sizes: np.ndarray
+    base: np.ndarray
+    start: np.ndarray
+    first: np.ndarray
+    prompts: bool
+    smaller: bool
+
+
+def _host_rows(params: np.ndarray, slot_of_row: np.ndarray, size: int, matrix_width: int) -> _HostRows:
+    start, n, first, engine = params.take(slot_of_row, axis=0).T
+    base = engine * matrix_width
+    # a Python min: cheaper cold than numpy's
+    return _HostRows(matrix_width, n, base, base + start, first, bool((start <= first).any()),
+                     min(n.tolist(), default=size) < size)
+
+
 def _host_ban(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
               params: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, width: int,
               size: int) -> None:
-    """``ban_``'s CPU implementation (host tensors): numpy over ``[rows, width]`` columns (few,
-    cheap calls: the step runs right after the logits were written, its caches cold), a column's
-    ``key`` its token where that counts (inside the history, not negative) else a value of its own
-    below every token, the bans written with one fancy assignment."""
-    p = pos.numpy()
-    start, n, first, engine = params.numpy().take(slot_of_row.numpy(), axis=0).T
+    """``ban_``'s CPU implementation (host tensors): ``_ban_rows``."""
     matrix = tokens.numpy()
+    _ban_rows(logits, matrix, pos.numpy(), _host_rows(params.numpy(), slot_of_row.numpy(), size, matrix.shape[1]),
+              None if input_ids is None else input_ids.numpy(), None if local_pos is None else local_pos.numpy(),
+              width, size)
+
+
+def _ban_rows(logits: torch.Tensor, matrix: np.ndarray, p: np.ndarray, rows: _HostRows, input_ids: np.ndarray | None,
+              local_pos: np.ndarray | None, width: int, size: int) -> None:
+    """The bans of ``ban_`` on host data: numpy over ``[rows, width]`` columns (few, cheap calls: the
+    step runs right after the logits were written, its caches cold), a column's ``key`` its token
+    where that counts (inside the history, not negative) else a value of its own below every token,
+    the bans written with one fancy assignment."""
     offsets, outside = _columns(width)
-    lo = np.where(p >= first, start, NEVER) - p  # the history's first column (offset); a prefill chunk's row: none
+    at = (rows.base + p)[:, None] + offsets  # flat indices into the matrix
+    start = np.where(p >= rows.first, rows.start, 1 << 62) if rows.prompts else rows.start  # a prefill chunk's row: none
     # a column before position 0 reads anything (outside the history): wrap keeps every index inside the matrix
-    tok = matrix.reshape(-1).take((engine * matrix.shape[1] + p)[:, None] + offsets, mode="wrap")
+    tok = matrix.reshape(-1).take(at, mode="wrap")
     if input_ids is not None and local_pos is not None:
-        fed = -offsets <= local_pos.numpy()[:, None]  # fed at row r + offset: the last committed token or a draft
+        fed = -offsets <= local_pos[:, None]  # fed at row r + offset: the last committed token or a draft
         source = np.maximum(np.arange(len(p))[:, None] + offsets, 0)
-        tok = np.where(fed, input_ids.numpy().take(source), tok)
-    key = np.where((offsets >= lo[:, None]) & (tok >= 0), tok, outside)
+        tok = np.where(fed, input_ids.take(source), tok)
+    key = np.where((at >= start[:, None]) & (tok >= 0), tok, outside)
     w, s = width, size
     follower = key[:, s - 1:]
     unsigned: np.ndarray = follower.view(np.uint32 if key.itemsize == 4 else np.uint64)
     hit = unsigned < logits.shape[1]  # counted (a negative key is past every id unsigned), inside the logits
-    if s > 1:
-        smaller = min(n.tolist()) < s  # a member of a smaller size (a Python min: cheaper cold than numpy's)
-        for k in range(1, s):
-            same = key[:, s - 1 - k:w - k] == key[:, w - k, None]  # the token k before each follower: the tail's
-            hit &= (same | (n <= k)[:, None]) if smaller else same
+    for k in range(1, s):
+        same = key[:, s - 1 - k:w - k] == key[:, w - k, None]  # the token k before each follower: the tail's
+        hit &= (same | (rows.sizes <= k)[:, None]) if rows.smaller else same
     row, column = hit.nonzero()
     if row.size:
         ids = follower[row, column]

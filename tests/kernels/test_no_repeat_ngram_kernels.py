@@ -1,5 +1,6 @@
 """``no_repeat_ngram``'s fused op (``no_repeat_ngram_device.ban_``): its CPU implementation
-(``ban_host``) against the eager device path (``apply_eager``, run on the CPU) on random steps, and
+(``ban_host``, and ``apply``'s CPU path) against the eager device path (``apply_eager``, run on the
+CPU) on random steps, and
 against transformers' ``NoRepeatNGramLogitsProcessor`` (``banned_after`` where a history holds a
 placeholder or an id past the logits) on random histories, drafts included; its Triton kernel in
 Triton's CPU interpreter (``TRITON_INTERPRET=1``, set in a subprocess before Triton is imported)
@@ -19,6 +20,7 @@ import torch
 from dynlogits.processors.no_repeat_ngram import banned_after
 from dynlogits.processors.no_repeat_ngram_device import (
     MAX_DEVICE_SIZE,
+    apply,
     apply_eager,
     ban_host,
     layout,
@@ -49,6 +51,10 @@ def test_the_cpu_implementation_equals_the_eager_device_path(drafts: int) -> Non
         apply_eager(window, t, eager, EXTREMES)
         _host(host, window, t.slot_of_row, t.source.params, t.source.width, t.source.size)
         assert torch.equal(host, eager), (seed, drafts)
+        for _ in range(2):  # ``apply`` on the CPU: the same, its rows' params gathered at the first step
+            applied = logits.clone()
+            apply(window, t, applied, EXTREMES)
+            assert torch.equal(applied, eager), (seed, drafts)
         banned += int(host.isneginf().sum())
     assert banned > 300  # the cases ban often
 
