@@ -63,6 +63,9 @@ SCRIPT = textwrap.dedent('''
             tb = fused_draw_force_.eager(b, rows, slots, temperature, params, states, f)
             assert torch.equal(ta, tb) and torch.equal(a.isnan(), b.isnan())
             assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)), "forced rows"
+            forced = rows if f is None else rows[f != 0]
+            off_token = torch.ones_like(a[forced], dtype=torch.bool).scatter_(1, (ta if f is None else ta[f != 0])[:, None], False)
+            assert bool(a[forced][off_token].isneginf().all()), "a forced row is -inf over its whole width"
         checked += 1
     for n, width, seed in [(70, 4, 5), (9, 7, 6), (3, 1, 7), (65, 12, 8)]:
         g = torch.Generator().manual_seed(seed)
