@@ -453,9 +453,10 @@ def _probe(device: torch.device) -> bool:
                                torch.ones(num_slots + 1, 1, dtype=torch.int64)], dim=1)
     w_tokens, w_prompt, w_pos, w_inputs, w_local, w_slots, w_member, w_params = (
         t.to(device) for t in (tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, window_params))
-    for drafts, every in ((False, True), (True, False)):
+    # vLLM's default width 4 with and without drafts (compiled here, not at a first step), and mixed widths
+    for drafts, every, wide in ((False, True, 4), (True, True, 4), (True, False, 6)):
         inputs, local = (w_inputs, w_local) if drafts else (None, None)
-        args = (w_tokens, w_prompt, w_pos, inputs, local, w_slots, w_member, w_params, 6, every, 12)
+        args = (w_tokens, w_prompt, w_pos, inputs, local, w_slots, w_member, w_params, wide, every, 12)
         same.append(torch.equal(fused_window_state.eager(*args), _fused_window_state_cuda(*args)))
     return all(same)
 
