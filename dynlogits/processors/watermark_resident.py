@@ -25,7 +25,8 @@ the CUDA model ``SimCuda``) the draw and the forcing are one fused op
 slots' temperatures and keys and the states where they lie) and Model Runner V2's window read,
 context, repeat and absorb another (``fused_window_state``: one kernel reading the runner's token
 matrix and drafts where they lie): a steady step is 3 launches on either runner (V1: the upload and
-the two kernels; Model Runner V2: the three kernels). On a real CUDA device the first use per device runs a probe
+the two kernels; Model Runner V2: the three kernels, 6 with drafts, where the gathered layout adds
+its own). On a real CUDA device the first use per device runs a probe
 (``watermark_compiled.fused_ready``: a small batch through the kernels and the eager reference,
 compared exactly, one host sync at group creation); without Triton, on a compile or launch error
 or a difference, one warning and the eager path (the compiled functions of ``watermark_compiled``
@@ -151,7 +152,8 @@ class WatermarkGroup(WindowDecided):
     def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
         """Per row of the step: ``[rows, 5]``, the four state words and whether the row draws
         (a member that samples, with no placeholder in its tokens and a context not seen within
-        ``MAX_HISTORY`` positions of its output)."""
+        ``MAX_HISTORY`` positions of its output). Where ``fused_ready``: the one fused op
+        ``fused_window_state``; else the eager (or compiled) read and ``decide``, the same words."""
         if not self._sampling:  # greedy members only: nothing to draw, nothing on the device
             return _NOTHING
         slot_of_row = rows.slot_of_row
