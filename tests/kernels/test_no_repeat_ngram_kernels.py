@@ -167,3 +167,29 @@ def test_the_triton_kernel_in_the_interpreter_equals_the_cpu_implementation_bit_
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "checked 96" in done.stdout
+
+
+@pytest.mark.parametrize("logits_type", ["*fp32", "*bf16"])
+def test_the_triton_kernel_compiles_for_cuda_without_a_gpu(logits_type: str) -> None:
+    """Triton's NVIDIA backend compiles the kernel ahead of time (Hopper and Ampere, every size,
+    drafts or not): what the interpreter does not check (types, the compiler's lowering); not run."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from dynlogits.kernels import no_repeat_ngram
+
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("Triton has no NVIDIA backend here")
+    kernel = no_repeat_ngram.kernels().ban_rows
+    signature = {"logits_ptr": logits_type, "logits_s0": "i64", "logits_s1": "i64", "tokens_ptr": "*i32",
+                 "tokens_s0": "i64", "tokens_s1": "i64", "maxlen": "i32", "pos_ptr": "*i64", "slot_ptr": "*i64",
+                 "params_ptr": "*i64", "params_s0": "i64", "ids_ptr": "*i32", "local_ptr": "*i64", "width": "i32",
+                 "vocab": "i32", "SIZE": "constexpr", "BLOCK": "constexpr", "HAS_DRAFTS": "constexpr"}
+    for capability in (90, 80):
+        for size in range(1, MAX_DEVICE_SIZE + 1):
+            for drafts in (False, True):
+                source = ASTSource(fn=kernel, signature=signature,
+                                   constexprs={"SIZE": size, "BLOCK": no_repeat_ngram.BLOCK, "HAS_DRAFTS": drafts})
+                compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
+                assert "ban_rows" in compiled.asm["ptx"]
