@@ -19,17 +19,25 @@ llama.cpp's exponent clamp, at most ``W``):
    computed as the host computes it and the rows take, per id, the lowest (``scatter_reduce_``
    ``amin``: the largest penalty, as the host's longest repeat), so a row equals the hosted path's.
 
-Memory per step: ``rows * W * C`` bytes a few times (64 rows, ``W`` 2048, ``C`` 160: about 21 MB
-each). Templates with multi-token breakers, or a cap above ``MAX_DEVICE_CAP`` (a base below about 1.42,
-or no clamp at all, base 1, with a look-back above it), are hosted."""
+That is the reference (``device_penalties`` then ``lower_rows``; ``dense_lower_`` from the window's
+tensors), its memory ``rows * W * C`` bytes a few times (64 rows, ``W`` 2048, ``C`` 160: about 21 MB
+each). The group runs the whole step as one fused op instead (``fused_lower_``, equal to it bit for
+bit): on the CPU ``lower_window_`` (numpy, shapes following the data: only the positions holding a
+row's last token are measured), on CUDA a Triton kernel (``dynlogits.kernels.dry``) and a
+``scatter_reduce_``, two launches, where the kind's probe passed (``fused_ready``; else the
+reference's ops, no sync either). Templates with multi-token breakers, or a cap above
+``MAX_DEVICE_CAP`` (a base below about 1.42, or no clamp at all, base 1, with a look-back above it),
+are hosted."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .window import TokenWindow
 
-__all__ = ["MAX_DEVICE_CAP", "Constants", "MAX_DEVICE_SINGLES", "NO_BREAKER", "constants", "device_penalties", "lower_rows"]
+__all__ = ["MAX_DEVICE_CAP", "Constants", "MAX_DEVICE_SINGLES", "NO_BREAKER", "constants", "dense_lower_", "device_penalties",
+           "fused_lower_", "fused_ready", "lower_rows", "lower_window_", "probe_case", "reset_fused"]
 
 #: The longest repeat measured on the device (``allowed_length`` plus the exponent clamp, at most the
 #: look-back): base 1.75 with the default ``allowed_length`` is 160, base 1.5 is 220.
@@ -94,3 +102,253 @@ def lower_rows(logits: torch.Tensor, ids: torch.Tensor, penalty: torch.Tensor) -
     lowered = kept - amount
     torch.maximum(lowered, kept.clamp_max(info.min), out=lowered)
     logits.scatter_reduce_(1, ids, lowered, "amin")
+
+
+# -- the whole step as one fused op: a fast exact CPU implementation, Triton kernels on CUDA -------------
+
+#: a slot's breakers keyed per row (``row << KEY_SHIFT`` plus the id, ids clipped to ``KEY_CLIP``)
+KEY_SHIFT, KEY_CLIP = 33, 1 << 32
+#: ``lower_window_``'s padding after a reversed window (below every token and placeholder value)
+PAD = -(1 << 30)
+#: kept across calls: the offsets ``1 - W .. 0`` per ``W``, the padding per shape (started over past 64)
+_OFFSETS: dict[int, np.ndarray] = {}
+_PADS: dict[tuple[int, int, str], np.ndarray] = {}
+
+
+def dense_lower_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
+                 input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor,
+                 member: torch.Tensor, params: torch.Tensor, singles: torch.Tensor, amounts: torch.Tensor,
+                 width: int, cap: int) -> None:
+    """The reference of ``fused_lower_`` (any device, no sync): ``device_penalties`` over the
+    window ``(tokens, prompt_len, pos, input_ids, local_pos)`` with the slots' tables (``[slots,
+    ...]``, read at ``slot_of_row``), then ``lower_rows``."""
+    window = TokenWindow(tokens.device).at(tokens, prompt_len, pos, input_ids, local_pos)
+    ids, penalty = device_penalties(window, slot_of_row, member.bool(), params[slot_of_row], singles[slot_of_row],
+                                    amounts[slot_of_row], width, cap, constants(width, cap, tokens.device))
+    lower_rows(logits, ids, penalty)
+
+
+def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
+                  input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor,
+                  member: torch.Tensor, params: torch.Tensor, singles: torch.Tensor, amounts: torch.Tensor,
+                  width: int, cap: int) -> None:
+    """``dense_lower_`` on host tensors, bit for bit, without its ``[rows, W, C]`` tensors (numpy,
+    shapes following the data): a member row's positions holding its last token are its only
+    candidates; each one's repeat is the first mismatch (``argmin``) of its ``C + 1`` tokens back
+    against the row's last ones (padded so that the last compare always fails), capped by the
+    row's first column inside its window, the nearest breaker (in its last ``C`` columns: one
+    before them limits nothing measured) and its cap; the hits lower the logits as ``lower_rows``
+    does, the largest penalty of an id winning (``_lower_host``). Needs every member's allowed
+    length to be at least 1 (the spec's bound) and the logits' last dimension contiguous."""
+    is_member = member.numpy()
+    if width < 2:
+        return
+    w, c = width, min(cap, width)
+    tok = tokens.numpy()
+    every = bool(is_member.all())
+    keep = None if every else np.flatnonzero(is_member)
+    if keep is not None and not len(keep):
+        return
+    slots = slot_of_row.numpy() if keep is None else slot_of_row.numpy()[keep]
+    pos_ = pos.numpy() if keep is None else pos.numpy()[keep]
+    prm = params.numpy()[slots]
+    m = len(slots)
+    offsets = _OFFSETS.get(w)
+    if offsets is None:
+        offsets = _OFFSETS[w] = np.arange(1 - w, 1, dtype=np.int64)
+    wslots = slots if len(tok) >= params.shape[0] else np.minimum(slots, len(tok) - 1)  # a slot past the window's rows
+    column = pos_[:, None] + offsets
+    np.maximum(column, 0, out=column)
+    win = tok[wslots[:, None], column]
+    if input_ids is not None and local_pos is not None:
+        rows = np.arange(len(pos)) if keep is None else keep
+        back = pos_[:, None] - column
+        fed = back <= (local_pos.numpy() if keep is None else local_pos.numpy()[keep])[:, None]
+        if fed.any():
+            win = np.where(fed, input_ids.numpy()[np.maximum(rows[:, None] - back, 0)], win)
+    if win.dtype != np.int32:
+        win = win.astype(np.int64)
+    # the first column inside each row's window (its look-back, the prompt unless it counts)
+    col0 = np.maximum(1 - prm[:, 1], prompt_len.numpy()[wslots] * (prm[:, 2] <= 0) - pos_) + (w - 1)
+    if win.min() < 0:  # placeholders: each a value of its own
+        win = np.where(win >= 0, win, -1 - np.arange(w, dtype=win.dtype))
+    limit = np.minimum(prm[:, 3], w)
+    keyed = None
+    if singles.numpy()[slots, 0].min() < NO_BREAKER:  # a member has single-token breakers (each row sorted)
+        rows_sorted = singles.numpy()[slots]
+        keyed = (np.minimum(rows_sorted, KEY_CLIP) + (np.arange(m, dtype=np.int64) << KEY_SHIFT)[:, None]).ravel()
+        tail = win[:, w - c:].astype(np.int64)
+        tail[np.arange(w - c, w) < col0[:, None]] = -1
+        tail_breaks = _breaks(keyed, np.arange(m, dtype=np.int64)[:, None], tail)
+        limit = np.minimum(w - np.where(tail_breaks, np.arange(w - c + 1, w + 1), 0).max(1), limit)
+    ri, pi = np.nonzero(win[:, :-1] == win[:, -1:])
+    if not len(ri):
+        return
+    pad = _PADS.get((m, c, win.dtype.char))
+    if pad is None:
+        if len(_PADS) > 64:
+            _PADS.clear()
+        pad = _PADS[(m, c, win.dtype.char)] = np.full((m, c + 1), PAD, dtype=win.dtype)
+    backwards = np.concatenate((win[:, ::-1], pad), 1)
+    ends = backwards[:, : c + 1].copy()
+    ends[:, c] = PAD - 1
+    s0, s1 = backwards.strides
+    view = np.ndarray((m, w + 1, c + 1), backwards.dtype, backwards, 0, (s0, s1, s1))
+    length = (view[ri, w - 1 - pi] == ends[ri]).argmin(1)
+    reach = pi - col0[ri]
+    np.minimum(length, reach + 1, out=length)
+    np.minimum(length, limit[ri], out=length)
+    allowed = prm[ri, 0]
+    after = win[ri, pi + 1]
+    hit = np.flatnonzero((length >= allowed) & (after >= 0))  # a hit's ``p + 1`` is inside (``reach >= 0``)
+    if not len(hit):
+        return
+    ri, after, exponent = ri[hit], after[hit], length[hit] - allowed[hit]
+    if keyed is not None:
+        ok = np.flatnonzero(~_breaks(keyed, ri, after.astype(np.int64)))
+        ri, after, exponent = ri[ok], after[ok], exponent[ok]
+    table = amounts.numpy()
+    np.minimum(exponent, table.shape[1] - 1, out=exponent)  # at least 0: a hit's length reaches its allowed length
+    penalty = table[slots[ri], exponent]
+    index = (ri if keep is None else keep[ri]) * logits.stride(0) + after
+    _lower_host(logits, index, penalty)
+
+
+def _lower_host(logits: torch.Tensor, index: np.ndarray, penalty: np.ndarray) -> None:
+    """The logits at the flat ``index`` (row times the row stride plus the id) lowered by
+    ``penalty`` (float64) as ``lower_rows`` lowers them, the largest penalty of an index winning:
+    contiguous float32 logits (vLLM's sampler's) element by element in Python floats (the V1
+    runner's ``dry_group._lower_host_f32``, no tensor call to miss the cache), others with
+    ``lower_rows``'s tensor ops over the flat logits (``scatter_reduce_``, ``amin``)."""
+    if logits.dtype != torch.float32 or not logits.is_contiguous():
+        return _lower(logits, index, penalty)
+    from .dry_group import _lower_host_f32  # the V1 runner's (that module imports this one)
+
+    flat, amounts = index.tolist(), penalty.tolist()
+    if len(set(flat)) < len(flat):  # an id lowered twice in a row: its largest penalty alone
+        best: dict[int, float] = {}
+        for i, amount in zip(flat, amounts):
+            if best.get(i, -1.0) < amount:
+                best[i] = amount
+        flat, amounts = list(best), list(best.values())
+    _lower_host_f32(logits.numpy().reshape(-1), flat, amounts)
+    return None
+
+
+def _lower(logits: torch.Tensor, index: np.ndarray, penalty: np.ndarray) -> None:
+    """``_lower_host`` with tensor ops (any dtype, any row stride)."""
+    assert logits.stride(1) == 1, "logits: the vocabulary dimension must be contiguous"
+    flat = logits.as_strided((logits.shape[0] * logits.stride(0),), (1,))
+    index_t = torch.from_numpy(index)
+    info = torch.finfo(logits.dtype)
+    amount = torch.from_numpy(penalty).clamp_max(info.max).to(logits.dtype)
+    kept = flat.index_select(0, index_t)
+    lowered = kept - amount
+    torch.maximum(lowered, kept.clamp_max(info.min), out=lowered)
+    flat.scatter_reduce_(0, index_t, lowered, "amin")
+
+
+def _breaks(keyed: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` (negative: outside, none) is one of its row's breakers (``keyed``:
+    every row's sorted breakers, offset by the row)."""
+    query = (rows << KEY_SHIFT) + np.where(values >= 0, values, KEY_CLIP + 1)
+    found = np.minimum(np.searchsorted(keyed, query), len(keyed) - 1)
+    out: np.ndarray = keyed[found] == query
+    return out
+
+
+from dynlogits.kernels.fused import fused_op  # noqa: E402
+from dynlogits.kernels.probe import FusedGate  # noqa: E402
+
+
+@fused_op("dry_lower_", launches=2, mutates_args=("logits",))
+def fused_lower_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
+                 input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor,
+                 member: torch.Tensor, params: torch.Tensor, singles: torch.Tensor, amounts: torch.Tensor,
+                 width: int, cap: int) -> None:
+    """The group's whole step under Model Runner V2: each member row's logits lowered as
+    ``dense_lower_`` lowers them. Every device but CUDA: ``lower_window_``. On CUDA two launches:
+    one Triton kernel (``dynlogits.kernels.dry.decide``: each position's id and lowered value) and
+    ``scatter_reduce_``."""
+    lower_window_(logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, singles,
+                  amounts, width, cap)
+
+
+@fused_lower_.cuda
+def _fused_lower_cuda(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
+                      input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor,
+                      member: torch.Tensor, params: torch.Tensor, singles: torch.Tensor, amounts: torch.Tensor,
+                      width: int, cap: int) -> None:
+    from dynlogits.kernels import dry as kernels
+
+    ids, lowered = kernels.decide(logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params,
+                                  singles, amounts, width, cap)
+    logits.scatter_reduce_(1, ids, lowered, "amin")
+
+
+def fused_ready(device: torch.device) -> bool:
+    """Whether ``fused_lower_`` runs on ``device`` (``dynlogits.kernels.probe.FusedGate``): on CUDA
+    once ``_probe`` passed (random windows with breakers, placeholders, drafts, non-finite logits,
+    through the kernels and ``dense_lower_``, compared exactly), else one warning and
+    ``dense_lower_``'s ops for good; always in the CUDA model; never on the CPU (where the group
+    calls ``lower_window_`` itself)."""
+    return _GATE.ready(device)
+
+
+def probe_case(seed: int, rows: int = 12, slots: int = 6, max_len: int = 80, vocab: int = 40,
+               drafts: bool = True) -> tuple[list[torch.Tensor | None], int, int]:
+    """A random step (host tensors) for ``fused_lower_``'s arguments but ``width`` and ``cap``:
+    few ids (repeats), breakers in some slots, placeholders, prompts counted or not, look-backs,
+    caps and allowed lengths mixed, one non-member row, rows with drafts, ``-inf``, ``+inf`` and NaN
+    logits; then ``width`` and ``cap``."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 5, (slots, max_len), generator=g, dtype=torch.int32)
+    tokens[torch.rand(slots, max_len, generator=g) < 0.03] = -1
+    prompt_len = torch.randint(0, max_len // 2, (slots,), generator=g, dtype=torch.int32)
+    slot_of_row = torch.randint(0, slots + 1, (rows,), generator=g)  # slot ``slots``: the sentinel
+    pos = torch.randint(0, max_len, (rows,), generator=g, dtype=torch.int32)
+    local_pos = torch.randint(0, 3, (rows,), generator=g, dtype=torch.int32) if drafts else None
+    input_ids = torch.randint(-1, 5, (rows,), generator=g, dtype=torch.int32) if drafts else None
+    member = (torch.rand(rows, generator=g) < 0.85) & (slot_of_row < slots)
+    width = 48
+    caps = torch.randint(1, 30, (slots + 1,), generator=g)
+    cap = int(caps.max())
+    params = torch.stack((torch.randint(1, 4, (slots + 1,), generator=g), torch.randint(1, 70, (slots + 1,), generator=g),
+                          torch.randint(0, 2, (slots + 1,), generator=g), caps), 1)
+    singles = torch.full((slots + 1, 3), NO_BREAKER, dtype=torch.long)
+    singles[1, :2] = torch.tensor([1, 3])
+    singles[2, 0] = 4
+    amounts = torch.rand(slots + 1, 9, generator=g, dtype=torch.float64).cumsum(1) * 3
+    amounts[3, 4:] = 1e300  # past every dtype's largest
+    logits = torch.randn(rows, 7, generator=g) * 3
+    logits[0, 2], logits[1, 3], logits[2, 4] = float("-inf"), float("inf"), float("nan")
+    return [logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, singles, amounts], width, cap
+
+
+def _probe(device: torch.device) -> bool:
+    """``fused_lower_``'s kernels against ``dense_lower_`` on ``device``, exactly (``fused_ready``)."""
+    same = []
+    for seed, drafts in ((1, True), (2, False)):
+        args, width, cap = probe_case(seed, drafts=drafts)
+        logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, singles, amounts = (
+            a.to(device) if a is not None else None for a in args)
+        assert logits is not None and tokens is not None and prompt_len is not None and pos is not None
+        assert slot_of_row is not None and member is not None and params is not None and singles is not None
+        assert amounts is not None
+        rest = (tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, singles, amounts, width, cap)
+        fused, dense = logits.clone(), logits.clone()
+        _fused_lower_cuda(fused, *rest)
+        dense_lower_(dense, *rest)
+        same.append(torch.equal(fused.isnan(), dense.isnan())
+                    and torch.equal(fused.nan_to_num().view(torch.int32), dense.nan_to_num().view(torch.int32)))
+    return all(same)
+
+
+#: the probe-at-first-use gate (``_probe`` looked up at call time)
+_GATE = FusedGate("dry", lambda device: _probe(device))
+
+
+def reset_fused() -> None:
+    """Forget every device's probe (tests)."""
+    _GATE.reset()
+

@@ -27,7 +27,18 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from .dry_device import MAX_DEVICE_CAP, MAX_DEVICE_SINGLES, NO_BREAKER, Constants, constants, device_penalties, lower_rows
+from .dry_device import (
+    MAX_DEVICE_CAP,
+    MAX_DEVICE_SINGLES,
+    NO_BREAKER,
+    Constants,
+    constants,
+    device_penalties,
+    fused_lower_,
+    fused_ready,
+    lower_rows,
+    lower_window_,
+)
 from .modes import Decider, WindowDecided
 from .slots import GatheredRows, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload, on_accelerator
@@ -137,10 +148,11 @@ class DryGroup(WindowDecided):
     """``dry`` entries at one position. Where the adapter passes host histories
     (``SlotBatch(host_histories=True)``): every member row decided on the host by its processor in
     one pass, the rows lowered with one upload and one read, subtract, write (see the module doc).
-    From the token window (Model Runner V2): every row decided on the device
-    (``dry_device.device_penalties``) from its slot's tables (``params``: allowed length, look-back,
-    whether the prompt counts, the cap; ``singles``: the sorted single-token breakers; ``amounts``:
-    the penalty per exponent), for templates that fit (``fits_window``). Lowers by finite amounts
+    From the token window (Model Runner V2): every row decided and lowered on the device by one
+    fused op (``dry_device.fused_lower_``; on the CPU ``dry_device.lower_window_``) from its slot's
+    tables (``params``: allowed length, look-back, whether the prompt counts, the cap; ``singles``:
+    the sorted single-token breakers; ``amounts``: the penalty per exponent), for templates that fit
+    (``fits_window``). Lowers by finite amounts
     only: never writes ``-inf``, never leaves a row empty."""
 
     writes_neg_inf = False
@@ -157,6 +169,7 @@ class DryGroup(WindowDecided):
         self.singles = self.table(torch.long)
         self.amounts = self.table(torch.float64)
         self._dims: dict[int, tuple[int, int]] = {}  # member slot -> (look-back, cap), window groups
+        self._bounds: tuple[int, int] | None = None  # the members' largest look-back and cap (None: changed)
         self._consts: dict[tuple[int, int], Constants] = {}  # kept across steps
         self._host = not on_accelerator(device)  # the logits live in host memory
 
@@ -168,11 +181,12 @@ class DryGroup(WindowDecided):
         top = max(template.cap - template.allowed, 0)
         self.amounts.set(slot, [template.multiplier * template.base ** e for e in range(top + 1)])
         self._dims[slot] = (template.lookback, template.cap)
+        self._bounds = None
         return None
 
     def assign(self, slot: int, template: Template | None) -> None:
-        if template is None:
-            self._dims.pop(slot, None)
+        if template is None and self._dims.pop(slot, None) is not None:
+            self._bounds = None
         super().assign(slot, template)
 
     def reads_generated(self, rows: ListedRows) -> bool:
@@ -180,24 +194,43 @@ class DryGroup(WindowDecided):
 
     # -- token window (Model Runner V2) -------------------------------------------------------------
     def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
-        """Per row of the step, each position's penalty (``[rows, W - 1]``, float64); the ids it
-        lowers are kept for ``apply_device_decisions``."""
-        width = max((lookback for lookback, _ in self._dims.values()), default=1)
-        width = max(min(width, window.tokens.shape[1]), 2)
-        cap = max(min(max((c for _, c in self._dims.values()), default=1), width), 1)
-        slot_of_row = rows.slot_of_row
-        consts = self._consts.get((width, cap))
-        if consts is None:
-            if len(self._consts) > 16:
-                self._consts.clear()
-            consts = self._consts[(width, cap)] = constants(width, cap, self.device)
-        ids, penalty = device_penalties(window, slot_of_row, rows.member, self.params.dev[slot_of_row],
-                                        self.singles.dev[slot_of_row], self.amounts.dev[slot_of_row], width, cap, consts)
-        self._cache["ids"] = ids
-        return penalty
+        """Keeps the step's window for ``apply_device_decisions`` (the whole step is one fused op,
+        which reads the logits too) and returns ``rows.member``; on a CUDA device where the fused
+        op's probe failed, each position's penalty (``[rows, W - 1]``, float64, ``device_penalties``),
+        the ids it lowers kept."""
+        bounds = self._bounds
+        if bounds is None:
+            bounds = self._bounds = (max((lookback for lookback, _ in self._dims.values()), default=1),
+                                     max((c for _, c in self._dims.values()), default=1))
+        width = max(min(bounds[0], window.tokens.shape[1]), 2)
+        cap = max(min(bounds[1], width), 1)
+        if self.device.type == "cuda" and not fused_ready(self.device):
+            consts = self._consts.get((width, cap))
+            if consts is None:
+                if len(self._consts) > 16:
+                    self._consts.clear()
+                consts = self._consts[(width, cap)] = constants(width, cap, self.device)
+            slot_of_row = rows.slot_of_row
+            ids, penalty = device_penalties(window, slot_of_row, rows.member, self.params.dev[slot_of_row],
+                                            self.singles.dev[slot_of_row], self.amounts.dev[slot_of_row], width, cap,
+                                            consts)
+            self._cache["ids"] = ids
+            return penalty
+        self._cache["window"] = (window, width, cap)
+        return rows.member
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> None:
-        lower_rows(step.logits, self._cache.pop("ids"), decisions)
+        """The rows lowered: on the CPU by ``lower_window_`` (host arrays, shapes following the data),
+        elsewhere by the fused op ``fused_lower_`` (two launches on CUDA; the CUDA model counts them),
+        or by ``lower_rows`` after the eager decision (CUDA without the fused kernels)."""
+        kept = self._cache.pop("window", None)
+        if kept is None:
+            lower_rows(step.logits, self._cache.pop("ids"), decisions)
+            return None
+        window, width, cap = kept
+        lower = lower_window_ if self._host else fused_lower_
+        lower(step.logits, window.tokens, window.prompt_len, window.pos, window.input_ids, window.local_pos,
+              rows.slot_of_row, rows.member, self.params.dev, self.singles.dev, self.amounts.dev, width, cap)
         return None
 
     def prepare(self, rows: ListedRows, stride: int) -> None:

@@ -1,8 +1,9 @@
 """``dry`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM drives the adapter. On the V1
 runner a resident step that penalizes is six device ops (one upload of the flat indices and the
 amounts, a read, the subtraction kept finite, a write back), one that penalizes nothing none; under
-Model Runner V2 every row is decided on the device from the token window, a fixed number of ops
-whatever the tokens (``V2_STEADY_OPS``), with drafts or without. No step of a sequence with batch
+Model Runner V2 every row is decided on the device from the token window by one fused op
+(``dry_device.fused_lower_``: a Triton kernel and ``scatter_reduce_`` on CUDA, two launches whatever
+the tokens, ``V2_STEADY_OPS``), with drafts or without. No step of a sequence with batch
 changes and failing requests waits for the device on either runner."""
 
 from __future__ import annotations
@@ -52,11 +53,11 @@ def test_vllm_v1_runner_dry_sequence_never_waits_and_reports_the_failures() -> N
     assert sum("no token left to sample" in f for f in result.failures) == 2
 
 
-#: Model Runner V2's steady step for ``DRY[:2]``, without drafts and with two: the window read (with
-#: the drafts from ``input_ids``), the breakers looked up, the match lengths (the window reversed and
-#: unfolded against its end, the first mismatch by ``argmin``), the amounts gathered and the rows
-#: lowered with one ``scatter_reduce_``
-V2_STEADY_OPS = {0: 57, 2: 68}
+#: Model Runner V2's steady step for ``DRY[:2]``, without drafts and with two: the group's fused op
+#: (its two declared launches: the kernel deciding every position's id and lowered value from the
+#: window, the drafts from ``input_ids``, then ``scatter_reduce_``); with drafts the adapter's own
+#: three ops before it
+V2_STEADY_OPS = {0: 2, 2: 5}
 
 
 @pytest.mark.parametrize("drafts", [0, 2])
@@ -65,7 +66,7 @@ def test_vllm_model_runner_v2_dry_step_is_decided_on_the_device_and_reads_nothin
         steady = drive_v2(sim, Scenario(vocab=4, payloads=DRY[:2], steps=16, changes=False), drafts=drafts)
     assert [str(s) for s in steady.syncs] == []
     assert steady.launches == V2_STEADY_OPS[drafts]
-    assert steady.steady_ops[-1] == "scatter_reduce_" and steady.failures == []
+    assert steady.steady_ops[-2:] == ["dry_lower_", "dry_lower_"] and steady.failures == []
 
 
 @pytest.mark.parametrize("drafts", [0, 2])
