@@ -28,7 +28,8 @@ def read(tokens_ptr, tokens_s0, tokens_s1, maxlen, eng, q, p, r, ids_ptr, local,
 def ban_rows(logits_ptr, logits_s0, logits_s1, tokens_ptr, tokens_s0, tokens_s1, maxlen, pos_ptr, slot_ptr, params_ptr,
              params_s0, ids_ptr, local_ptr, width, vocab, SIZE: tl.constexpr, BLOCK: tl.constexpr,
              HAS_DRAFTS: tl.constexpr):
-    """One program per row: its followers' bans stored as ``-inf`` (see the module doc)."""
+    """One program per (row, block of ``BLOCK`` followers): their bans stored as ``-inf`` (see the
+    module doc)."""
     r = tl.program_id(0).to(tl.int64)
     p = tl.load(pos_ptr + r).to(tl.int64)
     slot = tl.load(slot_ptr + r).to(tl.int64)
@@ -42,19 +43,17 @@ def ban_rows(logits_ptr, logits_s0, logits_s1, tokens_ptr, tokens_s0, tokens_s1,
         local = -1
     start = tl.where(p >= first, start, p + 1)  # a prefill chunk's row: no position counts
     followers = width - SIZE + 1
-    lanes = tl.arange(0, BLOCK).to(tl.int64)
+    j = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     zeros = tl.zeros([BLOCK], tl.int64)
-    for b in range(0, followers, BLOCK):
-        j = b + lanes
-        f = p - (width - SIZE) + j
-        token, counts = read(tokens_ptr, tokens_s0, tokens_s1, maxlen, eng, f, p, r, ids_ptr, local, start, HAS_DRAFTS)
-        hit = (j < followers) & counts & (token < vocab)
-        for k in tl.static_range(1, SIZE):
-            tail, tail_counts = read(tokens_ptr, tokens_s0, tokens_s1, maxlen, eng, zeros + (p - k + 1), p, r, ids_ptr,
-                                     local, start, HAS_DRAFTS)
-            before, before_counts = read(tokens_ptr, tokens_s0, tokens_s1, maxlen, eng, f - k, p, r, ids_ptr, local,
-                                         start, HAS_DRAFTS)
-            same = tail_counts & before_counts & (tail == before)
-            hit = hit & (same | (zeros + n <= k))  # compared only within the row's own size - 1
-        target = logits_ptr + r * logits_s0 + tl.where(hit, token, 0) * logits_s1
-        tl.store(target, tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty), mask=hit)
+    f = p - (width - SIZE) + j
+    token, counts = read(tokens_ptr, tokens_s0, tokens_s1, maxlen, eng, f, p, r, ids_ptr, local, start, HAS_DRAFTS)
+    hit = (j < followers) & counts & (token < vocab)
+    for k in tl.static_range(1, SIZE):
+        tail, tail_counts = read(tokens_ptr, tokens_s0, tokens_s1, maxlen, eng, zeros + (p - k + 1), p, r, ids_ptr,
+                                 local, start, HAS_DRAFTS)
+        before, before_counts = read(tokens_ptr, tokens_s0, tokens_s1, maxlen, eng, f - k, p, r, ids_ptr, local,
+                                     start, HAS_DRAFTS)
+        same = tail_counts & before_counts & (tail == before)
+        hit = hit & (same | (zeros + n <= k))  # compared only within the row's own size - 1
+    target = logits_ptr + r * logits_s0 + tl.where(hit, token, 0) * logits_s1
+    tl.store(target, tl.full([BLOCK], float("-inf"), logits_ptr.dtype.element_ty), mask=hit)

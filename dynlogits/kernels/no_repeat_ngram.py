@@ -4,15 +4,16 @@ from the engine's token matrix and its bans written, one launch (``ban_``), exac
 write. Triton is imported when ``kernels()`` is first called (by the CUDA implementation, or a test
 that set ``TRITON_INTERPRET=1`` first); this module imports nothing from the rest of the package.
 
-One program per row ``r`` (position ``p = pos[r]``, slot ``slot_of_row[r]``, its ``params`` row:
-the history's first position ``start``, the size ``n``, the first position a row decides at, the
-slot within the engine's). Position ``q``'s token is the draft fed ``p - q`` rows before ``r``
+One program per row ``r`` and block of ``BLOCK`` followers (position ``p = pos[r]``, slot
+``slot_of_row[r]``, its ``params`` row: the history's first position ``start``, the size ``n``, the
+first position a row decides at, the slot within the engine's). Position ``q``'s token is the draft fed ``p - q`` rows before ``r``
 (``input_ids``) where ``p - q <= local_pos[r]``, else ``tokens[slot, q]``; it counts where ``q >=
 start`` and the token is ``>= 0`` (a placeholder never matches). For each follower ``f`` of the
 window's last ``width - size + 1`` positions (``size``: the tables' largest), the token at ``f`` is
 banned (``-inf`` stored in the row of ``logits``) where it counts, lies below the logits' width and
-the ``n - 1`` tokens before ``f`` count and equal the row's last ``n - 1``. Followers are handled
-``BLOCK`` at a time; the tail is re-read per lane (cached loads), so no cross-lane shuffles."""
+the ``n - 1`` tokens before ``f`` count and equal the row's last ``n - 1``. The grid is ``rows x
+ceil((width - size + 1) / BLOCK)`` (host integers: no sync); the tail is re-read per lane (cached
+loads), so no cross-lane shuffles."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 
 __all__ = ["BLOCK", "ban_", "kernels"]
 
-#: followers per loop iteration of a row's program (a power of two)
+#: followers per program (a power of two)
 BLOCK = 128
 
 
@@ -47,7 +48,8 @@ def ban_(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_
     drafts = input_ids is not None and local_pos is not None
     assert params.dtype == torch.int64 and params.stride(1) == 1, "params: int64 rows"
     k = kernels()
-    k.ban_rows[(rows,)](logits, logits.stride(0), logits.stride(1), tokens, tokens.stride(0), tokens.stride(1),
+    blocks = (width - size + 1 + BLOCK - 1) // BLOCK
+    k.ban_rows[(rows, blocks)](logits, logits.stride(0), logits.stride(1), tokens, tokens.stride(0), tokens.stride(1),
                         tokens.shape[1], pos, slot_of_row, params, params.stride(0),
                         input_ids if drafts else pos, local_pos if drafts else pos, width, logits.shape[1],
                         SIZE=size, BLOCK=BLOCK, HAS_DRAFTS=drafts)

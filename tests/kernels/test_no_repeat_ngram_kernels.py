@@ -155,6 +155,23 @@ SCRIPT = textwrap.dedent('''
                 assert torch.equal(fused, host), (seed, drafts, dtype)
                 banned += int(host.isneginf().sum())
                 checked += 1
+    wide = 0
+    for seed in range(100, 140):  # windows wider than a program's block of followers
+        for drafts in (0, 2):
+            window, t, logits = D.probe_case(seed, torch.device("cpu"), drafts=drafts, rows=4, length=300)
+            if t.source.width - t.source.size + 1 <= K.BLOCK or wide == 8:
+                continue
+            wide += 1
+            fused, host = logits.clone(), logits.clone()
+            drafted = drafts > 0
+            args = (window.tokens, window.pos, t.slot_of_row, t.source.params,
+                    window.input_ids if drafted else None, window.local_pos if drafted else None,
+                    t.source.width, t.source.size)
+            K.ban_(fused, *args)
+            D.ban_host(host, *args)
+            assert torch.equal(fused, host), (seed, drafts, "wide")
+            banned += int(host.isneginf().sum())
+            checked += 1
     assert banned > 100, banned
     assert D._probe(torch.device("cpu")), "the gate's probe (kernel against apply_eager)"
     print("checked", checked)
@@ -166,7 +183,7 @@ def test_the_triton_kernel_in_the_interpreter_equals_the_cpu_implementation_bit_
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "checked 96" in done.stdout
+    assert "checked 104" in done.stdout
 
 
 @pytest.mark.parametrize("logits_type", ["*fp32", "*bf16"])
