@@ -210,3 +210,28 @@ def test_the_triton_kernel_compiles_for_cuda_without_a_gpu(logits_type: str) -> 
                                    constexprs={"SIZE": size, "BLOCK": no_repeat_ngram.BLOCK, "HAS_DRAFTS": drafts})
                 compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
                 assert "ban_rows" in compiled.asm["ptx"]
+
+
+def test_the_op_declares_one_launch_and_a_failed_probe_falls_back_with_one_warning(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from dynlogits.kernels.fused import registered
+    from dynlogits.processors import no_repeat_ngram_device as D
+
+    assert registered()["dynlogits::no_repeat_ngram_ban_"].launches == 1  # ban_rows
+    probed: list[torch.device] = []
+
+    def differing(device: torch.device) -> bool:
+        probed.append(device)
+        return False  # the kernel's logits differ from apply_eager's
+
+    monkeypatch.setattr(D, "_probe", differing)
+    D.reset_fused()
+    try:
+        with caplog.at_level("WARNING", logger="dynlogits.kernels"):
+            answers = [D.fused_ready(torch.device("cuda", 0)) for _ in range(3)]
+        assert answers == [False] * 3 and len(probed) == 1  # probed once per device
+        warned = [r.getMessage() for r in caplog.records if "fused Triton kernels are off" in r.getMessage()]
+        assert len(warned) == 1 and warned[0].startswith("no_repeat_ngram")
+        assert D.fused_ready(CPU) is False and D.fused_ready(torch.device("meta")) is True
+    finally:
+        D.reset_fused()
