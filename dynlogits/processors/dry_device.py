@@ -31,12 +31,14 @@ are hosted."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 
 from .window import TokenWindow
 
-__all__ = ["MAX_DEVICE_CAP", "Constants", "MAX_DEVICE_SINGLES", "NO_BREAKER", "constants", "dense_lower_", "device_penalties",
+__all__ = ["MAX_DEVICE_CAP", "Constants", "MAX_DEVICE_SINGLES", "NO_BREAKER", "StepArgs", "constants", "dense_lower_", "device_penalties",
            "fused_lower_", "fused_ready", "lower_rows", "lower_window_", "probe_case", "reset_fused"]
 
 #: The longest repeat measured on the device (``allowed_length`` plus the exponent clamp, at most the
@@ -295,8 +297,13 @@ def fused_ready(device: torch.device) -> bool:
     return _GATE.ready(device)
 
 
+#: ``fused_lower_``'s tensor arguments, in order
+StepArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None,
+                 torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 def probe_case(seed: int, rows: int = 12, slots: int = 6, max_len: int = 80, vocab: int = 40,
-               drafts: bool = True) -> tuple[list[torch.Tensor | None], int, int]:
+               drafts: bool = True) -> tuple[StepArgs, int, int]:
     """A random step (host tensors) for ``fused_lower_``'s arguments but ``width`` and ``cap``:
     few ids (repeats), breakers in some slots, placeholders, prompts counted or not, look-backs,
     caps and allowed lengths mixed, one non-member row, rows with drafts, ``-inf``, ``+inf`` and NaN
@@ -321,26 +328,24 @@ def probe_case(seed: int, rows: int = 12, slots: int = 6, max_len: int = 80, voc
     amounts = torch.rand(slots + 1, 9, generator=g, dtype=torch.float64).cumsum(1) * 3
     amounts[3, 4:] = 1e300  # past every dtype's largest
     logits = torch.randn(rows, 7, generator=g) * 3
-    logits[0, 2], logits[1, 3], logits[2, 4] = float("-inf"), float("inf"), float("nan")
-    return [logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, singles, amounts], width, cap
+    for row, value in list(enumerate((float("-inf"), float("inf"), float("nan"))))[:rows]:
+        logits[row, 2 + row] = value
+    return (logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, singles, amounts), width, cap
 
 
 def _probe(device: torch.device) -> bool:
-    """``fused_lower_``'s kernels against ``dense_lower_`` on ``device``, exactly (``fused_ready``)."""
+    """``fused_lower_``'s kernels against ``dense_lower_`` on ``device``, exactly (``fused_ready``):
+    float32 and bfloat16 logits, drafts or not."""
     same = []
     for seed, drafts in ((1, True), (2, False)):
         args, width, cap = probe_case(seed, drafts=drafts)
-        logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, singles, amounts = (
-            a.to(device) if a is not None else None for a in args)
-        assert logits is not None and tokens is not None and prompt_len is not None and pos is not None
-        assert slot_of_row is not None and member is not None and params is not None and singles is not None
-        assert amounts is not None
-        rest = (tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, singles, amounts, width, cap)
-        fused, dense = logits.clone(), logits.clone()
-        _fused_lower_cuda(fused, *rest)
-        dense_lower_(dense, *rest)
-        same.append(torch.equal(fused.isnan(), dense.isnan())
-                    and torch.equal(fused.nan_to_num().view(torch.int32), dense.nan_to_num().view(torch.int32)))
+        moved = cast(StepArgs, tuple(t.to(device) if t is not None else None for t in args))
+        for dtype in (torch.float32, torch.bfloat16):
+            fused = moved[0].to(dtype)
+            dense = fused.clone()
+            _fused_lower_cuda(fused, *moved[1:], width, cap)
+            dense_lower_(dense, *moved[1:], width, cap)
+            same.append(torch.equal(fused.isnan(), dense.isnan()) and torch.equal(fused.nan_to_num(), dense.nan_to_num()))
     return all(same)
 
 
