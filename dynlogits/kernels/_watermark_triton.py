@@ -10,7 +10,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-__all__ = ["INTERPRETED", "absorb_rows", "draw_blocks", "draw_reduce", "log", "philox", "window_decide", "window_tokens"]
+__all__ = ["INTERPRETED", "absorb_rows", "context_word", "draw_blocks", "draw_reduce", "log", "philox", "window_decide",
+           "window_tokens", "window_word"]
 
 #: whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, read as Triton reads it)
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
@@ -125,6 +126,19 @@ def draw_reduce(logits_ptr, logits_stride, rows_ptr, fire_ptr, best_ptr, index_p
         tl.store(ptrs, out.to(logits_ptr.dtype.element_ty), mask=(offs < vocab) & ((tl.zeros([BLOCK], tl.int32) + fires) != 0))
 
 @triton.jit
+def context_word(ctx_ptr, rr, ctx_stride, ctx_stride1, live, widths, zero, J: tl.constexpr, WORD: tl.constexpr,
+                 WIDTH: tl.constexpr):
+    """Context column ``J`` as the absorb's word ``WORD`` of its block: the id (32 bits) where the row's
+    width covers it, else the padding ``2**32 - 1 - WORD``."""
+    if J < WIDTH:
+        token = tl.load(ctx_ptr + rr * ctx_stride + J * ctx_stride1, mask=live, other=0).to(tl.uint32)
+        word = tl.where(widths > J, token, zero + (0xFFFFFFFF - WORD))
+    else:
+        word = zero + (0xFFFFFFFF - WORD)
+    return word
+
+
+@triton.jit
 def absorb_rows(keys_ptr, keys_stride, keys_stride1, ctx_ptr, ctx_stride, ctx_stride1, widths_ptr, widths_stride, out_ptr, n, WIDTH: tl.constexpr,
                 HAS_WIDTHS: tl.constexpr, ROWS: tl.constexpr):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -142,16 +156,12 @@ def absorb_rows(keys_ptr, keys_stride, keys_stride1, ctx_ptr, ctx_stride, ctx_st
     s0 = zero + 0x574D4358
     s2 = zero
     s3 = zero
-    for offset in tl.static_range(0, WIDTH, 4):
-        words = []
-        for j in tl.static_range(4):
-            if offset + j < WIDTH:
-                token = tl.load(ctx_ptr + rr * ctx_stride + (offset + j) * ctx_stride1, mask=live, other=0).to(tl.uint32)
-                word = tl.where(widths > offset + j, token, zero + (0xFFFFFFFF - j))
-            else:
-                word = zero + (0xFFFFFFFF - j)
-            words.append(word)
-        n0, n1, n2, n3 = philox(s0 ^ words[0], s1 ^ words[1], s2 ^ words[2], s3 ^ words[3], k0 ^ offset, k1)
+    for offset in tl.static_range(0, WIDTH, 4):  # four named words: a Python list is a tuple to Triton's compiler
+        w0 = context_word(ctx_ptr, rr, ctx_stride, ctx_stride1, live, widths, zero, offset, 0, WIDTH)
+        w1 = context_word(ctx_ptr, rr, ctx_stride, ctx_stride1, live, widths, zero, offset + 1, 1, WIDTH)
+        w2 = context_word(ctx_ptr, rr, ctx_stride, ctx_stride1, live, widths, zero, offset + 2, 2, WIDTH)
+        w3 = context_word(ctx_ptr, rr, ctx_stride, ctx_stride1, live, widths, zero, offset + 3, 3, WIDTH)
+        n0, n1, n2, n3 = philox(s0 ^ w0, s1 ^ w1, s2 ^ w2, s3 ^ w3, k0 ^ offset, k1)
         absorbs = widths > offset
         s0 = tl.where(absorbs, n0, s0)
         s1 = tl.where(absorbs, n1, s1)
@@ -177,6 +187,27 @@ def window_tokens(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot, at, 
         src = tl.maximum(rows - back, 0)
         token = tl.where(fed, tl.load(input_ptr + src, mask=live & fed, other=0).to(tl.int64), token)
     return token
+
+
+@triton.jit
+def window_word(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot, rr, pos, local, input_ptr, live, prompt, width,
+                zero, J: tl.constexpr, WORD: tl.constexpr, WIDE: tl.constexpr, EVERY: tl.constexpr, DRAFTS: tl.constexpr):
+    """Context column ``J`` (of ``WIDE``, each row's own ``width`` left-aligned unless ``EVERY``: the
+    column ``WIDE - width + J`` of the last ``WIDE``, clamped) as the absorb's word ``WORD``: the id read
+    from the window (``-1`` before the output, 32 bits) where the width covers it, else the padding."""
+    if J < WIDE:
+        if EVERY:
+            src = zero.to(tl.int64) + J
+        else:
+            src = tl.minimum(tl.maximum(WIDE - width + J, 0), WIDE - 1)
+        at = pos - (WIDE - 1) + src
+        token = window_tokens(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot, at, rr, pos, local, input_ptr,
+                              live, DRAFTS)
+        token = tl.where(at >= prompt, token, -1).to(tl.uint32)
+        word = tl.where(width > J, token, zero + (0xFFFFFFFF - WORD))
+    else:
+        word = zero + (0xFFFFFFFF - WORD)
+    return word
 
 
 @triton.jit
@@ -241,23 +272,16 @@ def window_decide(tokens_ptr, tokens_stride0, tokens_stride1, n_slots, n_cols, p
     s1 = width.to(tl.uint32)
     s2 = zero
     s3 = zero
-    for offset in tl.static_range(0, WIDE, 4):
-        words = []
-        for i in tl.static_range(4):
-            if offset + i < WIDE:
-                if EVERY:
-                    src = tl.zeros([ROWS], tl.int64) + (offset + i)
-                else:
-                    src = tl.minimum(tl.maximum(WIDE - width + (offset + i), 0), WIDE - 1)
-                ctx_at = pos - (WIDE - 1) + src  # a name of its own: the scan's ``at`` is [ROWS, BLOCK]
-                token = window_tokens(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot, ctx_at, rr, pos, local,
-                                      input_ptr, live, DRAFTS)
-                token = tl.where(ctx_at >= prompt, token, -1).to(tl.uint32)
-                word = tl.where(width > offset + i, token, zero + (0xFFFFFFFF - i))
-            else:
-                word = zero + (0xFFFFFFFF - i)
-            words.append(word)
-        n0, n1, n2, n3 = philox(s0 ^ words[0], s1 ^ words[1], s2 ^ words[2], s3 ^ words[3], k0 ^ offset, k1)
+    for offset in tl.static_range(0, WIDE, 4):  # four named words, as absorb_rows
+        w0 = window_word(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot, rr, pos, local, input_ptr, live, prompt,
+                         width, zero, offset, 0, WIDE, EVERY, DRAFTS)
+        w1 = window_word(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot, rr, pos, local, input_ptr, live, prompt,
+                         width, zero, offset + 1, 1, WIDE, EVERY, DRAFTS)
+        w2 = window_word(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot, rr, pos, local, input_ptr, live, prompt,
+                         width, zero, offset + 2, 2, WIDE, EVERY, DRAFTS)
+        w3 = window_word(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot, rr, pos, local, input_ptr, live, prompt,
+                         width, zero, offset + 3, 3, WIDE, EVERY, DRAFTS)
+        n0, n1, n2, n3 = philox(s0 ^ w0, s1 ^ w1, s2 ^ w2, s3 ^ w3, k0 ^ offset, k1)
         absorbs = width > offset
         s0 = tl.where(absorbs, n0, s0)
         s1 = tl.where(absorbs, n1, s1)

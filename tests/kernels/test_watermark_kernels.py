@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -121,3 +122,52 @@ def test_the_window_kernel_in_the_interpreter_equals_the_eager_decisions_bit_for
     done = subprocess.run([sys.executable, "-c", WINDOW_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "checked 12" in done.stdout
+
+
+def _compile_for_cuda(kernel: Any, signature: dict[str, str], constexprs: dict[str, Any], capability: int) -> str:
+    """``kernel`` compiled ahead of time by Triton's NVIDIA backend (no GPU needed): its PTX."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return str(triton.compile(source, target=GPUTarget("cuda", capability, 32)).asm["ptx"])
+
+
+def test_every_watermark_kernel_compiles_for_cuda_without_a_gpu() -> None:
+    """Triton's NVIDIA backend compiles each kernel for Hopper and Ampere (the window kernel at
+    widths 1, 4, 5 and 32, mixed or not, drafts or not): what the interpreter does not check (a
+    Python list in a kernel, for one, runs interpreted and fails to compile); not run."""
+    triton = pytest.importorskip("triton")
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("Triton has no NVIDIA backend here")
+    from dynlogits.kernels import watermark as kernels
+
+    k = kernels.kernels()
+    i64, i32 = "i64", "i32"
+    draw = {"logits_ptr": "*fp32", "logits_stride": i64, "rows_ptr": "*i64", "slots_ptr": "*i64", "temp_ptr": "*fp32",
+            "temp_stride": i64, "params_ptr": "*i64", "params_stride": i64, "states_ptr": "*i64", "states_stride0": i64,
+            "states_stride1": i64, "best_ptr": "*fp32", "index_ptr": "*i32", "kept_ptr": "*fp32", "vocab": i32,
+            "nblocks": i32, "u_ptr": "*fp32", "score_ptr": "*fp32", "BLOCK": "constexpr", "SCORES": "constexpr"}
+    reduce = {"logits_ptr": "*bf16", "logits_stride": i64, "rows_ptr": "*i64", "fire_ptr": "*i64", "best_ptr": "*fp32",
+              "index_ptr": "*i32", "kept_ptr": "*fp32", "tokens_ptr": "*i64", "vocab": i32, "nblocks": i32,
+              "BLOCK": "constexpr", "NB": "constexpr", "HAS_FIRE": "constexpr", "FORCE": "constexpr"}
+    absorb = {"keys_ptr": "*i64", "keys_stride": i64, "keys_stride1": i64, "ctx_ptr": "*i64", "ctx_stride": i64,
+              "ctx_stride1": i64, "widths_ptr": "*i64", "widths_stride": i64, "out_ptr": "*i64", "n": i32,
+              "WIDTH": "constexpr", "HAS_WIDTHS": "constexpr", "ROWS": "constexpr"}
+    window = {"tokens_ptr": "*i32", "tokens_stride0": i64, "tokens_stride1": i64, "n_slots": i32, "n_cols": i32,
+              "prompt_ptr": "*i32", "pos_ptr": "*i64", "input_ptr": "*i32", "local_ptr": "*i32", "slot_ptr": "*i32",
+              "member_ptr": "*u8", "params_ptr": "*i64", "params_stride0": i64, "params_stride1": i64, "out_ptr": "*i64",
+              "n": i32, "span": i32, "max_history": i32, "WIDE": "constexpr", "EVERY": "constexpr",
+              "DRAFTS": "constexpr", "ROWS": "constexpr", "BLOCK": "constexpr"}
+    builds: list[tuple[Any, dict[str, str], dict[str, Any], int]] = []
+    for capability in (90, 80):
+        builds += [(k.draw_blocks, draw, {"BLOCK": kernels.BLOCK, "SCORES": False}, capability),
+                   (k.draw_reduce, reduce, {"BLOCK": kernels.BLOCK, "NB": 256, "HAS_FIRE": True, "FORCE": True}, capability),
+                   (k.absorb_rows, absorb, {"WIDTH": 6, "HAS_WIDTHS": True, "ROWS": kernels.ROWS}, capability),
+                   (k.window_decide, window, {"WIDE": 4, "EVERY": True, "DRAFTS": True, "ROWS": kernels.WINDOW_ROWS,
+                                              "BLOCK": kernels.WINDOW_BLOCK}, capability)]
+    for wide, every, drafts in [(1, True, False), (5, False, True), (32, False, False), (4, True, False)]:
+        builds.append((k.window_decide, window, {"WIDE": wide, "EVERY": every, "DRAFTS": drafts, "ROWS": 4, "BLOCK": 256}, 90))
+    for kernel, signature, constexprs, capability in builds:
+        assert kernel.__name__ in _compile_for_cuda(kernel, signature, constexprs, capability), (kernel.__name__, constexprs)
