@@ -5,7 +5,8 @@ implementations of the same bans:
 * the fused op ``ban_`` (``dynlogits::no_repeat_ngram_ban_``): on CUDA one Triton launch
   (``dynlogits.kernels.no_repeat_ngram``), where ``fused_ready`` (probed once per device against
   ``apply_eager``; in the CUDA model always), so a steady step is one launch;
-* on the CPU, its CPU implementation ``ban_host`` (numpy over the rows' windows, called directly);
+* on the CPU, its CPU implementation (``ban_host``: numpy over the rows' windows) called directly,
+  the rows' params gathered once per layout (``Layout.host``);
 * elsewhere (a CUDA device whose probe failed) ``apply_eager``: nine device ops a steady step
   without drafts (``addcmul``, ``index``, ``clamp``, ``bitwise_or``, ``bitwise_xor``, ``le``,
   ``all``, ``where``, ``scatter_reduce_``), described below.
