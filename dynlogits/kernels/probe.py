@@ -6,17 +6,23 @@ launches), and on CUDA true once ``probe(device)`` returned true: the first call
 (a small batch through the Triton kernels and through the eager reference on that device, compared
 exactly; one host sync, at the caller's group creation). Triton missing, a kernel failing to compile
 or launch, or a difference: one warning naming the kind and the reason, and the eager path for good
-on that device. A request never fails for it."""
+on that device. A kernel variant the probe did not compile (another constexpr) compiles at its
+first call: ``run`` catches a failure there too (before any launch: Triton compiles first), turns
+the kernels off on that device with one warning and runs the eager path for that call and after.
+A request never fails for it."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
 __all__ = ["FusedGate"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("dynlogits.kernels")
 
@@ -50,6 +56,24 @@ class FusedGate:
                                 self.name, device, reason)
                 self._ready[device] = ready
         return ready
+
+    def run(self, device: torch.device, fused: Callable[[], T], eager: Callable[[], T]) -> T:
+        """``fused()`` where ``ready(device)``, else ``eager()``; a ``fused()`` that raises on CUDA (a
+        variant failing to compile) turns the kernels off on ``device`` (one warning) and ``eager()``
+        answers instead. Elsewhere (the CUDA model) an error propagates: it is a bug of the op."""
+        if not self.ready(device):
+            return eager()
+        if device.type != "cuda":
+            return fused()
+        try:
+            return fused()
+        except Exception as exc:  # compile or launch failure of a variant the probe did not see
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            with self._lock:
+                self._ready[device] = False
+            log.warning("%s: the fused Triton kernels are off on %s (%s: %s); running eagerly",
+                        self.name, device, type(exc).__name__, first)
+            return eager()
 
     def reset(self) -> None:
         """Forget every device's probe (tests)."""

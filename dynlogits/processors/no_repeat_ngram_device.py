@@ -184,18 +184,17 @@ def apply(window: TokenWindow, t: Layout, logits: torch.Tensor, extremes: tuple[
     """``-inf`` in ``logits`` at every id a row's history bans, no sync: on the CPU ``ban_``'s CPU
     implementation called directly (its rows' params gathered once per layout: ``Layout.host``);
     where ``fused_ready`` (CUDA once probed, the CUDA model) the fused op ``ban_`` (one Triton
-    launch); else ``apply_eager``."""
+    launch); else, or once a call of it failed on CUDA, ``apply_eager``."""
     drafts = window.input_ids is not None and window.local_pos is not None
     ids, local = (window.input_ids, window.local_pos) if drafts else (None, None)
     if logits.device.type == "cpu":
         matrix = window.tokens.numpy()
         _ban_rows(logits, matrix, window.pos.numpy(), t.host(matrix.shape[1]), None if ids is None else ids.numpy(),
                   None if local is None else local.numpy(), t.source.width, t.source.size)
-    elif fused_ready(logits.device):
-        ban_(logits, window.tokens, window.pos, t.slot_of_row, t.source.params, ids, local, t.source.width,
-             t.source.size)
-    else:
-        apply_eager(window, t, logits, extremes)
+    else:  # a variant failing to compile turns the kernel off (one warning): eager from then on
+        _GATE.run(logits.device, lambda: ban_(logits, window.tokens, window.pos, t.slot_of_row, t.source.params, ids,
+                                              local, t.source.width, t.source.size),
+                  lambda: apply_eager(window, t, logits, extremes))
 
 
 def apply_eager(window: TokenWindow, t: Layout, logits: torch.Tensor,

@@ -45,7 +45,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -73,6 +73,8 @@ __all__ = ["COMPILE_OPTIONS", "ENV", "DECIDE", "DRAW", "LISTED", "Lazy", "batche
 ENV = "DYNLOGITS_WATERMARK_COMPILE"
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 Draw = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -413,6 +415,13 @@ def fused_ready(device: torch.device) -> bool:
     ``-inf``, a token window with repeats, placeholders and drafts, compared exactly: tokens, forced
     rows, states, window decisions); else one warning and eager for good."""
     return _GATE.ready(device)
+
+
+def fused_run(device: torch.device, fused: Callable[[], T], eager: Callable[[], T]) -> T:
+    """``fused()`` where ``fused_ready(device)``, else ``eager()``; a variant the probe did not
+    compile failing at its first call turns the kernels off with one warning and runs ``eager()``
+    (``FusedGate.run``)."""
+    return _GATE.run(device, fused, eager)
 
 
 def _probe(device: torch.device) -> bool:

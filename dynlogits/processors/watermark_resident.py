@@ -58,7 +58,7 @@ from .watermark_compiled import (
     draw,
     draw_listed,
     fused_draw_force_,
-    fused_ready,
+    fused_run,
     fused_window_state,
 )
 from .watermark_prf import key_words
@@ -138,14 +138,18 @@ class WatermarkGroup(WindowDecided):
         buf[:] = decisions.T.reshape(-1)
         values = upload.upload(6 * n).view(6, n)
         rows_dev = values[0]
-        if fused_ready(step.logits.device):  # the draw and the forcing: two Triton launches on CUDA
+
+        def fused() -> None:  # the draw and the forcing: two Triton launches on CUDA
             fused_draw_force_(step.logits, rows_dev, values[1], self.temperature.dev, self.params.dev, values[2:].T, None)
-            return None
-        index, value = draw_listed(step.logits, step.flat, rows_dev, values[1], self.temperature.dev, self.params.dev,
-                                   values[2:].T, step.stride)
-        # forced keeping masks, as ``slots.force_listed``: the row filled, then its token's value
-        fill_rows(step.logits, row_runs(decisions[:, 0].tolist()), rows_dev)
-        step.flat.index_copy_(0, index, value)
+
+        def eager() -> None:
+            index, value = draw_listed(step.logits, step.flat, rows_dev, values[1], self.temperature.dev,
+                                       self.params.dev, values[2:].T, step.stride)
+            # forced keeping masks, as ``slots.force_listed``: the row filled, then its token's value
+            fill_rows(step.logits, row_runs(decisions[:, 0].tolist()), rows_dev)
+            step.flat.index_copy_(0, index, value)
+
+        fused_run(step.logits.device, fused, eager)
         return None
 
     # -- token window (Model Runner V2) -------------------------------------------------------------
@@ -160,18 +164,24 @@ class WatermarkGroup(WindowDecided):
         widths = set(self._widths.values())
         wide = max(widths, default=1)
         every = len(widths) == 1
-        if fused_ready(slot_of_row.device):  # the read, the decisions and the absorb: one Triton launch on CUDA
+
+        def fused() -> torch.Tensor:  # the read, the decisions and the absorb: one Triton launch on CUDA
             return fused_window_state(window.tokens, window.prompt_len, window.pos, window.input_ids, window.local_pos,
                                       slot_of_row, rows.member, self.params.dev, wide, every, MAX_HISTORY)
-        params = self.params.dev[slot_of_row]
-        slots = window.slots(slot_of_row)
-        pos = window.pos.long()
-        prompt = window.prompt_len[slots].long()
-        span = window_span(window.tokens.shape[1], wide, MAX_HISTORY)  # columns past the start read as before it
-        start = pos - (span - 1)  # the span's first column
-        at = start[:, None] + self._span_offsets(span)
-        tokens = window._read(slots, at.clamp(min=0)).long()
-        return decide(tokens, at, prompt, pos, params, rows.member, self._span_offsets(wide), wide, every, MAX_HISTORY)
+
+        def eager() -> torch.Tensor:
+            params = self.params.dev[slot_of_row]
+            slots = window.slots(slot_of_row)
+            pos = window.pos.long()
+            prompt = window.prompt_len[slots].long()
+            span = window_span(window.tokens.shape[1], wide, MAX_HISTORY)  # columns past the start read as before it
+            start = pos - (span - 1)  # the span's first column
+            at = start[:, None] + self._span_offsets(span)
+            tokens = window._read(slots, at.clamp(min=0)).long()
+            return decide(tokens, at, prompt, pos, params, rows.member, self._span_offsets(wide), wide, every,
+                          MAX_HISTORY)
+
+        return fused_run(slot_of_row.device, fused, eager)
 
     def _rows(self, n: int) -> torch.Tensor:
         """``arange(n)`` on the device, made once per ``n`` (the step's rows, in order)."""
@@ -190,14 +200,18 @@ class WatermarkGroup(WindowDecided):
         """Draw every row and force those that draw (``decide_from_window``); the others untouched."""
         if decisions is _NOTHING:
             return None
-        if fused_ready(step.logits.device):  # the draw and the forcing of the rows that draw: two Triton launches
+
+        def fused() -> None:  # the draw and the forcing of the rows that draw: two Triton launches
             fused_draw_force_(step.logits, self._rows(len(decisions)), rows.slot_of_row, self.temperature.dev,
                               self.params.dev, decisions[:, :4], decisions[:, 4])
-            return None
-        params = self.params.dev[rows.slot_of_row]
-        tokens = draw(step.logits, self.temperature.dev[rows.slot_of_row, 0], decisions[:, :4], params[:, :2],
-                      batched_draw)
-        force_device_decisions(step, rows, torch.where(decisions[:, 4] > 0, tokens, -1))
+
+        def eager() -> None:
+            params = self.params.dev[rows.slot_of_row]
+            tokens = draw(step.logits, self.temperature.dev[rows.slot_of_row, 0], decisions[:, :4], params[:, :2],
+                          batched_draw)
+            force_device_decisions(step, rows, torch.where(decisions[:, 4] > 0, tokens, -1))
+
+        fused_run(step.logits.device, fused, eager)
         return None
 
 

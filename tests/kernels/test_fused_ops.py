@@ -4,6 +4,7 @@ its inner eager ops, not one), and runs its CPU implementation on the unwrapped 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dynlogits.kernels.fused import declared_launches, fused_op, registered
@@ -65,3 +66,31 @@ def test_a_cuda_device_whose_probe_fails_falls_back_to_eager_with_one_warning(mo
         assert wc.fused_ready(torch.device("cpu")) is False and wc.fused_ready(torch.device("meta")) is True
     finally:
         wc.reset_fused()
+
+
+def test_a_fused_call_that_fails_on_cuda_turns_the_kernels_off_and_answers_eagerly(caplog) -> None:  # noqa: ANN001
+    """A kernel variant the probe did not compile fails at its first call: that call and every later
+    one on the device run eagerly, with one warning; in the CUDA model an error propagates."""
+    from dynlogits.kernels.probe import FusedGate
+
+    gate = FusedGate("kind", lambda device: True)
+    cuda = torch.device("cuda", 0)
+    calls: list[str] = []
+
+    def fused() -> str:
+        calls.append("fused")
+        raise RuntimeError("CompilationError: at 12:4\nmore")
+
+    def eager() -> str:
+        calls.append("eager")
+        return "eager"
+
+    with caplog.at_level("WARNING", logger="dynlogits.kernels"):
+        answers = [gate.run(cuda, fused, eager) for _ in range(3)]
+    assert answers == ["eager"] * 3 and calls == ["fused", "eager", "eager", "eager"]
+    assert gate.ready(cuda) is False
+    warned = [r.getMessage() for r in caplog.records if "fused Triton kernels are off" in r.getMessage()]
+    assert len(warned) == 1 and "CompilationError: at 12:4" in warned[0] and "more" not in warned[0]
+    assert gate.run(torch.device("cpu"), fused, eager) == "eager"  # the CPU never takes the kernels
+    with pytest.raises(RuntimeError):
+        FusedGate("kind", lambda device: True).run(torch.device("meta"), fused, eager)

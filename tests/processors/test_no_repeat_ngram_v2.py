@@ -166,7 +166,7 @@ def test_where_the_fused_kernel_is_off_the_eager_device_path_never_waits(monkeyp
     from dynlogits.testing.cuda.drive import Scenario, drive_v2
     from dynlogits.testing.cuda.simcuda import SimCuda
 
-    monkeypatch.setattr(no_repeat_ngram_device, "fused_ready", lambda device: False)
+    monkeypatch.setattr(no_repeat_ngram_device._GATE, "ready", lambda device: False)  # as a failed probe leaves it
     with SimCuda() as sim:
         steady = drive_v2(sim, Scenario(vocab=4, payloads=_ON_THE_DEVICE, steps=8, changes=False))
     assert [str(s) for s in steady.syncs] == [] and steady.failures == []

@@ -22,18 +22,14 @@ MIXED: list[list[dict[str, Any]]] = [[{"kind": "no_repeat_ngram", "size": 2}],
                                      [{"kind": "banned_tokens", "token_ids": [0]}, {"kind": "no_repeat_ngram", "size": 3}],
                                      [{"kind": "no_repeat_ngram", "size": 1}]]
 
-#: Model Runner V2's steady step, one size in the group (``no_repeat_ngram_device``): the positions
-#: read and each column's bounds in one ``addcmul`` of the layout's tables, the window read
-#: (``index``), every column outside the history made a value of its own and the ids a ban writes
-#: kept inside the logits, both in one ``clamp``, the tail with the sign bit set (``bitwise_or``)
-#: xored into every window (``bitwise_xor``), each window within its limits (``le``, ``all``: its
-#: tokens equal the tail, the token after it a history token inside the logits), one masked write
-#: (``where``, ``scatter_reduce_``)
-V2_STEADY = ["addcmul", "index", "clamp", "bitwise_or", "bitwise_xor", "le", "all", "where", "scatter_reduce_"]
-#: the same step with two drafts per request: the window's drafts read from ``input_ids`` as well
-#: (``TokenWindow._read``), the runner's own draft bookkeeping, and the rows' tables gathered again
-#: (one ``index``: the runner gives a new row mapping every step)
-V2_STEADY_OPS_WITH_DRAFTS = 22
+#: Model Runner V2's steady step, one size in the group (``no_repeat_ngram_device``): the rows'
+#: decisions and bans in one fused op (``dynlogits::no_repeat_ngram_ban_``: one Triton launch on
+#: CUDA, reading the token matrix, the drafts and the layout's per-slot params itself)
+V2_STEADY = ["no_repeat_ngram_ban_"]
+#: the same step with two drafts per request: the adapter's rows for the step's new row mapping
+#: (``SlotBatch.rows_on_device``'s upload ``_to_copy``, the V2 adapter's ``eq``, the group's
+#: membership gathered again: ``index``) and the fused op
+V2_STEADY_OPS_WITH_DRAFTS = 4
 
 
 def test_vllm_v1_runner_step_that_finds_ids_is_one_upload_and_one_masked_write() -> None:
@@ -63,7 +59,7 @@ def test_vllm_model_runner_v2_step_with_drafts_reads_nothing_back() -> None:
         steady = drive_v2(sim, Scenario(vocab=4, payloads=ONE_SIZE, steps=8, changes=False), drafts=2)
     assert [str(s) for s in steady.syncs] == []
     assert steady.launches == V2_STEADY_OPS_WITH_DRAFTS
-    assert steady.steady_ops[-len(V2_STEADY) + 2:] == V2_STEADY[2:] and steady.failures == []
+    assert steady.steady_ops[-len(V2_STEADY):] == V2_STEADY and steady.failures == []
 
 
 @pytest.mark.parametrize("drafts", [0, 2])
