@@ -16,7 +16,11 @@ on the host (``INBOX.wait_settled``) and counts the reports. Checks, printed and
   device ops, no sync, its time (``watermark_check``; ``--watermark-only`` runs this section alone,
   ``python -m dynlogits.testing.cuda.watermark_check --cpu`` is its CPU self test); the fused Triton
   kernels against eager on the GPU (bits, kernel count, no sync, time: ``watermark_check.run_fused``);
-  ``--cpu`` runs only those kernels in Triton's interpreter (bits, no GPU).
+  ``--cpu`` runs only those kernels in Triton's interpreter (bits, no GPU);
+* ``kernels``: every other kind's fused Triton kernels (``KERNEL_CHECKS``: ``no_repeat_ngram_check``,
+  ``dry_check``, ...) against their eager paths on the GPU (bits, device ops, no sync, time), each
+  module's ``run``; ``--kernels-only`` runs this section alone; ``--cpu`` runs each one's CPU self
+  test as well (the kernels in Triton's interpreter).
 
 Exit status: 0 when every check passed, 1 otherwise, 2 without CUDA. Details: docs/vllm.md."""
 
@@ -512,17 +516,44 @@ def _watermark_costs(vocab: int, steps: int) -> list[dict[str, Any]]:
     return costs
 
 
+#: every kind's GPU check of its fused kernels besides the watermark's: module name under
+#: ``dynlogits.testing.cuda`` -> (its GPU ``run``'s name, its CPU self test's name)
+KERNEL_CHECKS: dict[str, tuple[str, str]] = {
+    "no_repeat_ngram_check": ("run", "interpreted_check"),
+    "dry_check": ("run", "cpu_check"),
+}
+
+
+def _kernel_checks(device: torch.device | None) -> tuple[bool, dict[str, Any]]:
+    """``KERNEL_CHECKS`` on ``device`` (``None``: each CPU self test), each result under its name."""
+    import importlib
+
+    ok, results = True, {}
+    for name, (run, cpu) in KERNEL_CHECKS.items():
+        module = importlib.import_module(f"{__package__}.{name}")
+        print(f"\n== {name} ==", flush=True)
+        if device is None:
+            good, detail = bool(getattr(module, cpu)()), {}
+        else:
+            good, detail = getattr(module, run)(device)
+        results[name] = {"ok": good, **detail}
+        ok &= good
+    return ok, results
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dynlogits.testing.cuda.check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write every result here")
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--steps", type=int, default=200, help="timed steady steps per measurement")
     parser.add_argument("--watermark-only", action="store_true", help="only the watermark section")
+    parser.add_argument("--kernels-only", action="store_true", help="only the other kinds' fused kernels")
     parser.add_argument("--cpu", action="store_true",
                         help="no GPU: the watermark's Triton kernels in Triton's interpreter against eager (bits only)")
     args = parser.parse_args(argv)
     if args.cpu:
         ok = watermark_check.interpreted_check()
+        ok &= _kernel_checks(None)[0]
         print("\nresult:", "ok" if ok else "FAILED")
         return 0 if ok else 1
     if not torch.cuda.is_available():
@@ -531,6 +562,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     cuda = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}", flush=True)
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "sequences": []}
+    if args.kernels_only:
+        ok, results["kernels"] = _kernel_checks(cuda)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+        print("\nresult:", "ok" if ok else "FAILED")
+        return 0 if ok else 1
     if args.watermark_only:
         ok, results["watermark"] = watermark_check.run(cuda, vocab=args.vocab, steps=args.steps)
         fused_ok, results["watermark_fused"] = watermark_check.run_fused(cuda, vocab=args.vocab, steps=args.steps)
@@ -582,6 +619,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fused_ok, results["watermark_fused"] = watermark_check.run_fused(cuda, vocab=args.vocab, steps=args.steps)
     ok &= watermark_ok and fused_ok
     results["costs"] += _watermark_costs(args.vocab, args.steps)
+    kernels_ok, results["kernels"] = _kernel_checks(cuda)
+    ok &= kernels_ok
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     print("\nresult:", "ok" if ok else "FAILED")

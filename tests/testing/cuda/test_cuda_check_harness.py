@@ -65,3 +65,16 @@ def test_the_comparison_names_a_planted_difference() -> None:
 def test_without_cuda_it_refuses_with_status_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cuda_check.main([]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_every_kernel_check_it_runs_exists_with_a_gpu_run_and_a_cpu_self_test() -> None:
+    """``check`` runs each kind's fused-kernel check by name: a renamed module or function must fail
+    here, not on the first GPU a session gets."""
+    import importlib
+    import inspect
+
+    assert cuda_check.KERNEL_CHECKS  # the watermark's is its own section; the others are listed
+    for name, (run, cpu) in cuda_check.KERNEL_CHECKS.items():
+        module = importlib.import_module(f"dynlogits.testing.cuda.{name}")
+        assert "device" in inspect.signature(getattr(module, run)).parameters, name
+        assert callable(getattr(module, cpu)), name
