@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias
 
 import numpy as np
@@ -55,12 +56,13 @@ TABLES_BYTES = 16 << 20
 
 class _Tables(NamedTuple):
     """What a phrase set's processors share, read only: its one-token phrases, its prefixes as a
-    trie read backwards from their last token (token -> [the last tokens the prefix ending here
-    bans, the tokens that may come before it]), its template, and the bytes all that holds beyond
+    trie read backwards from their last token (token -> (the last tokens the prefix ending here
+    bans, the tokens that may come before it or ``None``): a node is one tuple and a leaf holds no
+    dict, so a walk touches few objects), its template, and the bytes all that holds beyond
     the phrases' ids (``size``: counted as it is built, one pass over its nodes)."""
 
     always: tuple[int, ...]
-    tails: dict[int, list]
+    tails: dict[int, tuple]
     template: Template
     size: int
 
@@ -71,18 +73,18 @@ def _build(phrases: tuple[tuple[int, ...], ...]) -> _Tables:
     for phrase in phrases:
         if len(phrase) > 1:
             after.setdefault(tuple(phrase[:-1]), set()).add(phrase[-1])
-    tails: dict[int, list] = {}
-    nodes: list[list] = []
+    built: dict[int, list] = {}
     for prefix, last in after.items():
-        level, node = tails, None
+        level, node = built, None
         for token in reversed(prefix):
             node = level.get(token)
             if node is None:
                 node = level[token] = [(), {}]
-                nodes.append(node)
             level = node[1]
         assert node is not None
         node[0] = tuple(sorted(last))
+    nodes: list[tuple] = []
+    tails = _frozen(built, nodes)
     template: Template
     if after:
         entries = [((), t) for t in always] + [(prefix, t) for prefix, last in after.items() for t in sorted(last)]
@@ -91,9 +93,20 @@ def _build(phrases: tuple[tuple[int, ...], ...]) -> _Tables:
     else:
         template, size = BannedTokensTemplate(always), 0
     tables = _Tables(always, tails, template, 0)
-    size += shallow_size((tables, tails, always, template)) + shallow_size(nodes) + shallow_size(node[1] for node in nodes)
+    size += shallow_size((tables, tails, always, template)) + shallow_size(nodes)
+    size += shallow_size(node[1] for node in nodes if node[1] is not None)
     size += shallow_size(node[0] for node in nodes if node[0]) + INT_BYTES  # the nodes' bans; the size itself
     return tables._replace(size=size)
+
+
+def _frozen(level: dict[int, list], nodes: list[tuple]) -> dict[int, tuple]:
+    """``_build``'s trie level with its nodes as ``(bans, children or None)`` tuples (each appended
+    to ``nodes``, for the size count)."""
+    made: dict[int, tuple] = {}
+    for token, (bans, children) in level.items():
+        node = made[token] = (bans, _frozen(children, nodes) if children else None)
+        nodes.append(node)
+    return made
 
 
 #: ``_Tables`` per phrase set (validated entries hold tuples of tuples: hashable as they are)
@@ -125,14 +138,14 @@ class BannedPhrasesProcessor:
         self._sets: dict[tuple[int, ...], IndexCache] = {}
 
     @property
-    def tails(self) -> dict[int, list]:
+    def tails(self) -> dict[int, tuple]:
         """Its phrases' prefixes as a trie read backwards (shared, read only: ``masked_after``)."""
         return self._tails
 
     def after(self, input_ids: Sequence[int]) -> list[int]:
         """The ids this step masks beyond the one-token phrases (repeats possible, unsorted)."""
         found: list[int] = []
-        masked_after(((0, 0, 0, self._tails),), (input_ids,), found, _reraise)
+        masked_after(([0], [0], [0], [self._tails]), (input_ids,), found, _reraise)
         return found
 
     def banned(self, input_ids: Sequence[int]) -> tuple[int, ...]:
@@ -155,21 +168,18 @@ class BannedPhrasesProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
-def masked_after(walks: Iterable[tuple[int, int, int, dict[int, list]]], histories: Sequence[Sequence[int]],
-                 found: list[int], fail: Callable[[int, int, Exception], None]) -> None:
-    """For each ``(offset, row, slot, tails)``: appends ``offset + id`` to ``found`` for every id the
-    row masks after ``histories[row]`` beyond its one-token phrases (repeats possible), found by a
-    walk back from the last token over ``tails`` (``BannedPhrasesProcessor.tails``), at most as many
-    steps as the longest prefix. A row whose walk raises is passed to ``fail(row, slot, exc)`` and
-    masks nothing. One loop for every row: no call per row (the V1 runner's host work per step)."""
+def _walk_each(walks: Iterable[tuple[int, int, int, dict[int, tuple]]], histories: Sequence[Sequence[int]],
+               found: list[int], fail: Callable[[int, int, Exception], None]) -> None:
+    """``masked_after`` row by row, for each ``(offset, row, slot, tails)``; a row whose walk raises
+    is passed to ``fail(row, slot, exc)`` and masks nothing."""
     for offset, row, slot, tails in walks:
         try:
             history = histories[row]
             i = len(history) - 1
             if i < 0 or (node := tails.get(history[i])) is None:
                 continue
-            ids, level = node[0], node[1]
-            while level and i > 0:
+            ids, level = node
+            while level is not None and i > 0:
                 i -= 1
                 node = level.get(history[i])
                 if node is None:
@@ -179,6 +189,56 @@ def masked_after(walks: Iterable[tuple[int, int, int, dict[int, list]]], histori
         except Exception as exc:  # a bug must not escape the sampler: this row alone
             fail(row, slot, exc)
             continue
+        for t in ids:
+            found.append(offset + t)
+
+
+#: a history's last token (a C call per row in ``masked_after``'s maps)
+_LAST = itemgetter(-1)
+
+
+#: ``masked_after``'s rows: their offsets, rows (in ``histories``), slots and tries (``tails``)
+Walks: TypeAlias = tuple[list[int], list[int], list[int], list[dict[int, tuple]]]
+
+
+def masked_after(walks: Walks, histories: Sequence[Sequence[int]], found: list[int],
+                 fail: Callable[[int, int, Exception], None]) -> None:
+    """For each row ``k`` of ``walks`` (``offsets, rows, slots, tries``): appends ``offsets[k] + id``
+    to ``found`` for every id the row masks after ``histories[rows[k]]`` beyond its one-token phrases
+    (repeats possible), found by a walk back from the last token over ``tries[k]``
+    (``BannedPhrasesProcessor.tails``), at most as many steps as the longest prefix. A row whose walk
+    raises is passed to ``fail(rows[k], slots[k], exc)`` and masks nothing.
+
+    No call per row (the V1 runner's host work per step, run cache-cold after the forward pass):
+    every row's last token is looked up in its trie by two C-level ``map`` passes (no bytecode per
+    row, so the rows' cache misses overlap), then only the rows that hit are walked further. A
+    history that is empty or breaks that lookup (an unhashable token) sends the step row by row
+    (``_walk_each``), which fails such a row alone."""
+    offsets, rows, slots, tries = walks
+    try:
+        held = list(map(histories.__getitem__, rows))
+        nodes = list(map(dict.get, tries, map(_LAST, held)))
+    except Exception:  # an empty history or an odd token: row by row, a failure per row
+        _walk_each(zip(offsets, rows, slots, tries), histories, found, fail)
+        return
+    for k, node in enumerate(nodes):
+        if node is None:
+            continue
+        try:
+            ids, level = node
+            history = held[k]
+            i = len(history) - 1
+            while level is not None and i > 0:
+                i -= 1
+                node = level.get(history[i])
+                if node is None:
+                    break
+                ids += node[0]
+                level = node[1]
+        except Exception as exc:  # a bug must not escape the sampler: this row alone
+            fail(rows[k], slots[k], exc)
+            continue
+        offset = offsets[k]
         for t in ids:
             found.append(offset + t)
 
@@ -275,11 +335,11 @@ class BannedPhrasesGroup(EntryTablesGroup):
     def decide_rows(self, deciders: list[tuple[int, int, Any]], histories: Sequence[Sequence[int]],
                     fail: Callable[[int, int, Exception], None]) -> list[int]:
         """The flat indices the member rows mask this step beyond their one-token phrases, in one
-        ``masked_after`` pass (each row's offset and trie kept per layout)."""
+        ``masked_after`` pass (each row's offset, row, slot and trie kept per layout as four lists)."""
         walks = self._cache.get("walks")
-        if walks is None:
-            walks = self._cache["walks"] = [(base, row, slot, processor.tails)
-                                            for base, (row, slot, processor) in zip(self._cache["base"], deciders)]
+        if walks is None:  # four lists, zipped each step: their items lie side by side
+            walks = self._cache["walks"] = (self._cache["base"], [row for row, _, _ in deciders],
+                                            [slot for _, slot, _ in deciders], [p.tails for _, _, p in deciders])
         found: list[int] = []
         masked_after(walks, histories, found, fail)
         return found
