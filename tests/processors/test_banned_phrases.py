@@ -14,6 +14,7 @@ import torch
 from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize
 
 from dynlogits import sdk
+from dynlogits.processors import banned_phrases
 from dynlogits.processors.banned_phrases import BannedPhrasesProcessor, BannedPhrasesTemplate
 from dynlogits.processors.banned_tokens import BannedTokensTemplate
 from dynlogits.sdk.resident.engine_step import EngineStep
@@ -176,3 +177,51 @@ def test_a_row_whose_walk_raises_fails_its_request_alone_on_the_host_decided_pat
         sdk.apply_rows(hosted, [0], [realize(payload)], [histories[row]])
         assert finite(logits[row]) == finite(hosted[0])
         assert 6 not in finite(logits[row]) and 9 not in finite(logits[row])
+
+
+def _ends_with(history: list, prefix: list[int]) -> bool:
+    return 0 < len(prefix) <= len(history) and history[len(history) - len(prefix):] == prefix
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_pass_over_many_rows_masks_what_each_row_ends_with(seed: int) -> None:
+    """``masked_after`` over a layout's rows (the V1 runner's pass: last tokens looked up by C maps,
+    then the hits walked) finds per row, at its offset, exactly the last tokens of the phrases whose
+    other tokens end its history (brute force), with rows in any order; an empty history sends the
+    step row by row, with the same result, and a row whose history breaks the walk (an unhashable
+    token) is passed to ``fail`` alone, on either route."""
+    rng = random.Random(seed)
+    for case in range(30):
+        n = rng.randint(1, 12)
+        phrase_sets = [[[rng.randrange(2, 8) for _ in range(rng.randint(1, 5))] for _ in range(rng.randint(1, 10))]
+                       for _ in range(n)]
+        processors = [BannedPhrasesProcessor(p) for p in phrase_sets]
+        histories: list[list] = [[rng.randrange(2, 8) for _ in range(rng.randint(1, 9))] for _ in range(n + 2)]
+        if case % 3 == 1:
+            histories[rng.randrange(n + 2)] = []  # row by row
+        broken = rng.randrange(n) if case % 4 == 2 else -1
+        rows = rng.sample(range(n + 2), n)
+        if broken >= 0:
+            histories[rows[broken]] = [*histories[rows[broken]], [5]]  # unhashable last token
+        offsets = [1000 * (k + 1) for k in range(n)]
+        slots = [50 + k for k in range(n)]
+        found: list[int] = []
+        failed: list[tuple[int, int]] = []
+        banned_phrases.masked_after((offsets, rows, slots, [p.tails for p in processors]), histories, found,
+                                    lambda row, slot, exc, failed=failed: failed.append((row, slot)))
+        want = sorted(offsets[k] + p[-1] for k in range(n) if k != broken for p in phrase_sets[k]
+                      if len(p) > 1 and _ends_with(histories[rows[k]], p[:-1]))
+        assert sorted(set(found)) == sorted(set(want)), (case, phrase_sets, histories)
+        assert failed == ([(rows[broken], slots[broken])] if broken >= 0 else [])
+
+
+def test_a_row_that_breaks_the_walk_past_its_last_token_fails_alone_in_the_pass() -> None:
+    """A row whose last token hits and whose earlier token is unhashable fails alone (``fail`` with its
+    row and slot); the rows beside it are walked as usual."""
+    tails = BannedPhrasesProcessor([[4, 5, 6], [7, 8]]).tails
+    histories: list[list] = [[4, 5], [[4], 5], [1, 7]]
+    found: list[int] = []
+    failed: list[tuple[int, int]] = []
+    banned_phrases.masked_after(([0, 100, 200], [2, 1, 0], [7, 8, 9], [tails] * 3), histories, found,
+                                lambda row, slot, exc: failed.append((row, slot)))
+    assert failed == [(1, 8)] and sorted(found) == [8, 206]
