@@ -8,7 +8,9 @@ resident path with host histories (vLLM's V1 runner) the group's host work is th
 its device work one masked write: of the one-token phrases (indices uploaded once per layout) or,
 on steps that find ids, of those and the found ones in one upload. Where the histories live on the device
 (Model Runner V2) the group compares each row's last tokens (``TokenWindow``) with every phrase of
-its slot at once: a fixed number of device ops per step, no read back (``decide_from_window``).
+its slot at once: a fixed number of device ops per step, no read back (``decide_from_window``); on
+the CPU (no device to keep busy) each row's last tokens are read from the window and walked over its
+trie instead, as with host histories.
 
 A processor's tables (the one-token phrases, the trie, the template) depend on the phrases alone
 and never change: they are built once per phrase set and shared (``TABLES_KEPT``), so a ban list
@@ -17,7 +19,7 @@ repeated across requests costs a lookup at realization, not a build."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias
 
@@ -88,7 +90,7 @@ def _build(phrases: tuple[tuple[int, ...], ...]) -> _Tables:
     template: Template
     if after:
         entries = [((), t) for t in always] + [(prefix, t) for prefix, last in after.items() for t in sorted(last)]
-        template = BannedPhrasesTemplate(always, tuple(p for p, _ in entries), tuple(t for _, t in entries))
+        template = BannedPhrasesTemplate(always, tuple(p for p, _ in entries), tuple(t for _, t in entries), tails)
         size = shallow_size((template.prefixes, template.bans)) + shallow_size(after)  # its keys: the prefixes
     else:
         template, size = BannedTokensTemplate(always), 0
@@ -247,6 +249,13 @@ def _reraise(row: int, slot: int, exc: Exception) -> None:
     raise exc
 
 
+#: what ``decide_from_window`` returns on the CPU route: the walk is deferred to
+#: ``apply_device_decisions``, which has the logits' stride (never read, never written)
+_CPU_STEP = torch.empty(0, dtype=torch.bool)
+
+#: ``memoryview`` formats of the token dtypes the CPU route reads (``_apply_on_cpu``)
+_CODES = {torch.int32: "i", torch.int64: "q", torch.int16: "h", torch.uint8: "B", torch.int8: "b"}
+
 #: token dtypes whose values never equal ``BannedPhrasesGroup.UNMATCHED``
 _NARROW = (torch.int32, torch.int16, torch.uint8, torch.int8)
 
@@ -277,6 +286,22 @@ class _RowTables(NamedTuple):
     stride: int
 
 
+class _CpuWalks(NamedTuple):
+    """The window-decided step's CPU route tables, per layout (``BannedPhrasesGroup._cpu_walks``)."""
+
+    #: the member rows (indices into the step's rows), their slots and tries
+    at: list[int]
+    slots: list[int]
+    tries: list[dict[int, tuple]]
+    #: each member's token row's start in the window's flat tokens, and ``1 - prompt_len``
+    starts: list[int]
+    leads: list[int]
+    #: ``range(len(at))``: the members' rows in the step's histories
+    rows: list[int]
+    #: per logits row stride (made at first use): the one-token phrases' flat indices, the rows' offsets
+    per_stride: dict[int, tuple[torch.Tensor, list[int]]]
+
+
 class BannedPhrasesGroup(EntryTablesGroup):
     """``banned_phrases`` with phrases of several tokens, decided per row from its last tokens.
 
@@ -287,7 +312,9 @@ class BannedPhrasesGroup(EntryTablesGroup):
     (each phrase as its prefix, right-aligned in ``width`` columns, unused ones ``-1``, and the id it
     bans) are compared with the row's last ``width`` tokens on the device, and the ids of the entries
     that match are masked with one ``scatter_reduce_`` (``amin`` with ``+inf`` elsewhere: repeats
-    and non-members leave logits as they are). The tables: ``EntryTablesGroup`` (e.g. 256 phrases
+    and non-members leave logits as they are); on the CPU without drafts, the rows' last ``width``
+    output tokens are read from the window's memory and walked over their tries instead, as with
+    host histories (``_apply_on_cpu``). The tables: ``EntryTablesGroup`` (e.g. 256 phrases
     of 17 tokens fill its 4096 cells). Masks only: never leaves a row empty by itself."""
 
     #: ``need`` of the padding entries of a slot with fewer entries than the table: never matches
@@ -396,8 +423,18 @@ class BannedPhrasesGroup(EntryTablesGroup):
         the row's tokens (an unused cell, ``UNMATCHED``, equals no int32 value, even a column read
         before the row's start): ``count == need`` (the whole prefix) and ``need <= L`` (it lies in
         the output). Otherwise (drafts: ``window.input_ids``; wider tokens) the tokens come from
-        ``window.tail`` and an unused cell matches whatever the row holds (a placeholder draft is ``-1``)."""
+        ``window.tail`` and an unused cell matches whatever the row holds (a placeholder draft is ``-1``).
+
+        On the CPU without drafts (a contiguous window of integer tokens, every member's template
+        with its trie) nothing is computed here: ``_CPU_STEP`` is returned and
+        ``apply_device_decisions`` walks the rows (``_apply_on_cpu``)."""
         t = self._rows_tables(rows, window)
+        if (window.input_ids is None and window.tokens.device.type == "cpu" and window.pos.device.type == "cpu"
+                and window.tokens.dtype in _CODES and window.tokens.is_contiguous()):
+            walks = self._cpu_walks(rows, t)
+            if walks is not None:
+                self._cache["cpu_step"] = (walks, window)
+                return _CPU_STEP
         if window.input_ids is None and window.tokens.dtype in _NARROW:
             w = self.width
             at = window.pos[:, None] + t.shift  # [rows, width + 1]
@@ -407,8 +444,58 @@ class BannedPhrasesGroup(EntryTablesGroup):
         tail = window.tail(t.slots, self.width)
         return ((t.prefix == tail[:, None, :]) | t.unused).all(2) & (t.ready <= window.pos[:, None])
 
+    def _cpu_walks(self, rows: GatheredRows, t: _RowTables) -> _CpuWalks | None:
+        """The CPU route's tables, per layout (with ``_rows_tables``'): the member rows, their
+        slots, tries and token rows' starts in the window, ``1 - prompt_len``; ``None`` where a
+        member's template has no trie."""
+        cached = self._cache.get("cpu_walks")
+        if cached is not None and cached[0] is t:
+            return cached[1]
+        at = [k for k, m in enumerate(rows.member.tolist()) if m]
+        slot_of_row = rows.slot_of_row.tolist()
+        slots = [slot_of_row[k] for k in at]
+        tries = [self._templates[slot].tails for slot in slots]  # the members' (``EntryTablesGroup``)
+        shift = t.shift.tolist()  # column width - 1: slot * stride; column width: 1 - prompt_len
+        made = None if None in tries else _CpuWalks(at, slots, tries, [shift[k][-2] for k in at],
+                                                    [shift[k][-1] for k in at], list(range(len(at))), {})
+        self._cache["cpu_walks"] = (t, made)
+        return made
+
+    def _apply_on_cpu(self, step: StepInputs) -> None:
+        """The window-decided step on the CPU (``decide_from_window`` deferred it here), in Python
+        over the window's memory (a step runs cache-cold: a numpy call costs tens of microseconds
+        then): each member row's last ``width`` output tokens read as one slice and walked over its
+        trie (``masked_after``: what the hosted processor masks, exactly, since no prefix is longer
+        than ``width``); the one-token phrases (their indices kept per layout and row stride) and
+        the found ids masked, one ``index_fill_`` each."""
+        walks, window = self._cache.pop("cpu_step")
+        kept = walks.per_stride.get(step.stride)
+        if kept is None:
+            kept = walks.per_stride[step.stride] = (
+                torch.tensor([k * step.stride + t for k, slot in zip(walks.at, walks.slots) for t in self._always[slot]],
+                             dtype=torch.long),
+                [k * step.stride for k in walks.at])
+        fixed, offsets = kept
+        if len(fixed):
+            step.flat.index_fill_(0, fixed, NEG_INF)
+        w = self.width
+        tokens = memoryview(window.tokens.numpy()).cast("B").cast(_CODES[window.tokens.dtype])  # type: ignore[call-overload]
+        pos = window.pos.tolist()
+        histories: list[list[int]] = []
+        for k, start, lead in zip(walks.at, walks.starts, walks.leads):
+            end = start + pos[k] + 1
+            n = min(pos[k] + lead, w)  # the output's last tokens, at most ``width``
+            histories.append(tokens[end - n:end].tolist() if n > 0 else [])
+        found: list[int] = []
+        masked_after((offsets, walks.rows, walks.slots, walks.tries), histories, found, _reraise)
+        if found:
+            step.flat.index_fill_(0, torch.tensor(found, dtype=torch.long), NEG_INF)
+
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> None:
-        """``-inf`` at the ids of the entries ``decide_from_window`` found."""
+        """``-inf`` at the ids of the entries ``decide_from_window`` found (on the CPU route, found here)."""
+        if hit is _CPU_STEP:
+            self._apply_on_cpu(step)
+            return None
         bans = self._cache["window"][1].bans  # this step's, from decide_from_window
         key = (step.logits.dtype, step.logits.device)
         extremes = self._extremes.get(key)
@@ -428,6 +515,9 @@ class BannedPhrasesTemplate(Template):
     always: tuple[int, ...]
     prefixes: tuple[tuple[int, ...], ...] = ()
     bans: tuple[int, ...] = ()
+    #: the same entries as the processors' trie (``BannedPhrasesProcessor.tails``; shared, read
+    #: only), for the window-decided step's CPU route; ``None``: that route is off for its rows
+    tails: dict[int, tuple] | None = field(default=None, compare=False, repr=False)
 
     @property
     def geometry(self) -> tuple[int, int]:
