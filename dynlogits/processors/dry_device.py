@@ -31,6 +31,7 @@ are hosted."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 import numpy as np
@@ -39,7 +40,7 @@ import torch
 from .window import TokenWindow
 
 __all__ = ["MAX_DEVICE_CAP", "Constants", "MAX_DEVICE_SINGLES", "NO_BREAKER", "StepArgs", "constants", "dense_lower_", "device_penalties",
-           "fused_lower_", "fused_ready", "lower_rows", "lower_window_", "probe_case", "reset_fused"]
+           "fused_lower_", "fused_ready", "fused_run", "lower_rows", "lower_window_", "probe_case", "reset_fused"]
 
 #: The longest repeat measured on the device (``allowed_length`` plus the exponent clamp, at most the
 #: look-back): base 1.75 with the default ``allowed_length`` is 160, base 1.5 is 220.
@@ -295,6 +296,12 @@ def fused_ready(device: torch.device) -> bool:
     ``dense_lower_``'s ops for good; always in the CUDA model; never on the CPU (where the group
     calls ``lower_window_`` itself)."""
     return _GATE.ready(device)
+
+
+def fused_run(device: torch.device, fused: Callable[[], None], eager: Callable[[], None]) -> None:
+    """``fused()`` where ``fused_ready(device)``, else ``eager()``; a variant failing to compile at
+    its first call turns the kernels off with one warning and runs ``eager()`` (``FusedGate.run``)."""
+    _GATE.run(device, fused, eager)
 
 
 #: ``fused_lower_``'s tensor arguments, in order

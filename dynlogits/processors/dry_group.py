@@ -36,6 +36,7 @@ from .dry_device import (
     device_penalties,
     fused_lower_,
     fused_ready,
+    fused_run,
     lower_rows,
     lower_window_,
 )
@@ -205,19 +206,22 @@ class DryGroup(WindowDecided):
         width = max(min(bounds[0], window.tokens.shape[1]), 2)
         cap = max(min(bounds[1], width), 1)
         if self.device.type == "cuda" and not fused_ready(self.device):
-            consts = self._consts.get((width, cap))
-            if consts is None:
-                if len(self._consts) > 16:
-                    self._consts.clear()
-                consts = self._consts[(width, cap)] = constants(width, cap, self.device)
-            slot_of_row = rows.slot_of_row
-            ids, penalty = device_penalties(window, slot_of_row, rows.member, self.params.dev[slot_of_row],
-                                            self.singles.dev[slot_of_row], self.amounts.dev[slot_of_row], width, cap,
-                                            consts)
+            ids, penalty = self._penalties(rows, window, width, cap)
             self._cache["ids"] = ids
             return penalty
         self._cache["window"] = (window, width, cap)
         return rows.member
+
+    def _penalties(self, rows: GatheredRows, window: TokenWindow, width: int, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eager device decision (``device_penalties``): each position's id and penalty."""
+        consts = self._consts.get((width, cap))
+        if consts is None:
+            if len(self._consts) > 16:
+                self._consts.clear()
+            consts = self._consts[(width, cap)] = constants(width, cap, self.device)
+        slot_of_row = rows.slot_of_row
+        return device_penalties(window, slot_of_row, rows.member, self.params.dev[slot_of_row],
+                                self.singles.dev[slot_of_row], self.amounts.dev[slot_of_row], width, cap, consts)
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> None:
         """The rows lowered: on the CPU by ``lower_window_`` (host arrays, shapes following the data),
@@ -228,9 +232,13 @@ class DryGroup(WindowDecided):
             lower_rows(step.logits, self._cache.pop("ids"), decisions)
             return None
         window, width, cap = kept
-        lower = lower_window_ if self._host else fused_lower_
-        lower(step.logits, window.tokens, window.prompt_len, window.pos, window.input_ids, window.local_pos,
-              rows.slot_of_row, rows.member, self.params.dev, self.singles.dev, self.amounts.dev, width, cap)
+        args = (step.logits, window.tokens, window.prompt_len, window.pos, window.input_ids, window.local_pos,
+                rows.slot_of_row, rows.member, self.params.dev, self.singles.dev, self.amounts.dev, width, cap)
+        if self._host:
+            lower_window_(*args)
+        else:  # a variant failing to compile turns the kernels off (one warning): the eager decision then
+            fused_run(self.device, lambda: fused_lower_(*args),
+                      lambda: lower_rows(step.logits, *self._penalties(rows, window, width, cap)))
         return None
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
