@@ -37,6 +37,7 @@ from typing import cast
 import numpy as np
 import torch
 
+from .dry_lowering import _lower_host_f32
 from .window import TokenWindow
 
 __all__ = ["MAX_DEVICE_CAP", "Constants", "MAX_DEVICE_SINGLES", "NO_BREAKER", "StepArgs", "constants", "dense_lower_", "device_penalties",
@@ -221,11 +222,10 @@ def _lower_host(logits: torch.Tensor, index: np.ndarray, penalty: np.ndarray) ->
     """The logits at the flat ``index`` (row times the row stride plus the id) lowered by
     ``penalty`` (float64) as ``lower_rows`` lowers them, the largest penalty of an index winning:
     contiguous float32 logits (vLLM's sampler's) element by element in Python floats (the V1
-    runner's ``dry_group._lower_host_f32``, no tensor call to miss the cache), others with
+    runner's ``dry_lowering._lower_host_f32``, no tensor call to miss the cache), others with
     ``lower_rows``'s tensor ops over the flat logits (``scatter_reduce_``, ``amin``)."""
     if logits.dtype != torch.float32 or not logits.is_contiguous():
         return _lower(logits, index, penalty)
-    from .dry_group import _lower_host_f32  # the V1 runner's (that module imports this one)
 
     flat, amounts = index.tolist(), penalty.tolist()
     if len(set(flat)) < len(flat):  # an id lowered twice in a row: its largest penalty alone

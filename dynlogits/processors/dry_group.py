@@ -19,7 +19,6 @@ Hosted where the adapter gives no host histories (Model Runner V2: ``DecidedGrou
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -40,6 +39,7 @@ from .dry_device import (
     lower_rows,
     lower_window_,
 )
+from .dry_lowering import _F32_MAX, _lower_host_f32
 from .modes import Decider, WindowDecided
 from .slots import GatheredRows, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload, on_accelerator
@@ -52,62 +52,6 @@ _LOWEST: dict[torch.dtype, float] = {}
 
 #: a step's decisions: the flat indices the member rows lower and each one's amount (float64)
 Decisions = tuple[list[int], list[float]]
-
-
-_F32_MAX = float(np.finfo(np.float32).max)
-_F32_LOWEST = float(np.finfo(np.float32).min)
-_NEG_INF = float("-inf")
-
-
-#: float64 amount -> its float32 rounding (at most float32's largest), for ``_lower_host_f32``: a
-#: step's amounts are a few objects of the shared tables, rounded once (cleared past ``ROUNDED_KEPT``)
-_ROUNDED32: dict[float, float] = {}
-ROUNDED_KEPT = 4096
-
-
-def _round32(amount: float) -> float:
-    """``amount`` at most float32's largest, rounded to float32 as numpy and torch round float64."""
-    value: float = struct.unpack("f", struct.pack("f", amount if amount <= _F32_MAX else _F32_MAX))[0]
-    if amount > 0.0:  # a key equal to no other of another sign (0.0 == -0.0)
-        if len(_ROUNDED32) >= ROUNDED_KEPT:
-            _ROUNDED32.clear()
-        _ROUNDED32[amount] = value
-    return value
-
-
-#: Ids past which float32 host logits are lowered by numpy (a few calls, each a fixed cost after the
-#: logits' copy evicted the cache) rather than element by element in Python floats.
-HOST_LOOP_MAX = 256
-
-
-def _lower_host_f32(logits: np.ndarray, flat: list[int], amounts: list[float]) -> None:
-    """float32 host logits (flat): ``logits[i]`` lowered by its amount, rounded to float32 first,
-    for each ``i`` of ``flat``, as the hosted processor lowers them: a finite logit stays finite
-    (at worst float32's lowest), ``-inf``, ``+inf`` and NaN stay. Up to ``HOST_LOOP_MAX`` ids in
-    Python floats: a float32 difference computed in float64 and rounded to float32 on the store is
-    the float32 difference (float64 holds over twice float32's precision), with no numpy or torch
-    call (each one's first call after the logits' copy misses the cache); past it, numpy."""
-    if len(flat) > HOST_LOOP_MAX:
-        if max(amounts) > _F32_MAX:
-            amounts = [a if a <= _F32_MAX else _F32_MAX for a in amounts]
-        index = np.array(flat, dtype=np.int64)
-        kept = logits[index]
-        with np.errstate(over="ignore"):  # past float32's range: -inf, floored below
-            lowered = kept - np.array(amounts, dtype=np.float32)
-        np.maximum(lowered, np.minimum(kept, np.float32(_F32_LOWEST)), out=lowered)
-        logits[index] = lowered
-        return
-    view = logits.data
-    low, rounded = _F32_LOWEST, _ROUNDED32.get
-    for i, amount in zip(flat, amounts):
-        penalty = rounded(amount)
-        if penalty is None:
-            penalty = _round32(amount)
-        kept_i = view[i]
-        lowered_i = kept_i - penalty
-        if lowered_i < low:  # past float32's range (``-inf`` there): the lowest, unless it was ``-inf``
-            lowered_i = low if kept_i != _NEG_INF else kept_i
-        view[i] = lowered_i  # type: ignore[call-overload]  # a float32 view: typeshed knows byte views only
 
 
 def pack_amounts(amounts: list[float], dtype: torch.dtype, out: np.ndarray) -> None:

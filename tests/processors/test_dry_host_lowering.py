@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dynlogits.processors.dry_group import HOST_LOOP_MAX, _lower_host_f32
+from dynlogits.processors.dry_lowering import HOST_LOOP_MAX, _lower_host_f32
 
 F32 = np.finfo(np.float32)
 
