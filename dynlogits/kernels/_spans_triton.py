@@ -1,0 +1,56 @@
+"""The Triton kernel of ``spans.py`` (imported only by ``spans.kernels()``: importing this module
+imports Triton). Contract and what checks it: ``dynlogits.kernels.spans``."""
+
+# ruff: noqa: ANN001, ANN202, N803
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["advance_rows"]
+
+
+@triton.jit
+def advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen, total_ptr,
+                 scale_ptr, n, rounds, WIDTH: tl.constexpr, BLOCK: tl.constexpr, BIG: tl.constexpr):
+    """One program per ``BLOCK`` rows: every round of each row followed in registers, the state
+    stored once (see ``spans``' module doc)."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    live = r < n
+    row_state = state_ptr + r * state_s0
+    key = tl.load(row_state + 0, mask=live, other=0)
+    anchor = tl.load(row_state + 1, mask=live, other=0)
+    sel = tl.load(row_state + 2, mask=live, other=0)
+    out = tl.load(row_state + 3, mask=live, other=0)
+    s0 = tl.load(scale_ptr + 0).to(tl.int64)
+    s1 = tl.load(scale_ptr + 1).to(tl.int64)
+    s2 = tl.load(scale_ptr + 2).to(tl.int64)
+    s3 = tl.load(scale_ptr + 3).to(tl.int64)
+    total = tl.load(total_ptr + r, mask=live, other=0).to(tl.int64)
+    row_consts = consts_ptr + r * consts_s0
+    row_tokens = tokens_ptr + r * tokens_s0
+    for i in range(0, rounds):
+        back = rounds - 1 - i
+        position = total - back
+        base = row_consts + sel * (WIDTH + 4)
+        matches = tl.zeros([BLOCK], tl.int64)
+        for k in tl.static_range(WIDTH):
+            column = position - WIDTH + k
+            column = tl.where(column < 0, column + maxlen, column)  # torch's negative index
+            column = tl.minimum(tl.maximum(column, 0), maxlen - 1)  # a catch-up round's clamp at -max_len
+            token = tl.load(row_tokens + column * tokens_s1, mask=live, other=0).to(tl.int64)
+            wanted = tl.load(base + k, mask=live, other=0)
+            matches += (token == wanted).to(tl.int64)
+        hit = live & (BIG * matches + position >= key)
+        n_key = tl.load(base + WIDTH + 0, mask=hit, other=0) + position * s0
+        n_anchor = tl.load(base + WIDTH + 1, mask=hit, other=0) + position * s1
+        n_sel = tl.load(base + WIDTH + 2, mask=hit, other=0) + position * s2
+        n_out = tl.load(base + WIDTH + 3, mask=hit, other=0) + position * s3
+        key = tl.where(hit, n_key, key)
+        anchor = tl.where(hit, n_anchor, anchor)
+        sel = tl.where(hit, n_sel, sel)
+        out = tl.where(hit, n_out, out)
+    tl.store(row_state + 0, key, mask=live)
+    tl.store(row_state + 1, anchor, mask=live)
+    tl.store(row_state + 2, sel, mask=live)
+    tl.store(row_state + 3, out, mask=live)
