@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from dynlogits.kernels.fused import fused_op
+from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BIG", "BLOCK", "STATE", "advance_reference", "kernels", "spans_advance_"]
+__all__ = ["BIG", "BLOCK", "GATE", "STATE", "advance_reference", "kernels", "launch", "probe_case", "spans_advance_"]
 
 #: state columns and ``KEY``'s weight of a length (as ``dynlogits.processors.device_thinking``)
 KEY, SEL, STATE = 0, 2, 4
@@ -83,3 +84,38 @@ def launch(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, tota
     k.advance_rows[((n + BLOCK - 1) // BLOCK,)](
         state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[1],
         total_len, scale, n, rounds, WIDTH=width, BLOCK=BLOCK, BIG=BIG)
+
+
+def probe_case(seed: int, n: int = 40, max_len: int = 24, width: int = 3, vocab: int = 4) -> tuple[torch.Tensor, ...]:
+    """Random host arguments of ``spans_advance_`` but ``width`` and ``rounds`` (``state``, ``consts``,
+    ``tokens``, ``total_len``, ``scale``): right-aligned sequences of 1 to ``width`` tokens, keys at
+    small thresholds, either state."""
+    g = torch.Generator().manual_seed(seed)
+    consts = torch.randint(0, vocab, (n, 2, width + STATE), generator=g)
+    lengths = torch.randint(1, width + 1, (n, 2), generator=g)
+    pad = torch.arange(width)[None, None, :] < (width - lengths)[:, :, None]
+    consts[:, :, :width][pad] = -(1 << 40)
+    consts[:, :, width] = BIG * lengths + torch.randint(0, 3, (n, 2), generator=g)
+    consts[:, :, width + 2] = torch.tensor([1, 0])
+    sel = torch.randint(0, 2, (n,), generator=g)
+    state = torch.stack((BIG * lengths.gather(1, sel[:, None])[:, 0] + torch.randint(0, 8, (n,), generator=g),
+                         torch.randint(-3, 5, (n,), generator=g), sel, torch.randint(-3, 4, (n,), generator=g)), 1)
+    tokens = torch.randint(0, vocab, (n, max_len), generator=g, dtype=torch.int32)
+    total_len = torch.randint(1, max_len + 1, (n,), generator=g, dtype=torch.int32)
+    return state, consts.reshape(n, -1), tokens, total_len, torch.tensor([1, 1, 0, 1])
+
+
+def _probe(device: torch.device) -> bool:
+    """The kernel against ``advance_reference`` on ``device``, exactly (one and several rounds)."""
+    same = []
+    for seed, rounds in ((1, 1), (2, 4)):
+        state, consts, tokens, total_len, scale = (t.to(device) for t in probe_case(seed))
+        fused, eager = state.clone(), state.clone()
+        launch(fused, consts, tokens, total_len, scale, 3, rounds)
+        advance_reference(eager, consts, tokens, total_len, scale, 3, rounds)
+        same.append(torch.equal(fused, eager) and not torch.equal(eager, state))
+    return all(same)
+
+
+#: the probe-at-first-use gate (``_probe`` looked up at call time)
+GATE = FusedGate("span following", lambda device: _probe(device))

@@ -22,9 +22,12 @@ end (the host knows no prompt length there) and its first step adds its prompt l
 ``addcmul_`` a table, at steps after a batch change only); ``SpanTables.span`` gives generated
 positions again.
 
-A steady step without drafts is, for all tables together, one window read (``add``, ``index``),
-then per table ``gather``, ``eq``, ``sum``, ``add``, ``ge``,
-``addcmul``, ``where`` (in place). Drafts are followed per row in ``decide``. No read back, except
+A steady step without drafts is one fused op a table (``dynlogits.kernels.spans.spans_advance_``:
+the window read and the transition, one Triton launch on CUDA once its probe passed, equal to the
+eager ops bit for bit). Elsewhere (the CPU, a failed probe, drafts, a resumed request's catch-up)
+it is, for all tables together, one window read (``add``, ``index``) a round, then per table
+``gather``, ``eq``, ``sum``, ``add``, ``ge``, ``addcmul``, ``where`` (in place). Drafts are followed
+per row in ``decide``. No read back, except
 one host scan of a request resumed with more than ``MAX_DEVICE_CATCH_UP`` generated tokens."""
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from dynlogits.kernels.spans import GATE, spans_advance_
 
 from .slots import GatheredRows, Group, SlotTable
 from .spans import PLACEHOLDER
@@ -372,6 +377,24 @@ class DeviceThinking:
             self._pending.clear()
         rounds = self.max_new + self._catch_up  # a resumed request's whole history, once
         self._catch_up = 0
+        # one launch a table (``spans_advance_``) at a steady step; drafts and a resumed request's
+        # catch-up keep the eager rounds (tests/sync count those rounds)
+        if rounds == 1 and GATE.ready(self.device):
+            GATE.run(self.device, lambda: self._fused(tokens, total_len, rounds),
+                     lambda: self._eager(tokens, total_len, rounds))
+        else:
+            self._eager(tokens, total_len, rounds)
+
+    def _fused(self, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int) -> None:
+        """Every table's ``rounds`` positions, one fused op a table."""
+        n = tokens.shape[0]
+        for tables in self.tables.values():
+            spans_advance_(tables.state[:n], tables.consts.dev[:n], tokens, total_len, tables.scale_dev, tables.width,
+                           rounds)
+
+    def _eager(self, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int) -> None:
+        """Every table's ``rounds`` positions: per round one window read, then ``advance`` a table."""
+        n = tokens.shape[0]
         width = max(tables.width for tables in self.tables.values())
         every = [(tables, tables.state[:n], tables.consts_of(n)) for tables in self.tables.values()]
         for back in range(rounds - 1, -1, -1):

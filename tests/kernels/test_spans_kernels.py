@@ -113,6 +113,8 @@ SCRIPT = CASES + textwrap.dedent('''
             bad.append(seed)
     print("bad", bad)
     assert not bad
+    from dynlogits.kernels.spans import _probe
+    assert _probe(torch.device("cpu"))  # the probe's cases pass (and move states)
 ''')
 
 

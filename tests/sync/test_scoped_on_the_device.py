@@ -129,9 +129,9 @@ def test_a_scoped_allowed_set_the_grammar_empties_fails_on_both_paths_only_in_it
 
 @pytest.mark.parametrize("entries", [1, 2], ids=["one-scoped-entry", "two-scoped-entries"])
 def test_the_v2_steady_step_follows_each_span_once_from_one_read_of_the_token_matrix(entries: int) -> None:
-    """Model Runner V2, no drafts: the committed tokens are read once for every table (one ``index``
-    of the engine's matrix), each table's span is advanced once (one ``gather`` of its constants, no
-    second round), and a scoped entry's rows read their phase off the state (one ``index`` each);
+    """Model Runner V2, no drafts: each table's span is advanced once, reading the engine's token
+    matrix inside it (one ``spans_advance_`` a table, declared one launch; no window read, no round
+    of eager ops), and a scoped entry's rows read their phase off the state (one ``index`` each);
     the rest is the inner kind's own step."""
     payloads = [_scoped(i) for i in range(4)]
     if entries == 2:  # a second scoped kind at another entry position: a second table
@@ -141,9 +141,8 @@ def test_the_v2_steady_step_follows_each_span_once_from_one_read_of_the_token_ma
     assert [str(s) for s in steady.syncs] == [] and not steady.failures
     ops = steady.steady_ops
     follow = ops[: ops.index("logical_and") - 1]  # the span following, before the first row decision
-    assert follow.count("index") == 1 and follow.count("gather") == entries and follow.count("where") == entries
-    assert "arange" not in ops and ops.count("logical_and") == entries
-    assert len(follow) == 2 + 7 * entries  # the window (add, index); per table 7 ops
+    assert follow == ["spans_advance_"] * entries  # one fused advance a table, nothing else
+    assert "arange" not in ops and ops.count("logical_and") == entries and ops.count("spans_advance_") == entries
 
 
 def test_under_speculative_decoding_a_step_follows_spans_for_at_most_one_round_per_row_a_request_has() -> None:

@@ -63,12 +63,14 @@ def test_vllm_model_runner_v2_trigger_never_reads_a_history_back(payloads: list,
     assert any("no token left to sample" in f for f in result.failures)
 
 
-#: a steady step of triggers that never fire, without drafts: one window read (2), the span advanced
-#: once (7), the rows' spans and phrase tokens, the forcing and what every forcing group ends with
-V2_STEADY_OPS = 50
+#: a steady step of triggers that never fire, without drafts: the span advanced once (one fused
+#: ``spans_advance_``, the window read inside it), the rows' spans and phrase tokens, the forcing and
+#: what every forcing group ends with
+V2_STEADY_OPS = 42
 
 
 def test_vllm_model_runner_v2_trigger_steady_step_is_a_fixed_number_of_device_ops() -> None:
     with SimCuda() as sim:
         steady = drive_v2(sim, Scenario(payloads=TRIGGERS[1:] * 2, steps=4, changes=False))
     assert [str(s) for s in steady.syncs] == [] and len(steady.steady_ops) == V2_STEADY_OPS
+    assert steady.steady_ops[0] == "spans_advance_" and steady.steady_ops.count("spans_advance_") == 1
