@@ -1,0 +1,46 @@
+"""A GPU check of ``dynlogits::spans_advance_`` (``dynlogits.kernels.spans``): its Triton kernel on
+CUDA against the eager reference on the same device, exactly, over random tables (1 to ``width``
+token sequences, either state, small thresholds; 1 to 6 rounds, rows past one block, int32 and int64
+token matrices). ``python -m dynlogits.testing.cuda.spans_check``: prints the differing cases and
+exits nonzero on any (2 without a CUDA device). Never run by the test suite."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from dynlogits.kernels.spans import advance_reference, launch, probe_case
+
+__all__ = ["main"]
+
+
+def main(device: torch.device | None = None) -> int:
+    """0 when every case matches, 1 on a difference, 2 without CUDA (``device``: another one Triton
+    runs on, e.g. the CPU in Triton's interpreter)."""
+    if device is None:
+        if not torch.cuda.is_available():
+            print("spans_check: no CUDA device")
+            return 2
+        device = torch.device("cuda")
+    bad = []
+    cases = 0
+    for seed in range(60):
+        for width in (1, 2, 3):
+            n = 300 if seed % 7 == 0 else 40
+            state, consts, tokens, total_len, scale = (t.to(device) for t in probe_case(seed, n=n, width=width))
+            if seed % 2:
+                tokens = tokens.long()
+            rounds = 1 + seed % 6
+            fused, eager = state.clone(), state.clone()
+            launch(fused, consts, tokens, total_len, scale, width, rounds)
+            advance_reference(eager, consts, tokens, total_len, scale, width, rounds)
+            cases += 1
+            if not torch.equal(fused, eager):
+                bad.append((seed, width, rounds))
+    print(f"spans_check: {cases} cases, {len(bad)} differ {bad[:10]}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
