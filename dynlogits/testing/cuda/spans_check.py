@@ -2,17 +2,21 @@
 CUDA against the eager reference on the same device, exactly, over random tables (1 to ``width``
 token sequences, either state, small thresholds; 1 to 6 rounds, rows past one block, int32 and int64
 token matrices). ``python -m dynlogits.testing.cuda.spans_check``: prints the differing cases and
-exits nonzero on any (2 without a CUDA device). Never run by the test suite."""
+exits nonzero on any (2 without a CUDA device). ``run`` and ``cpu_check`` are what
+``python -m dynlogits.testing.cuda.check`` calls (on a GPU, and in Triton's CPU interpreter)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from typing import Any
 
 import torch
 
 from dynlogits.kernels.spans import advance_reference, launch, probe_case
 
-__all__ = ["main"]
+__all__ = ["cpu_check", "main", "run"]
 
 
 def main(device: torch.device | None = None) -> int:
@@ -40,6 +44,20 @@ def main(device: torch.device | None = None) -> int:
                 bad.append((seed, width, rounds))
     print(f"spans_check: {cases} cases, {len(bad)} differ {bad[:10]}")
     return 1 if bad else 0
+
+
+def run(device: torch.device) -> tuple[bool, dict[str, Any]]:
+    """``main`` on a CUDA ``device``: whether every case matched, and its exit status."""
+    status = main(device)
+    return status == 0, {"status": status}
+
+
+def cpu_check() -> bool:
+    """``main`` on the CPU with the kernel in Triton's interpreter (a subprocess: ``TRITON_INTERPRET=1``
+    is set before Triton is imported)."""
+    code = "import sys, torch; from dynlogits.testing.cuda.spans_check import main; sys.exit(main(torch.device('cpu')))"
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
+                          check=False).returncode == 0
 
 
 if __name__ == "__main__":
