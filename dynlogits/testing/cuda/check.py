@@ -34,7 +34,6 @@ import os
 import random
 import sys
 import tempfile
-import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -52,6 +51,7 @@ from dynlogits.sdk.resident.engine_step import EngineStep
 
 from . import watermark_check
 from .drive import AFTER, EOS, FAILING, GRAMMAR_MASKED, HOSTED, builtin_payloads
+from .timing import timed
 
 NO_TOKEN_LEFT = "no token left to sample"
 LAG_CYCLES = 2_000_000  # about 1 ms of GPU time queued ahead of each step's adapter calls
@@ -452,20 +452,9 @@ def measure(kind: str, batch: int, *, vocab: int, steps: int, trace_dir: Path) -
     costs = []
     for name, fn in impls.items():
         n = steps if name != "loop" or batch <= 64 else max(5, steps // 10)
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0 = time.perf_counter()
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) * 1e3 / n
+        wall, device_ms = timed(fn, n, warmup=5)
         ops, pageable, names = _device_ops(fn, min(n, 10), trace_dir)
-        costs.append(Cost(kind, batch, name, wall, start.elapsed_time(end) / n, ops, pageable,
-                          names if name.startswith("adapter") else []))
+        costs.append(Cost(kind, batch, name, wall, device_ms, ops, pageable, names if name.startswith("adapter") else []))
     return costs
 
 

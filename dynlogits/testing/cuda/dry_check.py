@@ -19,20 +19,19 @@ subprocess; no device figures). Figures, one line each:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, cast
 
 import torch
 
 from dynlogits.processors import dry_device
 from dynlogits.processors.dry_device import NO_BREAKER, StepArgs, dense_lower_, lower_window_
+
+from .timing import device_ops, timed
 
 __all__ = ["BATCHES", "main", "make_case", "run"]
 
@@ -118,36 +117,6 @@ def bits(device: torch.device, batches: Sequence[int] = BATCHES, vocab: int = 15
     return out
 
 
-def _device_ops(fn: Callable[[], object], steps: int) -> tuple[float, list[str]]:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "dry_trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text()).get("traceEvents", [])
-    device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    return len(device) / steps, [e.get("name", "")[:90] for e in device[: len(device) // steps]]
-
-
-def _time(fn: Callable[[], object], steps: int) -> float:
-    """Per call, device ms between CUDA events (after 3 warm-up calls)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return float(start.elapsed_time(end)) / steps
-
-
 def _line(ok: bool) -> str:
     return "ok" if ok else "FAILED"
 
@@ -180,8 +149,8 @@ def run(device: torch.device, *, steps: int = 100, batches: Sequence[int] = BATC
         dense_lower_(logits, *on[1:], width, cap)
 
     fused()
-    per_step, names = _device_ops(fused, 10)
-    dense_ops, _ = _device_ops(dense, 10)
+    per_step, names = device_ops(fused, 10)
+    dense_ops, _ = device_ops(dense, 10)
     results["kernels"] = {"fused": per_step, "names": names, "dense": dense_ops}
     good = per_step <= 2
     ok &= good
@@ -197,7 +166,7 @@ def run(device: torch.device, *, steps: int = 100, batches: Sequence[int] = BATC
     results["sync"] = synced
     ok &= not synced
     print(f"sync: {_line(not synced)} {synced}")
-    results["time"] = {"fused_ms": _time(fused, steps), "dense_ms": _time(dense, steps)}
+    results["time"] = {"fused_ms": timed(fused, steps)[1], "dense_ms": timed(dense, steps)[1]}
     print(f"time: fused {results['time']['fused_ms']:.4f} ms, dense {results['time']['dense_ms']:.4f} ms a step "
           "(batch 64, W 2048, cap 160)")
     return ok, results

@@ -22,13 +22,11 @@ against ``ban_host`` and ``apply_eager`` on the CPU (small batches; no profiler,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,8 @@ import torch
 
 from dynlogits.processors.no_repeat_ngram_device import Layout, apply_eager, ban_host, probe_case
 from dynlogits.processors.window import TokenWindow
+
+from .timing import device_ops, timed
 
 __all__ = ["BATCHES", "bits", "interpreted_check", "main", "run"]
 
@@ -104,36 +104,6 @@ def bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[
     return out
 
 
-def _device_ops(fn: Callable[[], object], steps: int, trace_dir: Path) -> tuple[float, list[str]]:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    path = trace_dir / "no_repeat_ngram_trace.json"
-    prof.export_chrome_trace(str(path))
-    events = json.loads(path.read_text()).get("traceEvents", [])
-    device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    return len(device) / steps, [e.get("name", "")[:90] for e in device[: len(device) // steps]]
-
-
-def _time(fn: Callable[[], object], steps: int) -> tuple[float, float]:
-    """Per call: host wall ms to a final synchronize, device ms between CUDA events."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0 = time.perf_counter()
-    start.record()
-    for _ in range(steps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3 / steps, start.elapsed_time(end) / steps
-
-
 def run(device: torch.device, *, vocab: int = 151936, steps: int = 200,
         batches: Sequence[int] = BATCHES) -> tuple[bool, dict[str, Any]]:
     """Every figure of the module doc on a CUDA ``device``."""
@@ -155,8 +125,8 @@ def run(device: torch.device, *, vocab: int = 151936, steps: int = 200,
 
                 fused()
                 eager()
-                f_ops, f_names = _device_ops(fused, 10, Path(tmp))
-                e_ops, _ = _device_ops(eager, 10, Path(tmp))
+                f_ops, f_names = device_ops(fused, 10, Path(tmp))
+                e_ops, _ = device_ops(eager, 10, Path(tmp))
                 fits = f_ops <= 1
                 ok &= fits
                 results["kernels"].append({"batch": batch, "drafts": drafts, "fused": f_ops, "eager": e_ops,
@@ -175,8 +145,8 @@ def run(device: torch.device, *, vocab: int = 151936, steps: int = 200,
                 results["sync"].append({"batch": batch, "drafts": drafts, "error": sync_error})
                 print(f"no_repeat_ngram fused sync batch {batch} drafts {drafts}: {sync_error or 'none'} -> "
                       f"{_line(not sync_error)}", flush=True)
-                f_wall, f_dev = _time(fused, steps)
-                e_wall, e_dev = _time(eager, steps)
+                f_wall, f_dev = timed(fused, steps)
+                e_wall, e_dev = timed(eager, steps)
                 results["time"].append({"batch": batch, "drafts": drafts, "fused_wall_ms": f_wall,
                                         "fused_device_ms": f_dev, "eager_wall_ms": e_wall, "eager_device_ms": e_dev})
                 print(f"no_repeat_ngram fused time batch {batch} drafts {drafts}: kernel {f_wall:.4f} ms wall, "

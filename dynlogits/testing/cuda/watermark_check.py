@@ -38,7 +38,6 @@ numpy's (its ``log`` is not torch's), so only the GPU run checks the float bits 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -55,6 +54,8 @@ from dynlogits.processors.sampling import SamplingView
 from dynlogits.processors.watermark_compiled import listed_draw, window_decisions
 from dynlogits.processors.watermark_prf import absorb, context_state, key_words, uniform_from_states
 from dynlogits.processors.watermark_resident import MAX_HISTORY, batched_draw
+
+from .timing import device_ops, timed
 
 __all__ = ["BATCHES", "PAYLOADS", "SAMPLING", "Inputs", "compare", "fused_bits", "fused_inputs", "history_edge_case",
            "interpreted_check", "main", "make_inputs", "run", "run_fused", "window_bits", "window_case", "window_cases"]
@@ -285,36 +286,6 @@ def compare_listed(device: torch.device, compiled: Callable[..., Any], *, vocab:
     return out
 
 
-def _device_ops(fn: Callable[[], object], steps: int, trace_dir: Path) -> tuple[float, list[str]]:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    path = trace_dir / "watermark_trace.json"
-    prof.export_chrome_trace(str(path))
-    events = json.loads(path.read_text()).get("traceEvents", [])
-    device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    return len(device) / steps, [e.get("name", "")[:90] for e in device[: len(device) // steps]]
-
-
-def _time(fn: Callable[[], object], steps: int) -> tuple[float, float]:
-    """Per call: host wall ms to a final synchronize, device ms between CUDA events."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0 = time.perf_counter()
-    start.record()
-    for _ in range(steps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3 / steps, start.elapsed_time(end) / steps
-
-
 def _compile(device: torch.device, vocab: int) -> tuple[Callable[..., torch.Tensor] | None, float, str]:
     """The compiled draw as ``draw`` gets it, its first run's wall time, and an error if none."""
     watermark_compiled.reset()
@@ -390,16 +361,16 @@ def run(device: torch.device, *, vocab: int = 151936, steps: int = 200, batches:
             inputs = _to(make_inputs(batch, vocab, torch.float32, 7 + batch)[0], device)
             for _ in range(3):
                 fn(*inputs)
-            compiled_ops, names = _device_ops(lambda: fn(*inputs), 10, Path(tmp))  # noqa: B023  # called at once
-            eager_ops, _ = _device_ops(lambda: batched_draw(*inputs), 10, Path(tmp))  # noqa: B023  # called at once
+            compiled_ops, names = device_ops(lambda: fn(*inputs), 10, Path(tmp))  # noqa: B023  # called at once
+            eager_ops, _ = device_ops(lambda: batched_draw(*inputs), 10, Path(tmp))  # noqa: B023  # called at once
             good = compiled_ops <= KERNEL_BUDGET
             ok &= good
             results["kernels"].append({"batch": batch, "compiled": compiled_ops, "eager": eager_ops, "names": names})
             print(f"watermark kernels batch {batch}: compiled draw {compiled_ops:.1f} device ops (eager {eager_ops:.1f}; "
                   f"budget {KERNEL_BUDGET}): {names} -> {_line(good)}", flush=True)
             torch.cuda.synchronize()
-            c_wall, c_dev = _time(lambda: fn(*inputs), steps)  # noqa: B023  # called at once
-            e_wall, e_dev = _time(lambda: batched_draw(*inputs), steps)  # noqa: B023  # called at once
+            c_wall, c_dev = timed(lambda: fn(*inputs), steps)  # noqa: B023  # called at once
+            e_wall, e_dev = timed(lambda: batched_draw(*inputs), steps)  # noqa: B023  # called at once
             results["time"].append({"batch": batch, "compiled_wall_ms": c_wall, "compiled_device_ms": c_dev,
                                     "eager_wall_ms": e_wall, "eager_device_ms": e_dev})
             print(f"watermark time batch {batch}: compiled {c_wall:.4f} ms wall, {c_dev:.4f} ms device; eager "
@@ -426,14 +397,14 @@ def run(device: torch.device, *, vocab: int = 151936, steps: int = 200, batches:
             results.setdefault("sync", []).append({"batch": batch, "error": sync_error})
             print(f"watermark sync batch {batch} (draw, V1 draw, window decisions): {sync_error or 'none'} -> "
                   f"{_line(not sync_error)}", flush=True)
-            l_ops, l_names = _device_ops(lambda: listed(*listed_args), 10, Path(tmp))  # noqa: B023  # called at once
+            l_ops, l_names = device_ops(lambda: listed(*listed_args), 10, Path(tmp))  # noqa: B023  # called at once
             results["kernels"].append({"batch": batch, "v1_draw_compiled": l_ops, "names": l_names})
             print(f"watermark V1 draw kernels batch {batch}: compiled {l_ops:.1f} device ops (the step adds its upload, "
                   f"row fill and index copy; the cost table has the whole step): {l_names}", flush=True)
-            d_ops, d_names = _device_ops(lambda: decide(*window), 10, Path(tmp))  # noqa: B023  # called at once
-            de_ops, _ = _device_ops(lambda: window_decisions(*window), 10, Path(tmp))  # noqa: B023  # called at once
-            d_wall, d_dev = _time(lambda: decide(*window), steps)  # noqa: B023  # called at once
-            de_wall, de_dev = _time(lambda: window_decisions(*window), steps)  # noqa: B023  # called at once
+            d_ops, d_names = device_ops(lambda: decide(*window), 10, Path(tmp))  # noqa: B023  # called at once
+            de_ops, _ = device_ops(lambda: window_decisions(*window), 10, Path(tmp))  # noqa: B023  # called at once
+            d_wall, d_dev = timed(lambda: decide(*window), steps)  # noqa: B023  # called at once
+            de_wall, de_dev = timed(lambda: window_decisions(*window), steps)  # noqa: B023  # called at once
             results["kernels"].append({"batch": batch, "decisions_compiled": d_ops, "decisions_eager": de_ops,
                                        "names": d_names})
             results["time"].append({"batch": batch, "decisions_compiled_device_ms": d_dev, "decisions_eager_device_ms": de_dev})
@@ -527,9 +498,9 @@ def run_fused(device: torch.device, *, vocab: int = 151936, steps: int = 200,
             step()
             absorb_step()
             window_step()
-            d_ops, d_names = _device_ops(step, 10, Path(tmp))
-            a_ops, a_names = _device_ops(absorb_step, 10, Path(tmp))
-            w_ops, w_names = _device_ops(window_step, 10, Path(tmp))
+            d_ops, d_names = device_ops(step, 10, Path(tmp))
+            a_ops, a_names = device_ops(absorb_step, 10, Path(tmp))
+            w_ops, w_names = device_ops(window_step, 10, Path(tmp))
             fits = d_ops <= 2 and a_ops <= 1 and w_ops <= 1  # torch.empty allocates without a kernel
             ok &= fits
             results["kernels"].append({"batch": batch, "draw": d_ops, "absorb": a_ops, "window": w_ops,
@@ -549,8 +520,8 @@ def run_fused(device: torch.device, *, vocab: int = 151936, steps: int = 200,
             ok &= not sync_error
             results["sync"].append({"batch": batch, "error": sync_error})
             print(f"watermark fused sync batch {batch}: {sync_error or 'none'} -> {_line(not sync_error)}", flush=True)
-            wall, dev = _time(step, steps)
-            w_wall, w_dev = _time(window_step, steps)
+            wall, dev = timed(step, steps)
+            w_wall, w_dev = timed(window_step, steps)
             results["time"].append({"batch": batch, "draw_wall_ms": wall, "draw_device_ms": dev,
                                     "window_wall_ms": w_wall, "window_device_ms": w_dev})
             print(f"watermark fused time batch {batch}: draw and force {wall:.4f} ms wall, {dev:.4f} ms device; "
