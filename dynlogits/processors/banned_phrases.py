@@ -180,19 +180,27 @@ def _walk_each(walks: Iterable[tuple[int, int, int, dict[int, tuple]]], historie
             i = len(history) - 1
             if i < 0 or (node := tails.get(history[i])) is None:
                 continue
-            ids, level = node
-            while level is not None and i > 0:
-                i -= 1
-                node = level.get(history[i])
-                if node is None:
-                    break
-                ids += node[0]
-                level = node[1]
+            ids = _walk_back(node, history)
         except Exception as exc:  # a bug must not escape the sampler: this row alone
             fail(row, slot, exc)
             continue
         for t in ids:
             found.append(offset + t)
+
+
+def _walk_back(node: tuple, history: Sequence[int]) -> tuple[int, ...]:
+    """The ids banned after ``history`` from ``node``, the trie's node of its last token: its bans,
+    then each deeper node's that the tokens before it reach (at most the longest prefix)."""
+    ids, level = node
+    i = len(history) - 1
+    while level is not None and i > 0:
+        i -= 1
+        node = level.get(history[i])
+        if node is None:
+            break
+        ids += node[0]
+        level = node[1]
+    return ids
 
 
 #: a history's last token (a C call per row in ``masked_after``'s maps)
@@ -227,16 +235,7 @@ def masked_after(walks: Walks, histories: Sequence[Sequence[int]], found: list[i
         if node is None:
             continue
         try:
-            ids, level = node
-            history = held[k]
-            i = len(history) - 1
-            while level is not None and i > 0:
-                i -= 1
-                node = level.get(history[i])
-                if node is None:
-                    break
-                ids += node[0]
-                level = node[1]
+            ids = _walk_back(node, held[k])
         except Exception as exc:  # a bug must not escape the sampler: this row alone
             fail(rows[k], slots[k], exc)
             continue
