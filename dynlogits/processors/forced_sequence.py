@@ -13,6 +13,8 @@ import torch
 from dynlogits.specs.builtin.forced_sequence import ForcedSequence, ForcedTokenSequenceSpec
 
 from .base import RealizeContext
+from .forced_settle import fused_ready, settle_
+from .forced_settle import run as fused_run
 from .modes import PlannedGroup
 from .ops import ForceToken, RowOp, apply_op, fill_rows
 from .slots import (
@@ -240,6 +242,8 @@ class ForcedSequenceGroup(PlannedGroup):
         does not know them (``host_positions`` ``None``), the positions (``[3, n]``; ``index`` is
         its first row); ``if_dead``: what replaces them on a masked row; ``positions``: the rows'
         positions on the device."""
+        if fused_ready(step.flat.device):
+            return self._settle_fused(step, rows, picked, if_dead, positions, host_positions)
         # everything but the two writes runs before the rows are masked: on the CPU the memset
         # evicts the caches, and each small op after it costs several times more
         kept = step.flat.index_select(0, index)
@@ -259,6 +263,19 @@ class ForcedSequenceGroup(PlannedGroup):
             step.flat.index_fill_(0, target, 0.0)
         else:
             step.flat.index_copy_(0, target, value)
+        return Dead(rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,
+                    settled=dead, flagged=step.flag_rows is not None)
+
+    def _settle_fused(self, step: StepInputs, rows: ListedRows, picked: torch.Tensor, if_dead: torch.Tensor,
+                      positions: torch.Tensor, host_positions: np.ndarray | None) -> Dead:
+        """``_settle`` as the fused op ``forced_settle_`` (two launches on CUDA), then the flags'
+        copy back: the same writes, pick and report."""
+        chosen, _, flagged = self._chosen(picked, host_positions is not None)
+        dead = torch.empty(picked.shape[1], dtype=torch.bool, device=picked.device)
+        args = (step.logits, rows.rows_dev, picked, if_dead, rows.can_stop, chosen, dead)
+        fused_run(step.flat.device, lambda: settle_(*args), lambda: settle_.eager(*args))
+        if step.flag_rows is not None:
+            step.flag_rows(flagged, host_positions)
         return Dead(rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,
                     settled=dead, flagged=step.flag_rows is not None)
 

@@ -37,25 +37,25 @@ def test_vllm_v1_runner_sequence_never_waits_and_reports_both_failures(hosted: b
 def test_vllm_v1_runner_forced_step_reads_its_forced_ids_from_the_one_upload() -> None:
     """The V1 runner's host knows every row's position, so the host plans each forced row's flat
     index (``ForcedSequenceGroup.plan``) into the positions' upload: the device neither clamps nor
-    gathers. A steady step: that upload, the settle (read, test, pick, the copy back of the pick's
-    flag slots: no write into the per-slot flags; then mask the rows and write)."""
+    gathers. A steady step: that upload, the fused settle (``forced_settle_``, two kernels: read,
+    test and pick, then mask the rows and write), the copy back of the pick's flag slots (no write
+    into the per-slot flags)."""
     forced = [{"kind": "forced_sequence", "token_ids": [5, 6, 7, 8, 9, 10], "eos_token_id": EOS}]
     with SimCuda() as sim:
         result = drive_v1(sim, Scenario(payloads=[forced] * 3, steps=3, changes=False))
     assert _where(result) == []
-    assert result.steady_ops == ["copy_", "index_select", "isneginf", "where", "copy_", "index_fill_", "index_fill_"]
+    assert result.steady_ops == ["copy_", "forced_settle_", "forced_settle_", "copy_"]
 
 
 def test_vllm_v1_runner_forced_rows_without_stop_tokens_settle_in_their_group() -> None:
     """Requests without a stop token (``ignore_eos``, as in load tests) settle in the forced group
-    too, rather than in a second pass over the rows: one mask (which rows have a stop token to
-    take) and one pick of the value (``-inf`` back onto a masked forced id) more than with one."""
+    too, rather than in a second pass over the rows, in the same fused settle (which rows have a
+    stop token to take, and ``-inf`` back onto a masked forced id, decided in its kernels)."""
     forced = [{"kind": "forced_sequence", "token_ids": [5, 6, 7, 8, 9, 10], "eos_token_id": EOS}]
     with SimCuda() as sim:
         result = drive_v1(sim, Scenario(payloads=[forced] * 3, steps=3, changes=False, ignore_eos=True))
     assert _where(result) == []
-    assert result.steady_ops == ["copy_", "index_select", "isneginf", "bitwise_and", "where", "where", "copy_",
-                                 "index_fill_", "index_copy_"]
+    assert result.steady_ops == ["copy_", "forced_settle_", "forced_settle_", "copy_"]
 
 
 def test_vllm_model_runner_v2_sequence_never_waits_and_reports_the_failure() -> None:

@@ -1,0 +1,52 @@
+"""The Triton kernels of ``forced.py`` (imported only by ``forced.kernels()``: importing this module
+imports Triton). Contract and what checks it: ``dynlogits.kernels.forced``."""
+
+# ruff: noqa: ANN001, ANN202, N803
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["decide_rows", "fill_rows"]
+
+
+@triton.jit
+def decide_rows(flat_ptr, picked_ptr, picked_s0, picked_s1, if_dead_ptr, if_dead_s0, if_dead_s1, stops_ptr, chosen_ptr,
+                chosen_s0, chosen_s1, dead_ptr, n, PLANES: tl.constexpr, HAS_STOPS: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """One program per ``BLOCK`` member rows: each row's forced logit read (``picked`` plane 0, a flat
+    index), whether it is ``-inf`` stored in ``dead``, and per plane ``if_dead`` where it is (plane 0
+    only where the row can stop, when ``HAS_STOPS``) else ``picked``, stored in ``chosen``."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    inside = i < n
+    index = tl.load(picked_ptr + i * picked_s1, mask=inside, other=0)
+    kept = tl.load(flat_ptr + index, mask=inside, other=0.0)
+    dead = kept == float("-inf")
+    if HAS_STOPS:
+        stops = tl.load(stops_ptr + i, mask=inside, other=0) != 0
+    else:
+        stops = dead | True
+    for plane in tl.static_range(PLANES):
+        live = tl.load(picked_ptr + plane * picked_s0 + i * picked_s1, mask=inside, other=0)
+        gone = tl.load(if_dead_ptr + plane * if_dead_s0 + i * if_dead_s1, mask=inside, other=0)
+        swap = (dead & stops) if plane == 0 else dead
+        tl.store(chosen_ptr + plane * chosen_s0 + i * chosen_s1, tl.where(swap, gone, live), mask=inside)
+    tl.store(dead_ptr + i, dead, mask=inside)
+
+
+@triton.jit
+def fill_rows(logits_ptr, stride, rows_ptr, chosen_ptr, chosen_s1, dead_ptr, stops_ptr, vocab, HAS_STOPS: tl.constexpr,
+              BLOCK: tl.constexpr):
+    """One program per (member row, block of ``BLOCK`` columns): the row's columns ``-inf`` but its
+    target (``chosen`` plane 0, a flat index), which gets ``0.0``, or ``-inf`` where the row's token is
+    masked and it cannot stop (``HAS_STOPS``)."""
+    k = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows_ptr + k).to(tl.int64)
+    target = tl.load(chosen_ptr + k * chosen_s1) - row * stride
+    value = 0.0
+    if HAS_STOPS:
+        masked = (tl.load(dead_ptr + k) != 0) & (tl.load(stops_ptr + k) == 0)
+        value = tl.where(masked, float("-inf"), 0.0)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    out = tl.where(cols == target, value, float("-inf"))
+    tl.store(logits_ptr + row * stride + cols, out.to(logits_ptr.dtype.element_ty), mask=cols < vocab)

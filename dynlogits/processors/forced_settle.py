@@ -1,0 +1,116 @@
+"""``forced_sequence``'s settle as one fused op (``dynlogits::forced_settle_``): on CUDA two
+Triton launches (``dynlogits.kernels.forced``) where the eager path queues five (``index_select``,
+``isneginf``, ``where``, ``index_fill_`` twice), once ``fused_ready`` (probed once per device
+against the eager reference; in the CUDA model always). The CPU keeps the group's own host paths
+(``ForcedSequenceGroup._settled_on_host``, else the eager ops): the op's CPU implementation is the
+eager reference, run by the CUDA model and the tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+from dynlogits.kernels.fused import fused_op
+from dynlogits.kernels.probe import FusedGate
+
+from .slots import NEG_INF
+
+__all__ = ["fused_ready", "probe_case", "reset_fused", "run", "settle_"]
+
+T = TypeVar("T")
+
+
+@fused_op("forced_settle_", launches=2, mutates_args=("logits", "chosen", "dead"))
+def settle_(logits: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor, if_dead: torch.Tensor,
+            can_stop: torch.Tensor | None, chosen: torch.Tensor, dead: torch.Tensor) -> None:
+    """Member row ``rows[i]`` of ``logits`` (contiguous ``[batch, vocab]``) forced: its forced logit
+    (flat index ``picked[0, i]``) ``-inf`` goes in ``dead[i]``; ``chosen[p, i]`` is ``if_dead[p, i]``
+    where it is (plane 0 only where ``can_stop[i]``, when given) else ``picked[p, i]``; the row is
+    then ``-inf`` but at flat index ``chosen[0, i]``, which gets ``0.0``, or ``-inf`` where the row is
+    dead and cannot stop. ``picked``, ``if_dead``, ``chosen``: ``[planes, n]`` int64; a NaN forced
+    logit is not ``-inf``. Exactly ``ForcedSequenceGroup._settle``'s eager writes."""
+    flat = logits.view(-1)
+    torch.isneginf(flat.index_select(0, picked[0]), out=dead)
+    if can_stop is None:
+        torch.where(dead, if_dead, picked, out=chosen)
+        logits.index_fill_(0, rows, NEG_INF)
+        flat.index_fill_(0, chosen[0], 0.0)
+        return
+    swap = dead.expand(picked.shape).clone()
+    swap[0].logical_and_(can_stop)
+    torch.where(swap, if_dead, picked, out=chosen)
+    value = torch.where(dead & ~can_stop, NEG_INF, 0.0).to(logits.dtype)
+    logits.index_fill_(0, rows, NEG_INF)
+    flat.index_copy_(0, chosen[0], value)
+
+
+@settle_.cuda
+def _settle_cuda(logits: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor, if_dead: torch.Tensor,
+                 can_stop: torch.Tensor | None, chosen: torch.Tensor, dead: torch.Tensor) -> None:
+    from dynlogits.kernels import forced as kernels
+
+    kernels.settle_(logits, rows, picked, if_dead, can_stop, chosen, dead)
+
+
+def fused_ready(device: torch.device) -> bool:
+    """Whether ``settle_`` runs on ``device`` (``dynlogits.kernels.probe.FusedGate``): never on the
+    CPU, always in the CUDA model, on CUDA once ``_probe`` passed (random steps through the kernels
+    and the eager reference on that device, compared exactly); else one warning and the eager ops
+    for good."""
+    return _GATE.ready(device)
+
+
+def run(device: torch.device, fused: Callable[[], T], eager: Callable[[], T]) -> T:
+    """``fused()`` where the kernels run on ``device``, else ``eager()`` (``FusedGate.run``)."""
+    return _GATE.run(device, fused, eager)
+
+
+def probe_case(seed: int, device: torch.device, *, rows: int = 12, vocab: int = 300, planes: int = 3,
+               stops: bool = True) -> tuple[torch.Tensor, ...]:
+    """A random settle on ``device``: ``(logits, rows, picked, if_dead, can_stop)`` with some rows'
+    forced logits ``-inf`` (and a NaN or an infinity elsewhere), member rows a random subset of a
+    larger batch in random order, forced and stop columns sometimes equal; ``can_stop`` ``None``
+    unless ``stops``."""
+    g = torch.Generator().manual_seed(seed)
+    batch = rows + int(torch.randint(0, 4, (1,), generator=g))
+    logits = torch.randn(batch, vocab, generator=g)
+    member = torch.randperm(batch, generator=g)[:rows]
+    forced = torch.randint(0, vocab, (rows,), generator=g)
+    stop = torch.where(torch.rand(rows, generator=g) < 0.2, forced, torch.randint(0, vocab, (rows,), generator=g))
+    masked = torch.rand(rows, generator=g) < 0.4
+    logits[member[masked], forced[masked]] = float("-inf")
+    odd = torch.rand(rows, generator=g) < 0.1
+    logits[member[odd], forced[odd]] = float("nan")
+    logits[member[:1], stop[:1]] = float("inf")
+    base = member * vocab
+    extra = torch.randint(0, 1000, (planes - 1, rows), generator=g)
+    picked = torch.cat([(base + forced)[None], extra])
+    if_dead = torch.cat([(base + stop)[None], extra + 7])
+    can_stop = (torch.rand(rows, generator=g) < 0.7) if stops else None
+    made = (logits, member, picked, if_dead, can_stop)
+    return tuple(None if t is None else t.to(device) for t in made)  # type: ignore[misc]
+
+
+def _probe(device: torch.device) -> bool:
+    """``settle_``'s kernels against the eager reference on ``device``, exactly (see ``fused_ready``)."""
+    same = []
+    for seed, planes, stops in ((1, 2, False), (2, 3, True), (3, 2, True), (4, 3, False)):
+        logits, rows, picked, if_dead, can_stop = probe_case(20261128 + seed, device, planes=planes, stops=stops)
+        outs = []
+        for impl in (_settle_cuda, settle_.eager):
+            out = (logits.clone(), torch.empty_like(picked), torch.empty_like(rows, dtype=torch.bool))
+            impl(out[0], rows, picked, if_dead, can_stop, out[1], out[2])
+            outs.append(out)
+        same.append(all(torch.equal(a, b) for a, b in zip(*outs)))
+    return all(same)
+
+
+#: the probe-at-first-use gate (``_probe`` looked up at call time)
+_GATE = FusedGate("forced_sequence", lambda device: _probe(device))
+
+
+def reset_fused() -> None:
+    """Forget every device's probe (tests)."""
+    _GATE.reset()

@@ -1,0 +1,133 @@
+"""``forced_sequence``'s fused settle (``processors.forced_settle.settle_``): its Triton kernels in
+Triton's CPU interpreter (``TRITON_INTERPRET=1``, set in a subprocess before Triton is imported)
+against its eager reference bit for bit, compiled ahead of time for Hopper and Ampere, the eager
+reference against the group's eager path, and a steady forced step's launches in the CUDA model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from dynlogits.processors import forced_settle as F
+from dynlogits.testing.cuda.drive import adapter_counts
+from dynlogits.tools.bench import workloads
+
+CPU = torch.device("cpu")
+
+SCRIPT = textwrap.dedent('''
+    import os
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    import torch
+    from dynlogits.kernels import forced as K
+    from dynlogits.processors import forced_settle as F
+
+    checked = dead = 0
+    for seed in range(40):
+        for planes in (2, 3):
+            for stops in (False, True):
+                for dtype in (torch.float32, torch.bfloat16):
+                    vocab = 300 if seed % 3 else 2500  # rows wider than a fill program's block
+                    logits, rows, picked, if_dead, can_stop = F.probe_case(
+                        seed, torch.device("cpu"), rows=1 + seed % 20, vocab=vocab, planes=planes, stops=stops)
+                    logits = logits.to(dtype)
+                    outs = []
+                    for impl in (K.settle_, F.settle_.eager):
+                        out = (logits.clone(), torch.empty_like(picked), torch.empty_like(rows, dtype=torch.bool))
+                        impl(out[0], rows, picked, if_dead, can_stop, out[1], out[2])
+                        outs.append(out)
+                    for got, want in zip(*outs):
+                        assert torch.equal(got, want), (seed, planes, stops, dtype)
+                    dead += int(outs[1][2].sum())
+                    checked += 1
+    assert dead > 200, dead
+    assert F._probe(torch.device("cpu")), "the gate's probe (kernels against the eager reference)"
+    print("checked", checked)
+''')
+
+
+def test_the_triton_kernels_in_the_interpreter_equal_the_eager_reference_bit_for_bit() -> None:
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "checked 320" in done.stdout
+
+
+@pytest.mark.parametrize("logits_type", ["*fp32", "*bf16", "*fp16"])
+def test_the_triton_kernels_compile_for_cuda_without_a_gpu(logits_type: str) -> None:
+    """Triton's NVIDIA backend compiles both kernels ahead of time (Hopper and Ampere, two or three
+    planes, with and without stop tokens): what the interpreter does not check; not run."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from dynlogits.kernels import forced
+
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("Triton has no NVIDIA backend here")
+    k = forced.kernels()
+    decide = {"flat_ptr": logits_type, "picked_ptr": "*i64", "picked_s0": "i64", "picked_s1": "i64",
+              "if_dead_ptr": "*i64", "if_dead_s0": "i64", "if_dead_s1": "i64", "stops_ptr": "*i1",
+              "chosen_ptr": "*i64", "chosen_s0": "i64", "chosen_s1": "i64", "dead_ptr": "*i1", "n": "i32",
+              "PLANES": "constexpr", "HAS_STOPS": "constexpr", "BLOCK": "constexpr"}
+    fill = {"logits_ptr": logits_type, "stride": "i64", "rows_ptr": "*i64", "chosen_ptr": "*i64", "chosen_s1": "i64",
+            "dead_ptr": "*i1", "stops_ptr": "*i1", "vocab": "i32", "HAS_STOPS": "constexpr", "BLOCK": "constexpr"}
+    for capability in (90, 80):
+        for stops in (False, True):
+            for planes in (2, 3):
+                source = ASTSource(fn=k.decide_rows, signature=decide, constexprs={
+                    "PLANES": planes, "HAS_STOPS": stops, "BLOCK": forced.DECIDE_BLOCK})
+                assert "decide_rows" in triton.compile(source, target=GPUTarget("cuda", capability, 32)).asm["ptx"]
+            source = ASTSource(fn=k.fill_rows, signature=fill,
+                               constexprs={"HAS_STOPS": stops, "BLOCK": forced.FILL_BLOCK})
+            assert "fill_rows" in triton.compile(source, target=GPUTarget("cuda", capability, 32)).asm["ptx"]
+
+
+def _eager_settle(logits: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor, if_dead: torch.Tensor,
+                  can_stop: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``ForcedSequenceGroup._settle``'s eager ops, as written there before the fused op."""
+    flat = logits.view(-1)
+    kept = flat.index_select(0, picked[0])
+    dead = torch.isneginf(kept)
+    chosen = torch.empty_like(picked)
+    if can_stop is None:
+        torch.where(dead, if_dead, picked, out=chosen)
+        value = None
+    else:
+        stops = torch.stack([can_stop] + [torch.ones_like(can_stop)] * (picked.shape[0] - 1))
+        torch.where(dead & stops, if_dead, picked, out=chosen)
+        value = torch.where(dead, torch.where(can_stop, 0.0, float("-inf")).to(logits.dtype),
+                            torch.zeros((), dtype=logits.dtype))
+    logits.index_fill_(0, rows, float("-inf"))
+    if value is None:
+        flat.index_fill_(0, chosen[0], 0.0)
+    else:
+        flat.index_copy_(0, chosen[0], value)
+    return logits, chosen, dead
+
+
+def test_the_eager_reference_writes_what_the_groups_eager_settle_writes() -> None:
+    dead = 0
+    for seed in range(200):
+        logits, rows, picked, if_dead, can_stop = F.probe_case(seed, CPU, rows=1 + seed % 13, planes=2 + seed % 2,
+                                                               stops=seed % 3 > 0)
+        want = _eager_settle(logits.clone(), rows, picked, if_dead, can_stop)
+        got = (logits.clone(), torch.empty_like(picked), torch.empty_like(rows, dtype=torch.bool))
+        F.settle_(*got[:1], rows, picked, if_dead, can_stop, got[1], got[2])
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), seed
+        dead += int(want[2].sum())
+    assert dead > 150
+
+
+def test_a_steady_forced_step_takes_four_launches_on_the_v1_runner() -> None:
+    """The upload, the fused settle (two kernels) and the flags' copy back, with 0 syncs."""
+    vocab = 32000
+    payloads = [workloads.payload("forced_sequence", vocab_size=vocab, eos_token_id=2, seed=i) for i in range(8)]
+    launches, syncs = adapter_counts("adapter", vocab, payloads)
+    assert (launches, syncs) == (4, 0)
