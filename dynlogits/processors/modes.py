@@ -69,6 +69,18 @@ class DecidedGroup(Group):
     def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:
         return False
 
+    #: the history a member row out of a scoped entry's phase is decided from (``scope.ScopedDecided``),
+    #: where ``scopable``: its decision must leave the row as it is
+    neutral_history: Sequence[int] = ()
+
+    @classmethod
+    def scopable(cls, template: Template) -> bool:
+        """Whether a scoped entry of ``template`` is resident where the adapter passes host histories
+        (``scope.ScopedDecided``): the group's ``decide_rows`` takes any history for a member row
+        (the stretch of the entry's phase), and ``neutral_history`` decides nothing. By default no:
+        a scoped entry of the kind is hosted."""
+        return False
+
     def host_decisions(self, n: int) -> Any:
         """Room for ``n`` member rows' host decisions, in the form ``apply_host_decisions`` takes:
         by default the token each row forces (``-1``: none)."""
@@ -151,6 +163,19 @@ class WindowDecided(DecidedGroup):
     def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
         """Every row's decision from its tokens in ``window`` (row-indexed, on the device), for
         ``apply_device_decisions``."""
+        raise NotImplementedError
+
+    @classmethod
+    def scoped_reach(cls, templates: Sequence[Template]) -> int | None:
+        """For scoped entries of ``templates`` without host histories (``scope.ScopedDecided``):
+        how many of a row's last tokens (its own included) decide any of them (``apply_tokens``);
+        ``None``: not known, so such an entry is hosted there. By default ``None``."""
+        return None
+
+    def apply_tokens(self, step: StepInputs, rows: GatheredRows, tokens: torch.Tensor) -> Dead | None:
+        """Gathered layout, where ``scoped_reach`` is known: every row decided from ``tokens``
+        (``[rows, reach]`` int64 on the device, its last tokens up to its own, ``-1`` where a token is
+        not its history's: a row of ``-1`` decides nothing) and the decisions applied."""
         raise NotImplementedError
 
 

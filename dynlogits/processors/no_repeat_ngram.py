@@ -8,7 +8,10 @@ index and masks what they find with one ``index_fill_`` of their flat ids (one u
 accelerator; no tensor per row). Where the histories live on the device (vLLM's Model Runner V2),
 the same group decides every row on the device from the engine's token matrix
 (``no_repeat_ngram_device``), no read back, for sizes up to ``MAX_DEVICE_SIZE``; larger sizes are
-hosted there (per row, ``row_op``).
+hosted there (per row, ``row_op``). Scoped to a phase (``scope.ScopedDecided``), the group decides
+each row from its phase's stretch: on the host from the stretch of its history (out of phase from
+the empty history: nothing), on the device from the row's last tokens with those outside the
+stretch read as placeholders (``no_repeat_ngram_device.apply_tokens``).
 
 A row's index (``_Row``) is a graph of its keys (each ``size - 1`` tokens of the history, a
 ``_Node``): a key's links are the tokens that followed it, each leading to the key that token makes,
@@ -44,7 +47,16 @@ from dynlogits.specs.builtin.no_repeat_ngram import NoRepeatNgram, NoRepeatNgram
 
 from .base import IndexCache, RealizeContext
 from .modes import Decider, WindowDecided
-from .no_repeat_ngram_device import MAX_DEVICE_SIZE, Layout, SlotTables, apply, layout, slot_tables, window_width
+from .no_repeat_ngram_device import (
+    MAX_DEVICE_SIZE,
+    Layout,
+    SlotTables,
+    apply,
+    apply_tokens,
+    layout,
+    slot_tables,
+    window_width,
+)
 from .ops import MaskIds, RowOp, apply_op
 from .slots import NEG_INF, GatheredRows, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload
@@ -345,6 +357,14 @@ class NoRepeatNgramGroup(WindowDecided):
     leaves a row empty by itself."""
 
     @classmethod
+    def scopable(cls, template: Template) -> bool:
+        """A scoped entry is resident with host histories (``scope.ScopedDecided``): a row decides
+        from any history, the empty one (``neutral_history``) bans nothing without the prompt's
+        n-grams (``include_prompt``, which the spec refuses with a scope: hosted)."""
+        assert isinstance(template, NoRepeatNgramTemplate)
+        return not template.include_prompt
+
+    @classmethod
     def fits_window(cls, template: Template, group: Group | None) -> bool:
         """Sizes up to ``MAX_DEVICE_SIZE``: each step compares ``rows * W * size`` cells (``no_repeat_ngram_device``)."""
         assert isinstance(template, NoRepeatNgramTemplate)
@@ -401,12 +421,34 @@ class NoRepeatNgramGroup(WindowDecided):
         """Every row decided from the window and its bans masked (``no_repeat_ngram_device.apply``)."""
         window: TokenWindow = self._cache.pop("window_step")
         logits = step.logits
+        apply(window, self._layout(rows, window, logits.shape[1]), logits, self._extremes_of(logits))
+        return None
+
+    def _extremes_of(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``-inf`` and ``+inf`` in ``logits``' dtype, on its device (kept)."""
         key = (logits.dtype, logits.device)
         extremes = self._extremes.get(key)
         if extremes is None:
             extremes = self._extremes[key] = (torch.full((), NEG_INF, dtype=key[0], device=key[1]),
                                               torch.full((), -NEG_INF, dtype=key[0], device=key[1]))
-        apply(window, self._layout(rows, window, logits.shape[1]), logits, extremes)
+        return extremes
+
+    # -- a scoped entry without host histories (``scope.ScopedDecided``) ----------------------------
+    @classmethod
+    def scoped_reach(cls, templates: Sequence[Template]) -> int | None:
+        """The longest output a member's kept sample sees (``max_tokens``) plus the largest size
+        less one, where every template's ``max_tokens`` is known and its size is at most
+        ``MAX_DEVICE_SIZE`` (no ``include_prompt``: refused with a scope); else ``None`` (hosted)."""
+        made = cast(Sequence[NoRepeatNgramTemplate], templates)
+        if not made or any(t.outputs is None or t.size > MAX_DEVICE_SIZE or t.include_prompt for t in made):
+            return None
+        return max(1, *(cast(int, t.outputs) for t in made)) + max(t.size for t in made) - 1
+
+    def apply_tokens(self, step: StepInputs, rows: GatheredRows, tokens: torch.Tensor) -> None:
+        """Every row's bans among its ``tokens`` (``modes.WindowDecided.apply_tokens``), at its slot's
+        size, masked (``no_repeat_ngram_device.apply_tokens``)."""
+        sizes = self.params.dev[rows.slot_of_row, 0]
+        apply_tokens(tokens, sizes, step.logits, max(self._sizes.values(), default=1), self._extremes_of(step.logits))
         return None
 
     def prepare(self, rows: ListedRows, stride: int) -> None:

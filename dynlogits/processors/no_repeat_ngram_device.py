@@ -11,6 +11,10 @@ implementations of the same bans:
   without drafts (``addcmul``, ``index``, ``clamp``, ``bitwise_or``, ``bitwise_xor``, ``le``,
   ``all``, ``where``, ``scatter_reduce_``), described below.
 
+A scoped entry's rows (``scope.ScopedDecided``) come as their own last tokens rather than the
+engine's matrix (``apply_tokens``: those tokens read as a matrix of one slot a row, by the same
+three implementations).
+
 Per row of the step (gathered: every row, members masked), with a window of ``W`` tokens and the
 group's largest size ``S`` (``window_width``: the widest history a member's kept sample can have,
 at most the engine's matrix width, plus ``S - 1``), for logits ``V`` wide:
@@ -64,8 +68,8 @@ from dynlogits.kernels.probe import FusedGate
 
 from .window import TokenWindow
 
-__all__ = ["INT64_MAX", "INT64_MIN", "MAX_DEVICE_SIZE", "NEVER", "Layout", "SlotTables", "apply", "apply_eager", "ban_",
-           "ban_host", "fused_ready", "layout", "probe_case", "reset_fused", "slot_tables", "window_width"]
+__all__ = ["INT64_MAX", "INT64_MIN", "MAX_DEVICE_SIZE", "NEVER", "Layout", "SlotTables", "apply", "apply_eager",
+           "apply_tokens", "ban_", "ban_host", "fused_ready", "layout", "probe_case", "reset_fused", "slot_tables", "window_width"]
 
 #: The largest ``size`` decided on the device: each step compares ``rows * W * size`` cells; common
 #: settings are 2 to 5 (transformers', TensorRT-LLM's). Larger sizes are hosted.
@@ -210,6 +214,53 @@ def apply_eager(window: TokenWindow, t: Layout, logits: torch.Tensor,
     x = torch.bitwise_xor(key[:, :w].unfold(1, s, 1), torch.bitwise_or(key[:, w:], INT64_MIN)[:, None, :])
     hit = torch.le(x, limit).all(2)
     logits.scatter_reduce_(1, ids[:, s - 1:w], torch.where(hit, *extremes), reduce="amin")
+
+
+#: how many row counts ``_token_rows`` keeps its constants for before starting over
+ROWS_KEPT = 64
+_TOKEN_ROWS: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _token_rows(rows: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``apply_tokens``' constants for ``rows`` rows of ``width`` tokens, made on the device once
+    (bounded): each row's position (``width - 1``), ``arange(rows)`` and zeros."""
+    key = (rows, width, device)
+    made = _TOKEN_ROWS.get(key)
+    if made is None:
+        if len(_TOKEN_ROWS) > ROWS_KEPT:
+            _TOKEN_ROWS.clear()
+        every = torch.arange(rows, device=device)
+        made = _TOKEN_ROWS[key] = (torch.full((rows,), width - 1, device=device), every, torch.zeros_like(every))
+    return made
+
+
+def apply_tokens(tokens: torch.Tensor, sizes: torch.Tensor, logits: torch.Tensor, size: int,
+                 extremes: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """``-inf`` in ``logits`` at every id row ``r``'s own ``tokens[r]`` ban at size ``sizes[r]``, no
+    sync: ``tokens`` ``[rows, W]`` int64, the row's last ``W`` tokens up to its own, ``-1`` where a
+    token is not its history's (``banned_after`` of that history, where it holds no more than ``W
+    - size + 1`` tokens); ``size``: at least every ``sizes[r]``. The same implementations as
+    ``apply``, ``tokens`` read as the engine's matrix with row ``r`` as its slot ``r`` at position
+    ``W - 1``, its history from position 0: one fused op (``ban_``) after one ``stack`` of its
+    params on CUDA and in the CUDA model, ``ban_``'s CPU implementation on the CPU, else the eager
+    path over tables made for the step."""
+    rows, width = tokens.shape
+    if rows == 0:
+        return
+    pos, every, zeros = _token_rows(rows, width, tokens.device)
+    params = torch.stack([zeros, sizes, zeros, every], dim=1)  # ``SlotTables.params`` of row r as slot r
+    if logits.device.type == "cpu":
+        ban_host(logits, tokens, pos, every, params, None, None, width, size)
+        return
+
+    def eager() -> None:
+        window = TokenWindow(tokens.device).at(tokens, zeros, pos)
+        member = torch.ones_like(every, dtype=torch.bool)
+        tables = slot_tables(window, member, torch.stack([sizes, torch.ones_like(sizes)], dim=1), width, size,
+                             logits.shape[1])
+        apply_eager(window, layout(tables, every), logits, extremes)
+
+    _GATE.run(logits.device, lambda: ban_(logits, tokens, pos, every, params, None, None, width, size), eager)
 
 
 @functools.lru_cache(maxsize=32)

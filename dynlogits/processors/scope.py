@@ -7,15 +7,29 @@ only at that phase's steps, and sees as its history the tokens generated since t
 of that phase began (a forced sequence scoped to ``answer`` starts at the answer's first token).
 
 ``Phases`` follows one request (one ``SpanScanner``, shared by its scoped entries); ``scoped``
-wraps a processor. A scoped entry of a kind whose step reads no tokens (a group decided by nobody:
-``banned_tokens``, ``logit_bias``, ``allowed_tokens``, and the positional ``min_tokens`` and
-``forced_sequence``) with reasoning delimiters in force is resident (``ScopedTemplate``,
-``ScopedGroup``): each row's phase, and how many tokens its phase's stretch holds, is decided on the
-host from its history where the adapter has histories (the V1 runner's live lists), else on the
-device by ``DeviceThinking`` (``ScopeTables``: the request's delimiters, followed from the prompt on;
-the stretch's start is the state's ``ANCHOR``), and the inner kind's step runs, gathered, on the rows
-in the entry's phase only, a positional kind at the stretch's counts (``StepInputs.generated``
-replaced). Any other scoped entry has no template: its request runs on the hosted path.
+wraps a processor. With reasoning delimiters in force, a scoped entry is resident (``_resident_inner``)
+where its kind is:
+
+* a group decided by nobody, whose step reads no tokens (``banned_tokens``, ``logit_bias``,
+  ``allowed_tokens``, and the positional ``min_tokens`` and ``forced_sequence``): ``ScopedTemplate``,
+  ``ScopedGroup``. Each row's phase, and how many tokens its phase's stretch holds, is decided on
+  the host from its history where the adapter has histories (the V1 runner's live lists), else on
+  the device by ``DeviceThinking`` (``ScopeTables``: the request's delimiters, followed from the
+  prompt on; the stretch's start is the state's ``ANCHOR``), and the inner kind's step runs,
+  gathered, on the rows in the entry's phase only, a positional kind at the stretch's counts
+  (``StepInputs.generated`` replaced);
+* a decided group that opts in (``DecidedGroup.scopable``: ``no_repeat_ngram`` without
+  ``include_prompt``): ``ScopedDecided``. With host histories the inner group decides every member
+  row, in phase from its stretch (``_own``), out of it from the kind's ``neutral_history``
+  (nothing); without, where the kind decides from a row's last tokens and knows how many
+  (``WindowDecided.scoped_reach``: ``no_repeat_ngram`` up to ``MAX_DEVICE_SIZE`` with
+  ``max_tokens`` known), ``DeviceThinking`` reads each row's last tokens (``TokensScopeTables``),
+  those before its stretch and every one of a row out of phase read as placeholders, and the inner
+  kind decides from them (``WindowDecided.apply_tokens``); else its request is hosted there.
+
+Any other scoped entry (``dry``, ``banned_phrases``, ``watermark``, ``multiple_choice``,
+``trigger``, ``deadline``, ``thinking_budget``, a ``python`` kind) has no template: its request
+runs on the hosted path, the oracle the resident paths equal bit for bit.
 """
 
 from __future__ import annotations
@@ -27,13 +41,14 @@ from typing import Any, ClassVar, overload
 import numpy as np
 import torch
 
-from .device_thinking import ANCHOR, CLOSED, OUT, SEL, SpanTables
-from .modes import DecidedGroup, SpanDecided
+from .device_thinking import ANCHOR, CLOSED, NEVER, OUT, SEL, SpanTables
+from .modes import DecidedGroup, Decider, SpanDecided, WindowDecided
 from .slots import Dead, GatheredRows, Group, ListedRows, StepInputs, Template
 from .spans import SpanScanner
 from .uploads import StepUpload
 
-__all__ = ["Phases", "Reasoning", "ScopeTables", "ScopedGroup", "ScopedTemplate", "StretchScopeTables", "scoped"]
+__all__ = ["Phases", "Reasoning", "ScopeTables", "ScopedDecided", "ScopedGroup", "ScopedTemplate", "StretchScopeTables",
+           "TokensScopeTables", "scoped"]
 
 #: A request's reasoning delimiters: ``(start token ids, end token ids)``.
 Reasoning = tuple[tuple[int, ...], tuple[int, ...]]
@@ -163,6 +178,35 @@ class StretchScopeTables(ScopeTables):
         return torch.where(torch.logical_and(rows[:, OUT], valid), generated() - rows[:, ANCHOR], -1)
 
 
+class TokensScopeTables(ScopeTables):
+    """``ScopeTables`` of a scoped entry of a window-decided kind (``ScopedDecided`` without host
+    histories): each row's decision is its last ``reach`` tokens up to its own (the inner kind's
+    ``WindowDecided.scoped_reach`` over the members), committed ones and the drafts before it
+    (``row_tokens``), each ``-1`` unless it lies in the row's stretch of the entry's phase: from
+    ``ANCHOR`` on, never in the prompt (a span the prompt opened starts at the output, as the hosted
+    path's ``_own``). A row out of that phase, or not decidable, gets ``-1`` only."""
+
+    reach = 1
+
+    def set(self, slot: int, template: ScopedTemplate | None) -> None:
+        super().set(slot, template)
+        inner = [t.inner for t in self.templates.values()]
+        if inner:  # one inner kind per tables (their key holds the group)
+            reach = inner[0].group.scoped_reach(inner)
+            assert reach is not None, "resident only where known (ScopedDecided.runs_without_histories)"
+            self.reach = reach
+
+    def decide_state(self, slots: torch.Tensor, state: torch.Tensor | None, generated: Callable[[], torch.Tensor],
+                     valid: torch.Tensor, row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        rows = self.state[slots] if state is None else state
+        prompt_len = self.prompt_len
+        assert prompt_len is not None  # set by the step before any decision
+        at = generated()[:, None] + self.offsets(self.reach)  # positions from the prompt's start, to the row's own
+        first = torch.maximum(rows[:, ANCHOR], prompt_len[slots.clamp(max=prompt_len.shape[0] - 1)])
+        first = torch.where(torch.logical_and(rows[:, OUT], valid), first, NEVER)
+        return torch.where(at >= first[:, None], row_tokens(slots, at), -1)
+
+
 class ScopedGroup(SpanDecided):
     """A scoped entry of one inner kind (``inner_type``, a plain group) at one entry position: each
     row is decided first (``1``: in the entry's phase), then the inner group's gathered step runs
@@ -234,6 +278,68 @@ class ScopedGroup(SpanDecided):
                                          GatheredRows(rows.slot_of_row, member))
 
 
+class ScopedDecided(ScopedGroup):
+    """A scoped entry of a decided inner kind that opts in (``DecidedGroup.scopable``), where the
+    adapter passes host histories (vLLM's V1 runner): the inner group decides every member row (the
+    layout's whole deciders list, so what it keeps per layout stays aligned), a row in the entry's
+    phase from its stretch's history (``_ScopedResident.own``: the hosted path's ``_own``), any other
+    from the inner kind's ``neutral_history``, which decides nothing; the inner group applies the
+    decisions. Without host histories its request is hosted (``runs_without_histories``)."""
+
+    inner: DecidedGroup
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        if isinstance(self.inner, WindowDecided):
+            self.inner.from_window = True  # its tables written for ``apply_tokens`` (a few values a slot)
+
+    @classmethod
+    def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:
+        """Where the inner kind decides from a row's last tokens and knows how many
+        (``WindowDecided.scoped_reach``): decided by ``DeviceThinking`` (``TokensScopeTables``)."""
+        inner = cls.inner_type
+        assert isinstance(template, ScopedTemplate)
+        return issubclass(inner, WindowDecided) and inner.scoped_reach([template.inner]) is not None
+
+    def prepare(self, rows: ListedRows, stride: int) -> None:
+        super().prepare(rows, stride)
+        self.inner.prepare(rows, stride)
+
+    def host_decisions(self, n: int) -> Any:
+        return self.inner.host_decisions(n)
+
+    def decide_rows(self, deciders: list[Decider], histories: Sequence[Sequence[int]],
+                    fail: Callable[[int, int, Exception], None]) -> Any:
+        """The inner group's decisions of every member row, each from its own history (see the class
+        doc); a row whose phase cannot be found fails alone and is decided neutral."""
+        held = self._cache.get("deciders")
+        if held is None or held[0] is not deciders:  # once per layout (``ListedRows.deciders``)
+            held = self._cache["deciders"] = (deciders, [(row, slot, p.inner) for row, slot, p in deciders])
+        own = list(histories)
+        neutral = self.inner.neutral_history
+        for row, slot, processor in deciders:
+            try:
+                mine = processor.own(histories[row])
+            except Exception as exc:  # a bug must not escape the sampler: fail this request alone
+                fail(row, slot, exc)
+                mine = None
+            own[row] = neutral if mine is None else mine
+        return self.inner.decide_rows(held[1], own, fail)
+
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: Any,
+                             upload: StepUpload) -> Dead | None:
+        return self.inner.apply_host_decisions(step, rows, decisions, upload)
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead | None:
+        """``decisions``: each row's tokens of its stretch (``TokensScopeTables``), which the inner
+        kind decides and applies (``WindowDecided.apply_tokens``), or ``-1`` a row (the decider holds
+        no tables for the group): nothing."""
+        if decisions.dim() == 1:
+            return None
+        assert isinstance(self.inner, WindowDecided)
+        return self.inner.apply_tokens(step, rows, decisions)
+
+
 def _at_counts(step: StepInputs, counts: torch.Tensor) -> StepInputs:
     """``step`` with ``counts`` as each row's generated count (a scoped positional kind counts from
     its stretch's start) and no runner positions (``pos``), which would count from the output's."""
@@ -244,18 +350,22 @@ _GROUPS: dict[type[Group], type[ScopedGroup]] = {}
 _TEMPLATES: dict[type[Group], type[ScopedTemplate]] = {}
 
 
-def _resident_inner(group: type[Group]) -> bool:
-    """Whether a scoped entry whose kind runs ``group`` can be resident: its step reads no tokens
+def _resident_inner(template: Template) -> bool:
+    """Whether a scoped entry of ``template`` can be resident: its kind's step reads no tokens
     (positions it may read: ``ScopedGroup`` gives it the stretch's counts; values the host plans in
-    the listed layout it never gets, as it runs gathered)."""
-    return not issubclass(group, DecidedGroup)
+    the listed layout it never gets, as it runs gathered), or its decided kind decides any history
+    and has a neutral one (``DecidedGroup.scopable``: ``no_repeat_ngram`` without
+    ``include_prompt``; where the adapter passes host histories only, ``ScopedDecided``)."""
+    group = template.group
+    return not issubclass(group, DecidedGroup) or group.scopable(template)
 
 
 def scoped_group(inner: type[Group]) -> type[ScopedGroup]:
-    """The ``ScopedGroup`` subclass of ``inner`` (made once)."""
+    """The ``ScopedGroup`` subclass of ``inner`` (``ScopedDecided`` for a decided kind; made once)."""
     made = _GROUPS.get(inner)
     if made is None:
-        made = _GROUPS[inner] = type(f"Scoped{inner.__name__}", (ScopedGroup,), {
+        base = ScopedDecided if issubclass(inner, DecidedGroup) else ScopedGroup
+        made = _GROUPS[inner] = type(f"Scoped{inner.__name__}", (base,), {
             "inner_type": inner, "restrictive": inner.restrictive, "writes_neg_inf": inner.writes_neg_inf,
             "positional": inner.positional, "__module__": __name__})
         globals().setdefault(made.__name__, made)  # found by name, as a pickle looks classes up
@@ -279,13 +389,20 @@ class ScopedTemplate(Template):
     device_spans: ClassVar[type | None] = ScopeTables
 
 
+def _tables_of(inner: type[Group]) -> type[ScopeTables]:
+    """The ``ScopeTables`` a scoped entry of ``inner`` decides its rows by without host histories."""
+    if issubclass(inner, WindowDecided):
+        return TokensScopeTables
+    return StretchScopeTables if inner.positional else ScopeTables
+
+
 def scoped_template(inner: Template, scope: str, scanner: SpanScanner) -> ScopedTemplate:
     """``inner`` scoped to ``scope``, as a template of its own class (``scoped_group``'s)."""
     kind = _TEMPLATES.get(inner.group)
     if kind is None:
         kind = _TEMPLATES[inner.group] = type(f"Scoped{type(inner).__name__}", (ScopedTemplate,), {
             "group": scoped_group(inner.group), "__module__": __name__,
-            "device_spans": StretchScopeTables if inner.group.positional else ScopeTables})
+            "device_spans": _tables_of(inner.group)})
         globals().setdefault(kind.__name__, kind)
     return kind(inner, scope, scanner.start, scanner.end, scanner.initial, scanner.prompt_tail)
 
@@ -309,6 +426,14 @@ class _ScopedResident(_ScopedPlanned):
         phase, began = self.phases.at(input_ids)
         return len(input_ids) - began if phase == self.scope else -1
 
+    def own(self, input_ids: Sequence[int]) -> Sequence[int] | None:
+        """The history the hosted step gives the inner processor after ``input_ids`` (its phase's
+        stretch: ``_own``, a list sliced where it is one), or ``None`` outside the entry's phase."""
+        phase, began = self.phases.at(input_ids)
+        if phase != self.scope:
+            return None
+        return input_ids[began:] if began and type(input_ids) is list else _own(input_ids, began)
+
     def span(self, input_ids: Sequence[int]) -> int | None:
         """The open span after ``input_ids`` (``DeviceThinking``'s host scan of a resumed request)."""
         scanner = self.phases.scanner
@@ -322,6 +447,6 @@ def scoped(processor: Any, scope: str, phases: Phases) -> Any:
         return processor
     template = getattr(processor, "template", None)
     scanner = phases.scanner
-    if template is not None and scanner is not None and hasattr(processor, "row_op") and _resident_inner(template.group):
+    if template is not None and scanner is not None and hasattr(processor, "row_op") and _resident_inner(template):
         return _ScopedResident(processor, scope, phases, scanner)
     return _ScopedPlanned(processor, scope, phases) if hasattr(processor, "row_op") else _Scoped(processor, scope, phases)

@@ -1,0 +1,205 @@
+"""A scoped entry of a decided kind that opts in (``no_repeat_ngram``: ``DecidedGroup.scopable``,
+``WindowDecided.scoped_reach``) is resident (``scope.ScopedDecided``) and acts exactly as the
+hosted path (``_ScopedPlanned``: the inner processor on its phase's stretch, ``_own``): on the V1
+runner's interface (host histories) and, through vLLM's real Model Runner V2 classes
+(``V2SamplerHarness``), with its rows decided on the device, drafts or not. A kind that does not
+opt in, or an entry the device cannot decide, stays hosted and still acts as the hosted path."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from dynlogits import sdk
+from dynlogits.processors.no_repeat_ngram import NoRepeatNgramProcessor
+from dynlogits.processors.scope import Phases, ScopedDecided, _ScopedResident, scoped
+from dynlogits.sdk.realization import RequestFacts
+from dynlogits.sdk.resident.engine_step import EngineStep
+from dynlogits.sdk.resident.slot_batch import SlotBatch
+
+V = 48
+EOS = 1
+IDS = [2, 3, 5, 7, 3, 3, 2, 8]  # few ids, delimiters among them: n-grams repeat, phases change
+
+
+def _payload(rng: random.Random, *, size: int | None = None) -> list[dict[str, Any]]:
+    reasoning = {"kind": "reasoning", "start_token_ids": [5, 6][: rng.randint(1, 2)],
+                 "end_token_ids": [7, 8][: rng.randint(1, 2)]}
+    entry = {"kind": "no_repeat_ngram", "size": size or rng.randint(1, 4), "scope": rng.choice(["reasoning", "answer"])}
+    return [reasoning, entry]
+
+
+def _realize(payload: list[dict[str, Any]], prompt: list[int]) -> Any:
+    made = sdk.realize(payload, vocab_size=V, stop_token_id=EOS, facts=RequestFacts(prompt_ids=prompt))
+    assert made is not None
+    return made
+
+
+def test_the_v1_runners_scoped_no_repeat_ngram_rows_equal_the_hosted_paths_bit_for_bit() -> None:
+    """Random delimiters, prompts (which may open a span), sizes 1 to 4 scoped to either phase;
+    histories through both phases, each the engine's live list (grown in place) or a copy, some
+    with a placeholder at the end. Every request is resident; every row equals the hosted path's."""
+    rng = random.Random(7)
+    banned_rows = 0
+    for _ in range(30):
+        payloads = [_payload(rng) for _ in range(3)]
+        prompts = [[rng.choice(IDS) for _ in range(rng.randint(1, 4))] for _ in payloads]
+        resident = [_realize(p, q) for p, q in zip(payloads, prompts)]
+        hosted = [_realize(p, q) for p, q in zip(payloads, prompts)]
+        batch = SlotBatch(num_slots=4, vocab_size=V, device="cpu", host_histories=True)
+        for slot, request in enumerate(resident):
+            assert batch.assign(slot, request)
+        assert all(isinstance(g, ScopedDecided) for g in batch.groups.values())
+        batch.flush()
+        batch.set_rows(np.array([2, 0, 1]))
+        live: list[list[int]] = [[], [], []]
+        for _ in range(16):
+            for h in live:
+                h.append(rng.choice(IDS))
+            seen = [h if rng.random() < 0.6 else h + [-1] if rng.random() < 0.5 else list(h) for h in live]
+            logits = torch.randn(3, V)
+            a, b = logits.clone(), logits.clone()
+            batch.apply(a, EngineStep(histories=seen))
+            sdk.apply_rows(b, [0, 1, 2], [hosted[2], hosted[0], hosted[1]], seen)
+            assert torch.equal(a, b)
+            banned_rows += int(torch.isneginf(a).any(1).sum())
+    assert not any(r.failed for r in resident)
+    assert banned_rows > 100  # rows in scope with repeats were seen
+
+
+@pytest.mark.parametrize("scope", ["reasoning", "answer"])
+def test_a_scoped_no_repeat_ngram_bans_only_the_ngrams_of_its_phases_current_stretch(scope: str) -> None:
+    """Size 2, delimiters 5 and 7; the output ``3 4 5 3 4 3 7 3``: in the answer, the stretch is
+    ``3`` (the bigram ``3 4`` of the reasoning and before it does not count): nothing is banned; in
+    reasoning the entry is idle. One step earlier (``... 5 3 4 3``) the reasoning stretch ``3 4 3``
+    bans 4 where scoped to reasoning, and the answer entry is idle."""
+    payload: list[dict[str, Any]] = [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
+                                     {"kind": "no_repeat_ngram", "size": 2, "scope": scope}]
+    request = _realize(payload, [2])
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
+    assert batch.assign(0, request)
+    batch.flush()
+    batch.set_rows(np.array([0]))
+    history = [3, 4, 5, 3, 4, 3]
+    logits = torch.zeros(1, V)
+    batch.apply(logits, EngineStep(histories=[history]))
+    assert torch.isneginf(logits[0]).nonzero().flatten().tolist() == ([4] if scope == "reasoning" else [])
+    history += [7, 3]
+    logits = torch.zeros(1, V)
+    batch.apply(logits, EngineStep(histories=[history]))
+    assert not torch.isneginf(logits).any()
+
+
+def test_a_scoped_entry_that_counts_the_prompt_is_not_resident() -> None:
+    """``include_prompt`` (which the spec refuses with a scope) would ban the prompt's n-grams out
+    of its phase too: a processor made with it, scoped, has no template (hosted)."""
+    phases = Phases(((5,), (7,)), [2, 3])
+    with_prompt = scoped(NoRepeatNgramProcessor(2, V, [2, 3]), "answer", phases)
+    without = scoped(NoRepeatNgramProcessor(2, V), "answer", phases)
+    assert not isinstance(with_prompt, _ScopedResident) and hasattr(with_prompt, "row_op")
+    assert isinstance(without, _ScopedResident)
+
+
+def test_a_scoped_kind_that_does_not_opt_in_stays_hosted() -> None:
+    payload: list[dict[str, Any]] = [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
+                                     {"kind": "dry", "multiplier": 0.8, "scope": "answer"}]
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
+    assert not batch.assign(0, _realize(payload, [2]))
+
+
+# -- Model Runner V2 (vLLM's real V2 classes, the runner's buffers as plain tensors) -----------------
+def _v2_harness(drafts: int) -> Any:
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
+    from dynlogits.adapters.vllm.harness import V2SamplerHarness
+
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=drafts) if drafts else None,
+                             use_v2_model_runner=True, model_config=None)
+    return V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=V, max_num_reqs=5, vllm_config=config)
+
+
+def _params(payload: list[dict[str, Any]], max_tokens: int) -> Any:
+    from vllm import SamplingParams
+
+    from dynlogits.specs import WIRE_KEY
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args={WIRE_KEY: payload})
+    params.update_from_generation_config({}, eos_token_id=EOS)
+    return params
+
+
+def _run_v2(drafts: int, seed: int, size: int | None, *, resident: bool) -> int:
+    """Random requests through a V2 harness (slots reused, outputs a request resumes with, some past
+    ``DeviceThinking.MAX_DEVICE_CATCH_UP``, drafts); every row against the hosted path on the
+    history it sees; how many rows had bans."""
+    rng = random.Random(seed)
+    harness = _v2_harness(drafts)
+    live: dict[str, tuple[list[dict[str, Any]], Any]] = {}
+    banned = 0
+    for round_ in range(8):
+        for name in [n for n in live if rng.random() < 0.4]:
+            harness.remove_request(name)
+            del live[name]
+        while len(live) < 4:
+            name = f"r{round_}-{len(live)}"
+            payload = _payload(rng, size=size)
+            prompt = [rng.choice(IDS) for _ in range(rng.randint(1, 4))]
+            harness.add_request(name, prompt, _params(payload, 48), output_ids=[rng.choice(IDS) for _ in range(
+                rng.choice([0, 1, 3, 20]))])
+            slot = harness.reqs[name].slot
+            assert harness.processor._is_resident[slot] == resident and harness.processor._is_hosted[slot] != resident
+            live[name] = (payload, _realize(payload, prompt))
+        batch = list(live)
+        for _ in range(4):
+            fed = {n: [rng.choice(IDS) for _ in range(rng.randint(0, drafts))] for n in batch} if drafts else {}
+            logits = torch.randn(len(batch) + sum(map(len, fed.values())), V)
+            out = harness.step(batch, logits.clone(), drafts=fed)
+            row = 0
+            for name in batch:
+                payload, hosted = live[name]
+                for k in range(len(fed.get(name, [])) + 1):
+                    seen = harness.output_ids(name) + fed.get(name, [])[:k]
+                    want = logits[row : row + 1].clone()
+                    sdk.apply_rows(want, [0], [hosted], [seen])
+                    assert torch.equal(out[row], want[0]), (name, payload, seen)
+                    banned += int(torch.isneginf(want).any())
+                    row += 1
+            for name in batch:
+                harness.commit(name, [rng.choice(IDS)])
+    assert not harness.processor.failures
+    return banned
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_model_runner_v2s_scoped_no_repeat_ngram_rows_are_decided_on_the_device_as_the_hosted_path(drafts: int) -> None:
+    """Every request resident (no history read back); rows equal the hosted path's bit for bit."""
+    assert _run_v2(drafts, 11 + drafts, None, resident=True) > 20
+
+
+def test_a_scoped_no_repeat_ngram_too_large_for_the_device_is_hosted_under_model_runner_v2() -> None:
+    """Size 9 (past ``MAX_DEVICE_SIZE``): hosted there, and still the hosted path's rows."""
+    _run_v2(0, 5, 9, resident=False)
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_under_model_runner_v2_a_reasoning_span_the_prompt_opened_counts_from_the_output(drafts: int) -> None:
+    """Size 1 scoped to reasoning, the prompt ``2 5 3`` opening the span before its last token: the
+    first row bans nothing (the stretch is the output: the prompt's ``3`` is no token of it); after
+    ``4`` it bans 4 alone; once ``7`` closes the span, nothing."""
+    harness = _v2_harness(drafts)
+    payload: list[dict[str, Any]] = [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
+                                     {"kind": "no_repeat_ngram", "size": 1, "scope": "reasoning"}]
+    harness.add_request("a", [2, 5, 3], _params(payload, 16))
+    assert harness.processor._is_resident[harness.reqs["a"].slot]
+    banned = []
+    for token in (4, 7, 3):
+        out = harness.step(["a"], torch.zeros(1, V))
+        banned.append(torch.isneginf(out[0]).nonzero().flatten().tolist())
+        harness.commit("a", [token])
+    assert banned == [[], [4], []]
