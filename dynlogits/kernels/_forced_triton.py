@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["decide_rows", "fill_rows"]
+__all__ = ["decide_rows", "fill_rows", "pick_decide_rows"]
 
 
 @triton.jit
@@ -50,3 +50,43 @@ def fill_rows(logits_ptr, stride, rows_ptr, chosen_ptr, chosen_s1, dead_ptr, sto
     cols = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     out = tl.where(cols == target, value, float("-inf"))
     tl.store(logits_ptr + row * stride + cols, out.to(logits_ptr.dtype.element_ty), mask=cols < vocab)
+
+
+@triton.jit
+def pick_decide_rows(flat_ptr, rows_ptr, values_ptr, bounds_ptr, bounds_s0, bounds_s1, width, table_ptr, table_s0,
+                     table_s1, table_s2, stops_ptr, pick_ptr, pick_s0, pick_s1, chosen_ptr, chosen_s0, chosen_s1,
+                     dead_ptr, n, IDENTITY: tl.constexpr, HAS_STOPS: tl.constexpr, BLOCK: tl.constexpr,
+                     WBLOCK: tl.constexpr):
+    """``decide_rows`` after the pick: per member row ``i`` the column ``c`` = how many of its
+    ``width`` bounds are at most its value (``values[i]``, or ``values[rows[i]]`` unless
+    ``IDENTITY``), the six planes ``table[:, i, c]`` stored in ``pick``, then the three live planes
+    (``0..2``) against the three masked ones (``3..5``) as ``decide_rows`` picks them."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    inside = i < n
+    if IDENTITY:
+        at = i
+    else:
+        at = tl.load(rows_ptr + i, mask=inside, other=0).to(tl.int64)
+    value = tl.load(values_ptr + at, mask=inside, other=0).to(tl.int64)
+    column = tl.zeros([BLOCK], tl.int64)
+    for start in range(0, width, WBLOCK):
+        j = start + tl.arange(0, WBLOCK).to(tl.int64)
+        cell = inside[:, None] & (j[None, :] < width)
+        bound = tl.load(bounds_ptr + i[:, None] * bounds_s0 + j[None, :] * bounds_s1, mask=cell, other=0).to(tl.int64)
+        column += tl.sum((cell & (bound <= value[:, None])).to(tl.int64), axis=1)
+    cell = table_ptr + i * table_s1 + column * table_s2
+    index = tl.load(cell, mask=inside, other=0)
+    kept = tl.load(flat_ptr + index, mask=inside, other=0.0)
+    dead = kept == float("-inf")
+    if HAS_STOPS:
+        stops = tl.load(stops_ptr + i, mask=inside, other=0) != 0
+    else:
+        stops = dead | True
+    for plane in tl.static_range(3):
+        live = tl.load(cell + plane * table_s0, mask=inside, other=0)
+        gone = tl.load(cell + (plane + 3) * table_s0, mask=inside, other=0)
+        tl.store(pick_ptr + plane * pick_s0 + i * pick_s1, live, mask=inside)
+        tl.store(pick_ptr + (plane + 3) * pick_s0 + i * pick_s1, gone, mask=inside)
+        swap = (dead & stops) if plane == 0 else dead
+        tl.store(chosen_ptr + plane * chosen_s0 + i * chosen_s1, tl.where(swap, gone, live), mask=inside)
+    tl.store(dead_ptr + i, dead, mask=inside)

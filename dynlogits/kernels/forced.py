@@ -17,11 +17,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["DECIDE_BLOCK", "FILL_BLOCK", "kernels", "settle_"]
+__all__ = ["DECIDE_BLOCK", "FILL_BLOCK", "WIDTH_BLOCK", "kernels", "pick_settle_", "settle_"]
 
 #: member rows per ``decide_rows`` program, columns per ``fill_rows`` program (powers of two)
 DECIDE_BLOCK = 128
 FILL_BLOCK = 1024
+#: bounds per row per iteration of ``pick_decide_rows`` (a power of two)
+WIDTH_BLOCK = 32
 
 
 @functools.cache
@@ -41,12 +43,37 @@ def settle_(logits: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor, if_d
     if n == 0:
         return
     k = kernels()
-    stride, vocab = logits.stride(0), logits.shape[1]
     has_stops = can_stop is not None
     stops = can_stop if can_stop is not None else dead
     k.decide_rows[((n + DECIDE_BLOCK - 1) // DECIDE_BLOCK,)](
         logits, picked, picked.stride(0), picked.stride(1), if_dead, if_dead.stride(0), if_dead.stride(1), stops,
         chosen, chosen.stride(0), chosen.stride(1), dead, n, PLANES=picked.shape[0], HAS_STOPS=has_stops,
         BLOCK=DECIDE_BLOCK)
-    k.fill_rows[(n, (vocab + FILL_BLOCK - 1) // FILL_BLOCK)](
-        logits, stride, rows, chosen, chosen.stride(1), dead, stops, vocab, HAS_STOPS=has_stops, BLOCK=FILL_BLOCK)
+    _fill(logits, rows, chosen, dead, can_stop)
+
+
+def pick_settle_(logits: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, bounds: torch.Tensor,
+                 values: torch.Tensor, identity: bool, can_stop: torch.Tensor | None, pick: torch.Tensor,
+                 chosen: torch.Tensor, dead: torch.Tensor) -> None:
+    """``processors.forced_settle.pick_settle_``'s contract: ``pick_decide_rows`` (the pick and the
+    decision), then ``fill_rows``. Two launches, none for zero rows; no sync."""
+    n = rows.shape[0]
+    if n == 0:
+        return
+    k = kernels()
+    stops = can_stop if can_stop is not None else dead
+    k.pick_decide_rows[((n + DECIDE_BLOCK - 1) // DECIDE_BLOCK,)](
+        logits, rows, values, bounds, bounds.stride(0), bounds.stride(1), bounds.shape[1], table, table.stride(0),
+        table.stride(1), table.stride(2), stops, pick, pick.stride(0), pick.stride(1), chosen, chosen.stride(0),
+        chosen.stride(1), dead, n, IDENTITY=identity, HAS_STOPS=can_stop is not None, BLOCK=DECIDE_BLOCK,
+        WBLOCK=WIDTH_BLOCK)
+    _fill(logits, rows, chosen, dead, can_stop)
+
+
+def _fill(logits: torch.Tensor, rows: torch.Tensor, chosen: torch.Tensor, dead: torch.Tensor,
+          can_stop: torch.Tensor | None) -> None:
+    """``fill_rows`` over every member row and block of columns: one launch."""
+    vocab = logits.shape[1]
+    kernels().fill_rows[(rows.shape[0], (vocab + FILL_BLOCK - 1) // FILL_BLOCK)](
+        logits, logits.stride(0), rows, chosen, chosen.stride(1), dead, dead if can_stop is None else can_stop,
+        vocab, HAS_STOPS=can_stop is not None, BLOCK=FILL_BLOCK)

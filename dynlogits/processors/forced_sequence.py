@@ -13,7 +13,7 @@ import torch
 from dynlogits.specs.builtin.forced_sequence import ForcedSequence, ForcedTokenSequenceSpec
 
 from .base import RealizeContext
-from .forced_settle import fused_ready, settle_
+from .forced_settle import fused_ready, pick_settle_, settle_
 from .forced_settle import run as fused_run
 from .modes import PlannedGroup
 from .ops import ForceToken, RowOp, apply_op, fill_rows
@@ -125,17 +125,39 @@ class ForcedSequenceGroup(PlannedGroup):
         """``[6, n]``: this step's column of every plane of ``_prepare_settle``'s table, from
         ``pos`` (against ``pos_offset``) or ``generated``: two ops, whatever the runner gives."""
         n = len(rows.rows)
-        values, offset = (step.pos, step.pos_offset) if step.pos is not None else (step.generated, None)
-        assert values is not None
+        values, bounds = self._values_bounds(step, rows)
         if not rows.identity:
             values = values[rows.rows_dev]
+        column = torch.searchsorted(bounds, values.view(n, 1), right=True)
+        return self._cache["table"].gather(2, column.view(1, n, 1).expand(6, n, 1)).view(6, n)
+
+    def _values_bounds(self, step: StepInputs, rows: ListedRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """The runner's positions (``pos``, else ``generated``; batch rows) and each member row's
+        bounds in their dtype (``_prepare_settle``; kept while ``pos_offset`` stays the same tensor)."""
+        values, offset = (step.pos, step.pos_offset) if step.pos is not None else (step.generated, None)
+        assert values is not None
         bounds = self._cache["bounds"]
         if bounds is None or bounds[0] is not offset or bounds[1].dtype != values.dtype:
             at = self._cache["steps"] if offset is None else self._cache["steps"] + (
                 offset if rows.identity else offset[rows.rows_dev])[:, None]
             bounds = self._cache["bounds"] = (offset, at.masked_fill(self._cache["beyond"], self._NEVER).to(values.dtype))
-        column = torch.searchsorted(bounds[1], values.view(n, 1), right=True)
-        return self._cache["table"].gather(2, column.view(1, n, 1).expand(6, n, 1)).view(6, n)
+        return values, bounds[1]
+
+    def _pick_settle_fused(self, step: StepInputs, rows: ListedRows) -> Dead:
+        """``_pick`` and ``_settle`` as the fused op ``forced_pick_settle_`` (two launches on CUDA),
+        then the flags' copy back: the same pick, writes and report."""
+        values, bounds = self._values_bounds(step, rows)
+        n = len(rows.rows)
+        pick = torch.empty((6, n), dtype=torch.long, device=values.device)
+        chosen, _, flagged = self._chosen(pick[:3], False)
+        dead = torch.empty(n, dtype=torch.bool, device=values.device)
+        args = (step.logits, rows.rows_dev, self._cache["table"], bounds, values, rows.identity, rows.can_stop,
+                pick, chosen, dead)
+        fused_run(step.flat.device, lambda: pick_settle_(*args), lambda: pick_settle_.eager(*args))
+        if step.flag_rows is not None:
+            step.flag_rows(flagged, None)
+        return Dead(rows.rows_dev, rows.slots_dev, None, pick[2], rows.stop_index, rows.can_stop,
+                    settled=dead, flagged=step.flag_rows is not None)
 
     @staticmethod
     def _tokens(generated: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor,
@@ -212,6 +234,8 @@ class ForcedSequenceGroup(PlannedGroup):
             if planned is not None:
                 picked, index, positions = planned
                 if_dead, host_positions = self._cache["if_dead"], self._cache["host_positions"]
+            elif fused_ready(step.flat.device):
+                return self._pick_settle_fused(step, rows)
             else:
                 pick = self._pick(step, rows)
                 picked, index, positions, if_dead, host_positions = pick[:3], pick[0], pick[2], pick[3:], None

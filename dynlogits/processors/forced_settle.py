@@ -8,7 +8,7 @@ eager reference, run by the CUDA model and the tests."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -17,7 +17,7 @@ from dynlogits.kernels.probe import FusedGate
 
 from .slots import NEG_INF
 
-__all__ = ["fused_ready", "probe_case", "reset_fused", "run", "settle_"]
+__all__ = ["fused_ready", "pick_probe_case", "pick_settle_", "probe_case", "reset_fused", "run", "settle_"]
 
 T = TypeVar("T")
 
@@ -52,6 +52,31 @@ def _settle_cuda(logits: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor,
     from dynlogits.kernels import forced as kernels
 
     kernels.settle_(logits, rows, picked, if_dead, can_stop, chosen, dead)
+
+
+@fused_op("forced_pick_settle_", launches=2, mutates_args=("logits", "pick", "chosen", "dead"))
+def pick_settle_(logits: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, bounds: torch.Tensor,
+                 values: torch.Tensor, identity: bool, can_stop: torch.Tensor | None, pick: torch.Tensor,
+                 chosen: torch.Tensor, dead: torch.Tensor) -> None:
+    """``settle_`` after the pick of ``ForcedSequenceGroup._pick``: member row ``i``'s column is how
+    many of its ``bounds`` (``[n, width]``, ascending, ``values``' dtype) are at most its value
+    (``values[i]``, or ``values[rows[i]]`` unless ``identity``); ``pick`` (``[6, n]``) gets
+    ``table[:, i, column]``, whose planes ``0..2`` are ``settle_``'s ``picked`` and ``3..5`` its
+    ``if_dead``."""
+    n = rows.shape[0]
+    member = values if identity else values[rows]
+    column = torch.searchsorted(bounds, member.view(n, 1), right=True)
+    pick.copy_(table.gather(2, column.view(1, n, 1).expand(6, n, 1)).view(6, n))
+    settle_.eager(logits, rows, pick[:3], pick[3:], can_stop, chosen, dead)
+
+
+@pick_settle_.cuda
+def _pick_settle_cuda(logits: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, bounds: torch.Tensor,
+                      values: torch.Tensor, identity: bool, can_stop: torch.Tensor | None, pick: torch.Tensor,
+                      chosen: torch.Tensor, dead: torch.Tensor) -> None:
+    from dynlogits.kernels import forced as kernels
+
+    kernels.pick_settle_(logits, rows, table, bounds, values, identity, can_stop, pick, chosen, dead)
 
 
 def fused_ready(device: torch.device) -> bool:
@@ -93,15 +118,49 @@ def probe_case(seed: int, device: torch.device, *, rows: int = 12, vocab: int = 
     return tuple(None if t is None else t.to(device) for t in made)  # type: ignore[misc]
 
 
+def pick_probe_case(seed: int, device: torch.device, *, rows: int = 12, vocab: int = 300, width: int = 40,
+                    stops: bool = True, identity: bool = False, dtype: torch.dtype = torch.int64) -> tuple[Any, ...]:
+    """A random ``pick_settle_`` on ``device``: ``(logits, rows, table, bounds, values, identity,
+    can_stop)``; each row's bounds ascending, ``NEVER`` past its length, values below, among and
+    past them; the table's forced and stop columns drawn as in ``probe_case``."""
+    g = torch.Generator().manual_seed(seed)
+    logits, member, _, _, can_stop = probe_case(seed, torch.device("cpu"), rows=rows, vocab=vocab, stops=stops)
+    base = (member * vocab)[:, None]
+    choices = torch.randint(0, vocab, (rows, 3), generator=g)  # each row's table names three ids
+    forced = choices.gather(1, torch.randint(0, 3, (rows, width + 1), generator=g))
+    stop = torch.randint(0, vocab, (rows, 1), generator=g).expand(rows, width + 1)
+    masked = torch.rand(rows, 3, generator=g) < 0.4
+    logits[member[:, None].expand(rows, 3)[masked], choices[masked]] = float("-inf")
+    extra = torch.randint(0, 1000, (4, rows, width + 1), generator=g)
+    table = torch.stack([base + forced, extra[0], extra[1], base + stop, extra[2], extra[3]])
+    bounds = torch.sort(torch.randint(0, 3 * width, (rows, width), generator=g), dim=1).values
+    length = torch.randint(0, width + 1, (rows, 1), generator=g)
+    bounds = bounds.masked_fill(torch.arange(width) >= length, (1 << 31) - 1)
+    values = torch.randint(-2, 3 * width + 2, (rows if identity else logits.shape[0],), generator=g)
+    made = (logits, member, table, bounds.to(dtype), values.to(dtype))
+    return (*(t.to(device) for t in made), identity, None if can_stop is None else can_stop.to(device))
+
+
 def _probe(device: torch.device) -> bool:
     """``settle_``'s kernels against the eager reference on ``device``, exactly (see ``fused_ready``)."""
     same = []
     for seed, planes, stops in ((1, 2, False), (2, 3, True), (3, 2, True), (4, 3, False)):
         logits, rows, picked, if_dead, can_stop = probe_case(20261128 + seed, device, planes=planes, stops=stops)
-        outs = []
+        outs: list[tuple[torch.Tensor, ...]] = []
         for impl in (_settle_cuda, settle_.eager):
-            out = (logits.clone(), torch.empty_like(picked), torch.empty_like(rows, dtype=torch.bool))
+            out: tuple[torch.Tensor, ...] = (logits.clone(), torch.empty_like(picked), torch.empty_like(rows, dtype=torch.bool))
             impl(out[0], rows, picked, if_dead, can_stop, out[1], out[2])
+            outs.append(out)
+        same.append(all(torch.equal(a, b) for a, b in zip(*outs)))
+    for seed, identity, stops in ((5, True, False), (6, False, True)):
+        logits, rows, table, bounds, values, identity, can_stop = pick_probe_case(
+            20261128 + seed, device, identity=identity, stops=stops, dtype=torch.int32 if stops else torch.int64)
+        outs = []
+        for impl in (_pick_settle_cuda, pick_settle_.eager):
+            out = (logits.clone(), torch.empty((6, rows.shape[0]), dtype=torch.long, device=device),
+                   torch.empty((3, rows.shape[0]), dtype=torch.long, device=device),
+                   torch.empty_like(rows, dtype=torch.bool))
+            impl(out[0], rows, table, bounds, values, identity, can_stop, *out[1:])
             outs.append(out)
         same.append(all(torch.equal(a, b) for a, b in zip(*outs)))
     return all(same)

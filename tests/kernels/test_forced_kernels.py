@@ -1,7 +1,9 @@
-"""``forced_sequence``'s fused settle (``processors.forced_settle.settle_``): its Triton kernels in
+"""``forced_sequence``'s fused settle (``processors.forced_settle.settle_``, and ``pick_settle_``
+with Model Runner V2's pick): its Triton kernels in
 Triton's CPU interpreter (``TRITON_INTERPRET=1``, set in a subprocess before Triton is imported)
 against its eager reference bit for bit, compiled ahead of time for Hopper and Ampere, the eager
-reference against the group's eager path, and a steady forced step's launches in the CUDA model."""
+reference against the group's eager path, and a steady forced step's launches in the CUDA model on
+both runners."""
 
 from __future__ import annotations
 
@@ -45,6 +47,24 @@ SCRIPT = textwrap.dedent('''
                     dead += int(outs[1][2].sum())
                     checked += 1
     assert dead > 200, dead
+    for seed in range(20):  # the pick too (Model Runner V2)
+        for identity in (False, True):
+            for stops in (False, True):
+                for dtype in (torch.int32, torch.int64):
+                    rows = 1 + seed % 20
+                    logits, r, table, bounds, values, ident, can_stop = F.pick_probe_case(
+                        seed, torch.device("cpu"), rows=rows, width=5 + 13 * (seed % 5), identity=identity,
+                        stops=stops, dtype=dtype)
+                    outs = []
+                    for impl in (K.pick_settle_, F.pick_settle_.eager):
+                        out = (logits.clone(), torch.empty((6, rows), dtype=torch.long),
+                               torch.empty((3, rows), dtype=torch.long), torch.empty(rows, dtype=torch.bool))
+                        impl(out[0], r, table, bounds, values, ident, can_stop, *out[1:])
+                        outs.append(out)
+                    for got, want in zip(*outs):
+                        assert torch.equal(got, want), (seed, identity, stops, dtype, "pick")
+                    dead += int(outs[1][3].sum())
+                    checked += 1
     assert F._probe(torch.device("cpu")), "the gate's probe (kernels against the eager reference)"
     print("checked", checked)
 ''')
@@ -55,7 +75,7 @@ def test_the_triton_kernels_in_the_interpreter_equal_the_eager_reference_bit_for
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "checked 320" in done.stdout
+    assert "checked 480" in done.stdout
 
 
 @pytest.mark.parametrize("logits_type", ["*fp32", "*bf16", "*fp16"])
@@ -77,12 +97,24 @@ def test_the_triton_kernels_compile_for_cuda_without_a_gpu(logits_type: str) -> 
               "PLANES": "constexpr", "HAS_STOPS": "constexpr", "BLOCK": "constexpr"}
     fill = {"logits_ptr": logits_type, "stride": "i64", "rows_ptr": "*i64", "chosen_ptr": "*i64", "chosen_s1": "i64",
             "dead_ptr": "*i1", "stops_ptr": "*i1", "vocab": "i32", "HAS_STOPS": "constexpr", "BLOCK": "constexpr"}
+    pick = {"flat_ptr": logits_type, "rows_ptr": "*i64", "values_ptr": "*i64", "bounds_ptr": "*i64", "bounds_s0": "i64",
+            "bounds_s1": "i64", "width": "i32", "table_ptr": "*i64", "table_s0": "i64", "table_s1": "i64",
+            "table_s2": "i64", "stops_ptr": "*i1", "pick_ptr": "*i64", "pick_s0": "i64", "pick_s1": "i64",
+            "chosen_ptr": "*i64", "chosen_s0": "i64", "chosen_s1": "i64", "dead_ptr": "*i1", "n": "i32",
+            "IDENTITY": "constexpr", "HAS_STOPS": "constexpr", "BLOCK": "constexpr", "WBLOCK": "constexpr"}
     for capability in (90, 80):
         for stops in (False, True):
             for planes in (2, 3):
                 source = ASTSource(fn=k.decide_rows, signature=decide, constexprs={
                     "PLANES": planes, "HAS_STOPS": stops, "BLOCK": forced.DECIDE_BLOCK})
                 assert "decide_rows" in triton.compile(source, target=GPUTarget("cuda", capability, 32)).asm["ptx"]
+            for identity in (False, True):
+                for values in ("*i32", "*i64"):
+                    source = ASTSource(fn=k.pick_decide_rows, signature=dict(pick, values_ptr=values, bounds_ptr=values),
+                                       constexprs={"IDENTITY": identity, "HAS_STOPS": stops,
+                                                   "BLOCK": forced.DECIDE_BLOCK, "WBLOCK": forced.WIDTH_BLOCK})
+                    compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
+                    assert "pick_decide_rows" in compiled.asm["ptx"]
             source = ASTSource(fn=k.fill_rows, signature=fill,
                                constexprs={"HAS_STOPS": stops, "BLOCK": forced.FILL_BLOCK})
             assert "fill_rows" in triton.compile(source, target=GPUTarget("cuda", capability, 32)).asm["ptx"]
@@ -125,9 +157,12 @@ def test_the_eager_reference_writes_what_the_groups_eager_settle_writes() -> Non
     assert dead > 150
 
 
-def test_a_steady_forced_step_takes_four_launches_on_the_v1_runner() -> None:
-    """The upload, the fused settle (two kernels) and the flags' copy back, with 0 syncs."""
+@pytest.mark.parametrize(("impl", "want"), [("adapter", 4), ("adapter_v2", 3)])
+def test_a_steady_forced_step_takes_at_most_four_launches_on_both_runners(impl: str, want: int) -> None:
+    """V1: the upload, the fused settle (two kernels), the flags' copy back; Model Runner V2: the
+    fused pick and settle (two kernels), the flags' copy back. 0 syncs over batch changes and a
+    failing request."""
     vocab = 32000
     payloads = [workloads.payload("forced_sequence", vocab_size=vocab, eos_token_id=2, seed=i) for i in range(8)]
-    launches, syncs = adapter_counts("adapter", vocab, payloads)
-    assert (launches, syncs) == (4, 0)
+    launches, syncs = adapter_counts(impl, vocab, payloads)
+    assert (launches, syncs) == (want, 0)
