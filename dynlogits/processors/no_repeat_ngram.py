@@ -49,6 +49,7 @@ from .base import IndexCache, RealizeContext
 from .modes import Decider, WindowDecided
 from .no_repeat_ngram_device import (
     MAX_DEVICE_SIZE,
+    MAX_SCOPED_OUTPUTS,
     Layout,
     SlotTables,
     apply,
@@ -437,10 +438,12 @@ class NoRepeatNgramGroup(WindowDecided):
     @classmethod
     def scoped_reach(cls, templates: Sequence[Template]) -> int | None:
         """The longest output a member's kept sample sees (``max_tokens``) plus the largest size
-        less one, where every template's ``max_tokens`` is known and its size is at most
-        ``MAX_DEVICE_SIZE`` (no ``include_prompt``: refused with a scope); else ``None`` (hosted)."""
+        less one, where every template's ``max_tokens`` is known and at most ``MAX_SCOPED_OUTPUTS``
+        and its size at most ``MAX_DEVICE_SIZE`` (no ``include_prompt``: refused with a scope);
+        else ``None`` (hosted)."""
         made = cast(Sequence[NoRepeatNgramTemplate], templates)
-        if not made or any(t.outputs is None or t.size > MAX_DEVICE_SIZE or t.include_prompt for t in made):
+        if not made or any(t.outputs is None or t.outputs > MAX_SCOPED_OUTPUTS or t.size > MAX_DEVICE_SIZE
+                           or t.include_prompt for t in made):
             return None
         return max(1, *(cast(int, t.outputs) for t in made)) + max(t.size for t in made) - 1
 

@@ -68,12 +68,16 @@ from dynlogits.kernels.probe import FusedGate
 
 from .window import TokenWindow
 
-__all__ = ["INT64_MAX", "INT64_MIN", "MAX_DEVICE_SIZE", "NEVER", "Layout", "SlotTables", "apply", "apply_eager",
+__all__ = ["INT64_MAX", "INT64_MIN", "MAX_DEVICE_SIZE", "MAX_SCOPED_OUTPUTS", "NEVER", "Layout", "SlotTables", "apply", "apply_eager",
            "apply_tokens", "ban_", "ban_host", "fused_ready", "layout", "probe_case", "reset_fused", "slot_tables", "window_width"]
 
 #: The largest ``size`` decided on the device: each step compares ``rows * W * size`` cells; common
 #: settings are 2 to 5 (transformers', TensorRT-LLM's). Larger sizes are hosted.
 MAX_DEVICE_SIZE = 8
+#: The largest ``max_tokens`` of a scoped entry decided on the device (``apply_tokens``): each step
+#: reads every row's last ``max_tokens + size - 1`` tokens into ``[rows, W]`` int64 tensors (a few
+#: at once: at 256 rows, 16 MiB each); larger ones are hosted under Model Runner V2.
+MAX_SCOPED_OUTPUTS = 8192
 #: A history start (and a bound on positions) past every position an engine reaches: a non-member
 #: row starts here, so it bans nothing; small enough that ``BIG * NEVER`` fits in int64.
 NEVER = 1 << 26

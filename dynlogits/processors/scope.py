@@ -188,6 +188,10 @@ class TokensScopeTables(ScopeTables):
 
     reach = 1
 
+    def __init__(self, num_slots: int, device: torch.device) -> None:
+        super().__init__(num_slots, device)
+        self._never = torch.full((), NEVER, dtype=torch.long, device=self.device)  # kept: no scalar per step
+
     def set(self, slot: int, template: ScopedTemplate | None) -> None:
         super().set(slot, template)
         inner = [t.inner for t in self.templates.values()]
@@ -203,8 +207,8 @@ class TokensScopeTables(ScopeTables):
         assert prompt_len is not None  # set by the step before any decision
         at = generated()[:, None] + self.offsets(self.reach)  # positions from the prompt's start, to the row's own
         first = torch.maximum(rows[:, ANCHOR], prompt_len[slots.clamp(max=prompt_len.shape[0] - 1)])
-        first = torch.where(torch.logical_and(rows[:, OUT], valid), first, NEVER)
-        return torch.where(at >= first[:, None], row_tokens(slots, at), -1)
+        first = torch.where(torch.logical_and(rows[:, OUT], valid), first, self._never)
+        return torch.where(at >= first[:, None], row_tokens(slots, at), self.no_token)
 
 
 class ScopedGroup(SpanDecided):

@@ -16,6 +16,7 @@ import torch
 
 from dynlogits import sdk
 from dynlogits.processors.no_repeat_ngram import NoRepeatNgramProcessor
+from dynlogits.processors.no_repeat_ngram_device import MAX_DEVICE_SIZE, MAX_SCOPED_OUTPUTS
 from dynlogits.processors.scope import Phases, ScopedDecided, _ScopedResident, scoped
 from dynlogits.sdk.realization import RequestFacts
 from dynlogits.sdk.resident.engine_step import EngineStep
@@ -134,7 +135,7 @@ def _params(payload: list[dict[str, Any]], max_tokens: int) -> Any:
     return params
 
 
-def _run_v2(drafts: int, seed: int, size: int | None, *, resident: bool) -> int:
+def _run_v2(drafts: int, seed: int, size: int | None, *, resident: bool, max_tokens: int = 48) -> int:
     """Random requests through a V2 harness (slots reused, outputs a request resumes with, some past
     ``DeviceThinking.MAX_DEVICE_CATCH_UP``, drafts); every row against the hosted path on the
     history it sees; how many rows had bans."""
@@ -150,7 +151,7 @@ def _run_v2(drafts: int, seed: int, size: int | None, *, resident: bool) -> int:
             name = f"r{round_}-{len(live)}"
             payload = _payload(rng, size=size)
             prompt = [rng.choice(IDS) for _ in range(rng.randint(1, 4))]
-            harness.add_request(name, prompt, _params(payload, 48), output_ids=[rng.choice(IDS) for _ in range(
+            harness.add_request(name, prompt, _params(payload, max_tokens), output_ids=[rng.choice(IDS) for _ in range(
                 rng.choice([0, 1, 3, 20]))])
             slot = harness.reqs[name].slot
             assert harness.processor._is_resident[slot] == resident and harness.processor._is_hosted[slot] != resident
@@ -182,9 +183,13 @@ def test_model_runner_v2s_scoped_no_repeat_ngram_rows_are_decided_on_the_device_
     assert _run_v2(drafts, 11 + drafts, None, resident=True) > 20
 
 
-def test_a_scoped_no_repeat_ngram_too_large_for_the_device_is_hosted_under_model_runner_v2() -> None:
-    """Size 9 (past ``MAX_DEVICE_SIZE``): hosted there, and still the hosted path's rows."""
-    _run_v2(0, 5, 9, resident=False)
+@pytest.mark.parametrize(("size", "max_tokens"), [(MAX_DEVICE_SIZE + 1, 48), (2, MAX_SCOPED_OUTPUTS + 1)],
+                         ids=["size", "max_tokens"])
+def test_a_scoped_no_repeat_ngram_the_device_does_not_decide_is_hosted_under_model_runner_v2(size: int,
+                                                                                                max_tokens: int) -> None:
+    """A size past ``MAX_DEVICE_SIZE``, or ``max_tokens`` past ``MAX_SCOPED_OUTPUTS``: hosted there,
+    and still the hosted path's rows."""
+    _run_v2(0, 5, size, resident=False, max_tokens=max_tokens)
 
 
 @pytest.mark.parametrize("drafts", [0, 2])
