@@ -12,9 +12,11 @@ __all__ = ["advance_rows"]
 
 @triton.jit
 def advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen, total_ptr,
-                 scale_ptr, n, rounds, WIDTH: tl.constexpr, BLOCK: tl.constexpr, BIG: tl.constexpr):
+                 scale_ptr, n, rounds, decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0,
+                 WIDTH: tl.constexpr, BLOCK: tl.constexpr, BIG: tl.constexpr, CLOSED: tl.constexpr,
+                 RULE: tl.constexpr):
     """One program per ``BLOCK`` rows: every round of each row followed in registers, the state
-    stored once (see ``spans``' module doc)."""
+    stored once, then the row's decision by ``RULE`` (see ``spans``' module doc)."""
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     live = r < n
     row_state = state_ptr + r * state_s0
@@ -54,3 +56,22 @@ def advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_
     tl.store(row_state + 1, anchor, mask=live)
     tl.store(row_state + 2, sel, mask=live)
     tl.store(row_state + 3, out, mask=live)
+    if RULE != 0:
+        row_force = force_ptr + r * force_s0
+        length = tl.load(flen_ptr + r * flen_s0, mask=live, other=0)
+        span_len = total - anchor
+        if RULE == 1:  # PHRASE
+            fire = live & (sel == 1) & (anchor != CLOSED) & (span_len < length)
+            at = tl.minimum(tl.maximum(span_len, 0), force_w - 1)
+        else:  # DUE: past the leading force tokens the row already ends with
+            fire = live & (total >= out)
+            at = tl.zeros([BLOCK], tl.int64)
+            for k in range(1, force_w):
+                match = live & (k < length) & (k <= span_len)
+                for j in range(0, k):
+                    column = tl.minimum(tl.maximum(total - k + j, 0), maxlen - 1)
+                    token = tl.load(row_tokens + column * tokens_s1, mask=live, other=0).to(tl.int64)
+                    match = match & (token == tl.load(row_force + j, mask=live, other=0))
+                at = tl.where(match, k, at)
+        token = tl.load(row_force + at, mask=fire, other=0)
+        tl.store(decided_ptr + r, tl.where(fire, token, -1), mask=live)

@@ -1,10 +1,12 @@
-"""``dynlogits::spans_advance_`` (``dynlogits.kernels.spans``): its eager reference equals today's
+"""``dynlogits::spans_advance_`` (``dynlogits.kernels.spans``): its eager reference equals the eager
 path of ``DeviceThinking.step`` (one window read and one ``SpanTables.advance`` a round) bit for
-bit, and its Triton kernel, in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set in a
-subprocess before Triton is imported), equals the reference bit for bit: random 1-3 token
-delimiters (closing or not, prompts opening spans, thresholds in the prompt's tail), several rounds
-(a resumed request's catch-up: rounds past a short row's start), int32 and int64 token matrices,
-a ``scale`` counting ``OUT`` from the transition."""
+bit, and its decision equals the kinds' own ``decide_state`` (``trigger``'s phrase, ``thinking_budget``'s
+due end token continuing an end already begun); its Triton kernel, in Triton's CPU interpreter
+(``TRITON_INTERPRET=1``, set in a subprocess before Triton is imported), equals the reference bit
+for bit: random 1-3 token delimiters (closing or not, prompts opening spans, thresholds in the
+prompt's tail), several rounds (speculative steps, a resumed request's catch-up: rounds past a short
+row's start), int32 and int64 token matrices, a ``scale`` counting ``OUT`` from the transition, each
+rule; and it compiles for Hopper and Ampere ahead of time."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import pytest
 import torch
 
 from dynlogits.kernels.fused import declared_launches
-from dynlogits.kernels.spans import spans_advance_
-from dynlogits.processors.device_thinking import CLOSED, STATE, DeviceThinking, SpanTables
+from dynlogits.kernels.spans import DUE, NO_RULE, PHRASE, decide_reference, spans_advance_
+from dynlogits.processors.device_thinking import CLOSED, STATE, DeviceThinking, SpanTables, _Step
+from dynlogits.processors.thinking_budget import ThinkingBudgetTemplate, ThinkingTables
+from dynlogits.processors.trigger import TriggerTables, TriggerTemplate
 
 CASES = textwrap.dedent('''
     import torch
@@ -72,13 +76,81 @@ def _today(tables: SpanTables, tokens: torch.Tensor, total: torch.Tensor, rounds
     return state
 
 
+def _no_rule(tables: SpanTables) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``decided``, ``force``, ``force_len`` for a table without a rule (not read)."""
+    decided = torch.full((tables.num_slots,), -1, dtype=torch.long)
+    return decided, decided[:, None], decided[:, None]
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_the_reference_equals_the_eager_rounds_of_a_step(seed: int) -> None:
     tables, tokens, total, rounds = case(seed, max_len=4 if seed % 4 == 1 else 24)  # type: ignore[name-defined]  # noqa: F821
     want = _today(tables, tokens, total, rounds)
     state = tables.state.clone()
-    spans_advance_(state, tables.consts.dev, tokens, total, tables.scale_dev, tables.width, rounds)
-    assert torch.equal(state, want)
+    decided, force, force_len = _no_rule(tables)
+    spans_advance_(state, tables.consts.dev, tokens, total, tables.scale_dev, tables.width, rounds, decided, force,
+                   force_len, NO_RULE)
+    assert torch.equal(state, want) and bool((decided == -1).all())
+
+
+def _ruled(kind: str, seed: int, n: int = 40, max_len: int = 20, vocab: int = 3) -> tuple[SpanTables, torch.Tensor,
+                                                                                        torch.Tensor, torch.Tensor]:
+    """A ``trigger`` or ``thinking_budget`` table of ``n`` random members (delimiters, phrases, ends
+    of one to three tokens from ``vocab`` ids, budgets 0 to 2), each followed over its tokens (all
+    rounds to its length): the tables, the token matrix, total lengths and each row's membership."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
+    seq = lambda: tuple(r(0, vocab) for _ in range(r(1, 4)))  # noqa: E731
+    tables: SpanTables = (TriggerTables if kind == "trigger" else ThinkingTables)(n + 1, torch.device("cpu"))
+    for slot in range(n):
+        template: object = (TriggerTemplate(seq(), seq()) if kind == "trigger" else
+                            ThinkingBudgetTemplate(seq(), seq(), r(0, 3), None if r(0, 3) else -r(0, 3), r(0, 3)))
+        tables.set(slot, template)
+        tables.put_state(slot, tables.initial_state(template))
+    tables.flush()
+    dtype = torch.int32 if seed % 2 else torch.int64
+    tokens = torch.randint(0, vocab, (n, max_len), generator=g).to(dtype)
+    total = torch.randint(0, max_len + 1, (n,), generator=g).to(dtype)
+    decided, force, force_len = _no_rule(tables)
+    spans_advance_(tables.state[:n], tables.consts.dev[:n], tokens, total, tables.scale_dev, tables.width, max_len,
+                   decided[:n], force[:n], force_len[:n], NO_RULE)
+    return tables, tokens, total, torch.rand(n, generator=g) < 0.95
+
+
+def _kinds_own(tables: SpanTables, tokens: torch.Tensor, total: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
+    """Each slot's row's decision by the kind's ``decide_state`` (no draft before it)."""
+    slots = torch.arange(tokens.shape[0])
+    return tables.decide_state(slots, None, lambda: total[slots], member, _Step(tokens, total * 0, total).token)
+
+
+@pytest.mark.parametrize("kind", ["trigger", "thinking_budget"])
+@pytest.mark.parametrize("seed", range(12))
+def test_the_fused_decision_equals_the_kinds_own_decision(kind: str, seed: int) -> None:
+    """``decide_reference`` (``PHRASE``, ``DUE``) equals ``decide_state`` of the row's slot on every
+    row, members or not."""
+    tables, tokens, total, member = _ruled(kind, seed)
+    n = tokens.shape[0]
+    forced = tables.forced()
+    assert forced is not None and tables.rule == (PHRASE if kind == "trigger" else DUE)
+    decided = torch.full((n,), -7, dtype=torch.long)
+    decide_reference(tables.state[:n], tokens, total, decided, forced[0].dev[:n], forced[1].dev[:n], tables.rule)
+    assert torch.equal(torch.where(member, decided, -1), _kinds_own(tables, tokens, total, member))
+
+
+def test_the_decision_cases_fire_and_continue_an_end_begun() -> None:
+    """The cases are not vacuous: both kinds force in some rows, and some due ``thinking_budget``
+    rows continue an end sequence the history already began (its second or third token)."""
+    fired = {"trigger": 0, "thinking_budget": 0}
+    begun = 0
+    for kind in fired:
+        for seed in range(12):
+            tables, tokens, total, member = _ruled(kind, seed)
+            want = _kinds_own(tables, tokens, total, member)
+            fired[kind] += int((want >= 0).sum())
+            if kind == "thinking_budget":
+                first = tables.end.dev[: tokens.shape[0], 0]
+                begun += int(((want >= 0) & (want != first)).sum())
+    assert min(fired.values()) >= 10 and begun >= 5, (fired, begun)
 
 
 def test_the_cases_move_states_both_ways() -> None:
@@ -101,18 +173,24 @@ def test_a_fused_advance_is_one_declared_launch() -> None:
 SCRIPT = CASES + textwrap.dedent('''
     import os
     assert os.environ["TRITON_INTERPRET"] == "1"
-    from dynlogits.kernels.spans import advance_reference, launch
-    bad = []
-    for seed in range(40):
-        tables, tokens, total, rounds = case(seed, n=70 if seed % 5 == 0 else 11, max_len=4 if seed % 4 == 1 else 24)
-        want = tables.state.clone()
+    from dynlogits.kernels.spans import RULES, advance_reference, decide_reference, force_case, launch
+    bad, fired = [], 0
+    for seed in range(48):
+        n = 70 if seed % 5 == 0 else 11
+        tables, tokens, total, rounds = case(seed, n=n, max_len=4 if seed % 4 == 1 else 24)
+        rule = RULES[seed % 3]
+        decided, force, force_len = force_case(seed, n=tables.num_slots, width=1 + seed % 3, vocab=4)
+        want, want_decided = tables.state.clone(), decided.clone()
         advance_reference(want, tables.consts.dev, tokens, total, tables.scale_dev, tables.width, rounds)
-        got = tables.state.clone()
-        launch(got, tables.consts.dev, tokens, total, tables.scale_dev, tables.width, rounds)
-        if not torch.equal(got, want):
+        decide_reference(want, tokens, total, want_decided, force, force_len, rule)
+        got, got_decided = tables.state.clone(), decided.clone()
+        launch(got, tables.consts.dev, tokens, total, tables.scale_dev, tables.width, rounds, got_decided, force,
+               force_len, rule)
+        fired += int((want_decided >= 0).sum())
+        if not (torch.equal(got, want) and torch.equal(got_decided, want_decided)):
             bad.append(seed)
-    print("bad", bad)
-    assert not bad
+    print("bad", bad, "fired", fired)
+    assert not bad and fired > 50
     from dynlogits.kernels.spans import _probe
     assert _probe(torch.device("cpu"))  # the probe's cases pass (and move states)
 ''')
@@ -124,3 +202,33 @@ def test_the_triton_kernel_in_the_interpreter_equals_the_reference_bit_for_bit()
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
 
+
+
+def test_the_triton_kernel_compiles_for_cuda_without_a_gpu() -> None:
+    """Triton's NVIDIA backend compiles the kernel ahead of time (Hopper and Ampere, each delimiter
+    width and rule, int32 and int64 token matrices): what the interpreter does not check (types, the
+    compiler's lowering); not run."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from dynlogits.kernels import spans
+
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("Triton has no NVIDIA backend here")
+    kernel = spans.kernels().advance_rows
+    for capability in (90, 80):
+        for tokens in ("*i32", "*i64"):
+            signature = {"state_ptr": "*i64", "state_s0": "i64", "consts_ptr": "*i64", "consts_s0": "i64",
+                         "tokens_ptr": tokens, "tokens_s0": "i64", "tokens_s1": "i64", "maxlen": "i32",
+                         "total_ptr": tokens, "scale_ptr": "*i64",
+                         "n": "i32", "rounds": "i32", "decided_ptr": "*i64", "force_ptr": "*i64", "force_s0": "i64",
+                         "force_w": "i64", "flen_ptr": "*i64", "flen_s0": "i64", "WIDTH": "constexpr",
+                         "BLOCK": "constexpr", "BIG": "constexpr", "CLOSED": "constexpr", "RULE": "constexpr"}
+            for width in (1, 2, 3, 5):
+                for rule in spans.RULES:
+                    source = ASTSource(fn=kernel, signature=signature,
+                                       constexprs={"WIDTH": width, "BLOCK": spans.BLOCK, "BIG": spans.BIG,
+                                                   "CLOSED": spans.CLOSED, "RULE": rule})
+                    compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
+                    assert "advance_rows" in compiled.asm["ptx"]

@@ -1,7 +1,7 @@
 """A GPU check of ``dynlogits::spans_advance_`` (``dynlogits.kernels.spans``): its Triton kernel on
-CUDA against the eager reference on the same device, exactly, over random tables (1 to ``width``
+CUDA against the eager references on the same device, exactly, over random tables (1 to ``width``
 token sequences, either state, small thresholds; 1 to 6 rounds, rows past one block, int32 and int64
-token matrices). ``python -m dynlogits.testing.cuda.spans_check``: prints the differing cases and
+token matrices; each decision rule, with 1 to 3 token forced sequences). ``python -m dynlogits.testing.cuda.spans_check``: prints the differing cases and
 exits nonzero on any (2 without a CUDA device). ``run`` and ``cpu_check`` are what
 ``python -m dynlogits.testing.cuda.check`` calls (on a GPU, and in Triton's CPU interpreter)."""
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from dynlogits.kernels.spans import advance_reference, launch, probe_case
+from dynlogits.kernels.spans import RULES, advance_reference, decide_reference, force_case, launch, probe_case
 
 __all__ = ["cpu_check", "main", "run"]
 
@@ -35,13 +35,16 @@ def main(device: torch.device | None = None) -> int:
             state, consts, tokens, total_len, scale = (t.to(device) for t in probe_case(seed, n=n, width=width))
             if seed % 2:
                 tokens = tokens.long()
-            rounds = 1 + seed % 6
+            rounds, rule = 1 + seed % 6, RULES[(seed + width) % 3]
+            decided, force, force_len = (t.to(device) for t in force_case(seed, n=n, width=1 + seed % 3))
             fused, eager = state.clone(), state.clone()
-            launch(fused, consts, tokens, total_len, scale, width, rounds)
+            fused_decided, eager_decided = decided.clone(), decided.clone()
+            launch(fused, consts, tokens, total_len, scale, width, rounds, fused_decided, force, force_len, rule)
             advance_reference(eager, consts, tokens, total_len, scale, width, rounds)
+            decide_reference(eager, tokens, total_len, eager_decided, force, force_len, rule)
             cases += 1
-            if not torch.equal(fused, eager):
-                bad.append((seed, width, rounds))
+            if not (torch.equal(fused, eager) and torch.equal(fused_decided, eager_decided)):
+                bad.append((seed, width, rounds, rule))
     print(f"spans_check: {cases} cases, {len(bad)} differ {bad[:10]}")
     return 1 if bad else 0
 
