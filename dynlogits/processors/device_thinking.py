@@ -22,13 +22,17 @@ end (the host knows no prompt length there) and its first step adds its prompt l
 ``addcmul_`` a table, at steps after a batch change only); ``SpanTables.span`` gives generated
 positions again.
 
-A steady step without drafts is one fused op a table (``dynlogits.kernels.spans.spans_advance_``:
-the window read and the transition, one Triton launch on CUDA once its probe passed, equal to the
-eager ops bit for bit). Elsewhere (the CPU, a failed probe, drafts, a resumed request's catch-up)
-it is, for all tables together, one window read (``add``, ``index``) a round, then per table
-``gather``, ``eq``, ``sum``, ``add``, ``ge``, ``addcmul``, ``where`` (in place). Drafts are followed
-per row in ``decide``. No read back, except
-one host scan of a request resumed with more than ``MAX_DEVICE_CATCH_UP`` generated tokens."""
+A step is one fused op a table (``dynlogits.kernels.spans.spans_advance_``: every round, a
+speculative config's and a resumed request's catch-up included, with its window read, in one Triton
+launch on CUDA once its probe passed, equal to the eager ops bit for bit), which also writes each
+slot's decision where the table's kind has a rule (``SpanTables.rule``: ``trigger``'s phrase,
+``thinking_budget``'s due end token; ``SpanTables.decided``), so a row without drafts before it
+reads its decision off it (``index``, ``where``) instead of its kind's ``decide_state`` ops.
+Elsewhere (the CPU, a failed probe) it is, for all tables together, one window read (``add``,
+``index``) a round, then per table ``gather``, ``eq``, ``sum``, ``add``, ``ge``, ``addcmul``,
+``where`` (in place), and ``decide_state`` decides. Drafts are followed per row in ``decide``
+(eager). No read back, except one host scan of a request resumed with more than
+``MAX_DEVICE_CATCH_UP`` generated tokens."""
 
 from __future__ import annotations
 
@@ -38,13 +42,14 @@ from typing import Any
 
 import torch
 
-from dynlogits.kernels.spans import GATE, spans_advance_
+from dynlogits.kernels.spans import DUE, GATE, NO_RULE, PHRASE, spans_advance_
 
 from .slots import GatheredRows, Group, SlotTable
 from .spans import PLACEHOLDER
 from .window import cached_arange
 
-__all__ = ["ANCHOR", "BIG", "CLOSED", "KEY", "NEVER", "OUT", "SEL", "STATE", "DeviceThinking", "SpanTables"]
+__all__ = ["ANCHOR", "BIG", "CLOSED", "DUE", "KEY", "NEVER", "NO_RULE", "OUT", "PHRASE", "SEL", "STATE", "DeviceThinking",
+           "SpanTables"]
 
 #: The span start a decision reads for "no open span" (a span the prompt opened starts at ``<= 0``).
 CLOSED = -(1 << 40)
@@ -71,6 +76,10 @@ class SpanTables:
     #: per state column, whether a transition adds its position (``KEY`` and ``ANCHOR`` always; ``OUT``
     #: where the kind's output counts from the transition, e.g. ``thinking_budget``'s due count)
     scale: tuple[int, ...] = (1, 1, 0, 0)
+    #: the decision the fused advance makes per slot at a step without drafts
+    #: (``dynlogits.kernels.spans``: ``PHRASE``, ``DUE``; ``NO_RULE``: ``decide_state`` decides), from
+    #: the sequence table ``forced()`` names; it must equal ``decide_state``'s
+    rule: int = NO_RULE
 
     def __init__(self, num_slots: int, device: torch.device) -> None:
         self.num_slots = num_slots
@@ -95,6 +104,8 @@ class SpanTables:
         self.consts = self._consts_table()
         self._tables = [self.start, self.start_len, self.end, self.end_len, self.consts]
         self._offsets: dict[int, torch.Tensor] = {}  # width -> ``-width .. -1``, kept
+        #: per slot the token the fused advance decided (``rule``), valid after a fused step
+        self.decided = torch.full((num_slots,), -1, dtype=torch.long, device=self.device)
 
     # -- what a subclass says ---------------------------------------------------------------------
     def table(self) -> SlotTable:
@@ -106,6 +117,10 @@ class SpanTables:
     def delimiters(self, template: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The sequences that open and close ``template``'s span."""
         raise NotImplementedError
+
+    def forced(self) -> tuple[SlotTable, SlotTable] | None:
+        """The per-slot sequence ``rule`` forces from and its length (``None``: no rule)."""
+        return None
 
     def initial(self, template: Any) -> int:
         """Where the span the prompt left open began (``CLOSED``: none)."""
@@ -294,9 +309,11 @@ class DeviceThinking:
         self._pending: set[int] = set()
         self._fresh = SlotTable(num_slots, torch.long, self.device, pad=0)
         self._columns: dict[tuple[int, int], torch.Tensor] = {}  # (width, back) -> window column offsets
+        self._decided = False  # the last step was fused: ``SpanTables.decided`` holds its rules' decisions
 
     #: A resumed request with at most this many generated tokens is followed on the device (a round
-    #: of ops per token at its first step); a longer one is scanned once on the host (one read back).
+    #: per token at its first step: of the fused kernel's loop, or of eager ops); a longer one is
+    #: scanned once on the host (one read back).
     MAX_DEVICE_CATCH_UP = 16
 
     def assign(self, slot: int, request: Any, *, resumed: int = 0) -> None:
@@ -377,23 +394,29 @@ class DeviceThinking:
             self._pending.clear()
         rounds = self.max_new + self._catch_up  # a resumed request's whole history, once
         self._catch_up = 0
-        # one launch a table (``spans_advance_``) at a steady step; drafts and a resumed request's
-        # catch-up keep the eager rounds (tests/sync count those rounds)
-        if rounds == 1 and GATE.ready(self.device):
-            GATE.run(self.device, lambda: self._fused(tokens, total_len, rounds),
-                     lambda: self._eager(tokens, total_len, rounds))
-        else:
-            self._eager(tokens, total_len, rounds)
+        # one launch a table (``spans_advance_``: every round, and a rule's decision) where the
+        # probe passed; else the eager rounds
+        GATE.run(self.device, lambda: self._fused(tokens, total_len, rounds),
+                 lambda: self._eager(tokens, total_len, rounds))
 
     def _fused(self, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int) -> None:
-        """Every table's ``rounds`` positions, one fused op a table."""
+        """Every table's ``rounds`` positions and its rule's decisions (``SpanTables.decided``), one
+        fused op a table."""
         n = tokens.shape[0]
         for tables in self.tables.values():
+            decided = tables.decided[:n]
+            force, force_len = decided[:, None], decided[:, None]  # not read without a rule
+            if tables.rule != NO_RULE:
+                forced = tables.forced()
+                assert forced is not None, "a rule forces from a table (SpanTables.forced)"
+                force, force_len = forced[0].dev[:n], forced[1].dev[:n]
             spans_advance_(tables.state[:n], tables.consts.dev[:n], tokens, total_len, tables.scale_dev, tables.width,
-                           rounds)
+                           rounds, decided, force, force_len, tables.rule)
+        self._decided = True
 
     def _eager(self, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int) -> None:
         """Every table's ``rounds`` positions: per round one window read, then ``advance`` a table."""
+        self._decided = False
         n = tokens.shape[0]
         width = max(tables.width for tables in self.tables.values())
         every = [(tables, tables.state[:n], tables.consts_of(n)) for tables in self.tables.values()]
@@ -440,6 +463,8 @@ class DeviceThinking:
             return torch.full_like(rows.slot_of_row, -1)
         slots = rows.slot_of_row
         input_ids, local_pos = self._inputs
+        if local_pos is None and self._decided and tables.rule != NO_RULE:  # decided in the fused advance
+            return torch.where(rows.member, tables.decided[slots], tables.no_token)
         if local_pos is None:
             return tables.decide_state(slots, None, lambda: source.total_len[source.clamped(slots)], rows.member,
                                        self._row_tokens)

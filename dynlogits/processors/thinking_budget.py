@@ -17,10 +17,10 @@ import torch
 from dynlogits.specs.builtin.thinking_budget import ThinkingBudget, ThinkingBudgetSpec
 
 from .base import RealizeContext
-from .device_thinking import ANCHOR, CLOSED, NEVER, OUT, SpanTables
+from .device_thinking import ANCHOR, CLOSED, DUE, NEVER, OUT, SpanTables
 from .modes import HostForcingGroup, SpanDecided
 from .ops import ForceToken, RowOp, apply_op
-from .slots import Template
+from .slots import SlotTable, Template
 from .spans import ROLLBACK, SpanScanner
 
 __all__ = ["CLOSED", "KIND", "ROLLBACK", "ThinkingBudgetGroup", "ThinkingBudgetProcessor", "ThinkingBudgetTemplate",
@@ -119,6 +119,7 @@ class ThinkingTables(SpanTables):
     outside a span), so a row fires where its generated count reaches it."""
 
     scale = (1, 1, 0, 1)  # OUT: the budget, from the position the span opened at
+    rule = DUE  # ``decide_state`` in the fused advance at a step without drafts
 
     def __init__(self, num_slots: int, device: torch.device) -> None:
         super().__init__(num_slots, device)
@@ -132,6 +133,9 @@ class ThinkingTables(SpanTables):
 
     def outs(self, template: ThinkingBudgetTemplate) -> tuple[int, int]:
         return NEVER, template.budget
+
+    def forced(self) -> tuple[SlotTable, SlotTable]:
+        return self.end, self.end_len
 
     def set(self, slot: int, template: ThinkingBudgetTemplate | None) -> None:
         super().set(slot, template)

@@ -13,10 +13,10 @@ import torch
 from dynlogits.specs.builtin.trigger import Trigger, TriggerSpec
 
 from .base import RealizeContext
-from .device_thinking import CLOSED, SpanTables
+from .device_thinking import CLOSED, PHRASE, SpanTables
 from .modes import HostForcingGroup, SpanDecided
 from .ops import ForceToken, RowOp, apply_op
-from .slots import Template
+from .slots import SlotTable, Template
 from .spans import PLACEHOLDER, SpanScanner
 
 __all__ = ["KIND", "TriggerGroup", "TriggerProcessor", "TriggerTables", "TriggerTemplate", "factory"]
@@ -39,6 +39,7 @@ class TriggerTables(SpanTables):
 
     in_prompt = False  # a trigger is matched in the generated tokens only, as ``TriggerProcessor``
     closes = False  # it fires once: the span never closes
+    rule = PHRASE  # ``decide`` in the fused advance at a step without drafts
 
     def __init__(self, num_slots: int, device: torch.device) -> None:
         super().__init__(num_slots, device)
@@ -47,6 +48,9 @@ class TriggerTables(SpanTables):
 
     def delimiters(self, template: TriggerTemplate) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return template.trigger, (PLACEHOLDER,)
+
+    def forced(self) -> tuple[SlotTable, SlotTable]:
+        return self.phrase, self.phrase_len
 
     def set(self, slot: int, template: TriggerTemplate | None) -> None:
         super().set(slot, template)

@@ -3,7 +3,11 @@ engine's token matrix and the step's drafts: random delimiters of one to three t
 equal, one a suffix of the other), short prompts a delimiter may straddle or leave a span open in,
 steps that commit no token or as many as a request had rows, resumed requests (followed on the device
 or scanned once on the host) and reused slots. Checked on ``thinking_budget`` (its span start and
-the token each row is forced to) and a scoped entry (whether each row is in its phase)."""
+the token each row is forced to), ``trigger`` (where it fired and the phrase token forced) and a
+scoped entry (whether each row is in its phase), on both paths of a step: the eager rounds and
+decisions (the CPU), and the fused op ``spans_advance_`` (every round and, for ``thinking_budget``
+and ``trigger``, each slot's decision; its CPU implementation, the eager reference the Triton
+kernel is checked against in tests/kernels/test_spans_kernels.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +17,14 @@ import pytest
 import torch
 
 from dynlogits import sdk
+from dynlogits.kernels.spans import GATE
 from dynlogits.processors.device_thinking import CLOSED, DeviceThinking
 from dynlogits.processors.ops import ForceToken
 from dynlogits.processors.scope import Phases, ScopedGroup
 from dynlogits.processors.slots import GatheredRows
 from dynlogits.processors.spans import SpanScanner
 from dynlogits.processors.thinking_budget import ThinkingBudgetGroup, ThinkingBudgetProcessor
+from dynlogits.processors.trigger import TriggerGroup, TriggerProcessor
 from dynlogits.sdk.realization import RequestFacts
 
 V, EOS, SLOTS, WIDTH = 32, 1, 4, 96
@@ -35,7 +41,15 @@ def _thinking(rng: random.Random, prompt: list[int]) -> tuple[list[dict], Thinki
     return payload, ThinkingBudgetProcessor(start, end, budget, prompt)
 
 
+def _trigger(rng: random.Random, prompt: list[int]) -> tuple[list[dict], TriggerProcessor]:
+    trigger, phrase = _delimiter(rng), [rng.choice([11, 12, 13]) for _ in range(rng.randint(1, 3))]
+    payload = [{"kind": "trigger", "trigger_token_ids": trigger, "phrase_token_ids": phrase}]
+    return payload, TriggerProcessor(trigger, phrase)
+
+
 Scope = tuple[tuple[int, ...], tuple[int, ...], str]
+Host = ThinkingBudgetProcessor | TriggerProcessor | Scope
+GROUPS = {"thinking_budget": ThinkingBudgetGroup, "trigger": TriggerGroup, "scoped": ScopedGroup}
 
 
 def _scoped(rng: random.Random, prompt: list[int]) -> tuple[list[dict], Scope]:
@@ -45,15 +59,25 @@ def _scoped(rng: random.Random, prompt: list[int]) -> tuple[list[dict], Scope]:
     return payload, (tuple(start), tuple(end), scope)
 
 
-@pytest.mark.parametrize("kind", ["thinking_budget", "scoped"])
+def _request(kind: str, rng: random.Random, prompt: list[int]) -> tuple[list[dict], Host]:
+    if kind == "thinking_budget":
+        return _thinking(rng, prompt)
+    return _trigger(rng, prompt) if kind == "trigger" else _scoped(rng, prompt)
+
+
+@pytest.mark.parametrize("path", ["eager", "fused"])
+@pytest.mark.parametrize("kind", ["thinking_budget", "trigger", "scoped"])
 @pytest.mark.parametrize("drafts", [0, 2])
-def test_every_row_follows_the_host_automatons_span(kind: str, drafts: int) -> None:
+def test_every_row_follows_the_host_automatons_span(kind: str, drafts: int, path: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    if path == "fused":  # the fused op on the CPU (its CPU implementation), as the CUDA model runs it
+        monkeypatch.setattr(GATE, "run", lambda device, fused, eager: fused())
     rng = random.Random(f"{kind}-{drafts}")
     thinking = DeviceThinking(SLOTS + 1, "cpu", max_new=1 + drafts)
     tokens = torch.zeros(SLOTS, WIDTH, dtype=torch.int32)
     prompts: list[list[int]] = [[] for _ in range(SLOTS)]
     outputs: list[list[int]] = [[] for _ in range(SLOTS)]
-    hosts: list[ThinkingBudgetProcessor | Scope | None] = [None] * SLOTS
+    hosts: list[Host | None] = [None] * SLOTS
     checked = {"open": 0, "closed": 0}
     for _ in range(30):
         for slot in range(SLOTS):  # some slots get a new request (reused), some resumed
@@ -61,7 +85,7 @@ def test_every_row_follows_the_host_automatons_span(kind: str, drafts: int) -> N
                 continue
             prompt = [rng.choice(TOKENS + [9]) for _ in range(rng.randint(1, 4))]
             output = [rng.choice(TOKENS + [9]) for _ in range(rng.choice([0, 0, 2, 5, 30]))]
-            payload, hosts[slot] = _thinking(rng, prompt) if kind == "thinking_budget" else _scoped(rng, prompt)
+            payload, hosts[slot] = _request(kind, rng, prompt)
             request = sdk.realize(payload, vocab_size=V, stop_token_id=EOS, facts=RequestFacts(prompt_ids=prompt))
             assert request is not None
             thinking.assign(slot, request, resumed=len(output))
@@ -84,10 +108,13 @@ def test_every_row_follows_the_host_automatons_span(kind: str, drafts: int) -> N
                           rows_per_request=1 + drafts)
             ((level, group_type), tables), = thinking.tables.items()
             group = group_type(level, SLOTS + 1, torch.device("cpu"))
-            assert isinstance(group, ThinkingBudgetGroup if kind == "thinking_budget" else ScopedGroup)
+            assert isinstance(group, GROUPS[kind])
             for slot in range(SLOTS):  # the committed state
-                scanner = SpanScanner(*tables._rows[slot][:2], prompts[slot])
-                want = scanner.span(outputs[slot])
+                host = hosts[slot]
+                if isinstance(host, TriggerProcessor):
+                    want = host.fired_at(outputs[slot])
+                else:
+                    want = SpanScanner(*tables._rows[slot][:2], prompts[slot]).span(outputs[slot])
                 assert int(tables.span[slot]) == (CLOSED if want is None else want), (slot, prompts[slot], outputs[slot])
             decided = thinking.decide(group, GatheredRows(torch.tensor([s for s, _ in rows]), torch.ones(len(rows), dtype=torch.bool)))
             for r, (slot, k) in enumerate(rows):
@@ -98,6 +125,12 @@ def test_every_row_follows_the_host_automatons_span(kind: str, drafts: int) -> N
                     op = ThinkingBudgetProcessor(host.start, host.end, host.budget, prompts[slot]).row_op(seen)
                     assert int(decided[r]) == (op.token_id if isinstance(op, ForceToken) else -1), (slot, seen)
                     opened = host.span(seen) is not None
+                elif kind == "trigger":
+                    assert isinstance(host, TriggerProcessor)
+                    op = TriggerProcessor(host.trigger, host.phrase).row_op(seen)
+                    assert int(decided[r]) == (op.token_id if isinstance(op, ForceToken) else -1), (slot, seen)
+                    opened = host.fired_at(seen) is not None
+                    checked["forced"] = checked.get("forced", 0) + (op is not None)
                 else:
                     assert isinstance(host, tuple)
                     start, end, scope = host
@@ -108,4 +141,4 @@ def test_every_row_follows_the_host_automatons_span(kind: str, drafts: int) -> N
             for slot in range(SLOTS):  # commit nothing (not scheduled), or accepted drafts and one token
                 if rng.random() > 0.2:
                     outputs[slot] += fed[slot][: rng.randint(0, len(fed[slot]))] + [rng.choice(TOKENS + [9])]
-    assert min(checked.values()) > 100
+    assert checked["open"] > 100 and checked["closed"] > 100 and checked.get("forced", 20) >= 20, checked

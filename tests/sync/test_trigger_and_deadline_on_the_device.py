@@ -7,6 +7,8 @@ device (``deadline`` under V2: tests/sync/test_deadline_on_the_device.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dynlogits.testing.cuda.drive import Scenario, drive_v1, drive_v2
@@ -15,10 +17,10 @@ from dynlogits.testing.cuda.simcuda import SimCuda
 pytestmark = pytest.mark.usefixtures("quiet")  # the sequences' failing requests are expected
 
 # the bias makes the trigger (two 5s) certain, so the phrase is forced during the sequence
-TRIGGERS = [[{"kind": "logit_bias", "bias": {"5": 100.0}}, {"kind": "trigger", "trigger_token_ids": [5, 5],
+TRIGGERS: list[list[dict[str, Any]]] = [[{"kind": "logit_bias", "bias": {"5": 100.0}}, {"kind": "trigger", "trigger_token_ids": [5, 5],
                                                              "phrase_token_ids": [7, 8, 9]}],
             [{"kind": "trigger", "trigger_token_ids": [11], "phrase_token_ids": [12]}]]
-DEADLINES = [[{"kind": "deadline", "seconds": 0.001}], [{"kind": "deadline", "seconds": 3600}]]
+DEADLINES: list[list[dict[str, Any]]] = [[{"kind": "deadline", "seconds": 0.001}], [{"kind": "deadline", "seconds": 3600}]]
 
 
 @pytest.mark.parametrize("payloads", [TRIGGERS, DEADLINES, TRIGGERS + DEADLINES], ids=["trigger", "deadline", "both"])
@@ -63,14 +65,17 @@ def test_vllm_model_runner_v2_trigger_never_reads_a_history_back(payloads: list,
     assert any("no token left to sample" in f for f in result.failures)
 
 
-#: a steady step of triggers that never fire, without drafts: the span advanced once (one fused
-#: ``spans_advance_``, the window read inside it), the rows' spans and phrase tokens, the forcing and
-#: what every forcing group ends with
-V2_STEADY_OPS = 42
+#: a steady step of triggers that never fire: the span advanced and each slot's phrase token decided
+#: in one fused ``spans_advance_`` (the window read inside it), the rows' decisions read off it
+#: (``index``, ``where``), then the forcing and what every forcing group ends with (slots.py,
+#: failures.py: 24 ops) and the positions (listed.py: 1)
+V2_STEADY_OPS = 28
 
 
-def test_vllm_model_runner_v2_trigger_steady_step_is_a_fixed_number_of_device_ops() -> None:
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_vllm_model_runner_v2_trigger_steady_step_is_a_fixed_number_of_device_ops(drafts: int) -> None:
+    """With or without a speculative config (its steady step follows three rounds: one fused op)."""
     with SimCuda() as sim:
-        steady = drive_v2(sim, Scenario(payloads=TRIGGERS[1:] * 2, steps=4, changes=False))
+        steady = drive_v2(sim, Scenario(payloads=TRIGGERS[1:] * 2, steps=4, changes=False), drafts=drafts)
     assert [str(s) for s in steady.syncs] == [] and len(steady.steady_ops) == V2_STEADY_OPS
     assert steady.steady_ops[0] == "spans_advance_" and steady.steady_ops.count("spans_advance_") == 1

@@ -1,0 +1,78 @@
+"""``trigger`` and ``thinking_budget`` under Model Runner V2, in the CUDA model: a step follows each
+table's span over all its rounds and decides every slot in one fused ``spans_advance_``, and each
+row's decision is read off it, so the kinds' own device work (``DeviceThinking.step`` and
+``decide``) is a fixed number of launches whatever the rounds (one, a speculative config's three, a
+resumed request's catch-up), with no sync, and decides as the eager path does on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dynlogits import sdk
+from dynlogits.processors.device_thinking import DeviceThinking
+from dynlogits.processors.slots import GatheredRows
+from dynlogits.testing.cuda.simcuda import SimCuda
+
+V, SLOTS, PROMPT = 64, 4, 2
+#: a steady step's launches of the span kinds' own work: the fused advance and decision (1), each
+#: row's decision read off it (``index``, ``where``)
+SPAN_LAUNCHES = 3
+#: what the first step after arrivals adds: their prompt lengths lifted into the state (``mul``,
+#: ``addcmul_``) and a copy per arrived slot (the flags of slots to lift, reset)
+LIFT = 2 + SLOTS - 1
+
+PAYLOADS = {
+    "trigger": [{"kind": "trigger", "trigger_token_ids": [11], "phrase_token_ids": [12, 13]}],
+    "thinking_budget": [{"kind": "thinking_budget", "start_token_ids": [20], "end_token_ids": [21], "budget": 2}],
+    "thinking_budget-two-token-end": [{"kind": "thinking_budget", "start_token_ids": [20], "end_token_ids": [21, 22],
+                                      "budget": 2}],
+}
+#: per slot its generated tokens: the trigger fired, a span that a one-token end closed (a two-token
+#: one begun), a span open past its budget, and an idle slot
+OUTPUTS = [[11, 5], [20, 5, 6, 21], [20, 5, 6, 7], []]
+
+
+def _steps(kind: str, max_new: int, first: bool, device: torch.device, sim: SimCuda | None) -> tuple[list[int], list[str]]:
+    """Requests resumed with ``OUTPUTS`` (caught up on the device at their first step), then a
+    steady step: the decisions per row of the first step (``first``) or of the steady one, and its
+    ops (``sim``'s; none on the CPU)."""
+    put = (lambda t: t) if sim is None else sim.put
+    thinking = DeviceThinking(SLOTS + 1, device, max_new=max_new)
+    for slot in range(SLOTS - 1):
+        request = sdk.realize(PAYLOADS[kind], vocab_size=V, stop_token_id=1)
+        assert request is not None
+        thinking.assign(slot, request, resumed=len(OUTPUTS[slot]))
+    thinking.flush()
+    matrix = torch.zeros(SLOTS, 16, dtype=torch.int32)
+    for slot, output in enumerate(OUTPUTS):
+        matrix[slot, PROMPT : PROMPT + len(output)] = torch.tensor(output, dtype=torch.int32)
+    tokens = put(matrix)
+    prompt_len = put(torch.full((SLOTS,), PROMPT, dtype=torch.int32))
+    total_len = put(torch.tensor([PROMPT + len(o) for o in OUTPUTS], dtype=torch.int32))
+    ((level, group_type),) = thinking.tables
+    group = group_type(level, SLOTS + 1, torch.device("cpu"))
+    rows = GatheredRows(put(torch.tensor([2, 0, 1, 3])), put(torch.tensor([True, True, True, False])))
+    for _ in range(1 if first else 2):
+        before = 0 if sim is None else len(sim.ops)
+        thinking.step(tokens, prompt_len, total_len)
+        decided = thinking.decide(group, rows)
+    ops = [] if sim is None else sim.ops[before:]
+    values = decided if sim is None else sim.value(decided)
+    return [int(v) for v in values], ops
+
+
+@pytest.mark.parametrize(("max_new", "first"), [(1, False), (3, False), (1, True)],
+                         ids=["one-round", "speculative", "catch-up"])
+@pytest.mark.parametrize("kind", list(PAYLOADS))
+def test_a_step_follows_and_decides_a_span_kind_in_a_fixed_number_of_launches(kind: str, max_new: int,
+                                                                              first: bool) -> None:
+    with SimCuda() as sim:
+        decided, ops = _steps(kind, max_new, first, sim.device, sim)
+        syncs = len(sim.syncs)
+    assert syncs == 0
+    assert len(ops) == SPAN_LAUNCHES + (LIFT if first else 0) and ops.count("spans_advance_") == 1, ops
+    assert "addcmul" not in ops  # no eager round
+    eager, _ = _steps(kind, max_new, first, torch.device("cpu"), None)
+    assert decided == eager and decided[3] == -1  # the non-member row decides nothing
+    assert any(d >= 0 for d in decided) and any(d < 0 for d in decided[:3])
