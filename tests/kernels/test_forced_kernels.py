@@ -166,3 +166,12 @@ def test_a_steady_forced_step_takes_at_most_four_launches_on_both_runners(impl: 
     payloads = [workloads.payload("forced_sequence", vocab_size=vocab, eos_token_id=2, seed=i) for i in range(8)]
     launches, syncs = adapter_counts(impl, vocab, payloads)
     assert (launches, syncs) == (want, 0)
+
+
+def test_the_gpu_checks_cpu_self_test_finds_the_kernels_equal_to_the_eager_reference() -> None:
+    """``python -m dynlogits.testing.cuda.forced_check --cpu``: the GPU check's ``bits`` with the
+    kernels in Triton's interpreter (the code a GPU session runs, short of the device)."""
+    pytest.importorskip("triton")
+    from dynlogits.testing.cuda import forced_check
+
+    assert forced_check.cpu_check(vocab=1501, batches=(1, 9))
