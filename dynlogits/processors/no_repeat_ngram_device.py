@@ -68,8 +68,9 @@ from dynlogits.kernels.probe import FusedGate
 
 from .window import TokenWindow
 
-__all__ = ["INT64_MAX", "INT64_MIN", "MAX_DEVICE_SIZE", "MAX_SCOPED_OUTPUTS", "NEVER", "Layout", "SlotTables", "apply", "apply_eager",
-           "apply_tokens", "ban_", "ban_host", "fused_ready", "layout", "probe_case", "reset_fused", "slot_tables", "window_width"]
+__all__ = ["INT64_MAX", "INT64_MIN", "MAX_DEVICE_SIZE", "MAX_SCOPED_OUTPUTS", "NEVER", "Layout", "SlotTables", "apply",
+           "apply_eager", "apply_tokens", "apply_tokens_eager", "ban_", "ban_host", "fused_ready", "layout", "probe_case",
+           "reset_fused", "slot_tables", "token_params", "tokens_case", "window_width"]
 
 #: The largest ``size`` decided on the device: each step compares ``rows * W * size`` cells; common
 #: settings are 2 to 5 (transformers', TensorRT-LLM's). Larger sizes are hosted.
@@ -238,6 +239,13 @@ def _token_rows(rows: int, width: int, device: torch.device) -> tuple[torch.Tens
     return made
 
 
+def token_params(tokens: torch.Tensor, sizes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``ban_``'s ``pos``, ``slot_of_row`` and ``params`` for ``apply_tokens``' rows (one ``stack``):
+    row ``r`` is slot ``r`` of the matrix ``tokens``, at its last position, its history from 0."""
+    pos, every, zeros = _token_rows(tokens.shape[0], tokens.shape[1], tokens.device)
+    return pos, every, torch.stack([zeros, sizes, zeros, every], dim=1)
+
+
 def apply_tokens(tokens: torch.Tensor, sizes: torch.Tensor, logits: torch.Tensor, size: int,
                  extremes: tuple[torch.Tensor, torch.Tensor]) -> None:
     """``-inf`` in ``logits`` at every id row ``r``'s own ``tokens[r]`` ban at size ``sizes[r]``, no
@@ -251,20 +259,26 @@ def apply_tokens(tokens: torch.Tensor, sizes: torch.Tensor, logits: torch.Tensor
     rows, width = tokens.shape
     if rows == 0:
         return
-    pos, every, zeros = _token_rows(rows, width, tokens.device)
-    params = torch.stack([zeros, sizes, zeros, every], dim=1)  # ``SlotTables.params`` of row r as slot r
+    pos, every, params = token_params(tokens, sizes)
     if logits.device.type == "cpu":
         ban_host(logits, tokens, pos, every, params, None, None, width, size)
         return
+    _GATE.run(logits.device, lambda: ban_(logits, tokens, pos, every, params, None, None, width, size),
+              lambda: apply_tokens_eager(tokens, sizes, logits, size, extremes))
 
-    def eager() -> None:
-        window = TokenWindow(tokens.device).at(tokens, zeros, pos)
-        member = torch.ones_like(every, dtype=torch.bool)
-        tables = slot_tables(window, member, torch.stack([sizes, torch.ones_like(sizes)], dim=1), width, size,
-                             logits.shape[1])
-        apply_eager(window, layout(tables, every), logits, extremes)
 
-    _GATE.run(logits.device, lambda: ban_(logits, tokens, pos, every, params, None, None, width, size), eager)
+def apply_tokens_eager(tokens: torch.Tensor, sizes: torch.Tensor, logits: torch.Tensor, size: int,
+                       extremes: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """``apply_tokens``' eager device path (a CUDA device whose probe failed): ``apply_eager`` over
+    tables made for the step (``slot_tables``, the rows as slots, every one a member counting its
+    history from position 0), no sync."""
+    rows, width = tokens.shape
+    pos, every, zeros = _token_rows(rows, width, tokens.device)
+    window = TokenWindow(tokens.device).at(tokens, zeros, pos)
+    member = torch.ones_like(every, dtype=torch.bool)
+    tables = slot_tables(window, member, torch.stack([sizes, torch.ones_like(sizes)], dim=1), width, size,
+                         logits.shape[1])
+    apply_eager(window, layout(tables, every), logits, extremes)
 
 
 @functools.lru_cache(maxsize=32)
@@ -408,6 +422,31 @@ def probe_case(seed: int, device: torch.device, *, rows: int = 12, slots: int = 
     tables = slot_tables(window, member.to(device), params.to(device), width, size, vocab)
     logits = torch.randn(rows, vocab, generator=g).to(device)
     return window, layout(tables, slot_of_row.to(device)), logits
+
+
+def tokens_case(seed: int, device: torch.device, *, rows: int = 9, length: int = 30, vocab: int = 50,
+                ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, list[list[int]]]:
+    """A random ``apply_tokens`` step on ``device``: per row a history of few ids (repeats are common;
+    placeholders and ids past ``vocab`` among them) of up to ``length`` tokens, right-aligned in
+    ``[rows, length + size - 1]`` int64 behind ``-1``s (a row may have none: out of its phase), its
+    size (mixed, up to ``MAX_DEVICE_SIZE``); ``(tokens, sizes, size, logits, histories)``."""
+    g = torch.Generator().manual_seed(seed)
+    size = int(torch.randint(1, MAX_DEVICE_SIZE + 1, (1,), generator=g))
+    width = length + size - 1
+    tokens = torch.full((rows, width), -1, dtype=torch.long)
+    histories = []
+    for r in range(rows):
+        n = int(torch.randint(0, length + 1, (1,), generator=g))
+        history = torch.randint(0, 4, (n,), generator=g)
+        odd = torch.rand(n, generator=g)
+        history[odd < 0.03] = -1
+        history[(odd >= 0.03) & (odd < 0.06)] = vocab + 1
+        if n:
+            tokens[r, width - n:] = history
+        histories.append(history.tolist())
+    sizes = torch.randint(1, size + 1, (rows,), generator=g)
+    logits = torch.randn(rows, vocab, generator=g)
+    return tokens.to(device), sizes.to(device), size, logits.to(device), histories
 
 
 def _probe(device: torch.device) -> bool:

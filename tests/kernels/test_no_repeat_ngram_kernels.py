@@ -175,6 +175,18 @@ SCRIPT = textwrap.dedent('''
     assert banned > 100, banned
     assert D._probe(torch.device("cpu")), "the gate's probe (kernel against apply_eager)"
     print("checked", checked)
+    rows_banned = 0
+    for seed in range(16):  # a scoped entry's rows (``apply_tokens``): int64 token rows as the matrix
+        tokens, sizes, size, logits, _ = D.tokens_case(seed, torch.device("cpu"), rows=1 + seed % 9,
+                                                       length=40 if seed % 2 else 200)
+        fused, host = logits.clone(), logits.clone()
+        args = (tokens, *D.token_params(tokens, sizes), None, None, tokens.shape[1], size)
+        K.ban_(fused, *args)
+        D.ban_host(host, *args)
+        assert torch.equal(fused, host), (seed, "token rows")
+        rows_banned += int(host.isneginf().sum())
+    assert rows_banned > 50, rows_banned
+    print("token rows 16")
 ''')
 
 
@@ -183,7 +195,7 @@ def test_the_triton_kernel_in_the_interpreter_equals_the_cpu_implementation_bit_
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "checked 104" in done.stdout
+    assert "checked 104" in done.stdout and "token rows 16" in done.stdout
 
 
 @pytest.mark.parametrize("logits_type", ["*fp32", "*bf16"])
@@ -205,8 +217,8 @@ def test_the_triton_kernel_compiles_for_cuda_without_a_gpu(logits_type: str) -> 
                  "vocab": "i32", "SIZE": "constexpr", "BLOCK": "constexpr", "HAS_DRAFTS": "constexpr"}
     for capability in (90, 80):
         for size in range(1, MAX_DEVICE_SIZE + 1):
-            for drafts in (False, True):
-                source = ASTSource(fn=kernel, signature=signature,
+            for drafts, tokens in ((False, "*i32"), (True, "*i32"), (False, "*i64")):  # i64: a scoped entry's rows
+                source = ASTSource(fn=kernel, signature={**signature, "tokens_ptr": tokens},
                                    constexprs={"SIZE": size, "BLOCK": no_repeat_ngram.BLOCK, "HAS_DRAFTS": drafts})
                 compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
                 assert "ban_rows" in compiled.asm["ptx"]
@@ -235,3 +247,24 @@ def test_the_op_declares_one_launch_and_a_failed_probe_falls_back_with_one_warni
         assert D.fused_ready(CPU) is False and D.fused_ready(torch.device("meta")) is True
     finally:
         D.reset_fused()
+
+
+def test_a_scoped_entrys_token_rows_ban_what_the_reference_bans_on_every_path() -> None:
+    """``apply_tokens`` (a scoped entry's rows: each its own last tokens, ``-1`` outside its stretch)
+    on the CPU (``ban_``'s CPU implementation) and its eager device path, run on the CPU, equal
+    ``banned_after`` of each row's history at its size, bit for bit."""
+    from dynlogits.processors.no_repeat_ngram_device import apply_tokens, apply_tokens_eager, tokens_case
+
+    banned = 0
+    for seed in range(120):
+        tokens, sizes, size, logits, histories = tokens_case(seed, CPU, rows=1 + seed % 9)
+        host, eager = logits.clone(), logits.clone()
+        apply_tokens(tokens, sizes, host, size, EXTREMES)
+        apply_tokens_eager(tokens, sizes, eager, size, EXTREMES)
+        assert torch.equal(host, eager), seed
+        for row, history in enumerate(histories):
+            want = sorted(t for t in banned_after(history, int(sizes[row])) if t < logits.shape[1])
+            assert torch.isneginf(host[row]).nonzero().flatten().tolist() == want, (seed, row)
+            assert torch.equal(host[row][~torch.isneginf(host[row])], logits[row][~torch.isneginf(host[row])])
+        banned += int(host.isneginf().sum())
+    assert banned > 200
