@@ -9,7 +9,8 @@ ids at and past the logits' width, prefill chunks' rows, non-members, sizes up t
 
 * ``bits``: the kernel's logits against ``apply_eager`` on the same device and against the CPU
   implementation (``ban_host``) on the host copies (rows differing, each must be 0), float32 and
-  bfloat16;
+  bfloat16; and on a scoped entry's token rows (``token_bits``: ``apply_tokens``' int64 rows,
+  against ``apply_tokens_eager`` and ``ban_host``);
 * ``kernels``: device ops (kernels, copies, memsets) of one steady call from ``torch.profiler``
   (must be 1) beside ``apply_eager``'s;
 * ``sync``: one call under ``torch.cuda.set_sync_debug_mode("error")`` (must raise nothing);
@@ -32,12 +33,20 @@ from typing import Any
 
 import torch
 
-from dynlogits.processors.no_repeat_ngram_device import Layout, apply_eager, ban_host, probe_case
+from dynlogits.processors.no_repeat_ngram_device import (
+    Layout,
+    apply_eager,
+    apply_tokens_eager,
+    ban_host,
+    probe_case,
+    token_params,
+    tokens_case,
+)
 from dynlogits.processors.window import TokenWindow
 
 from .timing import device_ops, timed
 
-__all__ = ["BATCHES", "bits", "interpreted_check", "main", "run"]
+__all__ = ["BATCHES", "bits", "interpreted_check", "main", "run", "token_bits"]
 
 BATCHES = (1, 64, 256)
 #: the engine matrix's width of the random steps
@@ -104,10 +113,37 @@ def bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[
     return out
 
 
+def token_bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[str, Any]]:
+    """A scoped entry's rows (``apply_tokens``: each row its own last tokens, int64, ``-1`` outside
+    its stretch; ``tokens_case``), per batch: rows where the kernel differs from
+    ``apply_tokens_eager`` on ``device`` and from ``ban_host`` on the host (each must be 0)."""
+    from dynlogits.kernels import no_repeat_ngram as kernels
+
+    out = []
+    for batch in batches:
+        tokens, sizes, size, logits = tokens_case(batch, device, rows=batch, length=LENGTH, vocab=vocab)[:4]
+        pos, every, params = token_params(tokens, sizes)
+        fused, eager, host = logits.clone(), logits.clone(), logits.cpu()
+        kernels.ban_(fused, tokens, pos, every, params, None, None, tokens.shape[1], size)
+        apply_tokens_eager(tokens, sizes, eager, size, _extremes(eager))
+        ban_host(host, tokens.cpu(), pos.cpu(), every.cpu(), params.cpu(), None, None, tokens.shape[1], size)
+        fused_cpu = fused.cpu()
+        vs_eager = int((fused_cpu != eager.cpu()).any(1).sum())
+        vs_host = int((fused_cpu != host).any(1).sum())
+        banned = int(torch.isneginf(host).sum())
+        out.append({"batch": batch, "drafts": 0, "dtype": "token rows", "vs_eager": vs_eager, "vs_host": vs_host,
+                    "banned": banned})
+        print(f"no_repeat_ngram fused bits (a scoped entry's token rows) batch {batch} vocab {vocab}: kernel vs eager "
+              f"{vs_eager} rows, vs host {vs_host} rows ({banned} bans) -> {_line(vs_eager == 0 and vs_host == 0)}",
+              flush=True)
+    return out
+
+
 def run(device: torch.device, *, vocab: int = 151936, steps: int = 200,
         batches: Sequence[int] = BATCHES) -> tuple[bool, dict[str, Any]]:
     """Every figure of the module doc on a CUDA ``device``."""
-    results: dict[str, Any] = {"bits": bits(device, vocab, batches), "kernels": [], "sync": [], "time": []}
+    results: dict[str, Any] = {"bits": bits(device, vocab, batches) + token_bits(device, vocab, batches), "kernels": [],
+                               "sync": [], "time": []}
     ok = all(r["vs_eager"] == 0 and r["vs_host"] == 0 for r in results["bits"])
     ok &= sum(r["banned"] for r in results["bits"]) > 0  # the steps banned something
     with tempfile.TemporaryDirectory() as tmp:
@@ -173,7 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,5,33", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.interpreted_child:  # in the interpreter (the parent set TRITON_INTERPRET=1)
-        found = bits(torch.device("cpu"), args.vocab or 1003, [int(b) for b in args.batches.split(",")])
+        batches = [int(b) for b in args.batches.split(",")]
+        found = bits(torch.device("cpu"), args.vocab or 1003, batches) + token_bits(torch.device("cpu"),
+                                                                                     args.vocab or 1003, batches)
         same = all(r["vs_eager"] == 0 and r["vs_host"] == 0 for r in found)
         return 0 if same and sum(r["banned"] for r in found) > 0 else 1
     if args.cpu:
