@@ -8,9 +8,10 @@ resident path with host histories (vLLM's V1 runner) the group's host work is th
 its device work one masked write: of the one-token phrases (indices uploaded once per layout) or,
 on steps that find ids, of those and the found ones in one upload. Where the histories live on the device
 (Model Runner V2) the group compares each row's last tokens (``TokenWindow``) with every phrase of
-its slot at once: a fixed number of device ops per step, no read back (``decide_from_window``); on
-the CPU (no device to keep busy) each row's last tokens are read from the window and walked over its
-trie instead, as with host histories.
+its slot at once, no read back: one fused op a step (``dynlogits::banned_phrases_ban_``, one Triton
+launch on CUDA once ``dynlogits.kernels.banned_phrases.GATE`` probed it), else a fixed number of
+eager device ops (``decide_from_window``); on the CPU (no device to keep busy) each row's last tokens
+are read from the window and walked over its trie instead, as with host histories.
 
 A processor's tables (the one-token phrases, the trie, the template) depend on the phrases alone
 and never change: they are built once per phrase set and shared (``TABLES_KEPT``), so a ban list
@@ -26,6 +27,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias
 import numpy as np
 import torch
 
+from dynlogits.kernels.banned_phrases import GATE, banned_phrases_ban_
+from dynlogits.kernels.banned_phrases import NEVER as _NEVER
 from dynlogits.specs.builtin.banned_phrases import BannedPhrases, BannedPhrasesSpec
 
 from .banned_tokens import BannedTokensTemplate
@@ -251,6 +254,8 @@ def _reraise(row: int, slot: int, exc: Exception) -> None:
 #: what ``decide_from_window`` returns on the CPU route: the walk is deferred to
 #: ``apply_device_decisions``, which has the logits' stride (never read, never written)
 _CPU_STEP = torch.empty(0, dtype=torch.bool)
+#: what ``decide_from_window`` returns where the fused op runs: the step is ``apply_device_decisions``'
+_FUSED_STEP = torch.empty(0, dtype=torch.bool)
 
 #: ``memoryview`` formats of the token dtypes the CPU route reads (``_apply_on_cpu``)
 _CODES = {torch.int32: "i", torch.int64: "q", torch.int16: "h", torch.uint8: "B", torch.int8: "b"}
@@ -311,13 +316,15 @@ class BannedPhrasesGroup(EntryTablesGroup):
     (each phrase as its prefix, right-aligned in ``width`` columns, unused ones ``-1``, and the id it
     bans) are compared with the row's last ``width`` tokens on the device, and the ids of the entries
     that match are masked with one ``scatter_reduce_`` (``amin`` with ``+inf`` elsewhere: repeats
-    and non-members leave logits as they are); on the CPU without drafts, the rows' last ``width``
+    and non-members leave logits as they are), or all that in one fused op where ``GATE`` is ready
+    (``dynlogits.kernels.banned_phrases``: the tables read as they are, no per-layout gather); on
+    the CPU without drafts, the rows' last ``width``
     output tokens are read from the window's memory and walked over their tries instead, as with
     host histories (``_apply_on_cpu``). The tables: ``EntryTablesGroup`` (e.g. 256 phrases
     of 17 tokens fill its 4096 cells). Masks only: never leaves a row empty by itself."""
 
     #: ``need`` of the padding entries of a slot with fewer entries than the table: never matches
-    NEVER = 1 << 40
+    NEVER = _NEVER
     #: an unused prefix cell, widened: below every int32 token, however arbitrary (``decide_from_window``)
     UNMATCHED = -(1 << 40)
 
@@ -332,6 +339,11 @@ class BannedPhrasesGroup(EntryTablesGroup):
         self.bans = self.table(torch.long, width=max(1, self.entries))  # the id each entry masks (a scatter index)
         self.need = self.table(torch.long, width=max(1, self.entries))  # its prefix length (``NEVER``: padding)
         return self.prefix, self.bans, self.need
+
+    def assign(self, slot: int, template: Template | None) -> None:
+        if template is None:  # a released slot keeps no one-token phrases
+            self._always.pop(slot, None)
+        super().assign(slot, template)
 
     def _write(self, slot: int, template: BannedPhrasesTemplate) -> None:
         self._always[slot] = template.always
@@ -414,7 +426,26 @@ class BannedPhrasesGroup(EntryTablesGroup):
 
     def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
         """Per row and entry (``[rows, entries]``): whether the row's output ends with the entry's
-        prefix, so its id is masked now.
+        prefix, so its id is masked now; or a marker, the step deferred to ``apply_device_decisions``
+        (which has the logits): ``_FUSED_STEP`` where the fused op runs (``GATE.ready``: CUDA once
+        probed, the CUDA model), ``_CPU_STEP`` on the CPU route below. Otherwise ``_decide_eager``.
+
+        On the CPU without drafts (a contiguous window of integer tokens, every member's template
+        with its trie) nothing is computed here: ``_CPU_STEP`` is returned and
+        ``apply_device_decisions`` walks the rows (``_apply_on_cpu``)."""
+        if (window.input_ids is None and window.tokens.device.type == "cpu" and window.pos.device.type == "cpu"
+                and window.tokens.dtype in _CODES and window.tokens.is_contiguous()):
+            walks = self._cpu_walks(rows, self._rows_tables(rows, window))
+            if walks is not None:
+                self._cache["cpu_step"] = (walks, window)
+                return _CPU_STEP
+        if GATE.ready(window.pos.device):
+            self._cache["fused_step"] = window
+            return _FUSED_STEP
+        return self._decide_eager(rows, window)
+
+    def _decide_eager(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
+        """``decide_from_window``'s decisions in eager device ops (the fallback of the fused op).
 
         Without drafts and with int32 tokens (vLLM's), six device ops: ``pos`` plus the layout's
         constants gives each row's last ``width`` tokens' flat indices and its output's length ``L``
@@ -422,18 +453,8 @@ class BannedPhrasesGroup(EntryTablesGroup):
         the row's tokens (an unused cell, ``UNMATCHED``, equals no int32 value, even a column read
         before the row's start): ``count == need`` (the whole prefix) and ``need <= L`` (it lies in
         the output). Otherwise (drafts: ``window.input_ids``; wider tokens) the tokens come from
-        ``window.tail`` and an unused cell matches whatever the row holds (a placeholder draft is ``-1``).
-
-        On the CPU without drafts (a contiguous window of integer tokens, every member's template
-        with its trie) nothing is computed here: ``_CPU_STEP`` is returned and
-        ``apply_device_decisions`` walks the rows (``_apply_on_cpu``)."""
+        ``window.tail`` and an unused cell matches whatever the row holds (a placeholder draft is ``-1``)."""
         t = self._rows_tables(rows, window)
-        if (window.input_ids is None and window.tokens.device.type == "cpu" and window.pos.device.type == "cpu"
-                and window.tokens.dtype in _CODES and window.tokens.is_contiguous()):
-            walks = self._cpu_walks(rows, t)
-            if walks is not None:
-                self._cache["cpu_step"] = (walks, window)
-                return _CPU_STEP
         if window.input_ids is None and window.tokens.dtype in _NARROW:
             w = self.width
             at = window.pos[:, None] + t.shift  # [rows, width + 1]
@@ -491,18 +512,35 @@ class BannedPhrasesGroup(EntryTablesGroup):
             step.flat.index_fill_(0, torch.tensor(found, dtype=torch.long), NEG_INF)
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> None:
-        """``-inf`` at the ids of the entries ``decide_from_window`` found (on the CPU route, found here)."""
+        """``-inf`` at the ids of the entries ``decide_from_window`` found: where it deferred the step
+        to the fused op, ``banned_phrases_ban_`` (one launch; a variant failing to compile on CUDA
+        turns it off with one warning and the eager ops run instead: ``FusedGate.run``); on the CPU
+        route, found here; else one ``scatter_reduce_`` (``_write_eager``)."""
         if hit is _CPU_STEP:
             self._apply_on_cpu(step)
-            return None
-        bans = self._cache["window"][1].bans  # this step's, from decide_from_window
+        elif hit is _FUSED_STEP:
+            window: TokenWindow = self._cache.pop("fused_step")
+            drafts = window.input_ids is not None and window.local_pos is not None
+            args = (step.logits, window.tokens, window.prompt_len, window.pos, rows.slot_of_row, rows.member,
+                    self.prefix.dev, self.bans.dev, self.need.dev, window.input_ids if drafts else None,
+                    window.local_pos if drafts else None, self.entries, self.width)
+            GATE.run(step.logits.device, lambda: banned_phrases_ban_(*args),
+                     lambda: self._write_eager(step, self._decide_eager(rows, window)))
+        else:
+            self._write_eager(step, hit)
+        return None
+
+    def _write_eager(self, step: StepInputs, hit: torch.Tensor) -> None:
+        """``-inf`` at the ids of the entries ``hit`` found (``_decide_eager``'s): one ``where`` and one
+        ``scatter_reduce_`` (``amin`` with ``+inf`` elsewhere: repeats and non-members leave logits
+        as they are; a NaN logit stays NaN where banned, unlike the fused op and the host path)."""
+        bans = self._cache["window"][1].bans  # this step's, from _decide_eager
         key = (step.logits.dtype, step.logits.device)
         extremes = self._extremes.get(key)
         if extremes is None:
             extremes = self._extremes[key] = (torch.full((), NEG_INF, dtype=key[0], device=key[1]),  # fills, no copy
                                               torch.full((), -NEG_INF, dtype=key[0], device=key[1]))
         step.logits.scatter_reduce_(1, bans, torch.where(hit, *extremes), reduce="amin")
-        return None
 
 
 @dataclass(frozen=True, slots=True)

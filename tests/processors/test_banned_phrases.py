@@ -225,3 +225,22 @@ def test_a_row_that_breaks_the_walk_past_its_last_token_fails_alone_in_the_pass(
     banned_phrases.masked_after(([0, 100, 200], [2, 1, 0], [7, 8, 9], [tails] * 3), histories, found,
                                 lambda row, slot, exc: failed.append((row, slot)))
     assert failed == [(1, 8)] and sorted(found) == [8, 206]
+
+
+@pytest.mark.parametrize("token_window", [False, True], ids=["host-histories", "token-window"])
+def test_a_released_slot_keeps_none_of_its_one_token_phrases_in_the_group(token_window: bool) -> None:
+    """A request leaving its slot (or the slot cleared for a request of another kind) takes its
+    one-token phrases out of the group: nothing of it stays held until the slot is reused."""
+    batch = SlotBatch(num_slots=3, vocab_size=V, device="cpu", host_histories=not token_window, token_window=True)
+    for slot in range(3):
+        assert batch.assign(slot, realize([{"kind": "banned_phrases", "phrases": [[9], [4], [5, 6]]}]))
+    group, = batch.groups.values()
+    batch.assign(1, None)
+    assert batch.assign(2, realize([{"kind": "banned_tokens", "token_ids": [3]}]))  # another kind's group
+    assert sorted(group._always) == [0]  # type: ignore[attr-defined]  # the group's per-slot one-token phrases
+    batch.flush()
+    batch.set_rows(np.array([0, 1, 2]))
+    if not token_window:  # the remaining member still masks its phrases
+        logits = torch.zeros(3, V)
+        batch.apply(logits, EngineStep(histories=[[5], [], []]))
+        assert sorted(set(range(V)) - set(finite(logits[0]))) == [4, 6, 9]
