@@ -511,6 +511,7 @@ KERNEL_CHECKS: dict[str, tuple[str, str]] = {
     "no_repeat_ngram_check": ("run", "interpreted_check"),
     "dry_check": ("run", "cpu_check"),
     "spans_check": ("run", "cpu_check"),
+    "banned_phrases_check": ("run", "interpreted_check"),
     "forced_check": ("run", "cpu_check"),
 }
 
