@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["advance_rows"]
+__all__ = ["advance_rows", "drafts_rows"]
 
 
 @triton.jit
@@ -73,5 +73,112 @@ def advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_
                     token = tl.load(row_tokens + column * tokens_s1, mask=live, other=0).to(tl.int64)
                     match = match & (token == tl.load(row_force + j, mask=live, other=0))
                 at = tl.where(match, k, at)
+        token = tl.load(row_force + at, mask=fire, other=0)
+        tl.store(decided_ptr + r, tl.where(fire, token, -1), mask=live)
+
+
+@triton.jit
+def _seen(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, i, live, WIDTH: tl.constexpr,
+          PAD: tl.constexpr, HAS_FED: tl.constexpr):
+    """Column ``i`` of a row's tokens: its last ``WIDTH`` committed ones (a negative column read from
+    the row's end, as torch indexing), then the drafts fed after them (``PAD`` without any)."""
+    column = committed - WIDTH + i
+    column = tl.where(column < 0, column + maxlen, column)
+    column = tl.minimum(tl.maximum(column, 0), maxlen - 1)
+    committed_token = tl.load(row_tokens + column * tokens_s1, mask=live & (i < WIDTH), other=0).to(tl.int64)
+    if HAS_FED:
+        at = tl.minimum(tl.maximum(first + i - WIDTH + 1, 0), n_fed - 1)
+        fed = tl.load(fed_ptr + at, mask=live & (i >= WIDTH), other=0).to(tl.int64)
+    else:
+        fed = tl.full(committed.shape, PAD, tl.int64)
+    return tl.where(i < WIDTH, committed_token, fed)
+
+
+@triton.jit
+def _token_at(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, at, live, HAS_FED: tl.constexpr):
+    """A row's token at position ``at``: from the matrix before ``committed``, else the fed draft."""
+    column = tl.minimum(tl.maximum(at, 0), maxlen - 1)
+    token = tl.load(row_tokens + column * tokens_s1, mask=live, other=0).to(tl.int64)
+    if HAS_FED:
+        index = tl.minimum(tl.maximum(first + at - committed + 1, 0), n_fed - 1)
+        fed = tl.load(fed_ptr + index, mask=live, other=0).to(tl.int64)
+        token = tl.where(at < committed, token, fed)
+    return token
+
+
+@triton.jit
+def drafts_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, nslots, maxlen,
+                total_ptr, scale_ptr, slots_ptr, member_ptr, fed_ptr, n_fed, local_ptr, rows, later, out_ptr, out_s0,
+                valid_ptr, decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0, WIDTH: tl.constexpr,
+                BLOCK: tl.constexpr, BIG: tl.constexpr, CLOSED: tl.constexpr, PAD: tl.constexpr,
+                PLACEHOLDER: tl.constexpr, RULE: tl.constexpr, HAS_FED: tl.constexpr):
+    """One program per ``BLOCK`` rows: each row's slot state followed over the drafts before it in
+    registers, stored per row with whether it may be decided and its decision by ``RULE`` (see
+    ``spans``' module doc)."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    live = r < rows
+    slot = tl.load(slots_ptr + r, mask=live, other=0).to(tl.int64)
+    clamped = tl.minimum(slot, nslots - 1)
+    committed = tl.load(total_ptr + clamped, mask=live, other=0).to(tl.int64)
+    drafts = tl.load(local_ptr + r, mask=live, other=0).to(tl.int64)
+    first = r - drafts
+    row_state = state_ptr + slot * state_s0
+    key = tl.load(row_state + 0, mask=live, other=0)
+    anchor = tl.load(row_state + 1, mask=live, other=0)
+    sel = tl.load(row_state + 2, mask=live, other=0)
+    out = tl.load(row_state + 3, mask=live, other=0)
+    s0 = tl.load(scale_ptr + 0).to(tl.int64)
+    s1 = tl.load(scale_ptr + 1).to(tl.int64)
+    s2 = tl.load(scale_ptr + 2).to(tl.int64)
+    s3 = tl.load(scale_ptr + 3).to(tl.int64)
+    row_consts = consts_ptr + slot * consts_s0
+    row_tokens = tokens_ptr + clamped * tokens_s0
+    valid = tl.load(member_ptr + r, mask=live, other=0) != 0
+    for j in range(1, later + 1):
+        fresh = live & (j <= drafts)
+        if HAS_FED:
+            valid = valid & ~(fresh & (_seen(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first,
+                                             WIDTH + j - 1, live, WIDTH, PAD, HAS_FED) == PLACEHOLDER))
+        position = committed + j
+        base = row_consts + sel * (WIDTH + 4)
+        matches = tl.zeros([BLOCK], tl.int64)
+        for k in tl.static_range(WIDTH):
+            token = _seen(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, j + k, live, WIDTH, PAD,
+                          HAS_FED)
+            matches += (token == tl.load(base + k, mask=live, other=0)).to(tl.int64)
+        hit = fresh & (BIG * matches + position >= key)
+        n_key = tl.load(base + WIDTH + 0, mask=hit, other=0) + position * s0
+        n_anchor = tl.load(base + WIDTH + 1, mask=hit, other=0) + position * s1
+        n_sel = tl.load(base + WIDTH + 2, mask=hit, other=0) + position * s2
+        n_out = tl.load(base + WIDTH + 3, mask=hit, other=0) + position * s3
+        key = tl.where(hit, n_key, key)
+        anchor = tl.where(hit, n_anchor, anchor)
+        sel = tl.where(hit, n_sel, sel)
+        out = tl.where(hit, n_out, out)
+    row_out = out_ptr + r * out_s0
+    tl.store(row_out + 0, key, mask=live)
+    tl.store(row_out + 1, anchor, mask=live)
+    tl.store(row_out + 2, sel, mask=live)
+    tl.store(row_out + 3, out, mask=live)
+    tl.store(valid_ptr + r, valid, mask=live)
+    if RULE != 0:
+        count = committed + drafts
+        row_force = force_ptr + slot * force_s0
+        length = tl.load(flen_ptr + slot * flen_s0, mask=live, other=0)
+        span_len = count - anchor
+        if RULE == 1:  # PHRASE
+            fire = live & (sel == 1) & (anchor != CLOSED) & (span_len < length)
+            at = tl.minimum(tl.maximum(span_len, 0), force_w - 1)
+        else:  # DUE
+            fire = live & (count >= out)
+            at = tl.zeros([BLOCK], tl.int64)
+            for k in range(1, force_w):
+                match = live & (k < length) & (k <= span_len)
+                for i in range(0, k):
+                    token = _token_at(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, count - k + i,
+                                      live, HAS_FED)
+                    match = match & (token == tl.load(row_force + i, mask=live, other=0))
+                at = tl.where(match, k, at)
+        fire = fire & valid
         token = tl.load(row_force + at, mask=fire, other=0)
         tl.store(decided_ptr + r, tl.where(fire, token, -1), mask=live)

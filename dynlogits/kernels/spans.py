@@ -24,11 +24,18 @@ written):
   with ``k < force_len``, ``k <= c - ANCHOR`` and the row's last ``k`` tokens (``tokens[c - k ..
   c - 1]``, columns clamped into the row) equal to ``force[:k]`` (else 0).
 
+A step's rows with drafts before them (speculative decoding) are followed per row by a second op,
+``dynlogits::spans_drafts_`` (``drafts_reference``): each row's slot state advanced over the drafts
+fed before it, whether it may be decided (no placeholder draft before it) and, by ``rule``, its
+decision at count ``committed + drafts``, its tokens read from the matrix up to the committed ones
+and from the fed drafts after; one launch on CUDA.
+
 Nothing here imports Triton until a CUDA tensor arrives; no sync."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,14 +43,20 @@ import torch
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BIG", "BLOCK", "CLOSED", "DUE", "GATE", "NO_RULE", "PHRASE", "RULES", "STATE", "advance_reference",
-           "decide_reference", "force_case", "kernels", "launch", "probe_case", "spans_advance_"]
+__all__ = ["BIG", "BLOCK", "CLOSED", "DUE", "GATE", "NO_RULE", "PAD", "PHRASE", "PLACEHOLDER", "RULES", "STATE",
+           "advance_reference", "decide_reference", "drafts_case", "drafts_reference", "drafts_same", "force_case", "kernels",
+           "launch", "launch_drafts", "probe_case", "spans_advance_", "spans_drafts_"]
 
 #: state columns and ``KEY``'s weight of a length (as ``dynlogits.processors.device_thinking``)
 KEY, ANCHOR, SEL, OUT, STATE = 0, 1, 2, 3, 4
 BIG = 1 << 32
 #: the span start a decision reads for "no open span" (as ``device_thinking.CLOSED``)
 CLOSED = -(1 << 40)
+#: a right-aligned sequence's column before its first token, and a fed token no row takes for one
+#: (as ``device_thinking``): no token id equals it
+PAD = -(1 << 40)
+#: a draft not yet replaced by its token (``dynlogits.processors.spans.PLACEHOLDER``)
+PLACEHOLDER = -1
 #: the decision rules (module doc)
 NO_RULE, PHRASE, DUE = 0, 1, 2
 RULES = (NO_RULE, PHRASE, DUE)
@@ -78,29 +91,34 @@ def advance_reference(state: torch.Tensor, consts: torch.Tensor, tokens: torch.T
         torch.where(hit[:, None], torch.addcmul(now[:, width:], position[:, None], scale), state, out=state)
 
 
+def _rule(state: torch.Tensor, count: torch.Tensor, force: torch.Tensor, length: torch.Tensor, rule: int,
+          token_at: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whether each row fires by ``rule`` at ``count`` and the token it forces then (module doc);
+    ``token_at(positions)``: the row's tokens at ``[rows, k]`` positions."""
+    width = force.shape[1]
+    span_len = count - state[:, ANCHOR]
+    if rule == PHRASE:
+        fire = (state[:, SEL] == 1) & (state[:, ANCHOR] != CLOSED) & (span_len < length)
+        return fire, force.gather(1, span_len.clamp(0, width - 1)[:, None])[:, 0]
+    fire = count >= state[:, OUT]
+    progress = torch.zeros_like(count)
+    for k in range(1, width):  # the last k tokens == force[:k]
+        tail = token_at(count[:, None] - k + torch.arange(k, device=count.device))
+        match = (tail.long() == force[:, :k]).all(1) & (k < length) & (k <= span_len)
+        progress = torch.where(match, k, progress)
+    return fire, force.gather(1, progress[:, None])[:, 0]
+
+
 def decide_reference(state: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor, decided: torch.Tensor,
                      force: torch.Tensor, force_len: torch.Tensor, rule: int) -> None:
     """The eager reference of the decision (any device; module doc): the ops of the kinds'
     ``decide_state`` for one row per slot, no drafts."""
     if rule == NO_RULE:
         return
-    count = total_len.long()
-    length = force_len[:, 0]
-    width = force.shape[1]
-    span_len = count - state[:, ANCHOR]
-    if rule == PHRASE:
-        fire = (state[:, SEL] == 1) & (state[:, ANCHOR] != CLOSED) & (span_len < length)
-        token = force.gather(1, span_len.clamp(0, width - 1)[:, None])[:, 0]
-    else:
-        fire = count >= state[:, OUT]
-        n, max_len = tokens.shape
-        rows = torch.arange(n, device=tokens.device)[:, None]
-        progress = torch.zeros_like(count)
-        for k in range(1, width):  # the last k tokens == force[:k]
-            tail = tokens[rows, (count[:, None] - k + torch.arange(k, device=tokens.device)).clamp(0, max_len - 1)]
-            match = (tail.long() == force[:, :k]).all(1) & (k < length) & (k <= span_len)
-            progress = torch.where(match, k, progress)
-        token = force.gather(1, progress[:, None])[:, 0]
+    n, max_len = tokens.shape
+    rows = torch.arange(n, device=tokens.device)[:, None]
+    fire, token = _rule(state, total_len.long(), force, force_len[:, 0], rule,
+                        lambda at: tokens[rows, at.clamp(0, max_len - 1)])
     decided.copy_(torch.where(fire, token, -1))
 
 
@@ -142,6 +160,97 @@ def launch(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, tota
         force_len.stride(0), WIDTH=width, BLOCK=BLOCK, BIG=BIG, CLOSED=CLOSED, RULE=rule)
 
 
+def drafts_reference(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
+                     scale: torch.Tensor, width: int, slots: torch.Tensor, member: torch.Tensor, input_ids: torch.Tensor,
+                     local_pos: torch.Tensor, later: int, rows_state: torch.Tensor, valid: torch.Tensor,
+                     decided: torch.Tensor, force: torch.Tensor, force_len: torch.Tensor, rule: int) -> None:
+    """The eager reference of ``spans_drafts_`` (any device; ``DeviceThinking.decide``'s ops with
+    drafts): ``state``, ``consts``, ``force``, ``force_len`` per slot (indexed by ``slots``, a row's
+    slot), ``tokens``/``total_len`` per engine slot (``slots`` clamped to them), ``input_ids`` the
+    step's fed tokens (empty: none), ``local_pos`` each row's drafts before it, ``later`` the most
+    drafts a row may have; writes ``rows_state`` ``[rows, STATE]``, ``valid`` and, by ``rule``,
+    ``decided`` (``-1``: none) per row."""
+    n, max_len = tokens.shape
+    r = slots.shape[0]
+    device = tokens.device
+    clamped = slots.clamp(max=n - 1)
+    committed = total_len[clamped].long()
+    drafts = local_pos.long()
+    tail = tokens[clamped[:, None], committed[:, None] + torch.arange(-width, 0, device=device)]
+    steps = torch.arange(later + 1, device=device)[None, 1:]
+    first = torch.arange(r, device=device) - drafts  # the row fed the last committed token
+    fed = torch.full((r, later), PAD, dtype=torch.long, device=device)  # matches nothing
+    if input_ids.numel() and later:
+        fed = input_ids.long()[(first[:, None] + steps).clamp(0, len(input_ids) - 1)]
+    seen = torch.cat([tail.long(), fed], 1)
+    before = steps <= drafts[:, None]  # which of the drafts precede the row
+    valid.copy_(member & ~((fed == PLACEHOLDER) & before).any(1))
+    state_of = state[slots]
+    view = consts[slots, : 2 * (width + STATE)].view(r, 2, width + STATE)
+    for j in range(1, later + 1):
+        position = committed + j
+        now = view.gather(1, state_of[:, SEL, None, None].expand(-1, 1, width + STATE))[:, 0]
+        matches = (seen[:, j : j + width] == now[:, :width]).sum(1)
+        hit = (torch.add(position, matches, alpha=BIG) >= state_of[:, KEY]) & before[:, j - 1]
+        torch.where(hit[:, None], torch.addcmul(now[:, width:], position[:, None], scale), state_of, out=state_of)
+    rows_state.copy_(state_of)
+    if rule == NO_RULE:
+        return
+    count = committed + drafts
+
+    def token_at(at: torch.Tensor) -> torch.Tensor:
+        from_matrix = tokens[clamped[:, None], at.clamp(0, max_len - 1)].long()
+        if not input_ids.numel():
+            return from_matrix
+        fed_at = input_ids.long()[(first[:, None] + at - committed[:, None] + 1).clamp(0, len(input_ids) - 1)]
+        return torch.where(at < committed[:, None], from_matrix, fed_at)
+
+    fire, token = _rule(state_of, count, force[slots], force_len[slots, 0], rule, token_at)
+    decided.copy_(torch.where(valid & fire, token, -1))
+
+
+@fused_op("spans_drafts_", launches=1, mutates_args=("rows_state", "valid", "decided"))
+def spans_drafts_(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
+                  scale: torch.Tensor, width: int, slots: torch.Tensor, member: torch.Tensor, input_ids: torch.Tensor,
+                  local_pos: torch.Tensor, later: int, rows_state: torch.Tensor, valid: torch.Tensor,
+                  decided: torch.Tensor, force: torch.Tensor, force_len: torch.Tensor, rule: int) -> None:
+    """A step's rows with drafts: each row's state over the drafts before it, whether it may be
+    decided and its decision by ``rule`` (module doc, ``drafts_reference``). Every device but CUDA:
+    the eager reference; CUDA: one Triton launch (none for zero rows)."""
+    drafts_reference(state, consts, tokens, total_len, scale, width, slots, member, input_ids, local_pos, later,
+                     rows_state, valid, decided, force, force_len, rule)
+
+
+@spans_drafts_.cuda
+def _spans_drafts_cuda(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
+                       scale: torch.Tensor, width: int, slots: torch.Tensor, member: torch.Tensor, input_ids: torch.Tensor,
+                       local_pos: torch.Tensor, later: int, rows_state: torch.Tensor, valid: torch.Tensor,
+                       decided: torch.Tensor, force: torch.Tensor, force_len: torch.Tensor, rule: int) -> None:
+    launch_drafts(state, consts, tokens, total_len, scale, width, slots, member, input_ids, local_pos, later,
+                  rows_state, valid, decided, force, force_len, rule)
+
+
+def launch_drafts(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
+                  scale: torch.Tensor, width: int, slots: torch.Tensor, member: torch.Tensor, input_ids: torch.Tensor,
+                  local_pos: torch.Tensor, later: int, rows_state: torch.Tensor, valid: torch.Tensor,
+                  decided: torch.Tensor, force: torch.Tensor, force_len: torch.Tensor, rule: int) -> None:
+    """``spans_drafts_``'s Triton kernel over the rows (any device Triton runs on, its interpreter
+    included)."""
+    r = slots.shape[0]
+    if r == 0:
+        return
+    assert state.dtype == consts.dtype == rows_state.dtype == torch.int64 and state.stride(1) == 1
+    assert consts.stride(1) == 1 and rows_state.stride(1) == 1 and rule in RULES
+    assert valid.dtype == member.dtype == torch.bool, "valid, member: bool"
+    fed = input_ids if input_ids.numel() else local_pos  # not read without fed tokens
+    kernels().drafts_rows[((r + BLOCK - 1) // BLOCK,)](
+        state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[0],
+        tokens.shape[1], total_len, scale, slots, member, fed, max(input_ids.numel(), 1), local_pos, r, later,
+        rows_state, rows_state.stride(0), valid, decided, force, force.stride(0), force.shape[1], force_len,
+        force_len.stride(0), WIDTH=width, BLOCK=BLOCK, BIG=BIG, CLOSED=CLOSED, PAD=PAD, PLACEHOLDER=PLACEHOLDER,
+        RULE=rule, HAS_FED=bool(input_ids.numel()))
+
+
 def probe_case(seed: int, n: int = 40, max_len: int = 24, width: int = 3, vocab: int = 4) -> tuple[torch.Tensor, ...]:
     """Random host arguments of ``spans_advance_``'s rounds but ``width`` and ``rounds`` (``state``,
     ``consts``, ``tokens``, ``total_len``, ``scale``): right-aligned sequences of 1 to ``width``
@@ -172,6 +281,43 @@ def force_case(seed: int, n: int = 40, width: int = 3, vocab: int = 4) -> tuple[
     return torch.full((n,), -7, dtype=torch.long), force, length
 
 
+def drafts_case(seed: int, n: int = 40, width: int = 3, later: int = 2, vocab: int = 4,
+                fed: bool = True) -> tuple[Any, ...]:
+    """Random host arguments of ``spans_drafts_`` but ``width``, ``later`` and ``rule``: ``probe_case``'s
+    and ``force_case``'s per-slot tables (the last slot past the token matrix's rows: clamped), then
+    requests of 1 to ``1 + later`` rows in a random slot each (``slots``, ``member``, ``input_ids``:
+    each request's last committed token, then its drafts, some placeholders; empty without ``fed``;
+    ``local_pos``), and the outputs (``rows_state``, ``valid``, ``decided``)."""
+    state, consts, tokens, total_len, scale = probe_case(seed, n=n, width=width, vocab=vocab)
+    _, force, force_len = force_case(seed, n=n, width=width, vocab=vocab)
+    g = torch.Generator().manual_seed(20_000 + seed)
+    slots, local, ids = [], [], []
+    for _ in range(n // 2):
+        slot, rows = int(torch.randint(0, n, (1,), generator=g)), int(torch.randint(1, later + 2, (1,), generator=g))
+        slots += [slot] * rows
+        local += list(range(rows))
+        ids += torch.randint(-1, vocab, (rows,), generator=g).tolist()
+    r = len(slots)
+    member = torch.rand(r, generator=g) < 0.9
+    input_ids = torch.tensor(ids, dtype=torch.int32) if fed else torch.empty(0, dtype=torch.int32)
+    outputs = (torch.zeros((r, STATE), dtype=torch.long), torch.zeros(r, dtype=torch.bool), torch.full((r,), -7))
+    return (state, consts, tokens[: n - 1], total_len[: n - 1], scale, torch.tensor(slots), member, input_ids,
+            torch.tensor(local), force, force_len, *outputs)
+
+
+def drafts_same(device: torch.device, seed: int, width: int, later: int, rule: int, fed: bool = True) -> bool:
+    """``launch_drafts`` against ``drafts_reference`` on ``device`` for one ``drafts_case``, exactly."""
+    (state, consts, tokens, total_len, scale, slots, member, input_ids, local, force, force_len, rows_state, valid,
+     decided) = (t.to(device) for t in drafts_case(seed, width=width, later=later, fed=fed))
+    got = (rows_state.clone(), valid.clone(), decided.clone())
+    want = (rows_state.clone(), valid.clone(), decided.clone())
+    launch_drafts(state, consts, tokens, total_len, scale, width, slots, member, input_ids, local, later, *got, force,
+                  force_len, rule)
+    drafts_reference(state, consts, tokens, total_len, scale, width, slots, member, input_ids, local, later, *want,
+                     force, force_len, rule)
+    return all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def _probe(device: torch.device) -> bool:
     """The kernel against the eager references on ``device``, exactly (one and several rounds, each
     rule)."""
@@ -186,6 +332,7 @@ def _probe(device: torch.device) -> bool:
         decide_reference(eager, tokens, total_len, eager_decided, force, force_len, rule)
         same.append(torch.equal(fused, eager) and not torch.equal(eager, state)
                     and torch.equal(fused_decided, eager_decided))
+    same += [drafts_same(device, 4, 3, 2, rule) for rule in RULES]
     return all(same)
 
 

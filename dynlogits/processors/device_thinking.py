@@ -27,12 +27,14 @@ speculative config's and a resumed request's catch-up included, with its window 
 launch on CUDA once its probe passed, equal to the eager ops bit for bit), which also writes each
 slot's decision where the table's kind has a rule (``SpanTables.rule``: ``trigger``'s phrase,
 ``thinking_budget``'s due end token; ``SpanTables.decided``), so a row without drafts before it
-reads its decision off it (``index``, ``where``) instead of its kind's ``decide_state`` ops.
+reads its decision off it (``index``, ``where``) instead of its kind's ``decide_state`` ops; rows
+with drafts before them are followed and decided per row in ``decide`` by one more fused op a
+table (``spans_drafts_``; without a rule, ``decide_state`` then decides from the rows' states).
 Elsewhere (the CPU, a failed probe) it is, for all tables together, one window read (``add``,
 ``index``) a round, then per table ``gather``, ``eq``, ``sum``, ``add``, ``ge``, ``addcmul``,
-``where`` (in place), and ``decide_state`` decides. Drafts are followed per row in ``decide``
-(eager). No read back, except one host scan of a request resumed with more than
-``MAX_DEVICE_CATCH_UP`` generated tokens."""
+``where`` (in place), the same per draft position in ``decide``, and ``decide_state`` decides. No
+read back, except one host scan of a request resumed with more than ``MAX_DEVICE_CATCH_UP``
+generated tokens."""
 
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from typing import Any
 
 import torch
 
-from dynlogits.kernels.spans import DUE, GATE, NO_RULE, PHRASE, spans_advance_
+from dynlogits.kernels.spans import DUE, GATE, NO_RULE, PHRASE, spans_advance_, spans_drafts_
 
 from .slots import GatheredRows, Group, SlotTable
 from .spans import PLACEHOLDER
@@ -310,6 +312,7 @@ class DeviceThinking:
         self._fresh = SlotTable(num_slots, torch.long, self.device, pad=0)
         self._columns: dict[tuple[int, int], torch.Tensor] = {}  # (width, back) -> window column offsets
         self._decided = False  # the last step was fused: ``SpanTables.decided`` holds its rules' decisions
+        self._no_fed: torch.Tensor | None = None  # an empty ``input_ids``, kept
 
     #: A resumed request with at most this many generated tokens is followed on the device (a round
     #: per token at its first step: of the fused kernel's loop, or of eager ops); a longer one is
@@ -399,20 +402,45 @@ class DeviceThinking:
         GATE.run(self.device, lambda: self._fused(tokens, total_len, rounds),
                  lambda: self._eager(tokens, total_len, rounds))
 
+    @staticmethod
+    def _forced(tables: SpanTables, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``n`` slots' sequence and length ``tables.rule`` forces from (without a rule, a
+        stand-in the fused ops do not read)."""
+        if tables.rule == NO_RULE:
+            return tables.decided[:n, None], tables.decided[:n, None]
+        forced = tables.forced()
+        assert forced is not None, "a rule forces from a table (SpanTables.forced)"
+        return forced[0].dev[:n], forced[1].dev[:n]
+
     def _fused(self, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int) -> None:
         """Every table's ``rounds`` positions and its rule's decisions (``SpanTables.decided``), one
         fused op a table."""
         n = tokens.shape[0]
         for tables in self.tables.values():
-            decided = tables.decided[:n]
-            force, force_len = decided[:, None], decided[:, None]  # not read without a rule
-            if tables.rule != NO_RULE:
-                forced = tables.forced()
-                assert forced is not None, "a rule forces from a table (SpanTables.forced)"
-                force, force_len = forced[0].dev[:n], forced[1].dev[:n]
             spans_advance_(tables.state[:n], tables.consts.dev[:n], tokens, total_len, tables.scale_dev, tables.width,
-                           rounds, decided, force, force_len, tables.rule)
+                           rounds, tables.decided[:n], *self._forced(tables, n), tables.rule)
         self._decided = True
+
+    def _fused_drafts(self, tables: SpanTables, rows: GatheredRows, source: _Step, local_pos: torch.Tensor) -> torch.Tensor:
+        """``decide`` with drafts after a fused step: one ``spans_drafts_`` (each row's state over the
+        drafts before it, whether it may be decided, and its rule's decision), then ``decide_state``
+        from those states where the table has no rule."""
+        slots = rows.slot_of_row
+        r = len(slots)
+        input_ids = self._inputs[0]
+        if input_ids is None:
+            input_ids = self._no_fed = self._no_fed if self._no_fed is not None else \
+                torch.empty(0, dtype=torch.long, device=self.device)
+        state = torch.empty((r, STATE), dtype=torch.long, device=self.device)
+        valid = torch.empty(r, dtype=torch.bool, device=self.device)
+        decided = torch.empty(r, dtype=torch.long, device=self.device)
+        spans_drafts_(tables.state, tables.consts.dev, source.tokens, source.total_len, tables.scale_dev, tables.width,
+                      slots, rows.member, input_ids, local_pos, self.max_new - 1, state, valid, decided,
+                      *self._forced(tables, tables.num_slots), tables.rule)
+        if tables.rule != NO_RULE:
+            return decided
+        return tables.decide_state(slots, state, lambda: source.total_len[source.clamped(slots)] + local_pos.long(),
+                                   valid, self._row_tokens)
 
     def _eager(self, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int) -> None:
         """Every table's ``rounds`` positions: per round one window read, then ``advance`` a table."""
@@ -468,6 +496,8 @@ class DeviceThinking:
         if local_pos is None:
             return tables.decide_state(slots, None, lambda: source.total_len[source.clamped(slots)], rows.member,
                                        self._row_tokens)
+        if self._decided:  # a fused step: the drafts in one fused op too
+            return self._fused_drafts(tables, rows, source, local_pos)
         clamped = source.clamped(slots)
         committed = source.total_len[clamped]
         drafts = local_pos.long()

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ import torch
 from dynlogits.kernels.fused import declared_launches
 from dynlogits.kernels.spans import DUE, NO_RULE, PHRASE, decide_reference, spans_advance_
 from dynlogits.processors.device_thinking import CLOSED, STATE, DeviceThinking, SpanTables, _Step
+from dynlogits.processors.slots import GatheredRows
 from dynlogits.processors.thinking_budget import ThinkingBudgetTemplate, ThinkingTables
 from dynlogits.processors.trigger import TriggerTables, TriggerTemplate
 
@@ -153,6 +155,87 @@ def test_the_decision_cases_fire_and_continue_an_end_begun() -> None:
     assert min(fired.values()) >= 10 and begun >= 5, (fired, begun)
 
 
+class _Group:
+    """What ``DeviceThinking.decide`` looks a table up by: an entry position and a type."""
+
+    level = 0
+
+
+def _rows(seed: int, n: int, later: int, vocab: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A step's rows: requests of 1 to ``1 + later`` rows in distinct slots (``slots``, ``member``),
+    the tokens fed (a request's last committed one, then its drafts, some placeholders) and each
+    row's drafts before it."""
+    g = torch.Generator().manual_seed(seed)
+    slots: list[int] = []
+    local: list[int] = []
+    for slot in torch.randperm(n, generator=g)[: n - 2].tolist():
+        rows = int(torch.randint(1, later + 2, (1,), generator=g))
+        slots += [slot] * rows
+        local += list(range(rows))
+    fed = torch.randint(-1, vocab, (len(slots),), generator=g)
+    return torch.tensor(slots), torch.rand(len(slots), generator=g) < 0.9, fed, torch.tensor(local)
+
+
+def _decide_both(tables: SpanTables, tokens: torch.Tensor, total: torch.Tensor, seed: int, later: int,
+                 fed: bool) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """``DeviceThinking.decide`` with drafts on its eager path and after a fused step
+    (``spans_drafts_``), and the states and validity each passed ``decide_state`` (where called)."""
+    n = tokens.shape[0]
+    thinking = DeviceThinking(tables.num_slots, torch.device("cpu"), max_new=1 + later)
+    thinking.tables[(0, _Group)] = tables  # type: ignore[index]
+    thinking._step = _Step(tokens, torch.zeros_like(total), total)
+    slots, member, input_ids, local = _rows(seed, n, later)
+    thinking._inputs = (input_ids if fed else None, local)
+    passed: list[tuple[torch.Tensor, torch.Tensor]] = []
+    own = tables.decide_state
+
+    def recorded(slots: torch.Tensor, state: torch.Tensor | None, generated: Callable[[], torch.Tensor],
+                 valid: torch.Tensor, row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        assert state is not None
+        passed.append((state.clone(), valid.clone()))
+        return own(slots, state, generated, valid, row_tokens)
+
+    tables.decide_state = recorded  # type: ignore[method-assign]
+    decided = []
+    for fused in (False, True):
+        thinking._decided = fused
+        decided.append(thinking.decide(_Group(), GatheredRows(slots, member)))  # type: ignore[arg-type]
+    return decided[0], decided[1], passed
+
+
+@pytest.mark.parametrize("rule", ["own", "none"])
+@pytest.mark.parametrize("kind", ["trigger", "thinking_budget"])
+@pytest.mark.parametrize("seed", range(10))
+def test_the_drafts_reference_equals_the_eager_decision_with_drafts(kind: str, seed: int, rule: str) -> None:
+    """``spans_drafts_`` (its CPU implementation, the reference) decides every row as the eager path
+    of ``DeviceThinking.decide`` with drafts: by the kind's rule, or (without one, as a scoped
+    entry) passing ``decide_state`` the same states and validity."""
+    tables, tokens, total, _ = _ruled(kind, seed)
+    if rule == "none":
+        tables.rule = NO_RULE
+    later = 1 + seed % 3
+    eager, fused, passed = _decide_both(tables, tokens, total, seed, later, fed=seed % 4 != 3)
+    assert torch.equal(eager, fused)
+    if rule == "none":
+        assert len(passed) == 2 and all(torch.equal(a, b) for a, b in zip(*passed, strict=True))
+
+
+def test_the_drafts_cases_move_states_and_fire() -> None:
+    """The drafts cases are not vacuous: drafts move some rows' states, some rows are not valid
+    (a placeholder before them), and rows fire."""
+    moved = invalid = fired = 0
+    for seed in range(10):
+        tables, tokens, total, _ = _ruled("thinking_budget", seed)
+        tables.rule = NO_RULE
+        eager, _, passed = _decide_both(tables, tokens, total, seed, 1 + seed % 3, fed=True)
+        state, valid = passed[0]
+        slots = _rows(seed, tokens.shape[0], 1 + seed % 3)[0]
+        moved += int((state != tables.state[slots]).any(1).sum())
+        invalid += int((~valid).sum())
+        fired += int((eager >= 0).sum())
+    assert moved >= 10 and invalid >= 10 and fired >= 10, (moved, invalid, fired)
+
+
 def test_the_cases_move_states_both_ways() -> None:
     """The cases are not vacuous: most move some state, some open a span and some close one."""
     moved = opened = closed = 0
@@ -191,6 +274,11 @@ SCRIPT = CASES + textwrap.dedent('''
             bad.append(seed)
     print("bad", bad, "fired", fired)
     assert not bad and fired > 50
+    from dynlogits.kernels.spans import drafts_same
+    bad_drafts = [(seed, rule) for seed in range(24) for rule in RULES
+                  if not drafts_same(torch.device("cpu"), seed, 1 + seed % 3, seed % 4, rule, fed=seed % 5 != 0)]
+    print("bad drafts", bad_drafts)
+    assert not bad_drafts
     from dynlogits.kernels.spans import _probe
     assert _probe(torch.device("cpu"))  # the probe's cases pass (and move states)
 ''')
@@ -232,3 +320,34 @@ def test_the_triton_kernel_compiles_for_cuda_without_a_gpu() -> None:
                                                    "CLOSED": spans.CLOSED, "RULE": rule})
                     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
                     assert "advance_rows" in compiled.asm["ptx"]
+
+
+def test_the_drafts_kernel_compiles_for_cuda_without_a_gpu() -> None:
+    """``spans_drafts_``'s kernel, as ``advance_rows`` above (with and without fed tokens)."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from dynlogits.kernels import spans
+
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("Triton has no NVIDIA backend here")
+    kernel = spans.kernels().drafts_rows
+    signature = {"state_ptr": "*i64", "state_s0": "i64", "consts_ptr": "*i64", "consts_s0": "i64", "tokens_ptr": "*i32",
+                 "tokens_s0": "i64", "tokens_s1": "i64", "nslots": "i32", "maxlen": "i32", "total_ptr": "*i32",
+                 "scale_ptr": "*i64", "slots_ptr": "*i64", "member_ptr": "*i1", "fed_ptr": "*i32", "n_fed": "i32",
+                 "local_ptr": "*i32", "rows": "i32", "later": "i32", "out_ptr": "*i64", "out_s0": "i64",
+                 "valid_ptr": "*i1", "decided_ptr": "*i64", "force_ptr": "*i64", "force_s0": "i64", "force_w": "i64",
+                 "flen_ptr": "*i64", "flen_s0": "i64", "WIDTH": "constexpr", "BLOCK": "constexpr", "BIG": "constexpr",
+                 "CLOSED": "constexpr", "PAD": "constexpr", "PLACEHOLDER": "constexpr", "RULE": "constexpr",
+                 "HAS_FED": "constexpr"}
+    for capability in (90, 80):
+        for width in (1, 3):
+            for rule in spans.RULES:
+                for fed in (True, False):
+                    source = ASTSource(fn=kernel, signature=signature,
+                                       constexprs={"WIDTH": width, "BLOCK": spans.BLOCK, "BIG": spans.BIG,
+                                                   "CLOSED": spans.CLOSED, "PAD": spans.PAD,
+                                                   "PLACEHOLDER": spans.PLACEHOLDER, "RULE": rule, "HAS_FED": fed})
+                    compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
+                    assert "drafts_rows" in compiled.asm["ptx"]

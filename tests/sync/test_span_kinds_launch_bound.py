@@ -1,8 +1,9 @@
 """``trigger`` and ``thinking_budget`` under Model Runner V2, in the CUDA model: a step follows each
 table's span over all its rounds and decides every slot in one fused ``spans_advance_``, and each
-row's decision is read off it, so the kinds' own device work (``DeviceThinking.step`` and
-``decide``) is a fixed number of launches whatever the rounds (one, a speculative config's three, a
-resumed request's catch-up), with no sync, and decides as the eager path does on the CPU."""
+row's decision is read off it (with drafts before rows: one fused ``spans_drafts_`` instead), so
+the kinds' own device work (``DeviceThinking.step`` and ``decide``) is a fixed number of launches
+whatever the rounds (one, a speculative config's three, a resumed request's catch-up) and drafts,
+with no sync, and decides as the eager path does on the CPU."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ V, SLOTS, PROMPT = 64, 4, 2
 #: a steady step's launches of the span kinds' own work: the fused advance and decision (1), each
 #: row's decision read off it (``index``, ``where``)
 SPAN_LAUNCHES = 3
+#: with drafts: the fused advance, then every row's state over its drafts and its decision (1 each)
+DRAFT_LAUNCHES = 2
 #: what the first step after arrivals adds: their prompt lengths lifted into the state (``mul``,
 #: ``addcmul_``) and a copy per arrived slot (the flags of slots to lift, reset)
 LIFT = 2 + SLOTS - 1
@@ -33,9 +36,11 @@ PAYLOADS = {
 OUTPUTS = [[11, 5], [20, 5, 6, 21], [20, 5, 6, 7], []]
 
 
-def _steps(kind: str, max_new: int, first: bool, device: torch.device, sim: SimCuda | None) -> tuple[list[int], list[str]]:
+def _steps(kind: str, max_new: int, first: bool, device: torch.device, sim: SimCuda | None,
+           drafts: bool = False) -> tuple[list[int], list[str]]:
     """Requests resumed with ``OUTPUTS`` (caught up on the device at their first step), then a
-    steady step: the decisions per row of the first step (``first``) or of the steady one, and its
+    steady step (``drafts``: slot 2's request with two drafts, slot 0's with one, the second a
+    placeholder): the decisions per row of the first step (``first``) or of the steady one, and its
     ops (``sim``'s; none on the CPU)."""
     put = (lambda t: t) if sim is None else sim.put
     thinking = DeviceThinking(SLOTS + 1, device, max_new=max_new)
@@ -52,10 +57,16 @@ def _steps(kind: str, max_new: int, first: bool, device: torch.device, sim: SimC
     total_len = put(torch.tensor([PROMPT + len(o) for o in OUTPUTS], dtype=torch.int32))
     ((level, group_type),) = thinking.tables
     group = group_type(level, SLOTS + 1, torch.device("cpu"))
-    rows = GatheredRows(put(torch.tensor([2, 0, 1, 3])), put(torch.tensor([True, True, True, False])))
+    input_ids = local_pos = None
+    if drafts:
+        rows = GatheredRows(put(torch.tensor([2, 2, 2, 0, 0, 1, 3])), put(torch.tensor([True] * 6 + [False])))
+        input_ids = put(torch.tensor([7, 21, 22, 5, -1, 21, 0], dtype=torch.int32))
+        local_pos = put(torch.tensor([0, 1, 2, 0, 1, 0, 0], dtype=torch.int32))
+    else:
+        rows = GatheredRows(put(torch.tensor([2, 0, 1, 3])), put(torch.tensor([True, True, True, False])))
     for _ in range(1 if first else 2):
         before = 0 if sim is None else len(sim.ops)
-        thinking.step(tokens, prompt_len, total_len)
+        thinking.step(tokens, prompt_len, total_len, input_ids=input_ids, local_pos=local_pos)
         decided = thinking.decide(group, rows)
     ops = [] if sim is None else sim.ops[before:]
     values = decided if sim is None else sim.value(decided)
@@ -76,3 +87,14 @@ def test_a_step_follows_and_decides_a_span_kind_in_a_fixed_number_of_launches(ki
     eager, _ = _steps(kind, max_new, first, torch.device("cpu"), None)
     assert decided == eager and decided[3] == -1  # the non-member row decides nothing
     assert any(d >= 0 for d in decided) and any(d < 0 for d in decided[:3])
+
+
+@pytest.mark.parametrize("kind", list(PAYLOADS))
+def test_a_step_with_drafts_follows_and_decides_a_span_kind_in_two_launches(kind: str) -> None:
+    with SimCuda() as sim:
+        decided, ops = _steps(kind, 3, False, sim.device, sim, drafts=True)
+        syncs = len(sim.syncs)
+    assert syncs == 0 and ops == ["spans_advance_", "spans_drafts_"] and len(ops) == DRAFT_LAUNCHES
+    eager, _ = _steps(kind, 3, False, torch.device("cpu"), None, drafts=True)
+    assert decided == eager and decided[4] == decided[6] == -1  # after a placeholder; not a member
+    assert any(d >= 0 for d in decided)

@@ -1,7 +1,8 @@
 """A GPU check of ``dynlogits::spans_advance_`` (``dynlogits.kernels.spans``): its Triton kernel on
 CUDA against the eager references on the same device, exactly, over random tables (1 to ``width``
 token sequences, either state, small thresholds; 1 to 6 rounds, rows past one block, int32 and int64
-token matrices; each decision rule, with 1 to 3 token forced sequences). ``python -m dynlogits.testing.cuda.spans_check``: prints the differing cases and
+token matrices; each decision rule, with 1 to 3 token forced sequences), and ``spans_drafts_``'s
+against its reference (rows with 0 to 3 drafts, with and without fed tokens, each rule). ``python -m dynlogits.testing.cuda.spans_check``: prints the differing cases and
 exits nonzero on any (2 without a CUDA device). ``run`` and ``cpu_check`` are what
 ``python -m dynlogits.testing.cuda.check`` calls (on a GPU, and in Triton's CPU interpreter)."""
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from dynlogits.kernels.spans import RULES, advance_reference, decide_reference, force_case, launch, probe_case
+from dynlogits.kernels.spans import RULES, advance_reference, decide_reference, drafts_same, force_case, launch, probe_case
 
 __all__ = ["cpu_check", "main", "run"]
 
@@ -27,7 +28,7 @@ def main(device: torch.device | None = None) -> int:
             print("spans_check: no CUDA device")
             return 2
         device = torch.device("cuda")
-    bad = []
+    bad: list[tuple[int, int, int, int]] = []
     cases = 0
     for seed in range(60):
         for width in (1, 2, 3):
@@ -45,6 +46,11 @@ def main(device: torch.device | None = None) -> int:
             cases += 1
             if not (torch.equal(fused, eager) and torch.equal(fused_decided, eager_decided)):
                 bad.append((seed, width, rounds, rule))
+    for seed in range(30):
+        for rule in RULES:
+            cases += 1
+            if not drafts_same(device, seed, 1 + seed % 3, seed % 4, rule, fed=seed % 5 != 0):
+                bad.append((-1, seed, 1 + seed % 3, rule))  # -1: a drafts case
     print(f"spans_check: {cases} cases, {len(bad)} differ {bad[:10]}")
     return 1 if bad else 0
 
