@@ -282,13 +282,50 @@ class ScopedGroup(SpanDecided):
                                          GatheredRows(rows.slot_of_row, member))
 
 
+#: Covered tokens of a live history read again into its stretch's copy each step (``_Stretch``):
+#: an engine rewrites only its newest slots (a placeholder's, under async scheduling: vLLM's V1
+#: runner), so a rewrite deeper than this in a list it grows goes unseen.
+TAIL_REREAD = 64
+
+
+class _Stretch:
+    """One row's stretch (its live history from ``began`` on) kept as one list across steps, so the
+    inner kind sees the same list one token longer at a steady step, as it sees an engine's live
+    list: each step the last ``TAIL_REREAD`` covered tokens are read again and the new ones
+    appended, O(new + ``TAIL_REREAD``); copied afresh from another list or another start."""
+
+    __slots__ = ("source", "began", "tokens")
+
+    def __init__(self) -> None:
+        self.source: list[int] | None = None
+        self.began = -1
+        self.tokens: list[int] = []
+
+    def of(self, history: list[int], began: int) -> list[int]:
+        """``history[began:]``, as this row's one list."""
+        if history is not self.source or began != self.began:
+            self.source, self.began = history, began
+            self.tokens = history[began:]
+            return self.tokens
+        tokens = self.tokens
+        n, total = len(tokens), len(history) - began
+        if total < n:
+            del tokens[total:]
+            n = total
+        k = min(n, TAIL_REREAD)
+        tokens[n - k : n] = history[began + n - k : began + n]
+        if total > n:
+            tokens.extend(history[began + n :])
+        return tokens
+
+
 class ScopedDecided(ScopedGroup):
     """A scoped entry of a decided inner kind that opts in (``DecidedGroup.scopable``), where the
     adapter passes host histories (vLLM's V1 runner): the inner group decides every member row (the
     layout's whole deciders list, so what it keeps per layout stays aligned), a row in the entry's
-    phase from its stretch's history (``_ScopedResident.own``: the hosted path's ``_own``), any other
-    from the inner kind's ``neutral_history``, which decides nothing; the inner group applies the
-    decisions. Without host histories its request is hosted (``runs_without_histories``)."""
+    phase from its stretch's history (the hosted path's ``_own``; from a live list, one list kept
+    across steps: ``_Stretch``), any other from the inner kind's ``neutral_history``, which decides
+    nothing; the inner group applies the decisions. Without host histories its request is hosted (``runs_without_histories``)."""
 
     inner: DecidedGroup
 
@@ -318,16 +355,23 @@ class ScopedDecided(ScopedGroup):
         doc); a row whose phase cannot be found fails alone and is decided neutral."""
         held = self._cache.get("deciders")
         if held is None or held[0] is not deciders:  # once per layout (``ListedRows.deciders``)
-            held = self._cache["deciders"] = (deciders, [(row, slot, p.inner) for row, slot, p in deciders])
+            held = self._cache["deciders"] = (deciders, [(row, slot, p.inner) for row, slot, p in deciders],
+                                              [_Stretch() for _ in deciders])
         own = list(histories)
         neutral = self.inner.neutral_history
-        for row, slot, processor in deciders:
+        for (row, slot, processor), stretch in zip(deciders, held[2]):
+            history = histories[row]
             try:
-                mine = processor.own(histories[row])
+                began = processor.began(history)
             except Exception as exc:  # a bug must not escape the sampler: fail this request alone
                 fail(row, slot, exc)
-                mine = None
-            own[row] = neutral if mine is None else mine
+                began = None
+            if began is None:
+                own[row] = neutral
+            elif began and type(history) is list:
+                own[row] = stretch.of(history, began)
+            else:
+                own[row] = _own(history, began)
         return self.inner.decide_rows(held[1], own, fail)
 
     def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: Any,
@@ -430,13 +474,11 @@ class _ScopedResident(_ScopedPlanned):
         phase, began = self.phases.at(input_ids)
         return len(input_ids) - began if phase == self.scope else -1
 
-    def own(self, input_ids: Sequence[int]) -> Sequence[int] | None:
-        """The history the hosted step gives the inner processor after ``input_ids`` (its phase's
-        stretch: ``_own``, a list sliced where it is one), or ``None`` outside the entry's phase."""
+    def began(self, input_ids: Sequence[int]) -> int | None:
+        """Where the stretch of the entry's phase after ``input_ids`` began (the hosted step gives the
+        inner processor ``_own(input_ids, began)``), or ``None`` outside the entry's phase."""
         phase, began = self.phases.at(input_ids)
-        if phase != self.scope:
-            return None
-        return input_ids[began:] if began and type(input_ids) is list else _own(input_ids, began)
+        return began if phase == self.scope else None
 
     def span(self, input_ids: Sequence[int]) -> int | None:
         """The open span after ``input_ids`` (``DeviceThinking``'s host scan of a resumed request)."""

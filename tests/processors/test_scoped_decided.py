@@ -17,7 +17,7 @@ import torch
 from dynlogits import sdk
 from dynlogits.processors.no_repeat_ngram import NoRepeatNgramProcessor
 from dynlogits.processors.no_repeat_ngram_device import MAX_DEVICE_SIZE, MAX_SCOPED_OUTPUTS
-from dynlogits.processors.scope import Phases, ScopedDecided, _ScopedResident, scoped
+from dynlogits.processors.scope import TAIL_REREAD, Phases, ScopedDecided, _ScopedResident, scoped
 from dynlogits.sdk.realization import RequestFacts
 from dynlogits.sdk.resident.engine_step import EngineStep
 from dynlogits.sdk.resident.slot_batch import SlotBatch
@@ -42,8 +42,10 @@ def _realize(payload: list[dict[str, Any]], prompt: list[int]) -> Any:
 
 def test_the_v1_runners_scoped_no_repeat_ngram_rows_equal_the_hosted_paths_bit_for_bit() -> None:
     """Random delimiters, prompts (which may open a span), sizes 1 to 4 scoped to either phase;
-    histories through both phases, each the engine's live list (grown in place) or a copy, some
-    with a placeholder at the end. Every request is resident; every row equals the hosted path's."""
+    histories through both phases, each the engine's live list (grown in place, its newest slot
+    sometimes a placeholder replaced in place at the next step, as vLLM's V1 runner under async
+    scheduling) or a copy, some with a placeholder at the end. Every request is resident; every
+    row equals the hosted path's."""
     rng = random.Random(7)
     banned_rows = 0
     for _ in range(30):
@@ -60,7 +62,9 @@ def test_the_v1_runners_scoped_no_repeat_ngram_rows_equal_the_hosted_paths_bit_f
         live: list[list[int]] = [[], [], []]
         for _ in range(16):
             for h in live:
-                h.append(rng.choice(IDS))
+                if h and h[-1] == -1:  # the placeholder's token, known now, written in its place
+                    h[-1] = rng.choice(IDS)
+                h.append(-1 if rng.random() < 0.3 else rng.choice(IDS))
             seen = [h if rng.random() < 0.6 else h + [-1] if rng.random() < 0.5 else list(h) for h in live]
             logits = torch.randn(3, V)
             a, b = logits.clone(), logits.clone()
@@ -208,3 +212,32 @@ def test_under_model_runner_v2_a_reasoning_span_the_prompt_opened_counts_from_th
         banned.append(torch.isneginf(out[0]).nonzero().flatten().tolist())
         harness.commit("a", [token])
     assert banned == [[], [4], []]
+
+
+def test_the_v1_runners_scoped_rows_follow_long_stretches_of_one_live_list_as_the_hosted_path() -> None:
+    """One live list grown through reasoning stretches longer than ``TAIL_REREAD`` (the stretch's
+    copy is re-read only that far back at a steady step), closed and opened again, the second first
+    seen already longer than that (tokens the row was not decided at): every row equals the hosted
+    path's, so the second stretch never sees the first's n-grams."""
+    rng = random.Random(3)
+    payload: list[dict[str, Any]] = [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
+                                     {"kind": "no_repeat_ngram", "size": 2, "scope": "reasoning"}]
+    resident, hosted = _realize(payload, [2]), _realize(payload, [2])
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
+    assert batch.assign(0, resident)
+    batch.flush()
+    batch.set_rows(np.array([0]))
+    first = [rng.choice([10, 11, 12, 13]) for _ in range(TAIL_REREAD + 20)]
+    second = [rng.choice([20, 21, 22, 23]) for _ in range(TAIL_REREAD + 20)]
+    live: list[int] = []
+    banned = 0
+    steps = [[t] for t in [5, *first, 7, 3, 4]] + [[5, *second[:TAIL_REREAD + 10]]] + [[t] for t in second[TAIL_REREAD + 10:]]
+    for tokens in steps:
+        live.extend(tokens)
+        logits = torch.randn(1, V)
+        a, b = logits.clone(), logits.clone()
+        batch.apply(a, EngineStep(histories=[live]))
+        sdk.apply_rows(b, [0], [hosted], [live])
+        assert torch.equal(a, b), len(live)
+        banned += int(torch.isneginf(a).any())
+    assert banned > TAIL_REREAD // 2
