@@ -496,8 +496,16 @@ class DeviceThinking:
         if local_pos is None:
             return tables.decide_state(slots, None, lambda: source.total_len[source.clamped(slots)], rows.member,
                                        self._row_tokens)
-        if self._decided:  # a fused step: the drafts in one fused op too
-            return self._fused_drafts(tables, rows, source, local_pos)
+        if self._decided:  # a fused step: the drafts in one fused op too (eager if its variant fails)
+            return GATE.run(self.device, lambda: self._fused_drafts(tables, rows, source, local_pos),
+                            lambda: self._eager_drafts(tables, rows, source, local_pos))
+        return self._eager_drafts(tables, rows, source, local_pos)
+
+    def _eager_drafts(self, tables: SpanTables, rows: GatheredRows, source: _Step, local_pos: torch.Tensor) -> torch.Tensor:
+        """``decide`` with drafts, eagerly: each row's slot state advanced over the drafts before it
+        (per draft position the ops of ``SpanTables.advance``), then ``decide_state``."""
+        slots = rows.slot_of_row
+        input_ids = self._inputs[0]
         clamped = source.clamped(slots)
         committed = source.total_len[clamped]
         drafts = local_pos.long()
