@@ -21,7 +21,14 @@ The modes below add to it:
 
 "Resident without histories": where the adapter passes no host histories (Model Runner V2),
 whether a request with such an entry is resident (``Group.runs_without_histories``) or hosted.
-``HostForcingGroup`` is the step shared by the decided kinds that force at most one token per row."""
+``HostForcingGroup`` is the step shared by the decided kinds that force at most one token per row.
+
+A decided kind whose entries may be scoped to a phase opts in to a resident scoped entry
+(``scope.ScopedDecided``) with ``DecidedGroup.scopable`` and ``neutral_history`` (host histories:
+each row decided from its phase's stretch, rows out of phase from a history that decides nothing)
+and, to be resident without host histories too, ``WindowDecided.scoped_reach`` and
+``apply_tokens`` (each row decided from its last tokens, those outside its stretch read as
+placeholders). ``no_repeat_ngram`` does both; no other kind does yet."""
 
 from __future__ import annotations
 
