@@ -39,6 +39,33 @@ class _RowTables(NamedTuple):
     depth: torch.Tensor  # [rows, entries]
     at_least: torch.Tensor
     ids: torch.Tensor  # [rows, entries]: the id each entry allows (a gather and scatter index)
+    #: the counting step's (``MultipleChoiceGroup._decide_by_count``): per row the flat indices in
+    #: ``tokens`` of its first ``width`` generated positions (past the matrix: its last column)
+    head_at: torch.Tensor
+    #: ``[rows, width, entries]``: ``prefix`` widened and transposed, unused cells ``UNMATCHED``
+    cells: torch.Tensor
+    #: ``[rows, 1]``: ``BIG * (1 - prompt_len)``, so ``BIG * pos`` plus it is ``BIG`` times the
+    #: tokens generated before the row
+    shift: torch.Tensor
+    #: ``[rows, entries]``: ``BIG * depth`` for an ``at_least`` entry, else ``EXACT`` (no cap)
+    cap: torch.Tensor
+    #: ``[rows, entries]``: ``BIG * depth + depth``, what a matching entry's sum equals
+    target: torch.Tensor
+    #: ``0`` (``clamp``'s lower bound: a tensor, as its upper one is)
+    zero: torch.Tensor
+    #: ``tokens.shape[1]`` the flat indices were made for
+    stride: int
+
+
+#: ``_decide_by_count``'s weight of the generated count: above every count of equal cells (a
+#: template's ``width``: at most ``EntryTablesGroup.MAX_WINDOW_CELLS``), so ``BIG * NEVER`` fits int64
+BIG = 1 << 13
+#: ``cap`` of an entry that matches an output of its own length only: above ``BIG`` times any length
+EXACT = 1 << 62
+#: an unused prefix cell, widened: below every int32 token, however arbitrary
+UNMATCHED = -(1 << 40)
+#: token dtypes whose values never equal ``UNMATCHED``
+_NARROW = (torch.int32, torch.int16, torch.uint8, torch.int8)
 
 
 class MultipleChoiceGroup(EntryTablesGroup):
@@ -59,6 +86,10 @@ class MultipleChoiceGroup(EntryTablesGroup):
     restrictive = True
     positional = True  # a row left with no token reports its output position
     NEVER = 1 << 40  # ``depth`` of padding entries: never matches
+
+    def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        super().__init__(level, num_slots, device)
+        self._neg_inf: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # per logits dtype and device
 
     def _new_tables(self) -> tuple[SlotTable, ...]:
         self.prefix = self.table(torch.int32, width=max(1, self.entries * self.width))
@@ -112,36 +143,70 @@ class MultipleChoiceGroup(EntryTablesGroup):
                     listed_positions(step, rows.rows_dev, rows.identity), rows.stop_index, rows.can_stop)
 
     def _rows_tables(self, rows: GatheredRows, window: TokenWindow) -> _RowTables:
-        """The rows' slots' tables, gathered once while ``rows.slot_of_row`` is the same tensor and no
-        table changes (a flush clears ``_cache``)."""
+        """The rows' slots' tables, gathered once while ``rows.slot_of_row`` is the same tensor,
+        ``window.tokens`` as wide and no table changes (a flush clears ``_cache``; the rows' prompt
+        lengths are their slots' requests', so they hold as long)."""
+        stride = window.tokens.shape[1]
         cached = self._cache.get("window")
-        if cached is not None and cached[0] is rows.slot_of_row:
+        if cached is not None and cached[0] is rows.slot_of_row and cached[1].stride == stride:
             return cached[1]
-        r, e = len(rows.slot_of_row), self.entries
-        prefix = self.prefix.dev[rows.slot_of_row].view(r, e, self.width)
-        made = _RowTables(window.slots(rows.slot_of_row), prefix, prefix < 0, self.depth.dev[rows.slot_of_row],
-                          self.at_least.dev[rows.slot_of_row], self.ids.dev[rows.slot_of_row])
+        r, e, w = len(rows.slot_of_row), self.entries, self.width
+        slots = window.slots(rows.slot_of_row)
+        prefix = self.prefix.dev[rows.slot_of_row].view(r, e, w)
+        depth, at_least = self.depth.dev[rows.slot_of_row], self.at_least.dev[rows.slot_of_row]
+        prompt_len = window.prompt_len[slots].long()[:, None]
+        columns = (prompt_len + torch.arange(w, device=slots.device)).clamp(max=stride - 1)
+        unused = prefix < 0
+        made = _RowTables(slots, prefix, unused, depth, at_least, self.ids.dev[rows.slot_of_row],
+                          slots.long()[:, None] * stride + columns,
+                          torch.where(unused, UNMATCHED, prefix.long()).transpose(1, 2).contiguous(),
+                          BIG * (1 - prompt_len), torch.where(at_least, BIG * depth, EXACT), (BIG + 1) * depth,
+                          torch.zeros((), dtype=torch.long, device=slots.device), stride)
         self._cache["window"] = (rows.slot_of_row, made)
         return made
 
     def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
         """Per row and entry (``[rows, entries]``): whether the row's output is the entry's (or, for an
-        ``at_least`` entry, begins with it), so the entry's id is allowed now."""
+        ``at_least`` entry, begins with it), so the entry's id is allowed now. A member row's
+        decisions only: a row outside the group keeps its logits whatever they are (see
+        ``apply_device_decisions``). Without drafts and with int32 tokens (vLLM's),
+        ``_decide_by_count``; else the rows' first tokens from ``window.head`` compared cell by cell."""
         t = self._rows_tables(rows, window)
+        if window.input_ids is None and window.tokens.dtype in _NARROW:
+            return self._decide_by_count(t, window)
         head = window.head(t.slots, self.width)
         # tokens generated before the row; a prefill chunk's row (its sample discarded) counts as the first
         n = (window.pos - window.prompt_len[t.slots] + 1).long().clamp_(min=0)[:, None]
         same = ((t.prefix == head[:, None, :]) | t.unused).all(2)
         return same & ((t.depth == n) | (t.at_least & (t.depth <= n)))
 
+    @staticmethod
+    def _decide_by_count(t: _RowTables, window: TokenWindow) -> torch.Tensor:
+        """``decide_from_window`` in seven device ops: the rows' first ``width`` generated positions
+        read at once (``take``: flat indices fixed per layout, past ``pos`` too, where the cells
+        compared are unused ones), each entry's cells equal to them counted (``count``: an unused
+        cell, ``UNMATCHED``, equals no int32 value), and ``N = BIG * n`` (``n`` the tokens generated
+        before the row, at least 0) capped at ``cap``: an entry matches iff ``min(N, cap) + count ==
+        BIG * depth + depth``, i.e. ``count == depth`` (its whole prefix) and ``n == depth``, or for an
+        ``at_least`` entry ``n >= depth`` (``count``, ``depth < BIG``; padding's ``depth`` is past
+        every ``n``)."""
+        head = torch.take(window.tokens, t.head_at)  # [rows, width]
+        count = (t.cells == head[:, :, None]).sum(1)  # [rows, entries]
+        generated = torch.add(t.shift, window.pos[:, None], alpha=BIG)  # BIG * n, negative in a prefill chunk
+        return torch.clamp(generated, min=t.zero, max=t.cap).add_(count) == t.target
+
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> Dead:
         """Each member row keeps only the ids of the entries it matched (none where it matched none):
-        the entries' logits read, the rows filled, the matched ones written back (``amax``: an id
-        two entries allow, or one a matched and an unmatched entry name, keeps its value)."""
+        the entries' logits read (``-inf`` for the entries not matched), the member rows filled, the
+        read ones written back (``amax``: an id two entries allow, or one a matched and an unmatched
+        entry name, keeps its value; a row outside the group gets its own values back, unchanged)."""
         t = self._cache["window"][1]  # this step's, from decide_from_window
-        kept = step.logits.gather(1, t.ids)
+        key = (step.logits.dtype, step.logits.device)
+        neg_inf = self._neg_inf.get(key)
+        if neg_inf is None:
+            neg_inf = self._neg_inf[key] = torch.full((), NEG_INF, dtype=key[0], device=key[1])  # a fill, no copy
+        kept = torch.where(hit, step.logits.gather(1, t.ids), neg_inf)
         step.logits.masked_fill_(rows.member[:, None], NEG_INF)
-        kept.masked_fill_(rows.member[:, None] & ~hit, NEG_INF)  # non-members: their own values back
         step.logits.scatter_reduce_(1, t.ids, kept, reduce="amax")
         return Dead(None, rows.slot_of_row, t.ids, step.generated, where=rows.member)
 

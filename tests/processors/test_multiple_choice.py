@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from zoo_rows import EOS, V, apply, finite, largest_allocation, logits_row, realize, resident_and_host
@@ -168,3 +170,96 @@ def test_the_template_lists_every_edge_of_the_trie_and_each_whole_choice_then_eo
                           ((5, 6, EOS), EOS, True), ((5, 6, 7, EOS), EOS, True), ((5, 8, EOS), EOS, True),
                           ((9, EOS), EOS, True)])
     assert t.geometry == (13, 4)
+
+
+def _window_case(seed: int, tokens_dtype: torch.dtype) -> tuple[Any, Any, Any, torch.Tensor, list[list[int] | None]]:
+    """A random Model Runner V2 step of a ``MultipleChoiceGroup`` on the CPU: requests whose outputs
+    follow a choice part of the way, to its end and EOS (then more), or leave it; prompts of 1 to 5
+    tokens and a matrix as narrow as the longest (a row's head reaches past it); prefill chunks'
+    rows (counted as the first), rows outside the group, the sentinel row; logits with NaNs. Per row
+    the ids its processor allows (``None``: not a member)."""
+    import random
+
+    from dynlogits.processors.multiple_choice import MultipleChoiceGroup
+    from dynlogits.processors.window import TokenWindow
+
+    rng = random.Random(seed)
+    requests = 1 + seed % 7
+    length = 14
+    tokens = torch.randint(2, 6, (requests, length), generator=torch.Generator().manual_seed(seed)).to(tokens_dtype)
+    group = MultipleChoiceGroup(0, requests + 1, torch.device("cpu"))
+    group.from_window = True
+    prompt_len, pos, slot_of_row, wants = [], [], [], []
+    for slot in range(requests):
+        choices = [[rng.randrange(2, 6) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 4))]
+        processor = MultipleChoiceProcessor(choices, EOS)
+        member = slot == 0 or rng.random() < 0.8
+        if member:
+            group.assign(slot, processor.template)
+        prompt = [rng.randrange(2, 6) for _ in range(rng.randint(1, 5))]
+        choice = rng.choice(choices)
+        output = choice[:rng.randint(0, len(choice))]
+        if rng.random() < 0.3:
+            output = choice + [EOS] * rng.randint(1, 2)
+        if rng.random() < 0.2:
+            output = output + [rng.randrange(2, 6)]  # may leave every choice
+        committed = prompt + output
+        tokens[slot, :len(committed)] = torch.tensor(committed, dtype=tokens_dtype)
+        prompt_len.append(len(prompt))
+        prefill = rng.random() < 0.15
+        pos.append(rng.randrange(len(prompt)) if prefill else len(committed) - 1)
+        slot_of_row.append(slot)
+        wants.append(list(processor.allowed([] if prefill else output)) if member else None)
+    pos.append(rng.randrange(length))  # the sentinel row
+    slot_of_row.append(requests)
+    wants.append(None)
+    group.flush()
+    window = TokenWindow("cpu").at(tokens, torch.tensor(prompt_len, dtype=torch.int32), torch.tensor(pos))
+    logits = torch.randn(len(pos), V, generator=torch.Generator().manual_seed(seed))
+    logits[torch.rand(len(pos), V, generator=torch.Generator().manual_seed(seed + 1)) < 0.05] = float("nan")
+    return group, group.every_row(torch.tensor(slot_of_row)), window, logits, wants
+
+
+def _bits(logits: torch.Tensor) -> torch.Tensor:
+    """float32 ``logits`` as their bits (NaNs compared too)."""
+    return logits.view(torch.int32)
+
+
+def _previous_apply(logits: torch.Tensor, member: torch.Tensor, hit: torch.Tensor, ids: torch.Tensor) -> None:
+    """The keep as it was written before (five device ops): the reference ``apply_device_decisions``
+    must equal bit for bit."""
+    kept = logits.gather(1, ids)
+    logits.masked_fill_(member[:, None], float("-inf"))
+    kept.masked_fill_(member[:, None] & ~hit, float("-inf"))
+    logits.scatter_reduce_(1, ids, kept, reduce="amax")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_window_decided_step_keeps_what_each_rows_processor_allows_by_count_or_cell_by_cell(seed: int) -> None:
+    """Model Runner V2's step: int32 tokens take the counting decision (``_decide_by_count``), int64
+    ones the cell-by-cell comparison; both keep, bit for bit, what the keep written before kept from
+    the cell-by-cell decisions, each member row its processor's ids (none where its output left every
+    choice), and leave the other rows as they were."""
+    from dynlogits.processors.slots import StepInputs
+
+    results = []
+    for dtype in (torch.int32, torch.int64):
+        group, rows, window, logits, wants = _window_case(seed, dtype)
+        out = logits.clone()
+        step = StepInputs(out, out.view(-1), V, None, torch.empty(0, dtype=torch.long))
+        hit = group.decide_from_window(rows, window)
+        dead = group.apply_device_decisions(step, rows, hit)
+        results.append((out, hit, dead))
+    (by_count, hit_count, dead), (by_cells, hit_cells, _) = results
+    before = logits.clone()
+    _previous_apply(before, rows.member, hit_cells, dead.witness)
+    member = rows.member[:, None]
+    assert torch.equal((hit_count & member), (hit_cells & member))  # a member row's decisions
+    assert torch.equal(_bits(by_count), _bits(by_cells)) and torch.equal(_bits(by_count), _bits(before))
+    assert dead.rows is None and torch.equal(dead.slots, rows.slot_of_row) and torch.equal(dead.where, rows.member)
+    for row, want in enumerate(wants):
+        if want is None:
+            assert torch.equal(_bits(by_count[row]), _bits(logits[row])), row
+        else:
+            kept = (~torch.isneginf(by_count[row])).nonzero().flatten().tolist()
+            assert kept == sorted(want), (seed, row)

@@ -1,7 +1,7 @@
 """``multiple_choice`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM drives the
 adapter: under Model Runner V2 each row's first generated tokens are read and compared with its
-slot's choices on the device (``MultipleChoiceGroup``), a fixed number of device ops a step and no
-read back; on the V1 runner each row's processor decides on the host and the rows' allowed ids go up
+slot's choices on the device (``MultipleChoiceGroup``), a fixed number of device ops a step (12 its
+own, 14 the restrictive groups' epilogue) and no read back; on the V1 runner each row's processor decides on the host and the rows' allowed ids go up
 in one upload. No step of a sequence with batch changes and a failing request waits for the device."""
 
 from __future__ import annotations
@@ -15,17 +15,25 @@ pytestmark = pytest.mark.usefixtures("quiet")  # the sequences' failing requests
 
 CHOICES = [[{"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id": EOS}],
            [{"kind": "multiple_choice", "choices": [[9, 9, 9]], "eos_token_id": EOS}]]
-#: the steady step's device ops: the rows' positions and first tokens read, compared with every entry
-#: of their slots and the matching entries' ids kept (24), then what every restrictive group ends with
-#: (the rows left with no token, their flags: 14)
-V2_STEADY_OPS = 38
+#: the steady step's own device ops: the rows' generated counts (``sub``, ``StepInputs.generated``:
+#: a row left with no token reports its position), their first generated tokens read (``take``, the
+#: flat indices fixed per layout), each entry's cells equal to them counted (``eq``, ``sum``), an
+#: entry matches where ``min(BIG * n, cap) + count`` is its target (``add``, ``clamp``, ``add_``,
+#: ``eq``), and the keep: the entries' logits read, the unmatched ones ``-inf`` (``gather``,
+#: ``where``), the member rows filled and the read ones written back (``masked_fill_``,
+#: ``scatter_reduce_``)
+V2_STEADY_OWN = ["sub", "take", "eq", "sum", "add", "clamp", "add_", "eq", "gather", "where", "masked_fill_",
+                 "scatter_reduce_"]
+#: then what every restrictive group ends with (the rows left with no token, their flags: ``slots.py``)
+V2_STEADY_EPILOGUE = 14
 
 
 def test_vllm_model_runner_v2_choice_step_is_a_fixed_number_of_device_ops_and_reads_nothing_back() -> None:
     with SimCuda() as sim:
         steady = drive_v2(sim, Scenario(payloads=CHOICES, steps=4, changes=False))
     assert [str(s) for s in steady.syncs] == [] and not steady.failures
-    assert len(steady.steady_ops) == V2_STEADY_OPS and "scatter_reduce_" in steady.steady_ops
+    assert steady.steady_ops[:len(V2_STEADY_OWN)] == V2_STEADY_OWN
+    assert len(steady.steady_ops) == len(V2_STEADY_OWN) + V2_STEADY_EPILOGUE
 
 
 @pytest.mark.parametrize("drafts", [0, 2])
