@@ -90,12 +90,14 @@ def test_quick_run_prints_the_machine_the_ratios_and_a_line_per_target(quick_run
     for column in ("floor/adapter", "reference/adapter", "loop/adapter", "pydantic/msgspec", "launches", "syncs"):
         assert column in stdout
     targets = [line for line in stdout.splitlines() if line.startswith(("[met]", "[NOT MET]", "[undecided]", "[not measured]"))]
-    assert len(targets) == 32  # adapter_v2 <= 1.5x adapter: one per workload; the adapter's share of a step: one per engine kind
+    assert len(targets) == 33  # adapter_v2 <= 1.5x adapter: one per workload; the adapter's share of a step: one per engine kind
     # measured in this run: every micro and wire target but batch 256 (not in --quick); the engine ones are not
     assert sum(line.startswith("[not measured] engine") for line in targets) == 6
     assert [line for line in targets if line.startswith("[not measured]") and not line.startswith("[not measured] engine")] \
         == [line for line in targets if line.startswith("[not measured] forced_sequence, batch 256")] != []
     assert any(line.startswith("[met]") and "syncs = 0" in line for line in targets)
+    assert any(line.startswith("[met] forced_sequence, adapter and adapter_v2, every batch: launches <= 4")
+               for line in targets)
 
 
 @pytest.mark.heavy  # the bench's quick run, in a subprocess
@@ -447,6 +449,12 @@ def test_device_side_targets_read_the_launch_and_sync_counts() -> None:
     assert "syncs = 0" in goal and met is False and measured == "3 in all"
     assert state["adapter and adapter_v2, each single-kind workload, every batch"][1:] == (False, "at most 10")
     assert state["adapter and adapter_v2, mixed, every batch"][1:] == (True, "at most 12")
+    assert state["forced_sequence, adapter and adapter_v2, every batch"][1:] == (None, "—")  # not measured
+    forced = [rec("forced_sequence", "adapter", 4, 0), rec("forced_sequence", "adapter_v2", 3, 0)]
+    state = {t.name: (t.met, t.measured) for t in evaluate_targets(forced)}
+    assert state["forced_sequence, adapter and adapter_v2, every batch"] == (True, "at most 4")
+    state = {t.name: (t.met, t.measured) for t in evaluate_targets([*forced, rec("forced_sequence", "adapter_v2", 5, 0)])}
+    assert state["forced_sequence, adapter and adapter_v2, every batch"] == (False, "at most 5")
 
 
 def test_history_workloads_do_their_work_at_every_measured_step() -> None:

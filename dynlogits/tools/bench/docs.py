@@ -160,7 +160,7 @@ adapter's engine (median of per-round ratios, decided on its 95% interval), and 
 of what the floor's memset leaves (exact forcing masks the row); wire decode of a 64-token forced sequence
 under 20 µs (a median, no interval); no syncs for `adapter` and `adapter_v2` at any resident workload (`scoped` included) and
 batch, at most 8 launches per
-steady step for a single-kind workload and 12 for `mixed`, forced_sequence within 1.1x of the
+steady step for a single-kind workload and 12 for `mixed` (4 for forced_sequence, on both runners), forced_sequence within 1.1x of the
 reference at batch 1, `adapter_v2` within 1.5x of `adapter` for every workload at
 batch 64. The lines below say, for this run, which are met.
 """

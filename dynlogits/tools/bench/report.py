@@ -260,6 +260,10 @@ def _paired_target(name: str, goal: str, rec: EngineRecord, want: float, extra: 
     return Target(name, goal, measured, low >= want)
 
 
+#: the most launches a steady forced step may queue on either runner (exact forcing: the settle)
+FORCED_LAUNCHES = 4
+
+
 def _device_targets(records: Sequence[Record], at: Any) -> list[Target]:
     """Device-side targets of the resident path: no syncs, few launches at any batch size, cheap
     forcing (workloads that run hosted, ``workloads.HOSTED_KINDS``, are left out)."""
@@ -276,6 +280,10 @@ def _device_targets(records: Sequence[Record], at: Any) -> list[Target]:
         targets.append(Target(f"adapter and adapter_v2, {'each single-kind workload' if single else 'mixed'}, every batch",
                               f"launches <= {bound} per steady step", "—" if not got else f"at most {max(got)}",
                               None if not got else max(got) <= bound))
+    forced = [v[0] for k, v in counts.items() if v[0] is not None and k[0] == "forced_sequence"]
+    targets.append(Target("forced_sequence, adapter and adapter_v2, every batch", f"launches <= {FORCED_LAUNCHES} per "
+                          "steady step", "—" if not forced else f"at most {max(forced)}",
+                          None if not forced else max(forced) <= FORCED_LAUNCHES))
     targets.append(_ratio_target(f"forced_sequence, batch 256, vocab {TARGET_VOCAB}", "adapter <= 1.25x the floor (adapter/floor)",
                                  at("forced_sequence", 256, "adapter"), at("forced_sequence", 256, "floor"), 1.25,
                                  at_most=True))
