@@ -139,10 +139,11 @@ def _params(payload: list[dict[str, Any]], max_tokens: int) -> Any:
     return params
 
 
-def _run_v2(drafts: int, seed: int, size: int | None, *, resident: bool, max_tokens: int = 48) -> int:
-    """Random requests through a V2 harness (slots reused, outputs a request resumes with, some past
-    ``DeviceThinking.MAX_DEVICE_CATCH_UP``, drafts); every row against the hosted path on the
-    history it sees; how many rows had bans."""
+def _run_v2(drafts: int, seed: int, sizes: tuple[int, ...], *, max_tokens: int = 48) -> int:
+    """Random requests (sizes among ``sizes``) through a V2 harness (slots reused, outputs a request
+    resumes with, some past ``DeviceThinking.MAX_DEVICE_CATCH_UP``, drafts), each resident where the
+    device decides it (size and ``max_tokens`` in bounds), else hosted; every row against the hosted
+    path on the history it sees; how many rows had bans."""
     rng = random.Random(seed)
     harness = _v2_harness(drafts)
     live: dict[str, tuple[list[dict[str, Any]], Any]] = {}
@@ -153,7 +154,8 @@ def _run_v2(drafts: int, seed: int, size: int | None, *, resident: bool, max_tok
             del live[name]
         while len(live) < 4:
             name = f"r{round_}-{len(live)}"
-            payload = _payload(rng, size=size)
+            payload = _payload(rng, size=rng.choice(sizes))
+            resident = payload[1]["size"] <= MAX_DEVICE_SIZE and max_tokens <= MAX_SCOPED_OUTPUTS
             prompt = [rng.choice(IDS) for _ in range(rng.randint(1, 4))]
             harness.add_request(name, prompt, _params(payload, max_tokens), output_ids=[rng.choice(IDS) for _ in range(
                 rng.choice([0, 1, 3, 20]))])
@@ -184,7 +186,14 @@ def _run_v2(drafts: int, seed: int, size: int | None, *, resident: bool, max_tok
 @pytest.mark.parametrize("drafts", [0, 2])
 def test_model_runner_v2s_scoped_no_repeat_ngram_rows_are_decided_on_the_device_as_the_hosted_path(drafts: int) -> None:
     """Every request resident (no history read back); rows equal the hosted path's bit for bit."""
-    assert _run_v2(drafts, 11 + drafts, None, resident=True) > 20
+    assert _run_v2(drafts, 11 + drafts, (1, 2, 3, 4)) > 20
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_model_runner_v2s_scoped_rows_beside_hosted_ones_are_each_the_hosted_paths(drafts: int) -> None:
+    """Sizes 2 (resident) and 9 (hosted) in one batch: the hosted requests' rows are no member of
+    the scoped group (nothing banned there by the device) and every row is the hosted path's."""
+    assert _run_v2(drafts, 31 + drafts, (2, 2, MAX_DEVICE_SIZE + 1)) > 10
 
 
 @pytest.mark.parametrize(("size", "max_tokens"), [(MAX_DEVICE_SIZE + 1, 48), (2, MAX_SCOPED_OUTPUTS + 1)],
@@ -193,7 +202,7 @@ def test_a_scoped_no_repeat_ngram_the_device_does_not_decide_is_hosted_under_mod
                                                                                                 max_tokens: int) -> None:
     """A size past ``MAX_DEVICE_SIZE``, or ``max_tokens`` past ``MAX_SCOPED_OUTPUTS``: hosted there,
     and still the hosted path's rows."""
-    _run_v2(0, 5, size, resident=False, max_tokens=max_tokens)
+    _run_v2(0, 5, (size,), max_tokens=max_tokens)
 
 
 @pytest.mark.parametrize("drafts", [0, 2])
