@@ -44,23 +44,22 @@ class _RowTables(NamedTuple):
     head_at: torch.Tensor
     #: ``[rows, width, entries]``: ``prefix`` widened and transposed, unused cells ``UNMATCHED``
     cells: torch.Tensor
-    #: ``[rows, 1]``: ``BIG * (1 - prompt_len)``, so ``BIG * pos`` plus it is ``BIG`` times the
-    #: tokens generated before the row
-    shift: torch.Tensor
-    #: ``[rows, entries]``: ``BIG * depth`` for an ``at_least`` entry, else ``EXACT`` (no cap)
-    cap: torch.Tensor
-    #: ``[rows, entries]``: ``BIG * depth + depth``, what a matching entry's sum equals
+    #: ``[rows, 1]``: ``prompt_len - 1``, the position a row's first generated token is sampled at
+    #: (``clamp``'s lower bound: a prefill chunk's row counts as that one)
+    low: torch.Tensor
+    #: ``[rows, entries]``: ``depth + prompt_len - 1`` for an ``at_least`` entry, else ``EXACT``
+    high: torch.Tensor
+    #: ``[rows, entries]``: ``BIG * depth + depth + prompt_len - 1``, what a matching entry's sum
+    #: equals (``-BIG`` for padding: below every sum)
     target: torch.Tensor
-    #: ``0`` (``clamp``'s lower bound: a tensor, as its upper one is)
-    zero: torch.Tensor
     #: ``tokens.shape[1]`` the flat indices were made for
     stride: int
 
 
-#: ``_decide_by_count``'s weight of the generated count: above every count of equal cells (a
-#: template's ``width``: at most ``EntryTablesGroup.MAX_WINDOW_CELLS``), so ``BIG * NEVER`` fits int64
-BIG = 1 << 13
-#: ``cap`` of an entry that matches an output of its own length only: above ``BIG`` times any length
+#: ``_decide_by_count``'s weight of a count of equal cells: above every position (so ``BIG`` times a
+#: count, at most ``EntryTablesGroup.MAX_WINDOW_CELLS``, plus a position fits int64)
+BIG = 1 << 40
+#: ``high`` of an entry that matches an output of its own length only: past every position
 EXACT = 1 << 62
 #: an unused prefix cell, widened: below every int32 token, however arbitrary
 UNMATCHED = -(1 << 40)
@@ -160,8 +159,10 @@ class MultipleChoiceGroup(EntryTablesGroup):
         made = _RowTables(slots, prefix, unused, depth, at_least, self.ids.dev[rows.slot_of_row],
                           slots.long()[:, None] * stride + columns,
                           torch.where(unused, UNMATCHED, prefix.long()).transpose(1, 2).contiguous(),
-                          BIG * (1 - prompt_len), torch.where(at_least, BIG * depth, EXACT), (BIG + 1) * depth,
-                          torch.zeros((), dtype=torch.long, device=slots.device), stride)
+                          prompt_len - 1, torch.where(at_least, depth + prompt_len - 1, EXACT),
+                          torch.where(depth < self.NEVER, (BIG + 1) * depth.clamp(max=self.MAX_WINDOW_CELLS) + prompt_len - 1,
+                                      -BIG),
+                          stride)
         self._cache["window"] = (rows.slot_of_row, made)
         return made
 
@@ -182,18 +183,18 @@ class MultipleChoiceGroup(EntryTablesGroup):
 
     @staticmethod
     def _decide_by_count(t: _RowTables, window: TokenWindow) -> torch.Tensor:
-        """``decide_from_window`` in seven device ops: the rows' first ``width`` generated positions
+        """``decide_from_window`` in six device ops: the rows' first ``width`` generated positions
         read at once (``take``: flat indices fixed per layout, past ``pos`` too, where the cells
         compared are unused ones), each entry's cells equal to them counted (``count``: an unused
-        cell, ``UNMATCHED``, equals no int32 value), and ``N = BIG * n`` (``n`` the tokens generated
-        before the row, at least 0) capped at ``cap``: an entry matches iff ``min(N, cap) + count ==
-        BIG * depth + depth``, i.e. ``count == depth`` (its whole prefix) and ``n == depth``, or for an
-        ``at_least`` entry ``n >= depth`` (``count``, ``depth < BIG``; padding's ``depth`` is past
-        every ``n``)."""
+        cell, ``UNMATCHED``, equals no int32 value), and ``pos`` clamped to ``[low, high]``
+        (``z``): an entry matches iff ``z + BIG * count == target``, i.e. (``0 <= z < BIG``)
+        ``count == depth`` (its whole prefix) and ``max(pos, low) == depth + prompt_len - 1``: ``n ==
+        depth``, ``n`` the tokens generated before the row (at least 0), or for an ``at_least``
+        entry ``n >= depth``."""
         head = torch.take(window.tokens, t.head_at)  # [rows, width]
         count = (t.cells == head[:, :, None]).sum(1)  # [rows, entries]
-        generated = torch.add(t.shift, window.pos[:, None], alpha=BIG)  # BIG * n, negative in a prefill chunk
-        return torch.clamp(generated, min=t.zero, max=t.cap).add_(count) == t.target
+        z = torch.clamp(window.pos[:, None], min=t.low, max=t.high)
+        return torch.add(z, count, alpha=BIG) == t.target
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> Dead:
         """Each member row keeps only the ids of the entries it matched (none where it matched none):

@@ -214,7 +214,8 @@ def _window_case(seed: int, tokens_dtype: torch.dtype) -> tuple[Any, Any, Any, t
     slot_of_row.append(requests)
     wants.append(None)
     group.flush()
-    window = TokenWindow("cpu").at(tokens, torch.tensor(prompt_len, dtype=torch.int32), torch.tensor(pos))
+    positions = torch.tensor(pos, dtype=torch.int32 if seed % 2 else torch.int64)
+    window = TokenWindow("cpu").at(tokens, torch.tensor(prompt_len, dtype=torch.int32), positions)
     logits = torch.randn(len(pos), V, generator=torch.Generator().manual_seed(seed))
     logits[torch.rand(len(pos), V, generator=torch.Generator().manual_seed(seed + 1)) < 0.05] = float("nan")
     return group, group.every_row(torch.tensor(slot_of_row)), window, logits, wants

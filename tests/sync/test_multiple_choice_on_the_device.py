@@ -1,8 +1,8 @@
 """``multiple_choice`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM drives the
 adapter: under Model Runner V2 each row's first generated tokens are read and compared with its
-slot's choices on the device (``MultipleChoiceGroup``), a fixed number of device ops a step (12 its
-own, 14 the restrictive groups' epilogue) and no read back; on the V1 runner each row's processor decides on the host and the rows' allowed ids go up
-in one upload. No step of a sequence with batch changes and a failing request waits for the device."""
+slot's choices on the device (``MultipleChoiceGroup``), a fixed number of device ops a step (11 its
+own, 14 the restrictive groups' epilogue) and no read back; on the V1 runner each row's processor
+decides on the host and the rows' allowed ids go up in one upload. No step of a sequence with batch changes and a failing request waits for the device."""
 
 from __future__ import annotations
 
@@ -18,12 +18,11 @@ CHOICES = [[{"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id"
 #: the steady step's own device ops: the rows' generated counts (``sub``, ``StepInputs.generated``:
 #: a row left with no token reports its position), their first generated tokens read (``take``, the
 #: flat indices fixed per layout), each entry's cells equal to them counted (``eq``, ``sum``), an
-#: entry matches where ``min(BIG * n, cap) + count`` is its target (``add``, ``clamp``, ``add_``,
+#: entry matches where ``clamp(pos, low, high) + BIG * count`` is its target (``clamp``, ``add``,
 #: ``eq``), and the keep: the entries' logits read, the unmatched ones ``-inf`` (``gather``,
 #: ``where``), the member rows filled and the read ones written back (``masked_fill_``,
 #: ``scatter_reduce_``)
-V2_STEADY_OWN = ["sub", "take", "eq", "sum", "add", "clamp", "add_", "eq", "gather", "where", "masked_fill_",
-                 "scatter_reduce_"]
+V2_STEADY_OWN = ["sub", "take", "eq", "sum", "clamp", "add", "eq", "gather", "where", "masked_fill_", "scatter_reduce_"]
 #: then what every restrictive group ends with (the rows left with no token, their flags: ``slots.py``)
 V2_STEADY_EPILOGUE = 14
 
