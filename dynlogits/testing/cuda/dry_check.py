@@ -31,7 +31,7 @@ import torch
 from dynlogits.processors import dry_device
 from dynlogits.processors.dry_device import NO_BREAKER, StepArgs, dense_lower_, lower_window_
 
-from .timing import device_ops, timed
+from .timing import device_ops, sync_error, timed
 
 __all__ = ["BATCHES", "main", "make_case", "run"]
 
@@ -155,14 +155,7 @@ def run(device: torch.device, *, steps: int = 100, batches: Sequence[int] = BATC
     good = per_step <= 2
     ok &= good
     print(f"kernels: {per_step:g} device ops a fused step ({', '.join(names)}), dense {dense_ops:g}: {_line(good)}")
-    try:
-        torch.cuda.set_sync_debug_mode("error")
-        fused()
-        synced = ""
-    except RuntimeError as exc:
-        synced = str(exc).splitlines()[0][:200]
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    synced = sync_error(fused)
     results["sync"] = synced
     ok &= not synced
     print(f"sync: {_line(not synced)} {synced}")

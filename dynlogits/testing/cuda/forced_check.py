@@ -28,7 +28,7 @@ import torch
 
 from dynlogits.processors import forced_settle as F
 
-from .timing import device_ops, timed
+from .timing import device_ops, sync_error, timed
 
 __all__ = ["BATCHES", "bits", "cpu_check", "main", "run"]
 
@@ -133,14 +133,7 @@ def run(device: torch.device, *, vocab: int = 151936, steps: int = 200,
             results["kernels"].append({"batch": batch, "op": op, "fused": f_ops, "eager": e_ops, "names": names})
             print(f"forced fused kernels {op} batch {batch}: {f_ops:.1f} device ops {names} (eager {e_ops:.1f}) -> "
                   f"{_line(fits)}", flush=True)
-            error = ""
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                fused()
-            except RuntimeError as exc:
-                error = str(exc).splitlines()[0][:200]
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
+            error = sync_error(fused)
             ok &= not error
             results["sync"].append({"batch": batch, "op": op, "error": error})
             print(f"forced fused sync {op} batch {batch}: {error or 'none'} -> {_line(not error)}", flush=True)

@@ -1,5 +1,6 @@
-"""What the GPU checks measure of a call on CUDA: the device ops it queues (``torch.profiler``) and
-its time (host wall to a final synchronize, device between CUDA events). Shared by ``check`` and
+"""What the GPU checks measure of a call on CUDA: the device ops it queues (``torch.profiler``),
+whether it synchronizes (``sync_error``) and its time (host wall to a final synchronize, device
+between CUDA events). Shared by ``check`` and
 the kinds' kernel checks; CUDA only, never run by the test suite."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["device_ops", "timed"]
+__all__ = ["device_ops", "sync_error", "timed"]
 
 
 def device_ops(fn: Callable[[], object], steps: int, trace_dir: Path | None = None) -> tuple[float, list[str]]:
@@ -47,3 +48,17 @@ def timed(fn: Callable[[], object], steps: int, warmup: int = 3) -> tuple[float,
     end.record()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) * 1e3 / steps, float(start.elapsed_time(end)) / steps
+
+
+def sync_error(*calls: Callable[[], object]) -> str:
+    """The first line of what ``calls`` (in order) raise under ``torch.cuda.set_sync_debug_mode("error")``
+    (``""``: none synchronized)."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for call in calls:
+            call()
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0][:200]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return ""

@@ -55,7 +55,7 @@ from dynlogits.processors.watermark_compiled import listed_draw, window_decision
 from dynlogits.processors.watermark_prf import absorb, context_state, key_words, uniform_from_states
 from dynlogits.processors.watermark_resident import MAX_HISTORY, batched_draw
 
-from .timing import device_ops, timed
+from .timing import device_ops, sync_error, timed
 
 __all__ = ["BATCHES", "PAYLOADS", "SAMPLING", "Inputs", "compare", "fused_bits", "fused_inputs", "history_edge_case",
            "interpreted_check", "main", "make_inputs", "run", "run_fused", "window_bits", "window_case", "window_cases"]
@@ -383,20 +383,12 @@ def run(device: torch.device, *, vocab: int = 151936, steps: int = 200, batches:
             for _ in range(3):
                 listed(*listed_args)
             torch.cuda.synchronize()
-            sync_error = ""
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                fn(*inputs)
-                listed(*listed_args)
-                decide(*window)
-            except RuntimeError as exc:
-                sync_error = str(exc).splitlines()[0][:200]
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-            ok &= not sync_error
-            results.setdefault("sync", []).append({"batch": batch, "error": sync_error})
-            print(f"watermark sync batch {batch} (draw, V1 draw, window decisions): {sync_error or 'none'} -> "
-                  f"{_line(not sync_error)}", flush=True)
+            synced = sync_error(lambda: fn(*inputs), lambda: listed(*listed_args),  # noqa: B023  # called at once
+                                lambda: decide(*window))  # noqa: B023  # called at once
+            ok &= not synced
+            results.setdefault("sync", []).append({"batch": batch, "error": synced})
+            print(f"watermark sync batch {batch} (draw, V1 draw, window decisions): {synced or 'none'} -> "
+                  f"{_line(not synced)}", flush=True)
             l_ops, l_names = device_ops(lambda: listed(*listed_args), 10, Path(tmp))  # noqa: B023  # called at once
             results["kernels"].append({"batch": batch, "v1_draw_compiled": l_ops, "names": l_names})
             print(f"watermark V1 draw kernels batch {batch}: compiled {l_ops:.1f} device ops (the step adds its upload, "
@@ -507,19 +499,10 @@ def run_fused(device: torch.device, *, vocab: int = 151936, steps: int = 200,
                                        "names": d_names + a_names + w_names})
             print(f"watermark fused kernels batch {batch}: draw {d_ops:.1f}, absorb {a_ops:.1f}, window {w_ops:.1f} "
                   f"device ops {d_names + a_names + w_names} -> {_line(fits)}", flush=True)
-            torch.cuda.set_sync_debug_mode("error")
-            sync_error = ""
-            try:
-                step()
-                absorb_step()
-                window_step()
-            except RuntimeError as exc:
-                sync_error = str(exc).splitlines()[0][:200]
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-            ok &= not sync_error
-            results["sync"].append({"batch": batch, "error": sync_error})
-            print(f"watermark fused sync batch {batch}: {sync_error or 'none'} -> {_line(not sync_error)}", flush=True)
+            synced = sync_error(step, absorb_step, window_step)
+            ok &= not synced
+            results["sync"].append({"batch": batch, "error": synced})
+            print(f"watermark fused sync batch {batch}: {synced or 'none'} -> {_line(not synced)}", flush=True)
             wall, dev = timed(step, steps)
             w_wall, w_dev = timed(window_step, steps)
             results["time"].append({"batch": batch, "draw_wall_ms": wall, "draw_device_ms": dev,
