@@ -34,7 +34,8 @@ Elsewhere (the CPU, a failed probe) it is, for all tables together, one window r
 ``index``) a round, then per table ``gather``, ``eq``, ``sum``, ``add``, ``ge``, ``addcmul``,
 ``where`` (in place), the same per draft position in ``decide``, and ``decide_state`` decides. No
 read back, except one host scan of a request resumed with more than ``MAX_DEVICE_CATCH_UP``
-generated tokens."""
+generated tokens. The forcing kinds' groups (``SettledForcing``) then force and settle their rows
+in one fused op where no later group masks them."""
 
 from __future__ import annotations
 
@@ -44,14 +45,16 @@ from typing import Any
 
 import torch
 
+from dynlogits.kernels import thinking_force
 from dynlogits.kernels.spans import DUE, GATE, NO_RULE, PHRASE, spans_advance_, spans_drafts_
 
-from .slots import GatheredRows, Group, SlotTable
+from .modes import HostForcingGroup
+from .slots import Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs
 from .spans import PLACEHOLDER
 from .window import cached_arange
 
 __all__ = ["ANCHOR", "BIG", "CLOSED", "DUE", "KEY", "NEVER", "NO_RULE", "OUT", "PHRASE", "SEL", "STATE", "DeviceThinking",
-           "SpanTables"]
+           "SettledForcing", "SpanTables"]
 
 #: The span start a decision reads for "no open span" (a span the prompt opened starts at ``<= 0``).
 CLOSED = -(1 << 40)
@@ -267,6 +270,43 @@ class SpanTables:
         if fresh is not None:
             hit &= fresh
         torch.where(hit[:, None], torch.addcmul(now[:, w:], position[:, None], self.scale_dev), state, out=state)
+
+
+class SettledForcing(HostForcingGroup):
+    """A ``HostForcingGroup`` decided on the device (with ``modes.SpanDecided``: ``trigger``,
+    ``thinking_budget``): where no later group can mask its rows (``ListedRows.last``, noted at
+    ``prepare`` for the layout whose rows ``every_row`` gathers) and the step takes flags per row
+    (``StepInputs.flag_rows``: no drafts), the forcing and the settle of the rows it leaves with no
+    token are one fused op (``dynlogits.kernels.thinking_force.decided_settle_``, what
+    ``force_device_decisions`` and ``Failures.record_dead`` write), once its probe passed; else
+    ``HostForcingGroup.apply_device_decisions``."""
+
+    def prepare(self, rows: ListedRows, stride: int) -> None:
+        super().prepare(rows, stride)
+        self._cache["last"] = rows.last
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead:
+        flag_rows = step.flag_rows
+        if flag_rows is None or not self._cache.get("last") or self._cache.get("every") is not rows:
+            return super().apply_device_decisions(step, rows, decisions)
+        return thinking_force.GATE.run(self.device, lambda: self._settle(step, rows, decisions, flag_rows),
+                                       lambda: super(SettledForcing, self).apply_device_decisions(step, rows, decisions))
+
+    def _settle(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor,
+                flag_rows: Callable[[torch.Tensor, Any], None]) -> Dead:
+        """The fused forcing and settle; the dead rows reported through ``flag_rows``."""
+        n = len(decisions)
+        positions = step.generated
+        if positions is None:
+            positions = self._cache.get("no_positions")
+            if positions is None:
+                positions = self._cache["no_positions"] = torch.empty(0, dtype=torch.long, device=self.device)
+        flags = torch.empty((2, n), dtype=torch.long, device=self.device)
+        dead = torch.empty(n, dtype=torch.bool, device=self.device)
+        thinking_force.decided_settle_(step.logits, decisions, rows.member, rows.slot_of_row, step.stops, positions,
+                                       self.member.num_slots - 1, flags, dead)
+        flag_rows(flags, None)
+        return Dead(None, rows.slot_of_row, None, step.generated, settled=dead, flagged=True)
 
 
 # -- one step's token source ---------------------------------------------------------------------

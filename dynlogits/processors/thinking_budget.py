@@ -17,8 +17,8 @@ import torch
 from dynlogits.specs.builtin.thinking_budget import ThinkingBudget, ThinkingBudgetSpec
 
 from .base import RealizeContext
-from .device_thinking import ANCHOR, CLOSED, DUE, NEVER, OUT, SpanTables
-from .modes import HostForcingGroup, SpanDecided
+from .device_thinking import ANCHOR, CLOSED, DUE, NEVER, OUT, SettledForcing, SpanTables
+from .modes import SpanDecided
 from .ops import ForceToken, RowOp, apply_op
 from .slots import SlotTable, Template
 from .spans import ROLLBACK, SpanScanner
@@ -77,7 +77,7 @@ class ThinkingBudgetProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
-class ThinkingBudgetGroup(HostForcingGroup, SpanDecided):
+class ThinkingBudgetGroup(SettledForcing, SpanDecided):
     """``thinking_budget``: whether and what to force depends on the tokens written, decided per
     row (the end token to force, ``-1`` for none): on the host from the live history (V1 runner),
     or on the device (``DeviceThinking`` with ``ThinkingTables``, Model Runner V2)."""

@@ -13,8 +13,8 @@ import torch
 from dynlogits.specs.builtin.trigger import Trigger, TriggerSpec
 
 from .base import RealizeContext
-from .device_thinking import CLOSED, PHRASE, SpanTables
-from .modes import HostForcingGroup, SpanDecided
+from .device_thinking import CLOSED, PHRASE, SettledForcing, SpanTables
+from .modes import SpanDecided
 from .ops import ForceToken, RowOp, apply_op
 from .slots import SlotTable, Template
 from .spans import PLACEHOLDER, SpanScanner
@@ -27,7 +27,7 @@ Entry: TypeAlias = TriggerSpec | Trigger
 KIND = "trigger"
 
 
-class TriggerGroup(HostForcingGroup, SpanDecided):
+class TriggerGroup(SettledForcing, SpanDecided):
     """``trigger`` on the resident path: each row's processor decides on the host where the adapter
     has histories (vLLM V1), else ``DeviceThinking`` from the span the trigger opens (``TriggerTables``)."""
 

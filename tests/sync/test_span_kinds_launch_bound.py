@@ -3,9 +3,13 @@ table's span over all its rounds and decides every slot in one fused ``spans_adv
 row's decision is read off it (with drafts before rows: one fused ``spans_drafts_`` instead), so
 the kinds' own device work (``DeviceThinking.step`` and ``decide``) is a fixed number of launches
 whatever the rounds (one, a speculative config's three, a resumed request's catch-up) and drafts,
-with no sync, and decides as the eager path does on the CPU."""
+with no sync, and decides as the eager path does on the CPU. A steady Model Runner V2 step of either
+kind, forcing and settling its rows in one more fused op where no later group masks them, is at most
+8 launches (issue 49's bound per kind)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +17,7 @@ import torch
 from dynlogits import sdk
 from dynlogits.processors.device_thinking import DeviceThinking
 from dynlogits.processors.slots import GatheredRows
+from dynlogits.testing.cuda.drive import Scenario, drive_v2
 from dynlogits.testing.cuda.simcuda import SimCuda
 
 V, SLOTS, PROMPT = 64, 4, 2
@@ -25,7 +30,7 @@ DRAFT_LAUNCHES = 2
 #: ``addcmul_``) and a copy per arrived slot (the flags of slots to lift, reset)
 LIFT = 2 + SLOTS - 1
 
-PAYLOADS = {
+PAYLOADS: dict[str, list[dict[str, Any]]] = {
     "trigger": [{"kind": "trigger", "trigger_token_ids": [11], "phrase_token_ids": [12, 13]}],
     "thinking_budget": [{"kind": "thinking_budget", "start_token_ids": [20], "end_token_ids": [21], "budget": 2}],
     "thinking_budget-two-token-end": [{"kind": "thinking_budget", "start_token_ids": [20], "end_token_ids": [21, 22],
@@ -98,3 +103,29 @@ def test_a_step_with_drafts_follows_and_decides_a_span_kind_in_two_launches(kind
     eager, _ = _steps(kind, 3, False, torch.device("cpu"), None, drafts=True)
     assert decided == eager and decided[4] == decided[6] == -1  # after a placeholder; not a member
     assert any(d >= 0 for d in decided)
+
+
+#: a steady Model Runner V2 step of one span kind: at most this many launches
+V2_BOUND = 8
+#: the span kinds' steady step: the fused advance, the positions (``trigger`` reports them), the
+#: rows' decisions read off it, the forcing and settle (``decided_settle_``) and its flags' copy
+V2_STEADY = {"trigger": ["spans_advance_", "sub", "index", "where", "decided_settle_", "copy_"],
+             "thinking_budget": ["spans_advance_", "index", "where", "decided_settle_", "copy_"]}
+
+
+@pytest.mark.parametrize("kind", list(PAYLOADS))
+def test_a_steady_model_runner_v2_step_of_a_span_kind_is_at_most_eight_launches(kind: str) -> None:
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(payloads=[PAYLOADS[kind]] * 4, steps=4, changes=False))
+    assert [str(s) for s in steady.syncs] == [] and not steady.failures
+    assert steady.steady_ops == V2_STEADY[kind.split("-")[0]] and steady.launches <= V2_BOUND
+
+
+def test_a_span_kind_masked_after_it_settles_after_every_group() -> None:
+    """A later entry that can mask the rows (banned tokens): the forcing leaves the rows to be
+    settled after every group (no fused settle), still with no sync."""
+    payload = [*PAYLOADS["trigger"], {"kind": "banned_tokens", "token_ids": [30]}]
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(payloads=[payload] * 2, steps=4, changes=False))
+    assert [str(s) for s in steady.syncs] == [] and "decided_settle_" not in steady.steady_ops
+    assert "scatter_reduce_" in steady.steady_ops  # settled by record_dead

@@ -2,7 +2,9 @@
 CUDA against the eager references on the same device, exactly, over random tables (1 to ``width``
 token sequences, either state, small thresholds; 1 to 6 rounds, rows past one block, int32 and int64
 token matrices; each decision rule, with 1 to 3 token forced sequences), and ``spans_drafts_``'s
-against its reference (rows with 0 to 3 drafts, with and without fed tokens, each rule). ``python -m dynlogits.testing.cuda.spans_check``: prints the differing cases and
+against its reference (rows with 0 to 3 drafts, with and without fed tokens, each rule), and the span
+kinds' fused forcing ``dynlogits::decided_settle_`` (``dynlogits.kernels.thinking_force``) against its
+reference (float32, bfloat16, float16 logits; with and without positions). ``python -m dynlogits.testing.cuda.spans_check``: prints the differing cases and
 exits nonzero on any (2 without a CUDA device). ``run`` and ``cpu_check`` are what
 ``python -m dynlogits.testing.cuda.check`` calls (on a GPU, and in Triton's CPU interpreter)."""
 
@@ -15,6 +17,7 @@ from typing import Any
 
 import torch
 
+from dynlogits.kernels import thinking_force
 from dynlogits.kernels.spans import RULES, advance_reference, decide_reference, drafts_same, force_case, launch, probe_case
 
 __all__ = ["cpu_check", "main", "run"]
@@ -51,6 +54,11 @@ def main(device: torch.device | None = None) -> int:
             cases += 1
             if not drafts_same(device, seed, 1 + seed % 3, seed % 4, rule, fed=seed % 5 != 0):
                 bad.append((-1, seed, 1 + seed % 3, rule))  # -1: a drafts case
+    for seed in range(20):
+        for code, dtype in enumerate((torch.float32, torch.bfloat16, torch.float16)):
+            cases += 1
+            if not thinking_force.same(device, seed, dtype, positions=seed % 3 != 0):
+                bad.append((-2, seed, code, 0))  # -2: a forcing case
     print(f"spans_check: {cases} cases, {len(bad)} differ {bad[:10]}")
     return 1 if bad else 0
 
