@@ -27,7 +27,7 @@ import random
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -38,7 +38,7 @@ from dynlogits.processors.banned_phrases import BannedPhrasesGroup, BannedPhrase
 from dynlogits.processors.slots import GatheredRows, StepInputs
 from dynlogits.processors.window import TokenWindow
 
-from .timing import device_ops, timed
+from .timing import device_ops, sync_error, timed
 
 __all__ = ["BATCHES", "DRAFTS", "GroupCase", "bits", "eager", "fused", "fused_args", "group_case", "interpreted_check",
            "main", "run"]
@@ -219,19 +219,6 @@ def _same(found: list[dict[str, Any]]) -> bool:
     return same and sum(r["banned"] for r in found) > 0  # the steps banned something
 
 
-def _sync_error(call: Callable[[], None]) -> str:
-    """The first line of what ``call`` raises under ``torch.cuda.set_sync_debug_mode("error")``
-    (``""``: it synchronized nothing)."""
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        call()
-    except RuntimeError as exc:
-        return str(exc).splitlines()[0][:200]
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return ""
-
-
 def _measured(case: GroupCase, steps: int, tmp: Path) -> dict[str, Any]:
     """One steady call of the kernel and of the eager path on ``case``: device ops (the kernel's
     names), the kernel's sync error, and both timed (ms, wall and device)."""
@@ -243,7 +230,7 @@ def _measured(case: GroupCase, steps: int, tmp: Path) -> dict[str, Any]:
         made[name], names = device_ops(call, 10, tmp)
         made[f"{name}_wall_ms"], made[f"{name}_device_ms"] = timed(call, steps)
         made.setdefault("names", names)
-    made["sync"] = _sync_error(calls["fused"])
+    made["sync"] = sync_error(calls["fused"])
     return made
 
 
