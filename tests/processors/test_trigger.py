@@ -180,3 +180,39 @@ def test_a_resident_row_left_with_no_token_fails_its_request_at_its_position(mas
     else:
         assert finite(logits[0]) == [1] and request.failed
         assert "no token left to sample at output position 2" in reports[0]
+
+
+@pytest.mark.parametrize("masked", [True, False], ids=["forced-token-masked", "forced-token-kept"])
+def test_without_histories_the_fused_forcing_equals_the_eager_forcing(masked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model Runner V2's forcing and settle as one fused op (``decided_settle_``, its CPU
+    implementation) writes the logits and fails the request as the eager ops and ``record_dead`` do:
+    the phrase token forced, or, masked by the grammar, the request failed at its stop token."""
+    from dynlogits.kernels import thinking_force
+
+    def run(fused: bool) -> tuple[torch.Tensor, list[str]]:
+        if fused:
+            monkeypatch.setattr(thinking_force.GATE, "run", lambda device, fused, eager: fused())
+        reports: list[str] = []
+        request = sdk.realize(PAYLOAD, vocab_size=V, stop_token_id=1, report=reports.append)
+        assert request is not None
+        batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu")
+        decider = sdk.DeviceThinking(3, "cpu")
+        assert batch.assign(0, request)
+        decider.assign(0, request, resumed=3)
+        batch.flush()
+        decider.flush()
+        tokens = torch.zeros(2, 16, dtype=torch.int32)
+        tokens[0, :6] = torch.tensor([3, 4, 3, 5, 3, 4])  # the output [5, 3, 4] ends with the trigger
+        decider.step(tokens, torch.tensor([3, 0]), torch.tensor([6, 0]))
+        batch.set_rows(np.array([0]))
+        logits = torch.randn(1, V, generator=torch.Generator().manual_seed(1))
+        if masked:
+            logits[0, PHRASE[0]] = float("-inf")
+        batch.apply(logits, EngineStep(thinking=decider.decide))
+        sdk.drain()
+        monkeypatch.undo()
+        return logits, reports
+
+    eager, fused = run(False), run(True)
+    assert torch.equal(eager[0], fused[0]) and eager[1] == fused[1]
+    assert finite(fused[0][0]) == ([1] if masked else [PHRASE[0]]) and bool(fused[1]) == masked
