@@ -1,4 +1,4 @@
-"""The Triton kernel of ``spans.py`` (imported only by ``spans.kernels()``: importing this module
+"""The Triton kernels of ``spans.py`` (imported only by ``spans.kernels()``: importing this module
 imports Triton). Contract and what checks it: ``dynlogits.kernels.spans``."""
 
 # ruff: noqa: ANN001, ANN202, N803
@@ -11,6 +11,70 @@ __all__ = ["advance_rows", "drafts_rows"]
 
 
 @triton.jit
+def _load_state(row_state, live):
+    """A row's state columns (``KEY``, ``ANCHOR``, ``SEL``, ``OUT``)."""
+    return (tl.load(row_state + 0, mask=live, other=0), tl.load(row_state + 1, mask=live, other=0),
+            tl.load(row_state + 2, mask=live, other=0), tl.load(row_state + 3, mask=live, other=0))
+
+
+@triton.jit
+def _store_state(row_state, key, anchor, sel, out, live):
+    tl.store(row_state + 0, key, mask=live)
+    tl.store(row_state + 1, anchor, mask=live)
+    tl.store(row_state + 2, sel, mask=live)
+    tl.store(row_state + 3, out, mask=live)
+
+
+@triton.jit
+def _transition(base, hit, position, scale_ptr, key, anchor, sel, out, WIDTH: tl.constexpr):
+    """The state after a transition at ``position`` where ``hit`` (``base``: the current state's
+    constants), else as it is."""
+    n_key = tl.load(base + WIDTH + 0, mask=hit, other=0) + position * tl.load(scale_ptr + 0).to(tl.int64)
+    n_anchor = tl.load(base + WIDTH + 1, mask=hit, other=0) + position * tl.load(scale_ptr + 1).to(tl.int64)
+    n_sel = tl.load(base + WIDTH + 2, mask=hit, other=0) + position * tl.load(scale_ptr + 2).to(tl.int64)
+    n_out = tl.load(base + WIDTH + 3, mask=hit, other=0) + position * tl.load(scale_ptr + 3).to(tl.int64)
+    return tl.where(hit, n_key, key), tl.where(hit, n_anchor, anchor), tl.where(hit, n_sel, sel), tl.where(hit, n_out, out)
+
+
+@triton.jit
+def _token_at(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, at, live, HAS_FED: tl.constexpr):
+    """A row's token at position ``at``: from the matrix (column clamped into the row) before
+    ``committed``, else the fed draft (``HAS_FED``)."""
+    column = tl.minimum(tl.maximum(at, 0), maxlen - 1)
+    token = tl.load(row_tokens + column * tokens_s1, mask=live, other=0).to(tl.int64)
+    if HAS_FED:
+        index = tl.minimum(tl.maximum(first + at - committed + 1, 0), n_fed - 1)
+        fed = tl.load(fed_ptr + index, mask=live, other=0).to(tl.int64)
+        token = tl.where(at < committed, token, fed)
+    return token
+
+
+@triton.jit
+def _decide(decided_ptr, r, live, valid, count, anchor, sel, out, force_ptr, force_w, length, row_tokens, tokens_s1,
+            maxlen, committed, fed_ptr, n_fed, first, CLOSED: tl.constexpr, RULE: tl.constexpr,
+            HAS_FED: tl.constexpr):
+    """Store each row's decision by ``RULE`` at ``count`` (``PHRASE`` 1, ``DUE`` 2; see ``spans``'
+    module doc); ``valid``: whether the row may be decided at all."""
+    span_len = count - anchor
+    if RULE == 1:  # PHRASE
+        fire = (sel == 1) & (anchor != CLOSED) & (span_len < length)
+        at = tl.minimum(tl.maximum(span_len, 0), force_w - 1)
+    else:  # DUE: past the leading force tokens the row already ends with
+        fire = count >= out
+        at = tl.zeros(count.shape, tl.int64)
+        for k in range(1, force_w):
+            match = live & (k < length) & (k <= span_len)
+            for i in range(0, k):
+                token = _token_at(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, count - k + i, live,
+                                  HAS_FED)
+                match = match & (token == tl.load(force_ptr + i, mask=live, other=0))
+            at = tl.where(match, k, at)
+    fire = fire & valid & live
+    token = tl.load(force_ptr + at, mask=fire, other=0)
+    tl.store(decided_ptr + r, tl.where(fire, token, -1), mask=live)
+
+
+@triton.jit
 def advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen, total_ptr,
                  scale_ptr, n, rounds, decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0,
                  WIDTH: tl.constexpr, BLOCK: tl.constexpr, BIG: tl.constexpr, CLOSED: tl.constexpr,
@@ -20,14 +84,7 @@ def advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     live = r < n
     row_state = state_ptr + r * state_s0
-    key = tl.load(row_state + 0, mask=live, other=0)
-    anchor = tl.load(row_state + 1, mask=live, other=0)
-    sel = tl.load(row_state + 2, mask=live, other=0)
-    out = tl.load(row_state + 3, mask=live, other=0)
-    s0 = tl.load(scale_ptr + 0).to(tl.int64)
-    s1 = tl.load(scale_ptr + 1).to(tl.int64)
-    s2 = tl.load(scale_ptr + 2).to(tl.int64)
-    s3 = tl.load(scale_ptr + 3).to(tl.int64)
+    key, anchor, sel, out = _load_state(row_state, live)
     total = tl.load(total_ptr + r, mask=live, other=0).to(tl.int64)
     row_consts = consts_ptr + r * consts_s0
     row_tokens = tokens_ptr + r * tokens_s0
@@ -44,37 +101,12 @@ def advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_
             wanted = tl.load(base + k, mask=live, other=0)
             matches += (token == wanted).to(tl.int64)
         hit = live & (BIG * matches + position >= key)
-        n_key = tl.load(base + WIDTH + 0, mask=hit, other=0) + position * s0
-        n_anchor = tl.load(base + WIDTH + 1, mask=hit, other=0) + position * s1
-        n_sel = tl.load(base + WIDTH + 2, mask=hit, other=0) + position * s2
-        n_out = tl.load(base + WIDTH + 3, mask=hit, other=0) + position * s3
-        key = tl.where(hit, n_key, key)
-        anchor = tl.where(hit, n_anchor, anchor)
-        sel = tl.where(hit, n_sel, sel)
-        out = tl.where(hit, n_out, out)
-    tl.store(row_state + 0, key, mask=live)
-    tl.store(row_state + 1, anchor, mask=live)
-    tl.store(row_state + 2, sel, mask=live)
-    tl.store(row_state + 3, out, mask=live)
+        key, anchor, sel, out = _transition(base, hit, position, scale_ptr, key, anchor, sel, out, WIDTH)
+    _store_state(row_state, key, anchor, sel, out, live)
     if RULE != 0:
-        row_force = force_ptr + r * force_s0
         length = tl.load(flen_ptr + r * flen_s0, mask=live, other=0)
-        span_len = total - anchor
-        if RULE == 1:  # PHRASE
-            fire = live & (sel == 1) & (anchor != CLOSED) & (span_len < length)
-            at = tl.minimum(tl.maximum(span_len, 0), force_w - 1)
-        else:  # DUE: past the leading force tokens the row already ends with
-            fire = live & (total >= out)
-            at = tl.zeros([BLOCK], tl.int64)
-            for k in range(1, force_w):
-                match = live & (k < length) & (k <= span_len)
-                for j in range(0, k):
-                    column = tl.minimum(tl.maximum(total - k + j, 0), maxlen - 1)
-                    token = tl.load(row_tokens + column * tokens_s1, mask=live, other=0).to(tl.int64)
-                    match = match & (token == tl.load(row_force + j, mask=live, other=0))
-                at = tl.where(match, k, at)
-        token = tl.load(row_force + at, mask=fire, other=0)
-        tl.store(decided_ptr + r, tl.where(fire, token, -1), mask=live)
+        _decide(decided_ptr, r, live, live, total, anchor, sel, out, force_ptr + r * force_s0, force_w, length,
+                row_tokens, tokens_s1, maxlen, total, force_ptr, 1, r, CLOSED, RULE, False)
 
 
 @triton.jit
@@ -95,18 +127,6 @@ def _seen(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, i, li
 
 
 @triton.jit
-def _token_at(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, at, live, HAS_FED: tl.constexpr):
-    """A row's token at position ``at``: from the matrix before ``committed``, else the fed draft."""
-    column = tl.minimum(tl.maximum(at, 0), maxlen - 1)
-    token = tl.load(row_tokens + column * tokens_s1, mask=live, other=0).to(tl.int64)
-    if HAS_FED:
-        index = tl.minimum(tl.maximum(first + at - committed + 1, 0), n_fed - 1)
-        fed = tl.load(fed_ptr + index, mask=live, other=0).to(tl.int64)
-        token = tl.where(at < committed, token, fed)
-    return token
-
-
-@triton.jit
 def drafts_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, nslots, maxlen,
                 total_ptr, scale_ptr, slots_ptr, member_ptr, fed_ptr, n_fed, local_ptr, rows, later, out_ptr, out_s0,
                 valid_ptr, decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0, WIDTH: tl.constexpr,
@@ -122,15 +142,7 @@ def drafts_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s
     committed = tl.load(total_ptr + clamped, mask=live, other=0).to(tl.int64)
     drafts = tl.load(local_ptr + r, mask=live, other=0).to(tl.int64)
     first = r - drafts
-    row_state = state_ptr + slot * state_s0
-    key = tl.load(row_state + 0, mask=live, other=0)
-    anchor = tl.load(row_state + 1, mask=live, other=0)
-    sel = tl.load(row_state + 2, mask=live, other=0)
-    out = tl.load(row_state + 3, mask=live, other=0)
-    s0 = tl.load(scale_ptr + 0).to(tl.int64)
-    s1 = tl.load(scale_ptr + 1).to(tl.int64)
-    s2 = tl.load(scale_ptr + 2).to(tl.int64)
-    s3 = tl.load(scale_ptr + 3).to(tl.int64)
+    key, anchor, sel, out = _load_state(state_ptr + slot * state_s0, live)
     row_consts = consts_ptr + slot * consts_s0
     row_tokens = tokens_ptr + clamped * tokens_s0
     valid = tl.load(member_ptr + r, mask=live, other=0) != 0
@@ -147,38 +159,11 @@ def drafts_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s
                           HAS_FED)
             matches += (token == tl.load(base + k, mask=live, other=0)).to(tl.int64)
         hit = fresh & (BIG * matches + position >= key)
-        n_key = tl.load(base + WIDTH + 0, mask=hit, other=0) + position * s0
-        n_anchor = tl.load(base + WIDTH + 1, mask=hit, other=0) + position * s1
-        n_sel = tl.load(base + WIDTH + 2, mask=hit, other=0) + position * s2
-        n_out = tl.load(base + WIDTH + 3, mask=hit, other=0) + position * s3
-        key = tl.where(hit, n_key, key)
-        anchor = tl.where(hit, n_anchor, anchor)
-        sel = tl.where(hit, n_sel, sel)
-        out = tl.where(hit, n_out, out)
-    row_out = out_ptr + r * out_s0
-    tl.store(row_out + 0, key, mask=live)
-    tl.store(row_out + 1, anchor, mask=live)
-    tl.store(row_out + 2, sel, mask=live)
-    tl.store(row_out + 3, out, mask=live)
+        key, anchor, sel, out = _transition(base, hit, position, scale_ptr, key, anchor, sel, out, WIDTH)
+    _store_state(out_ptr + r * out_s0, key, anchor, sel, out, live)
     tl.store(valid_ptr + r, valid, mask=live)
     if RULE != 0:
-        count = committed + drafts
-        row_force = force_ptr + slot * force_s0
         length = tl.load(flen_ptr + slot * flen_s0, mask=live, other=0)
-        span_len = count - anchor
-        if RULE == 1:  # PHRASE
-            fire = live & (sel == 1) & (anchor != CLOSED) & (span_len < length)
-            at = tl.minimum(tl.maximum(span_len, 0), force_w - 1)
-        else:  # DUE
-            fire = live & (count >= out)
-            at = tl.zeros([BLOCK], tl.int64)
-            for k in range(1, force_w):
-                match = live & (k < length) & (k <= span_len)
-                for i in range(0, k):
-                    token = _token_at(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, count - k + i,
-                                      live, HAS_FED)
-                    match = match & (token == tl.load(row_force + i, mask=live, other=0))
-                at = tl.where(match, k, at)
-        fire = fire & valid
-        token = tl.load(row_force + at, mask=fire, other=0)
-        tl.store(decided_ptr + r, tl.where(fire, token, -1), mask=live)
+        _decide(decided_ptr, r, live, valid, committed + drafts, anchor, sel, out, force_ptr + slot * force_s0,
+                force_w, length, row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, CLOSED, RULE,
+                HAS_FED)
