@@ -26,8 +26,8 @@ def read(tokens_ptr, tokens_s0, tokens_s1, maxlen, eng, q, p, r, ids_ptr, local,
 
 @triton.jit
 def ban_rows(logits_ptr, logits_s0, logits_s1, tokens_ptr, tokens_s0, tokens_s1, maxlen, pos_ptr, slot_ptr, params_ptr,
-             params_s0, ids_ptr, local_ptr, width, vocab, SIZE: tl.constexpr, BLOCK: tl.constexpr,
-             HAS_DRAFTS: tl.constexpr):
+             params_s0, ids_ptr, local_ptr, floor_ptr, width, vocab, SIZE: tl.constexpr, BLOCK: tl.constexpr,
+             HAS_DRAFTS: tl.constexpr, HAS_FLOOR: tl.constexpr):
     """One program per (row, block of ``BLOCK`` followers): their bans stored as ``-inf`` (see the
     module doc)."""
     r = tl.program_id(0).to(tl.int64)
@@ -41,6 +41,8 @@ def ban_rows(logits_ptr, logits_s0, logits_s1, tokens_ptr, tokens_s0, tokens_s1,
         local = tl.load(local_ptr + r).to(tl.int64)
     else:
         local = -1
+    if HAS_FLOOR:  # a scoped entry's stretch: nothing before the row's floor counts
+        start = tl.maximum(start, tl.load(floor_ptr + r))
     start = tl.where(p >= first, start, p + 1)  # a prefill chunk's row: no position counts
     followers = width - SIZE + 1
     j = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)

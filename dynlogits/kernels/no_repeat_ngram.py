@@ -6,7 +6,8 @@ that set ``TRITON_INTERPRET=1`` first); this module imports nothing from the res
 
 One program per row ``r`` and block of ``BLOCK`` followers (position ``p = pos[r]``, slot
 ``slot_of_row[r]``, its ``params`` row: the history's first position ``start``, the size ``n``, the
-first position a row decides at, the slot within the engine's). Position ``q``'s token is the draft fed ``p - q`` rows before ``r``
+first position a row decides at, the slot within the engine's; with a per-row ``floor``, ``start``
+is ``max(start, floor[r])``: a scoped entry's stretch). Position ``q``'s token is the draft fed ``p - q`` rows before ``r``
 (``input_ids``) where ``p - q <= local_pos[r]``, else ``tokens[slot, q]``; it counts where ``q >=
 start`` and the token is ``>= 0`` (a placeholder never matches). For each follower ``f`` of the
 window's last ``width - size + 1`` positions (``size``: the tables' largest), the token at ``f`` is
@@ -37,11 +38,12 @@ def kernels() -> Any:
 
 
 def ban_(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor, params: torch.Tensor,
-         input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, width: int, size: int) -> None:
+         input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, floor: torch.Tensor | None, width: int,
+         size: int) -> None:
     """``-inf`` in ``logits`` (``[rows, vocab]``) at every id each row's history bans (module doc):
     ``tokens`` ``[slots, max_len]``, ``pos`` and ``slot_of_row`` ``[rows]``, ``params`` ``[slots, 4]``
-    int64 (contiguous rows), ``input_ids`` and ``local_pos`` both or neither (drafts). One launch,
-    none for zero rows; no sync."""
+    int64 (contiguous rows), ``input_ids`` and ``local_pos`` both or neither (drafts), ``floor``
+    ``[rows]`` int64 or ``None``. One launch, none for zero rows; no sync."""
     rows = pos.shape[0]
     if rows == 0:
         return
@@ -51,5 +53,5 @@ def ban_(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_
     blocks = (width - size + 1 + BLOCK - 1) // BLOCK
     k.ban_rows[(rows, blocks)](logits, logits.stride(0), logits.stride(1), tokens, tokens.stride(0), tokens.stride(1),
                         tokens.shape[1], pos, slot_of_row, params, params.stride(0),
-                        input_ids if drafts else pos, local_pos if drafts else pos, width, logits.shape[1],
-                        SIZE=size, BLOCK=BLOCK, HAS_DRAFTS=drafts)
+                        input_ids if drafts else pos, local_pos if drafts else pos, pos if floor is None else floor,
+                        width, logits.shape[1], SIZE=size, BLOCK=BLOCK, HAS_DRAFTS=drafts, HAS_FLOOR=floor is not None)

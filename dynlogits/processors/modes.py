@@ -10,14 +10,16 @@ The modes below add to it:
   first and the decisions are applied (``apply_host_decisions``, ``apply_device_decisions``). Who
   decides, by mode:
 
-  ==================  ====================================================  ==========================
-  mode                decided by                                            resident without histories
-  ==================  ====================================================  ==========================
-  ``DecidedGroup``    each row's processor on the host, from its history    no
-  ``ClockDecided``    each row's (or slot's) processor, with no history     yes
-  ``SpanDecided``     the host from histories, else ``DeviceThinking``      yes
-  ``WindowDecided``   the host from histories, else the ``TokenWindow``     when the template fits
-  ==================  ====================================================  ==========================
+  =====================  ====================================================  ==========================
+  mode                   decided by                                            resident without histories
+  =====================  ====================================================  ==========================
+  ``DecidedGroup``       each row's processor on the host, from its history    no
+  ``ClockDecided``       each row's (or slot's) processor, with no history     yes
+  ``SpanDecided``        the host from histories, else ``DeviceThinking``      yes
+  ``WindowDecided``      the host from histories, else the ``TokenWindow``     when the template fits
+  ``SpanWindowDecided``  the host from histories, else ``DeviceThinking``      when the template fits
+                         applied over the ``TokenWindow``
+  =====================  ====================================================  ==========================
 
 "Resident without histories": where the adapter passes no host histories (Model Runner V2),
 whether a request with such an entry is resident (``Group.runs_without_histories``) or hosted.
@@ -26,14 +28,15 @@ whether a request with such an entry is resident (``Group.runs_without_histories
 A decided kind whose entries may be scoped to a phase opts in to a resident scoped entry
 (``scope.ScopedDecided``) with ``DecidedGroup.scopable`` and ``neutral_history`` (host histories:
 each row decided from its phase's stretch, rows out of phase from a history that decides nothing)
-and, to be resident without host histories too, ``WindowDecided.scoped_reach`` and
-``apply_tokens`` (each row decided from its last tokens, those outside its stretch read as
-placeholders). ``no_repeat_ngram`` does both; no other kind does yet."""
+and, to be resident without host histories too (a ``SpanWindowDecided``: the span gives each row's
+floor), ``WindowDecided.floored`` and ``apply_floored`` (each row decided from the token window,
+no position before its stretch's start counted). ``no_repeat_ngram`` does both; no other kind
+does yet."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
     from .window import TokenWindow
 
 __all__ = ["ClockDecided", "DecidedGroup", "Decider", "HostForcingGroup", "PlannedGroup", "SpanDecided",
-           "WindowDecided"]
+           "SpanWindowDecided", "WindowDecided"]
 
 #: ``(row, slot, processor)`` of one member row of a decided group, in the listed layout.
 Decider = tuple[int, int, Any]
@@ -172,17 +175,27 @@ class WindowDecided(DecidedGroup):
         ``apply_device_decisions``."""
         raise NotImplementedError
 
-    @classmethod
-    def scoped_reach(cls, templates: Sequence[Template]) -> int | None:
-        """For scoped entries of ``templates`` without host histories (``scope.ScopedDecided``):
-        how many of a row's last tokens (its own included) decide any of them (``apply_tokens``);
-        ``None``: not known, so such an entry is hosted there. By default ``None``."""
-        return None
+    #: whether the kind decides rows from the window from a floor on (``apply_floored``): a scoped
+    #: entry of it is then resident without host histories (``scope.ScopedDecided``)
+    floored: ClassVar[bool] = False
 
-    def apply_tokens(self, step: StepInputs, rows: GatheredRows, tokens: torch.Tensor) -> Dead | None:
-        """Gathered layout, where ``scoped_reach`` is known: every row decided from ``tokens``
-        (``[rows, reach]`` int64 on the device, its last tokens up to its own, ``-1`` where a token is
-        not its history's: a row of ``-1`` decides nothing) and the decisions applied."""
+    def apply_floored(self, step: StepInputs, rows: GatheredRows, window: TokenWindow,
+                      floor: torch.Tensor) -> Dead | None:
+        """Gathered layout, where ``floored``: every row decided from its tokens in ``window`` at
+        positions from ``floor[r]`` on only (int64, positions from the prompt's start; past the
+        row's own: nothing decided), and the decisions applied; no sync."""
+        raise NotImplementedError
+
+
+class SpanWindowDecided(SpanDecided):
+    """Decided from a span its template follows together with the token window (Model Runner V2):
+    the step's device decider (``DeviceThinking``) gives each row's decision from its span state,
+    which ``apply_window_decisions`` applies over the step's ``TokenWindow``; with host histories,
+    on the host as any decided group."""
+
+    def apply_window_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor,
+                               window: TokenWindow) -> Dead | None:
+        """Apply the device decider's ``decisions`` (row-indexed) reading the rows' tokens in ``window``."""
         raise NotImplementedError
 
 

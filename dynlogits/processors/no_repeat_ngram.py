@@ -10,8 +10,8 @@ the same group decides every row on the device from the engine's token matrix
 (``no_repeat_ngram_device``), no read back, for sizes up to ``MAX_DEVICE_SIZE``; larger sizes are
 hosted there (per row, ``row_op``). Scoped to a phase (``scope.ScopedDecided``), the group decides
 each row from its phase's stretch: on the host from the stretch of its history (out of phase from
-the empty history: nothing), on the device from the row's last tokens with those outside the
-stretch read as placeholders (``no_repeat_ngram_device.apply_tokens``).
+the empty history: nothing), on the device from the engine's token matrix as above, no position
+before the stretch's start counted (``apply_floored``: the same fused op with a per-row floor).
 
 A row's index (``_Row``) is a graph of its keys (each ``size - 1`` tokens of the history, a
 ``_Node``): a key's links are the tokens that followed it, each leading to the key that token makes,
@@ -47,17 +47,7 @@ from dynlogits.specs.builtin.no_repeat_ngram import NoRepeatNgram, NoRepeatNgram
 
 from .base import IndexCache, RealizeContext
 from .modes import Decider, WindowDecided
-from .no_repeat_ngram_device import (
-    MAX_DEVICE_SIZE,
-    MAX_SCOPED_OUTPUTS,
-    Layout,
-    SlotTables,
-    apply,
-    apply_tokens,
-    layout,
-    slot_tables,
-    window_width,
-)
+from .no_repeat_ngram_device import MAX_DEVICE_SIZE, Layout, SlotTables, apply, layout, slot_tables, window_width
 from .ops import MaskIds, RowOp, apply_op
 from .slots import NEG_INF, GatheredRows, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload
@@ -420,9 +410,11 @@ class NoRepeatNgramGroup(WindowDecided):
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> None:
         """Every row decided from the window and its bans masked (``no_repeat_ngram_device.apply``)."""
-        window: TokenWindow = self._cache.pop("window_step")
+        return self._ban(step, rows, self._cache.pop("window_step"), None)
+
+    def _ban(self, step: StepInputs, rows: GatheredRows, window: TokenWindow, floor: torch.Tensor | None) -> None:
         logits = step.logits
-        apply(window, self._layout(rows, window, logits.shape[1]), logits, self._extremes_of(logits))
+        apply(window, self._layout(rows, window, logits.shape[1]), logits, self._extremes_of(logits), floor)
         return None
 
     def _extremes_of(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -435,24 +427,13 @@ class NoRepeatNgramGroup(WindowDecided):
         return extremes
 
     # -- a scoped entry without host histories (``scope.ScopedDecided``) ----------------------------
-    @classmethod
-    def scoped_reach(cls, templates: Sequence[Template]) -> int | None:
-        """The longest output a member's kept sample sees (``max_tokens``) plus the largest size
-        less one, where every template's ``max_tokens`` is known and at most ``MAX_SCOPED_OUTPUTS``
-        and its size at most ``MAX_DEVICE_SIZE`` (no ``include_prompt``: refused with a scope);
-        else ``None`` (hosted)."""
-        made = cast(Sequence[NoRepeatNgramTemplate], templates)
-        if not made or any(t.outputs is None or t.outputs > MAX_SCOPED_OUTPUTS or t.size > MAX_DEVICE_SIZE
-                           or t.include_prompt for t in made):
-            return None
-        return max(1, *(cast(int, t.outputs) for t in made)) + max(t.size for t in made) - 1
+    floored = True
 
-    def apply_tokens(self, step: StepInputs, rows: GatheredRows, tokens: torch.Tensor) -> None:
-        """Every row's bans among its ``tokens`` (``modes.WindowDecided.apply_tokens``), at its slot's
-        size, masked (``no_repeat_ngram_device.apply_tokens``)."""
-        sizes = self.params.dev[rows.slot_of_row, 0]
-        apply_tokens(tokens, sizes, step.logits, max(self._sizes.values(), default=1), self._extremes_of(step.logits))
-        return None
+    def apply_floored(self, step: StepInputs, rows: GatheredRows, window: TokenWindow, floor: torch.Tensor) -> None:
+        """Every row decided from ``window`` as ``apply_device_decisions`` decides it, no position
+        below ``floor[r]`` counted (``no_repeat_ngram_device.apply``: on CUDA the one fused op), so
+        the window is the unscoped group's (``window_width``), whatever ``max_tokens`` is."""
+        return self._ban(step, rows, window, floor)
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
         """Per layout: each member row's start in the flat logits (host), and the index each row

@@ -11,9 +11,10 @@ implementations of the same bans:
   without drafts (``addcmul``, ``index``, ``clamp``, ``bitwise_or``, ``bitwise_xor``, ``le``,
   ``all``, ``where``, ``scatter_reduce_``), described below.
 
-A scoped entry's rows (``scope.ScopedDecided``) come as their own last tokens rather than the
-engine's matrix (``apply_tokens``: those tokens read as a matrix of one slot a row, by the same
-three implementations).
+A scoped entry's rows (``scope.ScopedDecided``) read the same matrix in place, each with a floor
+(``floor``: per row, the first position of its phase's stretch, from the prompt's start; past every
+position for a row out of its phase): a position below it holds no token of the row's history
+(``max(start, floor)`` for the history's start below), by the same three implementations.
 
 Per row of the step (gathered: every row, members masked), with a window of ``W`` tokens and the
 group's largest size ``S`` (``window_width``: the widest history a member's kept sample can have,
@@ -24,9 +25,11 @@ at most the engine's matrix width, plus ``S - 1``), for logits ``V`` wide:
    the row's last ``W`` positions, then its last ``S - 1`` again and its own: the *target* columns)
    and a bound ``U``: at least ``2**32`` where the column holds a token of the row's history, else
    below ``-2**33`` and distinct per column (before the history's start: position 0 with
-   ``include_prompt``, else the prompt's length; a non-member row's start is past every position; a
-   prefill chunk's row, fed before the prompt's last token, whose sample the runner discards, has
-   none); the extra target column's ``U`` is ``INT64_MIN``;
+   ``include_prompt``, else the prompt's length, or the row's ``floor`` where later; a non-member
+   row's start is past every position; a prefill chunk's row, fed before the prompt's last token,
+   whose sample the runner discards, has none); the extra target column's ``U`` is ``INT64_MIN``
+   (a floor adds four ops: ``U`` lowered to ``2**32 + column + BIG * (at - floor)`` where that is
+   lower, the floor clamped to ``NEVER``);
 2. the tokens at ``at`` (``TokenWindow._read``), and one ``clamp`` on two planes: ``key =
    minimum(token, U)`` (the token where it is the history's, else a value of its own: the matrix is
    int32, no token lies below ``-2**31``; a placeholder, ``-1``, stays ``-1``) and ``ids =
@@ -68,17 +71,12 @@ from dynlogits.kernels.probe import FusedGate
 
 from .window import TokenWindow
 
-__all__ = ["INT64_MAX", "INT64_MIN", "MAX_DEVICE_SIZE", "MAX_SCOPED_OUTPUTS", "NEVER", "Layout", "SlotTables", "apply",
-           "apply_eager", "apply_tokens", "apply_tokens_eager", "ban_", "ban_host", "fused_ready", "layout", "probe_case",
-           "reset_fused", "slot_tables", "token_params", "tokens_case", "window_width"]
+__all__ = ["INT64_MAX", "INT64_MIN", "MAX_DEVICE_SIZE", "NEVER", "Layout", "SlotTables", "apply", "apply_eager", "ban_",
+           "ban_host", "fused_ready", "layout", "probe_case", "reset_fused", "slot_tables", "window_width"]
 
 #: The largest ``size`` decided on the device: each step compares ``rows * W * size`` cells; common
 #: settings are 2 to 5 (transformers', TensorRT-LLM's). Larger sizes are hosted.
 MAX_DEVICE_SIZE = 8
-#: The largest ``max_tokens`` of a scoped entry decided on the device (``apply_tokens``): each step
-#: reads every row's last ``max_tokens + size - 1`` tokens into ``[rows, W]`` int64 tensors (a few
-#: at once: at 256 rows, 16 MiB each); larger ones are hosted under Model Runner V2.
-MAX_SCOPED_OUTPUTS = 8192
 #: A history start (and a bound on positions) past every position an engine reaches: a non-member
 #: row starts here, so it bans nothing; small enough that ``BIG * NEVER`` fits in int64.
 NEVER = 1 << 26
@@ -110,7 +108,8 @@ def window_width(matrix_width: int, spans: list[int | None], size: int) -> int:
 class SlotTables:
     """The group's tables per slot, for a window ``W`` wide, the largest size ``S`` and logits
     ``vocab`` wide: ``planes`` ``[8, slots, W + S]`` (``_AT`` .. ``_LIMIT``, the eager device path);
-    ``low`` ``[2, 1, 1]`` the two planes' lower bounds of the ``clamp``; ``params`` ``[slots, 4]``
+    ``low`` ``[2, 1, 1]`` the two planes' lower bounds of the ``clamp``; ``columns`` ``[W + S]``,
+    ``2**32 + column`` (a floor's ``U``, the eager path); ``params`` ``[slots, 4]``
     int64 (``ban_``'s): the history's first position (``NEVER``: not a member), the size, the first
     position a row decides at (the prompt's last: a prefill chunk's row before it bans nothing),
     the slot within the engine's."""
@@ -120,6 +119,7 @@ class SlotTables:
     vocab: int
     planes: torch.Tensor
     low: torch.Tensor
+    columns: torch.Tensor
     params: torch.Tensor
 
 
@@ -181,7 +181,7 @@ def slot_tables(window: TokenWindow, member: torch.Tensor, params: torch.Tensor,
                           torch.cat([limit, zeros[:, s:]], dim=1)])
     low = torch.where(torch.arange(2, device=device) == 0, INT64_MIN, 0).view(2, 1, 1)  # built here: no host data
     compact = torch.stack([start, sizes, prompt_len - 1, engine], dim=1).contiguous()
-    return SlotTables(w, s, vocab, planes, low, compact)
+    return SlotTables(w, s, vocab, planes, low, (1 << 32) + columns, compact)
 
 
 def layout(t: SlotTables, slot_of_row: torch.Tensor) -> Layout:
@@ -189,96 +189,43 @@ def layout(t: SlotTables, slot_of_row: torch.Tensor) -> Layout:
     return Layout(t, slot_of_row)
 
 
-def apply(window: TokenWindow, t: Layout, logits: torch.Tensor, extremes: tuple[torch.Tensor, torch.Tensor]) -> None:
+def apply(window: TokenWindow, t: Layout, logits: torch.Tensor, extremes: tuple[torch.Tensor, torch.Tensor],
+          floor: torch.Tensor | None = None) -> None:
     """``-inf`` in ``logits`` at every id a row's history bans, no sync: on the CPU ``ban_``'s CPU
     implementation called directly (its rows' params gathered once per layout: ``Layout.host``);
     where ``fused_ready`` (CUDA once probed, the CUDA model) the fused op ``ban_`` (one Triton
-    launch); else, or once a call of it failed on CUDA, ``apply_eager``."""
+    launch); else, or once a call of it failed on CUDA, ``apply_eager``. ``floor`` (int64, per row):
+    no position below it is the row's history (a scoped entry's stretch)."""
     drafts = window.input_ids is not None and window.local_pos is not None
     ids, local = (window.input_ids, window.local_pos) if drafts else (None, None)
     if logits.device.type == "cpu":
         matrix = window.tokens.numpy()
         _ban_rows(logits, matrix, window.pos.numpy(), t.host(matrix.shape[1]), None if ids is None else ids.numpy(),
-                  None if local is None else local.numpy(), t.source.width, t.source.size)
+                  None if local is None else local.numpy(), None if floor is None else floor.numpy(), t.source.width,
+                  t.source.size)
     else:  # a variant failing to compile turns the kernel off (one warning): eager from then on
         _GATE.run(logits.device, lambda: ban_(logits, window.tokens, window.pos, t.slot_of_row, t.source.params, ids,
-                                              local, t.source.width, t.source.size),
-                  lambda: apply_eager(window, t, logits, extremes))
+                                              local, floor, t.source.width, t.source.size),
+                  lambda: apply_eager(window, t, logits, extremes, floor))
 
 
-def apply_eager(window: TokenWindow, t: Layout, logits: torch.Tensor,
-                extremes: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """The eager device path (see the module doc): nine device ops (ten on a layout's first step),
-    no sync. ``extremes``: ``-inf`` and ``+inf`` in the logits' dtype, on their device. A logit that
-    is NaN stays NaN where it is banned (``amin``); every other ban is ``-inf``."""
+def apply_eager(window: TokenWindow, t: Layout, logits: torch.Tensor, extremes: tuple[torch.Tensor, torch.Tensor],
+                floor: torch.Tensor | None = None) -> None:
+    """The eager device path (see the module doc): nine device ops (ten on a layout's first step,
+    four more with a ``floor``), no sync. ``extremes``: ``-inf`` and ``+inf`` in the logits' dtype,
+    on their device. A logit that is NaN stays NaN where it is banned (``amin``); every other ban
+    is ``-inf``."""
     w, s = t.source.width, t.source.size
     tables, multiplier, slots, limit = t.gathered
     read = torch.addcmul(tables, window.pos[None, :, None], multiplier)  # at, U, V - 1
+    if floor is not None:  # a column before the row's floor: U below every token, its own per column
+        below = torch.sub(read[0], floor.clamp(max=NEVER)[:, None])
+        torch.minimum(read[1], torch.add(t.source.columns, below, alpha=BIG), out=read[1])
     both = torch.clamp(window._read(slots, read[0])[None], min=t.source.low, max=read[1:])  # key, ids
     key, ids = both[0], both[1]
     x = torch.bitwise_xor(key[:, :w].unfold(1, s, 1), torch.bitwise_or(key[:, w:], INT64_MIN)[:, None, :])
     hit = torch.le(x, limit).all(2)
     logits.scatter_reduce_(1, ids[:, s - 1:w], torch.where(hit, *extremes), reduce="amin")
-
-
-#: how many row counts ``_token_rows`` keeps its constants for before starting over
-ROWS_KEPT = 64
-_TOKEN_ROWS: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-
-def _token_rows(rows: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``apply_tokens``' constants for ``rows`` rows of ``width`` tokens, made on the device once
-    (bounded): each row's position (``width - 1``), ``arange(rows)`` and zeros."""
-    key = (rows, width, device)
-    made = _TOKEN_ROWS.get(key)
-    if made is None:
-        if len(_TOKEN_ROWS) > ROWS_KEPT:
-            _TOKEN_ROWS.clear()
-        every = torch.arange(rows, device=device)
-        made = _TOKEN_ROWS[key] = (torch.full((rows,), width - 1, device=device), every, torch.zeros_like(every))
-    return made
-
-
-def token_params(tokens: torch.Tensor, sizes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``ban_``'s ``pos``, ``slot_of_row`` and ``params`` for ``apply_tokens``' rows (one ``stack``):
-    row ``r`` is slot ``r`` of the matrix ``tokens``, at its last position, its history from 0."""
-    pos, every, zeros = _token_rows(tokens.shape[0], tokens.shape[1], tokens.device)
-    return pos, every, torch.stack([zeros, sizes, zeros, every], dim=1)
-
-
-def apply_tokens(tokens: torch.Tensor, sizes: torch.Tensor, logits: torch.Tensor, size: int,
-                 extremes: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """``-inf`` in ``logits`` at every id row ``r``'s own ``tokens[r]`` ban at size ``sizes[r]``, no
-    sync: ``tokens`` ``[rows, W]`` int64, the row's last ``W`` tokens up to its own, ``-1`` where a
-    token is not its history's (``banned_after`` of that history, where it holds no more than ``W
-    - size + 1`` tokens); ``size``: at least every ``sizes[r]``. The same implementations as
-    ``apply``, ``tokens`` read as the engine's matrix with row ``r`` as its slot ``r`` at position
-    ``W - 1``, its history from position 0: one fused op (``ban_``) after one ``stack`` of its
-    params on CUDA and in the CUDA model, ``ban_``'s CPU implementation on the CPU, else the eager
-    path over tables made for the step."""
-    rows, width = tokens.shape
-    if rows == 0:
-        return
-    pos, every, params = token_params(tokens, sizes)
-    if logits.device.type == "cpu":
-        ban_host(logits, tokens, pos, every, params, None, None, width, size)
-        return
-    _GATE.run(logits.device, lambda: ban_(logits, tokens, pos, every, params, None, None, width, size),
-              lambda: apply_tokens_eager(tokens, sizes, logits, size, extremes))
-
-
-def apply_tokens_eager(tokens: torch.Tensor, sizes: torch.Tensor, logits: torch.Tensor, size: int,
-                       extremes: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """``apply_tokens``' eager device path (a CUDA device whose probe failed): ``apply_eager`` over
-    tables made for the step (``slot_tables``, the rows as slots, every one a member counting its
-    history from position 0), no sync."""
-    rows, width = tokens.shape
-    pos, every, zeros = _token_rows(rows, width, tokens.device)
-    window = TokenWindow(tokens.device).at(tokens, zeros, pos)
-    member = torch.ones_like(every, dtype=torch.bool)
-    tables = slot_tables(window, member, torch.stack([sizes, torch.ones_like(sizes)], dim=1), width, size,
-                         logits.shape[1])
-    apply_eager(window, layout(tables, every), logits, extremes)
 
 
 @functools.lru_cache(maxsize=32)
@@ -314,24 +261,25 @@ def _host_rows(params: np.ndarray, slot_of_row: np.ndarray, size: int, matrix_wi
 
 
 def _host_ban(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
-              params: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, width: int,
-              size: int) -> None:
+              params: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
+              floor: torch.Tensor | None, width: int, size: int) -> None:
     """``ban_``'s CPU implementation (host tensors): ``_ban_rows``."""
     matrix = tokens.numpy()
     _ban_rows(logits, matrix, pos.numpy(), _host_rows(params.numpy(), slot_of_row.numpy(), size, matrix.shape[1]),
               None if input_ids is None else input_ids.numpy(), None if local_pos is None else local_pos.numpy(),
-              width, size)
+              None if floor is None else floor.numpy(), width, size)
 
 
 def _ban_rows(logits: torch.Tensor, matrix: np.ndarray, p: np.ndarray, rows: _HostRows, input_ids: np.ndarray | None,
-              local_pos: np.ndarray | None, width: int, size: int) -> None:
+              local_pos: np.ndarray | None, floor: np.ndarray | None, width: int, size: int) -> None:
     """The bans of ``ban_`` on host data: numpy over ``[rows, width]`` columns (few, cheap calls: the
     step runs right after the logits were written, its caches cold), a column's ``key`` its token
     where that counts (inside the history, not negative) else a value of its own below every token,
     the bans written with one fancy assignment."""
     offsets, outside = _columns(width)
     at = (rows.base + p)[:, None] + offsets  # flat indices into the matrix
-    start = np.where(p >= rows.first, rows.start, 1 << 62) if rows.prompts else rows.start  # a prefill chunk's row: none
+    start = rows.start if floor is None else np.maximum(rows.start, rows.base + np.minimum(floor, NEVER))
+    start = np.where(p >= rows.first, start, 1 << 62) if rows.prompts else start  # a prefill chunk's row: none
     # a column before position 0 reads anything (outside the history): wrap keeps every index inside the matrix
     tok = matrix.reshape(-1).take(at, mode="wrap")
     if input_ids is not None and local_pos is not None:
@@ -360,24 +308,26 @@ def _ban_rows(logits: torch.Tensor, matrix: np.ndarray, p: np.ndarray, rows: _Ho
 
 @fused_op("no_repeat_ngram_ban_", launches=1, mutates_args=("logits",))
 def ban_(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor, params: torch.Tensor,
-         input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, width: int, size: int) -> None:
+         input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, floor: torch.Tensor | None, width: int,
+         size: int) -> None:
     """``-inf`` in ``logits`` at every id each row's history bans: exactly the bans of
-    ``apply_eager`` for the same window and tables (``params``: ``SlotTables.params``; ``width``,
+    ``apply_eager`` for the same window, tables and ``floor`` (int64 per row, or ``None``: a row's
+    history starts at ``max(start, floor)``) (``params``: ``SlotTables.params``; ``width``,
     ``size``: the tables'), and where a row's history fits the window, transformers'
     ``NoRepeatNGramLogitsProcessor`` with placeholder n-grams skipped (``banned_after``), ids past the
     logits' width left alone. Every ban is ``-inf`` (a NaN logit too). CPU implementation (every
     device but CUDA): ``_host_ban``, host tensors only; CUDA: one Triton launch
     (``dynlogits.kernels.no_repeat_ngram.ban_``)."""
-    _host_ban(logits, tokens, pos, slot_of_row, params, input_ids, local_pos, width, size)
+    _host_ban(logits, tokens, pos, slot_of_row, params, input_ids, local_pos, floor, width, size)
 
 
 @ban_.cuda
 def _ban_cuda(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
-              params: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, width: int,
-              size: int) -> None:
+              params: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
+              floor: torch.Tensor | None, width: int, size: int) -> None:
     from dynlogits.kernels import no_repeat_ngram as kernels
 
-    kernels.ban_(logits, tokens, pos, slot_of_row, params, input_ids, local_pos, width, size)
+    kernels.ban_(logits, tokens, pos, slot_of_row, params, input_ids, local_pos, floor, width, size)
 
 
 #: ``ban_``'s CPU implementation, called directly on the CPU (no dispatcher)
@@ -393,11 +343,12 @@ def fused_ready(device: torch.device) -> bool:
 
 
 def probe_case(seed: int, device: torch.device, *, rows: int = 12, slots: int = 9, length: int = 40, vocab: int = 50,
-               drafts: int = 0) -> tuple[TokenWindow, Layout, torch.Tensor]:
+               drafts: int = 0) -> tuple[TokenWindow, Layout, torch.Tensor, torch.Tensor]:
     """A random step on ``device``: an engine's token matrix of few ids (repeats are common) with
     placeholders and ids past ``vocab``, prompts, rows at random positions (some in prefill, some
     past the window, some not members), mixed sizes up to ``MAX_DEVICE_SIZE`` and ``include_prompt``,
-    ``drafts`` drafts per request at most; its window, layout and logits (no NaN)."""
+    ``drafts`` drafts per request at most; its window, layout, logits (no NaN) and a floor per row
+    (a scoped entry's: anywhere from before the prompt to past the row, some past every position)."""
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, 4, (slots, length), generator=g, dtype=torch.int32)
     tokens[torch.rand(slots, length, generator=g) < 0.03] = -1
@@ -421,46 +372,25 @@ def probe_case(seed: int, device: torch.device, *, rows: int = 12, slots: int = 
     width = window_width(length, [int(x) for x in torch.randint(1, length, (2,), generator=g)], size)
     tables = slot_tables(window, member.to(device), params.to(device), width, size, vocab)
     logits = torch.randn(rows, vocab, generator=g).to(device)
-    return window, layout(tables, slot_of_row.to(device)), logits
-
-
-def tokens_case(seed: int, device: torch.device, *, rows: int = 9, length: int = 30, vocab: int = 50,
-                ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, list[list[int]]]:
-    """A random ``apply_tokens`` step on ``device``: per row a history of few ids (repeats are common;
-    placeholders and ids past ``vocab`` among them) of up to ``length`` tokens, right-aligned in
-    ``[rows, length + size - 1]`` int64 behind ``-1``s (a row may have none: out of its phase), its
-    size (mixed, up to ``MAX_DEVICE_SIZE``); ``(tokens, sizes, size, logits, histories)``."""
-    g = torch.Generator().manual_seed(seed)
-    size = int(torch.randint(1, MAX_DEVICE_SIZE + 1, (1,), generator=g))
-    width = length + size - 1
-    tokens = torch.full((rows, width), -1, dtype=torch.long)
-    histories = []
-    for r in range(rows):
-        n = int(torch.randint(0, length + 1, (1,), generator=g))
-        history = torch.randint(0, 4, (n,), generator=g)
-        odd = torch.rand(n, generator=g)
-        history[odd < 0.03] = -1
-        history[(odd >= 0.03) & (odd < 0.06)] = vocab + 1
-        if n:
-            tokens[r, width - n:] = history
-        histories.append(history.tolist())
-    sizes = torch.randint(1, size + 1, (rows,), generator=g)
-    logits = torch.randn(rows, vocab, generator=g)
-    return tokens.to(device), sizes.to(device), size, logits.to(device), histories
+    floor = torch.randint(-2, length + 2, (rows,), generator=g)
+    floor[torch.rand(rows, generator=g) < 0.15] = 1 << 62  # out of its phase (``scope.TokensScopeTables``)
+    return window, layout(tables, slot_of_row.to(device)), logits, floor.to(device)
 
 
 def _probe(device: torch.device) -> bool:
-    """``ban_``'s kernel against ``apply_eager`` on ``device``, exactly (see ``fused_ready``)."""
+    """``ban_``'s kernel against ``apply_eager`` on ``device``, exactly (see ``fused_ready``), floors
+    or none."""
     same = []
     for seed, drafts in ((1, 0), (2, 2), (3, 0), (4, 3)):
-        window, t, logits = probe_case(20260500 + seed, device, drafts=drafts)
+        window, t, logits, floor = probe_case(20260500 + seed, device, drafts=drafts)
+        floored = floor if seed % 2 else None
         fused, eager = logits.clone(), logits.clone()
         extremes = (torch.full((), float("-inf"), device=device), torch.full((), float("inf"), device=device))
-        apply_eager(window, t, eager, extremes)
+        apply_eager(window, t, eager, extremes, floored)
         drafted = drafts > 0
         _ban_cuda(fused, window.tokens, window.pos, t.slot_of_row, t.source.params,
-                  window.input_ids if drafted else None, window.local_pos if drafted else None, t.source.width,
-                  t.source.size)
+                  window.input_ids if drafted else None, window.local_pos if drafted else None, floored,
+                  t.source.width, t.source.size)
         same.append(torch.equal(fused, eager))
     return all(same)
 

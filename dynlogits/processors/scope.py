@@ -21,11 +21,14 @@ where its kind is:
 * a decided group that opts in (``DecidedGroup.scopable``: ``no_repeat_ngram`` without
   ``include_prompt``): ``ScopedDecided``. With host histories the inner group decides every member
   row, in phase from its stretch (``_own``), out of it from the kind's ``neutral_history``
-  (nothing); without, where the kind decides from a row's last tokens and knows how many
-  (``WindowDecided.scoped_reach``: ``no_repeat_ngram`` up to ``MAX_DEVICE_SIZE`` with
-  ``max_tokens`` known), ``DeviceThinking`` reads each row's last tokens (``TokensScopeTables``),
-  those before its stretch and every one of a row out of phase read as placeholders, and the inner
-  kind decides from them (``WindowDecided.apply_tokens``); else its request is hosted there.
+  (nothing); without, where the adapter passes a ``TokenWindow`` and the kind decides from it
+  from a floor on (``WindowDecided.floored``: ``no_repeat_ngram`` up to ``MAX_DEVICE_SIZE``, any
+  ``max_tokens``), ``DeviceThinking`` gives each row's floor (``FloorScopeTables``: its stretch's
+  start, the state's ``ANCHOR``; past every position for a row out of phase, or after a
+  placeholder draft) and the inner kind decides from the engine's token matrix in place, drafts
+  included, no position below the floor counted (``WindowDecided.apply_floored``: for
+  ``no_repeat_ngram`` its one fused op); else its request is hosted there. A floor is a position
+  like any other, so one inside the drafts (a delimiter among them) is exact too.
 
 Any other scoped entry (``dry``, ``banned_phrases``, ``watermark``, ``multiple_choice``,
 ``trigger``, ``deadline``, ``thinking_budget``, a ``python`` kind) has no template: its request
@@ -42,13 +45,14 @@ import numpy as np
 import torch
 
 from .device_thinking import ANCHOR, CLOSED, NEVER, OUT, SEL, SpanTables
-from .modes import DecidedGroup, Decider, SpanDecided, WindowDecided
+from .modes import DecidedGroup, Decider, SpanDecided, SpanWindowDecided, WindowDecided
 from .slots import Dead, GatheredRows, Group, ListedRows, StepInputs, Template
 from .spans import SpanScanner
 from .uploads import StepUpload
+from .window import TokenWindow
 
-__all__ = ["Phases", "Reasoning", "ScopeTables", "ScopedDecided", "ScopedGroup", "ScopedTemplate", "StretchScopeTables",
-           "TokensScopeTables", "scoped"]
+__all__ = ["FloorScopeTables", "Phases", "Reasoning", "ScopeTables", "ScopedDecided", "ScopedGroup", "ScopedTemplate",
+           "StretchScopeTables", "scoped"]
 
 #: A request's reasoning delimiters: ``(start token ids, end token ids)``.
 Reasoning = tuple[tuple[int, ...], tuple[int, ...]]
@@ -178,37 +182,22 @@ class StretchScopeTables(ScopeTables):
         return torch.where(torch.logical_and(rows[:, OUT], valid), generated() - rows[:, ANCHOR], -1)
 
 
-class TokensScopeTables(ScopeTables):
+class FloorScopeTables(ScopeTables):
     """``ScopeTables`` of a scoped entry of a window-decided kind (``ScopedDecided`` without host
-    histories): each row's decision is its last ``reach`` tokens up to its own (the inner kind's
-    ``WindowDecided.scoped_reach`` over the members), committed ones and the drafts before it
-    (``row_tokens``), each ``-1`` unless it lies in the row's stretch of the entry's phase: from
-    ``ANCHOR`` on, never in the prompt (a span the prompt opened starts at the output, as the hosted
-    path's ``_own``). A row out of that phase, or not decidable, gets ``-1`` only."""
-
-    reach = 1
+    histories): each row's decision is its floor, the first position (from the prompt's start) of
+    its stretch of the entry's phase (``ANCHOR``; the inner kind's own history start, the prompt's
+    length, bounds it too, so a span the prompt opened starts at the output, as the hosted path's
+    ``_own``), or ``NEVER``, past every position, for a row out of that phase or not decidable
+    (a placeholder draft before it). Two ops and the state's ``index`` (none with drafts)."""
 
     def __init__(self, num_slots: int, device: torch.device) -> None:
         super().__init__(num_slots, device)
         self._never = torch.full((), NEVER, dtype=torch.long, device=self.device)  # kept: no scalar per step
 
-    def set(self, slot: int, template: ScopedTemplate | None) -> None:
-        super().set(slot, template)
-        inner = [t.inner for t in self.templates.values()]
-        if inner:  # one inner kind per tables (their key holds the group)
-            reach = inner[0].group.scoped_reach(inner)
-            assert reach is not None, "resident only where known (ScopedDecided.runs_without_histories)"
-            self.reach = reach
-
     def decide_state(self, slots: torch.Tensor, state: torch.Tensor | None, generated: Callable[[], torch.Tensor],
                      valid: torch.Tensor, row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         rows = self.state[slots] if state is None else state
-        prompt_len = self.prompt_len
-        assert prompt_len is not None  # set by the step before any decision
-        at = generated()[:, None] + self.offsets(self.reach)  # positions from the prompt's start, to the row's own
-        first = torch.maximum(rows[:, ANCHOR], prompt_len[slots.clamp(max=prompt_len.shape[0] - 1)])
-        first = torch.where(torch.logical_and(rows[:, OUT], valid), first, self._never)
-        return torch.where(at >= first[:, None], row_tokens(slots, at), self.no_token)
+        return torch.where(torch.logical_and(rows[:, OUT], valid), rows[:, ANCHOR], self._never)
 
 
 class ScopedGroup(SpanDecided):
@@ -319,28 +308,32 @@ class _Stretch:
         return tokens
 
 
-class ScopedDecided(ScopedGroup):
+class ScopedDecided(ScopedGroup, SpanWindowDecided):
     """A scoped entry of a decided inner kind that opts in (``DecidedGroup.scopable``), where the
     adapter passes host histories (vLLM's V1 runner): the inner group decides every member row (the
     layout's whole deciders list, so what it keeps per layout stays aligned), a row in the entry's
     phase from its stretch's history (the hosted path's ``_own``; from a live list, one list kept
     across steps: ``_Stretch``), any other from the inner kind's ``neutral_history``, which decides
-    nothing; the inner group applies the decisions. Without host histories its request is hosted (``runs_without_histories``)."""
+    nothing; the inner group applies the decisions. Without host histories, with a token window:
+    each row's floor from ``DeviceThinking`` (``FloorScopeTables``), the inner group's step over the
+    window from it on (``apply_window_decisions``); else its request is hosted (``runs_without_histories``)."""
 
     inner: DecidedGroup
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         super().__init__(level, num_slots, device)
         if isinstance(self.inner, WindowDecided):
-            self.inner.from_window = True  # its tables written for ``apply_tokens`` (a few values a slot)
+            self.inner.from_window = True  # its tables written for ``apply_floored`` (a few values a slot)
 
     @classmethod
     def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:
-        """Where the inner kind decides from a row's last tokens and knows how many
-        (``WindowDecided.scoped_reach``): decided by ``DeviceThinking`` (``TokensScopeTables``)."""
+        """Where the adapter passes a token window and the inner kind decides from it from a floor on
+        (``WindowDecided.floored``) for this template (``fits_window``): floors by ``DeviceThinking``
+        (``FloorScopeTables``)."""
         inner = cls.inner_type
         assert isinstance(template, ScopedTemplate)
-        return issubclass(inner, WindowDecided) and inner.scoped_reach([template.inner]) is not None
+        return (token_window and issubclass(inner, WindowDecided) and inner.floored
+                and inner.fits_window(template.inner, getattr(group, "inner", None)))
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
         super().prepare(rows, stride)
@@ -378,14 +371,18 @@ class ScopedDecided(ScopedGroup):
                              upload: StepUpload) -> Dead | None:
         return self.inner.apply_host_decisions(step, rows, decisions, upload)
 
-    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead | None:
-        """``decisions``: each row's tokens of its stretch (``TokensScopeTables``), which the inner
-        kind decides and applies (``WindowDecided.apply_tokens``), or ``-1`` a row (the decider holds
-        no tables for the group): nothing."""
-        if decisions.dim() == 1:
-            return None
+    def apply_window_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor,
+                               window: TokenWindow) -> Dead | None:
+        """``decisions``: each row's floor (``FloorScopeTables``), from which on the inner kind decides
+        its rows from ``window`` and applies them (``WindowDecided.apply_floored``). (``DeviceThinking``
+        decides ``-1`` everywhere only where its tables hold none of the group's slots: then every
+        row's slot is no member of the inner group, which decides nothing for it.)"""
         assert isinstance(self.inner, WindowDecided)
-        return self.inner.apply_tokens(step, rows, decisions)
+        return self.inner.apply_floored(step, rows, window, decisions)
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead | None:
+        """Without the step's window: nothing (never resident there: ``runs_without_histories``)."""
+        return None
 
 
 def _at_counts(step: StepInputs, counts: torch.Tensor) -> StepInputs:
@@ -440,7 +437,7 @@ class ScopedTemplate(Template):
 def _tables_of(inner: type[Group]) -> type[ScopeTables]:
     """The ``ScopeTables`` a scoped entry of ``inner`` decides its rows by without host histories."""
     if issubclass(inner, WindowDecided):
-        return TokensScopeTables
+        return FloorScopeTables
     return StretchScopeTables if inner.positional else ScopeTables
 
 

@@ -1,5 +1,5 @@
 """A scoped entry of a decided kind that opts in (``no_repeat_ngram``: ``DecidedGroup.scopable``,
-``WindowDecided.scoped_reach``) is resident (``scope.ScopedDecided``) and acts exactly as the
+``WindowDecided.floored``) is resident (``scope.ScopedDecided``) and acts exactly as the
 hosted path (``_ScopedPlanned``: the inner processor on its phase's stretch, ``_own``): on the V1
 runner's interface (host histories) and, through vLLM's real Model Runner V2 classes
 (``V2SamplerHarness``), with its rows decided on the device, drafts or not. A kind that does not
@@ -16,7 +16,7 @@ import torch
 
 from dynlogits import sdk
 from dynlogits.processors.no_repeat_ngram import NoRepeatNgramProcessor
-from dynlogits.processors.no_repeat_ngram_device import MAX_DEVICE_SIZE, MAX_SCOPED_OUTPUTS
+from dynlogits.processors.no_repeat_ngram_device import MAX_DEVICE_SIZE
 from dynlogits.processors.scope import TAIL_REREAD, Phases, ScopedDecided, _ScopedResident, scoped
 from dynlogits.sdk.realization import RequestFacts
 from dynlogits.sdk.resident.engine_step import EngineStep
@@ -142,8 +142,8 @@ def _params(payload: list[dict[str, Any]], max_tokens: int) -> Any:
 def _run_v2(drafts: int, seed: int, sizes: tuple[int, ...], *, max_tokens: int = 48) -> int:
     """Random requests (sizes among ``sizes``) through a V2 harness (slots reused, outputs a request
     resumes with, some past ``DeviceThinking.MAX_DEVICE_CATCH_UP``, drafts), each resident where the
-    device decides it (size and ``max_tokens`` in bounds), else hosted; every row against the hosted
-    path on the history it sees; how many rows had bans."""
+    device decides it (size up to ``MAX_DEVICE_SIZE``, whatever ``max_tokens``), else hosted; every
+    row against the hosted path on the history it sees; how many rows had bans."""
     rng = random.Random(seed)
     harness = _v2_harness(drafts)
     live: dict[str, tuple[list[dict[str, Any]], Any]] = {}
@@ -155,7 +155,7 @@ def _run_v2(drafts: int, seed: int, sizes: tuple[int, ...], *, max_tokens: int =
         while len(live) < 4:
             name = f"r{round_}-{len(live)}"
             payload = _payload(rng, size=rng.choice(sizes))
-            resident = payload[1]["size"] <= MAX_DEVICE_SIZE and max_tokens <= MAX_SCOPED_OUTPUTS
+            resident = payload[1]["size"] <= MAX_DEVICE_SIZE
             prompt = [rng.choice(IDS) for _ in range(rng.randint(1, 4))]
             harness.add_request(name, prompt, _params(payload, max_tokens), output_ids=[rng.choice(IDS) for _ in range(
                 rng.choice([0, 1, 3, 20]))])
@@ -196,13 +196,18 @@ def test_model_runner_v2s_scoped_rows_beside_hosted_ones_are_each_the_hosted_pat
     assert _run_v2(drafts, 31 + drafts, (2, 2, MAX_DEVICE_SIZE + 1)) > 10
 
 
-@pytest.mark.parametrize(("size", "max_tokens"), [(MAX_DEVICE_SIZE + 1, 48), (2, MAX_SCOPED_OUTPUTS + 1)],
-                         ids=["size", "max_tokens"])
-def test_a_scoped_no_repeat_ngram_the_device_does_not_decide_is_hosted_under_model_runner_v2(size: int,
-                                                                                                max_tokens: int) -> None:
-    """A size past ``MAX_DEVICE_SIZE``, or ``max_tokens`` past ``MAX_SCOPED_OUTPUTS``: hosted there,
-    and still the hosted path's rows."""
-    _run_v2(0, 5, (size,), max_tokens=max_tokens)
+def test_a_scoped_no_repeat_ngram_the_device_does_not_decide_is_hosted_under_model_runner_v2() -> None:
+    """A size past ``MAX_DEVICE_SIZE``: hosted there, and still the hosted path's rows."""
+    _run_v2(0, 5, (MAX_DEVICE_SIZE + 1,))
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_under_model_runner_v2_a_scoped_no_repeat_ngram_with_a_max_tokens_above_8192_is_resident(drafts: int) -> None:
+    """``max_tokens`` 8193 and 40000 (vLLM's server default is the model's length less the prompt):
+    resident (the rows read the engine's matrix in place, no copy of ``max_tokens`` tokens a row),
+    every row the hosted path's."""
+    assert _run_v2(drafts, 41 + drafts, (1, 2, 3), max_tokens=8193) > 10
+    assert _run_v2(drafts, 51 + drafts, (2, 4), max_tokens=40000) > 10
 
 
 @pytest.mark.parametrize("drafts", [0, 2])

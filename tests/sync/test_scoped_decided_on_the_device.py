@@ -1,9 +1,9 @@
 """A scoped ``no_repeat_ngram`` (a decided kind that opts in: ``DecidedGroup.scopable``,
-``WindowDecided.scoped_reach``) is resident on both vLLM runners (``scope.ScopedDecided``): on the
+``WindowDecided.floored``) is resident on both vLLM runners (``scope.ScopedDecided``): on the
 V1 runner every member row is decided on the host from its phase's stretch of its live list (a
-row out of its phase from the empty history: nothing), under Model Runner V2 from its last tokens
-read on the device (``scope.TokensScopeTables``: the tokens before its stretch's start, and every
-token of a row out of its phase, read as placeholders) and banned by the kind's fused op. Neither
+row out of its phase from the empty history: nothing), under Model Runner V2 from the engine's
+token matrix in place, no position before its floor counted (``scope.FloorScopeTables``: its
+stretch's start, past every position for a row out of its phase), by the kind's fused op. Neither
 waits for the device (the CUDA model), with drafts or without. (Rows against the hosted path:
 ``tests/processors/test_scoped_decided.py``.)"""
 
@@ -41,13 +41,24 @@ def test_scoped_no_repeat_ngram_requests_never_wait_under_drafts() -> None:
     assert [str(s) for s in result.syncs] == []
 
 
-def test_the_v2_steady_step_reads_each_rows_stretch_then_bans_with_the_kinds_fused_op() -> None:
-    """Model Runner V2, no drafts: the span followed once (``spans_advance_``), each row's last
-    tokens read (``index``) with those outside its stretch made placeholders, then the kind's one
-    fused op; nothing per row, no ``arange``."""
+def test_the_v2_steady_step_decides_each_rows_floor_then_bans_with_the_kinds_fused_op() -> None:
+    """Model Runner V2, no drafts: the span followed once (``spans_advance_``), each row's floor
+    off its slot's state (``index``, ``logical_and``, ``where``), then the kind's one fused op over
+    the engine's matrix: no copy of the rows' tokens, nothing per row."""
     with SimCuda() as sim:
-        steady = drive_v2(sim, Scenario(vocab=64, payloads=PAYLOADS, steps=4, changes=False))
+        steady = drive_v2(sim, Scenario(vocab=64, payloads=[p[:2] for p in PAYLOADS], steps=4, changes=False))
     assert [str(s) for s in steady.syncs] == [] and not steady.failures
-    ops = steady.steady_ops
-    assert ops.count("no_repeat_ngram_ban_") == 1 and ops.count("spans_advance_") == 2, ops
-    assert "arange" not in ops
+    assert steady.steady_ops == ["spans_advance_", "index", "logical_and", "where", "no_repeat_ngram_ban_"]
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_the_v2_steady_step_of_a_scoped_no_repeat_ngram_is_at_most_eight_launches(drafts: int) -> None:
+    """Issue 49's bound: a steady Model Runner V2 step of scoped ``no_repeat_ngram`` requests alone
+    (the adapter's row mapping included) launches at most 8 device ops, with 2 drafts a request too,
+    and waits for nothing."""
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(vocab=64, payloads=[p[:2] for p in PAYLOADS], steps=6, changes=False),
+                          drafts=drafts)
+    assert [str(s) for s in steady.syncs] == [] and not steady.failures
+    assert steady.steady_ops.count("no_repeat_ngram_ban_") == 1
+    assert steady.launches <= 8, steady.steady_ops

@@ -9,7 +9,7 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
-from dynlogits.processors.modes import DecidedGroup, WindowDecided
+from dynlogits.processors.modes import DecidedGroup, SpanWindowDecided, WindowDecided
 from dynlogits.processors.slots import Dead, GatheredRows, ListedRows, StepInputs
 from dynlogits.processors.window import TokenWindow
 
@@ -85,7 +85,8 @@ def decide_slots_on_host(occupants: Occupants, group: DecidedGroup, slots: Seque
 def decide_on_device(group: DecidedGroup, step: StepInputs, rows: GatheredRows, thinking: ThinkingDecider | None,
                      window: TokenWindow | None) -> Dead | None:
     """A decided group's step on the device: from ``window`` where the group reads it
-    (``modes.WindowDecided``), else by the ``thinking`` decider.
+    (``modes.WindowDecided``), else by the ``thinking`` decider, applied over ``window`` where the
+    group reads both (``modes.SpanWindowDecided``).
 
     Raises:
         ValueError: neither applies (the adapter gave no histories and no device decider)."""
@@ -93,6 +94,8 @@ def decide_on_device(group: DecidedGroup, step: StepInputs, rows: GatheredRows, 
         decided = group.decide_from_window(rows, window)
     elif thinking is not None:
         decided = thinking(group, rows)
+        if window is not None and isinstance(group, SpanWindowDecided):
+            return group.apply_window_decisions(step, rows, decided, window)
     else:
         raise ValueError(f"{type(group).__name__} needs the rows' histories or a device decider")
     return group.apply_device_decisions(step, rows, decided)

@@ -9,8 +9,7 @@ ids at and past the logits' width, prefill chunks' rows, non-members, sizes up t
 
 * ``bits``: the kernel's logits against ``apply_eager`` on the same device and against the CPU
   implementation (``ban_host``) on the host copies (rows differing, each must be 0), float32 and
-  bfloat16; and on a scoped entry's token rows (``token_bits``: ``apply_tokens``' int64 rows,
-  against ``apply_tokens_eager`` and ``ban_host``);
+  bfloat16, without a floor and with a scoped entry's per-row floor (``probe_case``'s);
 * ``kernels``: device ops (kernels, copies, memsets) of one steady call from ``torch.profiler``
   (must be 1) beside ``apply_eager``'s;
 * ``sync``: one call under ``torch.cuda.set_sync_debug_mode("error")`` (must raise nothing);
@@ -33,20 +32,12 @@ from typing import Any
 
 import torch
 
-from dynlogits.processors.no_repeat_ngram_device import (
-    Layout,
-    apply_eager,
-    apply_tokens_eager,
-    ban_host,
-    probe_case,
-    token_params,
-    tokens_case,
-)
+from dynlogits.processors.no_repeat_ngram_device import Layout, apply_eager, ban_host, probe_case
 from dynlogits.processors.window import TokenWindow
 
 from .timing import device_ops, timed
 
-__all__ = ["BATCHES", "bits", "interpreted_check", "main", "run", "token_bits"]
+__all__ = ["BATCHES", "bits", "interpreted_check", "main", "run"]
 
 BATCHES = (1, 64, 256)
 #: the engine matrix's width of the random steps
@@ -54,27 +45,28 @@ LENGTH = 512
 DRAFTS = (0, 2)
 
 
-def _case(batch: int, drafts: int, vocab: int, seed: int, device: torch.device) -> tuple[TokenWindow, Layout, torch.Tensor]:
+def _case(batch: int, drafts: int, vocab: int, seed: int,
+          device: torch.device) -> tuple[TokenWindow, Layout, torch.Tensor, torch.Tensor]:
     return probe_case(seed, device, rows=batch, slots=batch + 1, length=LENGTH, vocab=vocab, drafts=drafts)
 
 
-def _fused(window: TokenWindow, t: Layout, logits: torch.Tensor) -> None:
+def _fused(window: TokenWindow, t: Layout, logits: torch.Tensor, floor: torch.Tensor | None) -> None:
     from dynlogits.kernels import no_repeat_ngram as kernels
 
     drafted = window.input_ids is not None and window.local_pos is not None
     kernels.ban_(logits, window.tokens, window.pos, t.slot_of_row, t.source.params,
-                 window.input_ids if drafted else None, window.local_pos if drafted else None, t.source.width,
+                 window.input_ids if drafted else None, window.local_pos if drafted else None, floor, t.source.width,
                  t.source.size)
 
 
-def _host(window: TokenWindow, t: Layout, logits: torch.Tensor) -> torch.Tensor:
+def _host(window: TokenWindow, t: Layout, logits: torch.Tensor, floor: torch.Tensor | None) -> torch.Tensor:
     """``ban_host`` on host copies of the step."""
     drafted = window.input_ids is not None and window.local_pos is not None
     out = logits.cpu()
     ban_host(out, window.tokens.cpu(), window.pos.cpu(), t.slot_of_row.cpu(), t.source.params.cpu(),
              window.input_ids.cpu() if drafted and window.input_ids is not None else None,
-             window.local_pos.cpu() if drafted and window.local_pos is not None else None, t.source.width,
-             t.source.size)
+             window.local_pos.cpu() if drafted and window.local_pos is not None else None,
+             None if floor is None else floor.cpu(), t.source.width, t.source.size)
     return out
 
 
@@ -88,23 +80,25 @@ def _line(ok: bool) -> str:
 
 
 def bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[str, Any]]:
-    """Per batch, drafts and dtype: rows where the kernel differs from ``apply_eager`` on ``device``
-    and from ``ban_host`` on the host (each must be 0), and the bans made."""
+    """Per batch, drafts, dtype and floor (none, or a scoped entry's per row): rows where the kernel
+    differs from ``apply_eager`` on ``device`` and from ``ban_host`` on the host (each must be 0),
+    and the bans made."""
     out = []
     for batch in batches:
         for drafts in DRAFTS:
-            for dtype in (torch.float32, torch.bfloat16):
-                window, t, logits = _case(batch, drafts, vocab, 1000 + batch + drafts, device)
+            for dtype, floored in ((torch.float32, False), (torch.bfloat16, False), (torch.float32, True)):
+                window, t, logits, floors = _case(batch, drafts, vocab, 1000 + batch + drafts, device)
+                floor = floors if floored else None
                 logits = logits.to(dtype)
                 fused, eager = logits.clone(), logits.clone()
-                _fused(window, t, fused)
-                apply_eager(window, t, eager, _extremes(eager))
-                host = _host(window, t, logits)
+                _fused(window, t, fused, floor)
+                apply_eager(window, t, eager, _extremes(eager), floor)
+                host = _host(window, t, logits, floor)
                 fused_cpu = fused.cpu()
                 vs_eager = int((fused_cpu != eager.cpu()).any(1).sum())
                 vs_host = int((fused_cpu != host).any(1).sum())
                 banned = int(torch.isneginf(host).sum())
-                name = str(dtype).removeprefix("torch.")
+                name = str(dtype).removeprefix("torch.") + (" floored" if floored else "")
                 out.append({"batch": batch, "drafts": drafts, "dtype": name, "vs_eager": vs_eager, "vs_host": vs_host,
                             "banned": banned})
                 good = vs_eager == 0 and vs_host == 0
@@ -113,48 +107,21 @@ def bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[
     return out
 
 
-def token_bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[str, Any]]:
-    """A scoped entry's rows (``apply_tokens``: each row its own last tokens, int64, ``-1`` outside
-    its stretch; ``tokens_case``), per batch: rows where the kernel differs from
-    ``apply_tokens_eager`` on ``device`` and from ``ban_host`` on the host (each must be 0)."""
-    from dynlogits.kernels import no_repeat_ngram as kernels
-
-    out = []
-    for batch in batches:
-        tokens, sizes, size, logits = tokens_case(batch, device, rows=batch, length=LENGTH, vocab=vocab)[:4]
-        pos, every, params = token_params(tokens, sizes)
-        fused, eager, host = logits.clone(), logits.clone(), logits.cpu()
-        kernels.ban_(fused, tokens, pos, every, params, None, None, tokens.shape[1], size)
-        apply_tokens_eager(tokens, sizes, eager, size, _extremes(eager))
-        ban_host(host, tokens.cpu(), pos.cpu(), every.cpu(), params.cpu(), None, None, tokens.shape[1], size)
-        fused_cpu = fused.cpu()
-        vs_eager = int((fused_cpu != eager.cpu()).any(1).sum())
-        vs_host = int((fused_cpu != host).any(1).sum())
-        banned = int(torch.isneginf(host).sum())
-        out.append({"batch": batch, "drafts": 0, "dtype": "token rows", "vs_eager": vs_eager, "vs_host": vs_host,
-                    "banned": banned})
-        print(f"no_repeat_ngram fused bits (a scoped entry's token rows) batch {batch} vocab {vocab}: kernel vs eager "
-              f"{vs_eager} rows, vs host {vs_host} rows ({banned} bans) -> {_line(vs_eager == 0 and vs_host == 0)}",
-              flush=True)
-    return out
-
-
 def run(device: torch.device, *, vocab: int = 151936, steps: int = 200,
         batches: Sequence[int] = BATCHES) -> tuple[bool, dict[str, Any]]:
     """Every figure of the module doc on a CUDA ``device``."""
-    results: dict[str, Any] = {"bits": bits(device, vocab, batches) + token_bits(device, vocab, batches), "kernels": [],
-                               "sync": [], "time": []}
+    results: dict[str, Any] = {"bits": bits(device, vocab, batches), "kernels": [], "sync": [], "time": []}
     ok = all(r["vs_eager"] == 0 and r["vs_host"] == 0 for r in results["bits"])
     ok &= sum(r["banned"] for r in results["bits"]) > 0  # the steps banned something
     with tempfile.TemporaryDirectory() as tmp:
         for batch in batches:
             for drafts in DRAFTS:
-                window, t, logits = _case(batch, drafts, vocab, 7 + batch, device)
+                window, t, logits, _ = _case(batch, drafts, vocab, 7 + batch, device)
                 extremes = _extremes(logits)
                 t.gathered  # noqa: B018  # the eager path's one-off gather, outside its steady step
 
                 def fused() -> None:
-                    _fused(window, t, logits)  # noqa: B023  # called at once
+                    _fused(window, t, logits, None)  # noqa: B023  # called at once
 
                 def eager() -> None:
                     apply_eager(window, t, logits, extremes)  # noqa: B023  # called at once
@@ -210,8 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.interpreted_child:  # in the interpreter (the parent set TRITON_INTERPRET=1)
         batches = [int(b) for b in args.batches.split(",")]
-        found = bits(torch.device("cpu"), args.vocab or 1003, batches) + token_bits(torch.device("cpu"),
-                                                                                     args.vocab or 1003, batches)
+        found = bits(torch.device("cpu"), args.vocab or 1003, batches)
         same = all(r["vs_eager"] == 0 and r["vs_host"] == 0 for r in found)
         return 0 if same and sum(r["banned"] for r in found) > 0 else 1
     if args.cpu:
