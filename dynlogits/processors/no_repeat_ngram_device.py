@@ -373,7 +373,7 @@ def probe_case(seed: int, device: torch.device, *, rows: int = 12, slots: int = 
     tables = slot_tables(window, member.to(device), params.to(device), width, size, vocab)
     logits = torch.randn(rows, vocab, generator=g).to(device)
     floor = torch.randint(-2, length + 2, (rows,), generator=g)
-    floor[torch.rand(rows, generator=g) < 0.15] = 1 << 62  # out of its phase (``scope.TokensScopeTables``)
+    floor[torch.rand(rows, generator=g) < 0.15] = 1 << 62  # out of its phase (``scope.FloorScopeTables``)
     return window, layout(tables, slot_of_row.to(device)), logits, floor.to(device)
 
 
