@@ -59,13 +59,13 @@ def _bf16(x):
 @triton.jit
 def decide_rows(logits_ptr, logits_stride, tokens_ptr, tokens_stride, n_token_rows, prompt_ptr, prompt_stride, pos_ptr,
                 pos_stride, input_ptr, input_stride, local_ptr, local_stride, slot_ptr, slot_stride, member_ptr,
-                member_stride, params_ptr, params_stride, singles_ptr, singles_stride, n_singles, amounts_ptr,
+                member_stride, floor_ptr, floor_stride, params_ptr, params_stride, singles_ptr, singles_stride, n_singles, amounts_ptr,
                 amounts_stride, n_amounts, ids_ptr, lowered_ptr, out_stride, width, cap, largest,
                 BLOCK: tl.constexpr, TAIL: tl.constexpr, LOG_S: tl.constexpr, DRAFTS: tl.constexpr,
-                F64: tl.constexpr, BF16: tl.constexpr):
+                F64: tl.constexpr, BF16: tl.constexpr, HAS_FLOOR: tl.constexpr):
     """Per (row, block of ``BLOCK`` positions): each position's id (the token after it, 0 outside)
     and the logit there lowered by its penalty (``dry_device.device_penalties`` then the values
-    ``lower_rows`` reduces)."""
+    ``lower_rows`` reduces); with ``HAS_FLOOR`` a row's window starts at its floor at the earliest."""
     row = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     slot = tl.load(slot_ptr + row * slot_stride).to(tl.int64)
@@ -77,6 +77,8 @@ def decide_rows(logits_ptr, logits_stride, tokens_ptr, tokens_stride, n_token_ro
     own_cap = tl.load(params_ptr + slot * params_stride + 3).to(tl.int64)
     prompt = tl.load(prompt_ptr + wslot * prompt_stride).to(tl.int64)
     start = tl.maximum(pos + 1 - lookback, tl.where(with_prompt > 0, 0, prompt))
+    if HAS_FLOOR:
+        start = tl.maximum(start, tl.load(floor_ptr + row * floor_stride).to(tl.int64))
     flag = tl.load(member_ptr + row * member_stride).to(tl.int64)
     local = pos * 0 - 1
     if DRAFTS:

@@ -48,13 +48,14 @@ def _pow2(n: int, least: int = 1) -> int:
 def decide(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
            input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor,
            member: torch.Tensor, params: torch.Tensor, singles: torch.Tensor, amounts: torch.Tensor, width: int,
-           cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+           cap: int, floor: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of ``logits`` (``[rows, vocab]``, last dim contiguous) and each of its window's first
     ``width - 1`` positions: the id after it (``[rows, width - 1]`` int64) and the logit there
     lowered by its penalty (the logits' dtype). The window is ``TokenWindow``'s (``tokens [slots,
     max_len]``, ``prompt_len``, ``pos``, with drafts ``input_ids`` and ``local_pos``); the tables
     (``params [slots, 4]``, sorted ``singles``, ``amounts``, last dims contiguous) are read at
-    ``slot_of_row``; ``1 <= cap <= width``. One launch."""
+    ``slot_of_row``; ``1 <= cap <= width``; ``floor`` (int64 per row, or ``None``): a row's window
+    starts at ``max(start, floor[r])`` (positions from the prompt's start). One launch."""
     k = kernels()
     rows = pos.shape[0]
     ids = torch.empty(rows, width - 1, dtype=torch.int64, device=logits.device)
@@ -72,9 +73,10 @@ def decide(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor,
                         prompt_len.stride(0), pos, pos.stride(0), input_ids if drafts else pos,
                         input_ids.stride(0) if input_ids is not None and drafts else 0,
                         local_pos if drafts else pos, local_pos.stride(0) if local_pos is not None and drafts else 0,
-                        slot_of_row, slot_of_row.stride(0), flags, flags.stride(0), params, params.stride(0), singles,
+                        slot_of_row, slot_of_row.stride(0), flags, flags.stride(0), pos if floor is None else floor,
+                        0 if floor is None else floor.stride(0), params, params.stride(0), singles,
                         singles.stride(0), singles.shape[1], amounts, amounts.stride(0), amounts.shape[1], ids, lowered,
                         ids.stride(0), width, cap, largest, BLOCK=BLOCK, TAIL=_pow2(cap, 16),
                         LOG_S=max(1, singles.shape[1].bit_length()), DRAFTS=drafts, F64=f64,
-                        BF16=logits.dtype == torch.bfloat16)
+                        BF16=logits.dtype == torch.bfloat16, HAS_FLOOR=floor is not None)
     return ids, lowered

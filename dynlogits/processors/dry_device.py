@@ -37,11 +37,13 @@ from typing import cast
 import numpy as np
 import torch
 
+from .device_thinking import NEVER
 from .dry_lowering import _lower_host_f32
 from .window import TokenWindow
 
 __all__ = ["MAX_DEVICE_CAP", "Constants", "MAX_DEVICE_SINGLES", "NO_BREAKER", "StepArgs", "constants", "dense_lower_", "device_penalties",
-           "fused_lower_", "fused_ready", "fused_run", "lower_rows", "lower_window_", "probe_case", "reset_fused"]
+           "fused_lower_", "fused_ready", "fused_run", "lower_rows", "lower_window_", "probe_case", "probe_floor",
+           "reset_fused"]
 
 #: The longest repeat measured on the device (``allowed_length`` plus the exponent clamp, at most the
 #: look-back): base 1.75 with the default ``allowed_length`` is 160, base 1.5 is 220.
@@ -67,11 +69,13 @@ def constants(width: int, cap: int, device: torch.device) -> Constants:
 
 def device_penalties(window: TokenWindow, slot_of_row: torch.Tensor, member: torch.Tensor, params: torch.Tensor,
                      singles: torch.Tensor, amounts: torch.Tensor, width: int, cap: int,
-                     consts: Constants) -> tuple[torch.Tensor, torch.Tensor]:
+                     consts: Constants, floor: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row, the ids after each of its last ``width - 1`` positions (``[rows, width - 1]``, a
     placeholder or a column outside the window read as 0) and each one's penalty (float64, 0 where
     the position penalizes nothing). ``params`` ``[rows, 4]``: allowed length, look-back, whether the
-    prompt counts, the row's own cap; ``singles`` ``[rows, S]`` sorted; ``amounts`` ``[rows, T]``."""
+    prompt counts, the row's own cap; ``singles`` ``[rows, S]`` sorted; ``amounts`` ``[rows, T]``;
+    ``floor`` (int64 per row, or ``None``): a row's window starts at ``max(start, floor[r])`` (a
+    scoped entry's stretch: positions from the prompt's start)."""
     columns, counted, outside, pad = consts
     slots = window.slots(slot_of_row)
     pos = window.pos.long()
@@ -79,6 +83,8 @@ def device_penalties(window: TokenWindow, slot_of_row: torch.Tensor, member: tor
     tokens = window._read(slots, at.clamp(min=0)).long()
     allowed, lookback, with_prompt, own_cap = params[:, 0], params[:, 1], params[:, 2], params[:, 3]
     start = torch.maximum(pos + 1 - lookback, torch.where(with_prompt > 0, 0, window.prompt_len[slots].long()))
+    if floor is not None:
+        start = torch.maximum(start, floor)
     inside = (at >= start[:, None]) & (tokens >= 0)
     tokens = torch.where(inside, tokens, outside)  # each a value of its own
     found = torch.searchsorted(singles, tokens).clamp_(max=singles.shape[1] - 1)
@@ -122,20 +128,20 @@ _PADS: dict[tuple[int, int, str], np.ndarray] = {}
 def dense_lower_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
                  input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor,
                  member: torch.Tensor, params: torch.Tensor, singles: torch.Tensor, amounts: torch.Tensor,
-                 width: int, cap: int) -> None:
+                 width: int, cap: int, floor: torch.Tensor | None = None) -> None:
     """The reference of ``fused_lower_`` (any device, no sync): ``device_penalties`` over the
     window ``(tokens, prompt_len, pos, input_ids, local_pos)`` with the slots' tables (``[slots,
-    ...]``, read at ``slot_of_row``), then ``lower_rows``."""
+    ...]``, read at ``slot_of_row``) and ``floor``, then ``lower_rows``."""
     window = TokenWindow(tokens.device).at(tokens, prompt_len, pos, input_ids, local_pos)
     ids, penalty = device_penalties(window, slot_of_row, member.bool(), params[slot_of_row], singles[slot_of_row],
-                                    amounts[slot_of_row], width, cap, constants(width, cap, tokens.device))
+                                    amounts[slot_of_row], width, cap, constants(width, cap, tokens.device), floor)
     lower_rows(logits, ids, penalty)
 
 
 def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
                   input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor,
                   member: torch.Tensor, params: torch.Tensor, singles: torch.Tensor, amounts: torch.Tensor,
-                  width: int, cap: int) -> None:
+                  width: int, cap: int, floor: torch.Tensor | None = None) -> None:
     """``dense_lower_`` on host tensors, bit for bit, without its ``[rows, W, C]`` tensors (numpy,
     shapes following the data): a member row's positions holding its last token are its only
     candidates; each one's repeat is the first mismatch (``argmin``) of its ``C + 1`` tokens back
@@ -173,7 +179,10 @@ def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
     if win.dtype != np.int32:
         win = win.astype(np.int64)
     # the first column inside each row's window (its look-back, the prompt unless it counts)
-    col0 = np.maximum(1 - prm[:, 1], prompt_len.numpy()[wslots] * (prm[:, 2] <= 0) - pos_) + (w - 1)
+    col0 = np.maximum(1 - prm[:, 1], prompt_len.numpy()[wslots] * (prm[:, 2] <= 0) - pos_)
+    if floor is not None:  # and its floor (``NEVER``: past every column)
+        np.maximum(col0, (floor.numpy() if keep is None else floor.numpy()[keep]) - pos_, out=col0)
+    col0 += w - 1
     if win.min() < 0:  # placeholders: each a value of its own
         win = np.where(win >= 0, win, -1 - np.arange(w, dtype=win.dtype))
     limit = np.minimum(prm[:, 3], w)
@@ -268,24 +277,25 @@ from dynlogits.kernels.probe import FusedGate  # noqa: E402
 def fused_lower_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
                  input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor,
                  member: torch.Tensor, params: torch.Tensor, singles: torch.Tensor, amounts: torch.Tensor,
-                 width: int, cap: int) -> None:
+                 width: int, cap: int, floor: torch.Tensor | None = None) -> None:
     """The group's whole step under Model Runner V2: each member row's logits lowered as
-    ``dense_lower_`` lowers them. Every device but CUDA: ``lower_window_``. On CUDA two launches:
+    ``dense_lower_`` lowers them (``floor``, int64 per row or ``None``: a row's window starts at
+    ``max(start, floor[r])``, a scoped entry's stretch). Every device but CUDA: ``lower_window_``. On CUDA two launches:
     one Triton kernel (``dynlogits.kernels.dry.decide``: each position's id and lowered value) and
     ``scatter_reduce_``."""
     lower_window_(logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, singles,
-                  amounts, width, cap)
+                  amounts, width, cap, floor)
 
 
 @fused_lower_.cuda
 def _fused_lower_cuda(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
                       input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor,
                       member: torch.Tensor, params: torch.Tensor, singles: torch.Tensor, amounts: torch.Tensor,
-                      width: int, cap: int) -> None:
+                      width: int, cap: int, floor: torch.Tensor | None = None) -> None:
     from dynlogits.kernels import dry as kernels
 
     ids, lowered = kernels.decide(logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params,
-                                  singles, amounts, width, cap)
+                                  singles, amounts, width, cap, floor)
     logits.scatter_reduce_(1, ids, lowered, "amin")
 
 
@@ -340,18 +350,32 @@ def probe_case(seed: int, rows: int = 12, slots: int = 6, max_len: int = 80, voc
     return (logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, singles, amounts), width, cap
 
 
+def probe_floor(seed: int, args: StepArgs) -> torch.Tensor:
+    """Random per-row floors for ``probe_case``'s step ``args`` (int64, positions from the prompt's
+    start): 0, ``NEVER`` (past every position: a row out of a scoped entry's phase), or a position
+    around the row's own, its prompt's length among them."""
+    g = torch.Generator().manual_seed(seed)
+    pos = args[3].long()
+    rows = len(pos)
+    near = (pos - torch.randint(-2, 12, (rows,), generator=g)).clamp_(min=0)
+    prompt = args[2].long()[args[6].clamp(max=len(args[2]) - 1)]
+    pick = torch.randint(0, 4, (rows,), generator=g)
+    return torch.where(pick == 0, 0, torch.where(pick == 1, NEVER, torch.where(pick == 2, prompt, near)))
+
+
 def _probe(device: torch.device) -> bool:
     """``fused_lower_``'s kernels against ``dense_lower_`` on ``device``, exactly (``fused_ready``):
-    float32 and bfloat16 logits, drafts or not."""
+    float32 and bfloat16 logits, drafts or not, floors or not."""
     same = []
-    for seed, drafts in ((1, True), (2, False)):
+    for seed, drafts, floored in ((1, True, False), (2, False, False), (3, True, True)):
         args, width, cap = probe_case(seed, drafts=drafts)
         moved = cast(StepArgs, tuple(t.to(device) if t is not None else None for t in args))
+        floor = probe_floor(seed, args).to(device) if floored else None
         for dtype in (torch.float32, torch.bfloat16):
             fused = moved[0].to(dtype)
             dense = fused.clone()
-            _fused_lower_cuda(fused, *moved[1:], width, cap)
-            dense_lower_(dense, *moved[1:], width, cap)
+            _fused_lower_cuda(fused, *moved[1:], width, cap, floor)
+            dense_lower_(dense, *moved[1:], width, cap, floor)
             same.append(torch.equal(fused.isnan(), dense.isnan()) and torch.equal(fused.nan_to_num(), dense.nan_to_num()))
     return all(same)
 

@@ -15,7 +15,14 @@ in place element by element in Python floats (``_lower_host_f32``), the same flo
 bit without a tensor or numpy call per step (each one's first call after the sampler's copy of the
 logits misses the cache). A row whose processor raises fails its request alone.
 
-Hosted where the adapter gives no host histories (Model Runner V2: ``DecidedGroup``)."""
+Without host histories (Model Runner V2) decided and lowered on the device from the token window
+(``DryGroup``'s window methods, ``dry_device``) where the template fits, else hosted.
+
+Scoped to a phase (``scope.ScopedDecided``: ``scopable``, ``neutral_history``; ``floored``,
+``apply_floored``), a row is decided from its phase's stretch alone, as the hosted path's ``_own``
+(``dry.factory`` drops the prompt with a scope): on the host from the stretch of its live list (a
+row out of phase from the empty history: nothing), on the device by the same fused op with a
+per-row floor (``FloorScopeTables``: the stretch's start; past every position out of phase)."""
 
 from __future__ import annotations
 
@@ -101,6 +108,8 @@ class DryGroup(WindowDecided):
     only: never writes ``-inf``, never leaves a row empty."""
 
     writes_neg_inf = False
+    #: a row out of a scoped entry's phase (``scope.ScopedDecided``): no history, nothing penalized
+    neutral_history: Sequence[int] = ()
 
     @classmethod
     def fits_window(cls, template: Template, group: Group | None) -> bool:
@@ -137,12 +146,34 @@ class DryGroup(WindowDecided):
     def reads_generated(self, rows: ListedRows) -> bool:
         return False
 
+    # -- a scoped entry (``scope.ScopedDecided``) ---------------------------------------------------
+    @classmethod
+    def scopable(cls, template: Template) -> bool:
+        """A scoped entry is resident with host histories: a row decides from any history (its
+        phase's stretch), and the empty one (``neutral_history``) penalizes nothing without the
+        prompt's tail (``include_prompt``, which ``dry.factory`` drops with a scope)."""
+        assert isinstance(template, DryTemplate)
+        return not template.include_prompt
+
+    floored = True
+
+    def apply_floored(self, step: StepInputs, rows: GatheredRows, window: TokenWindow, floor: torch.Tensor) -> None:
+        """Every row decided and lowered from ``window`` as ``decide_from_window`` and
+        ``apply_device_decisions`` do, no position below ``floor[r]`` counted (the fused op's
+        ``floor``: a row's window starts at ``max(start, floor)``), so a row's repeats are those of
+        its stretch alone, as the hosted path's ``_own``."""
+        self.apply_device_decisions(step, rows, self._decide(rows, window, floor))
+
     # -- token window (Model Runner V2) -------------------------------------------------------------
     def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
         """Keeps the step's window for ``apply_device_decisions`` (the whole step is one fused op,
         which reads the logits too) and returns ``rows.member``; on a CUDA device where the fused
         op's probe failed, each position's penalty (``[rows, W - 1]``, float64, ``device_penalties``),
         the ids it lowers kept."""
+        return self._decide(rows, window, None)
+
+    def _decide(self, rows: GatheredRows, window: TokenWindow, floor: torch.Tensor | None) -> torch.Tensor:
+        """``decide_from_window``, each row's positions from ``floor[r]`` on only (``None``: all)."""
         bounds = self._bounds
         if bounds is None:
             bounds = self._bounds = (max((lookback for lookback, _ in self._dims.values()), default=1),
@@ -150,13 +181,14 @@ class DryGroup(WindowDecided):
         width = max(min(bounds[0], window.tokens.shape[1]), 2)
         cap = max(min(bounds[1], width), 1)
         if self.device.type == "cuda" and not fused_ready(self.device):
-            ids, penalty = self._penalties(rows, window, width, cap)
+            ids, penalty = self._penalties(rows, window, width, cap, floor)
             self._cache["ids"] = ids
             return penalty
-        self._cache["window"] = (window, width, cap)
+        self._cache["window"] = (window, width, cap, floor)
         return rows.member
 
-    def _penalties(self, rows: GatheredRows, window: TokenWindow, width: int, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _penalties(self, rows: GatheredRows, window: TokenWindow, width: int, cap: int,
+                   floor: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The eager device decision (``device_penalties``): each position's id and penalty."""
         consts = self._consts.get((width, cap))
         if consts is None:
@@ -165,7 +197,7 @@ class DryGroup(WindowDecided):
             consts = self._consts[(width, cap)] = constants(width, cap, self.device)
         slot_of_row = rows.slot_of_row
         return device_penalties(window, slot_of_row, rows.member, self.params.dev[slot_of_row],
-                                self.singles.dev[slot_of_row], self.amounts.dev[slot_of_row], width, cap, consts)
+                                self.singles.dev[slot_of_row], self.amounts.dev[slot_of_row], width, cap, consts, floor)
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> None:
         """The rows lowered: on the CPU by ``lower_window_`` (host arrays, shapes following the data),
@@ -175,14 +207,14 @@ class DryGroup(WindowDecided):
         if kept is None:
             lower_rows(step.logits, self._cache.pop("ids"), decisions)
             return None
-        window, width, cap = kept
+        window, width, cap, floor = kept
         args = (step.logits, window.tokens, window.prompt_len, window.pos, window.input_ids, window.local_pos,
                 rows.slot_of_row, rows.member, self.params.dev, self.singles.dev, self.amounts.dev, width, cap)
         if self._host:
-            lower_window_(*args)
+            lower_window_(*args, floor)
         else:  # a variant failing to compile turns the kernels off (one warning): the eager decision then
-            fused_run(self.device, lambda: fused_lower_(*args),
-                      lambda: lower_rows(step.logits, *self._penalties(rows, window, width, cap)))
+            fused_run(self.device, lambda: fused_lower_(*args, floor),
+                      lambda: lower_rows(step.logits, *self._penalties(rows, window, width, cap, floor)))
         return None
 
     def prepare(self, rows: ListedRows, stride: int) -> None:

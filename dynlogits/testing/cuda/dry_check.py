@@ -8,7 +8,8 @@ subprocess; no device figures). Figures, one line each:
 * ``probe``: the kind's gate (``fused_ready``) on the device: its probe passed;
 * ``bits``: per batch (1, 64, 256), logits dtype (float32, bfloat16) and drafts (0, 2), over random
   windows of ``W`` 2048 and cap 160 (repeating cycles, breakers in some slots, placeholders, prompts
-  counted or not, vocabulary 151936): the rows lowered by the Triton kernel and ``scatter_reduce_``
+  counted or not, vocabulary 151936), without floors and with per-row floors (a scoped entry's
+  stretch, ``dry_device.probe_floor``): the rows lowered by the Triton kernel and ``scatter_reduce_``
   against ``dense_lower_`` on the same device and against ``lower_window_`` on the CPU (rows
   differing, each must be 0);
 * ``kernels``: device ops (kernels, copies, memsets) of one steady fused step after warm-up, from
@@ -29,7 +30,7 @@ from typing import Any, cast
 import torch
 
 from dynlogits.processors import dry_device
-from dynlogits.processors.dry_device import NO_BREAKER, StepArgs, dense_lower_, lower_window_
+from dynlogits.processors.dry_device import NO_BREAKER, StepArgs, dense_lower_, lower_window_, probe_floor
 
 from .timing import device_ops, sync_error, timed
 
@@ -95,23 +96,26 @@ def _rows_differing(a: torch.Tensor, b: torch.Tensor) -> int:
 
 def bits(device: torch.device, batches: Sequence[int] = BATCHES, vocab: int = 151936, width: int = 2048,
          fused_step: Callable[..., None] | None = None) -> list[dict[str, Any]]:
-    """Per batch, dtype and drafts: the fused step's rows (``fused_step``, by default the op as it
-    dispatches on ``device``) differing from ``dense_lower_`` on ``device`` and from
-    ``lower_window_`` on the CPU, and the rows it lowered (the premise)."""
+    """Per batch, dtype, drafts and floors (none, or ``probe_floor``'s): the fused step's rows
+    (``fused_step``, by default the op as it dispatches on ``device``) differing from
+    ``dense_lower_`` on ``device`` and from ``lower_window_`` on the CPU, and the rows it lowered
+    (the premise)."""
     step_fn = fused_step or dry_device.fused_lower_
     out = []
     for batch in batches:
-        for drafts in (0, 2):
+        for drafts, floored in ((0, False), (2, False), (2, True)):
             step, w, cap = make_case(max(1, batch // (1 + drafts)), drafts, vocab=vocab, width=width, seed=batch + drafts)
             on = _on(step, device)
+            floor = probe_floor(batch, step) if floored else None
+            floor_on = None if floor is None else floor.to(device)
             for dtype in (torch.float32, torch.bfloat16):
                 start = on[0].to(dtype, copy=True)
                 fused, dense = start.clone(), start.clone()
-                step_fn(fused, *on[1:], w, cap)
-                dense_lower_(dense, *on[1:], w, cap)
+                step_fn(fused, *on[1:], w, cap, floor_on)
+                dense_lower_(dense, *on[1:], w, cap, floor_on)
                 cpu = step[0].to(dtype, copy=True)
-                lower_window_(cpu, *step[1:], w, cap)
-                out.append({"batch": batch, "drafts": drafts, "dtype": str(dtype).split(".")[-1],
+                lower_window_(cpu, *step[1:], w, cap, floor)
+                out.append({"batch": batch, "drafts": drafts, "floors": floored, "dtype": str(dtype).split(".")[-1],
                             "vs_dense": _rows_differing(fused, dense), "vs_cpu": _rows_differing(fused.cpu(), cpu),
                             "rows_lowered": _rows_differing(fused, start)})
     return out
@@ -136,7 +140,7 @@ def run(device: torch.device, *, steps: int = 100, batches: Sequence[int] = BATC
     for r in found:
         good = r["vs_dense"] == 0 and r["vs_cpu"] == 0
         ok &= good
-        print(f"bits: batch {r['batch']} drafts {r['drafts']} {r['dtype']}: rows differing {r['vs_dense']} vs dense, "
+        print(f"bits: batch {r['batch']} drafts {r['drafts']} floors {r['floors']} {r['dtype']}: rows differing {r['vs_dense']} vs dense, "
               f"{r['vs_cpu']} vs CPU ({r['rows_lowered']} rows lowered): {_line(good)}")
     step, width, cap = make_case(64, 0, seed=5)
     on = _on(step, device)
@@ -171,14 +175,16 @@ def cpu_check() -> bool:
     before Triton is imported)."""
     ok = True
     for batch in (1, 16):
-        for drafts in (0, 2):
+        for drafts, floored in ((0, False), (2, False), (2, True)):
             step, width, cap = make_case(batch, drafts, vocab=5000, width=512, seed=batch + drafts)
+            floor = probe_floor(batch, step) if floored else None
             got, want = step[0].clone(), step[0].clone()
-            lower_window_(got, *step[1:], width, cap)
-            dense_lower_(want, *step[1:], width, cap)
+            lower_window_(got, *step[1:], width, cap, floor)
+            dense_lower_(want, *step[1:], width, cap, floor)
             differing = _rows_differing(got, want)
             ok &= differing == 0
-            print(f"cpu bits: batch {batch} drafts {drafts}: rows differing {differing}: {_line(differing == 0)}")
+            print(f"cpu bits: batch {batch} drafts {drafts} floors {floored}: rows differing {differing}: "
+                  f"{_line(differing == 0)}")
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-m", "dynlogits.testing.cuda.dry_check", "--interpreted-child"], env=env,
                           check=False)
@@ -190,7 +196,7 @@ def _interpreted_child() -> int:
     """The fused step's kernel (interpreter) against ``dense_lower_`` and ``lower_window_``, small."""
     found = bits(torch.device("cpu"), batches=(1, 4), vocab=3000, width=256, fused_step=dry_device._fused_lower_cuda)
     for r in found:
-        print(f"  batch {r['batch']} drafts {r['drafts']} {r['dtype']}: {r['vs_dense']} / {r['vs_cpu']} differing"
+        print(f"  batch {r['batch']} drafts {r['drafts']} floors {r['floors']} {r['dtype']}: {r['vs_dense']} / {r['vs_cpu']} differing"
               f" ({r['rows_lowered']} rows lowered)")
     return 0 if all(r["vs_dense"] == 0 and r["vs_cpu"] == 0 for r in found) else 1
 
