@@ -13,8 +13,8 @@ __all__ = ["ban_rows"]
 @triton.jit
 def ban_rows(logits_ptr, logits_s0, logits_s1, tokens_ptr, tokens_s0, tokens_s1, maxlen, engine_slots, prompt_ptr,
              pos_ptr, slot_ptr, member_ptr, prefix_ptr, prefix_s0, bans_ptr, bans_s0, need_ptr, need_s0, ids_ptr,
-             local_ptr, entries, width, vocab, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
-             HAS_DRAFTS: tl.constexpr):
+             local_ptr, floor_ptr, entries, width, vocab, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
+             HAS_DRAFTS: tl.constexpr, HAS_FLOOR: tl.constexpr):
     """One program per (row, block of ``BLOCK_E`` entries): each entry's prefix compared with the
     row's last tokens ``BLOCK_W`` columns at a time, its ban stored as ``-inf`` where it matches
     (see the module doc)."""
@@ -24,6 +24,8 @@ def ban_rows(logits_ptr, logits_s0, logits_s1, tokens_ptr, tokens_s0, tokens_s1,
     p = tl.load(pos_ptr + r).to(tl.int64)
     eng = tl.minimum(slot, engine_slots - 1)
     length = p - tl.load(prompt_ptr + eng).to(tl.int64) + 1  # the output's length (drafts fed included)
+    if HAS_FLOOR:  # a scoped entry's stretch: a prefix lies from the row's floor on
+        length = tl.minimum(length, p - tl.load(floor_ptr + r).to(tl.int64) + 1)
     length = tl.where(member, length, -1)  # a row outside the group: no entry (``need >= 0``) fits
     if HAS_DRAFTS:
         local = tl.load(local_ptr + r).to(tl.int64)

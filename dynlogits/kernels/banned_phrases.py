@@ -10,8 +10,11 @@ Arguments (the group's tables and the step's ``TokenWindow``): ``logits`` ``[row
 * width]`` int32 (entry ``e``'s prefix right-aligned in columns ``e * width .. e * width + width - 1``),
 ``bans`` and ``need`` ``[slots, >= entries]`` int64 (the id entry ``e`` masks, its prefix's length;
 padding entries' ``need`` is past every length); ``input_ids`` and ``local_pos`` per row, both or
-neither (drafts, as ``TokenWindow._read``). Row ``r`` (position ``p = pos[r]``, engine slot
-``min(slot_of_row[r], engine_slots - 1)``, output length ``L = p - prompt_len + 1``) masks entry
+neither (drafts, as ``TokenWindow._read``); ``floor`` per row (int64) or ``None`` (a scoped entry:
+``scope.FloorScopeTables``, the first position of the row's stretch, from the prompt's start).
+Row ``r`` (position ``p = pos[r]``, engine slot ``min(slot_of_row[r], engine_slots - 1)``, output
+length ``L = p - prompt_len + 1``, with a floor ``min(L, p - floor[r] + 1)``: a prefix must lie in
+the stretch, and a row whose floor is past ``p + 1`` masks nothing) masks entry
 ``e``'s ban where ``member[r]``, ``need <= L``, the ban lies in ``[0, V)`` and, for every ``j <
 need``, the prefix's ``j``-th cell from the right equals the token at ``p - j`` (the draft fed ``j``
 rows before where ``j <= local_pos[r]``, else the matrix's). Every ban is ``-inf`` (a NaN logit
@@ -28,13 +31,16 @@ import torch
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BLOCK_E", "GATE", "NEVER", "Case", "ban_reference", "banned_phrases_ban_", "block_width", "kernels",
+__all__ = ["BLOCK_E", "GATE", "NEVER", "OUT_OF_PHASE", "Case", "ban_reference", "banned_phrases_ban_", "block_width", "kernels",
            "launch", "probe_case"]
 
 #: ``need`` of a padding entry: past every output length
 NEVER = 1 << 40
 #: entries per program (a power of two)
 BLOCK_E = 32
+#: the floor of a row out of its scoped entry's phase (``processors.device_thinking.NEVER``, not
+#: imported: this module imports nothing from the processors)
+OUT_OF_PHASE = 1 << 62
 
 
 def block_width(width: int) -> int:
@@ -52,8 +58,8 @@ def kernels() -> Any:
 
 def ban_reference(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
                   slot_of_row: torch.Tensor, member: torch.Tensor, prefix: torch.Tensor, bans: torch.Tensor,
-                  need: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, entries: int,
-                  width: int) -> None:
+                  need: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
+                  floor: torch.Tensor | None, entries: int, width: int) -> None:
     """The op's bans in torch ops (the module doc's rule as written), on host tensors: reads the
     hits' positions (``nonzero``), so it is the CPU implementation, not a device path."""
     rows = pos.shape[0]
@@ -62,6 +68,8 @@ def ban_reference(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
     device = pos.device
     engine = slot_of_row.clamp(max=tokens.shape[0] - 1)
     length = pos.long() - prompt_len[engine].long() + 1
+    if floor is not None:
+        length = torch.minimum(length, pos.long() - floor.long() + 1)
     back = torch.arange(width, device=device)
     token = tokens[engine[:, None], (pos.long()[:, None] - back).clamp(0, tokens.shape[1] - 1)].long()
     if input_ids is not None and local_pos is not None:
@@ -82,26 +90,26 @@ def ban_reference(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
 def banned_phrases_ban_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
                         slot_of_row: torch.Tensor, member: torch.Tensor, prefix: torch.Tensor, bans: torch.Tensor,
                         need: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
-                        entries: int, width: int) -> None:
+                        floor: torch.Tensor | None, entries: int, width: int) -> None:
     """``-inf`` in ``logits`` at every ban of a matching entry (module doc). CPU implementation
     (every device but CUDA): ``ban_reference``; CUDA: one Triton launch (``launch``)."""
     ban_reference(logits, tokens, prompt_len, pos, slot_of_row, member, prefix, bans, need, input_ids, local_pos,
-                  entries, width)
+                  floor, entries, width)
 
 
 @banned_phrases_ban_.cuda
 def _ban_cuda(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
               slot_of_row: torch.Tensor, member: torch.Tensor, prefix: torch.Tensor, bans: torch.Tensor,
-              need: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, entries: int,
-              width: int) -> None:
-    launch(logits, tokens, prompt_len, pos, slot_of_row, member, prefix, bans, need, input_ids, local_pos, entries,
-           width)
+              need: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
+              floor: torch.Tensor | None, entries: int, width: int) -> None:
+    launch(logits, tokens, prompt_len, pos, slot_of_row, member, prefix, bans, need, input_ids, local_pos, floor,
+           entries, width)
 
 
 def launch(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
            slot_of_row: torch.Tensor, member: torch.Tensor, prefix: torch.Tensor, bans: torch.Tensor,
-           need: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, entries: int,
-           width: int) -> None:
+           need: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
+           floor: torch.Tensor | None, entries: int, width: int) -> None:
     """The Triton kernel over ``rows x ceil(entries / BLOCK_E)`` programs (host integers: no sync);
     none for zero rows or entries."""
     rows = pos.shape[0]
@@ -114,8 +122,9 @@ def launch(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor,
     k.ban_rows[(rows, (entries + BLOCK_E - 1) // BLOCK_E)](
         logits, logits.stride(0), logits.stride(1), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[1],
         tokens.shape[0], prompt_len, pos, slot_of_row, member.view(torch.uint8), prefix, prefix.stride(0), bans, bans.stride(0), need,
-        need.stride(0), input_ids if drafts else pos, local_pos if drafts else pos, entries, width, logits.shape[1],
-        BLOCK_E=BLOCK_E, BLOCK_W=block_width(width), HAS_DRAFTS=drafts)
+        need.stride(0), input_ids if drafts else pos, local_pos if drafts else pos, pos if floor is None else floor,
+        entries, width, logits.shape[1], BLOCK_E=BLOCK_E, BLOCK_W=block_width(width), HAS_DRAFTS=drafts,
+        HAS_FLOOR=floor is not None)
 
 
 class Case(NamedTuple):
@@ -132,6 +141,7 @@ class Case(NamedTuple):
     need: torch.Tensor
     input_ids: torch.Tensor | None
     local_pos: torch.Tensor | None
+    floor: torch.Tensor | None
     entries: int
     width: int
 
@@ -142,12 +152,13 @@ class Case(NamedTuple):
 
 
 def probe_case(seed: int, *, rows: int = 12, slots: int = 9, length: int = 40, vocab: int = 50, entries: int = 7,
-               width: int = 5, drafts: int = 0) -> Case:
+               width: int = 5, drafts: int = 0, floors: bool = False) -> Case:
     """A random step on the CPU: an engine matrix of few ids (so prefixes match often) with
     placeholders (``-1``), prompts of 1 to ``length // 2`` tokens, rows at random positions (some
     in prefill), some not members, a sentinel table slot past the engine's; per table slot up to
     ``entries`` entries of prefixes 0 to ``width`` long (the rest padding), bans below ``vocab``
-    with repeats; ``drafts`` drafts per row at most (``input_ids`` with placeholders)."""
+    with repeats; ``drafts`` drafts per row at most (``input_ids`` with placeholders); with ``floors``
+    a floor per row, before, inside or past its output, some ``scope``'s ``NEVER`` (out of phase)."""
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, 3, (slots, length), generator=g, dtype=torch.int32)
     tokens[torch.rand(slots, length, generator=g) < 0.03] = -1
@@ -165,16 +176,20 @@ def probe_case(seed: int, *, rows: int = 12, slots: int = 9, length: int = 40, v
     if drafts:
         local_pos = torch.randint(0, drafts + 1, (rows,), generator=g)
         input_ids = torch.randint(-1, 3, (rows,), generator=g, dtype=torch.int32)
+    floor = None
+    if floors:
+        floor = torch.randint(-2, length + 2, (rows,), generator=g)
+        floor[torch.rand(rows, generator=g) < 0.15] = OUT_OF_PHASE
     logits = torch.randn(rows, vocab, generator=g)
     return Case(logits, tokens, prompt_len, pos, slot_of_row, member, prefix.view(slots + 1, -1).contiguous(), bans,
-                need, input_ids, local_pos, entries, width)
+                need, input_ids, local_pos, floor, entries, width)
 
 
 def _probe(device: torch.device) -> bool:
     """``launch`` on ``device`` against ``ban_reference`` on the host, exactly (``GATE``)."""
     same = []
-    for seed, drafts, width in ((1, 0, 5), (2, 2, 3), (3, 0, 12), (4, 3, 1), (5, 0, 40)):
-        case = probe_case(20261128 + seed, drafts=drafts, width=width)
+    for seed, drafts, width in ((1, 0, 5), (2, 2, 3), (3, 0, 12), (4, 3, 1), (5, 0, 40), (6, 0, 5), (7, 2, 12)):
+        case = probe_case(20261128 + seed, drafts=drafts, width=width, floors=seed > 5)
         fused = case.to(device)
         launch(*fused)
         host = case.logits.clone()

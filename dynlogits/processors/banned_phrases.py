@@ -251,6 +251,17 @@ def _reraise(row: int, slot: int, exc: Exception) -> None:
     raise exc
 
 
+class _OutOfPhase(tuple):
+    """The empty history of a member row out of a scoped entry's phase (``neutral_history``): one
+    object, told apart from an empty stretch by identity."""
+
+    __slots__ = ()
+
+
+#: ``BannedPhrasesGroup.neutral_history``: masks nothing, not even the one-token phrases
+_OUT_OF_PHASE = _OutOfPhase()
+
+
 #: what ``decide_from_window`` returns on the CPU route: the walk is deferred to
 #: ``apply_device_decisions``, which has the logits' stride (never read, never written)
 _CPU_STEP = torch.empty(0, dtype=torch.bool)
@@ -327,6 +338,16 @@ class BannedPhrasesGroup(EntryTablesGroup):
     NEVER = _NEVER
     #: an unused prefix cell, widened: below every int32 token, however arbitrary (``decide_from_window``)
     UNMATCHED = -(1 << 40)
+    #: a member row out of a scoped entry's phase (``scope.ScopedDecided``): nothing masked
+    neutral_history = _OUT_OF_PHASE
+
+    @classmethod
+    def scopable(cls, template: Template) -> bool:
+        """A scoped entry is resident with host histories (``scope.ScopedDecided``): a row decides from
+        any history (its stretch: a phrase matches only inside it), and a row out of its phase is
+        decided from ``neutral_history``, which masks nothing (its one-token phrases neither:
+        ``_decide_scoped``)."""
+        return True
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         super().__init__(level, num_slots, device)
@@ -364,7 +385,9 @@ class BannedPhrasesGroup(EntryTablesGroup):
         super().prepare(rows, stride)
         base = (rows.rows * stride).tolist()
         self._cache["base"] = base
-        fixed = [b + t for b, slot in zip(base, rows.slots.tolist()) for t in self._always[slot]]
+        if self.scoped:  # each row's one-token phrases, masked in its phase only (``_decide_scoped``)
+            self._cache["always"] = [[b + t for t in self._always[slot]] for b, slot in zip(base, rows.slots.tolist())]
+        fixed = [] if self.scoped else [b + t for b, slot in zip(base, rows.slots.tolist()) for t in self._always[slot]]
         if fixed:
             self._layout.buffer(len(fixed))[:] = fixed
         self._cache["fixed"] = self._layout.upload(len(fixed), keep=True) if fixed else None
@@ -373,13 +396,39 @@ class BannedPhrasesGroup(EntryTablesGroup):
     def decide_rows(self, deciders: list[tuple[int, int, Any]], histories: Sequence[Sequence[int]],
                     fail: Callable[[int, int, Exception], None]) -> list[int]:
         """The flat indices the member rows mask this step beyond their one-token phrases, in one
-        ``masked_after`` pass (each row's offset, row, slot and trie kept per layout as four lists)."""
+        ``masked_after`` pass (each row's offset, row, slot and trie kept per layout as four lists).
+        The inner group of a scoped entry: ``_decide_scoped``."""
+        if self.scoped:
+            return self._decide_scoped(deciders, histories, fail)
         walks = self._cache.get("walks")
         if walks is None:  # four lists, zipped each step: their items lie side by side
             walks = self._cache["walks"] = (self._cache["base"], [row for row, _, _ in deciders],
                                             [slot for _, slot, _ in deciders], [p.tails for _, _, p in deciders])
         found: list[int] = []
         masked_after(walks, histories, found, fail)
+        return found
+
+    def _decide_scoped(self, deciders: list[tuple[int, int, Any]], histories: Sequence[Sequence[int]],
+                       fail: Callable[[int, int, Exception], None]) -> list[int]:
+        """``decide_rows`` of a scoped entry's inner group: the rows whose history is not
+        ``neutral_history`` (in the entry's phase, each history its stretch) mask their one-token
+        phrases and what their walk finds; the others nothing."""
+        base, always = self._cache["base"], self._cache["always"]
+        neutral = self.neutral_history
+        found: list[int] = []
+        offsets: list[int] = []
+        rows: list[int] = []
+        slots: list[int] = []
+        tries: list[dict[int, tuple]] = []
+        for k, (row, slot, processor) in enumerate(deciders):
+            if histories[row] is neutral:
+                continue
+            found += always[k]
+            offsets.append(base[k])
+            rows.append(row)
+            slots.append(slot)
+            tries.append(processor.tails)
+        masked_after((offsets, rows, slots, tries), histories, found, fail)
         return found
 
     def apply_host_decisions(self, step: StepInputs, rows: ListedRows, found: list[int], upload: StepUpload) -> None:
@@ -433,18 +482,25 @@ class BannedPhrasesGroup(EntryTablesGroup):
         On the CPU without drafts (a contiguous window of integer tokens, every member's template
         with its trie) nothing is computed here: ``_CPU_STEP`` is returned and
         ``apply_device_decisions`` walks the rows (``_apply_on_cpu``)."""
-        if (window.input_ids is None and window.tokens.device.type == "cpu" and window.pos.device.type == "cpu"
-                and window.tokens.dtype in _CODES and window.tokens.is_contiguous()):
+        return self._decide(rows, window, None)
+
+    def _decide(self, rows: GatheredRows, window: TokenWindow, floor: torch.Tensor | None) -> torch.Tensor:
+        """``decide_from_window``, each row's prefixes counted from ``floor[r]`` on where given
+        (``apply_floored``): then on the CPU the fused op's CPU implementation (exact, as the hosted
+        path), not the walk."""
+        on_cpu = window.tokens.device.type == "cpu" and window.pos.device.type == "cpu"
+        if (floor is None and window.input_ids is None and on_cpu and window.tokens.dtype in _CODES
+                and window.tokens.is_contiguous()):
             walks = self._cpu_walks(rows, self._rows_tables(rows, window))
             if walks is not None:
                 self._cache["cpu_step"] = (walks, window)
                 return _CPU_STEP
-        if GATE.ready(window.pos.device):
-            self._cache["fused_step"] = window
+        if GATE.ready(window.pos.device) or (floor is not None and on_cpu):
+            self._cache["fused_step"] = (window, floor)
             return _FUSED_STEP
-        return self._decide_eager(rows, window)
+        return self._decide_eager(rows, window, floor)
 
-    def _decide_eager(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
+    def _decide_eager(self, rows: GatheredRows, window: TokenWindow, floor: torch.Tensor | None = None) -> torch.Tensor:
         """``decide_from_window``'s decisions in eager device ops (the fallback of the fused op).
 
         Without drafts and with int32 tokens (vLLM's), six device ops: ``pos`` plus the layout's
@@ -453,16 +509,20 @@ class BannedPhrasesGroup(EntryTablesGroup):
         the row's tokens (an unused cell, ``UNMATCHED``, equals no int32 value, even a column read
         before the row's start): ``count == need`` (the whole prefix) and ``need <= L`` (it lies in
         the output). Otherwise (drafts: ``window.input_ids``; wider tokens) the tokens come from
-        ``window.tail`` and an unused cell matches whatever the row holds (a placeholder draft is ``-1``)."""
+        ``window.tail`` and an unused cell matches whatever the row holds (a placeholder draft is ``-1``).
+        A ``floor`` (per row, int64) bounds ``L`` by ``pos - floor + 1`` (three ops more): a prefix lies
+        in the stretch."""
         t = self._rows_tables(rows, window)
         if window.input_ids is None and window.tokens.dtype in _NARROW:
             w = self.width
             at = window.pos[:, None] + t.shift  # [rows, width + 1]
             tail = _tokens_at(window, at[:, :w])  # a column before the row's start: arbitrary, L rules it out
             count = (t.cells == tail[:, :, None]).sum(1)
-            return torch.minimum(count, at[:, w:]) == t.need
+            length = at[:, w:] if floor is None else torch.minimum(at[:, w:], (window.pos + 1 - floor)[:, None])
+            return torch.minimum(count, length) == t.need
         tail = window.tail(t.slots, self.width)
-        return ((t.prefix == tail[:, None, :]) | t.unused).all(2) & (t.ready <= window.pos[:, None])
+        hit = ((t.prefix == tail[:, None, :]) | t.unused).all(2) & (t.ready <= window.pos[:, None])
+        return hit if floor is None else hit & (t.need <= (window.pos + 1 - floor)[:, None])
 
     def _cpu_walks(self, rows: GatheredRows, t: _RowTables) -> _CpuWalks | None:
         """The CPU route's tables, per layout (with ``_rows_tables``'): the member rows, their
@@ -519,16 +579,31 @@ class BannedPhrasesGroup(EntryTablesGroup):
         if hit is _CPU_STEP:
             self._apply_on_cpu(step)
         elif hit is _FUSED_STEP:
-            window: TokenWindow = self._cache.pop("fused_step")
+            window, floor = self._cache.pop("fused_step")
             drafts = window.input_ids is not None and window.local_pos is not None
             args = (step.logits, window.tokens, window.prompt_len, window.pos, rows.slot_of_row, rows.member,
                     self.prefix.dev, self.bans.dev, self.need.dev, window.input_ids if drafts else None,
-                    window.local_pos if drafts else None, self.entries, self.width)
-            GATE.run(step.logits.device, lambda: banned_phrases_ban_(*args),
-                     lambda: self._write_eager(step, self._decide_eager(rows, window)))
+                    window.local_pos if drafts else None, floor, self.entries, self.width)
+            if step.logits.device.type == "cpu":  # a floored step on the CPU: the op's CPU implementation
+                banned_phrases_ban_(*args)
+            else:
+                GATE.run(step.logits.device, lambda: banned_phrases_ban_(*args),
+                         lambda: self._write_eager(step, self._decide_eager(rows, window, floor)))
         else:
             self._write_eager(step, hit)
         return None
+
+    #: a scoped entry is resident without host histories (``scope.ScopedDecided``): ``apply_floored``;
+    #: its entry tables written only once it decides from the window (never with host histories)
+    floored = True
+    tables_at_first_window = True
+
+    def apply_floored(self, step: StepInputs, rows: GatheredRows, window: TokenWindow, floor: torch.Tensor) -> None:
+        """Every row decided from ``window`` as ``decide_from_window`` and ``apply_device_decisions``
+        decide it, no prefix cell below ``floor[r]`` (a row out of its phase: ``NEVER``, nothing, its
+        one-token phrases neither): on CUDA the one fused op with the floor (or its eager fallback),
+        on the CPU the op's CPU implementation."""
+        return self.apply_device_decisions(step, rows, self._decide(rows, window, floor))
 
     def _write_eager(self, step: StepInputs, hit: torch.Tensor) -> None:
         """``-inf`` at the ids of the entries ``hit`` found (``_decide_eager``'s): one ``where`` and one

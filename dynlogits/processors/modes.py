@@ -30,8 +30,8 @@ A decided kind whose entries may be scoped to a phase opts in to a resident scop
 each row decided from its phase's stretch, rows out of phase from a history that decides nothing)
 and, to be resident without host histories too (a ``SpanWindowDecided``: the span gives each row's
 floor), ``WindowDecided.floored`` and ``apply_floored`` (each row decided from the token window,
-no position before its stretch's start counted). ``no_repeat_ngram`` does both; no other kind
-does yet."""
+no position before its stretch's start counted). ``no_repeat_ngram`` and ``banned_phrases`` do
+both; no other kind does yet."""
 
 from __future__ import annotations
 
@@ -82,6 +82,9 @@ class DecidedGroup(Group):
     #: the history a member row out of a scoped entry's phase is decided from (``scope.ScopedDecided``),
     #: where ``scopable``: its decision must leave the row as it is
     neutral_history: Sequence[int] = ()
+    #: set by ``scope.ScopedDecided`` on the inner group it holds: a member row out of the entry's
+    #: phase is then decided from ``neutral_history`` itself (the same object, told apart by identity)
+    scoped = False
 
     @classmethod
     def scopable(cls, template: Template) -> bool:
@@ -178,6 +181,10 @@ class WindowDecided(DecidedGroup):
     #: whether the kind decides rows from the window from a floor on (``apply_floored``): a scoped
     #: entry of it is then resident without host histories (``scope.ScopedDecided``)
     floored: ClassVar[bool] = False
+    #: where the inner group of a scoped entry (``scope.ScopedDecided``): whether its window tables
+    #: are written from its first window step on only (tables too large to write where nobody reads
+    #: them: with host histories), not from its first member on
+    tables_at_first_window: ClassVar[bool] = False
 
     def apply_floored(self, step: StepInputs, rows: GatheredRows, window: TokenWindow,
                       floor: torch.Tensor) -> Dead | None:

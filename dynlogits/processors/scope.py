@@ -19,18 +19,23 @@ where its kind is:
   gathered, on the rows in the entry's phase only, a positional kind at the stretch's counts
   (``StepInputs.generated`` replaced);
 * a decided group that opts in (``DecidedGroup.scopable``: ``no_repeat_ngram`` without
-  ``include_prompt``): ``ScopedDecided``. With host histories the inner group decides every member
-  row, in phase from its stretch (``_own``), out of it from the kind's ``neutral_history``
-  (nothing); without, where the adapter passes a ``TokenWindow`` and the kind decides from it
-  from a floor on (``WindowDecided.floored``: ``no_repeat_ngram`` up to ``MAX_DEVICE_SIZE``, any
-  ``max_tokens``), ``DeviceThinking`` gives each row's floor (``FloorScopeTables``: its stretch's
-  start, the state's ``ANCHOR``; past every position for a row out of phase, or after a
-  placeholder draft) and the inner kind decides from the engine's token matrix in place, drafts
-  included, no position below the floor counted (``WindowDecided.apply_floored``: for
-  ``no_repeat_ngram`` its one fused op); else its request is hosted there. A floor is a position
-  like any other, so one inside the drafts (a delimiter among them) is exact too.
+  ``include_prompt``, ``banned_phrases``): ``ScopedDecided``. With host histories the inner group
+  decides every member row, in phase from its stretch (``_own``), out of it from the kind's
+  ``neutral_history`` (nothing; ``banned_phrases`` tells it apart by identity, so its one-token
+  phrases are masked in phase only); without, where the adapter passes a ``TokenWindow`` and the
+  kind decides from it from a floor on (``WindowDecided.floored``: ``no_repeat_ngram`` up to
+  ``MAX_DEVICE_SIZE``, any ``max_tokens``; ``banned_phrases`` whose tables fit, as unscoped),
+  ``DeviceThinking`` gives each row's floor (``FloorScopeTables``: its stretch's start, the
+  state's ``ANCHOR``; past every position for a row out of phase, or after a placeholder draft)
+  and the inner kind decides from the engine's token matrix in place, drafts included, no position
+  below the floor counted (``WindowDecided.apply_floored``: the kind's one fused op,
+  ``no_repeat_ngram_ban_`` or ``banned_phrases_ban_``, with the floors); else its request is hosted
+  there. A floor is a position like any other, so one inside the drafts (a delimiter among them) is
+  exact too. ``banned_phrases``' window tables (as large as its members' phrase sets) are written
+  from its first window step on only (``ScopedDecided._from_window``): with host histories nobody
+  reads them.
 
-Any other scoped entry (``dry``, ``banned_phrases``, ``watermark``, ``multiple_choice``,
+Any other scoped entry (``dry``, ``watermark``, ``multiple_choice``,
 ``trigger``, ``deadline``, ``thinking_budget``, a ``python`` kind) has no template: its request
 runs on the hosted path, the oracle the resident paths equal bit for bit.
 """
@@ -321,17 +326,50 @@ class ScopedDecided(ScopedGroup, SpanWindowDecided):
     inner: DecidedGroup
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
+        self._held: dict[int, Template] = {}  # slot -> its inner template (written again: ``_from_window``)
         super().__init__(level, num_slots, device)
-        if isinstance(self.inner, WindowDecided):
+        self.inner.scoped = True  # rows out of phase decided from ``neutral_history`` itself
+        if isinstance(self.inner, WindowDecided) and not self.inner.tables_at_first_window:
             self.inner.from_window = True  # its tables written for ``apply_floored`` (a few values a slot)
+
+    def assign(self, slot: int, template: Any) -> None:
+        super().assign(slot, template)
+        if template is None:
+            self._held.pop(slot, None)
+        else:
+            self._held[slot] = template.inner
+
+    def _window_tables(self) -> bool:
+        """Where the inner kind writes its window tables once it is known to decide from the window
+        (``WindowDecided.tables_at_first_window``): from now on, every current member's written
+        (flushed with the group); whether they were written just now."""
+        inner = self.inner
+        if not isinstance(inner, WindowDecided) or inner.from_window:
+            return False
+        inner.from_window = True
+        for slot, template in self._held.items():
+            inner.assign(slot, template)
+        return True
+
+    def _from_window(self) -> WindowDecided:
+        """The inner group, deciding from the window, its tables written (``_window_tables``; written
+        at this step: flushed now, non-blocking copies as at a batch change)."""
+        if self._window_tables():
+            self.inner.flush()
+        assert isinstance(self.inner, WindowDecided)
+        return self.inner
 
     @classmethod
     def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:
         """Where the adapter passes a token window and the inner kind decides from it from a floor on
         (``WindowDecided.floored``) for this template (``fits_window``): floors by ``DeviceThinking``
-        (``FloorScopeTables``)."""
+        (``FloorScopeTables``). Asked only where the adapter passes no host histories, so ``group``'s
+        inner tables are written from here on (``_window_tables``), its members counted by
+        ``fits_window``."""
         inner = cls.inner_type
         assert isinstance(template, ScopedTemplate)
+        if isinstance(group, ScopedDecided):
+            group._window_tables()
         return (token_window and issubclass(inner, WindowDecided) and inner.floored
                 and inner.fits_window(template.inner, getattr(group, "inner", None)))
 
@@ -377,8 +415,7 @@ class ScopedDecided(ScopedGroup, SpanWindowDecided):
         its rows from ``window`` and applies them (``WindowDecided.apply_floored``). (``DeviceThinking``
         decides ``-1`` everywhere only where its tables hold none of the group's slots: then every
         row's slot is no member of the inner group, which decides nothing for it.)"""
-        assert isinstance(self.inner, WindowDecided)
-        return self.inner.apply_floored(step, rows, window, decisions)
+        return self._from_window().apply_floored(step, rows, window, decisions)
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead | None:
         """Without the step's window: nothing (never resident there: ``runs_without_histories``)."""
@@ -400,7 +437,8 @@ def _resident_inner(template: Template) -> bool:
     (positions it may read: ``ScopedGroup`` gives it the stretch's counts; values the host plans in
     the listed layout it never gets, as it runs gathered), or its decided kind decides any history
     and has a neutral one (``DecidedGroup.scopable``: ``no_repeat_ngram`` without
-    ``include_prompt``; where the adapter passes host histories only, ``ScopedDecided``)."""
+    ``include_prompt``, ``banned_phrases``: ``ScopedDecided``; without host histories where the
+    kind is ``WindowDecided.floored`` and the template fits its window tables)."""
     group = template.group
     return not issubclass(group, DecidedGroup) or group.scopable(template)
 

@@ -1,7 +1,8 @@
 """``banned_phrases``' fused op (``dynlogits::banned_phrases_ban_``, ``dynlogits.kernels.banned_phrases``):
 its CPU implementation (``ban_reference``) against the group's eager device path and the hosted
 processor on random steps of a real ``BannedPhrasesGroup`` (phrases of 1 to 40 tokens, drafts or
-not, rows outside the group, prefill rows), the group's V2 step through the op; a NaN logit's fate
+not, rows outside the group, prefill rows, per-row floors: a scoped entry's stretch), the group's V2
+step through the op, floored or not; a NaN logit's fate
 on each path; its Triton kernel in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set in a
 subprocess before Triton is imported) against the CPU implementation bit for bit, and the CUDA
 gate's probe passing there; the kernel compiled ahead of time for sm_90 and sm_80; the gate's
@@ -26,11 +27,15 @@ from dynlogits.testing.cuda.banned_phrases_check import _host, _hosted_rows, eag
 CPU = torch.device("cpu")
 
 
+@pytest.mark.parametrize("floors", [False, True], ids=["unscoped", "floors"])
 @pytest.mark.parametrize("drafts", [0, 2, 3])
-def test_the_cpu_implementation_equals_the_eager_device_path_and_the_hosted_processor(drafts: int) -> None:
+def test_the_cpu_implementation_equals_the_eager_device_path_and_the_hosted_processor(drafts: int, floors: bool) -> None:
+    """With floors, each decided row against the hosted processor on its stretch (a prefix crossing
+    the floor matches nothing; a row whose floor is past it masks nothing, one-token phrases included)."""
     beyond = 0
     for seed in range(60):
-        case = group_case(seed, CPU, requests=1 + seed % 11, drafts=drafts, longest=(2, 5, 9, 40)[seed % 4])
+        case = group_case(seed, CPU, requests=1 + seed % 11, drafts=drafts, longest=(2, 5, 9, 40)[seed % 4],
+                          floors=floors)
         by_eager = case.logits.clone()
         eager(case, by_eager)
         host = _host(case, case.logits)
@@ -68,6 +73,23 @@ def test_the_group_step_through_the_op_masks_what_the_hosted_processor_masks(
         assert torch.equal(logits, _host(case, case.logits)), (seed, drafts)
 
 
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_the_groups_floored_step_masks_what_the_hosted_processor_masks_on_each_rows_stretch(drafts: int) -> None:
+    """``apply_floored`` (a scoped entry under Model Runner V2) on the CPU: the op's CPU
+    implementation, each row the hosted processor's on its stretch, the rest untouched."""
+    masked = 0
+    for seed in range(30):
+        case = group_case(seed, CPU, requests=1 + seed % 7, drafts=drafts, longest=(3, 12)[seed % 2], floors=True)
+        assert case.floor is not None
+        logits = case.logits.clone()
+        step = StepInputs(logits, logits.view(-1), logits.shape[1], None, torch.empty(0, dtype=torch.long))
+        case.group.apply_floored(step, case.rows, case.window, case.floor)
+        assert _hosted_rows(case, logits) == 0, (seed, drafts)
+        assert torch.equal(logits, _host(case, case.logits)), (seed, drafts)
+        masked += int(torch.isneginf(logits).sum())
+    assert masked > 20
+
+
 def test_a_nan_logit_is_minus_inf_where_the_op_and_the_host_path_ban_it_and_stays_nan_on_the_eager_path() -> None:
     case = group_case(3, CPU, requests=6)
     banned_rows = [r for r, w in enumerate(case.wants) if w]
@@ -97,7 +119,8 @@ SCRIPT = textwrap.dedent('''
         for drafts in (0, 2):
             for width in (1, 2, 5, 8, 9, 33, 40):
                 dtype = torch.bfloat16 if seed % 3 == 2 else torch.float32
-                case = K.probe_case(seed, rows=1 + seed % 13, drafts=drafts, width=width, entries=1 + seed % 40)
+                case = K.probe_case(seed, rows=1 + seed % 13, drafts=drafts, width=width, entries=1 + seed % 40,
+                                    floors=seed % 2 == 1)
                 logits = case.logits.to(dtype)
                 fused, host = logits.clone(), logits.clone()
                 if seed % 4 == 1:  # a strided view of wider logits
@@ -113,7 +136,7 @@ SCRIPT = textwrap.dedent('''
     for seed in range(16):  # a real group's tables: phrases of 1 to 40 tokens
         for drafts in (0, 3):
             case = C.group_case(seed, torch.device("cpu"), requests=1 + seed % 9, drafts=drafts,
-                                longest=(4, 40)[seed % 2])
+                                longest=(4, 40)[seed % 2], floors=seed % 4 > 1)
             fused = case.logits.clone()
             C.fused(case, fused)
             assert torch.equal(fused, C._host(case, case.logits)), (seed, drafts, "group")
@@ -136,8 +159,8 @@ def test_the_triton_kernel_in_the_interpreter_equals_the_cpu_implementation_bit_
 @pytest.mark.parametrize("logits_type", ["*fp32", "*bf16"])
 def test_the_triton_kernel_compiles_for_cuda_without_a_gpu(logits_type: str) -> None:
     """Triton's NVIDIA backend compiles the kernel ahead of time (Hopper and Ampere, both column
-    blocks, drafts or not, int32 and int64 tokens): what the interpreter does not check (types, the
-    compiler's lowering); not run."""
+    blocks, drafts or not, int32 and int64 tokens, floors or not): what the interpreter does not
+    check (types, the compiler's lowering); not run."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -149,14 +172,17 @@ def test_the_triton_kernel_compiles_for_cuda_without_a_gpu(logits_type: str) -> 
         for width in (5, 40):
             for drafts in (False, True):
                 for tokens_type in ("*i32", "*i64"):
+                    floors = (tokens_type == "*i64") != drafts  # each with and without drafts, both widths
                     signature = {"logits_ptr": logits_type, "logits_s0": "i64", "logits_s1": "i64",
                                  "tokens_ptr": tokens_type, "tokens_s0": "i64", "tokens_s1": "i64", "maxlen": "i32",
                                  "engine_slots": "i32", "prompt_ptr": "*i32", "pos_ptr": "*i64", "slot_ptr": "*i64",
                                  "member_ptr": "*u8", "prefix_ptr": "*i32", "prefix_s0": "i64", "bans_ptr": "*i64",
                                  "bans_s0": "i64", "need_ptr": "*i64", "need_s0": "i64", "ids_ptr": "*i32",
-                                 "local_ptr": "*i64", "entries": "i32", "width": "i32", "vocab": "i32",
-                                 "BLOCK_E": "constexpr", "BLOCK_W": "constexpr", "HAS_DRAFTS": "constexpr"}
-                    constexprs = {"BLOCK_E": K.BLOCK_E, "BLOCK_W": K.block_width(width), "HAS_DRAFTS": drafts}
+                                 "local_ptr": "*i64", "floor_ptr": "*i64", "entries": "i32", "width": "i32",
+                                 "vocab": "i32", "BLOCK_E": "constexpr", "BLOCK_W": "constexpr",
+                                 "HAS_DRAFTS": "constexpr", "HAS_FLOOR": "constexpr"}
+                    constexprs = {"BLOCK_E": K.BLOCK_E, "BLOCK_W": K.block_width(width), "HAS_DRAFTS": drafts,
+                                  "HAS_FLOOR": floors}
                     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
                     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
                     assert "ban_rows" in compiled.asm["ptx"]

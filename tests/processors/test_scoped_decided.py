@@ -1,5 +1,5 @@
-"""A scoped entry of a decided kind that opts in (``no_repeat_ngram``: ``DecidedGroup.scopable``,
-``WindowDecided.floored``) is resident (``scope.ScopedDecided``) and acts exactly as the
+"""A scoped entry of a decided kind that opts in (``no_repeat_ngram``, ``banned_phrases``:
+``DecidedGroup.scopable``, ``WindowDecided.floored``) is resident (``scope.ScopedDecided``) and acts exactly as the
 hosted path (``_ScopedPlanned``: the inner processor on its phase's stretch, ``_own``): on the V1
 runner's interface (host histories) and, through vLLM's real Model Runner V2 classes
 (``V2SamplerHarness``), with its rows decided on the device, drafts or not. A kind that does not
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from dynlogits import sdk
+from dynlogits.processors.banned_phrases import BannedPhrasesGroup
 from dynlogits.processors.no_repeat_ngram import NoRepeatNgramProcessor
 from dynlogits.processors.no_repeat_ngram_device import MAX_DEVICE_SIZE
 from dynlogits.processors.scope import TAIL_REREAD, Phases, ScopedDecided, _ScopedResident, scoped
@@ -27,11 +28,21 @@ EOS = 1
 IDS = [2, 3, 5, 7, 3, 3, 2, 8]  # few ids, delimiters among them: n-grams repeat, phases change
 
 
-def _payload(rng: random.Random, *, size: int | None = None) -> list[dict[str, Any]]:
+def _payload(rng: random.Random, *, size: int | None = None, kind: str = "no_repeat_ngram") -> list[dict[str, Any]]:
+    """Random delimiters and one scoped entry of ``kind``: a ``no_repeat_ngram`` of ``size`` (random:
+    1 to 4), or ``banned_phrases``, 1 to 4 phrases of 2 to 4 tokens whose prefixes are drawn from
+    ``IDS`` (delimiters among them: a prefix may cross a stretch's start), a one-token phrase half the
+    time."""
     reasoning = {"kind": "reasoning", "start_token_ids": [5, 6][: rng.randint(1, 2)],
                  "end_token_ids": [7, 8][: rng.randint(1, 2)]}
-    entry = {"kind": "no_repeat_ngram", "size": size or rng.randint(1, 4), "scope": rng.choice(["reasoning", "answer"])}
-    return [reasoning, entry]
+    scope = rng.choice(["reasoning", "answer"])
+    if kind == "banned_phrases":
+        phrases = [[rng.choice(IDS) for _ in range(rng.randint(1, 3))] + [rng.randrange(9, V)]
+                   for _ in range(rng.randint(1, 4))]
+        if rng.random() < 0.5:
+            phrases.append([rng.randrange(9, V)])
+        return [reasoning, {"kind": kind, "phrases": phrases, "scope": scope}]
+    return [reasoning, {"kind": "no_repeat_ngram", "size": size or rng.randint(1, 4), "scope": scope}]
 
 
 def _realize(payload: list[dict[str, Any]], prompt: list[int]) -> Any:
@@ -40,16 +51,17 @@ def _realize(payload: list[dict[str, Any]], prompt: list[int]) -> Any:
     return made
 
 
-def test_the_v1_runners_scoped_no_repeat_ngram_rows_equal_the_hosted_paths_bit_for_bit() -> None:
-    """Random delimiters, prompts (which may open a span), sizes 1 to 4 scoped to either phase;
-    histories through both phases, each the engine's live list (grown in place, its newest slot
-    sometimes a placeholder replaced in place at the next step, as vLLM's V1 runner under async
+@pytest.mark.parametrize("kind", ["no_repeat_ngram", "banned_phrases"])
+def test_the_v1_runners_scoped_decided_rows_equal_the_hosted_paths_bit_for_bit(kind: str) -> None:
+    """Random delimiters, prompts (which may open a span), entries (``_payload``) scoped to either
+    phase; histories through both phases, each the engine's live list (grown in place, its newest
+    slot sometimes a placeholder replaced in place at the next step, as vLLM's V1 runner under async
     scheduling) or a copy, some with a placeholder at the end. Every request is resident; every
     row equals the hosted path's."""
     rng = random.Random(7)
     banned_rows = 0
     for _ in range(30):
-        payloads = [_payload(rng) for _ in range(3)]
+        payloads = [_payload(rng, kind=kind) for _ in range(3)]
         prompts = [[rng.choice(IDS) for _ in range(rng.randint(1, 4))] for _ in payloads]
         resident = [_realize(p, q) for p, q in zip(payloads, prompts)]
         hosted = [_realize(p, q) for p, q in zip(payloads, prompts)]
@@ -99,6 +111,63 @@ def test_a_scoped_no_repeat_ngram_bans_only_the_ngrams_of_its_phases_current_str
     assert not torch.isneginf(logits).any()
 
 
+def _phrase_payload(scope: str) -> list[dict[str, Any]]:
+    """Delimiters 5 and 7; phrases ``7 3 10`` (its prefix crosses the answer's start), ``3 11`` and
+    ``12``, scoped to ``scope``."""
+    return [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
+            {"kind": "banned_phrases", "phrases": [[7, 3, 10], [3, 11], [12]], "scope": scope}]
+
+
+#: per scope, what the output ``5 3 7 3`` masks next: in the answer, 11 and 12, not 10 (``7 3``
+#: crosses the stretch's start); in reasoning nothing (out of phase: the one-token phrase neither)
+PHRASE_BANS = {"answer": [11, 12], "reasoning": []}
+
+
+@pytest.mark.parametrize("scope", ["reasoning", "answer"])
+def test_a_scoped_banned_phrase_matches_only_inside_its_phases_current_stretch(scope: str) -> None:
+    """The V1 runner's interface (host histories): the output ``5 3 7 3`` (``PHRASE_BANS``); one step
+    earlier (``5 3 7``) the answer's stretch is empty: its one-token phrase alone, and in reasoning
+    (``5 3``) ``3 11`` matches there, beside the one-token phrase."""
+    request = _realize(_phrase_payload(scope), [2])
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
+    assert batch.assign(0, request)
+    assert all(isinstance(g, ScopedDecided) for g in batch.groups.values())
+    batch.flush()
+    batch.set_rows(np.array([0]))
+    masked = []
+    for history in ([5, 3], [5, 3, 7], [5, 3, 7, 3]):
+        logits = torch.zeros(1, V)
+        batch.apply(logits, EngineStep(histories=[history]))
+        masked.append(torch.isneginf(logits[0]).nonzero().flatten().tolist())
+    assert masked == ([[11, 12], [], []] if scope == "reasoning" else [[], [12], PHRASE_BANS[scope]])
+
+
+def test_the_v1_runners_scoped_banned_phrases_write_no_window_tables() -> None:
+    """With host histories nobody reads the kind's entry tables (``WindowDecided.tables_at_first_window``):
+    none are built, however many phrases."""
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
+    assert batch.assign(0, _realize(_phrase_payload("answer"), [2]))
+    batch.flush()
+    batch.set_rows(np.array([0]))
+    batch.apply(torch.zeros(1, V), EngineStep(histories=[[5, 3, 7, 3]]))
+    (group,) = batch.groups.values()
+    assert isinstance(group, ScopedDecided) and isinstance(group.inner, BannedPhrasesGroup)
+    assert not group.inner.from_window and group.inner.entries == 0  # its tables: never grown
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+@pytest.mark.parametrize("scope", ["reasoning", "answer"])
+def test_under_model_runner_v2_a_scoped_banned_phrase_matches_only_inside_its_phases_current_stretch(
+        scope: str, drafts: int) -> None:
+    """Model Runner V2 (the floor into the fused op): the output ``5 3 7 3`` masks ``PHRASE_BANS``."""
+    harness = _v2_harness(drafts)
+    harness.add_request("a", [2], _params(_phrase_payload(scope), 16), output_ids=[5, 3, 7])
+    assert harness.processor._is_resident[harness.reqs["a"].slot]
+    harness.commit("a", [3])
+    out = harness.step(["a"], torch.zeros(1, V))
+    assert torch.isneginf(out[0]).nonzero().flatten().tolist() == PHRASE_BANS[scope]
+
+
 def test_a_scoped_entry_that_counts_the_prompt_is_not_resident() -> None:
     """``include_prompt`` (which the spec refuses with a scope) would ban the prompt's n-grams out
     of its phase too: a processor made with it, scoped, has no template (hosted)."""
@@ -139,11 +208,12 @@ def _params(payload: list[dict[str, Any]], max_tokens: int) -> Any:
     return params
 
 
-def _run_v2(drafts: int, seed: int, sizes: tuple[int, ...], *, max_tokens: int = 48) -> int:
-    """Random requests (sizes among ``sizes``) through a V2 harness (slots reused, outputs a request
-    resumes with, some past ``DeviceThinking.MAX_DEVICE_CATCH_UP``, drafts), each resident where the
-    device decides it (size up to ``MAX_DEVICE_SIZE``, whatever ``max_tokens``), else hosted; every
-    row against the hosted path on the history it sees; how many rows had bans."""
+def _run_v2(drafts: int, seed: int, sizes: tuple[int, ...], *, max_tokens: int = 48, kind: str = "no_repeat_ngram") -> int:
+    """Random requests (``_payload``'s of ``kind``; sizes among ``sizes``) through a V2 harness
+    (slots reused, outputs a request resumes with, some past ``DeviceThinking.MAX_DEVICE_CATCH_UP``,
+    drafts), each resident where the device decides it (``banned_phrases``; a size up to
+    ``MAX_DEVICE_SIZE``, whatever ``max_tokens``), else hosted; every row against the hosted path on
+    the history it sees; how many rows had bans."""
     rng = random.Random(seed)
     harness = _v2_harness(drafts)
     live: dict[str, tuple[list[dict[str, Any]], Any]] = {}
@@ -154,8 +224,8 @@ def _run_v2(drafts: int, seed: int, sizes: tuple[int, ...], *, max_tokens: int =
             del live[name]
         while len(live) < 4:
             name = f"r{round_}-{len(live)}"
-            payload = _payload(rng, size=rng.choice(sizes))
-            resident = payload[1]["size"] <= MAX_DEVICE_SIZE
+            payload = _payload(rng, size=rng.choice(sizes), kind=kind)
+            resident = payload[1].get("size", 0) <= MAX_DEVICE_SIZE
             prompt = [rng.choice(IDS) for _ in range(rng.randint(1, 4))]
             harness.add_request(name, prompt, _params(payload, max_tokens), output_ids=[rng.choice(IDS) for _ in range(
                 rng.choice([0, 1, 3, 20]))])
@@ -187,6 +257,14 @@ def _run_v2(drafts: int, seed: int, sizes: tuple[int, ...], *, max_tokens: int =
 def test_model_runner_v2s_scoped_no_repeat_ngram_rows_are_decided_on_the_device_as_the_hosted_path(drafts: int) -> None:
     """Every request resident (no history read back); rows equal the hosted path's bit for bit."""
     assert _run_v2(drafts, 11 + drafts, (1, 2, 3, 4)) > 20
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_model_runner_v2s_scoped_banned_phrases_rows_are_decided_on_the_device_as_the_hosted_path(drafts: int) -> None:
+    """Random phrase sets whose prefixes may cross a stretch's start (delimiters among their
+    tokens), prompts that may open a span, resumes, drafts: every request resident (a per-row floor
+    into the fused op, no history read back); rows equal the hosted path's bit for bit."""
+    assert _run_v2(drafts, 61 + drafts, (0,), kind="banned_phrases") > 20
 
 
 @pytest.mark.parametrize("drafts", [0, 2])

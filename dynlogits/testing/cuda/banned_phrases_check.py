@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from dynlogits.kernels.banned_phrases import ban_reference
+from dynlogits.kernels.banned_phrases import OUT_OF_PHASE, ban_reference
 from dynlogits.processors.banned_phrases import BannedPhrasesGroup, BannedPhrasesProcessor, BannedPhrasesTemplate
 from dynlogits.processors.slots import GatheredRows, StepInputs
 from dynlogits.processors.window import TokenWindow
@@ -53,13 +53,15 @@ class GroupCase(NamedTuple):
     """A random step of a ``BannedPhrasesGroup``: the group (its tables flushed), the step's rows and
     window, logits (no NaN, no ``-inf``), and per row the ids the hosted processor masks after its
     output (``None``: a row outside the group, masking nothing, or a prefill chunk's row, whose
-    sample the runner discards)."""
+    sample the runner discards), each from its stretch where the step has per-row floors
+    (``floor``: a scoped entry's, ``scope.FloorScopeTables``)."""
 
     group: BannedPhrasesGroup
     rows: GatheredRows
     window: TokenWindow
     logits: torch.Tensor
     wants: list[list[int] | None]
+    floor: torch.Tensor | None = None
 
 
 def _phrases(rng: random.Random, longest: int, vocab: int) -> list[list[int]]:
@@ -73,12 +75,13 @@ def _phrases(rng: random.Random, longest: int, vocab: int) -> list[list[int]]:
 
 
 def group_case(seed: int, device: torch.device, *, requests: int = 6, drafts: int = 0, longest: int = 6,
-               vocab: int = 50) -> GroupCase:
+               vocab: int = 50, floors: bool = False) -> GroupCase:
     """A random step on ``device`` (see ``GroupCase``): ``requests`` requests, about one in six
     outside the group, one in eight in prefill; ``drafts`` drafts at most per request (one row per
     draft, as Model Runner V2 feeds them, placeholders among them); outputs that end with one of
     their phrases' prefixes half the time; the engine matrix's cells outside a request's tokens
-    random."""
+    random. With ``floors``, a floor per row (a scoped entry's stretch start, from the prompt's
+    start): before the output, inside it (a prefix may cross it), past the row, or ``OUT_OF_PHASE``."""
     rng = random.Random(seed)
     length = 30 + 2 * longest
     tokens = torch.randint(0, ALPHABET, (requests, length), generator=torch.Generator().manual_seed(seed),
@@ -91,6 +94,7 @@ def group_case(seed: int, device: torch.device, *, requests: int = 6, drafts: in
     input_ids: list[int] = []
     local_pos: list[int] = []
     wants: list[list[int] | None] = []
+    floor: list[int] = []
     for slot in range(requests):
         phrases = _phrases(rng, longest, vocab)
         processor = BannedPhrasesProcessor(phrases)
@@ -112,6 +116,7 @@ def group_case(seed: int, device: torch.device, *, requests: int = 6, drafts: in
             input_ids.append(int(tokens[slot, pos[-1]]))
             local_pos.append(0)
             wants.append(None)
+            floor.append(rng.randrange(len(committed) + 1))
             continue
         fed = [rng.choice([rng.randrange(ALPHABET), -1]) if rng.random() < 0.2 else rng.randrange(ALPHABET)
                for _ in range(rng.randint(0, drafts))]
@@ -120,13 +125,18 @@ def group_case(seed: int, device: torch.device, *, requests: int = 6, drafts: in
             slot_of_row.append(slot)
             input_ids.append(committed[-1] if k == 0 else fed[k - 1])
             local_pos.append(k)
-            history = output + fed[:k]
-            wants.append(list(processor.banned(history)) if member else None)
+            history: list[int] | None = output + fed[:k]
+            if floors:  # the hosted processor sees the stretch from the floor on (``scope._own``)
+                at = rng.choice([OUT_OF_PHASE, rng.randrange(pos[-1] + 3), pos[-1] - rng.randrange(min(longest, 8))])
+                floor.append(at)
+                history = (output + fed[:k])[max(0, at - len(prompt)):] if at <= pos[-1] + 1 else None
+            wants.append(None if not member else [] if history is None else list(processor.banned(history)))
     pos.append(rng.randrange(length))  # the sentinel row: the tables' last slot, past the engine's
     slot_of_row.append(requests)
     input_ids.append(0)
     local_pos.append(0)
     wants.append(None)
+    floor.append(0)
     group.flush()
     window = TokenWindow(device)
     window.at(tokens.to(device), torch.tensor(prompt_len, dtype=torch.int32, device=device),
@@ -135,7 +145,7 @@ def group_case(seed: int, device: torch.device, *, requests: int = 6, drafts: in
               torch.tensor(local_pos, device=device) if drafts else None)
     rows = group.every_row(torch.tensor(slot_of_row, device=device))
     logits = torch.randn(len(pos), vocab, generator=torch.Generator().manual_seed(seed)).to(device)
-    return GroupCase(group, rows, window, logits, wants)
+    return GroupCase(group, rows, window, logits, wants, torch.tensor(floor, device=device) if floors else None)
 
 
 def fused_args(case: GroupCase, logits: torch.Tensor) -> tuple[Any, ...]:
@@ -143,7 +153,7 @@ def fused_args(case: GroupCase, logits: torch.Tensor) -> tuple[Any, ...]:
     g, w = case.group, case.window
     drafts = w.input_ids is not None and w.local_pos is not None
     return (logits, w.tokens, w.prompt_len, w.pos, case.rows.slot_of_row, case.rows.member, g.prefix.dev, g.bans.dev,
-            g.need.dev, w.input_ids if drafts else None, w.local_pos if drafts else None, g.entries, g.width)
+            g.need.dev, w.input_ids if drafts else None, w.local_pos if drafts else None, case.floor, g.entries, g.width)
 
 
 def fused(case: GroupCase, logits: torch.Tensor) -> None:
@@ -156,7 +166,7 @@ def fused(case: GroupCase, logits: torch.Tensor) -> None:
 def eager(case: GroupCase, logits: torch.Tensor) -> None:
     """The group's eager device path on ``case`` (``_decide_eager``, ``_write_eager``)."""
     step = StepInputs(logits, logits.view(-1), logits.shape[1], None, torch.empty(0, dtype=torch.long))
-    case.group._write_eager(step, case.group._decide_eager(case.rows, case.window))
+    case.group._write_eager(step, case.group._decide_eager(case.rows, case.window, case.floor))
 
 
 def _host(case: GroupCase, logits: torch.Tensor) -> torch.Tensor:
@@ -186,14 +196,16 @@ def _line(ok: bool) -> str:
 
 def bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[str, Any]]:
     """Per batch, drafts and dtype: rows where the kernel differs from the eager path on ``device``,
-    from ``ban_reference`` on the host and from the hosted processor (each must be 0), and the bans made."""
+    from ``ban_reference`` on the host and from the hosted processor (each must be 0), and the bans
+    made; the bfloat16 steps with per-row floors (a scoped entry's)."""
     out = []
     for batch in batches:
         for drafts in DRAFTS:
             for dtype in (torch.float32, torch.bfloat16):
                 longest = 6 if batch % 2 else 40  # past one block of columns
+                floors = dtype == torch.bfloat16
                 case = group_case(1000 + batch + drafts, device, requests=batch, drafts=drafts, longest=longest,
-                                  vocab=vocab)
+                                  vocab=vocab, floors=floors)
                 logits = case.logits.to(dtype)
                 kernel, by_eager = logits.clone(), logits.clone()
                 fused(case, kernel)
@@ -205,10 +217,11 @@ def bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[
                 vs_hosted = _hosted_rows(case, got)
                 banned = int(torch.isneginf(host).sum())
                 name = str(dtype).removeprefix("torch.")
-                out.append({"batch": batch, "drafts": drafts, "dtype": name, "vs_eager": vs_eager, "vs_host": vs_host,
-                            "vs_hosted": vs_hosted, "banned": banned})
+                out.append({"batch": batch, "drafts": drafts, "dtype": name, "floors": floors, "vs_eager": vs_eager,
+                            "vs_host": vs_host, "vs_hosted": vs_hosted, "banned": banned})
                 good = vs_eager == 0 and vs_host == 0 and vs_hosted == 0
-                print(f"banned_phrases fused bits batch {batch} drafts {drafts} {name} vocab {vocab}: kernel vs eager "
+                print(f"banned_phrases fused bits batch {batch} drafts {drafts} {name}{' floors' if floors else ''} "
+                      f"vocab {vocab}: kernel vs eager "
                       f"{vs_eager} rows, vs host {vs_host} rows, vs hosted processor {vs_hosted} rows ({banned} bans) "
                       f"-> {_line(good)}", flush=True)
     return out
