@@ -11,7 +11,16 @@ from typing import Any
 import pytest
 import torch
 
-from dynlogits.testing.cuda.drive import EOS, ROW_ENGINES, Scenario, drive_apply_rows, drive_v1, drive_v2, realizing
+from dynlogits.testing.cuda.drive import (
+    EOS,
+    ROW_ENGINES,
+    Scenario,
+    adapter_counts,
+    drive_apply_rows,
+    drive_v1,
+    drive_v2,
+    realizing,
+)
 from dynlogits.testing.cuda.simcuda import SimCuda
 
 NO_TOKEN_LEFT = "no token left to sample"
@@ -56,6 +65,20 @@ def test_vllm_v1_runner_forced_rows_without_stop_tokens_settle_in_their_group() 
         result = drive_v1(sim, Scenario(payloads=[forced] * 3, steps=3, changes=False, ignore_eos=True))
     assert _where(result) == []
     assert result.steady_ops == ["copy_", "forced_settle_", "forced_settle_", "copy_"]
+
+
+@pytest.mark.parametrize("impl", ["adapter", "adapter_v2"])
+def test_a_steady_allowed_tokens_step_takes_at_most_five_launches_and_never_waits(impl: str) -> None:
+    """The keep (read the allowed ids, fill the rows, write them back), the dead-row epilogue as
+    one fused op (``dynlogits::dead_rows_``: the rows left with no token stopped, their slots
+    flagged) and the flags' copy back; 0 syncs over batch changes and a failing request."""
+    allowed = [{"kind": "allowed_tokens", "token_ids": [5, 6, 7, 8]}]
+    launches, syncs = adapter_counts(impl, 64, [allowed] * 3)
+    assert launches <= 5 and syncs == 0, launches
+    with SimCuda() as sim:
+        drive = drive_v1 if impl == "adapter" else drive_v2
+        steady = drive(sim, Scenario(payloads=[allowed] * 3, steps=3, changes=False))
+    assert steady.steady_ops == ["index_select", "index_fill_", "index_copy_", "dead_rows_", "copy_"]
 
 
 def test_vllm_model_runner_v2_sequence_never_waits_and_reports_the_failure() -> None:

@@ -3,20 +3,22 @@ writes when a row is left with no token, and their read back.
 
 A failed slot's rows are fail-stopped every step (``failed``, ``failed_member``). A row a group
 left with no token is fail-stopped on the device in the same step and its slot flagged with the
-row's output position (``record_dead``), or, for a group that settles its own rows, flagged per
-row (``flag_rows``: a tensor the group computes anyway, no write into the flags); the flags go to
-the host in a copy queued in that step (``queue_read_back``, ``flag_rows``) and, once it lands (``dynlogits.sdk.readback``, any thread), the request
-that held the slot when the copy was queued is failed and queued in ``newly_failed`` for the slot
-engine to fail-stop wherever it is now. Nothing here waits on the device."""
+row's output position (``record_dead``: one fused op per group, ``dynlogits.kernels.dead_rows``,
+where it runs on the device, else its eager ops), or, for a group that settles its own rows,
+flagged per row (``flag_rows``: a tensor the group computes anyway, no write into the flags); the
+flags go to the host in a copy queued in that step (``queue_read_back``, ``flag_rows``) and, once
+it lands (``dynlogits.sdk.readback``, any thread), the request that held the slot when the copy
+was queued is failed and queued in ``newly_failed`` for the slot engine to fail-stop wherever it
+is now. Nothing here waits on the device."""
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
 import numpy as np
 import torch
 
+from dynlogits.kernels.dead_rows import GATE, dead_rows_, flag_reference, record_reference
 from dynlogits.processors.slots import Dead, SlotTable, StepInputs
 
 from ..guard import NO_TOKEN_LEFT, GuardedRequest
@@ -24,8 +26,6 @@ from ..readback import INBOX
 from .flags import FlagSnapshot, SlotFlags
 
 __all__ = ["Failures"]
-
-NEG_INF = -math.inf
 
 
 class Failures:
@@ -39,13 +39,13 @@ class Failures:
         self.failed_member = SlotTable(num_slots + 1, torch.bool, device, pad=0)
         self.flags = SlotFlags(num_slots + 1, device)  # output position a slot's row was left empty, or -1
         self._no_flags = np.full(num_slots, self.flags.fill, dtype=np.int64).tobytes()  # none flagged, as bytes
-        self._minus_one = torch.full((), -1, dtype=torch.long, device=device)
         self._written = False  # flags written since the last snapshot was queued
         self._no_row_flags: dict[int, bytes] = {}  # n rows none flagged (every slot the sentinel), as bytes
         self._cpu_rows: dict[tuple[int, ...], tuple[torch.Tensor, np.ndarray]] = {}  # ``flag_rows``' CPU buffers
         #: requests a landed snapshot failed (possibly on the watcher thread), to be fail-stopped in
         #: their current slot by the slot engine
         self.newly_failed: deque[GuardedRequest] = deque()
+        GATE.ready(device)  # the fused epilogue's probe (one sync on CUDA) now, not in a step
 
     def set_failed(self, slot: int, failed: bool) -> bool:
         """Mark ``slot`` failed (or not); returns whether that changed (its table row is then staged)."""
@@ -64,23 +64,19 @@ class Failures:
         for d in deaths:
             if d.flagged:
                 continue  # settled and flagged by its group (``flag_rows``)
-            dead = d.evaluate(step)
-            if d.settled is not None:
-                pass  # fail-stopped by its group already
-            elif d.rows is not None:
-                assert d.stop_index is not None
-                at_stop = step.flat.index_select(0, d.stop_index)
-                stopping = dead if d.can_stop is None else dead & d.can_stop
-                step.flat.index_copy_(0, d.stop_index, at_stop.masked_fill_(stopping, 0.0))
+            if d.settled is not None:  # fail-stopped by its group already: only the flags
+                flag_reference(self.flags.dev, d.slots, d.settled, d.rows, d.positions, real_rows)
             else:
-                stops = step.stops[d.slots]
-                index = stops.clamp(min=0)[:, None]
-                at_stop = step.logits.gather(1, index)
-                step.logits.scatter_(1, index, at_stop.masked_fill_((dead & (stops >= 0))[:, None], 0.0))
-            flagged = dead if real_rows is None else dead & (real_rows if d.rows is None else real_rows[d.rows])
-            position = d.positions if d.positions is not None else torch.zeros_like(d.slots)
-            self.flags.dev.scatter_reduce_(0, d.slots, torch.where(flagged, position, self._minus_one), reduce="amax")
+                self._settle(step, d, real_rows)
             self._written = True
+
+    def _settle(self, step: StepInputs, d: Dead, real_rows: torch.Tensor | None) -> None:
+        """``d``'s rows tested, the dead ones fail-stopped and their slots flagged: one fused op
+        (``dynlogits.kernels.dead_rows``) where it runs on this device, else its eager ops."""
+        assert d.witness is not None
+        args = (step.logits, d.witness, d.rows, d.slots, d.positions, d.stop_index, d.can_stop,
+                None if d.rows is not None else step.stops, d.where, real_rows, self.flags.dev)
+        GATE.run(self.device, lambda: dead_rows_(*args), lambda: record_reference(*args))
 
     def flag_rows(self, rows: torch.Tensor, positions: np.ndarray | None = None) -> None:
         """Per-row flags from a group that settled its rows (``StepInputs.flag_rows``): ``rows`` holds
