@@ -513,6 +513,7 @@ KERNEL_CHECKS: dict[str, tuple[str, str]] = {
     "spans_check": ("run", "cpu_check"),
     "banned_phrases_check": ("run", "interpreted_check"),
     "forced_check": ("run", "cpu_check"),
+    "dead_rows_check": ("run", "cpu_check"),
 }
 
 
