@@ -155,6 +155,25 @@ def test_the_v1_runners_scoped_banned_phrases_write_no_window_tables() -> None:
     assert not group.inner.from_window and group.inner.entries == 0  # its tables: never grown
 
 
+def test_without_host_histories_a_scoped_banned_phrases_is_admitted_against_the_members_tables() -> None:
+    """A token window, no histories (Model Runner V2): 64 phrases of 64 tokens (4032 cells) and 256
+    phrases of 2 tokens (256 cells) each fit ``MAX_WINDOW_CELLS`` alone, not together (the tables
+    hold the members' most entries and columns): the second is hosted beside the first, though no
+    step has run since the first was assigned (its tables written once admission asks)."""
+    def payload(phrases: list[list[int]]) -> list[dict[str, Any]]:
+        return [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
+                {"kind": "banned_phrases", "phrases": phrases, "scope": "answer"}]
+
+    long = payload([[2 + k % 40] * 63 + [k % V] for k in range(64)])
+    many = payload([[2 + k // V, k % V] for k in range(256)])
+    alone = SlotBatch(num_slots=2, vocab_size=V, device="cpu", token_window=True)
+    assert alone.assign(0, _realize(many, [2]))
+    batch = SlotBatch(num_slots=3, vocab_size=V, device="cpu", token_window=True)
+    assert batch.assign(0, _realize(long, [2]))
+    assert not batch.assign(1, _realize(many, [2]))
+    assert batch.assign(1, _realize(long, [3]))
+
+
 @pytest.mark.parametrize("drafts", [0, 2])
 @pytest.mark.parametrize("scope", ["reasoning", "answer"])
 def test_under_model_runner_v2_a_scoped_banned_phrase_matches_only_inside_its_phases_current_stretch(
