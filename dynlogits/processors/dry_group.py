@@ -156,6 +156,8 @@ class DryGroup(WindowDecided):
         return not template.include_prompt
 
     floored = True
+    #: a slot's breakers may be thousands of ids: written only once a scoped group decides from the window
+    tables_at_first_window = True
 
     def apply_floored(self, step: StepInputs, rows: GatheredRows, window: TokenWindow, floor: torch.Tensor) -> None:
         """Every row decided and lowered from ``window`` as ``decide_from_window`` and

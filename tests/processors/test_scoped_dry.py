@@ -21,6 +21,7 @@ import torch
 
 from dynlogits import sdk
 from dynlogits.processors import scope
+from dynlogits.processors.dry_group import DryGroup
 from dynlogits.processors.scope import ScopedDecided, _ScopedResident
 from dynlogits.processors.vocabulary import Vocabulary
 from dynlogits.sdk import realization
@@ -144,6 +145,21 @@ def test_a_scoped_dry_lowers_only_the_repeats_of_its_phases_current_stretch(wher
         batch.apply(logits, EngineStep(histories=[history]))
         lowered.append((logits[0] < 0).nonzero().flatten().tolist())
     assert lowered == ([[1], [], []] if where == "reasoning" else [[], [], [0]])
+
+
+def test_the_v1_runner_writes_no_device_tables_for_a_scoped_dry() -> None:
+    """With host histories nobody reads the window tables (a slot's breakers may be thousands of
+    ids): the inner group never decides from the window, and its slots' tables stay unwritten."""
+    payload: list[dict[str, Any]] = [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
+                                     {"kind": "dry", "multiplier": 1.0, "sequence_breakers": [":"], "scope": "answer"}]
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
+    assert batch.assign(0, _realize(payload, [0, 1]))
+    batch.flush()
+    batch.set_rows(np.array([0]))
+    batch.apply(torch.zeros(1, V), EngineStep(histories=[[0, 1, 0, 0]]))
+    (group,) = batch.groups.values()
+    assert isinstance(group, ScopedDecided) and isinstance(group.inner, DryGroup)
+    assert not group.inner.from_window and not group.inner._dims  # no slot's window tables written
 
 
 # -- Model Runner V2 (vLLM's real V2 classes, the runner's buffers as plain tensors) -----------------
