@@ -230,10 +230,8 @@ def test_amounts_are_packed_as_the_hosted_processor_converts_them(dtype: torch.d
     assert torch.equal(got, want) and torch.isfinite(got).all()
 
 
-def test_a_scoped_entry_stays_hosted_and_a_trailing_plug_in_leaves_dry_resident(monkeypatch: pytest.MonkeyPatch) -> None:
-    reasoning = {"kind": "reasoning", "start_token_ids": [13], "end_token_ids": [14]}
-    scoped = _realize([reasoning, {"kind": "dry", "multiplier": 1.0, "scope": "answer"}], [])
-    assert not scoped.resident  # a scoped dry sees its phase's stretch: hosted, per row
+def test_a_trailing_plug_in_leaves_dry_resident(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(A scoped dry: ``tests/processors/test_scoped_dry.py``.)"""
     monkeypatch.setenv("DYN_LOGITS_PYTHON_FACTORIES", "dynlogits.testing.faults:scale")
     python = {"kind": "python", "factory": "dynlogits.testing.faults:scale", "kwargs": {"scale": 0.5}}
     request = sdk.realize([{"kind": "dry", "multiplier": 1.0, "sequence_breakers": []}, python], vocab_size=W,
