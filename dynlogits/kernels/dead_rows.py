@@ -57,19 +57,22 @@ def evaluate_reference(logits: torch.Tensor, witness: torch.Tensor, listed: bool
 
 
 def flag_reference(flags: torch.Tensor, slots: torch.Tensor, dead: torch.Tensor, rows: torch.Tensor | None,
-                   positions: torch.Tensor | None, real_rows: torch.Tensor | None) -> None:
+                   positions: torch.Tensor | None, real_rows: torch.Tensor | None,
+                   minus_one: torch.Tensor | int = -1) -> None:
     """Each dead row's slot max-reduced with its position (``0`` without ``positions``), a row after
-    drafts (``real_rows`` false) left out."""
+    drafts (``real_rows`` false) left out; ``minus_one``: ``-1``, or a kept 0-dim int64 tensor of it
+    on the device (no scalar made per call)."""
     flagged = dead if real_rows is None else dead & (real_rows if rows is None else real_rows[rows])
     position = positions if positions is not None else torch.zeros_like(slots)
-    flags.scatter_reduce_(0, slots, torch.where(flagged, position, -1), reduce="amax")
+    flags.scatter_reduce_(0, slots, torch.where(flagged, position, minus_one), reduce="amax")
 
 
 def record_reference(logits: torch.Tensor, witness: torch.Tensor, rows: torch.Tensor | None, slots: torch.Tensor,
                      positions: torch.Tensor | None, stop_index: torch.Tensor | None, can_stop: torch.Tensor | None,
                      stops: torch.Tensor | None, where: torch.Tensor | None, real_rows: torch.Tensor | None,
-                     flags: torch.Tensor) -> None:
-    """The eager reference (any device, in place): the module doc's writes, as eager tensor ops."""
+                     flags: torch.Tensor, minus_one: torch.Tensor | int = -1) -> None:
+    """The eager reference (any device, in place): the module doc's writes, as eager tensor ops
+    (``minus_one``: ``flag_reference``'s)."""
     dead = evaluate_reference(logits, witness, rows is not None, where)
     if rows is not None:
         assert stop_index is not None
@@ -83,7 +86,7 @@ def record_reference(logits: torch.Tensor, witness: torch.Tensor, rows: torch.Te
         index = stop.clamp(min=0)[:, None]
         at_stop = logits.gather(1, index)
         logits.scatter_(1, index, at_stop.masked_fill_((dead & (stop >= 0))[:, None], 0.0))
-    flag_reference(flags, slots, dead, rows, positions, real_rows)
+    flag_reference(flags, slots, dead, rows, positions, real_rows, minus_one)
 
 
 @fused_op("dead_rows_", launches=1, mutates_args=("logits", "flags"))

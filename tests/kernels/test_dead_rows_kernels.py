@@ -130,3 +130,40 @@ def test_the_gpu_checks_cpu_self_test_finds_the_kernel_equal_to_the_eager_refere
     from dynlogits.testing.cuda import dead_rows_check
 
     assert dead_rows_check.cpu_check(vocab=1501, batches=(1, 9, 24))
+
+
+
+def _record(case: tuple[Any, ...], put: Any, device: torch.device) -> tuple[Any, torch.Tensor, Any]:
+    """``Failures.record_dead`` over a ``probe_case``'s ``Dead`` (``put``: each tensor onto the
+    device) and one its group settled (rows of slots above 2 empty); the logits, the flags."""
+    from dynlogits.processors.slots import Dead, StepInputs
+    from dynlogits.sdk.resident.failures import Failures
+
+    moved: list[Any] = [None if t is None else put(t) for t in case]
+    logits, witness, rows, slots, positions, stop_index, can_stop, stops, where, real_rows, _ = moved
+    failures = Failures(5, device)
+    step = StepInputs(logits, logits.view(-1), logits.stride(0), None, stops if stops is not None else slots)
+    dead = Dead(rows, slots, witness, positions, stop_index, can_stop, where)
+    settled = Dead(rows, slots, None, positions, settled=put(case[3] > 2))
+    failures.record_dead(step, [dead, settled], real_rows)
+    return logits, failures.flags.dev, failures
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "gathered"])
+def test_record_dead_queues_one_fused_op_per_dead_and_writes_what_the_cpu_writes(listed: bool) -> None:
+    """``Failures.record_dead`` in the CUDA model: one ``dead_rows_`` for a group's ``Dead`` (the
+    eager ops on the CPU), the same logits and flags; a ``Dead`` its group settled keeps its flag
+    ops (``where``, ``scatter_reduce_``, after the drafts' mask)."""
+    from dynlogits.testing.cuda.simcuda import SimCuda
+
+    case = D.probe_case(7, CPU, listed=listed, rows=9, width=3, slots=5, real=True)
+    want_logits, want_flags, _ = _record(case, lambda t: t.clone(), CPU)
+    with SimCuda() as sim:
+        with sim.paused():
+            setup = [sim.put(t) if isinstance(t, torch.Tensor) else t for t in case]
+        got_logits, got_flags, _ = _record(tuple(setup), lambda t: t, sim.device)
+        ops, syncs = list(sim.ops), list(sim.syncs)
+    own = ["index", "bitwise_and"] if listed else ["bitwise_and"]  # the settled rows' drafts mask
+    assert ops[-len(own) - 3:] == ["dead_rows_", *own, "where", "scatter_reduce_"] and not syncs, ops
+    assert torch.equal(sim.value(got_logits).nan_to_num(), want_logits.nan_to_num())
+    assert torch.equal(sim.value(got_flags), want_flags) and bool((want_flags >= 0).any())

@@ -39,6 +39,7 @@ class Failures:
         self.failed_member = SlotTable(num_slots + 1, torch.bool, device, pad=0)
         self.flags = SlotFlags(num_slots + 1, device)  # output position a slot's row was left empty, or -1
         self._no_flags = np.full(num_slots, self.flags.fill, dtype=np.int64).tobytes()  # none flagged, as bytes
+        self._minus_one = torch.full((), -1, dtype=torch.long, device=device)
         self._written = False  # flags written since the last snapshot was queued
         self._no_row_flags: dict[int, bytes] = {}  # n rows none flagged (every slot the sentinel), as bytes
         self._cpu_rows: dict[tuple[int, ...], tuple[torch.Tensor, np.ndarray]] = {}  # ``flag_rows``' CPU buffers
@@ -65,7 +66,7 @@ class Failures:
             if d.flagged:
                 continue  # settled and flagged by its group (``flag_rows``)
             if d.settled is not None:  # fail-stopped by its group already: only the flags
-                flag_reference(self.flags.dev, d.slots, d.settled, d.rows, d.positions, real_rows)
+                flag_reference(self.flags.dev, d.slots, d.settled, d.rows, d.positions, real_rows, self._minus_one)
             else:
                 self._settle(step, d, real_rows)
             self._written = True
@@ -76,7 +77,7 @@ class Failures:
         assert d.witness is not None
         args = (step.logits, d.witness, d.rows, d.slots, d.positions, d.stop_index, d.can_stop,
                 None if d.rows is not None else step.stops, d.where, real_rows, self.flags.dev)
-        GATE.run(self.device, lambda: dead_rows_(*args), lambda: record_reference(*args))
+        GATE.run(self.device, lambda: dead_rows_(*args), lambda: record_reference(*args, self._minus_one))
 
     def flag_rows(self, rows: torch.Tensor, positions: np.ndarray | None = None) -> None:
         """Per-row flags from a group that settled its rows (``StepInputs.flag_rows``): ``rows`` holds
