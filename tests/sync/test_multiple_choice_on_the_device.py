@@ -1,7 +1,7 @@
 """``multiple_choice`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM drives the
 adapter: under Model Runner V2 each row's first generated tokens are read and compared with its
 slot's choices on the device (``MultipleChoiceGroup``), a fixed number of device ops a step (11 its
-own, 14 the restrictive groups' epilogue) and no read back; on the V1 runner each row's processor
+own, 2 the restrictive groups' epilogue: the fused dead_rows_ and the flags' copy back) and no read back; on the V1 runner each row's processor
 decides on the host and the rows' allowed ids go up in one upload. No step of a sequence with batch changes and a failing request waits for the device."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ CHOICES = [[{"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id"
 #: ``scatter_reduce_``)
 V2_STEADY_OWN = ["sub", "take", "eq", "sum", "clamp", "add", "eq", "gather", "where", "masked_fill_", "scatter_reduce_"]
 #: then what every restrictive group ends with (the rows left with no token, their flags: ``slots.py``)
-V2_STEADY_EPILOGUE = 14
+V2_STEADY_EPILOGUE = 2
 
 
 def test_vllm_model_runner_v2_choice_step_is_a_fixed_number_of_device_ops_and_reads_nothing_back() -> None:

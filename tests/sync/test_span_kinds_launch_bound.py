@@ -128,4 +128,4 @@ def test_a_span_kind_masked_after_it_settles_after_every_group() -> None:
     with SimCuda() as sim:
         steady = drive_v2(sim, Scenario(payloads=[payload] * 2, steps=4, changes=False))
     assert [str(s) for s in steady.syncs] == [] and "decided_settle_" not in steady.steady_ops
-    assert "scatter_reduce_" in steady.steady_ops  # settled by record_dead
+    assert "dead_rows_" in steady.steady_ops  # settled by record_dead (its fused epilogue)

@@ -46,7 +46,7 @@ def test_vllm_v1_runner_forcing_step_uploads_the_firing_rows_and_forces_them() -
         steady = drive_v1(sim, Scenario(payloads=TRIGGERS[:1] * 2, steps=4, changes=False))
     assert [str(s) for s in steady.syncs] == [] and not steady.failures
     ops = steady.steady_ops
-    assert ops[:3] == ["copy_", "index_add_", "copy_"] and ops.count("index_fill_") == 1 and ops[-2:] == ["scatter_reduce_", "copy_"]
+    assert ops[:3] == ["copy_", "index_add_", "copy_"] and ops.count("index_fill_") == 1 and ops[-2:] == ["dead_rows_", "copy_"]
 
 
 @pytest.mark.parametrize("drafts", [0, 2])
