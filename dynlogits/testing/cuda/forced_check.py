@@ -17,9 +17,6 @@ with the kernels in Triton's interpreter (``TRITON_INTERPRET=1``, a subprocess) 
 
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,11 +25,13 @@ import torch
 
 from dynlogits.processors import forced_settle as F
 
-from .timing import device_ops, sync_error, timed
+from . import kernel_check
+from .kernel_check import interpreted, line, measure
 
 __all__ = ["BATCHES", "bits", "cpu_check", "main", "run"]
 
 BATCHES = (1, 64, 256)
+MODULE = "dynlogits.testing.cuda.forced_check"
 OPS = ("settle", "pick_settle")
 #: a call of one op: ``(impl, outputs)`` -> None, and fresh outputs (the logits' copy first)
 Call = tuple[Callable[[Callable[..., None], tuple[torch.Tensor, ...]], None], Callable[[], tuple[torch.Tensor, ...]]]
@@ -78,10 +77,6 @@ def _to_cpu(call: Call, op: str) -> tuple[torch.Tensor, ...]:
     return tuple(host[0:1]) + tuple(host[-(n_out - 1):])
 
 
-def _line(ok: bool) -> str:
-    return "ok" if ok else "FAILED"
-
-
 def bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[str, Any]]:
     """Per batch, op and dtype: outputs where the kernels differ from the eager reference on
     ``device`` and on the host (each must be 0), and the dead rows seen."""
@@ -102,7 +97,7 @@ def bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[
                 found.append({"batch": batch, "op": op, "dtype": name, "vs_eager": vs_eager, "vs_host": vs_host,
                               "dead": dead})
                 print(f"forced fused bits {op} batch {batch} {name} vocab {vocab}: vs eager {vs_eager}, vs host "
-                      f"{vs_host} outputs differ ({dead} dead rows) -> {_line(vs_eager == 0 and vs_host == 0)}",
+                      f"{vs_host} outputs differ ({dead} dead rows) -> {line(vs_eager == 0 and vs_host == 0)}",
                       flush=True)
     return found
 
@@ -117,66 +112,20 @@ def run(device: torch.device, *, vocab: int = 151936, steps: int = 200,
             call = _call(op, batch, vocab, 5 + batch, device, torch.float32)
             fused_impl, eager_impl = _impls(op)
             out = call[1]()
-
-            def fused() -> None:
-                call[0](fused_impl, out)  # noqa: B023  # called at once
-
-            def eager() -> None:
-                call[0](eager_impl, out)  # noqa: B023  # called at once
-
-            fused()
-            eager()
-            f_ops, names = device_ops(fused, 10)
-            e_ops, _ = device_ops(eager, 10)
-            fits = f_ops <= 2
-            ok &= fits
-            results["kernels"].append({"batch": batch, "op": op, "fused": f_ops, "eager": e_ops, "names": names})
-            print(f"forced fused kernels {op} batch {batch}: {f_ops:.1f} device ops {names} (eager {e_ops:.1f}) -> "
-                  f"{_line(fits)}", flush=True)
-            error = sync_error(fused)
-            ok &= not error
-            results["sync"].append({"batch": batch, "op": op, "error": error})
-            print(f"forced fused sync {op} batch {batch}: {error or 'none'} -> {_line(not error)}", flush=True)
-            f_wall, f_dev = timed(fused, steps)
-            e_wall, e_dev = timed(eager, steps)
-            results["time"].append({"batch": batch, "op": op, "fused_wall_ms": f_wall, "fused_device_ms": f_dev,
-                                    "eager_wall_ms": e_wall, "eager_device_ms": e_dev})
-            print(f"forced fused time {op} batch {batch}: kernels {f_wall:.4f} ms wall, {f_dev:.4f} ms device; eager "
-                  f"{e_wall:.4f} ms wall, {e_dev:.4f} ms device", flush=True)
+            ok &= measure(results, "forced fused", {"op": op, "batch": batch},
+                          lambda: call[0](fused_impl, out),  # noqa: B023  # called at once
+                          lambda: call[0](eager_impl, out), steps, 2)  # noqa: B023  # called at once
     return ok, results
 
 
 def cpu_check(vocab: int = 3001, batches: Sequence[int] = (1, 7, 40)) -> bool:
-    """``bits`` on the CPU with the kernels in Triton's interpreter, in a subprocess
-    (``TRITON_INTERPRET=1`` must be set before Triton is imported)."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "dynlogits.testing.cuda.forced_check", "--interpreted-child",
-                           "--vocab", str(vocab), "--batches", ",".join(map(str, batches))], env=env, check=False)
-    return done.returncode == 0
+    """``bits`` on the CPU with the kernels in Triton's interpreter, in a subprocess."""
+    return interpreted(MODULE, vocab, batches)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dynlogits.testing.cuda.forced_check",
-                                     description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--cpu", action="store_true", help="the CPU self test (Triton's interpreter, small batches)")
-    parser.add_argument("--vocab", type=int, default=None)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--interpreted-child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--batches", default="1,7,40", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.interpreted_child:  # in the interpreter (the parent set TRITON_INTERPRET=1)
-        found = bits(torch.device("cpu"), args.vocab or 3001, [int(b) for b in args.batches.split(",")])
-        same = all(r["vs_eager"] == 0 and r["vs_host"] == 0 for r in found)
-        return 0 if same and sum(r["dead"] for r in found) > 0 else 1
-    if args.cpu:
-        ok = cpu_check(args.vocab or 3001)
-    elif not torch.cuda.is_available():
-        print(f"error: no CUDA device (torch {torch.__version__}); --cpu runs the CPU self test", file=sys.stderr)
-        return 2
-    else:
-        ok, _ = run(torch.device("cuda"), vocab=args.vocab or 151936, steps=args.steps)
-    print("\nresult:", _line(ok))
-    return 0 if ok else 1
+    return kernel_check.main(argv, module=MODULE, doc=__doc__, bits=bits, run=run, counted="dead", cpu_vocab=3001,
+                             cpu_batches=(1, 7, 40))
 
 
 if __name__ == "__main__":
