@@ -13,6 +13,11 @@ launch on CUDA once ``dynlogits.kernels.banned_phrases.GATE`` probed it), else a
 eager device ops (``decide_from_window``); on the CPU (no device to keep busy) each row's last tokens
 are read from the window and walked over its trie instead, as with host histories.
 
+A scoped entry (``scope.ScopedDecided``) is resident on both runners: with host histories each
+row walks its phase's stretch and a row out of phase (``neutral_history``) masks nothing, its
+one-token phrases neither (``_decide_scoped``); from the window, the same fused op with each row's
+floor, its stretch's start (``apply_floored``: a prefix matches only inside the stretch).
+
 A processor's tables (the one-token phrases, the trie, the template) depend on the phrases alone
 and never change: they are built once per phrase set and shared (``TABLES_KEPT``), so a ban list
 repeated across requests costs a lookup at realization, not a build."""
