@@ -30,8 +30,8 @@ A decided kind whose entries may be scoped to a phase opts in to a resident scop
 each row decided from its phase's stretch, rows out of phase from a history that decides nothing)
 and, to be resident without host histories too (a ``SpanWindowDecided``: the span gives each row's
 floor), ``WindowDecided.floored`` and ``apply_floored`` (each row decided from the token window,
-no position before its stretch's start counted). ``no_repeat_ngram`` and ``banned_phrases`` do
-both; no other kind does yet."""
+no position before its stretch's start counted). ``no_repeat_ngram``, ``banned_phrases`` and
+``dry`` do both; no other kind does yet."""
 
 from __future__ import annotations
 

@@ -18,24 +18,26 @@ where its kind is:
   prompt on; the stretch's start is the state's ``ANCHOR``), and the inner kind's step runs,
   gathered, on the rows in the entry's phase only, a positional kind at the stretch's counts
   (``StepInputs.generated`` replaced);
-* a decided group that opts in (``DecidedGroup.scopable``: ``no_repeat_ngram`` without
-  ``include_prompt``, ``banned_phrases``): ``ScopedDecided``. With host histories the inner group
+* a decided group that opts in (``DecidedGroup.scopable``: ``no_repeat_ngram`` and ``dry`` without
+  ``include_prompt``, ``banned_phrases``): ``ScopedDecided`` (``dry``'s processor has no ``row_op``:
+  ``_ScopedResidentCalled``, called where hosted). With host histories the inner group
   decides every member row, in phase from its stretch (``_own``), out of it from the kind's
   ``neutral_history`` (nothing; ``banned_phrases`` tells it apart by identity, so its one-token
   phrases are masked in phase only); without, where the adapter passes a ``TokenWindow`` and the
   kind decides from it from a floor on (``WindowDecided.floored``: ``no_repeat_ngram`` up to
-  ``MAX_DEVICE_SIZE``, any ``max_tokens``; ``banned_phrases`` whose tables fit, as unscoped),
+  ``MAX_DEVICE_SIZE``, any ``max_tokens``; ``banned_phrases`` whose tables fit, as unscoped;
+  ``dry`` with single-token breakers and a cap up to ``MAX_DEVICE_CAP``),
   ``DeviceThinking`` gives each row's floor (``FloorScopeTables``: its stretch's start, the
   state's ``ANCHOR``; past every position for a row out of phase, or after a placeholder draft)
   and the inner kind decides from the engine's token matrix in place, drafts included, no position
   below the floor counted (``WindowDecided.apply_floored``: the kind's one fused op,
-  ``no_repeat_ngram_ban_`` or ``banned_phrases_ban_``, with the floors); else its request is hosted
+  ``no_repeat_ngram_ban_``, ``banned_phrases_ban_`` or ``dry_lower_``, with the floors); else its request is hosted
   there. A floor is a position like any other, so one inside the drafts (a delimiter among them) is
   exact too. ``banned_phrases``' window tables (as large as its members' phrase sets) are written
   from its first window step on only (``ScopedDecided._from_window``): with host histories nobody
   reads them.
 
-Any other scoped entry (``dry``, ``watermark``, ``multiple_choice``,
+Any other scoped entry (``watermark``, ``multiple_choice``,
 ``trigger``, ``deadline``, ``thinking_budget``, a ``python`` kind) has no template: its request
 runs on the hosted path, the oracle the resident paths equal bit for bit.
 """
@@ -436,7 +438,7 @@ def _resident_inner(template: Template) -> bool:
     """Whether a scoped entry of ``template`` can be resident: its kind's step reads no tokens
     (positions it may read: ``ScopedGroup`` gives it the stretch's counts; values the host plans in
     the listed layout it never gets, as it runs gathered), or its decided kind decides any history
-    and has a neutral one (``DecidedGroup.scopable``: ``no_repeat_ngram`` without
+    and has a neutral one (``DecidedGroup.scopable``: ``no_repeat_ngram`` and ``dry`` without
     ``include_prompt``, ``banned_phrases``: ``ScopedDecided``; without host histories where the
     kind is ``WindowDecided.floored`` and the template fits its window tables)."""
     group = template.group
@@ -522,12 +524,23 @@ class _ScopedResident(_ScopedPlanned):
         return scanner.span(input_ids)
 
 
+class _ScopedResidentCalled(_ScopedResident):
+    """A ``_ScopedResident`` of a processor without a ``row_op`` (``dry``: its lowering is no
+    ``RowOp``): where hosted, the plan calls it (``_Scoped.__call__``)."""
+
+    __slots__ = ()
+    row_op = None  # type: ignore[assignment]  # no ``RowOp``: ``RequestLogitsProcessor.plan`` calls it
+
+
 def scoped(processor: Any, scope: str, phases: Phases) -> Any:
     """``processor`` applied only at ``scope``'s steps (``"always"``: ``processor`` itself)."""
     if scope == "always":
         return processor
     template = getattr(processor, "template", None)
     scanner = phases.scanner
-    if template is not None and scanner is not None and hasattr(processor, "row_op") and _resident_inner(template):
-        return _ScopedResident(processor, scope, phases, scanner)
+    if template is not None and scanner is not None and _resident_inner(template):
+        if hasattr(processor, "row_op"):
+            return _ScopedResident(processor, scope, phases, scanner)
+        if issubclass(template.group, DecidedGroup):  # ``dry``: decided by its group, called where hosted
+            return _ScopedResidentCalled(processor, scope, phases, scanner)
     return _ScopedPlanned(processor, scope, phases) if hasattr(processor, "row_op") else _Scoped(processor, scope, phases)

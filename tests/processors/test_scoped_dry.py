@@ -5,14 +5,12 @@ scope, so no repeat reaches below the stretch's start): on the V1 runner's inter
 histories) and, through vLLM's real Model Runner V2 classes (``V2SamplerHarness``), decided on the
 device from each row's floor, drafts or not, prompts opening a span, resumed outputs.
 
-``dry``'s processor has no ``row_op`` (its lowering is no ``RowOp``), which ``scope.scoped``
-requires of a resident scoped processor today; the fixture ``resident_scoped`` stands in for the
-change proposed there (a ``_ScopedResident`` of a processor without one, called when hosted)."""
+``dry``'s processor has no ``row_op`` (its lowering is no ``RowOp``): ``scope.scoped`` wraps it as
+a ``_ScopedResidentCalled`` (called where hosted)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -20,11 +18,9 @@ import pytest
 import torch
 
 from dynlogits import sdk
-from dynlogits.processors import scope
 from dynlogits.processors.dry_group import DryGroup
-from dynlogits.processors.scope import ScopedDecided, _ScopedResident
+from dynlogits.processors.scope import ScopedDecided
 from dynlogits.processors.vocabulary import Vocabulary
-from dynlogits.sdk import realization
 from dynlogits.sdk.resident.engine_step import EngineStep
 from dynlogits.sdk.resident.slot_batch import SlotBatch
 
@@ -34,33 +30,6 @@ V = len(VOCAB)
 EOS = 15
 IDS = [0, 1, 2, 3, 5, 7, 0, 1, 2, 8, 0, 1]  # few ids, a breaker, the delimiters: repeats, phases change
 V2_IDS = [0, 1, 2, 0, 1, 5, 7, 0, 1, 8]  # no breaker (the V2 harness gives no vocabulary)
-
-
-class _CalledResident(_ScopedResident):
-    """A resident scoped processor without a ``row_op`` (hosted: called, ``_Scoped.__call__``)."""
-
-    row_op = None  # type: ignore[assignment]
-
-
-def _scoped(processor: Any, where: str, phases: scope.Phases) -> Any:
-    """``scope.scoped`` with the proposed change: a processor with a template its kind can scope
-    but no ``row_op`` is resident too."""
-    template = getattr(processor, "template", None)
-    scanner = phases.scanner
-    if (where != "always" and template is not None and scanner is not None and not hasattr(processor, "row_op")
-            and scope._resident_inner(template)):
-        return _CalledResident(processor, where, phases, scanner)
-    return scope.scoped(processor, where, phases)
-
-
-@pytest.fixture
-def resident_scoped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    if not hasattr(scope, "_ScopedResidentCalled"):  # the proposed change not landed yet
-        monkeypatch.setattr(realization, "scoped", _scoped)
-    yield
-
-
-pytestmark = pytest.mark.usefixtures("resident_scoped")
 
 
 def _vocabulary() -> Vocabulary:

@@ -4,13 +4,11 @@ host from its phase's stretch of its live list (a row out of its phase from the 
 nothing), under Model Runner V2 from the engine's token matrix in place, no position before its
 floor counted (``scope.FloorScopeTables``: its stretch's start, past every position for a row out
 of its phase), by the kind's fused op (``dry_lower_`` with a floor). Neither waits for the device
-(the CUDA model), with drafts or without. (Rows against the hosted path, and the stand-in for the
-``scope.scoped`` change this needs: ``tests/processors/test_scoped_dry.py``.)"""
+(the CUDA model), with drafts or without. (Rows against the hosted path:
+``tests/processors/test_scoped_dry.py``.)"""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +16,7 @@ import pytest
 from dynlogits.testing.cuda.drive import Scenario, drive_v1, drive_v2
 from dynlogits.testing.cuda.simcuda import SimCuda
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "processors"))
-from test_scoped_dry import resident_scoped  # noqa: E402, F401  # the fixture
-
-pytestmark = pytest.mark.usefixtures("quiet", "resident_scoped")  # the sequences' failing requests are expected
+pytestmark = pytest.mark.usefixtures("quiet")  # the sequences' failing requests are expected
 
 
 def _scoped_dry(i: int) -> list[dict[str, Any]]:
