@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from v2_rows import Request, rows_against_hosted, v2_harness, v2_params
 
 from dynlogits import sdk
 from dynlogits.processors.banned_phrases import BannedPhrasesGroup
@@ -207,25 +208,11 @@ def test_a_scoped_kind_that_does_not_opt_in_stays_hosted() -> None:
 
 # -- Model Runner V2 (vLLM's real V2 classes, the runner's buffers as plain tensors) -----------------
 def _v2_harness(drafts: int) -> Any:
-    pytest.importorskip("vllm")
-    from types import SimpleNamespace
-
-    from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
-    from dynlogits.adapters.vllm.harness import V2SamplerHarness
-
-    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=drafts) if drafts else None,
-                             use_v2_model_runner=True, model_config=None)
-    return V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=V, max_num_reqs=5, vllm_config=config)
+    return v2_harness(drafts, V)
 
 
 def _params(payload: list[dict[str, Any]], max_tokens: int) -> Any:
-    from vllm import SamplingParams
-
-    from dynlogits.specs import WIRE_KEY
-
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args={WIRE_KEY: payload})
-    params.update_from_generation_config({}, eos_token_id=EOS)
-    return params
+    return v2_params(payload, max_tokens, EOS)
 
 
 def _run_v2(drafts: int, seed: int, sizes: tuple[int, ...], *, max_tokens: int = 48, kind: str = "no_repeat_ngram") -> int:
@@ -235,42 +222,15 @@ def _run_v2(drafts: int, seed: int, sizes: tuple[int, ...], *, max_tokens: int =
     ``MAX_DEVICE_SIZE``, whatever ``max_tokens``), else hosted; every row against the hosted path on
     the history it sees; how many rows had bans."""
     rng = random.Random(seed)
-    harness = _v2_harness(drafts)
-    live: dict[str, tuple[list[dict[str, Any]], Any]] = {}
-    banned = 0
-    for round_ in range(8):
-        for name in [n for n in live if rng.random() < 0.4]:
-            harness.remove_request(name)
-            del live[name]
-        while len(live) < 4:
-            name = f"r{round_}-{len(live)}"
-            payload = _payload(rng, size=rng.choice(sizes), kind=kind)
-            resident = payload[1].get("size", 0) <= MAX_DEVICE_SIZE
-            prompt = [rng.choice(IDS) for _ in range(rng.randint(1, 4))]
-            harness.add_request(name, prompt, _params(payload, max_tokens), output_ids=[rng.choice(IDS) for _ in range(
-                rng.choice([0, 1, 3, 20]))])
-            slot = harness.reqs[name].slot
-            assert harness.processor._is_resident[slot] == resident and harness.processor._is_hosted[slot] != resident
-            live[name] = (payload, _realize(payload, prompt))
-        batch = list(live)
-        for _ in range(4):
-            fed = {n: [rng.choice(IDS) for _ in range(rng.randint(0, drafts))] for n in batch} if drafts else {}
-            logits = torch.randn(len(batch) + sum(map(len, fed.values())), V)
-            out = harness.step(batch, logits.clone(), drafts=fed)
-            row = 0
-            for name in batch:
-                payload, hosted = live[name]
-                for k in range(len(fed.get(name, [])) + 1):
-                    seen = harness.output_ids(name) + fed.get(name, [])[:k]
-                    want = logits[row : row + 1].clone()
-                    sdk.apply_rows(want, [0], [hosted], [seen])
-                    assert torch.equal(out[row], want[0]), (name, payload, seen)
-                    banned += int(torch.isneginf(want).any())
-                    row += 1
-            for name in batch:
-                harness.commit(name, [rng.choice(IDS)])
-    assert not harness.processor.failures
-    return banned
+
+    def new() -> Request:
+        payload = _payload(rng, size=rng.choice(sizes), kind=kind)
+        prompt = [rng.choice(IDS) for _ in range(rng.randint(1, 4))]
+        output = [rng.choice(IDS) for _ in range(rng.choice([0, 1, 3, 20]))]
+        return payload, payload[1].get("size", 0) <= MAX_DEVICE_SIZE, prompt, output, _realize(payload, prompt)
+
+    return rows_against_hosted(drafts, rng, new, IDS, vocab=V, eos=EOS, max_tokens=max_tokens,
+                               logits=lambda rows: torch.randn(rows, V))
 
 
 @pytest.mark.parametrize("drafts", [0, 2])

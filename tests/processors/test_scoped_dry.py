@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from v2_rows import Request, rows_against_hosted, v2_harness, v2_params
 
 from dynlogits import sdk
 from dynlogits.processors.dry_group import DryGroup
@@ -133,25 +134,11 @@ def test_the_v1_runner_writes_no_device_tables_for_a_scoped_dry() -> None:
 
 # -- Model Runner V2 (vLLM's real V2 classes, the runner's buffers as plain tensors) -----------------
 def _v2_harness(drafts: int) -> Any:
-    pytest.importorskip("vllm")
-    from types import SimpleNamespace
-
-    from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
-    from dynlogits.adapters.vllm.harness import V2SamplerHarness
-
-    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=drafts) if drafts else None,
-                             use_v2_model_runner=True, model_config=None)
-    return V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=V, max_num_reqs=5, vllm_config=config)
+    return v2_harness(drafts, V)
 
 
 def _params(payload: list[dict[str, Any]], max_tokens: int) -> Any:
-    from vllm import SamplingParams
-
-    from dynlogits.specs import WIRE_KEY
-
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args={WIRE_KEY: payload})
-    params.update_from_generation_config({}, eos_token_id=EOS)
-    return params
+    return v2_params(payload, max_tokens, EOS)
 
 
 def _run_v2(drafts: int, seed: int, bases: tuple[float, ...]) -> int:
@@ -160,43 +147,20 @@ def _run_v2(drafts: int, seed: int, bases: tuple[float, ...]) -> int:
     it (base 1 with the whole context's look-back: repeats past ``MAX_DEVICE_CAP``, hosted); every
     row against the hosted path on the history it sees; how many rows were lowered."""
     rng = random.Random(seed)
-    harness = _v2_harness(drafts)
-    live: dict[str, tuple[list[dict[str, Any]], Any]] = {}
-    lowered = 0
-    for round_ in range(8):
-        for name in [n for n in live if rng.random() < 0.4]:
-            harness.remove_request(name)
-            del live[name]
-        while len(live) < 4:
-            name = f"r{round_}-{len(live)}"
-            payload = _payload(rng, bases=bases, breakers=((),))
-            resident = payload[1]["base"] > 1.0 or payload[1]["penalty_last_n"] > 0
-            prompt = [rng.choice(V2_IDS) for _ in range(rng.randint(1, 5))]
-            harness.add_request(name, prompt, _params(payload, 64), output_ids=[rng.choice(V2_IDS) for _ in range(
-                rng.choice([0, 1, 3, 20]))])
-            slot = harness.reqs[name].slot
-            assert harness.processor._is_resident[slot] == resident and harness.processor._is_hosted[slot] != resident
-            live[name] = (payload, _realize(payload, prompt))
-        batch = list(live)
-        for _ in range(4):
-            fed = {n: [rng.choice(V2_IDS) for _ in range(rng.randint(0, drafts))] for n in batch} if drafts else {}
-            logits = torch.randn(len(batch) + sum(map(len, fed.values())), V) * 3
-            logits[0, 2] = float("-inf")
-            out = harness.step(batch, logits.clone(), drafts=fed)
-            row = 0
-            for name in batch:
-                payload, hosted = live[name]
-                for k in range(len(fed.get(name, [])) + 1):
-                    seen = harness.output_ids(name) + fed.get(name, [])[:k]
-                    want = logits[row : row + 1].clone()
-                    sdk.apply_rows(want, [0], [hosted], [seen])
-                    assert _same(out[row], want[0]), (name, payload, seen)
-                    lowered += int((want != logits[row : row + 1]).any())
-                    row += 1
-            for name in batch:
-                harness.commit(name, [rng.choice(V2_IDS)])
-    assert not harness.processor.failures
-    return lowered
+
+    def new() -> Request:
+        payload = _payload(rng, bases=bases, breakers=((),))
+        prompt = [rng.choice(V2_IDS) for _ in range(rng.randint(1, 5))]
+        output = [rng.choice(V2_IDS) for _ in range(rng.choice([0, 1, 3, 20]))]
+        resident = payload[1]["base"] > 1.0 or payload[1]["penalty_last_n"] > 0
+        return payload, resident, prompt, output, _realize(payload, prompt)
+
+    def logits(rows: int) -> torch.Tensor:
+        made = torch.randn(rows, V) * 3
+        made[0, 2] = float("-inf")
+        return made
+
+    return rows_against_hosted(drafts, rng, new, V2_IDS, vocab=V, eos=EOS, max_tokens=64, logits=logits, same=_same)
 
 
 @pytest.mark.parametrize("drafts", [0, 2])

@@ -1,0 +1,84 @@
+"""Rows of Model Runner V2 against the hosted path, shared by the scoped kinds' tests: a harness of
+vLLM's real V2 classes (the runner's buffers as plain tensors), sampling params as the engine
+builds them, and a random run whose every row is checked against ``sdk.apply_rows`` of the
+request's own realization on the history that row sees (its committed tokens and the drafts fed
+before it)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from dynlogits import sdk
+
+#: a new request of a run: ``(payload, resident, prompt, output ids it resumes with, its hosted twin)``
+Request = tuple[list[dict[str, Any]], bool, list[int], list[int], Any]
+
+
+def v2_harness(drafts: int, vocab: int) -> Any:
+    """A ``V2SamplerHarness`` of the adapter, ``drafts`` speculative tokens a request (0: none)."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
+    from dynlogits.adapters.vllm.harness import V2SamplerHarness
+
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=drafts) if drafts else None,
+                             use_v2_model_runner=True, model_config=None)
+    return V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=vocab, max_num_reqs=5, vllm_config=config)
+
+
+def v2_params(payload: list[dict[str, Any]], max_tokens: int, eos: int) -> Any:
+    """Greedy ``SamplingParams`` carrying ``payload``, updated from a generation config as the engine does."""
+    from vllm import SamplingParams
+
+    from dynlogits.specs import WIRE_KEY
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args={WIRE_KEY: payload})
+    params.update_from_generation_config({}, eos_token_id=eos)
+    return params
+
+
+def rows_against_hosted(drafts: int, rng: random.Random, new: Callable[[], Request], ids: Sequence[int], *,
+                        vocab: int, eos: int, max_tokens: int, logits: Callable[[int], torch.Tensor],
+                        same: Callable[[torch.Tensor, torch.Tensor], bool] = torch.equal) -> int:
+    """Eight rounds: requests leave, new ones (``new``) fill four slots (each resident or hosted as
+    it says), four steps of random drafts among ``ids`` and committed tokens; every row ``same`` as
+    the hosted path's on the history it sees; how many rows the entries changed."""
+    harness = v2_harness(drafts, vocab)
+    live: dict[str, tuple[list[dict[str, Any]], Any]] = {}
+    changed = 0
+    for round_ in range(8):
+        for name in [n for n in live if rng.random() < 0.4]:
+            harness.remove_request(name)
+            del live[name]
+        while len(live) < 4:
+            name = f"r{round_}-{len(live)}"
+            payload, resident, prompt, output, hosted = new()
+            harness.add_request(name, prompt, v2_params(payload, max_tokens, eos), output_ids=output)
+            slot = harness.reqs[name].slot
+            assert harness.processor._is_resident[slot] == resident and harness.processor._is_hosted[slot] != resident
+            live[name] = (payload, hosted)
+        batch = list(live)
+        for _ in range(4):
+            fed = {n: [rng.choice(ids) for _ in range(rng.randint(0, drafts))] for n in batch} if drafts else {}
+            step = logits(len(batch) + sum(map(len, fed.values())))
+            out = harness.step(batch, step.clone(), drafts=fed)
+            row = 0
+            for name in batch:
+                payload, hosted = live[name]
+                for k in range(len(fed.get(name, [])) + 1):
+                    seen = harness.output_ids(name) + fed.get(name, [])[:k]
+                    want = step[row : row + 1].clone()
+                    sdk.apply_rows(want, [0], [hosted], [seen])
+                    assert same(out[row], want[0]), (name, payload, seen)
+                    changed += int(not same(want[0], step[row]))
+                    row += 1
+            for name in batch:
+                harness.commit(name, [rng.choice(ids)])
+    assert not harness.processor.failures
+    return changed
