@@ -1,5 +1,6 @@
-"""Rows of Model Runner V2 against the hosted path, shared by the scoped kinds' tests: a harness of
-vLLM's real V2 classes (the runner's buffers as plain tensors), sampling params as the engine
+"""Rows of the resident path against the hosted path, shared by the scoped kinds' tests: on the V1
+runner's interface (``rows_v1_against_hosted``: a ``SlotBatch`` given live lists with placeholders),
+and under Model Runner V2: a harness of vLLM's real V2 classes (the runner's buffers as plain tensors), sampling params as the engine
 builds them, and a random run whose every row is checked against ``sdk.apply_rows`` of the
 request's own realization on the history that row sees (its committed tokens and the drafts fed
 before it)."""
@@ -10,10 +11,14 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from dynlogits import sdk
+from dynlogits.processors.scope import ScopedDecided
+from dynlogits.sdk.resident.engine_step import EngineStep
+from dynlogits.sdk.resident.slot_batch import SlotBatch
 
 #: a new request of a run: ``(payload, resident, prompt, output ids it resumes with, its hosted twin)``
 Request = tuple[list[dict[str, Any]], bool, list[int], list[int], Any]
@@ -82,3 +87,38 @@ def rows_against_hosted(drafts: int, rng: random.Random, new: Callable[[], Reque
                 harness.commit(name, [rng.choice(ids)])
     assert not harness.processor.failures
     return changed
+
+
+def rows_v1_against_hosted(rng: random.Random, requests: Callable[[], tuple[list[Any], list[Any]]],
+                           ids: Sequence[int], *, vocab: int, steps: int, placeholders: float,
+                           logits: Callable[[], torch.Tensor], same: Callable[[torch.Tensor, torch.Tensor], bool],
+                           changed: Callable[[torch.Tensor, torch.Tensor], int]) -> int:
+    """Thirty batches of three requests (``requests``: each's resident and hosted realization, all
+    resident as ``ScopedDecided``) in a reordered layout, ``steps`` steps of live lists growing with
+    placeholders (``placeholders`` of the time; filled in the next step, as vLLM's async scheduling
+    does), seen as the list itself, one longer or a copy: every step ``same`` as the hosted path;
+    the sum of ``changed(resident logits, step logits)``."""
+    total = 0
+    for _ in range(30):
+        resident, hosted = requests()
+        batch = SlotBatch(num_slots=4, vocab_size=vocab, device="cpu", host_histories=True)
+        for slot, request in enumerate(resident):
+            assert batch.assign(slot, request)
+        assert all(isinstance(g, ScopedDecided) for g in batch.groups.values())
+        batch.flush()
+        batch.set_rows(np.array([2, 0, 1]))
+        live: list[list[int]] = [[], [], []]
+        for _ in range(steps):
+            for h in live:
+                if h and h[-1] == -1:  # the placeholder's token, known now, written in its place
+                    h[-1] = rng.choice(ids)
+                h.append(-1 if rng.random() < placeholders else rng.choice(ids))
+            seen = [h if rng.random() < 0.6 else h + [-1] if rng.random() < 0.5 else list(h) for h in live]
+            step = logits()
+            a, b = step.clone(), step.clone()
+            batch.apply(a, EngineStep(histories=seen))
+            sdk.apply_rows(b, [0, 1, 2], [hosted[2], hosted[0], hosted[1]], seen)
+            assert same(a, b), seen
+            total += changed(a, step)
+        assert not any(r.failed for r in resident)
+    return total

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from v2_rows import Request, rows_against_hosted, v2_harness, v2_params
+from v2_rows import Request, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
 
 from dynlogits import sdk
 from dynlogits.processors.banned_phrases import BannedPhrasesGroup
@@ -60,32 +60,15 @@ def test_the_v1_runners_scoped_decided_rows_equal_the_hosted_paths_bit_for_bit(k
     scheduling) or a copy, some with a placeholder at the end. Every request is resident; every
     row equals the hosted path's."""
     rng = random.Random(7)
-    banned_rows = 0
-    for _ in range(30):
+
+    def requests() -> tuple[list[Any], list[Any]]:
         payloads = [_payload(rng, kind=kind) for _ in range(3)]
         prompts = [[rng.choice(IDS) for _ in range(rng.randint(1, 4))] for _ in payloads]
-        resident = [_realize(p, q) for p, q in zip(payloads, prompts)]
-        hosted = [_realize(p, q) for p, q in zip(payloads, prompts)]
-        batch = SlotBatch(num_slots=4, vocab_size=V, device="cpu", host_histories=True)
-        for slot, request in enumerate(resident):
-            assert batch.assign(slot, request)
-        assert all(isinstance(g, ScopedDecided) for g in batch.groups.values())
-        batch.flush()
-        batch.set_rows(np.array([2, 0, 1]))
-        live: list[list[int]] = [[], [], []]
-        for _ in range(16):
-            for h in live:
-                if h and h[-1] == -1:  # the placeholder's token, known now, written in its place
-                    h[-1] = rng.choice(IDS)
-                h.append(-1 if rng.random() < 0.3 else rng.choice(IDS))
-            seen = [h if rng.random() < 0.6 else h + [-1] if rng.random() < 0.5 else list(h) for h in live]
-            logits = torch.randn(3, V)
-            a, b = logits.clone(), logits.clone()
-            batch.apply(a, EngineStep(histories=seen))
-            sdk.apply_rows(b, [0, 1, 2], [hosted[2], hosted[0], hosted[1]], seen)
-            assert torch.equal(a, b)
-            banned_rows += int(torch.isneginf(a).any(1).sum())
-    assert not any(r.failed for r in resident)
+        return [_realize(p, q) for p, q in zip(payloads, prompts)], [_realize(p, q) for p, q in zip(payloads, prompts)]
+
+    banned_rows = rows_v1_against_hosted(rng, requests, IDS, vocab=V, steps=16, placeholders=0.3,
+                                         logits=lambda: torch.randn(3, V), same=torch.equal,
+                                         changed=lambda a, _: int(torch.isneginf(a).any(1).sum()))
     assert banned_rows > 100  # rows in scope with repeats were seen
 
 
