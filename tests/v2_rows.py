@@ -48,12 +48,31 @@ def v2_params(payload: list[dict[str, Any]], max_tokens: int, eos: int) -> Any:
     return params
 
 
+#: picks the next token from what the hosted path left of a row (``[vocab]``), for entries that fail a
+#: request whose tokens they do not allow (``multiple_choice``)
+Choose = Callable[[random.Random, torch.Tensor], int]
+
+
+def allowed_token(rng: random.Random, row: torch.Tensor) -> int:
+    """A ``Choose``: one of the ids the row leaves finite."""
+    return int(rng.choice(torch.isfinite(row).nonzero().flatten().tolist()))
+
+
+def _hosted_row(hosted: Any, seen: list[int], vocab: int) -> torch.Tensor:
+    """What the hosted path leaves of a random row after ``seen``."""
+    row = torch.randn(1, vocab)
+    sdk.apply_rows(row, [0], [hosted], [seen])
+    return row[0]
+
+
 def rows_against_hosted(drafts: int, rng: random.Random, new: Callable[[], Request], ids: Sequence[int], *,
                         vocab: int, eos: int, max_tokens: int, logits: Callable[[int], torch.Tensor],
-                        same: Callable[[torch.Tensor, torch.Tensor], bool] = torch.equal) -> int:
+                        same: Callable[[torch.Tensor, torch.Tensor], bool] = torch.equal,
+                        choose: Choose | None = None) -> int:
     """Eight rounds: requests leave, new ones (``new``) fill four slots (each resident or hosted as
-    it says), four steps of random drafts among ``ids`` and committed tokens; every row ``same`` as
-    the hosted path's on the history it sees; how many rows the entries changed."""
+    it says), four steps of random drafts among ``ids`` and committed tokens (with ``choose``: drafts
+    and tokens it picks among those the hosted path allows); every row ``same`` as the hosted path's
+    on the history it sees; how many rows the entries changed."""
     harness = v2_harness(drafts, vocab)
     live: dict[str, tuple[list[dict[str, Any]], Any]] = {}
     changed = 0
@@ -71,9 +90,14 @@ def rows_against_hosted(drafts: int, rng: random.Random, new: Callable[[], Reque
         batch = list(live)
         for _ in range(4):
             fed = {n: [rng.choice(ids) for _ in range(rng.randint(0, drafts))] for n in batch} if drafts else {}
+            if choose is not None:
+                for name, tokens in fed.items():
+                    for k in range(len(tokens)):
+                        tokens[k] = choose(rng, _hosted_row(live[name][1], harness.output_ids(name) + tokens[:k], vocab))
             step = logits(len(batch) + sum(map(len, fed.values())))
             out = harness.step(batch, step.clone(), drafts=fed)
             row = 0
+            first: dict[str, torch.Tensor] = {}  # each request's row after its committed tokens
             for name in batch:
                 payload, hosted = live[name]
                 for k in range(len(fed.get(name, [])) + 1):
@@ -82,9 +106,10 @@ def rows_against_hosted(drafts: int, rng: random.Random, new: Callable[[], Reque
                     sdk.apply_rows(want, [0], [hosted], [seen])
                     assert same(out[row], want[0]), (name, payload, seen)
                     changed += int(not same(want[0], step[row]))
+                    first.setdefault(name, want[0])
                     row += 1
             for name in batch:
-                harness.commit(name, [rng.choice(ids)])
+                harness.commit(name, [rng.choice(ids) if choose is None else choose(rng, first[name])])
     assert not harness.processor.failures
     return changed
 
@@ -92,12 +117,13 @@ def rows_against_hosted(drafts: int, rng: random.Random, new: Callable[[], Reque
 def rows_v1_against_hosted(rng: random.Random, requests: Callable[[], tuple[list[Any], list[Any]]],
                            ids: Sequence[int], *, vocab: int, steps: int, placeholders: float,
                            logits: Callable[[], torch.Tensor], same: Callable[[torch.Tensor, torch.Tensor], bool],
-                           changed: Callable[[torch.Tensor, torch.Tensor], int]) -> int:
+                           changed: Callable[[torch.Tensor, torch.Tensor], int], choose: Choose | None = None) -> int:
     """Thirty batches of three requests (``requests``: each's resident and hosted realization, all
     resident as ``ScopedDecided``) in a reordered layout, ``steps`` steps of live lists growing with
     placeholders (``placeholders`` of the time; filled in the next step, as vLLM's async scheduling
-    does), seen as the list itself, one longer or a copy: every step ``same`` as the hosted path;
-    the sum of ``changed(resident logits, step logits)``."""
+    does), seen as the list itself, one longer or a copy (with ``choose``: the token it picks among
+    those the hosted path allowed, seen as the list or a copy): every step ``same`` as the hosted
+    path; the sum of ``changed(resident logits, step logits)``."""
     total = 0
     for _ in range(30):
         resident, hosted = requests()
@@ -108,17 +134,26 @@ def rows_v1_against_hosted(rng: random.Random, requests: Callable[[], tuple[list
         batch.flush()
         batch.set_rows(np.array([2, 0, 1]))
         live: list[list[int]] = [[], [], []]
+        last: torch.Tensor | None = None  # the hosted rows of the last step
         for _ in range(steps):
-            for h in live:
+            for i, h in enumerate(live):
+                if choose is not None:  # from the empty history on
+                    if last is not None:
+                        h.append(choose(rng, last[i]))
+                    continue
                 if h and h[-1] == -1:  # the placeholder's token, known now, written in its place
                     h[-1] = rng.choice(ids)
                 h.append(-1 if rng.random() < placeholders else rng.choice(ids))
-            seen = [h if rng.random() < 0.6 else h + [-1] if rng.random() < 0.5 else list(h) for h in live]
+            if choose is not None:
+                seen = [h if rng.random() < 0.6 else list(h) for h in live]
+            else:
+                seen = [h if rng.random() < 0.6 else h + [-1] if rng.random() < 0.5 else list(h) for h in live]
             step = logits()
             a, b = step.clone(), step.clone()
             batch.apply(a, EngineStep(histories=seen))
             sdk.apply_rows(b, [0, 1, 2], [hosted[2], hosted[0], hosted[1]], seen)
             assert same(a, b), seen
             total += changed(a, step)
+            last = b
         assert not any(r.failed for r in resident)
     return total

@@ -30,8 +30,9 @@ A decided kind whose entries may be scoped to a phase opts in to a resident scop
 each row decided from its phase's stretch, rows out of phase from a history that decides nothing)
 and, to be resident without host histories too (a ``SpanWindowDecided``: the span gives each row's
 floor), ``WindowDecided.floored`` and ``apply_floored`` (each row decided from the token window,
-no position before its stretch's start counted). ``no_repeat_ngram``, ``banned_phrases`` and
-``dry`` do both; no other kind does yet."""
+no position before its stretch's start counted). ``no_repeat_ngram``, ``banned_phrases``, ``dry``
+and ``multiple_choice`` do both; a kind whose decision from an empty stretch is not "nothing" tells a
+row out of phase apart by identity (``OUT_OF_PHASE``)."""
 
 from __future__ import annotations
 
@@ -47,11 +48,23 @@ from .uploads import StepUpload
 if TYPE_CHECKING:
     from .window import TokenWindow
 
-__all__ = ["ClockDecided", "DecidedGroup", "Decider", "HostForcingGroup", "PlannedGroup", "SpanDecided",
-           "SpanWindowDecided", "WindowDecided"]
+__all__ = ["OUT_OF_PHASE", "ClockDecided", "DecidedGroup", "Decider", "HostForcingGroup", "OutOfPhase", "PlannedGroup",
+           "SpanDecided", "SpanWindowDecided", "WindowDecided"]
 
 #: ``(row, slot, processor)`` of one member row of a decided group, in the listed layout.
 Decider = tuple[int, int, Any]
+
+
+class OutOfPhase(tuple):
+    """The empty history of a member row out of a scoped entry's phase, for a kind whose decision
+    from it differs from its decision from an empty stretch (``DecidedGroup.neutral_history``): one
+    object, told apart by identity."""
+
+    __slots__ = ()
+
+
+#: the one ``OutOfPhase`` history
+OUT_OF_PHASE = OutOfPhase()
 
 
 class PlannedGroup(Group):

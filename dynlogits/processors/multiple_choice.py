@@ -1,6 +1,13 @@
 """``multiple_choice``: the output is exactly one of the choices, then EOS: the processor, its template
 and its resident group (decided on the host from each row's history where the adapter has it, vLLM's
-V1 runner; else on the device from each row's first tokens, Model Runner V2)."""
+V1 runner; else on the device from each row's first tokens, Model Runner V2).
+
+Scoped to a phase (``scope.ScopedDecided``: ``scopable``, ``neutral_history``; ``floored``,
+``apply_floored``), the choice is what the phase's stretch holds, as the hosted path's ``_own``: with
+host histories each row in phase decided from its stretch and a row out of phase
+(``neutral_history``) left as it is, neither filled nor counted as dead; from the token window each
+row's first tokens are read from its floor (its stretch's start, at least the prompt's length) and a
+row whose floor is past every position (out of phase) is no member."""
 
 from __future__ import annotations
 
@@ -13,9 +20,11 @@ import torch
 from dynlogits.specs.builtin.multiple_choice import MultipleChoice, MultipleChoiceSpec
 
 from .base import IndexCache, RealizeContext, first_stop
+from .device_thinking import NEVER
 from .entries import EntryTablesGroup
 from .kept import INT_BYTES, Kept, deep_size, shallow_size
-from .ops import KeepOnly, RowOp, apply_op, fill_rows
+from .modes import OUT_OF_PHASE
+from .ops import KeepOnly, RowOp, apply_op, fill_rows, row_runs
 from .slots import NEG_INF, Dead, GatheredRows, ListedRows, SlotTable, StepInputs, Template, listed_positions
 from .uploads import StepUpload
 
@@ -85,6 +94,17 @@ class MultipleChoiceGroup(EntryTablesGroup):
     restrictive = True
     positional = True  # a row left with no token reports its output position
     NEVER = 1 << 40  # ``depth`` of padding entries: never matches
+    #: a member row out of a scoped entry's phase (``scope.ScopedDecided``): left as it is
+    neutral_history = OUT_OF_PHASE
+    floored = True
+    #: a slot's entries grow with its choices' trie: written only once a scoped group decides from the window
+    tables_at_first_window = True
+
+    @classmethod
+    def scopable(cls, template: Template) -> bool:
+        """A scoped entry is resident: a row in phase decides from its stretch as from an output, and
+        one out of phase (``neutral_history``) keeps its row as it is (``host_decision``: ``None``)."""
+        return True
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         super().__init__(level, num_slots, device)
@@ -115,31 +135,57 @@ class MultipleChoiceGroup(EntryTablesGroup):
     def host_decisions(self, n: int) -> list[tuple[int, ...]]:
         return [()] * n
 
-    def host_decision(self, processor: Any, history: Sequence[int]) -> tuple[int, ...]:
-        """The ids the row allows this step (empty: it left every choice)."""
+    def host_decision(self, processor: Any, history: Sequence[int]) -> tuple[int, ...] | None:
+        """The ids the row allows this step (empty: it left every choice; ``None``: out of a scoped
+        entry's phase, the row left as it is)."""
+        if history is OUT_OF_PHASE:
+            return None
         return processor.allowed(history)
 
-    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: list[tuple[int, ...]],
-                             upload: StepUpload) -> Dead:
+    def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: list[tuple[int, ...] | None],
+                             upload: StepUpload) -> Dead | None:
         """Each member row keeps only its ids: one upload of every row's allowed flat indices (padded
-        to the widest, the witness of its emptiness) followed by those of the rows that keep any."""
-        width = max([1, *map(len, decisions)])
+        to the widest, the witness of its emptiness) followed by those of the rows that keep any. A
+        row decided ``None`` (out of its scoped entry's phase) is left out: then the rows in phase are
+        filled, and their member indices go up in the same upload to select their slots, positions
+        and stop indices for ``Dead``; no row in phase: nothing."""
+        inside = [i for i, ids in enumerate(decisions) if ids is not None] if self.scoped else None
+        if inside is not None and len(inside) == len(decisions):
+            inside = None
+        if inside is not None and not inside:
+            return None
+        bases = self._cache["base"]
+        chosen = [(bases[i], decisions[i]) for i in inside] if inside is not None else list(zip(bases, decisions))
+        width = max([1, *(len(ids) for _, ids in chosen if ids is not None)])
         witness: list[int] = []
         keep: list[int] = []
-        for base, ids in zip(self._cache["base"], decisions):
+        for base, ids in chosen:
+            assert ids is not None
             flat = [base + t for t in ids]
             keep += flat
             witness += flat + [flat[0] if flat else base] * (width - len(flat))
-        n = len(witness)
-        buf = upload.buffer(n + len(keep))
-        buf[:n], buf[n:] = witness, keep
-        values = upload.upload(n + len(keep))
-        kept_at = values[n:]
+        n, k = len(witness), len(keep)
+        extra = 0 if inside is None else len(inside)
+        buf = upload.buffer(n + k + extra)
+        buf[:n], buf[n : n + k] = witness, keep
+        if inside is not None:
+            buf[n + k :] = inside
+        values = upload.upload(n + k + extra)
+        kept_at = values[n : n + k]
         kept = step.flat.index_select(0, kept_at)
-        fill_rows(step.logits, rows.runs, rows.rows_dev)
+        witness_rows = values[:n].view(-1, width)
+        if inside is None:
+            fill_rows(step.logits, rows.runs, rows.rows_dev)
+            step.flat.index_copy_(0, kept_at, kept)
+            return Dead(rows.rows_dev, rows.slots_dev, witness_rows,
+                        listed_positions(step, rows.rows_dev, rows.identity), rows.stop_index, rows.can_stop)
+        at = values[n + k :]
+        rows_dev = rows.rows_dev[at]
+        fill_rows(step.logits, row_runs(rows.rows[inside].tolist()), rows_dev)
         step.flat.index_copy_(0, kept_at, kept)
-        return Dead(rows.rows_dev, rows.slots_dev, values[:n].view(-1, width),
-                    listed_positions(step, rows.rows_dev, rows.identity), rows.stop_index, rows.can_stop)
+        return Dead(rows_dev, rows.slots_dev[at], witness_rows, listed_positions(step, rows_dev),
+                    None if rows.stop_index is None else rows.stop_index[at],
+                    None if rows.can_stop is None else rows.can_stop[at])
 
     def _rows_tables(self, rows: GatheredRows, window: TokenWindow) -> _RowTables:
         """The rows' slots' tables, gathered once while ``rows.slot_of_row`` is the same tensor,
@@ -175,9 +221,15 @@ class MultipleChoiceGroup(EntryTablesGroup):
         t = self._rows_tables(rows, window)
         if window.input_ids is None and window.tokens.dtype in _NARROW:
             return self._decide_by_count(t, window)
-        head = window.head(t.slots, self.width)
-        # tokens generated before the row; a prefill chunk's row (its sample discarded) counts as the first
-        n = (window.pos - window.prompt_len[t.slots] + 1).long().clamp_(min=0)[:, None]
+        return self._decide_from(t, window, None)
+
+    def _decide_from(self, t: _RowTables, window: TokenWindow, first: torch.Tensor | None) -> torch.Tensor:
+        """``decide_from_window`` cell by cell, each row's history from ``first[r]`` on (``None``: its
+        output, from the prompt's length)."""
+        head = window.head(t.slots, self.width, first)
+        # tokens of its history before the row; a prefill chunk's row (its sample discarded) counts as the first
+        start = window.prompt_len[t.slots] if first is None else first
+        n = (window.pos - start + 1).long().clamp_(min=0)[:, None]
         same = ((t.prefix == head[:, None, :]) | t.unused).all(2)
         return same & ((t.depth == n) | (t.at_least & (t.depth <= n)))
 
@@ -198,18 +250,32 @@ class MultipleChoiceGroup(EntryTablesGroup):
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> Dead:
         """Each member row keeps only the ids of the entries it matched (none where it matched none):
-        the entries' logits read (``-inf`` for the entries not matched), the member rows filled, the
-        read ones written back (``amax``: an id two entries allow, or one a matched and an unmatched
-        entry name, keeps its value; a row outside the group gets its own values back, unchanged)."""
-        t = self._cache["window"][1]  # this step's, from decide_from_window
+        ``_keep``."""
+        return self._keep(step, rows, self._cache["window"][1], hit, rows.member)
+
+    def apply_floored(self, step: StepInputs, rows: GatheredRows, window: TokenWindow, floor: torch.Tensor) -> Dead:
+        """A scoped entry's rows (``scope.ScopedDecided``): each row's history from its floor on (at
+        least its prompt's length: a span the prompt opened starts at the output, as the hosted
+        path's ``_own``), cell by cell (``_decide_from``); a row whose floor is past every position
+        (out of phase: ``device_thinking.NEVER``) is no member, its row left as it is."""
+        t = self._rows_tables(rows, window)
+        first = torch.maximum(floor, window.prompt_len[t.slots].long())
+        inside = rows.member & (floor < NEVER)
+        return self._keep(step, rows, t, self._decide_from(t, window, first), inside)
+
+    def _keep(self, step: StepInputs, rows: GatheredRows, t: _RowTables, hit: torch.Tensor, member: torch.Tensor) -> Dead:
+        """The ``member`` rows keep only the ids of the entries ``hit`` (none where none): the
+        entries' logits read (``-inf`` for the entries not hit), the member rows filled, the read ones
+        written back (``amax``: an id two entries allow, or one a hit and a missed entry name, keeps
+        its value; a row outside ``member`` gets its own values back, unchanged)."""
         key = (step.logits.dtype, step.logits.device)
         neg_inf = self._neg_inf.get(key)
         if neg_inf is None:
             neg_inf = self._neg_inf[key] = torch.full((), NEG_INF, dtype=key[0], device=key[1])  # a fill, no copy
         kept = torch.where(hit, step.logits.gather(1, t.ids), neg_inf)
-        step.logits.masked_fill_(rows.member[:, None], NEG_INF)
+        step.logits.masked_fill_(member[:, None], NEG_INF)
         step.logits.scatter_reduce_(1, t.ids, kept, reduce="amax")
-        return Dead(None, rows.slot_of_row, t.ids, step.generated, where=rows.member)
+        return Dead(None, rows.slot_of_row, t.ids, step.generated, where=member)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,26 +19,28 @@ where its kind is:
   gathered, on the rows in the entry's phase only, a positional kind at the stretch's counts
   (``StepInputs.generated`` replaced);
 * a decided group that opts in (``DecidedGroup.scopable``: ``no_repeat_ngram`` and ``dry`` without
-  ``include_prompt``, ``banned_phrases``): ``ScopedDecided`` (``dry``'s processor has no ``row_op``:
-  ``_ScopedResidentCalled``, called where hosted). With host histories the inner group
-  decides every member row, in phase from its stretch (``_own``), out of it from the kind's
-  ``neutral_history`` (nothing; ``banned_phrases`` tells it apart by identity, so its one-token
-  phrases are masked in phase only); without, where the adapter passes a ``TokenWindow`` and the
-  kind decides from it from a floor on (``WindowDecided.floored``: ``no_repeat_ngram`` up to
-  ``MAX_DEVICE_SIZE``, any ``max_tokens``; ``banned_phrases`` whose tables fit, as unscoped;
-  ``dry`` with single-token breakers and a cap up to ``MAX_DEVICE_CAP``),
-  ``DeviceThinking`` gives each row's floor (``FloorScopeTables``: its stretch's start, the
-  state's ``ANCHOR``; past every position for a row out of phase, or after a placeholder draft)
-  and the inner kind decides from the engine's token matrix in place, drafts included, no position
-  below the floor counted (``WindowDecided.apply_floored``: the kind's one fused op,
-  ``no_repeat_ngram_ban_``, ``banned_phrases_ban_`` or ``dry_lower_``, with the floors); else its request is hosted
+  ``include_prompt``, ``banned_phrases``, ``multiple_choice``): ``ScopedDecided`` (``dry``'s
+  processor has no ``row_op``: ``_ScopedResidentCalled``, called where hosted). With host histories
+  the inner group decides every member row, in phase from its stretch (``_own``), out of it from the
+  kind's ``neutral_history`` (nothing; ``banned_phrases`` and ``multiple_choice`` tell it apart by
+  identity, ``modes.OUT_OF_PHASE``: one-token phrases are masked in phase only, a choice's row out
+  of phase is left whole and never counted dead); without, where the adapter passes a
+  ``TokenWindow`` and the kind decides from it from a floor on (``WindowDecided.floored``:
+  ``no_repeat_ngram`` up to ``MAX_DEVICE_SIZE``, any ``max_tokens``; ``banned_phrases`` and
+  ``multiple_choice`` whose tables fit, as unscoped; ``dry`` with single-token breakers and a cap
+  up to ``MAX_DEVICE_CAP``), ``DeviceThinking`` gives each row's floor (``FloorScopeTables``: its
+  stretch's start, the state's ``ANCHOR``; past every position for a row out of phase, or after a
+  placeholder draft) and the inner kind decides from the engine's token matrix in place, drafts
+  included, no position below the floor counted (``WindowDecided.apply_floored``: the kind's one
+  fused op, ``no_repeat_ngram_ban_``, ``banned_phrases_ban_`` or ``dry_lower_``, with the floors;
+  ``multiple_choice`` reads its rows' first tokens from their floors); else its request is hosted
   there. A floor is a position like any other, so one inside the drafts (a delimiter among them) is
-  exact too. ``banned_phrases``' window tables (as large as its members' phrase sets) are written
-  from its first window step on only (``ScopedDecided._from_window``): with host histories nobody
-  reads them.
+  exact too. ``banned_phrases``' and ``multiple_choice``'s window tables (as large as their members'
+  phrase sets and tries) are written from the first window step on only
+  (``ScopedDecided._from_window``): with host histories nobody reads them.
 
-Any other scoped entry (``watermark``, ``multiple_choice``,
-``trigger``, ``deadline``, ``thinking_budget``, a ``python`` kind) has no template: its request
+Any other scoped entry (``watermark``, ``trigger``, ``deadline``, ``thinking_budget``, a ``python``
+kind) has no template: its request
 runs on the hosted path, the oracle the resident paths equal bit for bit.
 """
 
@@ -439,8 +441,8 @@ def _resident_inner(template: Template) -> bool:
     (positions it may read: ``ScopedGroup`` gives it the stretch's counts; values the host plans in
     the listed layout it never gets, as it runs gathered), or its decided kind decides any history
     and has a neutral one (``DecidedGroup.scopable``: ``no_repeat_ngram`` and ``dry`` without
-    ``include_prompt``, ``banned_phrases``: ``ScopedDecided``; without host histories where the
-    kind is ``WindowDecided.floored`` and the template fits its window tables)."""
+    ``include_prompt``, ``banned_phrases``, ``multiple_choice``: ``ScopedDecided``; without host
+    histories where the kind is ``WindowDecided.floored`` and the template fits its window tables)."""
     group = template.group
     return not issubclass(group, DecidedGroup) or group.scopable(template)
 

@@ -75,11 +75,13 @@ class TokenWindow:
         ``slots``: ``slots(slot_of_row)``."""
         return self._read(slots, self.pos[:, None] + self._offsets(width))
 
-    def head(self, slots: torch.Tensor, width: int) -> torch.Tensor:
+    def head(self, slots: torch.Tensor, width: int, first: torch.Tensor | None = None) -> torch.Tensor:
         """Per row, its first ``width`` generated tokens (``[rows, width]``, positions ``prompt_len ..
-        prompt_len + width - 1``); a column past the row's own position (``pos``) holds an arbitrary
-        token, so callers check lengths themselves. ``slots``: ``slots(slot_of_row)``."""
-        columns = self.prompt_len[slots].long()[:, None] + self._arange(width)[None, :]
+        prompt_len + width - 1``), or from ``first[r]`` on (int64 per row: a scoped entry's stretch);
+        a column past the row's own position (``pos``) holds an arbitrary token, so callers check
+        lengths themselves. ``slots``: ``slots(slot_of_row)``."""
+        start = self.prompt_len[slots].long() if first is None else first
+        columns = start[:, None] + self._arange(width)[None, :]
         return self._read(slots, torch.minimum(columns, self.pos[:, None]))
 
     def _read(self, slots: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:

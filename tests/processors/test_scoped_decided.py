@@ -1,5 +1,5 @@
-"""A scoped entry of a decided kind that opts in (``no_repeat_ngram``, ``banned_phrases``:
-``DecidedGroup.scopable``, ``WindowDecided.floored``) is resident (``scope.ScopedDecided``) and acts exactly as the
+"""A scoped entry of a decided kind that opts in (``no_repeat_ngram``, ``banned_phrases``,
+``multiple_choice``: ``DecidedGroup.scopable``, ``WindowDecided.floored``) is resident (``scope.ScopedDecided``) and acts exactly as the
 hosted path (``_ScopedPlanned``: the inner processor on its phase's stretch, ``_own``): on the V1
 runner's interface (host histories) and, through vLLM's real Model Runner V2 classes
 (``V2SamplerHarness``), with its rows decided on the device, drafts or not. A kind that does not
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from v2_rows import Request, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
+from v2_rows import Request, allowed_token, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
 
 from dynlogits import sdk
 from dynlogits.processors.banned_phrases import BannedPhrasesGroup
@@ -183,10 +183,100 @@ def test_a_scoped_entry_that_counts_the_prompt_is_not_resident() -> None:
 
 def test_a_scoped_kind_that_does_not_opt_in_stays_hosted() -> None:
     payload: list[dict[str, Any]] = [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
-                                     {"kind": "multiple_choice", "choices": [[3], [4, 6]], "eos_token_id": 1,
-                                      "scope": "answer"}]
+                                     {"kind": "deadline", "seconds": 30, "scope": "answer"}]
     batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
     assert not batch.assign(0, _realize(payload, [2]))
+
+
+# -- multiple_choice: a restrictive kind (a row out of phase is left as it is, not filled) -----------
+def _choice_payload(rng: random.Random) -> list[dict[str, Any]]:
+    """Random delimiters and a ``multiple_choice`` of 1 to 4 choices of 1 to 3 tokens (delimiters
+    among them: a choice may close or open a span) scoped to either phase."""
+    reasoning = {"kind": "reasoning", "start_token_ids": [5, 6][: rng.randint(1, 2)],
+                 "end_token_ids": [7, 8][: rng.randint(1, 2)]}
+    choices = [[rng.choice([*IDS, 9, 10, 11]) for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(1, 4))]
+    return [reasoning, {"kind": "multiple_choice", "choices": choices, "eos_token_id": EOS,
+                        "scope": rng.choice(["reasoning", "answer"])}]
+
+
+def _choose(rng: random.Random, row: torch.Tensor) -> int:
+    """An id the hosted row allows, one of ``IDS`` (delimiters among them) where it allows any."""
+    ids = [t for t in IDS if torch.isfinite(row[t])]
+    return rng.choice(ids) if ids and rng.random() < 0.8 else allowed_token(rng, row)
+
+
+def test_the_v1_runners_scoped_multiple_choice_rows_equal_the_hosted_paths_bit_for_bit() -> None:
+    """Random delimiters, prompts, choices (``_choice_payload``), histories that follow what the
+    hosted path allows: every request resident; in phase a row keeps its stretch's next ids, out of
+    phase it is left as it is (not filled, never counted dead); every row equals the hosted path's."""
+    rng = random.Random(17)
+
+    def requests() -> tuple[list[Any], list[Any]]:
+        payloads = [_choice_payload(rng) for _ in range(3)]
+        prompts = [[rng.choice(IDS) for _ in range(rng.randint(1, 4))] for _ in payloads]
+        return [_realize(p, q) for p, q in zip(payloads, prompts)], [_realize(p, q) for p, q in zip(payloads, prompts)]
+
+    restricted = rows_v1_against_hosted(rng, requests, IDS, vocab=V, steps=12, placeholders=0.0,
+                                        logits=lambda: torch.randn(3, V), same=torch.equal,
+                                        changed=lambda a, _: int(torch.isneginf(a).any(1).sum()), choose=_choose)
+    assert restricted > 100
+
+
+CHOICE_PAYLOAD: list[dict[str, Any]] = [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
+                                        {"kind": "multiple_choice", "choices": [[3], [4, 6]], "eos_token_id": EOS,
+                                         "scope": "answer"}]
+#: what ``CHOICE_PAYLOAD`` leaves after each output: all of it in reasoning, then the choices' ids
+CHOICE_STEPS = [([5, 3], list(range(V))), ([5, 3, 7], [3, 4]), ([5, 3, 7, 4], [6]), ([5, 3, 7, 4, 6], [EOS])]
+
+
+def test_a_scoped_multiple_choice_restricts_only_its_phases_current_stretch() -> None:
+    """The V1 runner's interface: in reasoning the row is left whole; after the end delimiter the
+    answer's stretch starts empty: the choices' first ids, then the rest of ``4 6``, then EOS."""
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
+    request = _realize(CHOICE_PAYLOAD, [2])
+    assert batch.assign(0, request)
+    batch.flush()
+    batch.set_rows(np.array([0]))
+    for history, allowed in CHOICE_STEPS:
+        logits = torch.zeros(1, V)
+        batch.apply(logits, EngineStep(histories=[history]))
+        assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == allowed, history
+    assert not request.failed
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_under_model_runner_v2_a_scoped_multiple_choice_restricts_only_its_phases_current_stretch(drafts: int) -> None:
+    """Model Runner V2 (each row's first tokens read from its floor): ``CHOICE_STEPS`` row by row."""
+    harness = _v2_harness(drafts)
+    harness.add_request("a", [2], _params(CHOICE_PAYLOAD, 16), output_ids=[5])
+    assert harness.processor._is_resident[harness.reqs["a"].slot]
+    for history, allowed in CHOICE_STEPS:
+        harness.commit("a", history[len(harness.output_ids("a")):])
+        out = harness.step(["a"], torch.zeros(1, V))
+        assert torch.isfinite(out[0]).nonzero().flatten().tolist() == allowed, history
+    assert not harness.processor.failures
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_model_runner_v2s_scoped_multiple_choice_rows_are_decided_on_the_device_as_the_hosted_path(drafts: int) -> None:
+    """Random choices, delimiters, prompts that may open a span, resumes, drafts, tokens the hosted
+    path allows: every request resident (each row's floor into the kind's step, no history read
+    back); rows equal the hosted path's bit for bit, none fails."""
+    rng = random.Random(71 + drafts)
+
+    def new() -> Request:
+        payload = _choice_payload(rng)
+        prompt = [rng.choice(IDS) for _ in range(rng.randint(1, 4))]
+        hosted = _realize(payload, prompt)
+        output: list[int] = []
+        for _ in range(rng.choice([0, 1, 3, 8])):  # a resumed output the entry allows
+            row = torch.randn(1, V)
+            sdk.apply_rows(row, [0], [hosted], [output])
+            output.append(_choose(rng, row[0]))
+        return payload, True, prompt, output, _realize(payload, prompt)
+
+    assert rows_against_hosted(drafts, rng, new, IDS, vocab=V, eos=EOS, max_tokens=48,
+                               logits=lambda rows: torch.randn(rows, V), choose=_choose) > 20
 
 
 # -- Model Runner V2 (vLLM's real V2 classes, the runner's buffers as plain tensors) -----------------
