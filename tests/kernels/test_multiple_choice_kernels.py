@@ -1,0 +1,234 @@
+"""``multiple_choice``' fused op (``dynlogits::multiple_choice_keep_``, ``dynlogits.kernels.multiple_choice``):
+its reference (``keep_reference``, the CPU implementation) against a plain per-row reading of the
+contract on random steps (NaN and infinite logits, duplicate ids, ``at_least`` entries, rows out of
+phase, non-members, rows matching none, ``-1`` placeholders, bases past the matrix), and against a
+real ``MultipleChoiceGroup``'s eager device path (its counting decision with int32 tokens, cell by
+cell with int64) and the hosted processor; its Triton kernel in Triton's CPU interpreter
+(``TRITON_INTERPRET=1``, set in a subprocess before Triton is imported) against the reference bit
+for bit, and the gate's probe passing there; the kernel compiled ahead of time for sm_90 and sm_80;
+one declared launch and the gate's fallback."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from dynlogits.kernels import multiple_choice as K
+from dynlogits.testing.cuda import multiple_choice_check as C
+
+CPU = torch.device("cpu")
+
+
+def _contract(case: K.Case) -> torch.Tensor:
+    """The module doc's rule read row by row and entry by entry in Python: the logits it makes."""
+    out = case.logits.clone()
+    engines, length = case.tokens.shape
+    width = case.width
+    for r in range(len(case.pos)):
+        base = int(case.base[r])
+        if not bool(case.member[r]) or base >= K.OUT_OF_PHASE:
+            continue
+        slot = int(case.slot_of_row[r])
+        engine = min(slot, engines - 1)
+        n = max(int(case.pos[r]) - base + 1, 0)
+        keep = set()
+        for e in range(case.entries):
+            cells = case.prefix[slot, e * width:(e + 1) * width].tolist()
+            same = all(c < 0 or c == int(case.tokens[engine, min(max(base + j, 0), length - 1)])
+                       for j, c in enumerate(cells))
+            depth = int(case.depth[slot, e])
+            if same and (depth == n or (bool(case.at_least[slot, e]) and depth <= n)):
+                keep.add(int(case.ids[slot, e]))
+        out[r] = float("-inf")
+        at = torch.tensor(sorted(keep), dtype=torch.long)
+        out[r, at] = case.logits[r, at]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_reference_keeps_what_the_contract_says_bit_for_bit(dtype: torch.dtype) -> None:
+    kept = untouched = none = 0
+    for seed in range(40):
+        case = K.probe_case(seed, rows=1 + seed % 13, width=(1, 3, 5, 9)[seed % 4], entries=1 + seed % 23, dtype=dtype,
+                            tokens_dtype=(torch.int32, torch.int64)[seed % 2])
+        got = case.logits.clone()
+        K.keep_reference(got, *case[1:])
+        assert K.same_bits(got, _contract(case)), seed
+        acting = case.member & (case.base < K.OUT_OF_PHASE)
+        kept += int((~got.isneginf() & acting[:, None]).sum())
+        untouched += int((~acting).sum())
+        none += int((got.isneginf().all(1) & acting).sum())
+    assert kept > 100 and untouched > 40 and none > 10  # the cases keep, leave rows alone, and keep nothing
+
+
+@pytest.mark.parametrize("tokens_dtype", [torch.int32, torch.int64], ids=["count", "cells"])
+def test_the_reference_at_the_prompt_length_equals_the_groups_eager_path_and_the_hosted_processor(
+        tokens_dtype: torch.dtype) -> None:
+    """``base`` the prompt's length: the group's eager device path (int32 tokens: its counting
+    decision, ``_decide_by_count``; int64: cell by cell) bit for bit; with stretch starts after the
+    prompt and rows out of phase, each row what its processor allows after its stretch."""
+    kept = 0
+    for seed in range(50):
+        for scoped in (False, True):
+            case = C.group_case(seed, requests=1 + seed % 9, tokens_dtype=tokens_dtype, longest=(2, 4, 7)[seed % 3],
+                                scoped=scoped)
+            got = case.logits.clone()
+            K.keep_reference(*C.fused_args(case, got))
+            if not scoped:
+                by_group = case.logits.clone()
+                C.eager_group(case, by_group)
+                assert K.same_bits(got, by_group), seed
+            assert C.hosted_rows(case, got, case.logits) == 0, (seed, scoped)
+            kept += int((~got.isneginf() & case.rows.member[:, None]).sum())
+    assert kept > 1000
+
+
+def test_the_op_on_the_cpu_is_the_reference_and_declares_one_launch() -> None:
+    from dynlogits.kernels.fused import registered
+
+    assert registered()["dynlogits::multiple_choice_keep_"].launches == 1  # keep_rows
+    for seed in range(8):
+        case = K.probe_case(seed, entries=9, dtype=torch.bfloat16)
+        by_op, by_reference = case.logits.clone(), case.logits.clone()
+        K.multiple_choice_keep_(by_op, *case[1:])
+        K.keep_reference(by_reference, *case[1:])
+        assert K.same_bits(by_op, by_reference), seed
+
+
+SCRIPT = textwrap.dedent('''
+    import os
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    import torch
+    from dynlogits.kernels import multiple_choice as K
+    from dynlogits.testing.cuda import multiple_choice_check as C
+
+    checked = kept = 0
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    for seed in range(24):
+        for width in (1, 2, 5, 8, 9, 33, 40):
+            case = K.probe_case(seed, rows=1 + seed % 13, width=width, entries=(1, 7, 70, 130)[seed % 4],
+                                dtype=dtypes[seed % 3], tokens_dtype=(torch.int32, torch.int64)[seed % 2])
+            fused, host = case.logits.clone(), case.logits.clone()
+            if seed % 4 == 1:  # rows of wider logits (the row stride past V)
+                fused = torch.cat([case.logits, case.logits[:, :7]], dim=1)[:, :case.logits.shape[1]]
+                assert fused.stride(0) > fused.shape[1]
+            K.launch(fused, *case[1:])
+            K.keep_reference(host, *case[1:])
+            assert K.same_bits(fused, host), (seed, width)
+            kept += int((~host.isneginf() & case.member[:, None]).sum())
+            checked += 1
+    for entries, width, vocab in ((0, 3, 40), (2000, 2, 3000), (300, 13, 5000)):  # none; thousands; fills in blocks
+        case = K.probe_case(7, rows=5, entries=entries, width=width, vocab=vocab)
+        fused, host = case.logits.clone(), case.logits.clone()
+        K.launch(fused, *case[1:])
+        K.keep_reference(host, *case[1:])
+        assert K.same_bits(fused, host), (entries, width)
+        checked += 1
+    for seed in range(12):  # a real group's tables, against its eager path and the hosted processor
+        for tokens_dtype in (torch.int32, torch.int64):
+            case = C.group_case(seed, requests=1 + seed % 9, tokens_dtype=tokens_dtype, longest=(3, 12)[seed % 2],
+                                scoped=seed % 3 == 2)
+            fused = case.logits.clone()
+            K.launch(*C.fused_args(case, fused))
+            assert C.hosted_rows(case, fused, case.logits) == 0, (seed, "hosted")
+            if seed % 3 != 2:
+                by_group = case.logits.clone()
+                C.eager_group(case, by_group)
+                assert K.same_bits(fused, by_group), (seed, "group")
+            checked += 1
+    assert kept > 1000, kept
+    assert K.probe(torch.device("cpu")), "the gate's probe (kernel against keep_reference)"
+    print("checked", checked)
+''')
+
+
+def test_the_triton_kernel_in_the_interpreter_equals_the_reference_bit_for_bit() -> None:
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "checked 195" in done.stdout
+
+
+def test_the_gpu_checks_self_test_passes_in_the_interpreter() -> None:
+    """``multiple_choice_check``'s ``bits`` on the CPU (kernel in the interpreter against the
+    reference, the group's eager path and the hosted processor)."""
+    pytest.importorskip("triton")
+    assert C.cpu_check(vocab=301, batches=(1, 6))
+
+
+def _without_barriers(tmp_path: Path) -> object:
+    """The kernel's module with its two ``tl.debug_barrier()`` calls removed (a file: Triton reads
+    a kernel's source), imported."""
+    source = Path(K.kernels().__file__).read_text()
+    assert source.count("tl.debug_barrier()") == 2
+    path = tmp_path / "_multiple_choice_no_barriers.py"
+    path.write_text(source.replace("tl.debug_barrier()", "pass"))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("logits_type", ["*fp32", "*bf16"])
+def test_the_triton_kernel_compiles_for_cuda_without_a_gpu(logits_type: str, tmp_path: Path) -> None:
+    """Triton's NVIDIA backend compiles the kernel ahead of time (Hopper and Ampere, both column
+    blocks, int32 and int64 tokens, the launch's warps): what the interpreter does not check
+    (types, the lowering); not run. Both barriers survive: the PTX holds two ``bar.sync`` more
+    than the same kernel without them (the reductions have their own)."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("Triton has no NVIDIA backend here")
+    bare = _without_barriers(tmp_path).keep_rows  # type: ignore[attr-defined]
+    for capability in (90, 80):
+        for width in (5, 40):
+            for tokens_type in ("*i32", "*i64"):
+                signature = {"logits_ptr": logits_type, "logits_s0": "i64", "tokens_ptr": tokens_type, "tokens_s0": "i64",
+                             "tokens_s1": "i64", "maxlen": "i32", "engine_slots": "i32", "base_ptr": "*i64",
+                             "pos_ptr": "*i64", "slot_ptr": "*i64", "member_ptr": "*u8", "prefix_ptr": "*i32",
+                             "prefix_s0": "i64", "depth_ptr": "*i64", "depth_s0": "i64", "at_least_ptr": "*u8",
+                             "at_least_s0": "i64", "ids_ptr": "*i64", "ids_s0": "i64", "saved_ptr": logits_type,
+                             "at_ptr": "*i32", "entries": "i32", "width": "i32", "vocab": "i32",
+                             "BLOCK_E": "constexpr", "BLOCK_W": "constexpr", "BLOCK_V": "constexpr"}
+                constexprs = {"BLOCK_E": K.BLOCK_E, "BLOCK_W": K.block_width(width), "BLOCK_V": K.BLOCK_V}
+                ptx = {}
+                for name, kernel in (("kept", K.kernels().keep_rows), ("bare", bare)):
+                    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+                    compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                                              options={"num_warps": K.NUM_WARPS})
+                    ptx[name] = compiled.asm["ptx"]
+                assert "keep_rows" in ptx["kept"]
+                assert ptx["kept"].count("bar.sync") == ptx["bare"].count("bar.sync") + 2, (capability, width)
+
+
+def test_a_failed_probe_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    probed: list[torch.device] = []
+
+    def differing(device: torch.device) -> bool:
+        probed.append(device)
+        return False  # the kernel's logits differ from keep_reference's
+
+    monkeypatch.setattr(K, "probe", differing)
+    K.GATE.reset()
+    try:
+        with caplog.at_level("WARNING", logger="dynlogits.kernels"):
+            answers = [K.GATE.ready(torch.device("cuda", 0)) for _ in range(3)]
+            ran = K.GATE.run(torch.device("cuda", 0), lambda: "fused", lambda: "eager")
+        assert answers == [False] * 3 and len(probed) == 1 and ran == "eager"  # probed once per device
+        warned = [r.getMessage() for r in caplog.records if "fused Triton kernels are off" in r.getMessage()]
+        assert len(warned) == 1 and warned[0].startswith("multiple_choice")
+        assert K.GATE.ready(CPU) is False and K.GATE.ready(torch.device("meta")) is True
+    finally:
+        K.GATE.reset()
