@@ -54,14 +54,14 @@ import numpy as np
 import torch
 
 from .device_thinking import ANCHOR, CLOSED, NEVER, OUT, SEL, SpanTables
-from .modes import DecidedGroup, Decider, SpanDecided, SpanWindowDecided, WindowDecided
+from .modes import ClockDecided, DecidedGroup, Decider, SpanDecided, SpanWindowDecided, WindowDecided
 from .slots import Dead, GatheredRows, Group, ListedRows, StepInputs, Template
 from .spans import SpanScanner
 from .uploads import StepUpload
 from .window import TokenWindow
 
-__all__ = ["FloorScopeTables", "Phases", "Reasoning", "ScopeTables", "ScopedDecided", "ScopedGroup", "ScopedTemplate",
-           "StretchScopeTables", "scoped"]
+__all__ = ["FloorScopeTables", "Phases", "Reasoning", "ScopeTables", "ScopedClock", "ScopedDecided", "ScopedGroup",
+           "ScopedTemplate", "StretchScopeTables", "scoped"]
 
 #: A request's reasoning delimiters: ``(start token ids, end token ids)``.
 Reasoning = tuple[tuple[int, ...], tuple[int, ...]]
@@ -426,6 +426,28 @@ class ScopedDecided(ScopedGroup, SpanWindowDecided):
         return None
 
 
+class ScopedClock(ScopedDecided, ClockDecided):
+    """A scoped entry of a clock-decided kind (``deadline``, ``DecidedGroup.scopable``): resident on
+    every runner with slots. With host histories as ``ScopedDecided`` (a row in phase decided by its
+    clock, one out of phase from ``neutral_history``: nothing). Without, the clock is read on the
+    host per member slot (``host_decision``: the inner kind's, no history) and nothing runs on the
+    device unless one is due; then the adapter forces only the rows ``DeviceThinking`` finds in the
+    entry's phase (``ScopeTables``: a membership), ``apply_device_decisions`` given the tokens per
+    row (``-1`` elsewhere)."""
+
+    @classmethod
+    def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:
+        return True
+
+    def host_decision(self, processor: Any, history: Sequence[int]) -> Any:
+        """One member slot's clock (the inner kind's decision, no history), its phase left to the device."""
+        return self.inner.host_decision(processor.inner, history)
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead | None:
+        """``decisions``: each row's token (``-1``: none), already ``-1`` outside the entry's phase."""
+        return self.inner.apply_device_decisions(step, rows, decisions)
+
+
 def _at_counts(step: StepInputs, counts: torch.Tensor) -> StepInputs:
     """``step`` with ``counts`` as each row's generated count (a scoped positional kind counts from
     its stretch's start) and no runner positions (``pos``), which would count from the output's."""
@@ -451,7 +473,8 @@ def scoped_group(inner: type[Group]) -> type[ScopedGroup]:
     """The ``ScopedGroup`` subclass of ``inner`` (``ScopedDecided`` for a decided kind; made once)."""
     made = _GROUPS.get(inner)
     if made is None:
-        base = ScopedDecided if issubclass(inner, DecidedGroup) else ScopedGroup
+        base = (ScopedClock if issubclass(inner, ClockDecided) else ScopedDecided if issubclass(inner, DecidedGroup)
+                else ScopedGroup)
         made = _GROUPS[inner] = type(f"Scoped{inner.__name__}", (base,), {
             "inner_type": inner, "restrictive": inner.restrictive, "writes_neg_inf": inner.writes_neg_inf,
             "positional": inner.positional, "__module__": __name__})
@@ -480,7 +503,7 @@ def _tables_of(inner: type[Group]) -> type[ScopeTables]:
     """The ``ScopeTables`` a scoped entry of ``inner`` decides its rows by without host histories."""
     if issubclass(inner, WindowDecided):
         return FloorScopeTables
-    return StretchScopeTables if inner.positional else ScopeTables
+    return StretchScopeTables if inner.positional and not issubclass(inner, ClockDecided) else ScopeTables
 
 
 def scoped_template(inner: Template, scope: str, scanner: SpanScanner) -> ScopedTemplate:

@@ -183,7 +183,8 @@ def test_a_scoped_entry_that_counts_the_prompt_is_not_resident() -> None:
 
 def test_a_scoped_kind_that_does_not_opt_in_stays_hosted() -> None:
     payload: list[dict[str, Any]] = [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
-                                     {"kind": "deadline", "seconds": 30, "scope": "answer"}]
+                                     {"kind": "trigger", "trigger_token_ids": [3], "phrase_token_ids": [4, 6],
+                                      "scope": "answer"}]
     batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
     assert not batch.assign(0, _realize(payload, [2]))
 

@@ -8,15 +8,16 @@ from collections.abc import Sequence
 from typing import Any, Protocol, cast
 
 import numpy as np
+import torch
 
-from dynlogits.processors.modes import DecidedGroup, SpanWindowDecided, WindowDecided
+from dynlogits.processors.modes import DecidedGroup, SpanDecided, SpanWindowDecided, WindowDecided
 from dynlogits.processors.slots import Dead, GatheredRows, ListedRows, StepInputs
 from dynlogits.processors.window import TokenWindow
 
 from ..guard import GuardedRequest
-from .engine_step import ThinkingDecider
+from .engine_step import EngineStep, ThinkingDecider
 
-__all__ = ["NO_HISTORIES", "Occupants", "decide_on_device", "decide_rows_on_host", "decide_slots_on_host"]
+__all__ = ["NO_HISTORIES", "Occupants", "decide_on_device", "decide_rows_on_host", "decide_slots_on_host", "in_span"]
 
 
 class _NoHistories:
@@ -99,3 +100,17 @@ def decide_on_device(group: DecidedGroup, step: StepInputs, rows: GatheredRows, 
     else:
         raise ValueError(f"{type(group).__name__} needs the rows' histories or a device decider")
     return group.apply_device_decisions(step, rows, decided)
+
+
+def in_span(group: DecidedGroup, rows: GatheredRows, tokens: torch.Tensor, engine: EngineStep) -> torch.Tensor:
+    """A clock-decided group's ``tokens`` per row (``-1``: none), kept only where the step's span
+    decider finds the row in the group's phase when the group also follows a span (``SpanDecided``:
+    a scoped ``deadline``); else ``tokens`` as they are.
+
+    Raises:
+        ValueError: the group follows a span and the adapter gave no span decider."""
+    if not isinstance(group, SpanDecided):
+        return tokens
+    if engine.thinking is None:
+        raise ValueError(f"{type(group).__name__} needs a device span decider without host histories")
+    return torch.where(engine.thinking(group, rows), tokens, -1)

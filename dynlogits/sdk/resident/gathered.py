@@ -18,7 +18,7 @@ from dynlogits.processors.modes import ClockDecided, DecidedGroup
 from dynlogits.processors.slots import Dead, GatheredRows, StepInputs
 
 from .batch_view import BatchView
-from .deciding import decide_on_device, decide_slots_on_host
+from .deciding import decide_on_device, decide_slots_on_host, in_span
 from .engine_step import EngineStep
 
 __all__ = ["GatheredLayout"]
@@ -49,7 +49,7 @@ class GatheredLayout:
                 continue
             rows = GatheredRows(self.slot_of_row, group.member.dev[self.slot_of_row, 0])
             if isinstance(group, ClockDecided):
-                dead = self._decided_per_slot(group, step, rows)
+                dead = self._decided_per_slot(group, step, rows, engine)
             elif isinstance(group, DecidedGroup):
                 dead = decide_on_device(group, step, rows, engine.thinking, engine.window)
             else:
@@ -60,10 +60,12 @@ class GatheredLayout:
             self._fail_stop(step)
         return step, deaths
 
-    def _decided_per_slot(self, group: DecidedGroup, step: StepInputs, rows: GatheredRows) -> Dead | None:
+    def _decided_per_slot(self, group: DecidedGroup, step: StepInputs, rows: GatheredRows,
+                          engine: EngineStep) -> Dead | None:
         """A decided group that reads no history: decided on the host per member slot of the step
         (``deciding.decide_slots_on_host``); nothing runs on the device unless one forces, then its
-        tokens by slot go up in one upload and are gathered per row."""
+        tokens by slot go up in one upload and are gathered per row (a clock within a span, a scoped
+        ``deadline``: kept only in the rows the step's span decider finds in its phase)."""
         batch = self.batch
         slots = sorted(group.members & self.slots_in_step)
         tokens = decide_slots_on_host(batch, group, slots)
@@ -73,7 +75,7 @@ class GatheredLayout:
         by_slot[:] = -1
         by_slot[slots] = tokens
         per_row = batch.slot_decisions.upload(batch.num_slots + 1)[self.slot_of_row]
-        return group.apply_device_decisions(step, rows, per_row)
+        return group.apply_device_decisions(step, rows, in_span(group, rows, per_row, engine))
 
     def _fail_stop(self, step: StepInputs) -> None:
         """Rows of failed requests: only their stop token (a deliberate override of every mask)."""

@@ -17,13 +17,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from dynlogits.processors.modes import ClockDecided, DecidedGroup, PlannedGroup
+from dynlogits.processors.modes import ClockDecided, DecidedGroup, PlannedGroup, SpanDecided
 from dynlogits.processors.ops import fill_rows, row_runs
 from dynlogits.processors.slots import Dead, Group, ListedRows, StepInputs
 from dynlogits.processors.uploads import StepUpload, StepValues
 
 from .batch_view import BatchView
-from .deciding import NO_HISTORIES, decide_on_device, decide_rows_on_host
+from .deciding import NO_HISTORIES, decide_on_device, decide_rows_on_host, decide_slots_on_host, in_span
 from .engine_step import EngineStep
 
 __all__ = ["ListedLayout"]
@@ -173,12 +173,30 @@ class ListedLayout:
         """A decided group: on the host from ``histories`` (or with none, for a group that reads
         none), else on the device over every row (``Group.every_row``)."""
         histories = engine.histories
+        if histories is None and isinstance(group, ClockDecided) and isinstance(group, SpanDecided):
+            return self._clock_in_span(group, step, rows, engine)
         if histories is not None or isinstance(group, ClockDecided):
             decisions = decide_rows_on_host(self.batch, group, rows, histories if histories is not None else NO_HISTORIES,
                                             self.failed_now)
             return group.apply_host_decisions(step, rows, decisions, self._decisions)
         assert self.slot_of_row is not None
         return decide_on_device(group, step, group.every_row(self.slot_of_row), engine.thinking, engine.window)
+
+    def _clock_in_span(self, group: DecidedGroup, step: StepInputs, rows: ListedRows, engine: EngineStep) -> Dead | None:
+        """A clock within a span without host histories (a scoped ``deadline``): each member row's
+        clock on the host (``deciding.decide_slots_on_host``), nothing on the device unless one is
+        due; then the tokens per row go up in one upload, kept where the span decider finds the row
+        in the group's phase (``deciding.in_span``), and forced as a gathered step."""
+        tokens = decide_slots_on_host(self.batch, group, rows.slots.tolist())
+        if not (tokens >= 0).any():
+            return None
+        assert self.slot_of_row is not None
+        n = len(self.slot_of_row)
+        buf = self._decisions.buffer(n)
+        buf[:] = -1
+        buf[rows.rows] = tokens
+        every = group.every_row(self.slot_of_row)
+        return group.apply_device_decisions(step, every, in_span(group, every, self._decisions.upload(n), engine))
 
     def _fail_stop(self, step: StepInputs, rows: ListedRows) -> None:
         """Rows of failed requests: only their stop token (a deliberate override of every mask)."""

@@ -1,0 +1,120 @@
+"""A scoped ``deadline`` (a clock-decided kind that opts in: ``DeadlineGroup.scopable``) is resident
+on both vLLM runners (``scope.ScopedClock``): once due it forces the stop token only at its phase's
+steps, as the hosted path (``_ScopedPlanned``: the processor called in phase only). With host
+histories (the V1 runner) each row's phase is read from its live list; without (Model Runner V2)
+the clock is read on the host per slot and, only once one is due, the rows ``DeviceThinking`` finds
+in the entry's phase are forced, drafts or not."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from v2_rows import Request, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
+
+from dynlogits import sdk
+from dynlogits.processors.scope import ScopedClock
+from dynlogits.sdk.realization import RequestFacts
+from dynlogits.sdk.resident.engine_step import EngineStep
+from dynlogits.sdk.resident.slot_batch import SlotBatch
+
+V = 48
+EOS = 1
+IDS = [2, 3, 5, 7, 3, 8, 6, 9]  # delimiters among them: phases change
+#: due as soon as it is realized (a test never waits on the clock)
+DUE = 1e-6
+
+
+def _payload(rng: random.Random, seconds: float = DUE) -> list[dict[str, Any]]:
+    return [{"kind": "reasoning", "start_token_ids": [5, 6][: rng.randint(1, 2)],
+             "end_token_ids": [7, 8][: rng.randint(1, 2)]},
+            {"kind": "deadline", "seconds": seconds, "scope": rng.choice(["reasoning", "answer"])}]
+
+
+def _realize(payload: list[dict[str, Any]], prompt: list[int]) -> Any:
+    made = sdk.realize(payload, vocab_size=V, stop_token_id=EOS, facts=RequestFacts(prompt_ids=prompt, stop_token_ids=(EOS,)))
+    assert made is not None
+    return made
+
+
+def _forced(a: torch.Tensor, _: torch.Tensor) -> int:
+    return int((torch.isfinite(a).sum(1) == 1).sum())
+
+
+def test_the_v1_runners_scoped_deadline_rows_equal_the_hosted_paths_bit_for_bit() -> None:
+    """Random delimiters, prompts (which may open a span), a due deadline scoped to either phase,
+    live lists with placeholders: every request resident (``ScopedClock``); the stop token forced
+    exactly at the rows in phase, as the hosted path."""
+    rng = random.Random(5)
+
+    def requests() -> tuple[list[Any], list[Any]]:
+        payloads = [_payload(rng) for _ in range(3)]
+        prompts = [[rng.choice(IDS) for _ in range(rng.randint(1, 4))] for _ in payloads]
+        return [_realize(p, q) for p, q in zip(payloads, prompts)], [_realize(p, q) for p, q in zip(payloads, prompts)]
+
+    forced = rows_v1_against_hosted(rng, requests, IDS, vocab=V, steps=12, placeholders=0.2,
+                                    logits=lambda: torch.randn(3, V), same=torch.equal, changed=_forced)
+    assert forced > 100
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_model_runner_v2s_scoped_deadline_rows_are_the_hosted_paths(drafts: int) -> None:
+    """Random requests through vLLM's real Model Runner V2 classes (resumes, reused slots, drafts):
+    every request resident, each row forced exactly where the hosted path forces it, nothing read back."""
+    rng = random.Random(23 + drafts)
+
+    def new() -> Request:
+        payload = _payload(rng)
+        prompt = [rng.choice(IDS) for _ in range(rng.randint(1, 4))]
+        output = [rng.choice(IDS) for _ in range(rng.choice([0, 1, 3, 20]))]
+        return payload, True, prompt, output, _realize(payload, prompt)
+
+    assert rows_against_hosted(drafts, rng, new, IDS, vocab=V, eos=EOS, max_tokens=48,
+                               logits=lambda rows: torch.randn(rows, V)) > 20
+
+
+PAYLOAD: list[dict[str, Any]] = [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
+                                 {"kind": "deadline", "seconds": DUE, "scope": "answer"}]
+
+
+def test_a_due_scoped_deadline_forces_the_stop_token_only_in_its_phase() -> None:
+    """The V1 runner's interface: in reasoning (``5 3``) the row is left whole; in the answer
+    (``5 3 7``) only the stop token is left."""
+    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
+    assert batch.assign(0, _realize(PAYLOAD, [2]))
+    assert all(isinstance(g, ScopedClock) for g in batch.groups.values())
+    batch.flush()
+    batch.set_rows(np.array([0]))
+    left = []
+    for history in ([5, 3], [5, 3, 7]):
+        logits = torch.zeros(1, V)
+        batch.apply(logits, EngineStep(histories=[history]))
+        left.append(torch.isfinite(logits[0]).nonzero().flatten().tolist())
+    assert left == [list(range(V)), [EOS]]
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_under_model_runner_v2_a_scoped_deadline_not_yet_due_leaves_every_row(drafts: int) -> None:
+    """Due in an hour: no row is touched, in phase or not."""
+    harness = v2_harness(drafts, V)
+    harness.add_request("a", [2], v2_params([PAYLOAD[0], {**PAYLOAD[1], "seconds": 3600}], 16, EOS), output_ids=[5, 3, 7])
+    assert harness.processor._is_resident[harness.reqs["a"].slot]
+    logits = torch.randn(1, V)
+    assert torch.equal(harness.step(["a"], logits.clone()), logits)
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+def test_under_model_runner_v2_a_due_scoped_deadline_forces_the_stop_token_only_in_its_phase(drafts: int) -> None:
+    harness = v2_harness(drafts, V)
+    harness.add_request("a", [2], v2_params(PAYLOAD, 16, EOS), output_ids=[5, 3])
+    assert harness.processor._is_resident[harness.reqs["a"].slot]
+    left = []
+    for token in (None, 7):
+        if token is not None:
+            harness.commit("a", [token])
+        out = harness.step(["a"], torch.zeros(1, V))
+        left.append(torch.isfinite(out[0]).nonzero().flatten().tolist())
+    assert left == [list(range(V)), [EOS]]
