@@ -18,7 +18,8 @@ on the host (``INBOX.wait_settled``) and counts the reports. Checks, printed and
   kernels against eager on the GPU (bits, kernel count, no sync, time: ``watermark_check.run_fused``);
   ``--cpu`` runs only those kernels in Triton's interpreter (bits, no GPU);
 * ``kernels``: every other kind's fused Triton kernels (``KERNEL_CHECKS``: ``no_repeat_ngram_check``,
-  ``dry_check``, ``spans_check``, ``banned_phrases_check``, ``forced_check``, ``dead_rows_check``)
+  ``dry_check``, ``spans_check``, ``banned_phrases_check``, ``forced_check``, ``dead_rows_check``,
+  ``multiple_choice_check``)
   against their eager paths on the GPU (bits, device ops, no sync, time), each module's ``run``;
   ``--kernels-only`` runs this section alone; ``--cpu`` runs each one's CPU self test as well (the
   kernels in Triton's interpreter).
@@ -515,6 +516,7 @@ KERNEL_CHECKS: dict[str, tuple[str, str]] = {
     "banned_phrases_check": ("run", "interpreted_check"),
     "forced_check": ("run", "cpu_check"),
     "dead_rows_check": ("run", "cpu_check"),
+    "multiple_choice_check": ("run", "cpu_check"),
 }
 
 

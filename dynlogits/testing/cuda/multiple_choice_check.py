@@ -154,7 +154,7 @@ def bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[
     """Per batch, token dtype, logits dtype and scope: rows where the kernel differs from the
     eager reference on ``device`` (``vs_eager``), from the group's eager path (unscoped) or the
     reference on the host (scoped; ``vs_group``) and from the hosted processor (``vs_hosted``;
-    ``vs_host`` their sum; each must be 0), and the logits member rows kept."""
+    ``vs_host`` their sum; each must be 0), and the logits the member rows in phase kept."""
     found = []
     for batch in batches:
         for tokens_dtype in (torch.int32, torch.int64):
@@ -173,7 +173,8 @@ def bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[
                 vs_eager, vs_group = _rows_differing(kernel, by_eager), _rows_differing(kernel, host)
                 vs_hosted = hosted_rows(case, kernel.cpu(), logits)
                 vs_host = vs_group + vs_hosted
-                kept = int((~torch.isneginf(host) & case.rows.member[:, None]).sum())
+                decided = torch.tensor([w is not None for w in case.wants])  # members in phase
+                kept = int((~torch.isneginf(host) & decided[:, None]).sum())
                 name = str(dtype).removeprefix("torch.")
                 tokens = str(tokens_dtype).removeprefix("torch.")
                 found.append({"batch": batch, "tokens": tokens, "dtype": name, "scoped": scoped, "vs_eager": vs_eager,
