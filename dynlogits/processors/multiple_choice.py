@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias
 
 import torch
 
+from dynlogits.kernels.multiple_choice import GATE, multiple_choice_keep_
 from dynlogits.specs.builtin.multiple_choice import MultipleChoice, MultipleChoiceSpec
 
 from .base import IndexCache, RealizeContext, first_stop
@@ -63,6 +64,8 @@ class _RowTables(NamedTuple):
     target: torch.Tensor
     #: ``tokens.shape[1]`` the flat indices were made for
     stride: int
+    #: ``[rows]``: ``prompt_len`` (int64), each row's first generated position (the fused op's ``base``)
+    first: torch.Tensor
 
 
 #: ``_decide_by_count``'s weight of a count of equal cells: above every position (so ``BIG`` times a
@@ -208,7 +211,7 @@ class MultipleChoiceGroup(EntryTablesGroup):
                           prompt_len - 1, torch.where(at_least, depth + prompt_len - 1, EXACT),
                           torch.where(depth < self.NEVER, (BIG + 1) * depth.clamp(max=self.MAX_WINDOW_CELLS) + prompt_len - 1,
                                       -BIG),
-                          stride)
+                          stride, prompt_len[:, 0])
         self._cache["window"] = (rows.slot_of_row, made)
         return made
 
@@ -219,6 +222,9 @@ class MultipleChoiceGroup(EntryTablesGroup):
         ``apply_device_decisions``). Without drafts and with int32 tokens (vLLM's),
         ``_decide_by_count``; else the rows' first tokens from ``window.head`` compared cell by cell."""
         t = self._rows_tables(rows, window)
+        if window.input_ids is None and GATE.ready(window.pos.device):  # the whole step: one fused op
+            self._cache["fused"] = window
+            return rows.member
         if window.input_ids is None and window.tokens.dtype in _NARROW:
             return self._decide_by_count(t, window)
         return self._decide_from(t, window, None)
@@ -250,8 +256,12 @@ class MultipleChoiceGroup(EntryTablesGroup):
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> Dead:
         """Each member row keeps only the ids of the entries it matched (none where it matched none):
-        ``_keep``."""
-        return self._keep(step, rows, self._cache["window"][1], hit, rows.member)
+        ``_keep``, or the fused op where ``decide_from_window`` left the step to it."""
+        t = self._cache["window"][1]
+        window = self._cache.pop("fused", None)
+        if window is not None:
+            return self._keep_fused(step, rows, t, window, t.first, rows.member, rows.member)
+        return self._keep(step, rows, t, hit, rows.member)
 
     def apply_floored(self, step: StepInputs, rows: GatheredRows, window: TokenWindow, floor: torch.Tensor) -> Dead:
         """A scoped entry's rows (``scope.ScopedDecided``): each row's history from its floor on (at
@@ -259,9 +269,23 @@ class MultipleChoiceGroup(EntryTablesGroup):
         path's ``_own``), cell by cell (``_decide_from``); a row whose floor is past every position
         (out of phase: ``device_thinking.NEVER``) is no member, its row left as it is."""
         t = self._rows_tables(rows, window)
-        first = torch.maximum(floor, window.prompt_len[t.slots].long())
+        first = torch.maximum(floor, t.first)  # ``NEVER`` stays: the fused op's ``OUT_OF_PHASE``
         inside = rows.member & (floor < NEVER)
+        if window.input_ids is None and GATE.ready(window.pos.device):
+            return self._keep_fused(step, rows, t, window, first, rows.member, inside)
         return self._keep(step, rows, t, self._decide_from(t, window, first), inside)
+
+    def _keep_fused(self, step: StepInputs, rows: GatheredRows, t: _RowTables, window: TokenWindow,
+                    first: torch.Tensor, member: torch.Tensor, inside: torch.Tensor) -> Dead:
+        """The step as one fused op (``dynlogits::multiple_choice_keep_``, one launch on CUDA): each
+        ``member`` row's history from ``first[r]`` on (past every position: out of phase, left as it
+        is), the slots' tables read as they are; a variant failing to compile on CUDA turns the kernel
+        off (one warning) and ``_keep`` answers. ``inside``: the rows it may leave with no token."""
+        args = (step.logits, window.tokens, first, window.pos, rows.slot_of_row, member, self.prefix.dev,
+                self.depth.dev, self.at_least.dev, self.ids.dev, self.entries, self.width)
+        GATE.run(window.pos.device, lambda: multiple_choice_keep_(*args),
+                 lambda: self._keep(step, rows, t, self._decide_from(t, window, first), inside))
+        return Dead(None, rows.slot_of_row, t.ids, step.generated, where=inside)
 
     def _keep(self, step: StepInputs, rows: GatheredRows, t: _RowTables, hit: torch.Tensor, member: torch.Tensor) -> Dead:
         """The ``member`` rows keep only the ids of the entries ``hit`` (none where none): the

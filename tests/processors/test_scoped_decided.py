@@ -16,6 +16,7 @@ import torch
 from v2_rows import Request, allowed_token, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
 
 from dynlogits import sdk
+from dynlogits.kernels.multiple_choice import GATE
 from dynlogits.processors.banned_phrases import BannedPhrasesGroup
 from dynlogits.processors.no_repeat_ngram import NoRepeatNgramProcessor
 from dynlogits.processors.no_repeat_ngram_device import MAX_DEVICE_SIZE
@@ -258,11 +259,16 @@ def test_under_model_runner_v2_a_scoped_multiple_choice_restricts_only_its_phase
     assert not harness.processor.failures
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
 @pytest.mark.parametrize("drafts", [0, 2])
-def test_model_runner_v2s_scoped_multiple_choice_rows_are_decided_on_the_device_as_the_hosted_path(drafts: int) -> None:
+def test_model_runner_v2s_scoped_multiple_choice_rows_are_decided_on_the_device_as_the_hosted_path(
+        drafts: int, fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Random choices, delimiters, prompts that may open a span, resumes, drafts, tokens the hosted
     path allows: every request resident (each row's floor into the kind's step, no history read
-    back); rows equal the hosted path's bit for bit, none fails."""
+    back); rows equal the hosted path's bit for bit, none fails. ``fused``: without drafts the step
+    through ``dynlogits::multiple_choice_keep_`` (its CPU implementation; its gate opened on the CPU)."""
+    if fused:
+        monkeypatch.setattr(GATE, "ready", lambda device: True)
     rng = random.Random(71 + drafts)
 
     def new() -> Request:

@@ -1,8 +1,11 @@
 """``multiple_choice`` on the CUDA model (``dynlogits.testing.cuda``), driven as vLLM drives the
 adapter: under Model Runner V2 each row's first generated tokens are read and compared with its
-slot's choices on the device (``MultipleChoiceGroup``), a fixed number of device ops a step (11 its
-own, 2 the restrictive groups' epilogue: the fused dead_rows_ and the flags' copy back) and no read back; on the V1 runner each row's processor
-decides on the host and the rows' allowed ids go up in one upload. No step of a sequence with batch changes and a failing request waits for the device."""
+slot's choices on the device by one fused op (``MultipleChoiceGroup``: ``dynlogits::multiple_choice_keep_``,
+one launch on CUDA), then the restrictive groups' epilogue (the fused dead_rows_ and the flags' copy
+back), no read back; on the V1 runner each row's processor decides on the host and the rows' allowed
+ids go up in one upload. No step of a sequence with batch changes and a failing request waits for
+the device. A scoped entry (``scope.ScopedDecided``): each row's floor off its span state, then the
+same fused op from the floor on."""
 
 from __future__ import annotations
 
@@ -16,13 +19,10 @@ pytestmark = pytest.mark.usefixtures("quiet")  # the sequences' failing requests
 CHOICES = [[{"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id": EOS}],
            [{"kind": "multiple_choice", "choices": [[9, 9, 9]], "eos_token_id": EOS}]]
 #: the steady step's own device ops: the rows' generated counts (``sub``, ``StepInputs.generated``:
-#: a row left with no token reports its position), their first generated tokens read (``take``, the
-#: flat indices fixed per layout), each entry's cells equal to them counted (``eq``, ``sum``), an
-#: entry matches where ``clamp(pos, low, high) + BIG * count`` is its target (``clamp``, ``add``,
-#: ``eq``), and the keep: the entries' logits read, the unmatched ones ``-inf`` (``gather``,
-#: ``where``), the member rows filled and the read ones written back (``masked_fill_``,
-#: ``scatter_reduce_``)
-V2_STEADY_OWN = ["sub", "take", "eq", "sum", "clamp", "add", "eq", "gather", "where", "masked_fill_", "scatter_reduce_"]
+#: a row left with no token reports its position) and the fused op (the rows' first generated tokens
+#: read from the engine's matrix, compared with every entry of their slots, each member row kept at
+#: the ids of the entries it matches; the tables read as they are, no per-layout gather)
+V2_STEADY_OWN = ["sub", "multiple_choice_keep_"]
 #: then what every restrictive group ends with (the rows left with no token, their flags: ``slots.py``)
 V2_STEADY_EPILOGUE = 2
 
@@ -53,3 +53,35 @@ def test_vllm_v1_runner_choice_step_is_one_upload_and_a_keep_and_sequences_never
         result = drive_v1(sim, Scenario(payloads=CHOICES, steps=9))
     assert [str(s) for s in result.syncs] == []
     assert sum("no token left to sample" in f for f in result.failures) == 2
+
+
+SCOPED = [[{"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]},
+           {"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id": EOS, "scope": "answer"}],
+          [{"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21, 22]},
+           {"kind": "multiple_choice", "choices": [[9, 9, 9]], "eos_token_id": EOS, "scope": "reasoning"}]]
+
+
+@pytest.mark.parametrize("drive", [drive_v1, drive_v2], ids=["v1", "v2"])
+def test_scoped_choice_sequences_never_wait_through_batch_changes(drive) -> None:  # noqa: ANN001
+    with SimCuda() as sim:
+        result = drive(sim, Scenario(payloads=SCOPED, steps=9))
+    assert [str(s) for s in result.syncs] == []
+
+
+def test_scoped_choice_sequences_never_wait_under_drafts() -> None:
+    with SimCuda() as sim:
+        result = drive_v2(sim, Scenario(payloads=SCOPED, steps=9), drafts=2)
+    assert [str(s) for s in result.syncs] == []
+
+
+def test_the_v2_steady_step_of_a_scoped_choice_reads_each_rows_floor_then_runs_the_fused_op() -> None:
+    """The span advanced once, each row's floor off its state (``index``, ``logical_and``,
+    ``where``), the floor bounded by the prompt's length (``maximum``), the rows in phase
+    (``lt``, ``bitwise_and``: what the epilogue may count dead), the fused op: 11 ops with the
+    harness's ``sub`` and the epilogue; no read back."""
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(payloads=SCOPED, steps=4, changes=False))
+    assert [str(s) for s in steady.syncs] == [] and not steady.failures
+    assert steady.steady_ops[:9] == ["spans_advance_", "sub", "index", "logical_and", "where", "maximum", "lt",
+                                     "bitwise_and", "multiple_choice_keep_"]
+    assert len(steady.steady_ops) == 9 + V2_STEADY_EPILOGUE

@@ -575,14 +575,22 @@ def test_a_trigger_is_resident_and_forces_what_the_host_processor_forces(drafts:
 
 
 # -- multiple_choice: decided on the device --------------------------------------------------------
+@pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
 @pytest.mark.parametrize("drafts", [0, 2])
-def test_multiple_choice_is_resident_and_keeps_what_the_host_processor_keeps(drafts: int) -> None:
+def test_multiple_choice_is_resident_and_keeps_what_the_host_processor_keeps(drafts: int, fused: bool,
+                                                                             monkeypatch) -> None:  # noqa: ANN001
     """Random choice sets (EOS inside a choice too), prompts, outputs a request resumes with and
     drafts that mostly follow a choice; slots reused by requests of other geometries. Every row
     keeps exactly the ids the host processor allows after the history it sees; a row that left every
     choice keeps only the stop token: after its committed tokens its request fails (and leaves the
-    batch), after drafts only the row stops (the drafts may be rejected)."""
+    batch), after drafts only the row stops (the drafts may be rejected). ``fused``: the step through
+    ``dynlogits::multiple_choice_keep_`` (its CPU implementation; its gate opened on the CPU)."""
     import random
+
+    from dynlogits.kernels.multiple_choice import GATE
+
+    if fused:
+        monkeypatch.setattr(GATE, "ready", lambda device: True)
 
     from dynlogits.processors.multiple_choice import MultipleChoiceProcessor
 
