@@ -3,7 +3,8 @@ every member row's first tokens (from its ``base``) read from the engine's token
 with every entry of its slot, and the row kept at the ids of the entries it matches, every other
 logit ``-inf``: what ``processors.multiple_choice.MultipleChoiceGroup``'s eager device path
 (``decide_from_window``, then ``apply_device_decisions``) writes, with each row's prompt length
-replaced by ``base``, in one launch on CUDA (a Triton kernel, ``_multiple_choice_triton``).
+replaced by ``base``, in one launch on CUDA (a Triton kernel, ``_multiple_choice_triton``: a
+program per row and ``CHUNK`` columns, each deciding the entries whose ids its columns hold).
 
 Arguments (the group's tables and the step's ``TokenWindow``): ``logits`` ``[rows, V]`` (any float
 dtype, last dim contiguous); ``tokens`` ``[engine_slots, max_len]`` (any integer dtype); per row
@@ -33,7 +34,7 @@ import torch
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BLOCK_E", "BLOCK_V", "GATE", "NEVER", "NUM_WARPS", "OUT_OF_PHASE", "Case", "block_width", "keep_reference",
+__all__ = ["BLOCK_E", "BLOCK_V", "CHUNK", "GATE", "NEVER", "NUM_WARPS", "OUT_OF_PHASE", "Case", "block_width", "keep_reference",
            "kernels", "launch", "multiple_choice_keep_", "probe", "probe_case", "same_bits"]
 
 #: ``depth`` of a padding entry: past every history's length (``MultipleChoiceGroup.NEVER``)
@@ -45,6 +46,9 @@ OUT_OF_PHASE = 1 << 62
 BLOCK_E = 64
 #: logits a program fills at a time (a power of two)
 BLOCK_V = 2048
+#: the columns of a row one program keeps (a row of V logits: ``ceil(V / CHUNK)`` programs, so a
+#: batch of one still spreads its fill over several multiprocessors)
+CHUNK = 16384
 #: warps per program (the fill's stores spread over them)
 NUM_WARPS = 8
 
@@ -121,23 +125,24 @@ def _keep_cuda(logits: torch.Tensor, tokens: torch.Tensor, base: torch.Tensor, p
 
 def launch(logits: torch.Tensor, tokens: torch.Tensor, base: torch.Tensor, pos: torch.Tensor,
            slot_of_row: torch.Tensor, member: torch.Tensor, prefix: torch.Tensor, depth: torch.Tensor,
-           at_least: torch.Tensor, ids: torch.Tensor, entries: int, width: int) -> None:
-    """The Triton kernel, one program per row (any device Triton runs on, its interpreter
-    included; host integers only: no sync), its scratch (each matched entry's saved logit and id)
-    two ``torch.empty`` (no launch); none for zero rows."""
-    rows = pos.shape[0]
-    if rows == 0:
+           at_least: torch.Tensor, ids: torch.Tensor, entries: int, width: int, *, chunk: int = CHUNK) -> None:
+    """The Triton kernel over ``rows x ceil(V / chunk)`` programs, each keeping ``chunk`` columns of
+    a row (any device Triton runs on, its interpreter included; host integers only: no sync), its
+    scratch (each matched entry's saved logit and id) two ``torch.empty`` (no launch); none for
+    zero rows or columns."""
+    rows, vocab = pos.shape[0], logits.shape[1]
+    if rows == 0 or vocab == 0:
         return
     assert logits.stride(1) == 1, "logits: a contiguous last dim"
     for table in (prefix, depth, at_least, ids):
         assert table.stride(1) == 1, "tables: contiguous rows"
     saved = torch.empty((rows, max(entries, 1)), dtype=logits.dtype, device=logits.device)
     at = torch.empty((rows, max(entries, 1)), dtype=torch.int32, device=logits.device)
-    kernels().keep_rows[(rows,)](
+    kernels().keep_rows[(rows, (vocab + chunk - 1) // chunk)](
         logits, logits.stride(0), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[1], tokens.shape[0], base,
         pos, slot_of_row, member.view(torch.uint8), prefix, prefix.stride(0), depth, depth.stride(0),
-        at_least.view(torch.uint8), at_least.stride(0), ids, ids.stride(0), saved, at, entries, width,
-        logits.shape[1], BLOCK_E=BLOCK_E, BLOCK_W=block_width(width), BLOCK_V=BLOCK_V, num_warps=NUM_WARPS)
+        at_least.view(torch.uint8), at_least.stride(0), ids, ids.stride(0), saved, at, entries, width, vocab,
+        BLOCK_E=BLOCK_E, BLOCK_W=block_width(width), BLOCK_V=BLOCK_V, CHUNK=chunk, num_warps=NUM_WARPS)
 
 
 class Case(NamedTuple):
@@ -216,7 +221,8 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def probe(device: torch.device) -> bool:
     """``launch`` on ``device`` against ``keep_reference`` on the host, bit for bit (``GATE``):
-    float32 and bfloat16, int32 and int64 tokens, one and several column blocks."""
+    float32, bfloat16 and float16, int32 and int64 tokens, one and several column blocks, rows of
+    one and of several chunks."""
     same = []
     for seed, width, dtype, tokens_dtype in ((1, 5, torch.float32, torch.int32), (2, 3, torch.bfloat16, torch.int64),
                                              (3, 12, torch.float32, torch.int64), (4, 1, torch.float16, torch.int32),
@@ -224,7 +230,7 @@ def probe(device: torch.device) -> bool:
         case = probe_case(20261128 + seed, width=width, entries=3 + 31 * (seed % 3), dtype=dtype,
                           tokens_dtype=tokens_dtype)
         fused = case.to(device)
-        launch(*fused)
+        launch(*fused, chunk=CHUNK if seed % 2 else 16)
         host = case.logits.clone()
         keep_reference(host, *case[1:])
         same.append(same_bits(fused.logits, host))

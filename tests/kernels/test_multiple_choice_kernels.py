@@ -116,18 +116,21 @@ SCRIPT = textwrap.dedent('''
             case = K.probe_case(seed, rows=1 + seed % 13, width=width, entries=(1, 7, 70, 130)[seed % 4],
                                 dtype=dtypes[seed % 3], tokens_dtype=(torch.int32, torch.int64)[seed % 2])
             fused, host = case.logits.clone(), case.logits.clone()
-            if seed % 4 == 1:  # rows of wider logits (the row stride past V)
-                fused = torch.cat([case.logits, case.logits[:, :7]], dim=1)[:, :case.logits.shape[1]]
+            wide = torch.cat([case.logits, case.logits[:, :7]], dim=1)
+            if seed % 4 == 1:  # rows of wider logits (the row stride past V): the columns past V untouched
+                fused = wide[:, :case.logits.shape[1]]
                 assert fused.stride(0) > fused.shape[1]
-            K.launch(fused, *case[1:])
+            chunk = (16, 37, 64, K.CHUNK)[seed % 4]  # rows of 4, 2, 1 and 1 chunks
+            K.launch(fused, *case[1:], chunk=chunk)
             K.keep_reference(host, *case[1:])
-            assert K.same_bits(fused, host), (seed, width)
+            assert K.same_bits(fused, host), (seed, width, chunk)
+            assert K.same_bits(wide[:, case.logits.shape[1]:], case.logits[:, :7]), (seed, width, chunk)
             kept += int((~host.isneginf() & case.member[:, None]).sum())
             checked += 1
-    for entries, width, vocab in ((0, 3, 40), (2000, 2, 3000), (300, 13, 5000)):  # none; thousands; fills in blocks
-        case = K.probe_case(7, rows=5, entries=entries, width=width, vocab=vocab)
+    for entries, width, vocab, chunk in ((0, 3, 40, 16), (2000, 2, 3000, 1024), (300, 13, 5000, K.CHUNK)):
+        case = K.probe_case(7, rows=5, entries=entries, width=width, vocab=vocab)  # none; thousands; fills in blocks
         fused, host = case.logits.clone(), case.logits.clone()
-        K.launch(fused, *case[1:])
+        K.launch(fused, *case[1:], chunk=chunk)
         K.keep_reference(host, *case[1:])
         assert K.same_bits(fused, host), (entries, width)
         checked += 1
@@ -136,7 +139,7 @@ SCRIPT = textwrap.dedent('''
             case = C.group_case(seed, requests=1 + seed % 9, tokens_dtype=tokens_dtype, longest=(3, 12)[seed % 2],
                                 scoped=seed % 3 == 2)
             fused = case.logits.clone()
-            K.launch(*C.fused_args(case, fused))
+            K.launch(*C.fused_args(case, fused), chunk=(16, K.CHUNK)[seed % 2])
             assert C.hosted_rows(case, fused, case.logits) == 0, (seed, "hosted")
             if seed % 3 != 2:
                 by_group = case.logits.clone()
@@ -181,7 +184,7 @@ def _without_barriers(tmp_path: Path) -> object:
 @pytest.mark.parametrize("logits_type", ["*fp32", "*bf16"])
 def test_the_triton_kernel_compiles_for_cuda_without_a_gpu(logits_type: str, tmp_path: Path) -> None:
     """Triton's NVIDIA backend compiles the kernel ahead of time (Hopper and Ampere, both column
-    blocks, int32 and int64 tokens, the launch's warps): what the interpreter does not check
+    blocks, int32 and int64 tokens, the launch's warps and chunk): what the interpreter does not check
     (types, the lowering); not run. Both barriers survive: the PTX holds two ``bar.sync`` more
     than the same kernel without them (the reductions have their own)."""
     triton = pytest.importorskip("triton")
@@ -200,8 +203,10 @@ def test_the_triton_kernel_compiles_for_cuda_without_a_gpu(logits_type: str, tmp
                              "prefix_s0": "i64", "depth_ptr": "*i64", "depth_s0": "i64", "at_least_ptr": "*u8",
                              "at_least_s0": "i64", "ids_ptr": "*i64", "ids_s0": "i64", "saved_ptr": logits_type,
                              "at_ptr": "*i32", "entries": "i32", "width": "i32", "vocab": "i32",
-                             "BLOCK_E": "constexpr", "BLOCK_W": "constexpr", "BLOCK_V": "constexpr"}
-                constexprs = {"BLOCK_E": K.BLOCK_E, "BLOCK_W": K.block_width(width), "BLOCK_V": K.BLOCK_V}
+                             "BLOCK_E": "constexpr", "BLOCK_W": "constexpr", "BLOCK_V": "constexpr",
+                             "CHUNK": "constexpr"}
+                constexprs = {"BLOCK_E": K.BLOCK_E, "BLOCK_W": K.block_width(width), "BLOCK_V": K.BLOCK_V,
+                              "CHUNK": K.CHUNK}
                 ptx = {}
                 for name, kernel in (("kept", K.kernels().keep_rows), ("bare", bare)):
                     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)

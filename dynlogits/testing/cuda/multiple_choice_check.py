@@ -19,7 +19,7 @@ from a stretch start after its prompt, some rows out of phase), figures one line
 
 ``python -m dynlogits.testing.cuda.multiple_choice_check --cpu`` is the CPU self test: the same
 ``bits`` with the kernel in Triton's interpreter (``TRITON_INTERPRET=1``, a subprocess) on small
-batches."""
+batches, rows of 256 columns a program (several programs a row, as ``CHUNK`` at a real vocabulary)."""
 
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def bits(device: torch.device, vocab: int, batches: Sequence[int]) -> list[dict[
                                   tokens_dtype=tokens_dtype, longest=6 if batch % 2 else 12, vocab=vocab, scoped=scoped)
                 logits = case.logits.to(dtype)
                 kernel, by_eager, host = logits.to(device), logits.to(device), logits.clone()
-                K.launch(*fused_args(case, kernel))
+                K.launch(*fused_args(case, kernel), chunk=K.CHUNK if device.type == "cuda" else 256)
                 K.keep_reference(*fused_args(case, by_eager))
                 if scoped:
                     K.keep_reference(*fused_args(case, host))
