@@ -6,7 +6,7 @@ real ``MultipleChoiceGroup``'s eager device path (its counting decision with int
 cell with int64) and the hosted processor; its Triton kernel in Triton's CPU interpreter
 (``TRITON_INTERPRET=1``, set in a subprocess before Triton is imported) against the reference bit
 for bit, and the gate's probe passing there; the kernel compiled ahead of time for sm_90 and sm_80;
-one declared launch and the gate's fallback."""
+one declared launch (counted so in the CUDA model, no sync) and the gate's fallback."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -100,6 +101,25 @@ def test_the_op_on_the_cpu_is_the_reference_and_declares_one_launch() -> None:
         K.multiple_choice_keep_(by_op, *case[1:])
         K.keep_reference(by_reference, *case[1:])
         assert K.same_bits(by_op, by_reference), seed
+
+
+def test_the_op_in_the_cuda_model_is_one_launch_no_sync_and_the_references_result() -> None:
+    """``SimCuda`` (what the engine-driving tests run): the op counts its one declared launch, reads
+    nothing back, and writes what ``keep_reference`` writes on the CPU."""
+    from dynlogits.testing.cuda.simcuda import SimCuda
+
+    case = K.probe_case(11, entries=20, dtype=torch.bfloat16, tokens_dtype=torch.int64)
+    want = case.logits.clone()
+    K.keep_reference(want, *case[1:])
+    with SimCuda() as sim:
+        with sim.paused():
+            moved: dict[str, Any] = {k: sim.put(v) for k, v in case._asdict().items() if isinstance(v, torch.Tensor)}
+            on = case._replace(**moved)
+        before = sim.launches
+        K.multiple_choice_keep_(*on)
+        ops, launches, syncs = list(sim.ops), sim.launches - before, list(sim.syncs)
+    assert ops[-1:] == ["multiple_choice_keep_"] and launches == 1 and not syncs, ops
+    assert K.same_bits(sim.value(on.logits), want)
 
 
 SCRIPT = textwrap.dedent('''
