@@ -42,7 +42,7 @@ from .entries import EntryTablesGroup
 from .kept import INT_BYTES, Kept, deep_size, shallow_size
 from .ops import MaskIds, RowOp, apply_op
 from .slots import NEG_INF, GatheredRows, ListedRows, SlotTable, StepInputs, Template
-from .uploads import StepUpload
+from .uploads import StepUpload, on_accelerator
 
 if TYPE_CHECKING:
     from .window import TokenWindow
@@ -66,10 +66,10 @@ TABLES_BYTES = 16 << 20
 
 class _Tables(NamedTuple):
     """What a phrase set's processors share, read only: its one-token phrases, its prefixes as a
-    trie read backwards from their last token (token -> (the last tokens the prefix ending here
-    bans, the tokens that may come before it or ``None``): a node is one tuple and a leaf holds no
-    dict, so a walk touches few objects), its template, and the bytes all that holds beyond
-    the phrases' ids (``size``: counted as it is built, one pass over its nodes)."""
+    trie read backwards from their last token (token -> its node, ``_node``: a node is one tuple,
+    a leaf holds no dict and neither does a node with one token before it, so a walk touches few
+    objects), its template, and the bytes all that holds beyond the phrases' ids (``size``: counted
+    as it is built, one pass over its nodes)."""
 
     always: tuple[int, ...]
     tails: dict[int, tuple]
@@ -104,19 +104,30 @@ def _build(phrases: tuple[tuple[int, ...], ...]) -> _Tables:
         template, size = BannedTokensTemplate(always), 0
     tables = _Tables(always, tails, template, 0)
     size += shallow_size((tables, tails, always, template)) + shallow_size(nodes)
-    size += shallow_size(node[1] for node in nodes if node[1] is not None)
+    size += shallow_size(node[1] for node in nodes if type(node[1]) is dict)  # the levels of several tokens
     size += shallow_size(node[0] for node in nodes if node[0]) + INT_BYTES  # the nodes' bans; the size itself
     return tables._replace(size=size)
 
 
 def _frozen(level: dict[int, list], nodes: list[tuple]) -> dict[int, tuple]:
-    """``_build``'s trie level with its nodes as ``(bans, children or None)`` tuples (each appended
-    to ``nodes``, for the size count)."""
-    made: dict[int, tuple] = {}
-    for token, (bans, children) in level.items():
-        node = made[token] = (bans, _frozen(children, nodes) if children else None)
-        nodes.append(node)
-    return made
+    """``_build``'s trie level with its nodes frozen (``_node``)."""
+    return {token: _node(bans, children, nodes) for token, (bans, children) in level.items()}
+
+
+def _node(bans: tuple[int, ...], children: dict[int, list], nodes: list[tuple]) -> tuple:
+    """A frozen trie node ``(bans, link, child)`` (appended to ``nodes``, for the size count): the
+    last tokens the prefix ending here bans, then what may come before it: nothing (``None``,
+    ``None``), one token and its node (most nodes past the first level: no dict to look up), or
+    the dict of several tokens' nodes (``child`` ``None``)."""
+    if not children:
+        node: tuple = (bans, None, None)
+    elif len(children) == 1:
+        ((token, (inner, deeper)),) = children.items()
+        node = (bans, token, _node(inner, deeper, nodes))
+    else:
+        node = (bans, _frozen(children, nodes), None)
+    nodes.append(node)
+    return node
 
 
 #: ``_Tables`` per phrase set (validated entries hold tuples of tuples: hashable as they are)
@@ -199,15 +210,16 @@ def _walk_each(walks: Iterable[tuple[int, int, int, dict[int, tuple]]], historie
 def _walk_back(node: tuple, history: Sequence[int]) -> tuple[int, ...]:
     """The ids banned after ``history`` from ``node``, the trie's node of its last token: its bans,
     then each deeper node's that the tokens before it reach (at most the longest prefix)."""
-    ids, level = node
+    ids, link, child = node
     i = len(history) - 1
-    while level is not None and i > 0:
+    while link is not None and i > 0:
         i -= 1
-        node = level.get(history[i])
-        if node is None:
-            break
-        ids += node[0]
-        level = node[1]
+        token = history[i]
+        if token != link:  # a node's one token before it, else a dict of several (or a mismatch)
+            if type(link) is not dict or (child := link.get(token)) is None:
+                break
+        ids += child[0]
+        _, link, child = child
     return ids
 
 
@@ -275,6 +287,9 @@ _FUSED_STEP = torch.empty(0, dtype=torch.bool)
 
 #: ``memoryview`` formats of the token dtypes the CPU route reads (``_apply_on_cpu``)
 _CODES = {torch.int32: "i", torch.int64: "q", torch.int16: "h", torch.uint8: "B", torch.int8: "b"}
+
+#: dtypes of host logits that ``BannedPhrasesGroup`` writes through numpy (``_write_host``)
+_NUMPY_FLOATS = frozenset({torch.float32, torch.float16, torch.float64})
 
 #: token dtypes whose values never equal ``BannedPhrasesGroup.UNMATCHED``
 _NARROW = (torch.int32, torch.int16, torch.uint8, torch.int8)
@@ -359,6 +374,7 @@ class BannedPhrasesGroup(EntryTablesGroup):
         self._always: dict[int, tuple[int, ...]] = {}  # slot -> its one-token phrases
         self._layout = StepUpload(torch.long, device)  # the one-token phrases' flat indices, per layout
         self._extremes: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._on_host = not on_accelerator(device)  # host logits: written through numpy (``_write_host``)
 
     def _new_tables(self) -> tuple[SlotTable, ...]:
         self.prefix = self.table(torch.int32, width=max(1, self.entries * self.width))  # [slots, entries * width]
@@ -439,7 +455,10 @@ class BannedPhrasesGroup(EntryTablesGroup):
     def apply_host_decisions(self, step: StepInputs, rows: ListedRows, found: list[int], upload: StepUpload) -> None:
         """One ``index_fill_``: of the one-token phrases' indices (uploaded per layout) on a step that
         finds no id, else of those and ``found`` in one upload (a copy of the layout's indices ahead
-        of the found ones: one masked write, not two)."""
+        of the found ones: one masked write, not two). Host logits of a numpy dtype: the same indices
+        set to ``-inf`` by one numpy assignment instead, no torch op (``_write_host``)."""
+        if self._on_host and step.flat.dtype in _NUMPY_FLOATS:
+            return self._write_host(step, found, upload)
         if not found:
             fixed: torch.Tensor | None = self._cache["fixed"]
             if fixed is not None:
@@ -451,6 +470,23 @@ class BannedPhrasesGroup(EntryTablesGroup):
         buffer[:k] = host
         buffer[k:] = found
         step.flat.index_fill_(0, upload.upload(k + len(found)), NEG_INF)
+        return None
+
+    def _write_host(self, step: StepInputs, found: list[int], upload: StepUpload) -> None:
+        """``apply_host_decisions`` on host logits (``_NUMPY_FLOATS``): ``-inf`` at the one-token
+        phrases' flat indices (kept per layout) and at ``found``, copied after them into the upload
+        buffer (scratch: on the host nothing is uploaded), by one numpy assignment through the
+        logits' memory (a step runs cache-cold: each torch or numpy call costs microseconds)."""
+        index: np.ndarray = self._cache["fixed_host"]
+        if found:
+            k = len(index)
+            buffer = upload.buffer(k + len(found))
+            buffer[:k] = index
+            buffer[k:] = found
+            index = buffer
+        elif not len(index):
+            return None
+        step.flat.numpy()[index] = NEG_INF
         return None
 
     def _rows_tables(self, rows: GatheredRows, window: TokenWindow) -> _RowTables:

@@ -216,9 +216,10 @@ def test_the_pass_over_many_rows_masks_what_each_row_ends_with(seed: int) -> Non
 
 
 def test_a_row_that_breaks_the_walk_past_its_last_token_fails_alone_in_the_pass() -> None:
-    """A row whose last token hits and whose earlier token is unhashable fails alone (``fail`` with its
-    row and slot); the rows beside it are walked as usual."""
-    tails = BannedPhrasesProcessor([[4, 5, 6], [7, 8]]).tails
+    """A row whose last token hits and whose earlier token is unhashable, where several tokens may
+    come before the last (a dict to look up), fails alone (``fail`` with its row and slot); the rows
+    beside it are walked as usual."""
+    tails = BannedPhrasesProcessor([[4, 5, 6], [3, 5, 9], [7, 8]]).tails
     histories: list[list] = [[4, 5], [[4], 5], [1, 7]]
     found: list[int] = []
     failed: list[tuple[int, int]] = []
