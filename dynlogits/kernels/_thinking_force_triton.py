@@ -12,7 +12,8 @@ __all__ = ["settle_rows"]
 
 @triton.jit
 def settle_rows(logits_ptr, logits_s0, decisions_ptr, member_ptr, slots_ptr, stops_ptr, positions_ptr, flags_ptr,
-                flags_s0, dead_ptr, vocab, sentinel, HAS_POSITIONS: tl.constexpr, BLOCK: tl.constexpr):
+                flags_s0, dead_ptr, real_ptr, vocab, sentinel, HAS_POSITIONS: tl.constexpr, HAS_REAL: tl.constexpr,
+                BLOCK: tl.constexpr):
     """Program ``(r, b)``: row ``r``'s columns ``b * BLOCK ..``; block 0 also reads the forced logit,
     writes the forced and stop columns and the row's flags (see ``thinking_force``' module doc)."""
     r = tl.program_id(0).to(tl.int64)
@@ -35,7 +36,11 @@ def settle_rows(logits_ptr, logits_s0, decisions_ptr, member_ptr, slots_ptr, sto
         tl.store(row + column, forced.to(logits_ptr.dtype.element_ty), mask=fire)
         at_stop = tl.where(dead, 0.0, tl.where(stop == column, forced, float("-inf")))
         tl.store(row + stop, at_stop.to(logits_ptr.dtype.element_ty), mask=fire & (stop >= 0))
-        tl.store(flags_ptr + r, tl.where(dead, slot, sentinel))
+        if HAS_REAL:  # a dead row after a draft only stops (its draft may be rejected)
+            flagged = dead & (tl.load(real_ptr + r) != 0)
+        else:
+            flagged = dead
+        tl.store(flags_ptr + r, tl.where(flagged, slot, sentinel))
         if HAS_POSITIONS:
             position = tl.load(positions_ptr + r).to(tl.int64)
         else:

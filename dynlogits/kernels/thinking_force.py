@@ -6,11 +6,15 @@ step reports flags per row: what ``slots.force_device_decisions`` and then
 Arguments: ``logits`` ``[rows, vocab]`` (rows contiguous), ``decisions`` ``[rows]`` int64 (the token
 a row forces, ``-1``: none), ``member`` ``[rows]`` bool, ``slot_of_row`` ``[rows]`` int64, ``stops``
 ``[slots]`` int64 (each slot's stop token, ``-1``: none), ``positions`` ``[rows]`` (each row's
-generated count; empty: 0), ``sentinel`` (the slot that flags nothing). A row fires where it is a
+generated count; empty: 0), ``sentinel`` (the slot that flags nothing), ``real`` ``[rows]`` bool
+(under speculative decoding whether the row follows its request's committed tokens, no draft before
+it; empty: every row). A row fires where it is a
 member and decides a token ``d``; it is dead where ``logits[r, d]`` was ``-inf``. A firing row
 becomes ``-inf`` but at ``d``: ``0.0`` if alive, else ``-inf``, and a dead row with a stop token
 gets ``0.0`` there (written after ``d``). ``flags`` ``[2, rows]`` int64 gets each row's slot where
-it is dead (else ``sentinel``) and its position; ``dead`` ``[rows]`` bool whether it is.
+it is dead and real (else ``sentinel``: a dead row after a draft only stops, the draft may be
+rejected, as ``Failures.record_dead`` does) and its position; ``dead`` ``[rows]`` bool whether it is
+dead.
 
 One launch: every column of a row is written by one program only (the row's first block writes
 ``d`` and the stop token after reading ``logits[r, d]``; the others fill their columns but those
@@ -43,7 +47,7 @@ def kernels() -> Any:
 
 def settle_reference(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor, slot_of_row: torch.Tensor,
                      stops: torch.Tensor, positions: torch.Tensor, sentinel: int, flags: torch.Tensor,
-                     dead: torch.Tensor) -> None:
+                     dead: torch.Tensor, real: torch.Tensor) -> None:
     """The eager reference (any device, in place): ``force_device_decisions``' ops (``force_gathered``),
     then ``Failures.record_dead``'s for these rows, with per-row flags (module doc)."""
     where = member & (decisions >= 0)
@@ -56,7 +60,7 @@ def settle_reference(logits: torch.Tensor, decisions: torch.Tensor, member: torc
     stop = stops[slot_of_row]
     at_stop = stop.clamp(min=0)[:, None]
     logits.scatter_(1, at_stop, logits.gather(1, at_stop).masked_fill_((dead & (stop >= 0))[:, None], 0.0))
-    flags[0].copy_(torch.where(dead, slot_of_row, sentinel))
+    flags[0].copy_(torch.where(dead & real if real.numel() else dead, slot_of_row, sentinel))
     if positions.numel():
         flags[1].copy_(positions)
     else:
@@ -66,32 +70,34 @@ def settle_reference(logits: torch.Tensor, decisions: torch.Tensor, member: torc
 @fused_op("decided_settle_", launches=1, mutates_args=("logits", "flags", "dead"))
 def decided_settle_(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor, slot_of_row: torch.Tensor,
                     stops: torch.Tensor, positions: torch.Tensor, sentinel: int, flags: torch.Tensor,
-                    dead: torch.Tensor) -> None:
+                    dead: torch.Tensor, real: torch.Tensor) -> None:
     """Force the decided rows and settle the dead ones (module doc). Every device but CUDA: the
     eager reference; CUDA: one Triton launch (none for zero rows)."""
-    settle_reference(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead)
+    settle_reference(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead, real)
 
 
 @decided_settle_.cuda
 def _decided_settle_cuda(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor,
                          slot_of_row: torch.Tensor, stops: torch.Tensor, positions: torch.Tensor, sentinel: int,
-                         flags: torch.Tensor, dead: torch.Tensor) -> None:
-    launch(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead)
+                         flags: torch.Tensor, dead: torch.Tensor, real: torch.Tensor) -> None:
+    launch(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead, real)
 
 
 def launch(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor, slot_of_row: torch.Tensor,
-           stops: torch.Tensor, positions: torch.Tensor, sentinel: int, flags: torch.Tensor, dead: torch.Tensor) -> None:
+           stops: torch.Tensor, positions: torch.Tensor, sentinel: int, flags: torch.Tensor, dead: torch.Tensor,
+           real: torch.Tensor) -> None:
     """The Triton kernel over every row and block of columns (any device Triton runs on, its
     interpreter included)."""
     rows, vocab = logits.shape
     if rows == 0:
         return
     assert logits.stride(1) == 1 and flags.dtype == torch.int64 and flags.stride(1) == 1, "contiguous rows"
-    assert member.dtype == dead.dtype == torch.bool, "member, dead: bool"
-    has_positions = bool(positions.numel())
+    assert member.dtype == dead.dtype == real.dtype == torch.bool, "member, dead, real: bool"
+    has_positions, has_real = bool(positions.numel()), bool(real.numel())
     kernels().settle_rows[(rows, (vocab + BLOCK - 1) // BLOCK)](
         logits, logits.stride(0), decisions, member, slot_of_row, stops, positions if has_positions else decisions,
-        flags, flags.stride(0), dead, vocab, sentinel, HAS_POSITIONS=has_positions, BLOCK=BLOCK)
+        flags, flags.stride(0), dead, real if has_real else member, vocab, sentinel, HAS_POSITIONS=has_positions,
+        HAS_REAL=has_real, BLOCK=BLOCK)
 
 
 def probe_case(seed: int, rows: int = 24, vocab: int = 2500, slots: int = 10,
@@ -109,27 +115,31 @@ def probe_case(seed: int, rows: int = 24, vocab: int = 2500, slots: int = 10,
     slot_of_row = torch.randint(0, slots, (rows,), generator=g)
     positions = torch.randint(0, 50, (rows,), generator=g)
     outputs = (torch.full((2, rows), -7, dtype=torch.long), torch.zeros(rows, dtype=torch.bool))
-    return logits, decisions, member, slot_of_row, stops, positions, slots, *outputs
+    real = torch.rand(rows, generator=g) < 0.6
+    return logits, decisions, member, slot_of_row, stops, positions, slots, *outputs, real
 
 
-def same(device: torch.device, seed: int, dtype: torch.dtype = torch.float32, positions: bool = True) -> bool:
-    """The kernel against the reference on ``device`` for one ``probe_case``, exactly (NaN equal)."""
-    logits, decisions, member, slot_of_row, stops, pos, sentinel, flags, dead = probe_case(seed, dtype=dtype)
+def same(device: torch.device, seed: int, dtype: torch.dtype = torch.float32, positions: bool = True,
+         drafts: bool = False) -> bool:
+    """The kernel against the reference on ``device`` for one ``probe_case``, exactly (NaN equal);
+    ``drafts``: with the case's real-row mask (else an empty one: every row real)."""
+    logits, decisions, member, slot_of_row, stops, pos, sentinel, flags, dead, real = probe_case(seed, dtype=dtype)
     decisions, member, slot_of_row, stops = (t.to(device) for t in (decisions, member, slot_of_row, stops))
     pos = (pos if positions else torch.empty(0, dtype=torch.long)).to(device)
+    real = (real if drafts else torch.empty(0, dtype=torch.bool)).to(device)
     got = (logits.to(device), flags.to(device), dead.to(device))
     want = (got[0].clone(), got[1].clone(), got[2].clone())
-    launch(got[0], decisions, member, slot_of_row, stops, pos, sentinel, got[1], got[2])
-    settle_reference(want[0], decisions, member, slot_of_row, stops, pos, sentinel, want[1], want[2])
+    launch(got[0], decisions, member, slot_of_row, stops, pos, sentinel, got[1], got[2], real)
+    settle_reference(want[0], decisions, member, slot_of_row, stops, pos, sentinel, want[1], want[2], real)
     return (torch.equal(got[0].isnan(), want[0].isnan()) and torch.equal(got[0].nan_to_num(), want[0].nan_to_num())
             and torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]))
 
 
 def _probe(device: torch.device) -> bool:
     """The kernel against the reference on ``device`` (float32 and bfloat16, with and without
-    positions)."""
-    return all(same(device, seed, dtype, positions=seed % 2 == 0)
-               for seed, dtype in ((1, torch.float32), (2, torch.bfloat16)))
+    positions, with and without a real-row mask)."""
+    return all(same(device, seed, dtype, positions=seed % 2 == 0, drafts=drafts)
+               for seed, dtype in ((1, torch.float32), (2, torch.bfloat16)) for drafts in (False, True))
 
 
 #: the probe-at-first-use gate (``_probe`` looked up at call time)

@@ -274,12 +274,13 @@ class SpanTables:
 
 class SettledForcing(HostForcingGroup):
     """A ``HostForcingGroup`` decided on the device (with ``modes.SpanDecided``: ``trigger``,
-    ``thinking_budget``): where no later group can mask its rows (``ListedRows.last``, noted at
-    ``prepare`` for the layout whose rows ``every_row`` gathers) and the step takes flags per row
-    (``StepInputs.flag_rows``: no drafts), the forcing and the settle of the rows it leaves with no
-    token are one fused op (``dynlogits.kernels.thinking_force.decided_settle_``, what
-    ``force_device_decisions`` and ``Failures.record_dead`` write), once its probe passed; else
-    ``HostForcingGroup.apply_device_decisions``."""
+    ``thinking_budget``): where no later group can mask its rows and the step takes flags per row,
+    the forcing and the settle of the rows it leaves with no token are one fused op
+    (``dynlogits.kernels.thinking_force.decided_settle_``, what ``force_device_decisions`` and
+    ``Failures.record_dead`` write), once its probe passed; else
+    ``HostForcingGroup.apply_device_decisions``. No later group: ``ListedRows.last``, noted at
+    ``prepare`` for the layout whose rows ``every_row`` gathers, or, under speculative decoding
+    (the gathered layout, ``StepInputs.flag_real_rows``: only real rows flagged), ``GatheredRows.last``."""
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
         super().prepare(rows, stride)
@@ -287,24 +288,33 @@ class SettledForcing(HostForcingGroup):
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead:
         flag_rows = step.flag_rows
-        if flag_rows is None or not self._cache.get("last") or self._cache.get("every") is not rows:
+        if flag_rows is not None:
+            ready = bool(self._cache.get("last")) and self._cache.get("every") is rows
+        else:
+            flag_rows = step.flag_real_rows
+            ready = flag_rows is not None and rows.last
+        if flag_rows is None or not ready:
             return super().apply_device_decisions(step, rows, decisions)
         return thinking_force.GATE.run(self.device, lambda: self._settle(step, rows, decisions, flag_rows),
                                        lambda: super(SettledForcing, self).apply_device_decisions(step, rows, decisions))
 
     def _settle(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor,
                 flag_rows: Callable[[torch.Tensor, Any], None]) -> Dead:
-        """The fused forcing and settle; the dead rows reported through ``flag_rows``."""
+        """The fused forcing and settle; the dead rows reported through ``flag_rows`` (with drafts
+        the dead real rows alone: ``StepInputs.real_rows``)."""
         n = len(decisions)
         positions = step.generated
+        none = self._cache.get("none")
+        if none is None:
+            none = self._cache["none"] = (torch.empty(0, dtype=torch.long, device=self.device),
+                                          torch.empty(0, dtype=torch.bool, device=self.device))
         if positions is None:
-            positions = self._cache.get("no_positions")
-            if positions is None:
-                positions = self._cache["no_positions"] = torch.empty(0, dtype=torch.long, device=self.device)
+            positions = none[0]
+        real = none[1] if step.flag_rows is not None or step.real_rows is None else step.real_rows
         flags = torch.empty((2, n), dtype=torch.long, device=self.device)
         dead = torch.empty(n, dtype=torch.bool, device=self.device)
         thinking_force.decided_settle_(step.logits, decisions, rows.member, rows.slot_of_row, step.stops, positions,
-                                       self.member.num_slots - 1, flags, dead)
+                                       self.member.num_slots - 1, flags, dead, real)
         flag_rows(flags, None)
         return Dead(None, rows.slot_of_row, None, step.generated, settled=dead, flagged=True)
 

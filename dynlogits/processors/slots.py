@@ -184,6 +184,8 @@ class GatheredRows:
 
     slot_of_row: torch.Tensor
     member: torch.Tensor
+    #: whether no later group of the step can mask these rows (set by the gathered layout)
+    last: bool = False
 
 
 @dataclass(slots=True)
@@ -203,6 +205,11 @@ class StepInputs:
     #: the host in this step: ``dynlogits.sdk.resident.failures.Failures.flag_rows``). ``None``: rows
     #: may be drafts, so ``SlotBatch`` decides which rows to flag
     flag_rows: Callable[[torch.Tensor, np.ndarray | None], None] | None = None
+    #: under speculative decoding (``flag_rows`` then ``None``): whether each row follows its
+    #: request's committed tokens (no draft before it), and ``flag_rows`` for a group that flags those
+    #: rows alone (a dead row after a draft only stops: the draft may be rejected)
+    real_rows: torch.Tensor | None = None
+    flag_real_rows: Callable[[torch.Tensor, np.ndarray | None], None] | None = None
     #: listed layout, positions as the runner holds them (Model Runner V2): ``generated = pos -
     #: pos_offset`` (row-indexed; ``pos_offset`` is the same tensor while the layout stays), for a
     #: group that reads them without the subtraction (``generated`` is then ``None`` unless another

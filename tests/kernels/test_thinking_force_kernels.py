@@ -3,8 +3,8 @@ the logits ``force_device_decisions`` and then ``Failures.record_dead`` write, a
 slots and positions ``record_dead`` flags per slot; its Triton kernel, in Triton's CPU interpreter
 (``TRITON_INTERPRET=1``, set in a subprocess before Triton is imported), equals the reference bit
 for bit (float32, bfloat16, float16; NaN logits, masked forced and stop tokens, stop tokens equal to
-the forced ones, rows without a stop token, non-members, undecided rows); it compiles for Hopper and
-Ampere ahead of time."""
+the forced ones, rows without a stop token, non-members, undecided rows, rows after drafts, which are
+stopped but not flagged); it compiles for Hopper and Ampere ahead of time."""
 
 from __future__ import annotations
 
@@ -23,15 +23,21 @@ from dynlogits.sdk.resident.failures import Failures
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
+@pytest.mark.parametrize("drafts", [False, True], ids=["no-drafts", "drafts"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seed", range(8))
-def test_the_reference_writes_what_the_forcing_and_record_dead_write(seed: int, dtype: torch.dtype) -> None:
-    logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead = probe_case(seed, dtype=dtype)
+def test_the_reference_writes_what_the_forcing_and_record_dead_write(seed: int, dtype: torch.dtype, drafts: bool) -> None:
+    """``drafts``: with a real-row mask, as ``record_dead`` given the step's ``real_rows`` (a dead
+    row after a draft stopped, not flagged)."""
+    logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead, real = probe_case(seed, dtype=dtype)
     eager = logits.clone()
     step = StepInputs(eager, eager.view(-1), eager.stride(0), positions, stops)
     failures = Failures(sentinel, torch.device("cpu"))
-    failures.record_dead(step, [force_device_decisions(step, GatheredRows(slot_of_row, member), decisions)], None)
-    settle_reference(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead)
+    failures.record_dead(step, [force_device_decisions(step, GatheredRows(slot_of_row, member), decisions)],
+                         real if drafts else None)
+    if not drafts:
+        real = torch.empty(0, dtype=torch.bool)
+    settle_reference(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead, real)
     assert torch.equal(logits.isnan(), eager.isnan()) and torch.equal(logits.nan_to_num(), eager.nan_to_num())
     per_slot = torch.full((sentinel + 1,), -1, dtype=torch.long)  # the per-row flags, as record_dead's per slot
     per_slot.scatter_reduce_(0, flags[0], torch.where(flags[0] < sentinel, flags[1], -1), reduce="amax")
@@ -43,8 +49,8 @@ def test_the_cases_hold_stop_tokens_equal_to_the_forced_ones_and_rows_without_on
     """The cases are not vacuous: some dead rows force their own stop token, some have none."""
     equal = stopless = 0
     for seed in range(8):
-        logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead = probe_case(seed)
-        settle_reference(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead)
+        logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead, real = probe_case(seed)
+        settle_reference(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead, real)
         equal += int((dead & (stops[slot_of_row] == decisions)).sum())
         stopless += int((dead & (stops[slot_of_row] < 0)).sum())
     assert equal >= 2 and stopless >= 2, (equal, stopless)
@@ -59,7 +65,7 @@ import os, torch
 assert os.environ["TRITON_INTERPRET"] == "1"
 from dynlogits.kernels.thinking_force import _probe, same
 bad = [(seed, str(dtype)) for seed in range(12) for dtype in (torch.float32, torch.bfloat16, torch.float16)
-       if not same(torch.device("cpu"), seed, dtype, positions=seed % 3 != 0)]
+       if not same(torch.device("cpu"), seed, dtype, positions=seed % 3 != 0, drafts=seed % 2 == 0)]
 print("bad", bad)
 assert not bad and _probe(torch.device("cpu"))
 '''
@@ -86,12 +92,12 @@ def test_the_triton_kernel_compiles_for_cuda_without_a_gpu() -> None:
     kernel = thinking_force.kernels().settle_rows
     for capability in (90, 80):
         for logits in ("*fp32", "*bf16", "*fp16"):
-            for positions in (True, False):
+            for positions, real in ((True, False), (False, True)):
                 signature = {"logits_ptr": logits, "logits_s0": "i64", "decisions_ptr": "*i64", "member_ptr": "*i1",
                              "slots_ptr": "*i64", "stops_ptr": "*i64", "positions_ptr": "*i32" if positions else "*i64",
-                             "flags_ptr": "*i64", "flags_s0": "i64", "dead_ptr": "*i1", "vocab": "i32",
-                             "sentinel": "i32", "HAS_POSITIONS": "constexpr", "BLOCK": "constexpr"}
+                             "flags_ptr": "*i64", "flags_s0": "i64", "dead_ptr": "*i1", "real_ptr": "*i1", "vocab": "i32",
+                             "sentinel": "i32", "HAS_POSITIONS": "constexpr", "HAS_REAL": "constexpr", "BLOCK": "constexpr"}
                 source = ASTSource(fn=kernel, signature=signature,
-                                   constexprs={"HAS_POSITIONS": positions, "BLOCK": thinking_force.BLOCK})
+                                   constexprs={"HAS_POSITIONS": positions, "HAS_REAL": real, "BLOCK": thinking_force.BLOCK})
                 compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
                 assert "settle_rows" in compiled.asm["ptx"]

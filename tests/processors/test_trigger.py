@@ -216,3 +216,43 @@ def test_without_histories_the_fused_forcing_equals_the_eager_forcing(masked: bo
     eager, fused = run(False), run(True)
     assert torch.equal(eager[0], fused[0]) and eager[1] == fused[1]
     assert finite(fused[0][0]) == ([1] if masked else [PHRASE[0]]) and bool(fused[1]) == masked
+
+
+def test_under_drafts_the_fused_forcing_equals_the_eager_forcing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model Runner V2 with drafts (vLLM's real V2 classes), the first phrase token masked in every
+    row: the fused forcing and settle (``decided_settle_`` with the real-row mask, its CPU
+    implementation) writes every row as the eager ops and ``record_dead`` do, and fails the same
+    requests. At the first step only rows after a draft are triggered (``a``: ``5 3`` then the
+    draft ``4``; ``b``: ``5`` then ``3 4``): they are left with no token and only stop (a draft may
+    be rejected), no request fails; once ``a`` commits ``4`` its own row is triggered and it fails."""
+    from v2_rows import v2_harness, v2_params
+
+    from dynlogits.kernels import thinking_force
+
+    def run(fused: bool) -> tuple[list[torch.Tensor], list[list[str]]]:
+        if fused:
+            monkeypatch.setattr(thinking_force.GATE, "run", lambda device, fused, eager: fused())
+        gen = torch.Generator().manual_seed(11)
+        harness = v2_harness(2, V)
+        harness.add_request("a", [2], v2_params(PAYLOAD, 32, 1), output_ids=[5, 3])
+        harness.add_request("b", [2], v2_params(PAYLOAD, 32, 1), output_ids=[5])
+        outs: list[torch.Tensor] = []
+        failures: list[list[str]] = []
+        for fed, commit in (({"a": [4, 5], "b": [3, 4]}, {"a": 4, "b": 5}), ({"a": [], "b": []}, {"a": 5, "b": 5})):
+            logits = torch.randn(2 + sum(map(len, fed.values())), V, generator=gen)
+            logits[:, PHRASE[0]] = float("-inf")
+            outs.append(harness.step(["a", "b"], logits, drafts=fed))
+            sdk.drain()
+            failures.append(list(harness.processor.failures))
+            for name, token in commit.items():
+                harness.commit(name, [token])
+        monkeypatch.undo()
+        return outs, failures
+
+    eager, fused = run(False), run(True)
+    for a, b in zip(eager[0], fused[0], strict=True):
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+    assert eager[1] == fused[1]
+    first, second = fused[0]
+    assert finite(first[1]) == [1] and finite(first[5]) == [1] and finite(first[2]) == [PHRASE[1]]  # drafts: stopped, forced
+    assert fused[1][0] == [] and len(fused[1][1]) == 1 and "output position 3" in fused[1][1][0]

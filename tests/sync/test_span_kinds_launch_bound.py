@@ -129,3 +129,23 @@ def test_a_span_kind_masked_after_it_settles_after_every_group() -> None:
         steady = drive_v2(sim, Scenario(payloads=[payload] * 2, steps=4, changes=False))
     assert [str(s) for s in steady.syncs] == [] and "decided_settle_" not in steady.steady_ops
     assert "dead_rows_" in steady.steady_ops  # settled by record_dead (its fused epilogue)
+
+
+#: a steady step with 2 drafts a request: the fused advance, the adapter's row mapping under drafts
+#: (``_to_copy``, ``eq``, ``index``; ``trigger`` its positions too), the drafts' decisions
+#: (``spans_drafts_``), the forcing and settle with the real-row mask (``decided_settle_``: a dead row
+#: after a draft stopped, not flagged) and its flags' copy
+V2_DRAFTED = {"trigger": ["spans_advance_", "_to_copy", "eq", "index", "_to_copy", "sub", "sub", "index",
+                          "spans_drafts_", "decided_settle_", "copy_"],
+              "thinking_budget": ["spans_advance_", "_to_copy", "eq", "index", "spans_drafts_", "decided_settle_",
+                                  "copy_"]}
+
+
+@pytest.mark.parametrize("kind", ["trigger", "thinking_budget"])
+def test_under_drafts_a_span_kinds_forcing_is_the_one_fused_settle(kind: str) -> None:
+    """2 drafts a request: the forcing and settle are one fused op under drafts too (was 10 eager ops
+    and the epilogue's 2: trigger 21 ops, thinking_budget 17); no sync."""
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(payloads=[PAYLOADS[kind]] * 4, steps=7, changes=False), drafts=2)
+    assert [str(s) for s in steady.syncs] == [] and not steady.failures
+    assert steady.steady_ops == V2_DRAFTED[kind]

@@ -42,12 +42,14 @@ class GatheredLayout:
         if pos is not None and generated is None:
             assert pos_offset is not None
             generated = pos - pos_offset
-        step = batch.step_inputs(logits, generated, drafts=engine.real_rows is not None, pos_offset=pos_offset)
+        step = batch.step_inputs(logits, generated, drafts=engine.real_rows is not None, pos_offset=pos_offset,
+                                 real_rows=engine.real_rows)
         deaths = []
         for group in batch.group_order():
             if not (group.members & self.slots_in_step):
                 continue
-            rows = GatheredRows(self.slot_of_row, group.member.dev[self.slot_of_row, 0])
+            rows = GatheredRows(self.slot_of_row, group.member.dev[self.slot_of_row, 0],
+                                last=not (group.members & batch.masking_after(group.level)))
             if isinstance(group, ClockDecided):
                 dead = self._decided_per_slot(group, step, rows, engine)
             elif isinstance(group, DecidedGroup):

@@ -203,14 +203,18 @@ class SlotBatch:
         self.failures.queue_read_back()  # in the step that wrote them
 
     def step_inputs(self, logits: torch.Tensor, generated: torch.Tensor | None, *, drafts: bool,
-                    pos: torch.Tensor | None = None, pos_offset: torch.Tensor | None = None) -> StepInputs:
+                    pos: torch.Tensor | None = None, pos_offset: torch.Tensor | None = None,
+                    real_rows: torch.Tensor | None = None) -> StepInputs:
         """What one step gives every group (``drafts``: rows may be drafts, so groups leave the flags
-        to ``Failures.record_dead``)."""
+        to ``Failures.record_dead``, but for one that flags ``real_rows`` alone: ``flag_real_rows``)."""
         stops = self._stops
         if stops is None or stops[0] is not self.stop.dev:  # a view kept while the table stays
             stops = self._stops = (self.stop.dev, self.stop.dev[:, 0])
+        flag_rows = self.failures.flag_rows
         return StepInputs(logits, logits.view(-1), logits.stride(0), generated, stops[1],
-                          flag_rows=None if drafts else self.failures.flag_rows, pos=pos, pos_offset=pos_offset)
+                          flag_rows=None if drafts else flag_rows, pos=pos, pos_offset=pos_offset,
+                          real_rows=real_rows if drafts else None,
+                          flag_real_rows=flag_rows if drafts and real_rows is not None else None)
 
     def _stop_newly_failed(self) -> None:
         """Fail-stop the slots now held by requests a landed snapshot failed (the request may have
