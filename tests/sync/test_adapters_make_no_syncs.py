@@ -128,7 +128,7 @@ def test_transformers_reads_back_only_the_generated_ids() -> None:
                 ids[r, 2 + width - len(h):] = torch.tensor(h, dtype=torch.long)
             proc = DynamoLogitsProcessor(realize(logits, payloads, histories),
                                          [2 + width - len(h) for h in histories])
-            out = proc(sim.put(ids), logits)  # type: ignore[arg-type]
+            out = proc(sim.put(ids), logits)
             logits.copy_(out)
             return report
 
