@@ -1,5 +1,5 @@
 """The restrictive groups' dead-row epilogue (``Failures.record_dead`` for one ``Dead``) as one fused
-op, ``dynlogits::dead_rows_``: which rows have no token left (``Dead.evaluate``: every id of the
+op, ``dynlogits::dead_rows_``: which rows have no token left (``evaluate_reference``: every id of the
 row's witness ``-inf``), the stop token of each such row set to ``0.0`` where it has one, and the
 row's slot flagged with its output position (``scatter_reduce_`` ``amax``). On CUDA one Triton
 launch (``_dead_rows_triton``), once ``GATE`` probed it; elsewhere the eager reference
@@ -48,7 +48,7 @@ def kernels() -> Any:
 
 def evaluate_reference(logits: torch.Tensor, witness: torch.Tensor, listed: bool,
                        where: torch.Tensor | None) -> torch.Tensor:
-    """Per row, whether every id of its witness is ``-inf`` (``Dead.evaluate``'s ops)."""
+    """Per row, whether every id of its witness is ``-inf`` (a ``processors.slots.Dead``'s rows)."""
     if listed:
         n = witness.shape[0]
         return torch.isneginf(logits.view(-1).index_select(0, witness.reshape(-1)).view(n, -1)).all(1)

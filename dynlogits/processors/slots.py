@@ -222,10 +222,11 @@ class StepInputs:
 class Dead:
     """Rows a restrictive group may leave with no token: slot ``slots[i]``'s row, at output position
     ``positions[i]`` (``None``: unknown), has none when every id of its ``witness`` is ``-inf`` once
-    every group has run (``evaluate``). Listed: ``rows`` is the rows' device index, ``witness`` flat
-    indices ``[n, w]`` (``stop_index``/``can_stop`` as in ``ListedRows``). Gathered: ``rows`` is
-    ``None``, ``witness`` column ids ``[rows, w]``, ``where`` the rows touched. ``witness`` is
-    ``None`` when the group settled its rows."""
+    every group has run (tested by ``Failures.record_dead``: ``dynlogits.kernels.dead_rows``).
+    Listed: ``rows`` is the rows' device index, ``witness`` flat indices ``[n, w]``
+    (``stop_index``/``can_stop`` as in ``ListedRows``). Gathered: ``rows`` is ``None``, ``witness``
+    column ids ``[rows, w]``, ``where`` the rows touched. ``witness`` is ``None`` when the group
+    settled its rows."""
 
     rows: torch.Tensor | None
     slots: torch.Tensor
@@ -238,17 +239,6 @@ class Dead:
     settled: torch.Tensor | None = None
     #: the group reported its empty rows already (``StepInputs.flag_rows``)
     flagged: bool = False
-
-    def evaluate(self, step: StepInputs) -> torch.Tensor:
-        """Per row, on the device: whether it has no token left (call after the last group)."""
-        if self.settled is not None:
-            return self.settled
-        assert self.witness is not None
-        if self.rows is not None:
-            n = self.witness.shape[0]
-            return torch.isneginf(step.flat.index_select(0, self.witness.reshape(-1)).view(n, -1)).all(1)
-        dead = torch.isneginf(step.logits.gather(1, self.witness)).all(1)
-        return dead if self.where is None else dead & self.where
 
 
 def flat_indices(rows: ListedRows, ids: torch.Tensor, stride: int) -> torch.Tensor:
