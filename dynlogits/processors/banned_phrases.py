@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import compress
+from operator import add, itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias
 
 import numpy as np
@@ -199,7 +200,7 @@ def _walk_each(walks: Iterable[tuple[int, int, int, dict[int, tuple]]], historie
             i = len(history) - 1
             if i < 0 or (node := tails.get(history[i])) is None:
                 continue
-            ids = _walk_back(node, history)
+            ids = _walk_back(node, history, i)
         except Exception as exc:  # a bug must not escape the sampler: this row alone
             fail(row, slot, exc)
             continue
@@ -207,12 +208,11 @@ def _walk_each(walks: Iterable[tuple[int, int, int, dict[int, tuple]]], historie
             found.append(offset + t)
 
 
-def _walk_back(node: tuple, history: Sequence[int]) -> tuple[int, ...]:
-    """The ids banned after ``history`` from ``node``, the trie's node of its last token: its bans,
-    then each deeper node's that the tokens before it reach (at most the longest prefix)."""
+def _walk_back(node: tuple, history: Sequence[int], i: int, first: int = 0) -> tuple[int, ...]:
+    """The ids banned after ``history[first:i + 1]`` from ``node``, the trie's node of ``history[i]``:
+    its bans, then each deeper node's that the tokens before it reach (at most the longest prefix)."""
     ids, link, child = node
-    i = len(history) - 1
-    while link is not None and i > 0:
+    while link is not None and i > first:
         i -= 1
         token = history[i]
         if token != link:  # a node's one token before it, else a dict of several (or a mismatch)
@@ -255,7 +255,8 @@ def masked_after(walks: Walks, histories: Sequence[Sequence[int]], found: list[i
         if node is None:
             continue
         try:
-            ids = _walk_back(node, held[k])
+            history = held[k]
+            ids = _walk_back(node, history, len(history) - 1)
         except Exception as exc:  # a bug must not escape the sampler: this row alone
             fail(rows[k], slots[k], exc)
             continue
@@ -331,10 +332,11 @@ class _CpuWalks(NamedTuple):
     #: each member's token row's start in the window's flat tokens, and ``1 - prompt_len``
     starts: list[int]
     leads: list[int]
-    #: ``range(len(at))``: the members' rows in the step's histories
-    rows: list[int]
-    #: per logits row stride (made at first use): the one-token phrases' flat indices, the rows' offsets
-    per_stride: dict[int, tuple[torch.Tensor, list[int]]]
+    #: whether the members are every row of the step, in order (``at == range(rows)``)
+    every: bool
+    #: per logits row stride (made at first use): the one-token phrases' flat indices (host, device)
+    #: and the members' rows' offsets
+    per_stride: dict[int, tuple[np.ndarray, torch.Tensor, list[int]]]
 
 
 class BannedPhrasesGroup(EntryTablesGroup):
@@ -458,7 +460,7 @@ class BannedPhrasesGroup(EntryTablesGroup):
         of the found ones: one masked write, not two). Host logits of a numpy dtype: the same indices
         set to ``-inf`` by one numpy assignment instead, no torch op (``_write_host``)."""
         if self._on_host and step.flat.dtype in _NUMPY_FLOATS:
-            return self._write_host(step, found, upload)
+            return self._write_host(step, self._cache["fixed_host"], found, upload)
         if not found:
             fixed: torch.Tensor | None = self._cache["fixed"]
             if fixed is not None:
@@ -472,21 +474,44 @@ class BannedPhrasesGroup(EntryTablesGroup):
         step.flat.index_fill_(0, upload.upload(k + len(found)), NEG_INF)
         return None
 
-    def _write_host(self, step: StepInputs, found: list[int], upload: StepUpload) -> None:
-        """``apply_host_decisions`` on host logits (``_NUMPY_FLOATS``): ``-inf`` at the one-token
-        phrases' flat indices (kept per layout) and at ``found``, copied after them into the upload
-        buffer (scratch: on the host nothing is uploaded), by one numpy assignment through the
-        logits' memory (a step runs cache-cold: each torch or numpy call costs microseconds)."""
-        index: np.ndarray = self._cache["fixed_host"]
+    def _tokens_view(self, tokens: torch.Tensor) -> memoryview:
+        """The memory of ``tokens`` (on the host, contiguous, a ``_CODES`` dtype) as a flat memoryview
+        of its dtype, kept while ``tokens`` is the same tensor at the same address: the engine's
+        token buffer, viewed once, not every step (the view holds the tensor, so no other one
+        takes that address while it is kept)."""
+        address = tokens.data_ptr()
+        kept = self._cache.get("tokens_view")
+        if kept is not None and kept[0] is tokens and kept[1] == address:
+            return kept[2]
+        view = memoryview(tokens.numpy()).cast("B").cast(_CODES[tokens.dtype])  # type: ignore[arg-type, call-overload]
+        self._cache["tokens_view"] = (tokens, address, view)
+        return view
+
+    def _write_host(self, step: StepInputs, fixed: np.ndarray, found: list[int], scratch: StepUpload) -> None:
+        """``-inf`` at the flat indices ``fixed`` (host, kept per layout) and ``found`` of host logits
+        of a numpy dtype (``_NUMPY_FLOATS``), by one numpy assignment through the logits' memory,
+        ``found`` copied after ``fixed`` into ``scratch``'s buffer (on the host nothing is uploaded):
+        no torch op (a step runs cache-cold: each torch or numpy call costs microseconds)."""
+        index = fixed
         if found:
-            k = len(index)
-            buffer = upload.buffer(k + len(found))
-            buffer[:k] = index
-            buffer[k:] = found
-            index = buffer
+            k = len(fixed)
+            index = scratch.buffer(k + len(found))
+            index[:k] = fixed
+            index[k:] = found
         elif not len(index):
             return None
         step.flat.numpy()[index] = NEG_INF
+        return None
+
+    def _write_ids(self, step: StepInputs, fixed_host: np.ndarray, fixed: torch.Tensor, found: list[int]) -> None:
+        """``_apply_on_cpu``'s writes: ``-inf`` at the flat indices ``fixed`` (the same on the host:
+        ``fixed_host``) and ``found``: ``_write_host`` where it applies, else an ``index_fill_`` of each."""
+        if self._on_host and step.flat.dtype in _NUMPY_FLOATS:
+            return self._write_host(step, fixed_host, found, self._layout)
+        if len(fixed):
+            step.flat.index_fill_(0, fixed, NEG_INF)
+        if found:
+            step.flat.index_fill_(0, torch.tensor(found, dtype=torch.long), NEG_INF)
         return None
 
     def _rows_tables(self, rows: GatheredRows, window: TokenWindow) -> _RowTables:
@@ -578,39 +603,41 @@ class BannedPhrasesGroup(EntryTablesGroup):
         tries = [self._templates[slot].tails for slot in slots]  # the members' (``EntryTablesGroup``)
         shift = t.shift.tolist()  # column width - 1: slot * stride; column width: 1 - prompt_len
         made = None if None in tries else _CpuWalks(at, slots, tries, [shift[k][-2] for k in at],
-                                                    [shift[k][-1] for k in at], list(range(len(at))), {})
+                                                    [shift[k][-1] for k in at], at == list(range(len(shift))), {})
         self._cache["cpu_walks"] = (t, made)
         return made
 
     def _apply_on_cpu(self, step: StepInputs) -> None:
         """The window-decided step on the CPU (``decide_from_window`` deferred it here), in Python
-        over the window's memory (a step runs cache-cold: a numpy call costs tens of microseconds
-        then): each member row's last ``width`` output tokens read as one slice and walked over its
-        trie (``masked_after``: what the hosted processor masks, exactly, since no prefix is longer
+        over the window's memory (a step runs cache-cold: each torch or numpy call costs
+        microseconds then): every member row's last token read and looked up in its trie by C-level
+        maps, then only the rows that hit walked back over their last ``width`` output tokens (a
+        view of the window: what the hosted processor masks, exactly, since no prefix is longer
         than ``width``); the one-token phrases (their indices kept per layout and row stride) and
-        the found ids masked, one ``index_fill_`` each."""
+        the found ids masked together (``_write_ids``)."""
         walks, window = self._cache.pop("cpu_step")
         kept = walks.per_stride.get(step.stride)
         if kept is None:
-            kept = walks.per_stride[step.stride] = (
-                torch.tensor([k * step.stride + t for k, slot in zip(walks.at, walks.slots) for t in self._always[slot]],
-                             dtype=torch.long),
-                [k * step.stride for k in walks.at])
-        fixed, offsets = kept
-        if len(fixed):
-            step.flat.index_fill_(0, fixed, NEG_INF)
-        w = self.width
-        tokens = memoryview(window.tokens.numpy()).cast("B").cast(_CODES[window.tokens.dtype])  # type: ignore[call-overload]
+            fixed = [k * step.stride + t for k, slot in zip(walks.at, walks.slots) for t in self._always[slot]]
+            kept = walks.per_stride[step.stride] = (np.asarray(fixed, dtype=np.int64), torch.tensor(fixed, dtype=torch.long),
+                                                    [k * step.stride for k in walks.at])
+        fixed_host, fixed, offsets = kept
+        tokens = self._tokens_view(window.tokens)
         pos = window.pos.tolist()
-        histories: list[list[int]] = []
-        for k, start, lead in zip(walks.at, walks.starts, walks.leads):
-            end = start + pos[k] + 1
-            n = min(pos[k] + lead, w)  # the output's last tokens, at most ``width``
-            histories.append(tokens[end - n:end].tolist() if n > 0 else [])
+        if not walks.every:
+            pos = list(map(pos.__getitem__, walks.at))
+        ends = list(map(add, walks.starts, pos))  # each member's last token in the flat window
+        nodes = list(map(dict.get, walks.tries, map(tokens.__getitem__, ends)))
         found: list[int] = []
-        masked_after((offsets, walks.rows, walks.slots, walks.tries), histories, found, _reraise)
-        if found:
-            step.flat.index_fill_(0, torch.tensor(found, dtype=torch.long), NEG_INF)
+        w, leads = self.width, walks.leads
+        for k in compress(range(len(nodes)), nodes):
+            n = min(pos[k] + leads[k], w)  # the output's last tokens, at most ``width``
+            if n > 0:  # else the row has no output yet: its last token is the prompt's
+                end = ends[k]
+                offset = offsets[k]
+                for t in _walk_back(nodes[k], tokens, end, end - n + 1):  # type: ignore[arg-type]  # a hit: not None
+                    found.append(offset + t)
+        self._write_ids(step, fixed_host, fixed, found)
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> None:
         """``-inf`` at the ids of the entries ``decide_from_window`` found: where it deferred the step

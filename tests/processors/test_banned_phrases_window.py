@@ -76,3 +76,40 @@ def test_window_decided_step_masks_what_the_host_walk_masks(seed: int) -> None:
         for name in batch:
             harness.commit(name, [rng.choice(starts[name]) if rng.random() < 0.6 else rng.randrange(EOS)])
     assert checked > 0  # some step masked ids beyond the one-token phrases
+
+
+def test_the_cpu_route_reads_the_engines_token_buffer_as_it_is_at_each_step() -> None:
+    """The CPU route keeps its view of the engine's token buffer across steps (``_tokens_view``):
+    tokens rewritten in place are read at the next step, and a buffer whose storage was replaced
+    (the same tensor at another address, the old storage still alive with the old tokens) is viewed
+    anew. Each step masks what the op's reference masks on the buffer as it is then (prefill
+    chunks' rows aside: their samples are discarded)."""
+    from dynlogits.processors import banned_phrases
+    from dynlogits.processors.slots import StepInputs
+    from dynlogits.testing.cuda.banned_phrases_check import _host, group_case
+
+    differed = 0
+    for seed in range(12):
+        case = group_case(seed, torch.device("cpu"), requests=2 + seed % 6, longest=(3, 9)[seed % 2])
+        tokens = case.window.tokens
+        # the rows whose sample counts: a prefill chunk's row (a member deciding nothing) is discarded
+        sampled = torch.tensor([w is not None or not m for w, m in zip(case.wants, case.rows.member.tolist())])
+        held = []
+        generator = torch.Generator().manual_seed(seed)
+        for change in ("none", "in place", "storage"):
+            before = _host(case, case.logits.clone())  # (it writes into the logits it is given)
+            other = torch.randint(0, 4, tokens.shape, generator=generator, dtype=tokens.dtype)  # ALPHABET's ids
+            if change == "in place":
+                tokens.copy_(other)
+            elif change == "storage":  # the old storage kept alive by a tensor of its own
+                held.append(torch.empty(0, dtype=tokens.dtype).set_(tokens.untyped_storage(), 0, tokens.shape))
+                tokens.set_(other)
+            want = _host(case, case.logits.clone())
+            differed += change != "none" and not torch.equal(want, before)
+            logits = case.logits.clone()
+            step = StepInputs(logits, logits.view(-1), logits.shape[1], None, torch.empty(0, dtype=torch.long))
+            decided = case.group.decide_from_window(case.rows, case.window)
+            assert decided is banned_phrases._CPU_STEP
+            case.group.apply_device_decisions(step, case.rows, decided)
+            assert torch.equal(logits[sampled], want[sampled]), (seed, change)
+    assert differed >= 6  # the premise: the rewritten buffers mask other ids
