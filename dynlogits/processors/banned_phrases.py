@@ -554,7 +554,7 @@ class BannedPhrasesGroup(EntryTablesGroup):
         """``decide_from_window``, each row's prefixes counted from ``floor[r]`` on where given
         (``apply_floored``): then on the CPU the fused op's CPU implementation (exact, as the hosted
         path), not the walk."""
-        on_cpu = window.tokens.device.type == "cpu" and window.pos.device.type == "cpu"
+        on_cpu = window.tokens.is_cpu and window.pos.is_cpu  # (cheaper than device.type, read cold)
         if (floor is None and window.input_ids is None and on_cpu and window.tokens.dtype in _CODES
                 and window.tokens.is_contiguous()):
             walks = self._cpu_walks(rows, self._rows_tables(rows, window))
