@@ -4,11 +4,14 @@ results bit for bit, without a tensor or numpy call per step for a few ids."""
 
 from __future__ import annotations
 
+import ctypes
 import struct
+from typing import Any
 
 import numpy as np
+import torch
 
-__all__ = ["HOST_LOOP_MAX", "ROUNDED_KEPT", "_lower_host_f32"]
+__all__ = ["HOST_LOOP_MAX", "ROUNDED_KEPT", "VIEWS_KEPT", "_lower_host_f32", "_lower_host_view", "host_f32_view"]
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_LOWEST = float(np.finfo(np.float32).min)
@@ -53,7 +56,31 @@ def _lower_host_f32(logits: np.ndarray, flat: list[int], amounts: list[float]) -
         np.maximum(lowered, np.minimum(kept, np.float32(_F32_LOWEST)), out=lowered)
         logits[index] = lowered
         return
-    view = logits.data
+    _lower_host_view(logits.data, flat, amounts)
+
+
+#: (address, length) -> a float32 view of that host memory, for ``host_f32_view`` (cleared past it)
+_VIEWS: dict[tuple[int, int], memoryview[float]] = {}
+VIEWS_KEPT = 8
+
+
+def host_f32_view(flat: torch.Tensor) -> memoryview[float]:
+    """A float32 view (format ``f``) of the memory of ``flat``, a 1-D float32 CPU tensor with
+    stride 1, for the length of the call that holds ``flat``: made through ``ctypes`` and kept per
+    (address, length), so a step whose logits lie where an earlier step's lay makes no object (a
+    kept view is only used while a tensor holds that memory: the caller's). No numpy or tensor
+    conversion (``Tensor.numpy``'s first call after the logits' copy costs tens of µs)."""
+    key = (flat.data_ptr(), flat.shape[0])
+    view = _VIEWS.get(key)
+    if view is None:
+        if len(_VIEWS) >= VIEWS_KEPT:
+            _VIEWS.clear()
+        view = _VIEWS[key] = memoryview((ctypes.c_float * key[1]).from_address(key[0])).cast("B").cast("f")
+    return view
+
+
+def _lower_host_view(view: memoryview[Any], flat: list[int], amounts: list[float]) -> None:
+    """``_lower_host_f32``'s Python-float loop on a float32 view (format ``f``) of the logits."""
     low, rounded = _F32_LOWEST, _ROUNDED32.get
     for i, amount in zip(flat, amounts):
         penalty = rounded(amount)
@@ -63,4 +90,4 @@ def _lower_host_f32(logits: np.ndarray, flat: list[int], amounts: list[float]) -
         lowered_i = kept_i - penalty
         if lowered_i < low:  # past float32's range (``-inf`` there): the lowest, unless it was ``-inf``
             lowered_i = low if kept_i != _NEG_INF else kept_i
-        view[i] = lowered_i  # type: ignore[call-overload]  # a float32 view: typeshed knows byte views only
+        view[i] = lowered_i

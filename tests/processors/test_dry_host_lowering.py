@@ -1,13 +1,15 @@
 """``dry``'s lowering of float32 host logits (vLLM's V1 runner on the CPU) element by element in
 Python floats equals the float32 arithmetic of the tensor path bit for bit: a float32 difference
-computed in float64 and rounded on the store, a finite logit kept finite, non-finite ones kept."""
+computed in float64 and rounded on the store, a finite logit kept finite, non-finite ones kept; the
+V1 runner's group reads the tensor's own memory through a kept float32 view (``host_f32_view``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-from dynlogits.processors.dry_lowering import HOST_LOOP_MAX, _lower_host_f32
+from dynlogits.processors.dry_lowering import HOST_LOOP_MAX, _lower_host_f32, _lower_host_view, host_f32_view
 
 F32 = np.finfo(np.float32)
 
@@ -68,3 +70,26 @@ def test_amounts_rounded_once_and_kept_lower_as_when_first_rounded_signed_zeros_
         got = logits.copy()
         _lower_host_f32(got, flat.tolist(), amounts.tolist())
         assert np.array_equal(got.view(np.int32), want.view(np.int32))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_host_view_lowers_the_tensors_own_memory_as_the_numpy_path_does(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    logits = torch.from_numpy(_edge_logits(rng, 4 * 1031).reshape(4, 1031))
+    flat = rng.choice(logits.numel(), size=HOST_LOOP_MAX, replace=False)
+    flat[:2] = [0, logits.numel() - 1]  # the first and the last element
+    amounts = rng.uniform(0.0, 5.0, HOST_LOOP_MAX)
+    want = _float32_reference(logits.numpy().reshape(-1), flat, amounts)
+    _lower_host_view(host_f32_view(logits.view(-1)), flat.tolist(), amounts.tolist())
+    assert np.array_equal(logits.numpy().reshape(-1).view(np.int32), want.view(np.int32))
+
+
+def test_host_views_are_kept_per_address_and_length_and_read_only_their_tensor() -> None:
+    a, b = torch.zeros(2, 64), torch.zeros(2, 64)
+    view = host_f32_view(a.view(-1))
+    assert host_f32_view(a.view(-1)) is view  # the same memory, a new flat view of it: kept
+    assert host_f32_view(a[:1].reshape(-1)) is not view  # the same address, shorter: its own
+    assert len(view) == a.numel()
+    _lower_host_view(host_f32_view(b.view(-1)), [0, 127], [1.0, 2.0])
+    assert a.count_nonzero() == 0
+    assert b.view(-1)[0] == -1.0 and b.view(-1)[127] == -2.0 and b.count_nonzero() == 2
