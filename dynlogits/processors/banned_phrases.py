@@ -6,12 +6,14 @@ backwards (a trie), at most one lookup per token of the longest prefix, never a 
 history or of every phrase; a row whose last token ends no prefix costs one lookup. On the
 resident path with host histories (vLLM's V1 runner) the group's host work is that lookup per row,
 its device work one masked write: of the one-token phrases (indices uploaded once per layout) or,
-on steps that find ids, of those and the found ones in one upload. Where the histories live on the device
+on steps that find ids, of those and the found ones in one upload (host logits of a numpy dtype:
+one numpy assignment through their memory, no torch op). Where the histories live on the device
 (Model Runner V2) the group compares each row's last tokens (``TokenWindow``) with every phrase of
 its slot at once, no read back: one fused op a step (``dynlogits::banned_phrases_ban_``, one Triton
 launch on CUDA once ``dynlogits.kernels.banned_phrases.GATE`` probed it), else a fixed number of
-eager device ops (``decide_from_window``); on the CPU (no device to keep busy) each row's last tokens
-are read from the window and walked over its trie instead, as with host histories.
+eager device ops (``decide_from_window``); on the CPU (no device to keep busy) each row's last token
+is read from the window and looked up in its trie instead, and only the rows that hit are walked
+back over the window, as with host histories.
 
 A scoped entry (``scope.ScopedDecided``) is resident on both runners: with host histories each
 row walks its phase's stretch and a row out of phase (``neutral_history``) masks nothing, its
@@ -345,15 +347,16 @@ class BannedPhrasesGroup(EntryTablesGroup):
     With host histories (``SlotBatch(host_histories=True)``): from each row's own trie, every row in
     one pass (``decide_rows``, ``masked_after``); every step one ``index_fill_`` of the rows'
     one-token phrases (indices uploaded once per batch change), or, on a step that finds ids, one
-    upload of those and the found ones and one ``index_fill_`` of them instead. With a ``TokenWindow`` instead (``decide_from_window``): every row's entries
+    upload of those and the found ones and one ``index_fill_`` of them instead (host logits of a
+    numpy dtype: the same indices written by one numpy assignment, ``_write_host``). With a
+    ``TokenWindow`` instead (``decide_from_window``): every row's entries
     (each phrase as its prefix, right-aligned in ``width`` columns, unused ones ``-1``, and the id it
     bans) are compared with the row's last ``width`` tokens on the device, and the ids of the entries
     that match are masked with one ``scatter_reduce_`` (``amin`` with ``+inf`` elsewhere: repeats
     and non-members leave logits as they are), or all that in one fused op where ``GATE`` is ready
     (``dynlogits.kernels.banned_phrases``: the tables read as they are, no per-layout gather); on
-    the CPU without drafts, the rows' last ``width``
-    output tokens are read from the window's memory and walked over their tries instead, as with
-    host histories (``_apply_on_cpu``). The tables: ``EntryTablesGroup`` (e.g. 256 phrases
+    the CPU without drafts, the rows' last tokens are read from the window's memory and walked
+    over their tries instead, as with host histories (``_apply_on_cpu``). The tables: ``EntryTablesGroup`` (e.g. 256 phrases
     of 17 tokens fill its 4096 cells). Masks only: never leaves a row empty by itself."""
 
     #: ``need`` of the padding entries of a slot with fewer entries than the table: never matches
