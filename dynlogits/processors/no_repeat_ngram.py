@@ -46,6 +46,7 @@ import torch
 from dynlogits.specs.builtin.no_repeat_ngram import NoRepeatNgram, NoRepeatNgramSpec
 
 from .base import IndexCache, RealizeContext
+from .dry_lowering import host_f32_view
 from .modes import Decider, WindowDecided
 from .no_repeat_ngram_device import MAX_DEVICE_SIZE, Layout, SlotTables, apply, layout, slot_tables, window_width
 from .ops import MaskIds, RowOp, apply_op
@@ -495,11 +496,20 @@ class NoRepeatNgramGroup(WindowDecided):
         return found
 
     def apply_host_decisions(self, step: StepInputs, rows: ListedRows, found: bytes, upload: StepUpload) -> None:
-        """One masked write of the flat indices ``decide_rows`` found: read in place on the CPU, else
-        through ``upload`` (one non-blocking copy)."""
+        """One masked write of the flat indices ``decide_rows`` found: on the CPU, float32 logits and
+        at most ``HOST_WRITES_MAX`` ids written ``-inf`` one by one through a float32 view of the
+        logits' memory (``dry_lowering.host_f32_view``: no tensor op, whose first call after the
+        logits' copy misses the cache); else by one ``index_fill_``, its index read in place on the
+        CPU, else through ``upload`` (one non-blocking copy)."""
         n = len(found) >> 3
         if n:
             if self.device.type == "cpu":
+                flat = step.flat
+                if n <= HOST_WRITES_MAX and flat.dtype is torch.float32 and flat.stride(0) == 1:
+                    view = host_f32_view(flat)
+                    for i in memoryview(found).cast("q"):
+                        view[i] = NEG_INF
+                    return None
                 index = self._host_index(found, n)
             else:
                 upload.buffer(n).data.cast("B")[:] = found  # native int64 into the int64 buffer
@@ -523,6 +533,9 @@ class NoRepeatNgramGroup(WindowDecided):
             view = views[n] = tensor[:n]
         return view
 
+
+#: Ids past which CPU float32 logits are masked by one ``index_fill_`` rather than one by one.
+HOST_WRITES_MAX = 128
 
 _next_of, _flat_of, _base_of = attrgetter("next"), attrgetter("flat"), attrgetter("base")
 _token_of, _to_of = attrgetter("token"), attrgetter("to")
