@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from .device_thinking import NEVER
-from .dry_lowering import _lower_host_f32
+from .dry_lowering import HOST_LOOP_MAX, _lower_host_f32, _lower_host_view, host_f32_view
 from .window import TokenWindow
 
 __all__ = ["MAX_DEVICE_CAP", "Constants", "MAX_DEVICE_SINGLES", "NO_BREAKER", "StepArgs", "constants", "dense_lower_", "device_penalties",
@@ -231,7 +231,8 @@ def _lower_host(logits: torch.Tensor, index: np.ndarray, penalty: np.ndarray) ->
     """The logits at the flat ``index`` (row times the row stride plus the id) lowered by
     ``penalty`` (float64) as ``lower_rows`` lowers them, the largest penalty of an index winning:
     contiguous float32 logits (vLLM's sampler's) element by element in Python floats (the V1
-    runner's ``dry_lowering._lower_host_f32``, no tensor call to miss the cache), others with
+    runner's ``dry_lowering._lower_host_view`` through ``host_f32_view``, no tensor call to miss
+    the cache; past ``HOST_LOOP_MAX`` ids ``_lower_host_f32``), others with
     ``lower_rows``'s tensor ops over the flat logits (``scatter_reduce_``, ``amin``)."""
     if logits.dtype != torch.float32 or not logits.is_contiguous():
         return _lower(logits, index, penalty)
@@ -243,7 +244,11 @@ def _lower_host(logits: torch.Tensor, index: np.ndarray, penalty: np.ndarray) ->
             if best.get(i, -1.0) < amount:
                 best[i] = amount
         flat, amounts = list(best), list(best.values())
-    _lower_host_f32(logits.numpy().reshape(-1), flat, amounts)
+    whole = logits.view(-1)
+    if len(flat) <= HOST_LOOP_MAX:  # through a view of the logits' memory: no ``Tensor.numpy`` call
+        _lower_host_view(host_f32_view(whole), flat, amounts)
+    else:
+        _lower_host_f32(whole.numpy(), flat, amounts)
     return None
 
 
