@@ -16,14 +16,15 @@ OUT_OF_PHASE: tl.constexpr = tl.constexpr(1 << 62)
 @triton.jit
 def keep_rows(logits_ptr, logits_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen, engine_slots, base_ptr, pos_ptr,
               slot_ptr, member_ptr, prefix_ptr, prefix_s0, depth_ptr, depth_s0, at_least_ptr, at_least_s0, ids_ptr,
-              ids_s0, saved_ptr, at_ptr, entries, width, vocab, BLOCK_E: tl.constexpr, BLOCK_W: tl.constexpr,
-              BLOCK_V: tl.constexpr, CHUNK: tl.constexpr):
+              ids_s0, input_ptr, local_ptr, saved_ptr, at_ptr, entries, width, vocab, BLOCK_E: tl.constexpr,
+              BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr, CHUNK: tl.constexpr, HAS_DRAFTS: tl.constexpr):
     """Program ``(r, k)`` keeps columns ``[k * CHUNK, (k + 1) * CHUNK)`` of row ``r`` (its chunk; see
     the module doc), in three phases:
 
     1. per block of ``BLOCK_E`` entries, those whose id lies in the chunk (the entries it owns)
        decided: each one's prefix compared with the row's first tokens (``BLOCK_W`` columns at a
-       time), its depth with the row's history; an owned entry's logit (at its id) read and saved
+       time; with ``HAS_DRAFTS`` each position at most the row's own, those fed at the ``local_pos``
+       rows before it read from ``input_ptr``), its depth with the row's history; an owned entry's logit (at its id) read and saved
        in the scratch where it matches (``saved_ptr``, row ``r``'s ``entries`` cells) with its id
        (``at_ptr``; ``-1`` for an owned entry not matched);
     2. the chunk filled with ``-inf`` (``BLOCK_V`` columns at a time);
@@ -47,7 +48,10 @@ def keep_rows(logits_ptr, logits_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen, e
     eng = tl.minimum(slot, engine_slots - 1)
     start = tl.load(base_ptr + r).to(tl.int64)
     acting = (tl.load(member_ptr + r) != 0) & (start < OUT_OF_PHASE)
-    n = tl.maximum(tl.load(pos_ptr + r).to(tl.int64) - start + 1, 0)  # tokens of its history before the row
+    p = tl.load(pos_ptr + r).to(tl.int64)
+    n = tl.maximum(p - start + 1, 0)  # tokens of its history before the row
+    if HAS_DRAFTS:
+        local = tl.load(local_ptr + r).to(tl.int64)
     start = tl.where(acting, start, 0)  # (an out-of-phase base's columns are never formed)
     todo = tl.where(acting, entries, 0)
     filled = tl.where(acting, hi, lo)
@@ -64,8 +68,16 @@ def keep_rows(logits_ptr, logits_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen, e
         for w0 in range(0, width, BLOCK_W):
             c = w0 + tl.arange(0, BLOCK_W).to(tl.int64)
             inside = c < width
-            column = tl.minimum(tl.maximum(start + c, 0), maxlen - 1)
+            q = start + c
+            if HAS_DRAFTS:
+                q = tl.minimum(q, p)  # as ``TokenWindow.head``: at most the row's own position
+            column = tl.minimum(tl.maximum(q, 0), maxlen - 1)
             token = tl.load(tokens_ptr + eng * tokens_s0 + column * tokens_s1, mask=inside, other=0).to(tl.int64)
+            if HAS_DRAFTS:
+                back = p - q  # how many positions before the row's own
+                fed = inside & (back <= local)  # the last committed token or a draft, fed back rows before
+                drafted = tl.load(input_ptr + tl.maximum(r - back, 0), mask=fed, other=0).to(tl.int64)
+                token = tl.where(fed, drafted, token)
             cells = tl.load(prefix_ptr + slot * prefix_s0 + e[:, None] * width + c[None, :],
                             mask=hit[:, None] & inside[None, :], other=-1).to(tl.int64)
             differs = (cells >= 0) & (cells != token[None, :])  # an unused cell (-1) matches anything

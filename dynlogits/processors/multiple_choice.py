@@ -215,16 +215,35 @@ class MultipleChoiceGroup(EntryTablesGroup):
         self._cache["window"] = (rows.slot_of_row, made)
         return made
 
+    def _fused_rows(self, rows: GatheredRows, window: TokenWindow) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the fused step needs per row beside the slots' tables: its output's first position
+        (its prompt's length, the op's ``base``; the prompt lengths' dtype) and its slot's ids (the
+        witness of a row left with none). Kept while ``rows.slot_of_row`` is the same tensor (a listed
+        layout: none a step; with drafts the rows are gathered anew each step: three device ops), or
+        taken from ``_rows_tables`` where those are made for it."""
+        cached = self._cache.get("fused_rows")
+        if cached is not None and cached[0] is rows.slot_of_row:
+            return cached[1], cached[2]
+        tables = self._cache.get("window")
+        if tables is not None and tables[0] is rows.slot_of_row:
+            first, ids = tables[1].first, tables[1].ids
+        else:
+            first, ids = window.prompt_len[window.slots(rows.slot_of_row)], self.ids.dev[rows.slot_of_row]
+        self._cache["fused_rows"] = (rows.slot_of_row, first, ids)
+        return first, ids
+
     def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
         """Per row and entry (``[rows, entries]``): whether the row's output is the entry's (or, for an
         ``at_least`` entry, begins with it), so the entry's id is allowed now. A member row's
         decisions only: a row outside the group keeps its logits whatever they are (see
-        ``apply_device_decisions``). Without drafts and with int32 tokens (vLLM's),
-        ``_decide_by_count``; else the rows' first tokens from ``window.head`` compared cell by cell."""
-        t = self._rows_tables(rows, window)
-        if window.input_ids is None and GATE.ready(window.pos.device):  # the whole step: one fused op
+        ``apply_device_decisions``). Where ``GATE`` is ready (drafts or none), nothing: the fused op
+        decides and keeps in ``apply_device_decisions``. Else, without drafts and with int32 tokens
+        (vLLM's), ``_decide_by_count``; else the rows' first tokens from ``window.head`` compared cell
+        by cell."""
+        if GATE.ready(window.pos.device):  # the whole step: one fused op
             self._cache["fused"] = window
             return rows.member
+        t = self._rows_tables(rows, window)
         if window.input_ids is None and window.tokens.dtype in _NARROW:
             return self._decide_by_count(t, window)
         return self._decide_from(t, window, None)
@@ -257,35 +276,46 @@ class MultipleChoiceGroup(EntryTablesGroup):
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> Dead:
         """Each member row keeps only the ids of the entries it matched (none where it matched none):
         ``_keep``, or the fused op where ``decide_from_window`` left the step to it."""
-        t = self._cache["window"][1]
         window = self._cache.pop("fused", None)
         if window is not None:
-            return self._keep_fused(step, rows, t, window, t.first, rows.member, rows.member)
-        return self._keep(step, rows, t, hit, rows.member)
+            first, ids = self._fused_rows(rows, window)
+            return self._keep_fused(step, rows, ids, window, first, rows.member, rows.member)
+        return self._keep(step, rows, self._cache["window"][1], hit, rows.member)
 
     def apply_floored(self, step: StepInputs, rows: GatheredRows, window: TokenWindow, floor: torch.Tensor) -> Dead:
         """A scoped entry's rows (``scope.ScopedDecided``): each row's history from its floor on (at
         least its prompt's length: a span the prompt opened starts at the output, as the hosted
         path's ``_own``), cell by cell (``_decide_from``); a row whose floor is past every position
-        (out of phase: ``device_thinking.NEVER``) is no member, its row left as it is."""
+        (out of phase: ``device_thinking.NEVER``) is no member, its row left as it is. Where ``GATE``
+        is ready (drafts or none), the fused op from that floor on."""
+        if GATE.ready(window.pos.device):
+            start, ids = self._fused_rows(rows, window)
+            first = torch.maximum(floor, start)  # ``NEVER`` stays: the fused op's ``OUT_OF_PHASE``
+            return self._keep_fused(step, rows, ids, window, first, rows.member, rows.member & (floor < NEVER))
         t = self._rows_tables(rows, window)
-        first = torch.maximum(floor, t.first)  # ``NEVER`` stays: the fused op's ``OUT_OF_PHASE``
+        first = torch.maximum(floor, t.first)
         inside = rows.member & (floor < NEVER)
-        if window.input_ids is None and GATE.ready(window.pos.device):
-            return self._keep_fused(step, rows, t, window, first, rows.member, inside)
         return self._keep(step, rows, t, self._decide_from(t, window, first), inside)
 
-    def _keep_fused(self, step: StepInputs, rows: GatheredRows, t: _RowTables, window: TokenWindow,
+    def _keep_fused(self, step: StepInputs, rows: GatheredRows, ids: torch.Tensor, window: TokenWindow,
                     first: torch.Tensor, member: torch.Tensor, inside: torch.Tensor) -> Dead:
         """The step as one fused op (``dynlogits::multiple_choice_keep_``, one launch on CUDA): each
         ``member`` row's history from ``first[r]`` on (past every position: out of phase, left as it
-        is), the slots' tables read as they are; a variant failing to compile on CUDA turns the kernel
-        off (one warning) and ``_keep`` answers. ``inside``: the rows it may leave with no token."""
+        is), the drafts fed before it from ``window.input_ids`` (``local_pos``), the slots' tables read
+        as they are; a variant failing to compile on CUDA turns the kernel off (one warning) and
+        ``_keep`` answers (``_decide_from``: the same reading). ``inside``: the rows it may leave with
+        no token; ``ids``: the rows' slots' ids (``_fused_rows``)."""
+        drafts = window.input_ids is not None and window.local_pos is not None
         args = (step.logits, window.tokens, first, window.pos, rows.slot_of_row, member, self.prefix.dev,
-                self.depth.dev, self.at_least.dev, self.ids.dev, self.entries, self.width)
-        GATE.run(window.pos.device, lambda: multiple_choice_keep_(*args),
-                 lambda: self._keep(step, rows, t, self._decide_from(t, window, first), inside))
-        return Dead(None, rows.slot_of_row, t.ids, step.generated, where=inside)
+                self.depth.dev, self.at_least.dev, self.ids.dev, window.input_ids if drafts else None,
+                window.local_pos if drafts else None, self.entries, self.width)
+
+        def eager() -> None:
+            t = self._rows_tables(rows, window)
+            self._keep(step, rows, t, self._decide_from(t, window, first), inside)
+
+        GATE.run(window.pos.device, lambda: multiple_choice_keep_(*args), eager)
+        return Dead(None, rows.slot_of_row, ids, step.generated, where=inside)
 
     def _keep(self, step: StepInputs, rows: GatheredRows, t: _RowTables, hit: torch.Tensor, member: torch.Tensor) -> Dead:
         """The ``member`` rows keep only the ids of the entries ``hit`` (none where none): the
