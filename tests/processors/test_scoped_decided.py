@@ -265,10 +265,21 @@ def test_model_runner_v2s_scoped_multiple_choice_rows_are_decided_on_the_device_
         drafts: int, fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Random choices, delimiters, prompts that may open a span, resumes, drafts, tokens the hosted
     path allows: every request resident (each row's floor into the kind's step, no history read
-    back); rows equal the hosted path's bit for bit, none fails. ``fused``: without drafts the step
-    through ``dynlogits::multiple_choice_keep_`` (its CPU implementation; its gate opened on the CPU)."""
+    back); rows equal the hosted path's bit for bit, none fails. ``fused``: the step through
+    ``dynlogits::multiple_choice_keep_`` (its CPU implementation; its gate opened on the CPU), with
+    drafts too (the op given ``input_ids``: counted)."""
+    drafted: list[bool] = []  # per fused step: whether the op read drafts
     if fused:
+        from dynlogits.processors import multiple_choice as mc
+
         monkeypatch.setattr(GATE, "ready", lambda device: True)
+        op = mc.multiple_choice_keep_
+
+        def counted(*args: Any) -> None:
+            drafted.append(args[10] is not None)  # input_ids
+            op(*args)
+
+        monkeypatch.setattr(mc, "multiple_choice_keep_", counted)
     rng = random.Random(71 + drafts)
 
     def new() -> Request:
@@ -284,6 +295,8 @@ def test_model_runner_v2s_scoped_multiple_choice_rows_are_decided_on_the_device_
 
     assert rows_against_hosted(drafts, rng, new, IDS, vocab=V, eos=EOS, max_tokens=48,
                                logits=lambda rows: torch.randn(rows, V), choose=_choose) > 20
+    if fused:  # every step through the op; with drafts most of them read drafts
+        assert len(drafted) > 20 and (sum(drafted) > 10 if drafts else not any(drafted)), drafted
 
 
 # -- Model Runner V2 (vLLM's real V2 classes, the runner's buffers as plain tensors) -----------------

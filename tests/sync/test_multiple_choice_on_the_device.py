@@ -35,6 +35,28 @@ def test_vllm_model_runner_v2_choice_step_is_a_fixed_number_of_device_ops_and_re
     assert len(steady.steady_ops) == len(V2_STEADY_OWN) + V2_STEADY_EPILOGUE
 
 
+#: the drafted steady step's (2 drafts a request) own device ops, after the adapter's row mapping (the
+#: rows' slots, which follow committed tokens, their generated counts: 6 ops): the rows' membership
+#: (``index``: the rows are gathered anew each step), each row's prompt length, the fused op's base
+#: (``clamp``: the engine's slots, ``index``), its slot's ids (``index``: the witness of a row left
+#: with none), then the fused op, reading the drafts fed before each row from ``input_ids``
+V2_DRAFTED_OWN = ["index", "clamp", "index", "index", "multiple_choice_keep_"]
+#: the adapter's row mapping under drafts (``adapters/vllm/v2.py``)
+V2_DRAFTED_ADAPTER = 6
+
+
+def test_vllm_model_runner_v2_drafted_choice_step_is_the_same_fused_op_and_reads_nothing_back() -> None:
+    """Under speculative decoding (2 drafts a request) the steady step is the one fused op too (was
+    68 ops cell by cell): 7 of the kind's own beside the adapter's row mapping."""
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(payloads=CHOICES, steps=7, changes=False), drafts=2)
+    assert [str(s) for s in steady.syncs] == [] and not steady.failures
+    ops = steady.steady_ops
+    assert ops.count("multiple_choice_keep_") == 1, ops
+    assert ops[V2_DRAFTED_ADAPTER:V2_DRAFTED_ADAPTER + len(V2_DRAFTED_OWN)] == V2_DRAFTED_OWN, ops
+    assert len(ops) == V2_DRAFTED_ADAPTER + len(V2_DRAFTED_OWN) + V2_STEADY_EPILOGUE, ops
+
+
 @pytest.mark.parametrize("drafts", [0, 2])
 def test_vllm_model_runner_v2_choice_sequence_never_waits_and_reports_the_failures(drafts: int) -> None:
     with SimCuda() as sim:
@@ -85,3 +107,18 @@ def test_the_v2_steady_step_of_a_scoped_choice_reads_each_rows_floor_then_runs_t
     assert steady.steady_ops[:9] == ["spans_advance_", "sub", "index", "logical_and", "where", "maximum", "lt",
                                      "bitwise_and", "multiple_choice_keep_"]
     assert len(steady.steady_ops) == 9 + V2_STEADY_EPILOGUE
+
+
+def test_the_v2_drafted_steady_step_of_a_scoped_choice_runs_the_fused_op_once() -> None:
+    """With 2 drafts a request: the span advanced and its drafts followed, each row's floor, the
+    rows' prompt lengths (``clamp``, ``index``) and slots' ids (``index``), the floor bounded by the
+    prompt's length (``maximum``), the rows in phase (``lt``, ``bitwise_and``), the fused op once
+    (was 72 ops cell by cell); no read back."""
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(payloads=SCOPED, steps=7, changes=False), drafts=2)
+    assert [str(s) for s in steady.syncs] == [] and not steady.failures
+    ops = steady.steady_ops
+    assert ops.count("multiple_choice_keep_") == 1, ops
+    assert ops[-9:] == ["clamp", "index", "index", "maximum", "lt", "bitwise_and", "multiple_choice_keep_",
+                        "dead_rows_", "copy_"], ops
+    assert len(ops) == 20, ops

@@ -575,22 +575,36 @@ def test_a_trigger_is_resident_and_forces_what_the_host_processor_forces(drafts:
 
 
 # -- multiple_choice: decided on the device --------------------------------------------------------
-@pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
+@pytest.mark.parametrize("fused", [False, True, None], ids=["eager", "fused", "fallback"])
 @pytest.mark.parametrize("drafts", [0, 2])
-def test_multiple_choice_is_resident_and_keeps_what_the_host_processor_keeps(drafts: int, fused: bool,
+def test_multiple_choice_is_resident_and_keeps_what_the_host_processor_keeps(drafts: int, fused: bool | None,
                                                                              monkeypatch) -> None:  # noqa: ANN001
     """Random choice sets (EOS inside a choice too), prompts, outputs a request resumes with and
     drafts that mostly follow a choice; slots reused by requests of other geometries. Every row
     keeps exactly the ids the host processor allows after the history it sees; a row that left every
     choice keeps only the stop token: after its committed tokens its request fails (and leaves the
     batch), after drafts only the row stops (the drafts may be rejected). ``fused``: the step through
-    ``dynlogits::multiple_choice_keep_`` (its CPU implementation; its gate opened on the CPU)."""
+    ``dynlogits::multiple_choice_keep_`` (its CPU implementation; its gate opened on the CPU), with
+    drafts too (the op given ``input_ids``: counted); ``fallback``: the gate open but each fused call
+    answered by its eager fallback (what ``GATE.run`` does when a variant fails to compile on CUDA)."""
     import random
 
     from dynlogits.kernels.multiple_choice import GATE
+    from dynlogits.processors import multiple_choice as mc
 
+    drafted: list[bool] = []  # per fused step: whether the op read drafts
     if fused:
         monkeypatch.setattr(GATE, "ready", lambda device: True)
+        op = mc.multiple_choice_keep_
+
+        def counted(*args: Any) -> None:
+            drafted.append(args[10] is not None)  # input_ids
+            op(*args)
+
+        monkeypatch.setattr(mc, "multiple_choice_keep_", counted)
+    elif fused is None:
+        monkeypatch.setattr(GATE, "ready", lambda device: True)
+        monkeypatch.setattr(GATE, "run", lambda device, fused, eager: eager())
 
     from dynlogits.processors.multiple_choice import MultipleChoiceProcessor
 
@@ -642,6 +656,8 @@ def test_multiple_choice_is_resident_and_keeps_what_the_host_processor_keeps(dra
                 harness.commit(name, [follow(name, harness.output_ids(name))])
     assert checked > 80 and failed > 3
     assert sum("no token left to sample" in f for f in harness.processor.failures) == failed
+    if fused:  # every step through the op; with drafts most of them read drafts
+        assert len(drafted) == 24 and (sum(drafted) > 10 if drafts else not any(drafted)), drafted
 
 
 def test_choices_that_would_grow_the_device_tables_past_their_bound_are_hosted(harness, monkeypatch) -> None:
