@@ -114,6 +114,19 @@ def rows_against_hosted(drafts: int, rng: random.Random, new: Callable[[], Reque
     return changed
 
 
+def paired_requests(rng: random.Random, payload: Callable[[], list[dict[str, Any]]],
+                    realize: Callable[[list[dict[str, Any]], list[int]], Any], ids: Sequence[int], *,
+                    longest_prompt: int = 4) -> Callable[[], tuple[list[Any], list[Any]]]:
+    """A ``requests`` for ``rows_v1_against_hosted``: three ``payload()``s with random prompts among
+    ``ids`` (1 to ``longest_prompt`` tokens), each realized twice (resident, hosted)."""
+    def requests() -> tuple[list[Any], list[Any]]:
+        payloads = [payload() for _ in range(3)]
+        prompts = [[rng.choice(ids) for _ in range(rng.randint(1, longest_prompt))] for _ in payloads]
+        return [realize(p, q) for p, q in zip(payloads, prompts)], [realize(p, q) for p, q in zip(payloads, prompts)]
+
+    return requests
+
+
 def rows_v1_against_hosted(rng: random.Random, requests: Callable[[], tuple[list[Any], list[Any]]],
                            ids: Sequence[int], *, vocab: int, steps: int, placeholders: float,
                            logits: Callable[[], torch.Tensor], same: Callable[[torch.Tensor, torch.Tensor], bool],

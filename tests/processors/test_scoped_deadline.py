@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from v2_rows import Request, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
+from v2_rows import Request, paired_requests, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
 
 from dynlogits import sdk
 from dynlogits.processors.scope import ScopedClock
@@ -50,11 +50,7 @@ def test_the_v1_runners_scoped_deadline_rows_equal_the_hosted_paths_bit_for_bit(
     exactly at the rows in phase, as the hosted path."""
     rng = random.Random(5)
 
-    def requests() -> tuple[list[Any], list[Any]]:
-        payloads = [_payload(rng) for _ in range(3)]
-        prompts = [[rng.choice(IDS) for _ in range(rng.randint(1, 4))] for _ in payloads]
-        return [_realize(p, q) for p, q in zip(payloads, prompts)], [_realize(p, q) for p, q in zip(payloads, prompts)]
-
+    requests = paired_requests(rng, lambda: _payload(rng), _realize, IDS)
     forced = rows_v1_against_hosted(rng, requests, IDS, vocab=V, steps=12, placeholders=0.2,
                                     logits=lambda: torch.randn(3, V), same=torch.equal, changed=_forced)
     assert forced > 100

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from v2_rows import Request, allowed_token, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
+from v2_rows import Request, allowed_token, paired_requests, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
 
 from dynlogits import sdk
 from dynlogits.kernels.multiple_choice import GATE
@@ -62,11 +62,7 @@ def test_the_v1_runners_scoped_decided_rows_equal_the_hosted_paths_bit_for_bit(k
     row equals the hosted path's."""
     rng = random.Random(7)
 
-    def requests() -> tuple[list[Any], list[Any]]:
-        payloads = [_payload(rng, kind=kind) for _ in range(3)]
-        prompts = [[rng.choice(IDS) for _ in range(rng.randint(1, 4))] for _ in payloads]
-        return [_realize(p, q) for p, q in zip(payloads, prompts)], [_realize(p, q) for p, q in zip(payloads, prompts)]
-
+    requests = paired_requests(rng, lambda: _payload(rng, kind=kind), _realize, IDS)
     banned_rows = rows_v1_against_hosted(rng, requests, IDS, vocab=V, steps=16, placeholders=0.3,
                                          logits=lambda: torch.randn(3, V), same=torch.equal,
                                          changed=lambda a, _: int(torch.isneginf(a).any(1).sum()))
@@ -213,11 +209,7 @@ def test_the_v1_runners_scoped_multiple_choice_rows_equal_the_hosted_paths_bit_f
     phase it is left as it is (not filled, never counted dead); every row equals the hosted path's."""
     rng = random.Random(17)
 
-    def requests() -> tuple[list[Any], list[Any]]:
-        payloads = [_choice_payload(rng) for _ in range(3)]
-        prompts = [[rng.choice(IDS) for _ in range(rng.randint(1, 4))] for _ in payloads]
-        return [_realize(p, q) for p, q in zip(payloads, prompts)], [_realize(p, q) for p, q in zip(payloads, prompts)]
-
+    requests = paired_requests(rng, lambda: _choice_payload(rng), _realize, IDS)
     restricted = rows_v1_against_hosted(rng, requests, IDS, vocab=V, steps=12, placeholders=0.0,
                                         logits=lambda: torch.randn(3, V), same=torch.equal,
                                         changed=lambda a, _: int(torch.isneginf(a).any(1).sum()), choose=_choose)

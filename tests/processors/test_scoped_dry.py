@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from v2_rows import Request, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
+from v2_rows import Request, paired_requests, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
 
 from dynlogits import sdk
 from dynlogits.processors.dry_group import DryGroup
@@ -66,11 +66,7 @@ def test_the_v1_runners_scoped_dry_rows_equal_the_hosted_paths_bit_for_bit() -> 
     resident; every row equals the hosted path's bit for bit."""
     rng = random.Random(7)
 
-    def requests() -> tuple[list[Any], list[Any]]:
-        payloads = [_payload(rng) for _ in range(3)]
-        prompts = [[rng.choice(IDS) for _ in range(rng.randint(1, 5))] for _ in payloads]
-        return [_realize(p, q) for p, q in zip(payloads, prompts)], [_realize(p, q) for p, q in zip(payloads, prompts)]
-
+    requests = paired_requests(rng, lambda: _payload(rng), _realize, IDS, longest_prompt=5)
     def logits() -> torch.Tensor:
         made = torch.randn(3, V) * 3
         made[0, 1], made[1, 2], made[2, 0] = float("-inf"), float("nan"), float("inf")
