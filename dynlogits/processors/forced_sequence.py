@@ -10,6 +10,7 @@ from typing import ClassVar, TypeAlias
 import numpy as np
 import torch
 
+from dynlogits.kernels import thinking_force
 from dynlogits.specs.builtin.forced_sequence import ForcedSequence, ForcedTokenSequenceSpec
 
 from .base import RealizeContext
@@ -351,10 +352,59 @@ class ForcedSequenceGroup(PlannedGroup):
 
     def apply_gathered(self, step: StepInputs, rows: GatheredRows) -> Dead:
         assert step.generated is not None
+        if self._settles_gathered(step, rows.last):
+            return self.settle_at_counts(step, rows, step.generated, None)
         slots = rows.slot_of_row
         length = self.length.dev[slots, 0]
         tokens = self._tokens(step.generated, self.sequence.dev[slots], length)
         return Dead(None, slots, force_gathered(step, tokens, rows.member), step.generated.minimum(length), where=rows.member)
+
+    @staticmethod
+    def _settles_gathered(step: StepInputs, last: bool) -> bool:
+        """A gathered step settles its rows in one fused op (``settle_at_counts``) where no later
+        group can mask them (``last``), the step reports flags per row (``StepInputs.flag_rows``, or
+        under drafts ``flag_real_rows``) and the op runs on the device (``thinking_force.GATE``)."""
+        flag_rows = step.flag_rows if step.flag_rows is not None else step.flag_real_rows
+        return last and flag_rows is not None and thinking_force.GATE.ready(step.logits.device)
+
+    def settle_at_counts(self, step: StepInputs, rows: GatheredRows, counts: torch.Tensor,
+                         decided: torch.Tensor | None) -> Dead:
+        """The gathered step at each row's generated ``counts`` (``ScopedGroup``: its stretch's), its
+        rows settled (``_settles_gathered`` holds): the forced token of each member row picked
+        (``_tokens``' column: three ops), then forced, the dead rows stopped and their flags
+        reported by ``thinking_force.decided_settle_`` (one launch; what ``force_gathered`` and
+        ``Failures.record_dead`` write). ``decided``: a scoped row's decision (``-1``: out of phase,
+        left alone; ``None``: every member row forced); ``counts`` never negative where
+        ``decided`` is given as ``counts`` itself (the V1 runner's host counts): the positions are
+        the columns then."""
+        slots = rows.slot_of_row
+        device = step.logits.device
+        kept = self._cache.get("gathered")
+        if kept is None:
+            kept = self._cache["gathered"] = (torch.zeros((), dtype=torch.long, device=device),
+                                              torch.full((), -1, dtype=torch.long, device=device),
+                                              torch.empty(0, dtype=torch.bool, device=device))
+        zero, no_token, every_real = kept
+        length = self.length.dev[slots, 0]
+        column = torch.clamp(counts, zero, length)
+        tokens = self.sequence.dev[slots, column]
+        positions = column if decided is counts else counts.minimum(length)
+        if decided is not None and decided is not counts:
+            tokens = torch.where(decided >= 0, tokens, no_token)
+        flag_rows = step.flag_rows
+        real = every_real
+        if flag_rows is None:
+            flag_rows = step.flag_real_rows
+            if step.real_rows is not None:
+                real = step.real_rows
+        assert flag_rows is not None
+        n = len(slots)
+        flags = torch.empty((2, n), dtype=torch.long, device=device)
+        dead = torch.empty(n, dtype=torch.bool, device=device)
+        thinking_force.decided_settle_(step.logits, tokens, rows.member, slots, step.stops, positions,
+                                       self.member.num_slots - 1, flags, dead, real)
+        flag_rows(flags, None)
+        return Dead(None, slots, None, positions, settled=dead, flagged=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,3 +442,4 @@ class ForcedSequenceProcessor:
 def factory(entry: Entry, ctx: RealizeContext) -> ForcedSequenceProcessor:
     """A fresh processor for one ``forced_sequence`` entry."""
     return ForcedSequenceProcessor(entry.token_ids, entry.eos_token_id)
+

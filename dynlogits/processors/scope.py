@@ -188,7 +188,7 @@ class StretchScopeTables(ScopeTables):
         transition; a span the prompt opened gives more than the output, clamped by ``ScopedGroup``)
         in the entry's phase, else ``-1``."""
         rows = self.state[slots] if state is None else state
-        return torch.where(torch.logical_and(rows[:, OUT], valid), generated() - rows[:, ANCHOR], -1)
+        return torch.where(torch.logical_and(rows[:, OUT], valid), generated() - rows[:, ANCHOR], self.no_token)
 
 
 class FloorScopeTables(ScopeTables):
@@ -264,7 +264,21 @@ class ScopedGroup(SpanDecided):
         values = upload.upload(2 * n if positional else n)
         slot_of_row = values[:n]
         gathered = GatheredRows(slot_of_row, self.inner.member.dev[slot_of_row, 0])
+        settle = self._settles(step, rows.last) if positional else None
+        if settle is not None:  # host counts: never negative
+            counts = values[n:]
+            return settle(step, gathered, counts, counts)
         return self.inner.apply_gathered(_at_counts(step, values[n:]) if positional else step, gathered)
+
+    def prepare(self, rows: ListedRows, stride: int) -> None:
+        super().prepare(rows, stride)
+        self._cache["last"] = rows.last  # no later group masks the layout's rows (``_settles``)
+
+    def _settles(self, step: StepInputs, last: bool) -> Callable[..., Dead] | None:
+        """The inner kind's step that settles its rows itself at their counts, in one fused op
+        (``settle_at_counts``: ``forced_sequence``, where its ``_settles_gathered`` holds), else ``None``."""
+        settles = getattr(self.inner, "_settles_gathered", None)
+        return self.inner.settle_at_counts if settles is not None and settles(step, last) else None  # type: ignore[attr-defined]
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead | None:
         """``decisions``: the rows in phase (``ScopeTables.decide_state``'s membership), or for a
@@ -272,10 +286,16 @@ class ScopedGroup(SpanDecided):
         row (the decider holds no tables for the group)."""
         if decisions.dtype == torch.bool:
             return self.inner.apply_gathered(step, GatheredRows(rows.slot_of_row, decisions))
+        if self.inner.positional:
+            assert step.generated is not None  # positional: the runner's positions were asked for
+            last = rows.last if step.flag_rows is None else bool(self._cache.get("last"))
+            settle = self._settles(step, last)
+            if settle is not None:  # the stretch counts, the decisions' minimum with the output's
+                return settle(step, rows, torch.minimum(decisions, step.generated), decisions)
         member = rows.member & (decisions >= 0)
         if not self.inner.positional:
             return self.inner.apply_gathered(step, GatheredRows(rows.slot_of_row, member))
-        assert step.generated is not None  # positional: the runner's positions were asked for
+        assert step.generated is not None
         return self.inner.apply_gathered(_at_counts(step, torch.minimum(decisions, step.generated)),
                                          GatheredRows(rows.slot_of_row, member))
 
