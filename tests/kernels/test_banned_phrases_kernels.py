@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from fused_gates import a_failed_probe_falls_back
 
 from dynlogits.kernels import banned_phrases as K
 from dynlogits.processors import banned_phrases
@@ -193,21 +194,4 @@ def test_the_op_declares_one_launch_and_a_failed_probe_falls_back_with_one_warni
     from dynlogits.kernels.fused import registered
 
     assert registered()["dynlogits::banned_phrases_ban_"].launches == 1  # ban_rows
-    probed: list[torch.device] = []
-
-    def differing(device: torch.device) -> bool:
-        probed.append(device)
-        return False  # the kernel's logits differ from ban_reference's
-
-    monkeypatch.setattr(K, "_probe", differing)
-    K.GATE.reset()
-    try:
-        with caplog.at_level("WARNING", logger="dynlogits.kernels"):
-            answers = [K.GATE.ready(torch.device("cuda", 0)) for _ in range(3)]
-            ran = K.GATE.run(torch.device("cuda", 0), lambda: "fused", lambda: "eager")
-        assert answers == [False] * 3 and len(probed) == 1 and ran == "eager"  # probed once per device
-        warned = [r.getMessage() for r in caplog.records if "fused Triton kernels are off" in r.getMessage()]
-        assert len(warned) == 1 and warned[0].startswith("banned_phrases")
-        assert K.GATE.ready(CPU) is False and K.GATE.ready(torch.device("meta")) is True
-    finally:
-        K.GATE.reset()
+    a_failed_probe_falls_back(monkeypatch, caplog, K, "_probe", "banned_phrases")

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from fused_gates import a_failed_probe_falls_back
 
 from dynlogits.kernels import multiple_choice as K
 from dynlogits.testing.cuda import multiple_choice_check as C
@@ -257,21 +258,4 @@ def test_the_triton_kernel_compiles_for_cuda_without_a_gpu(logits_type: str, tmp
 
 def test_a_failed_probe_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch,
                                                     caplog: pytest.LogCaptureFixture) -> None:
-    probed: list[torch.device] = []
-
-    def differing(device: torch.device) -> bool:
-        probed.append(device)
-        return False  # the kernel's logits differ from keep_reference's
-
-    monkeypatch.setattr(K, "probe", differing)
-    K.GATE.reset()
-    try:
-        with caplog.at_level("WARNING", logger="dynlogits.kernels"):
-            answers = [K.GATE.ready(torch.device("cuda", 0)) for _ in range(3)]
-            ran = K.GATE.run(torch.device("cuda", 0), lambda: "fused", lambda: "eager")
-        assert answers == [False] * 3 and len(probed) == 1 and ran == "eager"  # probed once per device
-        warned = [r.getMessage() for r in caplog.records if "fused Triton kernels are off" in r.getMessage()]
-        assert len(warned) == 1 and warned[0].startswith("multiple_choice")
-        assert K.GATE.ready(CPU) is False and K.GATE.ready(torch.device("meta")) is True
-    finally:
-        K.GATE.reset()
+    a_failed_probe_falls_back(monkeypatch, caplog, K, "probe", "multiple_choice")

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from fused_gates import count_choice_steps
 from v2_rows import Request, allowed_token, paired_requests, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
 
 from dynlogits import sdk
-from dynlogits.kernels.multiple_choice import GATE
 from dynlogits.processors.banned_phrases import BannedPhrasesGroup
 from dynlogits.processors.no_repeat_ngram import NoRepeatNgramProcessor
 from dynlogits.processors.no_repeat_ngram_device import MAX_DEVICE_SIZE
@@ -260,18 +260,7 @@ def test_model_runner_v2s_scoped_multiple_choice_rows_are_decided_on_the_device_
     back); rows equal the hosted path's bit for bit, none fails. ``fused``: the step through
     ``dynlogits::multiple_choice_keep_`` (its CPU implementation; its gate opened on the CPU), with
     drafts too (the op given ``input_ids``: counted)."""
-    drafted: list[bool] = []  # per fused step: whether the op read drafts
-    if fused:
-        from dynlogits.processors import multiple_choice as mc
-
-        monkeypatch.setattr(GATE, "ready", lambda device: True)
-        op = mc.multiple_choice_keep_
-
-        def counted(*args: Any) -> None:
-            drafted.append(args[10] is not None)  # input_ids
-            op(*args)
-
-        monkeypatch.setattr(mc, "multiple_choice_keep_", counted)
+    drafted: list[bool] = count_choice_steps(monkeypatch) if fused else []  # per fused step: drafts read
     rng = random.Random(71 + drafts)
 
     def new() -> Request:

@@ -589,20 +589,12 @@ def test_multiple_choice_is_resident_and_keeps_what_the_host_processor_keeps(dra
     answered by its eager fallback (what ``GATE.run`` does when a variant fails to compile on CUDA)."""
     import random
 
+    from fused_gates import count_choice_steps
+
     from dynlogits.kernels.multiple_choice import GATE
-    from dynlogits.processors import multiple_choice as mc
 
-    drafted: list[bool] = []  # per fused step: whether the op read drafts
-    if fused:
-        monkeypatch.setattr(GATE, "ready", lambda device: True)
-        op = mc.multiple_choice_keep_
-
-        def counted(*args: Any) -> None:
-            drafted.append(args[10] is not None)  # input_ids
-            op(*args)
-
-        monkeypatch.setattr(mc, "multiple_choice_keep_", counted)
-    elif fused is None:
+    drafted: list[bool] = count_choice_steps(monkeypatch) if fused else []  # per fused step: drafts read
+    if fused is None:
         monkeypatch.setattr(GATE, "ready", lambda device: True)
         monkeypatch.setattr(GATE, "run", lambda device, fused, eager: eager())
 
