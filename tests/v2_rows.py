@@ -127,6 +127,31 @@ def paired_requests(rng: random.Random, payload: Callable[[], list[dict[str, Any
     return requests
 
 
+#: the V1 batches' layout: rows 0, 1, 2 hold slots 2, 0, 1 (reordered, as after a batch change)
+V1_ROWS = (2, 0, 1)
+
+
+def v1_batch(resident: Sequence[Any], vocab: int) -> SlotBatch:
+    """A ``SlotBatch`` with host histories (the V1 runner's interface) holding the three ``resident``
+    requests in slots 0..2, every one resident, laid out as ``V1_ROWS``."""
+    batch = SlotBatch(num_slots=4, vocab_size=vocab, device="cpu", host_histories=True)
+    for slot, request in enumerate(resident):
+        assert request is not None and batch.assign(slot, request)
+    batch.flush()
+    batch.set_rows(np.array(V1_ROWS))
+    return batch
+
+
+def v1_step(batch: SlotBatch, hosted: Sequence[Any], seen: list[list[int]], step: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of ``v1_batch``'s batch on ``seen`` (row-indexed) and the hosted path's on the same
+    logits: ``(resident, hosted)`` copies of ``step``."""
+    a, b = step.clone(), step.clone()
+    batch.apply(a, EngineStep(histories=seen))
+    sdk.apply_rows(b, [0, 1, 2], [hosted[slot] for slot in V1_ROWS], seen)
+    return a, b
+
+
 def rows_v1_against_hosted(rng: random.Random, requests: Callable[[], tuple[list[Any], list[Any]]],
                            ids: Sequence[int], *, vocab: int, steps: int, placeholders: float,
                            logits: Callable[[], torch.Tensor], same: Callable[[torch.Tensor, torch.Tensor], bool],
@@ -140,12 +165,8 @@ def rows_v1_against_hosted(rng: random.Random, requests: Callable[[], tuple[list
     total = 0
     for _ in range(30):
         resident, hosted = requests()
-        batch = SlotBatch(num_slots=4, vocab_size=vocab, device="cpu", host_histories=True)
-        for slot, request in enumerate(resident):
-            assert batch.assign(slot, request)
+        batch = v1_batch(resident, vocab)
         assert all(isinstance(g, ScopedDecided) for g in batch.groups.values())
-        batch.flush()
-        batch.set_rows(np.array([2, 0, 1]))
         live: list[list[int]] = [[], [], []]
         last: torch.Tensor | None = None  # the hosted rows of the last step
         for _ in range(steps):
@@ -162,9 +183,7 @@ def rows_v1_against_hosted(rng: random.Random, requests: Callable[[], tuple[list
             else:
                 seen = [h if rng.random() < 0.6 else h + [-1] if rng.random() < 0.5 else list(h) for h in live]
             step = logits()
-            a, b = step.clone(), step.clone()
-            batch.apply(a, EngineStep(histories=seen))
-            sdk.apply_rows(b, [0, 1, 2], [hosted[2], hosted[0], hosted[1]], seen)
+            a, b = v1_step(batch, hosted, seen, step)
             assert same(a, b), seen
             total += changed(a, step)
             last = b

@@ -10,16 +10,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from v2_rows import Request, rows_against_hosted
+from v2_rows import Request, rows_against_hosted, v1_batch, v1_step
 
 from dynlogits import sdk
 from dynlogits.kernels import thinking_force
 from dynlogits.sdk.realization import RequestFacts
-from dynlogits.sdk.resident.engine_step import EngineStep
-from dynlogits.sdk.resident.slot_batch import SlotBatch
 
 V = 48
 EOS = 1
@@ -77,20 +74,14 @@ def test_the_v1_runners_scoped_forced_rows_settled_in_the_fused_op_equal_the_hos
                     for p, q in zip(payloads, prompts)]
         hosted = [sdk.realize(p, vocab_size=V, stop_token_id=EOS, facts=RequestFacts(prompt_ids=q))
                   for p, q in zip(payloads, prompts)]
-        batch = SlotBatch(num_slots=4, vocab_size=V, device="cpu", host_histories=True)
-        for slot, request in enumerate(resident):
-            assert request is not None and batch.assign(slot, request)
-        batch.flush()
-        batch.set_rows(np.array([2, 0, 1]))
+        batch = v1_batch(resident, V)
         histories: list[list[int]] = [[], [], []]
         for _ in range(10):
             for h in histories:
                 h.append(rng.choice(IDS))
             seen = [h + [-1] if rng.random() < 0.2 else list(h) for h in histories]
             logits = _logits(rng, 3)
-            a, b = logits.clone(), logits.clone()
-            batch.apply(a, EngineStep(histories=seen))
-            sdk.apply_rows(b, [0, 1, 2], [hosted[2], hosted[0], hosted[1]], seen)
+            a, b = v1_step(batch, hosted, seen, logits)
             assert torch.equal(a, b)
             resident_rows += int((a != logits).any(1).sum())
         assert [r.failed for r in resident] == [r.failed for r in hosted]  # type: ignore[union-attr]

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from v2_rows import v1_batch, v1_step
 
 from dynlogits import sdk
 from dynlogits.sdk.realization import RequestFacts
@@ -84,20 +85,14 @@ def test_the_v1_runners_scoped_rows_equal_the_hosted_paths_bit_for_bit() -> None
         made = [sdk.realize(p, vocab_size=V, stop_token_id=EOS, facts=RequestFacts(prompt_ids=q)) for p, q in zip(payloads, prompts)]
         hosted = [r for r in made if r is not None]
         assert len(hosted) == len(made)
-        batch = SlotBatch(num_slots=4, vocab_size=V, device="cpu", host_histories=True)
-        for slot, request in enumerate(resident):
-            assert request is not None and batch.assign(slot, request)
-        batch.flush()
-        batch.set_rows(np.array([2, 0, 1]))
+        batch = v1_batch(resident, V)
         histories: list[list[int]] = [[], [], []]
         for _ in range(12):
             for h in histories:
                 h.append(rng.choice(ids))
             seen = [h + [-1] if rng.random() < 0.2 else list(h) for h in histories]
             logits = torch.randn(3, V)
-            a, b = logits.clone(), logits.clone()
-            batch.apply(a, EngineStep(histories=seen))
-            sdk.apply_rows(b, [0, 1, 2], [hosted[2], hosted[0], hosted[1]], seen)
+            a, b = v1_step(batch, hosted, seen, logits)
             assert torch.equal(a, b)
             resident_rows += int((a != logits).any(1).sum())
     assert not any(r is None or r.failed for r in resident)
