@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -85,6 +85,9 @@ class SpanTables:
     #: (``dynlogits.kernels.spans``: ``PHRASE``, ``DUE``; ``NO_RULE``: ``decide_state`` decides), from
     #: the sequence table ``forced()`` names; it must equal ``decide_state``'s
     rule: int = NO_RULE
+    #: a further automaton these tables restart at each stretch and advance after their own
+    #: (``stretch_spans.StretchSpans``: a scoped ``trigger``), else ``None``
+    inner: SpanTables | None = None
 
     def __init__(self, num_slots: int, device: torch.device) -> None:
         self.num_slots = num_slots
@@ -236,6 +239,16 @@ class SpanTables:
             return [BIG * len(end) + span + len(end) if self.closes else NEVER, span, 1, out_open + span * self.scale[OUT]]
         first = max(1, len(start) - self.prompt_tail(template))
         return [BIG * len(start) + max(committed + 1, first), 0, 0, out_closed]
+
+    def lift(self, n: int, lift: torch.Tensor) -> None:
+        """Add ``lift`` (``[n, 1]``: a new occupant's prompt length, else 0) to the first ``n``
+        slots' positions: their state, counted from the prompt's end, from its start."""
+        self.state[:n].addcmul_(lift, self.scale_dev)
+
+    def follow(self, thinking: DeviceThinking, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int,
+               fused: bool) -> None:
+        """After every table's advance over ``rounds`` positions (``fused``: by the fused op), the
+        ``inner`` automaton's own; nothing without one."""
 
     def put_state(self, slot: int, values: Sequence[int]) -> None:
         """Write ``slot``'s state row (fills, no host copy)."""
@@ -403,7 +416,7 @@ class DeviceThinking:
         for tables in self.tables.values():
             tables.flush()
 
-    def _window(self, tokens: torch.Tensor, total_len: torch.Tensor, width: int, back: int) -> torch.Tensor:
+    def window(self, tokens: torch.Tensor, total_len: torch.Tensor, width: int, back: int) -> torch.Tensor:
         """Every engine slot's ``width`` tokens ending ``back`` positions before its last committed
         one (a column before the row's start reads an arbitrary token: never a transition)."""
         n = tokens.shape[0]
@@ -440,7 +453,7 @@ class DeviceThinking:
         if self._pending:  # new occupants: their state, counted from the prompt's end, now from its start
             lift = self._fresh.dev[:n] * prompt_len[:, None]
             for tables in self.tables.values():
-                tables.state[:n].addcmul_(lift, tables.scale_dev)
+                tables.lift(n, lift)
             for slot in self._pending:
                 self._fresh.set(slot, [0])
             self._fresh.flush()  # after the lift, in stream order
@@ -453,7 +466,7 @@ class DeviceThinking:
                  lambda: self._eager(tokens, total_len, rounds))
 
     @staticmethod
-    def _forced(tables: SpanTables, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forced(tables: SpanTables, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``n`` slots' sequence and length ``tables.rule`` forces from (without a rule, a
         stand-in the fused ops do not read)."""
         if tables.rule == NO_RULE:
@@ -468,13 +481,25 @@ class DeviceThinking:
         n = tokens.shape[0]
         for tables in self.tables.values():
             spans_advance_(tables.state[:n], tables.consts.dev[:n], tokens, total_len, tables.scale_dev, tables.width,
-                           rounds, tables.decided[:n], *self._forced(tables, n), tables.rule)
+                           rounds, tables.decided[:n], *self.forced(tables, n), tables.rule)
+        for tables in self.tables.values():
+            tables.follow(self, tokens, total_len, rounds, True)
         self._decided = True
 
     def _fused_drafts(self, tables: SpanTables, rows: GatheredRows, source: _Step, local_pos: torch.Tensor) -> torch.Tensor:
-        """``decide`` with drafts after a fused step: one ``spans_drafts_`` (each row's state over the
-        drafts before it, whether it may be decided, and its rule's decision), then ``decide_state``
-        from those states where the table has no rule."""
+        """``decide`` with drafts after a fused step: one ``spans_drafts_`` (``_fused_states``), then
+        ``decide_state`` from those states where the table has no rule."""
+        slots = rows.slot_of_row
+        state, valid, decided = self._fused_states(tables, rows, source, local_pos)
+        if tables.rule != NO_RULE:
+            return decided
+        return tables.decide_state(slots, state, lambda: source.total_len[source.clamped(slots)] + local_pos.long(),
+                                   valid, self._row_tokens)
+
+    def _fused_states(self, tables: SpanTables, rows: GatheredRows, source: _Step,
+                      local_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One ``spans_drafts_``: each row's state over the drafts before it, whether it may be
+        decided, and its rule's decision."""
         slots = rows.slot_of_row
         r = len(slots)
         input_ids = self._inputs[0]
@@ -486,11 +511,8 @@ class DeviceThinking:
         decided = torch.empty(r, dtype=torch.long, device=self.device)
         spans_drafts_(tables.state, tables.consts.dev, source.tokens, source.total_len, tables.scale_dev, tables.width,
                       slots, rows.member, input_ids, local_pos, self.max_new - 1, state, valid, decided,
-                      *self._forced(tables, tables.num_slots), tables.rule)
-        if tables.rule != NO_RULE:
-            return decided
-        return tables.decide_state(slots, state, lambda: source.total_len[source.clamped(slots)] + local_pos.long(),
-                                   valid, self._row_tokens)
+                      *self.forced(tables, tables.num_slots), tables.rule)
+        return state, valid, decided
 
     def _eager(self, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int) -> None:
         """Every table's ``rounds`` positions: per round one window read, then ``advance`` a table."""
@@ -499,10 +521,12 @@ class DeviceThinking:
         width = max(tables.width for tables in self.tables.values())
         every = [(tables, tables.state[:n], tables.consts_of(n)) for tables in self.tables.values()]
         for back in range(rounds - 1, -1, -1):
-            window = self._window(tokens, total_len, width, back)
+            window = self.window(tokens, total_len, width, back)
             position = total_len - back if back else total_len
             for tables, state, consts in every:
                 tables.advance(state, consts, window, position)
+        for tables, _, _ in every:
+            tables.follow(self, tokens, total_len, rounds, False)
 
     def _scan_cold(self, source: _Step) -> None:
         """Resumed requests: follow their generated tokens once, on the host (a read back)."""
@@ -541,6 +565,8 @@ class DeviceThinking:
             return torch.full_like(rows.slot_of_row, -1)
         slots = rows.slot_of_row
         input_ids, local_pos = self._inputs
+        if local_pos is not None and tables.inner is not None:
+            return self._stretch_drafts(tables, rows, source, local_pos)
         if local_pos is None and self._decided and tables.rule != NO_RULE:  # decided in the fused advance
             return torch.where(rows.member, tables.decided[slots], tables.no_token)
         if local_pos is None:
@@ -554,6 +580,33 @@ class DeviceThinking:
     def _eager_drafts(self, tables: SpanTables, rows: GatheredRows, source: _Step, local_pos: torch.Tensor) -> torch.Tensor:
         """``decide`` with drafts, eagerly: each row's slot state advanced over the drafts before it
         (per draft position the ops of ``SpanTables.advance``), then ``decide_state``."""
+        slots = rows.slot_of_row
+        state, valid = self._over_drafts(tables, rows, source, local_pos, tables.state[slots], rows.member)
+        committed = source.total_len[source.clamped(slots)]
+        return tables.decide_state(slots, state, lambda: committed + local_pos.long(), valid, self._row_tokens)
+
+    def _stretch_drafts(self, tables: SpanTables, rows: GatheredRows, source: _Step, local_pos: torch.Tensor) -> torch.Tensor:
+        """``decide`` with drafts for tables with an ``inner`` automaton (``stretch_spans.StretchSpans``):
+        each row's scope state over the drafts before it (one fused op after a fused step), then the
+        inner one's from the stretch it reaches (eager ops: its rows start from restarted states)."""
+        slots = rows.slot_of_row
+        clamped = source.clamped(slots)
+        if self._decided:  # the scope's states in one fused op (eager if its variant fails)
+            scope, valid = GATE.run(self.device, lambda: self._fused_states(tables, rows, source, local_pos)[:2],
+                                    lambda: self._over_drafts(tables, rows, source, local_pos, tables.state[slots],
+                                                              rows.member))
+        else:
+            scope, valid = self._over_drafts(tables, rows, source, local_pos, tables.state[slots], rows.member)
+        committed = source.total_len[clamped]
+        return cast(Any, tables).decide_drafts(
+            slots, scope, valid, source.prompt_len[clamped],
+            lambda inner, state: self._over_drafts(inner, rows, source, local_pos, state, valid)[0],
+            lambda: committed + local_pos.long(), self._row_tokens)
+
+    def _over_drafts(self, tables: SpanTables, rows: GatheredRows, source: _Step, local_pos: torch.Tensor,
+                     state: torch.Tensor, member: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``state`` (each row's, from its slot's) advanced over the drafts fed before the row, and
+        whether the row may be decided (a ``member`` with no placeholder draft before it)."""
         slots = rows.slot_of_row
         input_ids = self._inputs[0]
         clamped = source.clamped(slots)
@@ -570,12 +623,11 @@ class DeviceThinking:
         seen = torch.cat([tail.long(), fed], 1)
         before = self._arange(later + 1)[None, 1:] <= drafts[:, None]  # which of the drafts precede the row
         # a placeholder draft before the row: nothing is decided for it (its request is still in prefill)
-        valid = rows.member & ~((fed == PLACEHOLDER) & before).any(1)
-        state = tables.state[slots]
+        valid = member & ~((fed == PLACEHOLDER) & before).any(1)
         consts = tables.consts.dev[slots, : 2 * (width + STATE)].view(len(slots), 2, width + STATE)
         for j in range(1, later + 1):  # the drafts before each row, one position at a time
             tables.advance(state, consts, seen[:, j : j + width], committed + j, before[:, j - 1])
-        return tables.decide_state(slots, state, lambda: committed + drafts, valid, self._row_tokens)
+        return state, valid
 
     def _arange(self, n: int) -> torch.Tensor:
         """``arange(n)`` on the device, kept per ``n`` (a bounded cache)."""

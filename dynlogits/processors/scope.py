@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, overload
+from typing import Any, ClassVar, cast, overload
 
 import numpy as np
 import torch
@@ -57,11 +57,12 @@ from .device_thinking import ANCHOR, CLOSED, NEVER, OUT, SEL, SpanTables
 from .modes import ClockDecided, DecidedGroup, Decider, SpanDecided, SpanWindowDecided, WindowDecided
 from .slots import Dead, GatheredRows, Group, ListedRows, StepInputs, Template
 from .spans import SpanScanner
+from .stretch_spans import StretchSpans
 from .uploads import StepUpload
 from .window import TokenWindow
 
 __all__ = ["FloorScopeTables", "Phases", "Reasoning", "ScopeTables", "ScopedClock", "ScopedDecided", "ScopedGroup",
-           "ScopedTemplate", "StretchScopeTables", "scoped"]
+           "ScopedSpan", "ScopedSpanTables", "ScopedTemplate", "StretchScopeTables", "scoped"]
 
 #: A request's reasoning delimiters: ``(start token ids, end token ids)``.
 Reasoning = tuple[tuple[int, ...], tuple[int, ...]]
@@ -468,6 +469,36 @@ class ScopedClock(ScopedDecided, ClockDecided):
         return self.inner.apply_device_decisions(step, rows, decisions)
 
 
+class ScopedSpanTables(StretchSpans, ScopeTables):
+    """``ScopeTables`` of a scoped entry of a span-following kind (``trigger``): the inner kind's own
+    tables restarted at each stretch (``stretch_spans.StretchSpans``; one subclass per inner tables
+    class, ``_span_tables``)."""
+
+
+class ScopedSpan(ScopedDecided):
+    """A scoped entry of a span-following decided kind that opts in (``trigger``): with host
+    histories as ``ScopedDecided`` (a row in phase decided from its stretch, one out of phase from
+    ``neutral_history``: nothing); without, ``DeviceThinking`` decides each row by the inner kind's
+    automaton restarted at each stretch (``ScopedSpanTables``): its token (``-1``: none, and out of
+    the entry's phase), forced by the inner group."""
+
+    @classmethod
+    def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:
+        return True
+
+    def apply_window_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor,
+                               window: TokenWindow) -> Dead | None:
+        """The window is not read: as ``apply_device_decisions``."""
+        return self.apply_device_decisions(step, rows, decisions)
+
+    def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead | None:
+        """``decisions``: each row's token (``-1``: none), forced by the inner group (with the layout's
+        every row it was given, so its fused settle applies where it would unscoped)."""
+        if self._cache.get("every") is rows:
+            self.inner._cache["every"] = rows
+        return self.inner.apply_device_decisions(step, rows, decisions)
+
+
 def _at_counts(step: StepInputs, counts: torch.Tensor) -> StepInputs:
     """``step`` with ``counts`` as each row's generated count (a scoped positional kind counts from
     its stretch's start) and no runner positions (``pos``), which would count from the output's."""
@@ -493,8 +524,9 @@ def scoped_group(inner: type[Group]) -> type[ScopedGroup]:
     """The ``ScopedGroup`` subclass of ``inner`` (``ScopedDecided`` for a decided kind; made once)."""
     made = _GROUPS.get(inner)
     if made is None:
-        base = (ScopedClock if issubclass(inner, ClockDecided) else ScopedDecided if issubclass(inner, DecidedGroup)
-                else ScopedGroup)
+        base = (ScopedClock if issubclass(inner, ClockDecided)
+                else ScopedSpan if issubclass(inner, SpanDecided) and not issubclass(inner, WindowDecided)
+                else ScopedDecided if issubclass(inner, DecidedGroup) else ScopedGroup)
         made = _GROUPS[inner] = type(f"Scoped{inner.__name__}", (base,), {
             "inner_type": inner, "restrictive": inner.restrictive, "writes_neg_inf": inner.writes_neg_inf,
             "positional": inner.positional, "__module__": __name__})
@@ -519,11 +551,28 @@ class ScopedTemplate(Template):
     device_spans: ClassVar[type | None] = ScopeTables
 
 
-def _tables_of(inner: type[Group]) -> type[ScopeTables]:
+_SPAN_TABLES: dict[type[SpanTables], type[ScopedSpanTables]] = {}
+
+
+def _span_tables(inner: type[SpanTables]) -> type[ScopedSpanTables]:
+    """The ``ScopedSpanTables`` subclass restarting ``inner`` tables (made once)."""
+    made = _SPAN_TABLES.get(inner)
+    if made is None:
+        made = _SPAN_TABLES[inner] = type(f"Scoped{inner.__name__}", (ScopedSpanTables,), {
+            "inner_tables": inner, "__module__": __name__})
+        globals().setdefault(made.__name__, made)
+    return made
+
+
+def _tables_of(inner: Template) -> type[ScopeTables]:
     """The ``ScopeTables`` a scoped entry of ``inner`` decides its rows by without host histories."""
-    if issubclass(inner, WindowDecided):
+    group = inner.group
+    if issubclass(group, SpanDecided) and not issubclass(group, WindowDecided):
+        assert inner.device_spans is not None, "a span-decided kind names its tables"
+        return _span_tables(cast("type[SpanTables]", inner.device_spans))
+    if issubclass(group, WindowDecided):
         return FloorScopeTables
-    return StretchScopeTables if inner.positional and not issubclass(inner, ClockDecided) else ScopeTables
+    return StretchScopeTables if group.positional and not issubclass(group, ClockDecided) else ScopeTables
 
 
 def scoped_template(inner: Template, scope: str, scanner: SpanScanner) -> ScopedTemplate:
@@ -532,7 +581,7 @@ def scoped_template(inner: Template, scope: str, scanner: SpanScanner) -> Scoped
     if kind is None:
         kind = _TEMPLATES[inner.group] = type(f"Scoped{type(inner).__name__}", (ScopedTemplate,), {
             "group": scoped_group(inner.group), "__module__": __name__,
-            "device_spans": _tables_of(inner.group)})
+            "device_spans": _tables_of(inner)})
         globals().setdefault(kind.__name__, kind)
     return kind(inner, scope, scanner.start, scanner.end, scanner.initial, scanner.prompt_tail)
 

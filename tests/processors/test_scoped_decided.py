@@ -179,9 +179,10 @@ def test_a_scoped_entry_that_counts_the_prompt_is_not_resident() -> None:
 
 
 def test_a_scoped_kind_that_does_not_opt_in_stays_hosted() -> None:
+    """``thinking_budget`` does not opt in (``DecidedGroup.scopable``): a scoped entry is hosted."""
     payload: list[dict[str, Any]] = [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
-                                     {"kind": "trigger", "trigger_token_ids": [3], "phrase_token_ids": [4, 6],
-                                      "scope": "answer"}]
+                                     {"kind": "thinking_budget", "start_token_ids": [20], "end_token_ids": [21],
+                                      "budget": 2, "scope": "reasoning"}]
     batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
     assert not batch.assign(0, _realize(payload, [2]))
 

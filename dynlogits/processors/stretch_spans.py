@@ -1,0 +1,145 @@
+"""A span-following kind's automaton restarted at each stretch of a scope (a scoped ``trigger`` under
+Model Runner V2): ``StretchSpans``, mixed into the scope's ``SpanTables`` by ``scope.ScopedSpanTables``.
+
+The scope's tables (the request's reasoning delimiters) give each slot its stretch's start
+(``ANCHOR``); the inner kind's own ``SpanTables`` (``inner``, e.g. ``TriggerTables``) follow its
+delimiters as they do unscoped, except that before every advance a slot whose stretch began
+elsewhere than the inner state's start (``epoch``) is restarted: looking for its start sequence,
+the first match allowed to begin at the stretch's first position, never before the output
+(``max(ANCHOR, prompt_len)``). That is the hosted path's automaton fed the stretch alone
+(``scope._own``): a sequence straddling the stretch's start never matches, and a stretch that ends
+and begins again starts afresh. A row is decided by the inner kind's rule where the scope finds it
+in the entry's phase, ``-1`` elsewhere. Positions count from the prompt's start, as in
+``device_thinking``; a restart is replay-safe (positions at or before its threshold never match).
+
+Per steady step, beyond the scope's fused advance: the restart (5 ops) and the inner fused advance
+(``spans_advance_``, its rule's decision included); with drafts, each row's inner state is restarted
+at the anchor its scope state reaches over the drafts before it and advanced over them (eager ops)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from dynlogits.kernels.spans import NO_RULE, spans_advance_
+
+from .device_thinking import ANCHOR, BIG, NEVER, OUT, STATE, DeviceThinking, SpanTables
+
+__all__ = ["StretchSpans"]
+
+#: A state row of a slot that holds no request.
+_EMPTY = [NEVER, 0, 0, 0]
+
+
+class StretchSpans(SpanTables):
+    """The inner kind's tables (``inner_tables``, made with the scope's) restarted at each stretch
+    of the scope whose state ``self.state`` holds (see the module doc). A state row given to
+    ``put_state`` is the scope's ``STATE`` values, then optionally the inner's and the epoch."""
+
+    inner_tables: ClassVar[type[SpanTables]]
+    inner: SpanTables
+
+    def __init__(self, num_slots: int, device: torch.device) -> None:
+        super().__init__(num_slots, device)
+        self.inner = self.inner_tables(num_slots, device)
+        #: per slot the stretch start (positions from the prompt's start) the inner state began at
+        self.epoch = torch.zeros(num_slots, dtype=torch.long, device=self.device)
+        self._inner_fused = False  # the inner automaton's last advance was fused: ``inner.decided`` holds
+        #: per slot the inner state a restart at position 0 writes (``KEY`` past the start sequence)
+        self.restart = self.table()
+
+    # -- slots --------------------------------------------------------------------------------------
+    def set(self, slot: int, template: Any | None) -> None:
+        super().set(slot, template)
+        inner = None if template is None else template.inner
+        self.inner.set(slot, inner)
+        if inner is not None:
+            start, _ = self.inner.delimiters(inner)
+            self.restart.set(slot, [BIG * len(start) + len(start), 0, 0, self.inner.outs(inner)[0]])
+
+    def initial_state(self, template: Any) -> list[int]:
+        """The scope's state after the prompt, the inner's, and the epoch (the output's start)."""
+        return [*super().initial_state(template), *self.inner.initial_state(template.inner), 0]
+
+    def host_state(self, template: Any, processor: Any, history: Sequence[int], committed: int) -> list[int]:
+        """A resumed request's states: the scope's, the inner automaton's over the current stretch
+        (``processor.began``: ``None`` out of the entry's phase, where it restarts at the next
+        stretch anyway), and the epoch (the stretch's start, never before the output)."""
+        state = super().host_state(template, processor, history, committed)
+        began = processor.began(history)
+        span = None if began is None else self.inner.host_span(processor.inner, history[began:])
+        inner = self.inner.resumed_state(template.inner, None if span is None else span + began, committed)
+        return [*state, *inner, max(state[ANCHOR], 0)]
+
+    def put_state(self, slot: int, values: Sequence[int]) -> None:
+        super().put_state(slot, values[:STATE])
+        self.inner.put_state(slot, values[STATE : 2 * STATE] if len(values) > STATE else _EMPTY)
+        self.epoch[slot].fill_(values[2 * STATE] if len(values) > 2 * STATE else 0)
+
+    def flush(self) -> None:
+        super().flush()
+        self.inner.flush()
+
+    def lift(self, n: int, lift: torch.Tensor) -> None:
+        super().lift(n, lift)
+        self.inner.lift(n, lift)
+        self.epoch[:n].add_(lift[:, 0])
+
+    # -- a step -------------------------------------------------------------------------------------
+    def _restarted(self, state: torch.Tensor, restart: torch.Tensor, epoch: torch.Tensor, start: torch.Tensor,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+        """The inner ``state`` rows restarted (``restart``: their slots' rows of ``self.restart``)
+        where their stretch's start ``start`` is not their ``epoch``: looking for the start sequence,
+        whose first match may end at ``start + len``, i.e. begin at ``start`` (into ``out`` if given)."""
+        fresh = torch.addcmul(restart, start[:, None], self.inner.scale_dev)
+        if out is None:
+            return torch.where((epoch != start)[:, None], fresh, state)
+        return torch.where((epoch != start)[:, None], fresh, state, out=out)
+
+    def follow(self, thinking: DeviceThinking, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int,
+               fused: bool) -> None:
+        """After the scope's advance over ``rounds`` positions: restart the inner automaton where its
+        stretch changed, then advance it over the same positions (by the fused op where the scope's
+        was, its rule's decisions in ``inner.decided``)."""
+        inner = self.inner
+        n = tokens.shape[0]
+        assert self.prompt_len is not None
+        state = inner.state[:n]
+        start = torch.maximum(self.state[:n, ANCHOR], self.prompt_len)  # never before the output
+        self._restarted(state, self.restart.dev[:n], self.epoch[:n], start, out=state)
+        self.epoch[:n].copy_(start)
+        self._inner_fused = fused
+        if fused:
+            spans_advance_(state, inner.consts.dev[:n], tokens, total_len, inner.scale_dev, inner.width, rounds,
+                           inner.decided[:n], *thinking.forced(inner, n), inner.rule)
+            return
+        consts = inner.consts_of(n)
+        for back in range(rounds - 1, -1, -1):
+            inner.advance(state, consts, thinking.window(tokens, total_len, inner.width, back),
+                          total_len - back if back else total_len)
+
+    def decide_state(self, slots: torch.Tensor, state: torch.Tensor | None, generated: Callable[[], torch.Tensor],
+                     valid: torch.Tensor, row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Without drafts (``state`` ``None``): the inner rule's decision of the slot (the fused
+        advance's, else ``decide_state``'s) where the row is in the entry's phase, else ``-1``."""
+        assert state is None, "with drafts: decide_drafts"
+        inner = self.inner
+        if self._inner_fused and inner.rule != NO_RULE:
+            decided = inner.decided[slots]
+        else:
+            decided = inner.decide_state(slots, None, generated, valid, row_tokens)
+        return torch.where(torch.logical_and(self.state[slots, OUT], valid), decided, self.no_token)
+
+    def decide_drafts(self, slots: torch.Tensor, scope: torch.Tensor, valid: torch.Tensor, prompt_len: torch.Tensor,
+                      advance: Callable[[SpanTables, torch.Tensor], torch.Tensor], generated: Callable[[], torch.Tensor],
+                      row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """With drafts: each row's inner state restarted at the anchor its scope state ``scope``
+        reached over the drafts before it, advanced over them (``advance(tables, state)``), and
+        decided where the row is in the entry's phase (``valid``: it may be decided at all)."""
+        inner = self.inner
+        start = torch.maximum(scope[:, ANCHOR], prompt_len)
+        state = advance(inner, self._restarted(inner.state[slots], self.restart.dev[slots], self.epoch[slots], start))
+        decided = inner.decide_state(slots, state, generated, valid, row_tokens)
+        return torch.where(torch.logical_and(scope[:, OUT], valid), decided, self.no_token)

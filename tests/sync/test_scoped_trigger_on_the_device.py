@@ -1,0 +1,48 @@
+"""A scoped ``trigger`` (``scope.ScopedSpan``) is resident on both vLLM runners and waits for
+nothing (the CUDA model): decided from the live lists (V1 runner) or by ``DeviceThinking`` with the
+trigger's automaton restarted at each stretch (Model Runner V2), through batch changes and a
+failing request, with drafts or without. (Rows against the hosted path:
+``tests/processors/test_scoped_trigger.py``.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dynlogits.testing.cuda.drive import Scenario, drive_v1, drive_v2
+from dynlogits.testing.cuda.simcuda import SimCuda
+
+pytestmark = pytest.mark.usefixtures("quiet")  # the sequences' failing requests are expected
+
+
+def _scoped_trigger(i: int) -> list[dict[str, Any]]:
+    return [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7, 8][: 1 + i % 2]},
+            {"kind": "trigger", "trigger_token_ids": [3, 4][: 1 + i % 2], "phrase_token_ids": [9, 10, 11],
+             "scope": ["reasoning", "answer"][i % 2]}]
+
+
+PAYLOADS = [_scoped_trigger(i) for i in range(4)]
+
+
+@pytest.mark.parametrize("drive", [drive_v1, drive_v2], ids=["v1", "v2"])
+def test_scoped_trigger_requests_never_wait_through_batch_changes(drive) -> None:  # noqa: ANN001
+    with SimCuda() as sim:
+        result = drive(sim, Scenario(vocab=64, payloads=PAYLOADS, steps=12))
+    assert [str(s) for s in result.syncs] == []
+
+
+def test_scoped_trigger_requests_never_wait_under_drafts() -> None:
+    with SimCuda() as sim:
+        result = drive_v2(sim, Scenario(vocab=64, payloads=PAYLOADS, steps=12), drafts=2)
+    assert [str(s) for s in result.syncs] == []
+
+
+def test_a_v2_step_of_scoped_triggers_is_two_fused_advances_and_the_restart() -> None:
+    """A steady V2 step: the scope's and the trigger's fused advances, the restart between them,
+    the rows' decisions and the fused forcing; no read back."""
+    with SimCuda() as sim:
+        steady = drive_v2(sim, Scenario(vocab=64, payloads=PAYLOADS, steps=4, changes=False))
+    assert [str(s) for s in steady.syncs] == [] and not steady.failures
+    assert steady.steady_ops.count("spans_advance_") == 2
+    assert len(steady.steady_ops) <= 14, steady.steady_ops
