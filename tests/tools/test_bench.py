@@ -190,26 +190,38 @@ def test_targets_are_met_not_met_or_not_measured_from_the_ratios() -> None:
     assert state[("wire, 64-token forced_sequence", "decode < 20 µs")] is True
 
 
-def test_forced_sequences_share_target_reads_the_share_beyond_the_floors_memset() -> None:
-    """Exact forcing masks the row, so the floor's memset is in any exact forcing's share of a step:
-    the forced share target reads the adapter's share beyond it (the other kinds read it whole)."""
+def test_forced_sequences_share_target_reads_the_share_beyond_the_floor_measured_in_the_same_engine() -> None:
+    """Exact forcing masks the row, so the floor's -inf fill is in any exact forcing's share of a step:
+    the forced share target reads the adapter's share beyond the floor's share measured in the same
+    engine (impl ``floor``); the micro floor's estimate is printed beside it and never judged (the
+    other kinds read their share whole)."""
     from dynlogits.tools.bench.records import EngineRecord, MicroRecord
     from dynlogits.tools.bench.report import evaluate_targets
 
-    # 64 rows at 100 tok/s: a 640 ms step; a 64-row floor of 19.8 ms leaves 640 / 659.8: a 3.00% memset share
-    base = [EngineRecord(kind="none", impl="adapter", tok_per_s=100.0, rounds=7),
-            MicroRecord(kind="forced_sequence", batch=64, vocab=151936, impl="floor", median_ms=19.8)]
+    # the micro estimate: 64 rows at 100 tok/s, a 640 ms step; a 64-row floor of 19.8 ms leaves 640 / 659.8: 3.00%
+    micro: list[EngineRecord | MicroRecord] = [
+        EngineRecord(kind="none", impl="adapter", tok_per_s=100.0, rounds=7),
+        MicroRecord(kind="forced_sequence", batch=64, vocab=151936, impl="floor", median_ms=19.8)]
+    engine_floor = EngineRecord(kind="forced_sequence", impl="floor", tok_per_s=95.0, rounds=7, paired_ratio=0.995,
+                                round_adapter_ms=(30.0,), attributed_share=0.0400)
 
-    def share_target(kind: str, share: float) -> tuple[bool | None, str]:
-        got = evaluate_targets([*base, EngineRecord(kind=kind, impl="adapter", tok_per_s=90.0, rounds=7,
-                                                    paired_ratio=0.99, attributed_share=share)])
+    def share_target(kind: str, share: float, floor: list[EngineRecord | MicroRecord]) -> tuple[bool | None, str]:
+        got = evaluate_targets([*floor, EngineRecord(kind=kind, impl="adapter", tok_per_s=90.0, rounds=7,
+                                                     paired_ratio=0.99, attributed_share=share)])
         (t,) = [t for t in got if t.name == f"engine, the adapter's own share of a step with {kind} on every request"]
         return t.met, t.line()
 
-    assert share_target("forced_sequence", 0.0390)[0] is True  # 0.90% beyond the memset's 3.00%
-    met, line = share_target("forced_sequence", 0.0410)  # 1.10% beyond it
-    assert met is False and "measured 4.10%, the floor's memset 3.00%" in line and "beyond the floor's memset" in line
-    assert share_target("banned_tokens", 0.0390)[0] is False  # the other kinds: their whole share
+    # 4.90% is 0.90 points beyond the engine's floor (4.00%), though 1.90 beyond the micro estimate (3.00%)
+    met, line = share_target("forced_sequence", 0.0490, [*micro, engine_floor])
+    assert met is True
+    assert ("measured 4.90%, the floor's 4.00% (engine, same run); micro estimate of the floor's share, "
+            "1 - floor_bound: 3.00% (context only)") in line and "beyond the floor's share, measured in the same engine" in line
+    assert share_target("forced_sequence", 0.0510, [*micro, engine_floor])[0] is False  # 1.10 points beyond it
+    # 3.90% is within 1 point of the micro estimate, but the engine's floor is not measured: no verdict
+    met, line = share_target("forced_sequence", 0.0390, micro)
+    assert met is None and "the floor's share not measured in this engine" in line
+    assert share_target("forced_sequence", 0.0490, [engine_floor])[0] is True  # no micro run: still decided
+    assert share_target("banned_tokens", 0.0390, [*micro, engine_floor])[0] is False  # the other kinds: their whole share
     no_floor = evaluate_targets([EngineRecord(kind="forced_sequence", impl="adapter", tok_per_s=90.0, rounds=7,
                                               attributed_share=0.039)])
     assert [t.met for t in no_floor if "own share" in t.name and "forced" in t.name] == [None]  # no floor: undecided
@@ -391,11 +403,102 @@ def test_the_timed_adapter_counts_into_a_file_another_process_reads(tmp_path: Pa
     from dynlogits.tools.bench.timed import CallTimes
 
     reader = CallTimes(tmp_path / "times", create=True)
-    assert reader.read() == (0, 0)
+    assert reader.read() == (0, 0) and reader.split() == (0, 0, 0, 0)
+    reader.label = 3  # the driver names the batch; the engine's process reads it
     code = ("import sys; from dynlogits.tools.bench.timed import CallTimes; "
-            "t = CallTimes(sys.argv[1]); t.add(1500); t.add(500)")
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "times")], check=True, timeout=120)
-    assert reader.read() == (2000, 2)
+            "t = CallTimes(sys.argv[1]); t.add(1500); t.add(700, apply=True); t.add(500); print(t.label)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "times")], check=True, timeout=120,
+                         capture_output=True, text=True).stdout
+    assert out.split()[-1] == "3"
+    assert reader.read() == (2700, 3)
+    assert reader.split() == (2000, 2, 700, 1)  # update_state's ns and calls, then apply's
+
+
+def test_the_floors_processor_fills_exactly_the_marked_rows_through_batch_changes(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TimedFloorProcessor`` follows vLLM's ``BatchUpdate`` (removed, added, moved: one-way moves
+    and swaps) and writes -inf over the marked requests' rows only: one ``fill_`` of the logits
+    when they are the whole batch (the micro floor's work), else one ``index_fill_``; its calls
+    are counted in the floor's own file."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from vllm import SamplingParams
+    from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+
+    from dynlogits.tools.bench.timed import FLOOR_MARKER, FLOOR_TIMES_ENV, CallTimes, TimedFloorProcessor
+
+    class Ops(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.append(getattr(func, "__name__", ""))
+            return func(*args, **(kwargs or {}))
+
+    times = CallTimes(tmp_path / "floor", create=True)
+    monkeypatch.setenv(FLOOR_TIMES_ENV, str(tmp_path / "floor"))
+    floor = TimedFloorProcessor(None, torch.device("cpu"), False)
+    marked, plain = SamplingParams(extra_args={FLOOR_MARKER: True}), SamplingParams(extra_args={"other": 1})
+
+    def step(update: BatchUpdate | None, batch: int) -> tuple[list[int], list[str]]:
+        floor.update_state(update)
+        logits = torch.zeros(batch, 8)
+        with Ops() as ops:
+            floor.apply(logits)
+        return [i for i in range(batch) if torch.isneginf(logits[i]).all()], [n for n in ops.names if "fill" in n]
+
+    added: list[tuple[int, SamplingParams, list[int] | None, list[int]]] = [
+        (0, marked, None, []), (1, plain, None, []), (2, marked, None, []), (3, marked, None, [])]
+    assert step(BatchUpdate(batch_size=4, removed=[], added=added, moved=[]), 4) == ([0, 2, 3], ["index_fill_"])
+    assert step(None, 4) == ([0, 2, 3], ["index_fill_"])  # no change: the same rows
+    # 1 leaves, 3 moves into its place: the marked rows are the whole batch
+    condensed = BatchUpdate(batch_size=3, removed=[1], added=[], moved=[(3, 1, MoveDirectionality.UNIDIRECTIONAL)])
+    assert step(condensed, 3) == ([0, 1, 2], ["fill_"])
+    # an unmarked request joins at 3 and swaps with 0
+    swapped = BatchUpdate(batch_size=4, removed=[], added=[(3, plain, None, [])], moved=[(3, 0, MoveDirectionality.SWAP)])
+    assert step(swapped, 4) == ([1, 2, 3], ["index_fill_"])
+    # a marked request replaces an unmarked one at the same index, and one leaves for good
+    assert step(BatchUpdate(batch_size=4, removed=[3], added=[(0, marked, None, [])], moved=[]), 4) == ([0, 1, 2], ["index_fill_"])
+    assert step(BatchUpdate(batch_size=0, removed=[0, 1, 2], added=[], moved=[]), 2) == ([], [])
+    assert times.split()[1::2] == (6, 6)  # every update_state and apply counted
+
+
+def test_the_floors_batch_becomes_its_own_record_paired_with_the_engines_idle_batches() -> None:
+    """In the adapter's engine the floor's batch (``engine_worker.FLOOR_KIND``) is the record impl
+    ``floor``, kind ``forced_sequence``: paired with that engine's no-payload batches round by round,
+    its time the floor processor's own (``floor_ms``), never the adapter's."""
+    from dynlogits.tools.bench.engine import split_floor
+    from dynlogits.tools.bench.engine_worker import FLOOR_KIND
+
+    got = {"tok_per_s": {"none": [100.0, 50.0, 100.0], "forced_sequence": [95.0, 48.0, 97.0], FLOOR_KIND: [98.0, 51.0, 96.0]},
+           "adapter_ms": {"none": [1.0, 1.0, 1.0], "forced_sequence": [50.0, 60.0, 55.0], FLOOR_KIND: [1.0, 2.0, 1.0]},
+           "floor_ms": {"none": [0.1, 0.1, 0.1], "forced_sequence": [0.1, 0.1, 0.1], FLOOR_KIND: [30.0, 40.0, 35.0]}}
+    recs = {(r.impl, r.kind): r for r in split_floor("adapter", got, tokens=1000)}
+    assert set(recs) == {("adapter", "none"), ("adapter", "forced_sequence"), ("floor", "forced_sequence")}
+    floor = recs[("floor", "forced_sequence")]
+    assert floor.paired_ratio == pytest.approx(0.98) and floor.round_tok_per_s == (98.0, 51.0, 96.0)  # 0.98, 1.02, 0.96
+    assert floor.round_adapter_ms == (30.0, 40.0, 35.0)
+    assert floor.attributed_share == pytest.approx(statistics.median([30 / (1e6 / 98), 40 / (1e6 / 51), 35 / (1e6 / 96)]))
+    assert floor.attributed_ratio == pytest.approx(statistics.median([1e4 / (1e4 + 29.9), 2e4 / (2e4 + 39.9),
+                                                                      1e4 / (1e4 + 34.9)]))
+    assert recs[("adapter", "forced_sequence")].round_adapter_ms == (50.0, 60.0, 55.0)
+    # an engine without the floor or the adapter's timing: its kinds alone
+    alone = split_floor("reference", {"tok_per_s": {"forced_sequence": [50.0, 70.0]}}, tokens=1000)
+    assert [(r.impl, r.kind, r.tok_per_s, r.attributed_share) for r in alone] == [("reference", "forced_sequence", 60.0, None)]
+
+
+def test_the_floors_batch_is_checked_to_have_argmaxed_a_row_of_minus_inf() -> None:
+    from types import SimpleNamespace
+
+    from dynlogits.tools.bench.engine_worker import FLOOR_KIND, _check
+
+    def outputs(*rows: list[int]) -> list[SimpleNamespace]:
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=row)]) for row in rows]
+
+    _check(FLOOR_KIND, [None, None], outputs([0, 0, 0], [0, 0, 0]), 3, 1024)  # torch.argmax of equal maxima: id 0
+    with pytest.raises(SystemExit, match="floor: request 1 generated"):
+        _check(FLOOR_KIND, [None, None], outputs([0, 0, 0], [0, 7, 0]), 3, 1024)  # a row the floor missed
 
 
 @pytest.mark.engine
@@ -408,29 +511,33 @@ def test_engine_suite_runs_every_configuration_on_a_real_engine(tmp_path: Path) 
     assert all(set(r) == ENGINE_KEYS and r["suite"] == "engine" and r["tok_per_s"] > 0 for r in records)
     assert {(r["impl"], r["kind"]) for r in records} == {
         ("none", "none"), ("adapter", "none"), ("adapter", "banned_tokens"), ("adapter", "banned_phrases"),
-        ("adapter", "forced_sequence"), ("reference", "forced_sequence")}
+        ("adapter", "forced_sequence"), ("reference", "forced_sequence"), ("floor", "forced_sequence")}
     assert all(r["rounds"] == 2 and len(r["round_tok_per_s"]) == 2 and all(v > 0 for v in r["round_tok_per_s"])
                and r["tok_per_s"] == pytest.approx(sum(r["round_tok_per_s"]) / 2) for r in records)
     paired = {(r["impl"], r["kind"]) for r in records if r["paired_ratio"] is not None}
-    assert paired == {("adapter", "banned_tokens"), ("adapter", "banned_phrases"), ("adapter", "forced_sequence")}
+    assert paired == {("adapter", "banned_tokens"), ("adapter", "banned_phrases"), ("adapter", "forced_sequence"),
+                      ("floor", "forced_sequence")}
     assert all(r["paired_ratio"] > 0 for r in records if r["paired_ratio"] is not None)
     # the adapter's engine counts the time its calls took in the engine's process, batch by batch
     timed = {r["kind"]: r for r in records if r["impl"] == "adapter"}
     assert all(len(r["round_adapter_ms"]) == 2 and all(ms > 0 for ms in r["round_adapter_ms"]) for r in timed.values())
     assert all(0 < timed[k]["attributed_ratio"] <= 1.5 for k in ("banned_tokens", "banned_phrases", "forced_sequence"))
     assert all(0 < r["attributed_share"] < 1 for r in timed.values())
+    # the floor's processor, in the same engine, counts its own time on its own batch
+    (floor,) = [r for r in records if r["impl"] == "floor"]
+    assert len(floor["round_adapter_ms"]) == 2 and all(ms > 0 for ms in floor["round_adapter_ms"])
+    assert 0 < floor["attributed_share"] < 1
     assert all(not r["round_adapter_ms"] and r["attributed_ratio"] is None and r["attributed_share"] is None
-               for r in records if r["impl"] != "adapter")
+               for r in records if r["impl"] not in ("adapter", "floor"))
     assert "paired x no payload" in stdout and "x none (unpaired)" in stdout and "adapter ms / batch" in stdout
     lines = stdout.splitlines()
     assert sum(line.startswith(("[met] engine, banned", "[NOT MET] engine, banned", "[undecided] engine, banned"))
                for line in lines) == 2
     assert sum(line.startswith(("[met] engine, the adapter's own share", "[NOT MET] engine, the adapter's own share"))
-               for line in lines) == 2  # attributed in the same run: decided for each kind that does not force
-    # the forced targets read the micro floor too (floor_bound), which an engine-only run lacks
+               for line in lines) == 3  # attributed in the same run, forced_sequence's beyond the same engine's floor
+    # the forced paired target reads the micro floor (floor_bound), which an engine-only run lacks
     assert sum(line.startswith("[not measured] engine, forced_sequence") for line in lines) == 1
-    assert sum(line.startswith("[not measured] engine, the adapter's own share of a step with forced_sequence")
-               for line in lines) == 1
+    assert any(line.startswith("bound: engine, measured: the floor's processor") for line in lines)
     assert "[engine] adapter: round 2/2: " in proc.stderr  # progress, round by round
 
 

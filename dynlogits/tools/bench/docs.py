@@ -99,7 +99,10 @@ which samples: the same token).
 stated vocabulary: batches of concurrent greedy requests with `ignore_eos`, one engine process per
 processor list: none (no processor); the adapter, running requests without a payload (the adapter
 installed but idle), banned_tokens (100 ids), banned_phrases (64 phrases of 1-4 tokens) and
-forced_sequence (64 tokens) on every request; the
+forced_sequence (64 tokens) on every request, and the floor: requests
+with no payload but a marker that a second timed processor in the same engine reads
+(`dynlogits.tools.bench.timed.TimedFloorProcessor`), filling their rows with -inf (one `fill_` of the
+logits, the micro `floor`'s work; a row of -inf argmaxes to id 0, which is checked); the
 reference, running forced_sequence. Measured paired: separate engine processes on this machine vary
 by about ±20% run to run, far more than a processor's cost, so inside each engine a warm-up round is
 followed by several rounds (25 by default), each running one batch per kind in an order rotated
@@ -121,8 +124,10 @@ same class with `update_state` and `apply` timed in the engine's process (two cl
 the paired ratio if only that time differed from the no-payload batch (it leaves out what the
 engine itself does for a payload, e.g. carrying `extra_args`; no target reads it), and the
 adapter's share of the batch (its time over the batch's wall time, median of rounds), which the
-share targets read (at most 1% of a step; for forced_sequence, 1% beyond the floor's memset share,
-`1 - floor_bound`, as its paired target reads the floor: exact forcing masks the row): a figure a
+share targets read (at most 1% of a step; for forced_sequence, 1% beyond the floor's share measured
+in the same engine and run, the floor processor's own time over its own batch's wall time, median of
+rounds: exact forcing masks the row; the micro suite's estimate of that share, `1 - floor_bound`
+from the micro floor and the engine's step time, is printed beside it as context): a figure a
 noisy host can decide, as it does not depend on two batches' wall times agreeing. Ratios to the
 separate engine without a processor are shown too, marked unpaired; no target reads them. Every
 batch's outputs are checked (lengths, forced tokens, no banned id or phrase), the warm-up included.
@@ -157,7 +162,9 @@ no_repeat_ngram and dry at batch 64; watermark at batch 64 at most 1x vLLM's own
 (`vllm_watermark`); engine throughput with
 banned_tokens, and with banned_phrases, on every request at least 0.99x the throughput with no payload, paired in the
 adapter's engine (median of per-round ratios, decided on its 95% interval), and with forced_sequence at least 0.99x
-of what the floor's memset leaves (exact forcing masks the row); wire decode of a 64-token forced sequence
+of what the floor's memset leaves (exact forcing masks the row); the adapter's own share of the
+batch at most 1% for banned_tokens and banned_phrases, and for forced_sequence at most 1% beyond the
+floor's share measured in the same engine; wire decode of a 64-token forced sequence
 under 20 µs (a median, no interval); no syncs for `adapter` and `adapter_v2` at any resident workload (`scoped` included) and
 batch, at most 8 launches per
 steady step for a single-kind workload and 12 for `mixed` (4 for forced_sequence, on both runners), forced_sequence within 1.1x of the

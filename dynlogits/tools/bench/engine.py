@@ -3,15 +3,21 @@
 One engine per configuration, each in its own process (``engine_worker``), one after the other:
 ``none`` (no processor); ``adapter`` (``DynamoVllmLogitsProcessor`` with its calls timed,
 ``timed.TimedVllmLogitsProcessor``, running kinds ``none``, ``banned_tokens``, ``banned_phrases``
-and ``forced_sequence``); ``reference`` (ai-dynamo-runtime 1.6.1, ``forced_sequence``). After a
+and ``forced_sequence``, and beside it ``timed.TimedFloorProcessor``, the micro suite's floor
+(``-inf`` over the rows) on a batch of its own, ``engine_worker.FLOOR_KIND``, timed the same way);
+``reference`` (ai-dynamo-runtime 1.6.1, ``forced_sequence``). After a
 warm-up, ``rounds`` rounds of one batch per kind (``requests`` x ``tokens``, vocab ``vocab``). A
 record holds each round's tok/s and their median; in the ``adapter`` engine ``paired_ratio`` is the
 median of each round's kind / idle (``none``) ratio, the figure the targets read with its
 distribution-free confidence interval (``stats``), and
 ``attributed_ratio`` what the same rounds give when only the time spent in the adapter's calls
 differs between the kind's batch and the idle one, ``attributed_share`` that time's share of the
-kind's batch. Ratios across engines are reported, never
-paired (method: ``docs``)."""
+kind's batch. The floor's batch becomes the record (impl ``floor``, kind ``forced_sequence``):
+paired with the same engine's idle batches, its time the floor processor's own. Ratios across
+engines are reported, never paired (method: ``docs``). With ``PROFILE_ENV`` naming a folder, the
+adapter's engine also writes a cProfile of the adapter's calls per kind there (``<kind>.prof``,
+warm-up round included; profiling slows the calls it times, so such a run's figures are not
+the suite's)."""
 
 from __future__ import annotations
 
@@ -26,19 +32,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .engine_worker import PROGRESS_PREFIX, RESULT_PREFIX
+from .engine_worker import FLOOR_KIND, PROFILE_ENV, PROGRESS_PREFIX, RESULT_PREFIX
 from .models import bench_model_dir, eos_token_id
 from .records import EngineRecord
 from .stats import median_interval
 
-__all__ = ["ENGINE_CONFIGS", "PAIRED_BASE", "TIMED_FQCN", "EngineError", "EngineOptions", "records_for", "run_engine"]
+__all__ = ["ENGINE_CONFIGS", "FLOOR_FQCN", "PAIRED_BASE", "TIMED_FQCN", "split_floor", "EngineError", "EngineOptions", "records_for", "run_engine"]
 
 #: ``timed.TimedVllmLogitsProcessor``'s import string (a string here: importing it imports vLLM)
 TIMED_FQCN = "dynlogits.tools.bench.timed:TimedVllmLogitsProcessor"
+#: ``timed.TimedFloorProcessor``'s: the micro floor's ``-inf`` fill on the rows of the floor's batch
+FLOOR_FQCN = "dynlogits.tools.bench.timed:TimedFloorProcessor"
 #: (impl, logits_processors, kinds run in that engine)
 ENGINE_CONFIGS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("none", (), ("none",)),
-    ("adapter", (TIMED_FQCN,), ("none", "banned_tokens", "banned_phrases", "forced_sequence")),
+    ("adapter", (TIMED_FQCN, FLOOR_FQCN), ("none", "banned_tokens", "banned_phrases", "forced_sequence", FLOOR_KIND)),
     ("reference", ("dynlogits.tools.bench.reference:ReferenceForcedSequenceProcessor",), ("forced_sequence",)),
 )
 #: the kind every other kind of the same engine is paired with, round by round
@@ -59,11 +67,14 @@ class EngineOptions:
 
 
 def _run_config(impl: str, processors: tuple[str, ...], kinds: tuple[str, ...], opts: EngineOptions,
-                say: Callable[[str], None], call_times: str | None) -> dict[str, dict[str, list[float]]]:
+                say: Callable[[str], None], tmp: str) -> dict[str, dict[str, list[float]]]:
     model = bench_model_dir(opts.vocab)
+    timed = TIMED_FQCN in processors
     spec = {"model": str(model), "vocab": opts.vocab, "eos_token_id": eos_token_id(model), "processors": processors,
             "kinds": kinds, "requests": opts.requests, "tokens": opts.tokens, "rounds": opts.rounds,
-            "call_times": call_times}
+            "call_times": f"{tmp}/call_times" if timed else None,
+            "floor_times": f"{tmp}/floor_times" if FLOOR_FQCN in processors else None,
+            "profile": os.environ.get(PROFILE_ENV) if timed else None}
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
            "TOKENIZERS_PARALLELISM": "false"}
@@ -126,6 +137,26 @@ def records_for(impl: str, per_round: dict[str, list[float]], adapter_ms: dict[s
     return records
 
 
+def split_floor(impl: str, got: dict[str, dict[str, list[float]]], tokens: int) -> list[EngineRecord]:
+    """The records of one engine's result (``engine_worker``'s parts): its kinds' with the adapter's
+    time, and, where it ran the floor's batch, one record (impl ``floor``, kind
+    ``forced_sequence``) paired with the same engine's idle batches whose time is the floor
+    processor's own (``floor_ms``), never the adapter's."""
+    per_round = dict(got["tok_per_s"])
+    adapter_ms = {k: v for k, v in got.get("adapter_ms", {}).items() if k != FLOOR_KIND}
+    floor_round = per_round.pop(FLOOR_KIND, None)
+    records = records_for(impl, per_round, adapter_ms, tokens)
+    if floor_round is not None:
+        floor_ms = got.get("floor_ms", {})
+        spent = ({PAIRED_BASE: floor_ms[PAIRED_BASE], "forced_sequence": floor_ms[FLOOR_KIND]}
+                 if PAIRED_BASE in floor_ms and FLOOR_KIND in floor_ms else None)
+        paired = {"forced_sequence": floor_round}
+        if PAIRED_BASE in per_round:
+            paired = {PAIRED_BASE: per_round[PAIRED_BASE], **paired}
+        records += [r for r in records_for("floor", paired, spent, tokens) if r.kind != PAIRED_BASE]
+    return records
+
+
 def run_engine(opts: EngineOptions, *, progress: Callable[[str], None] | None = None) -> tuple[list[EngineRecord], list[str]]:
     """Run every configuration one after the other; returns the records and notes on what was skipped."""
     from .reference import reference_available
@@ -142,8 +173,7 @@ def run_engine(opts: EngineOptions, *, progress: Callable[[str], None] | None = 
             "kinds in an order that changes every round")
         start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="dynlogits-bench-") as tmp:
-            timed = TIMED_FQCN in processors
-            got = _run_config(impl, processors, kinds, opts, say, f"{tmp}/call_times" if timed else None)
-        records += records_for(impl, got["tok_per_s"], got["adapter_ms"], opts.requests * opts.tokens)
+            got = _run_config(impl, processors, kinds, opts, say, tmp)
+        records += split_floor(impl, got, opts.requests * opts.tokens)
         say(f"[engine] {impl}: done in {time.perf_counter() - start:.0f} s")
     return records, skipped

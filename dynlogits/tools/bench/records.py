@@ -9,7 +9,7 @@
   ``round_tok_per_s``; ``paired_ratio`` the median per-round ratio to the same engine's ``none``
   kind and ``paired_interval`` ``{"low", "high", "confidence"}`` around it (``stats.median_interval``), both
   ``null`` for ``none`` and engines without it; ``round_adapter_ms`` the ms the engine spent in the adapter's
-  calls per round's batch, ``attributed_ratio`` the paired ratio those times alone give and
+  calls per round's batch (impl ``floor``: in the floor processor's), ``attributed_ratio`` the paired ratio those times alone give and
   ``attributed_share`` their share of the batch's wall time, where the adapter was timed, else
   empty / ``null``: ``engine.records_for``);
 * wire: ``{"suite": "wire", "kind", "impl", "stage", "median_us"}`` (``WIRE_IMPLS``, ``WIRE_STAGES``)."""
@@ -33,7 +33,9 @@ __all__ = ["ENGINE_IMPLS", "MICRO_IMPLS", "WIRE_IMPLS", "WIRE_STAGES", "EngineRe
 #: (forced_sequence only); ``baseline``: the adapter on ``banned_tokens`` requests, timed in the same
 #: loop on the same logits (banned_phrases only: its target is a ratio to banned_tokens).
 MICRO_IMPLS = ("adapter", "adapter_v2", "loop", "reference", "floor", "baseline", "vllm_watermark")
-ENGINE_IMPLS = ("none", "adapter", "reference")
+#: ``floor``: ``timed.TimedFloorProcessor`` in the adapter's engine, ``-inf`` over every row of a batch
+#: of its own (forced_sequence only; paired with that engine's no-payload batches, its time its own).
+ENGINE_IMPLS = ("none", "adapter", "reference", "floor")
 WIRE_IMPLS = ("msgspec", "pydantic")
 #: ``encode``: entries -> msgpack bytes; ``decode``: msgpack bytes -> validated entries.
 WIRE_STAGES = ("encode", "decode")
