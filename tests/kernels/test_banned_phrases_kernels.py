@@ -37,10 +37,11 @@ def test_the_cpu_implementation_equals_the_eager_device_path_and_the_hosted_proc
     for seed in range(60):
         case = group_case(seed, CPU, requests=1 + seed % 11, drafts=drafts, longest=(2, 5, 9, 40)[seed % 4],
                           floors=floors)
-        by_eager = case.logits.clone()
+        by_eager, pristine = case.logits.clone(), case.logits.clone()
         eager(case, by_eager)
         host = _host(case, case.logits)
         assert torch.equal(host, by_eager), (seed, drafts)
+        assert torch.equal(case.logits, pristine), "the host reference writes its own copy"
         assert _hosted_rows(case, host) == 0, (seed, drafts)
         beyond += sum(len(w) > 0 for w in case.wants if w is not None)
     assert beyond > 40  # rows whose output ends with a prefix, so a phrase's last token is masked

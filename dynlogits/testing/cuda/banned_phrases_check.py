@@ -170,8 +170,8 @@ def eager(case: GroupCase, logits: torch.Tensor) -> None:
 
 
 def _host(case: GroupCase, logits: torch.Tensor) -> torch.Tensor:
-    """``ban_reference`` on host copies of the step."""
-    out = logits.cpu()
+    """``ban_reference`` on host copies of the step (``logits`` itself untouched, on any device)."""
+    out = logits.to("cpu", copy=True)
     args: list[Any] = [x.cpu() if isinstance(x, torch.Tensor) else x for x in fused_args(case, out)]
     ban_reference(*args)
     return out
