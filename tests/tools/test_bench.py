@@ -414,6 +414,45 @@ def test_the_timed_adapter_counts_into_a_file_another_process_reads(tmp_path: Pa
     assert reader.split() == (2000, 2, 700, 1)  # update_state's ns and calls, then apply's
 
 
+def test_section_timers_time_named_functions_per_batch_label(tmp_path: Path) -> None:
+    """``SECTIONS_ENV``'s timers (the engine's profile without cProfile): a module's global and a
+    class's plain and static methods keep working, timed under the label the driver wrote, and
+    each label's sums are written when the label changes."""
+    import types
+
+    from dynlogits.tools.bench.timed import CallTimes, _Sections
+
+    module = types.ModuleType("dynlogits_bench_sections_probe")
+
+    class Group:
+        def step(self, x: int) -> int:
+            return x + 1
+
+        @staticmethod
+        def settles(x: int) -> bool:
+            return x > 0
+
+    module.Group = Group  # type: ignore[attr-defined]
+    module.helper = lambda x: 2 * x  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    try:
+        times = CallTimes(tmp_path / "times", create=True)
+        sections = _Sections(str(tmp_path / "out"), times, f"{module.__name__}:helper, {module.__name__}:Group.step,"
+                             f"{module.__name__}:Group.settles")
+        times.label = 1
+        sections.check_label()
+        assert module.helper(3) == 6 and Group().step(1) == 2 and Group.settles(1) and Group().settles(1)
+        times.label = 2
+        sections.check_label()  # label 1's sums written
+        assert Group().step(5) == 6
+        written = json.loads((tmp_path / "out" / "sections.json").read_text())
+    finally:
+        del sys.modules[module.__name__]
+    calls = {name.split(":")[1]: count for name, (_, count) in written["spent"]["1"].items()}
+    assert calls == {"helper": 1, "Group.step": 1, "Group.settles": 2} and written["threads"] >= 1
+    assert "2" not in written["spent"]  # label 2 not over yet
+
+
 def test_the_floors_processor_fills_exactly_the_marked_rows_through_batch_changes(tmp_path: Path,
                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """``TimedFloorProcessor`` follows vLLM's ``BatchUpdate`` (removed, added, moved: one-way moves

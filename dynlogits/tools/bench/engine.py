@@ -17,7 +17,8 @@ paired with the same engine's idle batches, its time the floor processor's own. 
 engines are reported, never paired (method: ``docs``). With ``PROFILE_ENV`` naming a folder, the
 adapter's engine also writes a cProfile of the adapter's calls per kind there (``<kind>.prof``,
 warm-up round included; profiling slows the calls it times, so such a run's figures are not
-the suite's)."""
+the suite's); with ``timed.SECTIONS_ENV`` too (``module:qualname``, comma-separated), those functions
+are timed instead, per kind, into ``sections.json`` (two clock reads a call)."""
 
 from __future__ import annotations
 

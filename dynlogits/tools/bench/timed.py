@@ -18,16 +18,26 @@ worker checks.
 ``CallTimes`` also holds a label the driving process writes before each batch (the index of the
 batch's kind); with ``PROFILE_ENV`` naming a folder, the timed adapter runs ``cProfile`` around its
 calls, one profile per label, written to ``<folder>/<label>.prof`` whenever the label changes
-(the worker ends with a label of its own, so the last batch's is written too)."""
+(the worker ends with a label of its own, so the last batch's is written too). With
+``SECTIONS_ENV`` too (comma-separated ``module:qualname`` of functions or methods, e.g.
+``dynlogits.processors.forced_sequence:fill_rows``: a module's global is patched where that
+module looks it up) it times those functions instead (two clock reads a call, no cProfile), and
+writes ``<folder>/sections.json``: per label, per section, ns and calls, and the engine process's
+``torch.get_num_threads()``."""
 
 from __future__ import annotations
 
 import cProfile
+import functools
+import importlib
+import inspect
+import json
 import math
 import mmap
 import os
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +48,15 @@ from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
 
 from .engine_worker import PROFILE_ENV
 
-__all__ = ["CALL_TIMES_ENV", "FLOOR_MARKER", "FLOOR_TIMES_ENV", "PROFILE_ENV", "CallTimes", "TimedFloorProcessor",
-           "TimedVllmLogitsProcessor"]
+__all__ = ["CALL_TIMES_ENV", "FLOOR_MARKER", "FLOOR_TIMES_ENV", "PROFILE_ENV", "SECTIONS_ENV", "CallTimes",
+           "TimedFloorProcessor", "TimedVllmLogitsProcessor"]
 
 #: The file the adapter's counters live in (created by the reader before the engine starts).
 CALL_TIMES_ENV = "DYNLOGITS_BENCH_CALL_TIMES"
 #: The file the floor processor's counters live in.
 FLOOR_TIMES_ENV = "DYNLOGITS_BENCH_FLOOR_TIMES"
+#: Functions to time per batch label instead of profiling (``module:qualname``, comma-separated).
+SECTIONS_ENV = "DYNLOGITS_BENCH_SECTIONS"
 #: The ``extra_args`` key that puts a request's row under ``TimedFloorProcessor`` (its value is ignored).
 FLOOR_MARKER = "dynlogits_bench_floor"
 
@@ -111,6 +123,51 @@ class _Profiles:
         return self._profiles.setdefault(label, cProfile.Profile())
 
 
+class _Sections:
+    """Named functions timed per batch label (``SECTIONS_ENV``), written on every label change."""
+
+    def __init__(self, folder: str, times: CallTimes, targets: str) -> None:
+        self._path, self._times = Path(folder) / "sections.json", times
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._spent: dict[int, dict[str, list[int]]] = {}
+        self._label: int | None = None
+        for target in filter(None, (t.strip() for t in targets.split(","))):
+            self._patch(target)
+
+    def _patch(self, target: str) -> None:
+        module_name, _, qualname = target.partition(":")
+        owner: Any = importlib.import_module(module_name)
+        *path, name = qualname.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        static = inspect.getattr_static(owner, name)
+        original = getattr(owner, name)
+        spent = self._spent
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                cell = spent.setdefault(self._times.label, {}).setdefault(target, [0, 0])
+                cell[0] += time.perf_counter_ns() - start
+                cell[1] += 1
+
+        wrapped: Callable[..., Any] | staticmethod[Any, Any] = timed
+        if isinstance(static, staticmethod):
+            wrapped = staticmethod(timed)
+        setattr(owner, name, wrapped)
+
+    def check_label(self) -> None:
+        label = self._times.label
+        if label != self._label:
+            if self._label is not None:
+                self._path.write_text(json.dumps({"threads": torch.get_num_threads(),
+                                                  "spent": {str(k): v for k, v in self._spent.items()}}))
+            self._label = label
+
+
 class TimedVllmLogitsProcessor(DynamoVllmLogitsProcessor):
     """``DynamoVllmLogitsProcessor`` counting the wall time of ``update_state`` and ``apply``."""
 
@@ -119,9 +176,14 @@ class TimedVllmLogitsProcessor(DynamoVllmLogitsProcessor):
         path = os.environ.get(CALL_TIMES_ENV)
         self._times = CallTimes(path) if path else None
         folder = os.environ.get(PROFILE_ENV)
-        self._profiles = _Profiles(folder, self._times) if folder and self._times is not None else None
+        sections = os.environ.get(SECTIONS_ENV)
+        on = bool(folder) and self._times is not None
+        self._sections = _Sections(folder, self._times, sections) if on and sections else None  # type: ignore[arg-type]
+        self._profiles = _Profiles(folder, self._times) if on and not sections else None  # type: ignore[arg-type]
 
     def update_state(self, batch_update: Any) -> None:
+        if self._sections is not None:
+            self._sections.check_label()
         profile = self._profiles.current() if self._profiles is not None else None
         start = time.perf_counter_ns()
         try:
