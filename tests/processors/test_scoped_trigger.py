@@ -17,6 +17,7 @@ from v2_rows import Request, paired_requests, rows_against_hosted, rows_v1_again
 
 from dynlogits import sdk
 from dynlogits.kernels.spans import GATE
+from dynlogits.processors.device_thinking import DeviceThinking
 from dynlogits.processors.scope import ScopedSpan
 from dynlogits.sdk.realization import RequestFacts
 from dynlogits.sdk.resident.engine_step import EngineStep
@@ -144,3 +145,18 @@ def test_under_model_runner_v2_a_delimiter_among_the_drafts_restarts_the_trigger
     out = harness.step(["a"], torch.zeros(3, V), drafts={"a": [7, 2]})
     assert [torch.isfinite(out[r]).nonzero().flatten().tolist() for r in range(3)] == \
         [list(range(V)), list(range(V)), [10]]
+
+
+@pytest.mark.parametrize("path", ["eager", "fused"])
+def test_under_model_runner_v2_a_request_resumed_mid_phrase_goes_on_with_it(path: str,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resumed with more generated tokens than the device catches up on (``MAX_DEVICE_CATCH_UP``:
+    its one host scan), the trigger fired in the answer and the phrase's first token written: the
+    next step forces the second, as the hosted path (the scan's stretch start kept, no restart)."""
+    if path == "fused":
+        monkeypatch.setattr(GATE, "run", lambda device, fused, eager: fused())
+    harness = v2_harness(0, V)
+    output = [5, 9, 9, 7, *[9] * 12, 2, 3, 10]
+    assert len(output) > DeviceThinking.MAX_DEVICE_CATCH_UP
+    harness.add_request("a", [9], v2_params(PAYLOAD, 48, EOS), output_ids=output)
+    assert _left(harness.step(["a"], torch.zeros(1, V))) == [11]
