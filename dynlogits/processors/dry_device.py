@@ -32,17 +32,17 @@ are hosted."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import NamedTuple, cast
 
 import numpy as np
 import torch
 
 from .device_thinking import NEVER
-from .dry_lowering import HOST_LOOP_MAX, _lower_host_f32, _lower_host_view, host_f32_view
+from .dry_lowering import host_f32_array
 from .window import TokenWindow
 
-__all__ = ["MAX_DEVICE_CAP", "Constants", "MAX_DEVICE_SINGLES", "NO_BREAKER", "StepArgs", "constants", "dense_lower_", "device_penalties",
-           "fused_lower_", "fused_ready", "fused_run", "lower_rows", "lower_window_", "probe_case", "probe_floor",
+__all__ = ["MAX_DEVICE_CAP", "Constants", "HostRows", "MAX_DEVICE_SINGLES", "NO_BREAKER", "StepArgs", "constants", "dense_lower_", "device_penalties",
+           "fused_lower_", "fused_ready", "fused_run", "host_rows", "lower_rows", "lower_window_", "probe_case", "probe_floor",
            "reset_fused"]
 
 #: The longest repeat measured on the device (``allowed_length`` plus the exponent clamp, at most the
@@ -120,6 +120,8 @@ def lower_rows(logits: torch.Tensor, ids: torch.Tensor, penalty: torch.Tensor) -
 KEY_SHIFT, KEY_CLIP = 33, 1 << 32
 #: ``lower_window_``'s padding after a reversed window (below every token and placeholder value)
 PAD = -(1 << 30)
+_F32_MAX = float(np.finfo(np.float32).max)
+_F32_LOWEST = np.float32(np.finfo(np.float32).min)
 #: kept across calls: the offsets ``1 - W .. 0`` per ``W``, the padding per shape (started over past 64)
 _OFFSETS: dict[int, np.ndarray] = {}
 _PADS: dict[tuple[int, int, str], np.ndarray] = {}
@@ -138,58 +140,104 @@ def dense_lower_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.T
     lower_rows(logits, ids, penalty)
 
 
+class HostRows(NamedTuple):
+    """A layout's member rows for ``lower_window_`` on host tensors, read once from the slots'
+    tables (``host_rows``; the group keeps it while its rows and tables hold): ``keep`` the member
+    rows (``None``: every row), ``slots`` their slots, ``wslots`` their rows of the token matrix,
+    ``at`` the flat index into that matrix of each one's window columns less its position (the
+    step adds ``pos``), then per row its allowed length, ``1 - lookback``, whether the prompt lies
+    outside its window, its cap at most ``W`` (``limit``), its sorted breakers keyed by row
+    (``keyed``, ``None``: no member has one) and the amounts table; ``shape``: the ``(W, C, matrix
+    shape)`` it was made for."""
+
+    keep: np.ndarray | None
+    slots: np.ndarray
+    wslots: np.ndarray
+    at: np.ndarray
+    allowed: np.ndarray
+    first: np.ndarray
+    outside: np.ndarray
+    limit: np.ndarray
+    keyed: np.ndarray | None
+    table: np.ndarray
+    shape: tuple[int, int, int, int]
+
+
+def _offsets(w: int) -> np.ndarray:
+    """The columns' offsets ``1 - W .. 0`` from a row's position (kept per ``W``)."""
+    offsets = _OFFSETS.get(w)
+    if offsets is None:
+        offsets = _OFFSETS[w] = np.arange(1 - w, 1, dtype=np.int64)
+    return offsets
+
+
+def host_rows(member: torch.Tensor, slot_of_row: torch.Tensor, params: torch.Tensor, singles: torch.Tensor,
+              amounts: torch.Tensor, width: int, cap: int, matrix: tuple[int, int]) -> HostRows | None:
+    """``lower_window_``'s per-layout reads of host tables (``None``: no member row) for a token
+    matrix of shape ``matrix``."""
+    is_member = member.numpy()
+    keep = None if bool(is_member.all()) else np.flatnonzero(is_member)
+    if keep is not None and not len(keep):
+        return None
+    slots = slot_of_row.numpy() if keep is None else slot_of_row.numpy()[keep]
+    prm = params.numpy()[slots]
+    m, w = len(slots), width
+    wslots = slots if matrix[0] >= params.shape[0] else np.minimum(slots, matrix[0] - 1)  # a slot past the window's rows
+    keyed = None
+    if singles.numpy()[slots, 0].min() < NO_BREAKER:  # a member has single-token breakers (each row sorted)
+        rows_sorted = singles.numpy()[slots]
+        keyed = (np.minimum(rows_sorted, KEY_CLIP) + (np.arange(m, dtype=np.int64) << KEY_SHIFT)[:, None]).ravel()
+    return HostRows(keep, slots, wslots, (wslots * matrix[1])[:, None] + _offsets(w), prm[:, 0], 1 - prm[:, 1],
+                    prm[:, 2] <= 0, np.minimum(prm[:, 3], w), keyed, amounts.numpy(), (w, cap, matrix[0], matrix[1]))
+
+
 def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
                   input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor,
                   member: torch.Tensor, params: torch.Tensor, singles: torch.Tensor, amounts: torch.Tensor,
-                  width: int, cap: int, floor: torch.Tensor | None = None) -> None:
+                  width: int, cap: int, floor: torch.Tensor | None = None, rows: HostRows | None = None) -> None:
     """``dense_lower_`` on host tensors, bit for bit, without its ``[rows, W, C]`` tensors (numpy,
     shapes following the data): a member row's positions holding its last token are its only
-    candidates; each one's repeat is the first mismatch (``argmin``) of its ``C + 1`` tokens back
-    against the row's last ones (padded so that the last compare always fails), capped by the
-    row's first column inside its window, the nearest breaker (in its last ``C`` columns: one
-    before them limits nothing measured) and its cap; the hits lower the logits as ``lower_rows``
-    does, the largest penalty of an id winning (``_lower_host``). Needs every member's allowed
-    length to be at least 1 (the spec's bound) and the logits' last dimension contiguous."""
-    is_member = member.numpy()
+    candidates; each one's repeat is the first mismatch (``argmin``) of its tokens back against the
+    row's last ones (padded so that the last compare always fails; no further back than the
+    farthest any candidate reaches inside its window), capped by the row's first column inside its
+    window, the nearest breaker (in its last ``C`` columns: one before them limits nothing
+    measured) and its cap; the hits lower the logits as ``lower_rows`` does, the largest penalty of
+    an id winning (``_lower_host``). ``rows``: ``host_rows`` of these tables for ``(W, C)`` and this
+    token matrix (``None``: read here). Needs every member's allowed length to be at least 1 (the
+    spec's bound) and the logits' last dimension contiguous. A column before a row's window is
+    read as anything: nothing there counts."""
     if width < 2:
         return
     w, c = width, min(cap, width)
     tok = tokens.numpy()
-    every = bool(is_member.all())
-    keep = None if every else np.flatnonzero(is_member)
-    if keep is not None and not len(keep):
-        return
-    slots = slot_of_row.numpy() if keep is None else slot_of_row.numpy()[keep]
+    if rows is None:
+        rows = host_rows(member, slot_of_row, params, singles, amounts, width, cap, tok.shape)
+        if rows is None:
+            return
+    keep, m = rows.keep, len(rows.slots)
     pos_ = pos.numpy() if keep is None else pos.numpy()[keep]
-    prm = params.numpy()[slots]
-    m = len(slots)
-    offsets = _OFFSETS.get(w)
-    if offsets is None:
-        offsets = _OFFSETS[w] = np.arange(1 - w, 1, dtype=np.int64)
-    wslots = slots if len(tok) >= params.shape[0] else np.minimum(slots, len(tok) - 1)  # a slot past the window's rows
-    column = pos_[:, None] + offsets
-    np.maximum(column, 0, out=column)
-    win = tok[wslots[:, None], column]
     if input_ids is not None and local_pos is not None:
-        rows = np.arange(len(pos)) if keep is None else keep
+        column = pos_[:, None] + _offsets(w)
+        np.maximum(column, 0, out=column)
+        win = tok[rows.wslots[:, None], column]
+        ids = np.arange(len(pos)) if keep is None else keep
         back = pos_[:, None] - column
         fed = back <= (local_pos.numpy() if keep is None else local_pos.numpy()[keep])[:, None]
         if fed.any():
-            win = np.where(fed, input_ids.numpy()[np.maximum(rows[:, None] - back, 0)], win)
+            win = np.where(fed, input_ids.numpy()[np.maximum(ids[:, None] - back, 0)], win)
+    else:  # a column before position 0 wraps to another row's tokens: before the window, read as anything
+        win = tok.reshape(-1).take(rows.at + pos_[:, None], mode="wrap")
     if win.dtype != np.int32:
         win = win.astype(np.int64)
     # the first column inside each row's window (its look-back, the prompt unless it counts)
-    col0 = np.maximum(1 - prm[:, 1], prompt_len.numpy()[wslots] * (prm[:, 2] <= 0) - pos_)
+    col0 = np.maximum(rows.first, prompt_len.numpy()[rows.wslots] * rows.outside - pos_)
     if floor is not None:  # and its floor (``NEVER``: past every column)
         np.maximum(col0, (floor.numpy() if keep is None else floor.numpy()[keep]) - pos_, out=col0)
     col0 += w - 1
     if win.min() < 0:  # placeholders: each a value of its own
         win = np.where(win >= 0, win, -1 - np.arange(w, dtype=win.dtype))
-    limit = np.minimum(prm[:, 3], w)
-    keyed = None
-    if singles.numpy()[slots, 0].min() < NO_BREAKER:  # a member has single-token breakers (each row sorted)
-        rows_sorted = singles.numpy()[slots]
-        keyed = (np.minimum(rows_sorted, KEY_CLIP) + (np.arange(m, dtype=np.int64) << KEY_SHIFT)[:, None]).ravel()
+    limit, keyed = rows.limit, rows.keyed
+    if keyed is not None:
         tail = win[:, w - c:].astype(np.int64)
         tail[np.arange(w - c, w) < col0[:, None]] = -1
         tail_breaks = _breaks(keyed, np.arange(m, dtype=np.int64)[:, None], tail)
@@ -197,21 +245,25 @@ def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
     ri, pi = np.nonzero(win[:, :-1] == win[:, -1:])
     if not len(ri):
         return
-    pad = _PADS.get((m, c, win.dtype.char))
+    reach = pi - col0[ri]
+    top = int(reach.max())
+    if top < 0:  # no candidate inside its window
+        return
+    c = min(c, top + 1)  # no repeat is measured past its window: no compare reaches further back
+    pad = _PADS.get((m, w, win.dtype.char))
     if pad is None:
         if len(_PADS) > 64:
             _PADS.clear()
-        pad = _PADS[(m, c, win.dtype.char)] = np.full((m, c + 1), PAD, dtype=win.dtype)
-    backwards = np.concatenate((win[:, ::-1], pad), 1)
+        pad = _PADS[(m, w, win.dtype.char)] = np.full((m, w + 1), PAD, dtype=win.dtype)
+    backwards = np.concatenate((win[:, ::-1], pad[:, : c + 1]), 1)
     ends = backwards[:, : c + 1].copy()
     ends[:, c] = PAD - 1
     s0, s1 = backwards.strides
     view = np.ndarray((m, w + 1, c + 1), backwards.dtype, backwards, 0, (s0, s1, s1))
     length = (view[ri, w - 1 - pi] == ends[ri]).argmin(1)
-    reach = pi - col0[ri]
     np.minimum(length, reach + 1, out=length)
     np.minimum(length, limit[ri], out=length)
-    allowed = prm[ri, 0]
+    allowed = rows.allowed[ri]
     after = win[ri, pi + 1]
     hit = np.flatnonzero((length >= allowed) & (after >= 0))  # a hit's ``p + 1`` is inside (``reach >= 0``)
     if not len(hit):
@@ -220,35 +272,30 @@ def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
     if keyed is not None:
         ok = np.flatnonzero(~_breaks(keyed, ri, after.astype(np.int64)))
         ri, after, exponent = ri[ok], after[ok], exponent[ok]
-    table = amounts.numpy()
+    table = rows.table
     np.minimum(exponent, table.shape[1] - 1, out=exponent)  # at least 0: a hit's length reaches its allowed length
-    penalty = table[slots[ri], exponent]
+    penalty = table[rows.slots[ri], exponent]
     index = (ri if keep is None else keep[ri]) * logits.stride(0) + after
     _lower_host(logits, index, penalty)
 
 
 def _lower_host(logits: torch.Tensor, index: np.ndarray, penalty: np.ndarray) -> None:
     """The logits at the flat ``index`` (row times the row stride plus the id) lowered by
-    ``penalty`` (float64) as ``lower_rows`` lowers them, the largest penalty of an index winning:
-    contiguous float32 logits (vLLM's sampler's) element by element in Python floats (the V1
-    runner's ``dry_lowering._lower_host_view`` through ``host_f32_view``, no tensor call to miss
-    the cache; past ``HOST_LOOP_MAX`` ids ``_lower_host_f32``), others with
-    ``lower_rows``'s tensor ops over the flat logits (``scatter_reduce_``, ``amin``)."""
+    ``penalty`` (float64, clamped in place to float32's largest) as ``lower_rows`` lowers them, the
+    largest penalty of an index winning (``minimum.at``, as its ``scatter_reduce_`` ``amin``):
+    contiguous float32 logits (vLLM's sampler's) through a numpy array over their memory
+    (``dry_lowering.host_f32_array``: no ``Tensor.numpy`` call, tens of µs cold), the amount rounded
+    to float32, the difference taken in float64 and floored at float32's lowest (``-inf`` kept),
+    then rounded to float32 (the float32 difference: float64 holds over twice its precision);
+    others with ``lower_rows``'s tensor ops over the flat logits (``scatter_reduce_``, ``amin``)."""
     if logits.dtype != torch.float32 or not logits.is_contiguous():
         return _lower(logits, index, penalty)
-
-    flat, amounts = index.tolist(), penalty.tolist()
-    if len(set(flat)) < len(flat):  # an id lowered twice in a row: its largest penalty alone
-        best: dict[int, float] = {}
-        for i, amount in zip(flat, amounts):
-            if best.get(i, -1.0) < amount:
-                best[i] = amount
-        flat, amounts = list(best), list(best.values())
-    whole = logits.view(-1)
-    if len(flat) <= HOST_LOOP_MAX:  # through a view of the logits' memory: no ``Tensor.numpy`` call
-        _lower_host_view(host_f32_view(whole), flat, amounts)
-    else:
-        _lower_host_f32(whole.numpy(), flat, amounts)
+    values = host_f32_array(logits.data_ptr(), logits.numel())
+    kept = values[index]
+    np.minimum(penalty, _F32_MAX, out=penalty)
+    lowered = kept - penalty.astype(np.float32).astype(np.float64)
+    np.maximum(lowered, np.minimum(kept, _F32_LOWEST), out=lowered)  # finite stays finite, -inf stays
+    np.minimum.at(values, index, lowered.astype(np.float32))
     return None
 
 

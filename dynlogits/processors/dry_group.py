@@ -39,11 +39,13 @@ from .dry_device import (
     MAX_DEVICE_SINGLES,
     NO_BREAKER,
     Constants,
+    HostRows,
     constants,
     device_penalties,
     fused_lower_,
     fused_ready,
     fused_run,
+    host_rows,
     lower_rows,
     lower_window_,
 )
@@ -214,11 +216,26 @@ class DryGroup(WindowDecided):
         args = (step.logits, window.tokens, window.prompt_len, window.pos, window.input_ids, window.local_pos,
                 rows.slot_of_row, rows.member, self.params.dev, self.singles.dev, self.amounts.dev, width, cap)
         if self._host:
-            lower_window_(*args, floor)
+            host = self._host_rows(rows, width, cap, window.tokens)
+            if host is not None:
+                lower_window_(*args, floor, host)
         else:  # a variant failing to compile turns the kernels off (one warning): the eager decision then
             fused_run(self.device, lambda: fused_lower_(*args, floor),
                       lambda: lower_rows(step.logits, *self._penalties(rows, window, width, cap, floor)))
         return None
+
+    def _host_rows(self, rows: GatheredRows, width: int, cap: int, tokens: torch.Tensor) -> HostRows | None:
+        """``lower_window_``'s reads of the tables for ``rows`` (``None``: no member row), kept while
+        the layout's rows are the same object (``every_row``) and the tables unchanged (a flush
+        clears the cache), for one ``(W, C)`` and token matrix shape."""
+        shape = (width, cap, *tokens.shape)
+        kept = self._cache.get("host")
+        if kept is None or kept[0] is not rows or kept[1] != shape:
+            made = host_rows(rows.member, rows.slot_of_row, self.params.dev, self.singles.dev, self.amounts.dev, width,
+                             cap, (tokens.shape[0], tokens.shape[1]))
+            kept = self._cache["host"] = (rows, shape, made)
+        host: HostRows | None = kept[2]
+        return host
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
         """Per layout: the row width (host)."""

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["HOST_LOOP_MAX", "ROUNDED_KEPT", "VIEWS_KEPT", "_lower_host_f32", "_lower_host_view", "host_f32_view"]
+__all__ = ["HOST_LOOP_MAX", "ROUNDED_KEPT", "VIEWS_KEPT", "_lower_host_f32", "_lower_host_view", "host_f32_array",
+           "host_f32_at", "host_f32_view"]
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_LOWEST = float(np.finfo(np.float32).min)
@@ -70,13 +71,37 @@ def host_f32_view(flat: torch.Tensor) -> memoryview[float]:
     (address, length), so a step whose logits lie where an earlier step's lay makes no object (a
     kept view is only used while a tensor holds that memory: the caller's). No numpy or tensor
     conversion (``Tensor.numpy``'s first call after the logits' copy costs tens of µs)."""
-    key = (flat.data_ptr(), flat.shape[0])
+    return host_f32_at(flat.data_ptr(), flat.shape[0])
+
+
+def host_f32_at(address: int, length: int) -> memoryview[float]:
+    """``host_f32_view`` of the ``length`` float32 values at ``address`` (a contiguous float32 CPU
+    tensor's ``data_ptr()`` and ``numel()``, which the caller holds for the view's use): no tensor
+    made (``Tensor.view`` costs µs cold)."""
+    key = (address, length)
     view = _VIEWS.get(key)
     if view is None:
         if len(_VIEWS) >= VIEWS_KEPT:
             _VIEWS.clear()
-        view = _VIEWS[key] = memoryview((ctypes.c_float * key[1]).from_address(key[0])).cast("B").cast("f")
+        view = _VIEWS[key] = memoryview((ctypes.c_float * length).from_address(address)).cast("B").cast("f")
     return view
+
+
+#: (address, length) -> a float32 numpy array over that host memory, for ``host_f32_array``
+_ARRAYS: dict[tuple[int, int], np.ndarray] = {}
+
+
+def host_f32_array(address: int, length: int) -> np.ndarray:
+    """``host_f32_at``'s memory as a float32 numpy array (kept per (address, length), as the
+    views are): no ``Tensor.numpy`` call per step."""
+    key = (address, length)
+    values = _ARRAYS.get(key)
+    if values is None:
+        if len(_ARRAYS) >= VIEWS_KEPT:
+            _ARRAYS.clear()
+        memory = memoryview((ctypes.c_float * length).from_address(address)).cast("B")
+        values = _ARRAYS[key] = np.frombuffer(memory, dtype=np.float32)
+    return values
 
 
 def _lower_host_view(view: memoryview[Any], flat: list[int], amounts: list[float]) -> None:
