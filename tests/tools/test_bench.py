@@ -378,6 +378,11 @@ def test_engine_table_shows_medians_rounds_paired_and_unpaired_ratios() -> None:
         "adapter", "forced_sequence", "3", "98", "97–100", "0.980 (0.951–1.667)", "—", "—", "—", "0.52"]
     assert "unpaired: the adapter installed but idle (no payload) ran at 0.53x the engine without a processor" in text
     assert engine_table([]) == []
+    # the floor ran in the adapter's engine: its rounds pair with that engine's no-payload batches
+    floor = records_for("floor", {"none": [100.0, 60.0, 102.0], "forced_sequence": [99.0, 66.0, 100.0]})[1]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in engine_table([*records, floor])]
+    assert next(c for c in cells if c[0] == "floor")[:6] == ["floor", "forced_sequence", "3", "99", "66–100",
+                                                            "0.990 (0.980–1.100)"]
 
 
 def test_the_attributed_ratio_charges_each_batch_only_the_adapter_time_beyond_the_idle_batch() -> None:
