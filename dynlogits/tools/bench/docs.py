@@ -120,7 +120,7 @@ up to ±3% between runs of one build, so the interval is several percent wide an
 few percent of 0.99 comes out undecided. The adapter's engine therefore also counts the
 time spent inside the adapter: it loads `dynlogits.tools.bench.timed.TimedVllmLogitsProcessor`, the
 same class with `update_state` and `apply` timed in the engine's process (two clock reads and a
-16-byte write per call), and the table gives each batch's adapter time, the attributed ratio,
+40-byte read and write per call), and the table gives each batch's adapter time, the attributed ratio,
 the paired ratio if only that time differed from the no-payload batch (it leaves out what the
 engine itself does for a payload, e.g. carrying `extra_args`; no target reads it), and the
 adapter's share of the batch (its time over the batch's wall time, median of rounds), which the
