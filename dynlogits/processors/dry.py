@@ -320,6 +320,29 @@ class _Row:
         self.source: Sequence[int] | None = None
 
 
+#: What a common step reads of its processor's settings, one tuple shared by every processor of
+#: equal settings (``_hot_settings``): read from a few objects whatever the batch.
+_Hot = tuple[int, int, int, int, list[float], frozenset[int], bool]
+_HOT: dict[tuple[Any, ...], _Hot] = {}
+HOT_KEPT = 256
+
+
+def _hot_settings(lookback: int, cap: int, allowed: int, cap_exp: int, amounts: list[float],
+                  head_ids: frozenset[int]) -> _Hot:
+    """The shared tuple ``(lookback, cap, allowed, cap_exp, amounts, head_ids, no_heads)`` of these
+    settings (``amounts``: the shared table; past ``HOT_KEPT`` the kept tuples are dropped, the
+    processors holding one keep it)."""
+    hot = (lookback, cap, allowed, cap_exp, amounts, head_ids, not head_ids)
+    key = (lookback, cap, allowed, cap_exp, id(amounts), head_ids)
+    kept = _HOT.get(key)
+    if kept is not None and kept[4] is amounts:
+        return kept
+    if len(_HOT) >= HOT_KEPT:
+        _HOT.clear()
+    _HOT[key] = hot
+    return hot
+
+
 class DryProcessor:
     """Every step: the tokens that would extend a repeat of at least ``allowed_length`` tokens within
     the window (the last ``lookback`` tokens of the prompt tail and the history) lose
@@ -332,8 +355,8 @@ class DryProcessor:
     costs O(occurrences of its new token in the window) per new token, plus the nearest breaker and
     the repeats the last token extends; any other history rebuilds its state once, O(window)."""
 
-    #: the attributes a common step reads first, then the rest
-    __slots__ = ("_off", "_top", "_rows", "_p0", "_no_heads", "_lookback", "_cap", "_allowed", "_amounts", "_cap_exp",
+    #: the attributes a common step reads first (``_hot``: its settings, shared), then the rest
+    __slots__ = ("_top", "_hot", "_p0", "_off", "_rows", "_lookback", "_cap", "_allowed", "_amounts", "_cap_exp",
                  "_single", "_head_ids", "_breakers", "_base", "_multiplier", "_prompt", "_prompt_list", "template")
 
     def __init__(self, *, multiplier: float, base: float, allowed_length: int, lookback: int,
@@ -345,7 +368,6 @@ class DryProcessor:
         #: (and past the look-back no repeat reaches)
         self._cap = max(min(self._allowed + self._cap_exp, self._lookback) if self._cap_exp > 0 else self._lookback, 1)
         self._head_ids = frozenset(breakers.single_set | set(breakers.tails))
-        self._no_heads = not self._head_ids
         self._single = breakers.single_set
         self._off = self._multiplier == 0.0 or self._lookback == 0
         tail = list(prompt[-lookback:]) if lookback > 0 else []
@@ -355,6 +377,8 @@ class DryProcessor:
         self._amounts = _amounts_table(self._multiplier, self._base)
         self._rows: list[_Row] = []  # most recently used first
         self._top: _Row | None = None  # ``_rows[0]``
+        self._hot = _hot_settings(self._lookback, self._cap, self._allowed, self._cap_exp, self._amounts,
+                                  self._head_ids)
         self.template = DryTemplate(self._multiplier, self._base, self._allowed, self._lookback, include_prompt,
                                     self._cap, breakers.sorted_singles, bool(breakers.tails))
 
@@ -575,19 +599,20 @@ class DryProcessor:
         The common step (the live list last read, one token longer, its checked tail unchanged, no
         breaker head in the window) is read inline: ``_extend`` and ``_found`` fused, the ids each
         emitted as its repeat is measured (the same ids, amounts and order as the general path)."""
-        if self._off:
-            return
         row = self._top
         if row is not None:
             seq = row.seq
             k = len(seq) - self._p0
             if input_ids is row.source and len(input_ids) == k + 1:
                 token = input_ids[k]
-                if token >= 0 and (self._no_heads or (not row.heads and token not in self._head_ids)) and (
+                hot = self._hot
+                if token >= 0 and (hot[6] or (not row.heads and token not in hot[5])) and (
                         input_ids[k - TAIL_CHECKED:k] == seq[len(seq) - TAIL_CHECKED:] if k > TAIL_CHECKED
                         else input_ids[:k] == seq[self._p0:]):
-                    self._step_into(row, token, width, base, flat, amounts)
+                    self._step_into(row, token, width, base, flat, amounts, hot)
                     return
+        elif self._off:
+            return
         found = self._found(input_ids)
         if found:
             for token, length in found.items():
@@ -608,10 +633,12 @@ class DryProcessor:
         flat.append(base + token)
         amounts.append(table[exponent])
 
-    def _step_into(self, row: _Row, token: int, width: int, base: int, flat: list[int], amounts: list[float]) -> None:
+    def _step_into(self, row: _Row, token: int, width: int, base: int, flat: list[int], amounts: list[float],
+                   hot: _Hot) -> None:
         """The common step: ``_extend(row, token)`` and ``_found``'s ids for a window with no breaker
         head (its limit is the whole window, never below a repeat's length), emitted as found: each
-        follower once, at its longest repeat, in the order its first repeat ends."""
+        follower once, at its longest repeat, in the order its first repeat ends (``hot``: the
+        processor's ``_hot``)."""
         seq = row.seq
         end = len(seq)
         seq.append(token)
@@ -621,11 +648,11 @@ class DryProcessor:
             occ[token] = [end]
             row.cur = {}
             return
-        lookback = self._lookback
+        lookback, cap, allowed = hot[0], hot[1], hot[2]
         start = end + 1 - lookback if end + 1 > lookback else 0
         if start and found[0] < start:
             del found[:bisect_left(found, start)]
-        before, cap, allowed = row.cur.get, self._cap, self._allowed
+        before = row.cur.get
         cur: dict[int, int] = {}
         best = -1  # the one follower found so far (``-1``: none yet), else ``more`` holds them all
         best_length = 0
@@ -652,8 +679,16 @@ class DryProcessor:
         if more is not None:
             for follower, length in more.items():
                 self._emit(follower, length, width, base, flat, amounts)
-        elif best >= 0:
-            self._emit(best, best_length, width, base, flat, amounts)
+        elif 0 <= best < width:  # ``_emit`` inline: no breaker in the window, so the follower is none
+            exponent = best_length - allowed
+            cap_exp = hot[3]
+            if cap_exp and exponent > cap_exp:
+                exponent = cap_exp
+            table = hot[4]
+            if exponent >= len(table):
+                _grow(table, exponent, self._multiplier, self._base)
+            flat.append(base + best)
+            amounts.append(table[exponent])
 
     def step_penalties(self, input_ids: Sequence[int], width: int) -> tuple[list[int], list[float]]:
         """The ids this step penalizes (inside ``width``, in no particular order) and each one's
