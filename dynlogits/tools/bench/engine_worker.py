@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from . import workloads
+from .profile_env import PROFILE_ENV
 
 __all__ = ["FLOOR_KIND", "PROFILE_ENV", "PROGRESS_PREFIX", "RESULT_PREFIX", "main", "round_order"]
 
@@ -31,9 +32,6 @@ PROGRESS_PREFIX = "[engine-worker] "
 PROMPT_LEN = 16
 #: the kind whose batch runs the floor processor (``timed.TimedFloorProcessor``) on every request
 FLOOR_KIND = "floor"
-#: a folder for cProfile output of the timed adapter's calls, one file per kind (unset: no profiling);
-#: read by ``engine`` (which passes it as ``"profile"``) and by ``timed`` in the engine's process
-PROFILE_ENV = "DYNLOGITS_BENCH_PROFILE"
 
 
 def round_order(kinds: list[str] | tuple[str, ...], rnd: int) -> list[str]:

@@ -46,7 +46,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
 
-from .engine_worker import PROFILE_ENV
+from .profile_env import PROFILE_ENV, SECTIONS_ENV
 
 __all__ = ["CALL_TIMES_ENV", "FLOOR_MARKER", "FLOOR_TIMES_ENV", "PROFILE_ENV", "SECTIONS_ENV", "CallTimes",
            "TimedFloorProcessor", "TimedVllmLogitsProcessor"]
@@ -55,8 +55,6 @@ __all__ = ["CALL_TIMES_ENV", "FLOOR_MARKER", "FLOOR_TIMES_ENV", "PROFILE_ENV", "
 CALL_TIMES_ENV = "DYNLOGITS_BENCH_CALL_TIMES"
 #: The file the floor processor's counters live in.
 FLOOR_TIMES_ENV = "DYNLOGITS_BENCH_FLOOR_TIMES"
-#: Functions to time per batch label instead of profiling (``module:qualname``, comma-separated).
-SECTIONS_ENV = "DYNLOGITS_BENCH_SECTIONS"
 #: The ``extra_args`` key that puts a request's row under ``TimedFloorProcessor`` (its value is ignored).
 FLOOR_MARKER = "dynlogits_bench_floor"
 
