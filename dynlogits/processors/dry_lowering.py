@@ -1,6 +1,8 @@
 """``dry``'s lowering of float32 host logits in place (CPU steps of both runners: the V1 runner's
 ``DryGroup`` and Model Runner V2's ``dry_device.lower_window_``): the hosted processor's float32
-results bit for bit, without a tensor or numpy call per step for a few ids."""
+results bit for bit, through views of the logits' memory kept per address (``host_f32_view``, a
+Python-float loop with no tensor or numpy call for a few ids; ``host_f32_array``, a numpy array for
+the V2 route, no ``Tensor.numpy`` call)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import numpy as np
 import torch
 
 __all__ = ["HOST_LOOP_MAX", "ROUNDED_KEPT", "VIEWS_KEPT", "_lower_host_f32", "_lower_host_view", "host_f32_array",
-           "host_f32_at", "host_f32_view"]
+           "host_f32_view"]
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_LOWEST = float(np.finfo(np.float32).min)
@@ -71,19 +73,12 @@ def host_f32_view(flat: torch.Tensor) -> memoryview[float]:
     (address, length), so a step whose logits lie where an earlier step's lay makes no object (a
     kept view is only used while a tensor holds that memory: the caller's). No numpy or tensor
     conversion (``Tensor.numpy``'s first call after the logits' copy costs tens of µs)."""
-    return host_f32_at(flat.data_ptr(), flat.shape[0])
-
-
-def host_f32_at(address: int, length: int) -> memoryview[float]:
-    """``host_f32_view`` of the ``length`` float32 values at ``address`` (a contiguous float32 CPU
-    tensor's ``data_ptr()`` and ``numel()``, which the caller holds for the view's use): no tensor
-    made (``Tensor.view`` costs µs cold)."""
-    key = (address, length)
+    key = (flat.data_ptr(), flat.shape[0])
     view = _VIEWS.get(key)
     if view is None:
         if len(_VIEWS) >= VIEWS_KEPT:
             _VIEWS.clear()
-        view = _VIEWS[key] = memoryview((ctypes.c_float * length).from_address(address)).cast("B").cast("f")
+        view = _VIEWS[key] = memoryview((ctypes.c_float * key[1]).from_address(key[0])).cast("B").cast("f")
     return view
 
 
@@ -92,8 +87,10 @@ _ARRAYS: dict[tuple[int, int], np.ndarray] = {}
 
 
 def host_f32_array(address: int, length: int) -> np.ndarray:
-    """``host_f32_at``'s memory as a float32 numpy array (kept per (address, length), as the
-    views are): no ``Tensor.numpy`` call per step."""
+    """The ``length`` float32 values at ``address`` (a contiguous float32 CPU tensor's
+    ``data_ptr()`` and ``numel()``, which the caller holds while it uses them) as a numpy array,
+    kept per (address, length) as ``host_f32_view``'s views are: no ``Tensor.numpy`` or tensor
+    call per step."""
     key = (address, length)
     values = _ARRAYS.get(key)
     if values is None:
