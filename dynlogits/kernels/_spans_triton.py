@@ -51,11 +51,27 @@ def _token_at(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, a
 
 @triton.jit
 def _decide(decided_ptr, r, live, valid, count, anchor, sel, out, force_ptr, force_w, length, row_tokens, tokens_s1,
-            maxlen, committed, fed_ptr, n_fed, first, CLOSED: tl.constexpr, RULE: tl.constexpr,
+            maxlen, committed, fed_ptr, n_fed, first, CLOSED: tl.constexpr, NEVER: tl.constexpr, RULE: tl.constexpr,
             HAS_FED: tl.constexpr):
-    """Store each row's decision by ``RULE`` at ``count`` (``PHRASE`` 1, ``DUE`` 2; see ``spans``'
-    module doc); ``valid``: whether the row may be decided at all."""
+    """Store each row's decision by ``RULE`` at ``count`` (``PHRASE`` 1, ``DUE`` 2, ``STRETCH`` 3,
+    ``FLOOR`` 4; see ``spans``' module doc); ``valid``: whether the row may be decided at all."""
     span_len = count - anchor
+    if RULE == 3:  # STRETCH: the stretch's count in phase
+        fire = (out != 0) & valid & live
+        tl.store(decided_ptr + r, tl.where(fire, span_len, -1), mask=live)
+    elif RULE == 4:  # FLOOR: the stretch's start in phase
+        fire = (out != 0) & valid & live
+        tl.store(decided_ptr + r, tl.where(fire, anchor, NEVER), mask=live)
+    else:
+        _decide_forced(decided_ptr, r, live, valid, count, span_len, anchor, sel, out, force_ptr, force_w, length,
+                       row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, CLOSED, RULE, HAS_FED)
+
+
+@triton.jit
+def _decide_forced(decided_ptr, r, live, valid, count, span_len, anchor, sel, out, force_ptr, force_w, length,
+                   row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, CLOSED: tl.constexpr,
+                   RULE: tl.constexpr, HAS_FED: tl.constexpr):
+    """``_decide`` by a rule that forces from ``force`` (``PHRASE``, ``DUE``)."""
     if RULE == 1:  # PHRASE
         fire = (sel == 1) & (anchor != CLOSED) & (span_len < length)
         at = tl.minimum(tl.maximum(span_len, 0), force_w - 1)
@@ -78,7 +94,7 @@ def _decide(decided_ptr, r, live, valid, count, anchor, sel, out, force_ptr, for
 def advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen, total_ptr,
                  scale_ptr, n, rounds, decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0,
                  WIDTH: tl.constexpr, BLOCK: tl.constexpr, BIG: tl.constexpr, CLOSED: tl.constexpr,
-                 RULE: tl.constexpr):
+                 NEVER: tl.constexpr, RULE: tl.constexpr):
     """One program per ``BLOCK`` rows: every round of each row followed in registers, the state
     stored once, then the row's decision by ``RULE`` (see ``spans``' module doc)."""
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
@@ -106,7 +122,7 @@ def advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_
     if RULE != 0:
         length = tl.load(flen_ptr + r * flen_s0, mask=live, other=0)
         _decide(decided_ptr, r, live, live, total, anchor, sel, out, force_ptr + r * force_s0, force_w, length,
-                row_tokens, tokens_s1, maxlen, total, force_ptr, 1, r, CLOSED, RULE, False)
+                row_tokens, tokens_s1, maxlen, total, force_ptr, 1, r, CLOSED, NEVER, RULE, False)
 
 
 @triton.jit
@@ -130,7 +146,7 @@ def _seen(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, i, li
 def drafts_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, nslots, maxlen,
                 total_ptr, scale_ptr, slots_ptr, member_ptr, fed_ptr, n_fed, local_ptr, rows, later, out_ptr, out_s0,
                 valid_ptr, decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0, WIDTH: tl.constexpr,
-                BLOCK: tl.constexpr, BIG: tl.constexpr, CLOSED: tl.constexpr, PAD: tl.constexpr,
+                BLOCK: tl.constexpr, BIG: tl.constexpr, CLOSED: tl.constexpr, NEVER: tl.constexpr, PAD: tl.constexpr,
                 PLACEHOLDER: tl.constexpr, RULE: tl.constexpr, HAS_FED: tl.constexpr):
     """One program per ``BLOCK`` rows: each row's slot state followed over the drafts before it in
     registers, stored per row with whether it may be decided and its decision by ``RULE`` (see
@@ -165,5 +181,5 @@ def drafts_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s
     if RULE != 0:
         length = tl.load(flen_ptr + slot * flen_s0, mask=live, other=0)
         _decide(decided_ptr, r, live, valid, committed + drafts, anchor, sel, out, force_ptr + slot * force_s0,
-                force_w, length, row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, CLOSED, RULE,
+                force_w, length, row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, CLOSED, NEVER, RULE,
                 HAS_FED)

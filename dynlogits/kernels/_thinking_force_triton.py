@@ -12,16 +12,24 @@ __all__ = ["settle_rows"]
 
 @triton.jit
 def settle_rows(logits_ptr, logits_s0, decisions_ptr, member_ptr, slots_ptr, stops_ptr, positions_ptr, flags_ptr,
-                flags_s0, dead_ptr, real_ptr, vocab, sentinel, HAS_POSITIONS: tl.constexpr, HAS_REAL: tl.constexpr,
+                flags_s0, dead_ptr, real_ptr, vocab, sentinel, seq_ptr, seq_s0, len_ptr, len_s0,
+                HAS_POSITIONS: tl.constexpr, HAS_REAL: tl.constexpr, HAS_SEQUENCE: tl.constexpr, SCOPED: tl.constexpr,
                 BLOCK: tl.constexpr):
     """Program ``(r, b)``: row ``r``'s columns ``b * BLOCK ..``; block 0 also reads the forced logit,
     writes the forced and stop columns and the row's flags (see ``thinking_force``' module doc)."""
     r = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1)
     decision = tl.load(decisions_ptr + r).to(tl.int64)
+    slot = tl.load(slots_ptr + r).to(tl.int64)
+    if HAS_SEQUENCE:  # ``decision`` is the row's count: its token in the slot's sequence, its position
+        count = decision
+        span = tl.load(len_ptr + slot * len_s0).to(tl.int64)
+        decision = tl.load(seq_ptr + slot * seq_s0 + tl.minimum(tl.maximum(count, 0), span)).to(tl.int64)
+        if SCOPED:
+            decision = tl.where(count >= 0, decision, -1)
+        counted = tl.minimum(count, span)
     fire = (tl.load(member_ptr + r) != 0) & (decision >= 0)
     column = tl.maximum(decision, 0)
-    slot = tl.load(slots_ptr + r).to(tl.int64)
     stop = tl.load(stops_ptr + slot).to(tl.int64)
     row = logits_ptr + r * logits_s0
     cols = b * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
@@ -41,7 +49,9 @@ def settle_rows(logits_ptr, logits_s0, decisions_ptr, member_ptr, slots_ptr, sto
         else:
             flagged = dead
         tl.store(flags_ptr + r, tl.where(flagged, slot, sentinel))
-        if HAS_POSITIONS:
+        if HAS_SEQUENCE:
+            position = counted
+        elif HAS_POSITIONS:
             position = tl.load(positions_ptr + r).to(tl.int64)
         else:
             position = tl.zeros([], tl.int64)

@@ -23,6 +23,10 @@ written):
 * ``DUE`` (``thinking_budget``): from ``c >= OUT`` on, ``force[p]``, ``p`` the largest ``k < F``
   with ``k < force_len``, ``k <= c - ANCHOR`` and the row's last ``k`` tokens (``tokens[c - k ..
   c - 1]``, columns clamped into the row) equal to ``force[:k]`` (else 0).
+* ``STRETCH`` (a scoped positional kind, ``scope.StretchScopeTables``): in the entry's phase
+  (``OUT != 0``) the stretch's count ``c - ANCHOR`` (``force`` is not read);
+* ``FLOOR`` (a scoped window-decided kind, ``scope.FloorScopeTables``): in the entry's phase the
+  stretch's start ``ANCHOR``, else (and where a row may not be decided) ``NEVER`` instead of ``-1``.
 
 A step's rows with drafts before them (speculative decoding) are followed per row by a second op,
 ``dynlogits::spans_drafts_`` (``drafts_reference``): each row's slot state advanced over the drafts
@@ -43,7 +47,8 @@ import torch
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BIG", "BLOCK", "CLOSED", "DUE", "GATE", "NO_RULE", "PAD", "PHRASE", "PLACEHOLDER", "RULES", "STATE",
+__all__ = ["BIG", "BLOCK", "CLOSED", "DUE", "FLOOR", "FORCING", "GATE", "NEVER", "NO_RULE", "PAD", "PHRASE",
+           "PLACEHOLDER", "RULES", "STATE", "STRETCH",
            "advance_reference", "decide_reference", "drafts_case", "drafts_reference", "drafts_same", "force_case", "kernels",
            "launch", "launch_drafts", "probe_case", "spans_advance_", "spans_drafts_"]
 
@@ -58,8 +63,12 @@ PAD = -(1 << 40)
 #: a draft not yet replaced by its token (``dynlogits.processors.spans.PLACEHOLDER``)
 PLACEHOLDER = -1
 #: the decision rules (module doc)
-NO_RULE, PHRASE, DUE = 0, 1, 2
-RULES = (NO_RULE, PHRASE, DUE)
+NO_RULE, PHRASE, DUE, STRETCH, FLOOR = 0, 1, 2, 3, 4
+RULES = (NO_RULE, PHRASE, DUE, STRETCH, FLOOR)
+#: the rules that read ``force`` and ``force_len``
+FORCING = (PHRASE, DUE)
+#: ``FLOOR``'s decision for a row out of its phase: past every position (as ``device_thinking.NEVER``)
+NEVER = 1 << 62
 #: rows per program (a power of two)
 BLOCK = 64
 
@@ -97,6 +106,10 @@ def _rule(state: torch.Tensor, count: torch.Tensor, force: torch.Tensor, length:
     ``token_at(positions)``: the row's tokens at ``[rows, k]`` positions."""
     width = force.shape[1]
     span_len = count - state[:, ANCHOR]
+    if rule == STRETCH:
+        return state[:, OUT] != 0, span_len
+    if rule == FLOOR:
+        return state[:, OUT] != 0, state[:, ANCHOR]
     if rule == PHRASE:
         fire = (state[:, SEL] == 1) & (state[:, ANCHOR] != CLOSED) & (span_len < length)
         return fire, force.gather(1, span_len.clamp(0, width - 1)[:, None])[:, 0]
@@ -119,7 +132,7 @@ def decide_reference(state: torch.Tensor, tokens: torch.Tensor, total_len: torch
     rows = torch.arange(n, device=tokens.device)[:, None]
     fire, token = _rule(state, total_len.long(), force, force_len[:, 0], rule,
                         lambda at: tokens[rows, at.clamp(0, max_len - 1)])
-    decided.copy_(torch.where(fire, token, -1))
+    decided.copy_(torch.where(fire, token, NEVER if rule == FLOOR else -1))
 
 
 @fused_op("spans_advance_", launches=1, mutates_args=("state", "decided"))
@@ -157,7 +170,7 @@ def launch(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, tota
     k.advance_rows[((n + BLOCK - 1) // BLOCK,)](
         state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[1],
         total_len, scale, n, max(rounds, 0), decided, force, force.stride(0), force.shape[1], force_len,
-        force_len.stride(0), WIDTH=width, BLOCK=BLOCK, BIG=BIG, CLOSED=CLOSED, RULE=rule)
+        force_len.stride(0), WIDTH=width, BLOCK=BLOCK, BIG=BIG, CLOSED=CLOSED, NEVER=NEVER, RULE=rule)
 
 
 def drafts_reference(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
@@ -206,7 +219,7 @@ def drafts_reference(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Te
         return torch.where(at < committed[:, None], from_matrix, fed_at)
 
     fire, token = _rule(state_of, count, force[slots], force_len[slots, 0], rule, token_at)
-    decided.copy_(torch.where(valid & fire, token, -1))
+    decided.copy_(torch.where(valid & fire, token, NEVER if rule == FLOOR else -1))
 
 
 @fused_op("spans_drafts_", launches=1, mutates_args=("rows_state", "valid", "decided"))
@@ -247,8 +260,8 @@ def launch_drafts(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tenso
         state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[0],
         tokens.shape[1], total_len, scale, slots, member, fed, max(input_ids.numel(), 1), local_pos, r, later,
         rows_state, rows_state.stride(0), valid, decided, force, force.stride(0), force.shape[1], force_len,
-        force_len.stride(0), WIDTH=width, BLOCK=BLOCK, BIG=BIG, CLOSED=CLOSED, PAD=PAD, PLACEHOLDER=PLACEHOLDER,
-        RULE=rule, HAS_FED=bool(input_ids.numel()))
+        force_len.stride(0), WIDTH=width, BLOCK=BLOCK, BIG=BIG, CLOSED=CLOSED, NEVER=NEVER, PAD=PAD,
+        PLACEHOLDER=PLACEHOLDER, RULE=rule, HAS_FED=bool(input_ids.numel()))
 
 
 def probe_case(seed: int, n: int = 40, max_len: int = 24, width: int = 3, vocab: int = 4) -> tuple[torch.Tensor, ...]:
@@ -322,7 +335,7 @@ def _probe(device: torch.device) -> bool:
     """The kernel against the eager references on ``device``, exactly (one and several rounds, each
     rule)."""
     same = []
-    for seed, rounds, rule in ((1, 1, NO_RULE), (2, 4, PHRASE), (3, 2, DUE)):
+    for seed, rounds, rule in ((1, 1, NO_RULE), (2, 4, PHRASE), (3, 2, DUE), (5, 2, STRETCH), (6, 3, FLOOR)):
         state, consts, tokens, total_len, scale = (t.to(device) for t in probe_case(seed))
         decided, force, force_len = (t.to(device) for t in force_case(seed))
         fused, eager = state.clone(), state.clone()

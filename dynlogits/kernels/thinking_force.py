@@ -16,6 +16,12 @@ it is dead and real (else ``sentinel``: a dead row after a draft only stops, the
 rejected, as ``Failures.record_dead`` does) and its position; ``dead`` ``[rows]`` bool whether it is
 dead.
 
+With a ``sequence`` ``[slots, W]`` int64 (``forced_sequence``'s tokens then EOS, per slot; empty:
+``decisions`` are the tokens) and its ``length`` ``[slots, >= 1]`` int64 (column 0), ``decisions``
+are each row's generated counts ``c`` instead (``ForcedSequenceGroup.settle_at_counts``): the row
+forces ``sequence[slot, clamp(c, 0, length)]`` (with ``scoped``, ``-1`` where ``c < 0``: a scoped
+row out of its phase) and its position is ``min(c, length)`` (``positions`` is not read).
+
 One launch: every column of a row is written by one program only (the row's first block writes
 ``d`` and the stop token after reading ``logits[r, d]``; the others fill their columns but those
 two), so no program reads a value another writes. Nothing here imports Triton until a CUDA tensor
@@ -31,7 +37,8 @@ import torch
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BLOCK", "GATE", "decided_settle_", "kernels", "launch", "probe_case", "settle_reference"]
+__all__ = ["BLOCK", "GATE", "NO_SEQUENCE", "decided_settle_", "kernels", "launch", "probe_case", "sequence_case",
+           "settle_reference"]
 
 #: columns per program (a power of two)
 BLOCK = 1024
@@ -47,9 +54,18 @@ def kernels() -> Any:
 
 def settle_reference(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor, slot_of_row: torch.Tensor,
                      stops: torch.Tensor, positions: torch.Tensor, sentinel: int, flags: torch.Tensor,
-                     dead: torch.Tensor, real: torch.Tensor) -> None:
+                     dead: torch.Tensor, real: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor,
+                     scoped: bool) -> None:
     """The eager reference (any device, in place): ``force_device_decisions``' ops (``force_gathered``),
-    then ``Failures.record_dead``'s for these rows, with per-row flags (module doc)."""
+    then ``Failures.record_dead``'s for these rows, with per-row flags (module doc); with a
+    ``sequence``, first ``settle_at_counts``' token and position of each row."""
+    if sequence.numel():
+        counts = decisions
+        span = length[slot_of_row, 0]
+        decisions = sequence[slot_of_row, counts.clamp(min=0).minimum(span)]
+        if scoped:
+            decisions = torch.where(counts >= 0, decisions, -1)
+        positions = counts.minimum(span)
     where = member & (decisions >= 0)
     index = decisions.clamp(min=0)[:, None]
     kept = logits.gather(1, index)
@@ -70,22 +86,26 @@ def settle_reference(logits: torch.Tensor, decisions: torch.Tensor, member: torc
 @fused_op("decided_settle_", launches=1, mutates_args=("logits", "flags", "dead"))
 def decided_settle_(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor, slot_of_row: torch.Tensor,
                     stops: torch.Tensor, positions: torch.Tensor, sentinel: int, flags: torch.Tensor,
-                    dead: torch.Tensor, real: torch.Tensor) -> None:
+                    dead: torch.Tensor, real: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor,
+                    scoped: bool) -> None:
     """Force the decided rows and settle the dead ones (module doc). Every device but CUDA: the
     eager reference; CUDA: one Triton launch (none for zero rows)."""
-    settle_reference(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead, real)
+    settle_reference(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead, real, sequence,
+                     length, scoped)
 
 
 @decided_settle_.cuda
 def _decided_settle_cuda(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor,
                          slot_of_row: torch.Tensor, stops: torch.Tensor, positions: torch.Tensor, sentinel: int,
-                         flags: torch.Tensor, dead: torch.Tensor, real: torch.Tensor) -> None:
-    launch(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead, real)
+                         flags: torch.Tensor, dead: torch.Tensor, real: torch.Tensor, sequence: torch.Tensor,
+                         length: torch.Tensor, scoped: bool) -> None:
+    launch(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead, real, sequence, length,
+           scoped)
 
 
 def launch(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor, slot_of_row: torch.Tensor,
            stops: torch.Tensor, positions: torch.Tensor, sentinel: int, flags: torch.Tensor, dead: torch.Tensor,
-           real: torch.Tensor) -> None:
+           real: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor, scoped: bool) -> None:
     """The Triton kernel over every row and block of columns (any device Triton runs on, its
     interpreter included)."""
     rows, vocab = logits.shape
@@ -93,11 +113,15 @@ def launch(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor, 
         return
     assert logits.stride(1) == 1 and flags.dtype == torch.int64 and flags.stride(1) == 1, "contiguous rows"
     assert member.dtype == dead.dtype == real.dtype == torch.bool, "member, dead, real: bool"
-    has_positions, has_real = bool(positions.numel()), bool(real.numel())
+    has_positions, has_real, has_sequence = bool(positions.numel()), bool(real.numel()), bool(sequence.numel())
+    if has_sequence:
+        assert sequence.dtype == length.dtype == torch.int64 and sequence.stride(1) == 1, "sequence: int64 rows"
     kernels().settle_rows[(rows, (vocab + BLOCK - 1) // BLOCK)](
         logits, logits.stride(0), decisions, member, slot_of_row, stops, positions if has_positions else decisions,
-        flags, flags.stride(0), dead, real if has_real else member, vocab, sentinel, HAS_POSITIONS=has_positions,
-        HAS_REAL=has_real, BLOCK=BLOCK)
+        flags, flags.stride(0), dead, real if has_real else member, vocab, sentinel,
+        sequence if has_sequence else decisions, sequence.stride(0) if has_sequence else 0,
+        length if has_sequence else decisions, length.stride(0) if has_sequence else 0,
+        HAS_POSITIONS=has_positions, HAS_REAL=has_real, HAS_SEQUENCE=has_sequence, SCOPED=bool(scoped), BLOCK=BLOCK)
 
 
 def probe_case(seed: int, rows: int = 24, vocab: int = 2500, slots: int = 10,
@@ -119,27 +143,51 @@ def probe_case(seed: int, rows: int = 24, vocab: int = 2500, slots: int = 10,
     return logits, decisions, member, slot_of_row, stops, positions, slots, *outputs, real
 
 
+#: ``decided_settle_``'s ``sequence`` and ``length`` where ``decisions`` are the tokens
+NO_SEQUENCE = torch.empty((0, 1), dtype=torch.long)
+
+
+def sequence_case(seed: int, rows: int = 24, slots: int = 10, width: int = 5) -> tuple[torch.Tensor, ...]:
+    """Random host ``sequence``, ``length`` and counts (``decisions``) of ``decided_settle_``'s
+    sequence form: sequences of 0 to ``width - 1`` tokens of ``probe_case``'s small ids then an EOS
+    repeated (as ``ForcedSequenceGroup.sequence``), counts from -2 (a row in prefill, or out of its
+    phase) to past the longest sequence."""
+    g = torch.Generator().manual_seed(30_000 + seed)
+    length = torch.randint(0, width, (slots, 1), generator=g)
+    sequence = torch.randint(0, 6, (slots, width), generator=g)
+    sequence = sequence.gather(1, torch.minimum(torch.arange(width)[None, :], length))
+    return sequence, length, torch.randint(-2, width + 2, (rows,), generator=g)
+
+
 def same(device: torch.device, seed: int, dtype: torch.dtype = torch.float32, positions: bool = True,
-         drafts: bool = False) -> bool:
+         drafts: bool = False, sequence: bool = False, scoped: bool = False) -> bool:
     """The kernel against the reference on ``device`` for one ``probe_case``, exactly (NaN equal);
-    ``drafts``: with the case's real-row mask (else an empty one: every row real)."""
+    ``drafts``: with the case's real-row mask (else an empty one: every row real); ``sequence``: in
+    the sequence form (``sequence_case``'s counts as ``decisions``; ``scoped`` as given)."""
     logits, decisions, member, slot_of_row, stops, pos, sentinel, flags, dead, real = probe_case(seed, dtype=dtype)
-    decisions, member, slot_of_row, stops = (t.to(device) for t in (decisions, member, slot_of_row, stops))
+    seq, length = NO_SEQUENCE, NO_SEQUENCE
+    if sequence:
+        seq, length, decisions = sequence_case(seed, rows=len(decisions), slots=sentinel)
+    decisions, member, slot_of_row, stops, seq, length = (t.to(device) for t in (decisions, member, slot_of_row, stops,
+                                                                                  seq, length))
     pos = (pos if positions else torch.empty(0, dtype=torch.long)).to(device)
     real = (real if drafts else torch.empty(0, dtype=torch.bool)).to(device)
     got = (logits.to(device), flags.to(device), dead.to(device))
     want = (got[0].clone(), got[1].clone(), got[2].clone())
-    launch(got[0], decisions, member, slot_of_row, stops, pos, sentinel, got[1], got[2], real)
-    settle_reference(want[0], decisions, member, slot_of_row, stops, pos, sentinel, want[1], want[2], real)
+    launch(got[0], decisions, member, slot_of_row, stops, pos, sentinel, got[1], got[2], real, seq, length, scoped)
+    settle_reference(want[0], decisions, member, slot_of_row, stops, pos, sentinel, want[1], want[2], real, seq, length,
+                     scoped)
     return (torch.equal(got[0].isnan(), want[0].isnan()) and torch.equal(got[0].nan_to_num(), want[0].nan_to_num())
             and torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]))
 
 
 def _probe(device: torch.device) -> bool:
     """The kernel against the reference on ``device`` (float32 and bfloat16, with and without
-    positions, with and without a real-row mask)."""
-    return all(same(device, seed, dtype, positions=seed % 2 == 0, drafts=drafts)
-               for seed, dtype in ((1, torch.float32), (2, torch.bfloat16)) for drafts in (False, True))
+    positions, with and without a real-row mask, and in the sequence form, scoped or not)."""
+    return (all(same(device, seed, dtype, positions=seed % 2 == 0, drafts=drafts)
+                for seed, dtype in ((1, torch.float32), (2, torch.bfloat16)) for drafts in (False, True))
+            and all(same(device, 3, torch.float32, drafts=scoped, sequence=True, scoped=scoped)
+                    for scoped in (False, True)))
 
 
 #: the probe-at-first-use gate (``_probe`` looked up at call time)

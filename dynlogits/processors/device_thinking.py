@@ -26,8 +26,9 @@ A step is one fused op a table (``dynlogits.kernels.spans.spans_advance_``: ever
 speculative config's and a resumed request's catch-up included, with its window read, in one Triton
 launch on CUDA once its probe passed, equal to the eager ops bit for bit), which also writes each
 slot's decision where the table's kind has a rule (``SpanTables.rule``: ``trigger``'s phrase,
-``thinking_budget``'s due end token; ``SpanTables.decided``), so a row without drafts before it
-reads its decision off it (``index``, ``where``) instead of its kind's ``decide_state`` ops; rows
+``thinking_budget``'s due end token, a scoped positional entry's stretch count, a scoped
+window-decided entry's floor; ``SpanTables.decided``), so a row without drafts before it reads its
+decision off it (``index``, ``where``) instead of its kind's ``decide_state`` ops; rows
 with drafts before them are followed and decided per row in ``decide`` by one more fused op a
 table (``spans_drafts_``; without a rule, ``decide_state`` then decides from the rows' states).
 Elsewhere (the CPU, a failed probe) it is, for all tables together, one window read (``add``,
@@ -46,14 +47,15 @@ from typing import Any, cast
 import torch
 
 from dynlogits.kernels import thinking_force
-from dynlogits.kernels.spans import DUE, GATE, NO_RULE, PHRASE, spans_advance_, spans_drafts_
+from dynlogits.kernels.spans import DUE, FLOOR, FORCING, GATE, NO_RULE, PHRASE, STRETCH, spans_advance_, spans_drafts_
 
 from .modes import HostForcingGroup
 from .slots import Dead, GatheredRows, Group, ListedRows, SlotTable, StepInputs
 from .spans import PLACEHOLDER
 from .window import cached_arange
 
-__all__ = ["ANCHOR", "BIG", "CLOSED", "DUE", "KEY", "NEVER", "NO_RULE", "OUT", "PHRASE", "SEL", "STATE", "DeviceThinking",
+__all__ = ["ANCHOR", "BIG", "CLOSED", "DUE", "FLOOR", "KEY", "NEVER", "NO_RULE", "OUT", "PHRASE", "SEL", "STATE", "STRETCH",
+           "DeviceThinking",
            "SettledForcing", "SpanTables"]
 
 #: The span start a decision reads for "no open span" (a span the prompt opened starts at ``<= 0``).
@@ -82,8 +84,9 @@ class SpanTables:
     #: where the kind's output counts from the transition, e.g. ``thinking_budget``'s due count)
     scale: tuple[int, ...] = (1, 1, 0, 0)
     #: the decision the fused advance makes per slot at a step without drafts
-    #: (``dynlogits.kernels.spans``: ``PHRASE``, ``DUE``; ``NO_RULE``: ``decide_state`` decides), from
-    #: the sequence table ``forced()`` names; it must equal ``decide_state``'s
+    #: (``dynlogits.kernels.spans``: ``PHRASE``, ``DUE``, from the sequence table ``forced()`` names;
+    #: ``STRETCH``, ``FLOOR``, from the state alone; ``NO_RULE``: ``decide_state`` decides); it must
+    #: equal ``decide_state``'s
     rule: int = NO_RULE
     #: a further automaton these tables restart at each stretch and advance after their own
     #: (``stretch_spans.StretchSpans``: a scoped ``trigger``), else ``None``
@@ -96,6 +99,7 @@ class SpanTables:
         for column, value in enumerate(self.scale):  # fills: no host copy
             self.scale_dev[column].fill_(value)
         self.no_token = torch.full((), -1, dtype=torch.long, device=self.device)  # a decision's "none", kept
+        self.no_decision = self.no_token  # what ``decide`` gives a non-member row (``FLOOR``: ``NEVER``)
         self._closed = torch.full((), CLOSED, dtype=torch.long, device=self.device)
         self.start = SlotTable(num_slots, torch.long, device)
         self.start_len = SlotTable(num_slots, torch.long, device)
@@ -112,7 +116,7 @@ class SpanTables:
         self.consts = self._consts_table()
         self._tables = [self.start, self.start_len, self.end, self.end_len, self.consts]
         self._offsets: dict[int, torch.Tensor] = {}  # width -> ``-width .. -1``, kept
-        #: per slot the token the fused advance decided (``rule``), valid after a fused step
+        #: per slot the decision the fused advance made (``rule``), valid after a fused step
         self.decided = torch.full((num_slots,), -1, dtype=torch.long, device=self.device)
 
     # -- what a subclass says ---------------------------------------------------------------------
@@ -320,14 +324,15 @@ class SettledForcing(HostForcingGroup):
         none = self._cache.get("none")
         if none is None:
             none = self._cache["none"] = (torch.empty(0, dtype=torch.long, device=self.device),
-                                          torch.empty(0, dtype=torch.bool, device=self.device))
+                                          torch.empty(0, dtype=torch.bool, device=self.device),
+                                          torch.empty((0, 1), dtype=torch.long, device=self.device))
         if positions is None:
             positions = none[0]
         real = none[1] if step.flag_rows is not None or step.real_rows is None else step.real_rows
         flags = torch.empty((2, n), dtype=torch.long, device=self.device)
         dead = torch.empty(n, dtype=torch.bool, device=self.device)
         thinking_force.decided_settle_(step.logits, decisions, rows.member, rows.slot_of_row, step.stops, positions,
-                                       self.member.num_slots - 1, flags, dead, real)
+                                       self.member.num_slots - 1, flags, dead, real, none[2], none[2], False)
         flag_rows(flags, None)
         return Dead(None, rows.slot_of_row, None, step.generated, settled=dead, flagged=True)
 
@@ -469,7 +474,7 @@ class DeviceThinking:
     def forced(tables: SpanTables, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``n`` slots' sequence and length ``tables.rule`` forces from (without a rule, a
         stand-in the fused ops do not read)."""
-        if tables.rule == NO_RULE:
+        if tables.rule not in FORCING:
             return tables.decided[:n, None], tables.decided[:n, None]
         forced = tables.forced()
         assert forced is not None, "a rule forces from a table (SpanTables.forced)"
@@ -561,14 +566,14 @@ class DeviceThinking:
         tables hold nobody): its slot's span state, advanced over the drafts before the row."""
         tables = self.tables.get((group.level, type(group)))
         source = self._step
-        if tables is None or source is None:
-            return torch.full_like(rows.slot_of_row, -1)
+        if tables is None or source is None:  # (``-1``, or the group's own "none": ``scope.ScopedDecided``)
+            return torch.full_like(rows.slot_of_row, getattr(group, "no_decision", -1))
         slots = rows.slot_of_row
         input_ids, local_pos = self._inputs
         if local_pos is not None and tables.inner is not None:
             return self._stretch_drafts(tables, rows, source, local_pos)
         if local_pos is None and self._decided and tables.rule != NO_RULE:  # decided in the fused advance
-            return torch.where(rows.member, tables.decided[slots], tables.no_token)
+            return torch.where(rows.member, tables.decided[slots], tables.no_decision)
         if local_pos is None:
             return tables.decide_state(slots, None, lambda: source.total_len[source.clamped(slots)], rows.member,
                                        self._row_tokens)

@@ -370,27 +370,21 @@ class ForcedSequenceGroup(PlannedGroup):
     def settle_at_counts(self, step: StepInputs, rows: GatheredRows, counts: torch.Tensor,
                          decided: torch.Tensor | None) -> Dead:
         """The gathered step at each row's generated ``counts`` (``ScopedGroup``: its stretch's), its
-        rows settled (``_settles_gathered`` holds): the forced token of each member row picked
-        (``_tokens``' column: three ops), then forced, the dead rows stopped and their flags
-        reported by ``thinking_force.decided_settle_`` (one launch; what ``force_gathered`` and
-        ``Failures.record_dead`` write). ``decided``: a scoped row's decision (``-1``: out of phase,
-        left alone; ``None``: every member row forced); ``counts`` never negative where
-        ``decided`` is given as ``counts`` itself (the V1 runner's host counts): the positions are
-        the columns then."""
+        rows settled (``_settles_gathered`` holds): the forced token of each member row picked from
+        the slot's sequence at ``clamp(count, 0, length)``, forced, the dead rows stopped and their
+        flags reported (position ``min(count, length)``) by ``thinking_force.decided_settle_`` in its
+        sequence form (one launch; what ``force_gathered`` and ``Failures.record_dead`` write).
+        ``decided``: a scoped row's decision, ``counts`` itself (``-1``, a negative count: out of
+        phase, left alone; ``ScopedGroup`` gives no count above the output's, so the sign is the
+        decision's); ``None``: every member row forced (a row in prefill counts negative: column 0)."""
         slots = rows.slot_of_row
         device = step.logits.device
         kept = self._cache.get("gathered")
         if kept is None:
-            kept = self._cache["gathered"] = (torch.zeros((), dtype=torch.long, device=device),
-                                              torch.full((), -1, dtype=torch.long, device=device),
+            kept = self._cache["gathered"] = (torch.empty(0, dtype=torch.long, device=device),
                                               torch.empty(0, dtype=torch.bool, device=device))
-        zero, no_token, every_real = kept
-        length = self.length.dev[slots, 0]
-        column = torch.clamp(counts, zero, length)
-        tokens = self.sequence.dev[slots, column]
-        positions = column if decided is counts else counts.minimum(length)
-        if decided is not None and decided is not counts:
-            tokens = torch.where(decided >= 0, tokens, no_token)
+        no_positions, every_real = kept
+        assert decided is None or decided is counts, "a scoped row's count is its decision"
         flag_rows = step.flag_rows
         real = every_real
         if flag_rows is None:
@@ -401,10 +395,11 @@ class ForcedSequenceGroup(PlannedGroup):
         n = len(slots)
         flags = torch.empty((2, n), dtype=torch.long, device=device)
         dead = torch.empty(n, dtype=torch.bool, device=device)
-        thinking_force.decided_settle_(step.logits, tokens, rows.member, slots, step.stops, positions,
-                                       self.member.num_slots - 1, flags, dead, real)
+        thinking_force.decided_settle_(step.logits, counts, rows.member, slots, step.stops, no_positions,
+                                       self.member.num_slots - 1, flags, dead, real, self.sequence.dev,
+                                       self.length.dev, decided is not None)
         flag_rows(flags, None)
-        return Dead(None, slots, None, positions, settled=dead, flagged=True)
+        return Dead(None, slots, None, flags[1], settled=dead, flagged=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias, cast
 
 import torch
 
@@ -232,6 +232,16 @@ class MultipleChoiceGroup(EntryTablesGroup):
         self._cache["fused_rows"] = (rows.slot_of_row, first, ids)
         return first, ids
 
+    def _fused_ids(self, rows: GatheredRows) -> torch.Tensor:
+        """The rows' slots' ids alone (``_fused_rows``' second; a scoped step's bases are its floors),
+        kept while ``rows.slot_of_row`` is the same tensor (with drafts: one ``index`` a step)."""
+        cached = self._cache.get("fused_ids")
+        if cached is not None and cached[0] is rows.slot_of_row:
+            return cast(torch.Tensor, cached[1])
+        ids = self.ids.dev[rows.slot_of_row]
+        self._cache["fused_ids"] = (rows.slot_of_row, ids)
+        return ids
+
     def decide_from_window(self, rows: GatheredRows, window: TokenWindow) -> torch.Tensor:
         """Per row and entry (``[rows, entries]``): whether the row's output is the entry's (or, for an
         ``at_least`` entry, begins with it), so the entry's id is allowed now. A member row's
@@ -287,11 +297,12 @@ class MultipleChoiceGroup(EntryTablesGroup):
         least its prompt's length: a span the prompt opened starts at the output, as the hosted
         path's ``_own``), cell by cell (``_decide_from``); a row whose floor is past every position
         (out of phase: ``device_thinking.NEVER``) is no member, its row left as it is. Where ``GATE``
-        is ready (drafts or none), the fused op from that floor on."""
+        is ready (drafts or none), the fused op from that floor on: ``FloorScopeTables`` gives no
+        floor below the prompt's length and none below ``NEVER`` but a member's, so the floors are
+        the op's bases as they are and the rows it may leave with no token those below ``NEVER``
+        (one ``lt``)."""
         if GATE.ready(window.pos.device):
-            start, ids = self._fused_rows(rows, window)
-            first = torch.maximum(floor, start)  # ``NEVER`` stays: the fused op's ``OUT_OF_PHASE``
-            return self._keep_fused(step, rows, ids, window, first, rows.member, rows.member & (floor < NEVER))
+            return self._keep_fused(step, rows, self._fused_ids(rows), window, floor, rows.member, floor < NEVER)
         t = self._rows_tables(rows, window)
         first = torch.maximum(floor, t.first)
         inside = rows.member & (floor < NEVER)

@@ -53,7 +53,7 @@ from typing import Any, ClassVar, cast, overload
 import numpy as np
 import torch
 
-from .device_thinking import ANCHOR, CLOSED, NEVER, OUT, SEL, SpanTables
+from .device_thinking import ANCHOR, CLOSED, FLOOR, NEVER, OUT, SEL, STRETCH, SpanTables
 from .modes import ClockDecided, DecidedGroup, Decider, SpanDecided, SpanWindowDecided, WindowDecided
 from .slots import Dead, GatheredRows, Group, ListedRows, StepInputs, Template
 from .spans import SpanScanner
@@ -178,16 +178,33 @@ class ScopeTables(SpanTables):
         return state
 
 
+def _from_output(state: list[int]) -> list[int]:
+    """A scope state whose stretch starts at the output at the earliest (``ANCHOR``, counted from the
+    prompt's end until ``DeviceThinking`` lifts it: at least 0), as the hosted path's ``_own``: a
+    span the prompt opened starts at the output's first token (its ``KEY`` left as it is)."""
+    state[ANCHOR] = max(state[ANCHOR], 0)
+    return state
+
+
 class StretchScopeTables(ScopeTables):
     """``ScopeTables`` of a positional inner kind: each row's decision is how many tokens its phase's
     stretch holds (``-1``: not in the entry's phase, or not decidable), which ``ScopedGroup`` gives
-    the inner step as its generated counts."""
+    the inner step as its generated counts. Decided in the fused advance (``STRETCH``). A span the
+    prompt opened is kept as starting at the output (``ANCHOR`` at least the prompt's length, as the
+    hosted path's ``_own``), so a count never exceeds the output's."""
+
+    rule = STRETCH
+
+    def initial_state(self, template: ScopedTemplate) -> list[int]:
+        return _from_output(super().initial_state(template))
+
+    def resumed_state(self, template: ScopedTemplate, span: int | None, committed: int) -> list[int]:
+        return _from_output(super().resumed_state(template, span, committed))
 
     def decide_state(self, slots: torch.Tensor, state: torch.Tensor | None, generated: Callable[[], torch.Tensor],
                      valid: torch.Tensor, row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """``generated - ANCHOR`` (positions from the prompt's start: the tokens since the last
-        transition; a span the prompt opened gives more than the output, clamped by ``ScopedGroup``)
-        in the entry's phase, else ``-1``."""
+        transition, or since the output's start) in the entry's phase, else ``-1``."""
         rows = self.state[slots] if state is None else state
         return torch.where(torch.logical_and(rows[:, OUT], valid), generated() - rows[:, ANCHOR], self.no_token)
 
@@ -195,14 +212,25 @@ class StretchScopeTables(ScopeTables):
 class FloorScopeTables(ScopeTables):
     """``ScopeTables`` of a scoped entry of a window-decided kind (``ScopedDecided`` without host
     histories): each row's decision is its floor, the first position (from the prompt's start) of
-    its stretch of the entry's phase (``ANCHOR``; the inner kind's own history start, the prompt's
-    length, bounds it too, so a span the prompt opened starts at the output, as the hosted path's
-    ``_own``), or ``NEVER``, past every position, for a row out of that phase or not decidable
-    (a placeholder draft before it). Two ops and the state's ``index`` (none with drafts)."""
+    its stretch of the entry's phase (``ANCHOR``, at least the prompt's length: a span the prompt
+    opened starts at the output, as the hosted path's ``_own``; the inner kind's own history start,
+    the prompt's length, bounds it too), or ``NEVER``, past every position, for a row out of that
+    phase, no member or not decidable (a placeholder draft before it): a row's floor is below
+    ``NEVER`` only where the inner kind acts. Decided in the fused advance (``FLOOR``); else two ops
+    and the state's ``index`` (none with drafts)."""
+
+    rule = FLOOR
+
+    def initial_state(self, template: ScopedTemplate) -> list[int]:
+        return _from_output(super().initial_state(template))
+
+    def resumed_state(self, template: ScopedTemplate, span: int | None, committed: int) -> list[int]:
+        return _from_output(super().resumed_state(template, span, committed))
 
     def __init__(self, num_slots: int, device: torch.device) -> None:
         super().__init__(num_slots, device)
         self._never = torch.full((), NEVER, dtype=torch.long, device=self.device)  # kept: no scalar per step
+        self.no_decision = self._never
 
     def decide_state(self, slots: torch.Tensor, state: torch.Tensor | None, generated: Callable[[], torch.Tensor],
                      valid: torch.Tensor, row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -291,8 +319,8 @@ class ScopedGroup(SpanDecided):
             assert step.generated is not None  # positional: the runner's positions were asked for
             last = rows.last if step.flag_rows is None else bool(self._cache.get("last"))
             settle = self._settles(step, last)
-            if settle is not None:  # the stretch counts, the decisions' minimum with the output's
-                return settle(step, rows, torch.minimum(decisions, step.generated), decisions)
+            if settle is not None:  # the stretch counts (``StretchScopeTables``: never above the output's)
+                return settle(step, rows, decisions, decisions)
         member = rows.member & (decisions >= 0)
         if not self.inner.positional:
             return self.inner.apply_gathered(step, GatheredRows(rows.slot_of_row, member))
@@ -349,6 +377,10 @@ class ScopedDecided(ScopedGroup, SpanWindowDecided):
     window from it on (``apply_window_decisions``); else its request is hosted (``runs_without_histories``)."""
 
     inner: DecidedGroup
+    #: ``DeviceThinking``'s decision for a row where its tables hold none of the group's slots: a
+    #: floor past every position (``FloorScopeTables``), so a row's floor is below ``NEVER`` only
+    #: where the inner kind acts
+    no_decision: ClassVar[int] = NEVER
 
     def __init__(self, level: int, num_slots: int, device: torch.device) -> None:
         self._held: dict[int, Template] = {}  # slot -> its inner template (written again: ``_from_window``)
@@ -456,6 +488,8 @@ class ScopedClock(ScopedDecided, ClockDecided):
     entry's phase (``ScopeTables``: a membership), ``apply_device_decisions`` given the tokens per
     row (``-1`` elsewhere)."""
 
+    no_decision: ClassVar[int] = -1
+
     @classmethod
     def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:
         return True
@@ -481,6 +515,8 @@ class ScopedSpan(ScopedDecided):
     ``neutral_history``: nothing); without, ``DeviceThinking`` decides each row by the inner kind's
     automaton restarted at each stretch (``ScopedSpanTables``): its token (``-1``: none, and out of
     the entry's phase), forced by the inner group."""
+
+    no_decision: ClassVar[int] = -1
 
     @classmethod
     def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:

@@ -1,7 +1,8 @@
 """``dynlogits::spans_advance_`` (``dynlogits.kernels.spans``): its eager reference equals the eager
 path of ``DeviceThinking.step`` (one window read and one ``SpanTables.advance`` a round) bit for
 bit, and its decision equals the kinds' own ``decide_state`` (``trigger``'s phrase, ``thinking_budget``'s
-due end token continuing an end already begun); its Triton kernel, in Triton's CPU interpreter
+due end token continuing an end already begun; a scoped entry's stretch count, ``STRETCH``, and
+floor, ``FLOOR``, as ``StretchScopeTables`` and ``FloorScopeTables`` decide them); its Triton kernel, in Triton's CPU interpreter
 (``TRITON_INTERPRET=1``, set in a subprocess before Triton is imported), equals the reference bit
 for bit: random 1-3 token delimiters (closing or not, prompts opening spans, thresholds in the
 prompt's tail), several rounds (speculative steps, a resumed request's catch-up: rounds past a short
@@ -20,8 +21,9 @@ import pytest
 import torch
 
 from dynlogits.kernels.fused import declared_launches
-from dynlogits.kernels.spans import DUE, NO_RULE, PHRASE, decide_reference, spans_advance_
+from dynlogits.kernels.spans import DUE, FLOOR, NEVER, NO_RULE, PHRASE, STRETCH, decide_reference, spans_advance_
 from dynlogits.processors.device_thinking import CLOSED, STATE, DeviceThinking, SpanTables, _Step
+from dynlogits.processors.scope import FloorScopeTables, ScopedTemplate, StretchScopeTables
 from dynlogits.processors.slots import GatheredRows
 from dynlogits.processors.thinking_budget import ThinkingBudgetTemplate, ThinkingTables
 from dynlogits.processors.trigger import TriggerTables, TriggerTemplate
@@ -73,7 +75,7 @@ def _today(tables: SpanTables, tokens: torch.Tensor, total: torch.Tensor, rounds
     state = tables.state[:n].clone()
     consts = tables.consts_of(n)
     for back in range(rounds - 1, -1, -1):
-        window = thinking._window(tokens, total, tables.width, back)
+        window = thinking.window(tokens, total, tables.width, back)
         tables.advance(state, consts, window, total - back if back else total)
     return state
 
@@ -137,6 +139,63 @@ def test_the_fused_decision_equals_the_kinds_own_decision(kind: str, seed: int) 
     decided = torch.full((n,), -7, dtype=torch.long)
     decide_reference(tables.state[:n], tokens, total, decided, forced[0].dev[:n], forced[1].dev[:n], tables.rule)
     assert torch.equal(torch.where(member, decided, -1), _kinds_own(tables, tokens, total, member))
+
+
+def _scoped(kind: str, seed: int, n: int = 40, max_len: int = 20, vocab: int = 3) -> tuple[SpanTables, torch.Tensor,
+                                                                                         torch.Tensor, torch.Tensor]:
+    """A scoped entry's table (``stretch``: a positional inner kind's, ``floor``: a window-decided
+    one's) of ``n`` random members (delimiters of one to three tokens, either scope, prompts leaving
+    a span open at their end or before it), each lifted by a random prompt length (its tokens none
+    of the delimiters', as the host's prompt scan found them) and followed over its last 6
+    generated tokens."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
+    seq = lambda: tuple(r(0, vocab) for _ in range(r(1, 4)))  # noqa: E731
+    tables: SpanTables = (StretchScopeTables if kind == "stretch" else FloorScopeTables)(n + 1, torch.device("cpu"))
+    for slot in range(n):
+        template = ScopedTemplate(None, "reasoning" if r(0, 2) else "answer", seq(), seq(),  # type: ignore[arg-type]
+                                  None if r(0, 2) else -r(0, 3))
+        tables.set(slot, template)
+        tables.put_state(slot, tables.initial_state(template))
+    tables.flush()
+    prompt = torch.randint(0, 4, (n,), generator=g)
+    tables.lift(n, prompt[:, None])
+    tables.prompt_len = prompt
+    dtype = torch.int32 if seed % 2 else torch.int64
+    tokens = torch.randint(0, vocab, (n, max_len), generator=g)
+    tokens[torch.arange(max_len) < prompt[:, None]] = vocab  # the prompt's ids: none a delimiter's (as scanned)
+    tokens = tokens.to(dtype)
+    rounds = 6  # generated positions only (as a step's rounds: the prompt was the host's to scan)
+    total = (prompt + rounds + torch.randint(0, max_len - 3 - rounds, (n,), generator=g)).to(dtype)
+    decided, force, force_len = _no_rule(tables)
+    spans_advance_(tables.state[:n], tables.consts.dev[:n], tokens, total, tables.scale_dev, tables.width, rounds,
+                   decided[:n], force[:n], force_len[:n], NO_RULE)
+    return tables, tokens, total, torch.rand(n, generator=g) < 0.9
+
+
+@pytest.mark.parametrize("kind", ["stretch", "floor"])
+@pytest.mark.parametrize("seed", range(12))
+def test_the_fused_scope_decision_equals_the_scope_tables_own_decision(kind: str, seed: int) -> None:
+    """``decide_reference`` (``STRETCH``, ``FLOOR``) equals ``decide_state`` of the row's slot on
+    every row, members or not (a non-member: ``-1``, ``NEVER``, as ``DeviceThinking.decide`` gives
+    it), and the cases hold rows in and out of phase, none starting before the output (a span the
+    prompt opened: ``scope._from_output``)."""
+    tables, tokens, total, member = _scoped(kind, seed)
+    n = tokens.shape[0]
+    assert tables.rule == (STRETCH if kind == "stretch" else FLOOR)
+    decided = torch.full((n,), -7, dtype=torch.long)
+    stand_in = decided[:, None]
+    decide_reference(tables.state[:n], tokens, total, decided, stand_in, stand_in, tables.rule)
+    own = _kinds_own(tables, tokens, total, member)
+    assert torch.equal(torch.where(member, decided, tables.no_decision), own)
+    none = -1 if kind == "stretch" else NEVER
+    assert bool((own == none).any()) and bool((own != none).any())
+    prompt = tables.prompt_len
+    assert prompt is not None
+    if kind == "stretch":  # a span the prompt opened counts from the output's start
+        assert bool((own <= total - prompt).all())
+    else:
+        assert bool((own[own != NEVER] >= prompt[own != NEVER]).all())
 
 
 def test_the_decision_cases_fire_and_continue_an_end_begun() -> None:
@@ -204,13 +263,13 @@ def _decide_both(tables: SpanTables, tokens: torch.Tensor, total: torch.Tensor, 
 
 
 @pytest.mark.parametrize("rule", ["own", "none"])
-@pytest.mark.parametrize("kind", ["trigger", "thinking_budget"])
+@pytest.mark.parametrize("kind", ["trigger", "thinking_budget", "stretch", "floor"])
 @pytest.mark.parametrize("seed", range(10))
 def test_the_drafts_reference_equals_the_eager_decision_with_drafts(kind: str, seed: int, rule: str) -> None:
     """``spans_drafts_`` (its CPU implementation, the reference) decides every row as the eager path
-    of ``DeviceThinking.decide`` with drafts: by the kind's rule, or (without one, as a scoped
-    entry) passing ``decide_state`` the same states and validity."""
-    tables, tokens, total, _ = _ruled(kind, seed)
+    of ``DeviceThinking.decide`` with drafts: by the kind's rule (a scoped entry's ``STRETCH``,
+    ``FLOOR`` too), or (without one) passing ``decide_state`` the same states and validity."""
+    tables, tokens, total, _ = _ruled(kind, seed) if kind in ("trigger", "thinking_budget") else _scoped(kind, seed)
     if rule == "none":
         tables.rule = NO_RULE
     later = 1 + seed % 3
@@ -261,7 +320,7 @@ SCRIPT = CASES + textwrap.dedent('''
     for seed in range(48):
         n = 70 if seed % 5 == 0 else 11
         tables, tokens, total, rounds = case(seed, n=n, max_len=4 if seed % 4 == 1 else 24)
-        rule = RULES[seed % 3]
+        rule = RULES[seed % len(RULES)]
         decided, force, force_len = force_case(seed, n=tables.num_slots, width=1 + seed % 3, vocab=4)
         want, want_decided = tables.state.clone(), decided.clone()
         advance_reference(want, tables.consts.dev, tokens, total, tables.scale_dev, tables.width, rounds)
@@ -312,12 +371,13 @@ def test_the_triton_kernel_compiles_for_cuda_without_a_gpu() -> None:
                          "total_ptr": tokens, "scale_ptr": "*i64",
                          "n": "i32", "rounds": "i32", "decided_ptr": "*i64", "force_ptr": "*i64", "force_s0": "i64",
                          "force_w": "i64", "flen_ptr": "*i64", "flen_s0": "i64", "WIDTH": "constexpr",
-                         "BLOCK": "constexpr", "BIG": "constexpr", "CLOSED": "constexpr", "RULE": "constexpr"}
+                         "BLOCK": "constexpr", "BIG": "constexpr", "CLOSED": "constexpr", "NEVER": "constexpr",
+                         "RULE": "constexpr"}
             for width in (1, 2, 3, 5):
                 for rule in spans.RULES:
                     source = ASTSource(fn=kernel, signature=signature,
                                        constexprs={"WIDTH": width, "BLOCK": spans.BLOCK, "BIG": spans.BIG,
-                                                   "CLOSED": spans.CLOSED, "RULE": rule})
+                                                   "CLOSED": spans.CLOSED, "NEVER": spans.NEVER, "RULE": rule})
                     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
                     assert "advance_rows" in compiled.asm["ptx"]
 
@@ -339,15 +399,15 @@ def test_the_drafts_kernel_compiles_for_cuda_without_a_gpu() -> None:
                  "local_ptr": "*i32", "rows": "i32", "later": "i32", "out_ptr": "*i64", "out_s0": "i64",
                  "valid_ptr": "*i1", "decided_ptr": "*i64", "force_ptr": "*i64", "force_s0": "i64", "force_w": "i64",
                  "flen_ptr": "*i64", "flen_s0": "i64", "WIDTH": "constexpr", "BLOCK": "constexpr", "BIG": "constexpr",
-                 "CLOSED": "constexpr", "PAD": "constexpr", "PLACEHOLDER": "constexpr", "RULE": "constexpr",
-                 "HAS_FED": "constexpr"}
+                 "CLOSED": "constexpr", "NEVER": "constexpr", "PAD": "constexpr", "PLACEHOLDER": "constexpr",
+                 "RULE": "constexpr", "HAS_FED": "constexpr"}
     for capability in (90, 80):
         for width in (1, 3):
             for rule in spans.RULES:
                 for fed in (True, False):
                     source = ASTSource(fn=kernel, signature=signature,
                                        constexprs={"WIDTH": width, "BLOCK": spans.BLOCK, "BIG": spans.BIG,
-                                                   "CLOSED": spans.CLOSED, "PAD": spans.PAD,
+                                                   "CLOSED": spans.CLOSED, "NEVER": spans.NEVER, "PAD": spans.PAD,
                                                    "PLACEHOLDER": spans.PLACEHOLDER, "RULE": rule, "HAS_FED": fed})
                     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
                     assert "drafts_rows" in compiled.asm["ptx"]

@@ -9,6 +9,8 @@ same fused op from the floor on."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dynlogits.testing.cuda.drive import EOS, Scenario, drive_v1, drive_v2
@@ -77,7 +79,7 @@ def test_vllm_v1_runner_choice_step_is_one_upload_and_a_keep_and_sequences_never
     assert sum("no token left to sample" in f for f in result.failures) == 2
 
 
-SCOPED = [[{"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]},
+SCOPED: list[list[dict[str, Any]]] = [[{"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21]},
            {"kind": "multiple_choice", "choices": [[5, 6], [7]], "eos_token_id": EOS, "scope": "answer"}],
           [{"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21, 22]},
            {"kind": "multiple_choice", "choices": [[9, 9, 9]], "eos_token_id": EOS, "scope": "reasoning"}]]
@@ -97,28 +99,26 @@ def test_scoped_choice_sequences_never_wait_under_drafts() -> None:
 
 
 def test_the_v2_steady_step_of_a_scoped_choice_reads_each_rows_floor_then_runs_the_fused_op() -> None:
-    """The span advanced once, each row's floor off its state (``index``, ``logical_and``,
-    ``where``), the floor bounded by the prompt's length (``maximum``), the rows in phase
-    (``lt``, ``bitwise_and``: what the epilogue may count dead), the fused op: 11 ops with the
-    harness's ``sub`` and the epilogue; no read back."""
+    """The span advanced once and each slot's floor decided in it (``spans_advance_``, ``FLOOR``:
+    already at least the prompt's length), each row's off it (``index``, ``where``), the rows in
+    phase (``lt``: what the epilogue may count dead; a floor below ``NEVER`` is a member's), the
+    fused op with the floors as its bases: 8 ops with the harness's ``sub`` and the epilogue (was
+    11: ``logical_and``, ``maximum``, ``bitwise_and``); no read back."""
     with SimCuda() as sim:
         steady = drive_v2(sim, Scenario(payloads=SCOPED, steps=4, changes=False))
     assert [str(s) for s in steady.syncs] == [] and not steady.failures
-    assert steady.steady_ops[:9] == ["spans_advance_", "sub", "index", "logical_and", "where", "maximum", "lt",
-                                     "bitwise_and", "multiple_choice_keep_"]
-    assert len(steady.steady_ops) == 9 + V2_STEADY_EPILOGUE
+    assert steady.steady_ops[:6] == ["spans_advance_", "sub", "index", "where", "lt", "multiple_choice_keep_"]
+    assert len(steady.steady_ops) == 6 + V2_STEADY_EPILOGUE
 
 
 def test_the_v2_drafted_steady_step_of_a_scoped_choice_runs_the_fused_op_once() -> None:
-    """With 2 drafts a request: the span advanced and its drafts followed, each row's floor, the
-    rows' prompt lengths (``clamp``, ``index``) and slots' ids (``index``), the floor bounded by the
-    prompt's length (``maximum``), the rows in phase (``lt``, ``bitwise_and``), the fused op once
-    (was 72 ops cell by cell); no read back."""
+    """With 2 drafts a request: the span advanced and its drafts followed, each row's floor
+    decided in the drafts' op (``spans_drafts_``, ``FLOOR``), the slots' ids (``index``), the rows
+    in phase (``lt``), the fused op once (was 72 ops cell by cell, then 20); no read back."""
     with SimCuda() as sim:
         steady = drive_v2(sim, Scenario(payloads=SCOPED, steps=7, changes=False), drafts=2)
     assert [str(s) for s in steady.syncs] == [] and not steady.failures
     ops = steady.steady_ops
     assert ops.count("multiple_choice_keep_") == 1, ops
-    assert ops[-9:] == ["clamp", "index", "index", "maximum", "lt", "bitwise_and", "multiple_choice_keep_",
-                        "dead_rows_", "copy_"], ops
-    assert len(ops) == 20, ops
+    assert ops[-6:] == ["spans_drafts_", "index", "lt", "multiple_choice_keep_", "dead_rows_", "copy_"], ops
+    assert len(ops) == 14, ops

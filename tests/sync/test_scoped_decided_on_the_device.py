@@ -60,14 +60,15 @@ def test_scoped_decided_requests_never_wait_under_drafts(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_the_v2_steady_step_decides_each_rows_floor_then_masks_with_the_kinds_fused_op(kind: str) -> None:
-    """Model Runner V2, no drafts: the span followed once (``spans_advance_``), each row's floor
-    off its slot's state (``index``, ``logical_and``, ``where``), then the kind's one fused op over
-    the engine's matrix with the floors: no copy of the rows' tokens, nothing per row."""
+    """Model Runner V2, no drafts: the span followed once and each slot's floor decided in it
+    (``spans_advance_``, ``FLOOR``), each row's off it (``index``, ``where``; was ``index``,
+    ``logical_and``, ``where``), then the kind's one fused op over the engine's matrix with the
+    floors: no copy of the rows' tokens, nothing per row."""
     payloads, op = KINDS[kind]
     with SimCuda() as sim:
         steady = drive_v2(sim, Scenario(vocab=64, payloads=[p[:2] for p in payloads], steps=4, changes=False))
     assert [str(s) for s in steady.syncs] == [] and not steady.failures
-    assert steady.steady_ops == ["spans_advance_", "index", "logical_and", "where", op]
+    assert steady.steady_ops == ["spans_advance_", "index", "where", op]
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

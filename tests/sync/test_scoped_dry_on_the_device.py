@@ -43,14 +43,14 @@ def test_scoped_dry_requests_never_wait_under_drafts() -> None:
 
 
 def test_the_v2_steady_step_decides_each_rows_floor_then_lowers_with_the_kinds_fused_op() -> None:
-    """Model Runner V2, no drafts: the span followed once (``spans_advance_``), each row's floor
-    off its slot's state (``index``, ``logical_and``, ``where``), then the kind's one fused op over
+    """Model Runner V2, no drafts: the span followed once and each slot's floor decided in it
+    (``spans_advance_``, ``FLOOR``), each row's off it (``index``, ``where``), then the kind's one fused op over
     the engine's matrix (declared two launches: its kernel and a ``scatter_reduce_``): no copy of
     the rows' tokens, nothing per row."""
     with SimCuda() as sim:
         steady = drive_v2(sim, Scenario(vocab=64, payloads=[p[:2] for p in PAYLOADS], steps=4, changes=False))
     assert [str(s) for s in steady.syncs] == [] and not steady.failures
-    assert steady.steady_ops == ["spans_advance_", "index", "logical_and", "where", "dry_lower_", "dry_lower_"]
+    assert steady.steady_ops == ["spans_advance_", "index", "where", "dry_lower_", "dry_lower_"]
 
 
 def test_the_v2_steady_step_of_a_scoped_dry_is_at_most_eight_launches() -> None:

@@ -168,16 +168,18 @@ _REASONING = {"kind": "reasoning", "start_token_ids": [20], "end_token_ids": [21
 
 
 @pytest.mark.parametrize(("drive", "drafts", "scoped", "most"),
-                         [(drive_v1, 0, True, 8), (drive_v2, 0, True, 17), (drive_v2, 2, False, 13)],
+                         [(drive_v1, 0, True, 5), (drive_v2, 0, True, 6), (drive_v2, 2, False, 9)],
                          ids=["v1-scoped", "v2-scoped", "v2-drafts"])
 def test_a_forced_sequence_steps_gathered_rows_settle_in_one_fused_op(drive, drafts: int, scoped: bool,  # noqa: ANN001
                                                                        most: int) -> None:
     """A scoped ``forced_sequence`` (both runners), or one under drafts (the gathered layout), the
-    last group of its rows: its rows' tokens picked (``index``, ``clamp``, ``index``), then forced,
-    the dead ones stopped and flagged in one ``decided_settle_`` (no ``gather``/``scatter_`` of
-    ``force_gathered``, no ``dead_rows_``), the flags copied back; no sync. Steady ops a step: the V1
-    runner 8 (was 19), Model Runner V2 17 (was 28), with 2 drafts a request unscoped 13 (was 23)."""
-    payload = [_REASONING, {**_FORCED, "scope": "answer"}] if scoped else [_FORCED]
+    last group of its rows: its rows' tokens picked, forced, the dead ones stopped and flagged in one
+    ``decided_settle_`` (its sequence form: no ``index``, ``clamp``, ``index`` before it; no
+    ``gather``/``scatter_`` of ``force_gathered``, no ``dead_rows_``), the flags copied back; no
+    sync. Steady ops a step: the V1 runner 5 (was 19, then 8), Model Runner V2 6 (was 28, then 17:
+    its stretch counts decided in the fused advance, ``STRETCH``), with 2 drafts a request unscoped
+    9 (was 23, then 13)."""
+    payload: list[dict[str, Any]] = [_REASONING, {**_FORCED, "scope": "answer"}] if scoped else [_FORCED]
     with SimCuda() as sim:
         kw = {"drafts": drafts} if drafts else {}
         steady = drive(sim, Scenario(vocab=64, payloads=[payload, payload], steps=7 if drafts else 4, changes=False),

@@ -1,10 +1,12 @@
 """A GPU check of ``dynlogits::spans_advance_`` (``dynlogits.kernels.spans``): its Triton kernel on
 CUDA against the eager references on the same device, exactly, over random tables (1 to ``width``
 token sequences, either state, small thresholds; 1 to 6 rounds, rows past one block, int32 and int64
-token matrices; each decision rule, with 1 to 3 token forced sequences), and ``spans_drafts_``'s
-against its reference (rows with 0 to 3 drafts, with and without fed tokens, each rule), and the span
-kinds' fused forcing ``dynlogits::decided_settle_`` (``dynlogits.kernels.thinking_force``) against its
-reference (float32, bfloat16, float16 logits; with and without positions). ``python -m dynlogits.testing.cuda.spans_check``: prints the differing cases and
+token matrices; each decision rule, ``PHRASE`` and ``DUE`` with 1 to 3 token forced sequences, a
+scoped entry's ``STRETCH`` and ``FLOOR``), and ``spans_drafts_``'s against its reference (rows with 0
+to 3 drafts, with and without fed tokens, each rule), and the span kinds' fused forcing
+``dynlogits::decided_settle_`` (``dynlogits.kernels.thinking_force``) against its reference (float32,
+bfloat16, float16 logits; with and without positions; and in its sequence form, scoped or not:
+``forced_sequence``'s counts). ``python -m dynlogits.testing.cuda.spans_check``: prints the differing cases and
 exits nonzero on any (2 without a CUDA device). ``run`` and ``cpu_check`` are what
 ``python -m dynlogits.testing.cuda.check`` calls (on a GPU, and in Triton's CPU interpreter)."""
 
@@ -39,7 +41,7 @@ def main(device: torch.device | None = None) -> int:
             state, consts, tokens, total_len, scale = (t.to(device) for t in probe_case(seed, n=n, width=width))
             if seed % 2:
                 tokens = tokens.long()
-            rounds, rule = 1 + seed % 6, RULES[(seed + width) % 3]
+            rounds, rule = 1 + seed % 6, RULES[(seed + width) % len(RULES)]
             decided, force, force_len = (t.to(device) for t in force_case(seed, n=n, width=1 + seed % 3))
             fused, eager = state.clone(), state.clone()
             fused_decided, eager_decided = decided.clone(), decided.clone()
@@ -59,6 +61,9 @@ def main(device: torch.device | None = None) -> int:
             cases += 1
             if not thinking_force.same(device, seed, dtype, positions=seed % 3 != 0, drafts=seed % 2 == 0):
                 bad.append((-2, seed, code, 0))  # -2: a forcing case
+            cases += 1
+            if not thinking_force.same(device, seed, dtype, drafts=seed % 2 == 0, sequence=True, scoped=seed % 3 != 1):
+                bad.append((-3, seed, code, 0))  # -3: a forcing case in the sequence form
     print(f"spans_check: {cases} cases, {len(bad)} differ {bad[:10]}")
     return 1 if bad else 0
 
