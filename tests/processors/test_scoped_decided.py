@@ -17,6 +17,7 @@ from fused_gates import count_choice_steps
 from v2_rows import Request, allowed_token, paired_requests, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
 
 from dynlogits import sdk
+from dynlogits.kernels.spans import GATE as SPANS_GATE
 from dynlogits.processors.banned_phrases import BannedPhrasesGroup
 from dynlogits.processors.no_repeat_ngram import NoRepeatNgramProcessor
 from dynlogits.processors.no_repeat_ngram_device import MAX_DEVICE_SIZE
@@ -252,15 +253,25 @@ def test_under_model_runner_v2_a_scoped_multiple_choice_restricts_only_its_phase
     assert not harness.processor.failures
 
 
+def _fused_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The span following through its fused ops' CPU implementations (``spans_advance_``,
+    ``spans_drafts_``), as the CUDA model runs them: each row's floor is the ``FLOOR`` rule's."""
+    monkeypatch.setattr(SPANS_GATE, "run", lambda device, fused, eager: fused())
+
+
+@pytest.mark.parametrize("spans", ["eager", "fused"], ids=["eager-spans", "fused-spans"])
 @pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
 @pytest.mark.parametrize("drafts", [0, 2])
 def test_model_runner_v2s_scoped_multiple_choice_rows_are_decided_on_the_device_as_the_hosted_path(
-        drafts: int, fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        drafts: int, fused: bool, spans: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Random choices, delimiters, prompts that may open a span, resumes, drafts, tokens the hosted
     path allows: every request resident (each row's floor into the kind's step, no history read
     back); rows equal the hosted path's bit for bit, none fails. ``fused``: the step through
     ``dynlogits::multiple_choice_keep_`` (its CPU implementation; its gate opened on the CPU), with
-    drafts too (the op given ``input_ids``: counted)."""
+    drafts too (the op given ``input_ids``: counted); ``spans``: the floors decided by the eager
+    ops (``FloorScopeTables.decide_state``) or in the fused span ops (``FLOOR``)."""
+    if spans == "fused":
+        _fused_spans(monkeypatch)
     drafted: list[bool] = count_choice_steps(monkeypatch) if fused else []  # per fused step: drafts read
     rng = random.Random(71 + drafts)
 
@@ -308,9 +319,14 @@ def _run_v2(drafts: int, seed: int, sizes: tuple[int, ...], *, max_tokens: int =
                                logits=lambda rows: torch.randn(rows, V))
 
 
+@pytest.mark.parametrize("spans", ["eager", "fused"], ids=["eager-spans", "fused-spans"])
 @pytest.mark.parametrize("drafts", [0, 2])
-def test_model_runner_v2s_scoped_no_repeat_ngram_rows_are_decided_on_the_device_as_the_hosted_path(drafts: int) -> None:
-    """Every request resident (no history read back); rows equal the hosted path's bit for bit."""
+def test_model_runner_v2s_scoped_no_repeat_ngram_rows_are_decided_on_the_device_as_the_hosted_path(
+        drafts: int, spans: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every request resident (no history read back); rows equal the hosted path's bit for bit,
+    the floors decided eagerly or in the fused span ops (``_fused_spans``)."""
+    if spans == "fused":
+        _fused_spans(monkeypatch)
     assert _run_v2(drafts, 11 + drafts, (1, 2, 3, 4)) > 20
 
 

@@ -16,6 +16,7 @@ from v2_rows import Request, rows_against_hosted, v1_batch, v1_step
 
 from dynlogits import sdk
 from dynlogits.kernels import thinking_force
+from dynlogits.kernels.spans import GATE as SPANS_GATE
 from dynlogits.sdk.realization import RequestFacts
 
 V = 48
@@ -89,13 +90,18 @@ def test_the_v1_runners_scoped_forced_rows_settled_in_the_fused_op_equal_the_hos
     assert resident_rows > 50 and failed > 0 and len(settled) > 50
 
 
+@pytest.mark.parametrize("spans", ["eager", "fused"], ids=["eager-spans", "fused-spans"])
 @pytest.mark.parametrize("drafts", [0, 2])
 @pytest.mark.parametrize("scoped", [True, False], ids=["scoped", "unscoped"])
 def test_model_runner_v2s_forced_rows_settled_in_the_fused_op_equal_the_hosted_paths(
-        drafts: int, scoped: bool, settled: list[int]) -> None:
+        drafts: int, scoped: bool, spans: str, settled: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     """Random requests through vLLM's V2 classes (slots reused, resumed outputs, drafts): every row
     as the hosted path's on the history it sees; a scoped entry's rows decided on the device, and
-    with drafts the unscoped ones too through the fused op."""
+    with drafts the unscoped ones too through the fused op. ``spans``: a scoped row's stretch count
+    decided by the eager ops (``StretchScopeTables.decide_state``) or in the fused span ops
+    (``STRETCH``: their CPU implementations, as the CUDA model runs them)."""
+    if spans == "fused":
+        monkeypatch.setattr(SPANS_GATE, "run", lambda device, fused, eager: fused())
     rng = random.Random(17 + drafts + scoped)
 
     def new() -> Request:
