@@ -39,9 +39,12 @@ where its kind is:
   phrase sets and tries) are written from the first window step on only
   (``ScopedDecided._from_window``): with host histories nobody reads them.
 
-Any other scoped entry (``watermark``, ``trigger``, ``deadline``, ``thinking_budget``, a ``python``
-kind) has no template: its request
-runs on the hosted path, the oracle the resident paths equal bit for bit.
+A scoped ``deadline`` is ``ScopedClock`` (its clock on the host, its phase from the live list or
+``DeviceThinking``); a scoped ``trigger`` is ``ScopedSpan`` (without host histories its own
+automaton restarted at each stretch: ``ScopedSpanTables``, ``stretch_spans.StretchSpans``).
+Any other scoped entry (``thinking_budget``, a ``python`` kind; a scoped ``watermark`` is refused at
+admission) has no template: its request runs on the hosted path, the oracle the resident paths
+equal bit for bit.
 """
 
 from __future__ import annotations
