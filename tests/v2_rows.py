@@ -127,6 +127,19 @@ def paired_requests(rng: random.Random, payload: Callable[[], list[dict[str, Any
     return requests
 
 
+def resident_request(rng: random.Random, payload: Callable[[], list[dict[str, Any]]],
+                     realize: Callable[[list[dict[str, Any]], list[int]], Any], ids: Sequence[int]) -> Callable[[], Request]:
+    """A ``new`` for ``rows_against_hosted`` whose requests are all resident: a ``payload()`` with a
+    prompt of 1 to 4 tokens and an output of 0, 1, 3 or 20 (past ``MAX_DEVICE_CATCH_UP``) among ``ids``."""
+    def new() -> Request:
+        made = payload()
+        prompt = [rng.choice(ids) for _ in range(rng.randint(1, 4))]
+        output = [rng.choice(ids) for _ in range(rng.choice([0, 1, 3, 20]))]
+        return made, True, prompt, output, realize(made, prompt)
+
+    return new
+
+
 #: the V1 batches' layout: rows 0, 1, 2 hold slots 2, 0, 1 (reordered, as after a batch change)
 V1_ROWS = (2, 0, 1)
 

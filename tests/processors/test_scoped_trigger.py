@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from v2_rows import Request, paired_requests, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
+from v2_rows import paired_requests, resident_request, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
 
 from dynlogits import sdk
 from dynlogits.kernels.spans import GATE
@@ -75,12 +75,7 @@ def test_model_runner_v2s_scoped_trigger_rows_are_the_hosted_paths(drafts: int, 
         monkeypatch.setattr(GATE, "run", lambda device, fused, eager: fused())
     rng = random.Random(23 + drafts)
 
-    def new() -> Request:
-        payload = _payload(rng)
-        prompt = [rng.choice(IDS) for _ in range(rng.randint(1, 4))]
-        output = [rng.choice(IDS) for _ in range(rng.choice([0, 1, 3, 20]))]
-        return payload, True, prompt, output, _realize(payload, prompt)
-
+    new = resident_request(rng, lambda: _payload(rng), _realize, IDS)
     assert rows_against_hosted(drafts, rng, new, IDS, vocab=V, eos=EOS, max_tokens=48,
                                logits=lambda rows: torch.randn(rows, V), choose=_choose) > 5
 
