@@ -9,22 +9,28 @@ or launch, or a difference: one warning naming the kind and the reason, and the 
 on that device. A kernel variant the probe did not compile (another constexpr) compiles at its
 first call: ``run`` catches a failure there too (before any launch: Triton compiles first), turns
 the kernels off on that device with one warning and runs the eager path for that call and after.
-A request never fails for it."""
+A request never fails for it.
+
+Every gate is registered when made (``gates()``), so an engine can probe them all at load
+(``dynlogits.sdk.resident.warm``) rather than in the step that first holds a kind."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
 import torch
 
-__all__ = ["FusedGate"]
+__all__ = ["FusedGate", "gates"]
 
 T = TypeVar("T")
 
 log = logging.getLogger("dynlogits.kernels")
+
+_GATES: weakref.WeakSet[FusedGate] = weakref.WeakSet()  # every gate alive in this process
 
 
 class FusedGate:
@@ -35,6 +41,7 @@ class FusedGate:
         self._probe = probe
         self._ready: dict[torch.device, bool] = {}
         self._lock = threading.Lock()
+        _GATES.add(self)
 
     def ready(self, device: torch.device) -> bool:
         """Whether ``name``'s fused ops run on ``device`` (probing a CUDA device once)."""
@@ -79,3 +86,8 @@ class FusedGate:
         """Forget every device's probe (tests)."""
         with self._lock:
             self._ready.clear()
+
+
+def gates() -> tuple[FusedGate, ...]:
+    """Every live ``FusedGate`` of this process, by name (a module's gates register on its import)."""
+    return tuple(sorted(_GATES, key=lambda gate: gate.name))

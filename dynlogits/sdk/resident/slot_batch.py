@@ -12,7 +12,8 @@ from a host list.
 
 Lifecycle: ``assign(slot, request)`` as requests enter (``None`` clears), ``flush()`` once per batch
 change; ``set_rows(host_slots)`` or, each step, ``rows_on_device(slot_of_row, slots)``;
-``apply(logits, EngineStep(...))``.
+``apply(logits, EngineStep(...))``. Made on a CUDA device, it first probes every kind's fused
+kernels (``warm``), so no request's step compiles them.
 
 Assumptions (the adapter's side):
 
@@ -47,6 +48,7 @@ from .engine_step import NO_INPUT, EngineStep
 from .failures import Failures
 from .gathered import GatheredLayout
 from .listed import ListedLayout
+from .warm import warm
 
 __all__ = ["GatheredLayout", "ListedLayout", "SlotBatch"]
 
@@ -59,6 +61,7 @@ class SlotBatch:
         self.num_slots = num_slots
         self.vocab_size = vocab_size
         self.device = torch.device(device)
+        warm(self.device)  # on CUDA: every kind's fused kernels probed now, not in a request's step
         #: whether the adapter passes every row's history to ``apply`` (listed layout): without them a
         #: request with a group that needs them (``Group.runs_without_histories``) is not resident
         self.host_histories = host_histories
