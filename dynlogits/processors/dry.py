@@ -221,6 +221,10 @@ KEPT_ROWS = 16
 #: from (a list an engine grows, rewriting at most its newest tokens): a rewrite deeper than this in
 #: the same list object goes unseen.
 TAIL_CHECKED = 16
+#: Histories shorter than this that are the list a state was last read from are compared whole on
+#: the common step (with the row's ``hist``: a C-level compare of pointers, no token object read),
+#: longer ones on their last ``TAIL_CHECKED`` tokens (slices, which touch each token object).
+WHOLE_COMPARED = 256
 #: New tokens past which a row's state is rebuilt from its window (array operations, O(window))
 #: rather than extended token by token.
 REBUILD_AFTER = 48
@@ -304,16 +308,18 @@ def _grow(table: list[float], exponent: int, multiplier: float, base: float) -> 
 
 class _Row:
     """One history's state: ``seq``, the prompt's tail (``p0`` tokens) then a copy of the history's
-    tokens up to its first placeholder (``len(seq) - p0`` of them); for the window ending there, ``occ`` (token -> its
+    tokens up to its first placeholder (``len(seq) - p0`` of them), ``hist`` a list of those tokens alone
+    (the history's mirror, compared with it whole); for the window ending there, ``occ`` (token -> its
     positions in the window, ascending), ``cur`` (position -> the length of the repeat ending there,
     at most the processor's cap, for every earlier position whose token is the last one: the others
     are 0) and ``heads`` (the positions of tokens that may begin a breaker); ``source``, the list it
     was last read from (vLLM's V1 runner hands each row the same growing list)."""
 
-    __slots__ = ("seq", "occ", "cur", "heads", "source")
+    __slots__ = ("seq", "hist", "occ", "cur", "heads", "source")
 
     def __init__(self, prompt: list[int]) -> None:
         self.seq = list(prompt)
+        self.hist: list[int] = []
         self.occ: dict[int, list[int]] = {}
         self.cur: dict[int, int] = {}
         self.heads: list[int] = []
@@ -466,6 +472,7 @@ class DryProcessor:
                 new = new[:next(j for j, t in enumerate(new) if t < 0)]
             if fresh or len(new) > REBUILD_AFTER:
                 row.seq += new
+                row.hist += new
                 self._rebuild(row)
             else:
                 for token in new:
@@ -531,6 +538,7 @@ class DryProcessor:
         if token in self._head_ids:
             row.heads.append(end)
         seq.append(token)
+        row.hist.append(token)
 
     def _limit(self, row: _Row, start: int) -> int:
         """llama.cpp's ``rep_limit`` for ``row``'s window (from ``start``), from its breaker heads."""
@@ -596,21 +604,25 @@ class DryProcessor:
         """Append ``base + id`` to ``flat`` for each id this step penalizes (inside ``width``, in no
         particular order) and its penalty to ``amounts`` (float64, as llama.cpp computes it).
 
-        The common step (the live list last read, one token longer, its checked tail unchanged, no
-        breaker head in the window) is read inline: ``_extend`` and ``_found`` fused, the ids each
-        emitted as its repeat is measured (the same ids, amounts and order as the general path)."""
+        The common step (the live list last read, one token longer, no breaker head in the window,
+        its covered tokens unchanged: compared whole with the row's ``hist`` below
+        ``WHOLE_COMPARED`` tokens, else its last ``TAIL_CHECKED``) is read inline: ``_extend`` and
+        ``_found`` fused, the ids each emitted as its repeat is measured (the same ids, amounts and
+        order as the general path)."""
         row = self._top
         if row is not None:
-            seq = row.seq
-            k = len(seq) - self._p0
+            hist = row.hist
+            k = len(hist)
             if input_ids is row.source and len(input_ids) == k + 1:
                 token = input_ids[k]
                 hot = self._hot
-                if token >= 0 and (hot[6] or (not row.heads and token not in hot[5])) and (
-                        input_ids[k - TAIL_CHECKED:k] == seq[len(seq) - TAIL_CHECKED:] if k > TAIL_CHECKED
-                        else input_ids[:k] == seq[self._p0:]):
-                    self._step_into(row, token, width, base, flat, amounts, hot)
-                    return
+                if token >= 0 and (hot[6] or (not row.heads and token not in hot[5])):
+                    hist.append(token)
+                    if (input_ids == hist if k < WHOLE_COMPARED
+                            else input_ids[k - TAIL_CHECKED:k] == hist[k - TAIL_CHECKED:k]):
+                        self._step_into(row, token, width, base, flat, amounts, hot)
+                        return
+                    hist.pop()
         elif self._off:
             return
         found = self._found(input_ids)

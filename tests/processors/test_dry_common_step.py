@@ -5,9 +5,11 @@ are never penalized there either, and processors of other settings sharing a pro
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from dynlogits.processors.dry import Breakers, DryProcessor
+from dynlogits.processors.dry import TAIL_CHECKED, WHOLE_COMPARED, Breakers, DryProcessor
 
 
 def _processor(allowed: int = 2) -> DryProcessor:
@@ -38,3 +40,25 @@ def test_processors_of_other_allowed_lengths_keep_their_own_settings() -> None:
     assert short_pens != long_pens
     assert (short_ids, short_pens) == _processor(allowed=2).step_penalties(list(live_a), 16)
     assert (long_ids, long_pens) == _processor(allowed=3).step_penalties(list(live_b), 16)
+
+
+@pytest.mark.parametrize("length", [40, WHOLE_COMPARED + 40])  # compared whole / on the last TAIL_CHECKED
+@pytest.mark.parametrize("prompt", [(), (5, 9, 7)])
+def test_the_common_step_sees_a_rewrite_of_the_checked_tokens_of_a_live_list(length: int, prompt: tuple[int, ...]) -> None:
+    rng = random.Random(length)
+    live = [rng.randrange(6) for _ in range(4)]
+    stepped = DryProcessor(multiplier=0.8, base=1.75, allowed_length=2, lookback=64, breakers=Breakers.none(),
+                           prompt=prompt)
+    while len(live) < length:  # the same list, one token longer each step: the common step
+        live.append(rng.randrange(6))
+        got = stepped.step_penalties(live, 16)
+        assert got == _processor_with(prompt).step_penalties(list(live), 16)
+    for back in (2, TAIL_CHECKED - 1):  # a token inside the checked tail rewritten, then one more token
+        live[-back] = (live[-back] + 1) % 6
+        live.append(rng.randrange(6))
+        assert stepped.step_penalties(live, 16) == _processor_with(prompt).step_penalties(list(live), 16)
+
+
+def _processor_with(prompt: tuple[int, ...]) -> DryProcessor:
+    return DryProcessor(multiplier=0.8, base=1.75, allowed_length=2, lookback=64, breakers=Breakers.none(),
+                        prompt=prompt)
