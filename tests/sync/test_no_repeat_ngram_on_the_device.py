@@ -22,6 +22,10 @@ MIXED: list[list[dict[str, Any]]] = [[{"kind": "no_repeat_ngram", "size": 2}],
                                      [{"kind": "banned_tokens", "token_ids": [0]}, {"kind": "no_repeat_ngram", "size": 3}],
                                      [{"kind": "no_repeat_ngram", "size": 1}]]
 
+#: ``include_prompt`` where the runner staged no write of the prompt (the CUDA model's V2 runner):
+#: the host cannot index the prompt, so realization refuses the entry (``no_repeat_ngram.factory``)
+INCLUDING_PROMPT: list[list[dict[str, Any]]] = [[{"kind": "no_repeat_ngram", "size": 3, "include_prompt": True}]] * 2
+
 #: Model Runner V2's steady step, one size in the group (``no_repeat_ngram_device``): the rows'
 #: decisions and bans in one fused op (``dynlogits::no_repeat_ngram_ban_``: one Triton launch on
 #: CUDA, reading the token matrix, the drafts and the layout's per-slot params itself)
@@ -68,3 +72,22 @@ def test_vllm_model_runner_v2_sequence_never_waits_and_reports_the_failures(draf
         result = drive_v2(sim, Scenario(vocab=32, payloads=MIXED, steps=12), drafts=drafts)
     assert [str(s) for s in result.syncs] == []
     assert any("no token left to sample" in f for f in result.failures)
+
+
+def _unstaged_prompt_run() -> tuple[list[str], list[str]]:
+    with SimCuda() as sim:
+        result = drive_v2(sim, Scenario(vocab=32, payloads=INCLUDING_PROMPT, steps=4, changes=False))
+    return [str(s) for s in result.syncs], result.failures
+
+
+def test_vllm_model_runner_v2_include_prompt_without_a_staged_prompt_is_refused_at_admission() -> None:
+    _, failures = _unstaged_prompt_run()
+    assert len(failures) == len(INCLUDING_PROMPT)
+    assert all("include_prompt needs the request's prompt" in f for f in failures)
+
+
+@pytest.mark.xfail(strict=True, reason="adapters/vllm/v2.py: a request refused at admission is hosted, and "
+                   "_apply_hosted reads back its history (row_histories) to force its stop token, which needs none")
+def test_vllm_model_runner_v2_request_refused_at_admission_reads_nothing_back() -> None:
+    syncs, _ = _unstaged_prompt_run()
+    assert syncs == []
