@@ -246,12 +246,23 @@ class V2RunnerMixin(LogitsProcessor):
                 request.force_stop(logits[row])
 
     def _apply_hosted(self, logits: torch.Tensor, ctx: Any) -> None:
-        """Requests with ``python``/plug-in entries: histories read back, then ``apply_rows``."""
+        """Requests with ``python``/plug-in entries: histories read back, then ``apply_rows``; where the
+        host knows the layout, a failed request is stopped without one (nothing is read back for it)."""
         one_row_per_request = ctx.expanded_idx_mapping.shape[0] == len(ctx.idx_mapping_np)
         # the host's own copy when it knows the layout; under speculative decoding a read back
         row_slots = np.asarray(ctx.idx_mapping_np) if one_row_per_request else ctx.expanded_idx_mapping.cpu().numpy()
         rows = np.flatnonzero(self._is_hosted[row_slots])
         slots = row_slots[rows]
+        if one_row_per_request:  # a failed request (e.g. refused at realization) needs no history to stop
+            live = np.ones(len(rows), dtype=bool)
+            for i, (row, slot) in enumerate(zip(rows.tolist(), slots.tolist())):
+                request = self._hosted[slot]
+                if request is not None and request.failed:
+                    request.force_stop(logits[row])
+                    live[i] = False
+            rows, slots = rows[live], slots[live]
+            if not len(rows):
+                return
         try:
             histories = row_histories(self._req_states, ctx, rows, slots)
         except Exception as exc:  # reading the histories failed: fail these requests, keep the engine

@@ -86,8 +86,6 @@ def test_vllm_model_runner_v2_include_prompt_without_a_staged_prompt_is_refused_
     assert all("include_prompt needs the request's prompt" in f for f in failures)
 
 
-@pytest.mark.xfail(strict=True, reason="adapters/vllm/v2.py: a request refused at admission is hosted, and "
-                   "_apply_hosted reads back its history (row_histories) to force its stop token, which needs none")
 def test_vllm_model_runner_v2_request_refused_at_admission_reads_nothing_back() -> None:
     syncs, _ = _unstaged_prompt_run()
     assert syncs == []
