@@ -148,7 +148,9 @@ class HostRows(NamedTuple):
     step adds ``pos``), then per row its allowed length, ``1 - lookback``, whether the prompt lies
     outside its window, its cap at most ``W`` (``limit``), its sorted breakers keyed by row
     (``keyed``, ``None``: no member has one) and the amounts table; ``shape``: the ``(W, C, matrix
-    shape)`` it was made for."""
+    shape)`` it was made for; ``first_w`` ``first + W - 1``, ``outside_any`` whether any row's
+    prompt lies outside its window; ``table32`` the amounts as ``_lower_host`` lowers float32 logits
+    by them (at most float32's largest, rounded to float32)."""
 
     keep: np.ndarray | None
     slots: np.ndarray
@@ -161,6 +163,9 @@ class HostRows(NamedTuple):
     keyed: np.ndarray | None
     table: np.ndarray
     shape: tuple[int, int, int, int]
+    first_w: np.ndarray
+    outside_any: bool
+    table32: np.ndarray
 
 
 def _offsets(w: int) -> np.ndarray:
@@ -187,8 +192,10 @@ def host_rows(member: torch.Tensor, slot_of_row: torch.Tensor, params: torch.Ten
     if singles.numpy()[slots, 0].min() < NO_BREAKER:  # a member has single-token breakers (each row sorted)
         rows_sorted = singles.numpy()[slots]
         keyed = (np.minimum(rows_sorted, KEY_CLIP) + (np.arange(m, dtype=np.int64) << KEY_SHIFT)[:, None]).ravel()
-    return HostRows(keep, slots, wslots, (wslots * matrix[1])[:, None] + _offsets(w), prm[:, 0], 1 - prm[:, 1],
-                    prm[:, 2] <= 0, np.minimum(prm[:, 3], w), keyed, amounts.numpy(), (w, cap, matrix[0], matrix[1]))
+    first, outside, table = 1 - prm[:, 1], prm[:, 2] <= 0, amounts.numpy()
+    return HostRows(keep, slots, wslots, (wslots * matrix[1])[:, None] + _offsets(w), prm[:, 0], first, outside,
+                    np.minimum(prm[:, 3], w), keyed, table, (w, cap, matrix[0], matrix[1]), first + (w - 1),
+                    bool(outside.any()), _rounded32(table))
 
 
 def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
@@ -230,10 +237,13 @@ def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
     if win.dtype != np.int32:
         win = win.astype(np.int64)
     # the first column inside each row's window (its look-back, the prompt unless it counts)
-    col0 = np.maximum(rows.first, prompt_len.numpy()[rows.wslots] * rows.outside - pos_)
+    if rows.outside_any:
+        col0 = np.maximum(rows.first, prompt_len.numpy()[rows.wslots] * rows.outside - pos_)
+        col0 += w - 1
+    else:  # every row counts its prompt: its window starts at position 0 at the latest
+        col0 = np.maximum(rows.first_w, (w - 1) - pos_)
     if floor is not None:  # and its floor (``NEVER``: past every column)
-        np.maximum(col0, (floor.numpy() if keep is None else floor.numpy()[keep]) - pos_, out=col0)
-    col0 += w - 1
+        np.maximum(col0, (floor.numpy() if keep is None else floor.numpy()[keep]) - pos_ + (w - 1), out=col0)
     if win.min() < 0:  # placeholders: each a value of its own
         win = np.where(win >= 0, win, -1 - np.arange(w, dtype=win.dtype))
     limit, keyed = rows.limit, rows.keyed
@@ -263,37 +273,46 @@ def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
     length = (view[ri, w - 1 - pi] == ends[ri]).argmin(1)
     np.minimum(length, reach + 1, out=length)
     np.minimum(length, limit[ri], out=length)
-    allowed = rows.allowed[ri]
+    length -= rows.allowed[ri]  # the exponent, where at least 0
     after = win[ri, pi + 1]
-    hit = np.flatnonzero((length >= allowed) & (after >= 0))  # a hit's ``p + 1`` is inside (``reach >= 0``)
+    hit = np.flatnonzero((length >= 0) & (after >= 0))  # a hit's ``p + 1`` is inside (``reach >= 0``)
     if not len(hit):
         return
-    ri, after, exponent = ri[hit], after[hit], length[hit] - allowed[hit]
+    ri, after, exponent = ri[hit], after[hit], length[hit]
     if keyed is not None:
         ok = np.flatnonzero(~_breaks(keyed, ri, after.astype(np.int64)))
         ri, after, exponent = ri[ok], after[ok], exponent[ok]
-    table = rows.table
+    rounded = logits.dtype == torch.float32 and logits.is_contiguous()
+    table = rows.table32 if rounded else rows.table
     np.minimum(exponent, table.shape[1] - 1, out=exponent)  # at least 0: a hit's length reaches its allowed length
     penalty = table[rows.slots[ri], exponent]
     index = (ri if keep is None else keep[ri]) * logits.stride(0) + after
-    _lower_host(logits, index, penalty)
+    _lower_host(logits, index, penalty, rounded=rounded)
 
 
-def _lower_host(logits: torch.Tensor, index: np.ndarray, penalty: np.ndarray) -> None:
+def _rounded32(table: np.ndarray) -> np.ndarray:
+    """``table`` as ``_lower_host`` lowers float32 logits by it: at most float32's largest, rounded to float32 (float64)."""
+    out: np.ndarray = np.minimum(table, _F32_MAX).astype(np.float32).astype(np.float64)
+    return out
+
+
+def _lower_host(logits: torch.Tensor, index: np.ndarray, penalty: np.ndarray, *, rounded: bool = False) -> None:
     """The logits at the flat ``index`` (row times the row stride plus the id) lowered by
-    ``penalty`` (float64, clamped in place to float32's largest) as ``lower_rows`` lowers them, the
+    ``penalty`` (float64, clamped to float32's largest) as ``lower_rows`` lowers them, the
     largest penalty of an index winning (``minimum.at``, as its ``scatter_reduce_`` ``amin``):
     contiguous float32 logits (vLLM's sampler's) through a numpy array over their memory
     (``dry_lowering.host_f32_array``: no ``Tensor.numpy`` call, tens of µs cold), the amount rounded
     to float32, the difference taken in float64 and floored at float32's lowest (``-inf`` kept),
     then rounded to float32 (the float32 difference: float64 holds over twice its precision);
-    others with ``lower_rows``'s tensor ops over the flat logits (``scatter_reduce_``, ``amin``)."""
+    others with ``lower_rows``'s tensor ops over the flat logits (``scatter_reduce_``, ``amin``).
+    ``rounded``: ``penalty`` is clamped and rounded already (``_rounded32``; float32 logits only)."""
     if logits.dtype != torch.float32 or not logits.is_contiguous():
         return _lower(logits, index, penalty)
     values = host_f32_array(logits.data_ptr(), logits.numel())
     kept = values[index]
-    np.minimum(penalty, _F32_MAX, out=penalty)
-    lowered = kept - penalty.astype(np.float32).astype(np.float64)
+    if not rounded:
+        penalty = _rounded32(penalty)
+    lowered = kept - penalty
     np.maximum(lowered, np.minimum(kept, _F32_LOWEST), out=lowered)  # finite stays finite, -inf stays
     np.minimum.at(values, index, lowered.astype(np.float32))
     return None
