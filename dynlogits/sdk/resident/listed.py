@@ -29,6 +29,14 @@ from .engine_step import EngineStep
 __all__ = ["ListedLayout"]
 
 
+def _member_rows(slot_of_row: np.ndarray, slots: set[int], sentinel: int) -> np.ndarray:
+    """The rows whose slot is in ``slots`` (``slot_of_row``: the sentinel for rows of no resident
+    request, never in ``slots``), ascending: one lookup table indexed by slot."""
+    member = np.zeros(sentinel + 1, dtype=bool)
+    member[np.fromiter(slots, dtype=np.int64, count=len(slots))] = True
+    return np.flatnonzero(member[slot_of_row])
+
+
 class ListedLayout:
     """The host knows which slot each logits row holds (``set_rows``): member rows, their flat
     indices and each group's cached tables are built once per batch change (``prepare``: one
@@ -54,6 +62,9 @@ class ListedLayout:
         self.generated_needed = False  # a group with member rows reads ``StepInputs.generated``
         self._decisions = StepUpload(torch.long, batch.device)  # host-decided tokens
         self._layout = StepUpload(torch.long, batch.device)  # the rows and slots of every group
+        #: per group, what its last ``prepare`` was for (``_kept``): its cache's token, its rows and
+        #: the logits' stride
+        self._prepared: dict[tuple[int, type[Group]], tuple[object, ListedRows, int]] = {}
 
     def set_rows(self, host_slots: np.ndarray) -> None:
         self.host_slots = np.asarray(host_slots, dtype=np.int64)
@@ -73,26 +84,36 @@ class ListedLayout:
 
     def prepare(self, stride: int, dtype: torch.dtype) -> None:
         """Member rows (and each group's cached indices) for the current rows: the host arrays of
-        every group go to the device in one non-blocking upload."""
+        every group go to the device in one non-blocking upload. A group whose member rows, slots
+        and tables are as at its last ``prepare`` (``_kept``) keeps its ``ListedRows`` and caches
+        (a plan laid out ahead among them): nothing of it is uploaded or rebuilt."""
         batch, host = self.batch, self.host_slots
         assert host is not None
         in_step = host >= 0
-        members = [(key, np.flatnonzero(in_step & np.isin(host, list(group.members))))
+        slot_of_row = np.where(in_step, host, batch.sentinel)
+        members = [(key, _member_rows(slot_of_row, group.members, batch.sentinel))
                    for key, group in batch.groups.items() if group.members]
         members = [(key, rows) for key, rows in members if len(rows)]
-        failed = np.flatnonzero(in_step & np.isin(host, list(batch.failures.failed))) if batch.failures.failed else np.empty(0, np.int64)
-        parts = [np.where(in_step, host, batch.sentinel)]
-        for _, rows in [*members, (None, failed)]:
+        last = {key: not (batch.groups[key].members & batch.masking_after(key[0])) for key, _ in members}
+        kept = {key: listed for key, rows in members
+                if (listed := self._kept(key, rows, host[rows], stride, last[key])) is not None}
+        built = [(key, rows) for key, rows in members if key not in kept]
+        failed = (_member_rows(slot_of_row, batch.failures.failed, batch.sentinel) if batch.failures.failed
+                  else np.empty(0, np.int64))
+        parts = [slot_of_row]
+        for _, rows in [*built, (None, failed)]:
             parts += [rows, host[rows]]
         packed = np.concatenate(parts).astype(np.int64, copy=False)
         self._layout.buffer(len(packed))[:] = packed
         views = iter(self._layout.upload(len(packed), keep=True).split([len(p) for p in parts]))
         self.slot_of_row = next(views)
-        self.rows = {}
-        for key, rows in members:
+        self.rows = dict(kept)
+        for key, rows in built:
+            group = batch.groups[key]
             listed = self.rows[key] = self._rows(rows, stride, next(views), next(views))
-            listed.last = not (batch.groups[key].members & batch.masking_after(key[0]))
-            batch.groups[key].prepare(listed, stride)
+            listed.last = last[key]
+            group.prepare(listed, stride)
+            self._mark_prepared(key, group, listed, stride)
         self.failed = self._rows(failed, stride, next(views), next(views)) if len(failed) else None
         self.steps = [(batch.groups[key], self.rows[key]) for key in sorted(self.rows, key=lambda k: k[0])]
         self.positions_needed = any(group.positional for group, _ in self.steps)
@@ -100,6 +121,37 @@ class ListedLayout:
         self._plan_step_values(len(host))
         self.stride, self.dtype = stride, dtype
         self.dirty = False
+
+    #: the key a group's cache holds while what ``prepare`` cached in it stands (``Group.flush``
+    #: clears the cache whenever any of the group's tables changes)
+    _PREPARED = "listed_layout.prepared"
+
+    def _mark_prepared(self, key: tuple[int, type[Group]], group: Group, listed: ListedRows, stride: int) -> None:
+        """Remember what ``group`` was prepared for; a decided group is never kept (its per-layout
+        deciders are rebuilt with its rows)."""
+        if isinstance(group, DecidedGroup):
+            self._prepared.pop(key, None)
+            return
+        token = object()
+        group._cache[self._PREPARED] = token
+        self._prepared[key] = (token, listed, stride)
+
+    def _kept(self, key: tuple[int, type[Group]], rows: np.ndarray, slots: np.ndarray, stride: int,
+              last: bool) -> ListedRows | None:
+        """``key``'s ``ListedRows`` from an earlier ``prepare`` if it still stands: the group's cache
+        untouched since (no table of it flushed: its members and their data stand), the same rows,
+        slots, stride, ``last`` and ``identity`` (the rows are every row of the layout)."""
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            return None
+        token, listed, was_stride = prepared
+        group = self.batch.groups[key]
+        assert self.host_slots is not None
+        if (group._cache.get(self._PREPARED) is not token or was_stride != stride or listed.last != last
+                or listed.identity != (len(rows) == len(self.host_slots))
+                or not np.array_equal(listed.rows, rows) or not np.array_equal(listed.slots, slots)):
+            return None
+        return listed
 
     def _plan_step_values(self, n: int) -> None:
         """Lay out ``step_values`` for this layout: ``n`` generated counts, then each planning
