@@ -143,7 +143,10 @@ class V2RunnerMixin(LogitsProcessor):
         request = self.new_req_logits_processor(sampling_params, self._prompt_of(req_idx) if carries else None)
         self._slots[req_idx] = request
         self._active[req_idx] = request is not None
-        resident, hosted = request.split() if request is not None else (None, None)
+        if request is not None and request.failed:  # refused at realization: only stopped, by the resident path
+            resident, hosted = request, None
+        else:
+            resident, hosted = request.split() if request is not None else (None, None)
         self._is_resident[req_idx] = self._resident.assign(req_idx, resident)
         if not self._is_resident[req_idx]:
             hosted = request
@@ -151,7 +154,8 @@ class V2RunnerMixin(LogitsProcessor):
         self._is_hosted[req_idx] = hosted is not None
         # tokens it enters with (preempted and resumed), from the host mirrors: no read back
         resumed = max(0, int(self._req_states.prefill_len.np[req_idx]) - int(self._req_states.prompt_len.np[req_idx]))
-        self._thinking.assign(req_idx, resident if self._is_resident[req_idx] else None, resumed=resumed)
+        following = request is not None and self._is_resident[req_idx] and not request.failed
+        self._thinking.assign(req_idx, resident if following else None, resumed=resumed)
         self._layout = self._seen = None  # the listed layout's slots may hold another occupant now
         return request is not None
 

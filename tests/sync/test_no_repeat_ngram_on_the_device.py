@@ -92,8 +92,6 @@ def test_vllm_model_runner_v2_request_refused_at_admission_reads_nothing_back() 
     assert syncs == []
 
 
-@pytest.mark.xfail(strict=True, reason="adapters/vllm/v2.py _apply_hosted: with drafts (rows the host does not "
-                   "know) a request refused at admission still has its rows' slots and history read back")
 def test_vllm_model_runner_v2_request_refused_at_admission_reads_nothing_back_with_drafts() -> None:
     syncs, failures = _unstaged_prompt_run(drafts=2)
     assert len(failures) == len(INCLUDING_PROMPT)

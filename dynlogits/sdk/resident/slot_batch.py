@@ -86,20 +86,23 @@ class SlotBatch:
     # -- batch changes ----------------------------------------------------------------------------
     def assign(self, slot: int, request: GuardedRequest | None) -> bool:
         """Put ``request``'s program in ``slot`` (``None``, or a request that is not resident here,
-        clears it); returns whether the slot now holds a resident request."""
+        clears it); returns whether the slot now holds a resident request. A request that has
+        already failed with a stop token (refused at realization) is held whatever its entries: its
+        rows get only that token, on the device."""
         self._detach(slot)
         self._set_failed(slot, False)
         self.requests[slot] = None
-        resident = request is not None and request.resident and request.processor is not None and (
+        stopped = request is not None and request.failed and request.stop_token_id is not None
+        resident = stopped or (request is not None and request.resident and request.processor is not None and (
             self.host_histories
             or all(self._decidable(level, p.template)  # type: ignore[attr-defined]  # a resident request's processors have one
-                   for level, p in enumerate(request.processor.processors)))
+                   for level, p in enumerate(request.processor.processors))))
         self.failures.flags.reset(slot, owner=request if resident else None)
         self.listed.dirty = True
         if not resident:
             return False
-        assert request is not None and request.processor is not None
-        for level, processor in enumerate(request.processor.processors):
+        assert request is not None
+        for level, processor in enumerate(request.processor.processors if request.processor is not None and not stopped else ()):
             template = processor.template  # type: ignore[attr-defined]  # a resident request's processors have one
             key = (level, template.group)
             group = self.groups.get(key)
