@@ -155,6 +155,21 @@ def v1_batch(resident: Sequence[Any], vocab: int) -> SlotBatch:
     return batch
 
 
+def v1_left(request: Any, histories: Sequence[list[int]], vocab: int) -> tuple[SlotBatch, list[list[int]]]:
+    """``request`` alone in a ``SlotBatch`` with host histories (the V1 runner's interface), one step
+    per history in turn: the batch and, per step, the ids its row leaves finite."""
+    batch = SlotBatch(num_slots=2, vocab_size=vocab, device="cpu", host_histories=True)
+    assert batch.assign(0, request)
+    batch.flush()
+    batch.set_rows(np.array([0]))
+    left = []
+    for history in histories:
+        logits = torch.zeros(1, vocab)
+        batch.apply(logits, EngineStep(histories=[history]))
+        left.append(torch.isfinite(logits[0]).nonzero().flatten().tolist())
+    return batch, left
+
+
 def v1_step(batch: SlotBatch, hosted: Sequence[Any], seen: list[list[int]], step: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of ``v1_batch``'s batch on ``seen`` (row-indexed) and the hosted path's on the same

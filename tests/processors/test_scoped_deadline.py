@@ -10,16 +10,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from v2_rows import paired_requests, resident_request, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
+from v2_rows import paired_requests, resident_request, rows_against_hosted, rows_v1_against_hosted, v1_left, v2_harness, v2_params
 
 from dynlogits import sdk
 from dynlogits.processors.scope import ScopedClock
 from dynlogits.sdk.realization import RequestFacts
-from dynlogits.sdk.resident.engine_step import EngineStep
-from dynlogits.sdk.resident.slot_batch import SlotBatch
 
 V = 48
 EOS = 1
@@ -74,16 +71,8 @@ PAYLOAD: list[dict[str, Any]] = [{"kind": "reasoning", "start_token_ids": [5], "
 def test_a_due_scoped_deadline_forces_the_stop_token_only_in_its_phase() -> None:
     """The V1 runner's interface: in reasoning (``5 3``) the row is left whole; in the answer
     (``5 3 7``) only the stop token is left."""
-    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
-    assert batch.assign(0, _realize(PAYLOAD, [2]))
+    batch, left = v1_left(_realize(PAYLOAD, [2]), ([5, 3], [5, 3, 7]), V)
     assert all(isinstance(g, ScopedClock) for g in batch.groups.values())
-    batch.flush()
-    batch.set_rows(np.array([0]))
-    left = []
-    for history in ([5, 3], [5, 3, 7]):
-        logits = torch.zeros(1, V)
-        batch.apply(logits, EngineStep(histories=[history]))
-        left.append(torch.isfinite(logits[0]).nonzero().flatten().tolist())
     assert left == [list(range(V)), [EOS]]
 
 

@@ -10,18 +10,15 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from v2_rows import paired_requests, resident_request, rows_against_hosted, rows_v1_against_hosted, v2_harness, v2_params
+from v2_rows import paired_requests, resident_request, rows_against_hosted, rows_v1_against_hosted, v1_left, v2_harness, v2_params
 
 from dynlogits import sdk
 from dynlogits.kernels.spans import GATE
 from dynlogits.processors.device_thinking import DeviceThinking
 from dynlogits.processors.scope import ScopedSpan
 from dynlogits.sdk.realization import RequestFacts
-from dynlogits.sdk.resident.engine_step import EngineStep
-from dynlogits.sdk.resident.slot_batch import SlotBatch
 
 V = 48
 EOS = 1
@@ -92,16 +89,8 @@ def _left(logits: torch.Tensor) -> list[int]:
 def test_on_the_v1_runner_a_scoped_trigger_fires_only_on_its_stretch() -> None:
     """``2 3`` in reasoning fires nothing; ``2`` before the answer and ``3`` after it is no occurrence
     within the answer; ``2 3`` inside the answer forces the phrase's first token."""
-    batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
-    assert batch.assign(0, _realize(PAYLOAD, [9]))
+    batch, left = v1_left(_realize(PAYLOAD, [9]), ([5, 2, 3], [5, 2, 7, 3], [5, 2, 7, 3, 2, 3], [5, 2, 7, 3, 2, 3, 10]), V)
     assert all(isinstance(g, ScopedSpan) for g in batch.groups.values())
-    batch.flush()
-    batch.set_rows(np.array([0]))
-    left = []
-    for history in ([5, 2, 3], [5, 2, 7, 3], [5, 2, 7, 3, 2, 3], [5, 2, 7, 3, 2, 3, 10]):
-        logits = torch.zeros(1, V)
-        batch.apply(logits, EngineStep(histories=[history]))
-        left.append(_left(logits))
     assert left == [list(range(V)), list(range(V)), [10], [11]]
 
 
