@@ -223,6 +223,13 @@ def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
             return
     keep, m = rows.keep, len(rows.slots)
     pos_ = pos.numpy() if keep is None else pos.numpy()[keep]
+    # the columns before every row's position 0 hold nothing that counts: the window is cut to the
+    # last ``max(pos) + 1`` columns (a column keeps its distance back from its row's position)
+    cut = w - min(w, int(pos_.max()) + 1)
+    if cut:
+        w, c = w - cut, min(c, w - cut)
+        if w < 2:
+            return
     if input_ids is not None and local_pos is not None:
         column = pos_[:, None] + _offsets(w)
         np.maximum(column, 0, out=column)
@@ -233,7 +240,7 @@ def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
         if fed.any():
             win = np.where(fed, input_ids.numpy()[np.maximum(ids[:, None] - back, 0)], win)
     else:  # a column before position 0 wraps to another row's tokens: before the window, read as anything
-        win = tok.reshape(-1).take(rows.at + pos_[:, None], mode="wrap")
+        win = tok.reshape(-1).take((rows.at[:, cut:] if cut else rows.at) + pos_[:, None], mode="wrap")
     if win.dtype != np.int32:
         win = win.astype(np.int64)
     # the first column inside each row's window (its look-back, the prompt unless it counts)
@@ -241,7 +248,7 @@ def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
         col0 = np.maximum(rows.first, prompt_len.numpy()[rows.wslots] * rows.outside - pos_)
         col0 += w - 1
     else:  # every row counts its prompt: its window starts at position 0 at the latest
-        col0 = np.maximum(rows.first_w, (w - 1) - pos_)
+        col0 = np.maximum(rows.first_w - cut if cut else rows.first_w, (w - 1) - pos_)
     if floor is not None:  # and its floor (``NEVER``: past every column)
         np.maximum(col0, (floor.numpy() if keep is None else floor.numpy()[keep]) - pos_ + (w - 1), out=col0)
     if win.min() < 0:  # placeholders: each a value of its own
