@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -253,6 +253,14 @@ class SpanTables:
                fused: bool) -> None:
         """After every table's advance over ``rounds`` positions (``fused``: by the fused op), the
         ``inner`` automaton's own; nothing without one."""
+
+    def decide_drafts(self, slots: torch.Tensor, scope: torch.Tensor, valid: torch.Tensor, prompt_len: torch.Tensor,
+                      advance: Callable[[SpanTables, torch.Tensor], torch.Tensor], generated: Callable[[], torch.Tensor],
+                      row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """With drafts, tables with an ``inner`` automaton decide each row from ``scope``, their own
+        state over the drafts before it (``stretch_spans.StretchSpans``); tables without one never
+        get this call (``DeviceThinking.decide`` advances their state itself)."""
+        raise NotImplementedError(f"{type(self).__name__} follows no inner automaton")
 
     def put_state(self, slot: int, values: Sequence[int]) -> None:
         """Write ``slot``'s state row (fills, no host copy)."""
@@ -603,7 +611,7 @@ class DeviceThinking:
         else:
             scope, valid = self._over_drafts(tables, rows, source, local_pos, tables.state[slots], rows.member)
         committed = source.total_len[clamped]
-        return cast(Any, tables).decide_drafts(
+        return tables.decide_drafts(
             slots, scope, valid, source.prompt_len[clamped],
             lambda inner, state: self._over_drafts(inner, rows, source, local_pos, state, valid)[0],
             lambda: committed + local_pos.long(), self._row_tokens)

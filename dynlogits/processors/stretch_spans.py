@@ -25,7 +25,7 @@ import torch
 
 from dynlogits.kernels.spans import NO_RULE, spans_advance_
 
-from .device_thinking import ANCHOR, BIG, NEVER, OUT, STATE, DeviceThinking, SpanTables
+from .device_thinking import ANCHOR, NEVER, OUT, STATE, DeviceThinking, SpanTables
 
 __all__ = ["StretchSpans"]
 
@@ -55,9 +55,8 @@ class StretchSpans(SpanTables):
         super().set(slot, template)
         inner = None if template is None else template.inner
         self.inner.set(slot, inner)
-        if inner is not None:
-            start, _ = self.inner.delimiters(inner)
-            self.restart.set(slot, [BIG * len(start) + len(start), 0, 0, self.inner.outs(inner)[0]])
+        if inner is not None:  # the inner state with no span open and nothing seen before position 0
+            self.restart.set(slot, self.inner.resumed_state(inner, None, 0))
 
     def initial_state(self, template: Any) -> list[int]:
         """The scope's state after the prompt, the inner's, and the epoch (the output's start)."""
