@@ -75,12 +75,18 @@ def _counting_prepares(monkeypatch) -> list[int]:  # noqa: ANN001
     return calls
 
 
-def test_a_batch_change_that_keeps_a_groups_rows_reuses_its_rows_and_tables(monkeypatch) -> None:  # noqa: ANN001
-    rng = random.Random(3)
+def _four_forced(monkeypatch, seed: int) -> tuple[random.Random, list[int], _Run]:  # noqa: ANN001
+    """Forced-sequence requests of 20 random ids in slots 0..3 of an 8-slot run, prepares counted."""
+    rng = random.Random(seed)
     calls = _counting_prepares(monkeypatch)
     run = _Run(slots=8)
     for slot in range(4):
         run.assign(slot, _forced([rng.randrange(2, V) for _ in range(20)]))
+    return rng, calls, run
+
+
+def test_a_batch_change_that_keeps_a_groups_rows_reuses_its_rows_and_tables(monkeypatch) -> None:  # noqa: ANN001
+    _, calls, run = _four_forced(monkeypatch, 3)
     run.assign(4, _banned([3, 4]))
     run.set_rows([0, 1, 2, 3, 4], [[] for _ in range(5)])
     run.step()
@@ -97,11 +103,7 @@ def test_a_batch_change_that_keeps_a_groups_rows_reuses_its_rows_and_tables(monk
 
 
 def test_a_batch_change_that_touches_a_groups_rows_or_tables_rebuilds_it(monkeypatch) -> None:  # noqa: ANN001
-    rng = random.Random(4)
-    calls = _counting_prepares(monkeypatch)
-    run = _Run(slots=8)
-    for slot in range(4):
-        run.assign(slot, _forced([rng.randrange(2, V) for _ in range(20)]))
+    rng, calls, run = _four_forced(monkeypatch, 4)
     run.set_rows([0, 1, 2, 3], [[] for _ in range(4)])
     run.step()
     run.assign(1, _forced([rng.randrange(2, V) for _ in range(20)]))  # same slot and row, another sequence
