@@ -683,3 +683,24 @@ def test_hosted_kinds_are_those_the_adapter_runs_per_row() -> None:
         if _V2Adapter(case, 64).harness.processor._is_hosted.any():
             hosted["adapter_v2"].add(kind)
     assert hosted == {impl: set(kinds) for impl, kinds in workloads.HOSTED_KINDS.items()}
+
+
+def test_max_model_len_sets_the_width_of_model_runner_v2s_token_matrix_and_must_hold_the_history() -> None:
+    """``--max-model-len`` is the V2 harness's token matrix width (default: the last step's history, so
+    no empty columns are read); one too short for the history is refused naming the option."""
+    import torch
+
+    from dynlogits.tools.bench import workloads
+    from dynlogits.tools.bench.micro import MicroOptions, _Case, _impls, _V2Adapter, history_len
+
+    vocab = 1024
+    payloads = [workloads.payload("dry", vocab_size=vocab, eos_token_id=1, seed=i) for i in range(2)]
+    case = _Case("dry", vocab, 1, payloads, [vocab - 1] * 4, [[] for _ in payloads])
+    for opts, width in ((MicroOptions(kinds=("dry",)), history_len("dry", MicroOptions(kinds=("dry",)))),
+                        (MicroOptions(kinds=("dry",), max_model_len=4096), 4096)):
+        v2 = [impl for impl in _impls(case, opts, torch.device("cpu"), set()) if isinstance(impl, _V2Adapter)]
+        assert [impl.harness.all_token_ids.gpu.shape[1] for impl in v2] == [width]
+    need = history_len("dry", MicroOptions(kinds=("dry",)))
+    with pytest.raises(ValueError, match=rf"--max-model-len {need - 1}: .* at least {need} tokens"):
+        MicroOptions(kinds=("dry",), max_model_len=need - 1)
+    MicroOptions(kinds=("dry",), max_model_len=need)  # exactly the history fits

@@ -74,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--vocabs", type=_ints, help="logits widths (default 32000,151936; quick 151936)")
     m.add_argument("--kinds", type=_kinds, help="workloads (default all)")
     m.add_argument("--repeats", type=_positive, help="timed repetitions per measurement (default 30; quick 5)")
+    m.add_argument("--max-model-len", type=_positive,
+                   help="the runner's max_model_len, the width of Model Runner V2's token matrix (default: the "
+                        "history's length at the last step); a longer one shows what reading the matrix costs")
     e = p.add_argument_group("engine")
     e.add_argument("--engine-requests", type=_positive, help="concurrent requests (default 64; quick 4)")
     e.add_argument("--engine-tokens", type=_positive, help="tokens per request (default 64; quick 8)")
@@ -129,19 +132,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     q = args.quick
     try:
         if "micro" in run:
-            opts = MicroOptions(
-                kinds=args.kinds or MicroOptions.kinds,
-                batches=_pick(args.batches, MicroOptions.batches, (1, 64), q),
-                vocabs=_pick(args.vocabs, MicroOptions.vocabs, (151936,), q),
-                repeats=_pick(args.repeats, MicroOptions.repeats, 5, q),
-                warmup=1 if q else MicroOptions.warmup,
-                device=args.device,
-            )
+            try:
+                opts = MicroOptions(
+                    kinds=args.kinds or MicroOptions.kinds,
+                    batches=_pick(args.batches, MicroOptions.batches, (1, 64), q),
+                    vocabs=_pick(args.vocabs, MicroOptions.vocabs, (151936,), q),
+                    repeats=_pick(args.repeats, MicroOptions.repeats, 5, q),
+                    warmup=1 if q else MicroOptions.warmup,
+                    device=args.device,
+                    max_model_len=args.max_model_len,
+                )
+            except ValueError as exc:  # an option the others make impossible (--max-model-len)
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
             micro, skipped = run_micro(opts)
             records += micro
             notes += skipped
+            width = ("" if opts.max_model_len is None
+                     else f"; max_model_len {opts.max_model_len} (Model Runner V2's token matrix width)")
             settings["micro"] = (f"prompt {opts.prompt_len} tokens; {opts.warmup} warm-up + {opts.repeats} timed steps "
-                                 "per measurement, medians")
+                                 f"per measurement, medians{width}")
             print(f"\n## micro ({settings['micro']})\n")
             print("\n".join(micro_tables(micro)), flush=True)
         if "engine" in run:

@@ -85,6 +85,9 @@ fed the same requests and the same logits:
   its time. watermark only; the first repetition checks that it draws, in every row, the one token
   the adapter leaves finite.
 
+Model Runner V2's token matrix (`max_model_len` columns) is as wide as the longest history at the
+last step unless `--max-model-len` widens it; a wider one shows what reading the matrix costs the
+kinds that decide from it (the settings line above names the width when it is not the default).
 Each repetition appends one token to every request's history, restores the logits outside the timed
 region, then times each implementation in an order rotated every repetition; the tables report
 medians. A micro target reads the ratio of two implementations per repetition (timed within

@@ -54,6 +54,17 @@ class MicroOptions:
     prompt_len: int = 128
     device: str = "cpu"
     seed: int = 0
+    #: the runner's ``max_model_len`` (the width of Model Runner V2's token matrix); ``None``: the
+    #: history's length at the last step, so a kind that reads the matrix reads no empty columns
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_model_len is not None:
+            need = max(history_len(kind, self) for kind in self.kinds)
+            if self.max_model_len < need:
+                raise ValueError(f"--max-model-len {self.max_model_len}: must hold every request's history at the "
+                                 f"last step, at least {need} tokens here (prompt {self.prompt_len}, warm-up "
+                                 f"{self.warmup}, {self.repeats} timed steps and the primed output)")
 
 
 @dataclass
@@ -210,13 +221,19 @@ class _Floor(_Impl):
         logits.fill_(-math.inf)
 
 
+def history_len(kind: str, opts: MicroOptions) -> int:
+    """How many tokens a request of ``kind`` holds at the last step of a measurement (prompt, primed
+    output, warm-up and timed steps, and the token a step's draw appends)."""
+    return opts.prompt_len + workloads.PRIMED.get(kind, 0) + opts.warmup + opts.repeats + 1
+
+
 def _impls(case: _Case, opts: MicroOptions, device: torch.device, skipped: set[str]) -> list[_Impl]:
     from dynlogits.adapters.vllm import DynamoVllmLogitsProcessor
 
     from .reference import ReferenceForcedSequenceProcessor, reference_available
 
     impls: list[_Impl] = [_V1Processor("adapter", DynamoVllmLogitsProcessor, case, device)]
-    max_model_len = opts.prompt_len + workloads.PRIMED.get(case.kind, 0) + opts.warmup + opts.repeats + 1
+    max_model_len = history_len(case.kind, opts) if opts.max_model_len is None else opts.max_model_len
     if device.type == "cpu":
         impls.append(_V2Adapter(case, max_model_len))
     else:
