@@ -132,7 +132,9 @@ class V2RunnerMixin(LogitsProcessor):
         if prompt is None and not self._warned_prompt:
             self._warned_prompt = True
             logger.warning("Model Runner V2 staged no write of a new request's tokens: its prompt is unknown to the "
-                           "logits processors, so a reasoning span its prompt opens is not seen (docs/vllm.md)")
+                           "logits processors, so a reasoning span its prompt opens is not seen, no_repeat_ngram's "
+                           "include_prompt is refused and a hosted dry entry's window starts at the output "
+                           "(docs/specs.md)")
         return prompt
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
