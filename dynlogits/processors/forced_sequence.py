@@ -3,9 +3,10 @@ resident group and the group's host plan."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, TypeAlias
+from operator import itemgetter
+from typing import Any, ClassVar, TypeAlias
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ from .slots import (
     force_listed_at,
     listed_positions,
 )
+from .uploads import to_device
 
 __all__ = ['KIND', 'ForcedSequenceGroup', 'ForcedSequenceProcessor', 'ForcedSequenceTemplate', 'factory']
 
@@ -40,6 +42,14 @@ KIND = "forced_sequence"
 
 #: logits dtypes numpy can view (``ForcedSequenceGroup._settled_on_host``; not bfloat16)
 _NUMPY_FLOATS = frozenset({torch.float32, torch.float16, torch.float64})
+
+def _member_counts(rows: list[int]) -> Callable[[list[int]], tuple[int, ...]]:
+    """The counts of ``rows`` (``2+`` rows, or one) out of a layout's row-indexed counts, as a tuple."""
+    if len(rows) == 1:
+        row = rows[0]
+        return lambda counts: (counts[row],)
+    return itemgetter(*rows)
+
 
 class ForcedSequenceGroup(PlannedGroup):
     """``forced_sequence``: a row that has generated ``g`` tokens forces ``sequence[g]``, EOS once
@@ -68,16 +78,19 @@ class ForcedSequenceGroup(PlannedGroup):
         self._cache["host_flat"] = rows.rows[:, None] * stride + self.sequence.host_np[rows.slots]
         self._cache["host_length"] = self.length.host_np[rows.slots, 0]
         self._cache["host_rows"] = np.arange(n)
+        # the member rows' counts out of the layout's (``plan``'s check of a plan laid out ahead)
+        self._cache["member_counts"] = None if rows.identity else _member_counts(rows.rows.tolist())
         if n <= self._FEW_ROWS:  # ``plan`` in Python: the same tables as lists
             self._cache["few"] = list(zip(rows.rows.tolist(), self._cache["host_length"].tolist(),
                                           self._cache["host_flat"].tolist()))
-        self._cache["sequence"] = self.sequence.dev[rows.slots_dev]
-        self._cache["length"] = self.length.dev[rows.slots_dev, 0]
-        self._cache["zero"] = torch.zeros_like(self._cache["length"])
         if self._settles(rows):
             self._prepare_settle(rows)
             if rows.rows_dev.device.type == "cpu":  # logits in host memory: ``_settled_on_host``
                 self._cache["none_dead"] = torch.zeros(n, dtype=torch.bool)
+        else:
+            self._cache["sequence"] = self.sequence.dev[rows.slots_dev]
+            self._cache["length"] = self.length.dev[rows.slots_dev, 0]
+            self._cache["zero"] = torch.zeros_like(self._cache["length"])
 
     @staticmethod
     def _settles(rows: ListedRows) -> bool:
@@ -88,32 +101,42 @@ class ForcedSequenceGroup(PlannedGroup):
         return not self._settles(rows)  # a settle reads ``pos`` directly (``_pick``)
 
     def _prepare_settle(self, rows: ListedRows) -> None:
-        """The tables ``_pick`` reads. Each row's position is turned into a column ``c`` by
-        counting the row's bounds at or below it (``searchsorted``): bounds ``offset + [0, 1, ..,
-        length]`` give ``c = clamp(generated + 1, 0, length + 1)``, ``c = 0`` for a row still in
-        prefill (its sample is discarded). Per row and column, six planes, a live row's three then a
-        masked row's: the forced token's flat index (column ``c`` forces ``sequence[max(c - 1,
-        0)]``, EOS once the sequence is spent), the flag slot of a row that keeps it (the sentinel:
-        no flag) and the position (``c - 1``: the generated count, at most the sequence's length);
-        then what replaces them where the token is masked: its stop token's index, its own slot (the
-        sentinel in prefill) and the same position (what its flag records)."""
-        n = len(rows.rows)
+        """The tables ``_pick`` reads, built on the host (from ``prepare``'s ``host_flat``) and
+        uploaded in one copy, the stop plane then written on the device (one op).
+        Each row's position is turned into a column ``c`` by counting the row's bounds at or below
+        it (``searchsorted``): bounds ``offset + [0, 1, .., length]`` give ``c = clamp(generated +
+        1, 0, length + 1)``, ``c = 0`` for a row still in prefill (its sample is discarded). Per row
+        and column, six planes, a live row's three then a masked row's: the forced token's flat
+        index (column ``c`` forces ``sequence[max(c - 1, 0)]``, EOS once the sequence is spent), the
+        flag slot of a row that keeps it (the sentinel: no flag) and the position (``c - 1``: the
+        generated count, at most the sequence's length); then what replaces them where the token is
+        masked: its stop token's index, its own slot (the sentinel in prefill) and the same position
+        (what its flag records). ``at``: the bounds without the offset, ``_NEVER`` past a row's
+        length."""
+        flat = self._cache["host_flat"]
+        n, width = flat.shape  # the longest sequence + its EOS
         assert rows.base is not None and rows.stop_index is not None
-        sentinel = self._sentinel
-        sequence = self._cache["sequence"]
-        width = sequence.shape[1]  # the longest sequence + its EOS
-        flat = rows.base[:, None] + torch.cat([sequence[:, :1], sequence], 1)  # [n, width + 1]
-        dead_slot = rows.slots_dev[:, None].expand(n, width + 1).clone()
-        dead_slot[:, :1].fill_(sentinel)
-        position = torch.arange(-1, width, device=flat.device).expand(n, width + 1)
-        self._cache["table"] = torch.stack([flat, torch.full_like(flat, sentinel), position,
-                                            rows.stop_index[:, None].expand(n, width + 1), dead_slot, position])
-        steps = torch.arange(width, device=flat.device).expand(n, width)
-        self._cache["steps"] = steps
-        self._cache["beyond"] = steps > self._cache["length"][:, None]  # bounds past a row's length
+        table_size, at_size = 6 * n * (width + 1), n * width
+        host = np.empty(table_size + at_size, dtype=np.int64)
+        table = host[:table_size].reshape(6, n, width + 1)
+        table[0, :, 1:] = flat
+        table[0, :, 0] = flat[:, 0]
+        table[1] = self._sentinel
+        table[2] = table[5] = np.arange(-1, width)
+        table[3] = 0  # the stop plane: written on the device below
+        table[4] = rows.slots[:, None]
+        table[4, :, 0] = self._sentinel
+        at = host[table_size:].reshape(n, width)
+        at[:] = np.arange(width)
+        at[at > self._cache["host_length"][:, None]] = self._NEVER  # bounds past a row's length
+        values = to_device(host, torch.long, rows.rows_dev.device)  # type: ignore[arg-type]  # an array fills it alike
+        dev_table = values[:table_size].view(6, n, width + 1)
+        dev_table[3].copy_(rows.stop_index[:, None].expand(n, width + 1))
+        self._cache["table"] = dev_table
+        self._cache["at"] = values[table_size:].view(n, width)
         self._cache["bounds"] = None
-        # the planned step's stand-in for the third and fourth planes
-        self._cache["if_dead"] = torch.stack([rows.stop_index, rows.slots_dev])
+        # the planned step's stand-in for the third and fourth planes: the stop index, the row's slot
+        self._cache["if_dead"] = dev_table[3:5, :, 1]
 
     @property
     def _sentinel(self) -> int:
@@ -139,9 +162,10 @@ class ForcedSequenceGroup(PlannedGroup):
         assert values is not None
         bounds = self._cache["bounds"]
         if bounds is None or bounds[0] is not offset or bounds[1].dtype != values.dtype:
-            at = self._cache["steps"] if offset is None else self._cache["steps"] + (
-                offset if rows.identity else offset[rows.rows_dev])[:, None]
-            bounds = self._cache["bounds"] = (offset, at.masked_fill(self._cache["beyond"], self._NEVER).to(values.dtype))
+            at = self._cache["at"]
+            if offset is not None:  # ``_NEVER`` stays a bound no position reaches
+                at = (at + (offset if rows.identity else offset[rows.rows_dev])[:, None]).clamp_(max=self._NEVER)
+            bounds = self._cache["bounds"] = (offset, at.to(values.dtype))
         return values, bounds[1]
 
     def _pick_settle_fused(self, step: StepInputs, rows: ListedRows) -> Dead:
@@ -175,9 +199,11 @@ class ForcedSequenceGroup(PlannedGroup):
         """``[forced flat index | sentinel slot | position]`` per member row (the position capped at
         the sequence's length, as everywhere in this group): on the host, what ``_pick`` would
         otherwise derive on the device each step. Laid out ahead for the steps where every row
-        generates one token (``_plan_ahead``): such a step is one compare of ``counts`` and one copy."""
+        generates one token (``_plan_ahead``): such a step is one compare of the member rows' counts
+        and one copy."""
         ahead = self._cache.get("ahead")
-        if ahead and counts == ahead[-1][0]:
+        member_counts = self._cache["member_counts"]
+        if ahead and (counts if member_counts is None else member_counts(counts)) == ahead[-1][0]:
             _, values, positions = ahead.pop()
             np.copyto(out, values)
             self._cache["host_positions"] = positions
@@ -200,10 +226,11 @@ class ForcedSequenceGroup(PlannedGroup):
     _AHEAD = 32
 
     def _plan_ahead(self, rows: ListedRows, counts: list[int], generated: np.ndarray) -> None:
-        """Lay out ``plan``'s values for the next steps, each valid while every row of the layout
-        has generated one more token than at the step before (``counts`` then grows by one per
-        step): as many steps as last time laid out and used, twice over (up to ``_AHEAD``), one
-        step after a step that broke the pattern (chunked prefill, drafts)."""
+        """Lay out ``plan``'s values for the next steps, each valid while every member row has
+        generated one more token than at the step before (their counts then grow by one per step;
+        the other rows of the layout, and a batch change that keeps the group's rows and slots, do
+        not matter): as many steps as last time laid out and used, twice over (up to ``_AHEAD``),
+        one step after a step that broke the pattern (chunked prefill, drafts)."""
         ahead = self._cache.get("ahead")
         horizon = min(2 * self._cache["horizon"] if ahead is not None and not ahead else 1, self._AHEAD)
         self._cache["horizon"] = horizon
@@ -216,7 +243,10 @@ class ForcedSequenceGroup(PlannedGroup):
         positions = np.minimum(member[None, :] + steps, self._cache["host_length"][None, :], out=values[:, 2 * n :])
         values[:, :n] = self._cache["host_flat"][self._cache["host_rows"][None, :], positions]
         values[:, n : 2 * n] = self._sentinel
-        expected = (generated[None, :] + steps).tolist()  # ``counts`` at each of those steps
+        # the member rows' counts at each of those steps, as ``plan`` takes them
+        expected: list[Any] = (member[None, :] + steps).tolist()
+        if not rows.identity:
+            expected = [tuple(e) for e in expected]
         self._cache["ahead"] = [(expected[t], values[t], values[t, 2 * n :]) for t in range(horizon - 1, -1, -1)]
 
     def _planned_views(self, planned: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -128,3 +128,30 @@ def test_member_rows_are_the_rows_whose_slot_is_a_member_in_order() -> None:
         members = set(rng.choice(sentinel, size=rng.integers(1, 10), replace=False).tolist())
         want = np.flatnonzero(np.isin(slot_of_row, list(members)))
         assert np.array_equal(_member_rows(slot_of_row, members, sentinel), want)
+
+
+def test_a_batch_change_that_keeps_the_groups_rows_keeps_its_plan(monkeypatch) -> None:  # noqa: ANN001
+    """The plan laid out ahead (``ForcedSequenceGroup._plan_ahead``) is checked against the member
+    rows' counts only: a request of another kind arriving in a new row neither breaks it nor
+    restarts it, and every step still equals the host path's."""
+    _, _, run = _four_forced(monkeypatch, 5)
+    laid_out: list[int] = []
+    real = ForcedSequenceGroup._plan_ahead
+
+    def spy(self, rows, counts, generated):  # noqa: ANN001, ANN202
+        laid_out.append(len(rows.rows))
+        real(self, rows, counts, generated)
+
+    monkeypatch.setattr(ForcedSequenceGroup, "_plan_ahead", spy)
+    run.assign(4, _banned([3, 4]))
+    run.set_rows([0, 1, 2, 3, 4], [[] for _ in range(5)])  # forced in rows 0..3, not every row
+    for _ in range(7):  # laid out at steps 1, 3 and 6 (1, 2 then 4 steps ahead): 3 steps left
+        run.step()
+    assert laid_out == [4, 4, 4]
+    run.assign(5, _banned([5]))  # another kind arrives in a new row, its count unlike any forced row's
+    run.set_rows([0, 1, 2, 3, 4, 5], [*run.histories, [EOS] * 9])
+    for _ in range(3):
+        run.step()
+    assert laid_out == [4, 4, 4]  # the three steps served from the plan laid out before the change
+    run.step()
+    assert laid_out == [4, 4, 4, 4]
