@@ -10,21 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 import torch
 
 from dynlogits.specs.builtin.thinking_budget import ThinkingBudget, ThinkingBudgetSpec
 
 from .base import RealizeContext
-from .device_thinking import ANCHOR, CLOSED, DUE, NEVER, OUT, SettledForcing, SpanTables
-from .modes import SpanDecided
+from .device_thinking import ANCHOR, BIG, CLOSED, DUE, NEVER, OUT, SettledForcing, SpanTables
+from .modes import OUT_OF_PHASE, SpanDecided
 from .ops import ForceToken, RowOp, apply_op
 from .slots import SlotTable, Template
 from .spans import ROLLBACK, SpanScanner
 
 __all__ = ["CLOSED", "KIND", "ROLLBACK", "ThinkingBudgetGroup", "ThinkingBudgetProcessor", "ThinkingBudgetTemplate",
-           "ThinkingTables", "factory"]
+           "ThinkingTables", "factory", "restarts_exactly"]
 
 #: what realization passes this kind's factory: the validated model or its fast decode
 Entry: TypeAlias = ThinkingBudgetSpec | ThinkingBudget
@@ -49,8 +49,10 @@ class ThinkingBudgetProcessor:
         self.end = tuple(end_token_ids)
         self.budget = budget
         self.scanner = SpanScanner(self.start, self.end, prompt)
+        tail = tuple(prompt[len(prompt) - self.scanner.prompt_tail :])
         self.template = ThinkingBudgetTemplate(self.start, self.end, budget, self.scanner.initial,
-                                               self.scanner.prompt_tail)
+                                               self.scanner.prompt_tail,
+                                               restarts_exactly(tail, self.start, self.end, self.scanner.initial))
 
     def span(self, ids: Sequence[int]) -> int | None:
         """Where the open span began after ``ids`` (generated positions, ``<= 0`` in the prompt);
@@ -77,12 +79,42 @@ class ThinkingBudgetProcessor:
         apply_op(self.row_op(input_ids), logits)
 
 
+def restarts_exactly(tail: Sequence[int], start: Sequence[int], end: Sequence[int], initial: int | None) -> bool:
+    """Whether the automaton restarted at a scoped stretch's start (``ThinkingTables.restart_state``)
+    follows what the hosted inner processor, fed the stretch alone, sees: no delimiter straddles the
+    stretch's start on either side. Hosted, the prompt's ``tail`` stands before every stretch: it
+    ends with no proper prefix of ``start`` or ``end``. On the device the tokens really before it
+    do: where the prompt left a span open (``initial``), an ``end`` inside the stretch is no part of
+    a ``start`` reaching back before it (``end`` at no offset ``1 .. len(start) - len(end) - 1`` of it)."""
+    start, end, tail = tuple(start), tuple(end), tuple(tail)
+    for seq in (start, end):
+        if any(tail[len(tail) - j :] == seq[:j] for j in range(1, min(len(tail), len(seq) - 1) + 1)):
+            return False
+    return initial is None or all(start[o : o + len(end)] != end for o in range(1, len(start) - len(end)))
+
+
 class ThinkingBudgetGroup(SettledForcing, SpanDecided):
     """``thinking_budget``: whether and what to force depends on the tokens written, decided per
     row (the end token to force, ``-1`` for none): on the host from the live history (V1 runner),
-    or on the device (``DeviceThinking`` with ``ThinkingTables``, Model Runner V2)."""
+    or on the device (``DeviceThinking`` with ``ThinkingTables``, Model Runner V2). Scoped to a phase
+    (``scope.ScopedSpan``): a row in phase is decided from its stretch alone (the processor's
+    scanner, built with the prompt, fed it), one out of phase (``neutral_history``) forces nothing;
+    without histories the automaton restarts at each stretch (``ThinkingTables.restart_state``),
+    where that is exact (``ThinkingBudgetTemplate.restarts_exactly``), else the request is hosted."""
 
     positional = False  # a row left with no token reports no output position
+    neutral_history = OUT_OF_PHASE
+
+    @classmethod
+    def scopable(cls, template: Template) -> bool:
+        """A scoped entry is resident: its processor decides from any stretch."""
+        return True
+
+    def host_decision(self, processor: Any, history: Sequence[int]) -> int:
+        """The end token to force (``-1``: none, or out of a scoped entry's phase)."""
+        if history is OUT_OF_PHASE:
+            return -1
+        return int(super().host_decision(processor, history))
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +128,9 @@ class ThinkingBudgetTemplate(Template):
     initial: int | None = None
     #: how many of the prompt's last tokens a start sequence may cover (``SpanScanner.prompt_tail``)
     prompt_tail: int = 0
+    #: scoped, whether the device's automaton restarted at each stretch is the hosted path's
+    #: (``restarts_exactly``; else a scoped entry's request is hosted where histories are not on the host)
+    restarts_exactly: bool = True
     group: ClassVar[type[ThinkingBudgetGroup]] = ThinkingBudgetGroup
     reads_tokens: ClassVar[bool] = True
 
@@ -136,6 +171,20 @@ class ThinkingTables(SpanTables):
 
     def forced(self) -> tuple[SlotTable, SlotTable]:
         return self.end, self.end_len
+
+    def restart_state(self, template: ThinkingBudgetTemplate) -> list[int]:
+        """The state a scoped entry's automaton restarts in at each stretch's start, as position 0
+        (``stretch_spans.StretchSpans`` adds the start by ``scale``): the hosted inner processor's
+        scanner, built with the prompt, fed the stretch alone, starts each as after the prompt: a span
+        the prompt left open is open, its prompt tokens counted against the budget (``OUT``: the
+        budget from ``initial``). No delimiter straddles the start (``restarts_exactly``): the looked-for
+        sequence begins at 0 at the earliest (``KEY``), and an end already begun is read within the
+        stretch only (``ANCHOR`` 0)."""
+        start, end = self.delimiters(template)
+        span = self.initial(template)
+        if span == CLOSED:
+            return [BIG * len(start) + len(start), 0, 0, NEVER]
+        return [BIG * len(end) + len(end), 0, 1, template.budget + span]
 
     def set(self, slot: int, template: ThinkingBudgetTemplate | None) -> None:
         super().set(slot, template)

@@ -179,13 +179,15 @@ def test_a_scoped_entry_that_counts_the_prompt_is_not_resident() -> None:
     assert isinstance(without, _ScopedResident)
 
 
-def test_a_scoped_kind_that_does_not_opt_in_stays_hosted() -> None:
-    """``thinking_budget`` does not opt in (``DecidedGroup.scopable``): a scoped entry is hosted."""
+def test_a_scoped_thinking_budget_opts_in_and_is_resident() -> None:
+    """``thinking_budget`` opts in (``DecidedGroup.scopable``): a scoped entry is resident, a
+    ``ScopedSpan`` (its rows against the hosted path: ``test_scoped_thinking_budget.py``)."""
     payload: list[dict[str, Any]] = [{"kind": "reasoning", "start_token_ids": [5], "end_token_ids": [7]},
                                      {"kind": "thinking_budget", "start_token_ids": [20], "end_token_ids": [21],
                                       "budget": 2, "scope": "reasoning"}]
     batch = SlotBatch(num_slots=2, vocab_size=V, device="cpu", host_histories=True)
-    assert not batch.assign(0, _realize(payload, [2]))
+    assert batch.assign(0, _realize(payload, [2]))
+    assert [type(g).__name__ for g in batch.groups.values()] == ["ScopedThinkingBudgetGroup"]
 
 
 # -- multiple_choice: a restrictive kind (a row out of phase is left as it is, not filled) -----------
