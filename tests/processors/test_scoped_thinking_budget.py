@@ -240,6 +240,22 @@ def test_under_model_runner_v2_a_start_reaching_back_before_the_stretch_opens_no
 
 
 @pytest.mark.parametrize("path", ["eager", "fused"])
+def test_under_model_runner_v2_a_trigger_reaching_back_before_a_resumed_stretch_fires_nothing(
+        path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resumed state of a scoped ``trigger`` too (``ScopedSpanTables.host_state``): one token into
+    the answer after ``7``, a trigger ``7 3 3`` completed by the next ``3`` began before the stretch:
+    no phrase forced, as the hosted path (the processor fed the stretch alone)."""
+    if path == "fused":
+        monkeypatch.setattr(GATE, "run", lambda device, fused, eager: fused())
+    payload = [STRADDLED[0], {"kind": "trigger", "trigger_token_ids": [7, 3, 3], "phrase_token_ids": [10, 11],
+                              "scope": "answer"}]
+    output = [5, *[9] * 15, 7, 3]
+    assert len(output) > DeviceThinking.MAX_DEVICE_CATCH_UP
+    resident, left = _steps(0, payload, [9], output, [3, 9])
+    assert resident and left == [list(range(V))] * 3
+
+
+@pytest.mark.parametrize("path", ["eager", "fused"])
 def test_a_budget_whose_start_the_prompts_tail_begins_is_hosted_under_model_runner_v2(
         path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The prompt ends with ``2``, the budget's start is ``2 3``: hosted, an answer beginning ``3``
@@ -251,6 +267,21 @@ def test_a_budget_whose_start_the_prompts_tail_begins_is_hosted_under_model_runn
                               "budget": 1, "scope": "answer"}]
     resident, left = _steps(0, payload, [9, 2], [5, 7], [3, 9])
     assert not resident and left == [list(range(V)), list(range(V)), [4]]
+
+
+@pytest.mark.parametrize("path", ["eager", "fused"])
+def test_a_budget_whose_end_lies_inside_its_start_after_a_prompt_opened_span_is_hosted_under_model_runner_v2(
+        path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prompt opens the budget's span (start ``5 4 3``, end ``4``) and reasoning (``5``): in the
+    next reasoning stretch ``4`` closes the span and ``3`` after it is no start hosted (the prompt's
+    ``9``, not the ``5`` that opened the stretch, stands before it), but on the device it would be:
+    the request is hosted, and forces nothing after ``3``, as the hosted path."""
+    if path == "fused":
+        monkeypatch.setattr(GATE, "run", lambda device, fused, eager: fused())
+    payload = [STRADDLED[0], {"kind": "thinking_budget", "start_token_ids": [5, 4, 3], "end_token_ids": [4],
+                              "budget": 1, "scope": "reasoning"}]
+    resident, left = _steps(0, payload, [5, 4, 3, 9], [7], [5, 4, 3, 9])
+    assert not resident and left[3:] == [list(range(V))] * 2
 
 
 @pytest.mark.parametrize("path", ["eager", "fused"])
