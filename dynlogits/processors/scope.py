@@ -551,11 +551,12 @@ class ScopedSpanTables(StretchSpans, ScopeTables):
 
 
 class ScopedSpan(ScopedDecided):
-    """A scoped entry of a span-following decided kind that opts in (``trigger``): with host
-    histories as ``ScopedDecided`` (a row in phase decided from its stretch, one out of phase from
-    ``neutral_history``: nothing); without, ``DeviceThinking`` decides each row by the inner kind's
-    automaton restarted at each stretch (``ScopedSpanTables``): its token (``-1``: none, and out of
-    the entry's phase), forced by the inner group."""
+    """A scoped entry of a span-following decided kind that opts in (``trigger``, ``thinking_budget``):
+    with host histories as ``ScopedDecided`` (a row in phase decided from its stretch, one out of
+    phase from ``neutral_history``: nothing); without, where the restart is exact
+    (``runs_without_histories``), ``DeviceThinking`` decides each row by the inner kind's automaton
+    restarted at each stretch (``ScopedSpanTables``): its token (``-1``: none, and out of the
+    entry's phase), forced by the inner group."""
 
     no_decision: ClassVar[int] = -1
 
@@ -595,7 +596,8 @@ def _resident_inner(template: Template) -> bool:
     the listed layout it never gets, as it runs gathered), or its decided kind decides any history
     and has a neutral one (``DecidedGroup.scopable``: ``no_repeat_ngram`` and ``dry`` without
     ``include_prompt``, ``banned_phrases``, ``multiple_choice``: ``ScopedDecided``; without host
-    histories where the kind is ``WindowDecided.floored`` and the template fits its window tables)."""
+    histories where the kind is ``WindowDecided.floored`` and the template fits its window tables;
+    ``deadline``: ``ScopedClock``; ``trigger``, ``thinking_budget``: ``ScopedSpan``)."""
     group = template.group
     return not issubclass(group, DecidedGroup) or group.scopable(template)
 

@@ -156,6 +156,17 @@ def test_on_the_v1_runner_a_scoped_budget_counts_within_its_stretch_only() -> No
     assert left == [list(range(V)), list(range(V)), list(range(V)), [3]]
 
 
+def test_on_the_v1_runner_a_span_the_prompt_opened_is_open_again_at_each_stretch() -> None:
+    """The prompt ``9 5 9`` opens reasoning, one prompt token in it (budget 2): ``7`` is forced after
+    one generated token, and again one token into the next reasoning stretch; in the answer between
+    them nothing, though the prompt's span with a budget of 1 is spent at once in every stretch."""
+    histories = ([], [9], [9, 7, 9, 9, 5], [9, 7, 9, 9, 5, 9])
+    _, left = v1_left(_realize(REASONING, [9, 5, 9]), histories, V)
+    assert left == [list(range(V)), [7], list(range(V)), [7]]
+    _, left = v1_left(_realize([REASONING[0], {**REASONING[1], "budget": 1}], [9, 5, 9]), ([], [9, 7], [9, 7, 5]), V)
+    assert left == [[7], list(range(V)), [7]]
+
+
 @pytest.mark.parametrize("path", ["eager", "fused"])
 @pytest.mark.parametrize("drafts", [0, 2])
 def test_under_model_runner_v2_a_span_the_prompt_opened_is_open_again_at_each_stretch(
