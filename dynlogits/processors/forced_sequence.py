@@ -337,8 +337,9 @@ class ForcedSequenceGroup(PlannedGroup):
     def _settled_on_host(self, step: StepInputs, rows: ListedRows, index: torch.Tensor, positions: torch.Tensor) -> Dead | None:
         """``_settle``'s common step where the logits are host memory (the CPU): the forced logits are
         read into a buffer the host sees (a view made with the layout), and when none is masked,
-        as the host can tell without waiting for a device, the rows are filled and 0.0 written at
-        each: nothing to decide or report. ``None`` (nothing written) where some row's token is
+        as the host can tell without waiting for a device, the rows are filled (every row of the
+        step: one memset of the whole tensor) and 0.0 written at each: nothing to decide, and the
+        same report while the layout stays. ``None`` (nothing written) where some row's token is
         masked: ``_settle`` then does the whole step. (After a large write to the logits every call
         costs several times its warm cost, its code and data being out of the caches: the fewer the
         better.)"""
@@ -349,10 +350,19 @@ class ForcedSequenceGroup(PlannedGroup):
         torch.index_select(step.flat, 0, index, out=kept[0])
         if NEG_INF in kept[1].tolist():  # (a NaN is kept: it is not -inf)
             return None
-        fill_rows(step.logits, rows.runs, rows.rows_dev)
+        logits = step.logits
+        if rows.identity and len(logits) == len(kept[1]):
+            logits.fill_(NEG_INF)
+        else:
+            fill_rows(logits, rows.runs, rows.rows_dev)
         step.flat.index_fill_(0, index, 0.0)
-        return Dead(rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,
-                    settled=self._cache["none_dead"], flagged=step.flag_rows is not None)
+        flagged = step.flag_rows is not None
+        made = self._cache.get("settled")  # kept while the planned views (``positions``) stay
+        if made is None or made[0] is not positions or made[1] is not flagged:
+            made = self._cache["settled"] = (positions, flagged, Dead(
+                rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,
+                settled=self._cache["none_dead"], flagged=flagged))
+        return made[2]
 
     def _chosen(self, picked: torch.Tensor, host_positions: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``_settle``'s pick, kept for the layout (a later step's pick is queued after this one's copy

@@ -212,7 +212,7 @@ class ListedLayout:
         if len(histories) != n:
             raise ValueError(f"{len(histories)} histories for a layout of {n} rows")
         buf = self.step_values.host()
-        counts = [len(h) for h in histories]
+        counts = list(map(len, histories))
         buf[:n] = counts
         generated = buf[:n]
         for group, rows, start, stop, planned in self.planners:
