@@ -271,6 +271,9 @@ class Group:
         self.member = SlotTable(num_slots, torch.bool, device, pad=0)
         self.tables: list[SlotTable] = []
         self._cache: dict[str, Any] = {}
+        #: bumped by every ``flush`` that copied a change of the group's members or tables: what a
+        #: layout prepared from them (``prepare``) stands while the generation is the one it saw
+        self.generation = 0
 
     def table(self, dtype: torch.dtype, pad: float | None = None, *, width: int = 1) -> SlotTable:
         made = SlotTable(self.member.num_slots, dtype, self.device, pad=pad, width=width)
@@ -300,11 +303,14 @@ class Group:
         raise NotImplementedError
 
     def flush(self) -> bool:
+        """Copy what ``assign`` staged to the device; whether anything changed (the group's cache is
+        then cleared and its ``generation`` bumped)."""
         changed = self.member.flush()
         for t in self.tables:
             changed = t.flush() or changed
         if changed:
             self._cache.clear()
+            self.generation += 1
         return changed
 
     def prepare(self, rows: ListedRows, stride: int) -> None:

@@ -155,3 +155,30 @@ def test_a_batch_change_that_keeps_the_groups_rows_keeps_its_plan(monkeypatch) -
     assert laid_out == [4, 4, 4]  # the three steps served from the plan laid out before the change
     run.step()
     assert laid_out == [4, 4, 4, 4]
+
+
+def test_a_groups_generation_moves_with_each_flush_that_changes_it_and_only_then() -> None:
+    """``Group.generation``, what ``ListedLayout`` keeps a group's layout by: a flush after an
+    arrival, a change of the same slot's data or a departure bumps it once; a flush with nothing
+    staged, or staging only another group's slot, leaves it."""
+    run = _Run(slots=8)
+    run.assign(0, _forced([5, 6, 7]))
+    run.batch.flush()
+    group = next(g for k, g in run.batch.groups.items() if k[1] is ForcedSequenceGroup)
+    seen = [group.generation]
+    run.batch.flush()  # nothing staged
+    seen.append(group.generation)
+    run.assign(1, _banned([3]))  # another kind's group
+    run.batch.flush()
+    seen.append(group.generation)
+    run.assign(1, _forced([8, 9]))  # a forced request arrives
+    run.batch.flush()
+    seen.append(group.generation)
+    run.assign(0, _forced([10, 11, 12]))  # another sequence in the same slot
+    run.batch.flush()
+    seen.append(group.generation)
+    run.batch.assign(0, None)  # a forced request leaves
+    run.batch.flush()
+    seen.append(group.generation)
+    start = seen[0]
+    assert seen == [start, start, start, start + 1, start + 2, start + 3]

@@ -62,9 +62,9 @@ class ListedLayout:
         self.generated_needed = False  # a group with member rows reads ``StepInputs.generated``
         self._decisions = StepUpload(torch.long, batch.device)  # host-decided tokens
         self._layout = StepUpload(torch.long, batch.device)  # the rows and slots of every group
-        #: per group, what its last ``prepare`` was for (``_kept``): its cache's token, its rows and
-        #: the logits' stride
-        self._prepared: dict[tuple[int, type[Group]], tuple[object, ListedRows, int]] = {}
+        #: per group, what its last ``prepare`` was for (``_kept``): the group's ``generation``, its
+        #: rows and the logits' stride
+        self._prepared: dict[tuple[int, type[Group]], tuple[int, ListedRows, int]] = {}
 
     def set_rows(self, host_slots: np.ndarray) -> None:
         self.host_slots = np.asarray(host_slots, dtype=np.int64)
@@ -122,32 +122,26 @@ class ListedLayout:
         self.stride, self.dtype = stride, dtype
         self.dirty = False
 
-    #: the key a group's cache holds while what ``prepare`` cached in it stands (``Group.flush``
-    #: clears the cache whenever any of the group's tables changes)
-    _PREPARED = "listed_layout.prepared"
-
     def _mark_prepared(self, key: tuple[int, type[Group]], group: Group, listed: ListedRows, stride: int) -> None:
         """Remember what ``group`` was prepared for; a decided group is never kept (its per-layout
         deciders are rebuilt with its rows)."""
         if isinstance(group, DecidedGroup):
             self._prepared.pop(key, None)
             return
-        token = object()
-        group._cache[self._PREPARED] = token
-        self._prepared[key] = (token, listed, stride)
+        self._prepared[key] = (group.generation, listed, stride)
 
     def _kept(self, key: tuple[int, type[Group]], rows: np.ndarray, slots: np.ndarray, stride: int,
               last: bool) -> ListedRows | None:
-        """``key``'s ``ListedRows`` from an earlier ``prepare`` if it still stands: the group's cache
-        untouched since (no table of it flushed: its members and their data stand), the same rows,
+        """``key``'s ``ListedRows`` from an earlier ``prepare`` if it still stands: the group's
+        ``generation`` unchanged since (no flush changed its members or tables), the same rows,
         slots, stride, ``last`` and ``identity`` (the rows are every row of the layout)."""
         prepared = self._prepared.get(key)
         if prepared is None:
             return None
-        token, listed, was_stride = prepared
+        generation, listed, was_stride = prepared
         group = self.batch.groups[key]
         assert self.host_slots is not None
-        if (group._cache.get(self._PREPARED) is not token or was_stride != stride or listed.last != last
+        if (group.generation != generation or was_stride != stride or listed.last != last
                 or listed.identity != (len(rows) == len(self.host_slots))
                 or not np.array_equal(listed.rows, rows) or not np.array_equal(listed.slots, slots)):
             return None
