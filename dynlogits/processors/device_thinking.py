@@ -56,7 +56,7 @@ from .window import cached_arange
 
 __all__ = ["ANCHOR", "BIG", "CLOSED", "DUE", "FLOOR", "KEY", "NEVER", "NO_RULE", "OUT", "PHRASE", "SEL", "STATE", "STRETCH",
            "DeviceThinking",
-           "SettledForcing", "SpanTables"]
+           "SettledForcing", "SpanTables", "StepSource"]
 
 #: The span start a decision reads for "no open span" (a span the prompt opened starts at ``<= 0``).
 CLOSED = -(1 << 40)
@@ -88,9 +88,6 @@ class SpanTables:
     #: ``STRETCH``, ``FLOOR``, from the state alone; ``NO_RULE``: ``decide_state`` decides); it must
     #: equal ``decide_state``'s
     rule: int = NO_RULE
-    #: a further automaton these tables restart at each stretch and advance after their own
-    #: (``stretch_spans.StretchSpans``: a scoped ``trigger``), else ``None``
-    inner: SpanTables | None = None
 
     def __init__(self, num_slots: int, device: torch.device) -> None:
         self.num_slots = num_slots
@@ -251,16 +248,19 @@ class SpanTables:
 
     def follow(self, thinking: DeviceThinking, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int,
                fused: bool) -> None:
-        """After every table's advance over ``rounds`` positions (``fused``: by the fused op), the
-        ``inner`` automaton's own; nothing without one."""
+        """After every table's advance over ``rounds`` positions (``fused``: by the fused op), a further
+        automaton's own (``stretch_spans.StretchSpans``); nothing by default."""
 
-    def decide_drafts(self, slots: torch.Tensor, scope: torch.Tensor, valid: torch.Tensor, prompt_len: torch.Tensor,
-                      advance: Callable[[SpanTables, torch.Tensor], torch.Tensor], generated: Callable[[], torch.Tensor],
-                      row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """With drafts, tables with an ``inner`` automaton decide each row from ``scope``, their own
-        state over the drafts before it (``stretch_spans.StretchSpans``); tables without one never
-        get this call (``DeviceThinking.decide`` advances their state itself)."""
-        raise NotImplementedError(f"{type(self).__name__} follows no inner automaton")
+    def decide_drafted(self, thinking: DeviceThinking, rows: GatheredRows, source: StepSource,
+                       local_pos: torch.Tensor) -> torch.Tensor:
+        """``DeviceThinking.decide`` with drafts (``local_pos``: each row's drafts before it): each
+        row's slot state advanced over the drafts before it, then decided; by one ``spans_drafts_``
+        after a fused step (eager if its variant fails), else eager ops. Tables following a further
+        automaton override it (``stretch_spans.StretchSpans``)."""
+        if thinking.fused_step:
+            return GATE.run(self.device, lambda: thinking.fused_drafts(self, rows, source, local_pos),
+                            lambda: thinking.eager_drafts(self, rows, source, local_pos))
+        return thinking.eager_drafts(self, rows, source, local_pos)
 
     def put_state(self, slot: int, values: Sequence[int]) -> None:
         """Write ``slot``'s state row (fills, no host copy)."""
@@ -347,7 +347,7 @@ class SettledForcing(HostForcingGroup):
 
 # -- one step's token source ---------------------------------------------------------------------
 @dataclass
-class _Step:
+class StepSource:
     """This step's token source: ``tokens`` ``[slots, max_len]``, ``prompt_len`` and ``total_len``
     (prompt and committed tokens) of the engine's slots; a table slot past them (the sentinel) reads
     the last."""
@@ -365,6 +365,9 @@ class _Step:
         return self.tokens[rows[:, None], positions.clamp(0, self.tokens.shape[1] - 1)].long()
 
 
+_Step = StepSource  # its earlier name, still imported by tests
+
+
 class DeviceThinking:
     """Decisions on the device for a ``SlotBatch``'s span-following groups: ``thinking_budget``'s,
     scoped entries' and every kind whose template names ``SpanTables`` (``device_spans``, e.g.
@@ -377,7 +380,7 @@ class DeviceThinking:
         #: (entry position, group type) -> tables, as ``SlotBatch.groups``: two kinds at one position keep apart
         self.tables: dict[tuple[int, type[Group]], SpanTables] = {}
         self._cold: dict[int, Any] = {}  # slots to scan on the host before their first step
-        self._step: _Step | None = None
+        self._step: StepSource | None = None
         self._inputs: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
         self._catch_up = 0  # tokens of resumed requests to follow at the next step, on the device
         self._rows: dict[int, torch.Tensor] = {}  # engine slot count -> ``arange[:, None]``
@@ -457,7 +460,7 @@ class DeviceThinking:
         if not self.tables:
             return
         n = tokens.shape[0]
-        source = self._step = _Step(tokens, prompt_len, total_len)
+        source = self._step = StepSource(tokens, prompt_len, total_len)
         self._inputs = (input_ids, local_pos)
         for tables in self.tables.values():
             tables.prompt_len = prompt_len
@@ -499,17 +502,17 @@ class DeviceThinking:
             tables.follow(self, tokens, total_len, rounds, True)
         self._decided = True
 
-    def _fused_drafts(self, tables: SpanTables, rows: GatheredRows, source: _Step, local_pos: torch.Tensor) -> torch.Tensor:
-        """``decide`` with drafts after a fused step: one ``spans_drafts_`` (``_fused_states``), then
+    def fused_drafts(self, tables: SpanTables, rows: GatheredRows, source: StepSource, local_pos: torch.Tensor) -> torch.Tensor:
+        """``decide`` with drafts after a fused step: one ``spans_drafts_`` (``fused_states``), then
         ``decide_state`` from those states where the table has no rule."""
         slots = rows.slot_of_row
-        state, valid, decided = self._fused_states(tables, rows, source, local_pos)
+        state, valid, decided = self.fused_states(tables, rows, source, local_pos)
         if tables.rule != NO_RULE:
             return decided
         return tables.decide_state(slots, state, lambda: source.total_len[source.clamped(slots)] + local_pos.long(),
-                                   valid, self._row_tokens)
+                                   valid, self.row_tokens)
 
-    def _fused_states(self, tables: SpanTables, rows: GatheredRows, source: _Step,
+    def fused_states(self, tables: SpanTables, rows: GatheredRows, source: StepSource,
                       local_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One ``spans_drafts_``: each row's state over the drafts before it, whether it may be
         decided, and its rule's decision."""
@@ -541,7 +544,7 @@ class DeviceThinking:
         for tables, _, _ in every:
             tables.follow(self, tokens, total_len, rounds, False)
 
-    def _scan_cold(self, source: _Step) -> None:
+    def _scan_cold(self, source: StepSource) -> None:
         """Resumed requests: follow their generated tokens once, on the host (a read back)."""
         for slot, request in list(self._cold.items()):
             start = int(source.prompt_len[slot])
@@ -554,7 +557,7 @@ class DeviceThinking:
                 tables.put_state(slot, tables.host_state(tables.templates[slot], processor, history, committed))
         self._cold.clear()
 
-    def _row_tokens(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def row_tokens(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token at ``positions[r, :]`` (from the prompt's start) for each row: committed ones from
         the engine's matrix, the rest from the drafts fed before the row (``input_ids``)."""
         source = self._step
@@ -577,46 +580,28 @@ class DeviceThinking:
         if tables is None or source is None:  # (``-1``, or the group's own "none": ``scope.ScopedDecided``)
             return torch.full_like(rows.slot_of_row, getattr(group, "no_decision", -1))
         slots = rows.slot_of_row
-        input_ids, local_pos = self._inputs
-        if local_pos is not None and tables.inner is not None:
-            return self._stretch_drafts(tables, rows, source, local_pos)
+        local_pos = self._inputs[1]
         if local_pos is None and self._decided and tables.rule != NO_RULE:  # decided in the fused advance
             return torch.where(rows.member, tables.decided[slots], tables.no_decision)
         if local_pos is None:
             return tables.decide_state(slots, None, lambda: source.total_len[source.clamped(slots)], rows.member,
-                                       self._row_tokens)
-        if self._decided:  # a fused step: the drafts in one fused op too (eager if its variant fails)
-            return GATE.run(self.device, lambda: self._fused_drafts(tables, rows, source, local_pos),
-                            lambda: self._eager_drafts(tables, rows, source, local_pos))
-        return self._eager_drafts(tables, rows, source, local_pos)
+                                       self.row_tokens)
+        return tables.decide_drafted(self, rows, source, local_pos)
 
-    def _eager_drafts(self, tables: SpanTables, rows: GatheredRows, source: _Step, local_pos: torch.Tensor) -> torch.Tensor:
+    @property
+    def fused_step(self) -> bool:
+        """Whether this step's advance was fused (``SpanTables.decided`` holds its rules' decisions)."""
+        return self._decided
+
+    def eager_drafts(self, tables: SpanTables, rows: GatheredRows, source: StepSource, local_pos: torch.Tensor) -> torch.Tensor:
         """``decide`` with drafts, eagerly: each row's slot state advanced over the drafts before it
         (per draft position the ops of ``SpanTables.advance``), then ``decide_state``."""
         slots = rows.slot_of_row
-        state, valid = self._over_drafts(tables, rows, source, local_pos, tables.state[slots], rows.member)
+        state, valid = self.over_drafts(tables, rows, source, local_pos, tables.state[slots], rows.member)
         committed = source.total_len[source.clamped(slots)]
-        return tables.decide_state(slots, state, lambda: committed + local_pos.long(), valid, self._row_tokens)
+        return tables.decide_state(slots, state, lambda: committed + local_pos.long(), valid, self.row_tokens)
 
-    def _stretch_drafts(self, tables: SpanTables, rows: GatheredRows, source: _Step, local_pos: torch.Tensor) -> torch.Tensor:
-        """``decide`` with drafts for tables with an ``inner`` automaton (``stretch_spans.StretchSpans``):
-        each row's scope state over the drafts before it (one fused op after a fused step), then the
-        inner one's from the stretch it reaches (eager ops: its rows start from restarted states)."""
-        slots = rows.slot_of_row
-        clamped = source.clamped(slots)
-        if self._decided:  # the scope's states in one fused op (eager if its variant fails)
-            scope, valid = GATE.run(self.device, lambda: self._fused_states(tables, rows, source, local_pos)[:2],
-                                    lambda: self._over_drafts(tables, rows, source, local_pos, tables.state[slots],
-                                                              rows.member))
-        else:
-            scope, valid = self._over_drafts(tables, rows, source, local_pos, tables.state[slots], rows.member)
-        committed = source.total_len[clamped]
-        return tables.decide_drafts(
-            slots, scope, valid, source.prompt_len[clamped],
-            lambda inner, state: self._over_drafts(inner, rows, source, local_pos, state, valid)[0],
-            lambda: committed + local_pos.long(), self._row_tokens)
-
-    def _over_drafts(self, tables: SpanTables, rows: GatheredRows, source: _Step, local_pos: torch.Tensor,
+    def over_drafts(self, tables: SpanTables, rows: GatheredRows, source: StepSource, local_pos: torch.Tensor,
                      state: torch.Tensor, member: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``state`` (each row's, from its slot's) advanced over the drafts fed before the row, and
         whether the row may be decided (a ``member`` with no placeholder draft before it)."""

@@ -23,9 +23,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from dynlogits.kernels.spans import NO_RULE, spans_advance_
+from dynlogits.kernels.spans import GATE, NO_RULE, spans_advance_
 
-from .device_thinking import ANCHOR, NEVER, OUT, STATE, DeviceThinking, SpanTables
+from .device_thinking import ANCHOR, NEVER, OUT, STATE, DeviceThinking, SpanTables, StepSource
+from .slots import GatheredRows
 
 __all__ = ["StretchSpans"]
 
@@ -123,7 +124,7 @@ class StretchSpans(SpanTables):
                      valid: torch.Tensor, row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """Without drafts (``state`` ``None``): the inner rule's decision of the slot (the fused
         advance's, else ``decide_state``'s) where the row is in the entry's phase, else ``-1``."""
-        assert state is None, "with drafts: decide_drafts"
+        assert state is None, "with drafts: decide_drafted"
         inner = self.inner
         if self._inner_fused and inner.rule != NO_RULE:
             decided = inner.decided[slots]
@@ -131,14 +132,25 @@ class StretchSpans(SpanTables):
             decided = inner.decide_state(slots, None, generated, valid, row_tokens)
         return torch.where(torch.logical_and(self.state[slots, OUT], valid), decided, self.no_token)
 
-    def decide_drafts(self, slots: torch.Tensor, scope: torch.Tensor, valid: torch.Tensor, prompt_len: torch.Tensor,
-                      advance: Callable[[SpanTables, torch.Tensor], torch.Tensor], generated: Callable[[], torch.Tensor],
-                      row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """With drafts: each row's inner state restarted at the anchor its scope state ``scope``
-        reached over the drafts before it, advanced over them (``advance(tables, state)``), and
-        decided where the row is in the entry's phase (``valid``: it may be decided at all)."""
+    def decide_drafted(self, thinking: DeviceThinking, rows: GatheredRows, source: StepSource,
+                       local_pos: torch.Tensor) -> torch.Tensor:
+        """With drafts: each row's scope state over the drafts before it (one ``spans_drafts_`` after a
+        fused step, eager if its variant fails), then its inner state restarted at the anchor that
+        state reaches, advanced over the same drafts (eager ops) and decided by the inner kind's rule
+        where the row is in the entry's phase, ``-1`` elsewhere."""
+        slots = rows.slot_of_row
+        clamped = source.clamped(slots)
+        if thinking.fused_step:
+            scope, valid = GATE.run(self.device, lambda: thinking.fused_states(self, rows, source, local_pos)[:2],
+                                    lambda: thinking.over_drafts(self, rows, source, local_pos, self.state[slots],
+                                                                 rows.member))
+        else:
+            scope, valid = thinking.over_drafts(self, rows, source, local_pos, self.state[slots], rows.member)
+        committed = source.total_len[clamped]
         inner = self.inner
-        start = torch.maximum(scope[:, ANCHOR], prompt_len)
-        state = advance(inner, self._restarted(inner.state[slots], self.restart.dev[slots], self.epoch[slots], start))
-        decided = inner.decide_state(slots, state, generated, valid, row_tokens)
+        start = torch.maximum(scope[:, ANCHOR], source.prompt_len[clamped])
+        state = thinking.over_drafts(inner, rows, source, local_pos,
+                                     self._restarted(inner.state[slots], self.restart.dev[slots], self.epoch[slots],
+                                                     start), valid)[0]
+        decided = inner.decide_state(slots, state, lambda: committed + local_pos.long(), valid, thinking.row_tokens)
         return torch.where(torch.logical_and(scope[:, OUT], valid), decided, self.no_token)
