@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["advance_rows", "drafts_rows"]
+__all__ = ["advance_rows", "drafts_rows", "restarted_advance_rows", "restarted_drafts_rows"]
 
 
 @triton.jit
@@ -37,6 +37,25 @@ def _transition(base, hit, position, scale_ptr, key, anchor, sel, out, WIDTH: tl
 
 
 @triton.jit
+def _stretch(row_scope, row_prompt, live):
+    """A row's stretch start (its scope state's ``ANCHOR``, never before the prompt's end) and
+    whether the scope state is in the entry's phase (``OUT != 0``)."""
+    start = tl.maximum(tl.load(row_scope + 1, mask=live, other=0), tl.load(row_prompt, mask=live, other=0).to(tl.int64))
+    return start, live & (tl.load(row_scope + 3, mask=live, other=0) != 0)
+
+
+@triton.jit
+def _restart(row_restart, scale_ptr, start, redo, key, anchor, sel, out):
+    """The state restarted at ``start`` (``row_restart`` plus ``start`` by ``scale``) where ``redo``."""
+    r_key = tl.load(row_restart + 0, mask=redo, other=0) + start * tl.load(scale_ptr + 0).to(tl.int64)
+    r_anchor = tl.load(row_restart + 1, mask=redo, other=0) + start * tl.load(scale_ptr + 1).to(tl.int64)
+    r_sel = tl.load(row_restart + 2, mask=redo, other=0) + start * tl.load(scale_ptr + 2).to(tl.int64)
+    r_out = tl.load(row_restart + 3, mask=redo, other=0) + start * tl.load(scale_ptr + 3).to(tl.int64)
+    return (tl.where(redo, r_key, key), tl.where(redo, r_anchor, anchor), tl.where(redo, r_sel, sel),
+            tl.where(redo, r_out, out))
+
+
+@triton.jit
 def _token_at(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, at, live, HAS_FED: tl.constexpr):
     """A row's token at position ``at``: from the matrix (column clamped into the row) before
     ``committed``, else the fed draft (``HAS_FED``)."""
@@ -50,20 +69,21 @@ def _token_at(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, a
 
 
 @triton.jit
-def _decide(decided_ptr, r, live, valid, count, anchor, sel, out, force_ptr, force_w, length, row_tokens, tokens_s1,
+def _decide(decided_ptr, r, live, valid, phase, count, anchor, sel, out, force_ptr, force_w, length, row_tokens, tokens_s1,
             maxlen, committed, fed_ptr, n_fed, first, CLOSED: tl.constexpr, NEVER: tl.constexpr, RULE: tl.constexpr,
             HAS_FED: tl.constexpr):
     """Store each row's decision by ``RULE`` at ``count`` (``PHRASE`` 1, ``DUE`` 2, ``STRETCH`` 3,
-    ``FLOOR`` 4; see ``spans``' module doc); ``valid``: whether the row may be decided at all."""
+    ``FLOOR`` 4; see ``spans``' module doc); ``valid``: whether the row may be decided at all;
+    ``phase``: whether a restart stage's scope is in the entry's phase (else ``-1``, whatever ``RULE``)."""
     span_len = count - anchor
     if RULE == 3:  # STRETCH: the stretch's count in phase
         fire = (out != 0) & valid & live
-        tl.store(decided_ptr + r, tl.where(fire, span_len, -1), mask=live)
+        tl.store(decided_ptr + r, tl.where(fire & phase, span_len, -1), mask=live)
     elif RULE == 4:  # FLOOR: the stretch's start in phase
         fire = (out != 0) & valid & live
-        tl.store(decided_ptr + r, tl.where(fire, anchor, NEVER), mask=live)
+        tl.store(decided_ptr + r, tl.where(phase, tl.where(fire, anchor, NEVER), -1), mask=live)
     else:
-        _decide_forced(decided_ptr, r, live, valid, count, span_len, anchor, sel, out, force_ptr, force_w, length,
+        _decide_forced(decided_ptr, r, live, valid & phase, count, span_len, anchor, sel, out, force_ptr, force_w, length,
                        row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, CLOSED, RULE, HAS_FED)
 
 
@@ -97,10 +117,42 @@ def advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_
                  NEVER: tl.constexpr, RULE: tl.constexpr):
     """One program per ``BLOCK`` rows: every round of each row followed in registers, the state
     stored once, then the row's decision by ``RULE`` (see ``spans``' module doc)."""
+    _advance(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen, total_ptr,
+             scale_ptr, n, rounds, decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0, state_ptr, 0,
+             total_ptr, state_ptr, 0, total_ptr, WIDTH, BLOCK, BIG, CLOSED, NEVER, RULE, False)
+
+
+@triton.jit
+def restarted_advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen,
+                           total_ptr, scale_ptr, n, rounds, decided_ptr, force_ptr, force_s0, force_w, flen_ptr,
+                           flen_s0, restart_ptr, restart_s0, epoch_ptr, scope_ptr, scope_s0, prompt_ptr,
+                           WIDTH: tl.constexpr, BLOCK: tl.constexpr, BIG: tl.constexpr, CLOSED: tl.constexpr,
+                           NEVER: tl.constexpr, RULE: tl.constexpr):
+    """``advance_rows`` after the restart stage, deciding in the entry's phase only (``spans``'
+    module doc)."""
+    _advance(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen, total_ptr,
+             scale_ptr, n, rounds, decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0, restart_ptr,
+             restart_s0, epoch_ptr, scope_ptr, scope_s0, prompt_ptr, WIDTH, BLOCK, BIG, CLOSED, NEVER, RULE, True)
+
+
+@triton.jit
+def _advance(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen, total_ptr,
+             scale_ptr, n, rounds, decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0, restart_ptr,
+             restart_s0, epoch_ptr, scope_ptr, scope_s0, prompt_ptr, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+             BIG: tl.constexpr, CLOSED: tl.constexpr, NEVER: tl.constexpr, RULE: tl.constexpr,
+             RESTART: tl.constexpr):
+    """The body of ``advance_rows`` (``RESTART``: after the restart stage)."""
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     live = r < n
     row_state = state_ptr + r * state_s0
     key, anchor, sel, out = _load_state(row_state, live)
+    in_phase = live
+    if RESTART:
+        start, in_phase = _stretch(scope_ptr + r * scope_s0, prompt_ptr + r, live)
+        key, anchor, sel, out = _restart(restart_ptr + r * restart_s0, scale_ptr, start,
+                                         live & (tl.load(epoch_ptr + r, mask=live, other=0) != start),
+                                         key, anchor, sel, out)
+        tl.store(epoch_ptr + r, start, mask=live)
     total = tl.load(total_ptr + r, mask=live, other=0).to(tl.int64)
     row_consts = consts_ptr + r * consts_s0
     row_tokens = tokens_ptr + r * tokens_s0
@@ -121,8 +173,8 @@ def advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_
     _store_state(row_state, key, anchor, sel, out, live)
     if RULE != 0:
         length = tl.load(flen_ptr + r * flen_s0, mask=live, other=0)
-        _decide(decided_ptr, r, live, live, total, anchor, sel, out, force_ptr + r * force_s0, force_w, length,
-                row_tokens, tokens_s1, maxlen, total, force_ptr, 1, r, CLOSED, NEVER, RULE, False)
+        _decide(decided_ptr, r, live, live, in_phase, total, anchor, sel, out, force_ptr + r * force_s0, force_w,
+                length, row_tokens, tokens_s1, maxlen, total, force_ptr, 1, r, CLOSED, NEVER, RULE, False)
 
 
 @triton.jit
@@ -151,6 +203,35 @@ def drafts_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s
     """One program per ``BLOCK`` rows: each row's slot state followed over the drafts before it in
     registers, stored per row with whether it may be decided and its decision by ``RULE`` (see
     ``spans``' module doc)."""
+    _drafts(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, nslots, maxlen, total_ptr,
+            scale_ptr, slots_ptr, member_ptr, fed_ptr, n_fed, local_ptr, rows, later, out_ptr, out_s0, valid_ptr,
+            decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0, state_ptr, 0, total_ptr, out_ptr, 0,
+            total_ptr, WIDTH, BLOCK, BIG, CLOSED, NEVER, PAD, PLACEHOLDER, RULE, HAS_FED, False)
+
+
+@triton.jit
+def restarted_drafts_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, nslots,
+                          maxlen, total_ptr, scale_ptr, slots_ptr, member_ptr, fed_ptr, n_fed, local_ptr, rows, later,
+                          out_ptr, out_s0, valid_ptr, decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0,
+                          restart_ptr, restart_s0, epoch_ptr, scope_ptr, scope_s0, prompt_ptr, WIDTH: tl.constexpr,
+                          BLOCK: tl.constexpr, BIG: tl.constexpr, CLOSED: tl.constexpr, NEVER: tl.constexpr,
+                          PAD: tl.constexpr, PLACEHOLDER: tl.constexpr, RULE: tl.constexpr, HAS_FED: tl.constexpr):
+    """``drafts_rows`` with each row's slot state restarted at its scope row's stretch first,
+    deciding in the entry's phase only (``spans``' module doc)."""
+    _drafts(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, nslots, maxlen, total_ptr,
+            scale_ptr, slots_ptr, member_ptr, fed_ptr, n_fed, local_ptr, rows, later, out_ptr, out_s0, valid_ptr,
+            decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0, restart_ptr, restart_s0, epoch_ptr,
+            scope_ptr, scope_s0, prompt_ptr, WIDTH, BLOCK, BIG, CLOSED, NEVER, PAD, PLACEHOLDER, RULE, HAS_FED, True)
+
+
+@triton.jit
+def _drafts(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, nslots, maxlen, total_ptr,
+            scale_ptr, slots_ptr, member_ptr, fed_ptr, n_fed, local_ptr, rows, later, out_ptr, out_s0, valid_ptr,
+            decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0, restart_ptr, restart_s0, epoch_ptr,
+            scope_ptr, scope_s0, prompt_ptr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, BIG: tl.constexpr,
+            CLOSED: tl.constexpr, NEVER: tl.constexpr, PAD: tl.constexpr, PLACEHOLDER: tl.constexpr,
+            RULE: tl.constexpr, HAS_FED: tl.constexpr, RESTART: tl.constexpr):
+    """The body of ``drafts_rows`` (``RESTART``: each row restarted first)."""
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     live = r < rows
     slot = tl.load(slots_ptr + r, mask=live, other=0).to(tl.int64)
@@ -159,6 +240,12 @@ def drafts_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s
     drafts = tl.load(local_ptr + r, mask=live, other=0).to(tl.int64)
     first = r - drafts
     key, anchor, sel, out = _load_state(state_ptr + slot * state_s0, live)
+    in_phase = live
+    if RESTART:
+        start, in_phase = _stretch(scope_ptr + r * scope_s0, prompt_ptr + clamped, live)
+        key, anchor, sel, out = _restart(restart_ptr + slot * restart_s0, scale_ptr, start,
+                                         live & (tl.load(epoch_ptr + slot, mask=live, other=0) != start),
+                                         key, anchor, sel, out)
     row_consts = consts_ptr + slot * consts_s0
     row_tokens = tokens_ptr + clamped * tokens_s0
     valid = tl.load(member_ptr + r, mask=live, other=0) != 0
@@ -180,6 +267,6 @@ def drafts_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s
     tl.store(valid_ptr + r, valid, mask=live)
     if RULE != 0:
         length = tl.load(flen_ptr + slot * flen_s0, mask=live, other=0)
-        _decide(decided_ptr, r, live, valid, committed + drafts, anchor, sel, out, force_ptr + slot * force_s0,
+        _decide(decided_ptr, r, live, valid, in_phase, committed + drafts, anchor, sel, out, force_ptr + slot * force_s0,
                 force_w, length, row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, CLOSED, NEVER, RULE,
                 HAS_FED)

@@ -28,11 +28,20 @@ written):
 * ``FLOOR`` (a scoped window-decided kind, ``scope.FloorScopeTables``): in the entry's phase the
   stretch's start ``ANCHOR``, else (and where a row may not be decided) ``NEVER`` instead of ``-1``.
 
+With ``restart``, ``epoch``, ``scope`` and ``prompt_len`` (``[n, STATE]``, ``[n]``, ``[n, STATE]``,
+``[n]``: a scoped automaton, ``stretch_spans.StretchSpans``) a restart stage runs first: each row's
+stretch start ``s = max(scope[ANCHOR], prompt_len)``; where ``s != epoch`` the state becomes
+``restart + s * scale``; ``epoch`` gets ``s``; and the decision is ``-1`` (whatever ``rule``) where
+``scope[OUT] == 0`` (out of the entry's phase). One launch still (``restarted_advance_rows``).
+
 A step's rows with drafts before them (speculative decoding) are followed per row by a second op,
 ``dynlogits::spans_drafts_`` (``drafts_reference``): each row's slot state advanced over the drafts
 fed before it, whether it may be decided (no placeholder draft before it) and, by ``rule``, its
 decision at count ``committed + drafts``, its tokens read from the matrix up to the committed ones
-and from the fed drafts after; one launch on CUDA.
+and from the fed drafts after; one launch on CUDA. Its restart stage (the same four arguments,
+``restart`` and ``epoch`` per slot, ``scope`` per row, ``prompt_len`` per engine slot) restarts
+each row's state at its own scope row's stretch before the drafts, writes nothing back, and
+decides in the entry's phase only.
 
 Nothing here imports Triton until a CUDA tensor arrives; no sync."""
 
@@ -50,7 +59,8 @@ from dynlogits.kernels.probe import FusedGate
 __all__ = ["BIG", "BLOCK", "CLOSED", "DUE", "FLOOR", "FORCING", "GATE", "NEVER", "NO_RULE", "PAD", "PHRASE",
            "PLACEHOLDER", "RULES", "STATE", "STRETCH",
            "advance_reference", "decide_reference", "drafts_case", "drafts_reference", "drafts_same", "force_case", "kernels",
-           "launch", "launch_drafts", "probe_case", "spans_advance_", "spans_drafts_"]
+           "launch", "launch_drafts", "probe_case", "restart_case", "restart_reference", "restart_same", "spans_advance_",
+           "spans_drafts_"]
 
 #: state columns and ``KEY``'s weight of a length (as ``dynlogits.processors.device_thinking``)
 KEY, ANCHOR, SEL, OUT, STATE = 0, 1, 2, 3, 4
@@ -135,30 +145,57 @@ def decide_reference(state: torch.Tensor, tokens: torch.Tensor, total_len: torch
     decided.copy_(torch.where(fire, token, NEVER if rule == FLOOR else -1))
 
 
-@fused_op("spans_advance_", launches=1, mutates_args=("state", "decided"))
+def restart_reference(state: torch.Tensor, restart: torch.Tensor, epoch: torch.Tensor, scope: torch.Tensor,
+                      prompt_len: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The eager reference of the restart stage (any device, ``state`` in place; module doc): each
+    row's stretch start ``max(scope[:, ANCHOR], prompt_len)``, returned, and where it is not the
+    row's ``epoch`` the row's ``restart`` state with the start added by ``scale``."""
+    start = torch.maximum(scope[:, ANCHOR], prompt_len)
+    torch.where((epoch != start)[:, None], torch.addcmul(restart, start[:, None], scale), state, out=state)
+    return start
+
+
+def _in_phase(decided: torch.Tensor, scope: torch.Tensor | None, rule: int) -> None:
+    """With a restart stage and a rule: ``decided`` ``-1`` where the row's ``scope`` state is out of
+    the entry's phase (``OUT == 0``)."""
+    if scope is not None and rule != NO_RULE:
+        decided.masked_fill_(scope[:, OUT] == 0, -1)
+
+
+@fused_op("spans_advance_", launches=1, mutates_args=("state", "decided", "epoch"))
 def spans_advance_(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
                    scale: torch.Tensor, width: int, rounds: int, decided: torch.Tensor, force: torch.Tensor,
-                   force_len: torch.Tensor, rule: int) -> None:
+                   force_len: torch.Tensor, rule: int, restart: torch.Tensor | None = None,
+                   epoch: torch.Tensor | None = None, scope: torch.Tensor | None = None,
+                   prompt_len: torch.Tensor | None = None) -> None:
     """Follow ``rounds`` positions of every row of one table in place, then decide by ``rule``
-    (module doc). Every device but CUDA: the eager references; CUDA: one Triton launch (none for
-    zero rows)."""
+    (module doc), after the restart stage where ``restart`` is given (``epoch`` then written).
+    Every device but CUDA: the eager references; CUDA: one Triton launch (none for zero rows)."""
+    if restart is not None:
+        assert epoch is not None and scope is not None and prompt_len is not None, "a restart reads all four"
+        epoch.copy_(restart_reference(state, restart, epoch, scope, prompt_len, scale))
     advance_reference(state, consts, tokens, total_len, scale, width, rounds)
     decide_reference(state, tokens, total_len, decided, force, force_len, rule)
+    _in_phase(decided, scope if restart is not None else None, rule)
 
 
 @spans_advance_.cuda
 def _spans_advance_cuda(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
                         scale: torch.Tensor, width: int, rounds: int, decided: torch.Tensor, force: torch.Tensor,
-                        force_len: torch.Tensor, rule: int) -> None:
-    launch(state, consts, tokens, total_len, scale, width, rounds, decided, force, force_len, rule)
+                        force_len: torch.Tensor, rule: int, restart: torch.Tensor | None = None,
+                        epoch: torch.Tensor | None = None, scope: torch.Tensor | None = None,
+                        prompt_len: torch.Tensor | None = None) -> None:
+    launch(state, consts, tokens, total_len, scale, width, rounds, decided, force, force_len, rule, restart, epoch,
+           scope, prompt_len)
 
 
 def launch(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
            scale: torch.Tensor, width: int, rounds: int, decided: torch.Tensor, force: torch.Tensor,
-           force_len: torch.Tensor, rule: int) -> None:
+           force_len: torch.Tensor, rule: int, restart: torch.Tensor | None = None, epoch: torch.Tensor | None = None,
+           scope: torch.Tensor | None = None, prompt_len: torch.Tensor | None = None) -> None:
     """The Triton kernel over ``state``'s rows (any device Triton runs on, its interpreter included)."""
     n = state.shape[0]
-    if n == 0 or (rounds <= 0 and rule == NO_RULE):
+    if n == 0 or (rounds <= 0 and rule == NO_RULE and restart is None):
         return
     assert state.dtype == torch.int64 and state.stride(1) == 1, "state: int64 rows"
     assert consts.dtype == torch.int64 and consts.stride(1) == 1, "consts: int64 rows"
@@ -167,22 +204,35 @@ def launch(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, tota
         assert decided.dtype == force.dtype == force_len.dtype == torch.int64, "decisions: int64"
         assert decided.stride(0) == 1 and force.stride(1) == 1, "decided, force: contiguous rows"
     k = kernels()
-    k.advance_rows[((n + BLOCK - 1) // BLOCK,)](
-        state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[1],
-        total_len, scale, n, max(rounds, 0), decided, force, force.stride(0), force.shape[1], force_len,
-        force_len.stride(0), WIDTH=width, BLOCK=BLOCK, BIG=BIG, CLOSED=CLOSED, NEVER=NEVER, RULE=rule)
+    args = (state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0), tokens.stride(1),
+            tokens.shape[1], total_len, scale, n, max(rounds, 0), decided, force, force.stride(0), force.shape[1],
+            force_len, force_len.stride(0))
+    constants = {"WIDTH": width, "BLOCK": BLOCK, "BIG": BIG, "CLOSED": CLOSED, "NEVER": NEVER, "RULE": rule}
+    grid = ((n + BLOCK - 1) // BLOCK,)
+    if restart is None:
+        k.advance_rows[grid](*args, **constants)
+        return
+    assert epoch is not None and scope is not None and prompt_len is not None, "a restart reads all four"
+    assert restart.dtype == epoch.dtype == scope.dtype == torch.int64 and restart.stride(1) == 1
+    assert scope.stride(1) == 1 and epoch.stride(0) == 1, "restart, scope: int64 rows; epoch contiguous"
+    k.restarted_advance_rows[grid](*args, restart, restart.stride(0), epoch, scope, scope.stride(0), prompt_len,
+                                   **constants)
 
 
 def drafts_reference(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
                      scale: torch.Tensor, width: int, slots: torch.Tensor, member: torch.Tensor, input_ids: torch.Tensor,
                      local_pos: torch.Tensor, later: int, rows_state: torch.Tensor, valid: torch.Tensor,
-                     decided: torch.Tensor, force: torch.Tensor, force_len: torch.Tensor, rule: int) -> None:
+                     decided: torch.Tensor, force: torch.Tensor, force_len: torch.Tensor, rule: int,
+                     restart: torch.Tensor | None = None, epoch: torch.Tensor | None = None,
+                     scope: torch.Tensor | None = None, prompt_len: torch.Tensor | None = None) -> None:
     """The eager reference of ``spans_drafts_`` (any device; ``DeviceThinking.decide``'s ops with
     drafts): ``state``, ``consts``, ``force``, ``force_len`` per slot (indexed by ``slots``, a row's
     slot), ``tokens``/``total_len`` per engine slot (``slots`` clamped to them), ``input_ids`` the
     step's fed tokens (empty: none), ``local_pos`` each row's drafts before it, ``later`` the most
     drafts a row may have; writes ``rows_state`` ``[rows, STATE]``, ``valid`` and, by ``rule``,
-    ``decided`` (``-1``: none) per row."""
+    ``decided`` (``-1``: none) per row. With ``restart`` (per slot, with ``epoch``; ``scope`` per
+    row, ``prompt_len`` per engine slot) each row's state is first restarted (``restart_reference``,
+    nothing written back) and decided in the entry's phase only."""
     n, max_len = tokens.shape
     r = slots.shape[0]
     device = tokens.device
@@ -199,6 +249,9 @@ def drafts_reference(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Te
     before = steps <= drafts[:, None]  # which of the drafts precede the row
     valid.copy_(member & ~((fed == PLACEHOLDER) & before).any(1))
     state_of = state[slots]
+    if restart is not None:
+        assert epoch is not None and scope is not None and prompt_len is not None, "a restart reads all four"
+        restart_reference(state_of, restart[slots], epoch[slots], scope, prompt_len[clamped], scale)
     view = consts[slots, : 2 * (width + STATE)].view(r, 2, width + STATE)
     for j in range(1, later + 1):
         position = committed + j
@@ -220,33 +273,40 @@ def drafts_reference(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Te
 
     fire, token = _rule(state_of, count, force[slots], force_len[slots, 0], rule, token_at)
     decided.copy_(torch.where(valid & fire, token, NEVER if rule == FLOOR else -1))
+    _in_phase(decided, scope if restart is not None else None, rule)
 
 
 @fused_op("spans_drafts_", launches=1, mutates_args=("rows_state", "valid", "decided"))
 def spans_drafts_(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
                   scale: torch.Tensor, width: int, slots: torch.Tensor, member: torch.Tensor, input_ids: torch.Tensor,
                   local_pos: torch.Tensor, later: int, rows_state: torch.Tensor, valid: torch.Tensor,
-                  decided: torch.Tensor, force: torch.Tensor, force_len: torch.Tensor, rule: int) -> None:
+                  decided: torch.Tensor, force: torch.Tensor, force_len: torch.Tensor, rule: int,
+                  restart: torch.Tensor | None = None, epoch: torch.Tensor | None = None,
+                  scope: torch.Tensor | None = None, prompt_len: torch.Tensor | None = None) -> None:
     """A step's rows with drafts: each row's state over the drafts before it, whether it may be
     decided and its decision by ``rule`` (module doc, ``drafts_reference``). Every device but CUDA:
     the eager reference; CUDA: one Triton launch (none for zero rows)."""
     drafts_reference(state, consts, tokens, total_len, scale, width, slots, member, input_ids, local_pos, later,
-                     rows_state, valid, decided, force, force_len, rule)
+                     rows_state, valid, decided, force, force_len, rule, restart, epoch, scope, prompt_len)
 
 
 @spans_drafts_.cuda
 def _spans_drafts_cuda(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
                        scale: torch.Tensor, width: int, slots: torch.Tensor, member: torch.Tensor, input_ids: torch.Tensor,
                        local_pos: torch.Tensor, later: int, rows_state: torch.Tensor, valid: torch.Tensor,
-                       decided: torch.Tensor, force: torch.Tensor, force_len: torch.Tensor, rule: int) -> None:
+                       decided: torch.Tensor, force: torch.Tensor, force_len: torch.Tensor, rule: int,
+                       restart: torch.Tensor | None = None, epoch: torch.Tensor | None = None,
+                       scope: torch.Tensor | None = None, prompt_len: torch.Tensor | None = None) -> None:
     launch_drafts(state, consts, tokens, total_len, scale, width, slots, member, input_ids, local_pos, later,
-                  rows_state, valid, decided, force, force_len, rule)
+                  rows_state, valid, decided, force, force_len, rule, restart, epoch, scope, prompt_len)
 
 
 def launch_drafts(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
                   scale: torch.Tensor, width: int, slots: torch.Tensor, member: torch.Tensor, input_ids: torch.Tensor,
                   local_pos: torch.Tensor, later: int, rows_state: torch.Tensor, valid: torch.Tensor,
-                  decided: torch.Tensor, force: torch.Tensor, force_len: torch.Tensor, rule: int) -> None:
+                  decided: torch.Tensor, force: torch.Tensor, force_len: torch.Tensor, rule: int,
+                  restart: torch.Tensor | None = None, epoch: torch.Tensor | None = None,
+                  scope: torch.Tensor | None = None, prompt_len: torch.Tensor | None = None) -> None:
     """``spans_drafts_``'s Triton kernel over the rows (any device Triton runs on, its interpreter
     included)."""
     r = slots.shape[0]
@@ -256,12 +316,21 @@ def launch_drafts(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tenso
     assert consts.stride(1) == 1 and rows_state.stride(1) == 1 and rule in RULES
     assert valid.dtype == member.dtype == torch.bool, "valid, member: bool"
     fed = input_ids if input_ids.numel() else local_pos  # not read without fed tokens
-    kernels().drafts_rows[((r + BLOCK - 1) // BLOCK,)](
-        state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[0],
-        tokens.shape[1], total_len, scale, slots, member, fed, max(input_ids.numel(), 1), local_pos, r, later,
-        rows_state, rows_state.stride(0), valid, decided, force, force.stride(0), force.shape[1], force_len,
-        force_len.stride(0), WIDTH=width, BLOCK=BLOCK, BIG=BIG, CLOSED=CLOSED, NEVER=NEVER, PAD=PAD,
-        PLACEHOLDER=PLACEHOLDER, RULE=rule, HAS_FED=bool(input_ids.numel()))
+    args = (state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0), tokens.stride(1),
+            tokens.shape[0], tokens.shape[1], total_len, scale, slots, member, fed, max(input_ids.numel(), 1), local_pos,
+            r, later, rows_state, rows_state.stride(0), valid, decided, force, force.stride(0), force.shape[1],
+            force_len, force_len.stride(0))
+    constants = {"WIDTH": width, "BLOCK": BLOCK, "BIG": BIG, "CLOSED": CLOSED, "NEVER": NEVER, "PAD": PAD,
+                 "PLACEHOLDER": PLACEHOLDER, "RULE": rule, "HAS_FED": bool(input_ids.numel())}
+    grid = ((r + BLOCK - 1) // BLOCK,)
+    if restart is None:
+        kernels().drafts_rows[grid](*args, **constants)
+        return
+    assert epoch is not None and scope is not None and prompt_len is not None, "a restart reads all four"
+    assert restart.dtype == epoch.dtype == scope.dtype == torch.int64 and restart.stride(1) == 1
+    assert scope.stride(1) == 1 and epoch.stride(0) == 1, "restart, scope: int64 rows; epoch contiguous"
+    kernels().restarted_drafts_rows[grid](*args, restart, restart.stride(0), epoch, scope, scope.stride(0), prompt_len,
+                                          **constants)
 
 
 def probe_case(seed: int, n: int = 40, max_len: int = 24, width: int = 3, vocab: int = 4) -> tuple[torch.Tensor, ...]:
@@ -318,17 +387,59 @@ def drafts_case(seed: int, n: int = 40, width: int = 3, later: int = 2, vocab: i
             torch.tensor(local), force, force_len, *outputs)
 
 
-def drafts_same(device: torch.device, seed: int, width: int, later: int, rule: int, fed: bool = True) -> bool:
-    """``launch_drafts`` against ``drafts_reference`` on ``device`` for one ``drafts_case``, exactly."""
+def drafts_same(device: torch.device, seed: int, width: int, later: int, rule: int, fed: bool = True,
+                restart: bool = False) -> bool:
+    """``launch_drafts`` against ``drafts_reference`` on ``device`` for one ``drafts_case``, exactly
+    (``restart``: with the restart stage, ``restart_case``'s per-slot rows and scope rows per row)."""
     (state, consts, tokens, total_len, scale, slots, member, input_ids, local, force, force_len, rows_state, valid,
      decided) = (t.to(device) for t in drafts_case(seed, width=width, later=later, fed=fed))
+    stage: tuple[torch.Tensor | None, ...] = (None, None, None, None)
+    if restart:
+        restarts, epoch, scope, prompt_len = (t.to(device) for t in restart_case(seed, n=state.shape[0]))
+        stage = (restarts, epoch, scope[slots.clamp(max=state.shape[0] - 1)].contiguous(), prompt_len[: tokens.shape[0]])
     got = (rows_state.clone(), valid.clone(), decided.clone())
     want = (rows_state.clone(), valid.clone(), decided.clone())
     launch_drafts(state, consts, tokens, total_len, scale, width, slots, member, input_ids, local, later, *got, force,
-                  force_len, rule)
+                  force_len, rule, *stage)
     drafts_reference(state, consts, tokens, total_len, scale, width, slots, member, input_ids, local, later, *want,
-                     force, force_len, rule)
+                     force, force_len, rule, *stage)
     return all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def restart_case(seed: int, n: int = 40) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random host arguments of the restart stage (``restart``, ``epoch``, ``scope``, ``prompt_len``)
+    for ``n`` rows: restart rows as ``SpanTables.resumed_state`` writes them (looking for the start
+    sequence, small thresholds), scope states in and out of the entry's phase, and epochs that are
+    the row's stretch start about half the time."""
+    g = torch.Generator().manual_seed(30_000 + seed)
+    restart = torch.stack((BIG * torch.randint(1, 4, (n,), generator=g) + torch.randint(1, 4, (n,), generator=g),
+                           torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long),
+                           torch.randint(0, 3, (n,), generator=g)), 1)
+    scope = torch.stack((torch.randint(0, 30, (n,), generator=g), torch.randint(-4, 20, (n,), generator=g),
+                         torch.randint(0, 2, (n,), generator=g), torch.randint(0, 2, (n,), generator=g)), 1)
+    prompt_len = torch.randint(0, 6, (n,), generator=g, dtype=torch.int32)
+    start = torch.maximum(scope[:, ANCHOR], prompt_len)
+    epoch = torch.where(torch.rand(n, generator=g) < 0.5, start, torch.randint(0, 20, (n,), generator=g))
+    return restart, epoch, scope, prompt_len
+
+
+def restart_same(device: torch.device, seed: int, width: int, rounds: int, rule: int, n: int = 40) -> bool:
+    """``launch`` with the restart stage against the references on ``device`` for one ``probe_case``
+    and ``restart_case``, exactly (state, decisions, epochs)."""
+    state, consts, tokens, total_len, scale = (t.to(device) for t in probe_case(seed, n=n, width=width))
+    decided, force, force_len = (t.to(device) for t in force_case(seed, n=n, width=1 + seed % 3))
+    restart, epoch, scope, prompt_len = (t.to(device) for t in restart_case(seed, n=n))
+    fused, eager = state.clone(), state.clone()
+    fused_decided, eager_decided = decided.clone(), decided.clone()
+    fused_epoch, eager_epoch = epoch.clone(), epoch.clone()
+    launch(fused, consts, tokens, total_len, scale, width, rounds, fused_decided, force, force_len, rule, restart,
+           fused_epoch, scope, prompt_len)
+    eager_epoch.copy_(restart_reference(eager, restart, eager_epoch, scope, prompt_len, scale))
+    advance_reference(eager, consts, tokens, total_len, scale, width, rounds)
+    decide_reference(eager, tokens, total_len, eager_decided, force, force_len, rule)
+    _in_phase(eager_decided, scope, rule)
+    return (torch.equal(fused, eager) and torch.equal(fused_decided, eager_decided)
+            and torch.equal(fused_epoch, eager_epoch))
 
 
 def _probe(device: torch.device) -> bool:
@@ -346,6 +457,8 @@ def _probe(device: torch.device) -> bool:
         same.append(torch.equal(fused, eager) and not torch.equal(eager, state)
                     and torch.equal(fused_decided, eager_decided))
     same += [drafts_same(device, 4, 3, 2, rule) for rule in RULES]
+    same += [restart_same(device, 7, 3, 2, rule) and drafts_same(device, 8, 3, 2, rule, restart=True)
+             for rule in (PHRASE, DUE)]
     return all(same)
 
 

@@ -512,10 +512,14 @@ class DeviceThinking:
         return tables.decide_state(slots, state, lambda: source.total_len[source.clamped(slots)] + local_pos.long(),
                                    valid, self.row_tokens)
 
-    def fused_states(self, tables: SpanTables, rows: GatheredRows, source: StepSource,
-                      local_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def fused_states(self, tables: SpanTables, rows: GatheredRows, source: StepSource, local_pos: torch.Tensor,
+                     member: torch.Tensor | None = None,
+                     restart: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One ``spans_drafts_``: each row's state over the drafts before it, whether it may be
-        decided, and its rule's decision."""
+        decided (``member``: which rows may be at all, by default the group's members), and its
+        rule's decision; ``restart``: the op's restart stage (``restart``, ``epoch``, ``scope``,
+        ``prompt_len``: ``stretch_spans.StretchSpans``)."""
         slots = rows.slot_of_row
         r = len(slots)
         input_ids = self._inputs[0]
@@ -526,8 +530,8 @@ class DeviceThinking:
         valid = torch.empty(r, dtype=torch.bool, device=self.device)
         decided = torch.empty(r, dtype=torch.long, device=self.device)
         spans_drafts_(tables.state, tables.consts.dev, source.tokens, source.total_len, tables.scale_dev, tables.width,
-                      slots, rows.member, input_ids, local_pos, self.max_new - 1, state, valid, decided,
-                      *self.forced(tables, tables.num_slots), tables.rule)
+                      slots, rows.member if member is None else member, input_ids, local_pos, self.max_new - 1, state,
+                      valid, decided, *self.forced(tables, tables.num_slots), tables.rule, *(restart or ()))
         return state, valid, decided
 
     def _eager(self, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int) -> None:

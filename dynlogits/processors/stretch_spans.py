@@ -12,9 +12,13 @@ and begins again starts afresh. A row is decided by the inner kind's rule where 
 in the entry's phase, ``-1`` elsewhere. Positions count from the prompt's start, as in
 ``device_thinking``; a restart is replay-safe (positions at or before its threshold never match).
 
-Per steady step, beyond the scope's fused advance: the restart (5 ops) and the inner fused advance
-(``spans_advance_``, its rule's decision included); with drafts, each row's inner state is restarted
-at the anchor its scope state reaches over the drafts before it and advanced over them (eager ops)."""
+Per steady step, beyond the scope's fused advance: one inner fused advance (``spans_advance_`` with
+its restart stage, its rule's decision in the entry's phase included; a row reads it off with
+``index``, ``where``); with drafts, one ``spans_drafts_`` for the scope's rows and one for the inner
+rows, each restarted at the anchor its scope row reaches over the drafts before it and advanced
+over them. Where the fused ops are not used (the CPU, a failed probe) the same in eager ops: the
+restart's 5 (``maximum``, ``addcmul``, ``ne``, ``where``, ``copy_``), and per draft position the
+advance's, then the inner kind's ``decide_state``."""
 
 from __future__ import annotations
 
@@ -107,14 +111,15 @@ class StretchSpans(SpanTables):
         n = tokens.shape[0]
         assert self.prompt_len is not None
         state = inner.state[:n]
+        self._inner_fused = fused
+        if fused:  # the restart, the advance and the decision (in the entry's phase) in one op
+            spans_advance_(state, inner.consts.dev[:n], tokens, total_len, inner.scale_dev, inner.width, rounds,
+                           inner.decided[:n], *thinking.forced(inner, n), inner.rule, self.restart.dev[:n],
+                           self.epoch[:n], self.state[:n], self.prompt_len)
+            return
         start = torch.maximum(self.state[:n, ANCHOR], self.prompt_len)  # never before the output
         self._restarted(state, self.restart.dev[:n], self.epoch[:n], start, out=state)
         self.epoch[:n].copy_(start)
-        self._inner_fused = fused
-        if fused:
-            spans_advance_(state, inner.consts.dev[:n], tokens, total_len, inner.scale_dev, inner.width, rounds,
-                           inner.decided[:n], *thinking.forced(inner, n), inner.rule)
-            return
         consts = inner.consts_of(n)
         for back in range(rounds - 1, -1, -1):
             inner.advance(state, consts, thinking.window(tokens, total_len, inner.width, back),
@@ -126,26 +131,44 @@ class StretchSpans(SpanTables):
         advance's, else ``decide_state``'s) where the row is in the entry's phase, else ``-1``."""
         assert state is None, "with drafts: decide_drafted"
         inner = self.inner
-        if self._inner_fused and inner.rule != NO_RULE:
-            decided = inner.decided[slots]
-        else:
-            decided = inner.decide_state(slots, None, generated, valid, row_tokens)
+        if self._inner_fused and inner.rule != NO_RULE:  # the fused advance decided in the entry's phase only
+            return torch.where(valid, inner.decided[slots], self.no_token)
+        decided = inner.decide_state(slots, None, generated, valid, row_tokens)
         return torch.where(torch.logical_and(self.state[slots, OUT], valid), decided, self.no_token)
 
     def decide_drafted(self, thinking: DeviceThinking, rows: GatheredRows, source: StepSource,
                        local_pos: torch.Tensor) -> torch.Tensor:
-        """With drafts: each row's scope state over the drafts before it (one ``spans_drafts_`` after a
-        fused step, eager if its variant fails), then its inner state restarted at the anchor that
-        state reaches, advanced over the same drafts (eager ops) and decided by the inner kind's rule
-        where the row is in the entry's phase, ``-1`` elsewhere."""
+        """With drafts: each row's scope state over the drafts before it, then its inner state
+        restarted at the anchor that state reaches, advanced over the same drafts and decided by the
+        inner kind's rule where the row is in the entry's phase, ``-1`` elsewhere: after a fused
+        step two ``spans_drafts_`` (the inner one with its restart stage; eager if a variant fails),
+        else eager ops."""
+        if thinking.fused_step:
+            return GATE.run(self.device, lambda: self._fused_drafted(thinking, rows, source, local_pos),
+                            lambda: self._eager_drafted(thinking, rows, source, local_pos))
+        return self._eager_drafted(thinking, rows, source, local_pos)
+
+    def _fused_drafted(self, thinking: DeviceThinking, rows: GatheredRows, source: StepSource,
+                       local_pos: torch.Tensor) -> torch.Tensor:
+        scope, valid, _ = thinking.fused_states(self, rows, source, local_pos)
+        inner = self.inner
+        if inner.rule == NO_RULE:  # the inner kind decides from its states, eagerly
+            return self._inner_drafted(thinking, rows, source, local_pos, scope, valid)
+        restart = (self.restart.dev, self.epoch, scope, source.prompt_len)
+        return thinking.fused_states(inner, rows, source, local_pos, valid, restart)[2]
+
+    def _eager_drafted(self, thinking: DeviceThinking, rows: GatheredRows, source: StepSource,
+                       local_pos: torch.Tensor) -> torch.Tensor:
+        slots = rows.slot_of_row
+        scope, valid = thinking.over_drafts(self, rows, source, local_pos, self.state[slots], rows.member)
+        return self._inner_drafted(thinking, rows, source, local_pos, scope, valid)
+
+    def _inner_drafted(self, thinking: DeviceThinking, rows: GatheredRows, source: StepSource,
+                       local_pos: torch.Tensor, scope: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """The inner rows restarted at ``scope``'s stretches, advanced over the drafts and decided by
+        eager ops."""
         slots = rows.slot_of_row
         clamped = source.clamped(slots)
-        if thinking.fused_step:
-            scope, valid = GATE.run(self.device, lambda: thinking.fused_states(self, rows, source, local_pos)[:2],
-                                    lambda: thinking.over_drafts(self, rows, source, local_pos, self.state[slots],
-                                                                 rows.member))
-        else:
-            scope, valid = thinking.over_drafts(self, rows, source, local_pos, self.state[slots], rows.member)
         committed = source.total_len[clamped]
         inner = self.inner
         start = torch.maximum(scope[:, ANCHOR], source.prompt_len[clamped])

@@ -2,8 +2,10 @@
 CUDA against the eager references on the same device, exactly, over random tables (1 to ``width``
 token sequences, either state, small thresholds; 1 to 6 rounds, rows past one block, int32 and int64
 token matrices; each decision rule, ``PHRASE`` and ``DUE`` with 1 to 3 token forced sequences, a
-scoped entry's ``STRETCH`` and ``FLOOR``), and ``spans_drafts_``'s against its reference (rows with 0
-to 3 drafts, with and without fed tokens, each rule), and the span kinds' fused forcing
+scoped entry's ``STRETCH`` and ``FLOOR``; and with the restart stage a scoped automaton runs first:
+epochs that are and are not the stretch's start, scopes in and out of phase), and ``spans_drafts_``'s
+against its reference (rows with 0 to 3 drafts, with and without fed tokens, each rule, with and
+without the restart stage), and the span kinds' fused forcing
 ``dynlogits::decided_settle_`` (``dynlogits.kernels.thinking_force``) against its reference (float32,
 bfloat16, float16 logits; with and without positions; and in its sequence form, scoped or not:
 ``forced_sequence``'s counts). ``python -m dynlogits.testing.cuda.spans_check``: prints the differing cases and
@@ -20,7 +22,16 @@ from typing import Any
 import torch
 
 from dynlogits.kernels import thinking_force
-from dynlogits.kernels.spans import RULES, advance_reference, decide_reference, drafts_same, force_case, launch, probe_case
+from dynlogits.kernels.spans import (
+    RULES,
+    advance_reference,
+    decide_reference,
+    drafts_same,
+    force_case,
+    launch,
+    probe_case,
+    restart_same,
+)
 
 __all__ = ["cpu_check", "main", "run"]
 
@@ -56,6 +67,12 @@ def main(device: torch.device | None = None) -> int:
             cases += 1
             if not drafts_same(device, seed, 1 + seed % 3, seed % 4, rule, fed=seed % 5 != 0):
                 bad.append((-1, seed, 1 + seed % 3, rule))  # -1: a drafts case
+            cases += 1
+            if not restart_same(device, seed, 1 + seed % 3, seed % 5, rule, n=300 if seed % 7 == 0 else 40):
+                bad.append((-4, seed, 1 + seed % 3, rule))  # -4: a restart-and-advance case
+            cases += 1
+            if not drafts_same(device, seed, 1 + seed % 3, seed % 4, rule, fed=seed % 5 != 0, restart=True):
+                bad.append((-5, seed, 1 + seed % 3, rule))  # -5: a restarted drafts case
     for seed in range(20):
         for code, dtype in enumerate((torch.float32, torch.bfloat16, torch.float16)):
             cases += 1
