@@ -41,11 +41,16 @@ def test_scoped_thinking_budget_requests_never_wait_under_drafts() -> None:
     assert [str(s) for s in result.syncs] == []
 
 
-def test_a_v2_step_of_scoped_budgets_is_two_fused_advances_and_the_restart() -> None:
-    """A steady V2 step: the scope's and the budget's fused advances (its due end token decided in
-    the second), the restart between them, the rows' decisions and the fused forcing; no read back."""
+def test_a_v2_step_of_scoped_budgets_is_two_fused_advances_within_the_launch_bound() -> None:
+    """A steady V2 step: the scope's and the budget's fused advances (the restart at a new stretch
+    and the due end token decided inside the second), the rows' decisions and the fused forcing,
+    within 8 device ops; with 2 drafts a request, within 12; no read back."""
     with SimCuda() as sim:
         steady = drive_v2(sim, Scenario(vocab=64, payloads=PAYLOADS, steps=4, changes=False))
     assert [str(s) for s in steady.syncs] == [] and not steady.failures
     assert steady.steady_ops.count("spans_advance_") == 2
-    assert len(steady.steady_ops) <= 13, steady.steady_ops
+    assert len(steady.steady_ops) <= 8, steady.steady_ops
+    with SimCuda() as sim:
+        drafted = drive_v2(sim, Scenario(vocab=64, payloads=PAYLOADS, steps=8, changes=False), drafts=2)
+    assert [str(s) for s in drafted.syncs] == [] and not drafted.failures
+    assert len(drafted.steady_ops) <= 12, drafted.steady_ops
