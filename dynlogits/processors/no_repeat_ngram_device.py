@@ -145,7 +145,8 @@ class Layout:
         once per layout and engine matrix width."""
         made: _HostRows | None = self.__dict__.get("_host")
         if made is None or made.matrix_width != matrix_width:
-            made = _host_rows(self.source.params.numpy(), self.slot_of_row.numpy(), self.source.size, matrix_width)
+            made = _host_rows(self.source.params.numpy(), self.slot_of_row.numpy(), self.source.size, matrix_width,
+                              self.source.width)
             self.__dict__["_host"] = made  # a frozen dataclass: its cache set as functools.cached_property does
         return made
 
@@ -241,7 +242,9 @@ class _HostRows:
     ``matrix_width`` wide: each row's size, its slot's first flat index in the matrix, the flat
     index of its history's first position (``NEVER`` past it where not a member), the first
     position it decides at; whether a row counts its prompt (so a prefill chunk's row must be
-    checked) and whether any row's size is below the tables' largest."""
+    checked) and whether any row's size is below the tables' largest; then, for a window ``width``
+    columns wide, each column's flat index at position 0 (``columns``, ``[rows, width]``) and
+    ``start`` as a column (``[rows, 1]``): a step's calls made once per layout."""
 
     matrix_width: int
     sizes: np.ndarray
@@ -250,14 +253,17 @@ class _HostRows:
     first: np.ndarray
     prompts: bool
     smaller: bool
+    columns: np.ndarray
+    start_column: np.ndarray
 
 
-def _host_rows(params: np.ndarray, slot_of_row: np.ndarray, size: int, matrix_width: int) -> _HostRows:
+def _host_rows(params: np.ndarray, slot_of_row: np.ndarray, size: int, matrix_width: int, width: int) -> _HostRows:
     start, n, first, engine = params.take(slot_of_row, axis=0).T
     base = engine * matrix_width
+    begins = base + start
     # a Python min: cheaper cold than numpy's
-    return _HostRows(matrix_width, n, base, base + start, first, bool((start <= first).any()),
-                     min(n.tolist(), default=size) < size)
+    return _HostRows(matrix_width, n, base, begins, first, bool((start <= first).any()),
+                     min(n.tolist(), default=size) < size, base[:, None] + _columns(width)[0], begins[:, None])
 
 
 def _host_ban(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
@@ -265,7 +271,7 @@ def _host_ban(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slo
               floor: torch.Tensor | None, width: int, size: int) -> None:
     """``ban_``'s CPU implementation (host tensors): ``_ban_rows``."""
     matrix = tokens.numpy()
-    _ban_rows(logits, matrix, pos.numpy(), _host_rows(params.numpy(), slot_of_row.numpy(), size, matrix.shape[1]),
+    _ban_rows(logits, matrix, pos.numpy(), _host_rows(params.numpy(), slot_of_row.numpy(), size, matrix.shape[1], width),
               None if input_ids is None else input_ids.numpy(), None if local_pos is None else local_pos.numpy(),
               None if floor is None else floor.numpy(), width, size)
 
@@ -277,16 +283,19 @@ def _ban_rows(logits: torch.Tensor, matrix: np.ndarray, p: np.ndarray, rows: _Ho
     where that counts (inside the history, not negative) else a value of its own below every token,
     the bans written with one fancy assignment."""
     offsets, outside = _columns(width)
-    at = (rows.base + p)[:, None] + offsets  # flat indices into the matrix
-    start = rows.start if floor is None else np.maximum(rows.start, rows.base + np.minimum(floor, NEVER))
-    start = np.where(p >= rows.first, start, 1 << 62) if rows.prompts else start  # a prefill chunk's row: none
+    at = rows.columns + p[:, None]  # flat indices into the matrix
+    if floor is None and not rows.prompts:
+        start = rows.start_column
+    else:
+        start = rows.start if floor is None else np.maximum(rows.start, rows.base + np.minimum(floor, NEVER))
+        start = (np.where(p >= rows.first, start, 1 << 62) if rows.prompts else start)[:, None]  # a prefill chunk's row: none
     # a column before position 0 reads anything (outside the history): wrap keeps every index inside the matrix
-    tok = matrix.reshape(-1).take(at, mode="wrap")
+    tok = matrix.take(at, mode="wrap")  # no axis: the flattened matrix
     if input_ids is not None and local_pos is not None:
         fed = -offsets <= local_pos[:, None]  # fed at row r + offset: the last committed token or a draft
         source = np.maximum(np.arange(len(p))[:, None] + offsets, 0)
         tok = np.where(fed, input_ids.take(source), tok)
-    key = np.where((at >= start[:, None]) & (tok >= 0), tok, outside)
+    key = np.where((at >= start) & (tok >= 0), tok, outside)
     w, s = width, size
     follower = key[:, s - 1:]
     unsigned: np.ndarray = follower.view(np.uint32 if key.itemsize == 4 else np.uint64)
