@@ -241,6 +241,19 @@ class SpanTables:
         first = max(1, len(start) - self.prompt_tail(template))
         return [BIG * len(start) + max(committed + 1, first), 0, 0, out_closed]
 
+    def restart_state(self, template: Any) -> list[int]:
+        """The state a scoped entry's automaton restarts in at each stretch of its phase, as position
+        0 (``stretch_spans.StretchSpans`` adds the stretch's start by ``scale``): the hosted inner
+        processor's state at the start of what it is fed. By default no span open and the start
+        sequence looked for from position 0 on."""
+        return self.resumed_state(template, None, 0)
+
+    @classmethod
+    def restarts_exactly(cls, template: Any) -> bool:
+        """Whether a scoped entry of ``template`` restarted at each stretch (``restart_state``) is the
+        hosted path's, so that it may run without host histories; by default yes."""
+        return True
+
     def lift(self, n: int, lift: torch.Tensor) -> None:
         """Add ``lift`` (``[n, 1]``: a new occupant's prompt length, else 0) to the first ``n``
         slots' positions: their state, counted from the prompt's end, from its start."""
@@ -365,7 +378,6 @@ class StepSource:
         return self.tokens[rows[:, None], positions.clamp(0, self.tokens.shape[1] - 1)].long()
 
 
-_Step = StepSource  # its earlier name, still imported by tests
 
 
 class DeviceThinking:

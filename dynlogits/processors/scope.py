@@ -43,7 +43,7 @@ A scoped ``deadline`` is ``ScopedClock`` (its clock on the host, its phase from 
 ``DeviceThinking``); a scoped ``trigger`` or ``thinking_budget`` is ``ScopedSpan``: with host
 histories decided from its stretch (out of phase from ``OUT_OF_PHASE``: nothing), without its own
 automaton restarted at each stretch (``ScopedSpanTables``, ``stretch_spans.StretchSpans``) in the
-state the hosted inner processor starts what it is fed in (``restart_row``): a ``trigger``'s looking
+state the hosted inner processor starts what it is fed in (``SpanTables.restart_state``): a ``trigger``'s looking
 for its start from the stretch's first token; a ``thinking_budget``'s, whose scanner was built with
 the prompt, as after the prompt (a span the prompt left open open again, its prompt tokens counted
 against the budget; ``ThinkingTables.restart_state``), exact where no delimiter can straddle a
@@ -61,7 +61,7 @@ from typing import Any, ClassVar, cast, overload
 import numpy as np
 import torch
 
-from .device_thinking import ANCHOR, BIG, CLOSED, FLOOR, KEY, NEVER, OUT, SEL, STATE, STRETCH, SpanTables
+from .device_thinking import ANCHOR, CLOSED, FLOOR, NEVER, OUT, SEL, STRETCH, SpanTables
 from .modes import ClockDecided, DecidedGroup, Decider, SpanDecided, SpanWindowDecided, WindowDecided
 from .slots import Dead, GatheredRows, Group, ListedRows, StepInputs, Template
 from .spans import SpanScanner
@@ -511,43 +511,11 @@ class ScopedClock(ScopedDecided, ClockDecided):
         return self.inner.apply_device_decisions(step, rows, decisions)
 
 
-def restart_row(tables: SpanTables, template: Template) -> list[int]:
-    """The state ``tables`` restart in at a stretch's start, as position 0: the tables' own
-    ``restart_state`` where they have one (``thinking_budget``: as after the prompt), else no span
-    open and the start sequence looked for from position 0 on (``resumed_state(template, None, 0)``)."""
-    own = getattr(tables, "restart_state", None)
-    return list(own(template)) if own is not None else tables.resumed_state(template, None, 0)
-
-
 class ScopedSpanTables(StretchSpans, ScopeTables):
     """``ScopeTables`` of a scoped entry of a span-following kind (``trigger``, ``thinking_budget``):
     the inner kind's own tables restarted at each stretch (``stretch_spans.StretchSpans``; one
-    subclass per inner tables class, ``_span_tables``) in ``restart_row``, the hosted inner
+    subclass per inner tables class, ``_span_tables``) in ``SpanTables.restart_state``, the hosted inner
     processor's state at the start of what it is fed."""
-
-    def set(self, slot: int, template: Any | None) -> None:
-        super().set(slot, template)
-        if template is not None:
-            self.restart.set(slot, restart_row(self.inner, template.inner))
-
-    def host_state(self, template: Any, processor: Any, history: Sequence[int], committed: int) -> list[int]:
-        """A resumed request's states (``StretchSpans.host_state``); in a stretch after the first (a
-        restart's), the inner one as the restart makes it: where the inner processor's span over the
-        stretch is the one it starts with (``<= 0``), ``restart_row`` at the stretch's start, and
-        outside a span, a start sequence begins within the stretch (its start at the earliest)."""
-        state = super().host_state(template, processor, history, committed)
-        began = processor.began(history)
-        if not began:  # out of phase (restarted at the next stretch), or the first stretch: no restart
-            return state
-        inner = self.inner
-        span = inner.host_span(processor.inner, history[began:])
-        if span is not None and span <= 0:
-            restart = restart_row(inner, template.inner)
-            state[STATE : 2 * STATE] = [v + began * k for v, k in zip(restart, inner.scale)]
-        elif span is None:
-            start = inner.delimiters(template.inner)[0]
-            state[STATE + KEY] = BIG * len(start) + max(committed + 1, began + len(start))
-        return state
 
 
 class ScopedSpan(ScopedDecided):
@@ -563,9 +531,10 @@ class ScopedSpan(ScopedDecided):
     @classmethod
     def runs_without_histories(cls, template: Template, group: Group | None, *, token_window: bool) -> bool:
         """Where the inner automaton's restart is the hosted path's (the inner template's
-        ``restarts_exactly``, where it has one: ``thinking_budget``)."""
-        assert isinstance(template, ScopedTemplate)
-        return bool(getattr(template.inner, "restarts_exactly", True))
+        tables' ``SpanTables.restarts_exactly``: not always for ``thinking_budget``)."""
+        assert isinstance(template, ScopedTemplate) and template.device_spans is not None
+        tables = cast("type[ScopedSpanTables]", template.device_spans)
+        return tables.inner_tables.restarts_exactly(template.inner)
 
     def apply_window_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor,
                                window: TokenWindow) -> Dead | None:

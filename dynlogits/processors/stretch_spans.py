@@ -29,7 +29,7 @@ import torch
 
 from dynlogits.kernels.spans import GATE, NO_RULE, spans_advance_
 
-from .device_thinking import ANCHOR, NEVER, OUT, STATE, DeviceThinking, SpanTables, StepSource
+from .device_thinking import ANCHOR, BIG, KEY, NEVER, OUT, STATE, DeviceThinking, SpanTables, StepSource
 from .slots import GatheredRows
 
 __all__ = ["StretchSpans"]
@@ -60,8 +60,8 @@ class StretchSpans(SpanTables):
         super().set(slot, template)
         inner = None if template is None else template.inner
         self.inner.set(slot, inner)
-        if inner is not None:  # the inner state with no span open and nothing seen before position 0
-            self.restart.set(slot, self.inner.resumed_state(inner, None, 0))
+        if inner is not None:
+            self.restart.set(slot, self.inner.restart_state(inner))
 
     def initial_state(self, template: Any) -> list[int]:
         """The scope's state after the prompt, the inner's, and the epoch (the output's start)."""
@@ -70,12 +70,23 @@ class StretchSpans(SpanTables):
     def host_state(self, template: Any, processor: Any, history: Sequence[int], committed: int) -> list[int]:
         """A resumed request's states: the scope's, the inner automaton's over the current stretch
         (``processor.began``: ``None`` out of the entry's phase, where it restarts at the next
-        stretch anyway), and the epoch (the stretch's start, never before the output)."""
+        stretch anyway), and the epoch (the stretch's start, never before the output). In a stretch
+        after the output's start (one a restart began), the inner state is what the restart makes
+        it: where the inner processor's span over the stretch is the one it starts with (``<= 0``),
+        ``restart_state`` at the stretch's start; outside a span, its start sequence looked for
+        within the stretch only."""
         state = super().host_state(template, processor, history, committed)
         began = processor.began(history)
-        span = None if began is None else self.inner.host_span(processor.inner, history[began:])
-        inner = self.inner.resumed_state(template.inner, None if span is None else span + began, committed)
-        return [*state, *inner, max(state[ANCHOR], 0)]
+        inner = self.inner
+        span = None if began is None else inner.host_span(processor.inner, history[began:])
+        values = inner.resumed_state(template.inner, None if span is None else span + began, committed)
+        if began:  # a restart's stretch
+            if span is not None and span <= 0:
+                values = [v + began * k for v, k in zip(inner.restart_state(template.inner), inner.scale)]
+            elif span is None:
+                start = inner.delimiters(template.inner)[0]
+                values[KEY] = BIG * len(start) + max(committed + 1, began + len(start))
+        return [*state, *values, max(state[ANCHOR], 0)]
 
     def put_state(self, slot: int, values: Sequence[int]) -> None:
         super().put_state(slot, values[:STATE])

@@ -172,6 +172,11 @@ class ThinkingTables(SpanTables):
     def forced(self) -> tuple[SlotTable, SlotTable]:
         return self.end, self.end_len
 
+    @classmethod
+    def restarts_exactly(cls, template: ThinkingBudgetTemplate) -> bool:
+        """Where no delimiter can straddle a stretch's start (``restarts_exactly``, the function)."""
+        return template.restarts_exactly
+
     def restart_state(self, template: ThinkingBudgetTemplate) -> list[int]:
         """The state a scoped entry's automaton restarts in at each stretch's start, as position 0
         (``stretch_spans.StretchSpans`` adds the start by ``scale``): the hosted inner processor's

@@ -22,7 +22,7 @@ import torch
 
 from dynlogits.kernels.fused import declared_launches
 from dynlogits.kernels.spans import DUE, FLOOR, NEVER, NO_RULE, PHRASE, STRETCH, decide_reference, spans_advance_
-from dynlogits.processors.device_thinking import CLOSED, STATE, DeviceThinking, SpanTables, _Step
+from dynlogits.processors.device_thinking import CLOSED, STATE, DeviceThinking, SpanTables, StepSource
 from dynlogits.processors.scope import FloorScopeTables, ScopedTemplate, StretchScopeTables
 from dynlogits.processors.slots import GatheredRows
 from dynlogits.processors.thinking_budget import ThinkingBudgetTemplate, ThinkingTables
@@ -124,7 +124,7 @@ def _ruled(kind: str, seed: int, n: int = 40, max_len: int = 20, vocab: int = 3)
 def _kinds_own(tables: SpanTables, tokens: torch.Tensor, total: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
     """Each slot's row's decision by the kind's ``decide_state`` (no draft before it)."""
     slots = torch.arange(tokens.shape[0])
-    return tables.decide_state(slots, None, lambda: total[slots], member, _Step(tokens, total * 0, total).token)
+    return tables.decide_state(slots, None, lambda: total[slots], member, StepSource(tokens, total * 0, total).token)
 
 
 @pytest.mark.parametrize("kind", ["trigger", "thinking_budget"])
@@ -242,7 +242,7 @@ def _decide_both(tables: SpanTables, tokens: torch.Tensor, total: torch.Tensor, 
     n = tokens.shape[0]
     thinking = DeviceThinking(tables.num_slots, torch.device("cpu"), max_new=1 + later)
     thinking.tables[(0, _Group)] = tables  # type: ignore[index]
-    thinking._step = _Step(tokens, torch.zeros_like(total), total)
+    thinking._step = StepSource(tokens, torch.zeros_like(total), total)
     slots, member, input_ids, local = _rows(seed, n, later)
     thinking._inputs = (input_ids if fed else None, local)
     passed: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -351,10 +351,25 @@ def test_the_triton_kernel_in_the_interpreter_equals_the_reference_bit_for_bit()
 
 
 
-def test_the_triton_kernel_compiles_for_cuda_without_a_gpu() -> None:
+#: the restart stage's arguments (``restarted_advance_rows``, ``restarted_drafts_rows``), after ``flen_s0``
+RESTART_SIGNATURE = {"restart_ptr": "*i64", "restart_s0": "i64", "epoch_ptr": "*i64", "scope_ptr": "*i64",
+                     "scope_s0": "i64", "prompt_ptr": "*i32"}
+
+
+def _with_restart(signature: dict[str, str], restarted: bool) -> dict[str, str]:
+    """``signature`` with the restart stage's arguments before its constexprs where ``restarted``."""
+    if not restarted:
+        return signature
+    at = list(signature).index("WIDTH")
+    items = list(signature.items())
+    return dict(items[:at] + list(RESTART_SIGNATURE.items()) + items[at:])
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["advance_rows", "restarted_advance_rows"])
+def test_the_triton_kernel_compiles_for_cuda_without_a_gpu(restarted: bool) -> None:
     """Triton's NVIDIA backend compiles the kernel ahead of time (Hopper and Ampere, each delimiter
-    width and rule, int32 and int64 token matrices): what the interpreter does not check (types, the
-    compiler's lowering); not run."""
+    width and rule, int32 and int64 token matrices), and its variant with a scoped entry's restart
+    stage: what the interpreter does not check (types, the compiler's lowering); not run."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -363,7 +378,8 @@ def test_the_triton_kernel_compiles_for_cuda_without_a_gpu() -> None:
 
     if "nvidia" not in getattr(triton.backends, "backends", {}):
         pytest.skip("Triton has no NVIDIA backend here")
-    kernel = spans.kernels().advance_rows
+    name = "restarted_advance_rows" if restarted else "advance_rows"
+    kernel = getattr(spans.kernels(), name)
     for capability in (90, 80):
         for tokens in ("*i32", "*i64"):
             signature = {"state_ptr": "*i64", "state_s0": "i64", "consts_ptr": "*i64", "consts_s0": "i64",
@@ -373,16 +389,18 @@ def test_the_triton_kernel_compiles_for_cuda_without_a_gpu() -> None:
                          "force_w": "i64", "flen_ptr": "*i64", "flen_s0": "i64", "WIDTH": "constexpr",
                          "BLOCK": "constexpr", "BIG": "constexpr", "CLOSED": "constexpr", "NEVER": "constexpr",
                          "RULE": "constexpr"}
+            signature = _with_restart(signature, restarted)
             for width in (1, 2, 3, 5):
                 for rule in spans.RULES:
                     source = ASTSource(fn=kernel, signature=signature,
                                        constexprs={"WIDTH": width, "BLOCK": spans.BLOCK, "BIG": spans.BIG,
                                                    "CLOSED": spans.CLOSED, "NEVER": spans.NEVER, "RULE": rule})
                     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
-                    assert "advance_rows" in compiled.asm["ptx"]
+                    assert name in compiled.asm["ptx"]
 
 
-def test_the_drafts_kernel_compiles_for_cuda_without_a_gpu() -> None:
+@pytest.mark.parametrize("restarted", [False, True], ids=["drafts_rows", "restarted_drafts_rows"])
+def test_the_drafts_kernel_compiles_for_cuda_without_a_gpu(restarted: bool) -> None:
     """``spans_drafts_``'s kernel, as ``advance_rows`` above (with and without fed tokens)."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
@@ -392,7 +410,8 @@ def test_the_drafts_kernel_compiles_for_cuda_without_a_gpu() -> None:
 
     if "nvidia" not in getattr(triton.backends, "backends", {}):
         pytest.skip("Triton has no NVIDIA backend here")
-    kernel = spans.kernels().drafts_rows
+    name = "restarted_drafts_rows" if restarted else "drafts_rows"
+    kernel = getattr(spans.kernels(), name)
     signature = {"state_ptr": "*i64", "state_s0": "i64", "consts_ptr": "*i64", "consts_s0": "i64", "tokens_ptr": "*i32",
                  "tokens_s0": "i64", "tokens_s1": "i64", "nslots": "i32", "maxlen": "i32", "total_ptr": "*i32",
                  "scale_ptr": "*i64", "slots_ptr": "*i64", "member_ptr": "*i1", "fed_ptr": "*i32", "n_fed": "i32",
@@ -401,6 +420,7 @@ def test_the_drafts_kernel_compiles_for_cuda_without_a_gpu() -> None:
                  "flen_ptr": "*i64", "flen_s0": "i64", "WIDTH": "constexpr", "BLOCK": "constexpr", "BIG": "constexpr",
                  "CLOSED": "constexpr", "NEVER": "constexpr", "PAD": "constexpr", "PLACEHOLDER": "constexpr",
                  "RULE": "constexpr", "HAS_FED": "constexpr"}
+    signature = _with_restart(signature, restarted)
     for capability in (90, 80):
         for width in (1, 3):
             for rule in spans.RULES:
@@ -410,4 +430,4 @@ def test_the_drafts_kernel_compiles_for_cuda_without_a_gpu() -> None:
                                                    "CLOSED": spans.CLOSED, "NEVER": spans.NEVER, "PAD": spans.PAD,
                                                    "PLACEHOLDER": spans.PLACEHOLDER, "RULE": rule, "HAS_FED": fed})
                     compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
-                    assert "drafts_rows" in compiled.asm["ptx"]
+                    assert name in compiled.asm["ptx"]
