@@ -239,8 +239,8 @@ def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
         fed = back <= (local_pos.numpy() if keep is None else local_pos.numpy()[keep])[:, None]
         if fed.any():
             win = np.where(fed, input_ids.numpy()[np.maximum(ids[:, None] - back, 0)], win)
-    else:  # a column before position 0 wraps to another row's tokens: before the window, read as anything
-        win = tok.reshape(-1).take((rows.at[:, cut:] if cut else rows.at) + pos_[:, None], mode="wrap")
+    else:
+        win = _windows(tok, rows, pos_, w, cut)
     if win.dtype != np.int32:
         win = win.astype(np.int64)
     # the first column inside each row's window (its look-back, the prompt unless it counts)
@@ -295,6 +295,21 @@ def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
     penalty = table[rows.slots[ri], exponent]
     index = (ri if keep is None else keep[ri]) * logits.stride(0) + after
     _lower_host(logits, index, penalty, rounded=rounded)
+
+
+def _windows(tok: np.ndarray, rows: HostRows, pos: np.ndarray, w: int, cut: int) -> np.ndarray:
+    """Each member row's last ``w`` columns up to its position ``pos`` (``[rows, w]``), from the
+    token matrix ``tok``: one copy of a contiguous run per row (rows of a window over the flat
+    matrix, no index per element) where every row's first column lies inside the matrix; else an
+    element-wise ``take``, where a column before position 0 wraps to another row's tokens. A
+    column before a row's position 0 is read as anything (another row's tokens): nothing there counts."""
+    flat = tok.reshape(-1)
+    starts = rows.wslots * tok.shape[1] + pos - (w - 1)
+    if flat.flags.c_contiguous and len(flat) >= w and starts.min() >= 0:
+        step = flat.strides[0]
+        return np.ndarray((len(flat) - w + 1, w), flat.dtype, flat, 0, (step, step))[starts]
+    at: np.ndarray = (rows.at[:, cut:] if cut else rows.at) + pos[:, None]
+    return flat.take(at, mode="wrap")
 
 
 def _rounded32(table: np.ndarray) -> np.ndarray:
