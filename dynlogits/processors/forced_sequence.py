@@ -129,7 +129,7 @@ class ForcedSequenceGroup(PlannedGroup):
         at = host[table_size:].reshape(n, width)
         at[:] = np.arange(width)
         at[at > self._cache["host_length"][:, None]] = self._NEVER  # bounds past a row's length
-        values = to_device(host, torch.long, rows.rows_dev.device)  # type: ignore[arg-type]  # an array fills it alike
+        values = to_device(host, torch.long, rows.rows_dev.device)
         dev_table = values[:table_size].view(6, n, width + 1)
         dev_table[3].copy_(rows.stop_index[:, None].expand(n, width + 1))
         self._cache["table"] = dev_table

@@ -142,8 +142,9 @@ class StepValues:
 _RINGS: dict[tuple[torch.device, torch.dtype], Any] = {}  # StepUpload rings, 64 deep (about ten uploads a step)
 
 
-def to_device(values: Sequence[float] | Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``values`` as a new 1-D tensor on ``device`` (see the module doc)."""
+def to_device(values: Sequence[float] | Sequence[int] | np.ndarray, dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
+    """``values`` (a sequence or a 1-D array) as a new 1-D tensor on ``device`` (see the module doc)."""
     if device.type == "cpu":
         return torch.tensor(values, dtype=dtype, device=device)
     if dtype == torch.bfloat16:  # numpy has no bfloat16: stage as float32, convert on the device
