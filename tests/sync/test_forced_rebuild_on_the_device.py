@@ -62,7 +62,9 @@ def test_a_forced_groups_rebuild_uploads_its_settle_table_in_two_device_ops(monk
                 forced.append([torch.isfinite(row).nonzero().flatten().tolist() for row in sim.value(logits)])
             sim.advance()
         assert sim.syncs == []
-    assert prepared == [["copy_", "copy_"]]  # the table's upload, then its stop plane
+    # each rebuild is the table's upload, then its stop plane: one at the start, and one more if the
+    # failed row's report (read back off the step, ``dynlogits.sdk.readback``) lands within the steps
+    assert 1 <= len(prepared) <= 2 and all(ops == ["copy_", "copy_"] for ops in prepared), prepared
     for step, rows in enumerate(forced):
         want = [[tokens[step] if step < len(tokens) else EOS] for tokens in (SEQUENCES[2], SEQUENCES[0], SEQUENCES[1])]
         if step >= MASKED_AT:
