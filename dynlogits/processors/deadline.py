@@ -7,14 +7,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias
+from typing import ClassVar, TypeAlias
 
 import torch
 
 from dynlogits.specs.builtin.deadline import Deadline, DeadlineSpec
 
 from .base import RealizeContext, first_stop
-from .modes import OUT_OF_PHASE, ClockDecided, HostForcingGroup
+from .modes import ClockDecided, HostForcingGroup, ScopableForcing
 from .ops import ForceToken, RowOp, apply_op
 from .slots import Template
 
@@ -26,23 +26,10 @@ Entry: TypeAlias = DeadlineSpec | Deadline
 KIND = "deadline"
 
 
-class DeadlineGroup(HostForcingGroup, ClockDecided):
+class DeadlineGroup(ScopableForcing, HostForcingGroup, ClockDecided):
     """``deadline`` on the resident path: each row's (or, where only the device knows the rows,
     each slot's) processor reads the clock on the host; nothing runs on the device before it is due.
     Scoped to a phase (``scope.ScopedClock``): a row out of phase (``neutral_history``) forces nothing."""
-
-    neutral_history = OUT_OF_PHASE
-
-    @classmethod
-    def scopable(cls, template: Template) -> bool:
-        """A scoped entry is resident: its clock is its decision wherever its row is in phase."""
-        return True
-
-    def host_decision(self, processor: Any, history: Sequence[int]) -> int:
-        """The stop token once due (``-1``: not yet, or out of a scoped entry's phase)."""
-        if history is OUT_OF_PHASE:
-            return -1
-        return int(super().host_decision(processor, history))
 
 
 @dataclass(frozen=True, slots=True)

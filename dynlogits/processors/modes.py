@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .window import TokenWindow
 
 __all__ = ["OUT_OF_PHASE", "ClockDecided", "DecidedGroup", "Decider", "HostForcingGroup", "OutOfPhase", "PlannedGroup",
-           "SpanDecided", "SpanWindowDecided", "WindowDecided"]
+           "ScopableForcing", "SpanDecided", "SpanWindowDecided", "WindowDecided"]
 
 #: ``(row, slot, processor)`` of one member row of a decided group, in the listed layout.
 Decider = tuple[int, int, Any]
@@ -145,6 +145,25 @@ class DecidedGroup(Group):
         """Apply per-row decisions already on the device (row-indexed, every row of the step;
         non-member rows must stay untouched)."""
         raise NotImplementedError
+
+
+class ScopableForcing(DecidedGroup):
+    """A forcing decided kind whose scoped entries are resident (``deadline``, ``trigger``,
+    ``thinking_budget``; ``scope.ScopedClock``/``ScopedSpan``): its processor decides from any
+    stretch, and a row out of its entry's phase (``neutral_history``, told apart by identity)
+    forces nothing. Put it before the kind's other bases."""
+
+    neutral_history: Sequence[int] = OUT_OF_PHASE
+
+    @classmethod
+    def scopable(cls, template: Template) -> bool:
+        return True
+
+    def host_decision(self, processor: Any, history: Sequence[int]) -> int:
+        """The token the row forces (``-1``: none, or out of a scoped entry's phase)."""
+        if history is OUT_OF_PHASE:
+            return -1
+        return int(super().host_decision(processor, history))
 
 
 class ClockDecided(DecidedGroup):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias
+from typing import ClassVar, TypeAlias
 
 import torch
 
@@ -18,7 +18,7 @@ from dynlogits.specs.builtin.thinking_budget import ThinkingBudget, ThinkingBudg
 
 from .base import RealizeContext
 from .device_thinking import ANCHOR, BIG, CLOSED, DUE, NEVER, OUT, SettledForcing, SpanTables
-from .modes import OUT_OF_PHASE, SpanDecided
+from .modes import ScopableForcing, SpanDecided
 from .ops import ForceToken, RowOp, apply_op
 from .slots import SlotTable, Template
 from .spans import ROLLBACK, SpanScanner
@@ -93,7 +93,7 @@ def restarts_exactly(tail: Sequence[int], start: Sequence[int], end: Sequence[in
     return initial is None or all(start[o : o + len(end)] != end for o in range(1, len(start) - len(end)))
 
 
-class ThinkingBudgetGroup(SettledForcing, SpanDecided):
+class ThinkingBudgetGroup(ScopableForcing, SettledForcing, SpanDecided):
     """``thinking_budget``: whether and what to force depends on the tokens written, decided per
     row (the end token to force, ``-1`` for none): on the host from the live history (V1 runner),
     or on the device (``DeviceThinking`` with ``ThinkingTables``, Model Runner V2). Scoped to a phase
@@ -103,18 +103,6 @@ class ThinkingBudgetGroup(SettledForcing, SpanDecided):
     where that is exact (``ThinkingBudgetTemplate.restarts_exactly``), else the request is hosted."""
 
     positional = False  # a row left with no token reports no output position
-    neutral_history = OUT_OF_PHASE
-
-    @classmethod
-    def scopable(cls, template: Template) -> bool:
-        """A scoped entry is resident: its processor decides from any stretch."""
-        return True
-
-    def host_decision(self, processor: Any, history: Sequence[int]) -> int:
-        """The end token to force (``-1``: none, or out of a scoped entry's phase)."""
-        if history is OUT_OF_PHASE:
-            return -1
-        return int(super().host_decision(processor, history))
 
 
 @dataclass(frozen=True, slots=True)

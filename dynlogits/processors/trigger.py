@@ -14,7 +14,7 @@ from dynlogits.specs.builtin.trigger import Trigger, TriggerSpec
 
 from .base import RealizeContext
 from .device_thinking import CLOSED, PHRASE, SettledForcing, SpanTables
-from .modes import OUT_OF_PHASE, SpanDecided
+from .modes import ScopableForcing, SpanDecided
 from .ops import ForceToken, RowOp, apply_op
 from .slots import SlotTable, Template
 from .spans import PLACEHOLDER, SpanScanner
@@ -27,25 +27,11 @@ Entry: TypeAlias = TriggerSpec | Trigger
 KIND = "trigger"
 
 
-class TriggerGroup(SettledForcing, SpanDecided):
+class TriggerGroup(ScopableForcing, SettledForcing, SpanDecided):
     """``trigger`` on the resident path: each row's processor decides on the host where the adapter
     has histories (vLLM V1), else ``DeviceThinking`` from the span the trigger opens (``TriggerTables``).
     Scoped to a phase (``scope.ScopedSpan``): a row out of phase (``neutral_history``) forces nothing,
     its processor untouched; without histories the trigger's span restarts at each stretch."""
-
-    neutral_history = OUT_OF_PHASE
-
-    @classmethod
-    def scopable(cls, template: Template) -> bool:
-        """A scoped entry is resident: its processor decides from any stretch, and ``DeviceThinking``
-        follows the trigger within each (``stretch_spans.StretchSpans``)."""
-        return True
-
-    def host_decision(self, processor: Any, history: Sequence[int]) -> int:
-        """The phrase's next token (``-1``: none, or out of a scoped entry's phase)."""
-        if history is OUT_OF_PHASE:
-            return -1
-        return int(super().host_decision(processor, history))
 
 
 class TriggerTables(SpanTables):
