@@ -93,3 +93,14 @@ def test_host_views_are_kept_per_address_and_length_and_read_only_their_tensor()
     _lower_host_view(host_f32_view(b.view(-1)), [0, 127], [1.0, 2.0])
     assert a.count_nonzero() == 0
     assert b.view(-1)[0] == -1.0 and b.view(-1)[127] == -2.0 and b.count_nonzero() == 2
+
+
+@pytest.mark.parametrize("ids", [0, 1, 2])
+def test_a_host_view_lowers_no_id_one_id_or_two_as_the_float32_arithmetic(ids: int) -> None:
+    rng = np.random.default_rng(ids)
+    logits = torch.from_numpy(_edge_logits(rng, 2 * 257).reshape(2, 257))
+    flat = rng.choice(logits.numel(), size=ids, replace=False)
+    amounts = rng.uniform(0.5, 5.0, ids)
+    want = _float32_reference(logits.numpy().reshape(-1), flat, amounts)
+    _lower_host_view(host_f32_view(logits.view(-1)), flat.tolist(), amounts.tolist())
+    assert np.array_equal(logits.numpy().reshape(-1).view(np.int32), want.view(np.int32))
