@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - depends on the installed vLLM
     LogitsProcessor = object  # type: ignore[assignment,misc]  # a stand-in base where V2 is absent
     LogitsContext = LogitsProcRequestState = None  # type: ignore[assignment,misc]  # only named, never used, there
 
-__all__ = ["HAS_V2_INTERFACE", "PLACEHOLDER", "V2RunnerMixin", "row_histories", "staged_prompt"]
+__all__ = ["HAS_V2_INTERFACE", "PLACEHOLDER", "SeenSlots", "V2RunnerMixin", "row_histories", "staged_prompt"]
 
 PLACEHOLDER = -1
 
@@ -91,6 +91,33 @@ def staged_prompt(all_token_ids: Any, slot: int, prompt_len: int) -> list[int] |
     return None
 
 
+class SeenSlots:
+    """A step's slots (``idx_mapping_np``, copied) and what they held then: whether any is active,
+    which are resident and whether any is, whether any is hosted. ``holds(slots)``: whether a step's
+    slots are these (same dtype and values: a byte compare, cheaper than ``np.array_equal``); what
+    they hold is the adapter's to invalidate (``add_request`` drops it)."""
+
+    __slots__ = ("_bytes", "any_active", "any_hosted", "any_resident", "resident", "slots")
+
+    def __init__(self, slots: np.ndarray, any_active: bool, resident: np.ndarray, any_hosted: bool) -> None:
+        self.slots = slots
+        self._bytes = slots.tobytes()
+        self.any_active = any_active
+        self.resident = resident
+        self.any_resident = bool(resident.any())
+        self.any_hosted = any_hosted
+
+    @classmethod
+    def of(cls, slots_in_step: np.ndarray, active: np.ndarray, is_resident: np.ndarray,
+           is_hosted: np.ndarray) -> SeenSlots:
+        """What ``slots_in_step`` hold, from the per-slot flags ``active``, ``is_resident``, ``is_hosted``."""
+        return cls(slots_in_step.copy(), bool(active[slots_in_step].any()), is_resident[slots_in_step],
+                   bool(is_hosted[slots_in_step].any()))
+
+    def holds(self, slots_in_step: np.ndarray) -> bool:
+        return slots_in_step.dtype == self.slots.dtype and slots_in_step.tobytes() == self._bytes
+
+
 class V2RunnerMixin(LogitsProcessor):
     """Model Runner V2 behaviour; the public class combines it with the V1 half (see ``processor``)."""
 
@@ -118,9 +145,10 @@ class V2RunnerMixin(LogitsProcessor):
         #: ``num_speculative_tokens``); without a speculative config, bounded by the step's spare rows
         self._max_rows = 1 + drafts if drafts else None
         self._layout: np.ndarray | None = None  # idx_mapping_np of the last listed layout
-        #: the last step's slots and what they hold (whether any is active, which are resident and
-        #: whether any is, whether any is hosted): reused while the slots and their occupants stay
-        self._seen: tuple[np.ndarray, bool, np.ndarray, bool, bool] | None = None
+        #: the last step's slots and what they hold: reused while the slots and their occupants stay
+        self._seen: SeenSlots | None = None
+        #: a listed step's engine input when no group is positional: the same objects every step
+        self._listed_step = EngineStep(thinking=self._thinking.decide, window=self._window)
         self._prompt_offset: torch.Tensor | None = None  # prompt_len - 1 of the listed layout's rows
         self._warned_prompt = False
 
@@ -183,20 +211,16 @@ class V2RunnerMixin(LogitsProcessor):
         drain()
         slots_in_step = ctx.idx_mapping_np
         seen = self._seen
-        if seen is None or not np.array_equal(seen[0], slots_in_step):
-            active = self._active[slots_in_step]
-            resident = self._is_resident[slots_in_step]
-            seen = self._seen = (slots_in_step.copy(), bool(active.any()), resident, bool(resident.any()),
-                                 bool(self._is_hosted[slots_in_step].any()))
-        _, any_active, resident, any_resident, any_hosted = seen
-        if not any_active:
+        if seen is None or not seen.holds(slots_in_step):
+            seen = self._seen = SeenSlots.of(slots_in_step, self._active, self._is_resident, self._is_hosted)
+        if not seen.any_active:
             return logits  # no request of this step carries a payload: nothing at all to do
-        if any_resident:
+        if seen.any_resident:
             try:
-                self._apply_resident(logits, ctx, slots_in_step, resident)
+                self._apply_resident(logits, ctx, slots_in_step, seen.resident)
             except Exception as exc:  # an adapter bug must not take the engine down: fail these requests
-                self._fail_resident_v2(logits, slots_in_step, resident, exc)
-        if any_hosted:  # an active request with entries that are not resident
+                self._fail_resident_v2(logits, slots_in_step, seen.resident, exc)
+        if seen.any_hosted:  # an active request with entries that are not resident
             self._apply_hosted(logits, ctx)
         return logits
 
@@ -208,7 +232,7 @@ class V2RunnerMixin(LogitsProcessor):
 
     def _apply_resident(self, logits: torch.Tensor, ctx: Any, slots_in_step: np.ndarray, resident: np.ndarray) -> None:
         known = logits.shape[0] == len(slots_in_step)  # one row per request: the host knows the layout
-        slots = self._seen[0] if self._seen is not None else slots_in_step  # this step's, kept by _apply_v2
+        slots = self._seen.slots if self._seen is not None else slots_in_step  # this step's, kept by _apply_v2
         relaid = known and self._layout is not slots and (self._layout is None or not np.array_equal(self._layout, slots))
         if relaid:
             self._prompt_offset = None  # another layout: its rows' prompt lengths are read again
@@ -227,9 +251,9 @@ class V2RunnerMixin(LogitsProcessor):
             self._layout = slots  # the same object while the slots stay: no comparison next step
             self._resident.use_listed_layout()
             # positions as the runner has them: the resident path subtracts only where it must
-            self._resident.apply(logits, EngineStep(pos=ctx.pos if positional else None,
-                                                    pos_offset=self._offset(ctx, known) if positional else None,
-                                                    thinking=self._thinking.decide, window=window))
+            self._resident.apply(logits, EngineStep(pos=ctx.pos, pos_offset=self._offset(ctx, known),
+                                                    thinking=self._thinking.decide, window=window)
+                                 if positional else self._listed_step)
         else:
             self._resident.rows_on_device(ctx.expanded_idx_mapping, slots_in_step[resident])
             real = ctx.expanded_local_pos == 0
