@@ -82,6 +82,7 @@ class SlotBatch:
         self.slot_decisions = StepUpload(torch.long, self.device)  # per-slot host decisions, gathered layouts
         self.listed = ListedLayout(self)
         self.gathered: GatheredLayout | None = None  # set for a step by ``rows_on_device``
+        self._needs_positions: bool | None = None  # ``needs_positions``, until a group's members change
 
     # -- batch changes ----------------------------------------------------------------------------
     def assign(self, slot: int, request: GuardedRequest | None) -> bool:
@@ -126,6 +127,7 @@ class SlotBatch:
         """Take ``slot`` out of every group (its request's program stops running)."""
         for group in self.groups.values():
             group.assign(slot, None)
+        self._needs_positions = None  # every change of members starts here (``assign``, ``mark_failed``)
 
     def _set_failed(self, slot: int, failed: bool) -> None:
         if self.failures.set_failed(slot, failed):
@@ -168,8 +170,12 @@ class SlotBatch:
 
     @property
     def needs_positions(self) -> bool:
-        """Whether any group in use needs positions (so an adapter may skip computing them)."""
-        return any(g.positional and g.members for g in self.groups.values())
+        """Whether any group in use needs positions (so an adapter may skip computing them); kept
+        until a group's members change (``assign``, ``mark_failed``)."""
+        needs = self._needs_positions
+        if needs is None:
+            needs = self._needs_positions = any(g.positional and g.members for g in self.groups.values())
+        return needs
 
     def group_order(self) -> list[Group]:
         """Every group in entry order (a request's entries apply in the order it gave them)."""
