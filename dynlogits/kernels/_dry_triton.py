@@ -1,5 +1,16 @@
 """The Triton kernel of ``dry.py`` (imported only by ``dry.kernels()``: importing this module imports
-Triton). Contracts and what checks them: ``dynlogits.kernels.dry``."""
+Triton). Contracts and what checks them: ``dynlogits.kernels.dry``.
+
+Specialization (the ``triton.jit`` flags): every runtime int is in ``do_not_specialize`` (row and
+entry counts, widths, positions, lengths, and the deployment constants too: vocab, row strides,
+matrix widths) and every pointer in ``do_not_specialize_on_alignment``. Triton would otherwise key a
+compiled variant on whether each int equals 1 or is divisible by 16 and each address is 16-byte
+aligned; the load-time probe's sizes and fresh tensors differ from an engine's (its batch, window,
+vocab, offset views), and a variant it did not compile compiles inside an engine step, the whole
+batch waiting. The cost: no load vectorized on a proven 16-divisible stride or address (these loads
+are per-row gathers or masked row slices). Only the innermost strides (1 in engines and probes:
+a contiguous row) stay specialized; the variants left are the constexprs' and the dtypes'
+(``tests/kernels/test_kernel_specialization.py``)."""
 
 # ruff: noqa: ANN001, ANN202, N803
 from __future__ import annotations
@@ -56,7 +67,12 @@ def _bf16(x):
     return tl.where(x != x, x.to(tl.bfloat16), rounded)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("logits_stride", "tokens_stride", "n_token_rows", "prompt_stride", "pos_stride",
+            "input_stride", "local_stride", "slot_stride", "member_stride", "floor_stride", "params_stride",
+            "singles_stride", "n_singles", "amounts_stride", "n_amounts", "out_stride", "width", "cap", "largest"),
+            do_not_specialize_on_alignment=("logits_ptr", "tokens_ptr", "prompt_ptr", "pos_ptr", "input_ptr",
+            "local_ptr", "slot_ptr", "member_ptr", "floor_ptr", "params_ptr", "singles_ptr", "amounts_ptr", "ids_ptr",
+            "lowered_ptr"))
 def decide_rows(logits_ptr, logits_stride, tokens_ptr, tokens_stride, n_token_rows, prompt_ptr, prompt_stride, pos_ptr,
                 pos_stride, input_ptr, input_stride, local_ptr, local_stride, slot_ptr, slot_stride, member_ptr,
                 member_stride, floor_ptr, floor_stride, params_ptr, params_stride, singles_ptr, singles_stride, n_singles, amounts_ptr,

@@ -1,5 +1,16 @@
 """The Triton kernels of ``forced.py`` (imported only by ``forced.kernels()``: importing this module
-imports Triton). Contract and what checks it: ``dynlogits.kernels.forced``."""
+imports Triton). Contract and what checks it: ``dynlogits.kernels.forced``.
+
+Specialization (the ``triton.jit`` flags): every runtime int is in ``do_not_specialize`` (row and
+entry counts, widths, positions, lengths, and the deployment constants too: vocab, row strides,
+matrix widths) and every pointer in ``do_not_specialize_on_alignment``. Triton would otherwise key a
+compiled variant on whether each int equals 1 or is divisible by 16 and each address is 16-byte
+aligned; the load-time probe's sizes and fresh tensors differ from an engine's (its batch, window,
+vocab, offset views), and a variant it did not compile compiles inside an engine step, the whole
+batch waiting. The cost: no load vectorized on a proven 16-divisible stride or address (these loads
+are per-row gathers or masked row slices). Only the innermost strides (1 in engines and probes:
+a contiguous row) stay specialized; the variants left are the constexprs' and the dtypes'
+(``tests/kernels/test_kernel_specialization.py``)."""
 
 # ruff: noqa: ANN001, ANN202, N803
 from __future__ import annotations
@@ -10,7 +21,8 @@ import triton.language as tl
 __all__ = ["decide_rows", "fill_rows", "pick_decide_rows"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("picked_s0", "if_dead_s0", "chosen_s0", "n"), do_not_specialize_on_alignment=("flat_ptr",
+            "picked_ptr", "if_dead_ptr", "stops_ptr", "chosen_ptr", "dead_ptr"))
 def decide_rows(flat_ptr, picked_ptr, picked_s0, picked_s1, if_dead_ptr, if_dead_s0, if_dead_s1, stops_ptr, chosen_ptr,
                 chosen_s0, chosen_s1, dead_ptr, n, PLANES: tl.constexpr, HAS_STOPS: tl.constexpr,
                 BLOCK: tl.constexpr):
@@ -34,7 +46,8 @@ def decide_rows(flat_ptr, picked_ptr, picked_s0, picked_s1, if_dead_ptr, if_dead
     tl.store(dead_ptr + i, dead, mask=inside)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("stride", "vocab"), do_not_specialize_on_alignment=("logits_ptr", "rows_ptr",
+            "chosen_ptr", "dead_ptr", "stops_ptr"))
 def fill_rows(logits_ptr, stride, rows_ptr, chosen_ptr, chosen_s1, dead_ptr, stops_ptr, vocab, HAS_STOPS: tl.constexpr,
               BLOCK: tl.constexpr):
     """One program per (member row, block of ``BLOCK`` columns): the row's columns ``-inf`` but its
@@ -52,7 +65,9 @@ def fill_rows(logits_ptr, stride, rows_ptr, chosen_ptr, chosen_s1, dead_ptr, sto
     tl.store(logits_ptr + row * stride + cols, out.to(logits_ptr.dtype.element_ty), mask=cols < vocab)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("bounds_s0", "width", "table_s0", "table_s1", "pick_s0", "chosen_s0", "n"),
+            do_not_specialize_on_alignment=("flat_ptr", "rows_ptr", "values_ptr", "bounds_ptr", "table_ptr",
+            "stops_ptr", "pick_ptr", "chosen_ptr", "dead_ptr"))
 def pick_decide_rows(flat_ptr, rows_ptr, values_ptr, bounds_ptr, bounds_s0, bounds_s1, width, table_ptr, table_s0,
                      table_s1, table_s2, stops_ptr, pick_ptr, pick_s0, pick_s1, chosen_ptr, chosen_s0, chosen_s1,
                      dead_ptr, n, IDENTITY: tl.constexpr, HAS_STOPS: tl.constexpr, BLOCK: tl.constexpr,

@@ -1,5 +1,16 @@
 """The Triton kernel of ``multiple_choice.py`` (imported only by ``multiple_choice.kernels()``:
-importing this module imports Triton). Contract and what checks it: ``dynlogits.kernels.multiple_choice``."""
+importing this module imports Triton). Contract and what checks it: ``dynlogits.kernels.multiple_choice``.
+
+Specialization (the ``triton.jit`` flags): every runtime int is in ``do_not_specialize`` (row and
+entry counts, widths, positions, lengths, and the deployment constants too: vocab, row strides,
+matrix widths) and every pointer in ``do_not_specialize_on_alignment``. Triton would otherwise key a
+compiled variant on whether each int equals 1 or is divisible by 16 and each address is 16-byte
+aligned; the load-time probe's sizes and fresh tensors differ from an engine's (its batch, window,
+vocab, offset views), and a variant it did not compile compiles inside an engine step, the whole
+batch waiting. The cost: no load vectorized on a proven 16-divisible stride or address (these loads
+are per-row gathers or masked row slices). Only the innermost strides (1 in engines and probes:
+a contiguous row) stay specialized; the variants left are the constexprs' and the dtypes'
+(``tests/kernels/test_kernel_specialization.py``)."""
 
 # ruff: noqa: ANN001, ANN202, N803
 from __future__ import annotations
@@ -13,7 +24,10 @@ __all__ = ["keep_rows"]
 OUT_OF_PHASE: tl.constexpr = tl.constexpr(1 << 62)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("logits_s0", "tokens_s0", "maxlen", "engine_slots", "prefix_s0", "depth_s0",
+            "at_least_s0", "ids_s0", "entries", "width", "vocab"), do_not_specialize_on_alignment=("logits_ptr",
+            "tokens_ptr", "base_ptr", "pos_ptr", "slot_ptr", "member_ptr", "prefix_ptr", "depth_ptr", "at_least_ptr",
+            "ids_ptr", "input_ptr", "local_ptr", "saved_ptr", "at_ptr"))
 def keep_rows(logits_ptr, logits_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen, engine_slots, base_ptr, pos_ptr,
               slot_ptr, member_ptr, prefix_ptr, prefix_s0, depth_ptr, depth_s0, at_least_ptr, at_least_s0, ids_ptr,
               ids_s0, input_ptr, local_ptr, saved_ptr, at_ptr, entries, width, vocab, BLOCK_E: tl.constexpr,

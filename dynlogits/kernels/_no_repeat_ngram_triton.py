@@ -1,5 +1,16 @@
 """The Triton kernel of ``no_repeat_ngram.py`` (imported only by ``no_repeat_ngram.kernels()``:
-importing this module imports Triton). Contract and what checks it: ``dynlogits.kernels.no_repeat_ngram``."""
+importing this module imports Triton). Contract and what checks it: ``dynlogits.kernels.no_repeat_ngram``.
+
+Specialization (the ``triton.jit`` flags): every runtime int is in ``do_not_specialize`` (row and
+entry counts, widths, positions, lengths, and the deployment constants too: vocab, row strides,
+matrix widths) and every pointer in ``do_not_specialize_on_alignment``. Triton would otherwise key a
+compiled variant on whether each int equals 1 or is divisible by 16 and each address is 16-byte
+aligned; the load-time probe's sizes and fresh tensors differ from an engine's (its batch, window,
+vocab, offset views), and a variant it did not compile compiles inside an engine step, the whole
+batch waiting. The cost: no load vectorized on a proven 16-divisible stride or address (these loads
+are per-row gathers or masked row slices). Only the innermost strides (1 in engines and probes:
+a contiguous row) stay specialized; the variants left are the constexprs' and the dtypes'
+(``tests/kernels/test_kernel_specialization.py``)."""
 
 # ruff: noqa: ANN001, ANN202, N803
 from __future__ import annotations
@@ -24,7 +35,9 @@ def read(tokens_ptr, tokens_s0, tokens_s1, maxlen, eng, q, p, r, ids_ptr, local,
     return token, (q >= start) & (token >= 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("logits_s0", "tokens_s0", "maxlen", "params_s0", "width", "vocab"),
+            do_not_specialize_on_alignment=("logits_ptr", "tokens_ptr", "pos_ptr", "slot_ptr", "params_ptr", "ids_ptr",
+            "local_ptr", "floor_ptr"))
 def ban_rows(logits_ptr, logits_s0, logits_s1, tokens_ptr, tokens_s0, tokens_s1, maxlen, pos_ptr, slot_ptr, params_ptr,
              params_s0, ids_ptr, local_ptr, floor_ptr, width, vocab, SIZE: tl.constexpr, BLOCK: tl.constexpr,
              HAS_DRAFTS: tl.constexpr, HAS_FLOOR: tl.constexpr):

@@ -1,5 +1,16 @@
 """The Triton kernels of ``spans.py`` (imported only by ``spans.kernels()``: importing this module
-imports Triton). Contract and what checks it: ``dynlogits.kernels.spans``."""
+imports Triton). Contract and what checks it: ``dynlogits.kernels.spans``.
+
+Specialization (the ``triton.jit`` flags): every runtime int is in ``do_not_specialize`` (row and
+entry counts, widths, positions, lengths, and the deployment constants too: vocab, row strides,
+matrix widths) and every pointer in ``do_not_specialize_on_alignment``. Triton would otherwise key a
+compiled variant on whether each int equals 1 or is divisible by 16 and each address is 16-byte
+aligned; the load-time probe's sizes and fresh tensors differ from an engine's (its batch, window,
+vocab, offset views), and a variant it did not compile compiles inside an engine step, the whole
+batch waiting. The cost: no load vectorized on a proven 16-divisible stride or address (these loads
+are per-row gathers or masked row slices). Only the innermost strides (1 in engines and probes:
+a contiguous row) stay specialized; the variants left are the constexprs' and the dtypes'
+(``tests/kernels/test_kernel_specialization.py``)."""
 
 # ruff: noqa: ANN001, ANN202, N803
 from __future__ import annotations
@@ -110,7 +121,9 @@ def _decide_forced(decided_ptr, r, live, valid, count, span_len, anchor, sel, ou
     tl.store(decided_ptr + r, tl.where(fire, token, -1), mask=live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("state_s0", "consts_s0", "tokens_s0", "maxlen", "n", "rounds", "force_s0", "force_w",
+            "flen_s0"), do_not_specialize_on_alignment=("state_ptr", "consts_ptr", "tokens_ptr", "total_ptr",
+            "scale_ptr", "decided_ptr", "force_ptr", "flen_ptr"))
 def advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen, total_ptr,
                  scale_ptr, n, rounds, decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0,
                  WIDTH: tl.constexpr, BLOCK: tl.constexpr, BIG: tl.constexpr, CLOSED: tl.constexpr,
@@ -122,7 +135,10 @@ def advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_
              total_ptr, state_ptr, 0, total_ptr, WIDTH, BLOCK, BIG, CLOSED, NEVER, RULE, False)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("state_s0", "consts_s0", "tokens_s0", "maxlen", "n", "rounds", "force_s0", "force_w",
+            "flen_s0", "restart_s0", "scope_s0"), do_not_specialize_on_alignment=("state_ptr", "consts_ptr",
+            "tokens_ptr", "total_ptr", "scale_ptr", "decided_ptr", "force_ptr", "flen_ptr", "restart_ptr", "epoch_ptr",
+            "scope_ptr", "prompt_ptr"))
 def restarted_advance_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, maxlen,
                            total_ptr, scale_ptr, n, rounds, decided_ptr, force_ptr, force_s0, force_w, flen_ptr,
                            flen_s0, restart_ptr, restart_s0, epoch_ptr, scope_ptr, scope_s0, prompt_ptr,
@@ -194,7 +210,10 @@ def _seen(row_tokens, tokens_s1, maxlen, committed, fed_ptr, n_fed, first, i, li
     return tl.where(i < WIDTH, committed_token, fed)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("state_s0", "consts_s0", "tokens_s0", "nslots", "maxlen", "n_fed", "rows", "later",
+            "out_s0", "force_s0", "force_w", "flen_s0"), do_not_specialize_on_alignment=("state_ptr", "consts_ptr",
+            "tokens_ptr", "total_ptr", "scale_ptr", "slots_ptr", "member_ptr", "fed_ptr", "local_ptr", "out_ptr",
+            "valid_ptr", "decided_ptr", "force_ptr", "flen_ptr"))
 def drafts_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, nslots, maxlen,
                 total_ptr, scale_ptr, slots_ptr, member_ptr, fed_ptr, n_fed, local_ptr, rows, later, out_ptr, out_s0,
                 valid_ptr, decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0, WIDTH: tl.constexpr,
@@ -209,7 +228,11 @@ def drafts_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s
             total_ptr, WIDTH, BLOCK, BIG, CLOSED, NEVER, PAD, PLACEHOLDER, RULE, HAS_FED, False)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("state_s0", "consts_s0", "tokens_s0", "nslots", "maxlen", "n_fed", "rows", "later",
+            "out_s0", "force_s0", "force_w", "flen_s0", "restart_s0", "scope_s0"),
+            do_not_specialize_on_alignment=("state_ptr", "consts_ptr", "tokens_ptr", "total_ptr", "scale_ptr",
+            "slots_ptr", "member_ptr", "fed_ptr", "local_ptr", "out_ptr", "valid_ptr", "decided_ptr", "force_ptr",
+            "flen_ptr", "restart_ptr", "epoch_ptr", "scope_ptr", "prompt_ptr"))
 def restarted_drafts_rows(state_ptr, state_s0, consts_ptr, consts_s0, tokens_ptr, tokens_s0, tokens_s1, nslots,
                           maxlen, total_ptr, scale_ptr, slots_ptr, member_ptr, fed_ptr, n_fed, local_ptr, rows, later,
                           out_ptr, out_s0, valid_ptr, decided_ptr, force_ptr, force_s0, force_w, flen_ptr, flen_s0,

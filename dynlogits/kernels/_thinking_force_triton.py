@@ -1,5 +1,16 @@
 """The Triton kernel of ``thinking_force.py`` (imported only by ``thinking_force.kernels()``:
-importing this module imports Triton). Contract and what checks it: ``dynlogits.kernels.thinking_force``."""
+importing this module imports Triton). Contract and what checks it: ``dynlogits.kernels.thinking_force``.
+
+Specialization (the ``triton.jit`` flags): every runtime int is in ``do_not_specialize`` (row and
+entry counts, widths, positions, lengths, and the deployment constants too: vocab, row strides,
+matrix widths) and every pointer in ``do_not_specialize_on_alignment``. Triton would otherwise key a
+compiled variant on whether each int equals 1 or is divisible by 16 and each address is 16-byte
+aligned; the load-time probe's sizes and fresh tensors differ from an engine's (its batch, window,
+vocab, offset views), and a variant it did not compile compiles inside an engine step, the whole
+batch waiting. The cost: no load vectorized on a proven 16-divisible stride or address (these loads
+are per-row gathers or masked row slices). Only the innermost strides (1 in engines and probes:
+a contiguous row) stay specialized; the variants left are the constexprs' and the dtypes'
+(``tests/kernels/test_kernel_specialization.py``)."""
 
 # ruff: noqa: ANN001, ANN202, N803
 from __future__ import annotations
@@ -10,7 +21,9 @@ import triton.language as tl
 __all__ = ["settle_rows"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("logits_s0", "flags_s0", "vocab", "sentinel", "seq_s0", "len_s0"),
+            do_not_specialize_on_alignment=("logits_ptr", "decisions_ptr", "member_ptr", "slots_ptr", "stops_ptr",
+            "positions_ptr", "flags_ptr", "dead_ptr", "real_ptr", "seq_ptr", "len_ptr"))
 def settle_rows(logits_ptr, logits_s0, decisions_ptr, member_ptr, slots_ptr, stops_ptr, positions_ptr, flags_ptr,
                 flags_s0, dead_ptr, real_ptr, vocab, sentinel, seq_ptr, seq_s0, len_ptr, len_s0,
                 HAS_POSITIONS: tl.constexpr, HAS_REAL: tl.constexpr, HAS_SEQUENCE: tl.constexpr, SCOPED: tl.constexpr,

@@ -1,5 +1,16 @@
 """The Triton kernels of ``watermark.py`` (imported only by ``watermark.kernels()``: importing this
-module imports Triton). Contracts and what checks them: ``dynlogits.kernels.watermark``."""
+module imports Triton). Contracts and what checks them: ``dynlogits.kernels.watermark``.
+
+Specialization (the ``triton.jit`` flags): every runtime int is in ``do_not_specialize`` (row and
+entry counts, widths, positions, lengths, and the deployment constants too: vocab, row strides,
+matrix widths) and every pointer in ``do_not_specialize_on_alignment``. Triton would otherwise key a
+compiled variant on whether each int equals 1 or is divisible by 16 and each address is 16-byte
+aligned; the load-time probe's sizes and fresh tensors differ from an engine's (its batch, window,
+vocab, offset views), and a variant it did not compile compiles inside an engine step, the whole
+batch waiting. The cost: no load vectorized on a proven 16-divisible stride or address (these loads
+are per-row gathers or masked row slices). Only the innermost strides (1 in engines and probes:
+a contiguous row) stay specialized; the variants left are the constexprs' and the dtypes'
+(``tests/kernels/test_kernel_specialization.py``)."""
 
 # ruff: noqa: ANN001, ANN202, N803
 from __future__ import annotations
@@ -46,7 +57,9 @@ def philox(c0, c1, c2, c3, k0, k1):
         k1 = k1 + 0xBB67AE85
     return c0, c1, c2, c3
 
-@triton.jit
+@triton.jit(do_not_specialize=("logits_stride", "temp_stride", "params_stride", "states_stride0", "vocab", "nblocks"),
+            do_not_specialize_on_alignment=("logits_ptr", "rows_ptr", "slots_ptr", "temp_ptr", "params_ptr",
+            "states_ptr", "best_ptr", "index_ptr", "kept_ptr", "u_ptr", "score_ptr"))
 def draw_blocks(logits_ptr, logits_stride, rows_ptr, slots_ptr, temp_ptr, temp_stride, params_ptr, params_stride,
                 states_ptr, states_stride0, states_stride1, best_ptr, index_ptr, kept_ptr, vocab, nblocks,
                 u_ptr, score_ptr, BLOCK: tl.constexpr, SCORES: tl.constexpr):
@@ -94,7 +107,8 @@ def draw_blocks(logits_ptr, logits_stride, rows_ptr, slots_ptr, temp_ptr, temp_s
     tl.store(index_ptr + i * nblocks + b, at)
     tl.store(kept_ptr + i * nblocks + b, kept)
 
-@triton.jit
+@triton.jit(do_not_specialize=("logits_stride", "vocab", "nblocks"), do_not_specialize_on_alignment=("logits_ptr",
+            "rows_ptr", "fire_ptr", "best_ptr", "index_ptr", "kept_ptr", "tokens_ptr"))
 def draw_reduce(logits_ptr, logits_stride, rows_ptr, fire_ptr, best_ptr, index_ptr, kept_ptr, tokens_ptr, vocab,
                 nblocks, BLOCK: tl.constexpr, NB: tl.constexpr, HAS_FIRE: tl.constexpr,
                 FORCE: tl.constexpr):
@@ -138,7 +152,8 @@ def context_word(ctx_ptr, rr, ctx_stride, ctx_stride1, live, widths, zero, J: tl
     return word
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("keys_stride", "ctx_stride", "widths_stride", "n"),
+            do_not_specialize_on_alignment=("keys_ptr", "ctx_ptr", "widths_ptr", "out_ptr"))
 def absorb_rows(keys_ptr, keys_stride, keys_stride1, ctx_ptr, ctx_stride, ctx_stride1, widths_ptr, widths_stride, out_ptr, n, WIDTH: tl.constexpr,
                 HAS_WIDTHS: tl.constexpr, ROWS: tl.constexpr):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -210,7 +225,9 @@ def window_word(tokens_ptr, tokens_stride0, tokens_stride1, n_cols, slot, rr, po
     return word
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("tokens_stride0", "n_slots", "n_cols", "params_stride0", "n", "span", "max_history"),
+            do_not_specialize_on_alignment=("tokens_ptr", "prompt_ptr", "pos_ptr", "input_ptr", "local_ptr", "slot_ptr",
+            "member_ptr", "params_ptr", "out_ptr"))
 def window_decide(tokens_ptr, tokens_stride0, tokens_stride1, n_slots, n_cols, prompt_ptr, pos_ptr, input_ptr,
                   local_ptr, slot_ptr, member_ptr, params_ptr, params_stride0, params_stride1, out_ptr, n, span,
                   max_history, WIDE: tl.constexpr, EVERY: tl.constexpr, DRAFTS: tl.constexpr, ROWS: tl.constexpr,

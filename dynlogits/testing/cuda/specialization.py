@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BATCHES", "EXECUTED", "Launch", "extra", "main", "record", "sweep", "variants"]
+__all__ = ["BATCHES", "EXECUTED", "Launch", "extra", "main", "record", "specialized", "sweep", "variants"]
 
 #: the sweep's batch sizes: 1 (an int equal to 1), 16 and 64 (divisible by 16), 2 and 17 (neither)
 BATCHES = (1, 2, 16, 17, 64)
@@ -127,6 +127,21 @@ def extra(launches: Sequence[Launch]) -> dict[str, dict[str, set[str]]]:
             values = {dict(classes)[name] for classes in seen}
             if len(values) > 1:
                 out[kernel][name] |= values
+    return {k: dict(v) for k, v in out.items()}
+
+
+def specialized(launches: Sequence[Launch], keep: Callable[[str], bool]) -> dict[str, dict[str, set[str]]]:
+    """Per kernel, the arguments Triton specialized on their value or address in some launch (an int
+    equal to 1 or divisible by 16, an aligned address) but for those ``keep`` names: each one a
+    variant an engine's other value would compile, whether or not the sweep varied it. An int Triton
+    left alone has the class ``None``; a pointer left alone reads ``''`` (as an unaligned one does,
+    so a pointer is flagged where some launch's address was aligned and keyed ``'D'``)."""
+    out: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for launch in launches:
+        for name, cls in launch.classes:
+            scalar = ":" in cls  # an int's "type:class"; a tensor's class alone ('' unaligned or unflagged)
+            if not keep(name) and (not cls.endswith("None") if scalar else cls == "'D'"):
+                out[launch.kernel][name].add(cls)
     return {k: dict(v) for k, v in out.items()}
 
 
