@@ -1,4 +1,4 @@
-"""Every fused kernel probed at engine load: ``warm(device)``.
+"""Every fused kernel compiled at engine load: ``warm(device, vocab)``.
 
 A kind's fused Triton kernels are probed at first use (``dynlogits.kernels.probe``): a compile and
 one host sync. Left to first use, that happens in the engine step whose batch first holds the kind,
@@ -6,8 +6,21 @@ and every request in that batch waits for it. ``SlotBatch`` calls ``warm`` when 
 device (at engine load), so no request's step pays for a probe: it imports every module of
 ``dynlogits.kernels`` and ``dynlogits.processors`` (a gate registers when its module is imported; a
 plug-in's when the plug-in is loaded) and probes each gate on the device. ``DYN_LOGITS_WARM_KERNELS=0``
-leaves probing to first use. Kernel variants of client-chosen sizes (an n-gram size, a delimiter
-width) still compile at their first call, once per process each (their sizes are bounded by the limits)."""
+leaves probing to first use.
+
+Compiled at load, and reused by every later step whatever its batch, window, entry counts, vocab or
+offset views (no kernel keys a variant on a runtime int or an address:
+``tests/kernels/test_kernel_specialization.py``): each probe's variants, i.e. its constexpr values and
+tensor dtypes (float32 logits among each probe's, as vLLM's sampler casts logits to float32 before the
+processors: ``vllm/v1/sample/sampler.py``, ``Sampler.forward``, vLLM 0.32), and with ``vocab`` (the
+logits' width) the one constexpr derived from it: the watermark draw's block count (``draw_reduce``'s
+``NB``), compiled for one float32 row of that width with the engine's flags (``compile_for_vocab``).
+
+Still compiled at their first call (once per process each, their sizes bounded by the limits): the
+constexprs a client's request chooses beyond the probes' values: the n-gram size (``no_repeat_ngram``
+``SIZE``), the phrase length bucket (``banned_phrases``/``multiple_choice`` ``BLOCK_W``), the span
+delimiter width (``spans`` ``WIDTH``), the watermark's context width (``WIDE``/``WIDTH``), dry's
+tail and breaker buckets (``TAIL``, ``LOG_S``), and a logits dtype other than the probes'."""
 
 from __future__ import annotations
 
@@ -21,7 +34,7 @@ import torch
 
 from dynlogits.kernels.probe import gates
 
-__all__ = ["WARM_ENV", "import_gate_modules", "warm"]
+__all__ = ["WARM_ENV", "compile_for_vocab", "import_gate_modules", "warm"]
 
 #: ``0`` leaves the probes to each kind's first use
 WARM_ENV = "DYN_LOGITS_WARM_KERNELS"
@@ -45,10 +58,32 @@ def import_gate_modules() -> None:
                 log.warning("%s: not imported for the kernel warm-up (%s: %s)", info.name, type(exc).__name__, exc)
 
 
-def warm(device: torch.device) -> dict[str, bool] | None:
-    """Probe every registered gate on ``device`` now: ``{gate name: fused kernels on}``; ``None`` (and
-    nothing done) off CUDA or with ``DYN_LOGITS_WARM_KERNELS=0``. Never raises for a kernel: a probe
-    that fails turns that kind's kernels off, as at first use."""
+def compile_for_vocab(device: torch.device, vocab: int, ready: dict[str, bool]) -> list[str]:
+    """Launch, on ``device``, each kernel whose constexprs derive from the logits' width ``vocab`` and
+    whose gate is on in ``ready``, on one float32 row that wide, with the flags the engine's path
+    passes (the watermark draw: a firing row, forced, as ``watermark_compiled`` calls it): the names
+    compiled. A failure is logged and left to the first step (where the gate turns the kernels off)."""
+    done: list[str] = []
+    if ready.get("watermark"):
+        try:
+            from dynlogits.kernels import watermark
+
+            logits = torch.zeros(1, vocab, dtype=torch.float32, device=device)
+            one = torch.zeros(1, dtype=torch.int64, device=device)
+            table = torch.zeros(1, 4, dtype=torch.int64, device=device)
+            temperature = torch.ones(1, 1, dtype=torch.float32, device=device)
+            watermark.draw(logits, one, one, temperature, table, table.clone(), one + 1, True)
+            done.append("watermark")
+        except Exception as exc:  # left to the first step: the gate handles a failure there
+            log.warning("watermark: the draw for vocab %d not compiled at load (%s: %s)", vocab, type(exc).__name__, exc)
+    return done
+
+
+def warm(device: torch.device, vocab: int | None = None) -> dict[str, bool] | None:
+    """Probe every registered gate on ``device`` now, then (with ``vocab``, the logits' width) compile
+    the variants that width selects (``compile_for_vocab``): ``{gate name: fused kernels on}``; ``None``
+    (and nothing done) off CUDA or with ``DYN_LOGITS_WARM_KERNELS=0``. Never raises for a kernel: a
+    probe that fails turns that kind's kernels off, as at first use."""
     if device.type != "cuda" or os.environ.get(WARM_ENV, "1").strip() == "0":
         return None
     import_gate_modules()
@@ -57,6 +92,8 @@ def warm(device: torch.device) -> dict[str, bool] | None:
              "to each kind's first request)", len(every), device, WARM_ENV)
     start = time.perf_counter()
     ready = {gate.name: gate.ready(device) for gate in every}
+    if vocab is not None:
+        compile_for_vocab(device, vocab, ready)
     off = sorted(name for name, on in ready.items() if not on)
     log.info("fused kernels on %s: %d of %d on in %.1f s%s", device, len(ready) - len(off), len(ready),
              time.perf_counter() - start, f" (eager: {', '.join(off)})" if off else "")
