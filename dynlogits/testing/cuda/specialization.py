@@ -160,8 +160,8 @@ def sweep(batches: Sequence[int] = BATCHES) -> None:
     import contextlib
     import io
 
-    from dynlogits.kernels import banned_phrases, multiple_choice, spans
-    from dynlogits.processors import dry_device
+    from dynlogits.kernels import banned_phrases, dead_rows, multiple_choice, no_repeat_ngram, spans
+    from dynlogits.processors import dry_device, no_repeat_ngram_device
 
     from . import (
         banned_phrases_check,
@@ -193,6 +193,15 @@ def sweep(batches: Sequence[int] = BATCHES) -> None:
                 decided, force, force_len = spans.force_case(n, n=n)
                 spans.launch(state, consts, tokens[:, 1:], total_len, scale, 3, rounds, decided, force, force_len,
                              spans.PHRASE)
+        for rows in (1, 17):  # window widths and witness widths in each class; a token matrix at a column offset
+            window, layout, logits, _ = no_repeat_ngram_device.probe_case(rows, cpu, rows=rows, slots=rows + 1, length=80)
+            size = layout.source.size
+            for width in (size, 16, 17, 64):
+                no_repeat_ngram.ban_(_offset_rows(logits), window.tokens[:, 1:], window.pos, layout.slot_of_row,
+                                     layout.source.params, None, None, None, max(width, size), size)
+            for width in (1, 16, 17):
+                case = dead_rows.probe_case(rows, cpu, listed=True, rows=rows, width=width)
+                dead_rows.apply(dead_rows.launch, case, logits=_offset_rows(case[0]))
         for entries, width in ((1, 1), (7, 5), (16, 12), (17, 40)):
             for rows in (1, 17):
                 case = banned_phrases.probe_case(entries + width, rows=rows, entries=entries, width=width)
