@@ -127,3 +127,24 @@ def test_a_positional_request_in_a_slot_a_plain_mask_left_gets_its_positions() -
     harness.add_request("forced", [2, 3], sp(forced), output_ids=output)
     assert harness.greedy_step(["forced"]) == {"forced": 32}
     assert harness.greedy_step(["forced"]) == {"forced": 33}
+
+
+def test_what_the_slots_hold_is_worked_out_once_while_the_same_slots_come_in_new_arrays(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynlogits.adapters.vllm import v2
+
+    made: list[np.ndarray] = []
+    of = v2.SeenSlots.of
+
+    def counted(slots_in_step: np.ndarray, *flags: np.ndarray) -> v2.SeenSlots:
+        made.append(slots_in_step.copy())
+        return of(slots_in_step, *flags)
+
+    monkeypatch.setattr(v2.SeenSlots, "of", staticmethod(counted))
+    harness = V2SamplerHarness(DynamoVllmLogitsProcessor, vocab_size=VOCAB, max_num_reqs=4)
+    harness.add_request("a", [2], sp(banned(10)))
+    harness.add_request("b", [2], sp(banned(20)))
+    for _ in range(4):
+        harness.step(["a", "b"], torch.zeros(2, VOCAB))  # a new idx_mapping_np each step
+    harness.step(["b", "a"], torch.zeros(2, VOCAB))
+    assert [m.tolist() for m in made] == [[3, 2], [2, 3]]
