@@ -11,6 +11,14 @@ first call: ``run`` catches a failure there too (before any launch: Triton compi
 the kernels off on that device with one warning and runs the eager path for that call and after.
 A request never fails for it.
 
+A call site that names its launch's variant (``run(..., variant=, compile=)``: a hashable key of its
+constexprs and argument types, and a callable compiling it) does not compile in the step: on CUDA
+the first call of a variant on a device hands ``compile`` to a background thread
+(``dynlogits.kernels.variants.COMPILER``) and runs ``eager()``, as every call does until the
+compile has landed; then ``fused()``. A compile that raises: one warning naming the kind and the
+variant, and ``eager()`` for that variant for good. Fused and eager write the same logits (the
+probe compares them exactly), so which one a step runs changes no output.
+
 Every gate is registered when made (``gates()``), so an engine can probe them all at load
 (``dynlogits.sdk.resident.warm``) rather than in the step that first holds a kind."""
 
@@ -19,10 +27,12 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TypeVar
 
 import torch
+
+from .variants import COMPILER, CompileThread
 
 __all__ = ["FusedGate", "gates"]
 
@@ -31,15 +41,19 @@ T = TypeVar("T")
 log = logging.getLogger("dynlogits.kernels")
 
 _GATES: weakref.WeakSet[FusedGate] = weakref.WeakSet()  # every gate alive in this process
+_PENDING = object()  # a variant queued or compiling
 
 
 class FusedGate:
     """One kind's probe-at-first-use gate (see the module doc); thread-safe."""
 
-    def __init__(self, name: str, probe: Callable[[torch.device], bool]) -> None:
+    def __init__(self, name: str, probe: Callable[[torch.device], bool], compiler: CompileThread | None = None) -> None:
         self.name = name
         self._probe = probe
         self._ready: dict[torch.device, bool] = {}
+        # per (device, variant): _PENDING (queued or compiling), True (landed), False (failed: eager)
+        self._variants: dict[tuple[torch.device, Hashable], bool | object] = {}
+        self._compiler = COMPILER if compiler is None else compiler
         self._lock = threading.Lock()
         _GATES.add(self)
 
@@ -64,14 +78,19 @@ class FusedGate:
                 self._ready[device] = ready
         return ready
 
-    def run(self, device: torch.device, fused: Callable[[], T], eager: Callable[[], T]) -> T:
-        """``fused()`` where ``ready(device)``, else ``eager()``; a ``fused()`` that raises on CUDA (a
-        variant failing to compile) turns the kernels off on ``device`` (one warning) and ``eager()``
-        answers instead. Elsewhere (the CUDA model) an error propagates: it is a bug of the op."""
+    def run(self, device: torch.device, fused: Callable[[], T], eager: Callable[[], T], variant: Hashable = None,
+            compile: Callable[[], object] | None = None) -> T:  # noqa: A002 (the variant's compile)
+        """``fused()`` where ``ready(device)``, else ``eager()``; on CUDA with a ``variant`` and its
+        ``compile``, ``eager()`` until that variant's compile has landed off the step (module doc).
+        A ``fused()`` that raises on CUDA (a variant failing to compile) turns the kernels off on
+        ``device`` (one warning) and ``eager()`` answers instead. Elsewhere (the CUDA model) an error
+        propagates: it is a bug of the op."""
         if not self.ready(device):
             return eager()
         if device.type != "cuda":
             return fused()
+        if variant is not None and compile is not None and not self._landed(device, variant, compile):
+            return eager()
         try:
             return fused()
         except Exception as exc:  # compile or launch failure of a variant the probe did not see
@@ -82,10 +101,41 @@ class FusedGate:
                         self.name, device, type(exc).__name__, first)
             return eager()
 
+    def _landed(self, device: torch.device, variant: Hashable, compile: Callable[[], object]) -> bool:  # noqa: A002
+        """Whether ``variant`` has compiled on ``device``; its first call queues ``compile`` (a full
+        queue: asked again at a later call)."""
+        key = (device, variant)
+        with self._lock:
+            state = self._variants.get(key)
+            if state is True:
+                return True
+            if state is not None:  # pending or failed
+                return False
+            self._variants[key] = _PENDING
+
+        def job() -> None:
+            try:
+                compile()
+                landed = True
+            except Exception as exc:  # the variant's compile failed: eager for it, for good
+                first = str(exc).splitlines()[0][:200] if str(exc) else ""
+                log.warning("%s: variant %r failed to compile on %s (%s: %s); running it eagerly", self.name,
+                            variant, device, type(exc).__name__, first)
+                landed = False
+            with self._lock:
+                if self._variants.get(key) is _PENDING:  # not reset meanwhile
+                    self._variants[key] = landed
+
+        if not self._compiler.submit(job):
+            with self._lock:
+                self._variants.pop(key, None)
+        return False
+
     def reset(self) -> None:
-        """Forget every device's probe (tests)."""
+        """Forget every device's probe and every variant's compile (tests)."""
         with self._lock:
             self._ready.clear()
+            self._variants.clear()
 
 
 def gates() -> tuple[FusedGate, ...]:

@@ -1,0 +1,202 @@
+"""A kernel variant compiled off the engine step (``FusedGate.run(..., variant=, compile=)``,
+``dynlogits.kernels.variants``): on CUDA a new variant's first call runs eager without waiting for
+its compile, which runs once on a background thread; calls after it lands run fused; a failing
+compile leaves that variant eager with one warning; variants are independent; the probe path, the
+CPU and the CUDA model are as before. CUDA devices here are ``torch.device`` objects only (no GPU):
+the gate never touches them, the injected callables stand in for the kernels."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from dynlogits.kernels import variants
+from dynlogits.kernels.probe import FusedGate
+from dynlogits.kernels.variants import CompileThread
+
+CUDA = torch.device("cuda", 0)
+
+
+class Compile:
+    """A compile callable counting its calls; it blocks until ``release`` is set (set by default)
+    and raises where ``error`` is given."""
+
+    def __init__(self, *, blocked: bool = False, error: Exception | None = None) -> None:
+        self.calls = 0
+        self.started = threading.Event()
+        self.release = threading.Event()
+        if not blocked:
+            self.release.set()
+        self.error = error
+
+    def __call__(self) -> None:
+        self.calls += 1
+        self.started.set()
+        assert self.release.wait(timeout=30), "the test never released the compile"
+        if self.error is not None:
+            raise self.error
+
+
+def _gate(compiler: CompileThread, probe: Callable[[torch.device], bool] = lambda device: True) -> FusedGate:
+    return FusedGate("test_kind", probe, compiler)
+
+
+def _run(gate: FusedGate, variant: object, compile_: Compile, device: torch.device = CUDA) -> str:
+    return gate.run(device, lambda: "fused", lambda: "eager", variant, compile_)
+
+
+def test_a_new_variant_runs_eager_without_waiting_for_its_compile_then_fused_once_landed() -> None:
+    compiler = CompileThread()
+    gate = _gate(compiler)
+    compile_ = Compile(blocked=True)
+    assert _run(gate, ("size", 3), compile_) == "eager"  # returned while the compile is held
+    assert compile_.started.wait(timeout=30)
+    assert [_run(gate, ("size", 3), compile_) for _ in range(3)] == ["eager"] * 3  # still compiling
+    compile_.release.set()
+    assert compiler.join(timeout=30)
+    assert [_run(gate, ("size", 3), compile_) for _ in range(3)] == ["fused"] * 3
+    assert compile_.calls == 1  # queued once, however many calls came before it landed
+
+
+def test_a_failing_compile_leaves_that_variant_eager_for_good_with_one_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    compiler = CompileThread()
+    gate = _gate(compiler)
+    failing = Compile(error=RuntimeError("ptxas: out of registers\nmore"))
+    with caplog.at_level("WARNING", logger="dynlogits.kernels"):
+        assert _run(gate, ("size", 7), failing) == "eager"
+        assert compiler.join(timeout=30)
+        assert [_run(gate, ("size", 7), failing) for _ in range(3)] == ["eager"] * 3
+        assert compiler.join(timeout=30)
+    assert failing.calls == 1
+    warned = [r.getMessage() for r in caplog.records if "failed to compile" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("test_kind") and "ptxas: out of registers" in warned[0]
+    assert "more" not in warned[0]
+    assert gate.run(CUDA, lambda: "fused", lambda: "eager") == "fused"  # the kind's other launches: untouched
+
+
+def test_two_variants_compile_independently_and_per_device() -> None:
+    compiler = CompileThread()
+    gate = _gate(compiler)
+    failing, landing, other_device = Compile(error=ValueError("bad")), Compile(), Compile(blocked=True)
+    assert _run(gate, "a", failing) == "eager" and _run(gate, "b", landing) == "eager"
+    assert compiler.join(timeout=30)
+    assert _run(gate, "a", failing) == "eager" and _run(gate, "b", landing) == "fused"
+    second = torch.device("cuda", 1)  # the same variant on another device compiles there on its own
+    assert _run(gate, "b", other_device, second) == "eager"
+    assert _run(gate, "b", landing) == "fused"
+    other_device.release.set()
+    assert compiler.join(timeout=30)
+    assert _run(gate, "b", other_device, second) == "fused"
+    assert (failing.calls, landing.calls, other_device.calls) == (1, 1, 1)
+
+
+def test_a_full_queue_runs_eager_and_asks_again_at_a_later_call() -> None:
+    compiler = CompileThread(capacity=1)
+    gate = _gate(compiler)
+    holding, queued, refused = Compile(blocked=True), Compile(), Compile()
+    assert _run(gate, "held", holding) == "eager"
+    assert holding.started.wait(timeout=30)  # the thread holds it: the queue is empty again
+    assert _run(gate, "queued", queued) == "eager"  # fills the queue
+    assert _run(gate, "refused", refused) == "eager"  # refused: not marked pending
+    holding.release.set()
+    assert compiler.join(timeout=30)
+    assert refused.calls == 0 and _run(gate, "queued", queued) == "fused"
+    assert _run(gate, "refused", refused) == "eager"  # asked again, queued this time
+    assert compiler.join(timeout=30)
+    assert refused.calls == 1 and _run(gate, "refused", refused) == "fused"
+
+
+def test_the_probe_the_cpu_and_the_cuda_model_are_unchanged() -> None:
+    compiler = CompileThread()
+    compile_ = Compile()
+    probed: list[torch.device] = []
+
+    def failing_probe(device: torch.device) -> bool:
+        probed.append(device)
+        return False
+
+    off = _gate(compiler, failing_probe)
+    assert [_run(off, "v", compile_) for _ in range(2)] == ["eager"] * 2 and probed == [CUDA]
+    on = _gate(compiler)
+    assert on.run(CUDA, lambda: "fused", lambda: "eager") == "fused"  # no variant named: as before
+    assert _run(on, "v", compile_, torch.device("cpu")) == "eager"
+    assert _run(on, "v", compile_, torch.device("meta")) == "fused"  # the CUDA model: no compile to wait for
+    assert compiler.join(timeout=30)
+    assert compile_.calls == 0
+
+
+def test_reset_forgets_the_variants() -> None:
+    compiler = CompileThread()
+    gate = _gate(compiler)
+    compile_ = Compile()
+    _run(gate, "v", compile_)
+    assert compiler.join(timeout=30)
+    assert _run(gate, "v", compile_) == "fused"
+    gate.reset()
+    assert _run(gate, "v", compile_) == "eager"
+    assert compiler.join(timeout=30)
+    assert compile_.calls == 2 and _run(gate, "v", compile_) == "fused"
+
+
+def test_a_job_that_raises_is_logged_and_the_thread_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    compiler = CompileThread()
+    ran = threading.Event()
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    with caplog.at_level("ERROR", logger="dynlogits.kernels"):
+        assert compiler.submit(boom) and compiler.submit(ran.set)
+        assert compiler.join(timeout=30)
+    assert ran.is_set() and any("compile job failed" in r.getMessage() for r in caplog.records)
+
+
+# -- no_repeat_ngram's variant and compile --
+
+class _Recorder:
+    """Stands in for the jitted kernel: records a launch (``[grid](...)``) and a ``warmup``."""
+
+    def __init__(self) -> None:
+        self.launched: tuple[tuple[object, ...], dict[str, object]] | None = None
+        self.warmed: tuple[tuple[object, ...], dict[str, object]] | None = None
+
+    def __getitem__(self, grid: object) -> Callable[..., None]:
+        def launch(*args: object, **kwargs: object) -> None:
+            self.launched = (args, kwargs)
+
+        return launch
+
+    def warmup(self, *args: object, grid: object, **kwargs: object) -> None:
+        self.warmed = (args, kwargs)
+
+
+@pytest.mark.parametrize("drafts", [0, 2])
+@pytest.mark.parametrize("floored", [False, True])
+def test_no_repeat_ngram_compile_warms_up_the_launch_s_own_specialization(
+        monkeypatch: pytest.MonkeyPatch, drafts: int, floored: bool) -> None:
+    """The compile's ``warmup`` gets the launch's arguments with each tensor replaced by its dtype,
+    and the same ints and constexprs (so Triton keys both alike)."""
+    from types import SimpleNamespace
+
+    from dynlogits.kernels import no_repeat_ngram as kernels
+    from dynlogits.processors.no_repeat_ngram_device import probe_case
+
+    recorder = _Recorder()
+    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(ban_rows=recorder))
+    window, t, logits, floor = probe_case(7, torch.device("cpu"), drafts=drafts)
+    args = (logits, window.tokens, window.pos, t.slot_of_row, t.source.params,
+            window.input_ids if drafts else None, window.local_pos if drafts else None, floor if floored else None,
+            t.source.width, t.source.size)
+    kernels.ban_(*args)
+    variant, compile_ = variants.no_repeat_ngram(*args)
+    compile_()
+    assert recorder.launched is not None and recorder.warmed is not None
+    launched, warmed = recorder.launched, recorder.warmed
+    assert warmed[1] == launched[1]  # constexprs
+    assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
+    other, _ = variants.no_repeat_ngram(*args[:-1], t.source.size + 1)
+    assert variant == variants.no_repeat_ngram(*args)[0] and other != variant
