@@ -10,7 +10,14 @@ vocab, offset views), and a variant it did not compile compiles inside an engine
 batch waiting. The cost: no load vectorized on a proven 16-divisible stride or address (these loads
 are per-row gathers or masked row slices). Only the innermost strides (1 in engines and probes:
 a contiguous row) stay specialized; the variants left are the constexprs' and the dtypes'
-(``tests/kernels/test_kernel_specialization.py``)."""
+(``tests/kernels/test_kernel_specialization.py``).
+
+The one exception: the draw kernels (``draw_blocks``, ``draw_reduce``) stream whole logits rows, so
+their ``logits_ptr``, ``logits_stride`` and ``vocab`` stay keyed (a 16-divisible row stride and an
+aligned base let Triton emit vector loads: 2 ``ld.global.v4`` against none in ``draw_blocks``' sm_90
+PTX). These are deployment constants (``SlotBatch`` takes contiguous ``[rows, vocab]`` logits; with
+a vocabulary divisible by 4 every row view stays 16-byte aligned), and ``warm(device, vocab)``
+compiles the deployment's variant at load (``dynlogits.sdk.resident.warm.compile_for_vocab``)."""
 
 # ruff: noqa: ANN001, ANN202, N803
 from __future__ import annotations
@@ -57,9 +64,9 @@ def philox(c0, c1, c2, c3, k0, k1):
         k1 = k1 + 0xBB67AE85
     return c0, c1, c2, c3
 
-@triton.jit(do_not_specialize=("logits_stride", "temp_stride", "params_stride", "states_stride0", "vocab", "nblocks"),
-            do_not_specialize_on_alignment=("logits_ptr", "rows_ptr", "slots_ptr", "temp_ptr", "params_ptr",
-            "states_ptr", "best_ptr", "index_ptr", "kept_ptr", "u_ptr", "score_ptr"))
+@triton.jit(do_not_specialize=("temp_stride", "params_stride", "states_stride0", "nblocks"),  # logits: keyed (module doc)
+            do_not_specialize_on_alignment=("rows_ptr", "slots_ptr", "temp_ptr", "params_ptr", "states_ptr", "best_ptr",
+            "index_ptr", "kept_ptr", "u_ptr", "score_ptr"))
 def draw_blocks(logits_ptr, logits_stride, rows_ptr, slots_ptr, temp_ptr, temp_stride, params_ptr, params_stride,
                 states_ptr, states_stride0, states_stride1, best_ptr, index_ptr, kept_ptr, vocab, nblocks,
                 u_ptr, score_ptr, BLOCK: tl.constexpr, SCORES: tl.constexpr):
@@ -107,8 +114,8 @@ def draw_blocks(logits_ptr, logits_stride, rows_ptr, slots_ptr, temp_ptr, temp_s
     tl.store(index_ptr + i * nblocks + b, at)
     tl.store(kept_ptr + i * nblocks + b, kept)
 
-@triton.jit(do_not_specialize=("logits_stride", "vocab", "nblocks"), do_not_specialize_on_alignment=("logits_ptr",
-            "rows_ptr", "fire_ptr", "best_ptr", "index_ptr", "kept_ptr", "tokens_ptr"))
+@triton.jit(do_not_specialize=("nblocks",), do_not_specialize_on_alignment=("rows_ptr", "fire_ptr", "best_ptr",  # logits: keyed
+            "index_ptr", "kept_ptr", "tokens_ptr"))
 def draw_reduce(logits_ptr, logits_stride, rows_ptr, fire_ptr, best_ptr, index_ptr, kept_ptr, tokens_ptr, vocab,
                 nblocks, BLOCK: tl.constexpr, NB: tl.constexpr, HAS_FIRE: tl.constexpr,
                 FORCE: tl.constexpr):

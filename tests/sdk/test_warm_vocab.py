@@ -1,7 +1,8 @@
 """The warm-up compiles the variant an engine's vocabulary selects: the watermark draw's
 ``draw_reduce`` takes a constexpr from the logits' width (``NB``: its block count's power of two),
-so the gate's probe (a small vocabulary) leaves the engine's variant to its first step unless
-``warm(device, vocab)`` compiles it (``compile_for_vocab``). Triton's keys are recorded in its
+and both draw kernels key their logits' stride, width and address (vector loads), so the gate's
+probe (a small vocabulary) leaves the engine's variant to its first step unless ``warm(device,
+vocab)`` compiles it (``compile_for_vocab``). Triton's keys are recorded in its
 interpreter (``TRITON_INTERPRET=1``, a subprocess; ``dynlogits.testing.cuda.specialization``)."""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ with record() as probed:
 with record() as warmed:
     compiled = compile_for_vocab(cpu, vocab, {"watermark": on})
 with record() as engine:  # an engine step: 5 rows of 7, logits float32 as vLLM's sampler hands them
-    logits = torch.randn(7, vocab)
+    logits = torch.randn(8, vocab)[1:]  # a row view: still 16-byte aligned (the vocab divisible by 4)
     rows, slots = torch.tensor([0, 2, 3, 5, 6]), torch.tensor([1, 0, 4, 2, 3])
     watermark.draw(logits, rows, slots, torch.rand(5, 1) + 0.5, torch.zeros(5, 4, dtype=torch.int64),
                    torch.zeros(5, 4, dtype=torch.int64), torch.tensor([1, 0, 1, 1, 0]), True)

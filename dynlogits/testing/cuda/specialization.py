@@ -29,10 +29,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["BATCHES", "EXECUTED", "Launch", "extra", "main", "record", "specialized", "sweep", "variants"]
+__all__ = ["BATCHES", "DEPLOYMENT_KEYED", "EXECUTED", "Launch", "extra", "main", "record", "specialized", "sweep", "variants"]
 
 #: the sweep's batch sizes: 1 (an int equal to 1), 16 and 64 (divisible by 16), 2 and 17 (neither)
 BATCHES = (1, 2, 16, 17, 64)
+#: arguments keyed on purpose (deployment constants whose variant ``warm(device, vocab)`` compiles at
+#: load; see ``dynlogits.kernels._watermark_triton``): their classes select a group like a constexpr
+DEPLOYMENT_KEYED: dict[str, frozenset[str]] = {
+    "_watermark_triton.draw_blocks": frozenset({"logits_ptr", "logits_stride", "vocab"}),
+    "_watermark_triton.draw_reduce": frozenset({"logits_ptr", "logits_stride", "vocab"}),
+}
 #: the kernels whose bodies ``sweep`` needs run (their outputs index the op's next step)
 EXECUTED = frozenset({"_dry_triton.decide_rows"})
 
@@ -40,7 +46,8 @@ EXECUTED = frozenset({"_dry_triton.decide_rows"})
 @dataclass(frozen=True)
 class Launch:
     """One kernel launch's cache key: ``group`` (what may select a variant: constexpr values, tensor
-    dtypes, launch options) and ``classes`` (each other argument's class: must not vary in a group)."""
+    dtypes, launch options, ``DEPLOYMENT_KEYED`` arguments' classes) and ``classes`` (each other
+    argument's class: must not vary in a group)."""
 
     kernel: str
     group: tuple[tuple[str, str], ...]
@@ -65,9 +72,13 @@ def _launch(function: Any, binder: tuple[Callable[..., Any], frozenset[str]], ar
     bound, specialization, options = binder[0](*args, **kwargs)
     group: list[tuple[str, str]] = []
     classes: list[tuple[str, str]] = []
+    keyed = DEPLOYMENT_KEYED.get(f"{function.fn.__module__}.{function.fn.__name__}".removeprefix("dynlogits.kernels."),
+                                 frozenset())
     for (name, value), (kind, spec) in zip(bound.items(), specialization, strict=True):
         if name in binder[1]:
             group.append((name, repr(spec)))
+        elif name in keyed:
+            group.append((name, f"{kind}:{spec!r}"))
         elif isinstance(value, torch.Tensor):
             group.append((name, str(kind)))
             classes.append((name, repr(spec)))
