@@ -61,11 +61,13 @@ known. Sizes above ``MAX_DEVICE_SIZE`` are hosted (``NoRepeatNgramGroup.fits_win
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from dynlogits.kernels import variants
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
@@ -195,7 +197,9 @@ def apply(window: TokenWindow, t: Layout, logits: torch.Tensor, extremes: tuple[
     """``-inf`` in ``logits`` at every id a row's history bans, no sync: on the CPU ``ban_``'s CPU
     implementation called directly (its rows' params gathered once per layout: ``Layout.host``);
     where ``fused_ready`` (CUDA once probed, the CUDA model) the fused op ``ban_`` (one Triton
-    launch); else, or once a call of it failed on CUDA, ``apply_eager``. ``floor`` (int64, per row):
+    launch; on CUDA a kernel variant not compiled yet compiles off the step, ``apply_eager``
+    answering until it lands: ``FusedGate.run``); else, or once a call of it failed on CUDA,
+    ``apply_eager``. ``floor`` (int64, per row):
     no position below it is the row's history (a scoped entry's stretch)."""
     drafts = window.input_ids is not None and window.local_pos is not None
     ids, local = (window.input_ids, window.local_pos) if drafts else (None, None)
@@ -204,10 +208,21 @@ def apply(window: TokenWindow, t: Layout, logits: torch.Tensor, extremes: tuple[
         _ban_rows(logits, matrix, window.pos.numpy(), t.host(matrix.shape[1]), None if ids is None else ids.numpy(),
                   None if local is None else local.numpy(), None if floor is None else floor.numpy(), t.source.width,
                   t.source.size)
-    else:  # a variant failing to compile turns the kernel off (one warning): eager from then on
-        _GATE.run(logits.device, lambda: ban_(logits, window.tokens, window.pos, t.slot_of_row, t.source.params, ids,
-                                              local, floor, t.source.width, t.source.size),
-                  lambda: apply_eager(window, t, logits, extremes, floor))
+    else:  # a new variant (SIZE, drafts, floor, dtypes) compiles off the step, eager until it lands
+        _gated(logits.device, (logits, window.tokens, window.pos, t.slot_of_row, t.source.params, ids, local, floor,
+                               t.source.width, t.source.size),
+               lambda: apply_eager(window, t, logits, extremes, floor))
+
+
+_BanArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
+                 torch.Tensor | None, torch.Tensor | None, int, int]
+
+
+def _gated(device: torch.device, args: _BanArgs, eager: Callable[[], None]) -> None:
+    """``ban_(*args)`` through the gate: on CUDA named by its variant (``variants.no_repeat_ngram``),
+    so a variant not compiled yet compiles off the step and ``eager()`` answers until it lands."""
+    variant, compile_ = variants.no_repeat_ngram(*args) if device.type == "cuda" else (None, None)
+    _GATE.run(device, lambda: ban_(*args), eager, variant, compile_)
 
 
 def apply_eager(window: TokenWindow, t: Layout, logits: torch.Tensor, extremes: tuple[torch.Tensor, torch.Tensor],

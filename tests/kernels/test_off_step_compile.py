@@ -200,3 +200,34 @@ def test_no_repeat_ngram_compile_warms_up_the_launch_s_own_specialization(
     assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
     other, _ = variants.no_repeat_ngram(*args[:-1], t.source.size + 1)
     assert variant == variants.no_repeat_ngram(*args)[0] and other != variant
+
+
+def test_no_repeat_ngram_s_call_site_runs_eager_until_its_variant_lands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``apply``'s CUDA path (``_gated``) names the launch's variant: the first step of a size runs
+    ``apply_eager`` while the compile (a ``warmup`` of that size) runs on the thread, later steps the
+    fused op; another size starts over. (Fused and eager write the same logits:
+    ``test_no_repeat_ngram_kernels``, the CPU implementation against ``apply_eager`` and the kernel in
+    Triton's interpreter against the CPU implementation, bit for bit.)"""
+    from types import SimpleNamespace
+
+    from dynlogits.kernels import no_repeat_ngram as kernels
+    from dynlogits.processors import no_repeat_ngram_device as D
+
+    recorder = _Recorder()
+    warmed: list[object] = []
+    recorder.warmup = lambda *args, grid, **kwargs: warmed.append(kwargs["SIZE"])  # type: ignore[method-assign]
+    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(ban_rows=recorder))
+    compiler = CompileThread()
+    monkeypatch.setattr(D, "_GATE", FusedGate("no_repeat_ngram", lambda device: True, compiler))
+    fused: list[int] = []
+    monkeypatch.setattr(D, "ban_", lambda *args: fused.append(args[-1]))
+    window, t, logits, _ = D.probe_case(3, torch.device("cpu"))
+    size = t.source.size
+    args = (logits, window.tokens, window.pos, t.slot_of_row, t.source.params, None, None, None, t.source.width, size)
+    eager: list[int] = []
+    D._gated(CUDA, args, lambda: eager.append(size))
+    assert compiler.join(timeout=30)
+    D._gated(CUDA, args, lambda: eager.append(size))
+    D._gated(CUDA, (*args[:-1], size + 1), lambda: eager.append(size + 1))
+    assert compiler.join(timeout=30)
+    assert eager == [size, size + 1] and fused == [size] and warmed == [size, size + 1]
