@@ -61,7 +61,7 @@ class SlotBatch:
         self.num_slots = num_slots
         self.vocab_size = vocab_size
         self.device = torch.device(device)
-        warm(self.device)  # on CUDA: every kind's fused kernels probed now, not in a request's step
+        warm(self.device, vocab_size)  # on CUDA: every kind's fused kernels (and this width's) ready now, not in a step
         #: whether the adapter passes every row's history to ``apply`` (listed layout): without them a
         #: request with a group that needs them (``Group.runs_without_histories``) is not resident
         self.host_histories = host_histories
