@@ -13,9 +13,10 @@ that raises is logged and the thread goes on. Triton's passes and ``ptxas`` (a s
 the GIL; the Python front end of a compile holds it for stretches of at most the interpreter's
 switch interval while the step's thread asks for it.
 
-``no_repeat_ngram(...)``: the ``(variant, compile)`` pair of one ``no_repeat_ngram`` launch, the
-compile a ``JITFunction.warmup`` of that launch's specialization (torch dtypes in place of
-tensors, the same ints and constexprs: Triton 3.6 and 3.9 accept both) on the launch's device."""
+``launch_variant``: the ``(variant, compile)`` pair of one launch, the compile a
+``JITFunction.warmup`` of that launch's specialization (torch dtypes in place of tensors, the same
+ints and constexprs: Triton 3.6 and 3.9 accept both) on the launch's device; each kind's
+pair for its launch arguments: ``dynlogits.kernels.kind_variants``."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 
-__all__ = ["COMPILER", "CompileThread", "int_class", "no_repeat_ngram"]
+__all__ = ["COMPILER", "CompileThread", "launch_variant"]
 
 log = logging.getLogger("dynlogits.kernels")
 
@@ -79,38 +81,21 @@ class CompileThread:
 COMPILER = CompileThread()
 
 
-def int_class(value: int) -> tuple[bool, bool]:
-    """How Triton specializes an int argument it has not been told to leave alone: whether it is 1
-    and whether it is a multiple of 16 (part of a variant's key, so a variant's compile matches the
-    launch's)."""
-    return value == 1, value % 16 == 0
-
-
-def no_repeat_ngram(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
-                    params: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
-                    floor: torch.Tensor | None, width: int, size: int) -> tuple[Hashable, Callable[[], object]]:
-    """``(variant, compile)`` of ``dynlogits.kernels.no_repeat_ngram.ban_`` for these arguments:
-    ``variant`` its constexprs, argument dtypes and int classes; ``compile`` warms its kernel up on
-    ``logits.device`` (Triton imported there, on the compile thread) and loads it onto the device."""
-    drafts = input_ids is not None and local_pos is not None
-    ids = input_ids if drafts and input_ids is not None else pos
-    local = local_pos if drafts and local_pos is not None else pos
-    fl = pos if floor is None else floor
-    tensors = (logits.dtype, tokens.dtype, pos.dtype, slot_of_row.dtype, params.dtype, ids.dtype, local.dtype, fl.dtype)
-    ints = (logits.stride(0), logits.stride(1), tokens.stride(0), tokens.stride(1), tokens.shape[1],
-            params.stride(0), width, logits.shape[1])
-    variant = ("no_repeat_ngram", size, drafts, floor is not None, tensors, tuple(int_class(i) for i in ints))
-    device = logits.device
+def launch_variant(name: str, kernel: Callable[[], Any], device: torch.device, args: tuple[object, ...],
+                   constexprs: dict[str, object]) -> tuple[Hashable, Callable[[], object]]:
+    """``(variant, compile)`` of one launch of ``kernel()`` (a ``JITFunction``, looked up on the
+    compile thread: Triton is imported there) with ``args`` (positional, as launched) and
+    ``constexprs``: ``variant`` the constexprs, each tensor's dtype and each int's class
+    (how Triton specializes an int it is not told to leave alone: whether it is 1, whether a
+    multiple of 16); ``compile`` a ``warmup`` of that specialization on ``device`` (torch dtypes in
+    place of tensors), then its module loaded onto the device."""
+    plain = tuple([a.dtype if isinstance(a, torch.Tensor) else a for a in args])
+    classes = tuple([(a == 1, a % 16 == 0) if type(a) is int else a for a in plain])  # Triton's int specialization: 1, a multiple of 16
+    variant = (name, *constexprs.values(), classes)  # the constexprs in the kind's fixed order
 
     def compile_() -> object:
-        from dynlogits.kernels import no_repeat_ngram as kernels
-
-        (l_s0, l_s1, t_s0, t_s1, maxlen, p_s0, w, vocab) = ints
-        (l_t, t_t, pos_t, slot_t, params_t, ids_t, local_t, floor_t) = tensors
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            compiled = kernels.kernels().ban_rows.warmup(
-                l_t, l_s0, l_s1, t_t, t_s0, t_s1, maxlen, pos_t, slot_t, params_t, p_s0, ids_t, local_t, floor_t, w,
-                vocab, grid=(1,), SIZE=size, BLOCK=kernels.BLOCK, HAS_DRAFTS=drafts, HAS_FLOOR=floor is not None)
+            compiled = kernel().warmup(*plain, grid=(1,), **constexprs)
             init = getattr(compiled, "_init_handles", None)  # the module's load, else at the first launch
             if init is not None:
                 init()

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias
 import numpy as np
 import torch
 
+from dynlogits.kernels import kind_variants
 from dynlogits.kernels.banned_phrases import GATE, banned_phrases_ban_
 from dynlogits.kernels.banned_phrases import NEVER as _NEVER
 from dynlogits.specs.builtin.banned_phrases import BannedPhrases, BannedPhrasesSpec
@@ -644,8 +645,9 @@ class BannedPhrasesGroup(EntryTablesGroup):
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, hit: torch.Tensor) -> None:
         """``-inf`` at the ids of the entries ``decide_from_window`` found: where it deferred the step
-        to the fused op, ``banned_phrases_ban_`` (one launch; a variant failing to compile on CUDA
-        turns it off with one warning and the eager ops run instead: ``FusedGate.run``); on the CPU
+        to the fused op, ``banned_phrases_ban_`` (one launch; on CUDA a variant not compiled yet compiles
+        off the step, the eager ops answering until it lands, and one failing to compile turns it
+        off with one warning: ``FusedGate.run``); on the CPU
         route, found here; else one ``scatter_reduce_`` (``_write_eager``)."""
         if hit is _CPU_STEP:
             self._apply_on_cpu(step)
@@ -657,9 +659,11 @@ class BannedPhrasesGroup(EntryTablesGroup):
                     window.local_pos if drafts else None, floor, self.entries, self.width)
             if step.logits.device.type == "cpu":  # a floored step on the CPU: the op's CPU implementation
                 banned_phrases_ban_(*args)
-            else:
-                GATE.run(step.logits.device, lambda: banned_phrases_ban_(*args),
-                         lambda: self._write_eager(step, self._decide_eager(rows, window, floor)))
+            else:  # on CUDA a new variant (BLOCK_W, drafts, floor, dtypes) compiles off the step, eager until it lands
+                device = step.logits.device
+                named = kind_variants.banned_phrases(*args) if device.type == "cuda" else ()  # (variant, compile)
+                GATE.run(device, lambda: banned_phrases_ban_(*args),
+                         lambda: self._write_eager(step, self._decide_eager(rows, window, floor)), *named)
         else:
             self._write_eager(step, hit)
         return None

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from dynlogits.kernels import variants
+from dynlogits.kernels import kind_variants, variants
 from dynlogits.kernels.probe import FusedGate
 from dynlogits.kernels.variants import CompileThread
 
@@ -192,14 +192,14 @@ def test_no_repeat_ngram_compile_warms_up_the_launch_s_own_specialization(
             window.input_ids if drafts else None, window.local_pos if drafts else None, floor if floored else None,
             t.source.width, t.source.size)
     kernels.ban_(*args)
-    variant, compile_ = variants.no_repeat_ngram(*args)
+    variant, compile_ = kind_variants.no_repeat_ngram(*args)
     compile_()
     assert recorder.launched is not None and recorder.warmed is not None
     launched, warmed = recorder.launched, recorder.warmed
     assert warmed[1] == launched[1]  # constexprs
     assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
-    other, _ = variants.no_repeat_ngram(*args[:-1], t.source.size + 1)
-    assert variant == variants.no_repeat_ngram(*args)[0] and other != variant
+    other, _ = kind_variants.no_repeat_ngram(*args[:-1], t.source.size + 1)
+    assert variant == kind_variants.no_repeat_ngram(*args)[0] and other != variant
 
 
 def test_no_repeat_ngram_s_call_site_runs_eager_until_its_variant_lands(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -231,3 +231,38 @@ def test_no_repeat_ngram_s_call_site_runs_eager_until_its_variant_lands(monkeypa
     D._gated(CUDA, (*args[:-1], size + 1), lambda: eager.append(size + 1))
     assert compiler.join(timeout=30)
     assert eager == [size, size + 1] and fused == [size] and warmed == [size, size + 1]
+
+
+@pytest.mark.parametrize(("drafts", "floors", "width"), [(0, False, 5), (2, False, 12), (0, True, 40), (3, True, 1)])
+def test_banned_phrases_compile_warms_up_the_launch_s_own_specialization(
+        monkeypatch: pytest.MonkeyPatch, drafts: int, floors: bool, width: int) -> None:
+    """As for ``no_repeat_ngram``: ``launch``'s arguments with tensors as dtypes, the same ints and
+    constexprs; the phrase-length bucket (``BLOCK_W``) is part of the variant."""
+    from types import SimpleNamespace
+
+    from dynlogits.kernels import banned_phrases as kernels
+
+    recorder = _Recorder()
+    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(ban_rows=recorder))
+    case = kernels.probe_case(11, drafts=drafts, width=width, floors=floors)
+    kernels.launch(*case)
+    variant, compile_ = kind_variants.banned_phrases(*case)
+    compile_()
+    assert recorder.launched is not None and recorder.warmed is not None
+    launched, warmed = recorder.launched, recorder.warmed
+    assert warmed[1] == launched[1]
+    assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
+    wider = 40 if width <= 8 else 1  # the other BLOCK_W bucket
+    assert kind_variants.banned_phrases(*case[:-1], wider)[0] != variant
+    assert kind_variants.banned_phrases(*case)[0] == variant
+
+
+def test_a_variant_is_its_constexprs_dtypes_and_int_classes() -> None:
+    """Ints that Triton keys alike (neither 1 nor a multiple of 16, or both multiples of 16) give one
+    variant; a dtype, an int class or a constexpr apart, another."""
+    def key(*args: object, size: int = 3) -> object:
+        return variants.launch_variant("k", lambda: None, torch.device("cpu"), args, {"SIZE": size})[0]
+
+    f32, i64 = torch.zeros(2), torch.zeros(2, dtype=torch.long)
+    assert key(f32, 17) == key(torch.ones(5), 33) == key(f32, 8) and key(f32, 32) == key(f32, 16)
+    assert len({key(f32, 17), key(f32, 16), key(f32, 1), key(i64, 17), key(f32, 17, size=4)}) == 5
