@@ -94,6 +94,27 @@ def test_two_variants_compile_independently_and_per_device() -> None:
     assert (failing.calls, landing.calls, other_device.calls) == (1, 1, 1)
 
 
+def test_calls_from_many_threads_queue_one_compile_a_variant() -> None:
+    compiler = CompileThread()
+    gate = _gate(compiler)
+    compile_ = Compile(blocked=True)
+    start = threading.Barrier(8)
+    answers: list[str] = []
+
+    def call() -> None:
+        start.wait(timeout=30)
+        answers.extend(_run(gate, "v", compile_) for _ in range(50))
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert answers == ["eager"] * 400
+    compile_.release.set()
+    assert compiler.join(timeout=30)
+    assert compile_.calls == 1 and _run(gate, "v", compile_) == "fused"
+
 def test_a_full_queue_runs_eager_and_asks_again_at_a_later_call() -> None:
     compiler = CompileThread(capacity=1)
     gate = _gate(compiler)
