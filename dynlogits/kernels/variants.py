@@ -9,9 +9,9 @@ eager path until it has landed.
 
 ``CompileThread``: one daemon thread running submitted jobs one at a time, in order, from a
 bounded queue (``submit`` returns ``False`` when it is full: the caller asks again later); a job
-that raises is logged and the thread goes on. Triton's passes and ``ptxas`` (a subprocess) run off
-the GIL; the Python front end of a compile holds it for stretches of at most the interpreter's
-switch interval while the step's thread asks for it.
+that raises is logged and the thread goes on. Most of a compile (Triton's MLIR passes, ``ptxas``
+in a subprocess) leaves the GIL to the step's thread, which waits for it only in stretches (the
+Python front end shares it at the interpreter's switch interval).
 
 ``launch_variant``: the ``(variant, compile)`` pair of one launch, the compile a
 ``JITFunction.warmup`` of that launch's specialization (torch dtypes in place of tensors, the same
@@ -90,7 +90,7 @@ def launch_variant(name: str, kernel: Callable[[], Any], device: torch.device, a
     multiple of 16); ``compile`` a ``warmup`` of that specialization on ``device`` (torch dtypes in
     place of tensors), then its module loaded onto the device."""
     plain = tuple([a.dtype if isinstance(a, torch.Tensor) else a for a in args])
-    classes = tuple([(a == 1, a % 16 == 0) if type(a) is int else a for a in plain])  # Triton's int specialization: 1, a multiple of 16
+    classes = tuple([(a == 1, a % 16 == 0) if type(a) is int else a for a in plain])  # Triton's int classes
     variant = (name, *constexprs.values(), classes)  # the constexprs in the kind's fixed order
 
     def compile_() -> object:
