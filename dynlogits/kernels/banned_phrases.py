@@ -31,7 +31,7 @@ import torch
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BLOCK_E", "GATE", "NEVER", "OUT_OF_PHASE", "Case", "ban_reference", "banned_phrases_ban_", "block_width", "kernels",
+__all__ = ["BLOCK_E", "GATE", "NEVER", "OUT_OF_PHASE", "Case", "ban_reference", "banned_phrases_ban_", "block_width", "kernels", "launch_args",
            "launch", "probe_case"]
 
 #: ``need`` of a padding entry: past every output length
@@ -117,14 +117,23 @@ def launch(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor,
         return
     for table in (prefix, bans, need):
         assert table.stride(1) == 1, "tables: contiguous rows"
+    args, constexprs = launch_args(logits, tokens, prompt_len, pos, slot_of_row, member, prefix, bans, need, input_ids,
+                                   local_pos, floor, entries, width)
+    kernels().ban_rows[(rows, (entries + BLOCK_E - 1) // BLOCK_E)](*args, **constexprs)
+
+
+def launch_args(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
+                slot_of_row: torch.Tensor, member: torch.Tensor, prefix: torch.Tensor, bans: torch.Tensor,
+                need: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
+                floor: torch.Tensor | None, entries: int, width: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``ban_rows``' positional arguments and constexprs for ``launch``'s arguments (the launch and
+    its off-step compile, ``kind_variants.banned_phrases``, take the same)."""
     drafts = input_ids is not None and local_pos is not None
-    k = kernels()
-    k.ban_rows[(rows, (entries + BLOCK_E - 1) // BLOCK_E)](
-        logits, logits.stride(0), logits.stride(1), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[1],
-        tokens.shape[0], prompt_len, pos, slot_of_row, member.view(torch.uint8), prefix, prefix.stride(0), bans, bans.stride(0), need,
-        need.stride(0), input_ids if drafts else pos, local_pos if drafts else pos, pos if floor is None else floor,
-        entries, width, logits.shape[1], BLOCK_E=BLOCK_E, BLOCK_W=block_width(width), HAS_DRAFTS=drafts,
-        HAS_FLOOR=floor is not None)
+    args = (logits, logits.stride(0), logits.stride(1), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[1],
+            tokens.shape[0], prompt_len, pos, slot_of_row, member.view(torch.uint8), prefix, prefix.stride(0), bans,
+            bans.stride(0), need, need.stride(0), input_ids if drafts else pos, local_pos if drafts else pos,
+            pos if floor is None else floor, entries, width, logits.shape[1])
+    return args, {"BLOCK_E": BLOCK_E, "BLOCK_W": block_width(width), "HAS_DRAFTS": drafts, "HAS_FLOOR": floor is not None}
 
 
 class Case(NamedTuple):

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BLOCK", "ban_", "kernels"]
+__all__ = ["BLOCK", "ban_", "kernels", "launch_args"]
 
 #: followers per program (a power of two)
 BLOCK = 128
@@ -47,11 +47,18 @@ def ban_(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_
     rows = pos.shape[0]
     if rows == 0:
         return
-    drafts = input_ids is not None and local_pos is not None
     assert params.dtype == torch.int64 and params.stride(1) == 1, "params: int64 rows"
-    k = kernels()
-    blocks = (width - size + 1 + BLOCK - 1) // BLOCK
-    k.ban_rows[(rows, blocks)](logits, logits.stride(0), logits.stride(1), tokens, tokens.stride(0), tokens.stride(1),
-                        tokens.shape[1], pos, slot_of_row, params, params.stride(0),
-                        input_ids if drafts else pos, local_pos if drafts else pos, pos if floor is None else floor,
-                        width, logits.shape[1], SIZE=size, BLOCK=BLOCK, HAS_DRAFTS=drafts, HAS_FLOOR=floor is not None)
+    args, constexprs = launch_args(logits, tokens, pos, slot_of_row, params, input_ids, local_pos, floor, width, size)
+    kernels().ban_rows[(rows, (width - size + 1 + BLOCK - 1) // BLOCK)](*args, **constexprs)
+
+
+def launch_args(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
+                params: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
+                floor: torch.Tensor | None, width: int, size: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``ban_rows``' positional arguments and constexprs for ``ban_``'s arguments (the launch and
+    its off-step compile, ``kind_variants.no_repeat_ngram``, take the same)."""
+    drafts = input_ids is not None and local_pos is not None
+    args = (logits, logits.stride(0), logits.stride(1), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[1],
+            pos, slot_of_row, params, params.stride(0), input_ids if drafts else pos, local_pos if drafts else pos,
+            pos if floor is None else floor, width, logits.shape[1])
+    return args, {"SIZE": size, "BLOCK": BLOCK, "HAS_DRAFTS": drafts, "HAS_FLOOR": floor is not None}

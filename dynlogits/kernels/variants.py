@@ -10,8 +10,8 @@ eager path until it has landed.
 ``CompileThread``: one daemon thread running submitted jobs one at a time, in order, from a
 bounded queue (``submit`` returns ``False`` when it is full: the caller asks again later); a job
 that raises is logged and the thread goes on. Most of a compile (Triton's MLIR passes, ``ptxas``
-in a subprocess) leaves the GIL to the step's thread, which waits for it only in stretches (the
-Python front end shares it at the interpreter's switch interval).
+in a subprocess) leaves the GIL to the step's thread; the Python front end holds it in stretches,
+so a step can still wait tens of ms for it, against the whole compile (hundreds of ms) in the step.
 
 ``launch_variant``: the ``(variant, compile)`` pair of one launch, the compile a
 ``JITFunction.warmup`` of that launch's specialization (torch dtypes in place of tensors, the same
@@ -81,16 +81,32 @@ class CompileThread:
 COMPILER = CompileThread()
 
 
+_UNKEYED: dict[int, tuple[object, frozenset[int]]] = {}  # id(kernel) -> (kernel, its unkeyed positions)
+
+
+def _unkeyed(kernel: object) -> frozenset[int]:
+    """The argument positions ``kernel`` leaves out of Triton's key (its params'
+    ``do_not_specialize``); none for an object without ``params``. Cached per kernel object."""
+    found = _UNKEYED.get(id(kernel))
+    if found is None or found[0] is not kernel:
+        params = getattr(kernel, "params", ())
+        found = (kernel, frozenset(i for i, p in enumerate(params) if getattr(p, "do_not_specialize", False)))
+        _UNKEYED[id(kernel)] = found
+    return found[1]
+
+
 def launch_variant(name: str, kernel: Callable[[], Any], device: torch.device, args: tuple[object, ...],
                    constexprs: dict[str, object]) -> tuple[Hashable, Callable[[], object]]:
-    """``(variant, compile)`` of one launch of ``kernel()`` (a ``JITFunction``, looked up on the
-    compile thread: Triton is imported there) with ``args`` (positional, as launched) and
-    ``constexprs``: ``variant`` the constexprs, each tensor's dtype and each int's class
-    (how Triton specializes an int it is not told to leave alone: whether it is 1, whether a
-    multiple of 16); ``compile`` a ``warmup`` of that specialization on ``device`` (torch dtypes in
+    """``(variant, compile)`` of one launch of ``kernel()`` (a ``JITFunction``) with ``args``
+    (positional, as launched) and ``constexprs``: ``variant`` the constexprs, each tensor's dtype
+    and the class of each int the kernel lets Triton key (not in its ``do_not_specialize``: whether
+    it is 1, whether a multiple of 16), so an int Triton ignores never makes a new variant;
+    ``compile`` a ``warmup`` of that specialization on ``device`` (torch dtypes in
     place of tensors), then its module loaded onto the device."""
     plain = tuple([a.dtype if isinstance(a, torch.Tensor) else a for a in args])
-    classes = tuple([(a == 1, a % 16 == 0) if type(a) is int else a for a in plain])  # Triton's int classes
+    unkeyed = _unkeyed(kernel())
+    classes = tuple([a if type(a) is not int else None if i in unkeyed else (a == 1, a % 16 == 0)
+                     for i, a in enumerate(plain)])  # Triton's int classes, where it keys them
     variant = (name, *constexprs.values(), classes)  # the constexprs in the kind's fixed order
 
     def compile_() -> object:

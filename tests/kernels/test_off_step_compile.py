@@ -287,3 +287,22 @@ def test_a_variant_is_its_constexprs_dtypes_and_int_classes() -> None:
     f32, i64 = torch.zeros(2), torch.zeros(2, dtype=torch.long)
     assert key(f32, 17) == key(torch.ones(5), 33) == key(f32, 8) and key(f32, 32) == key(f32, 16)
     assert len({key(f32, 17), key(f32, 16), key(f32, 1), key(i64, 17), key(f32, 17, size=4)}) == 5
+
+
+def test_an_int_the_kernel_leaves_unkeyed_never_makes_a_new_variant() -> None:
+    """The real kernels put their per-step ints (window width, vocab, strides) in
+    ``do_not_specialize``, so Triton compiles one variant whatever their values: the variant key
+    ignores them too (a width of 16 then 17 must not send a step eager for a compile Triton would
+    not do), while keeping the ints Triton does key (an innermost stride of 1)."""
+    from dynlogits.kernels import no_repeat_ngram as kernels
+    from dynlogits.processors.no_repeat_ngram_device import probe_case
+
+    window, t, logits, _ = probe_case(5, torch.device("cpu"))
+    args = (logits, window.tokens, window.pos, t.slot_of_row, t.source.params, None, None, None)
+    size = t.source.size
+    wide = [kind_variants.no_repeat_ngram(*args, width, size)[0] for width in (size + 15, 16, 17, 32)]
+    assert len(set(wide)) == 1
+    ban_rows = kernels.kernels().ban_rows
+    keyed = [p.name for p in ban_rows.params if not p.is_constexpr and not p.do_not_specialize
+             and p.name.endswith(("_s0", "_s1", "maxlen", "width", "vocab"))]
+    assert keyed == ["logits_s1", "tokens_s1"]  # innermost strides: 1 in every launch, keyed alike
