@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BLOCK", "decide", "kernels"]
+__all__ = ["BLOCK", "decide", "kernels", "launch_args"]
 
 #: positions per program
 BLOCK = 128
@@ -64,19 +64,29 @@ def decide(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor,
         return ids, lowered
     for t in (logits, tokens, params, singles, amounts):
         assert t.stride(-1) == 1, "the last dimension must be contiguous"
+    args, constexprs = launch_args(logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params,
+                                   singles, amounts, width, cap, floor, ids, lowered)
+    k.decide_rows[(rows, (width - 1 + BLOCK - 1) // BLOCK)](*args, **constexprs)
+    return ids, lowered
+
+
+def launch_args(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
+                input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor,
+                member: torch.Tensor, params: torch.Tensor, singles: torch.Tensor, amounts: torch.Tensor, width: int,
+                cap: int, floor: torch.Tensor | None, ids: torch.Tensor,
+                lowered: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``decide_rows``' positional arguments and constexprs for ``decide``'s arguments and its two
+    outputs (the launch and its off-step compile, ``kind_variants.dry``, take the same)."""
     drafts = input_ids is not None and local_pos is not None
     flags = member.view(torch.uint8) if member.dtype == torch.bool else member
     f64 = logits.dtype == torch.float64
     largest = 0.0 if f64 else float(torch.finfo(logits.dtype).max)
-    grid = (rows, (width - 1 + BLOCK - 1) // BLOCK)
-    k.decide_rows[grid](logits, logits.stride(0), tokens, tokens.stride(0), tokens.shape[0], prompt_len,
-                        prompt_len.stride(0), pos, pos.stride(0), input_ids if drafts else pos,
-                        input_ids.stride(0) if input_ids is not None and drafts else 0,
-                        local_pos if drafts else pos, local_pos.stride(0) if local_pos is not None and drafts else 0,
-                        slot_of_row, slot_of_row.stride(0), flags, flags.stride(0), pos if floor is None else floor,
-                        0 if floor is None else floor.stride(0), params, params.stride(0), singles,
-                        singles.stride(0), singles.shape[1], amounts, amounts.stride(0), amounts.shape[1], ids, lowered,
-                        ids.stride(0), width, cap, largest, BLOCK=BLOCK, TAIL=_pow2(cap, 16),
-                        LOG_S=max(1, singles.shape[1].bit_length()), DRAFTS=drafts, F64=f64,
-                        BF16=logits.dtype == torch.bfloat16, HAS_FLOOR=floor is not None)
-    return ids, lowered
+    args = (logits, logits.stride(0), tokens, tokens.stride(0), tokens.shape[0], prompt_len, prompt_len.stride(0), pos,
+            pos.stride(0), input_ids if drafts else pos, input_ids.stride(0) if input_ids is not None and drafts else 0,
+            local_pos if drafts else pos, local_pos.stride(0) if local_pos is not None and drafts else 0,
+            slot_of_row, slot_of_row.stride(0), flags, flags.stride(0), pos if floor is None else floor,
+            0 if floor is None else floor.stride(0), params, params.stride(0), singles, singles.stride(0),
+            singles.shape[1], amounts, amounts.stride(0), amounts.shape[1], ids, lowered, ids.stride(0), width, cap,
+            largest)
+    return args, {"BLOCK": BLOCK, "TAIL": _pow2(cap, 16), "LOG_S": max(1, singles.shape[1].bit_length()),
+                  "DRAFTS": drafts, "F64": f64, "BF16": logits.dtype == torch.bfloat16, "HAS_FLOOR": floor is not None}

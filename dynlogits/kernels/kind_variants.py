@@ -11,7 +11,7 @@ import torch
 
 from .variants import launch_variant
 
-__all__ = ["banned_phrases", "no_repeat_ngram"]
+__all__ = ["banned_phrases", "dry", "no_repeat_ngram"]
 
 
 def no_repeat_ngram(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
@@ -35,6 +35,22 @@ def banned_phrases(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch
     args, constexprs = kernels.launch_args(logits, tokens, prompt_len, pos, slot_of_row, member, prefix, bans, need,
                                            input_ids, local_pos, floor, entries, width)
     return launch_variant("banned_phrases", _ban_rows(kernels), logits.device, args, constexprs)
+
+
+def dry(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
+        input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor, member: torch.Tensor,
+        params: torch.Tensor, singles: torch.Tensor, amounts: torch.Tensor, width: int, cap: int,
+        floor: torch.Tensor | None) -> tuple[Hashable, Callable[[], object]]:
+    """``launch_variant`` of ``dynlogits.kernels.dry.decide``'s launch for these arguments (its two
+    outputs as meta tensors of their shapes: only their dtypes and strides are read)."""
+    from . import dry as kernels
+
+    rows = max(pos.shape[0], 1)
+    ids = torch.empty(rows, max(width - 1, 1), dtype=torch.int64, device="meta")
+    lowered = torch.empty(rows, max(width - 1, 1), dtype=logits.dtype, device="meta")
+    args, constexprs = kernels.launch_args(logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member,
+                                           params, singles, amounts, width, cap, floor, ids, lowered)
+    return launch_variant("dry", lambda: kernels.kernels().decide_rows, logits.device, args, constexprs)
 
 
 def _ban_rows(module: Any) -> Callable[[], Any]:

@@ -31,7 +31,7 @@ are hosted."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import NamedTuple, cast
 
 import numpy as np
@@ -401,10 +401,13 @@ def fused_ready(device: torch.device) -> bool:
     return _GATE.ready(device)
 
 
-def fused_run(device: torch.device, fused: Callable[[], None], eager: Callable[[], None]) -> None:
-    """``fused()`` where ``fused_ready(device)``, else ``eager()``; a variant failing to compile at
-    its first call turns the kernels off with one warning and runs ``eager()`` (``FusedGate.run``)."""
-    _GATE.run(device, fused, eager)
+def fused_run(device: torch.device, fused: Callable[[], None], eager: Callable[[], None],
+              variant: Hashable = None, compile: Callable[[], object] | None = None) -> None:  # noqa: A002
+    """``fused()`` where ``fused_ready(device)``, else ``eager()``; on CUDA with the launch's
+    ``variant`` and ``compile`` (``kind_variants.dry``), ``eager()`` until that variant has compiled
+    off the step; a variant failing to compile turns the kernels off with one warning and runs
+    ``eager()`` (``FusedGate.run``)."""
+    _GATE.run(device, fused, eager, variant, compile)
 
 
 #: ``fused_lower_``'s tensor arguments, in order

@@ -34,6 +34,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from dynlogits.kernels import kind_variants
+
 from .dry_device import (
     MAX_DEVICE_CAP,
     MAX_DEVICE_SINGLES,
@@ -219,9 +221,12 @@ class DryGroup(WindowDecided):
             host = self._host_rows(rows, width, cap, window.tokens)
             if host is not None:
                 lower_window_(*args, floor, host)
-        else:  # a variant failing to compile turns the kernels off (one warning): the eager decision then
+        else:  # on CUDA a new variant (look-back and breaker buckets, drafts, floor, dtypes) compiles off
+            # the step, the eager decision answering until it lands (or for good if it fails to compile)
+            variant, compile_ = kind_variants.dry(*args, floor) if self.device.type == "cuda" else (None, None)
             fused_run(self.device, lambda: fused_lower_(*args, floor),
-                      lambda: lower_rows(step.logits, *self._penalties(rows, window, width, cap, floor)))
+                      lambda: lower_rows(step.logits, *self._penalties(rows, window, width, cap, floor)), variant,
+                      compile_)
         return None
 
     def _host_rows(self, rows: GatheredRows, width: int, cap: int, tokens: torch.Tensor) -> HostRows | None:

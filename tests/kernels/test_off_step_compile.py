@@ -306,3 +306,47 @@ def test_an_int_the_kernel_leaves_unkeyed_never_makes_a_new_variant() -> None:
     keyed = [p.name for p in ban_rows.params if not p.is_constexpr and not p.do_not_specialize
              and p.name.endswith(("_s0", "_s1", "maxlen", "width", "vocab"))]
     assert keyed == ["logits_s1", "tokens_s1"]  # innermost strides: 1 in every launch, keyed alike
+
+
+@pytest.mark.parametrize(("drafts", "floored"), [(False, False), (True, False), (False, True)])
+def test_dry_compile_warms_up_the_launch_s_own_specialization(
+        monkeypatch: pytest.MonkeyPatch, drafts: bool, floored: bool) -> None:
+    """As for ``no_repeat_ngram``: ``decide``'s launch arguments with tensors as dtypes (its outputs
+    as meta tensors), the same ints and constexprs; the look-back bucket (``TAIL``) and the breaker
+    bucket (``LOG_S``) are part of the variant, the window width is not."""
+    from types import SimpleNamespace
+
+    from dynlogits.kernels import dry as kernels
+    from dynlogits.processors import dry_device as D
+
+    recorder = _Recorder()
+    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(decide_rows=recorder))
+    args, width, cap = D.probe_case(4, drafts=drafts)
+    floor = D.probe_floor(4, list(args)) if floored else None
+    kernels.decide(*args, width, cap, floor)
+    variant, compile_ = kind_variants.dry(*args, width, cap, floor)
+    compile_()
+    assert recorder.launched is not None and recorder.warmed is not None
+    launched, warmed = recorder.launched, recorder.warmed
+    assert warmed[1] == launched[1]
+    assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
+    monkeypatch.undo()  # the real kernel: its params say which ints Triton keys
+    variant = kind_variants.dry(*args, width, cap, floor)[0]
+    assert kind_variants.dry(*args, width + 17, cap, floor)[0] == variant  # the width: unkeyed
+    assert kind_variants.dry(*args, width, 2 * cap + 16, floor)[0] != variant  # another look-back bucket
+
+
+def test_dry_s_gate_runs_eager_until_the_launch_s_variant_lands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dry_device.fused_run`` hands the group's variant and compile to the kind's gate: eager for
+    the step that first holds the variant, fused once its compile has landed."""
+    from dynlogits.processors import dry_device as D
+
+    compiler = CompileThread()
+    monkeypatch.setattr(D, "_GATE", FusedGate("dry", lambda device: True, compiler))
+    ran: list[str] = []
+    compiled: list[str] = []
+    for _ in range(2):
+        D.fused_run(CUDA, lambda: ran.append("fused"), lambda: ran.append("eager"), ("dry", 32),
+                    lambda: compiled.append("dry 32"))
+        assert compiler.join(timeout=30)
+    assert ran == ["eager", "fused"] and compiled == ["dry 32"]

@@ -16,11 +16,13 @@ processors: ``vllm/v1/sample/sampler.py``, ``Sampler.forward``, vLLM 0.32), and 
 logits' width) the one constexpr derived from it: the watermark draw's block count (``draw_reduce``'s
 ``NB``), compiled for one float32 row of that width with the engine's flags (``compile_for_vocab``).
 
-Still compiled at their first call (once per process each, their sizes bounded by the limits): the
-constexprs a client's request chooses beyond the probes' values: the n-gram size (``no_repeat_ngram``
-``SIZE``), the phrase length bucket (``banned_phrases``/``multiple_choice`` ``BLOCK_W``), the span
-delimiter width (``spans`` ``WIDTH``), the watermark's context width (``WIDE``/``WIDTH``), dry's
-tail and breaker buckets (``TAIL``, ``LOG_S``), and a logits dtype other than the probes'."""
+Beyond the probes' values, the constexprs a client's request chooses compile at their first call,
+once per process each (their sizes bounded by the limits). Off the step, the step running the kind's
+eager path until the compile lands (``dynlogits.kernels.variants``): the n-gram size
+(``no_repeat_ngram`` ``SIZE``), banned_phrases' phrase-length bucket (``BLOCK_W``), dry's tail and
+breaker buckets (``TAIL``, ``LOG_S``). In the step: multiple_choice's ``BLOCK_W``, the span delimiter
+width (``spans`` ``WIDTH``), the watermark's context width (``WIDE``/``WIDTH``), and a logits dtype
+other than the probes'."""
 
 from __future__ import annotations
 
