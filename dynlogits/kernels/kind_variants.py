@@ -11,7 +11,7 @@ import torch
 
 from .variants import launch_variant
 
-__all__ = ["banned_phrases", "dry", "no_repeat_ngram"]
+__all__ = ["banned_phrases", "dry", "multiple_choice", "no_repeat_ngram"]
 
 
 def no_repeat_ngram(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
@@ -51,6 +51,22 @@ def dry(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, po
     args, constexprs = kernels.launch_args(logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member,
                                            params, singles, amounts, width, cap, floor, ids, lowered)
     return launch_variant("dry", lambda: kernels.kernels().decide_rows, logits.device, args, constexprs)
+
+
+def multiple_choice(logits: torch.Tensor, tokens: torch.Tensor, base: torch.Tensor, pos: torch.Tensor,
+                    slot_of_row: torch.Tensor, member: torch.Tensor, prefix: torch.Tensor, depth: torch.Tensor,
+                    at_least: torch.Tensor, ids: torch.Tensor, input_ids: torch.Tensor | None,
+                    local_pos: torch.Tensor | None, entries: int, width: int) -> tuple[Hashable, Callable[[], object]]:
+    """``launch_variant`` of ``dynlogits.kernels.multiple_choice.launch`` for these arguments (its
+    scratch as meta tensors of their shapes: only their dtypes are read)."""
+    from . import multiple_choice as kernels
+
+    scratch = (max(pos.shape[0], 1), max(entries, 1))
+    saved = torch.empty(scratch, dtype=logits.dtype, device="meta")
+    at = torch.empty(scratch, dtype=torch.int32, device="meta")
+    args, constexprs = kernels.launch_args(logits, tokens, base, pos, slot_of_row, member, prefix, depth, at_least,
+                                           ids, input_ids, local_pos, entries, width, saved, at)
+    return launch_variant("multiple_choice", lambda: kernels.kernels().keep_rows, logits.device, args, constexprs)
 
 
 def _ban_rows(module: Any) -> Callable[[], Any]:

@@ -43,7 +43,7 @@ from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
 __all__ = ["BLOCK_E", "BLOCK_V", "CHUNK", "GATE", "NEVER", "NUM_WARPS", "OUT_OF_PHASE", "Case", "block_width", "keep_reference",
-           "kernels", "launch", "multiple_choice_keep_", "probe", "probe_case", "same_bits"]
+           "kernels", "launch", "launch_args", "multiple_choice_keep_", "probe", "probe_case", "same_bits"]
 
 #: ``depth`` of a padding entry: past every history's length (``MultipleChoiceGroup.NEVER``)
 NEVER = 1 << 40
@@ -161,13 +161,27 @@ def launch(logits: torch.Tensor, tokens: torch.Tensor, base: torch.Tensor, pos: 
         assert table.stride(1) == 1, "tables: contiguous rows"
     saved = torch.empty((rows, max(entries, 1)), dtype=logits.dtype, device=logits.device)
     at = torch.empty((rows, max(entries, 1)), dtype=torch.int32, device=logits.device)
+    args, constexprs = launch_args(logits, tokens, base, pos, slot_of_row, member, prefix, depth, at_least, ids,
+                                   input_ids, local_pos, entries, width, saved, at, chunk=chunk)
+    kernels().keep_rows[(rows, (vocab + chunk - 1) // chunk)](*args, **constexprs)
+
+
+def launch_args(logits: torch.Tensor, tokens: torch.Tensor, base: torch.Tensor, pos: torch.Tensor,
+                slot_of_row: torch.Tensor, member: torch.Tensor, prefix: torch.Tensor, depth: torch.Tensor,
+                at_least: torch.Tensor, ids: torch.Tensor, input_ids: torch.Tensor | None,
+                local_pos: torch.Tensor | None, entries: int, width: int, saved: torch.Tensor, at: torch.Tensor, *,
+                chunk: int = CHUNK) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``keep_rows``' positional arguments and constexprs (``num_warps`` with them) for ``launch``'s
+    arguments and its scratch ``saved`` and ``at`` (the launch and its off-step compile,
+    ``kind_variants.multiple_choice``, take the same)."""
     drafts = input_ids is not None and local_pos is not None
-    kernels().keep_rows[(rows, (vocab + chunk - 1) // chunk)](
-        logits, logits.stride(0), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[1], tokens.shape[0], base,
-        pos, slot_of_row, member.view(torch.uint8), prefix, prefix.stride(0), depth, depth.stride(0),
-        at_least.view(torch.uint8), at_least.stride(0), ids, ids.stride(0), input_ids if drafts else pos,
-        local_pos if drafts else pos, saved, at, entries, width, vocab, BLOCK_E=BLOCK_E, BLOCK_W=block_width(width),
-        BLOCK_V=BLOCK_V, CHUNK=chunk, HAS_DRAFTS=drafts, num_warps=NUM_WARPS)
+    vocab = logits.shape[1]
+    args = (logits, logits.stride(0), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[1], tokens.shape[0], base,
+            pos, slot_of_row, member.view(torch.uint8), prefix, prefix.stride(0), depth, depth.stride(0),
+            at_least.view(torch.uint8), at_least.stride(0), ids, ids.stride(0), input_ids if drafts else pos,
+            local_pos if drafts else pos, saved, at, entries, width, vocab)
+    return args, {"BLOCK_E": BLOCK_E, "BLOCK_W": block_width(width), "BLOCK_V": BLOCK_V, "CHUNK": chunk,
+                  "HAS_DRAFTS": drafts, "num_warps": NUM_WARPS}
 
 
 class Case(NamedTuple):

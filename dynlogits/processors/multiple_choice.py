@@ -11,12 +11,13 @@ row whose floor is past every position (out of phase) is no member."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias, cast
 
 import torch
 
+from dynlogits.kernels import kind_variants
 from dynlogits.kernels.multiple_choice import GATE, multiple_choice_keep_
 from dynlogits.specs.builtin.multiple_choice import MultipleChoice, MultipleChoiceSpec
 
@@ -325,7 +326,7 @@ class MultipleChoiceGroup(EntryTablesGroup):
             t = self._rows_tables(rows, window)
             self._keep(step, rows, t, self._decide_from(t, window, first), inside)
 
-        GATE.run(window.pos.device, lambda: multiple_choice_keep_(*args), eager)
+        _gated(window.pos.device, args, eager)
         return Dead(None, rows.slot_of_row, ids, step.generated, where=inside)
 
     def _keep(self, step: StepInputs, rows: GatheredRows, t: _RowTables, hit: torch.Tensor, member: torch.Tensor) -> Dead:
@@ -341,6 +342,14 @@ class MultipleChoiceGroup(EntryTablesGroup):
         step.logits.masked_fill_(member[:, None], NEG_INF)
         step.logits.scatter_reduce_(1, t.ids, kept, reduce="amax")
         return Dead(None, rows.slot_of_row, t.ids, step.generated, where=member)
+
+
+def _gated(device: torch.device, args: tuple[Any, ...], eager: Callable[[], None]) -> None:
+    """``multiple_choice_keep_(*args)`` through ``GATE``: on CUDA named by its variant
+    (``kind_variants.multiple_choice``: ``BLOCK_W``, drafts, dtypes), so a variant not compiled yet
+    compiles off the step and ``eager()`` answers until it lands."""
+    named = kind_variants.multiple_choice(*args) if device.type == "cuda" else ()  # (variant, compile)
+    GATE.run(device, lambda: multiple_choice_keep_(*args), eager, *named)
 
 
 @dataclass(frozen=True, slots=True)

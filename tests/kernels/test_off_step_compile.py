@@ -350,3 +350,63 @@ def test_dry_s_gate_runs_eager_until_the_launch_s_variant_lands(monkeypatch: pyt
                     lambda: compiled.append("dry 32"))
         assert compiler.join(timeout=30)
     assert ran == ["eager", "fused"] and compiled == ["dry 32"]
+
+
+@pytest.mark.parametrize(("drafts", "width", "chunk"), [(0, 5, 16384), (2, 12, 16), (3, 1, 16384)])
+def test_multiple_choice_compile_warms_up_the_launch_s_own_specialization(
+        monkeypatch: pytest.MonkeyPatch, drafts: int, width: int, chunk: int) -> None:
+    """As for ``no_repeat_ngram``: ``launch``'s arguments with tensors as dtypes (its scratch as
+    meta tensors), the same ints, constexprs and ``num_warps``; the choice-length bucket
+    (``BLOCK_W``) and the logits' dtype are part of the variant, the entry count is not."""
+    from types import SimpleNamespace
+
+    from dynlogits.kernels import multiple_choice as kernels
+
+    recorder = _Recorder()
+    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(keep_rows=recorder))
+    case = kernels.probe_case(13, drafts=drafts, width=width)
+    kernels.launch(*case)
+    variant, compile_ = kind_variants.multiple_choice(*case)
+    compile_()
+    assert recorder.launched is not None and recorder.warmed is not None
+    launched, warmed = recorder.launched, recorder.warmed
+    assert warmed[1] == launched[1]
+    assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
+    monkeypatch.undo()  # the real kernel: its params say which ints Triton keys
+    variant = kind_variants.multiple_choice(*case)[0]
+    wider = 40 if width <= 8 else 1  # the other BLOCK_W bucket
+    assert kind_variants.multiple_choice(*case[:-1], wider)[0] != variant
+    assert kind_variants.multiple_choice(*case[:-2], case.entries + 17, case.width)[0] == variant
+    half = case._replace(logits=case.logits.to(torch.bfloat16))
+    assert kind_variants.multiple_choice(*half)[0] != variant
+
+
+def test_multiple_choice_s_call_site_runs_eager_until_its_variant_lands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_keep_fused``'s gate (``_gated``) names the launch's variant on CUDA: the step that first
+    holds a choice-length bucket runs the eager keep while its compile (a ``warmup`` of that bucket)
+    runs on the thread, later steps the fused op; another bucket starts over."""
+    from types import SimpleNamespace
+
+    from dynlogits.kernels import multiple_choice as kernels
+    from dynlogits.processors import multiple_choice as P
+
+    recorder = _Recorder()
+    warmed: list[object] = []
+    recorder.warmup = lambda *args, grid, **kwargs: warmed.append(kwargs["BLOCK_W"])  # type: ignore[method-assign]
+    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(keep_rows=recorder))
+    compiler = CompileThread()
+    monkeypatch.setattr(P, "GATE", FusedGate("multiple_choice", lambda device: True, compiler))
+    fused: list[int] = []
+    monkeypatch.setattr(P, "multiple_choice_keep_", lambda *args: fused.append(args[-1]))
+    eager: list[int] = []
+    case = kernels.probe_case(5, width=5)
+
+    def step(width: int) -> None:
+        P._gated(CUDA, tuple(case._replace(width=width)), lambda: eager.append(width))
+
+    step(5)
+    assert compiler.join(timeout=30)
+    step(5)
+    step(12)
+    assert compiler.join(timeout=30)
+    assert eager == [5, 12] and fused == [5] and warmed == [8, 32]
