@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["DECIDE_BLOCK", "FILL_BLOCK", "WIDTH_BLOCK", "kernels", "pick_settle_", "settle_"]
+__all__ = ["DECIDE_BLOCK", "FILL_BLOCK", "WIDTH_BLOCK", "decide_args", "fill_args", "kernels", "pick_decide_args",
+           "pick_settle_", "settle_"]
 
 #: member rows per ``decide_rows`` program, columns per ``fill_rows`` program (powers of two)
 DECIDE_BLOCK = 128
@@ -42,13 +43,8 @@ def settle_(logits: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor, if_d
     n = rows.shape[0]
     if n == 0:
         return
-    k = kernels()
-    has_stops = can_stop is not None
-    stops = can_stop if can_stop is not None else dead
-    k.decide_rows[((n + DECIDE_BLOCK - 1) // DECIDE_BLOCK,)](
-        logits, picked, picked.stride(0), picked.stride(1), if_dead, if_dead.stride(0), if_dead.stride(1), stops,
-        chosen, chosen.stride(0), chosen.stride(1), dead, n, PLANES=picked.shape[0], HAS_STOPS=has_stops,
-        BLOCK=DECIDE_BLOCK)
+    args, constexprs = decide_args(logits, rows, picked, if_dead, can_stop, chosen, dead)
+    kernels().decide_rows[((n + DECIDE_BLOCK - 1) // DECIDE_BLOCK,)](*args, **constexprs)
     _fill(logits, rows, chosen, dead, can_stop)
 
 
@@ -60,20 +56,44 @@ def pick_settle_(logits: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, 
     n = rows.shape[0]
     if n == 0:
         return
-    k = kernels()
-    stops = can_stop if can_stop is not None else dead
-    k.pick_decide_rows[((n + DECIDE_BLOCK - 1) // DECIDE_BLOCK,)](
-        logits, rows, values, bounds, bounds.stride(0), bounds.stride(1), bounds.shape[1], table, table.stride(0),
-        table.stride(1), table.stride(2), stops, pick, pick.stride(0), pick.stride(1), chosen, chosen.stride(0),
-        chosen.stride(1), dead, n, IDENTITY=identity, HAS_STOPS=can_stop is not None, BLOCK=DECIDE_BLOCK,
-        WBLOCK=WIDTH_BLOCK)
+    args, constexprs = pick_decide_args(logits, rows, table, bounds, values, identity, can_stop, pick, chosen, dead)
+    kernels().pick_decide_rows[((n + DECIDE_BLOCK - 1) // DECIDE_BLOCK,)](*args, **constexprs)
     _fill(logits, rows, chosen, dead, can_stop)
 
 
 def _fill(logits: torch.Tensor, rows: torch.Tensor, chosen: torch.Tensor, dead: torch.Tensor,
           can_stop: torch.Tensor | None) -> None:
     """``fill_rows`` over every member row and block of columns: one launch."""
-    vocab = logits.shape[1]
-    kernels().fill_rows[(rows.shape[0], (vocab + FILL_BLOCK - 1) // FILL_BLOCK)](
-        logits, logits.stride(0), rows, chosen, chosen.stride(1), dead, dead if can_stop is None else can_stop,
-        vocab, HAS_STOPS=can_stop is not None, BLOCK=FILL_BLOCK)
+    args, constexprs = fill_args(logits, rows, chosen, dead, can_stop)
+    kernels().fill_rows[(rows.shape[0], (logits.shape[1] + FILL_BLOCK - 1) // FILL_BLOCK)](*args, **constexprs)
+
+
+# Each launch's positional arguments and constexprs (the launch and its off-step compile,
+# ``kind_variants.forced_settle`` and ``forced_pick_settle``, take the same).
+
+def decide_args(logits: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor, if_dead: torch.Tensor,
+                can_stop: torch.Tensor | None, chosen: torch.Tensor, dead: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``decide_rows``' arguments for ``settle_``'s."""
+    stops = can_stop if can_stop is not None else dead
+    args = (logits, picked, picked.stride(0), picked.stride(1), if_dead, if_dead.stride(0), if_dead.stride(1), stops,
+            chosen, chosen.stride(0), chosen.stride(1), dead, rows.shape[0])
+    return args, {"PLANES": picked.shape[0], "HAS_STOPS": can_stop is not None, "BLOCK": DECIDE_BLOCK}
+
+
+def pick_decide_args(logits: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, bounds: torch.Tensor,
+                     values: torch.Tensor, identity: bool, can_stop: torch.Tensor | None, pick: torch.Tensor,
+                     chosen: torch.Tensor, dead: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``pick_decide_rows``' arguments for ``pick_settle_``'s."""
+    stops = can_stop if can_stop is not None else dead
+    args = (logits, rows, values, bounds, bounds.stride(0), bounds.stride(1), bounds.shape[1], table, table.stride(0),
+            table.stride(1), table.stride(2), stops, pick, pick.stride(0), pick.stride(1), chosen, chosen.stride(0),
+            chosen.stride(1), dead, rows.shape[0])
+    return args, {"IDENTITY": identity, "HAS_STOPS": can_stop is not None, "BLOCK": DECIDE_BLOCK, "WBLOCK": WIDTH_BLOCK}
+
+
+def fill_args(logits: torch.Tensor, rows: torch.Tensor, chosen: torch.Tensor, dead: torch.Tensor,
+              can_stop: torch.Tensor | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``fill_rows``' arguments for ``settle_``'s and ``pick_settle_``'s."""
+    args = (logits, logits.stride(0), rows, chosen, chosen.stride(1), dead, dead if can_stop is None else can_stop,
+            logits.shape[1])
+    return args, {"HAS_STOPS": can_stop is not None, "BLOCK": FILL_BLOCK}

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from .variants import launch_variant
+from .variants import launch_variant, launches_variant
 
-__all__ = ["banned_phrases", "dry", "multiple_choice", "no_repeat_ngram"]
+__all__ = ["banned_phrases", "dry", "forced_pick_settle", "forced_settle", "multiple_choice", "no_repeat_ngram"]
 
 
 def no_repeat_ngram(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
@@ -67,6 +67,34 @@ def multiple_choice(logits: torch.Tensor, tokens: torch.Tensor, base: torch.Tens
     args, constexprs = kernels.launch_args(logits, tokens, base, pos, slot_of_row, member, prefix, depth, at_least,
                                            ids, input_ids, local_pos, entries, width, saved, at)
     return launch_variant("multiple_choice", lambda: kernels.kernels().keep_rows, logits.device, args, constexprs)
+
+
+def forced_settle(logits: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor, if_dead: torch.Tensor,
+                  can_stop: torch.Tensor | None, chosen: torch.Tensor,
+                  dead: torch.Tensor) -> tuple[Hashable, Callable[[], object]]:
+    """``launches_variant`` of ``dynlogits.kernels.forced.settle_``'s two launches (``decide_rows``,
+    ``fill_rows``) for these arguments."""
+    from . import forced as kernels
+
+    decide = kernels.decide_args(logits, rows, picked, if_dead, can_stop, chosen, dead)
+    fill = kernels.fill_args(logits, rows, chosen, dead, can_stop)
+    return launches_variant([
+        launch_variant("forced.decide_rows", lambda: kernels.kernels().decide_rows, logits.device, *decide),
+        launch_variant("forced.fill_rows", lambda: kernels.kernels().fill_rows, logits.device, *fill)])
+
+
+def forced_pick_settle(logits: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, bounds: torch.Tensor,
+                       values: torch.Tensor, identity: bool, can_stop: torch.Tensor | None, pick: torch.Tensor,
+                       chosen: torch.Tensor, dead: torch.Tensor) -> tuple[Hashable, Callable[[], object]]:
+    """``launches_variant`` of ``dynlogits.kernels.forced.pick_settle_``'s two launches
+    (``pick_decide_rows``, ``fill_rows``) for these arguments."""
+    from . import forced as kernels
+
+    decide = kernels.pick_decide_args(logits, rows, table, bounds, values, identity, can_stop, pick, chosen, dead)
+    fill = kernels.fill_args(logits, rows, chosen, dead, can_stop)
+    return launches_variant([
+        launch_variant("forced.pick_decide_rows", lambda: kernels.kernels().pick_decide_rows, logits.device, *decide),
+        launch_variant("forced.fill_rows", lambda: kernels.kernels().fill_rows, logits.device, *fill)])
 
 
 def _ban_rows(module: Any) -> Callable[[], Any]:

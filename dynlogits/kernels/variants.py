@@ -15,8 +15,9 @@ so a step can still wait tens of ms for it, against the whole compile (hundreds 
 
 ``launch_variant``: the ``(variant, compile)`` pair of one launch, the compile a
 ``JITFunction.warmup`` of that launch's specialization (torch dtypes in place of tensors, the same
-ints and constexprs: Triton 3.6 and 3.9 accept both) on the launch's device; each kind's
-pair for its launch arguments: ``dynlogits.kernels.kind_variants``."""
+ints and constexprs: Triton 3.6 and 3.9 accept both) on the launch's device; ``launches_variant``:
+one pair for an op of several launches; each kind's pair for its launch arguments:
+``dynlogits.kernels.kind_variants``."""
 
 from __future__ import annotations
 
@@ -24,12 +25,12 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["COMPILER", "CompileThread", "launch_variant"]
+__all__ = ["COMPILER", "CompileThread", "launch_variant", "launches_variant"]
 
 log = logging.getLogger("dynlogits.kernels")
 
@@ -118,3 +119,14 @@ def launch_variant(name: str, kernel: Callable[[], Any], device: torch.device, a
         return compiled
 
     return variant, compile_
+
+
+def launches_variant(pairs: Sequence[tuple[Hashable, Callable[[], object]]]) -> tuple[Hashable, Callable[[], object]]:
+    """One ``(variant, compile)`` for an op of several launches (each its ``launch_variant`` pair,
+    in launch order): the tuple of their variants, and a compile warming each in turn."""
+    compiles = [compile_ for _, compile_ in pairs]
+
+    def compile_all() -> object:
+        return [compile_() for compile_ in compiles]
+
+    return tuple([variant for variant, _ in pairs]), compile_all

@@ -15,8 +15,7 @@ from dynlogits.kernels import thinking_force
 from dynlogits.specs.builtin.forced_sequence import ForcedSequence, ForcedTokenSequenceSpec
 
 from .base import RealizeContext
-from .forced_settle import fused_ready, pick_settle_, settle_
-from .forced_settle import run as fused_run
+from .forced_settle import fused_ready, run_pick_settle, run_settle
 from .modes import PlannedGroup
 from .ops import ForceToken, RowOp, apply_op, fill_rows
 from .slots import (
@@ -178,7 +177,7 @@ class ForcedSequenceGroup(PlannedGroup):
         dead = torch.empty(n, dtype=torch.bool, device=values.device)
         args = (step.logits, rows.rows_dev, self._cache["table"], bounds, values, rows.identity, rows.can_stop,
                 pick, chosen, dead)
-        fused_run(step.flat.device, lambda: pick_settle_(*args), lambda: pick_settle_.eager(*args))
+        run_pick_settle(step.flat.device, args)  # on CUDA a new variant compiles off the step
         if step.flag_rows is not None:
             step.flag_rows(flagged, None)
         return Dead(rows.rows_dev, rows.slots_dev, None, pick[2], rows.stop_index, rows.can_stop,
@@ -328,7 +327,7 @@ class ForcedSequenceGroup(PlannedGroup):
         chosen, _, flagged = self._chosen(picked, host_positions is not None)
         dead = torch.empty(picked.shape[1], dtype=torch.bool, device=picked.device)
         args = (step.logits, rows.rows_dev, picked, if_dead, rows.can_stop, chosen, dead)
-        fused_run(step.flat.device, lambda: settle_(*args), lambda: settle_.eager(*args))
+        run_settle(step.flat.device, args)  # on CUDA a new variant compiles off the step
         if step.flag_rows is not None:
             step.flag_rows(flagged, host_positions)
         return Dead(rows.rows_dev, rows.slots_dev, None, positions, rows.stop_index, rows.can_stop,

@@ -410,3 +410,97 @@ def test_multiple_choice_s_call_site_runs_eager_until_its_variant_lands(monkeypa
     step(12)
     assert compiler.join(timeout=30)
     assert eager == [5, 12] and fused == [5] and warmed == [8, 32]
+
+
+def _as_warmed(launched: tuple[tuple[object, ...], dict[str, object]]) -> tuple[tuple[object, ...], dict[str, object]]:
+    """A launch's arguments as its compile's ``warmup`` gets them: each tensor its dtype."""
+    return tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0]), launched[1]
+
+
+@pytest.mark.parametrize(("pick", "stops"), [(False, False), (False, True), (True, False), (True, True)])
+def test_forced_compile_warms_up_both_launches_own_specializations(
+        monkeypatch: pytest.MonkeyPatch, pick: bool, stops: bool) -> None:
+    """``settle_`` and ``pick_settle_`` launch twice (a decision, then the fill): their variant is the
+    pair of both launches' keys and their compile warms each launch's own arguments (tensors as
+    dtypes, the same ints and constexprs); whether the rows can stop is part of it, the row count
+    is not."""
+    from types import SimpleNamespace
+
+    from dynlogits.kernels import forced as kernels
+    from dynlogits.processors import forced_settle as F
+
+    recorders = {name: _Recorder() for name in ("decide_rows", "pick_decide_rows", "fill_rows")}
+    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(**recorders))
+    cpu = torch.device("cpu")
+    if pick:
+        case = F.pick_probe_case(9, cpu, stops=stops, dtype=torch.int32)
+        n = case[1].shape[0]
+        args: tuple[object, ...] = (*case, torch.empty((6, n), dtype=torch.long), torch.empty((3, n), dtype=torch.long),
+                                    torch.empty(n, dtype=torch.bool))
+        launch, named, first = kernels.pick_settle_, kind_variants.forced_pick_settle, "pick_decide_rows"
+    else:
+        logits, rows, picked, if_dead, can_stop = F.probe_case(9, cpu, stops=stops)
+        args = (logits, rows, picked, if_dead, can_stop, torch.empty_like(picked), torch.empty_like(rows, dtype=torch.bool))
+        launch, named, first = kernels.settle_, kind_variants.forced_settle, "decide_rows"
+    launch(*args)  # type: ignore[operator]
+    variant, compile_ = named(*args)  # type: ignore[operator]
+    compile_()
+    for name in (first, "fill_rows"):
+        launched, warmed = recorders[name].launched, recorders[name].warmed
+        assert launched is not None and warmed == _as_warmed(launched)
+    assert isinstance(variant, tuple) and len(variant) == 2
+    monkeypatch.undo()  # the real kernels: their params say which ints Triton keys
+    variant = named(*args)[0]  # type: ignore[operator]
+    stop_at = 6 if pick else 4
+    flipped = None if stops else torch.ones(args[1].shape[0], dtype=torch.bool)  # type: ignore[union-attr]
+    assert named(*args[:stop_at], flipped, *args[stop_at + 1:])[0] != variant  # type: ignore[operator]
+    fewer = tuple(a[..., :5] if isinstance(a, torch.Tensor) and a.dim() and a is not args[0] else a for a in args)
+    assert named(*fewer)[0] == variant  # type: ignore[operator]
+
+
+def test_forced_s_call_sites_run_eager_until_their_variants_land(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_settle`` and ``run_pick_settle`` (``ForcedSequenceGroup``'s fused settles) name their
+    two launches' variant on CUDA: eager for the step that first holds it while both launches
+    compile on the thread, fused after; the other op's variant is its own."""
+    from types import SimpleNamespace
+
+    from dynlogits.kernels import forced as kernels
+    from dynlogits.processors import forced_settle as F
+
+    warmed: list[str] = []
+    recorders = {}
+    for name in ("decide_rows", "pick_decide_rows", "fill_rows"):
+        recorders[name] = _Recorder()
+        recorders[name].warmup = lambda *a, grid, _name=name, **k: warmed.append(_name)  # type: ignore[method-assign]
+    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(**recorders))
+    compiler = CompileThread()
+    monkeypatch.setattr(F, "_GATE", FusedGate("forced_sequence", lambda device: True, compiler))
+    ran: list[str] = []
+    monkeypatch.setattr(F, "settle_", _Op("settle", ran))
+    monkeypatch.setattr(F, "pick_settle_", _Op("pick", ran))
+    cpu = torch.device("cpu")
+    logits, rows, picked, if_dead, can_stop = F.probe_case(9, cpu)
+    settle = (logits, rows, picked, if_dead, can_stop, torch.empty_like(picked), torch.empty_like(rows, dtype=torch.bool))
+    case = F.pick_probe_case(9, cpu)
+    n = case[1].shape[0]
+    pick = (*case, torch.empty((6, n), dtype=torch.long), torch.empty((3, n), dtype=torch.long),
+            torch.empty(n, dtype=torch.bool))
+    for _ in range(2):
+        F.run_settle(CUDA, settle)
+        F.run_pick_settle(CUDA, pick)
+        assert compiler.join(timeout=30)
+    assert ran == ["settle eager", "pick eager", "settle fused", "pick fused"]
+    assert warmed == ["decide_rows", "fill_rows", "pick_decide_rows", "fill_rows"]
+
+
+class _Op:
+    """Stands in for a fused op: a call records ``<name> fused``, ``eager`` ``<name> eager``."""
+
+    def __init__(self, name: str, ran: list[str]) -> None:
+        self.name, self.ran = name, ran
+
+    def __call__(self, *args: object) -> None:
+        self.ran.append(f"{self.name} fused")
+
+    def eager(self, *args: object) -> None:
+        self.ran.append(f"{self.name} eager")
