@@ -47,9 +47,13 @@ _PENDING = object()  # a variant queued or compiling
 class FusedGate:
     """One kind's probe-at-first-use gate (see the module doc); thread-safe."""
 
-    def __init__(self, name: str, probe: Callable[[torch.device], bool], compiler: CompileThread | None = None) -> None:
+    def __init__(self, name: str, probe: Callable[[torch.device], bool], compiler: CompileThread | None = None,
+                 widen: Callable[[torch.device, int], object] | None = None) -> None:
         self.name = name
         self._probe = probe
+        #: the kind's compile of the variants the logits' width selects (``widen(device, vocab)``),
+        #: run at engine load by ``dynlogits.sdk.resident.warm`` where the gate is on; ``None``: none
+        self.widen = widen
         self._ready: dict[torch.device, bool] = {}
         # per (device, variant): _PENDING (queued or compiling), True (landed), False (failed: eager)
         self._variants: dict[tuple[torch.device, Hashable], bool | object] = {}

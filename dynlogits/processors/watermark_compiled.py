@@ -471,9 +471,22 @@ def _probe(device: torch.device) -> bool:
 
 
 #: the probe-at-first-use gate (``_probe`` looked up at call time)
-_GATE = FusedGate("watermark", lambda device: _probe(device))
+_GATE = FusedGate("watermark", lambda device: _probe(device), widen=lambda device, vocab: _widen(device, vocab))
 
 
 def reset_fused() -> None:
     """Forget every device's probe (tests)."""
     _GATE.reset()
+
+
+def _widen(device: torch.device, vocab: int) -> None:
+    """Compile the draw kernels for logits ``vocab`` wide on ``device`` (its ``draw_reduce`` takes a
+    constexpr from the width, and both key the logits' stride, width and address for vector loads):
+    one float32 row, a firing row forced, as this module's step calls ``watermark.draw``."""
+    from dynlogits.kernels import watermark
+
+    logits = torch.zeros(1, vocab, dtype=torch.float32, device=device)
+    one = torch.zeros(1, dtype=torch.int64, device=device)
+    table = torch.zeros(1, 4, dtype=torch.int64, device=device)
+    temperature = torch.ones(1, 1, dtype=torch.float32, device=device)
+    watermark.draw(logits, one, one, temperature, table, table.clone(), one + 1, True)

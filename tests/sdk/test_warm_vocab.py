@@ -57,3 +57,27 @@ def test_the_warm_up_compiles_every_variant_an_engine_step_of_that_vocab_launche
 def test_nothing_is_compiled_for_a_gate_that_is_off() -> None:
     found = _run(4096, on=False)
     assert found["compiled"] == [] and found["warmed"] == []
+
+
+def test_every_gate_s_widen_runs_where_it_is_on_a_plug_in_s_included(caplog: pytest.LogCaptureFixture) -> None:
+    """``compile_for_vocab`` names no kind: it runs each registered gate's ``widen`` (a plug-in's as a
+    built-in's) where ``ready`` has it on; one that raises is logged and left out."""
+    import torch
+
+    from dynlogits.kernels.probe import FusedGate
+    from dynlogits.sdk.resident.warm import compile_for_vocab
+
+    seen: list[tuple[str, int]] = []
+
+    def broken(device: torch.device, vocab: int) -> None:
+        raise RuntimeError("no such variant")
+
+    gates = [FusedGate("a plug-in kind", lambda device: True, widen=lambda device, vocab: seen.append(("on", vocab))),
+             FusedGate("an off plug-in", lambda device: True, widen=lambda device, vocab: seen.append(("off", vocab))),
+             FusedGate("a broken plug-in", lambda device: True, widen=broken)]
+    ready = {"a plug-in kind": True, "an off plug-in": False, "a broken plug-in": True}
+    done = compile_for_vocab(torch.device("cpu"), 4096, ready)
+    assert "a plug-in kind" in done and "an off plug-in" not in done and "a broken plug-in" not in done
+    assert seen == [("on", 4096)]
+    assert "a broken plug-in: the kernels for vocab 4096 not compiled at load" in caplog.text
+    del gates

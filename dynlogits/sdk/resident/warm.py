@@ -13,8 +13,8 @@ offset views (no kernel keys a variant on a runtime int or an address:
 ``tests/kernels/test_kernel_specialization.py``): each probe's variants, i.e. its constexpr values and
 tensor dtypes (float32 logits among each probe's, as vLLM's sampler casts logits to float32 before the
 processors: ``vllm/v1/sample/sampler.py``, ``Sampler.forward``, vLLM 0.32), and with ``vocab`` (the
-logits' width) the one constexpr derived from it: the watermark draw's block count (``draw_reduce``'s
-``NB``), compiled for one float32 row of that width with the engine's flags (``compile_for_vocab``).
+logits' width) what each gate's ``widen`` compiles for that width (``compile_for_vocab``; today the
+watermark draw's block count, ``draw_reduce``'s ``NB``, for one float32 row with the engine's flags).
 
 Beyond the probes' values, the constexprs a client's request chooses compile at their first call,
 once per process each (their sizes bounded by the limits). Off the step, the step running the kind's
@@ -61,23 +61,19 @@ def import_gate_modules() -> None:
 
 
 def compile_for_vocab(device: torch.device, vocab: int, ready: dict[str, bool]) -> list[str]:
-    """Launch, on ``device``, each kernel whose constexprs derive from the logits' width ``vocab`` and
-    whose gate is on in ``ready``, on one float32 row that wide, with the flags the engine's path
-    passes (the watermark draw: a firing row, forced, as ``watermark_compiled`` calls it): the names
-    compiled. A failure is logged and left to the first step (where the gate turns the kernels off)."""
+    """Run, on ``device``, each registered gate's ``widen`` (the kind's compile of the variants the
+    logits' width ``vocab`` selects) where ``ready`` has the gate on: the names compiled. A failure is
+    logged and left to the first step (where the gate turns the kernels off)."""
     done: list[str] = []
-    if ready.get("watermark"):
+    for gate in gates():
+        if gate.widen is None or not ready.get(gate.name):
+            continue
         try:
-            from dynlogits.kernels import watermark
-
-            logits = torch.zeros(1, vocab, dtype=torch.float32, device=device)
-            one = torch.zeros(1, dtype=torch.int64, device=device)
-            table = torch.zeros(1, 4, dtype=torch.int64, device=device)
-            temperature = torch.ones(1, 1, dtype=torch.float32, device=device)
-            watermark.draw(logits, one, one, temperature, table, table.clone(), one + 1, True)
-            done.append("watermark")
+            gate.widen(device, vocab)
+            done.append(gate.name)
         except Exception as exc:  # left to the first step: the gate handles a failure there
-            log.warning("watermark: the draw for vocab %d not compiled at load (%s: %s)", vocab, type(exc).__name__, exc)
+            log.warning("%s: the kernels for vocab %d not compiled at load (%s: %s)", gate.name, vocab,
+                        type(exc).__name__, exc)
     return done
 
 
