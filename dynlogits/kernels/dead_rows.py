@@ -31,7 +31,7 @@ import torch
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BLOCK", "GATE", "apply", "dead_rows_", "evaluate_reference", "flag_reference", "kernels", "launch", "probe_case",
+__all__ = ["BLOCK", "GATE", "apply", "dead_rows_", "evaluate_reference", "flag_reference", "kernels", "launch", "launch_args", "probe_case",
            "record_reference", "same"]
 
 #: witness ids per iteration of a program (a power of two)
@@ -118,13 +118,24 @@ def launch(logits: torch.Tensor, witness: torch.Tensor, rows: torch.Tensor | Non
     listed = rows is not None
     assert logits.stride(1) == 1 and flags.dtype == torch.int64 and flags.stride(0) == 1, "contiguous rows, flags"
     assert (stop_index if listed else stops) is not None, "a listed layout's stop_index, a gathered one's stops"
-    kernels().dead_rows[(n,)](
-        logits, logits.stride(0), witness, witness.stride(0), witness.stride(1), witness.shape[1],
-        rows if rows is not None else slots, slots, positions if positions is not None else slots,
-        stop_index if listed else stops, can_stop if can_stop is not None else slots,
-        where if where is not None else slots, real_rows if real_rows is not None else slots, flags,
-        LISTED=listed, HAS_POSITIONS=positions is not None, HAS_CAN_STOP=listed and can_stop is not None,
-        HAS_WHERE=not listed and where is not None, HAS_REAL=real_rows is not None, BLOCK=BLOCK)
+    args, constexprs = launch_args(logits, witness, rows, slots, positions, stop_index, can_stop, stops, where,
+                                   real_rows, flags)
+    kernels().dead_rows[(n,)](*args, **constexprs)
+
+
+def launch_args(logits: torch.Tensor, witness: torch.Tensor, rows: torch.Tensor | None, slots: torch.Tensor,
+                positions: torch.Tensor | None, stop_index: torch.Tensor | None, can_stop: torch.Tensor | None,
+                stops: torch.Tensor | None, where: torch.Tensor | None, real_rows: torch.Tensor | None,
+                flags: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``dead_rows``' positional arguments and constexprs for ``launch``'s arguments (the launch and
+    its off-step compile, ``kind_variants.dead_rows``, take the same)."""
+    listed = rows is not None
+    args = (logits, logits.stride(0), witness, witness.stride(0), witness.stride(1), witness.shape[1],
+            rows if rows is not None else slots, slots, positions if positions is not None else slots,
+            stop_index if listed else stops, can_stop if can_stop is not None else slots,
+            where if where is not None else slots, real_rows if real_rows is not None else slots, flags)
+    return args, {"LISTED": listed, "HAS_POSITIONS": positions is not None, "HAS_CAN_STOP": listed and can_stop is not None,
+                  "HAS_WHERE": not listed and where is not None, "HAS_REAL": real_rows is not None, "BLOCK": BLOCK}
 
 
 def probe_case(seed: int, device: torch.device, *, listed: bool, rows: int = 12, vocab: int = 300, width: int = 5,

@@ -11,7 +11,8 @@ import torch
 
 from .variants import launch_variant, launches_variant
 
-__all__ = ["banned_phrases", "dry", "forced_pick_settle", "forced_settle", "multiple_choice", "no_repeat_ngram"]
+__all__ = ["banned_phrases", "dead_rows", "dry", "forced_pick_settle", "forced_settle", "multiple_choice", "no_repeat_ngram",
+           "thinking_force"]
 
 
 def no_repeat_ngram(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
@@ -95,6 +96,30 @@ def forced_pick_settle(logits: torch.Tensor, rows: torch.Tensor, table: torch.Te
     return launches_variant([
         launch_variant("forced.pick_decide_rows", lambda: kernels.kernels().pick_decide_rows, logits.device, *decide),
         launch_variant("forced.fill_rows", lambda: kernels.kernels().fill_rows, logits.device, *fill)])
+
+
+def thinking_force(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor, slot_of_row: torch.Tensor,
+                   stops: torch.Tensor, positions: torch.Tensor, sentinel: int, flags: torch.Tensor, dead: torch.Tensor,
+                   real: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor,
+                   scoped: bool) -> tuple[Hashable, Callable[[], object]]:
+    """``launch_variant`` of ``dynlogits.kernels.thinking_force.launch`` for these arguments."""
+    from . import thinking_force as kernels
+
+    args, constexprs = kernels.launch_args(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags,
+                                           dead, real, sequence, length, scoped)
+    return launch_variant("thinking_force", lambda: kernels.kernels().settle_rows, logits.device, args, constexprs)
+
+
+def dead_rows(logits: torch.Tensor, witness: torch.Tensor, rows: torch.Tensor | None, slots: torch.Tensor,
+              positions: torch.Tensor | None, stop_index: torch.Tensor | None, can_stop: torch.Tensor | None,
+              stops: torch.Tensor | None, where: torch.Tensor | None, real_rows: torch.Tensor | None,
+              flags: torch.Tensor) -> tuple[Hashable, Callable[[], object]]:
+    """``launch_variant`` of ``dynlogits.kernels.dead_rows.launch`` for these arguments."""
+    from . import dead_rows as kernels
+
+    args, constexprs = kernels.launch_args(logits, witness, rows, slots, positions, stop_index, can_stop, stops, where,
+                                           real_rows, flags)
+    return launch_variant("dead_rows", lambda: kernels.kernels().dead_rows, logits.device, args, constexprs)
 
 
 def _ban_rows(module: Any) -> Callable[[], Any]:

@@ -37,8 +37,8 @@ import torch
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BLOCK", "GATE", "NO_SEQUENCE", "decided_settle_", "kernels", "launch", "probe_case", "sequence_case",
-           "settle_reference"]
+__all__ = ["BLOCK", "GATE", "NO_SEQUENCE", "decided_settle_", "kernels", "launch", "launch_args", "probe_case",
+           "sequence_case", "settle_reference"]
 
 #: columns per program (a power of two)
 BLOCK = 1024
@@ -113,15 +113,26 @@ def launch(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor, 
         return
     assert logits.stride(1) == 1 and flags.dtype == torch.int64 and flags.stride(1) == 1, "contiguous rows"
     assert member.dtype == dead.dtype == real.dtype == torch.bool, "member, dead, real: bool"
-    has_positions, has_real, has_sequence = bool(positions.numel()), bool(real.numel()), bool(sequence.numel())
-    if has_sequence:
+    if sequence.numel():
         assert sequence.dtype == length.dtype == torch.int64 and sequence.stride(1) == 1, "sequence: int64 rows"
-    kernels().settle_rows[(rows, (vocab + BLOCK - 1) // BLOCK)](
-        logits, logits.stride(0), decisions, member, slot_of_row, stops, positions if has_positions else decisions,
-        flags, flags.stride(0), dead, real if has_real else member, vocab, sentinel,
-        sequence if has_sequence else decisions, sequence.stride(0) if has_sequence else 0,
-        length if has_sequence else decisions, length.stride(0) if has_sequence else 0,
-        HAS_POSITIONS=has_positions, HAS_REAL=has_real, HAS_SEQUENCE=has_sequence, SCOPED=bool(scoped), BLOCK=BLOCK)
+    args, constexprs = launch_args(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags, dead,
+                                   real, sequence, length, scoped)
+    kernels().settle_rows[(rows, (vocab + BLOCK - 1) // BLOCK)](*args, **constexprs)
+
+
+def launch_args(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor, slot_of_row: torch.Tensor,
+                stops: torch.Tensor, positions: torch.Tensor, sentinel: int, flags: torch.Tensor, dead: torch.Tensor,
+                real: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor,
+                scoped: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``settle_rows``' positional arguments and constexprs for ``launch``'s arguments (the launch
+    and its off-step compile, ``kind_variants.thinking_force``, take the same)."""
+    has_positions, has_real, has_sequence = bool(positions.numel()), bool(real.numel()), bool(sequence.numel())
+    args = (logits, logits.stride(0), decisions, member, slot_of_row, stops, positions if has_positions else decisions,
+            flags, flags.stride(0), dead, real if has_real else member, logits.shape[1], sentinel,
+            sequence if has_sequence else decisions, sequence.stride(0) if has_sequence else 0,
+            length if has_sequence else decisions, length.stride(0) if has_sequence else 0)
+    return args, {"HAS_POSITIONS": has_positions, "HAS_REAL": has_real, "HAS_SEQUENCE": has_sequence,
+                  "SCOPED": bool(scoped), "BLOCK": BLOCK}
 
 
 def probe_case(seed: int, rows: int = 24, vocab: int = 2500, slots: int = 10,

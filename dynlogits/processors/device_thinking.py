@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from dynlogits.kernels import thinking_force
+from dynlogits.kernels import kind_variants, thinking_force
 from dynlogits.kernels.spans import DUE, FLOOR, FORCING, GATE, NO_RULE, PHRASE, STRETCH, spans_advance_, spans_drafts_
 
 from .modes import HostForcingGroup
@@ -333,13 +333,18 @@ class SettledForcing(HostForcingGroup):
             ready = flag_rows is not None and rows.last
         if flag_rows is None or not ready:
             return super().apply_device_decisions(step, rows, decisions)
-        return thinking_force.GATE.run(self.device, lambda: self._settle(step, rows, decisions, flag_rows),
-                                       lambda: super(SettledForcing, self).apply_device_decisions(step, rows, decisions))
 
-    def _settle(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor,
-                flag_rows: Callable[[torch.Tensor, Any], None]) -> Dead:
-        """The fused forcing and settle; the dead rows reported through ``flag_rows`` (with drafts
-        the dead real rows alone: ``StepInputs.real_rows``)."""
+        def eager() -> Dead:
+            return super(SettledForcing, self).apply_device_decisions(step, rows, decisions)
+
+        if not thinking_force.GATE.ready(self.device):  # the CPU: the eager ops, nothing built
+            return eager()
+        args = self._settle_args(step, rows, decisions)
+        return _gated_settle(self.device, args, lambda: self._settle(rows, step.generated, args, flag_rows), eager)
+
+    def _settle_args(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> tuple[Any, ...]:
+        """``thinking_force.decided_settle_``'s arguments for the step (its ``flags`` and ``dead``
+        made here: two ``torch.empty``, no launch)."""
         n = len(decisions)
         positions = step.generated
         none = self._cache.get("none")
@@ -352,10 +357,27 @@ class SettledForcing(HostForcingGroup):
         real = none[1] if step.flag_rows is not None or step.real_rows is None else step.real_rows
         flags = torch.empty((2, n), dtype=torch.long, device=self.device)
         dead = torch.empty(n, dtype=torch.bool, device=self.device)
-        thinking_force.decided_settle_(step.logits, decisions, rows.member, rows.slot_of_row, step.stops, positions,
-                                       self.member.num_slots - 1, flags, dead, real, none[2], none[2], False)
+        return (step.logits, decisions, rows.member, rows.slot_of_row, step.stops, positions, self.member.num_slots - 1,
+                flags, dead, real, none[2], none[2], False)
+
+    @staticmethod
+    def _settle(rows: GatheredRows, generated: torch.Tensor | None, args: tuple[Any, ...],
+                flag_rows: Callable[[torch.Tensor, Any], None]) -> Dead:
+        """The fused forcing and settle (``args``: ``_settle_args``); the dead rows reported through
+        ``flag_rows`` (with drafts the dead real rows alone: ``StepInputs.real_rows``)."""
+        thinking_force.decided_settle_(*args)
+        flags, dead = args[7], args[8]
         flag_rows(flags, None)
-        return Dead(None, rows.slot_of_row, None, step.generated, settled=dead, flagged=True)
+        return Dead(None, rows.slot_of_row, None, generated, settled=dead, flagged=True)
+
+
+def _gated_settle(device: torch.device, args: tuple[Any, ...], fused: Callable[[], Dead],
+                  eager: Callable[[], Dead]) -> Dead:
+    """``fused()`` (``decided_settle_(*args)`` and its report) through ``thinking_force.GATE``: on
+    CUDA named by its launch's variant (``kind_variants.thinking_force``), so a variant not compiled
+    yet compiles off the step and ``eager()`` answers until it lands."""
+    named = kind_variants.thinking_force(*args) if device.type == "cuda" else ()  # (variant, compile)
+    return thinking_force.GATE.run(device, fused, eager, *named)
 
 
 # -- one step's token source ---------------------------------------------------------------------

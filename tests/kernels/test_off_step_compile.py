@@ -504,3 +504,88 @@ class _Op:
 
     def eager(self, *args: object) -> None:
         self.ran.append(f"{self.name} eager")
+
+
+@pytest.mark.parametrize(("positions", "drafts", "dtype"), [(True, False, torch.float32), (False, True, torch.bfloat16)])
+def test_thinking_force_compile_warms_up_the_launch_s_own_specialization(
+        monkeypatch: pytest.MonkeyPatch, positions: bool, drafts: bool, dtype: torch.dtype) -> None:
+    """As for ``no_repeat_ngram``: ``launch``'s arguments with tensors as dtypes, the same ints and
+    constexprs; whether positions and a real-row mask are given is part of the variant, the sentinel
+    (a slot count) is not."""
+    from types import SimpleNamespace
+
+    from dynlogits.kernels import thinking_force as kernels
+
+    recorder = _Recorder()
+    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(settle_rows=recorder))
+    logits, decisions, member, slot_of_row, stops, pos, sentinel, flags, dead, real = kernels.probe_case(3, dtype=dtype)
+    pos = pos if positions else torch.empty(0, dtype=torch.long)
+    real = real if drafts else torch.empty(0, dtype=torch.bool)
+    args = (logits, decisions, member, slot_of_row, stops, pos, sentinel, flags, dead, real, kernels.NO_SEQUENCE,
+            kernels.NO_SEQUENCE, False)
+    kernels.launch(*args)
+    variant, compile_ = kind_variants.thinking_force(*args)
+    compile_()
+    assert recorder.launched is not None and recorder.warmed == _as_warmed(recorder.launched)
+    monkeypatch.undo()  # the real kernel: its params say which ints Triton keys
+    variant = kind_variants.thinking_force(*args)[0]
+    assert kind_variants.thinking_force(*args[:6], sentinel + 17, *args[7:])[0] == variant
+    other_real = torch.empty(0, dtype=torch.bool) if drafts else torch.ones(len(decisions), dtype=torch.bool)
+    assert kind_variants.thinking_force(*args[:9], other_real, *args[10:])[0] != variant
+
+
+@pytest.mark.parametrize(("listed", "stops", "real"), [(True, True, False), (False, True, True), (False, False, False)])
+def test_dead_rows_compile_warms_up_the_launch_s_own_specialization(
+        monkeypatch: pytest.MonkeyPatch, listed: bool, stops: bool, real: bool) -> None:
+    """As for ``no_repeat_ngram``: ``launch``'s arguments with tensors as dtypes, the same ints and
+    constexprs; the layout (listed or gathered) is part of the variant, the witness width is not."""
+    from types import SimpleNamespace
+
+    from dynlogits.kernels import dead_rows as kernels
+
+    recorder = _Recorder()
+    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(dead_rows=recorder))
+    case = kernels.probe_case(4, torch.device("cpu"), listed=listed, stops=stops, real=real)
+    kernels.launch(*case)
+    variant, compile_ = kind_variants.dead_rows(*case)
+    compile_()
+    assert recorder.launched is not None and recorder.warmed == _as_warmed(recorder.launched)
+    monkeypatch.undo()  # the real kernel: its params say which ints Triton keys
+    variant = kind_variants.dead_rows(*case)[0]
+    wider = kernels.probe_case(4, torch.device("cpu"), listed=listed, stops=stops, real=real, width=17)
+    assert kind_variants.dead_rows(*wider)[0] == variant
+    other = kernels.probe_case(4, torch.device("cpu"), listed=not listed, stops=stops, real=real)
+    assert kind_variants.dead_rows(*other)[0] != variant
+
+
+def test_thinking_force_and_dead_rows_call_sites_run_eager_until_their_variants_land(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``device_thinking._gated_settle`` (``SettledForcing``'s fused settle) and ``failures._gated``
+    (``Failures``' dead-row settle) name their launch's variant on CUDA: eager for the step that
+    first holds it while it compiles on the thread (a ``warmup`` of that launch), fused after."""
+    from types import SimpleNamespace
+
+    from dynlogits.kernels import dead_rows, thinking_force
+    from dynlogits.processors import device_thinking
+    from dynlogits.sdk.resident import failures
+
+    warmed: list[str] = []
+    recorders = {}
+    for module, name in ((thinking_force, "settle_rows"), (dead_rows, "dead_rows")):
+        recorder = recorders[name] = _Recorder()
+        recorder.warmup = lambda *a, grid, _name=name, **k: warmed.append(_name)  # type: ignore[method-assign]
+        monkeypatch.setattr(module, "kernels", lambda _name=name: SimpleNamespace(**{_name: recorders[_name]}))
+    compiler = CompileThread()
+    monkeypatch.setattr(thinking_force, "GATE", FusedGate("span-decided forcing", lambda device: True, compiler))
+    monkeypatch.setattr(failures, "GATE", FusedGate("restrictive dead rows", lambda device: True, compiler))
+    ran: list[str] = []
+    monkeypatch.setattr(failures, "dead_rows_", lambda *args: ran.append("dead fused"))
+    settle = (*thinking_force.probe_case(2), thinking_force.NO_SEQUENCE, thinking_force.NO_SEQUENCE, False)
+    dead = dead_rows.probe_case(2, torch.device("cpu"), listed=True)
+    for _ in range(2):
+        device_thinking._gated_settle(CUDA, settle, lambda: ran.append("force fused"),  # type: ignore[arg-type,func-returns-value]
+                                      lambda: ran.append("force eager"))  # type: ignore[arg-type,func-returns-value]
+        failures._gated(CUDA, dead, lambda: ran.append("dead eager"))
+        assert compiler.join(timeout=30)
+    assert ran == ["force eager", "dead eager", "force fused", "dead fused"]
+    assert warmed == ["settle_rows", "dead_rows"]

@@ -14,10 +14,13 @@ is now. Nothing here waits on the device."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
+from dynlogits.kernels import kind_variants
 from dynlogits.kernels.dead_rows import GATE, dead_rows_, flag_reference, record_reference
 from dynlogits.processors.slots import Dead, SlotTable, StepInputs
 
@@ -77,7 +80,7 @@ class Failures:
         assert d.witness is not None
         args = (step.logits, d.witness, d.rows, d.slots, d.positions, d.stop_index, d.can_stop,
                 None if d.rows is not None else step.stops, d.where, real_rows, self.flags.dev)
-        GATE.run(self.device, lambda: dead_rows_(*args), lambda: record_reference(*args, self._minus_one))
+        _gated(self.device, args, lambda: record_reference(*args, self._minus_one))
 
     def flag_rows(self, rows: torch.Tensor, positions: np.ndarray | None = None) -> None:
         """Per-row flags from a group that settled its rows (``StepInputs.flag_rows``): ``rows`` holds
@@ -143,3 +146,11 @@ class Failures:
             return  # (a failed request without a stop token stays flagged: already handled)
         request.fail(NO_TOKEN_LEFT.format(n=position))
         self.newly_failed.append(request)
+
+
+def _gated(device: torch.device, args: tuple[Any, ...], eager: Callable[[], None]) -> None:
+    """``dead_rows_(*args)`` through ``GATE``: on CUDA named by its variant (``kind_variants.dead_rows``:
+    the layout's and optional tensors' flags, dtypes), so a variant not compiled yet compiles off the
+    step and ``eager()`` answers until it lands."""
+    named = kind_variants.dead_rows(*args) if device.type == "cuda" else ()  # (variant, compile)
+    GATE.run(device, lambda: dead_rows_(*args), eager, *named)
