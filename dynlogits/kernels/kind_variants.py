@@ -4,7 +4,7 @@ itself, so the compile warms exactly what the launch will look up."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -12,7 +12,7 @@ import torch
 from .variants import launch_variant, launches_variant
 
 __all__ = ["banned_phrases", "dead_rows", "dry", "forced_pick_settle", "forced_settle", "multiple_choice", "no_repeat_ngram",
-           "thinking_force"]
+           "spans", "thinking_force"]
 
 
 def no_repeat_ngram(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
@@ -120,6 +120,32 @@ def dead_rows(logits: torch.Tensor, witness: torch.Tensor, rows: torch.Tensor | 
     args, constexprs = kernels.launch_args(logits, witness, rows, slots, positions, stop_index, can_stop, stops, where,
                                            real_rows, flags)
     return launch_variant("dead_rows", lambda: kernels.kernels().dead_rows, logits.device, args, constexprs)
+
+
+def spans(advances: Sequence[tuple[Any, ...]] = (),
+          drafts: Sequence[tuple[Any, ...]] = ()) -> tuple[Hashable, Callable[[], object]]:
+    """``launches_variant`` of the span ops one gated call makes: ``spans_advance_`` with each of
+    ``advances`` (its arguments; one that launches nothing left out) then ``spans_drafts_`` with each
+    of ``drafts``, each launch's kernel and arguments from ``dynlogits.kernels.spans.launch_args`` and
+    ``drafts_args`` (as the launches take them)."""
+    from . import spans as kernels
+
+    pairs = []
+    for args in advances:
+        state, rounds, rule, restart = args[0], args[6], args[10], args[11] if len(args) > 11 else None
+        if kernels.launches(state.shape[0], rounds, rule, restart):
+            name, launched, constexprs = kernels.launch_args(*args)
+            pairs.append(launch_variant(f"spans.{name}", _jitted(kernels, name), state.device, launched, constexprs))
+    for args in drafts:
+        if args[6].shape[0]:  # the rows' slots: none, no launch
+            name, launched, constexprs = kernels.drafts_args(*args)
+            pairs.append(launch_variant(f"spans.{name}", _jitted(kernels, name), args[0].device, launched, constexprs))
+    return launches_variant(pairs)
+
+
+def _jitted(module: Any, name: str) -> Callable[[], Any]:
+    """The module's jitted kernel ``name``, looked up at the call (Triton imported then)."""
+    return lambda: getattr(module.kernels(), name)
 
 
 def _ban_rows(module: Any) -> Callable[[], Any]:

@@ -59,7 +59,7 @@ from dynlogits.kernels.probe import FusedGate
 __all__ = ["BIG", "BLOCK", "CLOSED", "DUE", "FLOOR", "FORCING", "GATE", "NEVER", "NO_RULE", "PAD", "PHRASE",
            "PLACEHOLDER", "RULES", "STATE", "STRETCH",
            "advance_reference", "decide_reference", "drafts_case", "drafts_reference", "drafts_same", "force_case", "kernels",
-           "launch", "launch_drafts", "probe_case", "restart_case", "restart_reference", "restart_same", "spans_advance_",
+           "drafts_args", "launch", "launch_args", "launch_drafts", "launches", "probe_case", "restart_case", "restart_reference", "restart_same", "spans_advance_",
            "spans_drafts_"]
 
 #: state columns and ``KEY``'s weight of a length (as ``dynlogits.processors.device_thinking``)
@@ -195,7 +195,7 @@ def launch(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, tota
            scope: torch.Tensor | None = None, prompt_len: torch.Tensor | None = None) -> None:
     """The Triton kernel over ``state``'s rows (any device Triton runs on, its interpreter included)."""
     n = state.shape[0]
-    if n == 0 or (rounds <= 0 and rule == NO_RULE and restart is None):
+    if not launches(n, rounds, rule, restart):
         return
     assert state.dtype == torch.int64 and state.stride(1) == 1, "state: int64 rows"
     assert consts.dtype == torch.int64 and consts.stride(1) == 1, "consts: int64 rows"
@@ -203,20 +203,38 @@ def launch(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, tota
     if rule != NO_RULE:
         assert decided.dtype == force.dtype == force_len.dtype == torch.int64, "decisions: int64"
         assert decided.stride(0) == 1 and force.stride(1) == 1, "decided, force: contiguous rows"
-    k = kernels()
-    args = (state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0), tokens.stride(1),
-            tokens.shape[1], total_len, scale, n, max(rounds, 0), decided, force, force.stride(0), force.shape[1],
-            force_len, force_len.stride(0))
+    if restart is not None:
+        assert epoch is not None and scope is not None and prompt_len is not None, "a restart reads all four"
+        assert restart.dtype == epoch.dtype == scope.dtype == torch.int64 and restart.stride(1) == 1
+        assert scope.stride(1) == 1 and epoch.stride(0) == 1, "restart, scope: int64 rows; epoch contiguous"
+    name, args, constants = launch_args(state, consts, tokens, total_len, scale, width, rounds, decided, force, force_len,
+                                        rule, restart, epoch, scope, prompt_len)
+    getattr(kernels(), name)[((n + BLOCK - 1) // BLOCK,)](*args, **constants)
+
+
+def launch_args(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
+                scale: torch.Tensor, width: int, rounds: int, decided: torch.Tensor, force: torch.Tensor,
+                force_len: torch.Tensor, rule: int, restart: torch.Tensor | None = None,
+                epoch: torch.Tensor | None = None, scope: torch.Tensor | None = None,
+                prompt_len: torch.Tensor | None = None) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """``launch``'s kernel (``advance_rows``, or ``restarted_advance_rows`` with a restart), its
+    positional arguments and constexprs for ``launch``'s arguments (the launch and its off-step
+    compile, ``kind_variants.spans_advance``, take the same)."""
+    n = state.shape[0]
+    args: tuple[Any, ...] = (state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0),
+                             tokens.stride(1), tokens.shape[1], total_len, scale, n, max(rounds, 0), decided, force,
+                             force.stride(0), force.shape[1], force_len, force_len.stride(0))
     constants = {"WIDTH": width, "BLOCK": BLOCK, "BIG": BIG, "CLOSED": CLOSED, "NEVER": NEVER, "RULE": rule}
-    grid = ((n + BLOCK - 1) // BLOCK,)
     if restart is None:
-        k.advance_rows[grid](*args, **constants)
-        return
+        return "advance_rows", args, constants
     assert epoch is not None and scope is not None and prompt_len is not None, "a restart reads all four"
-    assert restart.dtype == epoch.dtype == scope.dtype == torch.int64 and restart.stride(1) == 1
-    assert scope.stride(1) == 1 and epoch.stride(0) == 1, "restart, scope: int64 rows; epoch contiguous"
-    k.restarted_advance_rows[grid](*args, restart, restart.stride(0), epoch, scope, scope.stride(0), prompt_len,
-                                   **constants)
+    return ("restarted_advance_rows", (*args, restart, restart.stride(0), epoch, scope, scope.stride(0), prompt_len),
+            constants)
+
+
+def launches(n: int, rounds: int, rule: int, restart: torch.Tensor | None) -> bool:
+    """Whether ``launch`` launches for ``n`` rows, ``rounds``, ``rule`` and ``restart``."""
+    return not (n == 0 or (rounds <= 0 and rule == NO_RULE and restart is None))
 
 
 def drafts_reference(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
@@ -315,22 +333,39 @@ def launch_drafts(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tenso
     assert state.dtype == consts.dtype == rows_state.dtype == torch.int64 and state.stride(1) == 1
     assert consts.stride(1) == 1 and rows_state.stride(1) == 1 and rule in RULES
     assert valid.dtype == member.dtype == torch.bool, "valid, member: bool"
+    if restart is not None:
+        assert epoch is not None and scope is not None and prompt_len is not None, "a restart reads all four"
+        assert restart.dtype == epoch.dtype == scope.dtype == torch.int64 and restart.stride(1) == 1
+        assert scope.stride(1) == 1 and epoch.stride(0) == 1, "restart, scope: int64 rows; epoch contiguous"
+    name, args, constants = drafts_args(state, consts, tokens, total_len, scale, width, slots, member, input_ids,
+                                        local_pos, later, rows_state, valid, decided, force, force_len, rule, restart,
+                                        epoch, scope, prompt_len)
+    getattr(kernels(), name)[((r + BLOCK - 1) // BLOCK,)](*args, **constants)
+
+
+def drafts_args(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor, total_len: torch.Tensor,
+                scale: torch.Tensor, width: int, slots: torch.Tensor, member: torch.Tensor, input_ids: torch.Tensor,
+                local_pos: torch.Tensor, later: int, rows_state: torch.Tensor, valid: torch.Tensor,
+                decided: torch.Tensor, force: torch.Tensor, force_len: torch.Tensor, rule: int,
+                restart: torch.Tensor | None = None, epoch: torch.Tensor | None = None,
+                scope: torch.Tensor | None = None,
+                prompt_len: torch.Tensor | None = None) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """``launch_drafts``' kernel (``drafts_rows``, or ``restarted_drafts_rows`` with a restart), its
+    positional arguments and constexprs (the launch and its off-step compile,
+    ``kind_variants.spans_drafts``, take the same)."""
     fed = input_ids if input_ids.numel() else local_pos  # not read without fed tokens
-    args = (state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0), tokens.stride(1),
-            tokens.shape[0], tokens.shape[1], total_len, scale, slots, member, fed, max(input_ids.numel(), 1), local_pos,
-            r, later, rows_state, rows_state.stride(0), valid, decided, force, force.stride(0), force.shape[1],
-            force_len, force_len.stride(0))
+    args: tuple[Any, ...] = (state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0),
+                             tokens.stride(1), tokens.shape[0], tokens.shape[1], total_len, scale, slots, member, fed,
+                             max(input_ids.numel(), 1), local_pos, slots.shape[0], later, rows_state,
+                             rows_state.stride(0), valid, decided, force, force.stride(0), force.shape[1], force_len,
+                             force_len.stride(0))
     constants = {"WIDTH": width, "BLOCK": BLOCK, "BIG": BIG, "CLOSED": CLOSED, "NEVER": NEVER, "PAD": PAD,
                  "PLACEHOLDER": PLACEHOLDER, "RULE": rule, "HAS_FED": bool(input_ids.numel())}
-    grid = ((r + BLOCK - 1) // BLOCK,)
     if restart is None:
-        kernels().drafts_rows[grid](*args, **constants)
-        return
+        return "drafts_rows", args, constants
     assert epoch is not None and scope is not None and prompt_len is not None, "a restart reads all four"
-    assert restart.dtype == epoch.dtype == scope.dtype == torch.int64 and restart.stride(1) == 1
-    assert scope.stride(1) == 1 and epoch.stride(0) == 1, "restart, scope: int64 rows; epoch contiguous"
-    kernels().restarted_drafts_rows[grid](*args, restart, restart.stride(0), epoch, scope, scope.stride(0), prompt_len,
-                                          **constants)
+    return ("restarted_drafts_rows", (*args, restart, restart.stride(0), epoch, scope, scope.stride(0), prompt_len),
+            constants)
 
 
 def probe_case(seed: int, n: int = 40, max_len: int = 24, width: int = 3, vocab: int = 4) -> tuple[torch.Tensor, ...]:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -56,7 +56,9 @@ from .window import cached_arange
 
 __all__ = ["ANCHOR", "BIG", "CLOSED", "DUE", "FLOOR", "KEY", "NEVER", "NO_RULE", "OUT", "PHRASE", "SEL", "STATE", "STRETCH",
            "DeviceThinking",
-           "SettledForcing", "SpanTables", "StepSource"]
+           "SettledForcing", "SpanTables", "StepSource", "gated_spans"]
+
+T = TypeVar("T")
 
 #: The span start a decision reads for "no open span" (a span the prompt opened starts at ``<= 0``).
 CLOSED = -(1 << 40)
@@ -262,7 +264,14 @@ class SpanTables:
     def follow(self, thinking: DeviceThinking, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int,
                fused: bool) -> None:
         """After every table's advance over ``rounds`` positions (``fused``: by the fused op), a further
-        automaton's own (``stretch_spans.StretchSpans``); nothing by default."""
+        automaton's own (``stretch_spans.StretchSpans``; fused: ``follow_advance``'s op, run before);
+        nothing by default."""
+
+    def follow_advance(self, thinking: DeviceThinking, tokens: torch.Tensor, total_len: torch.Tensor,
+                       rounds: int) -> tuple[Any, ...] | None:
+        """The ``spans_advance_`` arguments of a further automaton's fused advance after every
+        table's (``stretch_spans.StretchSpans``); none by default."""
+        return None
 
     def decide_drafted(self, thinking: DeviceThinking, rows: GatheredRows, source: StepSource,
                        local_pos: torch.Tensor) -> torch.Tensor:
@@ -270,9 +279,11 @@ class SpanTables:
         row's slot state advanced over the drafts before it, then decided; by one ``spans_drafts_``
         after a fused step (eager if its variant fails), else eager ops. Tables following a further
         automaton override it (``stretch_spans.StretchSpans``)."""
-        if thinking.fused_step:
-            return GATE.run(self.device, lambda: thinking.fused_drafts(self, rows, source, local_pos),
-                            lambda: thinking.eager_drafts(self, rows, source, local_pos))
+        if thinking.fused_step:  # on CUDA named by its launch's variant (gated_spans)
+            drafts = thinking.fused_states_args(self, rows, source, local_pos) if self.device.type == "cuda" else None
+            return gated_spans(self.device, (), () if drafts is None else (drafts,),
+                               lambda: thinking.fused_drafts(self, rows, source, local_pos, drafts),
+                               lambda: thinking.eager_drafts(self, rows, source, local_pos))
         return thinking.eager_drafts(self, rows, source, local_pos)
 
     def put_state(self, slot: int, values: Sequence[int]) -> None:
@@ -369,6 +380,15 @@ class SettledForcing(HostForcingGroup):
         flags, dead = args[7], args[8]
         flag_rows(flags, None)
         return Dead(None, rows.slot_of_row, None, generated, settled=dead, flagged=True)
+
+
+def gated_spans(device: torch.device, advances: Sequence[tuple[Any, ...]], drafts: Sequence[tuple[Any, ...]],
+                 fused: Callable[[], T], eager: Callable[[], T]) -> T:
+    """``fused()`` (the span ops with ``advances``' and ``drafts``' arguments) through ``GATE``: on
+    CUDA named by their launches' variant (``kind_variants.spans``), so a variant not compiled yet
+    compiles off the step and ``eager()`` answers until it lands."""
+    named = kind_variants.spans(advances, drafts) if device.type == "cuda" else ()  # (variant, compile)
+    return GATE.run(device, fused, eager, *named)
 
 
 def _gated_settle(device: torch.device, args: tuple[Any, ...], fused: Callable[[], Dead],
@@ -512,8 +532,10 @@ class DeviceThinking:
         self._catch_up = 0
         # one launch a table (``spans_advance_``: every round, and a rule's decision) where the
         # probe passed; else the eager rounds
-        GATE.run(self.device, lambda: self._fused(tokens, total_len, rounds),
-                 lambda: self._eager(tokens, total_len, rounds))
+        # (on CUDA named by their launches' variant: one not compiled yet compiles off the step)
+        advances = self._advances(tokens, total_len, rounds) if self.device.type == "cuda" else None
+        gated_spans(self.device, advances or (), (), lambda: self._fused(tokens, total_len, rounds, advances),
+                     lambda: self._eager(tokens, total_len, rounds))
 
     @staticmethod
     def forced(tables: SpanTables, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -525,22 +547,36 @@ class DeviceThinking:
         assert forced is not None, "a rule forces from a table (SpanTables.forced)"
         return forced[0].dev[:n], forced[1].dev[:n]
 
-    def _fused(self, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int) -> None:
-        """Every table's ``rounds`` positions and its rule's decisions (``SpanTables.decided``), one
-        fused op a table."""
+    def _advances(self, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int) -> list[tuple[Any, ...]]:
+        """The fused step's ``spans_advance_`` arguments: every table's, then every further
+        automaton's (``SpanTables.follow_advance``)."""
         n = tokens.shape[0]
+        advances = [(tables.state[:n], tables.consts.dev[:n], tokens, total_len, tables.scale_dev, tables.width, rounds,
+                     tables.decided[:n], *self.forced(tables, n), tables.rule) for tables in self.tables.values()]
         for tables in self.tables.values():
-            spans_advance_(tables.state[:n], tables.consts.dev[:n], tokens, total_len, tables.scale_dev, tables.width,
-                           rounds, tables.decided[:n], *self.forced(tables, n), tables.rule)
+            follow = tables.follow_advance(self, tokens, total_len, rounds)
+            if follow is not None:
+                advances.append(follow)
+        return advances
+
+    def _fused(self, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int,
+               advances: list[tuple[Any, ...]] | None = None) -> None:
+        """Every table's ``rounds`` positions and its rule's decisions (``SpanTables.decided``), one
+        fused op a table, then a further automaton's (``advances``: ``_advances``, made here if
+        ``None``)."""
+        for args in self._advances(tokens, total_len, rounds) if advances is None else advances:
+            spans_advance_(*args)
         for tables in self.tables.values():
             tables.follow(self, tokens, total_len, rounds, True)
         self._decided = True
 
-    def fused_drafts(self, tables: SpanTables, rows: GatheredRows, source: StepSource, local_pos: torch.Tensor) -> torch.Tensor:
-        """``decide`` with drafts after a fused step: one ``spans_drafts_`` (``fused_states``), then
-        ``decide_state`` from those states where the table has no rule."""
+    def fused_drafts(self, tables: SpanTables, rows: GatheredRows, source: StepSource, local_pos: torch.Tensor,
+                     args: tuple[Any, ...] | None = None) -> torch.Tensor:
+        """``decide`` with drafts after a fused step: one ``spans_drafts_`` (``fused_states``; ``args``:
+        its ``fused_states_args``, made there if ``None``), then ``decide_state`` from those states
+        where the table has no rule."""
         slots = rows.slot_of_row
-        state, valid, decided = self.fused_states(tables, rows, source, local_pos)
+        state, valid, decided = self.fused_states(tables, rows, source, local_pos, args=args)
         if tables.rule != NO_RULE:
             return decided
         return tables.decide_state(slots, state, lambda: source.total_len[source.clamped(slots)] + local_pos.long(),
@@ -549,11 +585,23 @@ class DeviceThinking:
     def fused_states(self, tables: SpanTables, rows: GatheredRows, source: StepSource, local_pos: torch.Tensor,
                      member: torch.Tensor | None = None,
                      restart: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One ``spans_drafts_``: each row's state over the drafts before it, whether it may be
-        decided (``member``: which rows may be at all, by default the group's members), and its
-        rule's decision; ``restart``: the op's restart stage (``restart``, ``epoch``, ``scope``,
-        ``prompt_len``: ``stretch_spans.StretchSpans``)."""
+                     args: tuple[Any, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One ``spans_drafts_`` with ``args`` (``fused_states_args``' for the other arguments, made
+        here if ``None``): each row's state over the drafts before it, whether it may be decided and
+        its rule's decision."""
+        if args is None:
+            args = self.fused_states_args(tables, rows, source, local_pos, member, restart)
+        spans_drafts_(*args)
+        return args[11], args[12], args[13]
+
+    def fused_states_args(self, tables: SpanTables, rows: GatheredRows, source: StepSource, local_pos: torch.Tensor,
+                          member: torch.Tensor | None = None,
+                          restart: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                          ) -> tuple[Any, ...]:
+        """``spans_drafts_``' arguments for ``fused_states``, its three outputs (each row's state,
+        whether it may be decided, its decision) made here (``torch.empty``, no launch): ``member``,
+        which rows may be decided at all, by default the group's members; ``restart``: the op's
+        restart stage (``restart``, ``epoch``, ``scope``, ``prompt_len``: ``stretch_spans.StretchSpans``)."""
         slots = rows.slot_of_row
         r = len(slots)
         input_ids = self._inputs[0]
@@ -563,10 +611,9 @@ class DeviceThinking:
         state = torch.empty((r, STATE), dtype=torch.long, device=self.device)
         valid = torch.empty(r, dtype=torch.bool, device=self.device)
         decided = torch.empty(r, dtype=torch.long, device=self.device)
-        spans_drafts_(tables.state, tables.consts.dev, source.tokens, source.total_len, tables.scale_dev, tables.width,
-                      slots, rows.member if member is None else member, input_ids, local_pos, self.max_new - 1, state,
-                      valid, decided, *self.forced(tables, tables.num_slots), tables.rule, *(restart or ()))
-        return state, valid, decided
+        return (tables.state, tables.consts.dev, source.tokens, source.total_len, tables.scale_dev, tables.width, slots,
+                rows.member if member is None else member, input_ids, local_pos, self.max_new - 1, state, valid, decided,
+                *self.forced(tables, tables.num_slots), tables.rule, *(restart or ()))
 
     def _eager(self, tokens: torch.Tensor, total_len: torch.Tensor, rounds: int) -> None:
         """Every table's ``rounds`` positions: per round one window read, then ``advance`` a table."""

@@ -27,9 +27,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from dynlogits.kernels.spans import GATE, NO_RULE, spans_advance_
+from dynlogits.kernels.spans import NO_RULE
 
-from .device_thinking import ANCHOR, BIG, KEY, NEVER, OUT, STATE, DeviceThinking, SpanTables, StepSource
+from .device_thinking import ANCHOR, BIG, KEY, NEVER, OUT, STATE, DeviceThinking, SpanTables, StepSource, gated_spans
 from .slots import GatheredRows
 
 __all__ = ["StretchSpans"]
@@ -117,16 +117,13 @@ class StretchSpans(SpanTables):
                fused: bool) -> None:
         """After the scope's advance over ``rounds`` positions: restart the inner automaton where its
         stretch changed, then advance it over the same positions (by the fused op where the scope's
-        was, its rule's decisions in ``inner.decided``)."""
+        was: ``follow_advance``'s, run before this; its rule's decisions in ``inner.decided``)."""
         inner = self.inner
         n = tokens.shape[0]
         assert self.prompt_len is not None
         state = inner.state[:n]
         self._inner_fused = fused
-        if fused:  # the restart, the advance and the decision (in the entry's phase) in one op
-            spans_advance_(state, inner.consts.dev[:n], tokens, total_len, inner.scale_dev, inner.width, rounds,
-                           inner.decided[:n], *thinking.forced(inner, n), inner.rule, self.restart.dev[:n],
-                           self.epoch[:n], self.state[:n], self.prompt_len)
+        if fused:  # the restart, the advance and the decision (in the entry's phase): follow_advance's op
             return
         start = torch.maximum(self.state[:n, ANCHOR], self.prompt_len)  # never before the output
         self._restarted(state, self.restart.dev[:n], self.epoch[:n], start, out=state)
@@ -135,6 +132,18 @@ class StretchSpans(SpanTables):
         for back in range(rounds - 1, -1, -1):
             inner.advance(state, consts, thinking.window(tokens, total_len, inner.width, back),
                           total_len - back if back else total_len)
+
+    def follow_advance(self, thinking: DeviceThinking, tokens: torch.Tensor, total_len: torch.Tensor,
+                       rounds: int) -> tuple[Any, ...] | None:
+        """The inner automaton's fused op after the scope's advance: its restart where its stretch
+        changed, its advance over the same ``rounds`` positions and its rule's decision (in the
+        entry's phase), as ``spans_advance_``'s arguments."""
+        inner = self.inner
+        n = tokens.shape[0]
+        assert self.prompt_len is not None
+        return (inner.state[:n], inner.consts.dev[:n], tokens, total_len, inner.scale_dev, inner.width, rounds,
+                inner.decided[:n], *thinking.forced(inner, n), inner.rule, self.restart.dev[:n], self.epoch[:n],
+                self.state[:n], self.prompt_len)
 
     def decide_state(self, slots: torch.Tensor, state: torch.Tensor | None, generated: Callable[[], torch.Tensor],
                      valid: torch.Tensor, row_tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -154,19 +163,32 @@ class StretchSpans(SpanTables):
         inner kind's rule where the row is in the entry's phase, ``-1`` elsewhere: after a fused
         step two ``spans_drafts_`` (the inner one with its restart stage; eager if a variant fails),
         else eager ops."""
-        if thinking.fused_step:
-            return GATE.run(self.device, lambda: self._fused_drafted(thinking, rows, source, local_pos),
-                            lambda: self._eager_drafted(thinking, rows, source, local_pos))
+        if thinking.fused_step:  # on CUDA named by its launches' variant (gated_spans)
+            drafts = self._drafted_args(thinking, rows, source, local_pos) if self.device.type == "cuda" else None
+            return gated_spans(self.device, (), drafts or (),
+                               lambda: self._fused_drafted(thinking, rows, source, local_pos, drafts),
+                               lambda: self._eager_drafted(thinking, rows, source, local_pos))
         return self._eager_drafted(thinking, rows, source, local_pos)
 
-    def _fused_drafted(self, thinking: DeviceThinking, rows: GatheredRows, source: StepSource,
-                       local_pos: torch.Tensor) -> torch.Tensor:
-        scope, valid, _ = thinking.fused_states(self, rows, source, local_pos)
+    def _drafted_args(self, thinking: DeviceThinking, rows: GatheredRows, source: StepSource,
+                      local_pos: torch.Tensor) -> list[tuple[Any, ...]]:
+        """``_fused_drafted``'s ``spans_drafts_`` arguments: the scope's, then (where the inner kind
+        has a rule) the inner one's, restarted at the scope's states and decided where they are valid
+        (both ops' outputs made here: ``DeviceThinking.fused_states_args``)."""
+        scope = thinking.fused_states_args(self, rows, source, local_pos)
         inner = self.inner
         if inner.rule == NO_RULE:  # the inner kind decides from its states, eagerly
+            return [scope]
+        restart = (self.restart.dev, self.epoch, scope[11], source.prompt_len)
+        return [scope, thinking.fused_states_args(inner, rows, source, local_pos, scope[12], restart)]
+
+    def _fused_drafted(self, thinking: DeviceThinking, rows: GatheredRows, source: StepSource,
+                       local_pos: torch.Tensor, drafts: list[tuple[Any, ...]] | None = None) -> torch.Tensor:
+        drafts = self._drafted_args(thinking, rows, source, local_pos) if drafts is None else drafts
+        scope, valid, _ = thinking.fused_states(self, rows, source, local_pos, args=drafts[0])
+        if len(drafts) == 1:  # the inner kind decides from its states, eagerly
             return self._inner_drafted(thinking, rows, source, local_pos, scope, valid)
-        restart = (self.restart.dev, self.epoch, scope, source.prompt_len)
-        return thinking.fused_states(inner, rows, source, local_pos, valid, restart)[2]
+        return thinking.fused_states(self.inner, rows, source, local_pos, args=drafts[1])[2]
 
     def _eager_drafted(self, thinking: DeviceThinking, rows: GatheredRows, source: StepSource,
                        local_pos: torch.Tensor) -> torch.Tensor:

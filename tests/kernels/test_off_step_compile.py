@@ -589,3 +589,86 @@ def test_thinking_force_and_dead_rows_call_sites_run_eager_until_their_variants_
         assert compiler.join(timeout=30)
     assert ran == ["force eager", "dead eager", "force fused", "dead fused"]
     assert warmed == ["settle_rows", "dead_rows"]
+
+
+def _span_ops(width: int = 3, rule: int = 1) -> tuple[tuple[object, ...], ...]:
+    """One argument tuple of each span op form: an advance, a restarted advance, drafts, restarted
+    drafts (``dynlogits.kernels.spans``' cases)."""
+    from dynlogits.kernels import spans
+
+    state, consts, tokens, total_len, scale = spans.probe_case(2, width=width)
+    decided, force, force_len = spans.force_case(2, width=width)
+    restart, epoch, scope, prompt_len = spans.restart_case(2)
+    advance = (state, consts, tokens, total_len, scale, width, 2, decided, force, force_len, rule)
+    (d_state, d_consts, d_tokens, d_total, d_scale, slots, member, input_ids, local, d_force, d_len, *outputs) = \
+        spans.drafts_case(2, width=width)
+    drafts = (d_state, d_consts, d_tokens, d_total, d_scale, width, slots, member, input_ids, local, 2, *outputs,
+              d_force, d_len, rule)
+    stage = (restart, epoch, scope[slots.clamp(max=d_state.shape[0] - 1)].contiguous(), prompt_len[: d_tokens.shape[0]])
+    return advance, (*advance, restart, epoch, scope, prompt_len), drafts, (*drafts, *stage)
+
+
+def test_span_ops_compile_warms_up_every_launch_s_own_specialization(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kind_variants.spans`` over the ops one gated call makes (advances, then drafts): the tuple
+    of each launch's key, and a compile warming each launch's kernel (plain or restarted) with its
+    own arguments, tensors as dtypes; the table width (``WIDTH``) is part of the variant, the row
+    count is not; an advance that launches nothing is left out."""
+    from types import SimpleNamespace
+
+    from dynlogits.kernels import spans
+
+    names = ("advance_rows", "restarted_advance_rows", "drafts_rows", "restarted_drafts_rows")
+    recorders = {name: _Recorder() for name in names}
+    monkeypatch.setattr(spans, "kernels", lambda: SimpleNamespace(**recorders))
+    advance, restarted, drafts, restarted_drafts = _span_ops()
+    spans.launch(*advance)  # type: ignore[arg-type]
+    spans.launch(*restarted)  # type: ignore[arg-type]
+    spans.launch_drafts(*drafts)  # type: ignore[arg-type]
+    spans.launch_drafts(*restarted_drafts)  # type: ignore[arg-type]
+    variant, compile_ = kind_variants.spans([advance, restarted], [drafts, restarted_drafts])
+    compile_()
+    for name in names:
+        launched = recorders[name].launched
+        assert launched is not None and recorders[name].warmed == _as_warmed(launched), name
+    assert isinstance(variant, tuple) and len(variant) == 4
+    monkeypatch.undo()  # the real kernels: their params say which ints Triton keys
+    variant = kind_variants.spans([advance], [drafts])[0]
+    wider = _span_ops(width=4)
+    assert kind_variants.spans([wider[0]], [wider[2]])[0] != variant
+    fewer = tuple(a[:17] if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == 40 else a for a in advance)
+    assert kind_variants.spans([fewer], [drafts])[0] == variant
+    idle = (*advance[:6], 0, *advance[7:10], 0)  # no rounds, no rule, no restart: no launch
+    assert kind_variants.spans([idle, advance], [drafts])[0] == variant
+
+
+def test_span_call_sites_run_eager_until_their_variants_land(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``device_thinking.gated_spans`` (every span table's fused step, the drafted decisions, the
+    stretch tables' two drafted ops) names the ops' launches on CUDA: eager for the step that first
+    holds the variant while every launch compiles on the thread, fused after; another table width
+    starts over."""
+    from types import SimpleNamespace
+
+    from dynlogits.kernels import spans
+    from dynlogits.processors import device_thinking
+
+    warmed: list[str] = []
+    recorders = {}
+    for name in ("advance_rows", "restarted_advance_rows", "drafts_rows", "restarted_drafts_rows"):
+        recorders[name] = _Recorder()
+        recorders[name].warmup = lambda *a, grid, _name=name, **k: warmed.append(_name)  # type: ignore[method-assign]
+    monkeypatch.setattr(spans, "kernels", lambda: SimpleNamespace(**recorders))
+    compiler = CompileThread()
+    monkeypatch.setattr(device_thinking, "GATE", FusedGate("span following", lambda device: True, compiler))
+    ran: list[str] = []
+    advance, restarted, drafts, restarted_drafts = _span_ops()
+    wide = _span_ops(width=4)
+    for _ in range(2):
+        device_thinking.gated_spans(CUDA, [advance, restarted], (), lambda: ran.append("step fused"),
+                                    lambda: ran.append("step eager"))
+        device_thinking.gated_spans(CUDA, (), [drafts, restarted_drafts], lambda: ran.append("drafts fused"),
+                                    lambda: ran.append("drafts eager"))
+        assert compiler.join(timeout=30)
+    device_thinking.gated_spans(CUDA, [wide[0]], (), lambda: ran.append("wide fused"), lambda: ran.append("wide eager"))
+    assert compiler.join(timeout=30)
+    assert ran == ["step eager", "drafts eager", "step fused", "drafts fused", "wide eager"]
+    assert warmed == ["advance_rows", "restarted_advance_rows", "drafts_rows", "restarted_drafts_rows", "advance_rows"]
