@@ -59,14 +59,12 @@ def multiple_choice(logits: torch.Tensor, tokens: torch.Tensor, base: torch.Tens
                     at_least: torch.Tensor, ids: torch.Tensor, input_ids: torch.Tensor | None,
                     local_pos: torch.Tensor | None, entries: int, width: int) -> tuple[Hashable, Callable[[], object]]:
     """``launch_variant`` of ``dynlogits.kernels.multiple_choice.launch`` for these arguments (its
-    scratch as meta tensors of their shapes: only their dtypes are read)."""
+    scratch as kept meta tensors: only their dtypes are read, no stride of theirs is passed)."""
     from . import multiple_choice as kernels
 
-    scratch = (max(pos.shape[0], 1), max(entries, 1))
-    saved = torch.empty(scratch, dtype=logits.dtype, device="meta")
-    at = torch.empty(scratch, dtype=torch.int32, device="meta")
     args, constexprs = kernels.launch_args(logits, tokens, base, pos, slot_of_row, member, prefix, depth, at_least,
-                                           ids, input_ids, local_pos, entries, width, saved, at)
+                                           ids, input_ids, local_pos, entries, width, _meta(logits.dtype),
+                                           _meta(torch.int32))
     return launch_variant("multiple_choice", lambda: kernels.kernels().keep_rows, logits.device, args, constexprs)
 
 
@@ -146,6 +144,17 @@ def spans(advances: Sequence[tuple[Any, ...]] = (),
 def _jitted(module: Any, name: str) -> Callable[[], Any]:
     """The module's jitted kernel ``name``, looked up at the call (Triton imported then)."""
     return lambda: getattr(module.kernels(), name)
+
+
+_META: dict[torch.dtype, torch.Tensor] = {}
+
+
+def _meta(dtype: torch.dtype) -> torch.Tensor:
+    """A kept ``[1, 1]`` meta tensor of ``dtype`` (a scratch argument whose dtype alone is keyed)."""
+    made = _META.get(dtype)
+    if made is None:
+        made = _META[dtype] = torch.empty((1, 1), dtype=dtype, device="meta")
+    return made
 
 
 def _ban_rows(module: Any) -> Callable[[], Any]:
