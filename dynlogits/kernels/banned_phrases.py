@@ -24,6 +24,7 @@ here imports Triton until a CUDA tensor arrives; no sync."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import torch
@@ -31,8 +32,9 @@ import torch
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BLOCK_E", "GATE", "NEVER", "OUT_OF_PHASE", "Case", "ban_reference", "banned_phrases_ban_", "block_width", "kernels", "launch_args",
-           "launch", "probe_case"]
+from .variants import launch_variant
+
+__all__ = ["BLOCK_E", "Case", "GATE", "NEVER", "OUT_OF_PHASE", "ban_reference", "banned_phrases_ban_", "block_width", "kernels", "launch", "launch_args", "probe_case", "variant"]
 
 #: ``need`` of a padding entry: past every output length
 NEVER = 1 << 40
@@ -127,7 +129,7 @@ def launch_args(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Te
                 need: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
                 floor: torch.Tensor | None, entries: int, width: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``ban_rows``' positional arguments and constexprs for ``launch``'s arguments (the launch and
-    its off-step compile, ``kind_variants.banned_phrases``, take the same)."""
+    its off-step compile, ``variant``, take the same)."""
     drafts = input_ids is not None and local_pos is not None
     args = (logits, logits.stride(0), logits.stride(1), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[1],
             tokens.shape[0], prompt_len, pos, slot_of_row, member.view(torch.uint8), prefix, prefix.stride(0), bans,
@@ -209,3 +211,13 @@ def _probe(device: torch.device) -> bool:
 
 #: the probe-at-first-use gate (``_probe`` looked up at call time)
 GATE = FusedGate("banned_phrases", lambda device: _probe(device))
+
+
+def variant(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
+            slot_of_row: torch.Tensor, member: torch.Tensor, prefix: torch.Tensor, bans: torch.Tensor,
+            need: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
+            floor: torch.Tensor | None, entries: int, width: int) -> tuple[Hashable, Callable[[], object]]:
+    """``launch_variant`` of ``launch`` for these arguments."""
+    args, constexprs = launch_args(logits, tokens, prompt_len, pos, slot_of_row, member, prefix, bans, need,
+                                           input_ids, local_pos, floor, entries, width)
+    return launch_variant("banned_phrases", lambda: kernels().ban_rows, logits.device, args, constexprs)

@@ -23,7 +23,7 @@ imports Triton until a CUDA tensor arrives; no sync."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -31,8 +31,9 @@ import torch
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BLOCK", "GATE", "apply", "dead_rows_", "evaluate_reference", "flag_reference", "kernels", "launch", "launch_args", "probe_case",
-           "record_reference", "same"]
+from .variants import launch_variant
+
+__all__ = ["BLOCK", "GATE", "apply", "dead_rows_", "evaluate_reference", "flag_reference", "kernels", "launch", "launch_args", "probe_case", "record_reference", "same", "variant"]
 
 #: witness ids per iteration of a program (a power of two)
 BLOCK = 128
@@ -128,7 +129,7 @@ def launch_args(logits: torch.Tensor, witness: torch.Tensor, rows: torch.Tensor 
                 stops: torch.Tensor | None, where: torch.Tensor | None, real_rows: torch.Tensor | None,
                 flags: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``dead_rows``' positional arguments and constexprs for ``launch``'s arguments (the launch and
-    its off-step compile, ``kind_variants.dead_rows``, take the same)."""
+    its off-step compile, ``variant``, take the same)."""
     listed = rows is not None
     args = (logits, logits.stride(0), witness, witness.stride(0), witness.stride(1), witness.shape[1],
             rows if rows is not None else slots, slots, positions if positions is not None else slots,
@@ -201,3 +202,13 @@ def _probe(device: torch.device) -> bool:
 
 #: the probe-at-first-use gate (``_probe`` looked up at call time)
 GATE = FusedGate("restrictive dead rows", lambda device: _probe(device))
+
+
+def variant(logits: torch.Tensor, witness: torch.Tensor, rows: torch.Tensor | None, slots: torch.Tensor,
+            positions: torch.Tensor | None, stop_index: torch.Tensor | None, can_stop: torch.Tensor | None,
+            stops: torch.Tensor | None, where: torch.Tensor | None, real_rows: torch.Tensor | None,
+            flags: torch.Tensor) -> tuple[Hashable, Callable[[], object]]:
+    """``launch_variant`` of ``launch`` for these arguments."""
+    args, constexprs = launch_args(logits, witness, rows, slots, positions, stop_index, can_stop, stops, where,
+                                           real_rows, flags)
+    return launch_variant("dead_rows", lambda: kernels().dead_rows, logits.device, args, constexprs)

@@ -3,7 +3,7 @@ on CUDA): ``decide`` gives, per row and position of the window, the id after the
 logit there lowered by the position's penalty; ``scatter_reduce_`` (``amin``) then writes them, as
 ``dry_device.lower_rows`` does. Triton is imported when ``kernels()`` is first called (by the CUDA
 implementation, or a test that set ``TRITON_INTERPRET=1`` first); this module imports nothing from the
-rest of the package.
+rest of the package but ``kernels.variants``.
 
 One program per (row, ``BLOCK`` positions): the row's slot, position, parameters and breaker limit
 (its last ``cap`` columns looked up in the slot's sorted breakers by binary search), then, for every
@@ -23,11 +23,14 @@ there (``python -m dynlogits.testing.cuda.dry_check``, and the kind's probe at i
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 
-__all__ = ["BLOCK", "decide", "kernels", "launch_args"]
+from .variants import launch_variant
+
+__all__ = ["BLOCK", "decide", "kernels", "launch_args", "variant"]
 
 #: positions per program
 BLOCK = 128
@@ -76,7 +79,7 @@ def launch_args(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Te
                 cap: int, floor: torch.Tensor | None, ids: torch.Tensor,
                 lowered: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``decide_rows``' positional arguments and constexprs for ``decide``'s arguments and its two
-    outputs (the launch and its off-step compile, ``kind_variants.dry``, take the same)."""
+    outputs (the launch and its off-step compile, ``variant``, take the same)."""
     drafts = input_ids is not None and local_pos is not None
     flags = member.view(torch.uint8) if member.dtype == torch.bool else member
     f64 = logits.dtype == torch.float64
@@ -90,3 +93,17 @@ def launch_args(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Te
             largest)
     return args, {"BLOCK": BLOCK, "TAIL": _pow2(cap, 16), "LOG_S": max(1, singles.shape[1].bit_length()),
                   "DRAFTS": drafts, "F64": f64, "BF16": logits.dtype == torch.bfloat16, "HAS_FLOOR": floor is not None}
+
+
+def variant(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
+            input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, slot_of_row: torch.Tensor, member: torch.Tensor,
+            params: torch.Tensor, singles: torch.Tensor, amounts: torch.Tensor, width: int, cap: int,
+            floor: torch.Tensor | None) -> tuple[Hashable, Callable[[], object]]:
+    """``launch_variant`` of ``decide``'s launch for these arguments (its two
+    outputs as meta tensors of their shapes: only their dtypes and strides are read)."""
+    rows = max(pos.shape[0], 1)
+    ids = torch.empty(rows, max(width - 1, 1), dtype=torch.int64, device="meta")
+    lowered = torch.empty(rows, max(width - 1, 1), dtype=logits.dtype, device="meta")
+    args, constexprs = launch_args(logits, tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member,
+                                           params, singles, amounts, width, cap, floor, ids, lowered)
+    return launch_variant("dry", lambda: kernels().decide_rows, logits.device, args, constexprs)

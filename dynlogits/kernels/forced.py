@@ -2,7 +2,7 @@
 step where no later group can mask the rows, in two launches whatever the batch, exactly what the
 eager reference writes. Triton is imported when ``kernels()`` is first called (by the CUDA
 implementation, or a test that set ``TRITON_INTERPRET=1`` first); this module imports nothing from
-the rest of the package.
+the rest of the package but ``kernels.variants``.
 
 Two launches, not one: every row's forced logit must be read before any program writes the row
 (programs of one launch are not ordered), so ``decide_rows`` (one program per ``DECIDE_BLOCK``
@@ -13,12 +13,14 @@ integers (no sync)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 
-__all__ = ["DECIDE_BLOCK", "FILL_BLOCK", "WIDTH_BLOCK", "decide_args", "fill_args", "kernels", "pick_decide_args",
-           "pick_settle_", "settle_"]
+from .variants import launch_variant, launches_variant
+
+__all__ = ["DECIDE_BLOCK", "FILL_BLOCK", "WIDTH_BLOCK", "decide_args", "fill_args", "kernels", "pick_decide_args", "pick_settle_", "pick_settle_variant", "settle_", "settle_variant"]
 
 #: member rows per ``decide_rows`` program, columns per ``fill_rows`` program (powers of two)
 DECIDE_BLOCK = 128
@@ -69,7 +71,7 @@ def _fill(logits: torch.Tensor, rows: torch.Tensor, chosen: torch.Tensor, dead: 
 
 
 # Each launch's positional arguments and constexprs (the launch and its off-step compile,
-# ``kind_variants.forced_settle`` and ``forced_pick_settle``, take the same).
+# ``settle_variant`` and ``pick_settle_variant``, take the same).
 
 def decide_args(logits: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor, if_dead: torch.Tensor,
                 can_stop: torch.Tensor | None, chosen: torch.Tensor, dead: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -97,3 +99,27 @@ def fill_args(logits: torch.Tensor, rows: torch.Tensor, chosen: torch.Tensor, de
     args = (logits, logits.stride(0), rows, chosen, chosen.stride(1), dead, dead if can_stop is None else can_stop,
             logits.shape[1])
     return args, {"HAS_STOPS": can_stop is not None, "BLOCK": FILL_BLOCK}
+
+
+def settle_variant(logits: torch.Tensor, rows: torch.Tensor, picked: torch.Tensor, if_dead: torch.Tensor,
+                   can_stop: torch.Tensor | None, chosen: torch.Tensor,
+                   dead: torch.Tensor) -> tuple[Hashable, Callable[[], object]]:
+    """``launches_variant`` of ``settle_``'s two launches (``decide_rows``,
+    ``fill_rows``) for these arguments."""
+    decide = decide_args(logits, rows, picked, if_dead, can_stop, chosen, dead)
+    fill = fill_args(logits, rows, chosen, dead, can_stop)
+    return launches_variant([
+        launch_variant("forced.decide_rows", lambda: kernels().decide_rows, logits.device, *decide),
+        launch_variant("forced.fill_rows", lambda: kernels().fill_rows, logits.device, *fill)])
+
+
+def pick_settle_variant(logits: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, bounds: torch.Tensor,
+                        values: torch.Tensor, identity: bool, can_stop: torch.Tensor | None, pick: torch.Tensor,
+                        chosen: torch.Tensor, dead: torch.Tensor) -> tuple[Hashable, Callable[[], object]]:
+    """``launches_variant`` of ``pick_settle_``'s two launches
+    (``pick_decide_rows``, ``fill_rows``) for these arguments."""
+    decide = pick_decide_args(logits, rows, table, bounds, values, identity, can_stop, pick, chosen, dead)
+    fill = fill_args(logits, rows, chosen, dead, can_stop)
+    return launches_variant([
+        launch_variant("forced.pick_decide_rows", lambda: kernels().pick_decide_rows, logits.device, *decide),
+        launch_variant("forced.fill_rows", lambda: kernels().fill_rows, logits.device, *fill)])

@@ -35,6 +35,7 @@ other rows are unchanged. Nothing here imports Triton until a CUDA tensor arrive
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import torch
@@ -42,8 +43,9 @@ import torch
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BLOCK_E", "BLOCK_V", "CHUNK", "GATE", "NEVER", "NUM_WARPS", "OUT_OF_PHASE", "Case", "block_width", "keep_reference",
-           "kernels", "launch", "launch_args", "multiple_choice_keep_", "probe", "probe_case", "same_bits"]
+from .variants import launch_variant, meta_scratch
+
+__all__ = ["BLOCK_E", "BLOCK_V", "CHUNK", "Case", "GATE", "NEVER", "NUM_WARPS", "OUT_OF_PHASE", "block_width", "keep_reference", "kernels", "launch", "launch_args", "multiple_choice_keep_", "probe", "probe_case", "same_bits", "variant"]
 
 #: ``depth`` of a padding entry: past every history's length (``MultipleChoiceGroup.NEVER``)
 NEVER = 1 << 40
@@ -173,7 +175,7 @@ def launch_args(logits: torch.Tensor, tokens: torch.Tensor, base: torch.Tensor, 
                 chunk: int = CHUNK) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``keep_rows``' positional arguments and constexprs (``num_warps`` with them) for ``launch``'s
     arguments and its scratch ``saved`` and ``at`` (the launch and its off-step compile,
-    ``kind_variants.multiple_choice``, take the same)."""
+    ``variant``, take the same)."""
     drafts = input_ids is not None and local_pos is not None
     vocab = logits.shape[1]
     args = (logits, logits.stride(0), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[1], tokens.shape[0], base,
@@ -294,3 +296,15 @@ def probe(device: torch.device) -> bool:
 
 #: the probe-at-first-use gate (``probe`` looked up at call time)
 GATE = FusedGate("multiple_choice", lambda device: probe(device))
+
+
+def variant(logits: torch.Tensor, tokens: torch.Tensor, base: torch.Tensor, pos: torch.Tensor,
+            slot_of_row: torch.Tensor, member: torch.Tensor, prefix: torch.Tensor, depth: torch.Tensor,
+            at_least: torch.Tensor, ids: torch.Tensor, input_ids: torch.Tensor | None,
+            local_pos: torch.Tensor | None, entries: int, width: int) -> tuple[Hashable, Callable[[], object]]:
+    """``launch_variant`` of ``launch`` for these arguments (its
+    scratch as kept meta tensors: only their dtypes are read, no stride of theirs is passed)."""
+    args, constexprs = launch_args(logits, tokens, base, pos, slot_of_row, member, prefix, depth, at_least,
+                                           ids, input_ids, local_pos, entries, width, meta_scratch(logits.dtype),
+                                           meta_scratch(torch.int32))
+    return launch_variant("multiple_choice", lambda: kernels().keep_rows, logits.device, args, constexprs)

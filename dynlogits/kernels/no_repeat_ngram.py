@@ -2,7 +2,7 @@
 from the engine's token matrix and its bans written, one launch (``ban_``), exactly what
 ``processors.no_repeat_ngram_device``'s host implementation (``ban_host``) and its eager device path
 write. Triton is imported when ``kernels()`` is first called (by the CUDA implementation, or a test
-that set ``TRITON_INTERPRET=1`` first); this module imports nothing from the rest of the package.
+that set ``TRITON_INTERPRET=1`` first); this module imports nothing from the rest of the package but ``kernels.variants``.
 
 One program per row ``r`` and block of ``BLOCK`` followers (position ``p = pos[r]``, slot
 ``slot_of_row[r]``, its ``params`` row: the history's first position ``start``, the size ``n``, the
@@ -19,11 +19,14 @@ loads), so no cross-lane shuffles."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 
-__all__ = ["BLOCK", "ban_", "kernels", "launch_args"]
+from .variants import launch_variant
+
+__all__ = ["BLOCK", "ban_", "kernels", "launch_args", "variant"]
 
 #: followers per program (a power of two)
 BLOCK = 128
@@ -56,9 +59,18 @@ def launch_args(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, s
                 params: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
                 floor: torch.Tensor | None, width: int, size: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``ban_rows``' positional arguments and constexprs for ``ban_``'s arguments (the launch and
-    its off-step compile, ``kind_variants.no_repeat_ngram``, take the same)."""
+    its off-step compile, ``variant``, take the same)."""
     drafts = input_ids is not None and local_pos is not None
     args = (logits, logits.stride(0), logits.stride(1), tokens, tokens.stride(0), tokens.stride(1), tokens.shape[1],
             pos, slot_of_row, params, params.stride(0), input_ids if drafts else pos, local_pos if drafts else pos,
             pos if floor is None else floor, width, logits.shape[1])
     return args, {"SIZE": size, "BLOCK": BLOCK, "HAS_DRAFTS": drafts, "HAS_FLOOR": floor is not None}
+
+
+def variant(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
+            params: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
+            floor: torch.Tensor | None, width: int, size: int) -> tuple[Hashable, Callable[[], object]]:
+    """``launch_variant`` of ``ban_``'s launch for these arguments."""
+    args, constexprs = launch_args(logits, tokens, pos, slot_of_row, params, input_ids, local_pos, floor,
+                                           width, size)
+    return launch_variant("no_repeat_ngram", lambda: kernels().ban_rows, logits.device, args, constexprs)

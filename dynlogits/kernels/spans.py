@@ -48,7 +48,7 @@ Nothing here imports Triton until a CUDA tensor arrives; no sync."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -56,11 +56,9 @@ import torch
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BIG", "BLOCK", "CLOSED", "DUE", "FLOOR", "FORCING", "GATE", "NEVER", "NO_RULE", "PAD", "PHRASE",
-           "PLACEHOLDER", "RULES", "STATE", "STRETCH",
-           "advance_reference", "decide_reference", "drafts_case", "drafts_reference", "drafts_same", "force_case", "kernels",
-           "drafts_args", "launch", "launch_args", "launch_drafts", "launches", "probe_case", "restart_case", "restart_reference", "restart_same", "spans_advance_",
-           "spans_drafts_"]
+from .variants import jitted, launch_variant, launches_variant
+
+__all__ = ["BIG", "BLOCK", "CLOSED", "DUE", "FLOOR", "FORCING", "GATE", "NEVER", "NO_RULE", "PAD", "PHRASE", "PLACEHOLDER", "RULES", "STATE", "STRETCH", "advance_reference", "decide_reference", "drafts_args", "drafts_case", "drafts_reference", "drafts_same", "force_case", "kernels", "launch", "launch_args", "launch_drafts", "launches", "probe_case", "restart_case", "restart_reference", "restart_same", "spans_advance_", "spans_drafts_", "variant"]
 
 #: state columns and ``KEY``'s weight of a length (as ``dynlogits.processors.device_thinking``)
 KEY, ANCHOR, SEL, OUT, STATE = 0, 1, 2, 3, 4
@@ -219,7 +217,7 @@ def launch_args(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor,
                 prompt_len: torch.Tensor | None = None) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     """``launch``'s kernel (``advance_rows``, or ``restarted_advance_rows`` with a restart), its
     positional arguments and constexprs for ``launch``'s arguments (the launch and its off-step
-    compile, ``kind_variants.spans_advance``, take the same)."""
+    compile, ``variant``, take the same)."""
     n = state.shape[0]
     args: tuple[Any, ...] = (state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0),
                              tokens.stride(1), tokens.shape[1], total_len, scale, n, max(rounds, 0), decided, force,
@@ -352,7 +350,7 @@ def drafts_args(state: torch.Tensor, consts: torch.Tensor, tokens: torch.Tensor,
                 prompt_len: torch.Tensor | None = None) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     """``launch_drafts``' kernel (``drafts_rows``, or ``restarted_drafts_rows`` with a restart), its
     positional arguments and constexprs (the launch and its off-step compile,
-    ``kind_variants.spans_drafts``, take the same)."""
+    ``variant``, take the same)."""
     fed = input_ids if input_ids.numel() else local_pos  # not read without fed tokens
     args: tuple[Any, ...] = (state, state.stride(0), consts, consts.stride(0), tokens, tokens.stride(0),
                              tokens.stride(1), tokens.shape[0], tokens.shape[1], total_len, scale, slots, member, fed,
@@ -499,3 +497,22 @@ def _probe(device: torch.device) -> bool:
 
 #: the probe-at-first-use gate (``_probe`` looked up at call time)
 GATE = FusedGate("span following", lambda device: _probe(device))
+
+
+def variant(advances: Sequence[tuple[Any, ...]] = (),
+            drafts: Sequence[tuple[Any, ...]] = ()) -> tuple[Hashable, Callable[[], object]]:
+    """``launches_variant`` of the span ops one gated call makes: ``spans_advance_`` with each of
+    ``advances`` (its arguments; one that launches nothing left out) then ``spans_drafts_`` with each
+    of ``drafts``, each launch's kernel and arguments from ``launch_args`` and
+    ``drafts_args`` (as the launches take them)."""
+    pairs = []
+    for args in advances:
+        state, rounds, rule, restart = args[0], args[6], args[10], args[11] if len(args) > 11 else None
+        if launches(state.shape[0], rounds, rule, restart):
+            name, launched, constexprs = launch_args(*args)
+            pairs.append(launch_variant(f"spans.{name}", jitted(kernels, name), state.device, launched, constexprs))
+    for args in drafts:
+        if args[6].shape[0]:  # the rows' slots: none, no launch
+            name, launched, constexprs = drafts_args(*args)
+            pairs.append(launch_variant(f"spans.{name}", jitted(kernels, name), args[0].device, launched, constexprs))
+    return launches_variant(pairs)

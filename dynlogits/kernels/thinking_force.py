@@ -30,6 +30,7 @@ arrives; no sync."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -37,8 +38,9 @@ import torch
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
-__all__ = ["BLOCK", "GATE", "NO_SEQUENCE", "decided_settle_", "kernels", "launch", "launch_args", "probe_case",
-           "sequence_case", "settle_reference"]
+from .variants import launch_variant
+
+__all__ = ["BLOCK", "GATE", "NO_SEQUENCE", "decided_settle_", "kernels", "launch", "launch_args", "probe_case", "sequence_case", "settle_reference", "variant"]
 
 #: columns per program (a power of two)
 BLOCK = 1024
@@ -125,7 +127,7 @@ def launch_args(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Ten
                 real: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor,
                 scoped: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``settle_rows``' positional arguments and constexprs for ``launch``'s arguments (the launch
-    and its off-step compile, ``kind_variants.thinking_force``, take the same)."""
+    and its off-step compile, ``variant``, take the same)."""
     has_positions, has_real, has_sequence = bool(positions.numel()), bool(real.numel()), bool(sequence.numel())
     args = (logits, logits.stride(0), decisions, member, slot_of_row, stops, positions if has_positions else decisions,
             flags, flags.stride(0), dead, real if has_real else member, logits.shape[1], sentinel,
@@ -203,3 +205,13 @@ def _probe(device: torch.device) -> bool:
 
 #: the probe-at-first-use gate (``_probe`` looked up at call time)
 GATE = FusedGate("span-decided forcing", lambda device: _probe(device))
+
+
+def variant(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor, slot_of_row: torch.Tensor,
+            stops: torch.Tensor, positions: torch.Tensor, sentinel: int, flags: torch.Tensor, dead: torch.Tensor,
+            real: torch.Tensor, sequence: torch.Tensor, length: torch.Tensor,
+            scoped: bool) -> tuple[Hashable, Callable[[], object]]:
+    """``launch_variant`` of ``launch`` for these arguments."""
+    args, constexprs = launch_args(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags,
+                                           dead, real, sequence, length, scoped)
+    return launch_variant("thinking_force", lambda: kernels().settle_rows, logits.device, args, constexprs)

@@ -16,8 +16,9 @@ so a step can still wait tens of ms for it, against the whole compile (hundreds 
 ``launch_variant``: the ``(variant, compile)`` pair of one launch, the compile a
 ``JITFunction.warmup`` of that launch's specialization (torch dtypes in place of tensors, the same
 ints and constexprs: Triton 3.6 and 3.9 accept both) on the launch's device; ``launches_variant``:
-one pair for an op of several launches; each kind's pair for its launch arguments:
-``dynlogits.kernels.kind_variants``."""
+one pair for an op of several launches; each kind's pair for its launch arguments: its kernel
+module's ``variant`` (from the ``launch_args`` its launch takes, so the compile warms exactly what
+the launch will look up)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["COMPILER", "CompileThread", "launch_variant", "launches_variant"]
+__all__ = ["COMPILER", "CompileThread", "jitted", "launch_variant", "launches_variant", "meta_scratch"]
 
 log = logging.getLogger("dynlogits.kernels")
 
@@ -130,3 +131,20 @@ def launches_variant(pairs: Sequence[tuple[Hashable, Callable[[], object]]]) -> 
         return [compile_() for compile_ in compiles]
 
     return tuple([variant for variant, _ in pairs]), compile_all
+
+
+def jitted(kernels: Callable[[], Any], name: str) -> Callable[[], Any]:
+    """The jitted kernel ``name`` of the module ``kernels()`` returns, looked up at the call (Triton
+    imported then)."""
+    return lambda: getattr(kernels(), name)
+
+
+_META: dict[torch.dtype, torch.Tensor] = {}
+
+
+def meta_scratch(dtype: torch.dtype) -> torch.Tensor:
+    """A kept ``[1, 1]`` meta tensor of ``dtype`` (a scratch argument whose dtype alone is keyed)."""
+    made = _META.get(dtype)
+    if made is None:
+        made = _META[dtype] = torch.empty((1, 1), dtype=dtype, device="meta")
+    return made

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias
 import numpy as np
 import torch
 
-from dynlogits.kernels import kind_variants
+from dynlogits.kernels import banned_phrases as banned_phrases_kernels
 from dynlogits.kernels.banned_phrases import GATE, banned_phrases_ban_
 from dynlogits.kernels.banned_phrases import NEVER as _NEVER
 from dynlogits.specs.builtin.banned_phrases import BannedPhrases, BannedPhrasesSpec
@@ -661,7 +661,7 @@ class BannedPhrasesGroup(EntryTablesGroup):
                 banned_phrases_ban_(*args)
             else:  # on CUDA a new variant (BLOCK_W, drafts, floor, dtypes) compiles off the step, eager until it lands
                 device = step.logits.device
-                named = kind_variants.banned_phrases(*args) if device.type == "cuda" else ()  # (variant, compile)
+                named = banned_phrases_kernels.variant(*args) if device.type == "cuda" else ()  # (variant, compile)
                 GATE.run(device, lambda: banned_phrases_ban_(*args),
                          lambda: self._write_eager(step, self._decide_eager(rows, window, floor)), *named)
         else:

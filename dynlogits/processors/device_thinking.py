@@ -46,7 +46,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from dynlogits.kernels import kind_variants, thinking_force
+from dynlogits.kernels import spans as spans_kernels
+from dynlogits.kernels import thinking_force
 from dynlogits.kernels.spans import DUE, FLOOR, FORCING, GATE, NO_RULE, PHRASE, STRETCH, spans_advance_, spans_drafts_
 
 from .modes import HostForcingGroup
@@ -385,18 +386,18 @@ class SettledForcing(HostForcingGroup):
 def gated_spans(device: torch.device, advances: Sequence[tuple[Any, ...]], drafts: Sequence[tuple[Any, ...]],
                  fused: Callable[[], T], eager: Callable[[], T]) -> T:
     """``fused()`` (the span ops with ``advances``' and ``drafts``' arguments) through ``GATE``: on
-    CUDA named by their launches' variant (``kind_variants.spans``), so a variant not compiled yet
+    CUDA named by their launches' variant (``kernels.spans.variant``), so a variant not compiled yet
     compiles off the step and ``eager()`` answers until it lands."""
-    named = kind_variants.spans(advances, drafts) if device.type == "cuda" else ()  # (variant, compile)
+    named = spans_kernels.variant(advances, drafts) if device.type == "cuda" else ()  # (variant, compile)
     return GATE.run(device, fused, eager, *named)
 
 
 def _gated_settle(device: torch.device, args: tuple[Any, ...], fused: Callable[[], Dead],
                   eager: Callable[[], Dead]) -> Dead:
     """``fused()`` (``decided_settle_(*args)`` and its report) through ``thinking_force.GATE``: on
-    CUDA named by its launch's variant (``kind_variants.thinking_force``), so a variant not compiled
+    CUDA named by its launch's variant (``kernels.thinking_force.variant``), so a variant not compiled
     yet compiles off the step and ``eager()`` answers until it lands."""
-    named = kind_variants.thinking_force(*args) if device.type == "cuda" else ()  # (variant, compile)
+    named = thinking_force.variant(*args) if device.type == "cuda" else ()  # (variant, compile)
     return thinking_force.GATE.run(device, fused, eager, *named)
 
 

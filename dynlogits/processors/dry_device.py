@@ -404,7 +404,7 @@ def fused_ready(device: torch.device) -> bool:
 def fused_run(device: torch.device, fused: Callable[[], None], eager: Callable[[], None],
               variant: Hashable = None, compile: Callable[[], object] | None = None) -> None:  # noqa: A002
     """``fused()`` where ``fused_ready(device)``, else ``eager()``; on CUDA with the launch's
-    ``variant`` and ``compile`` (``kind_variants.dry``), ``eager()`` until that variant has compiled
+    ``variant`` and ``compile`` (``kernels.dry.variant``), ``eager()`` until that variant has compiled
     off the step; a variant failing to compile turns the kernels off with one warning and runs
     ``eager()`` (``FusedGate.run``)."""
     _GATE.run(device, fused, eager, variant, compile)

@@ -34,7 +34,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from dynlogits.kernels import kind_variants
+from dynlogits.kernels import dry as dry_kernels
 
 from .dry_device import (
     MAX_DEVICE_CAP,
@@ -223,7 +223,7 @@ class DryGroup(WindowDecided):
                 lower_window_(*args, floor, host)
         else:  # on CUDA a new variant (look-back and breaker buckets, drafts, floor, dtypes) compiles off
             # the step, the eager decision answering until it lands (or for good if it fails to compile)
-            variant, compile_ = kind_variants.dry(*args, floor) if self.device.type == "cuda" else (None, None)
+            variant, compile_ = dry_kernels.variant(*args, floor) if self.device.type == "cuda" else (None, None)
             fused_run(self.device, lambda: fused_lower_(*args, floor),
                       lambda: lower_rows(step.logits, *self._penalties(rows, window, width, cap, floor)), variant,
                       compile_)

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from dynlogits.kernels import kind_variants
+from dynlogits.kernels import forced as forced_kernels
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
@@ -98,16 +98,16 @@ def run(device: torch.device, fused: Callable[[], T], eager: Callable[[], T], va
 
 def run_settle(device: torch.device, args: tuple[Any, ...]) -> None:
     """``settle_(*args)`` through the gate, else its eager reference; on CUDA named by its variant
-    (``kind_variants.forced_settle``: both launches' planes, stops, dtypes), so a variant not
+    (``kernels.forced.settle_variant``: both launches' planes, stops, dtypes), so a variant not
     compiled yet compiles off the step and the eager ops answer until it lands."""
-    named = kind_variants.forced_settle(*args) if device.type == "cuda" else ()  # (variant, compile)
+    named = forced_kernels.settle_variant(*args) if device.type == "cuda" else ()  # (variant, compile)
     run(device, lambda: settle_(*args), lambda: settle_.eager(*args), *named)
 
 
 def run_pick_settle(device: torch.device, args: tuple[Any, ...]) -> None:
-    """``pick_settle_(*args)`` as ``run_settle`` runs ``settle_`` (``kind_variants.forced_pick_settle``:
+    """``pick_settle_(*args)`` as ``run_settle`` runs ``settle_`` (``kernels.forced.pick_settle_variant``:
     identity, stops, the bounds' and values' dtypes)."""
-    named = kind_variants.forced_pick_settle(*args) if device.type == "cuda" else ()  # (variant, compile)
+    named = forced_kernels.pick_settle_variant(*args) if device.type == "cuda" else ()  # (variant, compile)
     run(device, lambda: pick_settle_(*args), lambda: pick_settle_.eager(*args), *named)
 
 

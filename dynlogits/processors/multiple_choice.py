@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeAlias, cast
 
 import torch
 
-from dynlogits.kernels import kind_variants
+from dynlogits.kernels import multiple_choice as multiple_choice_kernels
 from dynlogits.kernels.multiple_choice import GATE, multiple_choice_keep_
 from dynlogits.specs.builtin.multiple_choice import MultipleChoice, MultipleChoiceSpec
 
@@ -346,9 +346,9 @@ class MultipleChoiceGroup(EntryTablesGroup):
 
 def _gated(device: torch.device, args: tuple[Any, ...], eager: Callable[[], None]) -> None:
     """``multiple_choice_keep_(*args)`` through ``GATE``: on CUDA named by its variant
-    (``kind_variants.multiple_choice``: ``BLOCK_W``, drafts, dtypes), so a variant not compiled yet
+    (``kernels.multiple_choice.variant``: ``BLOCK_W``, drafts, dtypes), so a variant not compiled yet
     compiles off the step and ``eager()`` answers until it lands."""
-    named = kind_variants.multiple_choice(*args) if device.type == "cuda" else ()  # (variant, compile)
+    named = multiple_choice_kernels.variant(*args) if device.type == "cuda" else ()  # (variant, compile)
     GATE.run(device, lambda: multiple_choice_keep_(*args), eager, *named)
 
 

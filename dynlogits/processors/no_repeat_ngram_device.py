@@ -67,7 +67,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dynlogits.kernels import kind_variants
+from dynlogits.kernels import no_repeat_ngram as no_repeat_ngram_kernels
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
@@ -219,9 +219,9 @@ _BanArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.T
 
 
 def _gated(device: torch.device, args: _BanArgs, eager: Callable[[], None]) -> None:
-    """``ban_(*args)`` through the gate: on CUDA named by its variant (``kind_variants.no_repeat_ngram``),
+    """``ban_(*args)`` through the gate: on CUDA named by its variant (``kernels.no_repeat_ngram.variant``),
     so a variant not compiled yet compiles off the step and ``eager()`` answers until it lands."""
-    variant, compile_ = kind_variants.no_repeat_ngram(*args) if device.type == "cuda" else (None, None)
+    variant, compile_ = no_repeat_ngram_kernels.variant(*args) if device.type == "cuda" else (None, None)
     _GATE.run(device, lambda: ban_(*args), eager, variant, compile_)
 
 

@@ -13,7 +13,15 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from dynlogits.kernels import kind_variants, variants
+from dynlogits.kernels import banned_phrases as banned_phrases_kernels
+from dynlogits.kernels import dead_rows as dead_rows_kernels
+from dynlogits.kernels import dry as dry_kernels
+from dynlogits.kernels import forced as forced_kernels
+from dynlogits.kernels import multiple_choice as multiple_choice_kernels
+from dynlogits.kernels import no_repeat_ngram as no_repeat_ngram_kernels
+from dynlogits.kernels import spans as spans_kernels
+from dynlogits.kernels import thinking_force as thinking_force_kernels
+from dynlogits.kernels import variants
 from dynlogits.kernels.probe import FusedGate
 from dynlogits.kernels.variants import CompileThread
 
@@ -213,14 +221,14 @@ def test_no_repeat_ngram_compile_warms_up_the_launch_s_own_specialization(
             window.input_ids if drafts else None, window.local_pos if drafts else None, floor if floored else None,
             t.source.width, t.source.size)
     kernels.ban_(*args)
-    variant, compile_ = kind_variants.no_repeat_ngram(*args)
+    variant, compile_ = no_repeat_ngram_kernels.variant(*args)
     compile_()
     assert recorder.launched is not None and recorder.warmed is not None
     launched, warmed = recorder.launched, recorder.warmed
     assert warmed[1] == launched[1]  # constexprs
     assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
-    other, _ = kind_variants.no_repeat_ngram(*args[:-1], t.source.size + 1)
-    assert variant == kind_variants.no_repeat_ngram(*args)[0] and other != variant
+    other, _ = no_repeat_ngram_kernels.variant(*args[:-1], t.source.size + 1)
+    assert variant == no_repeat_ngram_kernels.variant(*args)[0] and other != variant
 
 
 def test_no_repeat_ngram_s_call_site_runs_eager_until_its_variant_lands(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,15 +275,15 @@ def test_banned_phrases_compile_warms_up_the_launch_s_own_specialization(
     monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(ban_rows=recorder))
     case = kernels.probe_case(11, drafts=drafts, width=width, floors=floors)
     kernels.launch(*case)
-    variant, compile_ = kind_variants.banned_phrases(*case)
+    variant, compile_ = banned_phrases_kernels.variant(*case)
     compile_()
     assert recorder.launched is not None and recorder.warmed is not None
     launched, warmed = recorder.launched, recorder.warmed
     assert warmed[1] == launched[1]
     assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
     wider = 40 if width <= 8 else 1  # the other BLOCK_W bucket
-    assert kind_variants.banned_phrases(*case[:-1], wider)[0] != variant
-    assert kind_variants.banned_phrases(*case)[0] == variant
+    assert banned_phrases_kernels.variant(*case[:-1], wider)[0] != variant
+    assert banned_phrases_kernels.variant(*case)[0] == variant
 
 
 def test_a_variant_is_its_constexprs_dtypes_and_int_classes() -> None:
@@ -300,7 +308,7 @@ def test_an_int_the_kernel_leaves_unkeyed_never_makes_a_new_variant() -> None:
     window, t, logits, _ = probe_case(5, torch.device("cpu"))
     args = (logits, window.tokens, window.pos, t.slot_of_row, t.source.params, None, None, None)
     size = t.source.size
-    wide = [kind_variants.no_repeat_ngram(*args, width, size)[0] for width in (size + 15, 16, 17, 32)]
+    wide = [no_repeat_ngram_kernels.variant(*args, width, size)[0] for width in (size + 15, 16, 17, 32)]
     assert len(set(wide)) == 1
     ban_rows = kernels.kernels().ban_rows
     keyed = [p.name for p in ban_rows.params if not p.is_constexpr and not p.do_not_specialize
@@ -324,16 +332,16 @@ def test_dry_compile_warms_up_the_launch_s_own_specialization(
     args, width, cap = D.probe_case(4, drafts=drafts)
     floor = D.probe_floor(4, list(args)) if floored else None
     kernels.decide(*args, width, cap, floor)
-    variant, compile_ = kind_variants.dry(*args, width, cap, floor)
+    variant, compile_ = dry_kernels.variant(*args, width, cap, floor)
     compile_()
     assert recorder.launched is not None and recorder.warmed is not None
     launched, warmed = recorder.launched, recorder.warmed
     assert warmed[1] == launched[1]
     assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
     monkeypatch.undo()  # the real kernel: its params say which ints Triton keys
-    variant = kind_variants.dry(*args, width, cap, floor)[0]
-    assert kind_variants.dry(*args, width + 17, cap, floor)[0] == variant  # the width: unkeyed
-    assert kind_variants.dry(*args, width, 2 * cap + 16, floor)[0] != variant  # another look-back bucket
+    variant = dry_kernels.variant(*args, width, cap, floor)[0]
+    assert dry_kernels.variant(*args, width + 17, cap, floor)[0] == variant  # the width: unkeyed
+    assert dry_kernels.variant(*args, width, 2 * cap + 16, floor)[0] != variant  # another look-back bucket
 
 
 def test_dry_s_gate_runs_eager_until_the_launch_s_variant_lands(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -366,19 +374,19 @@ def test_multiple_choice_compile_warms_up_the_launch_s_own_specialization(
     monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(keep_rows=recorder))
     case = kernels.probe_case(13, drafts=drafts, width=width)
     kernels.launch(*case)
-    variant, compile_ = kind_variants.multiple_choice(*case)
+    variant, compile_ = multiple_choice_kernels.variant(*case)
     compile_()
     assert recorder.launched is not None and recorder.warmed is not None
     launched, warmed = recorder.launched, recorder.warmed
     assert warmed[1] == launched[1]
     assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
     monkeypatch.undo()  # the real kernel: its params say which ints Triton keys
-    variant = kind_variants.multiple_choice(*case)[0]
+    variant = multiple_choice_kernels.variant(*case)[0]
     wider = 40 if width <= 8 else 1  # the other BLOCK_W bucket
-    assert kind_variants.multiple_choice(*case[:-1], wider)[0] != variant
-    assert kind_variants.multiple_choice(*case[:-2], case.entries + 17, case.width)[0] == variant
+    assert multiple_choice_kernels.variant(*case[:-1], wider)[0] != variant
+    assert multiple_choice_kernels.variant(*case[:-2], case.entries + 17, case.width)[0] == variant
     half = case._replace(logits=case.logits.to(torch.bfloat16))
-    assert kind_variants.multiple_choice(*half)[0] != variant
+    assert multiple_choice_kernels.variant(*half)[0] != variant
 
 
 def test_multiple_choice_s_call_site_runs_eager_until_its_variant_lands(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -437,11 +445,11 @@ def test_forced_compile_warms_up_both_launches_own_specializations(
         n = case[1].shape[0]
         args: tuple[object, ...] = (*case, torch.empty((6, n), dtype=torch.long), torch.empty((3, n), dtype=torch.long),
                                     torch.empty(n, dtype=torch.bool))
-        launch, named, first = kernels.pick_settle_, kind_variants.forced_pick_settle, "pick_decide_rows"
+        launch, named, first = kernels.pick_settle_, forced_kernels.pick_settle_variant, "pick_decide_rows"
     else:
         logits, rows, picked, if_dead, can_stop = F.probe_case(9, cpu, stops=stops)
         args = (logits, rows, picked, if_dead, can_stop, torch.empty_like(picked), torch.empty_like(rows, dtype=torch.bool))
-        launch, named, first = kernels.settle_, kind_variants.forced_settle, "decide_rows"
+        launch, named, first = kernels.settle_, forced_kernels.settle_variant, "decide_rows"
     launch(*args)  # type: ignore[operator]
     variant, compile_ = named(*args)  # type: ignore[operator]
     compile_()
@@ -524,14 +532,14 @@ def test_thinking_force_compile_warms_up_the_launch_s_own_specialization(
     args = (logits, decisions, member, slot_of_row, stops, pos, sentinel, flags, dead, real, kernels.NO_SEQUENCE,
             kernels.NO_SEQUENCE, False)
     kernels.launch(*args)
-    variant, compile_ = kind_variants.thinking_force(*args)
+    variant, compile_ = thinking_force_kernels.variant(*args)
     compile_()
     assert recorder.launched is not None and recorder.warmed == _as_warmed(recorder.launched)
     monkeypatch.undo()  # the real kernel: its params say which ints Triton keys
-    variant = kind_variants.thinking_force(*args)[0]
-    assert kind_variants.thinking_force(*args[:6], sentinel + 17, *args[7:])[0] == variant
+    variant = thinking_force_kernels.variant(*args)[0]
+    assert thinking_force_kernels.variant(*args[:6], sentinel + 17, *args[7:])[0] == variant
     other_real = torch.empty(0, dtype=torch.bool) if drafts else torch.ones(len(decisions), dtype=torch.bool)
-    assert kind_variants.thinking_force(*args[:9], other_real, *args[10:])[0] != variant
+    assert thinking_force_kernels.variant(*args[:9], other_real, *args[10:])[0] != variant
 
 
 @pytest.mark.parametrize(("listed", "stops", "real"), [(True, True, False), (False, True, True), (False, False, False)])
@@ -547,15 +555,15 @@ def test_dead_rows_compile_warms_up_the_launch_s_own_specialization(
     monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(dead_rows=recorder))
     case = kernels.probe_case(4, torch.device("cpu"), listed=listed, stops=stops, real=real)
     kernels.launch(*case)
-    variant, compile_ = kind_variants.dead_rows(*case)
+    variant, compile_ = dead_rows_kernels.variant(*case)
     compile_()
     assert recorder.launched is not None and recorder.warmed == _as_warmed(recorder.launched)
     monkeypatch.undo()  # the real kernel: its params say which ints Triton keys
-    variant = kind_variants.dead_rows(*case)[0]
+    variant = dead_rows_kernels.variant(*case)[0]
     wider = kernels.probe_case(4, torch.device("cpu"), listed=listed, stops=stops, real=real, width=17)
-    assert kind_variants.dead_rows(*wider)[0] == variant
+    assert dead_rows_kernels.variant(*wider)[0] == variant
     other = kernels.probe_case(4, torch.device("cpu"), listed=not listed, stops=stops, real=real)
-    assert kind_variants.dead_rows(*other)[0] != variant
+    assert dead_rows_kernels.variant(*other)[0] != variant
 
 
 def test_thinking_force_and_dead_rows_call_sites_run_eager_until_their_variants_land(
@@ -609,7 +617,7 @@ def _span_ops(width: int = 3, rule: int = 1) -> tuple[tuple[object, ...], ...]:
 
 
 def test_span_ops_compile_warms_up_every_launch_s_own_specialization(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``kind_variants.spans`` over the ops one gated call makes (advances, then drafts): the tuple
+    """``spans_kernels.variant`` over the ops one gated call makes (advances, then drafts): the tuple
     of each launch's key, and a compile warming each launch's kernel (plain or restarted) with its
     own arguments, tensors as dtypes; the table width (``WIDTH``) is part of the variant, the row
     count is not; an advance that launches nothing is left out."""
@@ -625,20 +633,20 @@ def test_span_ops_compile_warms_up_every_launch_s_own_specialization(monkeypatch
     spans.launch(*restarted)  # type: ignore[arg-type]
     spans.launch_drafts(*drafts)  # type: ignore[arg-type]
     spans.launch_drafts(*restarted_drafts)  # type: ignore[arg-type]
-    variant, compile_ = kind_variants.spans([advance, restarted], [drafts, restarted_drafts])
+    variant, compile_ = spans_kernels.variant([advance, restarted], [drafts, restarted_drafts])
     compile_()
     for name in names:
         launched = recorders[name].launched
         assert launched is not None and recorders[name].warmed == _as_warmed(launched), name
     assert isinstance(variant, tuple) and len(variant) == 4
     monkeypatch.undo()  # the real kernels: their params say which ints Triton keys
-    variant = kind_variants.spans([advance], [drafts])[0]
+    variant = spans_kernels.variant([advance], [drafts])[0]
     wider = _span_ops(width=4)
-    assert kind_variants.spans([wider[0]], [wider[2]])[0] != variant
+    assert spans_kernels.variant([wider[0]], [wider[2]])[0] != variant
     fewer = tuple(a[:17] if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == 40 else a for a in advance)
-    assert kind_variants.spans([fewer], [drafts])[0] == variant
+    assert spans_kernels.variant([fewer], [drafts])[0] == variant
     idle = (*advance[:6], 0, *advance[7:10], 0)  # no rounds, no rule, no restart: no launch
-    assert kind_variants.spans([idle, advance], [drafts])[0] == variant
+    assert spans_kernels.variant([idle, advance], [drafts])[0] == variant
 
 
 def test_span_call_sites_run_eager_until_their_variants_land(monkeypatch: pytest.MonkeyPatch) -> None:

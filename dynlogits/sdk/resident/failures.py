@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dynlogits.kernels import kind_variants
+from dynlogits.kernels import dead_rows as dead_rows_kernels
 from dynlogits.kernels.dead_rows import GATE, dead_rows_, flag_reference, record_reference
 from dynlogits.processors.slots import Dead, SlotTable, StepInputs
 
@@ -149,8 +149,8 @@ class Failures:
 
 
 def _gated(device: torch.device, args: tuple[Any, ...], eager: Callable[[], None]) -> None:
-    """``dead_rows_(*args)`` through ``GATE``: on CUDA named by its variant (``kind_variants.dead_rows``:
+    """``dead_rows_(*args)`` through ``GATE``: on CUDA named by its variant (``kernels.dead_rows.variant``:
     the layout's and optional tensors' flags, dtypes), so a variant not compiled yet compiles off the
     step and ``eager()`` answers until it lands."""
-    named = kind_variants.dead_rows(*args) if device.type == "cuda" else ()  # (variant, compile)
+    named = dead_rows_kernels.variant(*args) if device.type == "cuda" else ()  # (variant, compile)
     GATE.run(device, lambda: dead_rows_(*args), eager, *named)
