@@ -16,13 +16,13 @@ processors: ``vllm/v1/sample/sampler.py``, ``Sampler.forward``, vLLM 0.32), and 
 logits' width) what each gate's ``widen`` compiles for that width (``compile_for_vocab``; today the
 watermark draw's block count, ``draw_reduce``'s ``NB``, for one float32 row with the engine's flags).
 
-Beyond the probes' values, the constexprs a client's request chooses compile at their first call,
-once per process each (their sizes bounded by the limits). Off the step, the step running the kind's
-eager path until the compile lands (``dynlogits.kernels.variants``): the n-gram size
-(``no_repeat_ngram`` ``SIZE``), banned_phrases' phrase-length bucket (``BLOCK_W``), dry's tail and
-breaker buckets (``TAIL``, ``LOG_S``). In the step: multiple_choice's ``BLOCK_W``, the span delimiter
-width (``spans`` ``WIDTH``), the watermark's context width (``WIDE``/``WIDTH``), and a logits dtype
-other than the probes'."""
+Beyond the probes' values, a variant a request selects (a constexpr the client chooses: the n-gram
+size, a phrase or choice length bucket, dry's tail and breaker buckets, a span delimiter width; or
+another dtype) compiles at its first call, once per process, off the step: each fused op names its
+variant to its gate, which runs the kind's eager path until the compile lands
+(``dynlogits.kernels.variants``). Still compiled in the step of its first call: the watermark's
+context width (``WIDE``/``WIDTH``, the operator's) and the sequence-form forcing settle a scoped
+forced sequence runs outside its gate."""
 
 from __future__ import annotations
 
