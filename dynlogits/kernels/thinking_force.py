@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -40,7 +40,9 @@ from dynlogits.kernels.probe import FusedGate
 
 from .variants import launch_variant
 
-__all__ = ["BLOCK", "GATE", "NO_SEQUENCE", "decided_settle_", "kernels", "launch", "launch_args", "probe_case", "sequence_case", "settle_reference", "variant"]
+__all__ = ["BLOCK", "GATE", "NO_SEQUENCE", "decided_settle_", "kernels", "launch", "launch_args", "probe_case", "run_gated", "sequence_case", "settle_reference", "variant"]
+
+T = TypeVar("T")
 
 #: columns per program (a power of two)
 BLOCK = 1024
@@ -215,3 +217,11 @@ def variant(logits: torch.Tensor, decisions: torch.Tensor, member: torch.Tensor,
     args, constexprs = launch_args(logits, decisions, member, slot_of_row, stops, positions, sentinel, flags,
                                            dead, real, sequence, length, scoped)
     return launch_variant("thinking_force", lambda: kernels().settle_rows, logits.device, args, constexprs)
+
+
+def run_gated(device: torch.device, args: tuple[Any, ...], fused: Callable[[], T], eager: Callable[[], T]) -> T:
+    """``fused()`` (a step around ``decided_settle_(*args)``) through ``GATE``: on CUDA named by its
+    launch's ``variant``, so a variant not compiled yet compiles off the step and ``eager()`` (the
+    caller's path without the settle) answers until it lands."""
+    named = variant(*args) if device.type == "cuda" else ()  # (variant, compile)
+    return GATE.run(device, fused, eager, *named)

@@ -352,7 +352,7 @@ class SettledForcing(HostForcingGroup):
         if not thinking_force.GATE.ready(self.device):  # the CPU: the eager ops, nothing built
             return eager()
         args = self._settle_args(step, rows, decisions)
-        return _gated_settle(self.device, args, lambda: self._settle(rows, step.generated, args, flag_rows), eager)
+        return thinking_force.run_gated(self.device, args, lambda: self._settle(rows, step.generated, args, flag_rows), eager)
 
     def _settle_args(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> tuple[Any, ...]:
         """``thinking_force.decided_settle_``'s arguments for the step (its ``flags`` and ``dead``
@@ -390,15 +390,6 @@ def gated_spans(device: torch.device, advances: Sequence[tuple[Any, ...]], draft
     compiles off the step and ``eager()`` answers until it lands."""
     named = spans_kernels.variant(advances, drafts) if device.type == "cuda" else ()  # (variant, compile)
     return GATE.run(device, fused, eager, *named)
-
-
-def _gated_settle(device: torch.device, args: tuple[Any, ...], fused: Callable[[], Dead],
-                  eager: Callable[[], Dead]) -> Dead:
-    """``fused()`` (``decided_settle_(*args)`` and its report) through ``thinking_force.GATE``: on
-    CUDA named by its launch's variant (``kernels.thinking_force.variant``), so a variant not compiled
-    yet compiles off the step and ``eager()`` answers until it lands."""
-    named = thinking_force.variant(*args) if device.type == "cuda" else ()  # (variant, compile)
-    return thinking_force.GATE.run(device, fused, eager, *named)
 
 
 # -- one step's token source ---------------------------------------------------------------------

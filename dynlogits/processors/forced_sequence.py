@@ -392,7 +392,12 @@ class ForcedSequenceGroup(PlannedGroup):
     def apply_gathered(self, step: StepInputs, rows: GatheredRows) -> Dead:
         assert step.generated is not None
         if self._settles_gathered(step, rows.last):
-            return self.settle_at_counts(step, rows, step.generated, None)
+            return self.settle_at_counts(step, rows, step.generated, None, lambda: self._force_gathered(step, rows))
+        return self._force_gathered(step, rows)
+
+    def _force_gathered(self, step: StepInputs, rows: GatheredRows) -> Dead:
+        """The gathered step's forcing without the settle: the rows forced, the dead ones reported."""
+        assert step.generated is not None
         slots = rows.slot_of_row
         length = self.length.dev[slots, 0]
         tokens = self._tokens(step.generated, self.sequence.dev[slots], length)
@@ -407,7 +412,7 @@ class ForcedSequenceGroup(PlannedGroup):
         return last and flag_rows is not None and thinking_force.GATE.ready(step.logits.device)
 
     def settle_at_counts(self, step: StepInputs, rows: GatheredRows, counts: torch.Tensor,
-                         decided: torch.Tensor | None) -> Dead:
+                         decided: torch.Tensor | None, eager: Callable[[], Dead]) -> Dead:
         """The gathered step at each row's generated ``counts`` (``ScopedGroup``: its stretch's), its
         rows settled (``_settles_gathered`` holds): the forced token of each member row picked from
         the slot's sequence at ``clamp(count, 0, length)``, forced, the dead rows stopped and their
@@ -415,7 +420,9 @@ class ForcedSequenceGroup(PlannedGroup):
         sequence form (one launch; what ``force_gathered`` and ``Failures.record_dead`` write).
         ``decided``: a scoped row's decision, ``counts`` itself (``-1``, a negative count: out of
         phase, left alone; ``ScopedGroup`` gives no count above the output's, so the sign is the
-        decision's); ``None``: every member row forced (a row in prefill counts negative: column 0)."""
+        decision's); ``None``: every member row forced (a row in prefill counts negative: column 0).
+        ``eager()``: the caller's step without the settle, run while the settle's kernel variant
+        compiles off the step (``thinking_force.run_gated``)."""
         slots = rows.slot_of_row
         device = step.logits.device
         kept = self._cache.get("gathered")
@@ -434,11 +441,15 @@ class ForcedSequenceGroup(PlannedGroup):
         n = len(slots)
         flags = torch.empty((2, n), dtype=torch.long, device=device)
         dead = torch.empty(n, dtype=torch.bool, device=device)
-        thinking_force.decided_settle_(step.logits, counts, rows.member, slots, step.stops, no_positions,
-                                       self.member.num_slots - 1, flags, dead, real, self.sequence.dev,
-                                       self.length.dev, decided is not None)
-        flag_rows(flags, None)
-        return Dead(None, slots, None, flags[1], settled=dead, flagged=True)
+        args = (step.logits, counts, rows.member, slots, step.stops, no_positions, self.member.num_slots - 1, flags,
+                dead, real, self.sequence.dev, self.length.dev, decided is not None)
+
+        def fused() -> Dead:
+            thinking_force.decided_settle_(*args)
+            flag_rows(flags, None)
+            return Dead(None, slots, None, flags[1], settled=dead, flagged=True)
+
+        return thinking_force.run_gated(device, args, fused, eager)
 
 
 @dataclass(frozen=True, slots=True)

@@ -304,7 +304,8 @@ class ScopedGroup(SpanDecided):
         settle = self._settles(step, rows.last) if positional else None
         if settle is not None:  # host counts: never negative
             counts = values[n:]
-            return settle(step, gathered, counts, counts)
+            return settle(step, gathered, counts, counts,
+                          lambda: self.inner.apply_gathered(_at_counts(step, counts), gathered))
         return self.inner.apply_gathered(_at_counts(step, values[n:]) if positional else step, gathered)
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
@@ -328,7 +329,12 @@ class ScopedGroup(SpanDecided):
             last = rows.last if step.flag_rows is None else bool(self._cache.get("last"))
             settle = self._settles(step, last)
             if settle is not None:  # the stretch counts (``StretchScopeTables``: never above the output's)
-                return settle(step, rows, decisions, decisions)
+                return settle(step, rows, decisions, decisions, lambda: self._at_decisions(step, rows, decisions))
+        return self._at_decisions(step, rows, decisions)
+
+    def _at_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead | None:
+        """The inner kind's gathered step for the rows ``decisions`` put in phase (``>= 0``), a
+        positional kind's at those counts (never above the output's)."""
         member = rows.member & (decisions >= 0)
         if not self.inner.positional:
             return self.inner.apply_gathered(step, GatheredRows(rows.slot_of_row, member))

@@ -568,13 +568,12 @@ def test_dead_rows_compile_warms_up_the_launch_s_own_specialization(
 
 def test_thinking_force_and_dead_rows_call_sites_run_eager_until_their_variants_land(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``device_thinking._gated_settle`` (``SettledForcing``'s fused settle) and ``failures._gated``
+    """``thinking_force.run_gated`` (``SettledForcing``'s and a forced sequence's fused settle) and ``failures._gated``
     (``Failures``' dead-row settle) name their launch's variant on CUDA: eager for the step that
     first holds it while it compiles on the thread (a ``warmup`` of that launch), fused after."""
     from types import SimpleNamespace
 
     from dynlogits.kernels import dead_rows, thinking_force
-    from dynlogits.processors import device_thinking
     from dynlogits.sdk.resident import failures
 
     warmed: list[str] = []
@@ -591,8 +590,7 @@ def test_thinking_force_and_dead_rows_call_sites_run_eager_until_their_variants_
     settle = (*thinking_force.probe_case(2), thinking_force.NO_SEQUENCE, thinking_force.NO_SEQUENCE, False)
     dead = dead_rows.probe_case(2, torch.device("cpu"), listed=True)
     for _ in range(2):
-        device_thinking._gated_settle(CUDA, settle, lambda: ran.append("force fused"),  # type: ignore[arg-type,func-returns-value]
-                                      lambda: ran.append("force eager"))  # type: ignore[arg-type,func-returns-value]
+        thinking_force.run_gated(CUDA, settle, lambda: ran.append("force fused"), lambda: ran.append("force eager"))
         failures._gated(CUDA, dead, lambda: ran.append("dead eager"))
         assert compiler.join(timeout=30)
     assert ran == ["force eager", "dead eager", "force fused", "dead fused"]

@@ -21,8 +21,7 @@ size, a phrase or choice length bucket, dry's tail and breaker buckets, a span d
 another dtype) compiles at its first call, once per process, off the step: each fused op names its
 variant to its gate, which runs the kind's eager path until the compile lands
 (``dynlogits.kernels.variants``). Still compiled in the step of its first call: the watermark's
-context width (``WIDE``/``WIDTH``, the operator's) and the sequence-form forcing settle a scoped
-forced sequence runs outside its gate."""
+context width (``WIDE``/``WIDTH``, the operator's)."""
 
 from __future__ import annotations
 

@@ -35,6 +35,8 @@ class DriveResult:
     launches: int = 0
     steady_ops: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    #: each step's logits after the adapter's ``apply`` (host copies)
+    logits: list[torch.Tensor] = field(default_factory=list)
 
 
 def builtin_payloads(vocab: int) -> list[list[dict[str, Any]]]:
@@ -167,6 +169,7 @@ def drive_v1(sim: SimCuda, scenario: Scenario) -> DriveResult:
             result.launches = sim.launches - before
             result.steady_ops = sim.ops[before:]
         with sim.paused():
+            result.logits.append(sim.value(logits).clone())
             for r, token in enumerate(_sampled(sim, logits)):
                 if rows[r] is not None:
                     rows[r].append(token)  # type: ignore[union-attr]  # checked not None just above
@@ -251,6 +254,7 @@ def drive_v2(sim: SimCuda, scenario: Scenario, *, drafts: int = 0) -> DriveResul
             result.launches = sim.launches - before
             result.steady_ops = sim.ops[before:]
         with sim.paused():
+            result.logits.append(sim.value(logits).clone())
             sampled = _sampled(sim, logits)
             first = 0
             for q in batch:
