@@ -1,16 +1,8 @@
 """The Triton kernel of ``no_repeat_ngram.py`` (imported only by ``no_repeat_ngram.kernels()``:
 importing this module imports Triton). Contract and what checks it: ``dynlogits.kernels.no_repeat_ngram``.
 
-Specialization (the ``triton.jit`` flags): every runtime int is in ``do_not_specialize`` (row and
-entry counts, widths, positions, lengths, and the deployment constants too: vocab, row strides,
-matrix widths) and every pointer in ``do_not_specialize_on_alignment``. Triton would otherwise key a
-compiled variant on whether each int equals 1 or is divisible by 16 and each address is 16-byte
-aligned; the load-time probe's sizes and fresh tensors differ from an engine's (its batch, window,
-vocab, offset views), and a variant it did not compile compiles inside an engine step, the whole
-batch waiting. The cost: no load vectorized on a proven 16-divisible stride or address (these loads
-are per-row gathers or masked row slices). Only the innermost strides (1 in engines and probes:
-a contiguous row) stay specialized; the variants left are the constexprs' and the dtypes'
-(``tests/kernels/test_kernel_specialization.py``)."""
+Specialization: the package rule (``dynlogits.kernels``): every runtime int in ``do_not_specialize``,
+every pointer in ``do_not_specialize_on_alignment``."""
 
 # ruff: noqa: ANN001, ANN202, N803
 from __future__ import annotations

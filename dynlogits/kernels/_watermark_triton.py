@@ -1,16 +1,8 @@
 """The Triton kernels of ``watermark.py`` (imported only by ``watermark.kernels()``: importing this
 module imports Triton). Contracts and what checks them: ``dynlogits.kernels.watermark``.
 
-Specialization (the ``triton.jit`` flags): every runtime int is in ``do_not_specialize`` (row and
-entry counts, widths, positions, lengths, and the deployment constants too: vocab, row strides,
-matrix widths) and every pointer in ``do_not_specialize_on_alignment``. Triton would otherwise key a
-compiled variant on whether each int equals 1 or is divisible by 16 and each address is 16-byte
-aligned; the load-time probe's sizes and fresh tensors differ from an engine's (its batch, window,
-vocab, offset views), and a variant it did not compile compiles inside an engine step, the whole
-batch waiting. The cost: no load vectorized on a proven 16-divisible stride or address (these loads
-are per-row gathers or masked row slices). Only the innermost strides (1 in engines and probes:
-a contiguous row) stay specialized; the variants left are the constexprs' and the dtypes'
-(``tests/kernels/test_kernel_specialization.py``).
+Specialization: the package rule (``dynlogits.kernels``): every runtime int in ``do_not_specialize``,
+every pointer in ``do_not_specialize_on_alignment``.
 
 The one exception: the draw kernels (``draw_blocks``, ``draw_reduce``) stream whole logits rows, so
 their ``logits_ptr``, ``logits_stride`` and ``vocab`` stay keyed (a 16-divisible row stride and an
