@@ -244,7 +244,7 @@ def test_no_repeat_ngram_s_call_site_runs_eager_until_its_variant_lands(monkeypa
 
     recorder = _Recorder()
     warmed: list[object] = []
-    recorder.warmup = lambda *args, grid, **kwargs: warmed.append(kwargs["SIZE"])  # type: ignore[method-assign]
+    recorder.warmup = lambda *args, grid, **kwargs: warmed.append(kwargs["SIZE"])  # type: ignore[method-assign]  # the recorder's warmup stands in for Triton's
     monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(ban_rows=recorder))
     compiler = CompileThread()
     monkeypatch.setattr(D, "_GATE", FusedGate("no_repeat_ngram", lambda device: True, compiler))
@@ -400,7 +400,7 @@ def test_multiple_choice_s_call_site_runs_eager_until_its_variant_lands(monkeypa
 
     recorder = _Recorder()
     warmed: list[object] = []
-    recorder.warmup = lambda *args, grid, **kwargs: warmed.append(kwargs["BLOCK_W"])  # type: ignore[method-assign]
+    recorder.warmup = lambda *args, grid, **kwargs: warmed.append(kwargs["BLOCK_W"])  # type: ignore[method-assign]  # the recorder's warmup stands in for Triton's
     monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(keep_rows=recorder))
     compiler = CompileThread()
     monkeypatch.setattr(P, "GATE", FusedGate("multiple_choice", lambda device: True, compiler))
@@ -450,20 +450,20 @@ def test_forced_compile_warms_up_both_launches_own_specializations(
         logits, rows, picked, if_dead, can_stop = F.probe_case(9, cpu, stops=stops)
         args = (logits, rows, picked, if_dead, can_stop, torch.empty_like(picked), torch.empty_like(rows, dtype=torch.bool))
         launch, named, first = kernels.settle_, forced_kernels.settle_variant, "decide_rows"
-    launch(*args)  # type: ignore[operator]
-    variant, compile_ = named(*args)  # type: ignore[operator]
+    launch(*args)  # type: ignore[operator]  # the parametrized callable is typed object
+    variant, compile_ = named(*args)  # type: ignore[operator]  # the parametrized callable is typed object
     compile_()
     for name in (first, "fill_rows"):
         launched, warmed = recorders[name].launched, recorders[name].warmed
         assert launched is not None and warmed == _as_warmed(launched)
     assert isinstance(variant, tuple) and len(variant) == 2
     monkeypatch.undo()  # the real kernels: their params say which ints Triton keys
-    variant = named(*args)[0]  # type: ignore[operator]
+    variant = named(*args)[0]  # type: ignore[operator]  # the parametrized callable is typed object
     stop_at = 6 if pick else 4
-    flipped = None if stops else torch.ones(args[1].shape[0], dtype=torch.bool)  # type: ignore[union-attr]
-    assert named(*args[:stop_at], flipped, *args[stop_at + 1:])[0] != variant  # type: ignore[operator]
+    flipped = None if stops else torch.ones(args[1].shape[0], dtype=torch.bool)  # type: ignore[union-attr]  # args is a tuple of mixed types
+    assert named(*args[:stop_at], flipped, *args[stop_at + 1:])[0] != variant  # type: ignore[operator]  # the parametrized callable is typed object
     fewer = tuple(a[..., :5] if isinstance(a, torch.Tensor) and a.dim() and a is not args[0] else a for a in args)
-    assert named(*fewer)[0] == variant  # type: ignore[operator]
+    assert named(*fewer)[0] == variant  # type: ignore[operator]  # the parametrized callable is typed object
 
 
 def test_forced_s_call_sites_run_eager_until_their_variants_land(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -479,7 +479,7 @@ def test_forced_s_call_sites_run_eager_until_their_variants_land(monkeypatch: py
     recorders = {}
     for name in ("decide_rows", "pick_decide_rows", "fill_rows"):
         recorders[name] = _Recorder()
-        recorders[name].warmup = lambda *a, grid, _name=name, **k: warmed.append(_name)  # type: ignore[method-assign]
+        recorders[name].warmup = lambda *a, grid, _name=name, **k: warmed.append(_name)  # type: ignore[method-assign]  # the recorder's warmup stands in for Triton's
     monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(**recorders))
     compiler = CompileThread()
     monkeypatch.setattr(F, "_GATE", FusedGate("forced_sequence", lambda device: True, compiler))
@@ -580,7 +580,7 @@ def test_thinking_force_and_dead_rows_call_sites_run_eager_until_their_variants_
     recorders = {}
     for module, name in ((thinking_force, "settle_rows"), (dead_rows, "dead_rows")):
         recorder = recorders[name] = _Recorder()
-        recorder.warmup = lambda *a, grid, _name=name, **k: warmed.append(_name)  # type: ignore[method-assign]
+        recorder.warmup = lambda *a, grid, _name=name, **k: warmed.append(_name)  # type: ignore[method-assign]  # the recorder's warmup stands in for Triton's
         monkeypatch.setattr(module, "kernels", lambda _name=name: SimpleNamespace(**{_name: recorders[_name]}))
     compiler = CompileThread()
     monkeypatch.setattr(thinking_force, "GATE", FusedGate("span-decided forcing", lambda device: True, compiler))
@@ -627,10 +627,10 @@ def test_span_ops_compile_warms_up_every_launch_s_own_specialization(monkeypatch
     recorders = {name: _Recorder() for name in names}
     monkeypatch.setattr(spans, "kernels", lambda: SimpleNamespace(**recorders))
     advance, restarted, drafts, restarted_drafts = _span_ops()
-    spans.launch(*advance)  # type: ignore[arg-type]
-    spans.launch(*restarted)  # type: ignore[arg-type]
-    spans.launch_drafts(*drafts)  # type: ignore[arg-type]
-    spans.launch_drafts(*restarted_drafts)  # type: ignore[arg-type]
+    spans.launch(*advance)  # type: ignore[arg-type]  # args is a tuple of mixed types
+    spans.launch(*restarted)  # type: ignore[arg-type]  # args is a tuple of mixed types
+    spans.launch_drafts(*drafts)  # type: ignore[arg-type]  # args is a tuple of mixed types
+    spans.launch_drafts(*restarted_drafts)  # type: ignore[arg-type]  # args is a tuple of mixed types
     variant, compile_ = spans_kernels.variant([advance, restarted], [drafts, restarted_drafts])
     compile_()
     for name in names:
@@ -661,7 +661,7 @@ def test_span_call_sites_run_eager_until_their_variants_land(monkeypatch: pytest
     recorders = {}
     for name in ("advance_rows", "restarted_advance_rows", "drafts_rows", "restarted_drafts_rows"):
         recorders[name] = _Recorder()
-        recorders[name].warmup = lambda *a, grid, _name=name, **k: warmed.append(_name)  # type: ignore[method-assign]
+        recorders[name].warmup = lambda *a, grid, _name=name, **k: warmed.append(_name)  # type: ignore[method-assign]  # the recorder's warmup stands in for Triton's
     monkeypatch.setattr(spans, "kernels", lambda: SimpleNamespace(**recorders))
     compiler = CompileThread()
     monkeypatch.setattr(device_thinking, "GATE", FusedGate("span following", lambda device: True, compiler))
