@@ -20,6 +20,7 @@ from .modes import PlannedGroup
 from .ops import ForceToken, RowOp, apply_op, fill_rows
 from .slots import (
     NEG_INF,
+    CountedSettle,
     Dead,
     GatheredRows,
     ListedRows,
@@ -389,7 +390,7 @@ class ForcedSequenceGroup(PlannedGroup):
                                                      torch.zeros_like(dead_value))
         return cached
 
-    def apply_gathered(self, step: StepInputs, rows: GatheredRows) -> Dead:
+    def apply_gathered(self, step: StepInputs, rows: GatheredRows) -> Dead | None:
         assert step.generated is not None
         if self._settles_gathered(step, rows.last):
             return self.settle_at_counts(step, rows, step.generated, None, lambda: self._force_gathered(step, rows))
@@ -403,6 +404,10 @@ class ForcedSequenceGroup(PlannedGroup):
         tokens = self._tokens(step.generated, self.sequence.dev[slots], length)
         return Dead(None, slots, force_gathered(step, tokens, rows.member), step.generated.minimum(length), where=rows.member)
 
+    def counted_settle(self, step: StepInputs, last: bool) -> CountedSettle | None:
+        """``settle_at_counts`` where ``_settles_gathered`` holds."""
+        return self.settle_at_counts if self._settles_gathered(step, last) else None
+
     @staticmethod
     def _settles_gathered(step: StepInputs, last: bool) -> bool:
         """A gathered step settles its rows in one fused op (``settle_at_counts``) where no later
@@ -412,7 +417,7 @@ class ForcedSequenceGroup(PlannedGroup):
         return last and flag_rows is not None and thinking_force.GATE.ready(step.logits.device)
 
     def settle_at_counts(self, step: StepInputs, rows: GatheredRows, counts: torch.Tensor,
-                         decided: torch.Tensor | None, eager: Callable[[], Dead]) -> Dead:
+                         decided: torch.Tensor | None, eager: Callable[[], Dead | None]) -> Dead | None:
         """The gathered step at each row's generated ``counts`` (``ScopedGroup``: its stretch's), its
         rows settled (``_settles_gathered`` holds): the forced token of each member row picked from
         the slot's sequence at ``clamp(count, 0, length)``, forced, the dead rows stopped and their

@@ -301,7 +301,7 @@ class ScopedGroup(SpanDecided):
         values = upload.upload(2 * n if positional else n)
         slot_of_row = values[:n]
         gathered = GatheredRows(slot_of_row, self.inner.member.dev[slot_of_row, 0])
-        settle = self._settles(step, rows.last) if positional else None
+        settle = self.inner.counted_settle(step, rows.last) if positional else None
         if settle is not None:  # host counts: never negative
             counts = values[n:]
             return settle(step, gathered, counts, counts,
@@ -310,13 +310,7 @@ class ScopedGroup(SpanDecided):
 
     def prepare(self, rows: ListedRows, stride: int) -> None:
         super().prepare(rows, stride)
-        self._cache["last"] = rows.last  # no later group masks the layout's rows (``_settles``)
-
-    def _settles(self, step: StepInputs, last: bool) -> Callable[..., Dead] | None:
-        """The inner kind's step that settles its rows itself at their counts, in one fused op
-        (``settle_at_counts``: ``forced_sequence``, where its ``_settles_gathered`` holds), else ``None``."""
-        settles = getattr(self.inner, "_settles_gathered", None)
-        return self.inner.settle_at_counts if settles is not None and settles(step, last) else None  # type: ignore[attr-defined]
+        self._cache["last"] = rows.last  # no later group masks the layout's rows (``counted_settle``)
 
     def apply_device_decisions(self, step: StepInputs, rows: GatheredRows, decisions: torch.Tensor) -> Dead | None:
         """``decisions``: the rows in phase (``ScopeTables.decide_state``'s membership), or for a
@@ -327,7 +321,7 @@ class ScopedGroup(SpanDecided):
         if self.inner.positional:
             assert step.generated is not None  # positional: the runner's positions were asked for
             last = rows.last if step.flag_rows is None else bool(self._cache.get("last"))
-            settle = self._settles(step, last)
+            settle = self.inner.counted_settle(step, last)
             if settle is not None:  # the stretch counts (``StretchScopeTables``: never above the output's)
                 return settle(step, rows, decisions, decisions, lambda: self._at_decisions(step, rows, decisions))
         return self._at_decisions(step, rows, decisions)

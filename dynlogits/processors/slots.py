@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import numpy as np
 import torch
@@ -246,6 +246,13 @@ def flat_indices(rows: ListedRows, ids: torch.Tensor, stride: int) -> torch.Tens
     return (rows.rows_dev[:, None] * stride + ids[rows.slots_dev]).reshape(-1)
 
 
+#: ``Group.counted_settle``'s step: ``(step, rows, counts, decided, eager)``, ``decided`` the rows'
+#: decisions when they are the counts (``None``: every member row at its count), ``eager()`` the
+#: step without the settle, run while the settle cannot (a kernel variant compiling off the step).
+CountedSettle: TypeAlias = Callable[
+    [StepInputs, GatheredRows, torch.Tensor, "torch.Tensor | None", Callable[[], "Dead | None"]], "Dead | None"]
+
+
 class Group:
     """Entry position ``level`` of one kind, for every slot that has one there: its per-slot device
     tables (``table``), written when a request enters a slot (``_write``), and its step in either
@@ -331,6 +338,13 @@ class Group:
         """Gathered layout: this step on every row of the step, non-member rows left as they are;
         the rows it may leave with no token (``None``: none). Not called for a decided group."""
         raise NotImplementedError
+
+    def counted_settle(self, step: StepInputs, last: bool) -> CountedSettle | None:
+        """A positional group's gathered step at counts its caller gives (``ScopedGroup``: each row's
+        stretch) that also settles the rows it leaves with no token, in one op, where it has one for
+        ``step`` (``last``: no later group can mask the rows); ``None``: the caller runs
+        ``apply_gathered`` at those counts. A plain group: ``None``."""
+        return None
 
 
 class IdsGroup(Group):
