@@ -8,7 +8,9 @@ the gate never touches them, the injected callables stand in for the kernels."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -203,19 +205,55 @@ class _Recorder:
         self.warmed = (args, kwargs)
 
 
+def _recorded(monkeypatch: pytest.MonkeyPatch, kernels: Any, kernel: str) -> _Recorder:
+    """A recorder in place of ``kernels``' jitted ``kernel``."""
+    recorder = _Recorder()
+    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(**{kernel: recorder}))
+    return recorder
+
+
+def _as_warmed(launched: tuple[tuple[object, ...], dict[str, object]]) -> tuple[tuple[object, ...], dict[str, object]]:
+    """A launch's arguments as its compile's ``warmup`` gets them: each tensor its dtype."""
+    return tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0]), launched[1]
+
+
+def _warmed_as_launched(monkeypatch: pytest.MonkeyPatch, recorder: _Recorder, launch: Callable[[], object],
+                        named: Callable[[], tuple[Hashable, Callable[[], object]]]) -> Hashable:
+    """``launch()`` and the compile ``named()`` gives, both into ``recorder``: the compile's ``warmup``
+    gets the launch's arguments (tensors as dtypes) and constexprs. Then the real kernels back
+    (``monkeypatch.undo``: their params say which ints Triton keys) and the variant ``named()`` gives."""
+    launch()
+    named()[1]()
+    assert recorder.launched is not None and recorder.warmed == _as_warmed(recorder.launched)
+    monkeypatch.undo()
+    return named()[0]
+
+
+def _call_site(monkeypatch: pytest.MonkeyPatch, kernels: Any, kernel: str, constexpr: str, processors: Any,
+               gate: str, kind: str) -> tuple[list[object], CompileThread]:
+    """``kernels``' jitted ``kernel`` replaced by a recorder whose ``warmup`` notes its ``constexpr``,
+    and ``processors``' gate ``gate`` by a fresh one (named ``kind``, probe passing) on its own
+    compile thread: what the warmups noted, and that thread."""
+    recorder = _Recorder()
+    warmed: list[object] = []
+    recorder.warmup = lambda *args, grid, **kwargs: warmed.append(kwargs[constexpr])  # type: ignore[method-assign]  # the recorder's warmup stands in for Triton's
+    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(**{kernel: recorder}))
+    compiler = CompileThread()
+    monkeypatch.setattr(processors, gate, FusedGate(kind, lambda device: True, compiler))
+    return warmed, compiler
+
+
 @pytest.mark.parametrize("drafts", [0, 2])
 @pytest.mark.parametrize("floored", [False, True])
 def test_no_repeat_ngram_compile_warms_up_the_launch_s_own_specialization(
         monkeypatch: pytest.MonkeyPatch, drafts: int, floored: bool) -> None:
     """The compile's ``warmup`` gets the launch's arguments with each tensor replaced by its dtype,
     and the same ints and constexprs (so Triton keys both alike)."""
-    from types import SimpleNamespace
 
     from dynlogits.kernels import no_repeat_ngram as kernels
     from dynlogits.processors.no_repeat_ngram_device import probe_case
 
-    recorder = _Recorder()
-    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(ban_rows=recorder))
+    recorder = _recorded(monkeypatch, kernels, "ban_rows")
     window, t, logits, floor = probe_case(7, torch.device("cpu"), drafts=drafts)
     args = (logits, window.tokens, window.pos, t.slot_of_row, t.source.params,
             window.input_ids if drafts else None, window.local_pos if drafts else None, floor if floored else None,
@@ -223,10 +261,7 @@ def test_no_repeat_ngram_compile_warms_up_the_launch_s_own_specialization(
     kernels.ban_(*args)
     variant, compile_ = no_repeat_ngram_kernels.variant(*args)
     compile_()
-    assert recorder.launched is not None and recorder.warmed is not None
-    launched, warmed = recorder.launched, recorder.warmed
-    assert warmed[1] == launched[1]  # constexprs
-    assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
+    assert recorder.launched is not None and recorder.warmed == _as_warmed(recorder.launched)
     other, _ = no_repeat_ngram_kernels.variant(*args[:-1], t.source.size + 1)
     assert variant == no_repeat_ngram_kernels.variant(*args)[0] and other != variant
 
@@ -237,17 +272,11 @@ def test_no_repeat_ngram_s_call_site_runs_eager_until_its_variant_lands(monkeypa
     fused op; another size starts over. (Fused and eager write the same logits:
     ``test_no_repeat_ngram_kernels``, the CPU implementation against ``apply_eager`` and the kernel in
     Triton's interpreter against the CPU implementation, bit for bit.)"""
-    from types import SimpleNamespace
 
     from dynlogits.kernels import no_repeat_ngram as kernels
     from dynlogits.processors import no_repeat_ngram_device as D
 
-    recorder = _Recorder()
-    warmed: list[object] = []
-    recorder.warmup = lambda *args, grid, **kwargs: warmed.append(kwargs["SIZE"])  # type: ignore[method-assign]  # the recorder's warmup stands in for Triton's
-    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(ban_rows=recorder))
-    compiler = CompileThread()
-    monkeypatch.setattr(D, "_GATE", FusedGate("no_repeat_ngram", lambda device: True, compiler))
+    warmed, compiler = _call_site(monkeypatch, kernels, "ban_rows", "SIZE", D, "_GATE", "no_repeat_ngram")
     fused: list[int] = []
     monkeypatch.setattr(D, "ban_", lambda *args: fused.append(args[-1]))
     window, t, logits, _ = D.probe_case(3, torch.device("cpu"))
@@ -267,20 +296,15 @@ def test_banned_phrases_compile_warms_up_the_launch_s_own_specialization(
         monkeypatch: pytest.MonkeyPatch, drafts: int, floors: bool, width: int) -> None:
     """As for ``no_repeat_ngram``: ``launch``'s arguments with tensors as dtypes, the same ints and
     constexprs; the phrase-length bucket (``BLOCK_W``) is part of the variant."""
-    from types import SimpleNamespace
 
     from dynlogits.kernels import banned_phrases as kernels
 
-    recorder = _Recorder()
-    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(ban_rows=recorder))
+    recorder = _recorded(monkeypatch, kernels, "ban_rows")
     case = kernels.probe_case(11, drafts=drafts, width=width, floors=floors)
     kernels.launch(*case)
     variant, compile_ = banned_phrases_kernels.variant(*case)
     compile_()
-    assert recorder.launched is not None and recorder.warmed is not None
-    launched, warmed = recorder.launched, recorder.warmed
-    assert warmed[1] == launched[1]
-    assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
+    assert recorder.launched is not None and recorder.warmed == _as_warmed(recorder.launched)
     wider = 40 if width <= 8 else 1  # the other BLOCK_W bucket
     assert banned_phrases_kernels.variant(*case[:-1], wider)[0] != variant
     assert banned_phrases_kernels.variant(*case)[0] == variant
@@ -322,24 +346,14 @@ def test_dry_compile_warms_up_the_launch_s_own_specialization(
     """As for ``no_repeat_ngram``: ``decide``'s launch arguments with tensors as dtypes (its outputs
     as meta tensors), the same ints and constexprs; the look-back bucket (``TAIL``) and the breaker
     bucket (``LOG_S``) are part of the variant, the window width is not."""
-    from types import SimpleNamespace
 
     from dynlogits.kernels import dry as kernels
     from dynlogits.processors import dry_device as D
 
-    recorder = _Recorder()
-    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(decide_rows=recorder))
+    recorder = _recorded(monkeypatch, kernels, "decide_rows")
     args, width, cap = D.probe_case(4, drafts=drafts)
     floor = D.probe_floor(4, list(args)) if floored else None
-    kernels.decide(*args, width, cap, floor)
-    variant, compile_ = dry_kernels.variant(*args, width, cap, floor)
-    compile_()
-    assert recorder.launched is not None and recorder.warmed is not None
-    launched, warmed = recorder.launched, recorder.warmed
-    assert warmed[1] == launched[1]
-    assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
-    monkeypatch.undo()  # the real kernel: its params say which ints Triton keys
-    variant = dry_kernels.variant(*args, width, cap, floor)[0]
+    variant = _warmed_as_launched(monkeypatch, recorder, lambda: kernels.decide(*args, width, cap, floor), lambda: dry_kernels.variant(*args, width, cap, floor))
     assert dry_kernels.variant(*args, width + 17, cap, floor)[0] == variant  # the width: unkeyed
     assert dry_kernels.variant(*args, width, 2 * cap + 16, floor)[0] != variant  # another look-back bucket
 
@@ -366,22 +380,12 @@ def test_multiple_choice_compile_warms_up_the_launch_s_own_specialization(
     """As for ``no_repeat_ngram``: ``launch``'s arguments with tensors as dtypes (its scratch as
     meta tensors), the same ints, constexprs and ``num_warps``; the choice-length bucket
     (``BLOCK_W``) and the logits' dtype are part of the variant, the entry count is not."""
-    from types import SimpleNamespace
 
     from dynlogits.kernels import multiple_choice as kernels
 
-    recorder = _Recorder()
-    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(keep_rows=recorder))
+    recorder = _recorded(monkeypatch, kernels, "keep_rows")
     case = kernels.probe_case(13, drafts=drafts, width=width)
-    kernels.launch(*case)
-    variant, compile_ = multiple_choice_kernels.variant(*case)
-    compile_()
-    assert recorder.launched is not None and recorder.warmed is not None
-    launched, warmed = recorder.launched, recorder.warmed
-    assert warmed[1] == launched[1]
-    assert warmed[0] == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0])
-    monkeypatch.undo()  # the real kernel: its params say which ints Triton keys
-    variant = multiple_choice_kernels.variant(*case)[0]
+    variant = _warmed_as_launched(monkeypatch, recorder, lambda: kernels.launch(*case), lambda: multiple_choice_kernels.variant(*case))
     wider = 40 if width <= 8 else 1  # the other BLOCK_W bucket
     assert multiple_choice_kernels.variant(*case[:-1], wider)[0] != variant
     assert multiple_choice_kernels.variant(*case[:-2], case.entries + 17, case.width)[0] == variant
@@ -393,17 +397,11 @@ def test_multiple_choice_s_call_site_runs_eager_until_its_variant_lands(monkeypa
     """``_keep_fused``'s gate (``_gated``) names the launch's variant on CUDA: the step that first
     holds a choice-length bucket runs the eager keep while its compile (a ``warmup`` of that bucket)
     runs on the thread, later steps the fused op; another bucket starts over."""
-    from types import SimpleNamespace
 
     from dynlogits.kernels import multiple_choice as kernels
     from dynlogits.processors import multiple_choice as P
 
-    recorder = _Recorder()
-    warmed: list[object] = []
-    recorder.warmup = lambda *args, grid, **kwargs: warmed.append(kwargs["BLOCK_W"])  # type: ignore[method-assign]  # the recorder's warmup stands in for Triton's
-    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(keep_rows=recorder))
-    compiler = CompileThread()
-    monkeypatch.setattr(P, "GATE", FusedGate("multiple_choice", lambda device: True, compiler))
+    warmed, compiler = _call_site(monkeypatch, kernels, "keep_rows", "BLOCK_W", P, "GATE", "multiple_choice")
     fused: list[int] = []
     monkeypatch.setattr(P, "multiple_choice_keep_", lambda *args: fused.append(args[-1]))
     eager: list[int] = []
@@ -418,11 +416,6 @@ def test_multiple_choice_s_call_site_runs_eager_until_its_variant_lands(monkeypa
     step(12)
     assert compiler.join(timeout=30)
     assert eager == [5, 12] and fused == [5] and warmed == [8, 32]
-
-
-def _as_warmed(launched: tuple[tuple[object, ...], dict[str, object]]) -> tuple[tuple[object, ...], dict[str, object]]:
-    """A launch's arguments as its compile's ``warmup`` gets them: each tensor its dtype."""
-    return tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched[0]), launched[1]
 
 
 @pytest.mark.parametrize(("pick", "stops"), [(False, False), (False, True), (True, False), (True, True)])
@@ -520,23 +513,16 @@ def test_thinking_force_compile_warms_up_the_launch_s_own_specialization(
     """As for ``no_repeat_ngram``: ``launch``'s arguments with tensors as dtypes, the same ints and
     constexprs; whether positions and a real-row mask are given is part of the variant, the sentinel
     (a slot count) is not."""
-    from types import SimpleNamespace
 
     from dynlogits.kernels import thinking_force as kernels
 
-    recorder = _Recorder()
-    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(settle_rows=recorder))
+    recorder = _recorded(monkeypatch, kernels, "settle_rows")
     logits, decisions, member, slot_of_row, stops, pos, sentinel, flags, dead, real = kernels.probe_case(3, dtype=dtype)
     pos = pos if positions else torch.empty(0, dtype=torch.long)
     real = real if drafts else torch.empty(0, dtype=torch.bool)
     args = (logits, decisions, member, slot_of_row, stops, pos, sentinel, flags, dead, real, kernels.NO_SEQUENCE,
             kernels.NO_SEQUENCE, False)
-    kernels.launch(*args)
-    variant, compile_ = thinking_force_kernels.variant(*args)
-    compile_()
-    assert recorder.launched is not None and recorder.warmed == _as_warmed(recorder.launched)
-    monkeypatch.undo()  # the real kernel: its params say which ints Triton keys
-    variant = thinking_force_kernels.variant(*args)[0]
+    variant = _warmed_as_launched(monkeypatch, recorder, lambda: kernels.launch(*args), lambda: thinking_force_kernels.variant(*args))
     assert thinking_force_kernels.variant(*args[:6], sentinel + 17, *args[7:])[0] == variant
     other_real = torch.empty(0, dtype=torch.bool) if drafts else torch.ones(len(decisions), dtype=torch.bool)
     assert thinking_force_kernels.variant(*args[:9], other_real, *args[10:])[0] != variant
@@ -547,19 +533,12 @@ def test_dead_rows_compile_warms_up_the_launch_s_own_specialization(
         monkeypatch: pytest.MonkeyPatch, listed: bool, stops: bool, real: bool) -> None:
     """As for ``no_repeat_ngram``: ``launch``'s arguments with tensors as dtypes, the same ints and
     constexprs; the layout (listed or gathered) is part of the variant, the witness width is not."""
-    from types import SimpleNamespace
 
     from dynlogits.kernels import dead_rows as kernels
 
-    recorder = _Recorder()
-    monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(dead_rows=recorder))
+    recorder = _recorded(monkeypatch, kernels, "dead_rows")
     case = kernels.probe_case(4, torch.device("cpu"), listed=listed, stops=stops, real=real)
-    kernels.launch(*case)
-    variant, compile_ = dead_rows_kernels.variant(*case)
-    compile_()
-    assert recorder.launched is not None and recorder.warmed == _as_warmed(recorder.launched)
-    monkeypatch.undo()  # the real kernel: its params say which ints Triton keys
-    variant = dead_rows_kernels.variant(*case)[0]
+    variant = _warmed_as_launched(monkeypatch, recorder, lambda: kernels.launch(*case), lambda: dead_rows_kernels.variant(*case))
     wider = kernels.probe_case(4, torch.device("cpu"), listed=listed, stops=stops, real=real, width=17)
     assert dead_rows_kernels.variant(*wider)[0] == variant
     other = kernels.probe_case(4, torch.device("cpu"), listed=not listed, stops=stops, real=real)
