@@ -2,7 +2,7 @@
 (and its forcing) and the context absorb, bit for bit ``processors.watermark_prf`` and the eager
 draw where the float ops match (see below). Triton is imported when ``kernels()`` is first called
 (by a CUDA implementation, or a test that set ``TRITON_INTERPRET=1`` first); this module imports
-nothing from the rest of the package.
+nothing from the rest of the package but ``kernels.variants``.
 
 * ``draw(logits, rows, slots, temperature, params, states, fire, force)``: two launches. The first
   (grid rows x vocabulary blocks) computes, for each id ``t`` of row ``rows[i]``, the Philox word
@@ -39,11 +39,15 @@ equal the eager CUDA draw is only checked on a GPU (``python -m dynlogits.testin
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 
-__all__ = ["BLOCK", "ROWS", "WINDOW_BLOCK", "WINDOW_ROWS", "absorb", "draw", "kernels", "window_span", "window_state"]
+from .variants import launch_variant, launches_variant, meta_scratch
+
+__all__ = ["BLOCK", "ROWS", "WINDOW_BLOCK", "WINDOW_ROWS", "absorb", "draw", "draw_args", "draw_variant", "kernels",
+           "window_args", "window_span", "window_state", "window_variant"]
 
 #: ids per program of the draw (a power of two)
 BLOCK = 1024
@@ -78,19 +82,58 @@ def draw(logits: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, temperat
     tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
     if n == 0:
         return tokens
-    nblocks = (vocab + BLOCK - 1) // BLOCK
+    assert logits.stride(1) == 1, "logits: the vocabulary dimension must be contiguous"
+    nblocks = _blocks(vocab)
     best = torch.empty(n, nblocks, dtype=torch.float32, device=logits.device)
     index = torch.empty(n, nblocks, dtype=torch.int32, device=logits.device)
     kept = torch.empty(n, nblocks, dtype=torch.float32, device=logits.device)
-    assert logits.stride(1) == 1, "logits: the vocabulary dimension must be contiguous"
+    (blocks, blocks_constexprs), (reduce, reduce_constexprs) = draw_args(
+        logits, rows, slots, temperature, params, states, fire, force, best, index, kept, tokens, scores)
     grid = (n, nblocks)
-    k.draw_blocks[grid](logits, logits.stride(0), rows, slots, temperature, temperature.stride(0), params,
-                        params.stride(0), states, states.stride(0), states.stride(1), best, index, kept, vocab, nblocks,
-                        *(scores if scores is not None else (best, best)), BLOCK=BLOCK, SCORES=scores is not None)
-    nb = max(16, 1 << max(0, (nblocks - 1).bit_length()))
-    k.draw_reduce[grid](logits, logits.stride(0), rows, fire if fire is not None else rows, best, index, kept, tokens,
-                        vocab, nblocks, BLOCK=BLOCK, NB=nb, HAS_FIRE=fire is not None, FORCE=force)
+    k.draw_blocks[grid](*blocks, **blocks_constexprs)
+    k.draw_reduce[grid](*reduce, **reduce_constexprs)
     return tokens
+
+
+def _blocks(vocab: int) -> int:
+    return (vocab + BLOCK - 1) // BLOCK
+
+
+_Launch = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def draw_args(logits: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, temperature: torch.Tensor,
+              params: torch.Tensor, states: torch.Tensor, fire: torch.Tensor | None, force: bool, best: torch.Tensor,
+              index: torch.Tensor, kept: torch.Tensor, tokens: torch.Tensor,
+              scores: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[_Launch, _Launch]:
+    """``draw_blocks``' and ``draw_reduce``'s positional arguments and constexprs for ``draw``'s
+    arguments and scratch (the launches and their off-step compile, ``draw_variant``, take the same)."""
+    vocab = logits.shape[1]
+    nblocks = _blocks(vocab)
+    blocks = (logits, logits.stride(0), rows, slots, temperature, temperature.stride(0), params, params.stride(0),
+              states, states.stride(0), states.stride(1), best, index, kept, vocab, nblocks,
+              *(scores if scores is not None else (best, best)))
+    nb = max(16, 1 << max(0, (nblocks - 1).bit_length()))
+    reduce = (logits, logits.stride(0), rows, fire if fire is not None else rows, best, index, kept, tokens, vocab,
+              nblocks)
+    return ((blocks, {"BLOCK": BLOCK, "SCORES": scores is not None}),
+            (reduce, {"BLOCK": BLOCK, "NB": nb, "HAS_FIRE": fire is not None, "FORCE": force}))
+
+
+def draw_variant(logits: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, temperature: torch.Tensor,
+                 params: torch.Tensor, states: torch.Tensor, fire: torch.Tensor | None,
+                 force: bool) -> tuple[Hashable, Callable[[], object]]:
+    """``launches_variant`` of ``draw``'s two launches for these arguments (the scratch as meta
+    tensors: only their dtypes are keyed). Both kernels key the logits' stride and width (vector
+    loads), so a width's variant differs from another's."""
+    scratch = meta_scratch(torch.float32)
+    (blocks, blocks_constexprs), (reduce, reduce_constexprs) = draw_args(
+        logits, rows, slots, temperature, params, states, fire, force, scratch, meta_scratch(torch.int32), scratch,
+        meta_scratch(torch.int64))
+    return launches_variant([
+        launch_variant("watermark.draw_blocks", lambda: kernels().draw_blocks, logits.device, blocks, blocks_constexprs),
+        launch_variant("watermark.draw_reduce", lambda: kernels().draw_reduce, logits.device, reduce,
+                       reduce_constexprs)])
 
 
 def absorb(keys: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor | None) -> torch.Tensor:
@@ -125,17 +168,38 @@ def window_state(tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tens
     ``slot_of_row``, ``member`` per row (contiguous), ``input_ids`` and ``local_pos`` (contiguous)
     only with drafts, ``params`` the ``[slots, 4]`` table (any strides). ``rows_per_program`` and
     ``block`` (powers of two; tests) change the tiling, never the result."""
-    k = kernels()
     n = pos.shape[0]
     out = torch.empty(n, 5, dtype=torch.int64, device=tokens.device)
     if n == 0:
         return out
+    args, constexprs = window_args(tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, wide,
+                                   every, max_history, out, rows_per_program, block)
+    kernels().window_decide[((n + rows_per_program - 1) // rows_per_program,)](*args, **constexprs)
+    return out
+
+
+def window_args(tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor, input_ids: torch.Tensor | None,
+                local_pos: torch.Tensor | None, slot_of_row: torch.Tensor, member: torch.Tensor, params: torch.Tensor,
+                wide: int, every: bool, max_history: int, out: torch.Tensor, rows_per_program: int = WINDOW_ROWS,
+                block: int = WINDOW_BLOCK) -> _Launch:
+    """``window_decide``'s positional arguments and constexprs for ``window_state``'s arguments and
+    output (the launch and its off-step compile, ``window_variant``, take the same)."""
     drafts = input_ids is not None and local_pos is not None
     span = window_span(tokens.shape[1], wide, max_history)
     flags = member.view(torch.uint8) if member.dtype == torch.bool else member
-    k.window_decide[((n + rows_per_program - 1) // rows_per_program,)](
-        tokens, tokens.stride(0), tokens.stride(1), tokens.shape[0], tokens.shape[1], prompt_len, pos,
-        input_ids if drafts else pos, local_pos if drafts else pos, slot_of_row, flags, params, params.stride(0),
-        params.stride(1), out, n, span, max_history, WIDE=wide, EVERY=every, DRAFTS=drafts, ROWS=rows_per_program,
-        BLOCK=block)
-    return out
+    args = (tokens, tokens.stride(0), tokens.stride(1), tokens.shape[0], tokens.shape[1], prompt_len, pos,
+            input_ids if drafts else pos, local_pos if drafts else pos, slot_of_row, flags, params, params.stride(0),
+            params.stride(1), out, pos.shape[0], span, max_history)
+    return args, {"WIDE": wide, "EVERY": every, "DRAFTS": drafts, "ROWS": rows_per_program, "BLOCK": block}
+
+
+def window_variant(tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor, input_ids: torch.Tensor | None,
+                   local_pos: torch.Tensor | None, slot_of_row: torch.Tensor, member: torch.Tensor,
+                   params: torch.Tensor, wide: int, every: bool,
+                   max_history: int) -> tuple[Hashable, Callable[[], object]]:
+    """``launch_variant`` of ``window_state``'s launch for these arguments: the widest context
+    (``WIDE``, a client's ``context_width`` where the operator lets clients send the kind) is a
+    constexpr, so each width is its own variant."""
+    args, constexprs = window_args(tokens, prompt_len, pos, input_ids, local_pos, slot_of_row, member, params, wide,
+                                   every, max_history, meta_scratch(torch.int64))
+    return launch_variant("watermark.window_decide", lambda: kernels().window_decide, tokens.device, args, constexprs)

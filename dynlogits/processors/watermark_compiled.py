@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 import torch
@@ -417,11 +417,12 @@ def fused_ready(device: torch.device) -> bool:
     return _GATE.ready(device)
 
 
-def fused_run(device: torch.device, fused: Callable[[], T], eager: Callable[[], T]) -> T:
-    """``fused()`` where ``fused_ready(device)``, else ``eager()``; a variant the probe did not
-    compile failing at its first call turns the kernels off with one warning and runs ``eager()``
-    (``FusedGate.run``)."""
-    return _GATE.run(device, fused, eager)
+def fused_run(device: torch.device, fused: Callable[[], T], eager: Callable[[], T], variant: Hashable = None,
+              compile: Callable[[], object] | None = None) -> T:  # noqa: A002 (the variant's compile)
+    """``fused()`` where ``fused_ready(device)``, else ``eager()``; on CUDA, named by its launches'
+    ``variant`` (``kernels.watermark.draw_variant``, ``window_variant``), ``eager()`` until that
+    variant's ``compile`` has landed off the step (``FusedGate.run``)."""
+    return _GATE.run(device, fused, eager, variant, compile)
 
 
 def _probe(device: torch.device) -> bool:

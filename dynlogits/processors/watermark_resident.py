@@ -39,13 +39,14 @@ interpreter for the integer part and against numpy for the float part; on a GPU 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 import torch
 
+from dynlogits.kernels import watermark as watermark_kernels
 from dynlogits.kernels.watermark import window_span
 
 from .modes import Decider, WindowDecided
@@ -139,8 +140,10 @@ class WatermarkGroup(WindowDecided):
         values = upload.upload(6 * n).view(6, n)
         rows_dev = values[0]
 
+        drawn = (step.logits, rows_dev, values[1], self.temperature.dev, self.params.dev, values[2:].T, None)
+
         def fused() -> None:  # the draw and the forcing: two Triton launches on CUDA
-            fused_draw_force_(step.logits, rows_dev, values[1], self.temperature.dev, self.params.dev, values[2:].T, None)
+            fused_draw_force_(*drawn)
 
         def eager() -> None:
             index, value = draw_listed(step.logits, step.flat, rows_dev, values[1], self.temperature.dev,
@@ -149,7 +152,7 @@ class WatermarkGroup(WindowDecided):
             fill_rows(step.logits, row_runs(decisions[:, 0].tolist()), rows_dev)
             step.flat.index_copy_(0, index, value)
 
-        fused_run(step.logits.device, fused, eager)
+        fused_run(step.logits.device, fused, eager, *_named(step.logits.device, watermark_kernels.draw_variant, *drawn, True))
         return None
 
     # -- token window (Model Runner V2) -------------------------------------------------------------
@@ -165,9 +168,11 @@ class WatermarkGroup(WindowDecided):
         wide = max(widths, default=1)
         every = len(widths) == 1
 
+        state = (window.tokens, window.prompt_len, window.pos, window.input_ids, window.local_pos, slot_of_row,
+                 rows.member, self.params.dev, wide, every, MAX_HISTORY)
+
         def fused() -> torch.Tensor:  # the read, the decisions and the absorb: one Triton launch on CUDA
-            return fused_window_state(window.tokens, window.prompt_len, window.pos, window.input_ids, window.local_pos,
-                                      slot_of_row, rows.member, self.params.dev, wide, every, MAX_HISTORY)
+            return fused_window_state(*state)
 
         def eager() -> torch.Tensor:
             params = self.params.dev[slot_of_row]
@@ -181,7 +186,8 @@ class WatermarkGroup(WindowDecided):
             return decide(tokens, at, prompt, pos, params, rows.member, self._span_offsets(wide), wide, every,
                           MAX_HISTORY)
 
-        return fused_run(slot_of_row.device, fused, eager)
+        device = slot_of_row.device  # a client's context width picks the variant: compiled off the step
+        return fused_run(device, fused, eager, *_named(device, watermark_kernels.window_variant, *state))
 
     def _rows(self, n: int) -> torch.Tensor:
         """``arange(n)`` on the device, made once per ``n`` (the step's rows, in order)."""
@@ -201,9 +207,11 @@ class WatermarkGroup(WindowDecided):
         if decisions is _NOTHING:
             return None
 
+        drawn = (step.logits, self._rows(len(decisions)), rows.slot_of_row, self.temperature.dev, self.params.dev,
+                decisions[:, :4], decisions[:, 4])
+
         def fused() -> None:  # the draw and the forcing of the rows that draw: two Triton launches
-            fused_draw_force_(step.logits, self._rows(len(decisions)), rows.slot_of_row, self.temperature.dev,
-                              self.params.dev, decisions[:, :4], decisions[:, 4])
+            fused_draw_force_(*drawn)
 
         def eager() -> None:
             params = self.params.dev[rows.slot_of_row]
@@ -211,8 +219,15 @@ class WatermarkGroup(WindowDecided):
                           batched_draw)
             force_device_decisions(step, rows, torch.where(decisions[:, 4] > 0, tokens, -1))
 
-        fused_run(step.logits.device, fused, eager)
+        fused_run(step.logits.device, fused, eager, *_named(step.logits.device, watermark_kernels.draw_variant, *drawn, True))
         return None
+
+
+def _named(device: torch.device, variant: Callable[..., tuple[Hashable, Callable[[], object]]],
+           *args: object) -> tuple[Hashable, Callable[[], object]] | tuple[()]:
+    """On CUDA, ``variant(*args)``: the ``(variant, compile)`` of a fused op's launches for its
+    arguments, so ``fused_run`` compiles a new one off the step; elsewhere none."""
+    return variant(*args) if device.type == "cuda" else ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -657,3 +657,75 @@ def test_span_call_sites_run_eager_until_their_variants_land(monkeypatch: pytest
     assert compiler.join(timeout=30)
     assert ran == ["step eager", "drafts eager", "step fused", "drafts fused", "wide eager"]
     assert warmed == ["advance_rows", "restarted_advance_rows", "drafts_rows", "restarted_drafts_rows", "advance_rows"]
+
+
+# -- watermark's draw and window decisions --
+
+@pytest.mark.parametrize("runner", ["v1", "v2", "v2-drafts"])
+def test_watermark_call_sites_name_what_their_launches_compile(monkeypatch: pytest.MonkeyPatch, runner: str) -> None:
+    """Driven as vLLM's runners drive the adapter (the CUDA model), with the device taken for CUDA
+    where the group names its fused ops (``watermark_resident._named``): the warmup of each named
+    variant gets what the kernels' launcher launches for the same arguments, tensors as dtypes. The
+    window's variant carries the group's widest context width (``WIDE``), so a client's width
+    compiles off the step; the V1 runner's draw forces every row it gets, Model Runner V2's those
+    that fire."""
+    from dynlogits.kernels import watermark as kernels
+    from dynlogits.processors import watermark_resident as R
+    from dynlogits.testing.cuda.drive import Scenario, drive_v1, drive_v2
+    from dynlogits.testing.cuda.simcuda import SimCuda
+
+    named: list[tuple[Callable[..., tuple[Hashable, Callable[[], object]]], tuple[object, ...]]] = []
+
+    def as_on_cuda(device: torch.device, variant: Callable[..., tuple[Hashable, Callable[[], object]]],
+                   *args: object) -> tuple[Hashable, Callable[[], object]]:
+        named.append((variant, args))
+        return variant(*args)
+
+    monkeypatch.setattr(R, "_named", as_on_cuda)
+    scenario = Scenario(payloads=[[{"kind": "watermark", "key": 7, "context_width": w}] for w in (3, 5)], steps=6,
+                        changes=False)  # drive_v2's drafts come from step 4 on
+    recorders = {name: _Recorder() for name in ("draw_blocks", "draw_reduce", "window_decide")}
+    constexprs: dict[str, set[object]] = {}
+    with SimCuda() as sim:
+        result = drive_v1(sim, scenario) if runner == "v1" else drive_v2(sim, scenario, drafts=2 * (runner == "v2-drafts"))
+        assert not result.failures and named
+        monkeypatch.setattr(kernels, "kernels", lambda: SimpleNamespace(**recorders))
+        for variant, args in named:  # the device's tensors are the model's: read inside its context
+            launches = ("draw_blocks", "draw_reduce") if variant is kernels.draw_variant else ("window_decide",)
+            launcher: Callable[..., object] = kernels.draw if variant is kernels.draw_variant else kernels.window_state
+            launcher(*args)
+            variant(*args)[1]()
+            for name in launches:
+                launched = recorders[name].launched
+                assert launched is not None and recorders[name].warmed == _as_warmed(launched), name
+                for constexpr, value in launched[1].items():
+                    constexprs.setdefault(constexpr, set()).add(value)
+    assert constexprs["HAS_FIRE"] == {runner != "v1"} and constexprs["FORCE"] == {True}
+    if runner == "v1":
+        assert "WIDE" not in constexprs  # the V1 runner's contexts are read on the host
+    else:
+        assert constexprs["WIDE"] == {5} and constexprs["EVERY"] == {False}
+        assert constexprs["DRAFTS"] == ({False, True} if runner == "v2-drafts" else {False})
+
+
+def test_watermark_variants_follow_the_context_width_not_the_batch() -> None:
+    """A new widest context width is a new window variant (its own compile, off the step); another
+    batch size is not. The draw's variant follows the logits' width class (a keyed int) and whether
+    rows fire, not the batch."""
+    from dynlogits.kernels import watermark as kernels
+
+    def window(rows: int, wide: int) -> Hashable:
+        tokens = torch.zeros(8, 64, dtype=torch.int32)
+        pos = torch.zeros(rows, dtype=torch.int32)
+        return kernels.window_variant(tokens, torch.zeros(8, dtype=torch.int32), pos, None, None,
+                                      torch.zeros(rows, dtype=torch.int64), torch.ones(rows, dtype=torch.bool),
+                                      torch.zeros(8, 4, dtype=torch.int64), wide, True, 32)[0]
+
+    def draw(rows: int, vocab: int, fire: bool) -> Hashable:
+        index = torch.zeros(rows, dtype=torch.int64)
+        return kernels.draw_variant(torch.zeros(rows, vocab), index, index, torch.ones(8, 1), torch.zeros(8, 4, dtype=torch.int64),
+                                    torch.zeros(rows, 4, dtype=torch.int64), index if fire else None, True)[0]
+
+    assert window(3, 4) == window(17, 4) != window(3, 5)
+    assert draw(3, 1000, True) == draw(17, 1000, True) == draw(64, 1000, True)
+    assert draw(3, 1000, True) != draw(3, 1024, True) and draw(3, 1000, True) != draw(3, 1000, False)
