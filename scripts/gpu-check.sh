@@ -3,11 +3,13 @@
 #
 #   scripts/gpu-check.sh --fetch-wheels   # here, with PyPI: the pure-Python needs a bare CUDA image
 #                                         # lacks (pydantic, msgspec, ...) as Python 3.12 x86-64 wheels in .whl/
-#   scripts/gpu-check.sh [OUTDIR]         # on the GPU machine, from the repository root: installs .whl/
-#                                         # (if present) into a private folder, then runs, each bounded:
-#     1. python -m dynlogits.testing.cuda.check --kernels-only   every kind's fused kernels against eager
-#     2. python -m dynlogits.testing.cuda.check                  the apply path: syncs, copies, failures, cost
-#     3. python -m dynlogits.tools.bench micro --device cuda     batch 1/64/256, vocab 151936
+#   scripts/gpu-check.sh [OUTDIR [STEP...]]  # on the GPU machine, from the repository root: installs .whl/
+#                                         # (if present) into a private folder, then runs, each bounded
+#                                         # (all four: up to 870 s; name STEPs to split them over calls):
+#     kernels   python -m dynlogits.testing.cuda.check --kernels-only   every kind's fused kernels against eager
+#     compiles  python -m dynlogits.testing.cuda.compile_check          no step compiles a kernel
+#     apply     python -m dynlogits.testing.cuda.check                  the apply path: syncs, copies, failures, cost
+#     micro     python -m dynlogits.tools.bench micro --device cuda     batch 1/64/256, vocab 151936
 #   Each step's output goes to OUTDIR (default ./gpu-check-out) as <step>.log (+ .json); the exit
 #   status is the number of steps that failed. A step's failure does not stop the next.
 set -uo pipefail
@@ -25,6 +27,8 @@ if [[ "${1:-}" == "--fetch-wheels" ]]; then
 fi
 
 OUT_DIR="${1:-gpu-check-out}"
+shift $(( $# > 0 ? 1 : 0 ))
+ONLY=" $* "  # the steps named after OUTDIR; none: every step
 mkdir -p "$OUT_DIR"
 if compgen -G ".whl/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/dynlogits-site .whl/*.whl \
@@ -39,6 +43,7 @@ failed=0
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 seconds=$2
     shift 2
+    [[ "$ONLY" == "  " || "$ONLY" == *" $name "* ]] || return 0
     echo "[gpu-check] $name: $* (at most ${seconds}s)"
     local start=$SECONDS
     timeout "$seconds" "$@" > "$OUT_DIR/$name.log" 2>&1
@@ -48,6 +53,7 @@ step() {  # step NAME SECONDS COMMAND...
     [[ $rc -eq 0 ]] || failed=$((failed + 1))
 }
 step kernels 180 python3 -m dynlogits.testing.cuda.check --kernels-only --json "$OUT_DIR/kernels.json"
+step compiles 150 python3 -m dynlogits.testing.cuda.compile_check --json "$OUT_DIR/compiles.json"
 step apply 240 python3 -m dynlogits.testing.cuda.check --json "$OUT_DIR/apply.json"
 step micro 300 python3 -m dynlogits.tools.bench micro --device cuda --batches 1,64,256 --vocabs 151936 --repeats 5 \
     --json "$OUT_DIR/micro_cuda.json"
