@@ -188,18 +188,25 @@ def test_the_worker_port_is_loopback_only_and_open_only_for_liveness(spec_agg: D
 
 def test_the_worker_keeps_its_own_inflight_cap(spec_agg: Deployment) -> None:
     """A caller holding the secret (say, a second frontend) sends streams of 16 samples straight to the
-    worker: those within the worker's cap are taken, the next is a 429 naming the limit."""
-    body = {"request_id": "cap", "prompt": "Hi", "sampling": {"max_tokens": 480, "n": 16, "ignore_eos": True}}
+    worker: those within the worker's cap are taken, the next is a 429 naming the limit. An unread
+    stream is not held for ever: the loopback's buffers take all 16 x 2,000 tokens (1.6 MB), which
+    the embedded model generates in about 2 s alone, longer 144 sequences at a time. So the next
+    request goes out as soon as the count reaches the cap (480 tokens once ended first in CI)."""
+    body = {"request_id": "cap", "prompt": "Hi", "sampling": {"max_tokens": 2000, "n": 16, "ignore_eos": True}}
     worker, stats = spec_agg.worker_url(1), f"{spec_agg.worker_url(1)}/stats"
 
     def in_flight() -> int:
         return httpx.get(stats, headers=WORKER_AUTH, timeout=30).json()["in_flight_sequences"]
 
+    # Earlier tests' streams gone first, so the cap is all this test's: a sequence still in flight
+    # from them had one of these streams refused, and the count never reached the cap (CI, once).
+    before = settled_stats(worker, timeout=120)
+    assert before["in_flight_sequences"] == 0, before
     held: list[socket.socket] = []
     try:
         for _ in range(WORKER_CAP // 16):
             held.append(send_unread(_port(worker), WORKER_AUTH, path="/generate", body=body))
-        wait_until(lambda: in_flight() == WORKER_CAP, 60, "the streams to be taken", interval=0.2)
+        wait_until(lambda: in_flight() == WORKER_CAP, 60, "the streams to be taken", interval=0.02)
         r = httpx.post(f"{worker}/generate", json=body, headers=WORKER_AUTH, timeout=60)
         assert r.status_code == 429 and "(limit max_inflight_sequences)" in r.json()["error"]["message"], r.text
         assert r.headers["retry-after"] == "1"
