@@ -12,7 +12,8 @@ the kernels off on that device with one warning and runs the eager path for that
 A request never fails for it.
 
 A call site that names its launch's variant (``run(..., variant=, compile=)``: a hashable key of its
-constexprs and argument types, and a callable compiling it) does not compile in the step: on CUDA
+constexprs and argument types, and a callable compiling it; ``run_named(..., variant_of, *args)``
+derives both from the launch's arguments, only where they are read) does not compile in the step: on CUDA
 the first call of a variant on a device hands ``compile`` to a background thread
 (``dynlogits.kernels.variants.COMPILER``) and runs ``eager()``, as every call does until the
 compile has landed; then ``fused()``. A compile that raises: one warning naming the kind and the
@@ -28,11 +29,11 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Hashable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-from .variants import COMPILER, CompileThread
+from .variants import COMPILER, CompileThread, VariantOf
 
 __all__ = ["FusedGate", "gates"]
 
@@ -104,6 +105,15 @@ class FusedGate:
             log.warning("%s: the fused Triton kernels are off on %s (%s: %s); running eagerly",
                         self.name, device, type(exc).__name__, first)
             return eager()
+
+    def run_named(self, device: torch.device, fused: Callable[[], T], eager: Callable[[], T], variant_of: VariantOf,
+                  *args: Any) -> T:
+        """``run`` named by ``variant_of(*args)`` (a kernels module's ``variant``: the ``(variant,
+        compile)`` of ``fused()``'s launches for those arguments), computed only where ``run`` reads
+        it: on CUDA with the kernels on (none per step on the CPU, or after a failed probe)."""
+        if device.type == "cuda" and self.ready(device):
+            return self.run(device, fused, eager, *variant_of(*args))
+        return self.run(device, fused, eager)
 
     def _landed(self, device: torch.device, variant: Hashable, compile: Callable[[], object]) -> bool:  # noqa: A002
         """Whether ``variant`` has compiled on ``device``; its first call queues ``compile`` (a full

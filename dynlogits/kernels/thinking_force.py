@@ -223,5 +223,4 @@ def run_gated(device: torch.device, args: tuple[Any, ...], fused: Callable[[], T
     """``fused()`` (a step around ``decided_settle_(*args)``) through ``GATE``: on CUDA named by its
     launch's ``variant``, so a variant not compiled yet compiles off the step and ``eager()`` (the
     caller's path without the settle) answers until it lands."""
-    named = variant(*args) if device.type == "cuda" else ()  # (variant, compile)
-    return GATE.run(device, fused, eager, *named)
+    return GATE.run_named(device, fused, eager, variant, *args)

@@ -4,8 +4,9 @@ A Triton kernel compiles at its first launch with a new set of constexprs and ar
 *variant*: ``triton.runtime.jit.JITFunction.run`` -> ``_do_compile``, synchronous, hundreds of ms
 on the caller's thread). A client's payload picks some (``no_repeat_ngram``'s ``SIZE``, a phrase
 bucket), so the step that first holds one would stall every request of the batch.
-``FusedGate.run(..., variant=, compile=)`` instead hands ``compile`` to ``COMPILER`` and runs the
-eager path until it has landed.
+``FusedGate.run(..., variant=, compile=)`` (or ``run_named(..., variant_of, *args)``, which derives
+the pair from the launch's arguments) instead hands ``compile`` to ``COMPILER`` and runs the eager
+path until it has landed.
 
 ``CompileThread``: one daemon thread running submitted jobs one at a time, in order, from a
 bounded queue (``submit`` returns ``False`` when it is full: the caller asks again later); a job
@@ -31,9 +32,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["COMPILER", "CompileThread", "jitted", "launch_variant", "launches_variant", "meta_scratch"]
+__all__ = ["COMPILER", "CompileThread", "Named", "VariantOf", "jitted", "launch_variant", "launches_variant",
+           "meta_scratch"]
 
 log = logging.getLogger("dynlogits.kernels")
+
+#: a fused op's ``(variant, compile)``: the key of its launches' specializations, and their compile
+Named = tuple[Hashable, Callable[[], object]]
+#: a kernels module's ``variant``: the op's ``Named`` for the arguments its launches take
+VariantOf = Callable[..., Named]
 
 
 class CompileThread:

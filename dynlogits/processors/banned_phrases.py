@@ -661,9 +661,9 @@ class BannedPhrasesGroup(EntryTablesGroup):
                 banned_phrases_ban_(*args)
             else:  # on CUDA a new variant (BLOCK_W, drafts, floor, dtypes) compiles off the step, eager until it lands
                 device = step.logits.device
-                named = banned_phrases_kernels.variant(*args) if device.type == "cuda" else ()  # (variant, compile)
-                GATE.run(device, lambda: banned_phrases_ban_(*args),
-                         lambda: self._write_eager(step, self._decide_eager(rows, window, floor)), *named)
+                GATE.run_named(device, lambda: banned_phrases_ban_(*args),
+                               lambda: self._write_eager(step, self._decide_eager(rows, window, floor)),
+                               banned_phrases_kernels.variant, *args)
         else:
             self._write_eager(step, hit)
         return None

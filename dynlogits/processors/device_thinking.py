@@ -388,8 +388,7 @@ def gated_spans(device: torch.device, advances: Sequence[tuple[Any, ...]], draft
     """``fused()`` (the span ops with ``advances``' and ``drafts``' arguments) through ``GATE``: on
     CUDA named by their launches' variant (``kernels.spans.variant``), so a variant not compiled yet
     compiles off the step and ``eager()`` answers until it lands."""
-    named = spans_kernels.variant(advances, drafts) if device.type == "cuda" else ()  # (variant, compile)
-    return GATE.run(device, fused, eager, *named)
+    return GATE.run_named(device, fused, eager, spans_kernels.variant, advances, drafts)
 
 
 # -- one step's token source ---------------------------------------------------------------------

@@ -31,8 +31,8 @@ are hosted."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
-from typing import NamedTuple, cast
+from collections.abc import Callable
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -364,6 +364,7 @@ def _breaks(keyed: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.ndarr
 
 from dynlogits.kernels.fused import fused_op  # noqa: E402
 from dynlogits.kernels.probe import FusedGate  # noqa: E402
+from dynlogits.kernels.variants import VariantOf  # noqa: E402
 
 
 @fused_op("dry_lower_", launches=2, mutates_args=("logits",))
@@ -401,13 +402,13 @@ def fused_ready(device: torch.device) -> bool:
     return _GATE.ready(device)
 
 
-def fused_run(device: torch.device, fused: Callable[[], None], eager: Callable[[], None],
-              variant: Hashable = None, compile: Callable[[], object] | None = None) -> None:  # noqa: A002
-    """``fused()`` where ``fused_ready(device)``, else ``eager()``; on CUDA with the launch's
-    ``variant`` and ``compile`` (``kernels.dry.variant``), ``eager()`` until that variant has compiled
-    off the step; a variant failing to compile turns the kernels off with one warning and runs
-    ``eager()`` (``FusedGate.run``)."""
-    _GATE.run(device, fused, eager, variant, compile)
+def fused_run(device: torch.device, fused: Callable[[], None], eager: Callable[[], None], variant_of: VariantOf,
+              *args: Any) -> None:
+    """``fused()`` where ``fused_ready(device)``, else ``eager()``; on CUDA named by the launch's
+    ``variant_of(*args)`` (``kernels.dry.variant``), ``eager()`` until that variant has compiled off
+    the step; a variant failing to compile turns the kernels off with one warning and runs
+    ``eager()`` (``FusedGate.run_named``)."""
+    _GATE.run_named(device, fused, eager, variant_of, *args)
 
 
 #: ``fused_lower_``'s tensor arguments, in order

@@ -223,10 +223,9 @@ class DryGroup(WindowDecided):
                 lower_window_(*args, floor, host)
         else:  # on CUDA a new variant (look-back and breaker buckets, drafts, floor, dtypes) compiles off
             # the step, the eager decision answering until it lands (or for good if it fails to compile)
-            variant, compile_ = dry_kernels.variant(*args, floor) if self.device.type == "cuda" else (None, None)
             fused_run(self.device, lambda: fused_lower_(*args, floor),
-                      lambda: lower_rows(step.logits, *self._penalties(rows, window, width, cap, floor)), variant,
-                      compile_)
+                      lambda: lower_rows(step.logits, *self._penalties(rows, window, width, cap, floor)),
+                      dry_kernels.variant, *args, floor)
         return None
 
     def _host_rows(self, rows: GatheredRows, width: int, cap: int, tokens: torch.Tensor) -> HostRows | None:

@@ -7,7 +7,6 @@ eager reference, run by the CUDA model and the tests."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 import torch
@@ -18,7 +17,7 @@ from dynlogits.kernels.probe import FusedGate
 
 from .slots import NEG_INF
 
-__all__ = ["fused_ready", "pick_probe_case", "pick_settle_", "probe_case", "reset_fused", "run", "run_pick_settle",
+__all__ = ["fused_ready", "pick_probe_case", "pick_settle_", "probe_case", "reset_fused", "run_pick_settle",
            "run_settle", "settle_"]
 
 T = TypeVar("T")
@@ -89,26 +88,18 @@ def fused_ready(device: torch.device) -> bool:
     return _GATE.ready(device)
 
 
-def run(device: torch.device, fused: Callable[[], T], eager: Callable[[], T], variant: Hashable = None,
-        compile: Callable[[], object] | None = None) -> T:  # noqa: A002 (the variant's compile)
-    """``fused()`` where the kernels run on ``device``, else ``eager()`` (``FusedGate.run``: with a
-    ``variant`` and its ``compile``, ``eager()`` on CUDA until it has compiled off the step)."""
-    return _GATE.run(device, fused, eager, variant, compile)
-
-
 def run_settle(device: torch.device, args: tuple[Any, ...]) -> None:
     """``settle_(*args)`` through the gate, else its eager reference; on CUDA named by its variant
     (``kernels.forced.settle_variant``: both launches' planes, stops, dtypes), so a variant not
     compiled yet compiles off the step and the eager ops answer until it lands."""
-    named = forced_kernels.settle_variant(*args) if device.type == "cuda" else ()  # (variant, compile)
-    run(device, lambda: settle_(*args), lambda: settle_.eager(*args), *named)
+    _GATE.run_named(device, lambda: settle_(*args), lambda: settle_.eager(*args), forced_kernels.settle_variant, *args)
 
 
 def run_pick_settle(device: torch.device, args: tuple[Any, ...]) -> None:
     """``pick_settle_(*args)`` as ``run_settle`` runs ``settle_`` (``kernels.forced.pick_settle_variant``:
     identity, stops, the bounds' and values' dtypes)."""
-    named = forced_kernels.pick_settle_variant(*args) if device.type == "cuda" else ()  # (variant, compile)
-    run(device, lambda: pick_settle_(*args), lambda: pick_settle_.eager(*args), *named)
+    _GATE.run_named(device, lambda: pick_settle_(*args), lambda: pick_settle_.eager(*args),
+                    forced_kernels.pick_settle_variant, *args)
 
 
 def probe_case(seed: int, device: torch.device, *, rows: int = 12, vocab: int = 300, planes: int = 3,

@@ -348,8 +348,7 @@ def _gated(device: torch.device, args: tuple[Any, ...], eager: Callable[[], None
     """``multiple_choice_keep_(*args)`` through ``GATE``: on CUDA named by its variant
     (``kernels.multiple_choice.variant``: ``BLOCK_W``, drafts, dtypes), so a variant not compiled yet
     compiles off the step and ``eager()`` answers until it lands."""
-    named = multiple_choice_kernels.variant(*args) if device.type == "cuda" else ()  # (variant, compile)
-    GATE.run(device, lambda: multiple_choice_keep_(*args), eager, *named)
+    GATE.run_named(device, lambda: multiple_choice_keep_(*args), eager, multiple_choice_kernels.variant, *args)
 
 
 @dataclass(frozen=True, slots=True)

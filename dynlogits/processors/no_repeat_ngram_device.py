@@ -221,8 +221,7 @@ _BanArgs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.T
 def _gated(device: torch.device, args: _BanArgs, eager: Callable[[], None]) -> None:
     """``ban_(*args)`` through the gate: on CUDA named by its variant (``kernels.no_repeat_ngram.variant``),
     so a variant not compiled yet compiles off the step and ``eager()`` answers until it lands."""
-    variant, compile_ = no_repeat_ngram_kernels.variant(*args) if device.type == "cuda" else (None, None)
-    _GATE.run(device, lambda: ban_(*args), eager, variant, compile_)
+    _GATE.run_named(device, lambda: ban_(*args), eager, no_repeat_ngram_kernels.variant, *args)
 
 
 def apply_eager(window: TokenWindow, t: Layout, logits: torch.Tensor, extremes: tuple[torch.Tensor, torch.Tensor],

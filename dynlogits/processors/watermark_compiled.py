@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
@@ -328,6 +328,7 @@ def reset() -> None:
 
 from dynlogits.kernels.fused import fused_op  # noqa: E402
 from dynlogits.kernels.probe import FusedGate  # noqa: E402  # declared after the eager references they run on the CPU
+from dynlogits.kernels.variants import VariantOf  # noqa: E402
 from dynlogits.kernels.watermark import window_span  # noqa: E402  # no Triton import
 
 
@@ -417,12 +418,12 @@ def fused_ready(device: torch.device) -> bool:
     return _GATE.ready(device)
 
 
-def fused_run(device: torch.device, fused: Callable[[], T], eager: Callable[[], T], variant: Hashable = None,
-              compile: Callable[[], object] | None = None) -> T:  # noqa: A002 (the variant's compile)
+def fused_run(device: torch.device, fused: Callable[[], T], eager: Callable[[], T], variant_of: VariantOf,
+              *args: Any) -> T:
     """``fused()`` where ``fused_ready(device)``, else ``eager()``; on CUDA, named by its launches'
-    ``variant`` (``kernels.watermark.draw_variant``, ``window_variant``), ``eager()`` until that
-    variant's ``compile`` has landed off the step (``FusedGate.run``)."""
-    return _GATE.run(device, fused, eager, variant, compile)
+    ``variant_of(*args)`` (``kernels.watermark.draw_variant``, ``window_variant``), ``eager()`` until
+    that variant's compile has landed off the step (``FusedGate.run_named``)."""
+    return _GATE.run_named(device, fused, eager, variant_of, *args)
 
 
 def _probe(device: torch.device) -> bool:

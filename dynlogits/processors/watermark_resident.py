@@ -39,7 +39,7 @@ interpreter for the integer part and against numpy for the float part; on a GPU 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -152,7 +152,7 @@ class WatermarkGroup(WindowDecided):
             fill_rows(step.logits, row_runs(decisions[:, 0].tolist()), rows_dev)
             step.flat.index_copy_(0, index, value)
 
-        fused_run(step.logits.device, fused, eager, *_named(step.logits.device, watermark_kernels.draw_variant, *drawn, True))
+        fused_run(step.logits.device, fused, eager, watermark_kernels.draw_variant, *drawn, True)
         return None
 
     # -- token window (Model Runner V2) -------------------------------------------------------------
@@ -187,7 +187,7 @@ class WatermarkGroup(WindowDecided):
                           MAX_HISTORY)
 
         device = slot_of_row.device  # a client's context width picks the variant: compiled off the step
-        return fused_run(device, fused, eager, *_named(device, watermark_kernels.window_variant, *state))
+        return fused_run(device, fused, eager, watermark_kernels.window_variant, *state)
 
     def _rows(self, n: int) -> torch.Tensor:
         """``arange(n)`` on the device, made once per ``n`` (the step's rows, in order)."""
@@ -219,15 +219,8 @@ class WatermarkGroup(WindowDecided):
                           batched_draw)
             force_device_decisions(step, rows, torch.where(decisions[:, 4] > 0, tokens, -1))
 
-        fused_run(step.logits.device, fused, eager, *_named(step.logits.device, watermark_kernels.draw_variant, *drawn, True))
+        fused_run(step.logits.device, fused, eager, watermark_kernels.draw_variant, *drawn, True)
         return None
-
-
-def _named(device: torch.device, variant: Callable[..., tuple[Hashable, Callable[[], object]]],
-           *args: object) -> tuple[Hashable, Callable[[], object]] | tuple[()]:
-    """On CUDA, ``variant(*args)``: the ``(variant, compile)`` of a fused op's launches for its
-    arguments, so ``fused_run`` compiles a new one off the step; elsewhere none."""
-    return variant(*args) if device.type == "cuda" else ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,9 @@ class _On:
     def run(self, device: object, fused: Callable[[], None], eager: object) -> None:
         fused()
 
+    def run_named(self, device: object, fused: Callable[[], None], eager: object, *named: object) -> None:
+        fused()
+
 
 @pytest.mark.parametrize("drafts", [0, 2])
 def test_the_group_step_through_the_op_masks_what_the_hosted_processor_masks(

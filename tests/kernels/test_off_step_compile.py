@@ -160,6 +160,31 @@ def test_the_probe_the_cpu_and_the_cuda_model_are_unchanged() -> None:
     assert compile_.calls == 0
 
 
+def test_run_named_derives_the_variant_only_where_the_gate_reads_it() -> None:
+    """``run_named(..., variant_of, *args)``: ``variant_of(*args)`` is called on CUDA with the
+    kernels on (then as ``run`` with its pair), never on the CPU, in the CUDA model or after a
+    failed probe, where no step pays for naming a variant."""
+    compiler = CompileThread()
+    compile_ = Compile()
+    named: list[tuple[object, ...]] = []
+
+    def variant_of(*args: object) -> tuple[Hashable, Callable[[], object]]:
+        named.append(args)
+        return ("v", *args), compile_
+
+    def run_named(gate: FusedGate, device: torch.device) -> str:
+        return gate.run_named(device, lambda: "fused", lambda: "eager", variant_of, 3, "drafts")
+
+    on, off = _gate(compiler), _gate(compiler, lambda device: False)
+    assert run_named(on, torch.device("cpu")) == "eager" and run_named(on, torch.device("meta")) == "fused"
+    assert run_named(off, CUDA) == "eager"
+    assert named == [] and compile_.calls == 0
+    assert run_named(on, CUDA) == "eager"  # the variant's first call: compiled off the step
+    assert compiler.join(timeout=30)
+    assert run_named(on, CUDA) == "fused"
+    assert named == [(3, "drafts")] * 2 and compile_.calls == 1
+
+
 def test_reset_forgets_the_variants() -> None:
     compiler = CompileThread()
     gate = _gate(compiler)
@@ -359,7 +384,8 @@ def test_dry_compile_warms_up_the_launch_s_own_specialization(
 
 
 def test_dry_s_gate_runs_eager_until_the_launch_s_variant_lands(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``dry_device.fused_run`` hands the group's variant and compile to the kind's gate: eager for
+    """``dry_device.fused_run`` hands the group's variant (its ``variant_of`` for the launch's
+    arguments) and compile to the kind's gate: eager for
     the step that first holds the variant, fused once its compile has landed."""
     from dynlogits.processors import dry_device as D
 
@@ -368,8 +394,8 @@ def test_dry_s_gate_runs_eager_until_the_launch_s_variant_lands(monkeypatch: pyt
     ran: list[str] = []
     compiled: list[str] = []
     for _ in range(2):
-        D.fused_run(CUDA, lambda: ran.append("fused"), lambda: ran.append("eager"), ("dry", 32),
-                    lambda: compiled.append("dry 32"))
+        D.fused_run(CUDA, lambda: ran.append("fused"), lambda: ran.append("eager"),
+                    lambda width: (("dry", width), lambda: compiled.append(f"dry {width}")), 32)
         assert compiler.join(timeout=30)
     assert ran == ["eager", "fused"] and compiled == ["dry 32"]
 
@@ -663,8 +689,8 @@ def test_span_call_sites_run_eager_until_their_variants_land(monkeypatch: pytest
 
 @pytest.mark.parametrize("runner", ["v1", "v2", "v2-drafts"])
 def test_watermark_call_sites_name_what_their_launches_compile(monkeypatch: pytest.MonkeyPatch, runner: str) -> None:
-    """Driven as vLLM's runners drive the adapter (the CUDA model), with the device taken for CUDA
-    where the group names its fused ops (``watermark_resident._named``): the warmup of each named
+    """Driven as vLLM's runners drive the adapter (the CUDA model), each fused op's ``variant_of``
+    and arguments recorded where the group hands them to its gate (``fused_run``): the warmup of each named
     variant gets what the kernels' launcher launches for the same arguments, tensors as dtypes. The
     window's variant carries the group's widest context width (``WIDE``), so a client's width
     compiles off the step; the V1 runner's draw forces every row it gets, Model Runner V2's those
@@ -676,12 +702,14 @@ def test_watermark_call_sites_name_what_their_launches_compile(monkeypatch: pyte
 
     named: list[tuple[Callable[..., tuple[Hashable, Callable[[], object]]], tuple[object, ...]]] = []
 
-    def as_on_cuda(device: torch.device, variant: Callable[..., tuple[Hashable, Callable[[], object]]],
-                   *args: object) -> tuple[Hashable, Callable[[], object]]:
-        named.append((variant, args))
-        return variant(*args)
+    gated = R.fused_run
 
-    monkeypatch.setattr(R, "_named", as_on_cuda)
+    def recorded(device: torch.device, fused: Callable[[], object], eager: Callable[[], object],
+                 variant: Callable[..., tuple[Hashable, Callable[[], object]]], *args: object) -> object:
+        named.append((variant, args))
+        return gated(device, fused, eager, variant, *args)
+
+    monkeypatch.setattr(R, "fused_run", recorded)
     scenario = Scenario(payloads=[[{"kind": "watermark", "key": 7, "context_width": w}] for w in (3, 5)], steps=6,
                         changes=False)  # drive_v2's drafts come from step 4 on
     recorders = {name: _Recorder() for name in ("draw_blocks", "draw_reduce", "window_decide")}

@@ -67,6 +67,9 @@ class _Off:
     def run(self, device: object, fused: object, eager: Callable[[], None]) -> None:
         eager()
 
+    def run_named(self, device: object, fused: object, eager: Callable[[], None], *named: object) -> None:
+        eager()
+
 
 class _FailsToCompile(_Off):
     """A gate whose probe passed but whose kernel variant fails at its first call (``FusedGate.run``

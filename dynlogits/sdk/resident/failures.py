@@ -152,5 +152,4 @@ def _gated(device: torch.device, args: tuple[Any, ...], eager: Callable[[], None
     """``dead_rows_(*args)`` through ``GATE``: on CUDA named by its variant (``kernels.dead_rows.variant``:
     the layout's and optional tensors' flags, dtypes), so a variant not compiled yet compiles off the
     step and ``eager()`` answers until it lands."""
-    named = dead_rows_kernels.variant(*args) if device.type == "cuda" else ()  # (variant, compile)
-    GATE.run(device, lambda: dead_rows_(*args), eager, *named)
+    GATE.run_named(device, lambda: dead_rows_(*args), eager, dead_rows_kernels.variant, *args)
