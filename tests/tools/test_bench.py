@@ -609,6 +609,27 @@ def test_device_side_targets_read_the_launch_and_sync_counts() -> None:
     assert state["forced_sequence, adapter and adapter_v2, every batch"] == (False, "at most 5")
 
 
+def test_each_implementation_follows_every_other_alike_across_repetitions() -> None:
+    """``run_order``: the first repetition in list order (the adapter first, the check's reference),
+    then drawn orders, the same for a seed, in which no implementation follows one other in most
+    repetitions (a rotated order has the baseline follow the loop three times in four)."""
+    import random
+    from collections import Counter
+
+    from dynlogits.tools.bench.micro import run_order
+
+    impls = ["adapter", "adapter_v2", "loop", "baseline"]
+    rng = random.Random(7)
+    orders = [run_order(impls, rep, rng) for rep in range(400)]
+    assert orders[0] == impls and all(sorted(o) == sorted(impls) for o in orders)
+    again = random.Random(7)
+    assert [run_order(impls, rep, again) for rep in range(400)] == orders
+    before = Counter((o[i - 1], o[i]) for o in orders[1:] for i in range(1, len(o)))
+    for impl in impls:  # each pair about 100 times of 300 (400 repetitions, 3 places after another)
+        followed = {b: before[(b, impl)] for b in impls if b != impl}
+        assert min(followed.values()) >= 60 and max(followed.values()) <= 140, (impl, followed)
+
+
 def test_history_workloads_do_their_work_at_every_measured_step() -> None:
     """watermark: no 4-token context repeats (a repeated one would be left to the engine's sampler);
     no_repeat_ngram: the primed history bans a token at every step, and dry penalizes one."""

@@ -89,7 +89,10 @@ Model Runner V2's token matrix (`max_model_len` columns) is as wide as the longe
 last step unless `--max-model-len` widens it; a wider one shows what reading the matrix costs the
 kinds that decide from it (the settings line above names the width when it is not the default).
 Each repetition appends one token to every request's history, restores the logits outside the timed
-region, then times each implementation in an order rotated every repetition; the tables report
+region, then times each implementation in an order drawn anew every repetition (the first in list
+order; what ran just before a step changes its time: after dry's 30 ms per-row loop, banned_tokens'
+adapter took about twice its time, and a rotated order, which has each implementation follow the
+same one nearly every time, put dry's ratio to banned_tokens about 10% lower); the tables report
 medians. A micro target reads the ratio of two implementations per repetition (timed within
 milliseconds of each other, so a phase of this shared host slows both) and, like the engine
 targets, takes their median and judges it on its distribution-free 95% interval (for 30

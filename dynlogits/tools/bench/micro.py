@@ -11,8 +11,9 @@ the host's slow phases hit both), ``vllm_watermark`` (vLLM's own watermarker as 
 sampler calls it, one call for the batch: ``vllm_watermark.py``; watermark only).
 ``launches``/``syncs`` of the adapters come from ``drive.adapter_counts`` on the CUDA model.
 
-Each repetition restores the logits, times the implementations in a rotated order, then grows every
-history by one token; medians after the warm-up are reported. The first repetition checks every
+Each repetition restores the logits, times the implementations in an order drawn anew (``run_order``:
+what ran just before a step changes its time, so no implementation always follows the same one),
+then grows every history by one token; medians after the warm-up are reported. The first repetition checks every
 implementation against ``adapter`` (``reference``: same finite ids and argmax; ``vllm_watermark``: the
 token it draws is, in every row, the one id the adapter leaves finite), else ``BenchmarkError``.
 Every request samples at temperature 1.0 (vLLM's default, set explicitly: the watermark draws only
@@ -21,13 +22,14 @@ for sampling requests)."""
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -37,7 +39,9 @@ from . import workloads
 from .models import bench_model_dir, eos_token_id, vllm_config
 from .records import MicroRecord
 
-__all__ = ["BenchmarkError", "MicroOptions", "run_micro"]
+__all__ = ["BenchmarkError", "MicroOptions", "run_micro", "run_order"]
+
+T = TypeVar("T")
 
 
 class BenchmarkError(RuntimeError):
@@ -297,14 +301,23 @@ def _check(impl: str, got: torch.Tensor, want: torch.Tensor, drawn: torch.Tensor
     return None
 
 
+def run_order(impls: Sequence[T], rep: int, rng: random.Random) -> list[T]:
+    """The order repetition ``rep`` times ``impls`` in: list order first (the adapter, whose logits
+    the others are checked against), then a permutation drawn from ``rng``. What ran just before a
+    step changes its time (docs/performance.md), and a rotated order has each implementation follow
+    the same one nearly every time, which biases a ratio; a drawn order lets each follow every other
+    alike."""
+    return list(impls) if rep == 0 else rng.sample(list(impls), len(impls))
+
+
 def _measure(case: _Case, impls: list[_Impl], pristine: torch.Tensor, opts: MicroOptions,
              sync: Callable[[], None]) -> dict[str, list[float]]:
     logits = torch.empty_like(pristine)
     times: dict[str, list[float]] = {impl.name: [] for impl in impls}
+    rng = random.Random(opts.seed)
     for rep in range(opts.warmup + opts.repeats):
-        k = rep % len(impls)
         expected: torch.Tensor | None = None
-        for impl in impls[k:] + impls[:k]:
+        for impl in run_order(impls, rep, rng):
             logits.copy_(pristine)
             impl.before()
             sync()
