@@ -3,7 +3,8 @@
 :func:`guarded_protocol` returns uvicorn's HTTP protocol class (httptools, else h11) with: the head
 limits of ``.heads`` checked on the bytes as they arrive (414/431, the head never buffered); a
 deadline for every request head (``header_timeout_s``: 408, then closed); a cap on open connections
-that closes the one waiting longest without a request in progress; client protocol errors reported
+that closes the one waiting longest without a request in progress, or, when every connection is
+serving a request, answers the newcomer 503 (``Retry-After``); client protocol errors reported
 to a ``.protocol_errors.ProtocolErrorLog``. Each request's scope gets an abort (:data:`ABORT_KEY`)
 that drops its connection. Rules and figures: ``docs/reliability.md`` ("Limits").
 """
@@ -40,13 +41,30 @@ def parser_refused(scope: Scope) -> bool:
 log = logging.getLogger("dynlogits.serve.http.connections")
 
 
-def error_response(status: int, message: str, code: str) -> bytes:
-    """A complete ``connection: close`` answer with an OpenAI-style JSON error, written by the protocol
-    itself (before or instead of the app)."""
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": code}}).encode()
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"content-length: %d\r\n\r\n" % (status, HTTPStatus(status).phrase.encode(), len(body))) + body
+def error_response(status: int, message: str, code: str, *, kind: str = "invalid_request_error",
+                   retry_after_s: int | None = None) -> bytes:
+    """A complete ``connection: close`` answer with an OpenAI-style JSON error (``kind``: its
+    ``type``; ``retry_after_s``: a ``Retry-After`` header), written by the protocol itself (before or
+    instead of the app)."""
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+    retry = b"retry-after: %d\r\n" % retry_after_s if retry_after_s is not None else b""
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n%s"
+            b"content-length: %d\r\n\r\n" % (status, HTTPStatus(status).phrase.encode(), retry, len(body))) + body
+
+
+#: ``Retry-After`` (s) of the 503 a new connection gets while every connection serves a request.
+BUSY_RETRY_AFTER_S = 1
+#: Refused connections (503 at the cap, 414/431) kept open at once after their answer and half-close,
+#: reading and dropping what the client still sends until it closes or the head deadline passes:
+#: closing with its request unread would reset the connection, which can discard the answer before
+#: the client reads it. Past this many the oldest is closed at once (its answer may then be lost).
+REFUSED_LINGERING_MAX = 64
+
+
+def _busy_response(serving: int) -> bytes:
+    return error_response(503, f"all {serving} connections are serving requests (limit max_connections); "
+                               "retry later", "server_busy", kind="service_unavailable",
+                          retry_after_s=BUSY_RETRY_AFTER_S)
 
 
 def _timeout_response(header_timeout_s: float) -> bytes:
@@ -74,7 +92,7 @@ class _Guard:
         super().connection_made(transport)  # type: ignore[misc]  # a mixin: super() is uvicorn's protocol class at runtime
         self._in_request = False
         self._head_started = False
-        self._refused = False  # a head over its limits was answered; what follows is dropped
+        self._refused = False  # answered (a head over its limits, a connection over the cap); what follows is dropped
         self._scanner = HeadScanner(self.head_limits)
         self._seen_cycle: Any = None
         self._waiting_since = self.loop.time()
@@ -140,7 +158,19 @@ class _Guard:
         if self.cycle is not None and not self.cycle.response_complete:
             self._abort()
             return
-        self.transport.write(error_response(problem.status, problem.message, problem.code))
+        self._answer_and_linger(error_response(problem.status, problem.message, problem.code))
+
+    def _answer_and_linger(self, answer: bytes) -> None:
+        """Write ``answer`` and half-close; what the client sends after it is dropped (``_refused``)
+        until it closes or the head deadline passes (``_head_timeout``). At most
+        ``REFUSED_LINGERING_MAX`` connections linger: past it the oldest is closed now."""
+        lingering = [c for c in self.connections
+                     if isinstance(c, _Guard) and c is not self and c._refused and not c.transport.is_closing()]
+        if len(lingering) >= REFUSED_LINGERING_MAX:
+            oldest = min(lingering, key=lambda c: c._waiting_since)
+            oldest._cancel_head_timer()
+            oldest.transport.close()
+        self.transport.write(answer)
         if self.transport.can_write_eof():
             self.transport.write_eof()
         if self._head_timer is None:
@@ -202,15 +232,24 @@ class _Guard:
         self.transport.abort()
 
     def _make_room(self) -> None:
-        idle = [c for c in self.connections
-                if isinstance(c, _Guard) and c is not self and not c._in_request and not c.transport.is_closing()]
+        """Over the cap (counting neither refused connections, whose answer is out, nor closing
+        ones): close the connection waiting longest without a request in progress, else answer this
+        one 503 and let it linger as refused."""
+        live = [c for c in self.connections if isinstance(c, _Guard) and not c._refused and not c.transport.is_closing()]
+        if len(live) <= self.max_connections:
+            return
+        idle = [c for c in live if c is not self and not c._in_request]
         if idle:
             victim = min(idle, key=lambda c: c._waiting_since)
             victim._close("connection_limit_shed")
         else:
-            log.warning("%d connections are all serving requests (limit max_connections); refusing a new one",
-                        len(self.connections) - 1)
-            self._close("connection_limit_refused")
+            serving = len(live) - 1
+            log.warning("%d connections are all serving requests (limit max_connections); refusing a new one (503)",
+                        serving)
+            self._refused = True
+            if self.on_close is not None:
+                self.on_close("connection_limit_refused")
+            self._answer_and_linger(_busy_response(serving))
 
 
 class _HttpToolsHeads(_Guard):

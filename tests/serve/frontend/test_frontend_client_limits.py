@@ -276,3 +276,83 @@ def test_a_stream_whose_reader_stalls_is_ended_and_releases_its_ticket() -> None
         assert isinstance(guard.queue, FairQueue) and guard.queue.held("c") == 0
         # the connection is dropped, not left waiting for the reader to take what was buffered
         wait_until(lambda: not server.server.server_state.connections, 10, "the connection to be dropped")
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_a_connection_past_the_cap_while_every_one_serves_gets_a_503_and_lingering_refusals_do_not_count(
+        http: str) -> None:
+    """Cap 2, both connections serving (the app holds them): a third connection's request is answered
+    503 with ``Retry-After`` and read in full up to the server's half-close (its request is read and
+    dropped, so no reset discards the answer). While that refused connection stays open, it does not
+    count: once one held request ends and its client closes, a new connection is served, and nothing
+is shed to make room for it."""
+    started = threading.Semaphore(0)
+    release = {b"/1": threading.Event(), b"/2": threading.Event()}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        started.release()
+        event = release.get(scope["raw_path"])
+        if event is not None:
+            await asyncio.get_running_loop().run_in_executor(None, event.wait, 60)
+        await _hello(scope, receive, send)
+
+    closed: list[str] = []
+    protocol = guarded_protocol(header_timeout_s=60, max_connections=2, http=http, on_close=closed.append)
+    with ThreadedServer(app, http=protocol) as server:
+        held = {path: _open(server.port) for path in release}
+        for path, s in held.items():
+            s.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert all(started.acquire(timeout=30) for _ in held), "the held requests never reached the app"
+        refused = _open(server.port)
+        refused.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 65536\r\n\r\n" + b"x" * 65536)
+        answer = _read_all(refused, timeout=30)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 "), answer[:200]
+        assert b"retry-after: 1" in head.lower() and b"connection: close" in head.lower(), head
+        assert b'"code": "server_busy"' in body and b"max_connections" in body, body
+        release[b"/1"].set()
+        assert _read_all(held[b"/1"], timeout=30).endswith(b"hi")
+        held[b"/1"].close()
+        # the refused connection is still open (the client has not closed it): it does not count
+        assert httpx.get(f"http://127.0.0.1:{server.port}/", timeout=30).text == "hi"
+        assert closed == ["connection_limit_refused"], "a lingering refusal was counted (and shed) at the cap"
+        release[b"/2"].set()
+        assert _read_all(held[b"/2"], timeout=30).endswith(b"hi")
+        for s in (*held.values(), refused):
+            s.close()
+
+
+def test_refused_connections_linger_in_bounded_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``REFUSED_LINGERING_MAX`` refused connections left open by their clients, the oldest is
+    closed when another is refused: a flood of refusals holds a bounded number of sockets."""
+    from dynlogits.serve.http import connections
+
+    monkeypatch.setattr(connections, "REFUSED_LINGERING_MAX", 2)
+    started, release = threading.Semaphore(0), threading.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        started.release()
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
+        await _hello(scope, receive, send)
+
+    protocol = guarded_protocol(header_timeout_s=60, max_connections=1, http="httptools")
+    with ThreadedServer(app, http=protocol) as server:
+        held = _open(server.port)
+        held.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert started.acquire(timeout=30), "the held request never reached the app"
+        refused = []
+        for _ in range(5):
+            s = _open(server.port)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _read_all(s, timeout=30).startswith(b"HTTP/1.1 503 ")  # the answer, then the half-close
+            refused.append(s)  # left open by the client
+
+        def lingering() -> int:
+            return sum(bool(getattr(c, "_refused", False)) for c in list(server.server.server_state.connections))
+
+        wait_until(lambda: lingering() <= 2, 30, "the oldest refused connections to be closed")
+        assert lingering() == 2
+        release.set()
+        assert _read_all(held, timeout=30).endswith(b"hi")
+        for s in (held, *refused):
+            s.close()
