@@ -91,6 +91,8 @@ class V1RunnerMixin(AdapterLogitsProcessor):
         self._free_slots = list(range(num_slots - 1, -1, -1))
         self._realized = RealizedRequests()
         self._row_histories: list[list[int]] = []
+        #: the resident step's input, made once per layout: it holds ``_row_histories``, the lists vLLM grows
+        self._step = EngineStep(histories=self._row_histories)
         self._hosted_rows: list[int] = []
         self._any_resident = False
         self._reads_tokens: list[int] = []
@@ -153,6 +155,7 @@ class V1RunnerMixin(AdapterLogitsProcessor):
             if entry.slot is not None:
                 host_slots[index] = entry.slot
         self._row_histories = histories
+        self._step = EngineStep(histories=histories)
         self._hosted_rows = sorted(hosted)
         self._reads_tokens = [i for i, e in self._entries.items() if e.hosted is not None or _reads_tokens(e.request)]
         self._any_resident = bool((host_slots >= 0).any())
@@ -168,7 +171,7 @@ class V1RunnerMixin(AdapterLogitsProcessor):
             self._check_placeholder()
         if self._any_resident:
             try:
-                self._resident.apply(logits, EngineStep(histories=self._row_histories))
+                self._resident.apply(logits, self._step)
             except Exception as exc:  # an adapter bug must not take the engine down: fail these requests
                 self._fail_resident_v1(logits, exc)
         if self._hosted_rows:
