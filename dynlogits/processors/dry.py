@@ -49,8 +49,8 @@ from .base import RealizeContext
 from .dry_group import DryTemplate
 from .kept import Kept, deep_size
 
-__all__ = ["BREAKERS_BYTES", "BREAKERS_KEPT", "KIND", "Breakers", "DryProcessor", "breakers_of", "factory",
-           "max_exponent"]
+__all__ = ["BREAKERS_BYTES", "BREAKERS_KEPT", "KIND", "Breakers", "DryProcessor", "NativeParams", "breakers_of",
+           "factory", "max_exponent"]
 
 #: what realization passes this kind's factory: the validated model or its fast decode
 Entry: TypeAlias = DrySpec | Dry
@@ -333,6 +333,17 @@ _HOT: dict[tuple[Any, ...], _Hot] = {}
 HOT_KEPT = 256
 
 
+class NativeParams(NamedTuple):
+    """``DryProcessor.native_params``: one processor's settings as ``dry_native`` steps them."""
+
+    lookback: int
+    cap: int
+    allowed: int
+    cap_exp: int
+    amounts: np.ndarray
+    singles: np.ndarray
+
+
 def _hot_settings(lookback: int, cap: int, allowed: int, cap_exp: int, amounts: list[float],
                   head_ids: frozenset[int]) -> _Hot:
     """The shared tuple ``(lookback, cap, allowed, cap_exp, amounts, head_ids, no_heads)`` of these
@@ -363,7 +374,8 @@ class DryProcessor:
 
     #: the attributes a common step reads first (``_hot``: its settings, shared), then the rest
     __slots__ = ("_top", "_hot", "_p0", "_off", "_rows", "_lookback", "_cap", "_allowed", "_amounts", "_cap_exp",
-                 "_single", "_head_ids", "_breakers", "_base", "_multiplier", "_prompt", "_prompt_list", "template")
+                 "_single", "_head_ids", "_breakers", "_base", "_multiplier", "_prompt", "_prompt_list", "template",
+                 "_native", "native_row")
 
     def __init__(self, *, multiplier: float, base: float, allowed_length: int, lookback: int,
                  breakers: Breakers, prompt: Sequence[int] = (), include_prompt: bool = True) -> None:
@@ -387,6 +399,45 @@ class DryProcessor:
                                   self._head_ids)
         self.template = DryTemplate(self._multiplier, self._base, self._allowed, self._lookback, include_prompt,
                                     self._cap, breakers.sorted_singles, bool(breakers.tails))
+        self._native: NativeParams | None = None
+        #: the row's state on the native step (``dry_native.NativeStep``; ``None``: none yet)
+        self.native_row: Any = None
+
+    def native_params(self) -> NativeParams | None:
+        """What ``dry_native``'s step needs of this processor (``None``: it cannot step it: multi-token
+        breakers, or off): look-back, cap, allowed length, exponent clamp, the amounts by exponent (as
+        ``_grow`` computes them) and the single-token breakers' mask (``uint8``, empty: none)."""
+        if self._off or self._breakers.tails or self._lookback < 1:
+            return None
+        if self._native is None:
+            top = self._cap - self._allowed
+            if self._cap_exp and top > self._cap_exp:
+                top = self._cap_exp
+            table = self._amounts
+            if max(top, 0) >= len(table):
+                _grow(table, max(top, 0), self._multiplier, self._base)
+            self._native = NativeParams(self._lookback, self._cap, self._allowed, self._cap_exp,
+                                        np.array(table[:max(top, 0) + 1], dtype=np.float64),
+                                        self._breakers.single.astype(np.uint8))
+        return self._native
+
+    def native_window(self, history: Sequence[int]) -> tuple[np.ndarray, np.ndarray, int]:
+        """``dry_native``'s buffers for the window after ``history`` (no placeholder): the prompt's
+        tail then ``history`` (``int32``), the repeat length ending at each earlier position of the
+        last token (``uint16``, 0 elsewhere), both with room for as many tokens again (at least 64),
+        and how many tokens they hold."""
+        tokens = self._prompt_list + list(history)
+        n = len(tokens)
+        capacity = 64
+        while capacity < 2 * (n + 1):
+            capacity *= 2
+        tok = np.zeros(capacity, dtype=np.int32)
+        tok[:n] = tokens
+        lens = np.zeros(capacity, dtype=np.uint16)
+        if n >= 2:
+            start = n - self._lookback if n > self._lookback else 0
+            lens[start:n - 1] = _match_lengths(tok[start:n].astype(np.int64), self._cap)
+        return tok, lens, n
 
     # -- the stateless scan (a placeholder inside a history) ------------------------------------
     def _window(self, input_ids: Sequence[int]) -> np.ndarray:

@@ -1,9 +1,10 @@
 """``dry`` on the resident path, where the adapter gives the rows' histories on the host (vLLM's V1
 runner): ``DryTemplate`` names ``DryGroup``, a decided group with no device tables.
 
-Each step every member row is decided on the host by its own processor, in one pass
-(``DryProcessor.penalize_into``: the ids the row penalizes and each one's amount, from the row's
-state kept across steps); the flat indices (``row * width + id``) and the amounts, converted to the
+Each step every member row is decided on the host: by one call of the native step for every row it
+can step (``dry_native.NativeStep``, built at the first step; the same ids and amounts), the others
+by their own processor (``DryProcessor.penalize_into``: the ids the row penalizes and each one's
+amount, from the row's state kept across steps); the flat indices (``row * width + id``) and the amounts, converted to the
 logits' dtype on the host and packed into 64-bit words behind the indices, go up in one
 non-blocking upload, and the rows are lowered with a read, a subtraction and a write back: the
 same arithmetic as the hosted processor's (a penalty is at most the dtype's largest finite value, a
@@ -27,6 +28,7 @@ per-row floor (``FloorScopeTables``: the stretch's start; past every position ou
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -36,6 +38,7 @@ import torch
 
 from dynlogits.kernels import dry as dry_kernels
 
+from . import dry_native
 from .dry_device import (
     MAX_DEVICE_CAP,
     MAX_DEVICE_SINGLES,
@@ -52,10 +55,13 @@ from .dry_device import (
     lower_window_,
 )
 from .dry_lowering import _F32_MAX, HOST_LOOP_MAX, _lower_host_f32, _lower_host_view, host_f32_view
+from .dry_native import NativeStep
 from .modes import Decider, WindowDecided
 from .slots import GatheredRows, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload, on_accelerator
 from .window import TokenWindow
+
+logger = logging.getLogger("dynlogits.processors.dry")
 
 __all__ = ["DryGroup", "DryTemplate", "pack_amounts", "packed_amounts", "packed_words"]
 
@@ -131,6 +137,7 @@ class DryGroup(WindowDecided):
         self._bounds: tuple[int, int] | None = None  # the members' largest look-back and cap (None: changed)
         self._consts: dict[tuple[int, int], Constants] = {}  # kept across steps
         self._host = not on_accelerator(device)  # the logits live in host memory
+        self._native_off = False  # the native host step failed once: the Python processors for good
 
     def _write(self, slot: int, template: DryTemplate) -> None:
         if not self.from_window:
@@ -253,6 +260,14 @@ class DryGroup(WindowDecided):
         width = self._cache["width"]
         flat: list[int] = []
         amounts: list[float] = []
+        native = self._native_step(deciders, width)
+        if native is not None:
+            try:
+                deciders, native_flat, native_amounts = native.decide(histories)
+            except Exception:  # a bug of the native step must not fail a request: the Python processors, for good
+                logger.exception("dry: the native host step failed; the Python processors decide this group's rows")
+                self._native_off = True
+                native_flat, native_amounts = [], []
         for row, slot, processor in deciders:
             try:  # the row's start computed here, not read from a list of objects the cache may have lost
                 processor.penalize_into(histories[row], width, row * width, flat, amounts)
@@ -260,7 +275,23 @@ class DryGroup(WindowDecided):
                 fail(row, slot, exc)
                 kept = min(len(flat), len(amounts), self._rows_before(flat, row * width))
                 del flat[kept:], amounts[kept:]
+        if native is not None and native_flat:
+            flat += native_flat
+            amounts += native_amounts
         return flat, amounts
+
+    def _native_step(self, deciders: list[Decider], width: int) -> NativeStep | None:
+        """The layout's native step (``dry_native``), kept while its deciders are the same object
+        (a flush clears it); ``None`` while the library builds, where it cannot, or after a failure."""
+        if self._native_off:
+            return None
+        kept: NativeStep | None = self._cache.get("native")
+        if kept is None or kept.deciders is not deciders or kept.width != width:
+            fn = dry_native.library()
+            if fn is None:
+                return None
+            kept = self._cache["native"] = NativeStep(fn, deciders, width)
+        return kept
 
     @staticmethod
     def _rows_before(flat: list[int], base: int) -> int:

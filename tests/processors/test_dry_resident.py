@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dynlogits import sdk
+from dynlogits.processors import dry_native
 from dynlogits.processors.base import RealizeContext
 from dynlogits.processors.dry import REBUILD_AFTER, DryProcessor, factory
 from dynlogits.processors.dry_group import DryGroup, DryTemplate
@@ -28,6 +29,13 @@ VOCAB = ("a", "b", "c", ":", "<", "br>", "y", "<br>", "d", "e", "f", "g", "h", "
 W = len(VOCAB)
 EOS = 15
 BREAKER_SETS = [[], ["\n", ":", '"', "*"], [":"], ["<br>"], [":", "<br>", "c"]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _native_step() -> None:
+    """The resident rows below run on ``dry``'s native host step from their first step, where this
+    machine builds it (``test_dry_native.py``; else on the Python processors)."""
+    dry_native.library(wait=True)
 
 
 def _vocabulary() -> Vocabulary:

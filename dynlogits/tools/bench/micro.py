@@ -11,7 +11,8 @@ the host's slow phases hit both), ``vllm_watermark`` (vLLM's own watermarker as 
 sampler calls it, one call for the batch: ``vllm_watermark.py``; watermark only).
 ``launches``/``syncs`` of the adapters come from ``drive.adapter_counts`` on the CUDA model.
 
-Each repetition restores the logits, times the implementations in an order drawn anew (``run_order``:
+Background compiles the warm-up queued (``COMPILER``) land before its last repetition. Each
+repetition restores the logits, times the implementations in an order drawn anew (``run_order``:
 what ran just before a step changes its time, so no implementation always follows the same one),
 then grows every history by one token; medians after the warm-up are reported. The first repetition checks every
 implementation against ``adapter`` (``reference``: same finite ids and argmax; ``vllm_watermark``: the
@@ -33,6 +34,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from dynlogits.kernels.variants import COMPILER
 from dynlogits.testing.cuda.drive import CountError, adapter_counts
 
 from . import workloads
@@ -98,6 +100,10 @@ class _Case:
                 for i, (p, o) in enumerate(zip(self.payloads, self.outputs))]
 
 
+#: The longest the last warm-up repetition waits for the compiles the earlier ones queued
+#: (``dynlogits.kernels.variants.COMPILER``: Triton variants, ``dry``'s native host step), so the
+#: timed repetitions see the steady state an engine reaches after its first steps.
+COMPILE_WAIT_S = 120.0
 #: What every request samples at (vLLM's default).
 TEMPERATURE = 1.0
 #: The largest batch vLLM's own (CPU) watermarker is timed at: its target is at batch 64.
@@ -316,6 +322,8 @@ def _measure(case: _Case, impls: list[_Impl], pristine: torch.Tensor, opts: Micr
     times: dict[str, list[float]] = {impl.name: [] for impl in impls}
     rng = random.Random(opts.seed)
     for rep in range(opts.warmup + opts.repeats):
+        if rep == max(opts.warmup - 1, 0):  # what the warm-up queued compiles now, as after an engine's load
+            COMPILER.join(timeout=COMPILE_WAIT_S)
         expected: torch.Tensor | None = None
         for impl in run_order(impls, rep, rng):
             logits.copy_(pristine)

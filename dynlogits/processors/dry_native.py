@@ -1,0 +1,405 @@
+"""``dry``'s common host step in C, for every row of a group at once (the V1 runner's ``DryGroup``).
+
+Deciding a row in Python touches 15-20 objects (its state's lists and dicts), each a cache miss
+right after the engine wrote the logits; this step keeps each row's window in two flat buffers
+instead (its tokens, ``int32``, and the repeat length ending at each position, ``uint16``) and
+steps every row in one call: per row the new token is written, the window is scanned for its
+earlier positions (each one's repeat is the one ending just before it, one longer, capped, never
+reaching past the window's start: only positions whose token was the last one hold a length, and
+a position is read only where its token was), the nearest single-token breaker bounds the repeats
+(llama.cpp's ``rep_limit``), and each follower is emitted once, at its longest repeat, with the
+amount of the processor's table: the same ids and amounts as ``DryProcessor.penalize_into``
+(``tests/processors/test_dry_native.py`` holds it to the processor on random histories).
+
+The library is compiled from ``SOURCE`` with the system C compiler (``cc``, else ``$CC``) at the
+first call of ``library()``, on the kernels' compile thread (``dynlogits.kernels.variants.COMPILER``),
+into a private temporary directory; until it has loaded, and for good where it cannot be built (no
+compiler, an error) or ``DYN_DRY_NATIVE=0``, callers run the Python processors (one warning). The
+source is this module's constant: nothing a request carries reaches the compiler."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import operator
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dynlogits.kernels.variants import COMPILER
+
+from .modes import Decider
+
+__all__ = ["COMPILE_TIMEOUT_S", "ENV_SWITCH", "MISSES", "SOURCE", "TAIL", "NativeRow", "NativeStep", "library", "reset"]
+
+log = logging.getLogger("dynlogits.processors.dry_native")
+
+#: ``DYN_DRY_NATIVE=0`` keeps every ``dry`` row on the Python processors.
+ENV_SWITCH = "DYN_DRY_NATIVE"
+#: The compiler gets at most this long.
+COMPILE_TIMEOUT_S = 60.0
+
+SOURCE = r"""
+#include <stdint.h>
+
+/* One step of n rows (see dynlogits/processors/dry_native.py). Row r: tok[r] (int32) and len[r]
+   (uint16) hold *end[r] tokens and, at each earlier position of the last token, the repeat ending
+   there; the new token goes at *end[r] (the buffers hold at least *end[r] + 1), *end[r] grows by one.
+   Emits (bases[r] + id, amount) for each id the row penalizes, at most one per id; seen[] (width
+   entries) is -1 on entry and on return. Returns the number emitted. */
+int64_t dry_steps(int64_t n, const int64_t *tok_ptrs, const int64_t *len_ptrs, const int64_t *end_ptrs,
+                  const int32_t *new_tokens, const int64_t *lookback, const int64_t *cap,
+                  const int64_t *allowed, const int64_t *cap_exp, const int64_t *table_ptrs,
+                  const int64_t *mask_ptrs, const int64_t *mask_lens, const int64_t *bases, int64_t width,
+                  int32_t *seen, int64_t *out_flat, double *out_amount) {
+    int64_t count = 0;
+    /* the rows' buffers are apart and cold (the engine just wrote the logits): their loads are
+       issued together first, so their misses overlap instead of coming one after the other */
+    for (int64_t r = 0; r < n; r++)
+        __builtin_prefetch((const void *)(intptr_t)end_ptrs[r]);
+    for (int64_t r = 0; r < n; r++) {
+        const char *t0 = (const char *)(intptr_t)tok_ptrs[r], *l0 = (const char *)(intptr_t)len_ptrs[r];
+        int64_t e = *(const int64_t *)(intptr_t)end_ptrs[r];
+        int64_t s = e + 1 > lookback[r] ? e + 1 - lookback[r] : 0;
+        for (int64_t b = 4 * s; b <= 4 * e; b += 64)
+            __builtin_prefetch(t0 + b);
+        for (int64_t b = 2 * s; b <= 2 * e; b += 64)
+            __builtin_prefetch(l0 + b);
+        __builtin_prefetch((const void *)(intptr_t)table_ptrs[r]);
+    }
+    for (int64_t r = 0; r < n; r++) {
+        int32_t *T = (int32_t *)(intptr_t)tok_ptrs[r];
+        uint16_t *L = (uint16_t *)(intptr_t)len_ptrs[r];
+        const double *table = (const double *)(intptr_t)table_ptrs[r];
+        const uint8_t *mask = (const uint8_t *)(intptr_t)mask_ptrs[r];
+        int64_t mlen = mask_lens[r];
+        int64_t *E = (int64_t *)(intptr_t)end_ptrs[r];
+        int64_t e = *E;
+        int32_t t = new_tokens[r];
+        int32_t prev = e > 0 ? T[e - 1] : -1;
+        T[e] = t;
+        L[e] = 0;
+        *E = e + 1;
+        int64_t start = e + 1 > lookback[r] ? e + 1 - lookback[r] : 0;
+        int64_t limit = e + 1 - start;
+        if (mlen > 0) {
+            for (int64_t q = e; q >= start; q--) {
+                int32_t x = T[q];
+                if (x >= 0 && x < mlen && mask[x]) {
+                    limit = e - q;
+                    break;
+                }
+            }
+        }
+        int64_t c = cap[r], a = allowed[r], ce = cap_exp[r], base = bases[r];
+        int64_t first = count, last = -2;
+        uint16_t kept = 0;
+        for (int64_t p = start; p < e; p++) {
+            if (T[p] != t)
+                continue;
+            int64_t q = p - 1, length;
+            if (q >= start && T[q] == prev) {
+                length = (int64_t)(q == last ? kept : L[q]) + 1;
+                if (length > c)
+                    length = c;
+            } else {
+                length = 1;
+            }
+            if (length > p - start + 1)
+                length = p - start + 1;
+            last = p;
+            kept = L[p];
+            L[p] = (uint16_t)length;
+            if (length > limit)
+                length = limit;
+            if (length < a)
+                continue;
+            int32_t f = T[p + 1];
+            if (f < 0 || f >= width || (f < mlen && mask[f]))
+                continue;
+            int32_t k = seen[f];
+            if (k < 0) {
+                seen[f] = (int32_t)count;
+                out_flat[count] = base + f;
+                out_amount[count] = (double)length;
+                count++;
+            } else if (out_amount[k] < (double)length) {
+                out_amount[k] = (double)length;
+            }
+        }
+        for (int64_t k = first; k < count; k++) {
+            seen[out_flat[k] - base] = -1;
+            int64_t exponent = (int64_t)out_amount[k] - a;
+            if (ce > 0 && exponent > ce)
+                exponent = ce;
+            out_amount[k] = table[exponent];
+        }
+    }
+    return count;
+}
+"""
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "lib": the loaded function; "failed": a reason; "queued": True
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc")
+
+
+def _build() -> None:
+    """Compile and load ``SOURCE`` (the compile thread); records the function or why not."""
+    try:
+        cc = _compiler()
+        if cc is None:
+            raise RuntimeError("no C compiler (cc, $CC)")
+        with tempfile.TemporaryDirectory(prefix="dynlogits-dry-") as tmp:  # private (0700), removed after loading
+            src, out = Path(tmp) / "dry_steps.c", Path(tmp) / "dry_steps.so"
+            src.write_text(SOURCE)
+            done = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(out), str(src)], capture_output=True,
+                                  text=True, timeout=COMPILE_TIMEOUT_S, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"{cc} failed: {done.stderr.strip()[:300]}")
+            fn = ctypes.CDLL(str(out)).dry_steps  # mapped: the file may go
+        fn.restype = ctypes.c_int64
+        fn.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 12 + [ctypes.c_int64] + [ctypes.c_void_p] * 3
+        with _lock:
+            _state["lib"] = fn
+    except Exception as exc:  # any reason: the Python processors, for good
+        log.warning("dry: the native host step could not be built (%s: %s); the Python processors decide every "
+                    "row", type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "")
+        with _lock:
+            _state["failed"] = f"{type(exc).__name__}: {exc}"
+
+
+def library(wait: bool = False) -> Any:
+    """The compiled step (``dry_steps``), or ``None`` while it builds (the first call queues the
+    build) and for good where it cannot be built or ``DYN_DRY_NATIVE=0``. ``wait``: build now on the
+    caller's thread if not done yet (tests, an engine's load)."""
+    with _lock:
+        fn = _state.get("lib")
+        if fn is not None or "failed" in _state:
+            return fn
+        if os.environ.get(ENV_SWITCH, "1") == "0":
+            _state["failed"] = f"{ENV_SWITCH}=0"
+            return None
+        queued = _state.get("queued", False)
+        if not wait and not queued:
+            _state["queued"] = True
+    if wait:
+        _build()
+    elif not queued and not COMPILER.submit(_build):
+        with _lock:
+            _state.pop("queued", None)  # the queue was full: asked again at a later call
+    with _lock:
+        return _state.get("lib")
+
+
+def reset() -> None:
+    """Forget the build (tests)."""
+    with _lock:
+        _state.clear()
+
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+class NativeRow:
+    """One processor's window on the native step (``DryProcessor.native_row``, kept across layouts):
+    ``tok`` and ``lens`` (room past the end), the end in ``meta[0]`` (the call advances it), ``p0``
+    tokens of the prompt's tail before the history's, the list it was read from, and how many
+    steps in a row it could not be stepped (``misses``; past ``MISSES`` it stays on the Python
+    processor)."""
+
+    __slots__ = ("tok", "lens", "meta", "p0", "source", "misses")
+
+    def __init__(self) -> None:
+        self.tok = _EMPTY
+        self.lens = _EMPTY16
+        self.meta = np.zeros(1, dtype=np.int64)
+        self.p0 = 0
+        self.source: object = None
+        self.misses = 0
+
+    @property
+    def end(self) -> int:
+        return int(self.meta[0])
+
+    def tail(self) -> list[int]:
+        """The history's last ``TAIL`` tokens in the window (fewer where it holds fewer)."""
+        end = self.end
+        return self.tok[max(end - TAIL, self.p0):end].tolist()
+
+    def steppable(self, history: Sequence[int]) -> bool:
+        """Whether ``history`` is the list this window was read from, one token longer, its last
+        ``TAIL`` earlier tokens the window's, its new one an id (not a placeholder, inside int32)."""
+        known = self.end - self.p0
+        return (history is self.source and len(history) == known + 1 and 0 <= history[-1] < _INT32
+                and list(history[max(known - TAIL, 0):known]) == self.tail())
+
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+_EMPTY16 = np.zeros(0, dtype=np.uint16)
+_INT32 = 1 << 31
+#: Steps in a row a history could not be stepped natively (another list, a placeholder, a rewrite)
+#: before its row stays on the Python processor (a scoped row's stretch, a fresh list each step).
+MISSES = 2
+#: Earlier tokens of a history compared with the window's each step (``dry.TAIL_CHECKED``, the
+#: Python processors' own): engines append to a row's list and rewrite at most its newest tokens.
+TAIL = 16
+_last, _is, _plus1 = itemgetter(-1), operator.is_, (1).__add__
+_before_last, _tail = itemgetter(slice(-TAIL - 1, -1)), itemgetter(slice(-TAIL, None))
+
+
+class NativeStep:
+    """The native rows of one ``DryGroup`` layout (``deciders``, logits rows ``width`` apart), each
+    row's window kept on its processor (``NativeRow``) across layouts. Each step ``decide(histories)``
+    steps every row whose history is the list it last read, one token longer, its last ``TAIL``
+    earlier tokens unchanged (a rewrite deeper in the same list goes unseen, as on the Python
+    processors) and its new token no placeholder, in one
+    call of ``fn`` (``library()``), and returns the deciders the Python processors decide this step
+    (in row order: multi-token breakers, a history that is not steppable, a row past ``MISSES``)
+    with the native rows' flat indices and amounts. A row it could not step is set up again from
+    its history (O(window)) at its next step."""
+
+    def __init__(self, fn: Any, deciders: list[Decider], width: int) -> None:
+        self.fn, self.deciders, self.width = fn, deciders, width
+        self.python: list[Decider] = []
+        self.native: list[Decider] = []
+        for decider in deciders:
+            (self.native if decider[2].native_params() is not None else self.python).append(decider)
+        self.states: list[NativeRow] = []
+        for _, _, processor in self.native:
+            if processor.native_row is None:
+                processor.native_row = NativeRow()
+            self.states.append(processor.native_row)
+        self.stale = True  # the arrays below are made again before the next call
+        self.seen = np.full(width, -1, dtype=np.int32)
+
+    def _pack(self, histories: Sequence[Sequence[int]]) -> None:
+        """Rows not set up, set up from ``histories`` (where they can be); the arrays of a call over
+        the rows set up, and the deciders left to the Python processors."""
+        left = list(self.python)
+        active: list[int] = []
+        for i, st in enumerate(self.states):
+            if not len(st.tok) and st.misses <= MISSES and not self._setup(i, histories[self.native[i][0]]):
+                st.misses += 1
+            if len(st.tok) and st.misses <= MISSES:
+                active.append(i)
+            else:
+                left.append(self.native[i])
+        self.left = sorted(left, key=lambda d: d[0])  # the Python processors' deciders, in row order
+        params = [self.native[i][2].native_params() for i in active]
+        states = [self.states[i] for i in active]
+        self.a_deciders = [self.native[i] for i in active]
+        self.a_rows = [self.native[i][0] for i in active]
+        self.a_states = states
+        i64 = np.int64
+        self.tok_ptrs = np.array([st.tok.ctypes.data for st in states], dtype=i64)
+        self.len_ptrs = np.array([st.lens.ctypes.data for st in states], dtype=i64)
+        self.end_ptrs = np.array([st.meta.ctypes.data for st in states], dtype=i64)
+        self.new = np.zeros(len(states), dtype=np.int32)
+        self.lookback = np.array([p.lookback for p in params], dtype=i64)
+        self.cap = np.array([p.cap for p in params], dtype=i64)
+        self.allowed = np.array([p.allowed for p in params], dtype=i64)
+        self.cap_exp = np.array([p.cap_exp for p in params], dtype=i64)
+        self.table_ptrs = np.array([p.amounts.ctypes.data for p in params], dtype=i64)
+        self.mask_ptrs = np.array([p.singles.ctypes.data if len(p.singles) else 0 for p in params], dtype=i64)
+        self.mask_lens = np.array([len(p.singles) for p in params], dtype=i64)
+        self.bases = np.array([row * self.width for row in self.a_rows], dtype=i64)
+        self.keep = params  # the tables' memory, while the arrays point at it
+        self.slack = min((len(st.tok) - st.end - 1 for st in states), default=0)
+        room = sum(min(p.lookback, len(st.tok)) for p, st in zip(params, states))
+        self.out_flat = np.zeros(max(room, 1), dtype=i64)
+        self.out_amount = np.zeros(max(room, 1), dtype=np.float64)
+        self.sources = [st.source for st in states]
+        known = [st.end - st.p0 for st in states]
+        self.expected = [k + 1 for k in known]
+        #: every row's last ``TAIL`` history tokens, as the next step's history must hold them before its new one
+        self.tails = [st.tail() for st in states]
+        self.recovering = [st for st in states if st.misses]  # their misses end at their next step
+        #: the call's array arguments as addresses (``ndarray.ctypes`` makes an object per read)
+        self.args = tuple(a.ctypes.data for a in (self.tok_ptrs, self.len_ptrs, self.end_ptrs, self.new, self.lookback,
+                                                   self.cap, self.allowed, self.cap_exp, self.table_ptrs, self.mask_ptrs,
+                                                   self.mask_lens, self.bases))
+        self.scratch = tuple(a.ctypes.data for a in (self.seen, self.out_flat, self.out_amount))
+        self.stale = False
+
+    def _setup(self, i: int, history: Sequence[int]) -> bool:
+        """Row ``i``'s window from ``history`` but its newest token (the step adds it); ``False``
+        where it cannot be stepped natively (empty, a placeholder, an id past int32)."""
+        st, processor = self.states[i], self.native[i][2]
+        if not history or min(history) < 0 or max(history) >= _INT32:
+            return False
+        st.tok, st.lens, n = processor.native_window(history[:-1])
+        st.meta[0] = n
+        st.p0 = n - (len(history) - 1)
+        st.source = history
+        return True
+
+    def _grow(self) -> None:
+        """Every row set up with no room for the next token: buffers twice as long (arrays made again)."""
+        for st in self.a_states:
+            if st.end + 1 >= len(st.tok):
+                st.tok = np.concatenate((st.tok, np.zeros(len(st.tok), dtype=np.int32)))
+                st.lens = np.concatenate((st.lens, np.zeros(len(st.lens), dtype=np.uint16)))
+        self.stale = True
+
+    # -- one step --------------------------------------------------------------------------------
+    def decide(self, histories: Sequence[Sequence[int]]) -> tuple[list[Decider], list[int], list[float]]:
+        """See the class doc: ``(deciders for the Python processors, flat indices, amounts)``."""
+        if self.stale:
+            self._pack(histories)
+        if self.slack <= 0:
+            self._grow()
+            self._pack(histories)
+        if not self.a_states:
+            return self.left, [], []
+        hs = list(map(histories.__getitem__, self.a_rows))
+        lens = list(map(len, hs))
+        if (lens == self.expected and all(map(_is, hs, self.sources))
+                and list(map(_before_last, hs)) == self.tails):
+            toks = list(map(_last, hs))
+            if min(toks) >= 0 and max(toks) < _INT32:
+                self.expected = list(map(_plus1, lens))
+                self.tails = list(map(_tail, hs))
+                self.slack -= 1
+                self.new[:] = toks
+                count = self.fn(len(toks), *self.args, self.width, *self.scratch)
+                if self.recovering:
+                    for st in self.recovering:
+                        st.misses = 0
+                    self.recovering = []
+                return self.left, self.out_flat[:count].tolist(), self.out_amount[:count].tolist()
+        return self._one_by_one(hs)
+
+    def _one_by_one(self, hs: list[Sequence[int]]) -> tuple[list[Decider], list[int], list[float]]:
+        """The rows one at a time: each steppable one stepped by a call of its own; the others to
+        the Python processors, set up again at their next step."""
+        left = list(self.left)
+        flat: list[int] = []
+        amounts: list[float] = []
+        self.slack -= 1
+        for j, (h, st) in enumerate(zip(hs, self.a_states)):
+            if not st.steppable(h):
+                left.append(self.a_deciders[j])
+                st.misses += 1
+                st.tok, st.lens = _EMPTY, _EMPTY16
+                continue
+            st.misses = 0
+            self.new[j] = h[-1]
+            row_args = [a + (4 if k == 3 else 8) * j for k, a in enumerate(self.args)]  # ``new`` is int32
+            count = self.fn(1, *row_args, self.width, *self.scratch)
+            flat += self.out_flat[:count].tolist()
+            amounts += self.out_amount[:count].tolist()
+        self.stale = True
+        left.sort(key=lambda d: d[0])
+        return left, flat, amounts
