@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from dry_histories import grow
 
 from dynlogits import sdk
 from dynlogits.processors import dry_native
@@ -54,24 +55,11 @@ def _processor(entry: dict[str, Any], prompt: list[int]) -> DryProcessor:
 
 
 def _grow(rng: random.Random, live: list[int], alphabet: int) -> list[int]:
-    """One engine step: mostly a token (often an earlier stretch's next one), sometimes a rewrite of
-    the newest tokens, a placeholder (its token arriving the step after), a jump, or a fresh list."""
-    roll = rng.random()
-    if live and live[-1] == -1:
-        live[-1] = rng.randrange(alphabet)
-    elif roll < 0.03 and len(live) > 3:
-        live[-rng.randint(1, 3):] = [rng.randrange(alphabet) for _ in range(rng.randint(1, 3))]
-    elif roll < 0.05:
-        live.append(-1)
-    elif roll < 0.06:
-        live += [rng.randrange(alphabet) for _ in range(rng.randint(2, 60))]
-    elif roll < 0.07:
-        return [*live, rng.randrange(alphabet)]  # another list object with the same tokens and one more
-    elif live and roll < 0.75:
-        at = rng.randrange(len(live))
-        live.append(live[at + 1] if at + 1 < len(live) and live[at + 1] >= 0 else rng.randrange(alphabet))
-    else:
-        live.append(rng.randrange(alphabet))
+    """One engine step (``dry_histories.grow``: tokens, rewrites of the newest ones, placeholders,
+    jumps), or now and then the same tokens and one more in another list object."""
+    if rng.random() < 0.02:
+        return [*live, rng.randrange(alphabet)]
+    grow(rng, live, alphabet)
     return live
 
 

@@ -12,11 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from dry_histories import grow
 
 from dynlogits import sdk
 from dynlogits.processors import dry_native
 from dynlogits.processors.base import RealizeContext
-from dynlogits.processors.dry import REBUILD_AFTER, DryProcessor, factory
+from dynlogits.processors.dry import DryProcessor, factory
 from dynlogits.processors.dry_group import DryGroup, DryTemplate
 from dynlogits.processors.vocabulary import Vocabulary
 from dynlogits.sdk.resident.engine_step import EngineStep
@@ -61,25 +62,6 @@ def _got(processor: DryProcessor, history: list[int]) -> dict[int, float]:
     return dict(zip(ids.tolist(), pens.tolist()))
 
 
-def _grow(rng: random.Random, live: list[int], alphabet: int) -> None:
-    """One engine step on a live list: mostly a token (often copying an earlier stretch's next one),
-    sometimes a rewrite of its newest tokens, a placeholder put in place, or a jump of many tokens."""
-    roll = rng.random()
-    if live and live[-1] == -1:  # the placeholder's token arrives in its place
-        live[-1] = rng.randrange(alphabet)
-    elif roll < 0.05 and len(live) > 3:
-        live[-rng.randint(1, 3):] = [rng.randrange(alphabet) for _ in range(rng.randint(1, 3))]
-    elif roll < 0.1:
-        live.append(-1)
-    elif roll < 0.13:
-        live += [rng.randrange(alphabet) for _ in range(REBUILD_AFTER + rng.randint(1, 30))]
-    elif live and roll < 0.7:
-        at = rng.randrange(len(live))
-        live.append(live[at + 1] if at + 1 < len(live) and live[at + 1] >= 0 else rng.randrange(alphabet))
-    else:
-        live.append(rng.randrange(alphabet))
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_a_live_list_kept_across_steps_agrees_with_llama_cpp_at_every_step(seed: int) -> None:
     rng = random.Random(seed)
@@ -91,10 +73,10 @@ def test_a_live_list_kept_across_steps_agrees_with_llama_cpp_at_every_step(seed:
         live: list[int] = []
         other: list[int] = [rng.randrange(alphabet) for _ in range(5)]  # a second row of the same request
         for step in range(rng.choice([40, 120])):
-            _grow(rng, live, alphabet)
+            grow(rng, live, alphabet)
             assert _got(processor, live) == _expected(entry, prompt, live), (entry, prompt, live, step)
             if step % 7 == 0:
-                _grow(rng, other, alphabet)
+                grow(rng, other, alphabet)
                 other = list(other)  # a fresh list: compared whole
                 assert _got(processor, other) == _expected(entry, prompt, other), (entry, prompt, other)
 
@@ -182,7 +164,7 @@ def test_the_resident_path_equals_the_host_path_through_batch_changes(seed: int,
         assert torch.equal(resident[-1].nan_to_num(0.0), logits[-1].nan_to_num(0.0))
         lowered_rows += int((hosted[:-1].nan_to_num(0.0) < logits[:-1].nan_to_num(0.0)).any(1).sum())
         for slot in order:
-            _grow(rng, live[slot], alphabet[slot])
+            grow(rng, live[slot], alphabet[slot])
     assert lowered_rows >= 40  # the premise: rows met repeats at many steps
 
 
@@ -198,7 +180,7 @@ def test_resident_rows_lower_exactly_the_oracles_penalties() -> None:
     live: list[list[int]] = [[] for _ in entries]
     for _ in range(80):
         for grown in live:
-            _grow(rng, grown, 6)
+            grow(rng, grown, 6)
         histories = [live[s] for s in (2, 0, 3, 1)]
         logits = torch.zeros(4, W, dtype=torch.float64)
         batch.apply(logits, EngineStep(histories=histories))
