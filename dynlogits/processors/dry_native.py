@@ -215,7 +215,8 @@ _EMPTY = np.zeros(0, dtype=np.int32)
 class NativeRow:
     """One processor's window on the native step (``DryProcessor.native_row``, kept across layouts):
     ``tok`` and ``lens`` (room past the end), the end in ``meta[0]`` (the call advances it), ``p0``
-    tokens of the prompt's tail before the history's, the list it was read from, and how many
+    the buffer position of the history's first token (the prompt's tail before it; negative once
+    the window has moved past it), the list it was read from, and how many
     steps in a row it could not be stepped (``misses``; past ``MISSES`` it stays on the Python
     processor)."""
 
@@ -346,9 +347,22 @@ class NativeStep:
         return True
 
     def _grow(self) -> None:
-        """Every row set up with no room for the next token: buffers twice as long (arrays made again)."""
-        for st in self.a_states:
-            if st.end + 1 >= len(st.tok):
+        """Every row set up with no room for the next token: where the tokens before its window (and
+        its last ``TAIL``) fill half its buffers, the window moved to their start, so a buffer stays
+        within four times the look-back whatever the history's length; else buffers twice as long.
+        The arrays are made again."""
+        for st, params in zip(self.a_states, self.keep):
+            end = st.end
+            if end + 1 < len(st.tok):
+                continue
+            keep = max(params.lookback, TAIL) + 1
+            drop = end - keep
+            if drop >= len(st.tok) // 2:
+                st.tok[:keep] = st.tok[drop:end]
+                st.lens[:keep] = st.lens[drop:end]
+                st.meta[0] = keep
+                st.p0 -= drop  # (negative once the prompt's tail is gone: ``end - p0`` stays the history's length)
+            else:
                 st.tok = np.concatenate((st.tok, np.zeros(len(st.tok), dtype=np.int32)))
                 st.lens = np.concatenate((st.lens, np.zeros(len(st.lens), dtype=np.uint16)))
         self.stale = True

@@ -113,11 +113,12 @@ def test_a_loop_longer_than_the_look_back_slides_its_window_exactly(fn: Any) -> 
     live: list[int] = []
     step_of = NativeStep(fn, [(0, 0, processor)], W)
     loop = [0, 1, 2, 6, 8, 9, 3, 1, 2]
-    for step in range(400):  # the buffers grow twice past 64 and 128 tokens
+    for step in range(1000):  # the buffers grow to 256 tokens, then the window moves back to their start
         live.append(loop[step % len(loop)] if step % 53 else 10)
         left, flat, amounts = step_of.decide([live])
         assert not left
         assert dict(zip(flat, amounts)) == _python(twin, live, 0), step
+    assert len(processor.native_row.tok) == 256  # four times the look-back, whatever the history's length
 
 
 def test_it_compares_as_many_earlier_tokens_as_the_python_processors() -> None:
