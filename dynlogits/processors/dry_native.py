@@ -11,10 +11,10 @@ a position is read only where its token was), the nearest single-token breaker b
 amount of the processor's table: the same ids and amounts as ``DryProcessor.penalize_into``
 (``tests/processors/test_dry_native.py`` holds it to the processor on random histories).
 
-The library is compiled from ``SOURCE`` with the system C compiler (``cc``, else ``$CC``) at the
+The library is compiled from ``SOURCE`` with the system C compiler (``$CC``, else ``cc``) at the
 first call of ``library()``, on the kernels' compile thread (``dynlogits.kernels.variants.COMPILER``),
-into a private temporary directory; until it has loaded, and for good where it cannot be built (no
-compiler, an error) or ``DYN_DRY_NATIVE=0``, callers run the Python processors (one warning). The
+into a private temporary directory; until it has loaded, and for good with ``DYN_DRY_NATIVE=0`` or
+where it cannot be built (no compiler, an error: one warning), callers run the Python processors. The
 source is this module's constant: nothing a request carries reaches the compiler."""
 
 from __future__ import annotations
