@@ -23,6 +23,7 @@ import ctypes
 import logging
 import operator
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -160,11 +161,11 @@ def _build() -> None:
     try:
         cc = _compiler()
         if cc is None:
-            raise RuntimeError("no C compiler (cc, $CC)")
+            raise RuntimeError("no C compiler ($CC, cc)")
         with tempfile.TemporaryDirectory(prefix="dynlogits-dry-") as tmp:  # private (0700), removed after loading
             src, out = Path(tmp) / "dry_steps.c", Path(tmp) / "dry_steps.so"
             src.write_text(SOURCE)
-            done = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(out), str(src)], capture_output=True,
+            done = subprocess.run([*shlex.split(cc), "-O2", "-shared", "-fPIC", "-o", str(out), str(src)], capture_output=True,
                                   text=True, timeout=COMPILE_TIMEOUT_S, check=False)
             if done.returncode != 0:
                 raise RuntimeError(f"{cc} failed: {done.stderr.strip()[:300]}")
@@ -173,6 +174,7 @@ def _build() -> None:
         fn.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 12 + [ctypes.c_int64] + [ctypes.c_void_p] * 3
         with _lock:
             _state["lib"] = fn
+        log.info("dry: the native host step is built (%s); it decides the rows it can step from now on", cc)
     except Exception as exc:  # any reason: the Python processors, for good
         log.warning("dry: the native host step could not be built (%s: %s); the Python processors decide every "
                     "row", type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "")
