@@ -55,7 +55,6 @@ from .dry_device import (
     lower_window_,
 )
 from .dry_lowering import _F32_MAX, HOST_LOOP_MAX, _lower_host_f32, _lower_host_view, host_f32_view
-from .dry_native import NativeStep
 from .modes import Decider, WindowDecided
 from .slots import GatheredRows, Group, ListedRows, StepInputs, Template
 from .uploads import StepUpload, on_accelerator
@@ -280,17 +279,17 @@ class DryGroup(WindowDecided):
             amounts += native_amounts
         return flat, amounts
 
-    def _native_step(self, deciders: list[Decider], width: int) -> NativeStep | None:
+    def _native_step(self, deciders: list[Decider], width: int) -> dry_native.NativeStep | None:
         """The layout's native step (``dry_native``), kept while its deciders are the same object
         (a flush clears it); ``None`` while the library builds, where it cannot, or after a failure."""
         if self._native_off:
             return None
-        kept: NativeStep | None = self._cache.get("native")
+        kept: dry_native.NativeStep | None = self._cache.get("native")
         if kept is None or kept.deciders is not deciders or kept.width != width:
             fn = dry_native.library()
             if fn is None:
                 return None
-            kept = self._cache["native"] = NativeStep(fn, deciders, width)
+            kept = self._cache["native"] = dry_native.NativeStep(fn, deciders, width)
         return kept
 
     @staticmethod

@@ -262,6 +262,23 @@ _last, _is, _plus1 = itemgetter(-1), operator.is_, (1).__add__
 _before_last, _tail = itemgetter(slice(-TAIL - 1, -1)), itemgetter(slice(-TAIL, None))
 
 
+_SEEN = threading.local()  # per thread: width -> the call's scratch
+
+
+def _seen(width: int) -> np.ndarray:
+    """The call's scratch for ``width`` ids (all -1, as every call leaves it), one per width and
+    thread: a layout change makes no new one (at vocab 151936 it is 600 kB)."""
+    kept: dict[int, np.ndarray] | None = getattr(_SEEN, "by_width", None)
+    if kept is None:
+        kept = _SEEN.by_width = {}
+    scratch = kept.get(width)
+    if scratch is None:
+        if len(kept) >= 8:
+            kept.clear()
+        scratch = kept[width] = np.full(width, -1, dtype=np.int32)
+    return scratch
+
+
 class NativeStep:
     """The native rows of one ``DryGroup`` layout (``deciders``, logits rows ``width`` apart), each
     row's window kept on its processor (``NativeRow``) across layouts. Each step ``decide(histories)``
@@ -285,7 +302,7 @@ class NativeStep:
                 processor.native_row = NativeRow()
             self.states.append(processor.native_row)
         self.stale = True  # the arrays below are made again before the next call
-        self.seen = np.full(width, -1, dtype=np.int32)
+        self.seen = _seen(width)
 
     def _pack(self, histories: Sequence[Sequence[int]]) -> None:
         """Rows not set up, set up from ``histories`` (where they can be); the arrays of a call over
