@@ -37,6 +37,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 import torch
 
+from . import dry_native
 from .device_thinking import NEVER
 from .dry_lowering import host_f32_array
 from .window import TokenWindow
@@ -150,7 +151,9 @@ class HostRows(NamedTuple):
     (``keyed``, ``None``: no member has one) and the amounts table; ``shape``: the ``(W, C, matrix
     shape)`` it was made for; ``first_w`` ``first + W - 1``, ``outside_any`` whether any row's
     prompt lies outside its window; ``table32`` the amounts as ``_lower_host`` lowers float32 logits
-    by them (at most float32's largest, rounded to float32)."""
+    by them (at most float32's largest, rounded to float32); ``native`` the rows as the native
+    window step takes them (``dry_native``'s ``dry_window``: ``[rows, 8]`` int64) and ``packed``
+    its address and ``table32``'s; ``shape`` ends with the member rows' count."""
 
     keep: np.ndarray | None
     slots: np.ndarray
@@ -162,10 +165,12 @@ class HostRows(NamedTuple):
     limit: np.ndarray
     keyed: np.ndarray | None
     table: np.ndarray
-    shape: tuple[int, int, int, int]
+    shape: tuple[int, int, int, int, int]
     first_w: np.ndarray
     outside_any: bool
     table32: np.ndarray
+    packed: tuple[int, int]
+    native: np.ndarray
 
 
 def _offsets(w: int) -> np.ndarray:
@@ -193,9 +198,14 @@ def host_rows(member: torch.Tensor, slot_of_row: torch.Tensor, params: torch.Ten
         rows_sorted = singles.numpy()[slots]
         keyed = (np.minimum(rows_sorted, KEY_CLIP) + (np.arange(m, dtype=np.int64) << KEY_SHIFT)[:, None]).ravel()
     first, outside, table = 1 - prm[:, 1], prm[:, 2] <= 0, amounts.numpy()
+    limit = np.minimum(prm[:, 3], w)
+    native = np.ascontiguousarray(np.stack((np.arange(m) if keep is None else keep, wslots, slots, prm[:, 1], outside,
+                                            limit, prm[:, 0], np.where(singles.numpy()[slots, 0] < NO_BREAKER,
+                                                                       singles.shape[1], 0)), 1), dtype=np.int64)
+    table32 = _rounded32(table)
     return HostRows(keep, slots, wslots, (wslots * matrix[1])[:, None] + _offsets(w), prm[:, 0], first, outside,
-                    np.minimum(prm[:, 3], w), keyed, table, (w, cap, matrix[0], matrix[1]), first + (w - 1),
-                    bool(outside.any()), _rounded32(table))
+                    limit, keyed, table, (w, cap, matrix[0], matrix[1], m), first + (w - 1),
+                    bool(outside.any()), table32, (native.ctypes.data, table32.ctypes.data), native)
 
 
 def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
@@ -216,11 +226,14 @@ def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
     if width < 2:
         return
     w, c = width, min(cap, width)
-    tok = tokens.numpy()
     if rows is None:
-        rows = host_rows(member, slot_of_row, params, singles, amounts, width, cap, tok.shape)
+        rows = host_rows(member, slot_of_row, params, singles, amounts, width, cap, (tokens.shape[0], tokens.shape[1]))
         if rows is None:
             return
+    if (input_ids is None or local_pos is None) and _native_lowered(logits, tokens, prompt_len, pos, singles, width,
+                                                                     cap, floor, rows):
+        return
+    tok = tokens.numpy()
     keep, m = rows.keep, len(rows.slots)
     pos_ = pos.numpy() if keep is None else pos.numpy()[keep]
     # the columns before every row's position 0 hold nothing that counts: the window is cut to the
@@ -295,6 +308,27 @@ def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
     penalty = table[rows.slots[ri], exponent]
     index = (ri if keep is None else keep[ri]) * logits.stride(0) + after
     _lower_host(logits, index, penalty, rounded=rounded)
+
+
+def _native_lowered(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.Tensor, pos: torch.Tensor,
+                    singles: torch.Tensor, width: int, cap: int, floor: torch.Tensor | None, rows: HostRows) -> bool:
+    """``lower_window_``'s step (no drafts) by ``dry_native``'s compiled ``dry_window``, the same bits:
+    each member row's repeats as the Z-function of its reversed window, O(window) per row whatever
+    its repeats (the numpy path compares up to ``C`` tokens per candidate). ``False`` (nothing done)
+    until the library has loaded or where it cannot run: not contiguous float32 logits, an int32
+    token matrix, int32 prompt lengths, int32/int64 positions, int64 breakers and floors."""
+    fn = dry_native.window_step()
+    if (fn is None or logits.dtype != torch.float32 or not logits.is_contiguous() or tokens.dtype != torch.int32
+            or not tokens.is_contiguous() or prompt_len.dtype != torch.int32 or not prompt_len.is_contiguous()
+            or pos.dtype not in (torch.int32, torch.int64) or not pos.is_contiguous() or singles.dtype != torch.int64
+            or not singles.is_contiguous() or (floor is not None and (floor.dtype != torch.int64 or not floor.is_contiguous()))):
+        return False
+    packed, table = rows.packed
+    fn(rows.shape[4], packed, width, min(cap, width), tokens.data_ptr(), tokens.shape[1], pos.data_ptr(),
+       pos.dtype == torch.int64, prompt_len.data_ptr(), 0 if floor is None else floor.data_ptr(), table,
+       rows.table32.shape[1], singles.data_ptr(), singles.shape[1], logits.data_ptr(), logits.stride(0), logits.shape[1],
+       *dry_native.window_scratch(logits.shape[1], width))
+    return True
 
 
 def _windows(tok: np.ndarray, rows: HostRows, pos: np.ndarray, w: int, cut: int) -> np.ndarray:

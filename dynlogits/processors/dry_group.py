@@ -67,8 +67,9 @@ __all__ = ["DryGroup", "DryTemplate", "pack_amounts", "packed_amounts", "packed_
 #: each logits dtype's lowest finite value
 _LOWEST: dict[torch.dtype, float] = {}
 
-#: a step's decisions: the flat indices the member rows lower and each one's amount (float64)
-Decisions = tuple[list[int], list[float]]
+#: a step's decisions: the flat indices the member rows lower and each one's amount (float64), as
+#: lists, or as the native step's buffers where it decided every row that lowers anything
+Decisions = tuple[list[int], list[float]] | dry_native.NativeHits
 
 
 def pack_amounts(amounts: list[float], dtype: torch.dtype, out: np.ndarray) -> None:
@@ -260,13 +261,13 @@ class DryGroup(WindowDecided):
         flat: list[int] = []
         amounts: list[float] = []
         native = self._native_step(deciders, width)
+        hits = None
         if native is not None:
             try:
-                deciders, native_flat, native_amounts = native.decide(histories)
+                deciders, hits = native.decide(histories)
             except Exception:  # a bug of the native step must not fail a request: the Python processors, for good
                 logger.exception("dry: the native host step failed; the Python processors decide this group's rows")
                 self._native_off = True
-                native_flat, native_amounts = [], []
         for row, slot, processor in deciders:
             try:  # the row's start computed here, not read from a list of objects the cache may have lost
                 processor.penalize_into(histories[row], width, row * width, flat, amounts)
@@ -274,7 +275,10 @@ class DryGroup(WindowDecided):
                 fail(row, slot, exc)
                 kept = min(len(flat), len(amounts), self._rows_before(flat, row * width))
                 del flat[kept:], amounts[kept:]
-        if native is not None and native_flat:
+        if hits is not None and hits.n:
+            if not flat:  # every row that lowers anything was stepped natively: its buffers as they are
+                return hits
+            native_flat, native_amounts = hits.lists()
             flat += native_flat
             amounts += native_amounts
         return flat, amounts
@@ -303,11 +307,18 @@ class DryGroup(WindowDecided):
 
     def apply_host_decisions(self, step: StepInputs, rows: ListedRows, decisions: Decisions,
                              upload: StepUpload) -> None:
+        dtype = step.flat.dtype
+        if isinstance(decisions, dry_native.NativeHits):
+            if self._host and dtype is torch.float32 and step.flat.stride(0) == 1:
+                lower = dry_native.lower_step()
+                if lower is not None:  # the native step's buffers lowered by one C call: no list, no Python loop
+                    lower(decisions.n, decisions.flat_at, decisions.amounts_at, step.flat.data_ptr())
+                    return None
+            decisions = decisions.lists()
         flat, amounts = decisions
         n = len(flat)
         if not n:
             return None
-        dtype = step.flat.dtype
         if self._host and dtype is torch.float32:  # the logits are host memory: lowered in place, element by element
             if n <= HOST_LOOP_MAX and step.flat.stride(0) == 1:
                 _lower_host_view(host_f32_view(step.flat), flat, amounts)

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -39,7 +39,8 @@ from dynlogits.kernels.variants import COMPILER
 
 from .modes import Decider
 
-__all__ = ["COMPILE_TIMEOUT_S", "ENV_SWITCH", "MISSES", "SOURCE", "TAIL", "NativeRow", "NativeStep", "library", "reset"]
+__all__ = ["COMPILE_TIMEOUT_S", "ENV_SWITCH", "MISSES", "SOURCE", "TAIL", "NativeRow", "NativeStep", "library", "reset",
+           "NativeHits", "lower_step", "scratch_seen", "window_scratch", "window_step"]
 
 log = logging.getLogger("dynlogits.processors.dry_native")
 
@@ -49,6 +50,7 @@ ENV_SWITCH = "DYN_DRY_NATIVE"
 COMPILE_TIMEOUT_S = 60.0
 
 SOURCE = r"""
+#include <float.h>
 #include <stdint.h>
 
 /* One step of n rows (see dynlogits/processors/dry_native.py). Row r: tok[r] (int32) and len[r]
@@ -146,6 +148,131 @@ int64_t dry_steps(int64_t n, const int64_t *tok_ptrs, const int64_t *len_ptrs, c
     }
     return count;
 }
+
+static int dry_is_breaker(const int64_t *s, int64_t m, int64_t x) {
+    int64_t lo = 0, hi = m;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (s[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < m && s[lo] == x;
+}
+
+/* Model Runner V2's window step on host memory (dry_device.lower_window_'s contract), for n member
+   rows. rows[i*8 ..]: the row's logits and pos index, its row of the token matrix, its slot (tables),
+   look-back, whether the prompt lies outside its window, its cap (at most w), allowed length, and
+   its sorted single-token breakers' count (0: none; else singles_cols). Per row: its window's
+   repeat ending at each earlier position of its last token is measured as the Z-function of the
+   reversed window (a placeholder equal to nothing), capped; each follower at least allowed long
+   (not a breaker, not a placeholder) lowers the row's float32 logit once, by the largest amount of
+   the slot's table row (float32-rounded amounts), as lower_window_ lowers it. floor may be 0 (none).
+   seen[] (width entries) is -1 on entry and on return; z, hit_id, hit_pen hold w entries. Returns
+   the number of logits lowered. pos: int64 where pos64, else int32. */
+int64_t dry_window(int64_t n, const int64_t *rows, int64_t w, int64_t cap, const int32_t *tok, int64_t tok_cols,
+                   const void *pos, int64_t pos64, const int32_t *prompt_len, const int64_t *floor, const double *table,
+                   int64_t table_cols, const int64_t *singles, int64_t singles_cols, float *logits, int64_t stride,
+                   int64_t width, int32_t *seen, int32_t *z, int32_t *hit_id, double *hit_pen) {
+    int64_t lowered = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t *row = rows + 8 * i;
+        int64_t k = row[0], slot = row[2], allowed = row[6], nsing = row[7];
+        int64_t end = pos64 ? ((const int64_t *)pos)[k] : ((const int32_t *)pos)[k];
+        if (end < 0 || end >= tok_cols)
+            continue;
+        const int32_t *T = tok + row[1] * tok_cols;
+        int64_t start = end - w + 1;
+        if (end + 1 - row[3] > start)
+            start = end + 1 - row[3];
+        if (row[4] && prompt_len[row[1]] > start)
+            start = prompt_len[row[1]];
+        if (floor && floor[k] > start)
+            start = floor[k];
+        if (start < 0)
+            start = 0;
+        int32_t t = T[end];
+        if (start >= end || t < 0)
+            continue;
+        const int64_t *S = singles + slot * singles_cols;
+        int64_t c = row[5] < cap ? row[5] : cap;
+        if (nsing)
+            for (int64_t q = end; q >= start && end - q < c; q--)
+                if (T[q] >= 0 && dry_is_breaker(S, nsing, T[q])) {
+                    c = end - q;
+                    break;
+                }
+        if (c < allowed)
+            continue;
+        /* r[j] = T[end - j]: the Z-function of the window reversed, each value capped at c */
+        int64_t span = end - start + 1, l = 0, r = 0, hits = 0;
+        const int32_t *back = T + end;
+        for (int64_t j = 1; j < span; j++) {
+            int64_t m = 0;
+            if (j < r) {
+                m = r - j;
+                if (z[j - l] < m)
+                    m = z[j - l];
+            }
+            while (m < c && j + m < span && back[-m] >= 0 && back[-m] == back[-(j + m)])
+                m++;
+            if (j + m > r) {
+                l = j;
+                r = j + m;
+            }
+            z[j] = (int32_t)m;
+            if (m < allowed)
+                continue;
+            int32_t f = back[-j + 1];
+            if (f < 0 || f >= width || (nsing && dry_is_breaker(S, nsing, f)))
+                continue;
+            int64_t e = m - allowed;
+            if (e > table_cols - 1)
+                e = table_cols - 1;
+            double amount = table[slot * table_cols + e];
+            int32_t h = seen[f];
+            if (h < 0) {
+                seen[f] = (int32_t)hits;
+                hit_id[hits] = f;
+                hit_pen[hits] = amount;
+                hits++;
+            } else if (hit_pen[h] < amount) {
+                hit_pen[h] = amount;
+            }
+        }
+        float *out = logits + k * stride;
+        for (int64_t h = 0; h < hits; h++) {
+            int32_t f = hit_id[h];
+            seen[f] = -1;
+            float kept = out[f];
+            if (kept != kept)
+                continue; /* NaN stays NaN */
+            double low = (double)kept - hit_pen[h];
+            double least = kept < -FLT_MAX ? (double)kept : (double)-FLT_MAX;
+            out[f] = (float)(low > least ? low : least);
+        }
+        lowered += hits;
+    }
+    return lowered;
+}
+/* float32 logits (flat) lowered at n distinct indices, each by its amount rounded to float32 (at most
+   float32's largest), as dry_lowering._lower_host_f32 lowers them: the difference in double,
+   floored at float32's lowest (-inf kept), rounded on the store; NaN kept. Every logit is read
+   (prefetched) before the first is written, so the misses overlap. */
+void dry_lower(int64_t n, const int64_t *flat, const double *amount, float *logits) {
+    for (int64_t i = 0; i < n; i++)
+        __builtin_prefetch(logits + flat[i], 1);
+    for (int64_t i = 0; i < n; i++) {
+        float kept = logits[flat[i]];
+        if (kept != kept)
+            continue;
+        double a = amount[i] < (double)FLT_MAX ? amount[i] : (double)FLT_MAX;
+        double low = (double)kept - (double)(float)a;
+        double least = kept < -FLT_MAX ? (double)kept : (double)-FLT_MAX;
+        logits[flat[i]] = (float)(low > least ? low : least);
+    }
+}
 """
 
 _lock = threading.Lock()
@@ -169,11 +296,16 @@ def _build() -> None:
                                   text=True, timeout=COMPILE_TIMEOUT_S, check=False)
             if done.returncode != 0:
                 raise RuntimeError(f"{cc} failed: {done.stderr.strip()[:300]}")
-            fn = ctypes.CDLL(str(out)).dry_steps  # mapped: the file may go
-        fn.restype = ctypes.c_int64
+            lib = ctypes.CDLL(str(out))  # mapped: the file may go
+        fn, window, lower = lib.dry_steps, lib.dry_window, lib.dry_lower
+        fn.restype = window.restype = ctypes.c_int64
+        lower.restype = None
+        lower.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         fn.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 12 + [ctypes.c_int64] + [ctypes.c_void_p] * 3
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        window.argtypes = [i64, ptr, i64, i64, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, ptr]
         with _lock:
-            _state["lib"] = fn
+            _state["lib"], _state["window"], _state["lower"] = fn, window, lower
         log.info("dry: the native host step is built (%s); it decides the rows it can step from now on", cc)
     except Exception as exc:  # any reason: the Python processors, for good
         log.warning("dry: the native host step could not be built (%s: %s); the Python processors decide every "
@@ -205,6 +337,24 @@ def library(wait: bool = False) -> Any:
         return _state.get("lib")
 
 
+def window_step(wait: bool = False) -> Any:
+    """The compiled window step (``dry_window``: Model Runner V2's ``lower_window_`` on host
+    memory), under ``library``'s terms (``None`` while it builds, where it cannot, or switched off)."""
+    return _loaded("window", wait)
+
+
+def lower_step(wait: bool = False) -> Any:
+    """The compiled lowering of float32 host logits (``dry_lower``), under ``library``'s terms."""
+    return _loaded("lower", wait)
+
+
+def _loaded(name: str, wait: bool) -> Any:
+    if library(wait) is None:
+        return None
+    with _lock:
+        return _state.get(name)
+
+
 def reset() -> None:
     """Forget the build (tests)."""
     with _lock:
@@ -212,6 +362,28 @@ def reset() -> None:
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)
+
+
+class NativeHits(NamedTuple):
+    """A native step's decisions: ``n`` flat indices (distinct) and their amounts (float64) at
+    the start of ``flat`` and ``amounts`` (the step's buffers: valid until its next call), and
+    those buffers' addresses (``dry_lower``'s arguments)."""
+
+    n: int
+    flat: np.ndarray
+    amounts: np.ndarray
+    flat_at: int
+    amounts_at: int
+
+    @classmethod
+    def of(cls, flat: list[int], amounts: list[float]) -> NativeHits:
+        """Hits from lists (rows stepped one by one)."""
+        f, a = np.array(flat, dtype=np.int64), np.array(amounts, dtype=np.float64)
+        return cls(len(f), f, a, f.ctypes.data, a.ctypes.data)
+
+    def lists(self) -> tuple[list[int], list[float]]:
+        """The indices and amounts as lists."""
+        return self.flat[: self.n].tolist(), self.amounts[: self.n].tolist()
 
 
 class NativeRow:
@@ -265,7 +437,7 @@ _before_last, _tail = itemgetter(slice(-TAIL - 1, -1)), itemgetter(slice(-TAIL, 
 _SEEN = threading.local()  # per thread: width -> the call's scratch
 
 
-def _seen(width: int) -> np.ndarray:
+def scratch_seen(width: int) -> np.ndarray:
     """The call's scratch for ``width`` ids (all -1, as every call leaves it), one per width and
     thread: a layout change makes no new one (at vocab 151936 it is 600 kB)."""
     kept: dict[int, np.ndarray] | None = getattr(_SEEN, "by_width", None)
@@ -277,6 +449,19 @@ def _seen(width: int) -> np.ndarray:
             kept.clear()
         scratch = kept[width] = np.full(width, -1, dtype=np.int32)
     return scratch
+
+
+def window_scratch(width: int, w: int) -> tuple[int, int, int, int]:
+    """The addresses of ``dry_window``'s scratch for logits ``width`` ids wide and windows up to
+    ``w`` columns (``scratch_seen``'s, then the Z-values, the hit ids and amounts), one set per
+    thread, grown as needed."""
+    kept: tuple[int, int, tuple[int, int, int, int], tuple[np.ndarray, ...]] | None = getattr(_SEEN, "window", None)
+    if kept is None or kept[0] != width or kept[1] < w:
+        n = max(w, 256)
+        arrays = (scratch_seen(width), np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.float64))
+        addresses = (arrays[0].ctypes.data, arrays[1].ctypes.data, arrays[2].ctypes.data, arrays[3].ctypes.data)
+        kept = _SEEN.window = (width, n, addresses, arrays)
+    return kept[2]
 
 
 class NativeStep:
@@ -302,7 +487,7 @@ class NativeStep:
                 processor.native_row = NativeRow()
             self.states.append(processor.native_row)
         self.stale = True  # the arrays below are made again before the next call
-        self.seen = _seen(width)
+        self.seen = scratch_seen(width)
 
     def _pack(self, histories: Sequence[Sequence[int]]) -> None:
         """Rows not set up, set up from ``histories`` (where they can be); the arrays of a call over
@@ -387,15 +572,15 @@ class NativeStep:
         self.stale = True
 
     # -- one step --------------------------------------------------------------------------------
-    def decide(self, histories: Sequence[Sequence[int]]) -> tuple[list[Decider], list[int], list[float]]:
-        """See the class doc: ``(deciders for the Python processors, flat indices, amounts)``."""
+    def decide(self, histories: Sequence[Sequence[int]]) -> tuple[list[Decider], NativeHits]:
+        """See the class doc: ``(deciders for the Python processors, the native rows' hits)``."""
         if self.stale:
             self._pack(histories)
         if self.slack <= 0:
             self._grow()
             self._pack(histories)
         if not self.a_states:
-            return self.left, [], []
+            return self.left, NativeHits.of([], [])
         hs = list(map(histories.__getitem__, self.a_rows))
         lens = list(map(len, hs))
         if (lens == self.expected and all(map(_is, hs, self.sources))
@@ -411,10 +596,10 @@ class NativeStep:
                     for st in self.recovering:
                         st.misses = 0
                     self.recovering = []
-                return self.left, self.out_flat[:count].tolist(), self.out_amount[:count].tolist()
+                return self.left, NativeHits(count, self.out_flat, self.out_amount, *self.scratch[1:])
         return self._one_by_one(hs)
 
-    def _one_by_one(self, hs: list[Sequence[int]]) -> tuple[list[Decider], list[int], list[float]]:
+    def _one_by_one(self, hs: list[Sequence[int]]) -> tuple[list[Decider], NativeHits]:
         """The rows one at a time: each steppable one stepped by a call of its own; the others to
         the Python processors, set up again at their next step."""
         left = list(self.left)
@@ -435,4 +620,4 @@ class NativeStep:
             amounts += self.out_amount[:count].tolist()
         self.stale = True
         left.sort(key=lambda d: d[0])
-        return left, flat, amounts
+        return left, NativeHits.of(flat, amounts)

@@ -4,23 +4,48 @@
 placeholders, look-backs, prompts counted or not, caps, drafts, non-member and sentinel rows, logits
 dtypes and a row stride wider than the vocabulary), and equals the hosted processor over long
 repetitive histories whose repeats run past the cap; the kind's gate falls back to the reference
-with one warning when its probe fails."""
+with one warning when its probe fails. Every equality holds on both of ``lower_window_``'s paths: the
+compiled window step (``dry_native``'s ``dry_window``, steps without drafts) and numpy."""
 
 from __future__ import annotations
 
 import logging
 import random
+import shutil
+from collections.abc import Iterator
 
 import pytest
 import torch
 
-from dynlogits.processors import dry_device
+from dynlogits.processors import dry_device, dry_native
 from dynlogits.processors.base import RealizeContext
 from dynlogits.processors.dry import factory
-from dynlogits.processors.dry_device import dense_lower_, lower_window_, probe_case
+from dynlogits.processors.dry_device import dense_lower_, lower_window_, probe_case, probe_floor
 from dynlogits.processors.dry_group import DryGroup
 from dynlogits.processors.vocabulary import Vocabulary
 from dynlogits.specs.builtin.dry import DrySpec
+
+
+@pytest.fixture(autouse=True, params=["native", "numpy"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Each test on the compiled window step (where this machine builds it) and on numpy; yields the
+    count of steps the compiled one took."""
+    taken = [0]
+    if request.param == "numpy":
+        monkeypatch.setattr(dry_device, "_native_lowered", lambda *args: False)
+    else:
+        if shutil.which("cc") is None:
+            pytest.skip("no C compiler (cc) on this machine")
+        assert dry_native.window_step(wait=True) is not None, "the native window step did not build with this machine's cc"
+        native = dry_device._native_lowered
+
+        def counted(*args: object) -> bool:
+            done = native(*args)  # type: ignore[arg-type]
+            taken[0] += done
+            return done
+
+        monkeypatch.setattr(dry_device, "_native_lowered", counted)
+    yield taken
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -91,6 +116,37 @@ def test_long_repeats_equal_the_hosted_processor() -> None:
         assert torch.equal(got[row], want), row
     assert int((got != logits).any(1).sum()) >= 4  # the premise: rows were lowered
     assert cap > 100  # repeats measured far back
+
+
+def test_long_cycles_with_breakers_floors_and_wide_positions_equal_the_dense_reference(path: list[int]) -> None:
+    """Windows of hundreds of tokens repeating short cycles (repeats up to the cap, the Z-function's
+    boxes reused), breakers in the cycles or not, placeholders, floors, int64 positions (vLLM's
+    ``ctx.pos``): bit for bit the dense reference; on the native path every step compiled."""
+    lowered = steps = 0
+    for seed in range(24):
+        rng = random.Random(seed)
+        args, _, _ = probe_case(seed, rows=rng.randint(1, 12), max_len=rng.choice([300, 600]), drafts=False)
+        logits, tokens, prompt_len, pos = args[0], args[1].clone(), args[2], args[3].clone()
+        for slot in range(tokens.shape[0]):
+            cycle = torch.randint(0, 6, (rng.randint(1, 9),), dtype=torch.int32)
+            start = rng.randrange(tokens.shape[1] // 2)
+            reps = -(-(tokens.shape[1] - start) // len(cycle))
+            tokens[slot, start:] = cycle.repeat(reps)[: tokens.shape[1] - start]
+            if rng.random() < 0.5:  # a placeholder or a rewrite breaks one repeat
+                tokens[slot, rng.randrange(start, tokens.shape[1])] = rng.choice([-1, 6])
+        pos[:] = torch.randint(tokens.shape[1] // 2, tokens.shape[1], pos.shape)
+        floor = probe_floor(seed, args) if seed % 3 == 0 else None
+        width = rng.choice([tokens.shape[1], rng.randint(2, tokens.shape[1])])
+        cap = min(width, rng.choice([256, rng.randint(1, 64)]))
+        step = (logits, tokens, prompt_len, pos.long() if seed % 2 else pos, *args[4:])
+        got, want = logits.clone(), logits.clone()
+        lower_window_(got, *step[1:], width, cap, floor)
+        dense_lower_(want, *step[1:], width, cap, floor)
+        assert _same(got, want), (seed, width, cap)
+        lowered += int((want.nan_to_num() != logits.nan_to_num()).sum())
+        steps += bool(args[7].any())  # a step with a member row
+    assert lowered > 50  # the premise: rows were lowered
+    assert path[0] in (0, steps)  # numpy: never; native: every step with a member row
 
 
 def test_the_gate_falls_back_with_one_warning_when_the_probe_fails(monkeypatch: pytest.MonkeyPatch,

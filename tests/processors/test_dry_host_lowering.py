@@ -1,14 +1,18 @@
 """``dry``'s lowering of float32 host logits (vLLM's V1 runner on the CPU) element by element in
 Python floats equals the float32 arithmetic of the tensor path bit for bit: a float32 difference
 computed in float64 and rounded on the store, a finite logit kept finite, non-finite ones kept; the
-V1 runner's group reads the tensor's own memory through a kept float32 view (``host_f32_view``)."""
+V1 runner's group reads the tensor's own memory through a kept float32 view (``host_f32_view``);
+the native step's C lowering (``dry_native``'s ``dry_lower``) gives the same bits."""
 
 from __future__ import annotations
+
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
+from dynlogits.processors import dry_native
 from dynlogits.processors.dry_lowering import HOST_LOOP_MAX, _lower_host_f32, _lower_host_view, host_f32_view
 
 F32 = np.finfo(np.float32)
@@ -104,3 +108,22 @@ def test_a_host_view_lowers_no_id_one_id_or_two_as_the_float32_arithmetic(ids: i
     want = _float32_reference(logits.numpy().reshape(-1), flat, amounts)
     _lower_host_view(host_f32_view(logits.view(-1)), flat.tolist(), amounts.tolist())
     assert np.array_equal(logits.numpy().reshape(-1).view(np.int32), want.view(np.int32))
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on this machine")
+@pytest.mark.parametrize("seed", range(6))
+def test_the_native_lowering_equals_the_float32_arithmetic_bit_for_bit(seed: int) -> None:
+    lower = dry_native.lower_step(wait=True)
+    assert lower is not None, "the native step did not build with this machine's cc"
+    rng = np.random.default_rng(seed)
+    logits = _edge_logits(rng, 4096)
+    ids = 3 * HOST_LOOP_MAX
+    flat = rng.choice(len(logits), size=ids, replace=False).astype(np.int64)
+    amounts = np.concatenate([rng.uniform(0.0, 5.0, ids - ids // 3), 10.0 ** rng.uniform(-8, 45, ids // 3)])
+    amounts[rng.choice(len(amounts), 5, replace=False)] = float(F32.max) * 1.5  # past float32: clamped
+    rng.shuffle(amounts)
+    want = _float32_reference(logits, flat, amounts)
+    got = logits.copy()
+    lower(ids, flat.ctypes.data, amounts.ctypes.data, got.ctypes.data)
+    assert np.array_equal(got.view(np.int32), want.view(np.int32))
+    assert (got[flat] != logits[flat]).sum() > ids // 8  # the premise: logits were lowered

@@ -91,8 +91,8 @@ def test_every_row_gets_its_processors_ids_and_amounts_whether_stepped_natively_
         histories = [live[r] for r in order]
         if step_of is None:
             step_of = NativeStep(fn, [(row, r, native[r]) for row, r in enumerate(order)], W)
-        left, flat, amounts = step_of.decide(histories)
-        got = dict(zip(flat, amounts))
+        left, hits = step_of.decide(histories)
+        got = dict(zip(*hits.lists()))
         stepped += len(order) - len(left)
         for row, _, processor in left:
             got.update(_python(processor, histories[row], row * W))
@@ -115,9 +115,9 @@ def test_a_loop_longer_than_the_look_back_slides_its_window_exactly(fn: Any) -> 
     loop = [0, 1, 2, 6, 8, 9, 3, 1, 2]
     for step in range(1000):  # the buffers grow to 256 tokens, then the window moves back to their start
         live.append(loop[step % len(loop)] if step % 53 else 10)
-        left, flat, amounts = step_of.decide([live])
+        left, hits = step_of.decide([live])
         assert not left
-        assert dict(zip(flat, amounts)) == _python(twin, live, 0), step
+        assert dict(zip(*hits.lists())) == _python(twin, live, 0), step
     assert len(processor.native_row.tok) == 256  # four times the look-back, whatever the history's length
 
 
