@@ -26,6 +26,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sysconfig
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -37,10 +38,11 @@ import numpy as np
 
 from dynlogits.kernels.variants import COMPILER
 
+from .dry_native_source import READ, SOURCE
 from .modes import Decider
 
 __all__ = ["COMPILE_TIMEOUT_S", "ENV_SWITCH", "MISSES", "SOURCE", "TAIL", "NativeRow", "NativeStep", "library", "reset",
-           "NativeHits", "lower_step", "scratch_seen", "window_scratch", "window_step"]
+           "NativeHits", "lower_step", "reader", "scratch_seen", "window_scratch", "window_step"]
 
 log = logging.getLogger("dynlogits.processors.dry_native")
 
@@ -49,231 +51,6 @@ ENV_SWITCH = "DYN_DRY_NATIVE"
 #: The compiler gets at most this long.
 COMPILE_TIMEOUT_S = 60.0
 
-SOURCE = r"""
-#include <float.h>
-#include <stdint.h>
-
-/* One step of n rows (see dynlogits/processors/dry_native.py). Row r: tok[r] (int32) and len[r]
-   (uint16) hold *end[r] tokens and, at each earlier position of the last token, the repeat ending
-   there; the new token goes at *end[r] (the buffers hold at least *end[r] + 1), *end[r] grows by one.
-   Emits (bases[r] + id, amount) for each id the row penalizes, at most one per id; seen[] (width
-   entries) is -1 on entry and on return. Returns the number emitted. */
-int64_t dry_steps(int64_t n, const int64_t *tok_ptrs, const int64_t *len_ptrs, const int64_t *end_ptrs,
-                  const int32_t *new_tokens, const int64_t *lookback, const int64_t *cap,
-                  const int64_t *allowed, const int64_t *cap_exp, const int64_t *table_ptrs,
-                  const int64_t *mask_ptrs, const int64_t *mask_lens, const int64_t *bases, int64_t width,
-                  int32_t *seen, int64_t *out_flat, double *out_amount) {
-    int64_t count = 0;
-    /* the rows' buffers are apart and cold (the engine just wrote the logits): their loads are
-       issued together first, so their misses overlap instead of coming one after the other */
-    for (int64_t r = 0; r < n; r++)
-        __builtin_prefetch((const void *)(intptr_t)end_ptrs[r]);
-    for (int64_t r = 0; r < n; r++) {
-        const char *t0 = (const char *)(intptr_t)tok_ptrs[r], *l0 = (const char *)(intptr_t)len_ptrs[r];
-        int64_t e = *(const int64_t *)(intptr_t)end_ptrs[r];
-        int64_t s = e + 1 > lookback[r] ? e + 1 - lookback[r] : 0;
-        for (int64_t b = 4 * s; b <= 4 * e; b += 64)
-            __builtin_prefetch(t0 + b);
-        for (int64_t b = 2 * s; b <= 2 * e; b += 64)
-            __builtin_prefetch(l0 + b);
-        __builtin_prefetch((const void *)(intptr_t)table_ptrs[r]);
-    }
-    for (int64_t r = 0; r < n; r++) {
-        int32_t *T = (int32_t *)(intptr_t)tok_ptrs[r];
-        uint16_t *L = (uint16_t *)(intptr_t)len_ptrs[r];
-        const double *table = (const double *)(intptr_t)table_ptrs[r];
-        const uint8_t *mask = (const uint8_t *)(intptr_t)mask_ptrs[r];
-        int64_t mlen = mask_lens[r];
-        int64_t *E = (int64_t *)(intptr_t)end_ptrs[r];
-        int64_t e = *E;
-        int32_t t = new_tokens[r];
-        int32_t prev = e > 0 ? T[e - 1] : -1;
-        T[e] = t;
-        L[e] = 0;
-        *E = e + 1;
-        int64_t start = e + 1 > lookback[r] ? e + 1 - lookback[r] : 0;
-        int64_t limit = e + 1 - start;
-        if (mlen > 0) {
-            for (int64_t q = e; q >= start; q--) {
-                int32_t x = T[q];
-                if (x >= 0 && x < mlen && mask[x]) {
-                    limit = e - q;
-                    break;
-                }
-            }
-        }
-        int64_t c = cap[r], a = allowed[r], ce = cap_exp[r], base = bases[r];
-        int64_t first = count, last = -2;
-        uint16_t kept = 0;
-        for (int64_t p = start; p < e; p++) {
-            if (T[p] != t)
-                continue;
-            int64_t q = p - 1, length;
-            if (q >= start && T[q] == prev) {
-                length = (int64_t)(q == last ? kept : L[q]) + 1;
-                if (length > c)
-                    length = c;
-            } else {
-                length = 1;
-            }
-            if (length > p - start + 1)
-                length = p - start + 1;
-            last = p;
-            kept = L[p];
-            L[p] = (uint16_t)length;
-            if (length > limit)
-                length = limit;
-            if (length < a)
-                continue;
-            int32_t f = T[p + 1];
-            if (f < 0 || f >= width || (f < mlen && mask[f]))
-                continue;
-            int32_t k = seen[f];
-            if (k < 0) {
-                seen[f] = (int32_t)count;
-                out_flat[count] = base + f;
-                out_amount[count] = (double)length;
-                count++;
-            } else if (out_amount[k] < (double)length) {
-                out_amount[k] = (double)length;
-            }
-        }
-        for (int64_t k = first; k < count; k++) {
-            seen[out_flat[k] - base] = -1;
-            int64_t exponent = (int64_t)out_amount[k] - a;
-            if (ce > 0 && exponent > ce)
-                exponent = ce;
-            out_amount[k] = table[exponent];
-        }
-    }
-    return count;
-}
-
-static int dry_is_breaker(const int64_t *s, int64_t m, int64_t x) {
-    int64_t lo = 0, hi = m;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if (s[mid] < x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo < m && s[lo] == x;
-}
-
-/* Model Runner V2's window step on host memory (dry_device.lower_window_'s contract), for n member
-   rows. rows[i*8 ..]: the row's logits and pos index, its row of the token matrix, its slot (tables),
-   look-back, whether the prompt lies outside its window, its cap (at most w), allowed length, and
-   its sorted single-token breakers' count (0: none; else singles_cols). Per row: its window's
-   repeat ending at each earlier position of its last token is measured as the Z-function of the
-   reversed window (a placeholder equal to nothing), capped; each follower at least allowed long
-   (not a breaker, not a placeholder) lowers the row's float32 logit once, by the largest amount of
-   the slot's table row (float32-rounded amounts), as lower_window_ lowers it. floor may be 0 (none).
-   seen[] (width entries) is -1 on entry and on return; z, hit_id, hit_pen hold w entries. Returns
-   the number of logits lowered. pos: int64 where pos64, else int32. */
-int64_t dry_window(int64_t n, const int64_t *rows, int64_t w, int64_t cap, const int32_t *tok, int64_t tok_cols,
-                   const void *pos, int64_t pos64, const int32_t *prompt_len, const int64_t *floor, const double *table,
-                   int64_t table_cols, const int64_t *singles, int64_t singles_cols, float *logits, int64_t stride,
-                   int64_t width, int32_t *seen, int32_t *z, int32_t *hit_id, double *hit_pen) {
-    int64_t lowered = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t *row = rows + 8 * i;
-        int64_t k = row[0], slot = row[2], allowed = row[6], nsing = row[7];
-        int64_t end = pos64 ? ((const int64_t *)pos)[k] : ((const int32_t *)pos)[k];
-        if (end < 0 || end >= tok_cols)
-            continue;
-        const int32_t *T = tok + row[1] * tok_cols;
-        int64_t start = end - w + 1;
-        if (end + 1 - row[3] > start)
-            start = end + 1 - row[3];
-        if (row[4] && prompt_len[row[1]] > start)
-            start = prompt_len[row[1]];
-        if (floor && floor[k] > start)
-            start = floor[k];
-        if (start < 0)
-            start = 0;
-        int32_t t = T[end];
-        if (start >= end || t < 0)
-            continue;
-        const int64_t *S = singles + slot * singles_cols;
-        int64_t c = row[5] < cap ? row[5] : cap;
-        if (nsing)
-            for (int64_t q = end; q >= start && end - q < c; q--)
-                if (T[q] >= 0 && dry_is_breaker(S, nsing, T[q])) {
-                    c = end - q;
-                    break;
-                }
-        if (c < allowed)
-            continue;
-        /* r[j] = T[end - j]: the Z-function of the window reversed, each value capped at c */
-        int64_t span = end - start + 1, l = 0, r = 0, hits = 0;
-        const int32_t *back = T + end;
-        for (int64_t j = 1; j < span; j++) {
-            int64_t m = 0;
-            if (j < r) {
-                m = r - j;
-                if (z[j - l] < m)
-                    m = z[j - l];
-            }
-            while (m < c && j + m < span && back[-m] >= 0 && back[-m] == back[-(j + m)])
-                m++;
-            if (j + m > r) {
-                l = j;
-                r = j + m;
-            }
-            z[j] = (int32_t)m;
-            if (m < allowed)
-                continue;
-            int32_t f = back[-j + 1];
-            if (f < 0 || f >= width || (nsing && dry_is_breaker(S, nsing, f)))
-                continue;
-            int64_t e = m - allowed;
-            if (e > table_cols - 1)
-                e = table_cols - 1;
-            double amount = table[slot * table_cols + e];
-            int32_t h = seen[f];
-            if (h < 0) {
-                seen[f] = (int32_t)hits;
-                hit_id[hits] = f;
-                hit_pen[hits] = amount;
-                hits++;
-            } else if (hit_pen[h] < amount) {
-                hit_pen[h] = amount;
-            }
-        }
-        float *out = logits + k * stride;
-        for (int64_t h = 0; h < hits; h++) {
-            int32_t f = hit_id[h];
-            seen[f] = -1;
-            float kept = out[f];
-            if (kept != kept)
-                continue; /* NaN stays NaN */
-            double low = (double)kept - hit_pen[h];
-            double least = kept < -FLT_MAX ? (double)kept : (double)-FLT_MAX;
-            out[f] = (float)(low > least ? low : least);
-        }
-        lowered += hits;
-    }
-    return lowered;
-}
-/* float32 logits (flat) lowered at n distinct indices, each by its amount rounded to float32 (at most
-   float32's largest), as dry_lowering._lower_host_f32 lowers them: the difference in double,
-   floored at float32's lowest (-inf kept), rounded on the store; NaN kept. Every logit is read
-   (prefetched) before the first is written, so the misses overlap. */
-void dry_lower(int64_t n, const int64_t *flat, const double *amount, float *logits) {
-    for (int64_t i = 0; i < n; i++)
-        __builtin_prefetch(logits + flat[i], 1);
-    for (int64_t i = 0; i < n; i++) {
-        float kept = logits[flat[i]];
-        if (kept != kept)
-            continue;
-        double a = amount[i] < (double)FLT_MAX ? amount[i] : (double)FLT_MAX;
-        double low = (double)kept - (double)(float)a;
-        double least = kept < -FLT_MAX ? (double)kept : (double)-FLT_MAX;
-        logits[flat[i]] = (float)(low > least ? low : least);
-    }
-}
-"""
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "lib": the loaded function; "failed": a reason; "queued": True
@@ -283,20 +60,28 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc")
 
 
+def _compile(cc: str, tmp: str, name: str, source: str) -> str:
+    """``source`` compiled into ``tmp/name.so``; its path."""
+    src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
+    src.write_text(source)
+    done = subprocess.run([*shlex.split(cc), "-O2", "-shared", "-fPIC", "-o", str(out), str(src)], capture_output=True,
+                          text=True, timeout=COMPILE_TIMEOUT_S, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{cc} failed: {done.stderr.strip()[:300]}")
+    return str(out)
+
+
 def _build() -> None:
-    """Compile and load ``SOURCE`` (the compile thread); records the function or why not."""
+    """Compile and load ``SOURCE`` (the compile thread); records the functions or why not. Then
+    ``READ``, a library of its own: where it cannot be built, loaded or fails its probe, the rows'
+    lists are read in Python (one info line)."""
     try:
         cc = _compiler()
         if cc is None:
             raise RuntimeError("no C compiler ($CC, cc)")
         with tempfile.TemporaryDirectory(prefix="dynlogits-dry-") as tmp:  # private (0700), removed after loading
-            src, out = Path(tmp) / "dry_steps.c", Path(tmp) / "dry_steps.so"
-            src.write_text(SOURCE)
-            done = subprocess.run([*shlex.split(cc), "-O2", "-shared", "-fPIC", "-o", str(out), str(src)], capture_output=True,
-                                  text=True, timeout=COMPILE_TIMEOUT_S, check=False)
-            if done.returncode != 0:
-                raise RuntimeError(f"{cc} failed: {done.stderr.strip()[:300]}")
-            lib = ctypes.CDLL(str(out))  # mapped: the file may go
+            lib = ctypes.CDLL(_compile(cc, tmp, "dry_steps", SOURCE))  # mapped: the file may go
+            read = _load_read(cc, tmp)
         fn, window, lower = lib.dry_steps, lib.dry_window, lib.dry_lower
         fn.restype = window.restype = ctypes.c_int64
         lower.restype = None
@@ -305,13 +90,52 @@ def _build() -> None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         window.argtypes = [i64, ptr, i64, i64, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, ptr]
         with _lock:
-            _state["lib"], _state["window"], _state["lower"] = fn, window, lower
+            _state["lib"], _state["window"], _state["lower"], _state["read"] = fn, window, lower, read
         log.info("dry: the native host step is built (%s); it decides the rows it can step from now on", cc)
     except Exception as exc:  # any reason: the Python processors, for good
         log.warning("dry: the native host step could not be built (%s: %s); the Python processors decide every "
                     "row", type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "")
         with _lock:
             _state["failed"] = f"{type(exc).__name__}: {exc}"
+
+
+def _load_read(cc: str, tmp: str) -> Any:
+    """``dry_read`` (``READ``) loaded holding the GIL (``ctypes.PyDLL``) once its probe passed, else
+    ``None`` (one info line: the lists are read in Python). Not on a free-threaded build."""
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        log.info("dry: the rows' lists are read in Python (a free-threaded interpreter)")
+        return None
+    try:
+        read = ctypes.PyDLL(_compile(cc, tmp, "dry_read", READ)).dry_read
+        read.restype = ctypes.c_int64
+        argtypes: list[Any] = [ctypes.c_int64, ctypes.py_object, *[ctypes.c_void_p] * 5, ctypes.c_int64, ctypes.c_void_p]
+        read.argtypes = argtypes
+        if not _read_probe(read):
+            raise RuntimeError("its probe read the lists wrong")
+        return read
+    except Exception as exc:
+        log.info("dry: the rows' lists are read in Python (the C reader: %s: %s)", type(exc).__name__,
+                 str(exc).splitlines()[0][:300] if str(exc) else "")
+        return None
+
+
+def _read_probe(read: Any) -> bool:
+    """``dry_read`` on a list that holds and on one rewritten ``TAIL`` tokens back (big ints too)."""
+    base = 1 << 20
+    tok = np.arange(base, base + 40, dtype=np.int32)
+    end = np.array([39], dtype=np.int64)
+    tok_ptrs, end_ptrs = np.array([tok.ctypes.data], dtype=np.int64), np.array([end.ctypes.data], dtype=np.int64)
+    new = np.zeros(1, dtype=np.int32)
+    kept = [int(t) for t in tok[:39]] + [7]
+    rewritten = [*kept[:39 - TAIL], 5, *kept[40 - TAIL:]]
+    results = []
+    for history in (kept, rewritten):
+        rows, sources, lens = (np.array(v, dtype=np.int64) for v in ([0], [id(history)], [40]))
+        results.append(read(1, [history], rows.ctypes.data, sources.ctypes.data, lens.ctypes.data,
+                            tok_ptrs.ctypes.data, end_ptrs.ctypes.data, TAIL,
+                            new.ctypes.data))
+        results.append(int(lens[0]))
+    return results == [-1, 41, 0, 40] and int(new[0]) == 7
 
 
 def library(wait: bool = False) -> Any:
@@ -346,6 +170,11 @@ def window_step(wait: bool = False) -> Any:
 def lower_step(wait: bool = False) -> Any:
     """The compiled lowering of float32 host logits (``dry_lower``), under ``library``'s terms."""
     return _loaded("lower", wait)
+
+
+def reader() -> Any:
+    """The compiled reader of the rows' lists (``dry_read``), where it loaded and passed its probe."""
+    return _loaded("read", False)
 
 
 def _loaded(name: str, wait: bool) -> Any:
@@ -488,6 +317,7 @@ class NativeStep:
             self.states.append(processor.native_row)
         self.stale = True  # the arrays below are made again before the next call
         self.seen = scratch_seen(width)
+        self.read = reader()
 
     def _pack(self, histories: Sequence[Sequence[int]]) -> None:
         """Rows not set up, set up from ``histories`` (where they can be); the arrays of a call over
@@ -536,6 +366,12 @@ class NativeStep:
                                                    self.cap, self.allowed, self.cap_exp, self.table_ptrs, self.mask_ptrs,
                                                    self.mask_lens, self.bases))
         self.scratch = tuple(a.ctypes.data for a in (self.seen, self.out_flat, self.out_amount))
+        #: the C reader checks the rows' lists and reads their new tokens (every history a list)
+        self.reads = self.read is not None and all(type(source) is list for source in self.sources)
+        if self.reads:
+            self.r_arrays = (np.array(self.a_rows, dtype=i64), np.array([id(src) for src in self.sources], dtype=i64),
+                             np.array(self.expected, dtype=i64))
+            self.read_args = (*(a.ctypes.data for a in self.r_arrays), self.args[0], self.args[2], TAIL, self.args[3])
         self.stale = False
 
     def _setup(self, i: int, history: Sequence[int]) -> bool:
@@ -581,6 +417,10 @@ class NativeStep:
             self._pack(histories)
         if not self.a_states:
             return self.left, NativeHits.of([], [])
+        if self.reads:  # the lists checked and read in C, the rows' loads overlapping
+            if type(histories) is list and self.read(len(self.a_states), histories, *self.read_args) < 0:
+                return self._stepped()
+            return self._one_by_one(list(map(histories.__getitem__, self.a_rows)))
         hs = list(map(histories.__getitem__, self.a_rows))
         lens = list(map(len, hs))
         if (lens == self.expected and all(map(_is, hs, self.sources))
@@ -589,15 +429,19 @@ class NativeStep:
             if min(toks) >= 0 and max(toks) < _INT32:
                 self.expected = list(map(_plus1, lens))
                 self.tails = list(map(_tail, hs))
-                self.slack -= 1
                 self.new[:] = toks
-                count = self.fn(len(toks), *self.args, self.width, *self.scratch)
-                if self.recovering:
-                    for st in self.recovering:
-                        st.misses = 0
-                    self.recovering = []
-                return self.left, NativeHits(count, self.out_flat, self.out_amount, *self.scratch[1:])
+                return self._stepped()
         return self._one_by_one(hs)
+
+    def _stepped(self) -> tuple[list[Decider], NativeHits]:
+        """Every row stepped by one call (their new tokens in ``new``)."""
+        self.slack -= 1
+        count = self.fn(len(self.a_states), *self.args, self.width, *self.scratch)
+        if self.recovering:
+            for st in self.recovering:
+                st.misses = 0
+            self.recovering = []
+        return self.left, NativeHits(count, self.out_flat, self.out_amount, *self.scratch[1:])
 
     def _one_by_one(self, hs: list[Sequence[int]]) -> tuple[list[Decider], NativeHits]:
         """The rows one at a time: each steppable one stepped by a call of its own; the others to

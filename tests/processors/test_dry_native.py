@@ -2,7 +2,8 @@
 grows them (repeats, rewrites of the newest tokens, placeholders, jumps, rows that move or change
 list), every row it steps gets exactly the ids and amounts of its processor's Python step, with any
 look-back, cap, clamp and single-token breakers; rows it cannot step go to the Python processors;
-switched off, or broken, the Python processors decide every row. Needs a C compiler (``cc``)."""
+switched off, or broken, the Python processors decide every row. Every test runs with the rows'
+lists read by the C reader (``dry_read``) and by Python. Needs a C compiler (``cc``)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,17 @@ def fn() -> Any:
     built = dry_native.library(wait=True)
     assert built is not None, "the native step did not build with this machine's cc"
     return built
+
+
+@pytest.fixture(autouse=True, params=["c_reader", "python_reader"])
+def reader(request: pytest.FixtureRequest, fn: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The lists read by ``dry_read`` (it must have loaded and passed its probe here) or by Python."""
+    if request.param == "python_reader":
+        monkeypatch.setattr(dry_native, "reader", lambda: None)
+        return None
+    read = dry_native.reader()
+    assert read is not None, "the C reader of the rows' lists did not load here"
+    return read
 
 
 def _entry(rng: random.Random) -> dict[str, Any]:
@@ -188,3 +200,4 @@ def test_switched_off_or_broken_the_python_processors_decide_every_row(fn: Any, 
     finally:
         dry_native.reset()
         dry_native.library(wait=True)
+
