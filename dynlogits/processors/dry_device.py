@@ -22,8 +22,9 @@ llama.cpp's exponent clamp, at most ``W``):
 That is the reference (``device_penalties`` then ``lower_rows``; ``dense_lower_`` from the window's
 tensors), its memory ``rows * W * C`` bytes a few times (64 rows, ``W`` 2048, ``C`` 160: about 21 MB
 each). The group runs the whole step as one fused op instead (``fused_lower_``, equal to it bit for
-bit): on the CPU ``lower_window_`` (numpy, shapes following the data: only the positions holding a
-row's last token are measured), on CUDA a Triton kernel (``dynlogits.kernels.dry``) and a
+bit): on the CPU ``lower_window_`` (a compiled C step, ``dry_native``'s ``dry_window``: each row's
+repeats as the Z-function of its reversed window; numpy for steps with drafts and until it has
+loaded, only the positions holding a row's last token measured), on CUDA a Triton kernel (``dynlogits.kernels.dry``) and a
 ``scatter_reduce_``, two launches, where the kind's probe passed (``fused_ready``; else the
 reference's ops, no sync either). Templates with multi-token breakers, or a cap above
 ``MAX_DEVICE_CAP`` (a base below about 1.42, or no clamp at all, base 1, with a look-back above it),
@@ -222,7 +223,8 @@ def lower_window_(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: torch.
     an id winning (``_lower_host``). ``rows``: ``host_rows`` of these tables for ``(W, C)`` and this
     token matrix (``None``: read here). Needs every member's allowed length to be at least 1 (the
     spec's bound) and the logits' last dimension contiguous. A column before a row's window is
-    read as anything: nothing there counts."""
+    read as anything: nothing there counts. A step without drafts runs compiled where it can
+    (``_native_lowered``: the same bits), else the numpy steps below."""
     if width < 2:
         return
     w, c = width, min(cap, width)

@@ -1,21 +1,26 @@
-"""``dry``'s common host step in C, for every row of a group at once (the V1 runner's ``DryGroup``).
+"""``dry``'s host steps in C, for every row of a group at once (``dry_native_source``).
 
-Deciding a row in Python touches 15-20 objects (its state's lists and dicts), each a cache miss
-right after the engine wrote the logits; this step keeps each row's window in two flat buffers
-instead (its tokens, ``int32``, and the repeat length ending at each position, ``uint16``) and
-steps every row in one call: per row the new token is written, the window is scanned for its
-earlier positions (each one's repeat is the one ending just before it, one longer, capped, never
-reaching past the window's start: only positions whose token was the last one hold a length, and
-a position is read only where its token was), the nearest single-token breaker bounds the repeats
-(llama.cpp's ``rep_limit``), and each follower is emitted once, at its longest repeat, with the
-amount of the processor's table: the same ids and amounts as ``DryProcessor.penalize_into``
-(``tests/processors/test_dry_native.py`` holds it to the processor on random histories).
+The V1 runner's ``DryGroup``: deciding a row in Python touches 15-20 objects (its state's lists and
+dicts), each a cache miss right after the engine wrote the logits; this step keeps each row's window
+in two flat buffers instead (its tokens, ``int32``, and the repeat length ending at each position,
+``uint16``) and steps every row in one call (``dry_steps``): per row the new token is written, the
+window is scanned for its earlier positions (each one's repeat is the one ending just before it,
+one longer, capped, never reaching past the window's start: only positions whose token was the last
+one hold a length, and a position is read only where its token was), the nearest single-token
+breaker bounds the repeats (llama.cpp's ``rep_limit``), and each follower is emitted once, at its
+longest repeat, with the amount of the processor's table: the same ids and amounts as
+``DryProcessor.penalize_into`` (``tests/processors/test_dry_native.py`` holds it to the processor on
+random histories). Before it, ``dry_read`` checks the rows' live lists and reads their new tokens
+(CPython's C API, holding the GIL; ``reader``); after it, ``dry_lower`` lowers float32 host logits
+at the hits (``lower_step``). Model Runner V2 on host memory: ``dry_window`` (``window_step``,
+``dry_device.lower_window_``'s steps without drafts).
 
-The library is compiled from ``SOURCE`` with the system C compiler (``$CC``, else ``cc``) at the
-first call of ``library()``, on the kernels' compile thread (``dynlogits.kernels.variants.COMPILER``),
-into a private temporary directory; until it has loaded, and for good with ``DYN_DRY_NATIVE=0`` or
-where it cannot be built (no compiler, an error: one warning), callers run the Python processors. The
-source is this module's constant: nothing a request carries reaches the compiler."""
+The libraries are compiled from ``dry_native_source`` with the system C compiler (``$CC``, else
+``cc``) at the first call of ``library()``, on the kernels' compile thread
+(``dynlogits.kernels.variants.COMPILER``), into a private temporary directory; until they have loaded,
+and for good with ``DYN_DRY_NATIVE=0`` or where they cannot be built (no compiler, an error: one
+warning), callers run the Python processors and numpy. The sources are constants: nothing a request
+carries reaches the compiler."""
 
 from __future__ import annotations
 
