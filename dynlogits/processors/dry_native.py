@@ -34,6 +34,7 @@ import subprocess
 import sysconfig
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from operator import itemgetter
 from pathlib import Path
@@ -305,7 +306,8 @@ class NativeStep:
     earlier tokens unchanged (a rewrite deeper in the same list goes unseen, as on the Python
     processors) and its new token no placeholder, in one
     call of ``fn`` (``library()``), and returns the deciders the Python processors decide this step
-    (in row order: multi-token breakers, a history that is not steppable, a row past ``MISSES``)
+    (in row order: multi-token breakers, a processor deciding two rows of the layout, a history
+    that is not steppable, a row past ``MISSES``)
     with the native rows' flat indices and amounts. A row it could not step is set up again from
     its history (O(window)) at its next step."""
 
@@ -313,8 +315,11 @@ class NativeStep:
         self.fn, self.deciders, self.width = fn, deciders, width
         self.python: list[Decider] = []
         self.native: list[Decider] = []
+        # a processor holds one window: one that decides two rows of the layout stays on Python
+        shared = {key for key, n in Counter(id(d[2]) for d in deciders).items() if n > 1}
         for decider in deciders:
-            (self.native if decider[2].native_params() is not None else self.python).append(decider)
+            native = decider[2].native_params() is not None and id(decider[2]) not in shared
+            (self.native if native else self.python).append(decider)
         self.states: list[NativeRow] = []
         for _, _, processor in self.native:
             if processor.native_row is None:

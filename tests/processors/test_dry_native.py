@@ -201,3 +201,16 @@ def test_switched_off_or_broken_the_python_processors_decide_every_row(fn: Any, 
         dry_native.reset()
         dry_native.library(wait=True)
 
+
+
+def test_a_processor_deciding_two_rows_stays_on_the_python_processor(fn: Any) -> None:
+    """A processor keeps one window: were it to decide two rows of a layout, both go to Python."""
+    entry = {"kind": "dry", "multiplier": 1.0, "base": 1.75, "allowed_length": 2, "penalty_last_n": 64,
+             "sequence_breakers": [], "include_prompt": True}
+    shared, alone = _processor(entry, [0, 1]), _processor(entry, [0, 1])
+    step_of = NativeStep(fn, [(0, 0, shared), (1, 0, shared), (2, 1, alone)], W)
+    histories = [[1, 2, 1, 2], [2, 1, 2, 1, 2], [1, 2, 1, 2]]
+    left, hits = step_of.decide(histories)
+    assert left == [(0, 0, shared), (1, 0, shared)]
+    assert dict(zip(*hits.lists())) == _python(_processor(entry, [0, 1]), histories[2], 2 * W)
+    assert hits.n  # the premise: the row stepped natively penalizes something
