@@ -27,25 +27,17 @@ from __future__ import annotations
 import ctypes
 import logging
 import operator
-import os
-import shlex
-import shutil
-import subprocess
-import sysconfig
-import tempfile
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import itemgetter
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from dynlogits.kernels.variants import COMPILER
-
 from .dry_native_source import READ, SOURCE
 from .modes import Decider
+from .native_library import COMPILE_TIMEOUT_S, NativeLibrary
 
 __all__ = ["COMPILE_TIMEOUT_S", "ENV_SWITCH", "MISSES", "SOURCE", "TAIL", "NativeRow", "NativeStep", "library", "reset",
            "NativeHits", "lower_step", "reader", "scratch_seen", "window_scratch", "window_step"]
@@ -54,79 +46,11 @@ log = logging.getLogger("dynlogits.processors.dry_native")
 
 #: ``DYN_DRY_NATIVE=0`` keeps every ``dry`` row on the Python processors.
 ENV_SWITCH = "DYN_DRY_NATIVE"
-#: The compiler gets at most this long.
-COMPILE_TIMEOUT_S = 60.0
 
 
-_lock = threading.Lock()
-_state: dict[str, object] = {}  # "lib": the loaded function; "failed": a reason; "queued": True
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc")
-
-
-def _compile(cc: str, tmp: str, name: str, source: str) -> str:
-    """``source`` compiled into ``tmp/name.so``; its path."""
-    src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
-    src.write_text(source)
-    done = subprocess.run([*shlex.split(cc), "-O2", "-shared", "-fPIC", "-o", str(out), str(src)], capture_output=True,
-                          text=True, timeout=COMPILE_TIMEOUT_S, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{cc} failed: {done.stderr.strip()[:300]}")
-    return str(out)
-
-
-def _build() -> None:
-    """Compile and load ``SOURCE`` (the compile thread); records the functions or why not. Then
-    ``READ``, a library of its own: where it cannot be built, loaded or fails its probe, the rows'
-    lists are read in Python (one info line)."""
-    try:
-        cc = _compiler()
-        if cc is None:
-            raise RuntimeError("no C compiler ($CC, cc)")
-        with tempfile.TemporaryDirectory(prefix="dynlogits-dry-") as tmp:  # private (0700), removed after loading
-            lib = ctypes.CDLL(_compile(cc, tmp, "dry_steps", SOURCE))  # mapped: the file may go
-            read = _load_read(cc, tmp)
-        fn, window, lower = lib.dry_steps, lib.dry_window, lib.dry_lower
-        fn.restype = window.restype = ctypes.c_int64
-        lower.restype = None
-        lower.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        fn.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 12 + [ctypes.c_int64] + [ctypes.c_void_p] * 3
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        window.argtypes = [i64, ptr, i64, i64, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, ptr]
-        with _lock:
-            _state["lib"], _state["window"], _state["lower"], _state["read"] = fn, window, lower, read
-        log.info("dry: the native host step is built (%s); it decides the rows it can step from now on", cc)
-    except Exception as exc:  # any reason: the Python processors, for good
-        log.warning("dry: the native host step could not be built (%s: %s); the Python processors decide every "
-                    "row", type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "")
-        with _lock:
-            _state["failed"] = f"{type(exc).__name__}: {exc}"
-
-
-def _load_read(cc: str, tmp: str) -> Any:
-    """``dry_read`` (``READ``) loaded holding the GIL (``ctypes.PyDLL``) once its probe passed, else
-    ``None`` (one info line: the lists are read in Python). Not on a free-threaded build."""
-    if sysconfig.get_config_var("Py_GIL_DISABLED"):
-        log.info("dry: the rows' lists are read in Python (a free-threaded interpreter)")
-        return None
-    try:
-        read = ctypes.PyDLL(_compile(cc, tmp, "dry_read", READ)).dry_read
-        read.restype = ctypes.c_int64
-        argtypes: list[Any] = [ctypes.c_int64, ctypes.py_object, *[ctypes.c_void_p] * 5, ctypes.c_int64, ctypes.c_void_p]
-        read.argtypes = argtypes
-        if not _read_probe(read):
-            raise RuntimeError("its probe read the lists wrong")
-        return read
-    except Exception as exc:
-        log.info("dry: the rows' lists are read in Python (the C reader: %s: %s)", type(exc).__name__,
-                 str(exc).splitlines()[0][:300] if str(exc) else "")
-        return None
-
-
-def _read_probe(read: Any) -> bool:
+def _read_probe(functions: Mapping[str, Any]) -> bool:
     """``dry_read`` on a list that holds and on one rewritten ``TAIL`` tokens back (big ints too)."""
+    read = functions["dry_read"]
     base = 1 << 20
     tok = np.arange(base, base + 40, dtype=np.int32)
     end = np.array([39], dtype=np.int64)
@@ -138,62 +62,55 @@ def _read_probe(read: Any) -> bool:
     for history in (kept, rewritten):
         rows, sources, lens = (np.array(v, dtype=np.int64) for v in ([0], [id(history)], [40]))
         results.append(read(1, [history], rows.ctypes.data, sources.ctypes.data, lens.ctypes.data,
-                            tok_ptrs.ctypes.data, end_ptrs.ctypes.data, TAIL,
-                            new.ctypes.data))
+                            tok_ptrs.ctypes.data, end_ptrs.ctypes.data, TAIL, new.ctypes.data))
         results.append(int(lens[0]))
     return results == [-1, 41, 0, 40] and int(new[0]) == 7
+
+
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+#: ``dry_read``: loaded holding the GIL once its probe passed; else the lists are read in Python
+_READER = NativeLibrary(
+    "dry_read", READ, {"dry_read": (_I64, [_I64, ctypes.py_object, *[_PTR] * 5, _I64, _PTR])}, ENV_SWITCH, logger=log,
+    built="dry: the rows' lists are checked and read in C ({cc})", failed_level=logging.INFO,
+    failed="dry: the rows' lists are read in Python (the C reader: {why})", holds_gil=True, probe=_read_probe)
+_STEPS = NativeLibrary(
+    "dry_steps", SOURCE,
+    {"dry_steps": (_I64, [_I64, *[_PTR] * 12, _I64, *[_PTR] * 3]),
+     "dry_window": (_I64, [_I64, _PTR, _I64, _I64, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR,
+                           _I64, _I64, _PTR, _PTR, _PTR, _PTR]),
+     "dry_lower": (None, [_I64, _PTR, _PTR, _PTR])},
+    ENV_SWITCH, logger=log, built="dry: the native host step is built ({cc}); it decides the rows it can step from now on",
+    failed="dry: the native host step could not be built ({why}); the Python processors decide every row",
+    companions=(_READER,))
 
 
 def library(wait: bool = False) -> Any:
     """The compiled step (``dry_steps``), or ``None`` while it builds (the first call queues the
     build) and for good where it cannot be built or ``DYN_DRY_NATIVE=0``. ``wait``: build now on the
     caller's thread if not done yet (tests, an engine's load)."""
-    with _lock:
-        fn = _state.get("lib")
-        if fn is not None or "failed" in _state:
-            return fn
-        if os.environ.get(ENV_SWITCH, "1") == "0":
-            _state["failed"] = f"{ENV_SWITCH}=0"
-            return None
-        queued = _state.get("queued", False)
-        if not wait and not queued:
-            _state["queued"] = True
-    if wait:
-        _build()
-    elif not queued and not COMPILER.submit(_build):
-        with _lock:
-            _state.pop("queued", None)  # the queue was full: asked again at a later call
-    with _lock:
-        return _state.get("lib")
+    return _STEPS.function("dry_steps", wait)
 
 
 def window_step(wait: bool = False) -> Any:
     """The compiled window step (``dry_window``: Model Runner V2's ``lower_window_`` on host
     memory), under ``library``'s terms (``None`` while it builds, where it cannot, or switched off)."""
-    return _loaded("window", wait)
+    return _STEPS.function("dry_window", wait)
 
 
 def lower_step(wait: bool = False) -> Any:
     """The compiled lowering of float32 host logits (``dry_lower``), under ``library``'s terms."""
-    return _loaded("lower", wait)
+    return _STEPS.function("dry_lower", wait)
 
 
 def reader() -> Any:
-    """The compiled reader of the rows' lists (``dry_read``), where it loaded and passed its probe."""
-    return _loaded("read", False)
-
-
-def _loaded(name: str, wait: bool) -> Any:
-    if library(wait) is None:
-        return None
-    with _lock:
-        return _state.get(name)
+    """The compiled reader of the rows' lists (``dry_read``), where it loaded and passed its probe
+    (built with ``library``'s functions, just before them)."""
+    return _READER.function("dry_read") if library() is not None else None
 
 
 def reset() -> None:
-    """Forget the build (tests)."""
-    with _lock:
-        _state.clear()
+    """Forget the builds (tests)."""
+    _STEPS.reset()
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)
