@@ -71,6 +71,7 @@ from dynlogits.kernels import no_repeat_ngram as no_repeat_ngram_kernels
 from dynlogits.kernels.fused import fused_op
 from dynlogits.kernels.probe import FusedGate
 
+from .no_repeat_ngram_native import ban_native
 from .window import TokenWindow
 
 __all__ = ["INT64_MAX", "INT64_MIN", "MAX_DEVICE_SIZE", "NEVER", "Layout", "SlotTables", "apply", "apply_eager", "ban_",
@@ -204,9 +205,7 @@ def apply(window: TokenWindow, t: Layout, logits: torch.Tensor, extremes: tuple[
     drafts = window.input_ids is not None and window.local_pos is not None
     ids, local = (window.input_ids, window.local_pos) if drafts else (None, None)
     if logits.device.type == "cpu":
-        matrix = window.tokens.numpy()
-        _ban_rows(logits, matrix, window.pos.numpy(), t.host(matrix.shape[1]), None if ids is None else ids.numpy(),
-                  None if local is None else local.numpy(), None if floor is None else floor.numpy(), t.source.width,
+        _ban_host(logits, window.tokens, window.pos, t.host(window.tokens.shape[1]), ids, local, floor, t.source.width,
                   t.source.size)
     else:  # a new variant (SIZE, drafts, floor, dtypes) compiles off the step, eager until it lands
         _gated(logits.device, (logits, window.tokens, window.pos, t.slot_of_row, t.source.params, ids, local, floor,
@@ -269,25 +268,39 @@ class _HostRows:
     smaller: bool
     columns: np.ndarray
     start_column: np.ndarray
+    packed: np.ndarray
+    packed_at: int
 
 
 def _host_rows(params: np.ndarray, slot_of_row: np.ndarray, size: int, matrix_width: int, width: int) -> _HostRows:
     start, n, first, engine = params.take(slot_of_row, axis=0).T
     base = engine * matrix_width
     begins = base + start
+    packed = np.ascontiguousarray(np.stack((n, engine, start, first), 1), dtype=np.int64)  # ``ban_native``'s rows
     # a Python min: cheaper cold than numpy's
     return _HostRows(matrix_width, n, base, begins, first, bool((start <= first).any()),
-                     min(n.tolist(), default=size) < size, base[:, None] + _columns(width)[0], begins[:, None])
+                     min(n.tolist(), default=size) < size, base[:, None] + _columns(width)[0], begins[:, None], packed,
+                     packed.ctypes.data)
 
 
 def _host_ban(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, slot_of_row: torch.Tensor,
               params: torch.Tensor, input_ids: torch.Tensor | None, local_pos: torch.Tensor | None,
               floor: torch.Tensor | None, width: int, size: int) -> None:
-    """``ban_``'s CPU implementation (host tensors): ``_ban_rows``."""
-    matrix = tokens.numpy()
-    _ban_rows(logits, matrix, pos.numpy(), _host_rows(params.numpy(), slot_of_row.numpy(), size, matrix.shape[1], width),
-              None if input_ids is None else input_ids.numpy(), None if local_pos is None else local_pos.numpy(),
-              None if floor is None else floor.numpy(), width, size)
+    """``ban_``'s CPU implementation (host tensors): ``_ban_host``."""
+    rows = _host_rows(params.numpy(), slot_of_row.numpy(), size, tokens.shape[1], width)
+    _ban_host(logits, tokens, pos, rows, input_ids, local_pos, floor, width, size)
+
+
+def _ban_host(logits: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor, rows: _HostRows,
+              input_ids: torch.Tensor | None, local_pos: torch.Tensor | None, floor: torch.Tensor | None, width: int,
+              size: int) -> None:
+    """The bans of ``_ban_rows`` on host tensors: compiled where it can run (``no_repeat_ngram_native``:
+    a step without drafts), else numpy."""
+    if (input_ids is None or local_pos is None) and ban_native(logits, tokens, pos, rows.packed, rows.packed_at, floor,
+                                                               NEVER, width, size):
+        return
+    _ban_rows(logits, tokens.numpy(), pos.numpy(), rows, None if input_ids is None else input_ids.numpy(),
+              None if local_pos is None else local_pos.numpy(), None if floor is None else floor.numpy(), width, size)
 
 
 def _ban_rows(logits: torch.Tensor, matrix: np.ndarray, p: np.ndarray, rows: _HostRows, input_ids: np.ndarray | None,

@@ -5,19 +5,24 @@ against transformers' ``NoRepeatNGramLogitsProcessor`` (``banned_after`` where a
 placeholder or an id past the logits) on random histories, drafts included, and with a scoped
 entry's per-row floor against ``banned_after`` of each row's stretch; its Triton kernel in
 Triton's CPU interpreter (``TRITON_INTERPRET=1``, set in a subprocess before Triton is imported)
-against the CPU implementation bit for bit, and the CUDA gate's probe passing there."""
+against the CPU implementation bit for bit, and the CUDA gate's probe passing there. The CPU
+implementation's tests run on both of its paths: compiled (``no_repeat_ngram_native``, steps
+without drafts) and numpy."""
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 
 import pytest
 import torch
 
+from dynlogits.processors import no_repeat_ngram_device, no_repeat_ngram_native
 from dynlogits.processors.no_repeat_ngram import banned_after
 from dynlogits.processors.no_repeat_ngram_device import (
     MAX_DEVICE_SIZE,
@@ -35,6 +40,28 @@ CPU = torch.device("cpu")
 EXTREMES = (torch.tensor(float("-inf")), torch.tensor(float("inf")))
 
 
+@pytest.fixture(params=["native", "numpy"])
+def cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The CPU implementation compiled (where this machine builds it) or numpy; yields the count of
+    steps the compiled one took (``-1``: numpy)."""
+    taken = [0]
+    if request.param == "numpy":
+        taken[0] = -1
+        monkeypatch.setattr(no_repeat_ngram_device, "ban_native", lambda *args: False)
+    else:
+        if shutil.which("cc") is None:
+            pytest.skip("no C compiler (cc) on this machine")
+        assert no_repeat_ngram_native.library(wait=True) is not None, "the native step did not build with this machine's cc"
+
+        def counted(*args: object) -> bool:
+            done = no_repeat_ngram_native.ban_native(*args)  # type: ignore[arg-type]
+            taken[0] += done
+            return done
+
+        monkeypatch.setattr(no_repeat_ngram_device, "ban_native", counted)
+    yield taken
+
+
 def _host(logits: torch.Tensor, window: TokenWindow, slot_of_row: torch.Tensor, params: torch.Tensor, width: int,
           size: int, floor: torch.Tensor | None = None) -> None:
     drafts = window.input_ids is not None and window.local_pos is not None
@@ -44,7 +71,7 @@ def _host(logits: torch.Tensor, window: TokenWindow, slot_of_row: torch.Tensor, 
 
 @pytest.mark.parametrize("floored", [False, True], ids=["whole", "floored"])
 @pytest.mark.parametrize("drafts", [0, 2, 3])
-def test_the_cpu_implementation_equals_the_eager_device_path(drafts: int, floored: bool) -> None:
+def test_the_cpu_implementation_equals_the_eager_device_path(drafts: int, floored: bool, cpu_path: list[int]) -> None:
     banned = 0
     for seed in range(150):
         rows = 1 + seed % 17
@@ -60,6 +87,7 @@ def test_the_cpu_implementation_equals_the_eager_device_path(drafts: int, floore
             assert torch.equal(applied, eager), (seed, drafts)
         banned += int(host.isneginf().sum())
     assert banned > 200  # the cases ban often
+    assert cpu_path[0] in (-1, 0 if drafts else 450)  # compiled: every step without drafts (ban_host, apply twice)
 
 
 def _transformers_bans(history: list[int], size: int, vocab: int) -> list[int]:
@@ -85,7 +113,7 @@ def _random_requests(rng: random.Random, most: int, kinds: list[int], prompts: i
     return size, made
 
 
-def test_the_cpu_implementation_bans_what_transformers_bans() -> None:
+def test_the_cpu_implementation_bans_what_transformers_bans(cpu_path: list[int]) -> None:
     """Requests of random sizes, prompts (counted or not) and outputs, some with drafts (one row
     per draft, as Model Runner V2 feeds them), some holding placeholders or ids past the logits."""
     pytest.importorskip("transformers")
@@ -119,8 +147,10 @@ def test_the_cpu_implementation_bans_what_transformers_bans() -> None:
                 want.append((history, own))
         prompt_len.append(1)
         tokens[:, length - 1] = 3  # the matrix's last column: garbage a wrapped read must not take for history
+        fed = not any(local_pos)  # no drafts: a window without them (the compiled step's)
         window = TokenWindow(CPU).at(tokens, torch.tensor(prompt_len, dtype=torch.int32), torch.tensor(pos),
-                                     torch.tensor(input_ids, dtype=torch.int32), torch.tensor(local_pos))
+                                     None if fed else torch.tensor(input_ids, dtype=torch.int32),
+                                     None if fed else torch.tensor(local_pos))
         member = torch.tensor([True] * len(requests) + [False])
         params = torch.tensor([[own, int(with_prompt)] for _, _, _, with_prompt, own in requests] + [[1, 0]])
         spans = [len(p) + len(o) + len(d) if w else len(o) + len(d) for p, o, d, w, _ in requests]
@@ -140,6 +170,7 @@ def test_the_cpu_implementation_bans_what_transformers_bans() -> None:
                 compared += 1
             checked += bool(got)
     assert checked > 50 and compared > 100
+    assert cpu_path[0] == -1 or cpu_path[0] >= 10  # the premise: steps without drafts ran compiled
 
 
 SCRIPT = textwrap.dedent('''
@@ -252,7 +283,7 @@ def test_the_op_declares_one_launch_and_a_failed_probe_falls_back_with_one_warni
         D.reset_fused()
 
 
-def test_a_floor_bans_what_the_reference_bans_on_the_rows_stretch_on_every_path() -> None:
+def test_a_floor_bans_what_the_reference_bans_on_the_rows_stretch_on_every_path(cpu_path: list[int]) -> None:
     """A scoped entry's rows (``apply`` with a per-row floor): on the CPU (``ban_``'s CPU
     implementation) and on the eager device path, run on the CPU, each row bans exactly
     ``banned_after`` of its stretch (the output from ``max(floor, prompt_len)`` on, up to the row,
@@ -282,8 +313,10 @@ def test_a_floor_bans_what_the_reference_bans_on_the_rows_stretch_on_every_path(
                 floors.append(floor)
                 want.append((stretch, own))
         prompt_len.append(1)
+        fed = not any(local_pos)  # no drafts: a window without them (the compiled step's)
         window = TokenWindow(CPU).at(tokens, torch.tensor(prompt_len, dtype=torch.int32), torch.tensor(pos),
-                                     torch.tensor(input_ids, dtype=torch.int32), torch.tensor(local_pos))
+                                     None if fed else torch.tensor(input_ids, dtype=torch.int32),
+                                     None if fed else torch.tensor(local_pos))
         member = torch.tensor([True] * len(requests) + [False])
         params = torch.tensor([[own, 0] for *_, own in requests] + [[1, 0]])
         width = window_width(length, [len(o) + len(d) for _, o, d, _ in requests], size)
@@ -301,3 +334,4 @@ def test_a_floor_bans_what_the_reference_bans_on_the_rows_stretch_on_every_path(
             banned += bool(expected)
             stretched += stretch is not None and len(stretch) < len(requests[slot_of_row[row]][1])
     assert banned > 40 and stretched > 40
+    assert cpu_path[0] == -1 or cpu_path[0] >= 10  # the premise: steps without drafts ran compiled
