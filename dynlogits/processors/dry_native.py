@@ -39,8 +39,8 @@ from .dry_native_source import READ, SOURCE
 from .modes import Decider
 from .native_library import COMPILE_TIMEOUT_S, NativeLibrary
 
-__all__ = ["COMPILE_TIMEOUT_S", "ENV_SWITCH", "MISSES", "SOURCE", "TAIL", "NativeRow", "NativeStep", "library", "reset",
-           "NativeHits", "lower_step", "reader", "scratch_seen", "window_scratch", "window_step"]
+__all__ = ["COMPILE_TIMEOUT_S", "ENV_SWITCH", "MISSES", "SOURCE", "TAIL", "NativeHits", "NativeRow", "NativeStep", "library",
+           "lower_step", "reader", "reset", "scratch_seen", "window_scratch", "window_step"]
 
 log = logging.getLogger("dynlogits.processors.dry_native")
 
@@ -111,9 +111,6 @@ def reader() -> Any:
 def reset() -> None:
     """Forget the builds (tests)."""
     _STEPS.reset()
-
-
-_EMPTY = np.zeros(0, dtype=np.int32)
 
 
 class NativeHits(NamedTuple):

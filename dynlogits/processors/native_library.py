@@ -65,6 +65,9 @@ class NativeLibrary:
     def function(self, name: str, wait: bool = False) -> Any:
         """The loaded function ``name``, or ``None`` while the library builds (the first call
         queues the build) and for good where it cannot be built or is switched off."""
+        loaded = self._loaded  # once loaded it never changes but by ``reset``: no lock on the steady step
+        if loaded is not None:
+            return loaded[name]
         with self._lock:
             if self._loaded is not None:
                 return self._loaded[name]

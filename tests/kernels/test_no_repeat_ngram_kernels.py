@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -53,8 +54,8 @@ def cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
             pytest.skip("no C compiler (cc) on this machine")
         assert no_repeat_ngram_native.library(wait=True) is not None, "the native step did not build with this machine's cc"
 
-        def counted(*args: object) -> bool:
-            done = no_repeat_ngram_native.ban_native(*args)  # type: ignore[arg-type]
+        def counted(*args: Any) -> bool:
+            done = no_repeat_ngram_native.ban_native(*args)
             taken[0] += done
             return done
 

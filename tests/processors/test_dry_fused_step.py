@@ -13,6 +13,7 @@ import logging
 import random
 import shutil
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -39,8 +40,8 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
         assert dry_native.window_step(wait=True) is not None, "the native window step did not build with this machine's cc"
         native = dry_device._native_lowered
 
-        def counted(*args: object) -> bool:
-            done = native(*args)  # type: ignore[arg-type]
+        def counted(*args: Any) -> bool:
+            done = native(*args)
             taken[0] += done
             return done
 
