@@ -1,6 +1,6 @@
-"""Small C libraries of the processors' host steps (``dry_native``, ``no_repeat_ngram_native``): each
-compiled from a constant source with the system C compiler (``$CC``, else ``cc``, split as a shell
-would) at its first use, on the kernels' compile thread (``dynlogits.kernels.variants.COMPILER``),
+"""Small C libraries of the processors' host steps (``dry_native``, ``no_repeat_ngram_native``,
+``no_repeat_ngram_pass_native``): each compiled from a constant source with the system C compiler
+(``$CC``, else ``cc``, split as a shell would) at its first use, on the kernels' compile thread (``dynlogits.kernels.variants.COMPILER``),
 into a private temporary directory, then loaded with ``ctypes``. Until a library has loaded, and for
 good where it cannot be built, fails its probe or its switch (an environment variable) is ``0``,
 its callers run their Python or numpy steps; a build logs one line either way. Nothing a request

@@ -23,9 +23,9 @@ row's last step, as vLLM's V1 runner passes it; else all of them), then extended
 generated since. A history no kept index covers (the first call, another sample, a rejected draft)
 is indexed from scratch once: ``O(len(history) * size)``. The prompt's n-grams (``include_prompt``)
 are indexed once per request, at realization. On the V1 runner's steady step (every member's list
-one token longer) the group steps all rows at once (``_Pass``): each part of the step is one C-level
-pass over the rows, which read their scattered objects (cold after an engine's forward pass) with
-many loads in flight.
+one token longer) the group steps all rows at once (``_Pass``): each part of the step is one pass over
+the rows (compiled where ``no_repeat_ngram_pass_native`` loaded, else C-level ``map`` calls), which
+read their scattered objects (cold after an engine's forward pass) with many loads in flight.
 
 Placeholders: a negative id is a token not known yet (vLLM's ``-1`` in the newest slot under async
 scheduling), never an id: an n-gram holding one is skipped, and a step whose last ``size - 1``
@@ -33,18 +33,20 @@ tokens hold one masks only what the n-grams without it say (for ``size > 1``: no
 
 from __future__ import annotations
 
+import ctypes
 from array import array
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, getitem
-from typing import ClassVar, TypeAlias, cast
+from typing import Any, ClassVar, TypeAlias, cast
 
 import numpy as np
 import torch
 
 from dynlogits.specs.builtin.no_repeat_ngram import NoRepeatNgram, NoRepeatNgramSpec
 
+from . import no_repeat_ngram_pass_native as pass_native
 from .base import IndexCache, RealizeContext
 from .dry_lowering import host_f32_view
 from .modes import Decider, WindowDecided
@@ -540,6 +542,23 @@ HOST_WRITES_MAX = 128
 _next_of, _flat_of, _base_of = attrgetter("next"), attrgetter("flat"), attrgetter("base")
 _token_of, _to_of = attrgetter("token"), attrgetter("to")
 _append, _pop = list.append, list.pop
+#: The address of ``_Node``'s slot offsets (``no_repeat_ngram_pass_native.GATHER_NAMES``' order),
+#: found at the first compiled pass (0: not found; the pass stays in Python)
+_NODE_SLOTS: list[tuple[array[int] | None, int]] = []
+
+
+def _node_slots() -> int:
+    if not _NODE_SLOTS:
+        offsets = pass_native.slot_offsets(_Node, pass_native.GATHER_NAMES)
+        _NODE_SLOTS.append((offsets, 0 if offsets is None else _address(offsets)))
+    return _NODE_SLOTS[0][1]
+
+
+def _address(buffer: array[int] | bytearray) -> int:
+    """The address of a writable buffer's first byte (kept alive and never resized by its holder)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+
+
 #: Parts ``bytes.join`` joins without allocating (CPython's ``NB_STATIC_BUFFERS``).
 JOINED = 10
 
@@ -556,27 +575,27 @@ def _joined(parts: list[bytes]) -> bytes:
 class _Pass:
     """``NoRepeatNgramGroup``'s step of every member row at once, while each row's history is the
     list its index was last read from, one token longer, with no placeholder. Each part of the step
-    is one C-level pass over the rows (``map``, a list or tuple compare), so the rows' scattered
-    objects are read with many loads in flight rather than one row's chain at a time, and the step
-    touches few objects per row: the history and its new token, the mirror, and the node the row
-    moves to with its ``flat`` ids and newest link. The rows' own indexes (``_Row``) are stepped in
-    place: their ``tokens`` are this pass's mirrors (short ones copied together at the start, so they
-    lie close in memory), their ``node`` is dropped at the start (the pass keeps the current nodes;
-    the processor finds a row's node again from its tokens), so a row is right for its processor
-    whenever the pass stops.
+    is one pass over the rows (compiled where ``no_repeat_ngram_pass_native`` loaded, else C-level
+    ``map`` calls and list compares), so the rows' scattered objects are read with many loads in
+    flight rather than one row's chain at a time, and the step touches few objects per row: the
+    history and its new token, the mirror, and the node the row moves to with its ``flat`` ids and
+    newest link. The rows' own indexes (``_Row``) are stepped in place: their ``tokens`` are this
+    pass's mirrors (short ones copied together at the start, so they lie close in memory), their
+    ``node`` is dropped at the start (the pass keeps the current nodes; the processor finds a row's
+    node again from its tokens), so a row is right for its processor whenever the pass stops.
 
     A step: ``histories`` holds the same lists as at the start (one identity compare); each one's
     last token (none negative) is appended to its mirror, which is then compared with the history
     (whole while every mirror is shorter than ``WHOLE_COMPARED``, which compares the lengths too;
     else the lengths and the last ``TAIL_CHECKED`` covered tokens, as the processor compares them);
     each row moves along its node's link for the token: where every token is its node's newest link
-    (``tokens``, one list compare) along those links (``guessed``), else by each node's ``next`` (a
-    new n-gram links it, row by row); then it masks that node's ``flat`` ids (made for the row's
+    (``guessed``; one compare of the rows' tokens) along those links, else by each node's ``next``
+    (a new n-gram links it, row by row); then it masks that node's ``flat`` ids (made for the row's
     base, row by row, when stale). Any other history, a placeholder or a rewritten tail ends the
     pass (``None``, the mirrors as they were): the group decides that step row by row."""
 
     __slots__ = ("histories", "sources", "mirrors", "rows", "processors", "plain", "bases", "last", "nodes", "tokens",
-                 "guessed", "longest")
+                 "guessed", "longest", "native", "read", "guess", "spare", "out", "at")
 
     def __init__(self, histories: list[Sequence[int]], rows: list[_Row], processors: list[NoRepeatNgramProcessor],
                  bases: list[int], nodes: list[_Node]) -> None:
@@ -588,8 +607,18 @@ class _Pass:
         self.plain = [None if p.size == 1 else not p._prompt_index for p in processors]
         self.last = [-1] * len(rows)
         self.longest = max(map(len, self.mirrors))
+        #: the rows' guesses: their nodes' newest links' tokens (Python's pass) and the nodes they lead to
         self.tokens: list[int | None] = list(map(_token_of, nodes))
         self.guessed: list[_Node | None] = list(map(_to_of, nodes))
+        #: the compiled reads (``no_repeat_ngram_pass_native.functions``; ``None``: the pass in Python)
+        #: and their buffers: the new tokens, the guessed tokens, a spare list for the next guesses,
+        #: the flat ids and their addresses
+        self.native: tuple[Any, Any] | None = None
+        self.read = self.guess = array("q")
+        self.spare: list[_Node | None] = []
+        self.out = bytearray()
+        self.at = (0, 0, 0)
+        self._compiled()
 
     @classmethod
     def start(cls, deciders: list[Decider], histories: Sequence[Sequence[int]], held: list[_Row | None],
@@ -613,9 +642,33 @@ class _Pass:
             index.node = None  # the pass keeps it from now on
         return cls(histories, rows, [processor for _, _, processor in deciders], bases, nodes)
 
+    def _compiled(self) -> tuple[Any, Any] | None:
+        """The compiled reads once loaded (asked at every step until then), their buffers made from
+        the Python pass's guesses."""
+        native = pass_native.functions()
+        if native is not None and _node_slots():
+            n = len(self.rows)
+            self.read = array("q", bytes(8 * n))
+            self.guess = array("q", [t if type(t) is int and 0 <= t < 1 << 63 else -1 for t in self.tokens])
+            self.spare = [None] * n
+            self._grow(8 * 64 * n)
+            self.native = native
+        return self.native
+
+    def _grow(self, size: int) -> None:
+        self.out = bytearray(size)
+        self.at = (_address(self.read), _address(self.guess), _address(self.out))
+
     def step(self, histories: Sequence[Sequence[int]]) -> bytes | None:
         if histories != self.histories:  # the same lists, compared by identity
             return None
+        native = self.native or self._compiled()
+        if native is not None:
+            read = native[0]
+            tail = 0 if self.longest < WHOLE_COMPARED else TAIL_CHECKED
+            if read(len(self.rows), self.sources, self.mirrors, tail, self.at[0]) != -1:
+                return None
+            return self._moved(None)
         hs = self.sources
         try:
             tokens: list[int] = list(map(getitem, hs, self.last))
@@ -634,8 +687,13 @@ class _Pass:
         if not same:
             deque(map(_pop, mirrors), 0)
             return None
+        return self._moved(tokens)
+
+    def _moved(self, tokens: list[int] | None) -> bytes | None:
+        """``_move`` (``tokens``: the rows' new tokens; ``None``: the compiled read's), its failure
+        ending the pass."""
         try:
-            found = self._move(tokens)
+            found = self._move(tokens) if tokens is not None else self._move_compiled()
         except Exception:  # an id no index should hold: these rows are indexed again from their histories
             for index in self.rows:
                 index.reset()
@@ -645,29 +703,55 @@ class _Pass:
 
     def _move(self, tokens: list[int]) -> bytes:
         """Every row along its node's link for its token (the mirrors hold it already); what they mask."""
-        nodes: list[_Node]
-        bases = self.bases
-        if tokens == self.tokens:  # every row along its node's newest link
-            nodes = self.guessed  # type: ignore[assignment]  # no None: its tokens equal ints
-        else:
-            nexts = list(map(_next_of, self.nodes))
-            found: list[_Node | None] = list(map(dict.get, nexts, tokens))
-            if None in found:  # new n-grams (under the ban, every row's every step)
-                for i, to in enumerate(found):
-                    if to is None:
-                        found[i] = self._link(i, nexts[i], tokens[i])
-            nodes = found  # type: ignore[assignment]
-        if list(map(_base_of, nodes)) != bases:  # flat ids made for another layout, or none
-            for i, node in enumerate(nodes):
-                if node.base is not bases[i]:
-                    ids = node.ids
-                    if ids is None:
-                        ids = self.processors[i]._ids(node)
-                    base = bases[i]
-                    node.flat = array("q", [base + t for t in ids]).tobytes() if ids else b""
-                    node.base = base
+        nodes = cast(list[_Node], self.guessed) if tokens == self.tokens else self._follow(tokens)  # guessed: no None
+        if list(map(_base_of, nodes)) != self.bases:  # flat ids made for another layout, or none
+            self._rebase(nodes)
         self.nodes, self.tokens, self.guessed = nodes, list(map(_token_of, nodes)), list(map(_to_of, nodes))
         return _joined(list(map(_flat_of, nodes)))
+
+    def _move_compiled(self) -> bytes:
+        """``_move`` with the rows' nodes read in C (``ngram_gather``): their flat ids copied out and
+        their newest links taken as the next guesses, into the spare list (then the nodes' list or the
+        guesses' the next spare)."""
+        gather = cast(tuple[Any, Any], self.native)[1]
+        n = len(self.rows)
+        guessed = self.read == self.guess
+        nodes = cast(list[_Node], self.guessed) if guessed else self._follow(self.read.tolist())
+        for _ in range(3):  # at most one rebase and one larger buffer
+            got: int = gather(n, nodes, self.bases, _Node, _node_slots(), self.spare, self.at[1], self.at[2], len(self.out))
+            if got >= 0:
+                break
+            if got == -1 - n:
+                self._grow(2 * sum(map(len, map(_flat_of, nodes))))
+            else:
+                self._rebase(nodes)
+        else:
+            raise RuntimeError("no_repeat_ngram: the compiled gather refused its rows")
+        spare = self.nodes if guessed else cast(list[_Node], self.guessed)
+        self.nodes, self.guessed, self.spare = nodes, self.spare, cast(list[_Node | None], spare)
+        return ctypes.string_at(self.at[2], got)
+
+    def _follow(self, tokens: list[int]) -> list[_Node]:
+        """Every row's node along its ``next`` link for its token; a new n-gram links it."""
+        nexts = list(map(_next_of, self.nodes))
+        found: list[_Node | None] = list(map(dict.get, nexts, tokens))
+        if None in found:  # new n-grams (under the ban, every row's every step)
+            for i, to in enumerate(found):
+                if to is None:
+                    found[i] = self._link(i, nexts[i], tokens[i])
+        return cast(list[_Node], found)
+
+    def _rebase(self, nodes: list[_Node]) -> None:
+        """The rows' ``flat`` ids made for their bases where made for another layout, or not made."""
+        bases = self.bases
+        for i, node in enumerate(nodes):
+            if node.base is not bases[i]:
+                ids = node.ids
+                if ids is None:
+                    ids = self.processors[i]._ids(node)
+                base = bases[i]
+                node.flat = array("q", [base + t for t in ids]).tobytes() if ids else b""
+                node.base = base
 
     def _link(self, i: int, follows: dict[int, _Node], token: int) -> _Node:
         """Row ``i``'s new n-gram (``NoRepeatNgramProcessor._link``, inlined), from the node whose

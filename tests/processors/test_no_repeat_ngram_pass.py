@@ -3,11 +3,14 @@ history is one token longer (``_Pass``): every row masks what transformers masks
 whatever the engine does to its lists between steps (grows them by one, rewrites a token inside or
 beyond the compared tail, leaves a placeholder, skips a step, hands a new list, reorders the
 batch), for short histories and ones past ``WHOLE_COMPARED``; a row whose history breaks fails
-alone; the rows' indexes stay right for their processors when a pass stops."""
+alone; the rows' indexes stay right for their processors when a pass stops. Every test runs with
+the pass's reads compiled (``no_repeat_ngram_pass_native``; needs a C compiler) and in Python."""
 
 from __future__ import annotations
 
 import random
+import shutil
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -16,9 +19,37 @@ import torch
 from zoo_rows import V, realize
 
 from dynlogits import sdk
+from dynlogits.processors import no_repeat_ngram_pass_native as pass_native
 from dynlogits.processors.no_repeat_ngram import TAIL_CHECKED, WHOLE_COMPARED, NoRepeatNgramGroup, banned_after
 from dynlogits.sdk.resident.engine_step import EngineStep
 from dynlogits.sdk.resident.slot_batch import SlotBatch
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def reads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """The pass's reads compiled (counted here; they must build and pass their probe where ``cc``
+    is) or in Python (none counted)."""
+    calls: Counter[str] = Counter()
+    if request.param == "python":
+        monkeypatch.setattr(pass_native, "functions", lambda wait=False: None)
+        return calls
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) on this machine")
+    built = pass_native.functions(wait=True)
+    assert built is not None, "the compiled pass did not load here"
+    read, gather = built
+
+    def counted_read(*args: Any) -> int:
+        got = int(read(*args))
+        calls["held"] += got == -1
+        return got
+
+    def counted_gather(*args: Any) -> int:
+        calls["gather"] += 1
+        return int(gather(*args))
+
+    monkeypatch.setattr(pass_native, "functions", lambda wait=False: (counted_read, counted_gather))
+    return calls
 
 
 def _masked(row: torch.Tensor) -> list[int]:
@@ -64,7 +95,8 @@ class _Engine:
 
 @pytest.mark.parametrize("long", [False, True])
 @pytest.mark.parametrize("seed", range(3))
-def test_every_row_masks_what_transformers_masks_whatever_the_engine_does_to_its_lists(seed: int, long: bool) -> None:
+def test_every_row_masks_what_transformers_masks_whatever_the_engine_does_to_its_lists(seed: int, long: bool,
+                                                                                        reads: Counter[str]) -> None:
     rng = random.Random(seed * 2 + long)
     engine = _Engine(rng, slots=6, long=long)
     for slot in range(6):
@@ -115,6 +147,7 @@ def test_every_row_masks_what_transformers_masks_whatever_the_engine_does_to_its
                 events += 1
             live.append(rng.randrange(2, 6))
     assert passes > 60 and events > 20  # the premise: most steps were stepped at once, and the lists changed often
+    assert not reads or reads["held"] > 40  # compiled: many steps were read in C
 
 
 def test_a_rewrite_deeper_than_the_tail_of_a_short_list_is_seen() -> None:
