@@ -716,7 +716,7 @@ class _Pass:
         gather = cast(tuple[Any, Any], self.native)[1]
         n = len(self.rows)
         guessed = self.read == self.guess
-        nodes = cast(list[_Node], self.guessed) if guessed else self._follow(self.read.tolist())
+        nodes = cast(list[_Node], self.guessed) if guessed else self._follow(list(map(getitem, self.sources, self.last)))
         for _ in range(3):  # at most one rebase and one larger buffer
             got: int = gather(n, nodes, self.bases, _Node, _node_slots(), self.spare, self.at[1], self.at[2], len(self.out))
             if got >= 0:
