@@ -39,6 +39,7 @@ extern long PyLong_AsLongAndOverflow(PyObject *value, int *overflow);
 extern int PyObject_RichCompareBool(PyObject *a, PyObject *b, int op);
 extern int PyBytes_AsStringAndSize(PyObject *bytes, char **buffer, intptr_t *length);
 extern void Py_IncRef(PyObject *object);
+extern void Py_DecRef(PyObject *object);
 extern PyObject *PyErr_Occurred(void);
 extern void PyErr_Clear(void);
 
@@ -106,7 +107,16 @@ int64_t ngram_read(int64_t n, PyObject *sources, PyObject *mirrors, int64_t tail
             if (hi[i] == mi[i])
                 continue;
             PyObject *a = PyList_GetItem(h, i), *b = PyList_GetItem(m, i);
-            if (a == 0 || b == 0 || PyObject_RichCompareBool(a, b, 2 /* Py_EQ */) != 1) {
+            if (a == 0 || b == 0) {
+                PyErr_Clear();
+                return r;
+            }
+            Py_IncRef(a); /* held while their == runs, as CPython's own list compare holds them */
+            Py_IncRef(b);
+            int equal = PyObject_RichCompareBool(a, b, 2 /* Py_EQ */);
+            Py_DecRef(a);
+            Py_DecRef(b);
+            if (equal != 1) {
                 PyErr_Clear();
                 return r;
             }

@@ -1,6 +1,6 @@
 """``no_repeat_ngram``'s compiled pass reads (``no_repeat_ngram_pass_native``) held to their
 contract: ``ngram_read`` steps every row or none (a rewrite inside the compared part, a wrong
-length, a placeholder, a non-int, an int past int64, another list), compares a short list whole
+length, a placeholder, a non-int, an int past int64, an item whose == empties the list), compares a short list whole
 and a long one on its tail, and equal ints that are other objects match; ``ngram_gather`` copies
 every row's ids and takes every node's newest link, or changes nothing (a stale base, a node of
 another type, ids that do not fit). Needs a C compiler (``cc``)."""
@@ -129,3 +129,19 @@ def test_the_layouts_the_source_reads_are_checked_before_loading() -> None:
         pass
 
     assert pass_native.slot_offsets(Plain, ["base"]) is None
+
+
+def test_an_item_whose_equality_changes_the_lists_ends_the_read_safely(fns: tuple[Any, Any]) -> None:
+    history: list[Any] = []
+
+    class Rewrites:
+        def __eq__(self, other: object) -> bool:
+            history.clear()  # its compare empties the list being read
+            return True
+
+        __hash__ = object.__hash__
+
+    history.extend([Rewrites(), 4, 5])
+    mirror: list[Any] = [Rewrites(), 4]
+    assert _read(fns, [history], [mirror])[0] == 0
+    assert len(mirror) == 2 and history == []
