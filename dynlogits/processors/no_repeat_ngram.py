@@ -542,23 +542,6 @@ HOST_WRITES_MAX = 128
 _next_of, _flat_of, _base_of = attrgetter("next"), attrgetter("flat"), attrgetter("base")
 _token_of, _to_of = attrgetter("token"), attrgetter("to")
 _append, _pop = list.append, list.pop
-#: The address of ``_Node``'s slot offsets (``no_repeat_ngram_pass_native.GATHER_NAMES``' order),
-#: found at the first compiled pass (0: not found; the pass stays in Python)
-_NODE_SLOTS: list[tuple[array[int] | None, int]] = []
-
-
-def _node_slots() -> int:
-    if not _NODE_SLOTS:
-        offsets = pass_native.slot_offsets(_Node, pass_native.GATHER_NAMES)
-        _NODE_SLOTS.append((offsets, 0 if offsets is None else _address(offsets)))
-    return _NODE_SLOTS[0][1]
-
-
-def _address(buffer: array[int] | bytearray) -> int:
-    """The address of a writable buffer's first byte (kept alive and never resized by its holder)."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-
-
 #: Parts ``bytes.join`` joins without allocating (CPython's ``NB_STATIC_BUFFERS``).
 JOINED = 10
 
@@ -646,7 +629,7 @@ class _Pass:
         """The compiled reads once loaded (asked at every step until then), their buffers made from
         the Python pass's guesses."""
         native = pass_native.functions()
-        if native is not None and _node_slots():
+        if native is not None and pass_native.slot_table(_Node):
             n = len(self.rows)
             self.read = array("q", bytes(8 * n))
             self.guess = array("q", [t if type(t) is int and 0 <= t < 1 << 63 else -1 for t in self.tokens])
@@ -657,7 +640,8 @@ class _Pass:
 
     def _grow(self, size: int) -> None:
         self.out = bytearray(size)
-        self.at = (_address(self.read), _address(self.guess), _address(self.out))
+        address = pass_native.address
+        self.at = (address(self.read), address(self.guess), address(self.out))
 
     def step(self, histories: Sequence[Sequence[int]]) -> bytes | None:
         if histories != self.histories:  # the same lists, compared by identity
@@ -718,7 +702,7 @@ class _Pass:
         guessed = self.read == self.guess
         nodes = cast(list[_Node], self.guessed) if guessed else self._follow(list(map(getitem, self.sources, self.last)))
         for _ in range(3):  # at most one rebase and one larger buffer
-            got: int = gather(n, nodes, self.bases, _Node, _node_slots(), self.spare, self.at[1], self.at[2], len(self.out))
+            got: int = gather(n, nodes, self.bases, _Node, pass_native.slot_table(_Node), self.spare, self.at[1], self.at[2], len(self.out))
             if got >= 0:
                 break
             if got == -1 - n:

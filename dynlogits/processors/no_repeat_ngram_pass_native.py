@@ -19,7 +19,7 @@ from typing import Any
 from .native_library import NativeLibrary
 from .no_repeat_ngram_native import ENV_SWITCH
 
-__all__ = ["GATHER_NAMES", "PASS", "functions", "layout_holds", "reset", "slot_offsets"]
+__all__ = ["GATHER_NAMES", "PASS", "address", "functions", "layout_holds", "reset", "slot_offsets", "slot_table"]
 
 log = logging.getLogger("dynlogits.processors.no_repeat_ngram_pass_native")
 
@@ -250,31 +250,46 @@ def _probe(loaded: Mapping[str, Any]) -> bool:
     negative new token; nodes whose base is the row's, a stale one, an object of another type."""
     if not layout_holds():
         return False
-    offsets = slot_offsets(_ProbeNode, GATHER_NAMES)
-    if offsets is None:
+    slots = slot_table(_ProbeNode)
+    if not slots:
         return False
     read, gather = loaded["ngram_read"], loaded["ngram_gather"]
     out = array("q", [0, 0])
     big = [1 << 40, 1 << 41]
     held, mirror = [5, 6, *big, 9], [5, 6, *(int(str(b)) for b in big)]  # equal, other objects
     rewritten, mirror2 = [5, 7, *big, 9], [5, 6, *big]
-    results = [read(2, (held, held[:]), (mirror, mirror[:]), 0, _address(out)), out.tolist(), mirror]
-    results += [read(2, (held[:5], rewritten), (mirror2[:], mirror2), 0, _address(out)), mirror2]
-    results += [read(1, ([1, -3],), ([1],), 0, _address(out))]
+    results = [read(2, (held, held[:]), (mirror, mirror[:]), 0, address(out)), out.tolist(), mirror]
+    results += [read(2, (held[:5], rewritten), (mirror2[:], mirror2), 0, address(out)), mirror2]
+    results += [read(1, ([1, -3],), ([1],), 0, address(out))]
     base = 1 << 30
     nodes = [_ProbeNode(base, array("q", [3, 4]).tobytes(), 8, "next"), _ProbeNode(base)]
     guesses: list[object] = [None, None]
     tokens, flat = array("q", [0, 0]), bytearray(64)
-    at = (_address(offsets), _address(tokens), _address(flat))
-    results += [gather(2, nodes, [base, base], _ProbeNode, at[0], guesses, at[1], at[2], 64), guesses, tokens.tolist(),
+    at = (address(tokens), address(flat))
+    results += [gather(2, nodes, [base, base], _ProbeNode, slots, guesses, at[0], at[1], 64), guesses, tokens.tolist(),
                 array("q", bytes(flat[:16])).tolist()]
-    results += [gather(2, nodes, [base, 1 << 31], _ProbeNode, at[0], [None, None], at[1], at[2], 64)]
-    results += [gather(2, [nodes[0], "node"], [base, base], _ProbeNode, at[0], [None, None], at[1], at[2], 64)]
+    results += [gather(2, nodes, [base, 1 << 31], _ProbeNode, slots, [None, None], at[0], at[1], 64)]
+    results += [gather(2, [nodes[0], "node"], [base, base], _ProbeNode, slots, [None, None], at[0], at[1], 64)]
     return results == [-1, [9, 9], [5, 6, *big, 9], 1, [5, 6, *big], 0, 16, ["next", None], [8, -1], [3, 4], -2, -2]
 
 
-def _address(buffer: Any) -> int:
+def address(buffer: array[int] | bytearray) -> int:
+    """The address of a writable buffer's first byte (kept alive and never resized by its holder)."""
     return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+
+
+#: per class: its slots' offsets (``GATHER_NAMES``' order; kept alive here) and their address
+_SLOT_TABLES: dict[type[Any], tuple[array[int] | None, int]] = {}
+
+
+def slot_table(cls: type[Any]) -> int:
+    """The address of ``cls``'s ``GATHER_NAMES`` offsets as ``ngram_gather`` takes them (found once
+    per class, ``slot_offsets``); 0 where they are not found."""
+    table = _SLOT_TABLES.get(cls)
+    if table is None:
+        offsets = slot_offsets(cls, GATHER_NAMES)
+        table = _SLOT_TABLES[cls] = (offsets, 0 if offsets is None else address(offsets))
+    return table[1]
 
 
 _I64, _PTR, _OBJ = ctypes.c_int64, ctypes.c_void_p, ctypes.py_object

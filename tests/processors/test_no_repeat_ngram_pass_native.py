@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from dynlogits.processors import no_repeat_ngram_pass_native as pass_native
-from dynlogits.processors.no_repeat_ngram import _address, _Node
+from dynlogits.processors.no_repeat_ngram import _Node
+from dynlogits.processors.no_repeat_ngram_pass_native import address
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on this machine")
 
@@ -30,7 +31,7 @@ def fns() -> tuple[Any, Any]:
 
 def _read(fns: tuple[Any, Any], sources: list[list[Any]], mirrors: list[list[Any]], tail: int = 0) -> tuple[int, list[int]]:
     out = array("q", [-7] * len(sources))
-    got = fns[0](len(sources), tuple(sources), tuple(mirrors), tail, _address(out))
+    got = fns[0](len(sources), tuple(sources), tuple(mirrors), tail, address(out))
     return int(got), out.tolist()
 
 
@@ -85,11 +86,9 @@ def _node(base: int, ids: list[int], token: int | None, to: Any) -> _Node:
 
 
 def _gather(fns: tuple[Any, Any], nodes: list[Any], bases: list[int], cap: int = 1024) -> tuple[int, list[Any], list[int], list[int]]:
-    from dynlogits.processors.no_repeat_ngram import _node_slots
-
     guesses: list[Any] = ["old"] * len(nodes)
     tokens, out = array("q", [-7] * len(nodes)), bytearray(max(cap, 8))
-    got = int(fns[1](len(nodes), nodes, bases, _Node, _node_slots(), guesses, _address(tokens), _address(out), cap))
+    got = int(fns[1](len(nodes), nodes, bases, _Node, pass_native.slot_table(_Node), guesses, address(tokens), address(out), cap))
     return got, guesses, tokens.tolist(), array("q", bytes(out[:max(got, 0)])).tolist()
 
 
